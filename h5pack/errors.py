@@ -1,0 +1,35 @@
+"""Errors raised by h5pack; each also inherits the matching built-in."""
+
+from __future__ import annotations
+
+
+class H5PackError(Exception):
+    """Base class of every error h5pack raises on purpose."""
+
+
+class SourceError(H5PackError, FileNotFoundError):
+    """The image source is missing, empty or unreadable."""
+
+
+class DecodeError(H5PackError, ValueError):
+    """An image file could not be decoded (corrupt, truncated, unsupported, too large)."""
+
+
+class FormatError(H5PackError, ValueError):
+    """A file is not a valid h5pack pack, or is of an unsupported format version."""
+
+
+class OptionsError(H5PackError, ValueError):
+    """A combination of options is impossible; the message says what to do instead."""
+
+
+class TargetExistsError(H5PackError, FileExistsError):
+    """The target file exists and overwriting was not asked for."""
+
+
+class VerifyError(H5PackError, ValueError):
+    """A pack failed verification."""
+
+
+class PackNotFoundError(FormatError, FileNotFoundError):
+    """The pack's path does not exist."""

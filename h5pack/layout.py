@@ -1,0 +1,301 @@
+"""Chunk shapes, compression filters, chunk arithmetic and chunk-cache sizing.
+
+Chunk arithmetic lives here so that the writer, the samplers and the benchmarks cannot
+disagree about which samples live in which chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from h5pack.errors import OptionsError
+
+Codec = Literal["none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd"]
+Shuffle = Literal["none", "byte", "bit"]
+
+CODECS: tuple[str, ...] = ("none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd")
+SHUFFLES: tuple[str, ...] = ("none", "byte", "bit")
+PLUGIN_CODECS = frozenset({"lz4", "zstd", "blosc-lz4", "blosc-zstd"})
+
+# HDF5 refuses chunks of 4 GiB or more.
+MAX_CHUNK_BYTES = 2**32 - 1
+
+# Default byte target of one chunk. See docs/ARCHITECTURE.md ("Chunk size") and
+# BENCHMARKS.md for the measurement behind it.
+DEFAULT_CHUNK_BYTES = 8 * 2**20
+
+# Level ranges per codec, and the level used when none is given.
+LEVELS: dict[str, tuple[int, int, int]] = {
+    "gzip": (0, 9, 4),
+    "zstd": (1, 22, 3),
+    "blosc-lz4": (0, 9, 5),
+    "blosc-zstd": (0, 9, 5),
+}
+
+# HDF5 filter ids of the plugin codecs, to tell a reader what it needs.
+PLUGIN_FILTERS: dict[int, str] = {
+    32001: "Blosc (hdf5plugin)",
+    32004: "LZ4 (hdf5plugin)",
+    32008: "Bitshuffle (hdf5plugin)",
+    32015: "Zstd (hdf5plugin)",
+    32026: "Blosc2 (hdf5plugin)",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compression:
+    """A compression choice: codec, level and shuffle, validated.
+
+    Raises:
+        OptionsError: an unknown codec, a level out of range, or a shuffle the codec
+            cannot apply.
+    """
+
+    codec: str = "none"
+    level: int | None = None
+    shuffle: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise OptionsError(
+                f"compression should be one of {', '.join(CODECS)}, but got {self.codec!r}"
+            )
+        if self.shuffle not in SHUFFLES:
+            raise OptionsError(
+                f"shuffle should be one of {', '.join(SHUFFLES)}, but got {self.shuffle!r}"
+            )
+        if self.level is not None:
+            if self.codec not in LEVELS:
+                raise OptionsError(
+                    f"--level applies to {', '.join(LEVELS)}, not to compression={self.codec!r}"
+                )
+            low, high, _ = LEVELS[self.codec]
+            if not low <= self.level <= high:
+                raise OptionsError(
+                    f"level for {self.codec} should be in {low}..{high}, but got "
+                    f"level={self.level}"
+                )
+        if self.codec == "none" and self.shuffle != "none":
+            raise OptionsError("shuffle needs a compression codec; add --compression")
+        if self.shuffle == "bit" and self.codec in ("gzip", "lzf"):
+            raise OptionsError(
+                f"bit shuffle applies to lz4, zstd and blosc codecs, not {self.codec}; "
+                "use --shuffle byte or another codec"
+            )
+
+    @property
+    def effective_level(self) -> int | None:
+        """The level used: the given one, or the codec's default."""
+        if self.codec not in LEVELS:
+            return None
+        return self.level if self.level is not None else LEVELS[self.codec][2]
+
+    @property
+    def needs_plugin(self) -> bool:
+        """Whether reading data written with this needs hdf5plugin."""
+        return self.codec in PLUGIN_CODECS
+
+    def h5py_kwargs(self) -> dict[str, Any]:
+        """Return the ``create_dataset`` keyword arguments for this compression."""
+        if self.codec == "none":
+            return {}
+        import hdf5plugin
+
+        level = self.effective_level
+        byte_shuffle = self.shuffle == "byte"
+        if self.codec == "gzip":
+            return {"compression": "gzip", "compression_opts": level, "shuffle": byte_shuffle}
+        if self.codec == "lzf":
+            return {"compression": "lzf", "shuffle": byte_shuffle}
+        if self.codec in ("lz4", "zstd"):
+            if self.shuffle == "bit":
+                cname: Any = self.codec
+                return dict(hdf5plugin.Bitshuffle(cname=cname, clevel=level or 3))
+            plugin = hdf5plugin.LZ4() if self.codec == "lz4" else hdf5plugin.Zstd(clevel=level or 3)
+            return {**dict(plugin), "shuffle": byte_shuffle}
+        blosc_shuffle = {
+            "none": hdf5plugin.Blosc.NOSHUFFLE,
+            "byte": hdf5plugin.Blosc.SHUFFLE,
+            "bit": hdf5plugin.Blosc.BITSHUFFLE,
+        }[self.shuffle]
+        blosc_cname: Any = self.codec.removeprefix("blosc-")
+        return dict(hdf5plugin.Blosc(cname=blosc_cname, clevel=level or 0, shuffle=blosc_shuffle))
+
+    def describe(self) -> str:
+        """Return a short human description, e.g. ``"zstd level 3, bit shuffle"``."""
+        if self.codec == "none":
+            return "none"
+        parts = [self.codec]
+        if self.effective_level is not None:
+            parts[0] += f" level {self.effective_level}"
+        if self.shuffle != "none":
+            parts.append(f"{self.shuffle} shuffle")
+        return ", ".join(parts)
+
+
+def chunk_samples_for(sample_bytes: int, chunk_bytes: int) -> int:
+    """Return how many samples of ``sample_bytes`` fit a chunk of ``chunk_bytes`` (at least 1)."""
+    if sample_bytes <= 0 or chunk_bytes <= 0:
+        raise OptionsError(
+            f"sizes should be positive, but got sample_bytes={sample_bytes}, "
+            f"chunk_bytes={chunk_bytes}"
+        )
+    return max(1, chunk_bytes // sample_bytes)
+
+
+def array_chunk_shape(
+    sample_shape: Sequence[int],
+    *,
+    chunk_samples: int | None = None,
+    chunk_shape: Sequence[int] | None = None,
+    chunk_bytes: int | None = None,
+) -> tuple[int, ...]:
+    """Return the chunk shape of an (N, H, W, C) uint8 array from one of three requests.
+
+    Exactly one of ``chunk_samples``, ``chunk_shape`` or ``chunk_bytes`` is used, in that
+    order of precedence; with none, ``DEFAULT_CHUNK_BYTES`` decides.
+
+    Raises:
+        OptionsError: a size is zero or negative, the shape has the wrong rank or exceeds the
+            sample, or the chunk would reach 4 GiB.
+    """
+    sample_shape = tuple(int(s) for s in sample_shape)
+    sample_bytes = math.prod(sample_shape)
+    if chunk_shape is not None:
+        shape = tuple(int(s) for s in chunk_shape)
+        if len(shape) != len(sample_shape) + 1:
+            raise OptionsError(
+                f"chunk shape should have {len(sample_shape) + 1} dimensions "
+                f"(samples, {', '.join('HWC'[: len(sample_shape)])}), but got {shape}"
+            )
+        if any(s <= 0 for s in shape):
+            raise OptionsError(f"chunk shape should be positive, but got {shape}")
+        if any(c > s for c, s in zip(shape[1:], sample_shape, strict=True)):
+            raise OptionsError(
+                f"chunk shape {shape} is larger than one sample {sample_shape} in H, W or C"
+            )
+    else:
+        if chunk_samples is None:
+            chunk_samples = chunk_samples_for(sample_bytes, chunk_bytes or DEFAULT_CHUNK_BYTES)
+        if chunk_samples <= 0:
+            raise OptionsError(
+                f"chunk_samples should be positive, but got chunk_samples={chunk_samples}"
+            )
+        shape = (chunk_samples, *sample_shape)
+    check_chunk_bytes(math.prod(shape))
+    return shape
+
+
+def check_chunk_bytes(nbytes: int) -> None:
+    """Raise ``OptionsError`` unless ``nbytes`` is a valid HDF5 chunk size."""
+    if nbytes <= 0:
+        raise OptionsError(f"chunk size should be positive, but got {nbytes} bytes")
+    if nbytes > MAX_CHUNK_BYTES:
+        raise OptionsError(
+            f"a chunk of {nbytes / 2**30:.1f} GiB exceeds HDF5's 4 GiB limit; "
+            "use fewer samples per chunk (--chunk-samples or --chunk-bytes)"
+        )
+
+
+@dataclass(frozen=True)
+class ChunkMap:
+    """Which samples live in which chunk: groups of consecutive sample indices.
+
+    Group ``g`` holds samples ``starts[g] .. starts[g + 1] - 1``. For a chunked array
+    a group is one chunk along the first axis; for an aligned blob it is the samples
+    whose slots start in one chunk (a sample larger than a chunk owns several chunks);
+    for a contiguous layout it is a run of samples of about one chunk's bytes, the unit
+    that is read at once.
+
+    Example:
+        >>> cmap = ChunkMap.regular(10, 4)
+        >>> cmap.num_chunks, list(cmap.samples(2)), cmap.chunk_of(5)
+        (3, [8, 9], 1)
+    """
+
+    starts: np.ndarray
+
+    @classmethod
+    def regular(cls, num_samples: int, chunk_samples: int) -> ChunkMap:
+        """Return the map of ``num_samples`` samples in chunks of ``chunk_samples``."""
+        if chunk_samples <= 0:
+            raise OptionsError(
+                f"chunk_samples should be positive, but got chunk_samples={chunk_samples}"
+            )
+        starts = np.arange(0, num_samples + chunk_samples, chunk_samples, dtype=np.int64)
+        starts[-1] = num_samples
+        starts = np.unique(starts)  # drops the duplicate end when chunk_samples divides N
+        if num_samples == 0:
+            starts = np.zeros(1, dtype=np.int64)
+        return cls(starts)
+
+    @classmethod
+    def for_blob(cls, offsets: np.ndarray, chunk_bytes: int) -> ChunkMap:
+        """Return the map of a blob whose sample slots start at ``offsets[:-1]``."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        num_samples = len(offsets) - 1
+        if num_samples <= 0:
+            return cls(np.zeros(1, dtype=np.int64))
+        first_chunk = offsets[:-1] // chunk_bytes
+        new_group = np.flatnonzero(np.diff(first_chunk)) + 1
+        starts = np.concatenate(([0], new_group, [num_samples])).astype(np.int64)
+        return cls(starts)
+
+    @property
+    def num_chunks(self) -> int:
+        """Number of groups."""
+        return len(self.starts) - 1
+
+    @property
+    def num_samples(self) -> int:
+        """Number of samples covered."""
+        return int(self.starts[-1])
+
+    def samples(self, chunk: int) -> range:
+        """Return the sample indices of group ``chunk``."""
+        return range(int(self.starts[chunk]), int(self.starts[chunk + 1]))
+
+    def sizes(self) -> np.ndarray:
+        """Return the number of samples in each group."""
+        return np.diff(self.starts)
+
+    def chunk_of(self, index: int) -> int:
+        """Return the group holding sample ``index``."""
+        return int(np.searchsorted(self.starts, index, side="right")) - 1
+
+    def chunks_of(self, indices: np.ndarray) -> np.ndarray:
+        """Return the group holding each of ``indices``."""
+        return np.searchsorted(self.starts, indices, side="right") - 1
+
+
+def next_prime(n: int) -> int:
+    """Return the smallest prime >= n."""
+    n = max(2, n)
+    while any(n % d == 0 for d in range(2, math.isqrt(n) + 1)):
+        n += 1
+    return n
+
+
+def cache_settings(
+    *, compressed: bool, window_chunks: int, chunk_bytes: int
+) -> dict[str, int | float]:
+    """Return ``h5py.File`` chunk-cache keyword arguments for reading a window of chunks.
+
+    Uncompressed chunks get no cache: HDF5 then reads a selection straight from the file,
+    which measured ~6x faster than going through the default cache (docs/ARCHITECTURE.md,
+    "Chunk cache"). Compressed chunks get room for the whole window, so that a chunk is
+    decompressed once while its window is being consumed.
+    """
+    if not compressed:
+        return {"rdcc_nbytes": 0, "rdcc_nslots": 1, "rdcc_w0": 1.0}
+    window_chunks = max(1, window_chunks)
+    return {
+        "rdcc_nbytes": int(window_chunks * chunk_bytes * 1.05) + 2**20,
+        "rdcc_nslots": next_prime(100 * window_chunks),
+        "rdcc_w0": 1.0,
+    }
