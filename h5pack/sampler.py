@@ -1,0 +1,442 @@
+"""Chunk-aware samplers: random enough for SGD, each chunk decompressed once per epoch.
+
+See the note "Chunk-aware epoch order" below for how an epoch is planned.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from h5pack.errors import OptionsError
+from h5pack.layout import ChunkMap
+
+# NOTE [ Chunk-aware epoch order ]
+#
+# One epoch of one rank is planned by ``plan_epoch``, a pure function of
+# (seed, epoch, rank, ...):
+#
+# 1. The chunks are permuted by ``default_rng((seed, epoch))`` (identical on every rank),
+#    and their samples laid end to end: a sequence of N sample indices, chunk by chunk.
+# 2. Ranks take consecutive slices of that sequence (``r * N // R`` onwards), so ranks
+#    split chunks, not samples; only the at most R - 1 chunks on a boundary are read by
+#    two ranks. Every rank yields the same number of batches (see "Ranks" below).
+# 3. The DataLoader (``in_order=True``, the default) hands batch b to worker b mod W. The
+#    rank's slice is cut again into W consecutive slices, worker w's slice holding exactly
+#    the samples of the batches w, w + W, w + 2W, ...; so each worker reads its own chunks
+#    (at most W - 1 chunks sit on a worker boundary and are read by two workers).
+# 4. Each worker's slice is cut into windows of K consecutive chunks; the samples of a
+#    window are shuffled together and cut into that worker's batches, a batch possibly
+#    straddling two windows. A reader that keeps the last K chunks it decompressed (first
+#    in, first out) therefore decompresses every chunk once per epoch.
+# 5. The worker batch streams are interleaved: batch b is worker (b mod W)'s next batch.
+#
+# Ranks: with ``drop_last=False`` every rank gets ceil(N / R) samples: the first
+# N mod R ranks take one more real sample, the others repeat the last sample of their own
+# slice once (its chunk is already in the last window, so no extra read), like
+# ``torch.utils.data.DistributedSampler``. Every sample is seen at least once, fewer than R
+# samples twice, and when R divides N every sample exactly once. With ``drop_last=True``
+# every rank takes T * B samples (T = N // R // B full batches) and the remaining
+# N - R * T * B samples, the tail of this epoch's chunk order, are skipped: every sample at
+# most once, all batches full.
+
+# Memory budget of the shuffle windows of all workers together: K = budget / (chunk bytes x
+# workers). 256 MiB keeps 32 chunks of 8 MiB (the default chunk size) in one process, enough
+# for batches that mix ~32 random chunks. See docs/ARCHITECTURE.md ("Shuffle window").
+DEFAULT_WINDOW_BYTES = 256 * 2**20
+
+# Window when the chunk size is unknown (a bare ChunkMap).
+DEFAULT_WINDOW_CHUNKS = 16
+
+
+@runtime_checkable
+class ChunkSource(Protocol):
+    """Anything that knows a pack's chunk map and bytes per chunk (a dataset, a reader)."""
+
+    @property
+    def chunk_map(self) -> ChunkMap:
+        """Which samples live in which chunk."""
+        ...
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one decompressed chunk (average)."""
+        ...
+
+
+SamplerSource: TypeAlias = "ChunkMap | ChunkSource | str | os.PathLike[str]"
+
+
+def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
+    """Return ``(chunk map, bytes per chunk or None)`` of a map, a dataset/reader or a path."""
+    if isinstance(source, ChunkMap):
+        return source, None
+    if isinstance(source, ChunkSource):
+        return source.chunk_map, int(source.chunk_bytes)
+    if isinstance(source, str | os.PathLike):
+        from h5pack.format import load_meta
+        from h5pack.reader import chunk_map_of, stored_chunk_bytes
+
+        meta = load_meta(source)
+        return chunk_map_of(meta), stored_chunk_bytes(meta)
+    raise OptionsError(
+        "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, or a "
+        f"pack path, but got {type(source).__name__}"
+    )
+
+
+def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Return ``(num_replicas, rank)``, filling gaps from torch.distributed when initialised.
+
+    Raises:
+        OptionsError: ``rank`` is outside ``0 .. num_replicas - 1``.
+    """
+    if num_replicas is None or rank is None:
+        import torch.distributed as dist
+
+        initialised = dist.is_available() and dist.is_initialized()
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if initialised else 1
+        if rank is None:
+            rank = dist.get_rank() if initialised else 0
+    if num_replicas < 1:
+        raise OptionsError(f"num_replicas should be >= 1, but got num_replicas={num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise OptionsError(
+            f"rank should be in 0..{num_replicas - 1}, but got rank={rank} "
+            f"(num_replicas={num_replicas})"
+        )
+    return num_replicas, rank
+
+
+def window_for(
+    *,
+    window_chunks: int | None,
+    window_bytes: int | None,
+    chunk_bytes: int | None,
+    num_workers: int,
+) -> int:
+    """Return K, the chunks per shuffle window of one worker.
+
+    ``window_chunks`` wins; else the memory budget ``window_bytes`` (default
+    ``DEFAULT_WINDOW_BYTES``) shared by ``max(1, num_workers)`` processes, divided by the bytes
+    of one chunk; ``DEFAULT_WINDOW_CHUNKS`` when the chunk size is unknown.
+    """
+    if window_chunks is not None:
+        if window_chunks < 1:
+            raise OptionsError(
+                f"window_chunks should be >= 1, but got window_chunks={window_chunks}"
+            )
+        return int(window_chunks)
+    if window_bytes is not None and window_bytes <= 0:
+        raise OptionsError(f"window_bytes should be positive, but got window_bytes={window_bytes}")
+    if not chunk_bytes:
+        return DEFAULT_WINDOW_CHUNKS
+    budget = window_bytes if window_bytes is not None else DEFAULT_WINDOW_BYTES
+    return max(1, budget // (max(1, num_workers) * chunk_bytes))
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([k % 2**64 for k in key])
+
+
+def num_batches(
+    num_samples: int, batch_size: int, *, num_replicas: int = 1, drop_last: bool = False
+) -> int:
+    """Return the batches each rank yields per epoch."""
+    if num_samples == 0:
+        return 0
+    if drop_last:
+        return num_samples // num_replicas // batch_size
+    return math.ceil(math.ceil(num_samples / num_replicas) / batch_size)
+
+
+def plan_epoch(
+    chunk_map: ChunkMap,
+    batch_size: int,
+    *,
+    epoch: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    window_chunks: int = DEFAULT_WINDOW_CHUNKS,
+    drop_last: bool = False,
+    num_replicas: int = 1,
+    rank: int = 0,
+    num_workers: int = 0,
+) -> list[np.ndarray]:
+    """Return one rank's batches of one epoch, in the order the DataLoader consumes them.
+
+    A pure function of its arguments; see the module note "Chunk-aware epoch order".
+
+    Example:
+        >>> cmap = ChunkMap.regular(10, 4)
+        >>> [b.tolist() for b in plan_epoch(cmap, 3, epoch=0, shuffle=False)]
+        [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    """
+    num = chunk_map.num_samples
+    batch_count = num_batches(num, batch_size, num_replicas=num_replicas, drop_last=drop_last)
+    if batch_count == 0:
+        return []
+    starts = chunk_map.starts[:-1]
+    sizes = chunk_map.sizes()
+    order = _rng(seed, epoch).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
+    ordered_sizes = sizes[order]
+    first_pos = np.cumsum(ordered_sizes) - ordered_sizes
+    seq = np.repeat(starts[order] - first_pos, ordered_sizes) + np.arange(num, dtype=np.int64)
+    chunk_seq = np.repeat(order, ordered_sizes)
+
+    if drop_last:
+        per_rank = batch_count * batch_size
+        low = rank * per_rank
+        rank_seq, rank_chunks = seq[low : low + per_rank], chunk_seq[low : low + per_rank]
+    else:
+        per_rank = math.ceil(num / num_replicas)
+        low, high = rank * num // num_replicas, (rank + 1) * num // num_replicas
+        rank_seq, rank_chunks = seq[low:high], chunk_seq[low:high]
+        pad = per_rank - (high - low)
+        if pad:
+            # Repeat the last sample of the rank's own slice (or the next one if it is empty).
+            where = high - 1 if high > low else low % num
+            rank_seq = np.concatenate([rank_seq, np.full(pad, seq[where])])
+            rank_chunks = np.concatenate([rank_chunks, np.full(pad, chunk_seq[where])])
+
+    batch_sizes = np.full(batch_count, batch_size, dtype=np.int64)
+    batch_sizes[-1] = per_rank - (batch_count - 1) * batch_size
+    workers = max(1, num_workers)
+    worker_rngs = [_rng(seed, epoch, rank, w, 1) for w in range(workers)]
+    streams: list[list[np.ndarray]] = []
+    low = 0
+    for w in range(workers):
+        own_sizes = batch_sizes[w::workers]
+        high = low + int(own_sizes.sum())
+        wseq, wchunks = rank_seq[low:high], rank_chunks[low:high]
+        low = high
+        if shuffle and len(wseq):
+            piece = np.concatenate([[0], np.cumsum(np.diff(wchunks) != 0)])
+            keys = worker_rngs[w].random(len(wseq))
+            wseq = wseq[np.lexsort((keys, piece // window_chunks))]
+        streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
+    return [streams[b % workers][b // workers] for b in range(batch_count)]
+
+
+class ChunkBatchSampler(Sampler[list[int]]):
+    """Yield batches of sample indices that read each chunk once per epoch.
+
+    Per epoch the chunk order is shuffled as a pure function of ``(seed, epoch)``; windows
+    of K chunks are mixed and cut into batches. Pass the DataLoader's ``num_workers`` so that
+    each worker gets its own windows (the DataLoader hands batch b to worker b mod W), and
+    ``num_replicas``/``rank`` (taken from ``torch.distributed`` when initialised) to split
+    chunks across ranks with the same number of batches on every rank; padding and dropping
+    are described in the module note "Chunk-aware epoch order".
+
+    Args:
+        source: A ``ChunkMap``, a dataset or reader (anything with ``chunk_map`` and
+            ``chunk_bytes``), or a pack path.
+        batch_size: Samples per batch.
+        shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
+            in pack order (the pack order itself with ``num_workers <= 1``).
+        seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
+        window_chunks: K, chunks mixed at once by one worker. Default: from
+            ``window_bytes``.
+        window_bytes: Memory budget of all workers' windows (decompressed bytes), default
+            ``DEFAULT_WINDOW_BYTES``.
+        drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
+            does not divide evenly).
+        num_replicas: Ranks. Default: ``torch.distributed``'s world size, else 1.
+        rank: This rank. Default: ``torch.distributed``'s rank, else 0.
+        num_workers: The DataLoader's ``num_workers``.
+
+    Raises:
+        OptionsError: a size, rank or window is out of range.
+
+    Example:
+        >>> sampler = ChunkBatchSampler(ChunkMap.regular(10, 4), batch_size=4, seed=0)
+        >>> sampler.set_epoch(3)
+        >>> batches = list(sampler)
+        >>> len(sampler), sorted(i for b in batches for i in b) == list(range(10))
+        (3, True)
+        >>> batches == list(sampler)   # same (seed, epoch): same order
+        True
+    """
+
+    def __init__(
+        self,
+        source: SamplerSource,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        window_chunks: int | None = None,
+        window_bytes: int | None = None,
+        drop_last: bool = False,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
+        if num_workers < 0:
+            raise OptionsError(f"num_workers should be >= 0, but got num_workers={num_workers}")
+        self.chunk_map, chunk_bytes = resolve_source(source)
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.num_replicas, self.rank = distributed_defaults(num_replicas, rank)
+        self.num_workers = int(num_workers)
+        self.window_chunks = window_for(
+            window_chunks=window_chunks,
+            window_bytes=window_bytes,
+            chunk_bytes=chunk_bytes,
+            num_workers=num_workers,
+        )
+        self.epoch = 0
+        self._position = 0  # batches of ``epoch`` already handed out
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (a resumed position of that epoch is kept)."""
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self._position = 0
+
+    def __len__(self) -> int:
+        return num_batches(
+            self.chunk_map.num_samples,
+            self.batch_size,
+            num_replicas=self.num_replicas,
+            drop_last=self.drop_last,
+        )
+
+    def plan(self, epoch: int | None = None) -> list[np.ndarray]:
+        """Return this rank's whole batch order of ``epoch`` (default: the current one)."""
+        return plan_epoch(
+            self.chunk_map,
+            self.batch_size,
+            epoch=self.epoch if epoch is None else epoch,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            window_chunks=self.window_chunks,
+            drop_last=self.drop_last,
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            num_workers=self.num_workers,
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.plan()
+        start = self._position if self._position < len(batches) else 0
+        for position in range(start, len(batches)):
+            self._position = position + 1
+            yield batches[position].tolist()
+
+    def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
+        """Return the resumable state: epoch, batches consumed, and the settings they assume.
+
+        Args:
+            position: Batches of the epoch actually consumed. Default: the batches this
+                sampler has handed out, which runs ahead of training by the DataLoader's
+                prefetch; the loader from ``make_loader`` passes the delivered count.
+        """
+        return {
+            "epoch": self.epoch,
+            "position": self._position if position is None else int(position),
+            **self._settings(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next iteration yields the rest of the saved epoch's order.
+
+        Raises:
+            OptionsError: the state was saved with different settings (another order).
+        """
+        mismatched = {
+            key: (state.get(key), value)
+            for key, value in self._settings().items()
+            if state.get(key) != value
+        }
+        if mismatched:
+            details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
+            raise OptionsError(f"the sampler state does not match this sampler ({details})")
+        self.epoch = int(state["epoch"])
+        self._position = int(state["position"])
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "num_samples": self.chunk_map.num_samples,
+            "num_chunks": self.chunk_map.num_chunks,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "window_chunks": self.window_chunks,
+            "drop_last": self.drop_last,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "num_workers": self.num_workers,
+        }
+
+
+class ChunkSampler(Sampler[int]):
+    """Yield sample indices in chunk-aware order, for a DataLoader that batches them itself.
+
+    The order is ``ChunkBatchSampler``'s batches laid end to end; pass the DataLoader's
+    ``batch_size`` and ``num_workers`` so that each worker still reads its own chunks.
+    Arguments as for ``ChunkBatchSampler`` (``batch_size`` defaults to 1).
+
+    Example:
+        >>> sampler = ChunkSampler(ChunkMap.regular(10, 4), seed=0)
+        >>> order = list(sampler)
+        >>> len(sampler), sorted(order) == list(range(10))
+        (10, True)
+    """
+
+    def __init__(self, source: SamplerSource, *, batch_size: int = 1, **kwargs: Any) -> None:
+        self.batches = ChunkBatchSampler(source, batch_size, **kwargs)
+        self._position = 0  # samples of the epoch already handed out
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next iteration."""
+        return self.batches.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (a resumed position of that epoch is kept)."""
+        if epoch != self.batches.epoch:
+            self._position = 0
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        if self.chunk_map.num_samples == 0:
+            return 0
+        b = self.batches
+        if b.drop_last:
+            return len(b) * b.batch_size
+        return math.ceil(self.chunk_map.num_samples / b.num_replicas)
+
+    @property
+    def chunk_map(self) -> ChunkMap:
+        """The chunk map being sampled."""
+        return self.batches.chunk_map
+
+    def __iter__(self) -> Iterator[int]:
+        batches = self.batches.plan()
+        order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+        start = self._position if self._position < len(order) else 0
+        for position in range(start, len(order)):
+            self._position = position + 1
+            yield int(order[position])
+
+    def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
+        """Return the resumable state (``position`` counts samples); see ``ChunkBatchSampler``."""
+        state = self.batches.state_dict()
+        state["position"] = self._position if position is None else int(position)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next iteration yields the rest of the saved epoch's order."""
+        self.batches.load_state_dict(state)
+        self._position = int(state["position"])
