@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import doctest
+import itertools
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 
 import numpy as np
 import pytest
@@ -18,6 +20,10 @@ from h5pack.sampler import (
     plan_epoch,
     window_for,
 )
+
+
+def flat(batches: Iterable[list[int]]) -> list[int]:
+    return list(itertools.chain.from_iterable(batches))
 
 
 def irregular_map(sizes: list[int]) -> ChunkMap:
@@ -161,7 +167,7 @@ def test_next_epoch_and_other_seed_give_other_orders() -> None:
     s.set_epoch(1)
     second = list(s)
     assert first != second
-    assert sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(1000))
+    assert sorted(flat(first)) == sorted(flat(second)) == list(range(1000))
     assert list(ChunkBatchSampler(cmap, 32, seed=4)) != first
 
 
@@ -175,7 +181,7 @@ def test_batches_mix_several_chunks() -> None:
 def test_shuffle_false_is_pack_order_in_one_process() -> None:
     cmap = ChunkMap.regular(103, 10)
     s = ChunkBatchSampler(cmap, 8, shuffle=False)
-    assert sum(list(s), []) == list(range(103))
+    assert flat(s) == list(range(103))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
@@ -218,7 +224,7 @@ def test_chunk_sampler_yields_the_batches_laid_end_to_end() -> None:
     flat = ChunkSampler(cmap, batch_size=5, seed=2, num_workers=2, window_chunks=2)
     batches = ChunkBatchSampler(cmap, 5, seed=2, num_workers=2, window_chunks=2)
     order = list(flat)
-    assert order == sum(list(batches), [])
+    assert order == flat(batches)
     assert len(flat) == 77 == len(order)
     it = iter(flat)
     head = [next(it) for _ in range(10)]
@@ -237,10 +243,16 @@ def test_chunk_sampler_len_with_ranks() -> None:
 
 def test_window_from_memory_budget() -> None:
     mib = 2**20
-    assert window_for(window_chunks=5, window_bytes=None, chunk_bytes=mib, num_workers=4) == 5
-    assert window_for(window_chunks=None, window_bytes=64 * mib, chunk_bytes=mib, num_workers=0) == 64
-    assert window_for(window_chunks=None, window_bytes=64 * mib, chunk_bytes=mib, num_workers=4) == 16
-    assert window_for(window_chunks=None, window_bytes=mib, chunk_bytes=8 * mib, num_workers=2) == 1
+
+    def window(chunks: int | None, budget: int | None, chunk: int | None, workers: int) -> int:
+        return window_for(
+            window_chunks=chunks, window_bytes=budget, chunk_bytes=chunk, num_workers=workers
+        )
+
+    assert window(5, None, mib, 4) == 5
+    assert window(None, 64 * mib, mib, 0) == 64
+    assert window(None, 64 * mib, mib, 4) == 16
+    assert window(None, mib, 8 * mib, 2) == 1
     assert (
         window_for(window_chunks=None, window_bytes=None, chunk_bytes=None, num_workers=0)
         == sampler_module.DEFAULT_WINDOW_CHUNKS
