@@ -22,7 +22,7 @@ from h5pack.sampler import (
 )
 
 
-def flat(batches: Iterable[list[int]]) -> list[int]:
+def flatten(batches: Iterable[list[int]]) -> list[int]:
     return list(itertools.chain.from_iterable(batches))
 
 
@@ -112,7 +112,8 @@ def test_epoch_covers_every_sample_with_equal_batches_per_rank(
         assert set(seen) == set(range(n))
         padded = sum(seen.values()) - n
         assert padded == (-n) % num_replicas
-        assert all(c <= 2 for c in seen.values())
+        if n >= num_replicas:
+            assert all(c <= 2 for c in seen.values())
 
     # Each worker of each rank reads its own chunks: with a FIFO cache of K chunks per
     # worker, a chunk is decompressed once per epoch, except the few that sit on a boundary
@@ -167,7 +168,7 @@ def test_next_epoch_and_other_seed_give_other_orders() -> None:
     s.set_epoch(1)
     second = list(s)
     assert first != second
-    assert sorted(flat(first)) == sorted(flat(second)) == list(range(1000))
+    assert sorted(flatten(first)) == sorted(flatten(second)) == list(range(1000))
     assert list(ChunkBatchSampler(cmap, 32, seed=4)) != first
 
 
@@ -181,7 +182,7 @@ def test_batches_mix_several_chunks() -> None:
 def test_shuffle_false_is_pack_order_in_one_process() -> None:
     cmap = ChunkMap.regular(103, 10)
     s = ChunkBatchSampler(cmap, 8, shuffle=False)
-    assert flat(s) == list(range(103))
+    assert flatten(s) == list(range(103))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
@@ -224,7 +225,7 @@ def test_chunk_sampler_yields_the_batches_laid_end_to_end() -> None:
     flat = ChunkSampler(cmap, batch_size=5, seed=2, num_workers=2, window_chunks=2)
     batches = ChunkBatchSampler(cmap, 5, seed=2, num_workers=2, window_chunks=2)
     order = list(flat)
-    assert order == flat(batches)
+    assert order == flatten(batches)
     assert len(flat) == 77 == len(order)
     it = iter(flat)
     head = [next(it) for _ in range(10)]
