@@ -1,0 +1,225 @@
+"""Conversion options: one frozen, self-validating object built once at the edge."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Literal
+
+from h5pack.errors import OptionsError
+from h5pack.layout import (
+    DEFAULT_CHUNK_BYTES,
+    Compression,
+    array_chunk_shape,
+    check_chunk_bytes,
+)
+
+Mode = Literal["auto", "raw", "encoded"]
+ResizeMethod = Literal["stretch", "crop", "pad"]
+Backend = Literal["pillow", "opencv"]
+Layout = Literal["chunked", "contiguous"]
+
+MODES = ("auto", "raw", "encoded")
+RESIZE_METHODS = ("stretch", "crop", "pad")
+BACKENDS = ("pillow", "opencv")
+LAYOUTS = ("chunked", "contiguous")
+DEFAULT_QUALITY = 90
+
+
+def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
+    if value not in allowed:
+        raise OptionsError(
+            f"{name} should be one of {', '.join(map(str, allowed))}, but got {name}={value!r}"
+        )
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise OptionsError(f"{name} should be a positive integer, but got {name}={value!r}")
+
+
+def available_cores() -> int:
+    """Return the number of CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConvertOptions:
+    """How to convert an image folder into a pack; validated on construction.
+
+    Impossible combinations are refused here, before any work, with a message that says
+    what to do instead.
+
+    Attributes:
+        mode: ``"raw"`` stores decoded pixels, ``"encoded"`` the image files' bytes,
+            ``"auto"`` raw when every image has one size (or ``size`` is given), encoded
+            otherwise.
+        size: ``(H, W)`` to resize every image to (raw mode only); ``None`` keeps sizes.
+        resize: How to reach ``size``: ``"stretch"``, ``"crop"`` (center crop after a
+            scale that covers) or ``"pad"`` (letterbox after a scale that fits).
+        channels: 3 for RGB, 1 for grayscale.
+        backend: Decoder, ``"pillow"`` or ``"opencv"``.
+        layout: ``"chunked"`` or ``"contiguous"`` (no chunks, no compression).
+        chunk_samples: Samples per chunk (array storage).
+        chunk_shape: Explicit ``(k, H, W, C)`` chunk shape (array storage).
+        chunk_bytes: Byte target of a chunk; for blob storage the exact chunk size.
+            At most one of ``chunk_samples``, ``chunk_shape``, ``chunk_bytes``; with none,
+            ``layout.DEFAULT_CHUNK_BYTES`` decides.
+        compression: Codec, level and filter shuffle (chunked layout only).
+        shuffle_samples: Store samples in a seeded random order (the source order is kept
+            in the pack), so that every chunk mixes classes.
+        seed: Seed of that order.
+        max_side: Encoded mode: re-encode images whose longer side exceeds this to JPEG,
+            scaled down to it.
+        quality: JPEG quality of those re-encoded images (default 90).
+        workers: Worker processes; ``None`` uses every core, 1 runs in this process.
+        strict: Stop at the first file that cannot be packed instead of skipping it.
+        labels_csv: A ``path,label`` CSV giving labels for any folder layout.
+    """
+
+    mode: Mode = "auto"
+    size: tuple[int, int] | None = None
+    resize: ResizeMethod = "stretch"
+    channels: int = 3
+    backend: Backend = "pillow"
+    layout: Layout = "chunked"
+    chunk_samples: int | None = None
+    chunk_shape: tuple[int, ...] | None = None
+    chunk_bytes: int | None = None
+    compression: Compression = dataclasses.field(default_factory=Compression)
+    shuffle_samples: bool = True
+    seed: int = 0
+    max_side: int | None = None
+    quality: int | None = None
+    workers: int | None = None
+    strict: bool = False
+    labels_csv: str | None = None
+
+    def __post_init__(self) -> None:
+        _choice("mode", self.mode, MODES)
+        _choice("resize", self.resize, RESIZE_METHODS)
+        _choice("channels", self.channels, (1, 3))
+        _choice("backend", self.backend, BACKENDS)
+        _choice("layout", self.layout, LAYOUTS)
+        if not isinstance(self.compression, Compression):
+            raise OptionsError(
+                "compression should be a layout.Compression, e.g. Compression(codec='zstd'), "
+                f"but got compression={self.compression!r}"
+            )
+        self._normalise()
+        self._check_sizes()
+        self._check_combinations()
+
+    def _normalise(self) -> None:
+        if self.size is not None:
+            object.__setattr__(self, "size", tuple(self.size))
+        if self.chunk_shape is not None:
+            object.__setattr__(self, "chunk_shape", tuple(self.chunk_shape))
+        if self.labels_csv is not None:
+            object.__setattr__(self, "labels_csv", os.fspath(self.labels_csv))
+
+    def _check_sizes(self) -> None:
+        if self.size is not None and (
+            len(self.size) != 2 or not all(isinstance(s, int) and s > 0 for s in self.size)
+        ):
+            raise OptionsError(
+                f"size should be two positive integers (H, W), but got size={self.size!r}"
+            )
+        _positive("chunk_samples", self.chunk_samples)
+        _positive("chunk_bytes", self.chunk_bytes)
+        _positive("max_side", self.max_side)
+        _positive("workers", self.workers)
+        if self.chunk_bytes is not None:
+            check_chunk_bytes(self.chunk_bytes)
+        if self.chunk_shape is not None and (
+            len(self.chunk_shape) != 4
+            or not all(isinstance(s, int) and s > 0 for s in self.chunk_shape)
+        ):
+            raise OptionsError(
+                "chunk_shape should be four positive integers (samples, H, W, C), "
+                f"but got chunk_shape={self.chunk_shape!r}"
+            )
+        if self.quality is not None and not (
+            isinstance(self.quality, int) and 1 <= self.quality <= 100
+        ):
+            raise OptionsError(f"quality should be in 1..100, but got quality={self.quality!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise OptionsError(f"seed should be a non-negative integer, but got seed={self.seed!r}")
+
+    def _check_combinations(self) -> None:
+        given = [
+            name
+            for name in ("chunk_samples", "chunk_shape", "chunk_bytes")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise OptionsError(
+                "give one of chunk_samples, chunk_shape, chunk_bytes, "
+                f"but got {' and '.join(given)}"
+            )
+        if self.layout == "contiguous":
+            if self.compression.codec != "none":
+                raise OptionsError(
+                    "HDF5 compresses only chunked datasets: drop --compression "
+                    f"{self.compression.codec} or use --layout chunked"
+                )
+            if given:
+                raise OptionsError(
+                    f"a contiguous layout has no chunks, so {given[0]} does not apply: "
+                    "drop it or use --layout chunked"
+                )
+        if self.mode == "encoded":
+            if self.size is not None:
+                raise OptionsError(
+                    "--size applies to raw pixels; encoded mode stores the files as they are "
+                    "(use --mode raw --size H W, or --max-side to bound encoded images)"
+                )
+            if self.chunk_samples is not None or self.chunk_shape is not None:
+                raise OptionsError(
+                    "encoded images are stored as one byte blob chunked by bytes: "
+                    "use --chunk-bytes instead of --chunk-samples/--chunk-shape"
+                )
+        if self.max_side is not None and self.mode == "raw":
+            raise OptionsError(
+                "--max-side re-encodes oversized files in encoded mode; for raw pixels use "
+                "--size H W"
+            )
+        if self.quality is not None and self.max_side is None:
+            raise OptionsError(
+                "--quality applies to images re-encoded because of --max-side; add --max-side"
+            )
+        if self.size is not None:
+            # The sample shape is known: a chunk of 4 GiB or more is refused now.
+            array_chunk_shape(
+                (*self.size, self.channels),
+                chunk_samples=self.chunk_samples,
+                chunk_shape=self.chunk_shape,
+                chunk_bytes=self.chunk_bytes,
+            )
+
+    @property
+    def effective_workers(self) -> int:
+        """The number of worker processes: ``workers``, or every available core."""
+        return self.workers if self.workers is not None else available_cores()
+
+    @property
+    def effective_quality(self) -> int:
+        """The JPEG quality of re-encoded images."""
+        return self.quality if self.quality is not None else DEFAULT_QUALITY
+
+    @property
+    def target_chunk_bytes(self) -> int:
+        """The byte target of one chunk: ``chunk_bytes`` or the default."""
+        return self.chunk_bytes if self.chunk_bytes is not None else DEFAULT_CHUNK_BYTES
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the options as JSON-ready data (stored in the pack)."""
+        data = dataclasses.asdict(self)
+        data["compression"] = dataclasses.asdict(self.compression)
+        for key in ("size", "chunk_shape"):
+            if data[key] is not None:
+                data[key] = list(data[key])
+        return data

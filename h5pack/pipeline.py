@@ -1,0 +1,286 @@
+"""The conversion's two parallel stages and the pool that runs them.
+
+Stage 1 (``prepare_batch``) decodes, resizes and checksums batches of files in the write
+order; stage 2 (``compress_block``) compresses a block of whole chunks. Both run in a
+pool of worker processes; the parent consumes results in submission order
+(``ordered_map``), with a bounded number of tasks in flight so memory stays
+O(chunk x workers) whatever the dataset's size.
+
+Files are never pre-assigned to chunks in the workers: a skipped file shifts every later
+sample, so only the parent, which sees results in order, places samples into chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import signal
+import sys
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import h5py
+import numpy as np
+
+from h5pack.errors import DecodeError
+from h5pack.storage import ChunkBytes, ImagesSpec
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What stage 1 makes of each file (picklable, sent with every task).
+
+    Attributes:
+        mode: ``"raw"`` (pixels) or ``"encoded"`` (file bytes, validated by decoding).
+        flat: Return raw pixels flattened (blob storage of original sizes).
+        size: ``(H, W)`` to resize raw pixels to, or None.
+        resize: Resize method.
+        channels: 1 or 3.
+        backend: ``"pillow"`` or ``"opencv"``.
+        fixed_shape: The (H, W, C) every raw sample must have (array storage), or None.
+        max_side: Encoded mode: re-encode images with a longer side than this.
+        quality: JPEG quality of re-encoded images.
+    """
+
+    mode: str
+    flat: bool = False
+    size: tuple[int, int] | None = None
+    resize: str = "stretch"
+    channels: int = 3
+    backend: str = "pillow"
+    fixed_shape: tuple[int, int, int] | None = None
+    max_side: int | None = None
+    quality: int = 90
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A sample ready to store: ``pos`` in the write order, stored data, shape, CRC32."""
+
+    pos: int
+    data: np.ndarray
+    shape: tuple[int, int, int]
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A file that cannot be packed: ``pos`` in the write order, its path and why."""
+
+    pos: int
+    path: str
+    reason: str
+
+
+def _reason(err: Exception, name: str) -> str:
+    """Return an error's message without a leading ``name:`` (the caller names the file)."""
+    text = str(err)
+    for prefix in (f"{name}: ", f"{name} "):
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text
+
+
+def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepared | Rejected:
+    """Decode (and for raw mode resize) one image file's bytes into its stored form."""
+    from h5pack.decode import decode_image, probe_size, reencode_jpeg, resize_image
+
+    try:
+        image = decode_image(
+            data,
+            name=name,
+            backend=spec.backend,  # type: ignore[arg-type]
+            channels=spec.channels,
+        )
+        if image.ndim == 2:
+            image = image[:, :, None]
+        if spec.mode == "encoded":
+            shape = (int(image.shape[0]), int(image.shape[1]), spec.channels)
+            if spec.max_side is not None and max(shape[:2]) > spec.max_side:
+                data = reencode_jpeg(image, quality=spec.quality, max_side=spec.max_side)
+                shape = (*probe_size(data, name=name), spec.channels)
+            return Prepared(pos, np.frombuffer(data, dtype=np.uint8), shape, zlib.crc32(data))
+        if spec.size is not None:
+            image = resize_image(
+                image,
+                spec.size,
+                method=spec.resize,  # type: ignore[arg-type]
+                backend=spec.backend,  # type: ignore[arg-type]
+            )
+            if image.ndim == 2:
+                image = image[:, :, None]
+    except DecodeError as err:
+        return Rejected(pos, name, _reason(err, name))
+    return prepare_pixels(spec, image, name, pos)
+
+
+def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> Prepared | Rejected:
+    """Return decoded pixels (HWC uint8) in their stored form, or why they do not fit."""
+    image = np.ascontiguousarray(image, dtype=np.uint8)
+    shape = (int(image.shape[0]), int(image.shape[1]), int(image.shape[2]))
+    if spec.fixed_shape is not None and shape != spec.fixed_shape:
+        h, w, c = spec.fixed_shape
+        return Rejected(
+            pos,
+            name,
+            f"decodes to {shape[0]}x{shape[1]}x{shape[2]}, but this pack's images are "
+            f"{h}x{w}x{c} (its header said otherwise; pass --size H W to resize every image)",
+        )
+    crc = zlib.crc32(image.data)
+    return Prepared(pos, image.reshape(-1) if spec.flat else image, shape, crc)
+
+
+def prepare_batch(spec: DecodeSpec, items: list[tuple[int, str, str]]) -> list[Prepared | Rejected]:
+    """Stage 1: prepare ``(pos, file path, relative path)`` items, in order."""
+    from h5pack.decode import load_file
+
+    out: list[Prepared | Rejected] = []
+    for pos, path, relative in items:
+        try:
+            data = load_file(path)
+        except DecodeError as err:
+            out.append(Rejected(pos, relative, _reason(err, path)))
+            continue
+        out.append(prepare_sample(spec, data, relative, pos))
+    return out
+
+
+def probe_batch(items: list[tuple[str, str]]) -> list[tuple[int, int] | None]:
+    """Return each ``(file path, relative path)``'s (H, W) from its header, None if unreadable."""
+    from h5pack.decode import load_file, probe_size
+
+    out: list[tuple[int, int] | None] = []
+    for path, relative in items:
+        try:
+            h, w = probe_size(load_file(path), name=relative)
+        except DecodeError:
+            out.append(None)
+        else:
+            out.append((int(h), int(w)))
+    return out
+
+
+# One in-memory HDF5 file per process holds a dataset per spec; compressing a block means
+# writing it there and reading the stored chunks back, filter-exact for any codec.
+_CORE: dict[str, Any] = {}
+
+
+def _core_dataset(spec: ImagesSpec, rows: int) -> h5py.Dataset:
+    handle = _CORE.get("file")
+    if handle is None or not handle.id.valid:
+        handle = h5py.File(f"h5pack-core-{id(_CORE)}", "w", driver="core", backing_store=False)
+        _CORE.clear()
+        _CORE["file"] = handle
+    key = repr(spec)
+    dataset = _CORE.get(key)
+    if dataset is None or dataset.shape[0] != rows:
+        name = f"d{len(_CORE)}"
+        if dataset is not None:
+            name = dataset.name
+            del handle[name]
+        dataset = spec.create(handle, name, rows)
+        _CORE[key] = dataset
+    return dataset
+
+
+def compress_block(spec: ImagesSpec, start: int, data: np.ndarray) -> list[ChunkBytes]:
+    """Stage 2: return the stored (filtered) chunks of a block starting at row ``start``."""
+    dataset = _core_dataset(spec, len(data))
+    dataset[...] = data
+    out: list[ChunkBytes] = []
+    for i in range(dataset.id.get_num_chunks()):
+        offset = dataset.id.get_chunk_info(i).chunk_offset
+        mask, stored = dataset.id.read_direct_chunk(offset)
+        out.append(((int(offset[0]) + start, *(int(o) for o in offset[1:])), int(mask), stored))
+    return out
+
+
+def release_core() -> None:
+    """Close this process's in-memory compression file."""
+    handle = _CORE.pop("file", None)
+    _CORE.clear()
+    if handle is not None and handle.id.valid:
+        handle.close()
+
+
+# -- the pool ---------------------------------------------------------------------------
+
+
+class InlineExecutor(Executor):
+    """Run every task at once in this process (``workers=1``: easy to debug and profile)."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Run ``fn(*args, **kwargs)`` now and return its completed future."""
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as err:
+            future.set_exception(err)
+        return future
+
+
+def _init_worker() -> None:
+    """Let the parent handle Ctrl-C and SIGTERM; die with the parent (Linux)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # exotic libc
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def make_executor(workers: int) -> Executor:
+    """Return a pool of ``workers`` processes, or an in-process executor for 1.
+
+    NOTE [ h5py handles and fork ]: a forked child must not inherit an open h5py file.
+    With the fork start method every worker is started by the first submit, so it is done
+    here, before the caller opens the pack. Python 3.12+ warns about fork in threaded
+    processes, so there the forkserver is used.
+    """
+    if workers <= 1:
+        return InlineExecutor()
+    methods = multiprocessing.get_all_start_methods()
+    method = "fork" if sys.version_info < (3, 12) and "fork" in methods else None
+    if method is None:
+        method = "forkserver" if "forkserver" in methods else "spawn"
+    context = multiprocessing.get_context(method)
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
+    executor.submit(int).result()
+    return executor
+
+
+def ordered_map(
+    executor: Executor,
+    fn: Callable[..., T],
+    items: Iterable[tuple[Any, ...]],
+    *,
+    max_in_flight: int,
+) -> Iterator[T]:
+    """Yield ``fn(*item)`` for each item, in order, with at most ``max_in_flight`` pending.
+
+    ``items`` is consumed lazily, only as results are taken, which bounds memory.
+    """
+    pending: deque[Future[T]] = deque()
+    source = iter(items)
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(pending) < max_in_flight:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    exhausted = True
+                else:
+                    pending.append(executor.submit(fn, *item))
+            if not pending:
+                return
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()

@@ -1,0 +1,295 @@
+"""Lay samples into the images dataset: whole chunks, in order, aligned blobs.
+
+The parent process of a conversion turns the ordered stream of prepared samples into
+*blocks* (runs of whole chunks), and writes each block once. A block of a compressed
+dataset is compressed elsewhere (``pipeline.compress_block``) and written here with
+``write_direct_chunk``, so that no compressed chunk is ever written twice or in part.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Literal
+
+import h5py
+import numpy as np
+
+from h5pack.layout import Compression
+
+Storage = Literal["array", "blob"]
+ChunkBytes = tuple[tuple[int, ...], int, bytes]  # (chunk offset, filter mask, stored bytes)
+
+# Bytes copied at once when a contiguous dataset is filled from a staging file.
+COPY_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ImagesSpec:
+    """How the images dataset is created: storage, sample shape, chunks and filters.
+
+    The same spec creates the pack's dataset and, in worker processes, the in-memory
+    dataset whose chunks are compressed (``pipeline.compress_block``), so the stored bytes
+    are exactly what HDF5 itself would write.
+
+    Attributes:
+        storage: ``"array"`` (N, H, W, C) or ``"blob"`` (total_bytes,).
+        sample_shape: (H, W, C) of array storage, else None.
+        chunks: The chunk shape, or None for a contiguous dataset.
+        compression: The filters.
+    """
+
+    storage: Storage
+    sample_shape: tuple[int, int, int] | None
+    chunks: tuple[int, ...] | None
+    compression: Compression = field(default_factory=Compression)
+
+    @property
+    def compressed(self) -> bool:
+        """Whether chunks pass through a filter."""
+        return self.compression.codec != "none"
+
+    def create(self, handle: h5py.File | h5py.Group, name: str, length: int) -> h5py.Dataset:
+        """Create the dataset ``name`` with ``length`` rows (resizable when chunked)."""
+        rest = self.sample_shape if self.storage == "array" else ()
+        assert rest is not None  # array storage always has a sample shape
+        shape = (length, *rest)
+        if self.chunks is None:
+            return handle.create_dataset(name, shape=shape, dtype=np.uint8)
+        return handle.create_dataset(
+            name,
+            shape=shape,
+            maxshape=(None, *rest),
+            chunks=self.chunks,
+            dtype=np.uint8,
+            **self.compression.h5py_kwargs(),
+        )
+
+
+@dataclass(frozen=True)
+class Block:
+    """Data starting at row ``start`` of the images dataset, always at a chunk boundary.
+
+    A block covers whole chunks; rows of its last chunk beyond ``len(data)`` are padding
+    (HDF5 fills them with zeros).
+    """
+
+    start: int
+    data: np.ndarray
+
+
+class ArrayAssembler:
+    """Gather fixed-size samples into blocks of ``group_samples`` (one chunk along N)."""
+
+    def __init__(self, sample_shape: tuple[int, int, int], group_samples: int) -> None:
+        self.sample_shape = sample_shape
+        self.group_samples = group_samples
+        self.count = 0
+        self._block = np.empty((group_samples, *sample_shape), dtype=np.uint8)
+        self._fill = 0
+
+    def add(self, sample: np.ndarray) -> Iterator[Block]:
+        """Place the next sample; yield a block when one is complete."""
+        self._block[self._fill] = sample
+        self._fill += 1
+        self.count += 1
+        if self._fill == self.group_samples:
+            yield self._flush()
+
+    def finish(self) -> Iterator[Block]:
+        """Yield the last, partial block."""
+        if self._fill:
+            yield self._flush()
+
+    def _flush(self) -> Block:
+        block = Block(self.count - self._fill, self._block[: self._fill])
+        self._block = np.empty_like(self._block)
+        self._fill = 0
+        return block
+
+
+class BlobAssembler:
+    """Place variable-size samples into a byte blob of aligned chunks.
+
+    NOTE [ Aligned blobs ]: a sample's slot never straddles a chunk boundary unless the
+    sample is larger than a chunk. A sample that does not fit the rest of the current chunk
+    starts the next one (the rest is zero padding); a sample larger than a chunk starts at
+    a boundary and owns its chunks alone. So the samples whose slots start in chunk c are
+    read by reading whole chunks only, and each chunk is decompressed once for one group.
+    ``offsets`` are slot starts (padding belongs to the slot before it), ``sizes`` the real
+    byte counts. See docs/ARCHITECTURE.md, "Aligned blobs".
+    """
+
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self._buffer = np.zeros(chunk_bytes, dtype=np.uint8)
+        self._fill = 0
+        self._chunk = 0  # index of the chunk being filled
+        self.end = 0  # one past the last byte of data
+
+    def add(self, sample: np.ndarray) -> Iterator[Block]:
+        """Place the next sample (1-D uint8); yield every block it completes."""
+        size = int(sample.size)
+        step = self.chunk_bytes
+        if size > step:
+            if self._fill:
+                yield self._flush()
+            start = self._chunk * step
+            self.offsets.append(start)
+            self.sizes.append(size)
+            self._chunk += math.ceil(size / step)
+            self.end = start + size
+            yield Block(start, sample)
+            return
+        if self._fill + size > step:
+            yield self._flush()
+        start = self._chunk * step + self._fill
+        self._buffer[self._fill : self._fill + size] = sample
+        self._fill += size
+        self.offsets.append(start)
+        self.sizes.append(size)
+        self.end = start + size
+        if self._fill == step:
+            yield self._flush()
+
+    def finish(self) -> Iterator[Block]:
+        """Yield the last chunk, trimmed to its data."""
+        if self._fill:
+            yield Block(self._chunk * self.chunk_bytes, self._buffer[: self._fill])
+            self._chunk += 1
+            self._fill = 0
+
+    def final_offsets(self) -> np.ndarray:
+        """Return the N + 1 slot boundaries; the last is the end of the data."""
+        return np.asarray([*self.offsets, self.end], dtype=np.int64)
+
+    def _flush(self) -> Block:
+        # The whole chunk, padding included: only the last block is shorter than a chunk,
+        # which lets ImagesWriter recognise a blob that fits one chunk.
+        block = Block(self._chunk * self.chunk_bytes, self._buffer)
+        self._buffer = np.zeros(self.chunk_bytes, dtype=np.uint8)
+        self._chunk += 1
+        self._fill = 0
+        return block
+
+
+class ImagesWriter:
+    """Write blocks of the images dataset of an open pack, in order, each once.
+
+    Chunked datasets grow block by block (never shrink, so HDF5 never rewrites a chunk).
+    A contiguous array is allocated for every scanned sample at once; when some were
+    skipped it is too long and the writer reports ``needs_rebuild`` (see
+    ``writer.convert``). A contiguous blob's length is unknown until the end: its bytes
+    are staged in a side file and copied in when complete.
+
+    Args:
+        handle: The pack being written.
+        name: The dataset's name.
+        spec: How to create it. A blob whose data all fit one chunk gets a chunk of
+            exactly its size (a small pack does not carry a mostly empty chunk).
+        allocate: Rows of a contiguous array.
+        staging: Side file of a contiguous blob.
+    """
+
+    def __init__(
+        self,
+        handle: h5py.File,
+        name: str,
+        spec: ImagesSpec,
+        *,
+        allocate: int = 0,
+        staging: Path | None = None,
+    ) -> None:
+        self.handle = handle
+        self.name = name
+        self.spec = spec
+        self.allocated = allocate
+        self.staging = staging
+        self._dataset: h5py.Dataset | None = None
+        self._stage_file: IO[bytes] | None = None
+        self._length = 0
+        if spec.chunks is None and spec.storage == "array":
+            self._dataset = spec.create(handle, name, allocate)
+        elif spec.chunks is None:
+            if staging is None:
+                raise ValueError("a contiguous blob needs a staging file")
+            self._stage_file = staging.open("wb")
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """Whether a contiguous array was allocated longer than what was written."""
+        return (
+            self.spec.chunks is None
+            and self.spec.storage == "array"
+            and (self._length < self.allocated)
+        )
+
+    def spec_for(self, block: Block) -> ImagesSpec:
+        """Return the spec the block is written with, creating the dataset on first use."""
+        if self._dataset is None and self.spec.chunks is not None:
+            if self.spec.storage == "blob" and block.start == 0:
+                self.spec = replace(self.spec, chunks=(min(self.spec.chunks[0], block.data.size),))
+            self._dataset = self.spec.create(self.handle, self.name, 0)
+        return self.spec
+
+    def write_block(self, block: Block) -> None:
+        """Write an uncompressed block."""
+        self.spec_for(block)
+        stop = block.start + len(block.data)
+        if self._stage_file is not None:
+            self._stage_file.seek(block.start)
+            self._stage_file.write(np.ascontiguousarray(block.data).data)
+        else:
+            assert self._dataset is not None
+            if self.spec.chunks is not None and self._dataset.shape[0] < stop:
+                self._dataset.resize(stop, axis=0)
+            self._dataset[block.start : stop] = block.data
+        self._length = max(self._length, stop)
+
+    def write_chunks(self, start: int, length: int, chunks: Sequence[ChunkBytes]) -> None:
+        """Write a compressed block: its stored chunks, at their offsets."""
+        assert self._dataset is not None  # spec_for() created it before compression
+        stop = start + length
+        if self._dataset.shape[0] < stop:
+            self._dataset.resize(stop, axis=0)
+        for offset, mask, data in chunks:
+            self._dataset.id.write_direct_chunk(offset, data, mask)
+        self._length = max(self._length, stop)
+
+    def finish(self) -> int:
+        """Complete the dataset; return its length (rows or bytes)."""
+        if self._stage_file is not None:
+            assert self.staging is not None
+            self._stage_file.close()
+            self._stage_file = None
+            dataset = self.spec.create(self.handle, self.name, self._length)
+            with self.staging.open("rb") as stage:
+                for lo in range(0, self._length, COPY_BYTES):
+                    hi = min(self._length, lo + COPY_BYTES)
+                    dataset[lo:hi] = np.frombuffer(stage.read(hi - lo), dtype=np.uint8)
+            self.staging.unlink()
+        elif self._dataset is None:
+            self._dataset = self.spec.create(self.handle, self.name, 0)
+        return self._length
+
+    def abort(self) -> None:
+        """Close and remove the staging file, if any."""
+        if self._stage_file is not None:
+            self._stage_file.close()
+            self._stage_file = None
+        if self.staging is not None and self.staging.exists():
+            os.unlink(self.staging)
+
+
+def copy_array_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int) -> None:
+    """Copy the first ``rows`` rows of ``source`` into ``target`` in slabs of ~64 MiB."""
+    row_bytes = max(1, int(np.prod(source.shape[1:])))
+    step = max(1, COPY_BYTES // row_bytes)
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        target[lo:hi] = source[lo:hi]

@@ -1,0 +1,189 @@
+"""write_arrays and the storage back end: round trips, chunk boundaries, aligned blobs."""
+
+import io
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from h5pack import format as fmt
+from h5pack.errors import OptionsError, TargetExistsError
+from h5pack.layout import ChunkMap, Compression
+from h5pack.options import ConvertOptions
+from h5pack.reader import PackReader
+from h5pack.storage import BlobAssembler
+from h5pack.writer import write_arrays
+
+
+def _arrays(num, shape=(8, 10, 3), seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(num)]
+
+
+def _jpeg(array, quality=90):
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def _read_all(path):
+    with PackReader(path) as reader:
+        return reader.meta, reader.read_images(range(len(reader))), reader.paths
+
+
+@pytest.mark.parametrize("num", [12, 13, 15])  # N mod k = 0, 1, k - 1 for k = 4
+@pytest.mark.parametrize("codec", ["none", "gzip", "zstd"])
+def test_array_round_trip_at_chunk_boundaries(tmp_path, num, codec):
+    samples = _arrays(num)
+    labels = [i % 3 for i in range(num)]
+    options = ConvertOptions(chunk_samples=4, compression=Compression(codec=codec))
+    report = write_arrays(tmp_path / "p.h5", samples, labels, options=options)
+    meta, images, paths = _read_all(report.path)
+    assert meta.storage == "array"
+    assert meta.chunks == (4, 8, 10, 3)
+    assert meta.num_samples == num == report.num_samples
+    assert sorted(meta.source_index.tolist()) == list(range(num))  # every sample once
+    for i, image in enumerate(images):
+        src = int(meta.source_index[i])
+        np.testing.assert_array_equal(image, samples[src])
+        assert meta.labels[i] == labels[src]
+        assert paths[i] == f"sample-{src:06d}"
+        assert meta.checksums[i] == zlib.crc32(samples[src].tobytes())
+    assert meta.classes == ("0", "1", "2")
+
+
+def test_shuffle_is_seeded_and_can_be_turned_off(tmp_path):
+    samples = _arrays(20)
+    a = write_arrays(tmp_path / "a.h5", samples, [0] * 20, options=ConvertOptions(seed=3))
+    b = write_arrays(tmp_path / "b.h5", samples, [0] * 20, options=ConvertOptions(seed=3))
+    c = write_arrays(tmp_path / "c.h5", samples, [0] * 20, options=ConvertOptions(seed=4))
+    d = write_arrays(
+        tmp_path / "d.h5", samples, [0] * 20, options=ConvertOptions(shuffle_samples=False)
+    )
+    assert a.meta.source_index.tolist() == b.meta.source_index.tolist()
+    assert a.meta.source_index.tolist() != c.meta.source_index.tolist()
+    assert d.meta.source_index.tolist() == list(range(20))
+
+
+def test_variable_sizes_make_an_aligned_raw_blob(tmp_path):
+    rng = np.random.default_rng(1)
+    samples = [rng.integers(0, 256, (5 + i, 7, 3), dtype=np.uint8) for i in range(9)]
+    options = ConvertOptions(chunk_bytes=300, shuffle_samples=False)
+    report = write_arrays(tmp_path / "p.h5", samples, [-1] * 9, options=options)
+    meta, images, _ = _read_all(report.path)
+    assert (meta.mode, meta.storage) == ("raw", "blob")
+    assert meta.chunk_bytes == 300 == meta.chunks[0]
+    for i, image in enumerate(images):
+        np.testing.assert_array_equal(image, samples[i])
+    assert meta.shapes.tolist() == [list(s.shape) for s in samples]
+    _assert_aligned(meta.offsets, meta.sizes, 300)
+
+
+def _assert_aligned(offsets, sizes, chunk_bytes):
+    for start, size in zip(offsets[:-1], sizes, strict=True):
+        if size <= chunk_bytes:  # never straddles a boundary
+            assert start // chunk_bytes == (start + size - 1) // chunk_bytes
+        else:  # owns whole chunks from a boundary
+            assert start % chunk_bytes == 0
+    assert np.all(np.diff(offsets) >= sizes)
+    # Every group of the chunk map covers whole chunks only.
+    cmap = ChunkMap.for_blob(offsets, chunk_bytes)
+    for group in range(cmap.num_chunks - 1):
+        first = cmap.samples(group).start
+        assert offsets[first] % chunk_bytes == 0 or first == 0
+        nxt = cmap.samples(group + 1).start
+        assert offsets[nxt] % chunk_bytes == 0
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_encoded_bytes_are_stored_exactly(tmp_path, codec):
+    rng = np.random.default_rng(2)
+    files = [_jpeg(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)) for i in range(6)]
+    options = ConvertOptions(chunk_bytes=2500, compression=Compression(codec=codec))
+    report = write_arrays(tmp_path / "p.h5", files, [0] * 6, options=options)
+    assert (report.mode, report.storage) == ("encoded", "blob")
+    with PackReader(report.path) as reader:
+        stored = reader.read_stored(range(6))
+        for i, data in enumerate(stored):
+            assert data.tobytes() == files[int(reader.meta.source_index[i])]
+        assert reader.read_images([0])[0].shape == tuple(reader.meta.shapes[0])
+    _assert_aligned(report.meta.offsets, report.meta.sizes, 2500)
+
+
+def test_sample_larger_than_a_chunk_owns_whole_chunks():
+    assembler = BlobAssembler(10)
+    blocks = []
+    for size in (4, 25, 3, 8, 10):
+        blocks.extend(assembler.add(np.full(size, size, np.uint8)))
+    blocks.extend(assembler.finish())
+    offsets = assembler.final_offsets()
+    assert offsets.tolist() == [0, 10, 40, 50, 60, 70]
+    assert [b.start for b in blocks] == [0, 10, 40, 50, 60]
+    data = np.zeros(offsets[-1], np.uint8)
+    for block in blocks:
+        data[block.start : block.start + len(block.data)] = block.data
+    for start, size in zip(offsets[:-1], assembler.sizes, strict=True):
+        assert np.all(data[start : start + size] == size)
+
+
+def test_small_blob_gets_one_chunk_of_its_size(tmp_path):
+    files = [_jpeg(a) for a in _arrays(3, (12, 9 + 3, 3))] + [_jpeg(_arrays(1, (9, 9, 3))[0])]
+    report = write_arrays(tmp_path / "p.h5", files, [0, 0, 0, 0])
+    assert report.meta.chunks == (int(report.meta.offsets[-1]),)
+    assert report.meta.chunk_bytes == report.meta.chunks[0]
+
+
+def test_bad_bytes_are_skipped_or_stop_in_strict_mode(tmp_path):
+    files = [_jpeg(a) for a in _arrays(3, (10, 12, 3))]
+    files[1] = files[1][: len(files[1]) // 2]  # truncated
+    events = []
+    report = write_arrays(
+        tmp_path / "p.h5", files, [0, 1, 0], classes=["a", "b"], on_event=events.append
+    )
+    assert report.num_samples == 2
+    assert [s.path for s in report.skipped] == ["sample-000001"]
+    assert [e.path for e in events if e.kind == "skipped"] == ["sample-000001"]
+    meta = fmt.load_meta(report.path)
+    assert [s.path for s in meta.skipped] == ["sample-000001"]
+    with pytest.raises(Exception, match="sample-000001"):
+        write_arrays(tmp_path / "q.h5", files, [0, 1, 0], options=ConvertOptions(strict=True))
+    assert not (tmp_path / "q.h5").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.h5"]
+
+
+def test_refuses_to_overwrite_without_permission(tmp_path):
+    target = tmp_path / "p.h5"
+    target.write_bytes(b"precious")
+    with pytest.raises(TargetExistsError, match=r"p\.h5"):
+        write_arrays(target, _arrays(2), [0, 0])
+    assert target.read_bytes() == b"precious"
+    write_arrays(target, _arrays(2), [0, 0], overwrite=True)
+    assert fmt.load_meta(target).num_samples == 2
+
+
+def test_resizes_arrays_to_size(tmp_path):
+    samples = _arrays(3, (20, 30, 3)) + _arrays(2, (10, 10, 3))
+    report = write_arrays(tmp_path / "p.h5", samples, [0] * 5, options=ConvertOptions(size=(6, 8)))
+    assert report.meta.images_shape == (5, 6, 8, 3)
+
+
+@pytest.mark.parametrize(
+    ("samples", "labels", "match"),
+    [
+        (_arrays(2), [0], "one entry each"),
+        (_arrays(2, (4, 4)), [0, 0], "HWC uint8"),
+        ([np.zeros((4, 4, 3), np.float32)] * 2, [0, 0], "HWC uint8"),
+        (_arrays(2), [0, 5], "labels"),
+        ([], [], "empty"),
+    ],
+)
+def test_bad_inputs_are_refused(tmp_path, samples, labels, match):
+    with pytest.raises(OptionsError, match=match):
+        write_arrays(tmp_path / "p.h5", samples, labels, classes=["a", "b"] if labels else ())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_encoded_mode_needs_bytes(tmp_path):
+    with pytest.raises(OptionsError, match="encoded"):
+        write_arrays(tmp_path / "p.h5", _arrays(2), [0, 0], options=ConvertOptions(mode="encoded"))
