@@ -1,0 +1,537 @@
+"""Make deterministic, natural-looking image folders for demos, tests and benchmarks.
+
+JPEG decode cost and compressibility of natural photographs differ a lot from those of
+noise or gradients, so benchmark data should look like photographs. Each image is a
+random crop of a photograph (a folder of real ones when available, else a bank of
+synthetic "1/f" scenes made by :func:`synthesize_photo`), resized with antialiasing and
+lightly jittered (flip, brightness, contrast, saturation, hue, noise or blur). Image ``i``
+is a pure function of ``(spec, photos, i)``: same inputs give byte-identical files.
+
+The folder it writes, ImageFolder-style (``flat=False``)::
+
+    target/
+        class_00/img_000000.jpg
+        class_00/img_000004.jpg
+        class_01/img_000001.jpg
+        ...
+
+Image ``i`` belongs to class ``i % num_classes``; each class prefers its own subset of the
+photographs, so classes are visually distinct. With ``flat=True`` the same images are
+written straight into ``target/``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image, ImageFilter, ImageOps, ImageStat
+
+from h5pack._types import StrPath
+from h5pack.errors import OptionsError, SourceError, TargetExistsError
+
+
+def _default_photos() -> Path | None:
+    # <repo>/h5pack/sample.py -> <repo>/../shared/data/photos
+    candidate = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "photos"
+    return candidate if candidate.is_dir() else None
+
+
+DEFAULT_PHOTOS: Path | None = _default_photos()
+"""The ``../shared/data/photos`` folder beside the checkout, or None when it is absent."""
+
+PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")
+"""Suffixes of the files read from a photos folder (case-insensitive)."""
+
+_FORMATS: dict[str, str] = {"jpeg": ".jpg", "png": ".png"}
+_NUM_SYNTHETIC = 12  # photographs in the synthetic bank used without a photos folder
+_BANK_TAG = 0x5EED_BA4C  # seeds the synthetic bank; independent of SampleSpec.seed
+_PREFERRED_P = 0.8  # probability that an image of class c is cut from c's own photographs
+_HEADROOM = 1.5  # working photos' short side: this many times the target's long side
+_PNG_LEVEL = 1  # PNG deflate level: fast; PNG of a photo barely shrinks at higher levels
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleSpec:
+    """What image folder to make.
+
+    Attributes:
+        num_images: Number of images written.
+        num_classes: Number of classes; image ``i`` has label ``i % num_classes`` (with
+            fewer images than classes, only the first ``num_images`` classes get a folder).
+        size: Base ``(height, width)`` of every image.
+        size_jitter: 0 makes every image exactly ``size``; a fraction in (0, 1) lets the
+            height and width of each image vary independently by up to ± that fraction.
+        fmt: File format, ``"jpeg"`` (``.jpg``) or ``"png"``.
+        quality: JPEG quality (1-100); ignored for PNG.
+        seed: Seed of every random choice; image ``i`` uses
+            ``np.random.default_rng((seed, i))``.
+        flat: Write all images straight into the target, without class subfolders.
+    """
+
+    num_images: int = 200
+    num_classes: int = 4
+    size: tuple[int, int] = (375, 500)
+    size_jitter: float = 0.0
+    fmt: Literal["jpeg", "png"] = "jpeg"
+    quality: int = 90
+    seed: int = 0
+    flat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_images < 1:
+            raise OptionsError(
+                f"num_images should be at least 1, but got num_images={self.num_images}"
+            )
+        if self.num_classes < 1:
+            raise OptionsError(
+                f"num_classes should be at least 1, but got num_classes={self.num_classes}"
+            )
+        if len(self.size) != 2 or min(self.size) < 1:
+            raise OptionsError(
+                f"size should be two positive integers (height, width), but got size={self.size}"
+            )
+        if not 0.0 <= self.size_jitter < 1.0:
+            raise OptionsError(
+                f"size_jitter should be in [0, 1), but got size_jitter={self.size_jitter}"
+            )
+        if self.fmt not in _FORMATS:
+            raise OptionsError(f"fmt should be one of {sorted(_FORMATS)}, but got fmt={self.fmt!r}")
+        if not 1 <= self.quality <= 100:
+            raise OptionsError(f"quality should be in [1, 100], but got quality={self.quality}")
+        if self.seed < 0:
+            raise OptionsError(f"seed should be non-negative, but got seed={self.seed}")
+
+    @property
+    def max_size(self) -> tuple[int, int]:
+        """The largest ``(height, width)`` any image of this spec can have."""
+        return (
+            math.ceil(self.size[0] * (1.0 + self.size_jitter)),
+            math.ceil(self.size[1] * (1.0 + self.size_jitter)),
+        )
+
+
+def make_image_folder(
+    target: StrPath,
+    spec: SampleSpec = SampleSpec(),
+    *,
+    photos: StrPath | Literal[False] | None = None,
+    workers: int = 0,
+    overwrite: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[Path]:
+    """Write a deterministic folder of natural-looking images.
+
+    Args:
+        target: Folder to write into; created if missing. It must be empty unless
+            ``overwrite`` is set.
+        spec: What to make.
+        photos: Folder of photographs (every ``.jpg``/``.jpeg``/``.png`` in it, sorted by
+            name) to crop the images from. None uses :data:`DEFAULT_PHOTOS` when it exists
+            and synthetic photographs otherwise; False always uses synthetic photographs.
+        workers: Number of worker processes; 0 makes everything in this process. The
+            files are the same whatever the number of workers.
+        overwrite: Allow a non-empty target; files with the same names are replaced and
+            other files are left alone.
+        progress: Called with the number of images just written, as they are written.
+
+    Returns:
+        The paths of the written files, sorted.
+
+    Raises:
+        SourceError: ``photos`` is a folder that does not exist or holds no photograph.
+        TargetExistsError: ``target`` is not empty and ``overwrite`` is False.
+        OptionsError: ``workers`` is negative.
+    """
+    if workers < 0:
+        raise OptionsError(f"workers should be non-negative, but got workers={workers}")
+    source = _resolve_source(photos, spec)
+    root = Path(target)
+    if root.exists() and not root.is_dir():
+        raise TargetExistsError(f"{root}: the target exists and is not a folder")
+    if root.is_dir() and not overwrite and any(root.iterdir()):
+        raise TargetExistsError(f"{root}: the target folder is not empty (pass overwrite=True)")
+    paths = [root / relative for relative in image_names(spec)]
+    if workers == 0:
+        _load_bank(source)  # a bad photograph fails here, before any folder is made
+    for folder in sorted({path.parent for path in paths}):
+        folder.mkdir(parents=True, exist_ok=True)
+
+    if workers == 0:
+        for index, path in enumerate(paths):
+            _write_image(source, spec, index, path)
+            if progress is not None:
+                progress(1)
+    else:
+        for done in _write_parallel(source, spec, paths, workers):
+            if progress is not None:
+                progress(done)
+    return sorted(paths)
+
+
+def image_name(spec: SampleSpec, index: int) -> Path:
+    """Return the path of image ``index`` of ``spec``, relative to the target.
+
+    Args:
+        spec: What is being made.
+        index: Which image.
+
+    Returns:
+        ``class_KK/img_IIIIII.ext``, or ``img_IIIIII.ext`` when flat; both numbers are
+        zero-padded (to at least 2 and 6 digits) so that names sort in index order.
+    """
+    image_width = max(6, len(str(spec.num_images - 1)))
+    name = f"img_{index:0{image_width}d}{_FORMATS[spec.fmt]}"
+    if spec.flat:
+        return Path(name)
+    class_width = max(2, len(str(spec.num_classes - 1)))
+    return Path(f"class_{index % spec.num_classes:0{class_width}d}", name)
+
+
+def image_names(spec: SampleSpec) -> list[Path]:
+    """Return :func:`image_name` of every image of ``spec``, in index order."""
+    return [image_name(spec, index) for index in range(spec.num_images)]
+
+
+def synthesize_photo(rng: np.random.Generator, size: tuple[int, int]) -> npt.NDArray[np.uint8]:
+    """Make a self-contained natural-looking RGB image.
+
+    A scene built like a landscape photograph: a sky-to-ground backdrop, a few objects with
+    irregular, slightly soft outlines, and textures whose amplitude spectrum falls as
+    ``1/f`` (the statistics of natural images), with chroma smoother than luminance as in
+    photographs, and a little sensor grain. It compresses like a photograph: a 500x375
+    JPEG at quality 90 takes tens of kilobytes (a gradient takes 2, white noise 200).
+
+    Args:
+        rng: Source of every random choice.
+        size: ``(height, width)`` of the image.
+
+    Returns:
+        A uint8 array of shape ``(height, width, 3)``.
+    """
+    height, width = size
+    rows = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
+    cols = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :]
+
+    # Backdrop: sky above a horizon, ground below, each with a gentle gradient.
+    horizon = rng.uniform(0.25, 0.75) + 0.1 * (cols - 0.5) * rng.uniform(-1.0, 1.0)
+    steepness = height / rng.uniform(1.5, 6.0)  # the horizon is a few pixels wide
+    ground = 1.0 / (1.0 + np.exp(np.clip((horizon - rows) * steepness, -30.0, 30.0)))
+    sky, earth = _natural_colour(rng, _SKY_COLOURS), _natural_colour(rng)
+    shade = (1.0 + 0.25 * (rows - 0.5) * rng.uniform(-1.0, 1.0))[..., None]
+    image = (sky + (earth - sky) * ground[..., None]) * shade
+
+    # Objects: blobs with outlines made irregular by a smooth random field.
+    outline = _pink_noise(rng, size, exponent=2.0)
+    for _ in range(int(rng.integers(3, 8))):
+        _paint_blob(rng, image, outline, _natural_colour(rng))
+
+    # Texture on everything (stronger on the ground), then colour variation and grain.
+    texture = _pink_noise(rng, size, exponent=rng.uniform(0.9, 1.2))
+    strength = rng.uniform(0.08, 0.16) * (0.6 + 0.8 * ground)
+    image *= (1.0 + strength * texture)[..., None]
+    tint = 0.03 * _pink_noise(rng, size, exponent=1.8)
+    image[..., 0] += tint
+    image[..., 2] -= tint
+    grain = rng.standard_normal((height, width), dtype=np.float32)
+    image += (0.004 * grain)[..., None]
+    return np.asarray(np.clip(image * 255.0 + 0.5, 0.0, 255.0), dtype=np.uint8)
+
+
+def _paint_blob(
+    rng: np.random.Generator,
+    image: npt.NDArray[np.float32],
+    outline: npt.NDArray[np.float32],
+    colour: npt.NDArray[np.float32],
+) -> None:
+    """Paint one object of ``colour`` into ``image`` in place, touching only its box."""
+    height, width = image.shape[:2]
+    cy, cx = rng.uniform(0.0, 1.0) * height, rng.uniform(0.0, 1.0) * width
+    ry = rng.uniform(0.04, 0.3) * height
+    rx = rng.uniform(0.04, 0.3) * width
+    angle = rng.uniform(0.0, np.pi)
+    softness = rng.uniform(0.4, 1.5)  # edge width in pixels
+    reach = 1.5 * max(rx, ry) + 4.0 * softness
+    y0, y1 = max(0, int(cy - reach)), min(height, int(cy + reach) + 1)
+    x0, x1 = max(0, int(cx - reach)), min(width, int(cx + reach) + 1)
+    if y0 >= y1 or x0 >= x1:
+        return
+    dy = np.arange(y0, y1, dtype=np.float32)[:, None] - cy
+    dx = np.arange(x0, x1, dtype=np.float32)[None, :] - cx
+    cos, sin = math.cos(angle), math.sin(angle)
+    u = (dx * cos + dy * sin) / rx
+    v = (dy * cos - dx * sin) / ry
+    radius = 1.0 + 0.2 * outline[y0:y1, x0:x1]
+    distance = (np.sqrt(u * u + v * v) - radius) * min(rx, ry)
+    mask = 1.0 / (1.0 + np.exp(np.clip(distance / softness, -30.0, 30.0)))
+    # Light from above: objects are a little brighter at the top.
+    light = 1.0 + 0.15 * np.clip(-dy / ry, -1.0, 1.0)
+    region = image[y0:y1, x0:x1]
+    region += mask[..., None] * (colour * light[..., None] - region)
+
+
+def _pink_noise(
+    rng: np.random.Generator, size: tuple[int, int], *, exponent: float
+) -> npt.NDArray[np.float32]:
+    """Return a zero-mean, unit-std field whose amplitude spectrum falls as ``1/f**exponent``."""
+    height, width = size
+    fy = np.fft.fftfreq(height).astype(np.float32)[:, None]
+    fx = np.fft.rfftfreq(width).astype(np.float32)[None, :]
+    frequency_sq = fy * fy + fx * fx
+    frequency_sq[0, 0] = 1.0
+    amplitude = frequency_sq ** np.float32(-exponent / 2.0)
+    amplitude[0, 0] = 0.0  # zero mean
+    # Complex gaussian coefficients: random phases, Rayleigh-distributed magnitudes.
+    spectrum = np.empty(amplitude.shape, dtype=np.complex64)
+    spectrum.real = rng.standard_normal(amplitude.shape, dtype=np.float32) * amplitude
+    spectrum.imag = rng.standard_normal(amplitude.shape, dtype=np.float32) * amplitude
+    field = np.fft.irfft2(spectrum, s=(height, width)).astype(np.float32, copy=False)
+    std = float(field.std())
+    if std > 0:
+        field /= np.float32(std)
+    return field
+
+
+# Colours of common scene elements (RGB in [0, 1]): foliage, grass, sky, cloud, water,
+# soil, sand, rock, bark, brick, and a few saturated ones (flowers, paint).
+_PALETTE = np.array(
+    [
+        [0.25, 0.38, 0.15],
+        [0.45, 0.55, 0.22],
+        [0.52, 0.66, 0.85],
+        [0.82, 0.84, 0.86],
+        [0.18, 0.32, 0.42],
+        [0.42, 0.32, 0.22],
+        [0.80, 0.70, 0.52],
+        [0.50, 0.49, 0.46],
+        [0.30, 0.22, 0.16],
+        [0.62, 0.30, 0.22],
+        [0.85, 0.75, 0.20],
+        [0.70, 0.15, 0.20],
+        [0.60, 0.35, 0.60],
+        [0.12, 0.12, 0.14],
+    ],
+    dtype=np.float32,
+)
+
+
+_SKY_COLOURS = (0, 2, 2, 3, 4, 7)  # what the top of a scene mostly is: trees, sky, water, rock
+
+
+def _natural_colour(
+    rng: np.random.Generator, choices: tuple[int, ...] | None = None
+) -> npt.NDArray[np.float32]:
+    """Return a colour of a common scene element (one of ``choices``), slightly varied."""
+    if choices is None:
+        base = _PALETTE[int(rng.integers(len(_PALETTE)))]
+    else:
+        base = _PALETTE[choices[int(rng.integers(len(choices)))]]
+    varied = base * rng.uniform(0.8, 1.2) + rng.normal(0.0, 0.03, size=3)
+    return np.asarray(np.clip(varied, 0.02, 0.98), dtype=np.float32)
+
+
+# --- where the photographs come from ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A picklable recipe for the bank of photographs, cheap to send to workers."""
+
+    photos: Path | None  # None: synthetic bank
+    short_side: int  # working photos are scaled down to at most this short side
+    stamp: tuple[tuple[str, int, int], ...] = ()  # (name, bytes, mtime_ns) of each photo
+
+
+def photos_folder(photos: StrPath | Literal[False] | None = None) -> Path | None:
+    """Return the folder :func:`make_image_folder` crops from, or None for synthetic photos.
+
+    Args:
+        photos: As for :func:`make_image_folder`.
+
+    Returns:
+        ``photos`` itself (resolved) when it is a folder; :data:`DEFAULT_PHOTOS` for None,
+        when it holds photographs; None when synthetic photographs will be used.
+
+    Raises:
+        SourceError: ``photos`` is a folder that does not exist or holds no photograph.
+    """
+    if photos is False:
+        return None
+    if photos is None:
+        usable = DEFAULT_PHOTOS is not None and bool(_photo_files(DEFAULT_PHOTOS))
+        return DEFAULT_PHOTOS if usable else None
+    folder = Path(photos)
+    if not folder.is_dir():
+        raise SourceError(f"{folder}: the photos folder does not exist")
+    if not _photo_files(folder):
+        raise SourceError(f"{folder}: the photos folder holds no {'/'.join(PHOTO_SUFFIXES)} file")
+    return folder.resolve()
+
+
+def _resolve_source(photos: StrPath | Literal[False] | None, spec: SampleSpec) -> _Source:
+    folder = photos_folder(photos)
+    short_side = math.ceil(_HEADROOM * max(spec.max_size))
+    if folder is None:
+        return _Source(None, short_side)
+    # The stamp keys the per-process cache of loaded photographs: edited photos are reloaded.
+    stats = [(path.name, path.stat()) for path in _photo_files(folder)]
+    stamp = tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats)
+    return _Source(folder, short_side, stamp)
+
+
+def _photo_files(folder: Path) -> list[Path]:
+    return sorted(
+        (p for p in folder.iterdir() if p.suffix.lower() in PHOTO_SUFFIXES and p.is_file()),
+        key=lambda p: p.name,
+    )
+
+
+@lru_cache(maxsize=2)
+def _load_bank(source: _Source) -> tuple[Image.Image, ...]:
+    """Load (once per process) the photographs images are cut from, at working size."""
+    if source.photos is None:
+        side = source.short_side
+        return tuple(
+            Image.fromarray(
+                synthesize_photo(np.random.default_rng((_BANK_TAG, j)), (side, side * 3 // 2))
+            )
+            for j in range(_NUM_SYNTHETIC)
+        )
+    bank = []
+    for path in _photo_files(source.photos):
+        try:
+            with Image.open(path) as opened:
+                # draft() lets libjpeg decode at a reduced scale, never below the size asked.
+                opened.draft("RGB", (source.short_side, source.short_side))
+                photo = ImageOps.exif_transpose(opened).convert("RGB")
+        except OSError as err:
+            raise SourceError(f"{path}: cannot read this photograph: {err}") from err
+        scale = source.short_side / min(photo.size)
+        if scale < 1.0:
+            new_size = (max(1, round(photo.width * scale)), max(1, round(photo.height * scale)))
+            photo = photo.resize(new_size, Image.Resampling.LANCZOS)
+        bank.append(photo)
+    return tuple(bank)
+
+
+# --- one image ----------------------------------------------------------------------------
+
+
+def _render_image(photos: tuple[Image.Image, ...], spec: SampleSpec, index: int) -> Image.Image:
+    """Return image ``index`` of ``spec``, cut from ``photos``.
+
+    Every random choice comes from ``np.random.default_rng((spec.seed, index))``, drawn in
+    a fixed order, so the image depends on nothing else.
+    """
+    rng = np.random.default_rng((spec.seed, index))
+    height, width = spec.size
+    if spec.size_jitter > 0:
+        factors = 1.0 + spec.size_jitter * rng.uniform(-1.0, 1.0, size=2)
+        height = max(1, round(height * factors[0]))
+        width = max(1, round(width * factors[1]))
+
+    # Which photograph: mostly one of the class's own, sometimes any.
+    label = index % spec.num_classes
+    if spec.num_classes <= len(photos):
+        preferred = range(label, len(photos), spec.num_classes)
+    else:
+        preferred = range(label % len(photos), label % len(photos) + 1)
+    if rng.uniform() < _PREFERRED_P:
+        photo = photos[preferred[int(rng.integers(len(preferred)))]]
+    else:
+        photo = photos[int(rng.integers(len(photos)))]
+
+    # Random crop: 30-100 % of the photograph's area, aspect near the target's; resized
+    # with a (Pillow: antialiased) bilinear filter, half the cost of bicubic.
+    area = rng.uniform(0.3, 1.0) * photo.width * photo.height
+    aspect = (width / height) * math.exp(rng.uniform(-0.15, 0.15))
+    crop_w = min(float(photo.width), math.sqrt(area * aspect))
+    crop_h = min(float(photo.height), crop_w / aspect)
+    crop_w = min(crop_w, crop_h * aspect)
+    left = rng.uniform(0.0, photo.width - crop_w)
+    top = rng.uniform(0.0, photo.height - crop_h)
+    box = (left, top, left + crop_w, top + crop_h)
+    image = photo.resize((width, height), Image.Resampling.BILINEAR, box=box)
+    if rng.uniform() < 0.5:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+
+    # Colour jitter as one affine map of RGB (Pillow applies it in C): brightness,
+    # contrast about the mean, saturation, and a hue rotation about the grey axis.
+    brightness = 1.0 + rng.uniform(-0.08, 0.08)
+    contrast = 1.0 + rng.uniform(-0.08, 0.08)
+    saturation = 1.0 + rng.uniform(-0.12, 0.12)
+    hue = rng.uniform(-0.04, 0.04) * 2.0 * math.pi
+    matrix = _colour_matrix(saturation=saturation, hue=hue) * (brightness * contrast)
+    mean = float(np.mean(ImageStat.Stat(image).mean))
+    offset = brightness * (1.0 - contrast) * mean
+    affine = np.concatenate([matrix, np.full((3, 1), offset, dtype=np.float32)], axis=1)
+    image = image.convert("RGB", matrix=tuple(float(x) for x in affine.ravel()))
+
+    # Now and then a little luminance noise or a little defocus (a box blur under a pixel
+    # wide: a 3-tap kernel, a third of the cost of a gaussian blur).
+    effect, strength = rng.uniform(), rng.uniform()
+    if effect < 0.2:
+        sigma = np.float32(1.0 + 2.0 * strength)
+        noise = np.rint(rng.standard_normal((height, width), dtype=np.float32) * sigma)
+        pixels = np.asarray(image, dtype=np.int16) + noise.astype(np.int16)[..., None]
+        image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    elif effect < 0.4:
+        image = image.filter(ImageFilter.BoxBlur(0.3 + 0.6 * strength))
+    return image
+
+
+def _colour_matrix(*, saturation: float, hue: float) -> npt.NDArray[np.float32]:
+    """Return the RGB matrix that scales saturation and rotates hue about the grey axis."""
+    grey = np.full((3, 3), 1.0 / 3.0)
+    axis = np.ones(3) / math.sqrt(3.0)
+    cross = np.array([[0.0, -axis[2], axis[1]], [axis[2], 0.0, -axis[0]], [-axis[1], axis[0], 0.0]])
+    rotation = (
+        math.cos(hue) * np.eye(3)
+        + math.sin(hue) * cross
+        + (1.0 - math.cos(hue)) * np.outer(axis, axis)
+    )
+    chroma = rotation @ (np.eye(3) - grey) * saturation
+    return np.asarray(grey + chroma, dtype=np.float32)
+
+
+def _write_image(source: _Source, spec: SampleSpec, index: int, path: Path) -> None:
+    image = _render_image(_load_bank(source), spec, index)
+    if spec.fmt == "jpeg":
+        image.save(path, format="JPEG", quality=spec.quality)
+    else:
+        image.save(path, format="PNG", compress_level=_PNG_LEVEL)
+
+
+# --- many images ----------------------------------------------------------------------------
+
+
+def _write_batch(source: _Source, spec: SampleSpec, items: list[tuple[int, Path]]) -> int:
+    for index, path in items:
+        _write_image(source, spec, index, path)
+    return len(items)
+
+
+def _write_parallel(
+    source: _Source, spec: SampleSpec, paths: list[Path], workers: int
+) -> Iterator[int]:
+    """Write ``paths`` in ``workers`` processes; yield how many images each batch wrote."""
+    items = list(enumerate(paths))
+    batch = max(1, min(64, len(items) // (4 * workers)))
+    # Spawn, not fork: fork is unsafe once threads run (torch, BLAS). Every image is a pure
+    # function of its index, so a worker needs only the recipe and loads its own photos.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [
+            pool.submit(_write_batch, source, spec, items[start : start + batch])
+            for start in range(0, len(items), batch)
+        ]
+        for future in as_completed(futures):
+            yield future.result()
