@@ -1,0 +1,412 @@
+"""Find the images under a source folder, with their labels and class names.
+
+Two folder layouts are recognised, and a labels CSV covers any other::
+
+    ImageFolder (labelled)                    flat (unlabelled)
+
+    root/                                     root/
+    ├── cat/                 label 0          ├── 0001.jpg        label -1
+    │   ├── 001.jpg                           ├── 0002.png        label -1
+    │   └── kittens/                          └── ...
+    │       └── 002.png      label 0 (nested files belong to their top-level class)
+    ├── dog/                 label 1
+    │   └── 003.JPG
+    └── empty/               not a class (holds no image)
+
+``layout="auto"`` picks ImageFolder when images sit only in subfolders, flat when they sit
+only directly in the root, and refuses a root that has both (which of the two was meant
+cannot be guessed: pass a labels CSV, or move the loose files into a class folder).
+``layout="flat"`` packs every image of the tree, nested or not, unlabelled;
+``layout="imagefolder"`` ignores (and reports) images directly in the root, as torchvision's
+``ImageFolder`` does.
+
+Class ids are dense: the classes are the sorted top-level folders that hold at least one
+image, numbered 0..K-1. A class folder that holds no image is not a class, so that every
+class id has samples and ``classes`` always agrees with the labels (torchvision's
+``ImageFolder`` raises on such a folder instead).
+
+What is never a sample: hidden files and folders (a name starting with ``.``, which covers
+``.DS_Store`` and macOS ``._*`` resource forks), ``Thumbs.db``, ``desktop.ini``,
+``__MACOSX/``, files whose extension is not in :data:`IMAGE_EXTENSIONS` (compared without
+case), folders whose name looks like an image (``x.jpg/`` is walked as a folder), and special
+files (FIFOs, sockets, devices: recognised from ``stat``, never opened). Symbolic links to
+files and folders are followed; a link back to an enclosing folder is not followed again
+(loops end), and dangling links, link loops and unreadable folders are reported in
+:attr:`ScanResult.problems` instead of failing the scan.
+
+Order is deterministic: files sort by the bytes of their relative path
+(``os.fsencode``), and class names sort the same way. Names that are not valid UTF-8 keep
+their bytes as surrogate escapes (``os.fsdecode``), so ``os.fsencode(relative)`` gives the
+original name back.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import io
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal, get_args
+
+from h5pack._types import StrPath
+from h5pack.errors import OptionsError, SourceError
+from h5pack.format import SkippedFile
+
+Layout = Literal["auto", "imagefolder", "flat"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+)
+"""File extensions (lower case, with the dot) that make a file an image candidate."""
+
+IGNORED_NAMES: frozenset[str] = frozenset({"thumbs.db", "desktop.ini", "__macosx"})
+"""Operating-system litter, compared in lower case; hidden names (``.*``) are ignored too."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One image found by :func:`scan`.
+
+    Attributes:
+        path: Path to open: the root joined with ``relative`` (symlinks are followed when
+            opening).
+        relative: Path relative to the root, ``/``-separated; bytes that are not UTF-8 are
+            kept as surrogate escapes, so ``os.fsencode(relative)`` round-trips.
+        label: Class id in ``0..K-1``, or ``-1`` when the source is unlabelled.
+    """
+
+    path: Path
+    relative: str
+    label: int
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """The images under a root, in deterministic order, with their classes.
+
+    Attributes:
+        root: The scanned root.
+        files: The samples, sorted by ``os.fsencode(relative)``.
+        classes: Class names; labels index into it (empty when unlabelled).
+        problems: Entries that could not be scanned (dangling symlinks, symlink loops,
+            unreadable folders, special files named like images, images outside any class
+            folder), sorted by path. Reported, not fatal.
+    """
+
+    root: Path
+    files: tuple[SourceFile, ...]
+    classes: tuple[str, ...]
+    problems: tuple[SkippedFile, ...] = ()
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the samples carry class labels."""
+        return bool(self.classes)
+
+
+def has_image_extension(name: str) -> bool:
+    """Return whether a file name ends with one of :data:`IMAGE_EXTENSIONS` (any case)."""
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def is_ignored_name(name: str) -> bool:
+    """Return whether a file or folder name is hidden or OS litter, never a sample."""
+    return name.startswith(".") or name.lower() in IGNORED_NAMES
+
+
+def path_sort_key(relative: str) -> bytes:
+    """Return the key that orders relative paths (and class names): their file-system bytes."""
+    return os.fsencode(relative)
+
+
+def find_classes(root: StrPath) -> tuple[str, ...]:
+    """Return the class names of an ImageFolder tree.
+
+    The classes are the top-level folders (symlinks followed) that hold at least one image,
+    at any depth, sorted by their bytes.
+
+    Args:
+        root: The root folder.
+
+    Returns:
+        The sorted class names; their positions are the class ids.
+
+    Raises:
+        SourceError: ``root`` does not exist or is not a folder.
+    """
+    root = Path(root)
+    _check_root(root)
+    found, _ = _walk(root)
+    return classes_of(rel for rel, _ in found)
+
+
+def classes_of(relatives: Iterable[str]) -> tuple[str, ...]:
+    """Return the sorted top-level folder names of the nested paths among ``relatives``."""
+    names = {rel.split("/", 1)[0] for rel in relatives if "/" in rel}
+    return tuple(sorted(names, key=path_sort_key))
+
+
+def scan(
+    root: StrPath,
+    *,
+    labels_csv: StrPath | None = None,
+    layout: Layout = "auto",
+) -> ScanResult:
+    """Find the images under ``root`` and label them (see the module docstring for the rules).
+
+    Args:
+        root: The source folder.
+        labels_csv: A CSV of ``path,label`` rows (header optional) for any other layout:
+            paths relative to ``root``; labels are class ids when every label is an integer
+            (``classes`` are then ``"0"..str(max)``), else class names (numbered in sorted
+            order). Only the listed files are samples.
+        layout: ``"auto"``, ``"imagefolder"`` or ``"flat"``; must be ``"auto"`` with
+            ``labels_csv``.
+
+    Returns:
+        The samples, classes and scan problems.
+
+    Raises:
+        SourceError: ``root`` is missing, is a file, holds no images, mixes loose images
+            with class folders under ``layout="auto"``, or ``labels_csv`` has a bad line.
+        OptionsError: ``layout`` is not ``"auto"`` while ``labels_csv`` is given.
+        ValueError: ``layout`` is not one of :data:`LAYOUTS`.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout should be one of {LAYOUTS}, but got layout={layout!r}")
+    root = Path(root)
+    _check_root(root)
+    if labels_csv is not None:
+        if layout != "auto":
+            raise OptionsError(
+                f"a labels CSV sets the labels itself: layout should be 'auto' with "
+                f"labels_csv, but got layout={layout!r}"
+            )
+        return _scan_csv(root, Path(labels_csv))
+
+    found, problems = _walk(root)
+    if not found:
+        raise SourceError(_no_images_message(root, problems))
+    loose = [rel for rel, _ in found if "/" not in rel]
+    nested = [rel for rel, _ in found if "/" in rel]
+    if layout == "auto":
+        if loose and nested:
+            raise SourceError(
+                f"{root} has images both directly inside it (e.g. {min(loose)!r}) and in "
+                f"subfolders (e.g. {min(nested)!r}), so it is neither a flat folder nor an "
+                "ImageFolder tree of class folders; move the loose images into a class "
+                "folder, or give the labels with a CSV (--labels), or pack everything "
+                "unlabelled with layout 'flat'"
+            )
+        layout = "flat" if loose else "imagefolder"
+
+    if layout == "flat":
+        files = [SourceFile(path, rel, -1) for rel, path in found]
+        classes: tuple[str, ...] = ()
+    else:
+        problems.extend(
+            SkippedFile(rel, "image directly in the root, outside any class folder")
+            for rel in loose
+        )
+        classes = classes_of(nested)
+        if not classes:
+            raise SourceError(
+                f"no class folders with images under {root}: an ImageFolder tree keeps each "
+                "class's images in a folder named after the class"
+            )
+        ids = {name: i for i, name in enumerate(classes)}
+        files = [
+            SourceFile(path, rel, ids[rel.split("/", 1)[0]]) for rel, path in found if "/" in rel
+        ]
+    files.sort(key=lambda f: path_sort_key(f.relative))
+    problems.sort(key=lambda p: path_sort_key(p.path))
+    return ScanResult(root=root, files=tuple(files), classes=classes, problems=tuple(problems))
+
+
+def _no_images_message(root: Path, problems: list[SkippedFile]) -> str:
+    extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+    message = (
+        f"no images found under {root} (looked for {extensions}, in any case; hidden files "
+        "and OS litter are ignored)"
+    )
+    if problems:
+        first = min(problems, key=lambda p: path_sort_key(p.path))
+        message += f"; {len(problems)} entries could not be scanned, e.g. {first.path}: "
+        message += first.reason
+    return message
+
+
+def _check_root(root: Path) -> None:
+    try:
+        mode = os.stat(root).st_mode
+    except FileNotFoundError as err:
+        raise SourceError(f"source folder {root} does not exist") from err
+    except OSError as err:
+        raise SourceError(f"cannot access source folder {root}: {err.strerror}") from err
+    if not stat.S_ISDIR(mode):
+        raise SourceError(f"source {root} is a file, not a folder of images")
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _walk(root: Path) -> tuple[list[tuple[str, Path]], list[SkippedFile]]:
+    """Return every image candidate under ``root`` as ``(relative, path)``, and the problems.
+
+    Symlinks are followed. A folder whose ``(st_dev, st_ino)`` is one of its own ancestors'
+    is a loop and is not entered again; the same folder reached by two different routes
+    (two links to it) is walked under both names, as ``os.walk(followlinks=True)`` does.
+    """
+    found: list[tuple[str, Path]] = []
+    problems: list[SkippedFile] = []
+    root_stat = os.stat(root)
+    stack: list[tuple[str, str, frozenset[tuple[int, int]]]] = [
+        (os.fspath(root), "", frozenset({(root_stat.st_dev, root_stat.st_ino)}))
+    ]
+    while stack:
+        folder, prefix, ancestors = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError as err:
+            if not prefix:
+                raise SourceError(f"cannot list source folder {root}: {err.strerror}") from err
+            problems.append(SkippedFile(prefix[:-1], f"cannot list folder: {err.strerror}"))
+            continue
+        for entry in entries:
+            name = entry.name
+            if is_ignored_name(name):
+                continue
+            relative = prefix + name
+            try:
+                if entry.is_symlink():
+                    st = entry.stat()  # follows the link
+                    mode = st.st_mode
+                elif entry.is_file(follow_symlinks=False):
+                    # The common case: known from the directory entry, no stat call.
+                    if has_image_extension(name):
+                        found.append((relative, Path(entry.path)))
+                    continue
+                else:
+                    st = entry.stat(follow_symlinks=False)
+                    mode = st.st_mode
+            except FileNotFoundError:
+                if entry.is_symlink():
+                    problems.append(SkippedFile(relative, "dangling symlink"))
+                continue  # else it vanished while we looked: not a sample either
+            except OSError as err:
+                reason = (
+                    "symlink loop" if err.errno == errno.ELOOP else f"cannot stat: {err.strerror}"
+                )
+                problems.append(SkippedFile(relative, reason))
+                continue
+            if stat.S_ISDIR(mode):
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    problems.append(
+                        SkippedFile(relative, "symlink loop: leads back to an enclosing folder")
+                    )
+                else:
+                    stack.append((entry.path, relative + "/", ancestors | {key}))
+            elif stat.S_ISREG(mode):
+                if has_image_extension(name):
+                    found.append((relative, Path(entry.path)))
+            elif has_image_extension(name):
+                problems.append(SkippedFile(relative, f"{_special_kind(mode)}, not an image file"))
+    return found, problems
+
+
+def _scan_csv(root: Path, csv_path: Path) -> ScanResult:
+    """Build the samples from a ``path,label`` CSV (see :func:`scan`)."""
+    try:
+        # utf-8-sig drops the byte-order mark spreadsheets write; surrogateescape keeps
+        # file names that are not UTF-8 as os.fsdecode would.
+        text = csv_path.read_text(encoding="utf-8-sig", errors="surrogateescape")
+    except OSError as err:
+        raise SourceError(f"cannot read labels CSV {csv_path}: {err.strerror}") from err
+
+    rows: list[tuple[int, str, str]] = []
+    seen: dict[str, int] = {}
+    first = True
+    reader = csv.reader(io.StringIO(text))
+    for row in reader:
+        line = reader.line_num
+        if not any(cell.strip() for cell in row):
+            continue
+        where = f"{csv_path}, line {line} ({','.join(row)!r})"
+        if len(row) != 2:
+            raise SourceError(f"{where}: expected 2 columns 'path,label', but got {len(row)}")
+        path_text, label_text = row[0].strip(), row[1].strip()
+        is_header = first and (path_text.lower(), label_text.lower()) == ("path", "label")
+        first = False
+        if is_header:
+            continue
+        if not path_text or not label_text:
+            raise SourceError(f"{where}: the path and the label should both be non-empty")
+        relative = _check_listed_file(root, path_text, where)
+        if relative in seen:
+            raise SourceError(f"{where}: {relative!r} is already listed on line {seen[relative]}")
+        seen[relative] = line
+        rows.append((line, relative, label_text))
+    if not rows:
+        raise SourceError(f"labels CSV {csv_path} lists no images")
+
+    classes, labels = _labels_from_text(csv_path, rows)
+    files = [
+        SourceFile(root / relative, relative, label)
+        for (_, relative, _), label in zip(rows, labels, strict=True)
+    ]
+    files.sort(key=lambda f: path_sort_key(f.relative))
+    return ScanResult(root=root, files=tuple(files), classes=classes, problems=())
+
+
+def _check_listed_file(root: Path, path_text: str, where: str) -> str:
+    """Return the normalised relative path of a CSV row, or raise naming the row."""
+    pure = PurePosixPath(path_text)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise SourceError(f"{where}: the path should be relative to {root} and stay inside it")
+    relative = "/".join(pure.parts)
+    if not relative or relative == ".":
+        raise SourceError(f"{where}: the path names no file")
+    try:
+        mode = os.stat(root / relative).st_mode
+    except FileNotFoundError as err:
+        raise SourceError(f"{where}: {relative!r} does not exist under {root}") from err
+    except OSError as err:
+        raise SourceError(f"{where}: cannot access {relative!r}: {err.strerror}") from err
+    if not stat.S_ISREG(mode):
+        raise SourceError(f"{where}: {relative!r} is not a regular file")
+    if not has_image_extension(relative):
+        extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+        raise SourceError(f"{where}: {relative!r} is not an image file ({extensions})")
+    return relative
+
+
+def _labels_from_text(
+    csv_path: Path, rows: list[tuple[int, str, str]]
+) -> tuple[tuple[str, ...], list[int]]:
+    """Return ``(classes, labels)``: integer ids when every label is an integer, else names."""
+    try:
+        ids = [int(text) for _, _, text in rows]
+    except ValueError:
+        names = tuple(sorted({text for _, _, text in rows}, key=path_sort_key))
+        index = {name: i for i, name in enumerate(names)}
+        return names, [index[text] for _, _, text in rows]
+    for (line, _, text), label in zip(rows, ids, strict=True):
+        if label < 0:
+            raise SourceError(
+                f"{csv_path}, line {line}: a class id should be >= 0, but got label={text}"
+            )
+    return tuple(str(i) for i in range(max(ids) + 1)), ids
