@@ -233,7 +233,10 @@ def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
         return None
     import cv2  # imported here so that importing h5pack.decode stays fast
 
-    decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    try:
+        decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error:  # some decoders raise instead of returning None
+        return None
     if decoded is None:
         return None
     if decoded.dtype == np.uint16:
