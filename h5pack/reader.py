@@ -1,9 +1,17 @@
-"""Read samples from a pack, one read per chunk (or contiguous run), never one per sample."""
+"""Read samples from a pack, one read per chunk (or contiguous run), never one per sample.
+
+Compressed chunks are decompressed once and kept in a first-in-first-out window of
+decompressed chunks (sized from the sampler's window), read through the direct chunk path
+(``h5pack.direct``) when it applies and through h5py otherwise. Uncompressed samples are
+read straight from the file into their destination, without a cache.
+"""
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -12,6 +20,7 @@ import numpy as np
 
 from h5pack import format as fmt
 from h5pack._types import StrPath
+from h5pack.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 from h5pack.layout import DEFAULT_CHUNK_BYTES, ChunkMap, cache_settings, chunk_samples_for
 
 
@@ -48,16 +57,27 @@ def is_compressed(meta: fmt.PackMeta) -> bool:
     return bool(meta.filter_ids)
 
 
+def _first_appearance(values: np.ndarray) -> np.ndarray:
+    """Return the distinct ``values`` in order of first appearance."""
+    _, first = np.unique(values, return_index=True)
+    return values[np.sort(first)]
+
+
 class PackReader:
     """Read samples of a pack grouped by chunk; a context manager, read-only.
 
     Args:
         path: The pack.
-        cache_bytes: HDF5 chunk-cache size; ``None`` sizes it for ``window_chunks`` chunks
-            (and turns it off for uncompressed packs, where it only costs).
-        window_chunks: How many chunks a reader keeps in use at once (the sampler's window).
+        cache_bytes: Bytes of decompressed chunks kept (compressed packs); ``None`` keeps
+            ``window_chunks`` chunks.
+        window_chunks: How many decompressed chunks to keep: the sampler's window, so that
+            a chunk-aware epoch decompresses every chunk once. Kept first in, first out.
         locking: HDF5 file locking; ``False`` for network file systems.
         backend: Decoder for encoded packs (``"pillow"`` or ``"opencv"``).
+        direct: Use the direct chunk path where it applies (``h5pack.direct``); ``False``
+            reads everything through h5py.
+        threads: Threads that decompress the chunks one request misses (direct path only,
+            where the codecs release the GIL); 0 or 1 decompresses in the calling thread.
 
     Raises:
         FileNotFoundError: the pack does not exist.
@@ -72,27 +92,51 @@ class PackReader:
         window_chunks: int = 1,
         locking: bool | None = None,
         backend: str = "pillow",
+        direct: bool = True,
+        threads: int = 0,
     ) -> None:
         self.path = os.fspath(path)
         self.backend = backend
         with fmt.open_h5(self.path, locking=locking) as probe:
             self.meta = fmt.read_meta(probe, self.path)
         self.chunk_map = chunk_map_of(self.meta)
-        settings: dict[str, Any] = cache_settings(
-            compressed=is_compressed(self.meta),
-            window_chunks=window_chunks,
-            chunk_bytes=stored_chunk_bytes(self.meta),
-        )
+        self.chunk_bytes = stored_chunk_bytes(self.meta)
+        self.compressed = is_compressed(self.meta)
         if cache_bytes is not None:
-            settings["rdcc_nbytes"] = cache_bytes
+            window_chunks = max(1, cache_bytes // max(1, self.chunk_bytes))
+        self.window_chunks = max(1, window_chunks)
+        # Our window holds decompressed chunks, so HDF5's own cache needs one chunk at most
+        # (none for uncompressed data, see layout.cache_settings).
+        settings: dict[str, Any] = cache_settings(
+            compressed=self.compressed, window_chunks=1, chunk_bytes=self.chunk_bytes
+        )
         self._file: h5py.File = fmt.open_h5(self.path, locking=locking, **settings)
         self._images: h5py.Dataset = self._file[fmt.IMAGES]
-        self._compressed = is_compressed(self.meta)
         self._paths: list[str] | None = None
+        self._table: ChunkTable | None = None
+        self._contiguous: int | None = None
+        if direct:
+            self._table = chunk_table(self._images)
+            self._contiguous = contiguous_offset(self._images)
+        self._raw_file = DirectFile(self.path)
+        self._window: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the direct chunk path is in use."""
+        return self._table is not None or self._contiguous is not None
 
     # -- context manager -------------------------------------------------------------
     def close(self) -> None:
         """Close the file."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self._raw_file.close()
+        self._window.clear()
         if self._file.id.valid:
             self._file.close()
 
@@ -118,74 +162,209 @@ class PackReader:
         return self._paths
 
     # -- reading ---------------------------------------------------------------------
-    def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
-        """Return the stored form of each sample in ``indices``, in that order.
-
-        Array storage gives HWC uint8 arrays; blob storage gives the 1-D uint8 bytes of
-        the sample (flat pixels, or the encoded file). Indices are grouped by chunk and
-        each chunk is read once per call.
-
-        Raises:
-            IndexError: an index is out of range.
-        """
+    def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = self.meta.num_samples
         if idx.size and (idx.min() < -n or idx.max() >= n):
             bad = idx[(idx < -n) | (idx >= n)][0]
             raise IndexError(f"index {bad} is out of range for a pack of {n} samples")
-        idx = np.where(idx < 0, idx + n, idx)
+        return np.where(idx < 0, idx + n, idx)
+
+    def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Return the stored form of each sample in ``indices``, in that order.
+
+        Array storage gives HWC uint8 arrays; blob storage gives the 1-D uint8 bytes of
+        the sample (flat pixels, or the encoded file). Indices are grouped by chunk; each
+        compressed chunk is decompressed once while it stays in the window, uncompressed
+        samples are read as runs of consecutive indices.
+
+        Raises:
+            IndexError: an index is out of range.
+        """
+        idx = self._check(indices)
         out: list[np.ndarray | None] = [None] * idx.size
+        groups = self.chunk_map.chunks_of(idx)
+        if self.compressed:
+            data = self._groups(_first_appearance(groups))
+            for pos, (i, g) in enumerate(zip(idx.tolist(), groups.tolist(), strict=True)):
+                out[pos] = self._sample_of(g, data[g], i).copy()
+            return out  # type: ignore[return-value]  # every slot is filled above
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]
-        groups = self.chunk_map.chunks_of(sorted_idx)
-        boundaries = np.flatnonzero(np.diff(groups)) + 1
+        boundaries = np.flatnonzero(np.diff(groups[order])) + 1
         for positions, wanted in zip(
             np.split(order, boundaries), np.split(sorted_idx, boundaries), strict=True
         ):
-            for pos, sample in zip(positions, self._read_group(wanted), strict=True):
+            for pos, sample in zip(positions, self._read_uncompressed(wanted), strict=True):
                 out[int(pos)] = sample
         return out  # type: ignore[return-value]  # every slot is filled above
 
-    def _read_group(self, wanted: np.ndarray) -> list[np.ndarray]:
-        """Read sorted indices that all live in one group."""
+    def read_into(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (B, H, W, C) uint8 with the samples ``indices`` of an array pack.
+
+        The batch path: no per-sample arrays; a compressed chunk is copied from the window
+        with one gather per chunk, uncompressed samples are read from the file into ``out``.
+
+        Raises:
+            IndexError: an index is out of range.
+            ValueError: the pack is not array storage, or ``out`` has the wrong shape.
+        """
+        idx = self._check(indices)
+        shape = (idx.size, *self.meta.images_shape[1:])
+        if self.meta.storage != "array" or out.shape != shape or out.dtype != np.uint8:
+            raise ValueError(f"read_into needs an array pack and a uint8 {shape} buffer")
+        groups = self.chunk_map.chunks_of(idx)
+        if self.compressed:
+            data = self._groups(_first_appearance(groups))
+            for g, block in data.items():
+                where = np.flatnonzero(groups == g)
+                out[where] = block[idx[where] - int(self.chunk_map.starts[g])]
+            return
+        if self.direct:
+            for pos, i in enumerate(idx.tolist()):
+                self._raw_file.read_into(out[pos], self._sample_offset(i))
+            return
+        for pos, i in enumerate(idx.tolist()):
+            self._images.read_direct(out, np.s_[i : i + 1], np.s_[pos : pos + 1])
+
+    def _groups(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
+        """Return the decompressed data of groups ``wanted``, loading those not in the window.
+
+        Loaded groups enter the window in the order given (the order they first appear in
+        the request), and the oldest leave first: see sampler's note "Chunk-aware epoch
+        order" for why this reads every chunk once per chunk-aware epoch.
+        """
+        found: dict[int, np.ndarray] = {}
+        missing: list[int] = []
+        for g in wanted.tolist():
+            if g in self._window:
+                found[g] = self._window[g]
+            else:
+                missing.append(g)
+        if len(missing) > 1 and self._threads > 1 and self._table is not None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
+            loaded = list(self._pool.map(self._load_group, missing))
+        else:
+            loaded = [self._load_group(g) for g in missing]
+        for g, block in zip(missing, loaded, strict=True):
+            found[g] = self._window[g] = block
+        while len(self._window) > self.window_chunks:
+            self._window.popitem(last=False)
+        return found
+
+    def _load_group(self, group: int) -> np.ndarray:
+        """Read and decompress group ``group`` whole.
+
+        Array storage: (n, H, W, C) samples of the group. Blob storage: the 1-D bytes from
+        the group's first slot to the end of its last sample.
+        """
+        self.loads += 1
+        lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
         if self.meta.storage == "array":
-            return self._read_array_group(wanted)
-        return self._read_blob_group(wanted)
+            table = self._table
+            if table is not None and table.offsets[group] >= 0:
+                chunk = np.frombuffer(self._decompressed(table, group), dtype=np.uint8)
+                return chunk.reshape(-1, *self.meta.images_shape[1:])[: hi - lo]
+            return np.asarray(self._images[lo:hi])
+        begin, end = self._blob_span(lo, hi)
+        table = self._table
+        if table is not None:
+            step = table.chunk_nbytes
+            first, last = begin // step, (end - 1) // step
+            if all(table.offsets[c] >= 0 for c in range(first, last + 1)):
+                parts = [self._decompressed(table, c) for c in range(first, last + 1)]
+                joined = parts[0] if len(parts) == 1 else b"".join(parts)
+                data = np.frombuffer(joined, dtype=np.uint8)
+                return data[begin - first * step : end - first * step]
+        return np.asarray(self._images[begin:end])
+
+    def _decompressed(self, table: ChunkTable, chunk: int) -> bytes:
+        stored = self._raw_file.pread(int(table.sizes[chunk]), int(table.offsets[chunk]))
+        data = table.decompress(chunk, stored)
+        if len(data) != table.chunk_nbytes:
+            raise OSError(
+                f"{self.path}: chunk {chunk} decompressed to {len(data)} bytes, "
+                f"expected {table.chunk_nbytes}"
+            )
+        return data
+
+    def _blob_span(self, lo: int, hi: int) -> tuple[int, int]:
+        offsets, sizes = self.meta.offsets, self.meta.sizes
+        assert offsets is not None  # blob storage, see read_meta
+        assert sizes is not None
+        return int(offsets[lo]), int(offsets[hi - 1]) + int(sizes[hi - 1])
+
+    def _sample_of(self, group: int, block: np.ndarray, index: int) -> np.ndarray:
+        """Return sample ``index`` (a view) from its group's decompressed data."""
+        if self.meta.storage == "array":
+            sample: np.ndarray = block[index - int(self.chunk_map.starts[group])]
+            return sample
+        offsets, sizes = self.meta.offsets, self.meta.sizes
+        assert offsets is not None  # blob storage, see read_meta
+        assert sizes is not None
+        start = int(offsets[index]) - int(offsets[self.chunk_map.starts[group]])
+        return block[start : start + int(sizes[index])]
+
+    def _sample_offset(self, index: int) -> int:
+        """Return the file offset of uncompressed array sample ``index`` (direct path)."""
+        sample_bytes = int(np.prod(self.meta.images_shape[1:]))
+        if self._contiguous is not None:
+            return self._contiguous + index * sample_bytes
+        assert self._table is not None  # direct is true
+        step = self.meta.images_shape[0] if self.meta.chunks is None else self.meta.chunks[0]
+        chunk = index // step
+        return int(self._table.offsets[chunk]) + (index - chunk * step) * sample_bytes
 
     def _runs(self, wanted: np.ndarray) -> list[tuple[int, int]]:
-        """Return the [lo, hi) ranges to read for sorted ``wanted`` indices of one group.
-
-        A compressed chunk is decompressed whole whatever is selected, so it is read in
-        one span; uncompressed data is read as runs of consecutive indices, so nothing
-        unwanted crosses from the disk.
-        """
-        lo, hi = int(wanted[0]), int(wanted[-1]) + 1
-        if self._compressed:
-            return [(lo, hi)]
+        """Return the [lo, hi) runs of consecutive indices among sorted ``wanted``."""
         unique = np.unique(wanted)
         breaks = np.flatnonzero(np.diff(unique) > 1) + 1
         return [(int(run[0]), int(run[-1]) + 1) for run in np.split(unique, breaks)]
 
-    def _read_array_group(self, wanted: np.ndarray) -> list[np.ndarray]:
+    def _read_uncompressed(self, wanted: np.ndarray) -> list[np.ndarray]:
+        """Read sorted uncompressed indices of one group, run by run."""
         result: list[np.ndarray] = []
         for lo, hi in self._runs(wanted):
-            block = self._images[lo:hi]
             inside = wanted[(wanted >= lo) & (wanted < hi)]
-            result.extend(block[int(i) - lo] for i in inside)
+            if self.meta.storage == "array":
+                block = self._read_array_run(lo, hi)
+                result.extend(block[int(i) - lo] for i in inside)
+                continue
+            begin, end = self._blob_span(lo, hi)
+            data = self._read_blob_bytes(begin, end)
+            offsets, sizes = self.meta.offsets, self.meta.sizes
+            assert offsets is not None  # blob storage, see read_meta
+            assert sizes is not None
+            for i in inside.tolist():
+                start = int(offsets[i]) - begin
+                result.append(data[start : start + int(sizes[i])])
         return result
 
-    def _read_blob_group(self, wanted: np.ndarray) -> list[np.ndarray]:
-        offsets, sizes = self.meta.offsets, self.meta.sizes
-        assert offsets is not None  # blob storage, see read_meta
-        assert sizes is not None
-        result: list[np.ndarray] = []
-        for lo, hi in self._runs(wanted):
-            base = int(offsets[lo])
-            block = self._images[base : int(offsets[hi - 1]) + int(sizes[hi - 1])]
-            for i in wanted[(wanted >= lo) & (wanted < hi)]:
-                start = int(offsets[i]) - base
-                result.append(block[start : start + int(sizes[i])])
-        return result
+    def _read_array_run(self, lo: int, hi: int) -> np.ndarray:
+        block = np.empty((hi - lo, *self.meta.images_shape[1:]), dtype=np.uint8)
+        table = self._table
+        allocated = table is None or table.offsets[self.chunk_map.chunk_of(lo)] >= 0
+        if self.direct and allocated:
+            self._raw_file.read_into(block, self._sample_offset(lo))
+        else:
+            self._images.read_direct(block, np.s_[lo:hi], np.s_[0 : hi - lo])
+        return block
+
+    def _read_blob_bytes(self, begin: int, end: int) -> np.ndarray:
+        data = np.empty(end - begin, dtype=np.uint8)
+        if self._contiguous is not None:
+            self._raw_file.read_into(data, self._contiguous + begin)
+            return data
+        table = self._table
+        if table is not None:
+            step = table.chunk_nbytes
+            chunk = begin // step
+            if (end - 1) // step == chunk and table.offsets[chunk] >= 0:
+                self._raw_file.read_into(data, int(table.offsets[chunk]) + begin - chunk * step)
+                return data
+        stored: np.ndarray = self._images[begin:end]
+        return stored
 
     def read_chunk(self, chunk: int) -> list[np.ndarray]:
         """Return the stored form of every sample in group ``chunk``."""

@@ -1,0 +1,294 @@
+"""``make_loader``: a DataLoader over a pack with the settings users get wrong, and seeding.
+
+# NOTE [ Loader defaults ]
+#
+# Each default of ``make_loader`` and the reason for it (docs/ARCHITECTURE.md, "Loader
+# defaults", has the measurements):
+# - sampler: ``ChunkBatchSampler`` told the real ``num_workers``, so every worker reads its
+#   own windows and each chunk is decompressed once per epoch.
+# - ``num_workers="auto"``: worker processes pay for every batch crossing a process
+#   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
+#   in-process). A raw pack without a per-sample transform is read in the main process,
+#   its chunks decompressed by ``threads`` threads where the codec releases the GIL (direct
+#   chunk path); only work that holds the GIL (decoding JPEGs, Python transforms, codecs
+#   read through h5py) gets worker processes, one per core.
+# - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
+# - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
+# - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
+#   keeps the disk busy and more batches only hold memory.
+# - seeding: a ``torch.Generator`` seeded with ``seed`` (reproducible base seeds for
+#   workers), and ``worker_init_fn`` seeding ``random`` and ``numpy`` in each worker from
+#   torch's per-worker seed (PyTorch seeds only torch itself), so random augmentations
+#   differ across workers and repeat across runs.
+# - ``collate``: one preallocated (B, C, H, W) uint8 tensor, never ``torch.stack`` of B
+#   small tensors; the dataset usually hands over the finished batch.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+from h5pack._types import StrPath
+from h5pack.dataset import H5ImageDataset, SampleBatch, empty_uint8
+from h5pack.direct import chunk_table
+from h5pack.errors import OptionsError
+from h5pack.sampler import ChunkBatchSampler
+
+
+def seed_everything(seed: int, *, deterministic: bool = False) -> None:
+    """Seed ``random``, numpy's global RNG and torch (CPU and CUDA) with ``seed``.
+
+    Args:
+        seed: The seed.
+        deterministic: Also make cuDNN deterministic and turn off its autotuner
+            (``cudnn.deterministic = True``, ``cudnn.benchmark = False``) and ask torch for
+            deterministic algorithms where they exist (``warn_only``: ops without one warn).
+            Slower; use it to reproduce a run bit for bit.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002  (seeding the global RNG is this helper's job)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed ``random`` and numpy in a DataLoader worker from torch's per-worker seed."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002  (user augmentations use the global RNG)
+
+
+def collate(batch: Sequence[Any]) -> Any:
+    """Collate samples into ``(images, labels[, paths])``, with one preallocated tensor.
+
+    A ``SampleBatch`` whose images are already one batch is returned as it is; equal-shape
+    uint8 tensors are copied into one (B, ...) tensor (in shared memory inside a worker);
+    anything else goes to ``torch.utils.data.default_collate``.
+    """
+    if isinstance(batch, SampleBatch) and batch.images is not None and batch.labels is not None:
+        images = batch.images
+        if isinstance(images, np.ndarray):
+            images = torch.from_numpy(images)
+        return (
+            (images, batch.labels) if batch.paths is None else (images, batch.labels, batch.paths)
+        )
+    if not batch:
+        return default_collate(list(batch))
+    first = batch[0][0]
+    same = isinstance(first, torch.Tensor) and all(
+        isinstance(s[0], torch.Tensor) and s[0].shape == first.shape and s[0].dtype == first.dtype
+        for s in batch
+    )
+    if not same or first.dtype != torch.uint8:
+        return default_collate(list(batch))
+    images = empty_uint8((len(batch), *first.shape))
+    for j, sample in enumerate(batch):
+        images[j].copy_(sample[0])
+    rest = [default_collate([s[k] for s in batch]) for k in range(1, len(batch[0]))]
+    if len(batch[0]) == 3:  # paths stay a list of str
+        rest[1] = [s[2] for s in batch]
+    return (images, *rest)
+
+
+def available_cores() -> int:
+    """Return the cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def auto_workers(dataset: H5ImageDataset, cores: int | None = None) -> tuple[int, int]:
+    """Return ``(num_workers, threads)`` for ``num_workers="auto"`` (see "Loader defaults").
+
+    In-process reading with decompression threads when every step releases the GIL or is
+    a plain copy (raw packs, no per-sample transform, a codec the direct chunk path reads);
+    one worker process per core otherwise.
+    """
+    cores = cores or available_cores()
+    in_process = dataset.meta.mode == "raw" and dataset.transform is None
+    if in_process and dataset.compressed and dataset.direct:
+        with h5_images(dataset.path, dataset.locking) as images:
+            in_process = chunk_table(images) is not None
+    elif in_process and dataset.compressed:
+        in_process = False
+    if in_process:
+        return 0, cores if dataset.compressed else 0
+    return cores, 0
+
+
+class h5_images:
+    """Open a pack's images dataset for a quick look (used by ``auto_workers``)."""
+
+    def __init__(self, path: str, locking: bool | None) -> None:
+        from h5pack import format as fmt
+
+        self._file = fmt.open_h5(path, locking=locking)
+        self._images = self._file[fmt.IMAGES]
+
+    def __enter__(self) -> Any:
+        return self._images
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+
+class H5Loader(DataLoader[Any]):
+    """A DataLoader whose ``set_epoch`` reaches its sampler, and that can resume mid-epoch.
+
+    ``state_dict()`` records the batches delivered to the training loop (not those the
+    workers prefetched); ``load_state_dict()`` makes the next iteration deliver the rest of
+    that epoch in the same order.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._delivered = 0
+
+    @property
+    def chunk_sampler(self) -> ChunkBatchSampler:
+        """The loader's ``ChunkBatchSampler``."""
+        sampler = self.batch_sampler
+        if not isinstance(sampler, ChunkBatchSampler):
+            raise OptionsError("this loader has no ChunkBatchSampler")
+        return sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (sampler and iterable dataset alike)."""
+        if isinstance(self.batch_sampler, ChunkBatchSampler):
+            self.batch_sampler.set_epoch(epoch)
+        set_dataset_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_dataset_epoch):
+            set_dataset_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # counts delivered batches
+        sampler = self.batch_sampler
+        start = 0
+        if isinstance(sampler, ChunkBatchSampler):
+            position = sampler.state_dict()["position"]
+            start = position if position < len(sampler) else 0
+        self._delivered = start
+        for batch in super().__iter__():
+            self._delivered += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the sampler's state with the batches delivered so far this epoch."""
+        return self.chunk_sampler.state_dict(position=self._delivered)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next iteration delivers the rest of the epoch."""
+        self.chunk_sampler.load_state_dict(state)
+        self._delivered = int(state["position"])
+
+
+def make_loader(
+    path_or_dataset: StrPath | H5ImageDataset,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    num_workers: int | Literal["auto"] = "auto",
+    seed: int = 0,
+    num_replicas: int | None = None,
+    rank: int | None = None,
+    drop_last: bool = False,
+    window_chunks: int | None = None,
+    window_bytes: int | None = None,
+    threads: int | None = None,
+    pin_memory: bool | None = None,
+    persistent_workers: bool | None = None,
+    prefetch_factor: int | None = None,
+    multiprocessing_context: Any = None,
+    collate_fn: Callable[[Any], Any] | None = None,
+    **dataset_kwargs: Any,
+) -> H5Loader:
+    """Return a DataLoader over a pack: chunk-aware sampling, workers, pinning and seeding.
+
+    Every default is explained in the module note "Loader defaults".
+
+    Args:
+        path_or_dataset: A pack path, or an ``H5ImageDataset``.
+        batch_size: Samples per batch.
+        shuffle: Shuffle chunks and windows (``ChunkBatchSampler``).
+        num_workers: Worker processes, or ``"auto"`` (see ``auto_workers``).
+        seed: Seed of the order, of the loader's generator and of the workers.
+        num_replicas: Ranks (default from ``torch.distributed``).
+        rank: This rank (default from ``torch.distributed``).
+        drop_last: Drop the last incomplete batch (and the uneven tail across ranks).
+        window_chunks: Chunks mixed at once per worker; default from ``window_bytes``.
+        window_bytes: Memory budget of all workers' shuffle windows.
+        threads: Decompression threads of the dataset; default: all cores when reading in
+            the main process, else 0.
+        pin_memory: Default: ``torch.cuda.is_available()``.
+        persistent_workers: Default: on with workers.
+        prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
+        collate_fn: Default: ``collate`` (one preallocated uint8 tensor per batch).
+        **dataset_kwargs: Passed to ``H5ImageDataset`` when given a path.
+
+    Returns:
+        An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
+        ``return_path=True``); images are (B, C, H, W) uint8 tensors.
+
+    Raises:
+        OptionsError: a bad argument, or dataset keyword arguments next to a dataset.
+    """
+    if isinstance(path_or_dataset, H5ImageDataset):
+        if dataset_kwargs:
+            raise OptionsError(
+                f"dataset options {sorted(dataset_kwargs)} apply only when make_loader opens "
+                "the pack; set them on the H5ImageDataset instead"
+            )
+        dataset = path_or_dataset
+    else:
+        dataset = H5ImageDataset(path_or_dataset, **dataset_kwargs)
+    if num_workers == "auto":
+        num_workers, auto_threads = auto_workers(dataset)
+    elif not isinstance(num_workers, int) or num_workers < 0:
+        raise OptionsError(f"num_workers should be 'auto' or >= 0, but got {num_workers!r}")
+    else:
+        auto_threads = available_cores() if num_workers == 0 and dataset.compressed else 0
+    sampler = ChunkBatchSampler(
+        dataset,
+        batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        window_chunks=window_chunks,
+        window_bytes=window_bytes,
+        drop_last=drop_last,
+        num_replicas=num_replicas,
+        rank=rank,
+        num_workers=num_workers,
+    )
+    if dataset.window_chunks is None and dataset.cache_bytes is None:
+        dataset.window_chunks = sampler.window_chunks
+    dataset.threads = auto_threads if threads is None else threads
+    dataset.close()  # settings changed: reopen lazily with them
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    workers_kwargs: dict[str, Any] = {}
+    if num_workers > 0:
+        workers_kwargs = {
+            "persistent_workers": True if persistent_workers is None else persistent_workers,
+            "prefetch_factor": 2 if prefetch_factor is None else prefetch_factor,
+            "worker_init_fn": seed_worker,
+            "multiprocessing_context": multiprocessing_context,
+        }
+    return H5Loader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate if collate_fn is None else collate_fn,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        generator=generator,
+        **workers_kwargs,
+    )
