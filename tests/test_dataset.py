@@ -1,0 +1,280 @@
+"""H5ImageDataset / H5IterableDataset / PackReader reads: pixels, outputs, errors, reads."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from h5pack import format as fmt
+from h5pack.dataset import H5ImageDataset, H5IterableDataset
+from h5pack.direct import decompressors
+from h5pack.errors import FormatError, OptionsError, PackNotFoundError
+from h5pack.layout import Compression
+from h5pack.options import ConvertOptions
+from h5pack.reader import PackReader
+from h5pack.sampler import ChunkBatchSampler
+from h5pack.writer import write_arrays
+
+NUM = 37  # divides no chunk size used here
+SHAPE = (6, 5, 3)
+
+
+def arrays(num: int = NUM, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    # smooth-ish content so that codecs really compress
+    base = rng.integers(0, 256, (num, 1, 1, shape[-1]), dtype=np.uint8)
+    noise = rng.integers(0, 8, (num, *shape), dtype=np.uint8)
+    return list(base + noise)
+
+
+def png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_pack(path: Path, *, samples: list | None = None, **options: object) -> Path:
+    samples = arrays() if samples is None else samples
+    labels = [i % 4 for i in range(len(samples))]
+    write_arrays(path, samples, labels, options=ConvertOptions(**options))  # type: ignore[arg-type]
+    return path
+
+
+def expected(path: Path, samples: list[np.ndarray]) -> list[np.ndarray]:
+    meta = fmt.load_meta(path)
+    return [samples[int(s)] for s in meta.source_index]
+
+
+CODECS = [
+    ("none", "none"),
+    ("gzip", "none"),
+    ("gzip", "byte"),
+    ("lzf", "none"),
+    ("lz4", "none"),
+    ("zstd", "none"),
+    ("zstd", "bit"),
+    ("blosc-lz4", "byte"),
+    ("blosc-zstd", "none"),
+]
+
+
+@pytest.mark.parametrize(("codec", "shuffle"), CODECS)
+def test_direct_and_h5py_paths_give_identical_pixels(tmp_path, codec, shuffle):
+    samples = arrays()
+    path = make_pack(
+        tmp_path / "p.h5",
+        samples=samples,
+        chunk_samples=8,
+        compression=Compression(codec=codec, shuffle=shuffle),
+    )
+    want = expected(path, samples)
+    order = np.random.default_rng(1).permutation(NUM)
+    with (
+        PackReader(path, direct=True, window_chunks=2, threads=2) as direct,
+        PackReader(path, direct=False, window_chunks=2) as fallback,
+    ):
+        assert not fallback.direct
+        filter_id = {"lz4": 32004, "zstd": 32015, "blosc-lz4": 32001, "blosc-zstd": 32001}
+        if codec in ("none", "gzip"):
+            assert direct.direct
+        elif codec == "lzf" or (shuffle == "bit" and codec in ("lz4", "zstd")):
+            assert not direct.direct  # lzf and bitshuffle: read through h5py
+        else:
+            assert direct.direct == (filter_id[codec] in decompressors())
+        for reader in (direct, fallback):
+            got = reader.read_stored(order)
+            for i, image in zip(order, got, strict=True):
+                np.testing.assert_array_equal(image, want[i])
+            batch = np.empty((len(order), *SHAPE), dtype=np.uint8)
+            reader.read_into(order, batch)
+            np.testing.assert_array_equal(batch, np.stack([want[i] for i in order]))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"layout": "contiguous"},
+        {"chunk_samples": 1},
+        {"chunk_samples": 37},
+        {"chunk_samples": 5, "compression": Compression(codec="gzip")},
+    ],
+)
+def test_every_array_layout_round_trips(tmp_path, options):
+    samples = arrays()
+    path = make_pack(tmp_path / "p.h5", samples=samples, **options)
+    want = expected(path, samples)
+    ds = H5ImageDataset(path, output="hwc")
+    batch = ds.__getitems__([5, 0, 36, 5, -1])
+    for (image, label), i in zip(batch, [5, 0, 36, 5, 36], strict=True):
+        np.testing.assert_array_equal(image, want[i])
+        assert label == ds.meta.labels[i]
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "zstd"])
+def test_variable_sizes_and_encoded_round_trip(tmp_path, codec):
+    rng = np.random.default_rng(3)
+    samples = [
+        rng.integers(0, 256, (int(rng.integers(3, 9)), int(rng.integers(3, 9)), 3), dtype=np.uint8)
+        for _ in range(NUM)
+    ]
+    compression = Compression(codec=codec)
+    raw = make_pack(tmp_path / "raw.h5", samples=samples, chunk_bytes=300, compression=compression)
+    encoded = make_pack(
+        tmp_path / "enc.h5",
+        samples=[png(s) for s in samples],
+        chunk_bytes=900,
+        compression=compression,
+    )
+    for path in (raw, encoded):
+        want = expected(path, samples)
+        for direct in (True, False):
+            ds = H5ImageDataset(path, output="hwc", direct=direct, window_chunks=2)
+            assert ds.meta.storage == "blob"
+            order = np.random.default_rng(0).permutation(NUM).tolist()
+            for (image, _), i in zip(ds.__getitems__(order), order, strict=True):
+                np.testing.assert_array_equal(image, want[i])
+
+
+def test_outputs_transforms_and_paths(tmp_path):
+    samples = arrays()
+    path = make_pack(tmp_path / "p.h5", samples=samples, chunk_samples=8)
+    want = expected(path, samples)
+    meta = fmt.load_meta(path)
+
+    image, label = H5ImageDataset(path)[3]
+    assert isinstance(image, torch.Tensor)
+    assert image.dtype == torch.uint8
+    assert image.shape == (3, 6, 5)
+    assert image.is_contiguous()
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), want[3])
+    assert label == meta.labels[3]
+
+    pil, _ = H5ImageDataset(path, output="pil")[3]
+    assert isinstance(pil, Image.Image)
+    np.testing.assert_array_equal(np.asarray(pil), want[3])
+
+    ds = H5ImageDataset(
+        path,
+        transform=lambda img: img.float().mean(),
+        target_transform=lambda y: f"class-{y}",
+        return_path=True,
+    )
+    value, name, source = ds[4]
+    assert value == pytest.approx(float(want[4].mean()))
+    assert name == f"class-{meta.labels[4]}"
+    assert source == f"sample-{int(meta.source_index[4]):06d}"
+
+    batch = H5ImageDataset(path).__getitems__([1, 2, 3])
+    assert batch.images.shape == (3, 3, 6, 5)
+    assert batch.labels.tolist() == meta.labels[[1, 2, 3]].tolist()
+
+
+def test_dataset_pickles_without_its_handle(tmp_path):
+    path = make_pack(tmp_path / "p.h5", chunk_samples=8, compression=Compression(codec="gzip"))
+    ds = H5ImageDataset(path)
+    first = ds[0][0]
+    assert ds._reader is not None
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._reader is None
+    assert torch.equal(clone[0][0], first)
+
+
+def test_errors_name_the_file(tmp_path):
+    missing = tmp_path / "missing.h5"
+    with pytest.raises(PackNotFoundError, match=r"missing\.h5"):
+        H5ImageDataset(missing)
+    with pytest.raises(FileNotFoundError):
+        H5ImageDataset(missing)
+
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["images"] = np.zeros((2, 2, 2, 3), dtype=np.uint8)
+    with pytest.raises(FormatError, match=r"plain\.h5 is an HDF5 file but not an h5pack pack"):
+        H5ImageDataset(plain)
+
+    text = tmp_path / "text.h5"
+    text.write_text("not hdf5")
+    with pytest.raises(FormatError, match=r"text\.h5 is not a readable HDF5 file"):
+        H5ImageDataset(text)
+
+    newer = make_pack(tmp_path / "newer.h5", chunk_samples=8)
+    with h5py.File(newer, "a") as f:
+        f.attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION + 1
+    with pytest.raises(FormatError, match=r"newer\.h5 is a pack of format version 2.*upgrade"):
+        H5ImageDataset(newer)
+
+    ds = H5ImageDataset(make_pack(tmp_path / "ok.h5", chunk_samples=8))
+    with pytest.raises(IndexError, match="index 37 is out of range"):
+        ds[NUM]
+    with pytest.raises(OptionsError, match="output should be one of"):
+        H5ImageDataset(tmp_path / "ok.h5", output="jpeg")  # type: ignore[arg-type]
+
+
+def test_locking_option_reads_a_pack_held_by_a_writer(tmp_path):
+    path = make_pack(tmp_path / "p.h5", chunk_samples=8)
+    with path.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # what an HDF5 writer holds
+        with pytest.raises(FormatError, match="locked by a process writing it"):
+            H5ImageDataset(path)
+        ds = H5ImageDataset(path, locking=False)
+        assert ds[0][0].shape == (3, 6, 5)
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_each_chunk_decompressed_once_per_epoch(tmp_path, monkeypatch, window, num_workers):
+    path = make_pack(tmp_path / "p.h5", chunk_samples=4, compression=Compression(codec="gzip"))
+    loads: Counter[tuple[int, int]] = Counter()  # (simulated worker, chunk)
+    current = [0]
+    original = PackReader._load_group
+
+    def counting(self: PackReader, group: int) -> np.ndarray:
+        loads[(current[0], group)] += 1
+        return original(self, group)
+
+    monkeypatch.setattr(PackReader, "_load_group", counting)
+    sampler = ChunkBatchSampler(
+        H5ImageDataset(path), 5, seed=2, window_chunks=window, num_workers=num_workers
+    )
+    sampler.set_epoch(4)
+    batches = list(sampler)
+    workers = max(1, num_workers)
+    seen: list[int] = []
+    for worker in range(workers):  # each worker process has its own dataset copy
+        current[0] = worker
+        ds = H5ImageDataset(path, window_chunks=window)
+        for batch in batches[worker::workers]:
+            assert len(ds.__getitems__(batch)) == len(batch)
+            seen.extend(batch)
+    assert sorted(seen) == list(range(NUM))
+    assert max(loads.values()) == 1  # no worker decompresses a chunk twice
+    per_chunk = Counter(chunk for _, chunk in loads)
+    assert sorted(per_chunk) == list(range(10))
+    # only chunks on a boundary between two workers are read by both
+    assert sum(per_chunk.values()) - 10 <= workers - 1
+
+
+def test_iterable_dataset_in_process_is_the_sampler_order(tmp_path):
+    path = make_pack(tmp_path / "p.h5", chunk_samples=4, compression=Compression(codec="gzip"))
+    stream = H5IterableDataset(path, batch_size=5, seed=3, window_chunks=2, output="hwc")
+    labels = fmt.load_meta(path).labels
+    stream.set_epoch(2)
+    got = [int(label) for _, label in stream]
+    sampler = ChunkBatchSampler(H5ImageDataset(path), 5, seed=3, window_chunks=2)
+    sampler.set_epoch(2)
+    order = [i for b in sampler for i in b]
+    assert got == labels[order].tolist()
+    assert len(stream) == NUM
+    stream.set_epoch(3)
+    assert [int(label) for _, label in stream] != got
+    clone = pickle.loads(pickle.dumps(stream))
+    assert clone.epoch == 3
