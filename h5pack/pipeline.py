@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import multiprocessing
 import signal
 import sys
@@ -21,14 +22,19 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from multiprocessing import resource_tracker
 from typing import Any, TypeVar
 
 import h5py
 import numpy as np
 
+from h5pack.arena import SlotRef, slot_array
 from h5pack.errors import DecodeError
-from h5pack.storage import ChunkBytes, ImagesSpec
+from h5pack.storage import ImagesSpec
+
+# A stored chunk: (chunk offset, filter mask, its bytes or their (offset, size) in a slot).
+StoredChunk = tuple[tuple[int, ...], int, "bytes | tuple[int, int]"]
 
 T = TypeVar("T")
 
@@ -62,12 +68,17 @@ class DecodeSpec:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A sample ready to store: ``pos`` in the write order, stored data, shape, CRC32."""
+    """A sample ready to store: ``pos`` in the write order, stored data, shape, CRC32.
+
+    From a worker with a slot, ``data`` is None and ``span`` = (offset, bytes) says where
+    in the task's slot the stored bytes lie (``arena``).
+    """
 
     pos: int
-    data: np.ndarray
+    data: np.ndarray | None
     shape: tuple[int, int, int]
     crc: int
+    span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +148,17 @@ def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> 
     return Prepared(pos, image.reshape(-1) if spec.flat else image, shape, crc)
 
 
-def prepare_batch(spec: DecodeSpec, items: list[tuple[int, str, str]]) -> list[Prepared | Rejected]:
-    """Stage 1: prepare ``(pos, file path, relative path)`` items, in order."""
+def prepare_batch(
+    spec: DecodeSpec, items: list[tuple[int, str, str]], slot: SlotRef | None = None
+) -> list[Prepared | Rejected]:
+    """Stage 1: prepare ``(pos, file path, relative path)`` items, in order.
+
+    With a ``slot``, stored bytes go there (as long as they fit) instead of the pipe.
+    """
     from h5pack.decode import load_file
 
+    room = slot_array(slot) if slot is not None else None
+    cursor = 0
     out: list[Prepared | Rejected] = []
     for pos, path, relative in items:
         try:
@@ -148,7 +166,14 @@ def prepare_batch(spec: DecodeSpec, items: list[tuple[int, str, str]]) -> list[P
         except DecodeError as err:
             out.append(Rejected(pos, relative, _reason(err, path)))
             continue
-        out.append(prepare_sample(spec, data, relative, pos))
+        result = prepare_sample(spec, data, relative, pos)
+        if room is not None and isinstance(result, Prepared) and result.data is not None:
+            size = result.data.nbytes
+            if cursor + size <= room.size:
+                room[cursor : cursor + size] = result.data.reshape(-1)
+                result = replace(result, data=None, span=(cursor, size))
+                cursor += size
+        out.append(result)
     return out
 
 
@@ -190,15 +215,37 @@ def _core_dataset(spec: ImagesSpec, rows: int) -> h5py.Dataset:
     return dataset
 
 
-def compress_block(spec: ImagesSpec, start: int, data: np.ndarray) -> list[ChunkBytes]:
-    """Stage 2: return the stored (filtered) chunks of a block starting at row ``start``."""
-    dataset = _core_dataset(spec, len(data))
+def compress_block(
+    spec: ImagesSpec, start: int, rows: int, data: np.ndarray | None, slot: SlotRef | None = None
+) -> list[StoredChunk]:
+    """Stage 2: return the stored (filtered) chunks of a block of ``rows`` at row ``start``.
+
+    The block is ``data``, or the start of ``slot``; with a slot, the stored chunks are
+    written back into it (as long as they fit) and returned as (offset, bytes) spans.
+    """
+    if data is None:
+        assert slot is not None
+        rest = spec.sample_shape if spec.storage == "array" else ()
+        assert rest is not None
+        data = slot_array(slot)[: rows * math.prod(rest)].reshape(rows, *rest)
+    dataset = _core_dataset(spec, rows)
     dataset[...] = data
-    out: list[ChunkBytes] = []
+    room = slot_array(slot) if slot is not None else None
+    cursor = 0
+    out: list[StoredChunk] = []
     for i in range(dataset.id.get_num_chunks()):
-        offset = dataset.id.get_chunk_info(i).chunk_offset
-        mask, stored = dataset.id.read_direct_chunk(offset)
-        out.append(((int(offset[0]) + start, *(int(o) for o in offset[1:])), int(mask), stored))
+        info = dataset.id.get_chunk_info(i)
+        offset = (int(info.chunk_offset[0]) + start, *(int(o) for o in info.chunk_offset[1:]))
+        size = int(info.size)
+        if room is not None and cursor + size <= room.size:
+            mask, _ = dataset.id.read_direct_chunk(
+                info.chunk_offset, out=room[cursor : cursor + size]
+            )
+            out.append((offset, int(mask), (cursor, size)))
+            cursor += size
+        else:
+            mask, stored = dataset.id.read_direct_chunk(info.chunk_offset)
+            out.append((offset, int(mask), stored))
     return out
 
 
@@ -245,6 +292,8 @@ def make_executor(workers: int) -> Executor:
     """
     if workers <= 1:
         return InlineExecutor()
+    # Workers must share the parent's resource tracker (see arena.py): start it first.
+    resource_tracker.ensure_running()
     methods = multiprocessing.get_all_start_methods()
     method = "fork" if sys.version_info < (3, 12) and "fork" in methods else None
     if method is None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import h5py
 import numpy as np
@@ -21,7 +21,6 @@ import numpy as np
 from h5pack.layout import Compression
 
 Storage = Literal["array", "blob"]
-ChunkBytes = tuple[tuple[int, ...], int, bytes]  # (chunk offset, filter mask, stored bytes)
 
 # Bytes copied at once when a contiguous dataset is filled from a staging file.
 COPY_BYTES = 64 * 2**20
@@ -82,11 +81,18 @@ class Block:
 
 
 class ArrayAssembler:
-    """Gather fixed-size samples into blocks of ``group_samples`` (one chunk along N)."""
+    """Gather fixed-size samples into blocks of ``group_samples`` (one chunk along N).
 
-    def __init__(self, sample_shape: tuple[int, int, int], group_samples: int) -> None:
+    With ``reuse``, every block is a view of one buffer, valid until the next ``add``:
+    the caller must write or copy it first (no fresh pages to fault in per block).
+    """
+
+    def __init__(
+        self, sample_shape: tuple[int, int, int], group_samples: int, *, reuse: bool = False
+    ) -> None:
         self.sample_shape = sample_shape
         self.group_samples = group_samples
+        self.reuse = reuse
         self.count = 0
         self._block = np.empty((group_samples, *sample_shape), dtype=np.uint8)
         self._fill = 0
@@ -106,7 +112,8 @@ class ArrayAssembler:
 
     def _flush(self) -> Block:
         block = Block(self.count - self._fill, self._block[: self._fill])
-        self._block = np.empty_like(self._block)
+        if not self.reuse:
+            self._block = np.empty_like(self._block)
         self._fill = 0
         return block
 
@@ -121,13 +128,17 @@ class BlobAssembler:
     read by reading whole chunks only, and each chunk is decompressed once for one group.
     ``offsets`` are slot starts (padding belongs to the slot before it), ``sizes`` the real
     byte counts. See docs/ARCHITECTURE.md, "Aligned blobs".
+
+    ``reuse`` as for ``ArrayAssembler``.
     """
 
-    def __init__(self, chunk_bytes: int) -> None:
+    def __init__(self, chunk_bytes: int, *, reuse: bool = False) -> None:
         self.chunk_bytes = chunk_bytes
+        self.reuse = reuse
         self.offsets: list[int] = []
         self.sizes: list[int] = []
         self._buffer = np.zeros(chunk_bytes, dtype=np.uint8)
+        self._spare: np.ndarray | None = None
         self._fill = 0
         self._chunk = 0  # index of the chunk being filled
         self.end = 0  # one past the last byte of data
@@ -172,7 +183,13 @@ class BlobAssembler:
         # The whole chunk, padding included: only the last block is shorter than a chunk,
         # which lets ImagesWriter recognise a blob that fits one chunk.
         block = Block(self._chunk * self.chunk_bytes, self._buffer)
-        self._buffer = np.zeros(self.chunk_bytes, dtype=np.uint8)
+        if self.reuse:  # two buffers take turns; the yielded one stays intact
+            spare = self._spare
+            self._buffer = spare if spare is not None else np.empty_like(block.data)
+            self._spare = block.data
+            self._buffer[:] = 0  # padding of the next chunk
+        else:
+            self._buffer = np.zeros(self.chunk_bytes, dtype=np.uint8)
         self._chunk += 1
         self._fill = 0
         return block
@@ -251,15 +268,17 @@ class ImagesWriter:
             self._dataset[block.start : stop] = block.data
         self._length = max(self._length, stop)
 
-    def write_chunks(self, start: int, length: int, chunks: Sequence[ChunkBytes]) -> None:
-        """Write a compressed block: its stored chunks, at their offsets."""
-        assert self._dataset is not None  # spec_for() created it before compression
-        stop = start + length
+    def grow_to(self, stop: int) -> None:
+        """Extend a chunked dataset to ``stop`` rows before its chunks are written directly."""
+        assert self._dataset is not None  # spec_for() created it
         if self._dataset.shape[0] < stop:
             self._dataset.resize(stop, axis=0)
-        for offset, mask, data in chunks:
-            self._dataset.id.write_direct_chunk(offset, data, mask)
         self._length = max(self._length, stop)
+
+    def write_chunk(self, offset: tuple[int, ...], data: Any, mask: int) -> None:
+        """Write one stored (already filtered) chunk at ``offset``."""
+        assert self._dataset is not None
+        self._dataset.id.write_direct_chunk(offset, data, mask)
 
     def finish(self) -> int:
         """Complete the dataset; return its length (rows or bytes)."""

@@ -1,0 +1,326 @@
+"""Build one pack file: a hidden temporary beside the target, published only when complete.
+
+``PackBuilder`` lays prepared samples into the images dataset (``storage``), compressing
+blocks of whole chunks in the worker pool (``pipeline.compress_block``), then writes the
+metadata. ``publish`` renames the finished file into place; until then nothing exists under
+the target's name, so a killed conversion (SIGKILL included) never leaves a half-written
+pack there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5pack import __version__
+from h5pack import format as fmt
+from h5pack._types import StrPath
+from h5pack.arena import Arena
+from h5pack.errors import OptionsError, TargetExistsError
+from h5pack.format import SkippedFile
+from h5pack.options import ConvertOptions
+from h5pack.pipeline import InlineExecutor, Prepared, compress_block, ordered_map
+from h5pack.plan import StoragePlan
+from h5pack.storage import (
+    ArrayAssembler,
+    BlobAssembler,
+    Block,
+    ImagesSpec,
+    ImagesWriter,
+    copy_array_rows,
+)
+
+# Files of HDF5 1.10 and later: chunk indexes that stay fast with many chunks.
+LIBVER = "v110"
+
+
+def check_target(target: StrPath, *, overwrite: bool) -> Path:
+    """Return the target path, refusing an existing one unless ``overwrite``.
+
+    Raises:
+        TargetExistsError: the target exists and ``overwrite`` is False.
+        OptionsError: the target is a directory.
+    """
+    path = Path(target)
+    if path.is_dir():
+        raise OptionsError(f"{path} is a directory; give the pack's file name, e.g. {path}/out.h5")
+    if path.exists() and not overwrite:
+        raise TargetExistsError(f"{path} already exists; pass --overwrite to replace it")
+    return path
+
+
+def temp_path(target: Path, tag: str = "") -> Path:
+    """Return the hidden temporary name beside ``target`` for this process."""
+    return target.parent / f".{target.name}.{os.getpid()}{tag}.tmp"
+
+
+class TempFiles:
+    """Temporary files of one conversion, removed unless published."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    def add(self, path: Path) -> Path:
+        """Track ``path``; return it."""
+        self.paths.append(path)
+        return path
+
+    def remove_all(self) -> None:
+        """Remove every tracked file that still exists."""
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
+    """Move the finished file into place (atomically; without overwrite, never clobbering)."""
+    if overwrite:
+        os.replace(temp, target)
+        return
+    try:
+        os.link(temp, target)  # fails if the target appeared meanwhile
+    except FileExistsError as err:
+        raise TargetExistsError(f"{target} appeared during the conversion; not replaced") from err
+    except OSError:  # no hard links on this file system
+        if target.exists():
+            raise TargetExistsError(
+                f"{target} appeared during the conversion; not replaced"
+            ) from None
+        os.replace(temp, target)
+        return
+    temp.unlink()
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit(143)`` so that ``finally`` blocks clean up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- the pack ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Record:
+    """Per-sample metadata gathered while writing, in pack order."""
+
+    positions: list[int] = field(default_factory=list)
+    shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    crcs: list[int] = field(default_factory=list)
+
+
+class PackBuilder:
+    """Write the images of a pack, then its metadata; owns the open temporary file."""
+
+    def __init__(self, path: Path, plan: StoragePlan, *, allocate: int, temps: TempFiles) -> None:
+        self.path = path
+        self.plan = plan
+        self.temps = temps
+        self.record = _Record()
+        self.handle = h5py.File(temps.add(path), "w", libver=LIBVER)
+        staging = None
+        if plan.spec.chunks is None and plan.storage == "blob":
+            staging = temps.add(path.with_name(path.name + ".blob"))
+        self.images = ImagesWriter(
+            self.handle, fmt.IMAGES, plan.spec, allocate=allocate, staging=staging
+        )
+        self.assembler: ArrayAssembler | BlobAssembler
+        if plan.storage == "array":
+            assert plan.spec.sample_shape is not None
+            self.assembler = ArrayAssembler(plan.spec.sample_shape, plan.group_samples)
+        else:
+            self.assembler = BlobAssembler(plan.chunk_bytes)
+
+    def _blocks(self, prepared: Iterable[Prepared]) -> Iterator[Block]:
+        record = self.record
+        for item in prepared:
+            record.positions.append(item.pos)
+            record.shapes.append(item.shape)
+            record.crcs.append(item.crc)
+            assert item.data is not None  # spans are resolved by the caller
+            yield from self.assembler.add(item.data)
+        yield from self.assembler.finish()
+
+    def write(
+        self,
+        prepared: Iterable[Prepared],
+        executor: Any,
+        max_in_flight: int,
+        arena: Arena | None = None,
+    ) -> None:
+        """Write every prepared sample, compressing blocks through ``executor``.
+
+        With an ``arena`` (of at least ``max_in_flight`` slots), blocks and their stored
+        chunks travel through shared memory instead of the pool's pipes.
+        """
+        # Blocks can share buffers when each is written or copied before the next is made.
+        self.assembler.reuse = (
+            not self.plan.spec.compressed
+            or arena is not None
+            or isinstance(executor, InlineExecutor)
+        )
+        blocks = self._blocks(prepared)
+        if not self.plan.spec.compressed:
+            for block in blocks:
+                self.images.write_block(block)
+            return
+        pending: deque[tuple[int, int, int | None]] = deque()
+
+        def tasks() -> Iterator[tuple[Any, ...]]:
+            for block in blocks:
+                spec = self.images.spec_for(block)
+                rows = len(block.data)
+                if arena is not None and arena.fits(block.data.nbytes):
+                    slot = arena.acquire()
+                    arena.put(slot, block.data)
+                    pending.append((block.start, rows, slot))
+                    yield spec, block.start, rows, None, arena.ref(slot)
+                else:
+                    pending.append((block.start, rows, None))
+                    yield spec, block.start, rows, block.data, None
+
+        for chunks in ordered_map(executor, compress_block, tasks(), max_in_flight=max_in_flight):
+            start, rows, slot = pending.popleft()
+            self.images.grow_to(start + rows)
+            for offset, mask, payload in chunks:
+                if isinstance(payload, tuple):
+                    assert arena is not None
+                    assert slot is not None
+                    with arena.view(slot, *payload) as stored:
+                        self.images.write_chunk(offset, stored, mask)
+                else:
+                    self.images.write_chunk(offset, payload, mask)
+            if slot is not None:
+                assert arena is not None
+                arena.release(slot)
+
+    def finish(
+        self,
+        *,
+        labels: np.ndarray,
+        classes: Sequence[str],
+        paths: Sequence[str],
+        source_index: np.ndarray,
+        options: ConvertOptions,
+        skipped: Sequence[SkippedFile],
+    ) -> Path:
+        """Complete the images and write the metadata; return the finished file's path."""
+        num = len(self.record.positions)
+        self.images.finish()
+        if self.images.needs_rebuild:
+            self._rebuild(num)
+        handle = self.handle
+        pos = np.asarray(self.record.positions, dtype=np.int64)
+        _write_metadata(
+            handle,
+            plan=self.plan,
+            labels=labels[pos] if num else np.zeros(0, np.int64),
+            classes=classes,
+            paths=[paths[p] for p in pos],
+            shapes=np.asarray(self.record.shapes, dtype=np.int32).reshape(num, 3),
+            crcs=np.asarray(self.record.crcs, dtype=np.uint32),
+            source_index=source_index[pos] if num else np.zeros(0, np.int64),
+            options=options,
+            skipped=skipped,
+            blob=self.assembler if isinstance(self.assembler, BlobAssembler) else None,
+            chunk_bytes=_final_chunk_bytes(self.images.spec, self.plan),
+        )
+        handle.close()
+        return self.path
+
+    def _rebuild(self, num: int) -> None:
+        """Copy a contiguous array allocated for every scanned file into one of ``num`` rows.
+
+        NOTE [ Contiguous packs and skipped files ]: a contiguous dataset cannot be resized,
+        and the sample count is known only once every file is decoded. The array is
+        allocated for all scanned files (the common case: nothing skipped) and, when files
+        were skipped, copied into a fresh temporary file of the exact size.
+        """
+        fresh_path = self.temps.add(self.path.with_name(self.path.name + ".rebuilt"))
+        fresh = h5py.File(fresh_path, "w", libver=LIBVER)
+        dataset = self.plan.spec.create(fresh, fmt.IMAGES, num)
+        copy_array_rows(self.handle[fmt.IMAGES], dataset, num)
+        self.handle.close()
+        self.path.unlink()
+        self.handle = fresh
+        self.path = fresh_path
+
+    def close(self) -> None:
+        """Close the file (after an error)."""
+        self.images.abort()
+        if self.handle.id.valid:
+            self.handle.close()
+
+
+def _final_chunk_bytes(spec: ImagesSpec, plan: StoragePlan) -> int:
+    if spec.storage != "blob":
+        return 0
+    return int(spec.chunks[0]) if spec.chunks is not None else plan.chunk_bytes
+
+
+def _write_metadata(
+    handle: h5py.File,
+    *,
+    plan: StoragePlan,
+    labels: np.ndarray,
+    classes: Sequence[str],
+    paths: Sequence[str],
+    shapes: np.ndarray,
+    crcs: np.ndarray,
+    source_index: np.ndarray,
+    options: ConvertOptions,
+    skipped: Sequence[SkippedFile],
+    blob: BlobAssembler | None,
+    chunk_bytes: int,
+) -> None:
+    num = len(paths)
+    handle.create_dataset(fmt.LABELS, data=np.asarray(labels, dtype=np.int64).reshape(num))
+    handle.create_dataset(
+        fmt.CLASSES, data=np.array(list(classes), dtype=object), dtype=fmt.UTF8_STR
+    )
+    encoded = np.empty(num, dtype=object)
+    for i, relative in enumerate(paths):
+        encoded[i] = fmt.encode_path(relative)
+    # Built element by element: paths of one length would otherwise stack into a 2-D array.
+    handle.create_dataset(fmt.PATHS, data=encoded, dtype=fmt.PATH_BYTES)
+    handle.create_dataset(fmt.SHAPES, data=shapes)
+    handle.create_dataset(fmt.CHECKSUMS, data=crcs.reshape(num))
+    handle.create_dataset(fmt.SOURCE_INDEX, data=np.asarray(source_index, np.int64).reshape(num))
+    if blob is not None:
+        handle.create_dataset(fmt.OFFSETS, data=blob.final_offsets())
+        handle.create_dataset(fmt.SIZES, data=np.asarray(blob.sizes, dtype=np.int64))
+    attrs = handle.attrs
+    attrs[fmt.FORMAT_MARKER_KEY] = fmt.FORMAT_MARKER
+    attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
+    attrs[fmt.MODE_KEY] = plan.mode
+    attrs[fmt.STORAGE_KEY] = plan.storage
+    attrs[fmt.NUM_SAMPLES_KEY] = num
+    attrs[fmt.CHANNELS_KEY] = options.channels
+    attrs[fmt.TOOL_VERSION_KEY] = __version__
+    attrs[fmt.CREATED_KEY] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    attrs[fmt.OPTIONS_KEY] = json.dumps(options.to_json(), sort_keys=True)
+    attrs[fmt.SKIPPED_KEY] = json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])
+    attrs[fmt.CHUNK_BYTES_KEY] = chunk_bytes
