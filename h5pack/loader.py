@@ -172,10 +172,7 @@ class H5Loader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # counts delivered batches
         sampler = self.batch_sampler
-        start = 0
-        if isinstance(sampler, ChunkBatchSampler):
-            position = sampler.state_dict()["position"]
-            start = position if position < len(sampler) else 0
+        start = sampler.resume_position if isinstance(sampler, ChunkBatchSampler) else 0
         self._delivered = start
         for batch in super().__iter__():
             self._delivered += 1

@@ -297,12 +297,18 @@ class ChunkBatchSampler(Sampler[list[int]]):
         )
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
+        self._resume = 0  # where the next iteration starts (set by load_state_dict)
+
+    @property
+    def resume_position(self) -> int:
+        """Batches the next iteration skips: a resumed position, else 0."""
+        return self._resume
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (a resumed position of that epoch is kept)."""
         if epoch != self.epoch:
             self.epoch = int(epoch)
-            self._position = 0
+            self._position = self._resume = 0
 
     def __len__(self) -> int:
         return num_batches(
@@ -329,7 +335,8 @@ class ChunkBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.plan()
-        start = self._position if self._position < len(batches) else 0
+        start, self._resume = self._resume, 0
+        self._position = start
         for position in range(start, len(batches)):
             self._position = position + 1
             yield batches[position].tolist()
@@ -363,7 +370,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
             details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
             raise OptionsError(f"the sampler state does not match this sampler ({details})")
         self.epoch = int(state["epoch"])
-        self._position = int(state["position"])
+        self._position = self._resume = int(state["position"])
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -397,6 +404,7 @@ class ChunkSampler(Sampler[int]):
     def __init__(self, source: SamplerSource, *, batch_size: int = 1, **kwargs: Any) -> None:
         self.batches = ChunkBatchSampler(source, batch_size, **kwargs)
         self._position = 0  # samples of the epoch already handed out
+        self._resume = 0  # where the next iteration starts (set by load_state_dict)
 
     @property
     def epoch(self) -> int:
@@ -406,7 +414,7 @@ class ChunkSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (a resumed position of that epoch is kept)."""
         if epoch != self.batches.epoch:
-            self._position = 0
+            self._position = self._resume = 0
         self.batches.set_epoch(epoch)
 
     def __len__(self) -> int:
@@ -425,7 +433,8 @@ class ChunkSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         batches = self.batches.plan()
         order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-        start = self._position if self._position < len(order) else 0
+        start, self._resume = self._resume, 0
+        self._position = start
         for position in range(start, len(order)):
             self._position = position + 1
             yield int(order[position])
@@ -439,4 +448,4 @@ class ChunkSampler(Sampler[int]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the rest of the saved epoch's order."""
         self.batches.load_state_dict(state)
-        self._position = int(state["position"])
+        self._position = self._resume = int(state["position"])

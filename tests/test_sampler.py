@@ -213,6 +213,7 @@ def test_state_dict_position_override_and_mismatch() -> None:
     s = ChunkBatchSampler(cmap, 10, seed=1)
     full = list(s)
     state = s.state_dict(position=4)
+    assert list(s) == full  # a new iteration starts the epoch again
     other = ChunkBatchSampler(cmap, 10, seed=1)
     other.load_state_dict(state)
     assert list(other) == full[4:]

@@ -1,0 +1,216 @@
+"""make_loader with real DataLoader workers: exactly once, ranks, resume, seeding, collate."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from h5pack import format as fmt
+from h5pack.dataset import H5ImageDataset, H5IterableDataset
+from h5pack.errors import OptionsError
+from h5pack.layout import Compression
+from h5pack.loader import auto_workers, collate, make_loader, seed_everything
+from h5pack.options import ConvertOptions
+from h5pack.writer import write_arrays
+
+NUM = 29  # divides nothing used here
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny gzip pack whose labels are the source index, so a label names its sample."""
+    rng = np.random.default_rng(0)
+    samples = [rng.integers(0, 256, (4, 3, 3), dtype=np.uint8) for _ in range(NUM)]
+    path = tmp_path_factory.mktemp("packs") / "p.h5"
+    options = ConvertOptions(chunk_samples=4, compression=Compression(codec="gzip"))
+    write_arrays(path, samples, list(range(NUM)), options=options)
+    return path
+
+
+def pack_indices(path: Path, labels: list[int]) -> list[int]:
+    """Map labels (= source indices) back to pack indices."""
+    where = {int(s): i for i, s in enumerate(fmt.load_meta(path).source_index)}
+    return [where[label] for label in labels]
+
+
+def epoch_labels(loader: DataLoader) -> list[list[int]]:
+    return [labels.tolist() for _, labels in loader]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 on 2 cores
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_exactly_once_per_epoch_with_workers(pack, num_workers):
+    loader = make_loader(pack, 5, num_workers=num_workers, seed=1, window_chunks=2)
+    first = epoch_labels(loader)
+    assert sorted(i for b in first for i in b) == list(range(NUM))
+    assert [len(b) for b in first] == [5] * 5 + [4]
+    loader.set_epoch(1)
+    second = epoch_labels(loader)
+    assert sorted(i for b in second for i in b) == list(range(NUM))
+    assert second != first
+    # the batches are the sampler's, whatever the number of workers
+    sampler = loader.chunk_sampler
+    assert [pack_indices(pack, b) for b in second] == [b.tolist() for b in sampler.plan(1)]
+
+
+def test_spawn_workers(pack):
+    loader = make_loader(
+        pack, 6, num_workers=1, seed=0, multiprocessing_context="spawn", persistent_workers=False
+    )
+    images, _ = next(iter(loader))
+    assert images.shape == (6, 3, 4, 3)
+    assert sorted(i for b in epoch_labels(loader) for i in b) == list(range(NUM))
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2, 3, 4])
+def test_simulated_ranks_split_the_epoch(pack, num_replicas):
+    per_rank = [
+        epoch_labels(make_loader(pack, 3, num_workers=0, seed=5, num_replicas=num_replicas, rank=r))
+        for r in range(num_replicas)
+    ]
+    counts = Counter(i for batches in per_rank for b in batches for i in b)
+    assert set(counts) == set(range(NUM))  # covering
+    assert sum(counts.values()) - NUM == (-NUM) % num_replicas  # padding only
+    assert len({len(batches) for batches in per_rank}) == 1  # equal batch counts
+    dropped = [
+        epoch_labels(
+            make_loader(
+                pack, 3, num_workers=0, seed=5, num_replicas=num_replicas, rank=r, drop_last=True
+            )
+        )
+        for r in range(num_replicas)
+    ]
+    flat = [i for batches in dropped for b in batches for i in b]
+    assert len(flat) == len(set(flat))  # disjoint
+    assert len({len(batches) for batches in dropped}) == 1
+    assert all(len(b) == 3 for batches in dropped for b in batches)
+
+
+def test_same_seed_same_order_and_resume_mid_epoch(pack):
+    def loader(num_workers: int = 0) -> DataLoader:
+        return make_loader(pack, 4, num_workers=num_workers, seed=9, window_chunks=2)
+
+    a, b = loader(2), loader(2)
+    a.set_epoch(3)
+    b.set_epoch(3)
+    full = epoch_labels(a)
+    assert epoch_labels(b) == full
+
+    it = iter(b)
+    head = [next(it)[1].tolist() for _ in range(3)]
+    state = b.state_dict()  # 3 delivered, although workers prefetched more
+    assert state["position"] == 3
+    assert state["epoch"] == 3
+    del it
+
+    resumed = loader(2)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)
+    assert head + epoch_labels(resumed) == full
+    assert epoch_labels(resumed) == full  # the next iteration is a whole epoch
+
+
+def test_iterable_dataset_with_workers_exactly_once(pack):
+    stream = H5IterableDataset(pack, batch_size=4, seed=2, window_chunks=2)
+    for num_workers in (0, 2):
+        loader = DataLoader(
+            stream, batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0
+        )
+        for epoch in (0, 1):
+            stream.set_epoch(epoch)  # reaches the persistent workers
+            labels = [i for _, b in loader for i in b.tolist()]
+            assert sorted(labels) == list(range(NUM))
+            reference = H5IterableDataset(pack, batch_size=4, seed=2, window_chunks=2)
+            reference.set_epoch(epoch)
+            assert Counter(labels) == Counter(int(y) for _, y in reference)
+
+
+def test_iterable_dataset_ranks(pack):
+    seen: Counter[int] = Counter()
+    lengths = set()
+    for rank in range(3):
+        stream = H5IterableDataset(pack, batch_size=4, num_replicas=3, rank=rank)
+        labels = [int(y) for _, y in stream]
+        lengths.add(len(labels))
+        assert len(labels) == len(stream)
+        seen.update(labels)
+    assert lengths == {10}
+    assert set(seen) == set(range(NUM))
+
+
+def test_return_path_and_hwc(pack):
+    loader = make_loader(pack, 7, num_workers=0, return_path=True, output="hwc", shuffle=False)
+    images, labels, paths = next(iter(loader))
+    assert images.shape == (7, 4, 3, 3)
+    assert paths == [f"sample-{int(y):06d}" for y in labels]
+
+
+def test_collate_stacks_into_one_tensor():
+    samples = [(torch.full((3, 2, 2), i, dtype=torch.uint8), i) for i in range(4)]
+    images, labels = collate(samples)
+    assert images.shape == (4, 3, 2, 2)
+    assert images[:, 0, 0, 0].tolist() == [0, 1, 2, 3]
+    assert labels.tolist() == [0, 1, 2, 3]
+    floats = [(torch.zeros(2), 1.5)]
+    images, labels = collate(floats)
+    assert images.dtype == torch.float32
+
+
+def test_transform_runs_in_workers(pack):
+    loader = make_loader(pack, 5, num_workers=2, transform=lambda img: img.float() / 255)
+    images, _ = next(iter(loader))
+    assert images.dtype == torch.float32
+    assert images.shape == (5, 3, 4, 3)
+
+
+def test_auto_workers_policy(pack, tmp_path):
+    assert auto_workers(H5ImageDataset(pack), cores=4) == (0, 4)  # gzip: threads in-process
+    raw = tmp_path / "raw.h5"
+    write_arrays(raw, [np.zeros((2, 2, 3), np.uint8)] * 3, [0, 0, 0])
+    assert auto_workers(H5ImageDataset(raw), cores=4) == (0, 0)
+    assert auto_workers(H5ImageDataset(pack, transform=lambda x: x), cores=4) == (4, 0)
+    lzf = tmp_path / "lzf.h5"
+    options = ConvertOptions(compression=Compression(codec="lzf"))
+    write_arrays(lzf, [np.zeros((2, 2, 3), np.uint8)] * 3, [0, 0, 0], options=options)
+    assert auto_workers(H5ImageDataset(lzf), cores=4) == (4, 0)  # h5py holds the GIL
+
+
+def test_make_loader_arguments(pack):
+    loader = make_loader(pack, 4, num_workers=2, seed=0)
+    assert loader.persistent_workers
+    assert loader.pin_memory == torch.cuda.is_available()
+    assert loader.chunk_sampler.num_workers == 2
+    assert loader.dataset.window_chunks == loader.chunk_sampler.window_chunks
+    with pytest.raises(OptionsError, match="num_workers should be"):
+        make_loader(pack, 4, num_workers=-1)
+    with pytest.raises(OptionsError, match="apply only when make_loader opens"):
+        make_loader(H5ImageDataset(pack), 4, output="hwc")
+
+
+def test_seed_everything_repeats_random_numbers():
+    def draw() -> tuple[float, float, float]:
+        return random.random(), float(np.random.random()), float(torch.rand(1))  # noqa: NPY002
+
+    seed_everything(7)
+    first = draw()
+    seed_everything(7, deterministic=True)
+    assert draw() == first
+    assert torch.backends.cudnn.deterministic
+    assert torch.are_deterministic_algorithms_enabled()
+    seed_everything(7)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pinned_batches_reach_the_gpu(pack):
+    loader = make_loader(pack, 8, num_workers=0)
+    images, _ = next(iter(loader))
+    assert images.is_pinned()
+    assert images.cuda(non_blocking=True).shape == (8, 3, 4, 3)
