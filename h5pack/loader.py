@@ -122,7 +122,7 @@ def auto_workers(dataset: H5ImageDataset, cores: int | None = None) -> tuple[int
     elif in_process and dataset.compressed:
         in_process = False
     if in_process:
-        return 0, cores if dataset.compressed else 0
+        return 0, cores
     return cores, 0
 
 
@@ -253,7 +253,7 @@ def make_loader(
     elif not isinstance(num_workers, int) or num_workers < 0:
         raise OptionsError(f"num_workers should be 'auto' or >= 0, but got {num_workers!r}")
     else:
-        auto_threads = available_cores() if num_workers == 0 and dataset.compressed else 0
+        auto_threads = available_cores() if num_workers == 0 else 0
     sampler = ChunkBatchSampler(
         dataset,
         batch_size,

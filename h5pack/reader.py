@@ -119,6 +119,9 @@ class PackReader:
             self._table = chunk_table(self._images)
             self._contiguous = contiguous_offset(self._images)
         self._raw_file = DirectFile(self.path)
+        self._sample_bytes = int(np.prod(self.meta.images_shape[1:]))
+        self._step = self.meta.chunks[0] if self.meta.chunks is not None else 1
+        self._all_allocated = self._table is None or bool(np.all(self._table.offsets >= 0))
         self._window: OrderedDict[int, np.ndarray] = OrderedDict()
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
@@ -220,9 +223,24 @@ class PackReader:
                 where = np.flatnonzero(groups == g)
                 out[where] = block[idx[where] - int(self.chunk_map.starts[g])]
             return
-        if self.direct:
-            for pos, i in enumerate(idx.tolist()):
-                self._raw_file.read_into(out[pos], self._sample_offset(i))
+        if self.direct and self._all_allocated:
+            offsets = self._sample_offsets(idx).tolist()
+            read = self._raw_file.read_into
+            parts = self._threads if self._threads > 1 and idx.size >= 2 * self._threads else 1
+            if parts == 1:
+                for pos, offset in enumerate(offsets):
+                    read(out[pos], offset)
+                return
+            # os.preadv releases the GIL: copies from the page cache run in parallel
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
+            bounds = np.linspace(0, idx.size, parts + 1).astype(int).tolist()
+
+            def read_part(part: int) -> None:
+                for pos in range(bounds[part], bounds[part + 1]):
+                    read(out[pos], offsets[pos])
+
+            list(self._pool.map(read_part, range(parts)))
             return
         for pos, i in enumerate(idx.tolist()):
             self._images.read_direct(out, np.s_[i : i + 1], np.s_[pos : pos + 1])
@@ -308,13 +326,17 @@ class PackReader:
 
     def _sample_offset(self, index: int) -> int:
         """Return the file offset of uncompressed array sample ``index`` (direct path)."""
-        sample_bytes = int(np.prod(self.meta.images_shape[1:]))
+        return int(self._sample_offsets(np.array([index]))[0])
+
+    def _sample_offsets(self, indices: np.ndarray) -> np.ndarray:
+        """Return the file offsets of uncompressed array samples ``indices`` (direct path)."""
+        within = indices * self._sample_bytes
         if self._contiguous is not None:
-            return self._contiguous + index * sample_bytes
+            return np.asarray(self._contiguous + within, dtype=np.int64)
         assert self._table is not None  # direct is true
-        step = self.meta.images_shape[0] if self.meta.chunks is None else self.meta.chunks[0]
-        chunk = index // step
-        return int(self._table.offsets[chunk]) + (index - chunk * step) * sample_bytes
+        step = self._step
+        base = self._table.offsets[indices // step] - (indices // step) * step * self._sample_bytes
+        return np.asarray(base + within, dtype=np.int64)
 
     def _runs(self, wanted: np.ndarray) -> list[tuple[int, int]]:
         """Return the [lo, hi) runs of consecutive indices among sorted ``wanted``."""

@@ -173,7 +173,7 @@ def test_auto_workers_policy(pack, tmp_path):
     assert auto_workers(H5ImageDataset(pack), cores=4) == (0, 4)  # gzip: threads in-process
     raw = tmp_path / "raw.h5"
     write_arrays(raw, [np.zeros((2, 2, 3), np.uint8)] * 3, [0, 0, 0])
-    assert auto_workers(H5ImageDataset(raw), cores=4) == (0, 0)
+    assert auto_workers(H5ImageDataset(raw), cores=4) == (0, 4)
     assert auto_workers(H5ImageDataset(pack, transform=lambda x: x), cores=4) == (4, 0)
     lzf = tmp_path / "lzf.h5"
     options = ConvertOptions(compression=Compression(codec="lzf"))
