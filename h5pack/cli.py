@@ -1,0 +1,493 @@
+"""The ``h5pack`` command line: thin click commands over the library.
+
+Every command turns its flags into the library's option objects at the edge and renders
+what the library returns; errors are mapped in one place (``H5PackGroup.invoke``):
+``OptionsError`` is a usage error (exit 2), any other ``H5PackError`` prints one line
+``error: ...`` and exits 1. Other command modules extend the group with ``cli.add_command``
+and reuse ``convert_flags`` / ``options_from_flags``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from h5pack.errors import H5PackError, OptionsError
+from h5pack.layout import CODECS, SHUFFLES, Compression
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; older clicks cannot subscript it
+    _SizeParam = click.ParamType[int, Any]
+    _ShapeParam = click.ParamType[tuple[int, ...], Any]
+else:
+    _SizeParam = _ShapeParam = click.ParamType
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Return the byte count of ``"8MiB"``, ``"4MB"``, ``"512k"`` or ``"1048576"``.
+
+    ``KiB``/``MiB``/``GiB`` and bare ``K``/``M``/``G`` are powers of 1024; ``KB``/``MB``/
+    ``GB`` powers of 1000.
+
+    Raises:
+        ValueError: the text is not a size.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; write e.g. 8MiB, 4MB, 512KiB or 1048576")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(count: float) -> str:
+    """Return ``count`` bytes in readable binary units, e.g. ``"7.5 MiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"  # pragma: no cover - the loop returns at GiB
+
+
+class ByteSize(_SizeParam):
+    """A click parameter for sizes such as ``8MiB`` or ``4MB``."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Parse the size, or fail with a usage error."""
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(str(value))
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+class ChunkShape(_ShapeParam):
+    """A click parameter for a chunk shape ``k,H,W,C`` (or ``kxHxWxC``)."""
+
+    name = "k,H,W,C"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, ...]:
+        """Parse the shape, or fail with a usage error."""
+        if isinstance(value, tuple):
+            return value
+        parts = re.split(r"[,x]", str(value).strip())
+        try:
+            return tuple(int(p) for p in parts)
+        except ValueError:
+            self.fail(f"{value!r} is not a chunk shape; write e.g. 16,224,224,3", param, ctx)
+
+
+class H5PackGroup(click.Group):
+    """The command group; maps h5pack's errors to messages and exit codes, in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; no traceback for a user's mistake."""
+        try:
+            return super().invoke(ctx)
+        except OptionsError as err:
+            raise click.UsageError(str(err)) from err
+        except H5PackError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=H5PackGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="h5pack")
+def cli() -> None:
+    """Pack image folders into chunked HDF5 and read them at the speed of the storage."""
+
+
+# -- shared options ---------------------------------------------------------------------
+
+_CONVERT_FLAGS: list[Callable[[F], F]] = [
+    click.option(
+        "--mode",
+        type=click.Choice(["auto", "raw", "encoded"]),
+        default="auto",
+        show_default=True,
+        help="raw pixels, encoded file bytes, or auto: raw when all images share one size.",
+    ),
+    click.option(
+        "--size",
+        type=(int, int),
+        default=None,
+        metavar="H W",
+        help="Resize every image to H x W (raw mode).",
+    ),
+    click.option(
+        "--resize",
+        type=click.Choice(["stretch", "crop", "pad"]),
+        default="stretch",
+        show_default=True,
+        help="How --size is reached.",
+    ),
+    click.option("--channels", type=click.Choice(["1", "3"]), default="3", show_default=True),
+    click.option(
+        "--backend", type=click.Choice(["pillow", "opencv"]), default="pillow", show_default=True
+    ),
+    click.option(
+        "--layout",
+        type=click.Choice(["chunked", "contiguous"]),
+        default="chunked",
+        show_default=True,
+    ),
+    click.option("--chunk-samples", type=int, default=None, help="Samples per chunk."),
+    click.option("--chunk-shape", type=ChunkShape(), default=None, help="Explicit k,H,W,C."),
+    click.option(
+        "--chunk-bytes", type=ByteSize(), default=None, help="Bytes per chunk, e.g. 8MiB."
+    ),
+    click.option("--compression", type=click.Choice(CODECS), default="none", show_default=True),
+    click.option("--level", type=int, default=None, help="Compression level."),
+    click.option(
+        "--shuffle",
+        "filter_shuffle",
+        type=click.Choice(SHUFFLES),
+        default="none",
+        show_default=True,
+        help="Byte or bit shuffle filter before compression.",
+    ),
+    click.option("--seed", type=int, default=0, show_default=True, help="Write-order seed."),
+    click.option(
+        "--no-shuffle", is_flag=True, help="Keep the source order (no write-time shuffle)."
+    ),
+    click.option("--max-side", type=int, default=None, help="Encoded: re-encode larger images."),
+    click.option("--quality", type=int, default=None, help="JPEG quality of re-encoded images."),
+    click.option(
+        "--workers", type=int, default=None, help="Worker processes [default: all cores]."
+    ),
+    click.option(
+        "--labels",
+        "labels_csv",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="A path,label CSV for any folder layout.",
+    ),
+    click.option("--strict", is_flag=True, help="Stop at the first file that cannot be packed."),
+]
+
+
+def convert_flags(function: F) -> F:
+    """Add every conversion flag to a command (read them back with ``options_from_flags``)."""
+    for option in reversed(_CONVERT_FLAGS):
+        function = option(function)
+    return function
+
+
+def options_from_flags(flags: dict[str, Any]) -> Any:
+    """Return the ``ConvertOptions`` of the flags added by ``convert_flags``.
+
+    Raises:
+        OptionsError: an impossible combination (a usage error at the command line).
+    """
+    from h5pack.options import ConvertOptions
+
+    workers = flags["workers"]
+    return ConvertOptions(
+        mode=flags["mode"],
+        size=flags["size"],
+        resize=flags["resize"],
+        channels=int(flags["channels"]),
+        backend=flags["backend"],
+        layout=flags["layout"],
+        chunk_samples=flags["chunk_samples"],
+        chunk_shape=flags["chunk_shape"],
+        chunk_bytes=flags["chunk_bytes"],
+        compression=Compression(
+            codec=flags["compression"], level=flags["level"], shuffle=flags["filter_shuffle"]
+        ),
+        shuffle_samples=not flags["no_shuffle"],
+        seed=flags["seed"],
+        max_side=flags["max_side"],
+        quality=flags["quality"],
+        workers=workers if workers else None,
+        strict=flags["strict"],
+        labels_csv=flags["labels_csv"],
+    )
+
+
+quiet_flag = click.option("--quiet", "-q", is_flag=True, help="No progress bar or notes.")
+
+
+class Progress:
+    """Render a conversion's events and progress with tqdm (on stderr)."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        from tqdm import tqdm
+
+        tqdm.monitor_interval = 0  # no monitor thread (the writer forks its workers)
+        self._tqdm = tqdm
+        self.quiet = quiet
+        self.bar: Any = None
+
+    def note(self, message: str) -> None:
+        """Print a line without breaking the bar."""
+        self._tqdm.write(message, file=sys.stderr)
+
+    def event(self, event: Any) -> None:
+        """Handle a ``ConvertEvent``."""
+        if event.kind == "skipped":
+            self.note(f"warning: {event.message}")
+            return
+        self.close()  # every other event comes between phases
+        if event.kind == "phase":
+            if not self.quiet:
+                self.bar = self._tqdm(
+                    total=event.total, desc=event.message, unit="img", file=sys.stderr
+                )
+        elif not self.quiet:
+            self.note(event.message)
+
+    def advance(self, count: int) -> None:
+        """Advance the bar."""
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def close(self) -> None:
+        """Close the bar."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@contextmanager
+def _progress(quiet: bool) -> Iterator[Progress]:
+    progress = Progress(quiet=quiet)
+    try:
+        yield progress
+    finally:
+        progress.close()
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("source", type=click.Path(file_okay=False))
+@click.argument("target", type=click.Path(dir_okay=False))
+@convert_flags
+@click.option("--overwrite", is_flag=True, help="Replace TARGET if it exists.")
+@quiet_flag
+def convert(source: str, target: str, overwrite: bool, quiet: bool, **flags: Any) -> None:
+    """Pack the images under SOURCE into the HDF5 file TARGET."""
+    from h5pack.writer import convert as run_convert
+
+    options = options_from_flags(flags)
+    with _progress(quiet) as progress:
+        report = run_convert(
+            source,
+            target,
+            options,
+            overwrite=overwrite,
+            progress=progress.advance,
+            on_event=progress.event,
+        )
+    click.echo(
+        f"packed {report.num_samples} of {report.num_found} images into {report.path} "
+        f"({format_bytes(report.file_bytes)}, {report.mode}/{report.storage}) "
+        f"in {report.elapsed_s:.1f} s, {report.images_per_s:.0f} images/s"
+    )
+    if report.skipped:
+        click.echo(f"skipped {len(report.skipped)} files (recorded in the pack):", err=True)
+        for item in report.skipped:
+            click.echo(f"  {item.path}: {item.reason}", err=True)
+
+
+def _info_lines(info: Any) -> list[tuple[str, str]]:
+    classes = ", ".join(f"{name} {count}" for name, count in info.classes[:12])
+    if len(info.classes) > 12:
+        classes += f", ... ({len(info.classes) - 12} more)"
+    if info.unlabelled:
+        classes = (classes + ", " if classes else "") + f"unlabelled {info.unlabelled}"
+    shape = info.sample_shape
+    sample = "x".join(map(str, shape)) if shape else "original sizes (per-sample shapes)"
+    if info.layout == "chunked":
+        layout = (
+            f"chunked, chunk {info.chunk_shape} = {format_bytes(info.chunk_bytes)} "
+            f"uncompressed, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} samples/chunk"
+        )
+    else:
+        layout = "contiguous"
+    plugins = ", ".join(info.plugins) if info.plugins else "none (plain HDF5 reads it)"
+    skipped = str(len(info.skipped))
+    if info.skipped:
+        skipped += ": " + ", ".join(s.path for s in info.skipped[:5])
+        skipped += ", ..." if len(info.skipped) > 5 else ""
+    return [
+        ("pack", f"{info.path} ({format_bytes(info.file_bytes)})"),
+        ("format", f"h5pack format {info.format_version}, written by h5pack {info.tool_version}"),
+        ("created", info.created_utc),
+        ("samples", f"{info.num_samples} in {len(info.classes)} classes"),
+        ("classes", classes or "none"),
+        ("mode", f"{info.mode} ({info.storage} storage)"),
+        ("images", f"{info.dtype} {info.images_shape}, samples {sample}, {info.channels} ch"),
+        ("layout", layout),
+        ("codec", info.codec),
+        (
+            "ratio",
+            f"{info.compression_ratio:.2f} ({format_bytes(info.stored_bytes)} of samples in "
+            f"{format_bytes(info.disk_bytes)})",
+        ),
+        ("plugins", plugins),
+        ("shuffled", {True: "yes", False: "no", None: "unknown"}[info.shuffled]),
+        ("skipped", skipped),
+    ]
+
+
+@cli.command()
+@click.argument("pack", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+def info(pack: str, as_json: bool) -> None:
+    """Describe the pack PACK: samples, classes, layout, codec, ratio."""
+    from h5pack.inspect import pack_info
+
+    summary = pack_info(pack)
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
+        return
+    for key, value in _info_lines(summary):
+        click.echo(f"{key:<9} {value}")
+
+
+@cli.command()
+@click.argument("pack", type=click.Path(dir_okay=False))
+@click.option(
+    "--source",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The image folder the pack was made from: every image must be in the pack.",
+)
+@click.option("--labels", "labels_csv", type=click.Path(dir_okay=False), default=None)
+@quiet_flag
+def verify(pack: str, source: str | None, labels_csv: str | None, quiet: bool) -> None:
+    """Check PACK: structure, every checksum, every sample decodes (exit 1 on a problem)."""
+    from h5pack.format import load_meta
+    from h5pack.inspect import verify_pack
+
+    total = load_meta(pack).num_samples
+    with _progress(quiet) as progress:
+        progress.event(_Phase("verifying", total))
+        report = verify_pack(pack, source=source, labels_csv=labels_csv, progress=progress.advance)
+    for problem in report.problems:
+        click.echo(str(problem))
+    summary = f"{report.num_verified} of {report.num_samples} samples verified"
+    if report.num_source is not None:
+        summary += (
+            f"; source: {report.num_source} images, {report.missing} missing, "
+            f"{report.extra} extra, {report.mismatched} with another label"
+        )
+    if report.ok:
+        click.echo(f"ok: {summary}")
+        return
+    click.echo(f"FAILED: {len(report.problems)} problems; {summary}", err=True)
+    sys.exit(1)
+
+
+class _Phase:
+    """A progress phase announced by a command itself (shaped like a ``ConvertEvent``)."""
+
+    kind = "phase"
+
+    def __init__(self, message: str, total: int) -> None:
+        self.message = message
+        self.total = total
+
+
+@cli.command()
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the sample folder and pack here [default: a temporary folder].",
+)
+@click.option("--workers", type=int, default=None, help="Worker processes [default: all cores].")
+@quiet_flag
+def demo(out: str | None, workers: int | None, quiet: bool) -> None:
+    """Generate a small sample folder, pack it, read a batch back, say what happened."""
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="h5pack-demo-") as folder:
+            _demo(Path(folder), workers, quiet)
+            click.echo("(the demo folder was temporary; pass --out DIR to keep it)")
+    else:
+        _demo(Path(out), workers, quiet)
+
+
+def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
+    from h5pack.options import ConvertOptions
+    from h5pack.sample import SampleSpec, make_image_folder
+    from h5pack.writer import convert as run_convert
+
+    images = folder / "images"
+    pack = folder / "demo.h5"
+    spec = SampleSpec(num_images=64, num_classes=4, size=(96, 128))
+    make_image_folder(images, spec, overwrite=True)
+    click.echo(
+        f"1. generated {spec.num_images} JPEGs of {spec.size[0]}x{spec.size[1]} in "
+        f"{spec.num_classes} classes under {images}"
+    )
+    options = ConvertOptions(workers=workers)
+    with _progress(quiet) as progress:
+        report = run_convert(
+            images,
+            pack,
+            options,
+            overwrite=True,
+            progress=progress.advance,
+            on_event=progress.event,
+        )
+    from h5pack.inspect import pack_info
+
+    summary = pack_info(pack)
+    click.echo(
+        f"2. packed {report.num_samples} images into {pack}: {report.reason}; "
+        f"{format_bytes(summary.file_bytes)}, ratio {summary.compression_ratio:.2f}, "
+        f"{report.images_per_s:.0f} images/s"
+    )
+    shape, labels, how = _read_batch(pack)
+    click.echo(f"3. read one batch back with {how}: images {shape}, labels {labels}")
+
+
+def _read_batch(pack: Path) -> tuple[tuple[int, ...], list[int], str]:
+    """Return the shape and labels of one batch, through ``make_loader`` when it is there."""
+    try:
+        from h5pack import make_loader
+    except ImportError:
+        from h5pack.reader import PackReader
+
+        with PackReader(pack) as reader:
+            batch = reader.read_images(range(min(16, len(reader))))
+            labels = [int(x) for x in reader.meta.labels[: len(batch)]]
+            return (len(batch), *batch[0].shape), labels, "PackReader"
+    loader = make_loader(pack, batch_size=16, num_workers=0)
+    images, labels_tensor = next(iter(loader))[:2]
+    return tuple(images.shape), [int(x) for x in labels_tensor], "make_loader"
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="h5pack")
