@@ -16,7 +16,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.context import get_spawning_popen
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -51,23 +51,54 @@ def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
     )
 
 
-class SampleBatch(list[tuple[Any, ...]]):
-    """The samples of one ``__getitems__`` call, plus the whole batch when already built.
+class SampleBatch(Sequence[tuple[Any, ...]]):
+    """The samples of one ``__getitems__`` call, and the whole batch when already built.
 
-    A list of ``(image, label[, path])`` like any PyTorch dataset's batch, so any collate
-    function works; ``h5pack.loader.collate`` returns ``images``/``labels`` directly
-    instead of stacking the samples again.
+    A sequence of ``(image, label[, path])`` like any PyTorch dataset's batch, so any
+    collate function works; ``h5pack.loader.collate`` takes ``images`` and ``labels``
+    directly instead of stacking the samples again. When the batch was built at once the
+    per-sample tuples are views made on access, not before.
 
     Attributes:
         images: ``(B, C, H, W)`` uint8 tensor (channels-last memory) or ``(B, H, W, C)``
             array, or None when the samples were produced one by one.
-        labels: ``(B,)`` int64 tensor, or None.
+        labels: ``(B,)`` int64 tensor, or None (with a ``target_transform``).
         paths: Source paths with ``return_path``, else None.
     """
 
-    images: Any = None
-    labels: torch.Tensor | None = None
-    paths: list[str] | None = None
+    def __init__(
+        self,
+        samples: list[tuple[Any, ...]] | None = None,
+        *,
+        images: Any = None,
+        labels: torch.Tensor | None = None,
+        label_values: list[Any] | None = None,
+        paths: list[str] | None = None,
+    ) -> None:
+        self._samples = samples
+        self.images = images
+        self.labels = labels
+        self._label_values = label_values or []
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self._samples) if self._samples is not None else len(self._label_values)
+
+    @overload
+    def __getitem__(self, j: int) -> tuple[Any, ...]: ...
+
+    @overload
+    def __getitem__(self, j: slice) -> list[tuple[Any, ...]]: ...
+
+    def __getitem__(self, j: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        if self._samples is not None:
+            return self._samples[j]
+        label = self._label_values[j]
+        if self.paths is None:
+            return (self.images[j], label)
+        return (self.images[j], label, self.paths[j])
 
 
 class H5ImageDataset(Dataset[tuple[Any, ...]]):
@@ -212,23 +243,20 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         else:
             labels = [self.target_transform(int(v)) for v in raw_labels]
             label_tensor = None
-        batch = SampleBatch()
-        batch.paths = paths
         fixed = self.meta.fixed_shape
         if fixed is not None and self.transform is None and self.output != "pil":
             buffer = empty_uint8((idx.size, *fixed))
             reader.read_into(idx, buffer.numpy())
             images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else buffer.numpy()
-            batch.images, batch.labels = images, label_tensor
-            batch.extend(self._tuple(images[j], labels[j], paths, j) for j in range(idx.size))
-            return batch
+            return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
+        samples = []
         stored = reader.read_stored(idx)
         for j, (i, data) in enumerate(zip(idx.tolist(), stored, strict=True)):
             image = self._convert(reader.decode(i, data))
             if self.transform is not None:
                 image = self.transform(image)
-            batch.append(self._tuple(image, labels[j], paths, j))
-        return batch
+            samples.append(self._tuple(image, labels[j], paths, j))
+        return SampleBatch(samples, paths=paths)
 
     def _convert(self, hwc: np.ndarray) -> Any:
         if self.output == "hwc":
