@@ -1,13 +1,4 @@
-"""PyTorch datasets over a pack: map-style ``H5ImageDataset`` and ``H5IterableDataset``.
-
-# NOTE [ h5py handles and fork ]
-#
-# An HDF5 handle must not cross ``fork`` (the child would share the parent's library state)
-# and cannot be pickled for ``spawn``/``forkserver``. The datasets hold a path and open a
-# ``PackReader`` lazily, once per process (keyed on the pid); ``__getstate__`` drops it, so
-# every DataLoader start method works and each worker opens its own handle, with hdf5plugin
-# registered by ``format.open_h5`` in that worker.
-"""
+"""PyTorch datasets over a pack: map-style ``H5ImageDataset`` and ``H5IterableDataset``."""
 
 from __future__ import annotations
 
@@ -29,6 +20,14 @@ from h5pack.format import PackMeta, load_meta
 from h5pack.layout import ChunkMap
 from h5pack.reader import PackReader, chunk_map_of, is_compressed, stored_chunk_bytes
 from h5pack.sampler import distributed_defaults, plan_epoch, window_for
+
+# NOTE [ h5py handles and fork ]
+#
+# An HDF5 handle must not cross ``fork`` (the child would share the parent's library state)
+# and cannot be pickled for ``spawn``/``forkserver``. The datasets hold a path and open a
+# ``PackReader`` lazily, once per process (keyed on the pid); ``__getstate__`` drops it, so
+# every DataLoader start method works and each worker opens its own handle, with hdf5plugin
+# registered by ``format.open_h5`` in that worker.
 
 Output = Literal["tensor", "hwc", "pil"]
 OUTPUTS: tuple[str, ...] = ("tensor", "hwc", "pil")

@@ -1,17 +1,4 @@
-"""Direct chunk reads: a chunk's bytes from the file with ``os.pread``, decompressed outside HDF5.
-
-# NOTE [ Direct chunk path ]
-#
-# h5py serialises every call behind one global lock, so threads cannot read or decompress
-# two chunks at once through it. A chunk's file offset and size are looked up once
-# (``chunk_iter``); afterwards a chunk is ``os.pread`` at that offset and decompressed by
-# Python codecs that release the GIL (zlib for gzip; lz4, zstandard and blosc when
-# installed), so several threads decompress in parallel and no HDF5 call is made per chunk.
-# Uncompressed samples are read with ``os.preadv`` straight into the caller's buffer.
-# Anything this path does not understand (lzf, bitshuffle, a chunk shape that splits a
-# sample, an unallocated chunk, a filter mask it cannot honour) is read through h5py
-# instead; tests check that both paths give identical pixels for every codec.
-"""
+"""Direct chunk reads: a chunk's bytes via ``os.pread``, decompressed outside HDF5."""
 
 from __future__ import annotations
 
@@ -26,6 +13,18 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+# NOTE [ Direct chunk path ]
+#
+# h5py serialises every call behind one global lock, so threads cannot read or decompress
+# two chunks at once through it. A chunk's file offset and size are looked up once
+# (``chunk_iter``); afterwards a chunk is ``os.pread`` at that offset and decompressed by
+# Python codecs that release the GIL (zlib for gzip; lz4, zstandard and blosc when
+# installed), so several threads decompress in parallel and no HDF5 call is made per chunk.
+# Uncompressed samples are read with ``os.preadv`` straight into the caller's buffer.
+# Anything this path does not understand (lzf, bitshuffle, a chunk shape that splits a
+# sample, an unallocated chunk, a filter mask it cannot honour) is read through h5py
+# instead; tests check that both paths give identical pixels for every codec.
 
 FILTER_DEFLATE = 1
 FILTER_SHUFFLE = 2

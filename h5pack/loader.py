@@ -1,28 +1,4 @@
-"""``make_loader``: a DataLoader over a pack with the settings users get wrong, and seeding.
-
-# NOTE [ Loader defaults ]
-#
-# Each default of ``make_loader`` and the reason for it (docs/ARCHITECTURE.md, "Loader
-# defaults", has the measurements):
-# - sampler: ``ChunkBatchSampler`` told the real ``num_workers``, so every worker reads its
-#   own windows and each chunk is decompressed once per epoch.
-# - ``num_workers="auto"``: worker processes pay for every batch crossing a process
-#   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
-#   in-process). A raw pack without a per-sample transform is read in the main process,
-#   its chunks decompressed by ``threads`` threads where the codec releases the GIL (direct
-#   chunk path); only work that holds the GIL (decoding JPEGs, Python transforms, codecs
-#   read through h5py) gets worker processes, one per core.
-# - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
-# - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
-# - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
-#   keeps the disk busy and more batches only hold memory.
-# - seeding: a ``torch.Generator`` seeded with ``seed`` (reproducible base seeds for
-#   workers), and ``worker_init_fn`` seeding ``random`` and ``numpy`` in each worker from
-#   torch's per-worker seed (PyTorch seeds only torch itself), so random augmentations
-#   differ across workers and repeat across runs.
-# - ``collate``: one preallocated (B, C, H, W) uint8 tensor, never ``torch.stack`` of B
-#   small tensors; the dataset usually hands over the finished batch.
-"""
+"""``make_loader``: a DataLoader over a pack with the settings users get wrong, and seeding."""
 
 from __future__ import annotations
 
@@ -40,6 +16,29 @@ from h5pack.dataset import H5ImageDataset, SampleBatch, empty_uint8
 from h5pack.direct import chunk_table
 from h5pack.errors import OptionsError
 from h5pack.sampler import ChunkBatchSampler
+
+# NOTE [ Loader defaults ]
+#
+# Each default of ``make_loader`` and the reason for it (docs/ARCHITECTURE.md, "Loader
+# defaults", has the measurements):
+# - sampler: ``ChunkBatchSampler`` told the real ``num_workers``, so every worker reads its
+#   own windows and each chunk is decompressed once per epoch.
+# - ``num_workers="auto"``: worker processes pay for every batch crossing a process
+#   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
+#   in-process). A raw pack without a per-sample transform is read in the main process by
+#   ``threads`` = cores threads (direct chunk path: ``preadv`` and the codecs release the
+#   GIL); only work that holds the GIL (decoding encoded packs, Python transforms, codecs
+#   read through h5py) gets worker processes, one per core.
+# - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
+# - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
+# - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
+#   keeps the disk busy and more batches only hold memory.
+# - seeding: a ``torch.Generator`` seeded with ``seed`` (reproducible base seeds for
+#   workers), and ``worker_init_fn`` seeding ``random`` and ``numpy`` in each worker from
+#   torch's per-worker seed (PyTorch seeds only torch itself), so random augmentations
+#   differ across workers and repeat across runs.
+# - ``collate``: one preallocated (B, C, H, W) uint8 tensor, never ``torch.stack`` of B
+#   small tensors; the dataset usually hands over the finished batch.
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> None:
@@ -289,3 +288,89 @@ def make_loader(
         generator=generator,
         **workers_kwargs,
     )
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, tuple | list):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+class DevicePrefetcher:
+    """Iterate a loader with each batch already on ``device``, one batch ahead; echo batches.
+
+    On CUDA the next batch is copied on a side stream while the current one is used
+    (asynchronous from pinned memory, which ``make_loader`` turns on with CUDA), and the
+    main stream waits for that copy only when it takes the batch. Elsewhere batches are
+    moved with ``.to(device)``.
+
+    Batch echoing (Choi et al., "Faster Neural Network Training with Data Echoing", 2019):
+    with ``echo=k`` every batch is yielded k times in a row, for when the input pipeline,
+    not the model, is the bottleneck; apply random augmentation on the device after this so
+    that the repeats differ.
+
+    Args:
+        loader: Any iterable of batches (``make_loader``'s ``H5Loader`` included).
+        device: Target device; default CUDA when available, else CPU.
+        echo: Times each batch is yielded.
+
+    Example:
+        >>> batches = [(torch.zeros(2), torch.ones(2))]
+        >>> [b[1].tolist() for b in DevicePrefetcher(batches, "cpu", echo=2)]
+        [[1.0, 1.0], [1.0, 1.0]]
+    """
+
+    def __init__(
+        self, loader: Any, device: str | torch.device | None = None, *, echo: int = 1
+    ) -> None:
+        if echo < 1:
+            raise OptionsError(f"echo should be >= 1, but got echo={echo}")
+        self.loader = loader
+        default = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(default if device is None else device)
+        self.echo = echo
+
+    def __len__(self) -> int:
+        return len(self.loader) * self.echo
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward to the loader's ``set_epoch``."""
+        self.loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                moved = _to_device(batch, self.device)
+                for _ in range(self.echo):
+                    yield moved
+            return
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        iterator = iter(self.loader)
+
+        def fetch() -> Any:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return None
+            with torch.cuda.stream(stream):
+                return _to_device(batch, self.device)
+
+        upcoming = fetch()
+        while upcoming is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            current = upcoming
+            for tensor in _tensors(current):
+                tensor.record_stream(torch.cuda.current_stream(self.device))
+            upcoming = fetch()
+            for _ in range(self.echo):
+                yield current
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, tuple | list):
+        for v in value:
+            yield from _tensors(v)

@@ -15,7 +15,13 @@ from h5pack import format as fmt
 from h5pack.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.errors import OptionsError
 from h5pack.layout import Compression
-from h5pack.loader import auto_workers, collate, make_loader, seed_everything
+from h5pack.loader import (
+    DevicePrefetcher,
+    auto_workers,
+    collate,
+    make_loader,
+    seed_everything,
+)
 from h5pack.options import ConvertOptions
 from h5pack.writer import write_arrays
 
@@ -214,3 +220,28 @@ def test_pinned_batches_reach_the_gpu(pack):
     images, _ = next(iter(loader))
     assert images.is_pinned()
     assert images.cuda(non_blocking=True).shape == (8, 3, 4, 3)
+
+
+def test_device_prefetcher_echoes_batches(pack):
+    loader = make_loader(pack, 8, num_workers=0, shuffle=False)
+    prefetched = DevicePrefetcher(loader, "cpu", echo=2)
+    batches = [labels.tolist() for _, labels in prefetched]
+    assert len(batches) == len(prefetched) == 2 * len(loader)
+    assert batches[0::2] == batches[1::2] == epoch_labels(loader)
+    prefetched.set_epoch(1)
+    assert loader.chunk_sampler.epoch == 1
+    with pytest.raises(OptionsError, match="echo should be >= 1"):
+        DevicePrefetcher(loader, "cpu", echo=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_prefetcher_on_cuda(pack):
+    loader = make_loader(pack, 8, num_workers=0, shuffle=False)
+    expected = epoch_labels(loader)
+    got = []
+    for images, labels in DevicePrefetcher(loader, "cuda"):
+        assert images.is_cuda
+        assert labels.is_cuda
+        got.append(labels.cpu().tolist())
+    assert got == expected
