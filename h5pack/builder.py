@@ -28,7 +28,7 @@ from h5pack import __version__
 from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.arena import Arena
-from h5pack.errors import OptionsError, TargetExistsError
+from h5pack.errors import H5PackError, OptionsError, TargetExistsError
 from h5pack.format import SkippedFile
 from h5pack.options import ConvertOptions
 from h5pack.pipeline import InlineExecutor, Prepared, compress_block, ordered_map
@@ -51,11 +51,13 @@ def check_target(target: StrPath, *, overwrite: bool) -> Path:
 
     Raises:
         TargetExistsError: the target exists and ``overwrite`` is False.
-        OptionsError: the target is a directory.
+        OptionsError: the target is a directory, or its directory does not exist.
     """
     path = Path(target)
     if path.is_dir():
         raise OptionsError(f"{path} is a directory; give the pack's file name, e.g. {path}/out.h5")
+    if not path.parent.is_dir():
+        raise OptionsError(f"{path.parent} is not a directory; create it first")
     if path.exists() and not overwrite:
         raise TargetExistsError(f"{path} already exists; pass --overwrite to replace it")
     return path
@@ -140,7 +142,10 @@ class PackBuilder:
         self.plan = plan
         self.temps = temps
         self.record = _Record()
-        self.handle = h5py.File(temps.add(path), "w", libver=LIBVER)
+        try:
+            self.handle = h5py.File(temps.add(path), "w", libver=LIBVER)
+        except OSError as err:
+            raise H5PackError(f"cannot create {path}: {err}") from err
         staging = None
         if plan.spec.chunks is None and plan.storage == "blob":
             staging = temps.add(path.with_name(path.name + ".blob"))

@@ -15,6 +15,7 @@ import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.arena import Arena
 from h5pack.builder import PackBuilder, TempFiles, check_target, publish, sigterm_as_exit, temp_path
-from h5pack.errors import DecodeError, OptionsError, SourceError
+from h5pack.errors import DecodeError, H5PackError, OptionsError, SourceError
 from h5pack.format import SkippedFile
 from h5pack.options import ConvertOptions
 from h5pack.pipeline import (
@@ -205,6 +206,11 @@ def convert(
                 emit=emit,
                 overwrite=overwrite,
             )
+        except BrokenExecutor as err:
+            raise H5PackError(
+                "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
+                "memory); rerun with --workers 1 to see where"
+            ) from err
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
             for arena in arenas:
@@ -319,6 +325,10 @@ def _build(
             options=options,
             skipped=skipped,
         )
+    except H5PackError:
+        raise  # some are OSErrors too (SourceError): they need no wrapping
+    except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file
+        raise H5PackError(f"writing {target} failed: {err}") from err
     finally:
         builder.close()
         release_core()

@@ -309,3 +309,22 @@ def test_gray_channel(tmp_path, folder):
     report = convert(folder, tmp_path / "p.h5", ConvertOptions(workers=1, channels=1))
     assert report.meta.images_shape[1:] == (12, 16, 1)
     assert report.meta.channels == 1
+
+
+def _crash(*args, **kwargs):
+    os._exit(3)  # a decoder crashing hard inside a worker
+
+
+def test_a_dead_worker_is_a_clear_error(tmp_path, folder, monkeypatch):
+    from h5pack import pipeline
+    from h5pack.errors import H5PackError
+
+    monkeypatch.setattr(pipeline, "prepare_sample", _crash)
+    with pytest.raises(H5PackError, match="worker process died"):
+        convert(folder, tmp_path / "p.h5", ConvertOptions(workers=2, mode="encoded"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+def test_target_directory_must_exist(tmp_path, folder):
+    with pytest.raises(OptionsError, match="create it first"):
+        convert(folder, tmp_path / "no" / "p.h5", ConvertOptions(workers=1))
