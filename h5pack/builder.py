@@ -16,7 +16,6 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,9 @@ from h5pack.storage import (
     ImagesWriter,
     copy_array_rows,
 )
+
+# Paths are encoded and written this many at a time (bounded memory for huge packs).
+PATH_SLAB = 65536
 
 # Files of HDF5 1.10 and later: chunk indexes that stay fast with many chunks.
 LIBVER = "v110"
@@ -125,13 +127,25 @@ def sigterm_as_exit() -> Iterator[None]:
 # -- the pack ---------------------------------------------------------------------------
 
 
-@dataclass
 class _Record:
-    """Per-sample metadata gathered while writing, in pack order."""
+    """Per-sample metadata gathered while writing, in pack order (a few bytes per sample)."""
 
-    positions: list[int] = field(default_factory=list)
-    shapes: list[tuple[int, int, int]] = field(default_factory=list)
-    crcs: list[int] = field(default_factory=list)
+    def __init__(self, capacity: int) -> None:
+        self.count = 0
+        self.positions = np.zeros(max(1, capacity), dtype=np.int64)
+        self.shapes = np.zeros((max(1, capacity), 3), dtype=np.int32)
+        self.crcs = np.zeros(max(1, capacity), dtype=np.uint32)
+
+    def add(self, item: Prepared) -> None:
+        if self.count == len(self.positions):
+            size = 2 * self.count
+            self.positions = np.resize(self.positions, size)
+            self.shapes = np.resize(self.shapes, (size, 3))
+            self.crcs = np.resize(self.crcs, size)
+        self.positions[self.count] = item.pos
+        self.shapes[self.count] = item.shape
+        self.crcs[self.count] = item.crc
+        self.count += 1
 
 
 class PackBuilder:
@@ -141,7 +155,7 @@ class PackBuilder:
         self.path = path
         self.plan = plan
         self.temps = temps
-        self.record = _Record()
+        self.record = _Record(allocate)
         try:
             self.handle = h5py.File(temps.add(path), "w", libver=LIBVER)
         except OSError as err:
@@ -157,14 +171,12 @@ class PackBuilder:
             assert plan.spec.sample_shape is not None
             self.assembler = ArrayAssembler(plan.spec.sample_shape, plan.group_samples)
         else:
-            self.assembler = BlobAssembler(plan.chunk_bytes)
+            self.assembler = BlobAssembler(plan.chunk_bytes, capacity=allocate)
 
     def _blocks(self, prepared: Iterable[Prepared]) -> Iterator[Block]:
         record = self.record
         for item in prepared:
-            record.positions.append(item.pos)
-            record.shapes.append(item.shape)
-            record.crcs.append(item.crc)
+            record.add(item)
             assert item.data is not None  # spans are resolved by the caller
             yield from self.assembler.add(item.data)
         yield from self.assembler.finish()
@@ -233,20 +245,20 @@ class PackBuilder:
         skipped: Sequence[SkippedFile],
     ) -> Path:
         """Complete the images and write the metadata; return the finished file's path."""
-        num = len(self.record.positions)
+        num = self.record.count
         self.images.finish()
         if self.images.needs_rebuild:
             self._rebuild(num)
         handle = self.handle
-        pos = np.asarray(self.record.positions, dtype=np.int64)
+        pos = self.record.positions[:num]
         _write_metadata(
             handle,
             plan=self.plan,
             labels=labels[pos] if num else np.zeros(0, np.int64),
             classes=classes,
             paths=[paths[p] for p in pos],
-            shapes=np.asarray(self.record.shapes, dtype=np.int32).reshape(num, 3),
-            crcs=np.asarray(self.record.crcs, dtype=np.uint32),
+            shapes=self.record.shapes[:num],
+            crcs=self.record.crcs[:num],
             source_index=source_index[pos] if num else np.zeros(0, np.int64),
             options=options,
             skipped=skipped,
@@ -306,11 +318,14 @@ def _write_metadata(
     handle.create_dataset(
         fmt.CLASSES, data=np.array(list(classes), dtype=object), dtype=fmt.UTF8_STR
     )
-    encoded = np.empty(num, dtype=object)
-    for i, relative in enumerate(paths):
-        encoded[i] = fmt.encode_path(relative)
-    # Built element by element: paths of one length would otherwise stack into a 2-D array.
-    handle.create_dataset(fmt.PATHS, data=encoded, dtype=fmt.PATH_BYTES)
+    stored_paths = handle.create_dataset(fmt.PATHS, shape=(num,), dtype=fmt.PATH_BYTES)
+    for lo in range(0, num, PATH_SLAB):
+        slab = paths[lo : lo + PATH_SLAB]
+        # Built element by element: paths of one length would otherwise stack into 2-D.
+        encoded = np.empty(len(slab), dtype=object)
+        for i, relative in enumerate(slab):
+            encoded[i] = fmt.encode_path(relative)
+        stored_paths.write_direct(encoded, dest_sel=np.s_[lo : lo + len(slab)])
     handle.create_dataset(fmt.SHAPES, data=shapes)
     handle.create_dataset(fmt.CHECKSUMS, data=crcs.reshape(num))
     handle.create_dataset(fmt.SOURCE_INDEX, data=np.asarray(source_index, np.int64).reshape(num))

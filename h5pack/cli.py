@@ -9,6 +9,7 @@ and reuse ``convert_flags`` / ``options_from_flags``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -103,8 +104,45 @@ class ChunkShape(_ShapeParam):
             self.fail(f"{value!r} is not a chunk shape; write e.g. 16,224,224,3", param, ctx)
 
 
+# Commands that live in other modules, imported only when used (so that `h5pack convert`
+# does not import what `bench` needs): name -> "module:attribute". A module that is not
+# there yet simply adds no command.
+LAZY_COMMANDS: dict[str, str] = {
+    "compare": "h5pack.cli_bench:compare",
+    "bench": "h5pack.cli_bench:bench",
+}
+
+
 class H5PackGroup(click.Group):
-    """The command group; maps h5pack's errors to messages and exit codes, in one place."""
+    """The command group; maps h5pack's errors to messages and exit codes, in one place.
+
+    Other modules extend it with ``cli.add_command(command)``, or lazily through
+    ``LAZY_COMMANDS``.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Return the commands, lazy ones included when their module exists."""
+        lazy = [name for name in LAZY_COMMANDS if self._lazy(name) is not None]
+        return sorted({*super().list_commands(ctx), *lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Return a command, importing a lazy one on first use."""
+        return super().get_command(ctx, cmd_name) or self._lazy(cmd_name)
+
+    @staticmethod
+    def _lazy(name: str) -> click.Command | None:
+        target = LAZY_COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attribute = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            return None
+        command = getattr(module, attribute, None)
+        return command if isinstance(command, click.Command) else None
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; no traceback for a user's mistake."""

@@ -132,11 +132,12 @@ class BlobAssembler:
     ``reuse`` as for ``ArrayAssembler``.
     """
 
-    def __init__(self, chunk_bytes: int, *, reuse: bool = False) -> None:
+    def __init__(self, chunk_bytes: int, *, capacity: int = 1024, reuse: bool = False) -> None:
         self.chunk_bytes = chunk_bytes
         self.reuse = reuse
-        self.offsets: list[int] = []
-        self.sizes: list[int] = []
+        self.count = 0
+        self._offsets = np.zeros(max(1, capacity), dtype=np.int64)
+        self._sizes = np.zeros(max(1, capacity), dtype=np.int64)
         self._buffer = np.zeros(chunk_bytes, dtype=np.uint8)
         self._spare: np.ndarray | None = None
         self._fill = 0
@@ -151,8 +152,7 @@ class BlobAssembler:
             if self._fill:
                 yield self._flush()
             start = self._chunk * step
-            self.offsets.append(start)
-            self.sizes.append(size)
+            self._record(start, size)
             self._chunk += math.ceil(size / step)
             self.end = start + size
             yield Block(start, sample)
@@ -162,8 +162,7 @@ class BlobAssembler:
         start = self._chunk * step + self._fill
         self._buffer[self._fill : self._fill + size] = sample
         self._fill += size
-        self.offsets.append(start)
-        self.sizes.append(size)
+        self._record(start, size)
         self.end = start + size
         if self._fill == step:
             yield self._flush()
@@ -175,9 +174,22 @@ class BlobAssembler:
             self._chunk += 1
             self._fill = 0
 
+    @property
+    def sizes(self) -> np.ndarray:
+        """The byte count of every sample placed so far."""
+        return self._sizes[: self.count]
+
     def final_offsets(self) -> np.ndarray:
         """Return the N + 1 slot boundaries; the last is the end of the data."""
-        return np.asarray([*self.offsets, self.end], dtype=np.int64)
+        return np.append(self._offsets[: self.count], self.end)
+
+    def _record(self, start: int, size: int) -> None:
+        if self.count == len(self._offsets):
+            self._offsets = np.resize(self._offsets, 2 * self.count)
+            self._sizes = np.resize(self._sizes, 2 * self.count)
+        self._offsets[self.count] = start
+        self._sizes[self.count] = size
+        self.count += 1
 
     def _flush(self) -> Block:
         # The whole chunk, padding included: only the last block is shorter than a chunk,

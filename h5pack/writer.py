@@ -186,8 +186,7 @@ def convert(
                 if plan.spec.compressed:
                     blocks_arena = Arena.maybe(workers + 1, block_slot_bytes(plan))
                 arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
-            items = [(pos, os.fspath(f.path), f.relative) for pos, f in enumerate(files)]
-            prepared = _prepared(executor, plan, items, samples_arena, workers, reject, step)
+            prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
             published = _build(
                 target_path,
                 plan,
@@ -222,7 +221,7 @@ def convert(
 def _prepared(
     executor: Any,
     plan: StoragePlan,
-    items: list[tuple[int, str, str]],
+    files: Sequence[Any],
     arena: Arena | None,
     workers: int,
     reject: Callable[[str, str], None],
@@ -233,11 +232,15 @@ def _prepared(
     slots: deque[int | None] = deque()
 
     def tasks() -> Iterator[tuple[Any, ...]]:
-        for lo in range(0, len(items), batch):
+        for lo in range(0, len(files), batch):
             slot = arena.acquire() if arena is not None else None
             slots.append(slot)
             ref = arena.ref(slot) if arena is not None and slot is not None else None
-            yield plan.decode, items[lo : lo + batch], ref
+            items = [
+                (lo + i, os.fspath(f.path), f.relative)
+                for i, f in enumerate(files[lo : lo + batch])
+            ]
+            yield plan.decode, items, ref
 
     for results in ordered_map(executor, prepare_batch, tasks(), max_in_flight=2 * workers):
         slot = slots.popleft()
@@ -275,9 +278,11 @@ def _probe(
 ) -> Counter[tuple[int, int]]:
     """Read every image's (H, W) from its header, in the pool."""
     emit(ConvertEvent("phase", "reading image sizes", total=len(files)))
-    items = [(os.fspath(f.path), f.relative) for f in files]
     batch = 64
-    tasks = ((items[lo : lo + batch],) for lo in range(0, len(items), batch))
+    tasks = (
+        ([(os.fspath(f.path), f.relative) for f in files[lo : lo + batch]],)
+        for lo in range(0, len(files), batch)
+    )
     sizes: Counter[tuple[int, int]] = Counter()
     for results in ordered_map(executor, probe_batch, tasks, max_in_flight=2 * workers):
         sizes.update(size for size in results if size is not None)
@@ -308,7 +313,7 @@ def _build(
     builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
     try:
         builder.write(prepared, executor, max_in_flight, arena)
-        if not builder.record.positions:
+        if not builder.record.count:
             raise _no_samples(allocate, skipped)
         if builder.images.needs_rebuild:
             emit(

@@ -186,3 +186,29 @@ def test_parse_bytes(text, count):
 def test_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(3 * 2**20) == "3.0 MiB"
+
+
+def test_lazy_commands_come_from_their_module(monkeypatch):
+    import sys
+    import types
+
+    import click
+
+    from h5pack import cli as cli_module
+
+    module = types.ModuleType("h5pack_fake_commands")
+
+    @click.command()
+    def hello():
+        click.echo("hello from a lazy command")
+
+    module.hello = hello
+    monkeypatch.setitem(sys.modules, "h5pack_fake_commands", module)
+    monkeypatch.setitem(cli_module.LAZY_COMMANDS, "hello", "h5pack_fake_commands:hello")
+    monkeypatch.setitem(cli_module.LAZY_COMMANDS, "ghost", "h5pack_no_such_module:ghost")
+    result = run("hello")
+    assert result.exit_code == 0
+    assert "hello from a lazy command" in result.stdout
+    listing = run("--help").stdout
+    assert "hello" in listing
+    assert "ghost" not in listing

@@ -112,7 +112,7 @@ def test_encoded_bytes_are_stored_exactly(tmp_path, codec):
 
 
 def test_sample_larger_than_a_chunk_owns_whole_chunks():
-    assembler = BlobAssembler(10)
+    assembler = BlobAssembler(10, capacity=2)  # grows past its first guess
     blocks = []
     for size in (4, 25, 3, 8, 10):
         blocks.extend(assembler.add(np.full(size, size, np.uint8)))
@@ -187,3 +187,14 @@ def test_bad_inputs_are_refused(tmp_path, samples, labels, match):
 def test_encoded_mode_needs_bytes(tmp_path):
     with pytest.raises(OptionsError, match="encoded"):
         write_arrays(tmp_path / "p.h5", _arrays(2), [0, 0], options=ConvertOptions(mode="encoded"))
+
+
+def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
+    from h5pack import builder
+
+    monkeypatch.setattr(builder, "PATH_SLAB", 4)
+    names = [f"dir/{'x' * (i % 3)}{i}.png" for i in range(10)]
+    options = ConvertOptions(shuffle_samples=False)
+    report = write_arrays(tmp_path / "p.h5", _arrays(10), [0] * 10, paths=names, options=options)
+    with PackReader(report.path) as reader:
+        assert reader.paths == names
