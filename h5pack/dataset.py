@@ -248,11 +248,17 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             reader.read_into(idx, buffer.numpy())
             images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else buffer.numpy()
             return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
-        samples = []
         stored = reader.read_stored(idx)
-        for j, (i, data) in enumerate(zip(idx.tolist(), stored, strict=True)):
-            image = self._convert(reader.decode(i, data))
-            if self.transform is not None:
+        items = list(zip(idx.tolist(), stored, strict=True))
+        if self.meta.mode == "encoded":
+            # Pillow and OpenCV release the GIL while decoding: threads decode in parallel.
+            hwc = reader.map_threads(lambda item: reader.decode(*item), items)
+        else:
+            hwc = [reader.decode(i, data) for i, data in items]
+        samples = []
+        for j, array in enumerate(hwc):
+            image = self._convert(array)
+            if self.transform is not None:  # in this thread: user transforms may share state
                 image = self.transform(image)
             samples.append(self._tuple(image, labels[j], paths, j))
         return SampleBatch(samples, paths=paths)

@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader, default_collate
 
 from h5pack._types import StrPath
 from h5pack.dataset import H5ImageDataset, SampleBatch, empty_uint8
-from h5pack.direct import chunk_table
 from h5pack.errors import OptionsError
 from h5pack.sampler import ChunkBatchSampler
 
@@ -25,10 +24,12 @@ from h5pack.sampler import ChunkBatchSampler
 #   own windows and each chunk is decompressed once per epoch.
 # - ``num_workers="auto"``: worker processes pay for every batch crossing a process
 #   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
-#   in-process). A raw pack without a per-sample transform is read in the main process by
-#   ``threads`` = cores threads (direct chunk path: ``preadv`` and the codecs release the
-#   GIL); only work that holds the GIL (decoding encoded packs, Python transforms, codecs
-#   read through h5py) gets worker processes, one per core.
+#   in-process; BENCHMARKS.md: workers were slower than the main process for every raw
+#   pack, even lzf, which the main process reads through h5py on one core). A raw pack
+#   without a per-sample transform is read in the main process by ``threads`` = cores
+#   threads (direct chunk path: ``preadv`` and the codecs release the GIL); only per-sample
+#   work that holds the GIL (decoding encoded packs, Python transforms) gets worker
+#   processes, one per core.
 # - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
 # - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
 # - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
@@ -109,36 +110,14 @@ def available_cores() -> int:
 def auto_workers(dataset: H5ImageDataset, cores: int | None = None) -> tuple[int, int]:
     """Return ``(num_workers, threads)`` for ``num_workers="auto"`` (see "Loader defaults").
 
-    In-process reading with decompression threads when every step releases the GIL or is
-    a plain copy (raw packs, no per-sample transform, a codec the direct chunk path reads);
-    one worker process per core otherwise.
+    A raw pack without a per-sample transform is read in the main process, ``cores``
+    threads decompressing (direct chunk path) or copying; worker processes, one per core,
+    only for per-sample work that holds the GIL: decoding an encoded pack, a transform.
     """
     cores = cores or available_cores()
-    in_process = dataset.meta.mode == "raw" and dataset.transform is None
-    if in_process and dataset.compressed and dataset.direct:
-        with h5_images(dataset.path, dataset.locking) as images:
-            in_process = chunk_table(images) is not None
-    elif in_process and dataset.compressed:
-        in_process = False
-    if in_process:
+    if dataset.meta.mode == "raw" and dataset.transform is None:
         return 0, cores
     return cores, 0
-
-
-class h5_images:
-    """Open a pack's images dataset for a quick look (used by ``auto_workers``)."""
-
-    def __init__(self, path: str, locking: bool | None) -> None:
-        from h5pack import format as fmt
-
-        self._file = fmt.open_h5(path, locking=locking)
-        self._images = self._file[fmt.IMAGES]
-
-    def __enter__(self) -> Any:
-        return self._images
-
-    def __exit__(self, *exc: object) -> None:
-        self._file.close()
 
 
 class H5Loader(DataLoader[Any]):

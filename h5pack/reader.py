@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import h5py
 import numpy as np
@@ -22,6 +22,9 @@ from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 from h5pack.layout import DEFAULT_CHUNK_BYTES, ChunkMap, cache_settings, chunk_samples_for
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def chunk_map_of(meta: fmt.PackMeta) -> ChunkMap:
@@ -244,6 +247,17 @@ class PackReader:
             return
         for pos, i in enumerate(idx.tolist()):
             self._images.read_direct(out, np.s_[i : i + 1], np.s_[pos : pos + 1])
+
+    def map_threads(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1.
+
+        For work that releases the GIL (decompressing, decoding images).
+        """
+        if self._threads <= 1 or len(items) < 2:
+            return [function(item) for item in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
+        return list(self._pool.map(function, items))
 
     def _groups(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
         """Return the decompressed data of groups ``wanted``, loading those not in the window.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 from collections import Counter
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from h5pack import format as fmt
@@ -181,10 +183,11 @@ def test_auto_workers_policy(pack, tmp_path):
     write_arrays(raw, [np.zeros((2, 2, 3), np.uint8)] * 3, [0, 0, 0])
     assert auto_workers(H5ImageDataset(raw), cores=4) == (0, 4)
     assert auto_workers(H5ImageDataset(pack, transform=lambda x: x), cores=4) == (4, 0)
-    lzf = tmp_path / "lzf.h5"
-    options = ConvertOptions(compression=Compression(codec="lzf"))
-    write_arrays(lzf, [np.zeros((2, 2, 3), np.uint8)] * 3, [0, 0, 0], options=options)
-    assert auto_workers(H5ImageDataset(lzf), cores=4) == (4, 0)  # h5py holds the GIL
+    encoded = tmp_path / "encoded.h5"
+    jpeg = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(jpeg, format="JPEG")
+    write_arrays(encoded, [jpeg.getvalue()] * 3, [0, 0, 0], options=ConvertOptions(mode="encoded"))
+    assert auto_workers(H5ImageDataset(encoded), cores=4) == (4, 0)  # decoding: processes
 
 
 def test_make_loader_arguments(pack):
