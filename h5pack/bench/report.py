@@ -1,0 +1,359 @@
+"""Render benchmark results: a ranked table, report.json, report.md and PNG plots."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from h5pack._types import StrPath
+from h5pack.bench.access import PATTERN_TITLES, PATTERNS
+from h5pack.bench.compare import CompareReport, VariantResult
+from h5pack.bench.measure import PatternResult
+from h5pack.bench.throughput import STAGE_TITLES, BenchResult, Diagnosis
+from h5pack.bench.timing import Timing
+
+PLOT_HINT = "PNG plots need matplotlib: pip install 'h5pack[plot]'"
+NOTES = (
+    "random: one h5py read per sample in a full shuffle, h5py's default chunk cache (what "
+    "a naive Dataset does); chunk-aware: h5pack's make_loader with ChunkBatchSampler; "
+    "sequential: make_loader in pack order.",
+    "Throughput is the median of the repeats, ± half the spread between the slowest and "
+    "fastest; MB/s counts decoded bytes delivered. Page cache warm; every epoch starts "
+    "from a fresh loader, so no decompressed chunk carries over between epochs.",
+    "chunks/sample: chunks read whole (and decompressed when compressed) per sample; "
+    "read/sample: bytes read from the file per sample; both replayed from the access "
+    "order and the stored chunk sizes.",
+    "shuffle: jump entropy of the epoch order relative to a full shuffle (1.00 = as random "
+    "by this measure, MosaicML Streaming's), not a substitute for checking accuracy.",
+    "Encoded variants decode to the files' own size; raw variants store the size given.",
+)
+
+
+def human_bytes(value: float) -> str:
+    """Return e.g. ``"1.5 MB"`` (powers of 1000, like ``ls -h --si``)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"  # pragma: no cover  (the loop returns)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
+
+
+def _rate(result: PatternResult | None, *, spread: bool = False) -> str:
+    if result is None:
+        return "-"
+    text = f"{result.images_per_s:,.0f}"
+    return f"{text} ±{50 * result.timing.spread:.0f}%" if spread else text
+
+
+def _pair(variant: VariantResult, attribute: str, fmt: str) -> str:
+    values = []
+    for pattern in ("random", "chunk"):
+        result = variant.patterns.get(pattern)
+        if result is None:
+            values.append("-")
+            continue
+        value = getattr(result.reads, attribute)
+        values.append(human_bytes(value) if fmt == "bytes" else f"{value:.3g}")
+    return " → ".join(values)
+
+
+COLUMNS = (
+    "#",
+    "variant",
+    "file",
+    "ratio",
+    "convert",
+    "random img/s",
+    "chunk-aware img/s",
+    "sequential img/s",
+    "MB/s",
+    "chunks/sample",
+    "read/sample",
+    "shuffle",
+)
+
+
+def table_rows(report: CompareReport) -> list[list[str]]:
+    """Return the ranked table's rows (strings), one per variant, columns ``COLUMNS``."""
+    rows = []
+    for rank, variant in enumerate(report.variants, start=1):
+        chunk = variant.patterns.get("chunk")
+        rows.append(
+            [
+                str(rank),
+                variant.name,
+                human_bytes(variant.file_bytes),
+                f"{variant.ratio:.2f}x",
+                _seconds(variant.convert_s),
+                _rate(variant.patterns.get("random")),
+                _rate(chunk, spread=True),
+                _rate(variant.patterns.get("sequential")),
+                f"{chunk.mb_per_s:,.0f}" if chunk else "-",
+                _pair(variant, "chunks_per_sample", "number"),
+                _pair(variant, "bytes_per_sample", "bytes"),
+                f"{chunk.shuffle_vs_random:.2f}" if chunk else "-",
+            ]
+        )
+    return rows
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS) -> str:
+    """Return ``rows`` as an aligned plain-text table."""
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_compare(report: CompareReport) -> str:
+    """Return the comparison as a terminal would show it: table, skips, recommendation."""
+    parts = [format_table(table_rows(report))]
+    parts += [f"skipped {s.name}: {s.reason}" for s in report.skipped]
+    if report.recommendation is not None:
+        parts.append(report.recommendation.line)
+        if report.recommendation.command:
+            parts.append(f"  {report.recommendation.command}")
+    return "\n".join(parts)
+
+
+def markdown_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS) -> str:
+    """Return ``rows`` as a GitHub-flavoured Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
+    """Return report.md: what ran where, the ranked table, notes and plots."""
+    measure = report.options.get("measure", {})
+    lines = [
+        "# h5pack compare",
+        "",
+        f"Source: `{report.source}`  ",
+        f"Machine: {report.machine.describe()}  ",
+        f"Loader: batch size {measure.get('batch_size')}, workers {measure.get('workers')}, "
+        f"{measure.get('repeats')} repeats after {measure.get('warmup')} warm-up epoch(s)",
+        "",
+    ]
+    if report.recommendation is not None:
+        lines += [f"**{report.recommendation.line}**", ""]
+        if report.recommendation.command:
+            lines += ["```", report.recommendation.command, "```", ""]
+    lines += [markdown_table(table_rows(report)), ""]
+    if report.skipped:
+        lines += ["Skipped:", ""] + [f"- {s.name}: {s.reason}" for s in report.skipped] + [""]
+    lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]
+    for plot in plots:
+        lines += [f"![{Path(plot).stem}]({Path(plot).name})", ""]
+    if not plots:
+        lines += [f"({PLOT_HINT})", ""]
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Timing):
+            data.update(
+                images_per_s=value.images_per_s,
+                mb_per_s=value.mb_per_s,
+                low=value.low,
+                high=value.high,
+                spread=value.spread,
+            )
+        if isinstance(value, PatternResult):
+            data.update(
+                images_per_s=value.images_per_s,
+                mb_per_s=value.mb_per_s,
+                chunks_per_sample=value.reads.chunks_per_sample,
+                bytes_per_sample=value.reads.bytes_per_sample,
+            )
+        if isinstance(value, VariantResult):
+            data["ratio"] = value.ratio
+        return data
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return value.item()
+    return value
+
+
+def to_json(report: CompareReport | BenchResult | Diagnosis) -> dict[str, Any]:
+    """Return a result as JSON-ready data (derived rates included)."""
+    data: dict[str, Any] = _jsonable(report)
+    return data
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What ``write_report`` wrote.
+
+    Attributes:
+        json: report.json.
+        markdown: report.md.
+        plots: PNG files (none without matplotlib).
+        plot_message: Why there are no plots, or None.
+    """
+
+    json: Path
+    markdown: Path
+    plots: tuple[Path, ...]
+    plot_message: str | None
+
+
+def plots_available() -> bool:
+    """Return whether matplotlib can be imported (the ``plot`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_report(report: CompareReport, out_dir: StrPath, *, plots: bool = True) -> ReportFiles:
+    """Write report.json, report.md and (with matplotlib) PNG plots into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    message: str | None = None
+    if plots and report.variants:
+        if plots_available():
+            written = write_plots(report, out)
+        else:
+            message = PLOT_HINT
+    json_path = out / "report.json"
+    json_path.write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")
+    md_path = out / "report.md"
+    md_path.write_text(to_markdown(report, [p.name for p in written]), encoding="utf-8")
+    return ReportFiles(json_path, md_path, tuple(written), message)
+
+
+def _plot_order(variants: Sequence[VariantResult]) -> list[VariantResult]:
+    """Variants grouped by mode and codec, by chunk size inside a group."""
+    return sorted(variants, key=lambda v: (v.mode, v.codec, v.layout, v.samples_per_chunk))
+
+
+def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
+    """Write throughput.png and size_vs_throughput.png; needs matplotlib.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'h5pack[plot]'``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    variants = _plot_order(report.variants)
+    names = [
+        f"{v.name}\n(contiguous)"
+        if v.layout == "contiguous"
+        else f"{v.name}\n({v.samples_per_chunk:.0f}/chunk)"
+        for v in variants
+    ]
+    patterns = [p for p in PATTERNS if any(p in v.patterns for v in variants)]
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(variants) + 2), 4.8))
+    width = 0.8 / max(1, len(patterns))
+    for k, pattern in enumerate(patterns):
+        rates = [v.rate(pattern) for v in variants]
+        errors = [
+            [
+                max(0.0, v.rate(pattern) - v.patterns[pattern].timing.low),
+                max(0.0, v.patterns[pattern].timing.high - v.rate(pattern)),
+            ]
+            if pattern in v.patterns
+            else [0.0, 0.0]
+            for v in variants
+        ]
+        positions = [i + (k - (len(patterns) - 1) / 2) * width for i in range(len(variants))]
+        axes.bar(
+            positions,
+            rates,
+            width,
+            yerr=list(zip(*errors, strict=True)) if errors else None,
+            label=PATTERN_TITLES[pattern],
+            capsize=2,
+        )
+    axes.set_yscale("log")
+    axes.set_ylabel("images/s (median, log scale)")
+    axes.set_xticks(range(len(variants)), names, rotation=45, ha="right", fontsize=8)
+    axes.set_title("Throughput by variant (chunk size) and access pattern")
+    axes.legend(fontsize=8)
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    first = out / "throughput.png"
+    figure.savefig(first, dpi=110)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(7.0, 4.8))
+    for v in variants:
+        axes.scatter(v.file_bytes / 1e6, v.rate("chunk") or v.rate("sequential"), s=30)
+        axes.annotate(
+            v.name,
+            (v.file_bytes / 1e6, v.rate("chunk") or v.rate("sequential")),
+            fontsize=7,
+            xytext=(4, 3),
+            textcoords="offset points",
+        )
+    axes.set_xlabel("file size (MB)")
+    axes.set_ylabel("chunk-aware images/s (median)")
+    axes.set_title("File size vs throughput (up and left is better)")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    second = out / "size_vs_throughput.png"
+    figure.savefig(second, dpi=110)
+    plt.close(figure)
+    return [first, second]
+
+
+def format_bench(result: BenchResult) -> str:
+    """Return ``bench``'s result as lines of text."""
+    options = result.options
+    threads = f", {result.threads} decompression threads" if result.threads else ""
+    lines = [
+        f"{result.path}: {result.timing.describe()}  ({result.timing.mb_per_s:,.0f} MB/s; "
+        f"slowest {result.timing.low:,.0f}, fastest {result.timing.high:,.0f} over "
+        f"{len(result.timing.rates)} epochs of {max(result.timing.images, default=0)} images)",
+        f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
+        f"{threads}, window {result.window_chunks} chunks, transforms "
+        f"{'on' if options.transforms else 'off'}",
+        f"  per sample: {result.reads.chunks_per_sample:.3g} chunk loads, "
+        f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
+        f"{result.shuffle_bits:.2f} bits",
+    ]
+    return "\n".join(lines)
+
+
+def format_diagnosis(diagnosis: Diagnosis) -> str:
+    """Return a diagnosis as lines of text: each stage, the time it adds, the bottleneck."""
+    lines = [format_bench(diagnosis.result), ""]
+    names = {"ceiling": "loader", "warm": "decode", "cold": "storage"}
+    total = sum(v for v in diagnosis.shares.values() if math.isfinite(v)) or 1.0
+    for stage in diagnosis.stages:
+        share = diagnosis.shares[names[stage.name]]
+        if stage.timing is None:
+            lines.append(f"  {STAGE_TITLES[stage.name]:38s} not measured: {stage.note}")
+            continue
+        lines.append(
+            f"  {STAGE_TITLES[stage.name]:38s} {stage.timing.describe():>22s}   "
+            f"+{1e3 * share:.3f} ms/image ({share / total:.0%}, {names[stage.name]})"
+        )
+    lines += ["", diagnosis.explanation]
+    return "\n".join(lines)

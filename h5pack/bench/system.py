@@ -1,0 +1,215 @@
+"""The machine under a benchmark: its description, and the page cache of a pack file.
+
+# NOTE [ Dropping the page cache ]
+#
+# A cold read needs the file's pages out of the OS page cache. Dropping every cache
+# (``/proc/sys/vm/drop_caches``) needs root; ``posix_fadvise(POSIX_FADV_DONTNEED)`` on one
+# file needs only a descriptor and drops that file's clean pages on Linux. It is advice:
+# a file system may ignore it (tmpfs keeps its pages, they are the storage), so the result
+# is checked with ``mincore`` and reported, never assumed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from h5pack._types import StrPath
+
+_PROT_READ = 1
+_MAP_SHARED = 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    libc = ctypes.CDLL(name, use_errno=True)
+    if not all(hasattr(libc, f) for f in ("mmap", "munmap", "mincore")):
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def resident_fraction(path: StrPath) -> float | None:
+    """Return the fraction of ``path``'s pages in the page cache, or None when unknown.
+
+    Maps the file read-only and asks ``mincore`` (Linux, BSD, macOS); mapping reads
+    nothing, so the answer does not disturb the cache.
+    """
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0.0
+    libc = _libc()
+    if libc is None:
+        return None
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            return None
+        try:
+            vector = (ctypes.c_ubyte * pages)()
+            if libc.mincore(address, size, vector) != 0:
+                return None
+            return sum(v & 1 for v in vector) / pages
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class CacheDrop:
+    """The outcome of dropping a file from the page cache.
+
+    Attributes:
+        dropped: Whether the file's pages left the cache (checked when possible).
+        resident_after: Fraction of its pages still cached afterwards, None if unknown.
+        message: One line saying what happened, for reports.
+    """
+
+    dropped: bool
+    resident_after: float | None
+    message: str
+
+
+def drop_page_cache(path: StrPath) -> CacheDrop:
+    """Ask the OS to drop ``path``'s pages from the page cache (see "Dropping the page cache").
+
+    Never raises for a refusal: the result says whether it worked.
+    """
+    text = os.fspath(path)
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return CacheDrop(False, None, "posix_fadvise is not available on this system")
+    fd = os.open(text, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages cannot be dropped
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError as err:
+        return CacheDrop(False, None, f"posix_fadvise(DONTNEED) failed on {text}: {err}")
+    finally:
+        os.close(fd)
+    resident = resident_fraction(text)
+    if resident is None:
+        return CacheDrop(True, None, "dropped with posix_fadvise(DONTNEED) (not verified)")
+    if resident > 0.05:
+        return CacheDrop(
+            False,
+            resident,
+            f"the OS kept {resident:.0%} of {text} cached after posix_fadvise(DONTNEED) "
+            "(a file system such as tmpfs keeps its pages): cold numbers are warm",
+        )
+    return CacheDrop(True, resident, "dropped with posix_fadvise(DONTNEED), checked by mincore")
+
+
+def warm_page_cache(path: StrPath, *, block_bytes: int = 8 * 2**20) -> int:
+    """Read ``path`` once so that its pages are cached; return the bytes read."""
+    total = 0
+    with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(block_bytes)
+        view = memoryview(buffer)
+        while True:
+            got = handle.readinto(view)
+            if not got:
+                return total
+            total += got
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _filesystem(path: str) -> str:
+    """Return the file system type of ``path`` from /proc/mounts (Linux), else ``"?"``."""
+    try:
+        with open("/proc/mounts", encoding="utf-8") as handle:
+            mounts = [line.split() for line in handle]
+    except OSError:
+        return "?"
+    real = os.path.realpath(path)
+    best, kind = "", "?"
+    for fields in mounts:
+        if len(fields) < 3 or len(fields[1]) <= len(best):
+            continue
+        if real == fields[1] or real.startswith(fields[1].rstrip("/") + "/"):
+            best, kind = fields[1], fields[2]
+    return kind
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machine:
+    """Where a benchmark ran: what a reader needs to judge its numbers."""
+
+    cpu: str
+    cores: int
+    memory_bytes: int | None
+    system: str
+    python: str
+    numpy: str
+    h5py: str
+    hdf5: str
+    filesystem: str
+
+    def describe(self) -> str:
+        """Return one line, e.g. ``"2 cores (Xeon...), 24 GiB, Linux, ext4"``."""
+        memory = f", {self.memory_bytes / 2**30:.0f} GiB" if self.memory_bytes else ""
+        return (
+            f"{self.cores} cores ({self.cpu}){memory}, {self.system}, Python {self.python}, "
+            f"h5py {self.h5py} / HDF5 {self.hdf5}, file system {self.filesystem}"
+        )
+
+
+def machine_info(where: StrPath = ".") -> Machine:
+    """Describe this machine, and the file system holding ``where``."""
+    import h5py
+    import numpy as np
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return Machine(
+        cpu=_cpu_model(),
+        cores=cores,
+        memory_bytes=_memory_bytes(),
+        system=f"{platform.system()} {platform.release()}",
+        python=sys.version.split()[0],
+        numpy=np.__version__,
+        h5py=h5py.__version__,
+        hdf5=h5py.version.hdf5_version,
+        filesystem=_filesystem(os.fspath(where)),
+    )

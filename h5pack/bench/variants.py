@@ -1,0 +1,220 @@
+"""Pack variants that ``compare`` builds: a small grammar, the default matrices, options.
+
+A variant is named by dash-separated tokens, mode first::
+
+    raw-contig              raw pixels, contiguous (no chunks, no filter)
+    raw-c64-gzip            raw pixels, 64 samples per chunk, gzip at its default level
+    raw-4m-zstd:5-bit       raw pixels, ~4 MiB chunks, zstd level 5, bit shuffle
+    encoded-1m              the image files' bytes, a blob in 1 MiB chunks
+    encoded-contig          the image files' bytes, contiguous
+
+Tokens: ``raw`` | ``encoded``; ``contig``; ``c<N>`` (samples per chunk); ``<N>k`` /
+``<N>m`` (chunk bytes); a codec of ``layout.CODECS``, optionally ``:<level>``; ``byte`` |
+``bit`` (filter shuffle).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from h5pack.errors import OptionsError
+from h5pack.layout import CODECS, Compression
+from h5pack.options import ConvertOptions
+
+_SIZE = re.compile(r"^(\d+)([km])$")
+_SAMPLES = re.compile(r"^c(\d+)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantSpec:
+    """One pack layout to build and measure.
+
+    Attributes:
+        mode: ``"raw"`` or ``"encoded"``.
+        contiguous: No chunks (and so no filter).
+        chunk_samples: Samples per chunk (raw).
+        chunk_bytes: Bytes per chunk (a target for raw, exact for encoded blobs).
+        compression: Codec, level and filter shuffle.
+    """
+
+    mode: str
+    contiguous: bool = False
+    chunk_samples: int | None = None
+    chunk_bytes: int | None = None
+    compression: Compression = field(default_factory=Compression)
+
+    @property
+    def name(self) -> str:
+        """The canonical name, e.g. ``"raw-c64-gzip:4"``."""
+        parts = [self.mode]
+        if self.contiguous:
+            parts.append("contig")
+        elif self.chunk_samples is not None:
+            parts.append(f"c{self.chunk_samples}")
+        elif self.chunk_bytes is not None:
+            parts.append(_bytes_token(self.chunk_bytes))
+        codec = self.compression
+        if codec.codec != "none":
+            parts.append(codec.codec if codec.level is None else f"{codec.codec}:{codec.level}")
+            if codec.shuffle != "none":
+                parts.append(codec.shuffle)
+        return "-".join(parts)
+
+    def options(
+        self,
+        *,
+        size: tuple[int, int] | None = None,
+        workers: int | None = None,
+        seed: int = 0,
+    ) -> ConvertOptions:
+        """Return the conversion options that build this variant.
+
+        Args:
+            size: ``(H, W)`` of raw variants; None keeps the images' size.
+            workers: Conversion worker processes (None: every core).
+            seed: Seed of the stored sample order.
+
+        Raises:
+            OptionsError: the combination is impossible.
+        """
+        return ConvertOptions(
+            mode="raw" if self.mode == "raw" else "encoded",
+            size=size if self.mode == "raw" else None,
+            layout="contiguous" if self.contiguous else "chunked",
+            chunk_samples=self.chunk_samples,
+            chunk_bytes=self.chunk_bytes,
+            compression=self.compression,
+            workers=workers,
+            seed=seed,
+        )
+
+    def command(
+        self,
+        source: str = "IMAGES/",
+        target: str = "out.h5",
+        *,
+        size: tuple[int, int] | None = None,
+    ) -> str:
+        """Return the ``h5pack convert`` command line that builds this variant."""
+        words = ["h5pack", "convert", source, target, "--mode", self.mode]
+        if size is not None and self.mode == "raw":
+            words += ["--size", str(size[0]), str(size[1])]
+        if self.contiguous:
+            words += ["--layout", "contiguous"]
+        elif self.chunk_samples is not None:
+            words += ["--chunk-samples", str(self.chunk_samples)]
+        elif self.chunk_bytes is not None:
+            words += ["--chunk-bytes", str(self.chunk_bytes)]
+        codec = self.compression
+        if codec.codec != "none":
+            words += ["--compression", codec.codec]
+            if codec.level is not None:
+                words += ["--level", str(codec.level)]
+            if codec.shuffle != "none":
+                words += ["--shuffle", codec.shuffle]
+        return " ".join(words)
+
+
+def _bytes_token(nbytes: int) -> str:
+    if nbytes % 2**20 == 0:
+        return f"{nbytes // 2**20}m"
+    if nbytes % 2**10 == 0:
+        return f"{nbytes // 2**10}k"
+    raise OptionsError(f"variant chunk sizes are whole KiB, but got {nbytes} bytes")
+
+
+def parse_variant(text: str) -> VariantSpec:
+    """Return the variant named ``text`` (see the module docstring for the grammar).
+
+    Raises:
+        OptionsError: the name does not parse, or names an impossible combination.
+    """
+    tokens = [t for t in text.strip().lower().split("-") if t]
+    if not tokens or tokens[0] not in ("raw", "encoded"):
+        raise OptionsError(
+            f"a variant starts with raw or encoded (e.g. raw-c64-gzip, encoded-1m), "
+            f"but got {text!r}"
+        )
+    mode, rest = tokens[0], tokens[1:]
+    contiguous = False
+    chunk_samples = chunk_bytes = level = None
+    codec = shuffle = "none"
+    position = 0
+    while position < len(rest):
+        token = rest[position]
+        joined = "-".join(rest[position : position + 2]).split(":")[0]
+        if joined in CODECS and "-" in joined:  # blosc-lz4 spans two tokens
+            token = "-".join(rest[position : position + 2])
+            position += 1
+        position += 1
+        name, _, level_text = token.partition(":")
+        size = _SIZE.match(token)
+        samples = _SAMPLES.match(token)
+        if token in ("contig", "contiguous"):
+            contiguous = True
+        elif samples:
+            chunk_samples = int(samples.group(1))
+        elif size:
+            chunk_bytes = int(size.group(1)) * (2**10 if size.group(2) == "k" else 2**20)
+        elif name in CODECS:
+            codec = name
+            if level_text:
+                if not level_text.isdigit():
+                    raise OptionsError(f"a codec level is a number, but got {token!r} in {text!r}")
+                level = int(level_text)
+        elif token in ("byte", "bit"):
+            shuffle = token
+        else:
+            raise OptionsError(
+                f"unknown token {token!r} in variant {text!r}: use contig, c<N>, <N>k, <N>m, "
+                f"a codec ({', '.join(CODECS)}[:level]), byte or bit"
+            )
+    spec = VariantSpec(
+        mode=mode,
+        contiguous=contiguous,
+        chunk_samples=chunk_samples,
+        chunk_bytes=chunk_bytes,
+        compression=Compression(codec=codec, level=level, shuffle=shuffle),
+    )
+    spec.options()  # refuse impossible combinations now, before any work
+    return spec
+
+
+def parse_variants(texts: str | list[str] | tuple[str, ...]) -> list[VariantSpec]:
+    """Return the variants of comma- (or space-) separated names, without duplicates.
+
+    Raises:
+        OptionsError: a name does not parse, or none is given.
+    """
+    items = [texts] if isinstance(texts, str) else list(texts)
+    names = [n for item in items for n in re.split(r"[,\s]+", item) if n]
+    if not names:
+        raise OptionsError("give at least one variant, e.g. raw-contig,raw-c64-gzip")
+    seen: dict[str, VariantSpec] = {}
+    for name in names:
+        spec = parse_variant(name)
+        seen.setdefault(spec.name, spec)
+    return list(seen.values())
+
+
+# The matrix of a full comparison: contiguous vs chunked, chunk sizes from one sample to
+# 16 MiB, every codec at one chunk size, raw vs encoded.
+DEFAULT_VARIANTS: tuple[str, ...] = (
+    "raw-contig",
+    "raw-c1-zstd",
+    "raw-1m",
+    "raw-1m-zstd",
+    "raw-4m",
+    "raw-4m-gzip",
+    "raw-4m-lzf",
+    "raw-4m-lz4",
+    "raw-4m-zstd",
+    "raw-16m-zstd",
+    "encoded-contig",
+    "encoded-1m",
+)
+
+# ``--quick``: one of each kind (contiguous, one sample per chunk, large chunks, encoded),
+# all readable without plugins.
+QUICK_VARIANTS: tuple[str, ...] = ("raw-contig", "raw-c1-gzip", "raw-16m-gzip", "encoded-1m")
