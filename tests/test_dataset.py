@@ -119,20 +119,26 @@ def test_every_array_layout_round_trips(tmp_path, options):
         assert label == ds.meta.labels[i]
 
 
-@pytest.mark.parametrize("codec", ["none", "gzip", "zstd"])
-def test_variable_sizes_and_encoded_round_trip(tmp_path, codec):
+@pytest.mark.parametrize(
+    ("codec", "chunk_bytes"),
+    [("none", 300), ("gzip", 300), ("zstd", 300), ("gzip", 64), ("none", None)],
+)
+def test_variable_sizes_and_encoded_round_trip(tmp_path, codec, chunk_bytes):
+    """Blobs: chunked (64 bytes: samples larger than a chunk span several) or contiguous."""
     rng = np.random.default_rng(3)
     samples = [
         rng.integers(0, 256, (int(rng.integers(3, 9)), int(rng.integers(3, 9)), 3), dtype=np.uint8)
         for _ in range(NUM)
     ]
-    compression = Compression(codec=codec)
-    raw = make_pack(tmp_path / "raw.h5", samples=samples, chunk_bytes=300, compression=compression)
+    options: dict[str, object] = {"compression": Compression(codec=codec)}
+    if chunk_bytes is None:
+        options = {"layout": "contiguous"}
+    raw = make_pack(tmp_path / "raw.h5", samples=samples, chunk_bytes=chunk_bytes, **options)
     encoded = make_pack(
         tmp_path / "enc.h5",
         samples=[png(s) for s in samples],
-        chunk_bytes=900,
-        compression=compression,
+        chunk_bytes=chunk_bytes and 3 * chunk_bytes,
+        **options,
     )
     for path in (raw, encoded):
         want = expected(path, samples)
