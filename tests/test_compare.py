@@ -1,0 +1,247 @@
+"""h5pack compare: end to end on a tiny folder, on given packs, reports, plots, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from h5pack.bench import CompareOptions, MeasureOptions, compare, recommend
+from h5pack.bench.report import PLOT_HINT, table_rows, write_report
+from h5pack.bench.variants import QUICK_VARIANTS
+from h5pack.cli import cli
+from h5pack.layout import Compression
+from h5pack.options import ConvertOptions
+from h5pack.sample import SampleSpec, make_image_folder
+from h5pack.writer import write_arrays
+
+# 48 images of 256 x 256: 9.4 MB of pixels, so raw-16m-gzip is one chunk larger than h5py's
+# default chunk cache (1 MiB before HDF5 2.0, 8 MiB since) and naive random reads
+# decompress it for every sample.
+NUM_IMAGES = 48
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    spec = SampleSpec(num_images=NUM_IMAGES, num_classes=3, size=(256, 256), seed=1)
+    make_image_folder(root, spec, photos=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def quick_run(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    out = tmp_path_factory.mktemp("report")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            str(folder),
+            "--out",
+            str(out),
+            "--quick",
+            "--convert-workers",
+            "1",
+            "--workers",
+            "0",
+            "--batch-size",
+            "16",
+            "-q",
+        ],
+    )
+    return result, out
+
+
+def test_quick_compare_prints_a_ranked_table(quick_run: tuple[Any, Path]) -> None:
+    result, _ = quick_run
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    for name in QUICK_VARIANTS:
+        assert any(f" {name} " in f" {line} " for line in lines), name
+    assert "Use " in result.output
+    assert "h5pack convert" in result.output
+
+
+def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
+    _, out = quick_run
+    data = json.loads((out / "report.json").read_text())
+    names = [v["name"] for v in data["variants"]]
+    assert sorted(names) == sorted(QUICK_VARIANTS)
+    rates = [v["patterns"]["chunk"]["images_per_s"] for v in data["variants"]]
+    assert rates == sorted(rates, reverse=True)  # ranked by chunk-aware throughput
+    for variant in data["variants"]:
+        assert variant["file_bytes"] > 0
+        assert variant["image_bytes"] == NUM_IMAGES * 256 * 256 * 3
+        assert variant["ratio"] > 0
+        assert variant["convert_s"] > 0
+        assert variant["num_samples"] == NUM_IMAGES
+        assert variant["path"] is None  # not kept
+        for pattern in ("random", "chunk", "sequential"):
+            result = variant["patterns"][pattern]
+            assert result["images_per_s"] > 0
+            assert result["mb_per_s"] > 0
+            assert result["timing"]["low"] <= result["images_per_s"] <= result["timing"]["high"]
+            assert len(result["timing"]["elapsed_s"]) == 2
+            assert result["bytes_per_sample"] > 0
+            assert 0 <= result["shuffle_vs_random"] < 1.5
+        assert variant["patterns"]["sequential"]["shuffle_vs_random"] < 0.2
+        assert variant["patterns"]["chunk"]["shuffle_vs_random"] > 0.5
+    by_name = {v["name"]: v for v in data["variants"]}
+    big = by_name["raw-16m-gzip"]["patterns"]
+    assert big["random"]["chunks_per_sample"] == pytest.approx(1.0)
+    assert big["chunk"]["chunks_per_sample"] == pytest.approx(1 / NUM_IMAGES)
+    assert by_name["raw-contig"]["patterns"]["random"]["chunks_per_sample"] == 0
+    assert by_name["encoded-1m"]["ratio"] > by_name["raw-contig"]["ratio"]
+    assert data["recommendation"]["name"] in names
+    assert data["machine"]["cores"] >= 1
+
+
+def test_quick_compare_writes_markdown_and_plots(quick_run: tuple[Any, Path]) -> None:
+    _, out = quick_run
+    markdown = (out / "report.md").read_text()
+    assert "| # | variant |" in markdown
+    assert "**Use " in markdown
+    for name in QUICK_VARIANTS:
+        assert f"| {name} |" in markdown
+    for plot in ("throughput.png", "size_vs_throughput.png"):
+        data = (out / plot).read_bytes()
+        assert data.startswith(b"\x89PNG")
+        assert f"]({plot})" in markdown
+    assert not any(p.name.startswith(".packs-") for p in out.iterdir())  # temp packs removed
+
+
+@pytest.fixture
+def packs(tmp_path: Path) -> list[Path]:
+    rng = np.random.default_rng(0)
+    images = list(rng.integers(0, 255, size=(24, 16, 16, 3), dtype=np.uint8))
+    made = []
+    for name, options in [
+        ("plain", ConvertOptions(layout="contiguous")),
+        ("zipped", ConvertOptions(chunk_samples=8, compression=Compression(codec="gzip"))),
+    ]:
+        path = tmp_path / f"{name}.h5"
+        write_arrays(path, images, np.arange(24) % 2, options=options)
+        made.append(path)
+    return made
+
+
+def test_compare_given_packs_without_matplotlib(
+    packs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out = tmp_path / "report"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            *map(str, packs),
+            "--out",
+            str(out),
+            "--repeats",
+            "1",
+            "--workers",
+            "0",
+            "--batch-size",
+            "8",
+            "-q",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert PLOT_HINT in result.output
+    assert "pip install 'h5pack[plot]'" in (out / "report.md").read_text()
+    assert not list(out.glob("*.png"))
+    data = json.loads((out / "report.json").read_text())
+    assert sorted(v["name"] for v in data["variants"]) == ["plain", "zipped"]
+    assert all(v["convert_s"] is None for v in data["variants"])
+    assert all(v["path"] for v in data["variants"])
+
+
+def test_compare_library_keeps_packs_and_skips_impossible_variants(
+    folder: Path, tmp_path: Path
+) -> None:
+    events: list[Any] = []
+    options = CompareOptions(
+        variants=("raw-c8", "encoded-64k"),
+        measure=MeasureOptions(
+            batch_size=16,
+            workers=0,
+            repeats=1,
+            warmup=0,
+            random_budget_s=0.01,
+            random_min_samples=2,
+            patterns=("chunk",),
+        ),
+        convert_workers=1,
+        size=(32, 32),
+    )
+    report = compare(
+        folder, options, work_dir=tmp_path / "packs", keep=True, on_event=events.append
+    )
+    rates = [v.rate() for v in report.variants]
+    assert rates == sorted(rates, reverse=True)
+    assert {v.name for v in report.variants} == {"raw-c8", "encoded-64k"}
+    for variant in report.variants:
+        assert variant.path is not None
+        assert Path(variant.path).exists()
+        assert set(variant.patterns) == {"chunk"}
+    assert report.work_dir == str(tmp_path / "packs")
+    starts = [e for e in events if e.kind == "start"]
+    steps = [e for e in events if e.kind == "step"]
+    assert len(starts) == 1
+    assert len(steps) == starts[0].total
+    rows = table_rows(report)
+    assert rows[0][5] == "-"  # random not measured
+    files = write_report(report, tmp_path / "out", plots=False)
+    assert files.plots == ()
+    assert files.json.exists()
+
+
+def test_recommend_prefers_a_smaller_pack_that_is_nearly_as_fast(
+    folder: Path, tmp_path: Path
+) -> None:
+    options = CompareOptions(
+        variants=("raw-contig", "encoded-1m"),
+        measure=MeasureOptions(batch_size=16, workers=0, repeats=1, warmup=0, patterns=("chunk",)),
+        convert_workers=1,
+    )
+    report = compare(folder, options)
+    assert recommend([]) is None
+    fast, *_ = report.variants
+    recommendation = recommend(report.variants)
+    assert recommendation is not None
+    smaller = min(report.variants, key=lambda v: v.file_bytes)
+    expected = smaller if smaller.rate() >= 0.9 * fast.rate() else fast
+    assert recommendation.name == expected.name
+    assert expected.name in recommendation.line
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["compare", "MISSING"], 2, "does not exist"),
+        (["compare", "FOLDER", "--variants", "raw-zigzag"], 2, "unknown token"),
+        (["compare", "FOLDER", "PACK"], 1, "packs only"),
+        (["compare", "NOTPACK"], 1, "not a readable HDF5 file"),
+    ],
+)
+def test_compare_errors(
+    args: list[str], code: int, message: str, folder: Path, packs: list[Path], tmp_path: Path
+) -> None:
+    not_pack = tmp_path / "notes.h5"
+    not_pack.write_text("hello")
+    names = {
+        "MISSING": str(tmp_path / "missing"),
+        "FOLDER": str(folder),
+        "PACK": str(packs[0]),
+        "NOTPACK": str(not_pack),
+    }
+    argv = [names.get(a, a) for a in args] + ["--out", str(tmp_path / "out"), "-q"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
