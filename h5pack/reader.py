@@ -279,6 +279,7 @@ class PackReader:
             loaded = list(self._pool.map(self._load_group, missing))
         else:
             loaded = [self._load_group(g) for g in missing]
+        self.loads += len(missing)
         for g, block in zip(missing, loaded, strict=True):
             found[g] = self._window[g] = block
         while len(self._window) > self.window_chunks:
@@ -291,7 +292,6 @@ class PackReader:
         Array storage: (n, H, W, C) samples of the group. Blob storage: the 1-D bytes from
         the group's first slot to the end of its last sample.
         """
-        self.loads += 1
         lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
         if self.meta.storage == "array":
             table = self._table

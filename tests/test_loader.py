@@ -248,3 +248,17 @@ def test_device_prefetcher_on_cuda(pack):
         assert labels.is_cuda
         got.append(labels.cpu().tolist())
     assert got == expected
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_in_process_loader_decompresses_each_chunk_once_per_epoch(pack, threads):
+    loader = make_loader(pack, 3, num_workers=0, threads=threads, window_chunks=2, seed=4)
+    chunks = loader.dataset.chunk_map.num_chunks
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        before = loader.dataset.reader.loads
+        assert sorted(i for b in epoch_labels(loader) for i in b) == list(range(NUM))
+        loads = loader.dataset.reader.loads - before
+        # epoch 0 reads every chunk once; later epochs find their first window's chunks
+        # possibly still in the window
+        assert loads == chunks if epoch == 0 else loads <= chunks
