@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import math
 import multiprocessing
 import signal
@@ -294,6 +295,8 @@ def make_executor(workers: int) -> Executor:
         return InlineExecutor()
     # Workers must share the parent's resource tracker (see arena.py): start it first.
     resource_tracker.ensure_running()
+    # Forked workers inherit what is imported here instead of each importing it again.
+    importlib.import_module("h5pack.decode")
     methods = multiprocessing.get_all_start_methods()
     method = "fork" if sys.version_info < (3, 12) and "fork" in methods else None
     if method is None:

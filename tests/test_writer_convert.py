@@ -328,3 +328,53 @@ def test_a_dead_worker_is_a_clear_error(tmp_path, folder, monkeypatch):
 def test_target_directory_must_exist(tmp_path, folder):
     with pytest.raises(OptionsError, match="create it first"):
         convert(folder, tmp_path / "no" / "p.h5", ConvertOptions(workers=1))
+
+
+def test_hostile_tree_packs_only_real_images(tmp_path, folder):
+    """Litter, hidden files, look-alike folders, FIFOs and dangling links are never samples."""
+    (folder / ".DS_Store").write_bytes(b"\x00\x01")
+    (folder / "cat" / "._000.jpg").write_bytes(b"resource fork")
+    (folder / "cat" / ".hidden.jpg").write_bytes((folder / "cat" / "000.jpg").read_bytes())
+    (folder / "cat" / "Thumbs.db").write_bytes(b"thumbs")
+    (folder / "cat" / "notes.txt").write_text("not an image")
+    (folder / "dog" / "looks.jpg").mkdir()
+    (folder / "__MACOSX").mkdir()
+    (folder / "__MACOSX" / "x.jpg").write_bytes(b"junk")
+    os.mkfifo(folder / "dog" / "pipe.jpg")
+    (folder / "dog" / "gone.jpg").symlink_to(folder / "nowhere.jpg")
+    (folder / "dog" / "alias.jpg").symlink_to(folder / "dog" / "000.jpg")
+    events = []
+    report = convert(folder, tmp_path / "p.h5", ConvertOptions(workers=2), on_event=events.append)
+    with PackReader(report.path) as reader:
+        packed = sorted(reader.paths)
+        for i, image in enumerate(reader.read_images(range(len(reader)))):
+            np.testing.assert_array_equal(image, pil_rgb(folder / reader.paths[i]))
+    real = sorted(f"{c}/{i:03d}.jpg" for c in ("cat", "dog") for i in range(4))
+    assert packed == sorted([*real, "dog/alias.jpg"])
+    skipped = {s.path for s in report.skipped}
+    assert "dog/gone.jpg" in skipped  # a dangling link is reported, not packed
+    assert skipped <= {"dog/gone.jpg", "dog/pipe.jpg"}
+    assert {e.path for e in events if e.kind == "skipped"} == skipped
+
+
+@pytest.mark.parametrize("arena", ["small slots", "no shared memory"])
+def test_pool_falls_back_to_pipes(tmp_path, monkeypatch, arena):
+    """Samples or blocks that do not fit a slot, or no arena at all, travel through pipes."""
+    from h5pack import writer
+    from h5pack.arena import Arena
+
+    if arena == "small slots":
+        monkeypatch.setattr(writer, "sample_slot_bytes", lambda plan: 1000)
+        monkeypatch.setattr(writer, "block_slot_bytes", lambda plan: 600)
+    else:
+        monkeypatch.setattr(Arena, "maybe", classmethod(lambda cls, n, size: None))
+    root = tmp_path / "images"
+    make_folder(root, per_class=8, vary=True)
+    options = ConvertOptions(
+        workers=2, mode="raw", chunk_bytes=500, compression=Compression(codec="gzip")
+    )
+    report = convert(root, tmp_path / "p.h5", options)
+    assert report.num_samples == 16
+    with PackReader(report.path) as reader:
+        for i, image in enumerate(reader.read_images(range(len(reader)))):
+            np.testing.assert_array_equal(image, pil_rgb(root / reader.paths[i]))
