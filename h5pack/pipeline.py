@@ -283,6 +283,14 @@ def _init_worker() -> None:
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def pool_start_method() -> str:
+    """Return how worker processes are started: fork where safe, else forkserver or spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    if sys.version_info < (3, 12) and "fork" in methods:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
 def make_executor(workers: int) -> Executor:
     """Return a pool of ``workers`` processes, or an in-process executor for 1.
 
@@ -297,11 +305,7 @@ def make_executor(workers: int) -> Executor:
     resource_tracker.ensure_running()
     # Forked workers inherit what is imported here instead of each importing it again.
     importlib.import_module("h5pack.decode")
-    methods = multiprocessing.get_all_start_methods()
-    method = "fork" if sys.version_info < (3, 12) and "fork" in methods else None
-    if method is None:
-        method = "forkserver" if "forkserver" in methods else "spawn"
-    context = multiprocessing.get_context(method)
+    context = multiprocessing.get_context(pool_start_method())
     executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
     executor.submit(int).result()
     return executor

@@ -11,6 +11,7 @@ from h5pack import format as fmt
 from h5pack.errors import DecodeError, OptionsError, SourceError, TargetExistsError
 from h5pack.layout import Compression
 from h5pack.options import ConvertOptions
+from h5pack.pipeline import pool_start_method
 from h5pack.reader import PackReader
 from h5pack.writer import convert
 
@@ -315,6 +316,7 @@ def _crash(*args, **kwargs):
     os._exit(3)  # a decoder crashing hard inside a worker
 
 
+@pytest.mark.skipif(pool_start_method() != "fork", reason="the patch reaches forked workers only")
 def test_a_dead_worker_is_a_clear_error(tmp_path, folder, monkeypatch):
     from h5pack import pipeline
     from h5pack.errors import H5PackError

@@ -11,9 +11,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from h5pack.pipeline import pool_start_method
+
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+pytestmark = [
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc"),
+    # The script slows samples down by patching a module: forked workers see the patch.
+    pytest.mark.skipif(pool_start_method() != "fork", reason="needs fork-started workers"),
+]
 
 # Slows every sample down (in the parent with workers=1, in the forked workers otherwise), so
 # that the conversion is surely running when the signal arrives.
