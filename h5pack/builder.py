@@ -1,36 +1,33 @@
-"""Build one pack file: a hidden temporary beside the target, published only when complete.
+"""Build one pack file, and the results of a conversion (events, report).
 
 ``PackBuilder`` lays prepared samples into the images dataset (``storage``), compressing
 blocks of whole chunks in the worker pool (``pipeline.compress_block``), then writes the
-metadata. ``publish`` renames the finished file into place; until then nothing exists under
-the target's name, so a killed conversion (SIGKILL included) never leaves a half-written
-pack there.
+metadata. ``build_pack`` drives it for ``writer.convert`` and ``writer.write_arrays``
+inside a temporary file that ``target.publish`` renames into place when complete.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import threading
+import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import h5py
 import numpy as np
 
 from h5pack import __version__
 from h5pack import format as fmt
-from h5pack._types import StrPath
 from h5pack.arena import Arena
-from h5pack.errors import H5PackError, OptionsError, TargetExistsError
+from h5pack.errors import H5PackError, SourceError
 from h5pack.format import SkippedFile
 from h5pack.options import ConvertOptions
-from h5pack.pipeline import InlineExecutor, Prepared, compress_block, ordered_map
+from h5pack.pipeline import InlineExecutor, Prepared, compress_block, ordered_map, release_core
 from h5pack.plan import StoragePlan
 from h5pack.storage import (
     ArrayAssembler,
@@ -40,88 +37,13 @@ from h5pack.storage import (
     ImagesWriter,
     copy_array_rows,
 )
+from h5pack.target import TempFiles, publish, temp_path
 
 # Paths are encoded and written this many at a time (bounded memory for huge packs).
 PATH_SLAB = 65536
 
 # Files of HDF5 1.10 and later: chunk indexes that stay fast with many chunks.
 LIBVER = "v110"
-
-
-def check_target(target: StrPath, *, overwrite: bool) -> Path:
-    """Return the target path, refusing an existing one unless ``overwrite``.
-
-    Raises:
-        TargetExistsError: the target exists and ``overwrite`` is False.
-        OptionsError: the target is a directory, or its directory does not exist.
-    """
-    path = Path(target)
-    if path.is_dir():
-        raise OptionsError(f"{path} is a directory; give the pack's file name, e.g. {path}/out.h5")
-    if not path.parent.is_dir():
-        raise OptionsError(f"{path.parent} is not a directory; create it first")
-    if path.exists() and not overwrite:
-        raise TargetExistsError(f"{path} already exists; pass --overwrite to replace it")
-    return path
-
-
-def temp_path(target: Path, tag: str = "") -> Path:
-    """Return the hidden temporary name beside ``target`` for this process."""
-    return target.parent / f".{target.name}.{os.getpid()}{tag}.tmp"
-
-
-class TempFiles:
-    """Temporary files of one conversion, removed unless published."""
-
-    def __init__(self) -> None:
-        self.paths: list[Path] = []
-
-    def add(self, path: Path) -> Path:
-        """Track ``path``; return it."""
-        self.paths.append(path)
-        return path
-
-    def remove_all(self) -> None:
-        """Remove every tracked file that still exists."""
-        for path in self.paths:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-
-
-def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
-    """Move the finished file into place (atomically; without overwrite, never clobbering)."""
-    if overwrite:
-        os.replace(temp, target)
-        return
-    try:
-        os.link(temp, target)  # fails if the target appeared meanwhile
-    except FileExistsError as err:
-        raise TargetExistsError(f"{target} appeared during the conversion; not replaced") from err
-    except OSError:  # no hard links on this file system
-        if target.exists():
-            raise TargetExistsError(
-                f"{target} appeared during the conversion; not replaced"
-            ) from None
-        os.replace(temp, target)
-        return
-    temp.unlink()
-
-
-@contextlib.contextmanager
-def sigterm_as_exit() -> Iterator[None]:
-    """Turn SIGTERM into ``SystemExit(143)`` so that ``finally`` blocks clean up."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # -- the pack ---------------------------------------------------------------------------
@@ -344,3 +266,145 @@ def _write_metadata(
     attrs[fmt.OPTIONS_KEY] = json.dumps(options.to_json(), sort_keys=True)
     attrs[fmt.SKIPPED_KEY] = json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])
     attrs[fmt.CHUNK_BYTES_KEY] = chunk_bytes
+
+
+# -- conversions ------------------------------------------------------------------------
+
+
+EventKind = Literal["scanned", "phase", "mode", "skipped", "note"]
+
+
+@dataclass(frozen=True)
+class ConvertEvent:
+    """Something a user should hear about during a conversion (the CLI renders it).
+
+    Attributes:
+        kind: ``"scanned"`` (the source was scanned), ``"phase"`` (a stage with ``total``
+            steps starts; ``progress`` then counts them), ``"mode"`` (the storage chosen
+            and why), ``"skipped"`` (a file left out; ``path`` names it), ``"note"``.
+        message: One line of text.
+        total: Steps of a phase.
+        path: The file concerned.
+    """
+
+    kind: EventKind
+    message: str
+    total: int | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertReport:
+    """What a conversion did.
+
+    Attributes:
+        path: The pack written.
+        meta: Its metadata, as a reader sees it.
+        num_samples: Samples packed.
+        num_found: Files found by the scan (or samples given).
+        skipped: Files left out, and why (sorted by path).
+        mode: ``"raw"`` or ``"encoded"``.
+        storage: ``"array"`` or ``"blob"``.
+        reason: Why this mode and storage.
+        elapsed_s: Wall time of the whole conversion.
+        file_bytes: Size of the pack.
+    """
+
+    path: str
+    meta: fmt.PackMeta
+    num_samples: int
+    num_found: int
+    skipped: tuple[SkippedFile, ...]
+    mode: str
+    storage: str
+    reason: str
+    elapsed_s: float
+    file_bytes: int
+
+    @property
+    def images_per_s(self) -> float:
+        """Files processed per second, over the whole conversion."""
+        return self.num_found / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+
+def _no_samples(num_found: int, skipped: Sequence[SkippedFile]) -> SourceError:
+    first = skipped[0] if skipped else None
+    detail = f" (e.g. {first.path}: {first.reason})" if first else ""
+    return SourceError(f"none of the {num_found} images could be packed{detail}")
+
+
+def write_order(num: int, options: ConvertOptions) -> np.ndarray:
+    """Return the scan positions in write order (a seeded permutation, or the scan order)."""
+    if options.shuffle_samples:
+        return np.random.default_rng(options.seed).permutation(num).astype(np.int64)
+    return np.arange(num, dtype=np.int64)
+
+
+def build_pack(
+    target: Path,
+    plan: StoragePlan,
+    prepared: Iterable[Prepared],
+    *,
+    temps: TempFiles,
+    executor: Any,
+    max_in_flight: int,
+    arena: Arena | None,
+    allocate: int,
+    labels: np.ndarray,
+    classes: Sequence[str],
+    paths: Sequence[str],
+    source_index: np.ndarray,
+    options: ConvertOptions,
+    skipped: list[SkippedFile],
+    emit: Callable[[ConvertEvent], None],
+    overwrite: bool,
+) -> Path:
+    """Write a pack to a temporary file and publish it as ``target``."""
+    builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
+    try:
+        builder.write(prepared, executor, max_in_flight, arena)
+        if not builder.record.count:
+            raise _no_samples(allocate, skipped)
+        if builder.images.needs_rebuild:
+            emit(
+                ConvertEvent(
+                    "note", "files were skipped: copying the contiguous array to its final size"
+                )
+            )
+        skipped.sort(key=lambda s: os.fsencode(s.path))
+        finished = builder.finish(
+            labels=labels,
+            classes=classes,
+            paths=paths,
+            source_index=source_index,
+            options=options,
+            skipped=skipped,
+        )
+    except H5PackError:
+        raise  # some are OSErrors too (SourceError): they need no wrapping
+    except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file
+        raise H5PackError(f"writing {target} failed: {err}") from err
+    finally:
+        builder.close()
+        release_core()
+    publish(finished, target, overwrite=overwrite)
+    return target
+
+
+def make_report(
+    path: Path, plan: StoragePlan, num_found: int, skipped: Sequence[SkippedFile], started: float
+) -> ConvertReport:
+    """Return the report of a finished conversion."""
+    meta = fmt.load_meta(path)
+    return ConvertReport(
+        path=os.fspath(path),
+        meta=meta,
+        num_samples=meta.num_samples,
+        num_found=num_found,
+        skipped=tuple(skipped),
+        mode=plan.mode,
+        storage=plan.storage,
+        reason=plan.reason,
+        elapsed_s=time.perf_counter() - started,
+        file_bytes=path.stat().st_size,
+    )

@@ -14,19 +14,23 @@ import contextlib
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
-from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.arena import Arena
-from h5pack.builder import PackBuilder, TempFiles, check_target, publish, sigterm_as_exit, temp_path
-from h5pack.errors import DecodeError, H5PackError, OptionsError, SourceError
+from h5pack.builder import (
+    ConvertEvent,
+    ConvertReport,
+    build_pack,
+    make_report,
+    write_order,
+)
+from h5pack.errors import DecodeError, H5PackError, OptionsError
 from h5pack.format import SkippedFile
 from h5pack.options import ConvertOptions
 from h5pack.pipeline import (
@@ -38,7 +42,6 @@ from h5pack.pipeline import (
     prepare_pixels,
     prepare_sample,
     probe_batch,
-    release_core,
 )
 from h5pack.plan import (
     StoragePlan,
@@ -47,67 +50,9 @@ from h5pack.plan import (
     plan_storage,
     sample_slot_bytes,
 )
+from h5pack.target import TempFiles, check_target, sigterm_as_exit
 
-EventKind = Literal["scanned", "phase", "mode", "skipped", "note"]
-
-
-@dataclass(frozen=True)
-class ConvertEvent:
-    """Something a user should hear about during a conversion (the CLI renders it).
-
-    Attributes:
-        kind: ``"scanned"`` (the source was scanned), ``"phase"`` (a stage with ``total``
-            steps starts; ``progress`` then counts them), ``"mode"`` (the storage chosen
-            and why), ``"skipped"`` (a file left out; ``path`` names it), ``"note"``.
-        message: One line of text.
-        total: Steps of a phase.
-        path: The file concerned.
-    """
-
-    kind: EventKind
-    message: str
-    total: int | None = None
-    path: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConvertReport:
-    """What a conversion did.
-
-    Attributes:
-        path: The pack written.
-        meta: Its metadata, as a reader sees it.
-        num_samples: Samples packed.
-        num_found: Files found by the scan (or samples given).
-        skipped: Files left out, and why (sorted by path).
-        mode: ``"raw"`` or ``"encoded"``.
-        storage: ``"array"`` or ``"blob"``.
-        reason: Why this mode and storage.
-        elapsed_s: Wall time of the whole conversion.
-        file_bytes: Size of the pack.
-    """
-
-    path: str
-    meta: fmt.PackMeta
-    num_samples: int
-    num_found: int
-    skipped: tuple[SkippedFile, ...]
-    mode: str
-    storage: str
-    reason: str
-    elapsed_s: float
-    file_bytes: int
-
-    @property
-    def images_per_s(self) -> float:
-        """Files processed per second, over the whole conversion."""
-        return self.num_found / self.elapsed_s if self.elapsed_s > 0 else float("inf")
-
-
-def _no_samples(num_found: int, skipped: Sequence[SkippedFile]) -> SourceError:
-    first = skipped[0] if skipped else None
-    detail = f" (e.g. {first.path}: {first.reason})" if first else ""
-    return SourceError(f"none of the {num_found} images could be packed{detail}")
+__all__ = ["ConvertEvent", "ConvertReport", "convert", "write_arrays"]
 
 
 def convert(
@@ -166,7 +111,7 @@ def convert(
     for problem in found.problems:
         reject(problem.path, problem.reason)
     num = len(found.files)
-    order = _write_order(num, options)
+    order = write_order(num, options)
     files = [found.files[i] for i in order]
     workers = options.effective_workers
     temps = TempFiles()
@@ -187,7 +132,7 @@ def convert(
                     blocks_arena = Arena.maybe(workers + 1, block_slot_bytes(plan))
                 arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
             prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
-            published = _build(
+            published = build_pack(
                 target_path,
                 plan,
                 prepared,
@@ -215,7 +160,7 @@ def convert(
             for arena in arenas:
                 arena.close()
             temps.remove_all()
-    return _report(published, plan, num, skipped, started)
+    return make_report(published, plan, num, skipped, started)
 
 
 def _prepared(
@@ -262,13 +207,6 @@ def _prepared(
         step(len(results))
 
 
-def _write_order(num: int, options: ConvertOptions) -> np.ndarray:
-    """Return the scan positions in write order (a seeded permutation, or the scan order)."""
-    if options.shuffle_samples:
-        return np.random.default_rng(options.seed).permutation(num).astype(np.int64)
-    return np.arange(num, dtype=np.int64)
-
-
 def _probe(
     executor: Any,
     files: Sequence[Any],
@@ -288,75 +226,6 @@ def _probe(
         sizes.update(size for size in results if size is not None)
         step(len(results))
     return sizes
-
-
-def _build(
-    target: Path,
-    plan: StoragePlan,
-    prepared: Iterable[Prepared],
-    *,
-    temps: TempFiles,
-    executor: Any,
-    max_in_flight: int,
-    arena: Arena | None,
-    allocate: int,
-    labels: np.ndarray,
-    classes: Sequence[str],
-    paths: Sequence[str],
-    source_index: np.ndarray,
-    options: ConvertOptions,
-    skipped: list[SkippedFile],
-    emit: Callable[[ConvertEvent], None],
-    overwrite: bool,
-) -> Path:
-    """Write a pack to a temporary file and publish it as ``target``."""
-    builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
-    try:
-        builder.write(prepared, executor, max_in_flight, arena)
-        if not builder.record.count:
-            raise _no_samples(allocate, skipped)
-        if builder.images.needs_rebuild:
-            emit(
-                ConvertEvent(
-                    "note", "files were skipped: copying the contiguous array to its final size"
-                )
-            )
-        skipped.sort(key=lambda s: os.fsencode(s.path))
-        finished = builder.finish(
-            labels=labels,
-            classes=classes,
-            paths=paths,
-            source_index=source_index,
-            options=options,
-            skipped=skipped,
-        )
-    except H5PackError:
-        raise  # some are OSErrors too (SourceError): they need no wrapping
-    except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file
-        raise H5PackError(f"writing {target} failed: {err}") from err
-    finally:
-        builder.close()
-        release_core()
-    publish(finished, target, overwrite=overwrite)
-    return target
-
-
-def _report(
-    path: Path, plan: StoragePlan, num_found: int, skipped: Sequence[SkippedFile], started: float
-) -> ConvertReport:
-    meta = fmt.load_meta(path)
-    return ConvertReport(
-        path=os.fspath(path),
-        meta=meta,
-        num_samples=meta.num_samples,
-        num_found=num_found,
-        skipped=tuple(skipped),
-        mode=plan.mode,
-        storage=plan.storage,
-        reason=plan.reason,
-        elapsed_s=time.perf_counter() - started,
-        file_bytes=path.stat().st_size,
-    )
 
 
 Sample = np.ndarray | bytes | bytearray | memoryview
@@ -431,7 +300,7 @@ def write_arrays(
         sizes = _sizes_of(samples, names)
     plan = plan_storage(options, sizes, num_samples=num, can_encode=not arrays)
     emit(ConvertEvent("mode", plan.reason))
-    order = _write_order(num, options)
+    order = write_order(num, options)
     skipped: list[SkippedFile] = []
 
     def prepared() -> Iterator[Prepared]:
@@ -453,7 +322,7 @@ def write_arrays(
     executor = make_executor(1)
     with sigterm_as_exit():
         try:
-            published = _build(
+            published = build_pack(
                 target_path,
                 plan,
                 prepared(),
@@ -473,7 +342,7 @@ def write_arrays(
             )
         finally:
             temps.remove_all()
-    return _report(published, plan, num, skipped, started)
+    return make_report(published, plan, num, skipped, started)
 
 
 def _check_arrays(samples: Sequence[Sample], channels: int) -> None:
