@@ -5,7 +5,7 @@ Builds (once, cached in --workdir) a folder of natural-looking 256x256 JPEGs wit
 measures images/s of:
 
 - ``h5pack``: ``make_loader`` (ChunkBatchSampler + H5ImageDataset), 0 and 2 workers and
-  ``"auto"``, a fresh loader per repeat, timed after its first batches;
+  ``"auto"``, a fresh loader per repeat, one whole epoch timed;
 - (a) ``naive``: per-sample random access with h5py's default chunk cache, on a random
   subsample (it is slow on compressed packs: every sample decompresses a whole chunk);
 - (b) ``pillow``: an ImageFolder-style pipeline over the source JPEGs producing the same
@@ -80,28 +80,22 @@ def build(
     return packs
 
 
-SKIP_BATCHES = 4  # batches left out of the clock: worker start-up and pipeline fill
+def epoch_rate(loader: Any) -> float:
+    """Images/s of one whole epoch of a fresh loader, from ``iter()`` to the last batch.
 
-
-def steady_rate(loader: Any) -> float:
-    """Images/s of one epoch, timed from the arrival of batch ``SKIP_BATCHES`` to the end.
-
-    Each epoch uses a fresh loader (so no window cache carries over from an earlier epoch)
-    and the clock skips the first batches, so that forking workers is not counted.
+    Everything is inside the clock: forking workers (cheap with fork) and every chunk's
+    read and decompression, the first window's included. A fresh loader per epoch means
+    that no window of decompressed chunks carries over from an earlier epoch.
     """
-    done, start = 0, 0.0
-    for position, batch in enumerate(loader):
-        if position == SKIP_BATCHES - 1:
-            start = time.perf_counter()
-        elif position >= SKIP_BATCHES:
-            done += len(batch[1])
+    start = time.perf_counter()
+    done = sum(len(batch[1]) for batch in loader)
     return done / (time.perf_counter() - start)
 
 
 def bench_h5pack(pack: Path, batch_size: int, workers: int | str, repeats: int) -> float:
     """Median over ``repeats`` fresh loaders (the first, warming the page cache, is dropped)."""
     rates = [
-        steady_rate(make_loader(pack, batch_size, num_workers=workers, seed=r))  # type: ignore[arg-type]
+        epoch_rate(make_loader(pack, batch_size, num_workers=workers, seed=r))  # type: ignore[arg-type]
         for r in range(repeats + 1)
     ]
     return statistics.median(rates[1:])
@@ -183,7 +177,7 @@ def bench_pillow(folder: Path, samples: int, batch_size: int, workers: int, repe
             num_workers=workers,
             generator=torch.Generator().manual_seed(repeat),
         )
-        rates.append(steady_rate(loader))
+        rates.append(epoch_rate(loader))
     return statistics.median(rates[1:])
 
 
