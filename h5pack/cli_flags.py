@@ -1,0 +1,257 @@
+"""Building blocks of the command line: parameter types, conversion flags, progress.
+
+The conversion flags are defined once and turned into one ``ConvertOptions``; progress is
+rendered with tqdm. Commands in ``h5pack.cli`` and ``h5pack.cli_bench`` share them;
+``h5pack.cli`` re-exports them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from h5pack.layout import CODECS, SHUFFLES, Compression
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; older clicks cannot subscript it
+    _SizeParam = click.ParamType[int, Any]
+    _ShapeParam = click.ParamType[tuple[int, ...], Any]
+else:
+    _SizeParam = _ShapeParam = click.ParamType
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Return the byte count of ``"8MiB"``, ``"4MB"``, ``"512k"`` or ``"1048576"``.
+
+    ``KiB``/``MiB``/``GiB`` and bare ``K``/``M``/``G`` are powers of 1024; ``KB``/``MB``/
+    ``GB`` powers of 1000.
+
+    Raises:
+        ValueError: the text is not a size.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; write e.g. 8MiB, 4MB, 512KiB or 1048576")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(count: float) -> str:
+    """Return ``count`` bytes in readable binary units, e.g. ``"7.5 MiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"  # pragma: no cover - the loop returns at GiB
+
+
+class ByteSize(_SizeParam):
+    """A click parameter for sizes such as ``8MiB`` or ``4MB``."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Parse the size, or fail with a usage error."""
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(str(value))
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+class ChunkShape(_ShapeParam):
+    """A click parameter for a chunk shape ``k,H,W,C`` (or ``kxHxWxC``)."""
+
+    name = "k,H,W,C"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, ...]:
+        """Parse the shape, or fail with a usage error."""
+        if isinstance(value, tuple):
+            return value
+        parts = re.split(r"[,x]", str(value).strip())
+        try:
+            return tuple(int(p) for p in parts)
+        except ValueError:
+            self.fail(f"{value!r} is not a chunk shape; write e.g. 16,224,224,3", param, ctx)
+
+
+_CONVERT_FLAGS: list[Callable[[F], F]] = [
+    click.option(
+        "--mode",
+        type=click.Choice(["auto", "raw", "encoded"]),
+        default="auto",
+        show_default=True,
+        help="raw pixels, encoded file bytes, or auto: raw when all images share one size.",
+    ),
+    click.option(
+        "--size",
+        type=(int, int),
+        default=None,
+        metavar="H W",
+        help="Resize every image to H x W (raw mode).",
+    ),
+    click.option(
+        "--resize",
+        type=click.Choice(["stretch", "crop", "pad"]),
+        default="stretch",
+        show_default=True,
+        help="How --size is reached.",
+    ),
+    click.option("--channels", type=click.Choice(["1", "3"]), default="3", show_default=True),
+    click.option(
+        "--backend", type=click.Choice(["pillow", "opencv"]), default="pillow", show_default=True
+    ),
+    click.option(
+        "--layout",
+        type=click.Choice(["chunked", "contiguous"]),
+        default="chunked",
+        show_default=True,
+    ),
+    click.option("--chunk-samples", type=int, default=None, help="Samples per chunk."),
+    click.option("--chunk-shape", type=ChunkShape(), default=None, help="Explicit k,H,W,C."),
+    click.option(
+        "--chunk-bytes", type=ByteSize(), default=None, help="Bytes per chunk, e.g. 8MiB."
+    ),
+    click.option("--compression", type=click.Choice(CODECS), default="none", show_default=True),
+    click.option("--level", type=int, default=None, help="Compression level."),
+    click.option(
+        "--shuffle",
+        "filter_shuffle",
+        type=click.Choice(SHUFFLES),
+        default="none",
+        show_default=True,
+        help="Byte or bit shuffle filter before compression.",
+    ),
+    click.option("--seed", type=int, default=0, show_default=True, help="Write-order seed."),
+    click.option(
+        "--no-shuffle", is_flag=True, help="Keep the source order (no write-time shuffle)."
+    ),
+    click.option("--max-side", type=int, default=None, help="Encoded: re-encode larger images."),
+    click.option("--quality", type=int, default=None, help="JPEG quality of re-encoded images."),
+    click.option(
+        "--workers", type=int, default=None, help="Worker processes [default: all cores]."
+    ),
+    click.option(
+        "--labels",
+        "labels_csv",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="A path,label CSV for any folder layout.",
+    ),
+    click.option("--strict", is_flag=True, help="Stop at the first file that cannot be packed."),
+]
+
+
+def convert_flags(function: F) -> F:
+    """Add every conversion flag to a command (read them back with ``options_from_flags``)."""
+    for option in reversed(_CONVERT_FLAGS):
+        function = option(function)
+    return function
+
+
+def options_from_flags(flags: dict[str, Any]) -> Any:
+    """Return the ``ConvertOptions`` of the flags added by ``convert_flags``.
+
+    Raises:
+        OptionsError: an impossible combination (a usage error at the command line).
+    """
+    from h5pack.options import ConvertOptions
+
+    workers = flags["workers"]
+    return ConvertOptions(
+        mode=flags["mode"],
+        size=flags["size"],
+        resize=flags["resize"],
+        channels=int(flags["channels"]),
+        backend=flags["backend"],
+        layout=flags["layout"],
+        chunk_samples=flags["chunk_samples"],
+        chunk_shape=flags["chunk_shape"],
+        chunk_bytes=flags["chunk_bytes"],
+        compression=Compression(
+            codec=flags["compression"], level=flags["level"], shuffle=flags["filter_shuffle"]
+        ),
+        shuffle_samples=not flags["no_shuffle"],
+        seed=flags["seed"],
+        max_side=flags["max_side"],
+        quality=flags["quality"],
+        workers=workers if workers else None,
+        strict=flags["strict"],
+        labels_csv=flags["labels_csv"],
+    )
+
+
+quiet_flag = click.option("--quiet", "-q", is_flag=True, help="No progress bar or notes.")
+
+
+class Progress:
+    """Render a conversion's events and progress with tqdm (on stderr)."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        from tqdm import tqdm
+
+        tqdm.monitor_interval = 0  # no monitor thread (the writer forks its workers)
+        self._tqdm = tqdm
+        self.quiet = quiet
+        self.bar: Any = None
+
+    def note(self, message: str) -> None:
+        """Print a line without breaking the bar."""
+        self._tqdm.write(message, file=sys.stderr)
+
+    def event(self, event: Any) -> None:
+        """Handle a ``ConvertEvent``."""
+        if event.kind == "skipped":
+            self.note(f"warning: {event.message}")
+            return
+        self.close()  # every other event comes between phases
+        if event.kind == "phase":
+            if not self.quiet:
+                self.bar = self._tqdm(
+                    total=event.total, desc=event.message, unit="img", file=sys.stderr
+                )
+        elif not self.quiet:
+            self.note(event.message)
+
+    def advance(self, count: int) -> None:
+        """Advance the bar."""
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def close(self) -> None:
+        """Close the bar."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@contextmanager
+def progress_for(quiet: bool) -> Iterator[Progress]:
+    """Lend a ``Progress`` (quiet or not) and close its bar at the end."""
+    progress = Progress(quiet=quiet)
+    try:
+        yield progress
+    finally:
+        progress.close()
