@@ -1,0 +1,198 @@
+"""Conversion benchmark (issue 2): converter images/s vs the pure decode rate, sizes, memory.
+
+Measures, on one generated folder of natural-looking JPEGs, side by side in one run:
+
+- the pure decode(+resize) rate of the same images with the same number of processes
+  (the ceiling a converter can reach: it must decode every image);
+- ``h5pack convert`` images/s per mode and codec with 1 and 2 workers, as a ratio of that
+  ceiling;
+- file size and compression ratio per codec;
+- peak memory (parent and largest worker) of a default conversion as the folder grows 4x.
+
+Usage::
+
+    python scripts/bench_convert.py bench-data/jpeg2000 --make 2000 --repeats 3
+
+Prints markdown tables (for BENCHMARKS.md) and writes ``--json`` if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from h5pack.decode import decode_image, load_file, resize_image
+from h5pack.layout import Compression
+from h5pack.options import ConvertOptions
+from h5pack.sample import SampleSpec, make_image_folder
+from h5pack.scan import scan
+from h5pack.writer import convert
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default (auto)": {},
+    "raw gzip-4": {"mode": "raw", "compression": Compression(codec="gzip")},
+    "raw lzf": {"mode": "raw", "compression": Compression(codec="lzf")},
+    "raw lz4": {"mode": "raw", "compression": Compression(codec="lz4")},
+    "raw zstd-3": {"mode": "raw", "compression": Compression(codec="zstd")},
+    "raw blosc-lz4 bit": {
+        "mode": "raw",
+        "compression": Compression(codec="blosc-lz4", shuffle="bit"),
+    },
+    "raw blosc-zstd bit": {
+        "mode": "raw",
+        "compression": Compression(codec="blosc-zstd", shuffle="bit"),
+    },
+    "raw contiguous": {"mode": "raw", "layout": "contiguous"},
+    "raw 256x256": {"mode": "raw", "size": (256, 256)},
+    "raw 256x256 gzip-4": {
+        "mode": "raw",
+        "size": (256, 256),
+        "compression": Compression(codec="gzip"),
+    },
+    "encoded": {"mode": "encoded"},
+}
+
+
+def _decode_batch(paths: list[str], size: tuple[int, int] | None) -> int:
+    for path in paths:
+        image = decode_image(load_file(Path(path)), name=path)
+        if size is not None:
+            resize_image(image, size)
+    return len(paths)
+
+
+def decode_rate(paths: list[str], workers: int, size: tuple[int, int] | None) -> float:
+    """Return images/s of decoding (and resizing) ``paths`` with ``workers`` processes."""
+    batches = [paths[i : i + 32] for i in range(0, len(paths), 32)]
+    start = time.perf_counter()
+    if workers == 1:
+        done = sum(_decode_batch(batch, size) for batch in batches)
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            done = sum(pool.map(_decode_batch, batches, [size] * len(batches)))
+    return done / (time.perf_counter() - start)
+
+
+def convert_once(source: Path, options: ConvertOptions, workdir: Path) -> dict[str, Any]:
+    """Convert ``source`` once; return images/s and sizes."""
+    target = workdir / "bench.h5"
+    start = time.perf_counter()
+    report = convert(source, target, options, overwrite=True)
+    elapsed = time.perf_counter() - start
+    from h5pack.inspect import pack_info
+
+    info = pack_info(target)
+    return {
+        "images_per_s": report.num_samples / elapsed,
+        "file_bytes": target.stat().st_size,
+        "ratio": info.compression_ratio,
+        "mode": info.mode,
+        "storage": info.storage,
+    }
+
+
+MEMORY_PROBE = """
+import resource, sys, json
+from h5pack.options import ConvertOptions
+from h5pack.writer import convert
+convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=int(sys.argv[3])), overwrite=True)
+print(json.dumps({
+    "parent_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "largest_worker_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+}))
+"""
+
+
+def peak_memory(source: Path, target: Path, workers: int) -> dict[str, int]:
+    """Return the peak RSS (KiB) of a default conversion's parent and largest worker."""
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, str(source), str(target), str(workers)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="image folder (made with --make if absent)")
+    parser.add_argument("--make", type=int, default=2000, help="images to generate if absent")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--memory-scale", type=int, default=4, help="growth factor, 0 skips")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    if not args.folder.exists():
+        make_image_folder(args.folder, SampleSpec(num_images=args.make, num_classes=10))
+    paths = [str(f.path) for f in scan(args.folder).files]
+    mean_kib = sum(os.path.getsize(p) for p in paths) / len(paths) / 1024
+    print(f"# data: {len(paths)} JPEGs in {args.folder}, mean {mean_kib:.0f} KiB")
+    print(f"# machine: {platform.platform()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; medians of {args.repeats} runs\n")
+
+    results: dict[str, Any] = {"images": len(paths), "variants": {}, "decode": {}}
+    for workers in args.workers:
+        for label, size in (("decode", None), ("decode+resize 256", (256, 256))):
+            rates = [decode_rate(paths, workers, size) for _ in range(args.repeats)]
+            results["decode"][f"{label} w{workers}"] = statistics.median(rates)
+
+    print("| variant | workers | images/s | % of pure decode | file MiB | ratio |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(dir=args.folder.parent) as tmp:
+        for name in args.variants:
+            for workers in args.workers:
+                options = ConvertOptions(workers=workers, **VARIANTS[name])
+                runs = [convert_once(args.folder, options, Path(tmp)) for _ in range(args.repeats)]
+                rate = statistics.median(r["images_per_s"] for r in runs)
+                resized = VARIANTS[name].get("size") is not None
+                ceiling = results["decode"][
+                    f"{'decode+resize 256' if resized else 'decode'} w{workers}"
+                ]
+                row = {**runs[0], "images_per_s": rate, "of_decode": rate / ceiling}
+                results["variants"][f"{name} w{workers}"] = row
+                print(
+                    f"| {name} ({row['mode']}/{row['storage']}) | {workers} | {rate:.0f} | "
+                    f"{100 * row['of_decode']:.0f}% | {row['file_bytes'] / 2**20:.1f} | "
+                    f"{row['ratio']:.2f} |"
+                )
+        print("\n| pure decode | images/s |\n|---|---|")
+        for key, rate in results["decode"].items():
+            print(f"| {key} | {rate:.0f} |")
+
+        if args.memory_scale:
+            small = Path(tmp) / "small"
+            small.mkdir()
+            quarter = paths[: len(paths) // args.memory_scale]
+            for p in quarter:
+                rel = Path(p).relative_to(args.folder)
+                (small / rel.parent).mkdir(parents=True, exist_ok=True)
+                os.symlink(p, small / rel)
+            print("\n| folder | images | parent peak MiB | largest worker peak MiB |")
+            print("|---|---|---|---|")
+            for label, folder, count in (("1x", small, len(quarter)), (
+                f"{args.memory_scale}x", args.folder, len(paths))):
+                mem = peak_memory(folder, Path(tmp) / "mem.h5", max(args.workers))
+                results[f"memory {label}"] = mem
+                print(f"| {label} | {count} | {mem['parent_kib'] / 1024:.0f} | "
+                      f"{mem['largest_worker_kib'] / 1024:.0f} |")
+    results["self_peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
