@@ -10,7 +10,7 @@ from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
 def test_missing_pack_is_file_not_found_and_names_path(tmp_path):
     path = tmp_path / "nope.h5"
-    with pytest.raises(PackNotFoundError, match="nope.h5") as info:
+    with pytest.raises(PackNotFoundError, match=r"nope\.h5") as info:
         fmt.load_meta(path)
     assert isinstance(info.value, FileNotFoundError)
     assert isinstance(info.value, H5PackError)
