@@ -198,7 +198,7 @@ def peers(
         )
         dataset = ld.StreamingDataset(str(out), shuffle=True, transform=LitDecode())
         return ld.StreamingDataLoader(
-            dataset, batch_size=batch, num_workers=workers, collate_fn=stack
+            dataset, batch_size=batch, num_workers=workers, collate_fn=stack, **persistent
         )
 
     def mosaic() -> Iterable[Any] | str:
