@@ -22,7 +22,10 @@ sequential orders. Prints a Markdown report; ``--json`` also writes the numbers.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,6 +40,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from h5pack import format as fmt
+from h5pack.dataset import H5ImageDataset
 from h5pack.layout import ChunkMap, Compression
 from h5pack.loader import auto_workers, available_cores, make_loader
 from h5pack.options import ConvertOptions
@@ -49,14 +53,26 @@ from h5pack.writer import convert
 CODECS = ("none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd")
 
 
-def median_rate(run: Callable[[], int], repeats: int) -> float:
-    """Return the median images/s of ``repeats`` runs of ``run`` (which returns images done)."""
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        done = run()
-        rates.append(done / (time.perf_counter() - start))
-    return statistics.median(rates)
+def timed_rate(run: Callable[[], int]) -> float:
+    """Return the images/s of one call of ``run`` (which returns the images it did)."""
+    start = time.perf_counter()
+    done = run()
+    return done / (time.perf_counter() - start)
+
+
+def rounds(measures: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Run every measure once per round, ``repeats`` rounds after a warm-up round.
+
+    Interleaving the measures round by round means that a burst of load from elsewhere
+    hits all of them alike, and ratios are taken within a round.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    for round_index in range(repeats + 1):
+        for name, measure in measures.items():
+            value = measure()
+            if round_index:  # round 0 warms the page cache
+                samples[name].append(value)
+    return samples
 
 
 def build(
@@ -92,18 +108,21 @@ def epoch_rate(loader: Any) -> float:
     return done / (time.perf_counter() - start)
 
 
-def bench_h5pack(pack: Path, batch_size: int, workers: int | str, repeats: int) -> float:
-    """Median over ``repeats`` fresh loaders (the first, warming the page cache, is dropped)."""
-    rates = [
-        epoch_rate(make_loader(pack, batch_size, num_workers=workers, seed=r))  # type: ignore[arg-type]
-        for r in range(repeats + 1)
-    ]
-    return statistics.median(rates[1:])
+def bench_h5pack(pack: Path, batch_size: int, workers: int | str, seed: int) -> float:
+    """One epoch of a fresh ``make_loader`` loader.
+
+    In the main process the pack is opened before the clock starts (a one-time cost of a
+    training run, large next to a 0.1 s epoch); workers open it inside the clock.
+    """
+    loader = make_loader(pack, batch_size, num_workers=workers, seed=seed)  # type: ignore[arg-type]
+    if loader.num_workers == 0:
+        _ = loader.dataset.reader
+    return epoch_rate(loader)
 
 
-def bench_naive(pack: Path, samples: int, repeats: int, budget_s: float) -> float:
+def bench_naive(pack: Path, samples: int, budget_s: float, seed: int) -> float:
     """Per-sample random access, h5py's default chunk cache (1 MiB), one read per sample."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
 
     def run() -> int:
         with h5py.File(pack, "r") as f:
@@ -117,10 +136,10 @@ def bench_naive(pack: Path, samples: int, repeats: int, budget_s: float) -> floa
                     break
             return done
 
-    return median_rate(run, repeats)
+    return timed_rate(run)
 
 
-def bench_sequential(pack: Path, repeats: int) -> float:
+def bench_sequential(pack: Path) -> float:
     """(c) Read and decompress every chunk once, in order, with h5py (no cache needed)."""
 
     def run() -> int:
@@ -134,10 +153,10 @@ def bench_sequential(pack: Path, repeats: int) -> float:
                 images.read_direct(out, np.s_[lo:hi], np.s_[0 : hi - lo])
             return int(n)
 
-    return median_rate(run, repeats)
+    return timed_rate(run)
 
 
-def bench_sequential_direct(pack: Path, repeats: int) -> float:
+def bench_sequential_direct(pack: Path) -> float:
     """(c') The same through h5pack's direct chunk path, one thread."""
 
     def run() -> int:
@@ -147,7 +166,7 @@ def bench_sequential_direct(pack: Path, repeats: int) -> float:
                 reader._groups(np.array([chunk]))
             return cmap.num_samples
 
-    return median_rate(run, repeats)
+    return timed_rate(run)
 
 
 class PillowFolder(Dataset[tuple[torch.Tensor, int]]):
@@ -165,20 +184,16 @@ class PillowFolder(Dataset[tuple[torch.Tensor, int]]):
         return torch.from_numpy(array).permute(2, 0, 1), index % 10
 
 
-def bench_pillow(folder: Path, samples: int, batch_size: int, workers: int, repeats: int) -> float:
-    files = sorted(p for p in folder.rglob("*.jpg"))
-    files = [files[i] for i in np.random.default_rng(0).permutation(len(files))[:samples]]
-    rates = []
-    for repeat in range(repeats + 1):
-        loader = DataLoader(
-            PillowFolder(files),
-            batch_size=batch_size,
-            shuffle=True,
-            num_workers=workers,
-            generator=torch.Generator().manual_seed(repeat),
-        )
-        rates.append(epoch_rate(loader))
-    return statistics.median(rates[1:])
+def bench_pillow(files: list[Path], batch_size: int, workers: int, seed: int) -> float:
+    """One epoch of an ImageFolder-style Pillow pipeline over ``files``."""
+    loader = DataLoader(
+        PillowFolder(files),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return epoch_rate(loader)
 
 
 def shuffle_quality(
@@ -207,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--naive-samples", type=int, default=128)
     parser.add_argument("--naive-budget-s", type=float, default=4.0)
-    parser.add_argument("--pillow-samples", type=int, default=512)
+    parser.add_argument("--pillow-samples", type=int, default=256)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/h5pack-bench"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -218,25 +233,54 @@ def main(argv: list[str] | None = None) -> int:
     ]
     packs = build(args.workdir, args.images, args.size, args.chunk_samples, codecs)
     folder = packs.pop("_folder")
+    files = sorted(folder.rglob("*.jpg"))
+    files = [files[i] for i in np.random.default_rng(0).permutation(len(files))]
+    files = files[: args.pillow_samples]
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "codecs": {}}
     results["cores"] = available_cores()
-    pillow = {
-        w: bench_pillow(folder, args.pillow_samples, args.batch_size, w, args.repeats)
-        for w in (0, 2)
-    }
-    results["pillow"] = pillow
+    results["load_before"] = os.getloadavg()
+    seeds = itertools.count()
     for codec, pack in packs.items():
-        row: dict[str, Any] = {"file_mb": pack.stat().st_size / 2**20}
-        from h5pack.dataset import H5ImageDataset
-
-        row["auto"] = list(auto_workers(H5ImageDataset(pack)))
-        for w in worker_settings:
-            row[f"h5pack_{w}"] = bench_h5pack(pack, args.batch_size, w, args.repeats)
-        row["naive"] = bench_naive(pack, args.naive_samples, args.repeats, args.naive_budget_s)
-        row["sequential"] = bench_sequential(pack, args.repeats)
-        row["sequential_direct"] = bench_sequential_direct(pack, args.repeats)
+        measures: dict[str, Callable[[], float]] = {
+            f"h5pack_{w}": functools.partial(
+                lambda pack, w: bench_h5pack(pack, args.batch_size, w, next(seeds)), pack, w
+            )
+            for w in worker_settings
+        }
+        measures["naive"] = functools.partial(
+            lambda pack: bench_naive(pack, args.naive_samples, args.naive_budget_s, next(seeds)),
+            pack,
+        )
+        measures["sequential"] = functools.partial(bench_sequential, pack)
+        measures["sequential_direct"] = functools.partial(bench_sequential_direct, pack)
+        for w in (0, 2):
+            measures[f"pillow_{w}"] = functools.partial(
+                lambda w: bench_pillow(files, args.batch_size, w, next(seeds)), w
+            )
+        samples = rounds(measures, args.repeats)
+        best = [
+            max(v) for v in zip(*(samples[f"h5pack_{w}"] for w in worker_settings), strict=True)
+        ]
+        pillow = [max(a, b) for a, b in zip(samples["pillow_0"], samples["pillow_2"], strict=True)]
+        row: dict[str, Any] = {
+            "file_mb": pack.stat().st_size / 2**20,
+            "auto": list(auto_workers(H5ImageDataset(pack))),
+            "samples": samples,
+            **{name: statistics.median(values) for name, values in samples.items()},
+            "best_over_naive": statistics.median(
+                b / n for b, n in zip(best, samples["naive"], strict=True)
+            ),
+            "best_over_sequential": statistics.median(
+                b / q for b, q in zip(best, samples["sequential"], strict=True)
+            ),
+            "best_over_pillow": statistics.median(b / p for b, p in zip(best, pillow, strict=True)),
+        }
         results["codecs"][codec] = row
-        print(f"{codec}: {json.dumps(row)}", file=sys.stderr, flush=True)
+        brief = {
+            k: round(v) if isinstance(v, float) else v for k, v in row.items() if k != "samples"
+        }
+        print(f"{codec}: {json.dumps(brief)}", file=sys.stderr, flush=True)
+    results["load_after"] = os.getloadavg()
     window = max(1, (256 * 2**20) // (args.chunk_samples * args.size * args.size * 3))
     results["quality"] = shuffle_quality(args.images, args.chunk_samples, args.batch_size, window)
 
@@ -249,23 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "| codec | MiB | auto (workers, threads) | "
         + " | ".join(heads)
-        + " | (a) naive | (c) sequential | (c) direct | best/(a) | best/(c) | best/(b) |"
+        + " | (a) naive | (c) sequential | (c) direct | (b) Pillow w=0 | (b) Pillow w=2"
+        + " | best/(a) | best/(c) | best/(b) |"
     )
-    print("|" + "---|" * (len(heads) + 9))
-    best_pillow = max(pillow.values())
+    print("|" + "---|" * (len(heads) + 11))
     for codec, row in results["codecs"].items():
-        rates = [row[f"h5pack_{w}"] for w in worker_settings]
-        best = max(rates)
-        limit = row["sequential"]
         print(
             f"| {codec} | {row['file_mb']:.0f} | {tuple(row['auto'])} | "
-            + " | ".join(f"{r:,.0f}" for r in rates)
-            + f" | {row['naive']:,.0f} | {limit:,.0f} | {row['sequential_direct']:,.0f} | "
-            f"{best / row['naive']:.0f}x | {best / limit:.0%} | {best / best_pillow:.0f}x |"
+            + " | ".join(f"{row[f'h5pack_{w}']:,.0f}" for w in worker_settings)
+            + f" | {row['naive']:,.0f} | {row['sequential']:,.0f} | "
+            f"{row['sequential_direct']:,.0f} | {row['pillow_0']:,.0f} | {row['pillow_2']:,.0f} | "
+            f"{row['best_over_naive']:.0f}x | {row['best_over_sequential']:.0%} | "
+            f"{row['best_over_pillow']:.1f}x |"
         )
     print(
-        f"\n(b) Pillow ImageFolder pipeline: 0 workers {pillow[0]:,.0f}/s, "
-        f"2 workers {pillow[2]:,.0f}/s\n"
+        "\nRates are medians of the rounds; ratios are medians of per-round ratios of the best "
+        "h5pack setting. Load average before/after: "
+        f"{results['load_before'][0]:.1f} / {results['load_after'][0]:.1f}\n"
     )
     print("| order | jump entropy (bits) |\n|---|---|")
     for name, value in results["quality"].items():
