@@ -1,7 +1,9 @@
-"""Direct chunk reads: a chunk's bytes via ``os.pread``, decompressed outside HDF5."""
+"""Direct chunk reads: a chunk's bytes via ``os.preadv``, decompressed outside HDF5."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib
 import os
 import struct
@@ -9,6 +11,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import h5py
@@ -18,13 +21,19 @@ import numpy as np
 #
 # h5py serialises every call behind one global lock, so threads cannot read or decompress
 # two chunks at once through it. A chunk's file offset and size are looked up once
-# (``chunk_iter``); afterwards a chunk is ``os.pread`` at that offset and decompressed by
-# Python codecs that release the GIL (zlib for gzip; lz4, zstandard and blosc when
-# installed), so several threads decompress in parallel and no HDF5 call is made per chunk.
-# Uncompressed samples are read with ``os.preadv`` straight into the caller's buffer.
-# Anything this path does not understand (lzf, bitshuffle, a chunk shape that splits a
-# sample, an unallocated chunk, a filter mask it cannot honour) is read through h5py
-# instead; tests check that both paths give identical pixels for every codec.
+# (``chunk_iter``); afterwards a chunk is ``os.preadv``'d at that offset into a per-thread
+# buffer and decompressed straight into a caller-owned output buffer by a codec that
+# releases the GIL, so several threads decompress in parallel and no HDF5 call is made per
+# chunk. Codecs: the system's zlib, liblz4 and libzstd through ctypes (ctypes releases the
+# GIL and writes into our buffer); else the Python packages zlib, lz4, zstandard (a copy
+# more); blosc through python-blosc's ``decompress_ptr``. Output buffers are allocated by
+# the reader in the calling thread and recycled: fresh multi-megabyte buffers allocated in
+# pool threads come from glibc's per-thread arenas as fresh mmaps, and their page faults
+# and unmapping cost more than LZ4 decompression itself (measured: 16 ms vs 4 ms per 12 MiB
+# chunk, BENCHMARKS.md). Uncompressed samples are read with ``os.preadv`` straight into the
+# batch. Anything this path does not understand (lzf, bitshuffle, two real filters, a
+# chunk shape that splits a sample, an unallocated chunk) is read through h5py instead;
+# tests check that both paths give identical pixels for every codec.
 
 FILTER_DEFLATE = 1
 FILTER_SHUFFLE = 2
@@ -32,45 +41,136 @@ FILTER_BLOSC = 32001
 FILTER_LZ4 = 32004
 FILTER_ZSTD = 32015
 
-Decompressor = Callable[[bytes, int], bytes]
+# decompress(src, out): fill ``out`` (uint8, exactly the decompressed size) from ``src``.
+Decompressor = Callable[[np.ndarray, np.ndarray], None]
 
 _local = threading.local()
 
 
-def _inflate(data: bytes, size: int) -> bytes:
-    return zlib.decompress(data, bufsize=max(size, 1))
+def _address(array: np.ndarray, offset: int = 0) -> int:
+    return int(array.ctypes.data) + offset
 
 
-def _lz4(data: bytes, size: int) -> bytes:
+@cache
+def _library(name: str) -> Any:
+    """Return the system library ``name`` through ctypes (calls release the GIL), or None."""
+    found = ctypes.util.find_library(name)
+    if found is None:
+        return None
+    try:
+        return ctypes.CDLL(found)
+    except OSError:
+        return None
+
+
+@cache
+def _zlib_uncompress() -> Any:
+    lib = _library("z")
+    if lib is None:
+        return None
+    function = lib.uncompress
+    function.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_ulong),
+        ctypes.c_void_p,
+        ctypes.c_ulong,
+    ]
+    function.restype = ctypes.c_int
+    return function
+
+
+@cache
+def _lz4_decompress_safe() -> Any:
+    lib = _library("lz4")
+    if lib is None:
+        return None
+    function = lib.LZ4_decompress_safe
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+@cache
+def _zstd_functions() -> tuple[Any, Any] | None:
+    lib = _library("zstd")
+    if lib is None:
+        return None
+    decompress, is_error = lib.ZSTD_decompress, lib.ZSTD_isError
+    decompress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+    decompress.restype = ctypes.c_size_t
+    is_error.argtypes = [ctypes.c_size_t]
+    is_error.restype = ctypes.c_uint
+    return decompress, is_error
+
+
+def _check(produced: int, out: np.ndarray, codec: str) -> None:
+    if produced != out.size:
+        raise OSError(f"{codec}: a chunk decompressed to {produced} bytes, expected {out.size}")
+
+
+def _inflate(src: np.ndarray, out: np.ndarray) -> None:
+    uncompress = _zlib_uncompress()
+    if uncompress is None:
+        data = zlib.decompress(src.data, bufsize=max(out.size, 1))
+        _check(len(data), out, "gzip")
+        out[:] = np.frombuffer(data, dtype=np.uint8)
+        return
+    size = ctypes.c_ulong(out.size)
+    status = uncompress(_address(out), ctypes.byref(size), _address(src), src.size)
+    if status != 0:
+        raise OSError(f"gzip: zlib error {status} while decompressing a chunk")
+    _check(size.value, out, "gzip")
+
+
+def _lz4(src: np.ndarray, out: np.ndarray) -> None:
     # HDF5 LZ4 filter (id 32004) framing: total size (int64 BE), block size (int32 BE), then
     # per block: compressed size (int32 BE) and data, stored raw when it did not shrink.
-    block_codec = importlib.import_module("lz4.block")
-    total, block = struct.unpack_from(">qi", data, 0)
-    pos, produced, parts = 12, 0, []
+    total, block = struct.unpack_from(">qi", src.data, 0)
+    _check(total, out, "lz4")
+    decompress_safe = _lz4_decompress_safe()
+    block_codec = None if decompress_safe else importlib.import_module("lz4.block")
+    pos, produced = 12, 0
     while produced < total:
-        (length,) = struct.unpack_from(">i", data, pos)
+        (length,) = struct.unpack_from(">i", src.data, pos)
         pos += 4
         want = min(block, total - produced)
-        piece = data[pos : pos + length]
+        if length == want:
+            out[produced : produced + want] = src[pos : pos + length]
+        elif decompress_safe is not None:
+            got = decompress_safe(_address(src, pos), _address(out, produced), length, want)
+            if got != want:
+                raise OSError(f"lz4: a block decompressed to {got} bytes, expected {want}")
+        else:
+            assert block_codec is not None
+            data = block_codec.decompress(src[pos : pos + length].data, want)
+            out[produced : produced + want] = np.frombuffer(data, dtype=np.uint8)
         pos += length
-        if length != want:
-            piece = block_codec.decompress(piece, uncompressed_size=want)
-        parts.append(piece)
         produced += want
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _zstd(data: bytes, size: int) -> bytes:
+def _zstd(src: np.ndarray, out: np.ndarray) -> None:
+    functions = _zstd_functions()
+    if functions is not None:
+        decompress, is_error = functions
+        produced = decompress(_address(out), out.size, _address(src), src.size)
+        if is_error(produced):
+            raise OSError("zstd: a chunk failed to decompress")
+        _check(int(produced), out, "zstd")
+        return
     decompressor = getattr(_local, "zstd", None)
     if decompressor is None:  # ZstdDecompressor is not thread-safe: one per thread
         decompressor = _local.zstd = importlib.import_module("zstandard").ZstdDecompressor()
-    result: bytes = decompressor.decompress(data, max_output_size=max(size, 1))
-    return result
+    data = decompressor.decompress(src.data, max_output_size=max(out.size, 1))
+    _check(len(data), out, "zstd")
+    out[:] = np.frombuffer(data, dtype=np.uint8)
 
 
-def _blosc(data: bytes, size: int) -> bytes:
-    result: bytes = importlib.import_module("blosc").decompress(data)
-    return result
+def _blosc(src: np.ndarray, out: np.ndarray) -> None:
+    blosc = importlib.import_module("blosc")
+    nbytes, _, _ = blosc.get_cbuffer_sizes(src[:16].tobytes())
+    _check(int(nbytes), out, "blosc")
+    produced = blosc.decompress_ptr(src.data.toreadonly(), _address(out))
+    _check(int(produced), out, "blosc")
 
 
 def _available(module: str) -> bool:
@@ -84,9 +184,9 @@ def _available(module: str) -> bool:
 def decompressors() -> dict[int, Decompressor]:
     """Return the HDF5 filter ids this process can decompress outside HDF5."""
     found: dict[int, Decompressor] = {FILTER_DEFLATE: _inflate}
-    if _available("lz4.block"):
+    if _lz4_decompress_safe() is not None or _available("lz4.block"):
         found[FILTER_LZ4] = _lz4
-    if _available("zstandard"):
+    if _zstd_functions() is not None or _available("zstandard"):
         found[FILTER_ZSTD] = _zstd
     if _available("blosc"):
         found[FILTER_BLOSC] = _blosc
@@ -95,40 +195,38 @@ def decompressors() -> dict[int, Decompressor]:
 
 @dataclass(frozen=True)
 class ChunkTable:
-    """Where each chunk of a dataset lies in the file, and how to undo its filters.
+    """Where each chunk of a dataset lies in the file, and how to undo its filter.
 
     Attributes:
         offsets: File offset of chunk ``c`` along the first axis (-1 when unallocated).
         sizes: Stored bytes of chunk ``c``.
         masks: HDF5 filter mask of chunk ``c`` (bit i set: filter i was skipped).
-        pipeline: ``(filter id, decompressor or None for a no-op)`` in write order.
+        codec: ``(pipeline position, decompressor)`` of the one filter that changes bytes,
+            or None when every filter is a no-op on uint8 data.
         chunk_nbytes: Decompressed bytes of one chunk.
     """
 
     offsets: np.ndarray
     sizes: np.ndarray
     masks: np.ndarray
-    pipeline: tuple[tuple[int, Decompressor | None], ...]
+    codec: tuple[int, Decompressor] | None
     chunk_nbytes: int
 
-    def decompress(self, chunk: int, data: bytes) -> bytes:
-        """Undo the filters of ``chunk`` on its stored ``data``."""
-        mask = int(self.masks[chunk])
-        for position in range(len(self.pipeline) - 1, -1, -1):
-            if mask & (1 << position):
-                continue
-            function = self.pipeline[position][1]
-            if function is not None:
-                data = function(data, self.chunk_nbytes)
-        return data
+    def decompress_into(self, chunk: int, src: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (``chunk_nbytes`` uint8) with chunk ``chunk`` from its stored ``src``."""
+        if self.codec is None or int(self.masks[chunk]) & (1 << self.codec[0]):
+            if src.size != out.size:
+                raise OSError(f"chunk {chunk}: {src.size} stored bytes, expected {out.size}")
+            out[:] = src
+            return
+        self.codec[1](src, out)
 
 
 def chunk_table(dataset: h5py.Dataset) -> ChunkTable | None:
     """Return the direct-read table of a chunked uint8 dataset, or None if unsupported.
 
     Supported: chunks that span every axis but the first, uint8, and a filter pipeline of
-    deflate, byte shuffle (a no-op on 1-byte items), and lz4, zstd or blosc when their
-    Python packages are installed.
+    byte shuffle (a no-op on 1-byte items) and at most one of deflate, lz4, zstd, blosc.
     """
     if dataset.chunks is None or dataset.dtype != np.uint8:
         return None
@@ -136,15 +234,14 @@ def chunk_table(dataset: h5py.Dataset) -> ChunkTable | None:
         return None
     available = decompressors()
     plist = dataset.id.get_create_plist()
-    pipeline: list[tuple[int, Decompressor | None]] = []
-    for i in range(plist.get_nfilters()):
-        filter_id, _flags, values, _name = plist.get_filter(i)
+    codec: tuple[int, Decompressor] | None = None
+    for position in range(plist.get_nfilters()):
+        filter_id, _flags, values, _name = plist.get_filter(position)
         if filter_id == FILTER_SHUFFLE and (not values or values[0] == 1):
-            pipeline.append((filter_id, None))
-        elif filter_id in available:
-            pipeline.append((filter_id, available[filter_id]))
-        else:
+            continue
+        if filter_id not in available or codec is not None:
             return None
+        codec = (position, available[filter_id])
     step = int(dataset.chunks[0])
     count = -(-int(dataset.shape[0]) // step) if dataset.shape[0] else 0
     offsets = np.full(count, -1, dtype=np.int64)
@@ -160,7 +257,7 @@ def chunk_table(dataset: h5py.Dataset) -> ChunkTable | None:
         offsets=offsets,
         sizes=sizes,
         masks=masks,
-        pipeline=tuple(pipeline),
+        codec=codec,
         chunk_nbytes=int(np.prod(dataset.chunks)),
     )
 
@@ -174,10 +271,10 @@ def contiguous_offset(dataset: h5py.Dataset) -> int | None:
 
 
 class DirectFile:
-    """A read-only file descriptor for ``os.pread``/``os.preadv``, opened lazily per process.
+    """A read-only file descriptor for ``os.preadv``, opened lazily once per process.
 
-    # NOTE: a descriptor inherited through fork shares nothing but the open file; pread
-    # carries its own offset, so concurrent readers in threads and processes do not clash.
+    ``preadv`` carries its own offset, so threads share the descriptor safely; after a fork
+    the child opens its own.
     """
 
     def __init__(self, path: str) -> None:
@@ -192,13 +289,6 @@ class DirectFile:
             self._pid = os.getpid()
         return self._fd
 
-    def pread(self, size: int, offset: int) -> bytes:
-        """Return ``size`` bytes at ``offset``."""
-        data = os.pread(self.fd(), size, offset)
-        if len(data) != size:
-            raise OSError(f"{self.path}: short read at byte {offset} ({len(data)} of {size})")
-        return data
-
     def read_into(self, buffer: np.ndarray, offset: int) -> None:
         """Fill the contiguous uint8 ``buffer`` from ``offset``."""
         view = buffer.data.cast("B")
@@ -208,6 +298,21 @@ class DirectFile:
             if got <= 0:
                 raise OSError(f"{self.path}: short read at byte {offset + done}")
             done += got
+
+    def read_scratch(self, size: int, offset: int) -> np.ndarray:
+        """Return ``size`` bytes at ``offset`` in this thread's reusable buffer.
+
+        The array is valid until this thread's next call; one buffer per thread spares the
+        page faults of fresh memory for every compressed chunk.
+        """
+        scratch: np.ndarray | None = getattr(_local, "scratch", None)
+        if scratch is None or scratch.size < size:
+            scratch = _local.scratch = np.empty(
+                max(size, 2 * (0 if scratch is None else scratch.size)), dtype=np.uint8
+            )
+        view = scratch[:size]
+        self.read_into(view, offset)
+        return view
 
     def close(self) -> None:
         """Close the descriptor (if this process opened it)."""

@@ -125,7 +125,9 @@ class PackReader:
         self._sample_bytes = int(np.prod(self.meta.images_shape[1:]))
         self._step = self.meta.chunks[0] if self.meta.chunks is not None else 1
         self._all_allocated = self._table is None or bool(np.all(self._table.offsets >= 0))
-        self._window: OrderedDict[int, np.ndarray] = OrderedDict()
+        # group -> (its data, the buffer it lives in); buffers of groups that left it
+        self._window: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._free: list[np.ndarray] = []
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
@@ -264,62 +266,87 @@ class PackReader:
 
         Loaded groups enter the window in the order given (the order they first appear in
         the request), and the oldest leave first: see sampler's note "Chunk-aware epoch
-        order" for why this reads every chunk once per chunk-aware epoch.
+        order" for why this reads every chunk once per chunk-aware epoch. Output buffers
+        are taken here, in the calling thread, and recycled when their group leaves the
+        window (see direct's note "Direct chunk path").
         """
         found: dict[int, np.ndarray] = {}
         missing: list[int] = []
         for g in wanted.tolist():
             if g in self._window:
-                found[g] = self._window[g]
+                found[g] = self._window[g][0]
             else:
                 missing.append(g)
+        plans = [self._plan_group(g) for g in missing]
+        buffers = [self._take_buffer(nbytes) for _, nbytes in plans]
         if len(missing) > 1 and self._threads > 1 and self._table is not None:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
-            loaded = list(self._pool.map(self._load_group, missing))
+            loaded = list(self._pool.map(self._load_group, missing, plans, buffers))
         else:
-            loaded = [self._load_group(g) for g in missing]
+            loaded = [self._load_group(*args) for args in zip(missing, plans, buffers, strict=True)]
         self.loads += len(missing)
-        for g, block in zip(missing, loaded, strict=True):
-            found[g] = self._window[g] = block
+        for g, block, buffer in zip(missing, loaded, buffers, strict=True):
+            found[g] = block
+            self._window[g] = (block, buffer)
         while len(self._window) > self.window_chunks:
-            self._window.popitem(last=False)
+            _, (_, buffer) = self._window.popitem(last=False)
+            if len(self._free) < max(2, self._threads):
+                self._free.append(buffer)
         return found
 
-    def _load_group(self, group: int) -> np.ndarray:
-        """Read and decompress group ``group`` whole.
+    def _take_buffer(self, nbytes: int) -> np.ndarray:
+        for i, buffer in enumerate(self._free):
+            if buffer.size == nbytes:
+                return self._free.pop(i)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def _plan_group(self, group: int) -> tuple[bool, int]:
+        """Return ``(direct, buffer bytes)`` for loading group ``group`` whole."""
+        lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
+        table = self._table
+        if self.meta.storage == "array":
+            if table is not None and table.offsets[group] >= 0:
+                return True, table.chunk_nbytes
+            return False, (hi - lo) * self._sample_bytes
+        begin, end = self._blob_span(lo, hi)
+        if table is not None:
+            first, last = begin // table.chunk_nbytes, (end - 1) // table.chunk_nbytes
+            if bool(np.all(table.offsets[first : last + 1] >= 0)):
+                return True, (last - first + 1) * table.chunk_nbytes
+        return False, end - begin
+
+    def _load_group(self, group: int, plan: tuple[bool, int], buffer: np.ndarray) -> np.ndarray:
+        """Read and decompress group ``group`` whole into ``buffer`` (see ``_plan_group``).
 
         Array storage: (n, H, W, C) samples of the group. Blob storage: the 1-D bytes from
         the group's first slot to the end of its last sample.
         """
+        direct, _ = plan
         lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
-        if self.meta.storage == "array":
-            table = self._table
-            if table is not None and table.offsets[group] >= 0:
-                chunk = np.frombuffer(self._decompressed(table, group), dtype=np.uint8)
-                return chunk.reshape(-1, *self.meta.images_shape[1:])[: hi - lo]
-            return np.asarray(self._images[lo:hi])
-        begin, end = self._blob_span(lo, hi)
         table = self._table
-        if table is not None:
+        if self.meta.storage == "array":
+            if direct:
+                assert table is not None  # planned direct
+                self._read_chunk_into(table, group, buffer)
+                return buffer.reshape(-1, *self.meta.images_shape[1:])[: hi - lo]
+            view = buffer.reshape(hi - lo, *self.meta.images_shape[1:])
+            self._images.read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
+            return view
+        begin, end = self._blob_span(lo, hi)
+        if direct:
+            assert table is not None  # planned direct
             step = table.chunk_nbytes
-            first, last = begin // step, (end - 1) // step
-            if all(table.offsets[c] >= 0 for c in range(first, last + 1)):
-                parts = [self._decompressed(table, c) for c in range(first, last + 1)]
-                joined = parts[0] if len(parts) == 1 else b"".join(parts)
-                data = np.frombuffer(joined, dtype=np.uint8)
-                return data[begin - first * step : end - first * step]
-        return np.asarray(self._images[begin:end])
+            first = begin // step
+            for k in range(buffer.size // step):
+                self._read_chunk_into(table, first + k, buffer[k * step : (k + 1) * step])
+            return buffer[begin - first * step : end - first * step]
+        self._images.read_direct(buffer, np.s_[begin:end], np.s_[0 : end - begin])
+        return buffer
 
-    def _decompressed(self, table: ChunkTable, chunk: int) -> bytes:
-        stored = self._raw_file.pread(int(table.sizes[chunk]), int(table.offsets[chunk]))
-        data = table.decompress(chunk, stored)
-        if len(data) != table.chunk_nbytes:
-            raise OSError(
-                f"{self.path}: chunk {chunk} decompressed to {len(data)} bytes, "
-                f"expected {table.chunk_nbytes}"
-            )
-        return data
+    def _read_chunk_into(self, table: ChunkTable, chunk: int, out: np.ndarray) -> None:
+        stored = self._raw_file.read_scratch(int(table.sizes[chunk]), int(table.offsets[chunk]))
+        table.decompress_into(chunk, stored, out)
 
     def _blob_span(self, lo: int, hi: int) -> tuple[int, int]:
         offsets, sizes = self.meta.offsets, self.meta.sizes

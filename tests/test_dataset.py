@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from h5pack import direct as direct_module
 from h5pack import format as fmt
 from h5pack.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.direct import decompressors
@@ -243,9 +244,9 @@ def test_each_chunk_decompressed_once_per_epoch(tmp_path, monkeypatch, window, n
     current = [0]
     original = PackReader._load_group
 
-    def counting(self: PackReader, group: int) -> np.ndarray:
+    def counting(self: PackReader, group: int, *args: object) -> np.ndarray:
         loads[(current[0], group)] += 1
-        return original(self, group)
+        return original(self, group, *args)
 
     monkeypatch.setattr(PackReader, "_load_group", counting)
     sampler = ChunkBatchSampler(
@@ -284,3 +285,23 @@ def test_iterable_dataset_in_process_is_the_sampler_order(tmp_path):
     assert [int(label) for _, label in stream] != got
     clone = pickle.loads(pickle.dumps(stream))
     assert clone.epoch == 3
+
+
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])
+def test_python_codec_fallbacks_give_identical_pixels(tmp_path, monkeypatch, codec):
+    """Without the system's zlib/liblz4/libzstd, the Python packages decompress."""
+    samples = arrays()
+    path = make_pack(
+        tmp_path / "p.h5", samples=samples, chunk_samples=8, compression=Compression(codec=codec)
+    )
+    for name in ("_zlib_uncompress", "_lz4_decompress_safe", "_zstd_functions"):
+        monkeypatch.setattr(direct_module, name, lambda: None)
+    filter_id = {"gzip": 1, "lz4": 32004, "zstd": 32015}[codec]
+    if filter_id not in decompressors():
+        pytest.skip(f"no Python package for {codec}")
+    want = expected(path, samples)
+    with PackReader(path, window_chunks=2, threads=2) as reader:
+        assert reader.direct
+        order = np.random.default_rng(2).permutation(NUM)
+        for i, image in zip(order, reader.read_stored(order), strict=True):
+            np.testing.assert_array_equal(image, want[i])
