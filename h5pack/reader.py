@@ -229,11 +229,14 @@ class PackReader:
                 out[where] = block[idx[where] - int(self.chunk_map.starts[g])]
             return
         if self.direct and self._all_allocated:
-            offsets = self._sample_offsets(idx).tolist()
+            offsets = self._sample_offsets(idx)
+            # in file order (measured ~15% faster than batch order), each to its place
+            order = np.argsort(offsets, kind="stable")
+            jobs = list(zip(order.tolist(), offsets[order].tolist(), strict=True))
             read = self._raw_file.read_into
             parts = self._threads if self._threads > 1 and idx.size >= 2 * self._threads else 1
             if parts == 1:
-                for pos, offset in enumerate(offsets):
+                for pos, offset in jobs:
                     read(out[pos], offset)
                 return
             # os.preadv releases the GIL: copies from the page cache run in parallel
@@ -242,8 +245,8 @@ class PackReader:
             bounds = np.linspace(0, idx.size, parts + 1).astype(int).tolist()
 
             def read_part(part: int) -> None:
-                for pos in range(bounds[part], bounds[part + 1]):
-                    read(out[pos], offsets[pos])
+                for pos, offset in jobs[bounds[part] : bounds[part + 1]]:
+                    read(out[pos], offset)
 
             list(self._pool.map(read_part, range(parts)))
             return
