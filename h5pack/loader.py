@@ -24,12 +24,13 @@ from h5pack.sampler import ChunkBatchSampler
 #   own windows and each chunk is decompressed once per epoch.
 # - ``num_workers="auto"``: worker processes pay for every batch crossing a process
 #   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
-#   in-process; BENCHMARKS.md: workers were slower than the main process for every raw
-#   pack, even lzf, which the main process reads through h5py on one core). A raw pack
-#   without a per-sample transform is read in the main process by ``threads`` = cores
-#   threads (direct chunk path: ``preadv`` and the codecs release the GIL); only per-sample
-#   work that holds the GIL (decoding encoded packs, Python transforms) gets worker
-#   processes, one per core.
+#   in-process; scripts/bench_loader.py: 2 workers were slower than the main process for
+#   every raw pack the direct path reads). A raw pack without a per-sample transform is
+#   read in the main process by ``threads`` = cores threads (direct chunk path: ``preadv``
+#   and the codecs release the GIL), never slower than reading in-process; only per-sample
+#   work (decoding encoded packs, Python transforms) gets worker processes, one per core.
+#   lzf and bitshuffle packs, which only h5py reads, may gain from explicit workers on a
+#   quiet many-core machine.
 # - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
 # - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
 # - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
