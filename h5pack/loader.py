@@ -92,8 +92,13 @@ def collate(batch: Sequence[Any]) -> Any:
     if not same or first.dtype != torch.uint8:
         return default_collate(list(batch))
     images = empty_uint8((len(batch), *first.shape))
+    # NOTE [ numpy copies ]: copying through numpy views keeps torch's intra-op thread pool
+    # asleep; ``Tensor.copy_`` wakes it for every image, and on a small machine its
+    # spinning threads steal the cores that decode the next images (an in-process epoch of
+    # an encoded pack ran ~1.2x faster this way on 2 cores).
+    target = images.numpy()
     for j, sample in enumerate(batch):
-        images[j].copy_(sample[0])
+        target[j] = sample[0].numpy()
     rest = [default_collate([s[k] for s in batch]) for k in range(1, len(batch[0]))]
     if len(batch[0]) == 3:  # paths stay a list of str
         rest[1] = [s[2] for s in batch]
