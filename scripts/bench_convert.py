@@ -162,51 +162,51 @@ def main() -> None:
     mean_kib = sum(os.path.getsize(p) for p in paths) / len(paths) / 1024
     print(f"# data: {len(paths)} JPEGs in {args.folder}, mean {mean_kib:.0f} KiB")
     print(f"# machine: {platform.platform()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; medians of {args.repeats} runs\n")
+          f"{platform.python_version()}; medians of {args.repeats} rounds; each ratio is the "
+          "median of per-round ratios (a decode run right before each conversion)\n")
 
-    results: dict[str, Any] = {"images": len(paths), "variants": {}, "decode": {}}
+    results: dict[str, Any] = {"images": len(paths), "variants": {}, }
     sink = args.folder.parent / "decode-sink.bin"
-    for workers in args.workers:
-        for label, size, out in (
-            ("decode", None, None),
-            ("decode+write", None, sink),
-            ("decode+resize 256", (256, 256), None),
-        ):
-            rates = [decode_rate(paths, workers, size, out) for _ in range(args.repeats)]
-            results["decode"][f"{label} w{workers}"] = statistics.median(rates)
-
-    print("| variant | workers | images/s | % of pure decode | % of decode+write | file MiB "
-          "| ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | workers | images/s | pure decode images/s | % of pure decode | "
+          "% of decode+write | file MiB | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=args.folder.parent) as tmp:
         for name in args.variants:
+            resized = VARIANTS[name].get("size")
             for workers in args.workers:
                 options = ConvertOptions(workers=workers, **VARIANTS[name])
-                runs = [convert_once(args.folder, options, Path(tmp)) for _ in range(args.repeats)]
-                rate = statistics.median(r["images_per_s"] for r in runs)
-                resized = VARIANTS[name].get("size") is not None
-                ceiling = results["decode"][
-                    f"{'decode+resize 256' if resized else 'decode'} w{workers}"
-                ]
-                write_floor = results["decode"][f"decode+write w{workers}"]
+                # Side by side, round by round: this machine's speed drifts between runs,
+                # so each conversion is compared with a decode run made just before it.
+                runs, decodes, floors = [], [], []
+                for _ in range(args.repeats):
+                    decodes.append(decode_rate(paths, workers, resized))
+                    if not resized:
+                        floors.append(decode_rate(paths, workers, None, sink))
+                    runs.append(convert_once(args.folder, options, Path(tmp)))
+                rates = [r["images_per_s"] for r in runs]
+                of_decode = statistics.median(r / d for r, d in zip(rates, decodes, strict=True))
+                of_floor = (
+                    statistics.median(r / f for r, f in zip(rates, floors, strict=True))
+                    if floors
+                    else None
+                )
                 row = {
                     **runs[0],
-                    "images_per_s": rate,
-                    "of_decode": rate / ceiling,
-                    "of_decode_write": None if resized else rate / write_floor,
+                    "images_per_s": statistics.median(rates),
+                    "decode_per_s": statistics.median(decodes),
+                    "decode_write_per_s": statistics.median(floors) if floors else None,
+                    "of_decode": of_decode,
+                    "of_decode_write": of_floor,
                 }
                 results["variants"][f"{name} w{workers}"] = row
-                of_write = "" if resized else f"{100 * rate / write_floor:.0f}%"
+                of_write = "" if of_floor is None else f"{100 * of_floor:.0f}%"
                 print(
-                    f"| {name} ({row['mode']}/{row['storage']}) | {workers} | {rate:.0f} | "
-                    f"{100 * row['of_decode']:.0f}% | {of_write} | "
+                    f"| {name} ({row['mode']}/{row['storage']}) | {workers} | "
+                    f"{row['images_per_s']:.0f} | {row['decode_per_s']:.0f} | "
+                    f"{100 * of_decode:.0f}% | {of_write} | "
                     f"{row['file_bytes'] / 2**20:.1f} | {row['ratio']:.2f} |",
                     flush=True,
                 )
-        print("\n| pure decode | images/s |\n|---|---|")
-        for key, rate in results["decode"].items():
-            print(f"| {key} | {rate:.0f} |")
-
         if args.memory_scale:
             small = Path(tmp) / "small"
             small.mkdir()
