@@ -322,12 +322,14 @@ def verify_pack(
             try:
                 stored = reader.read_stored(np.arange(indices.start, indices.stop))
             except Exception as err:  # any failure to read damaged data is reported, not raised
+                # The reader's own FormatError already names the pack and the group.
+                cause = err.__cause__ if isinstance(err, FormatError) and err.__cause__ else err
                 problems.append(
                     Problem(
                         indices.start,
                         paths[indices.start],
                         f"samples {indices.start}..{indices.stop - 1} (chunk group {group}) "
-                        f"cannot be read: {err}",
+                        f"cannot be read: {cause}",
                     )
                 )
                 step(len(indices))

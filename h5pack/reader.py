@@ -21,6 +21,7 @@ import numpy as np
 from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
+from h5pack.errors import FormatError
 from h5pack.layout import DEFAULT_CHUNK_BYTES, ChunkMap, cache_settings, chunk_samples_for
 
 T = TypeVar("T")
@@ -324,7 +325,23 @@ class PackReader:
 
         Array storage: (n, H, W, C) samples of the group. Blob storage: the 1-D bytes from
         the group's first slot to the end of its last sample.
+
+        Raises:
+            FormatError: the group's chunks cannot be read or decompressed (a damaged
+                pack); the message names the pack, the chunk group and its samples.
         """
+        try:
+            return self._load_group_unchecked(group, plan, buffer)
+        except OSError as err:
+            lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
+            raise FormatError(
+                f"{self.path}: chunk group {group} (samples {lo}..{hi - 1}) cannot be read: "
+                f"{err}; the pack is damaged, run `h5pack verify {self.path}`"
+            ) from err
+
+    def _load_group_unchecked(
+        self, group: int, plan: tuple[bool, int], buffer: np.ndarray
+    ) -> np.ndarray:
         direct, _ = plan
         lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
         table = self._table

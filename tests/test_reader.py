@@ -1,0 +1,57 @@
+"""A damaged pack is reported with the pack, chunk group and samples named, never served."""
+
+import h5py
+import numpy as np
+import pytest
+
+from h5pack import H5ImageDataset, make_loader
+from h5pack.errors import FormatError
+from h5pack.layout import Compression
+from h5pack.options import ConvertOptions
+from h5pack.reader import PackReader
+from h5pack.writer import write_arrays
+
+
+@pytest.fixture
+def damaged_gzip_pack(tmp_path):
+    rng = np.random.default_rng(0)
+    # Smooth images compress well, so the flipped bytes land inside deflate streams.
+    base = np.linspace(0, 255, 16 * 16 * 3).reshape(16, 16, 3).astype(np.uint8)
+    images = [np.roll(base, int(s), axis=1) for s in rng.integers(0, 16, 24)]
+    path = tmp_path / "damaged.h5"
+    write_arrays(
+        path,
+        images,
+        [i % 2 for i in range(24)],
+        options=ConvertOptions(chunk_samples=8, compression=Compression(codec="gzip")),
+    )
+    with h5py.File(path, "r") as f:
+        info = f["images"].id.get_chunk_info(1)  # chunk group 1: samples 8..15
+    with open(path, "r+b") as f:
+        for k in range(8, min(info.size, 400), 16):
+            f.seek(info.byte_offset + k)
+            byte = f.read(1)[0]
+            f.seek(info.byte_offset + k)
+            f.write(bytes([byte ^ 0xFF]))
+    return path
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_damaged_chunk_names_pack_group_and_samples(damaged_gzip_pack, direct):
+    with PackReader(damaged_gzip_pack, direct=direct) as reader:
+        assert reader.read_images([0, 7])[0].shape == (16, 16, 3)  # group 0 is intact
+        with pytest.raises(FormatError, match=r"chunk group 1 \(samples 8\.\.15\)") as info:
+            reader.read_images([9])
+    message = str(info.value)
+    assert str(damaged_gzip_pack) in message
+    assert "h5pack verify" in message
+
+
+def test_loader_stops_on_a_damaged_pack(damaged_gzip_pack):
+    loader = make_loader(damaged_gzip_pack, 4, num_workers=0)
+    with pytest.raises(FormatError, match="damaged"):
+        for _ in loader:
+            pass
+    dataset = H5ImageDataset(damaged_gzip_pack)
+    with pytest.raises(FormatError, match="chunk group 1"):
+        dataset[10]
