@@ -125,6 +125,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         direct: Read chunks with the direct chunk path where it applies.
         threads: Threads decompressing chunks in parallel (direct path; codecs that release
             the GIL), useful when reading in the main process.
+        verify_checksums: Check every sample against its recorded CRC32 as it is read
+            (``PackReader``); a damaged sample raises ``FormatError`` instead of being served.
 
     Raises:
         FileNotFoundError: the pack does not exist.
@@ -146,6 +148,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         backend: str = "pillow",
         direct: bool = True,
         threads: int = 0,
+        verify_checksums: bool = False,
     ) -> None:
         if output not in OUTPUTS:
             raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
@@ -164,6 +167,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.backend = backend
         self.direct = direct
         self.threads = threads
+        self.verify_checksums = verify_checksums
         self._reader: PackReader | None = None
         self._pid = -1
 
@@ -183,6 +187,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 backend=self.backend,
                 direct=self.direct,
                 threads=self.threads,
+                verify_checksums=self.verify_checksums,
             )
             self._pid = os.getpid()
         return self._reader

@@ -55,3 +55,56 @@ def test_loader_stops_on_a_damaged_pack(damaged_gzip_pack):
     dataset = H5ImageDataset(damaged_gzip_pack)
     with pytest.raises(FormatError, match="chunk group 1"):
         dataset[10]
+
+
+def _flip_byte_of_sample(path, index):
+    with h5py.File(path, "r") as f:
+        images = f["images"]
+        if images.ndim == 4:
+            info = images.id.get_chunk_info(0)
+            inside = index * int(np.prod(images.shape[1:])) + 5
+        else:
+            info = images.id.get_chunk_info(0)
+            inside = int(f["offsets"][index]) + 5
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset + inside)
+        byte = f.read(1)[0]
+        f.seek(info.byte_offset + inside)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+@pytest.mark.parametrize("mode", ["raw", "encoded"])
+def test_verify_checksums_refuses_a_sample_damaged_in_place(tmp_path, mode):
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(6)]
+    samples = arrays
+    if mode == "encoded":
+        samples = []
+        for array in arrays:
+            buffer = io.BytesIO()
+            Image.fromarray(array).save(buffer, format="PNG")
+            samples.append(buffer.getvalue())
+    path = tmp_path / f"{mode}.h5"
+    write_arrays(
+        path,
+        samples,
+        [0] * 6,
+        paths=[f"img_{i}.png" for i in range(6)],
+        options=ConvertOptions(mode=mode, shuffle_samples=False),
+    )
+    _flip_byte_of_sample(path, 3)
+    with PackReader(path) as reader:
+        reader.read_stored([3])  # no check by default: the bytes are served as stored
+    with (
+        PackReader(path, verify_checksums=True) as reader,
+        pytest.raises(FormatError, match=r"sample 3 \(img_3\.png\) does not match its checksum"),
+    ):
+        reader.read_stored([0, 3])
+    if mode == "raw":
+        loader = make_loader(path, 6, num_workers=0, verify_checksums=True)
+        with pytest.raises(FormatError, match="h5pack verify"):
+            next(iter(loader))
