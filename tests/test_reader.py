@@ -108,3 +108,20 @@ def test_verify_checksums_refuses_a_sample_damaged_in_place(tmp_path, mode):
         loader = make_loader(path, 6, num_workers=0, verify_checksums=True)
         with pytest.raises(FormatError, match="h5pack verify"):
             next(iter(loader))
+
+
+def test_iter_chunks_covers_the_pack_in_order_with_the_stored_samples(tmp_path):
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (4, 5, 3), dtype=np.uint8) for _ in range(11)]
+    path = tmp_path / "p.h5"
+    options = ConvertOptions(chunk_samples=4, compression=Compression(codec="lz4"))
+    write_arrays(path, images, [0] * 11, options=options)
+    with PackReader(path) as reader:
+        seen = []
+        for indices, stored in reader.iter_chunks():
+            assert len(indices) == len(stored) <= 4
+            for i, sample in zip(indices, stored, strict=True):
+                np.testing.assert_array_equal(sample, reader.read_images([i])[0])
+            seen.extend(indices)
+        assert seen == list(range(11))
+        assert [len(reader.read_chunk(c)) for c in range(reader.chunk_map.num_chunks)] == [4, 4, 3]
