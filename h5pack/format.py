@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,13 @@ Storage = Literal["array", "blob"]
 
 UTF8_STR = h5py.string_dtype(encoding="utf-8")
 PATH_BYTES = h5py.vlen_dtype(np.dtype("uint8"))
+
+
+def checksum(data: bytes | bytearray | memoryview | np.ndarray) -> int:
+    """Return the checksum stored for a sample: CRC32 of its stored, uncompressed bytes."""
+    if isinstance(data, np.ndarray):
+        data = np.ascontiguousarray(data).data
+    return zlib.crc32(data)
 
 
 def encode_path(relative: str) -> np.ndarray:

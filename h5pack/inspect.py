@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -355,7 +354,7 @@ def verify_pack(
 def _check_sample(meta: fmt.PackMeta, index: int, data: np.ndarray, name: str) -> str | None:
     """Return what is wrong with one stored sample, or None."""
     data = np.ascontiguousarray(data)
-    crc = zlib.crc32(data.data)
+    crc = fmt.checksum(data)
     if crc != int(meta.checksums[index]):
         return (
             f"checksum mismatch: CRC32 of the stored bytes is {crc:08x}, "

@@ -19,7 +19,6 @@ import math
 import multiprocessing
 import signal
 import sys
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -32,6 +31,7 @@ import numpy as np
 
 from h5pack.arena import SlotRef, slot_array
 from h5pack.errors import DecodeError
+from h5pack.format import checksum
 from h5pack.storage import ImagesSpec
 
 # A stored chunk: (chunk offset, filter mask, its bytes or their (offset, size) in a slot).
@@ -118,7 +118,7 @@ def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepar
             if spec.max_side is not None and max(shape[:2]) > spec.max_side:
                 data = reencode_jpeg(image, quality=spec.quality, max_side=spec.max_side)
                 shape = (*probe_size(data, name=name), spec.channels)
-            return Prepared(pos, np.frombuffer(data, dtype=np.uint8), shape, zlib.crc32(data))
+            return Prepared(pos, np.frombuffer(data, dtype=np.uint8), shape, checksum(data))
         if spec.size is not None:
             image = resize_image(
                 image,
@@ -145,7 +145,7 @@ def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> 
             f"decodes to {shape[0]}x{shape[1]}x{shape[2]}, but this pack's images are "
             f"{h}x{w}x{c} (its header said otherwise; pass --size H W to resize every image)",
         )
-    crc = zlib.crc32(image.data)
+    crc = checksum(image)
     return Prepared(pos, image.reshape(-1) if spec.flat else image, shape, crc)
 
 

@@ -9,7 +9,6 @@ read straight from the file into their destination, without a cache.
 from __future__ import annotations
 
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -247,7 +246,7 @@ class PackReader:
         """Raise ``FormatError`` naming the first sample whose CRC32 is not the recorded one."""
         recorded = self.meta.checksums
         for i, sample in zip(idx.tolist(), samples, strict=True):
-            got = zlib.crc32(np.ascontiguousarray(sample).data)
+            got = fmt.checksum(sample)
             if got != int(recorded[i]):
                 raise FormatError(
                     f"{self.path}: sample {i} ({self.paths[i]}) does not match its checksum "
