@@ -12,20 +12,20 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "H5ImageDataset": "h5pack.dataset",
-    "H5IterableDataset": "h5pack.dataset",
-    "ChunkSampler": "h5pack.sampler",
-    "ChunkBatchSampler": "h5pack.sampler",
-    "make_loader": "h5pack.loader",
-    "seed_everything": "h5pack.loader",
-    "convert": "h5pack.writer",
-    "write_arrays": "h5pack.writer",
-    "pack_info": "h5pack.inspect",
-    "verify_pack": "h5pack.inspect",
-    "PackReader": "h5pack.reader",
-    "ConvertOptions": "h5pack.options",
-    "PackMeta": "h5pack.format",
-    "load_meta": "h5pack.format",
+    "H5ImageDataset": "h5pack.training.dataset",
+    "H5IterableDataset": "h5pack.training.dataset",
+    "ChunkSampler": "h5pack.training.sampler",
+    "ChunkBatchSampler": "h5pack.training.sampler",
+    "make_loader": "h5pack.training.loader",
+    "seed_everything": "h5pack.training.loader",
+    "convert": "h5pack.write.convert",
+    "write_arrays": "h5pack.write.convert",
+    "pack_info": "h5pack.check",
+    "verify_pack": "h5pack.check",
+    "PackReader": "h5pack.read.reader",
+    "ConvertOptions": "h5pack.write.options",
+    "PackMeta": "h5pack.core.format",
+    "load_meta": "h5pack.core.format",
 }
 
 __all__ = ["__version__", *_LAZY]

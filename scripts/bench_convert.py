@@ -32,12 +32,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from h5pack.decode import decode_image, load_file, resize_image
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.sample import SampleSpec, make_image_folder
-from h5pack.scan import scan
-from h5pack.writer import convert
+from h5pack.core.decode import decode_image, load_file, resize_image
+from h5pack.core.layout import Compression
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.write.convert import convert
+from h5pack.write.options import ConvertOptions
+from h5pack.write.scan import scan
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default (auto)": {},
@@ -110,7 +110,7 @@ def convert_once(source: Path, options: ConvertOptions, workdir: Path) -> dict[s
     start = time.perf_counter()
     report = convert(source, target, options, overwrite=True)
     elapsed = time.perf_counter() - start
-    from h5pack.inspect import pack_info
+    from h5pack.check import pack_info
 
     info = pack_info(target)
     return {
@@ -124,8 +124,8 @@ def convert_once(source: Path, options: ConvertOptions, workdir: Path) -> dict[s
 
 MEMORY_PROBE = """
 import resource, sys, json
-from h5pack.options import ConvertOptions
-from h5pack.writer import convert
+from h5pack.write.options import ConvertOptions
+from h5pack.write.convert import convert
 convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=int(sys.argv[3])), overwrite=True)
 print(json.dumps({
     "parent_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

@@ -1,7 +1,7 @@
 """Loader throughput: h5pack's loader against naive h5py access, a Pillow pipeline and the limit.
 
 Builds (once, cached in --workdir) a folder of natural-looking 256x256 JPEGs with
-``h5pack.sample`` and one raw chunked pack per codec with ``h5pack.writer.convert``, then
+``h5pack.synthetic`` and one raw chunked pack per codec with ``h5pack.write.convert.convert``, then
 measures images/s of:
 
 - ``h5pack``: ``make_loader`` (ChunkBatchSampler + H5ImageDataset), 0 and 2 workers and
@@ -13,7 +13,7 @@ measures images/s of:
 - (c) ``sequential``: one read and decompression of the whole pack, chunk by chunk, in
   pack order: the limit of the storage and codec on one core.
 
-and the shuffle quality (jump entropy, h5pack.quality) of random, chunk-aware and
+and the shuffle quality (jump entropy, h5pack.training.shuffle_quality) of random, chunk-aware and
 sequential orders. Prints a Markdown report; ``--json`` also writes the numbers.
 
     python scripts/bench_loader.py --images 2000 --repeats 3
@@ -39,16 +39,16 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from h5pack import format as fmt
-from h5pack.dataset import H5ImageDataset
-from h5pack.layout import ChunkMap, Compression
-from h5pack.loader import auto_workers, available_cores, make_loader
-from h5pack.options import ConvertOptions
-from h5pack.quality import jump_entropy
-from h5pack.reader import PackReader
-from h5pack.sample import SampleSpec, make_image_folder
-from h5pack.sampler import plan_epoch
-from h5pack.writer import convert
+from h5pack.core import format as fmt
+from h5pack.core.layout import ChunkMap, Compression
+from h5pack.read.reader import PackReader
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.dataset import H5ImageDataset
+from h5pack.training.loader import auto_workers, available_cores, make_loader
+from h5pack.training.sampler import plan_epoch
+from h5pack.training.shuffle_quality import jump_entropy
+from h5pack.write.convert import convert
+from h5pack.write.options import ConvertOptions
 
 CODECS = ("none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd")
 

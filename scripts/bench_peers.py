@@ -36,14 +36,14 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from h5pack import format as fmt
 from h5pack.bench.loading import run_epoch
 from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.bench.timing import Timing, time_repeats
-from h5pack.loader import make_loader
-from h5pack.options import ConvertOptions
-from h5pack.sample import SampleSpec, make_image_folder
-from h5pack.writer import convert
+from h5pack.core import format as fmt
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.loader import make_loader
+from h5pack.write.convert import convert
+from h5pack.write.options import ConvertOptions
 
 
 def to_chw(hwc: np.ndarray) -> torch.Tensor:

@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from h5pack import make_loader
-from h5pack.loader import DevicePrefetcher
-from h5pack.options import ConvertOptions
-from h5pack.sample import SampleSpec, make_image_folder
-from h5pack.writer import convert
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.loader import DevicePrefetcher
+from h5pack.write.convert import convert
+from h5pack.write.options import ConvertOptions
 
 
 def small_net(num_classes: int) -> nn.Module:

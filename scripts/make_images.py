@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from h5pack.sample import DEFAULT_PHOTOS, SampleSpec, make_image_folder, photos_folder
+from h5pack.synthetic import DEFAULT_PHOTOS, SampleSpec, make_image_folder, photos_folder
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,9 +34,9 @@ def v1_variable_samples() -> list[np.ndarray]:
 
 
 def main() -> None:
-    from h5pack.layout import Compression
-    from h5pack.options import ConvertOptions
-    from h5pack.writer import write_arrays
+    from h5pack.core.layout import Compression
+    from h5pack.write.convert import write_arrays
+    from h5pack.write.options import ConvertOptions
 
     images, labels, paths = v1_samples()
     write_arrays(

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from h5pack import format as fmt
 from h5pack.bench import (
     BOTTLENECKS,
     BenchOptions,
@@ -34,12 +33,13 @@ from h5pack.bench.access import random_order, read_per_sample
 from h5pack.bench.report import format_bench, format_diagnosis, to_json
 from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.bench.timing import Count, Timing
-from h5pack.cli import cli
+from h5pack.cli.main import cli
+from h5pack.core import format as fmt
+from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.reader import PackReader
-from h5pack.writer import write_arrays
+from h5pack.read.reader import PackReader
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
 
 H, W = 32, 32
 
@@ -165,7 +165,7 @@ def test_replay_h5py_uncompressed_chunk_larger_than_cache_reads_only_the_sample(
 
 
 def test_replay_reader_matches_pack_reader_loads(gzip_pack: Path) -> None:
-    from h5pack.sampler import plan_epoch
+    from h5pack.training.sampler import plan_epoch
 
     layout = storage_layout(gzip_pack)
     batches = plan_epoch(layout.groups, 16, epoch=0, seed=0, window_chunks=3)
@@ -181,7 +181,7 @@ def test_replay_reader_matches_pack_reader_loads(gzip_pack: Path) -> None:
 
 def test_chunk_aware_reads_fewer_chunks_than_random(gzip_pack: Path) -> None:
     layout = storage_layout(gzip_pack)
-    from h5pack.sampler import plan_epoch
+    from h5pack.training.sampler import plan_epoch
 
     chunk = replay_reader(
         layout, plan_epoch(layout.groups, 16, epoch=0, window_chunks=4), window_chunks=4
@@ -396,7 +396,7 @@ def test_cli_bench_errors(tmp_path: Path) -> None:
 
 
 def test_bench_does_not_import_torch_on_import() -> None:
-    code = "import sys, h5pack.bench, h5pack.cli_bench; print('torch' in sys.modules)"
+    code = "import sys, h5pack.bench, h5pack.cli.bench; print('torch' in sys.modules)"
     import subprocess
     import sys
 

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from h5pack import format as fmt
-from h5pack.cli import cli, format_bytes, parse_bytes
+from h5pack.cli.main import cli, format_bytes, parse_bytes
+from h5pack.core import format as fmt
 
 
 def make_folder(root, *, per_class=3, vary=False):
@@ -194,7 +194,7 @@ def test_lazy_commands_come_from_their_module(monkeypatch):
 
     import click
 
-    from h5pack import cli as cli_module
+    from h5pack.cli import main as cli_module
 
     module = types.ModuleType("h5pack_fake_commands")
 

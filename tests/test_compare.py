@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from h5pack.bench import CompareOptions, MeasureOptions, compare, recommend
 from h5pack.bench.report import PLOT_HINT, table_rows, write_report
 from h5pack.bench.variants import QUICK_VARIANTS
-from h5pack.cli import cli
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.sample import SampleSpec, make_image_folder
-from h5pack.writer import write_arrays
+from h5pack.cli.main import cli
+from h5pack.core.layout import Compression
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
 
 # 48 images of 256 x 256: 9.4 MB of pixels, so raw-16m-gzip is one chunk larger than h5py's
 # default chunk cache (1 MiB before HDF5 2.0, 8 MiB since) and naive random reads

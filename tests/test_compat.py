@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from h5pack import H5ImageDataset
-from h5pack.format import FORMAT_VERSION, load_meta
-from h5pack.inspect import verify_pack
-from h5pack.reader import PackReader
+from h5pack.check import verify_pack
+from h5pack.core.format import FORMAT_VERSION, load_meta
+from h5pack.read.reader import PackReader
 from tests.compat_pack import CLASSES, V1_ARRAY, V1_BLOB, v1_samples, v1_variable_samples
 
 

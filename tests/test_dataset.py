@@ -14,16 +14,16 @@ import pytest
 import torch
 from PIL import Image
 
-from h5pack import direct as direct_module
-from h5pack import format as fmt
-from h5pack.dataset import H5ImageDataset, H5IterableDataset
-from h5pack.direct import decompressors
+from h5pack.core import format as fmt
+from h5pack.core.layout import Compression
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.reader import PackReader
-from h5pack.sampler import ChunkBatchSampler
-from h5pack.writer import write_arrays
+from h5pack.read import direct as direct_module
+from h5pack.read.direct import decompressors
+from h5pack.read.reader import PackReader
+from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
+from h5pack.training.sampler import ChunkBatchSampler
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
 
 NUM = 37  # divides no chunk size used here
 SHAPE = (6, 5, 3)

@@ -1,4 +1,4 @@
-"""Tests for h5pack.decode: modes, EXIF, alpha, 16-bit, bombs, corrupt input, resizing."""
+"""Tests for h5pack.core.decode: modes, EXIF, alpha, 16-bit, bombs, corrupt input, resizing."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from h5pack.decode import (
+from h5pack.core.decode import (
     ALPHA_BACKGROUND,
     MAX_IMAGE_PIXELS,
     PAD_VALUE,

@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5pack import format as fmt
+from h5pack.core import format as fmt
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
 

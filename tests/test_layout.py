@@ -3,8 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from h5pack.errors import OptionsError
-from h5pack.layout import (
+from h5pack.core.layout import (
     CODECS,
     DEFAULT_CHUNK_BYTES,
     MAX_CHUNK_BYTES,
@@ -15,6 +14,7 @@ from h5pack.layout import (
     chunk_samples_for,
     next_prime,
 )
+from h5pack.errors import OptionsError
 
 
 @pytest.mark.parametrize(

@@ -13,19 +13,19 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from h5pack import format as fmt
-from h5pack.dataset import H5ImageDataset, H5IterableDataset
+from h5pack.core import format as fmt
+from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
-from h5pack.layout import Compression
-from h5pack.loader import (
+from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
+from h5pack.training.loader import (
     DevicePrefetcher,
     auto_workers,
     collate,
     make_loader,
     seed_everything,
 )
-from h5pack.options import ConvertOptions
-from h5pack.writer import write_arrays
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
 
 NUM = 29  # divides nothing used here
 

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from h5pack import H5ImageDataset, make_loader
+from h5pack.core.layout import Compression
 from h5pack.errors import FormatError
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.reader import PackReader
-from h5pack.writer import write_arrays
+from h5pack.read.reader import PackReader
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
 
 
 @pytest.fixture

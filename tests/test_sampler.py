@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5pack import sampler as sampler_module
+from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
-from h5pack.layout import ChunkMap
-from h5pack.sampler import (
+from h5pack.training import sampler as sampler_module
+from h5pack.training.sampler import (
     ChunkBatchSampler,
     ChunkSampler,
     num_batches,

@@ -1,4 +1,4 @@
-"""Tests for h5pack.scan: layouts, labels, hostile file trees and labels CSVs."""
+"""Tests for h5pack.write.scan: layouts, labels, hostile file trees and labels CSVs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from h5pack.errors import OptionsError, SourceError
-from h5pack.scan import (
+from h5pack.write.scan import (
     IMAGE_EXTENSIONS,
     ScanResult,
     SourceFile,

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack import format as fmt
+from h5pack.core import format as fmt
+from h5pack.core.layout import ChunkMap, Compression
 from h5pack.errors import OptionsError, TargetExistsError
-from h5pack.layout import ChunkMap, Compression
-from h5pack.options import ConvertOptions
-from h5pack.reader import PackReader
-from h5pack.storage import BlobAssembler
-from h5pack.writer import write_arrays
+from h5pack.read.reader import PackReader
+from h5pack.write.convert import write_arrays
+from h5pack.write.images import BlobAssembler
+from h5pack.write.options import ConvertOptions
 
 
 def _arrays(num, shape=(8, 10, 3), seed=0):
@@ -190,7 +190,7 @@ def test_encoded_mode_needs_bytes(tmp_path):
 
 
 def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
-    from h5pack import builder
+    from h5pack.write import builder
 
     monkeypatch.setattr(builder, "PATH_SLAB", 4)
     names = [f"dir/{'x' * (i % 3)}{i}.png" for i in range(10)]

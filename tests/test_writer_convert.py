@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack import format as fmt
+from h5pack.core import format as fmt
+from h5pack.core.layout import Compression
 from h5pack.errors import DecodeError, OptionsError, SourceError, TargetExistsError
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.pipeline import pool_start_method
-from h5pack.reader import PackReader
-from h5pack.writer import convert
+from h5pack.read.reader import PackReader
+from h5pack.write.convert import convert
+from h5pack.write.options import ConvertOptions
+from h5pack.write.pipeline import pool_start_method
 
 
 def make_folder(root, *, classes=("cat", "dog"), per_class=4, size=(12, 16), ext="jpg", vary=False):
@@ -318,8 +318,8 @@ def _crash(*args, **kwargs):
 
 @pytest.mark.skipif(pool_start_method() != "fork", reason="the patch reaches forked workers only")
 def test_a_dead_worker_is_a_clear_error(tmp_path, folder, monkeypatch):
-    from h5pack import pipeline
     from h5pack.errors import H5PackError
+    from h5pack.write import pipeline
 
     monkeypatch.setattr(pipeline, "prepare_sample", _crash)
     with pytest.raises(H5PackError, match="worker process died"):
@@ -362,8 +362,8 @@ def test_hostile_tree_packs_only_real_images(tmp_path, folder):
 @pytest.mark.parametrize("arena", ["small slots", "no shared memory"])
 def test_pool_falls_back_to_pipes(tmp_path, monkeypatch, arena):
     """Samples or blocks that do not fit a slot, or no arena at all, travel through pipes."""
-    from h5pack import writer
-    from h5pack.arena import Arena
+    from h5pack.write import convert as writer
+    from h5pack.write.arena import Arena
 
     if arena == "small slots":
         monkeypatch.setattr(writer, "sample_slot_bytes", lambda plan: 1000)

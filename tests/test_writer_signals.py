@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack.pipeline import pool_start_method
+from h5pack.write.pipeline import pool_start_method
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,14 +25,14 @@ pytestmark = [
 # that the conversion is surely running when the signal arrives.
 SCRIPT = """
 import sys, time
-from h5pack import pipeline
+from h5pack.write import pipeline
 original = pipeline.prepare_sample
 def slow(*args, **kwargs):
     time.sleep(0.03)
     return original(*args, **kwargs)
 pipeline.prepare_sample = slow
-from h5pack.options import ConvertOptions
-from h5pack.writer import convert
+from h5pack.write.options import ConvertOptions
+from h5pack.write.convert import convert
 convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=int(sys.argv[3]), chunk_samples=2))
 print("finished")
 """

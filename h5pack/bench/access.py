@@ -23,7 +23,7 @@ stored size of every HDF5 chunk (see the note "Replaying reads").
 #   an unfiltered chunk larger than the cache is bypassed (only the selection is read).
 # - h5pack's reader keeps a first-in-first-out window of ``window_chunks`` decompressed
 #   chunk groups per process and reads uncompressed samples as runs straight from the
-#   file (see ``h5pack.reader``); each DataLoader worker has its own window and gets the
+#   file (see ``h5pack.read.reader``); each DataLoader worker has its own window and gets the
 #   batches b with b mod W equal to its id.
 # tests/test_bench.py checks the replay against ``PackReader.loads`` and against the reads
 # h5py issues to a counting file object.
@@ -40,12 +40,12 @@ from typing import Literal
 
 import numpy as np
 
-from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.bench.timing import Count
+from h5pack.core import format as fmt
+from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
-from h5pack.layout import ChunkMap
-from h5pack.reader import chunk_map_of, is_compressed
+from h5pack.read.reader import chunk_map_of, is_compressed
 
 Pattern = Literal["random", "chunk", "sequential"]
 PATTERNS: tuple[Pattern, ...] = ("random", "chunk", "sequential")
@@ -359,7 +359,7 @@ def read_per_sample(
     Returns:
         The images read and their decoded bytes.
     """
-    from h5pack.decode import decode_image
+    from h5pack.core.decode import decode_image
 
     indices = np.asarray(order, dtype=np.int64).reshape(-1).tolist()
     images = nbytes = 0

@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from h5pack import format as fmt
 from h5pack._types import StrPath
 from h5pack.bench.measure import MeasureOptions, PatternResult, measure_pack
 from h5pack.bench.system import Machine, machine_info
 from h5pack.bench.variants import DEFAULT_VARIANTS, QUICK_VARIANTS, VariantSpec, parse_variants
+from h5pack.core import format as fmt
 from h5pack.errors import OptionsError, SourceError
 
 EventKind = Literal["start", "step", "note"]
@@ -216,8 +216,8 @@ def _describe_pack(
     patterns: dict[str, PatternResult],
     keep: bool,
 ) -> VariantResult:
-    from h5pack.inspect import pack_info
-    from h5pack.reader import chunk_map_of
+    from h5pack.check import pack_info
+    from h5pack.read.reader import chunk_map_of
 
     info = pack_info(path)
     meta = fmt.load_meta(path)
@@ -374,7 +374,7 @@ def _build_and_measure(
     emit: Callable[[CompareEvent], None],
     per_pack: int,
 ) -> VariantResult | SkippedVariant:
-    from h5pack.writer import convert
+    from h5pack.write.convert import convert
 
     target = where / f"{spec.name.replace(':', '_')}.h5"
     emit(CompareEvent("note", f"converting {spec.name}"))

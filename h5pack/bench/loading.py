@@ -14,15 +14,15 @@ from h5pack.bench.timing import Count
 
 
 def collate_any(batch: Sequence[Any]) -> Any:
-    """Collate like ``h5pack.loader.collate``; images of different sizes stay a list.
+    """Collate like ``h5pack.training.loader.collate``; images of different sizes stay a list.
 
     Encoded packs of images of several sizes have no common batch shape; a training
     pipeline would resize them in a transform. The benchmark delivers them as decoded.
     """
     import torch
 
-    from h5pack.dataset import SampleBatch
-    from h5pack.loader import collate
+    from h5pack.training.dataset import SampleBatch
+    from h5pack.training.loader import collate
 
     if isinstance(batch, SampleBatch) and batch.images is not None:
         return collate(batch)

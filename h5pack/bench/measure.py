@@ -34,7 +34,7 @@ from h5pack.bench.loading import collate_any, run_epoch
 from h5pack.bench.system import warm_page_cache
 from h5pack.bench.timing import Count, Timing, time_repeats
 from h5pack.errors import OptionsError
-from h5pack.quality import jump_entropy
+from h5pack.training.shuffle_quality import jump_entropy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +90,7 @@ class PatternResult:
         workers: DataLoader workers used (0 for naive reads and in-process loading).
         window_chunks: Chunk groups each reader keeps decompressed (0 for naive reads).
         reads: Chunk loads and bytes read, replayed over the samples delivered.
-        shuffle_bits: Jump entropy of the epoch order (``h5pack.quality``).
+        shuffle_bits: Jump entropy of the epoch order (``h5pack.training.shuffle_quality``).
         shuffle_vs_random: ``shuffle_bits`` over that of a full shuffle of the same size.
     """
 
@@ -164,8 +164,8 @@ def measure_loader(
     previous epoch, as on a dataset larger than the shuffle window (see the note
     "Fresh epochs").
     """
-    from h5pack.dataset import H5ImageDataset
-    from h5pack.loader import make_loader
+    from h5pack.training.dataset import H5ImageDataset
+    from h5pack.training.loader import make_loader
 
     dataset = H5ImageDataset(path)
     epochs = iter(range(10**9))

@@ -35,7 +35,7 @@ from h5pack.bench.loading import TrainTransform, collate_any, run_epoch
 from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
 from h5pack.bench.timing import Count, Timing, time_repeats
 from h5pack.errors import OptionsError
-from h5pack.quality import jump_entropy
+from h5pack.training.shuffle_quality import jump_entropy
 
 BOTTLENECKS: tuple[str, ...] = ("loader", "decode", "storage")
 STAGE_TITLES = {
@@ -157,7 +157,7 @@ class _Loaders:
     """Builds one loader per epoch over one dataset, with the settings resolved once."""
 
     def __init__(self, dataset: Any, options: BenchOptions) -> None:
-        from h5pack.loader import auto_workers, available_cores
+        from h5pack.training.loader import auto_workers, available_cores
 
         self.dataset = dataset
         self.options = options
@@ -174,7 +174,7 @@ class _Loaders:
         import torch
         from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-        from h5pack.loader import make_loader, seed_worker
+        from h5pack.training.loader import make_loader, seed_worker
 
         options = self.options
         close = getattr(self.dataset, "close", None)
@@ -215,7 +215,7 @@ class _Loaders:
 
 
 def _dataset(path: StrPath, options: BenchOptions) -> Any:
-    from h5pack.dataset import H5ImageDataset
+    from h5pack.training.dataset import H5ImageDataset
 
     return H5ImageDataset(
         path,
@@ -312,7 +312,7 @@ class _InMemory:
     def __getitems__(self, indices: Sequence[int]) -> Any:
         import torch
 
-        from h5pack.dataset import SampleBatch, empty_uint8
+        from h5pack.training.dataset import SampleBatch, empty_uint8
 
         idx = np.asarray(indices, dtype=np.int64) % len(self.images)
         labels = torch.from_numpy(self.labels[idx].copy())
@@ -336,8 +336,8 @@ def _ceiling(
 ) -> Timing:
     from torch.utils.data import DataLoader
 
-    from h5pack.reader import PackReader
-    from h5pack.sampler import ChunkBatchSampler
+    from h5pack.read.reader import PackReader
+    from h5pack.training.sampler import ChunkBatchSampler
 
     with PackReader(path) as reader:
         held = min(len(reader), 256)

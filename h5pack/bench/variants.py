@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from h5pack.core.layout import CODECS, Compression
 from h5pack.errors import OptionsError
-from h5pack.layout import CODECS, Compression
-from h5pack.options import ConvertOptions
+from h5pack.write.options import ConvertOptions
 
 _SIZE = re.compile(r"^(\d+)([km])$")
 _SAMPLES = re.compile(r"^c(\d+)$")

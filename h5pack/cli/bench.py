@@ -1,6 +1,6 @@
 """``h5pack compare`` and ``h5pack bench``: thin click commands over ``h5pack.bench``.
 
-``h5pack.cli`` registers them lazily (``LAZY_COMMANDS``), so ``h5pack convert`` never
+``h5pack.cli.main`` registers them lazily (``LAZY_COMMANDS``), so ``h5pack convert`` never
 imports the benchmarks (nor torch); errors go through the group's single mapping.
 """
 
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from h5pack.cli import ByteSize, quiet_flag
+from h5pack.cli.main import ByteSize, quiet_flag
 
-if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli)
+if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.main)
     _WorkersParam = click.ParamType[int | str, Any]
 else:
     _WorkersParam = click.ParamType

@@ -4,7 +4,7 @@ Every command turns its flags into the library's option objects at the edge and 
 what the library returns; errors are mapped in one place (``H5PackGroup.invoke``):
 ``OptionsError`` is a usage error (exit 2), any other ``H5PackError`` prints one line
 ``error: ...`` and exits 1. Other command modules extend the group with ``cli.add_command``
-and reuse the flags and parameter types of ``h5pack.cli_flags`` (re-exported here).
+and reuse the flags and parameter types of ``h5pack.cli.flags`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from h5pack.cli_flags import (
+from h5pack.cli.flags import (
     ByteSize,
     ChunkShape,
     Progress,
@@ -51,8 +51,8 @@ __all__ = [
 # does not import what `bench` needs): name -> "module:attribute". A module that is not
 # there yet simply adds no command.
 LAZY_COMMANDS: dict[str, str] = {
-    "compare": "h5pack.cli_bench:compare",
-    "bench": "h5pack.cli_bench:bench",
+    "compare": "h5pack.cli.bench:compare",
+    "bench": "h5pack.cli.bench:bench",
 }
 
 
@@ -115,7 +115,7 @@ def cli() -> None:
 @quiet_flag
 def convert(source: str, target: str, overwrite: bool, quiet: bool, **flags: Any) -> None:
     """Pack the images under SOURCE into the HDF5 file TARGET."""
-    from h5pack.writer import convert as run_convert
+    from h5pack.write.convert import convert as run_convert
 
     options = options_from_flags(flags)
     with progress_for(quiet) as progress:
@@ -184,7 +184,7 @@ def _info_lines(info: Any) -> list[tuple[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 def info(pack: str, as_json: bool) -> None:
     """Describe the pack PACK: samples, classes, layout, codec, ratio."""
-    from h5pack.inspect import pack_info
+    from h5pack.check import pack_info
 
     summary = pack_info(pack)
     if as_json:
@@ -206,8 +206,8 @@ def info(pack: str, as_json: bool) -> None:
 @quiet_flag
 def verify(pack: str, source: str | None, labels_csv: str | None, quiet: bool) -> None:
     """Check PACK: structure, every checksum, every sample decodes (exit 1 on a problem)."""
-    from h5pack.format import load_meta
-    from h5pack.inspect import verify_pack
+    from h5pack.check import verify_pack
+    from h5pack.core.format import load_meta
 
     total = load_meta(pack).num_samples
     with progress_for(quiet) as progress:
@@ -258,9 +258,9 @@ def demo(out: str | None, workers: int | None, quiet: bool) -> None:
 
 
 def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
-    from h5pack.options import ConvertOptions
-    from h5pack.sample import SampleSpec, make_image_folder
-    from h5pack.writer import convert as run_convert
+    from h5pack.synthetic import SampleSpec, make_image_folder
+    from h5pack.write.convert import convert as run_convert
+    from h5pack.write.options import ConvertOptions
 
     images = folder / "images"
     pack = folder / "demo.h5"
@@ -280,7 +280,7 @@ def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
             progress=progress.advance,
             on_event=progress.event,
         )
-    from h5pack.inspect import pack_info
+    from h5pack.check import pack_info
 
     summary = pack_info(pack)
     click.echo(
@@ -297,7 +297,7 @@ def _read_batch(pack: Path) -> tuple[tuple[int, ...], list[int], str]:
     try:
         from h5pack import make_loader
     except ImportError:
-        from h5pack.reader import PackReader
+        from h5pack.read.reader import PackReader
 
         with PackReader(pack) as reader:
             batch = reader.read_images(range(min(16, len(reader))))

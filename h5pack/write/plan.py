@@ -6,11 +6,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
+from h5pack.core.layout import DEFAULT_CHUNK_BYTES, array_chunk_shape, chunk_samples_for
 from h5pack.errors import OptionsError
-from h5pack.layout import DEFAULT_CHUNK_BYTES, array_chunk_shape, chunk_samples_for
-from h5pack.options import ConvertOptions
-from h5pack.pipeline import DecodeSpec
-from h5pack.storage import ImagesSpec
+from h5pack.write.images import ImagesSpec
+from h5pack.write.options import ConvertOptions
+from h5pack.write.pipeline import DecodeSpec
 
 # Room per stage-1 slot of blob storage (file bytes or pixels of one batch).
 BLOB_SLOT_BYTES = 4 * 2**20

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from h5pack import format as fmt
 from h5pack._types import StrPath
+from h5pack.core import format as fmt
+from h5pack.core.layout import PLUGIN_FILTERS, Compression
 from h5pack.errors import DecodeError, FormatError, OptionsError
-from h5pack.layout import PLUGIN_FILTERS, Compression
 
 # HDF5 filter ids and names, to describe a codec that options do not record.
 FILTER_NAMES = {
@@ -128,7 +128,7 @@ def pack_info(path: StrPath) -> PackInfo:
         FileNotFoundError: the path does not exist.
         FormatError: the file is not a valid pack.
     """
-    from h5pack.reader import chunk_map_of
+    from h5pack.read.reader import chunk_map_of
 
     text = os.fspath(path)
     with fmt.open_h5(text) as handle:
@@ -298,7 +298,7 @@ def verify_pack(
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, or its metadata cannot be read.
     """
-    from h5pack.reader import PackReader
+    from h5pack.read.reader import PackReader
 
     text = os.fspath(path)
     step = progress or (lambda n: None)
@@ -365,7 +365,7 @@ def _check_sample(meta: fmt.PackMeta, index: int, data: np.ndarray, name: str) -
         if data.size != math.prod(shape):
             return f"{data.size} stored bytes do not make the recorded shape {shape}"
         return None
-    from h5pack.decode import decode_image
+    from h5pack.core.decode import decode_image
 
     backend = meta.options.get("backend", "pillow")
     try:
@@ -390,7 +390,7 @@ def _compare_source(
     labels_csv: StrPath | None,
 ) -> VerifyReport:
     """Add the differences between the pack and its source folder to ``report``."""
-    from h5pack.scan import scan
+    from h5pack.write.scan import scan
 
     found = scan(source, labels_csv=labels_csv)
 

@@ -1,8 +1,8 @@
 """Building blocks of the command line: parameter types, conversion flags, progress.
 
 The conversion flags are defined once and turned into one ``ConvertOptions``; progress is
-rendered with tqdm. Commands in ``h5pack.cli`` and ``h5pack.cli_bench`` share them;
-``h5pack.cli`` re-exports them.
+rendered with tqdm. Commands in ``h5pack.cli.main`` and ``h5pack.cli.bench`` share them;
+``h5pack.cli.main`` re-exports them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from h5pack.layout import CODECS, SHUFFLES, Compression
+from h5pack.core.layout import CODECS, SHUFFLES, Compression
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,7 +177,7 @@ def options_from_flags(flags: dict[str, Any]) -> Any:
     Raises:
         OptionsError: an impossible combination (a usage error at the command line).
     """
-    from h5pack.options import ConvertOptions
+    from h5pack.write.options import ConvertOptions
 
     workers = flags["workers"]
     return ConvertOptions(

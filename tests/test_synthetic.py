@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack import sample
+from h5pack import synthetic as sample
 from h5pack.errors import OptionsError, SourceError, TargetExistsError
-from h5pack.sample import (
+from h5pack.synthetic import (
     SampleSpec,
     image_name,
     image_names,

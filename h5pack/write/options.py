@@ -6,13 +6,13 @@ import dataclasses
 import os
 from typing import Any, Literal
 
-from h5pack.errors import OptionsError
-from h5pack.layout import (
+from h5pack.core.layout import (
     DEFAULT_CHUNK_BYTES,
     Compression,
     array_chunk_shape,
     check_chunk_bytes,
 )
+from h5pack.errors import OptionsError
 
 Mode = Literal["auto", "raw", "encoded"]
 ResizeMethod = Literal["stretch", "crop", "pad"]

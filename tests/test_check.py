@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack import format as fmt
+from h5pack.check import pack_info, verify_pack
+from h5pack.core import format as fmt
+from h5pack.core.layout import Compression
 from h5pack.errors import FormatError
-from h5pack.inspect import pack_info, verify_pack
-from h5pack.layout import Compression
-from h5pack.options import ConvertOptions
-from h5pack.writer import convert
+from h5pack.write.convert import convert
+from h5pack.write.options import ConvertOptions
 
 
 def make_folder(root, *, classes=("cat", "dog", "fox"), per_class=(5, 3, 2), vary=False):

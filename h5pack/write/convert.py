@@ -22,18 +22,18 @@ from typing import Any
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.arena import Arena
-from h5pack.builder import (
+from h5pack.core.format import SkippedFile
+from h5pack.errors import DecodeError, H5PackError, OptionsError
+from h5pack.write.arena import Arena
+from h5pack.write.builder import (
     ConvertEvent,
     ConvertReport,
     build_pack,
     make_report,
     write_order,
 )
-from h5pack.errors import DecodeError, H5PackError, OptionsError
-from h5pack.format import SkippedFile
-from h5pack.options import ConvertOptions
-from h5pack.pipeline import (
+from h5pack.write.options import ConvertOptions
+from h5pack.write.pipeline import (
     Prepared,
     Rejected,
     make_executor,
@@ -43,14 +43,14 @@ from h5pack.pipeline import (
     prepare_sample,
     probe_batch,
 )
-from h5pack.plan import (
+from h5pack.write.plan import (
     StoragePlan,
     batch_size,
     block_slot_bytes,
     plan_storage,
     sample_slot_bytes,
 )
-from h5pack.target import TempFiles, check_target, sigterm_as_exit
+from h5pack.write.publish import TempFiles, check_target, sigterm_as_exit
 
 __all__ = ["ConvertEvent", "ConvertReport", "convert", "write_arrays"]
 
@@ -84,7 +84,7 @@ def convert(
         DecodeError: with ``strict``, the first file that cannot be packed.
         OptionsError: the options do not fit the images.
     """
-    from h5pack.scan import scan
+    from h5pack.write.scan import scan
 
     started = time.perf_counter()
     options = options or ConvertOptions()
@@ -358,7 +358,7 @@ def _check_arrays(samples: Sequence[Sample], channels: int) -> None:
 
 
 def _sizes_of(samples: Sequence[Sample], names: Sequence[str]) -> Counter[tuple[int, int]]:
-    from h5pack.decode import probe_size
+    from h5pack.core.decode import probe_size
 
     sizes: Counter[tuple[int, int]] = Counter()
     for sample, name in zip(samples, names, strict=True):
@@ -376,7 +376,7 @@ def _prepare_array(
 ) -> Prepared | Rejected:
     image = sample if sample.ndim == 3 else sample[:, :, None]
     if plan.decode.size is not None and image.shape[:2] != plan.decode.size:
-        from h5pack.decode import resize_image
+        from h5pack.core.decode import resize_image
 
         image = resize_image(
             image,

@@ -53,8 +53,8 @@ from pathlib import Path, PurePosixPath
 from typing import Literal, get_args
 
 from h5pack._types import StrPath
+from h5pack.core.format import SkippedFile
 from h5pack.errors import OptionsError, SourceError
-from h5pack.format import SkippedFile
 
 Layout = Literal["auto", "imagefolder", "flat"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)

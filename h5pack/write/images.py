@@ -19,7 +19,7 @@ from typing import IO, Any, Literal
 import h5py
 import numpy as np
 
-from h5pack.layout import Compression
+from h5pack.core.layout import Compression
 
 Storage = Literal["array", "blob"]
 

@@ -22,14 +22,11 @@ import h5py
 import numpy as np
 
 from h5pack import __version__
-from h5pack import format as fmt
-from h5pack.arena import Arena
+from h5pack.core import format as fmt
+from h5pack.core.format import SkippedFile
 from h5pack.errors import H5PackError, SourceError
-from h5pack.format import SkippedFile
-from h5pack.options import ConvertOptions
-from h5pack.pipeline import InlineExecutor, Prepared, compress_block, ordered_map, release_core
-from h5pack.plan import StoragePlan
-from h5pack.storage import (
+from h5pack.write.arena import Arena
+from h5pack.write.images import (
     ArrayAssembler,
     BlobAssembler,
     Block,
@@ -37,7 +34,16 @@ from h5pack.storage import (
     ImagesWriter,
     copy_array_rows,
 )
-from h5pack.target import TempFiles, publish, temp_path
+from h5pack.write.options import ConvertOptions
+from h5pack.write.pipeline import (
+    InlineExecutor,
+    Prepared,
+    compress_block,
+    ordered_map,
+    release_core,
+)
+from h5pack.write.plan import StoragePlan
+from h5pack.write.publish import TempFiles, publish, temp_path
 
 # Paths are encoded and written this many at a time (bounded memory for huge packs).
 PATH_SLAB = 65536

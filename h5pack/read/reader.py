@@ -2,7 +2,7 @@
 
 Compressed chunks are decompressed once and kept in a first-in-first-out window of
 decompressed chunks (sized from the sampler's window), read through the direct chunk path
-(``h5pack.direct``) when it applies and through h5py otherwise. Uncompressed samples are
+(``h5pack.read.direct``) when it applies and through h5py otherwise. Uncompressed samples are
 read straight from the file into their destination, without a cache.
 """
 
@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 import h5py
 import numpy as np
 
-from h5pack import format as fmt
 from h5pack._types import StrPath
-from h5pack.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
+from h5pack.core import format as fmt
+from h5pack.core.layout import DEFAULT_CHUNK_BYTES, ChunkMap, cache_settings, chunk_samples_for
 from h5pack.errors import FormatError
-from h5pack.layout import DEFAULT_CHUNK_BYTES, ChunkMap, cache_settings, chunk_samples_for
+from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -78,7 +78,7 @@ class PackReader:
             a chunk-aware epoch decompresses every chunk once. Kept first in, first out.
         locking: HDF5 file locking; ``False`` for network file systems.
         backend: Decoder for encoded packs (``"pillow"`` or ``"opencv"``).
-        direct: Use the direct chunk path where it applies (``h5pack.direct``); ``False``
+        direct: Use the direct chunk path where it applies (``h5pack.read.direct``); ``False``
             reads everything through h5py.
         threads: Threads that decompress the chunks one request misses (direct path only,
             where the codecs release the GIL); 0 or 1 decompresses in the calling thread.
@@ -498,7 +498,7 @@ class PackReader:
         if self.meta.mode == "raw":
             h, w, c = (int(s) for s in self.meta.shapes[index])
             return stored.reshape(h, w, c)
-        from h5pack.decode import decode_image
+        from h5pack.core.decode import decode_image
 
         return decode_image(
             stored.tobytes(),

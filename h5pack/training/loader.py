@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from h5pack._types import StrPath
-from h5pack.dataset import H5ImageDataset, SampleBatch, empty_uint8
 from h5pack.errors import OptionsError
-from h5pack.sampler import ChunkBatchSampler
+from h5pack.training.dataset import H5ImageDataset, SampleBatch, empty_uint8
+from h5pack.training.sampler import ChunkBatchSampler
 
 # NOTE [ Loader defaults ]
 #

@@ -13,8 +13,8 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import numpy as np
 from torch.utils.data import Sampler
 
+from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
-from h5pack.layout import ChunkMap
 
 # NOTE [ Chunk-aware epoch order ]
 #
@@ -79,8 +79,8 @@ def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
     if isinstance(source, ChunkSource):
         return source.chunk_map, int(source.chunk_bytes)
     if isinstance(source, str | os.PathLike):
-        from h5pack.format import load_meta
-        from h5pack.reader import chunk_map_of, stored_chunk_bytes
+        from h5pack.core.format import load_meta
+        from h5pack.read.reader import chunk_map_of, stored_chunk_bytes
 
         meta = load_meta(source)
         return chunk_map_of(meta), stored_chunk_bytes(meta)

@@ -231,7 +231,7 @@ def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
     """
     if image.format not in _OPENCV_FORMATS:
         return None
-    import cv2  # imported here so that importing h5pack.decode stays fast
+    import cv2  # imported here so that importing h5pack.core.decode stays fast
 
     try:
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)

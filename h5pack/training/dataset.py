@@ -15,11 +15,11 @@ from PIL import Image
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from h5pack._types import StrPath
+from h5pack.core.format import PackMeta, load_meta
+from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
-from h5pack.format import PackMeta, load_meta
-from h5pack.layout import ChunkMap
-from h5pack.reader import PackReader, chunk_map_of, is_compressed, stored_chunk_bytes
-from h5pack.sampler import distributed_defaults, plan_epoch, window_for
+from h5pack.read.reader import PackReader, chunk_map_of, is_compressed, stored_chunk_bytes
+from h5pack.training.sampler import distributed_defaults, plan_epoch, window_for
 
 # NOTE [ h5py handles and fork ]
 #
@@ -54,7 +54,7 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
     """The samples of one ``__getitems__`` call, and the whole batch when already built.
 
     A sequence of ``(image, label[, path])`` like any PyTorch dataset's batch, so any
-    collate function works; ``h5pack.loader.collate`` takes ``images`` and ``labels``
+    collate function works; ``h5pack.training.loader.collate`` takes ``images`` and ``labels``
     directly instead of stacking the samples again. When the batch was built at once the
     per-sample tuples are views made on access, not before.
 

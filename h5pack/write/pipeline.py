@@ -29,10 +29,10 @@ from typing import Any, TypeVar
 import h5py
 import numpy as np
 
-from h5pack.arena import SlotRef, slot_array
+from h5pack.core.format import checksum
 from h5pack.errors import DecodeError
-from h5pack.format import checksum
-from h5pack.storage import ImagesSpec
+from h5pack.write.arena import SlotRef, slot_array
+from h5pack.write.images import ImagesSpec
 
 # A stored chunk: (chunk offset, filter mask, its bytes or their (offset, size) in a slot).
 StoredChunk = tuple[tuple[int, ...], int, "bytes | tuple[int, int]"]
@@ -102,7 +102,7 @@ def _reason(err: Exception, name: str) -> str:
 
 def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepared | Rejected:
     """Decode (and for raw mode resize) one image file's bytes into its stored form."""
-    from h5pack.decode import decode_image, probe_size, reencode_jpeg, resize_image
+    from h5pack.core.decode import decode_image, probe_size, reencode_jpeg, resize_image
 
     try:
         image = decode_image(
@@ -156,7 +156,7 @@ def prepare_batch(
 
     With a ``slot``, stored bytes go there (as long as they fit) instead of the pipe.
     """
-    from h5pack.decode import load_file
+    from h5pack.core.decode import load_file
 
     room = slot_array(slot) if slot is not None else None
     cursor = 0
@@ -180,7 +180,7 @@ def prepare_batch(
 
 def probe_batch(items: list[tuple[str, str]]) -> list[tuple[int, int] | None]:
     """Return each ``(file path, relative path)``'s (H, W) from its header, None if unreadable."""
-    from h5pack.decode import load_file, probe_size
+    from h5pack.core.decode import load_file, probe_size
 
     out: list[tuple[int, int] | None] = []
     for path, relative in items:
@@ -322,7 +322,7 @@ def make_executor(workers: int) -> Executor:
     # Workers must share the parent's resource tracker (see arena.py): start it first.
     resource_tracker.ensure_running()
     # Forked workers inherit what is imported here instead of each importing it again.
-    importlib.import_module("h5pack.decode")
+    importlib.import_module("h5pack.core.decode")
     context = multiprocessing.get_context(pool_start_method())
     executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
     executor.submit(int).result()
