@@ -14,21 +14,8 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
-from h5pack.core.layout import PLUGIN_FILTERS, Compression
+from h5pack.core.layout import FILTER_NAMES, PLUGIN_FILTERS, Compression, chunk_map_of
 from h5pack.errors import DecodeError, FormatError, OptionsError
-
-# HDF5 filter ids and names, to describe a codec that options do not record.
-FILTER_NAMES = {
-    1: "gzip",
-    2: "byte shuffle",
-    3: "fletcher32",
-    32000: "lzf",
-    32001: "blosc",
-    32004: "lz4",
-    32008: "bitshuffle",
-    32015: "zstd",
-    32026: "blosc2",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,8 +115,6 @@ def pack_info(path: StrPath) -> PackInfo:
         FileNotFoundError: the path does not exist.
         FormatError: the file is not a valid pack.
     """
-    from h5pack.read.reader import chunk_map_of
-
     text = os.fspath(path)
     with fmt.open_h5(text) as handle:
         meta = fmt.read_meta(handle, text)
@@ -248,7 +233,7 @@ def _structure_problems(meta: fmt.PackMeta, paths: list[str]) -> list[Problem]:
         starts = offsets[:-1]
         for i in np.flatnonzero(sizes <= 0)[:10]:
             add(int(i), f"stored size {int(sizes[i])} is not positive")
-        unit = meta.chunk_bytes if meta.chunks is not None else 0
+        unit = meta.blob_chunk_bytes if meta.chunks is not None else 0
         if unit:
             inside = sizes <= unit
             straddles = inside & (starts // unit != (starts + np.maximum(sizes, 1) - 1) // unit)
@@ -298,12 +283,12 @@ def verify_pack(
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, or its metadata cannot be read.
     """
-    from h5pack.read.reader import PackReader
+    from h5pack.read.reader import PackReader, ReaderOptions
 
     text = os.fspath(path)
     step = progress or (lambda n: None)
     try:
-        reader = PackReader(text, direct=False)
+        reader = PackReader(text, ReaderOptions(direct=False))
     except FormatError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as err:

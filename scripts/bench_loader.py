@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap, Compression
-from h5pack.read.reader import PackReader
+from h5pack.core.machine import available_cores
+from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.dataset import H5ImageDataset
-from h5pack.training.loader import auto_workers, available_cores, make_loader
-from h5pack.training.sampler import plan_epoch
+from h5pack.training.loader import auto_workers, make_loader
+from h5pack.training.sampler import EpochSpec, plan_epoch
 from h5pack.training.shuffle_quality import jump_entropy
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
@@ -160,7 +162,7 @@ def bench_sequential_direct(pack: Path) -> float:
     """(c') The same through h5pack's direct chunk path, one thread."""
 
     def run() -> int:
-        with PackReader(pack, window_chunks=1) as reader:
+        with PackReader(pack, ReaderOptions(window_chunks=1)) as reader:
             cmap = reader.chunk_map
             for chunk in range(cmap.num_chunks):
                 reader._groups(np.array([chunk]))
@@ -200,12 +202,13 @@ def shuffle_quality(
     num: int, chunk_samples: int, batch_size: int, window_chunks: int
 ) -> dict[str, float]:
     cmap = ChunkMap.regular(num, chunk_samples)
-    chunk_aware = np.concatenate(plan_epoch(cmap, batch_size, epoch=0, window_chunks=window_chunks))
+    spec = EpochSpec(batch_size=batch_size, window_chunks=window_chunks)
+    chunk_aware = np.concatenate(plan_epoch(cmap, spec, epoch=0))
     return {
         "random": jump_entropy(np.random.default_rng(0).permutation(num)),
         f"chunk-aware (window {window_chunks} chunks)": jump_entropy(chunk_aware),
         "chunk-aware (window 1 chunk)": jump_entropy(
-            np.concatenate(plan_epoch(cmap, batch_size, epoch=0, window_chunks=1))
+            np.concatenate(plan_epoch(cmap, replace(spec, window_chunks=1), epoch=0))
         ),
         "sequential": jump_entropy(np.arange(num)),
     }

@@ -37,7 +37,8 @@ from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
-from h5pack.read.reader import PackReader
+from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.sampler import EpochSpec
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -168,8 +169,10 @@ def test_replay_reader_matches_pack_reader_loads(gzip_pack: Path) -> None:
     from h5pack.training.sampler import plan_epoch
 
     layout = storage_layout(gzip_pack)
-    batches = plan_epoch(layout.groups, 16, epoch=0, seed=0, window_chunks=3)
-    with PackReader(gzip_pack, window_chunks=3) as reader:
+    batches = plan_epoch(
+        layout.groups, EpochSpec(batch_size=16, seed=0, window_chunks=3), epoch=0
+    )
+    with PackReader(gzip_pack, ReaderOptions(window_chunks=3)) as reader:
         for batch in batches:
             reader.read_stored(batch)
         measured = reader.loads
@@ -184,7 +187,9 @@ def test_chunk_aware_reads_fewer_chunks_than_random(gzip_pack: Path) -> None:
     from h5pack.training.sampler import plan_epoch
 
     chunk = replay_reader(
-        layout, plan_epoch(layout.groups, 16, epoch=0, window_chunks=4), window_chunks=4
+        layout,
+        plan_epoch(layout.groups, EpochSpec(batch_size=16, window_chunks=4), epoch=0),
+        window_chunks=4,
     )
     naive = replay_h5py(layout, random_order(70, seed=0), cache_bytes=8 * H * W * 3)
     assert chunk.chunks_per_sample < naive.chunks_per_sample / 3

@@ -19,9 +19,9 @@ from h5pack.core.layout import Compression
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 from h5pack.read import direct as direct_module
 from h5pack.read.direct import decompressors
-from h5pack.read.reader import PackReader
+from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
-from h5pack.training.sampler import ChunkBatchSampler
+from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -80,8 +80,8 @@ def test_direct_and_h5py_paths_give_identical_pixels(tmp_path, codec, shuffle):
     want = expected(path, samples)
     order = np.random.default_rng(1).permutation(NUM)
     with (
-        PackReader(path, direct=True, window_chunks=2, threads=2) as direct,
-        PackReader(path, direct=False, window_chunks=2) as fallback,
+        PackReader(path, ReaderOptions(direct=True, window_chunks=2, threads=2)) as direct,
+        PackReader(path, ReaderOptions(direct=False, window_chunks=2)) as fallback,
     ):
         assert not fallback.direct
         filter_id = {"lz4": 32004, "zstd": 32015, "blosc-lz4": 32001, "blosc-zstd": 32001}
@@ -144,7 +144,9 @@ def test_variable_sizes_and_encoded_round_trip(tmp_path, codec, chunk_bytes):
     for path in (raw, encoded):
         want = expected(path, samples)
         for direct in (True, False):
-            ds = H5ImageDataset(path, output="hwc", direct=direct, window_chunks=2)
+            ds = H5ImageDataset(
+                path, output="hwc", reader=ReaderOptions(direct=direct, window_chunks=2)
+            )
             assert ds.meta.storage == "blob"
             order = np.random.default_rng(0).permutation(NUM).tolist()
             for (image, _), i in zip(ds.__getitems__(order), order, strict=True):
@@ -232,7 +234,7 @@ def test_locking_option_reads_a_pack_held_by_a_writer(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)  # what an HDF5 writer holds
         with pytest.raises(FormatError, match="locked by a process writing it"):
             H5ImageDataset(path)
-        ds = H5ImageDataset(path, locking=False)
+        ds = H5ImageDataset(path, reader=ReaderOptions(locking=False))
         assert ds[0][0].shape == (3, 6, 5)
 
 
@@ -258,7 +260,7 @@ def test_each_chunk_decompressed_once_per_epoch(tmp_path, monkeypatch, window, n
     seen: list[int] = []
     for worker in range(workers):  # each worker process has its own dataset copy
         current[0] = worker
-        ds = H5ImageDataset(path, window_chunks=window)
+        ds = H5ImageDataset(path, reader=ReaderOptions(window_chunks=window))
         for batch in batches[worker::workers]:
             assert len(ds.__getitems__(batch)) == len(batch)
             seen.extend(batch)
@@ -272,7 +274,9 @@ def test_each_chunk_decompressed_once_per_epoch(tmp_path, monkeypatch, window, n
 
 def test_iterable_dataset_in_process_is_the_sampler_order(tmp_path):
     path = make_pack(tmp_path / "p.h5", chunk_samples=4, compression=Compression(codec="gzip"))
-    stream = H5IterableDataset(path, batch_size=5, seed=3, window_chunks=2, output="hwc")
+    stream = H5IterableDataset(
+        H5ImageDataset(path, output="hwc"), EpochSpec(batch_size=5, seed=3, window_chunks=2)
+    )
     labels = fmt.load_meta(path).labels
     stream.set_epoch(2)
     got = [int(label) for _, label in stream]
@@ -300,7 +304,7 @@ def test_python_codec_fallbacks_give_identical_pixels(tmp_path, monkeypatch, cod
     if filter_id not in decompressors():
         pytest.skip(f"no Python package for {codec}")
     want = expected(path, samples)
-    with PackReader(path, window_chunks=2, threads=2) as reader:
+    with PackReader(path, ReaderOptions(window_chunks=2, threads=2)) as reader:
         assert reader.direct
         order = np.random.default_rng(2).permutation(NUM)
         for i, image in zip(order, reader.read_stored(order), strict=True):

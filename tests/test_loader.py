@@ -15,7 +15,9 @@ from torch.utils.data import DataLoader
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
+from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
+from h5pack.read.reader import ReaderOptions
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import (
     DevicePrefetcher,
@@ -24,6 +26,7 @@ from h5pack.training.loader import (
     make_loader,
     seed_everything,
 )
+from h5pack.training.sampler import EpochSpec
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -125,7 +128,7 @@ def test_same_seed_same_order_and_resume_mid_epoch(pack):
 
 
 def test_iterable_dataset_with_workers_exactly_once(pack):
-    stream = H5IterableDataset(pack, batch_size=4, seed=2, window_chunks=2)
+    stream = H5IterableDataset(pack, EpochSpec(batch_size=4, seed=2, window_chunks=2))
     for num_workers in (0, 2):
         loader = DataLoader(
             stream, batch_size=4, num_workers=num_workers, persistent_workers=num_workers > 0
@@ -134,7 +137,9 @@ def test_iterable_dataset_with_workers_exactly_once(pack):
             stream.set_epoch(epoch)  # reaches the persistent workers
             labels = [i for _, b in loader for i in b.tolist()]
             assert sorted(labels) == list(range(NUM))
-            reference = H5IterableDataset(pack, batch_size=4, seed=2, window_chunks=2)
+            reference = H5IterableDataset(
+                pack, EpochSpec(batch_size=4, seed=2, window_chunks=2)
+            )
             reference.set_epoch(epoch)
             assert Counter(labels) == Counter(int(y) for _, y in reference)
 
@@ -143,7 +148,7 @@ def test_iterable_dataset_ranks(pack):
     seen: Counter[int] = Counter()
     lengths = set()
     for rank in range(3):
-        stream = H5IterableDataset(pack, batch_size=4, num_replicas=3, rank=rank)
+        stream = H5IterableDataset(pack, EpochSpec(batch_size=4, num_replicas=3, rank=rank))
         labels = [int(y) for _, y in stream]
         lengths.add(len(labels))
         assert len(labels) == len(stream)
@@ -194,12 +199,35 @@ def test_make_loader_arguments(pack):
     loader = make_loader(pack, 4, num_workers=2, seed=0)
     assert loader.persistent_workers
     assert loader.pin_memory == torch.cuda.is_available()
-    assert loader.chunk_sampler.num_workers == 2
-    assert loader.dataset.window_chunks == loader.chunk_sampler.window_chunks
+    assert loader.chunk_sampler.spec.num_workers == 2
+    assert loader.dataset.options.window_chunks == loader.chunk_sampler.window_chunks
     with pytest.raises(OptionsError, match="num_workers should be"):
         make_loader(pack, 4, num_workers=-1)
     with pytest.raises(OptionsError, match="apply only when make_loader opens"):
         make_loader(H5ImageDataset(pack), 4, output="hwc")
+
+
+def test_make_loader_never_changes_the_dataset_it_was_given(pack):
+    options = ReaderOptions(threads=8, verify_checksums=True)
+    dataset = H5ImageDataset(pack, reader=options)
+    first = dataset[0][0]
+    opened = dataset.reader
+    loader = make_loader(dataset, 4, num_workers=2, seed=0)
+    # the given dataset keeps its settings and its open reader...
+    assert dataset.options == options
+    assert dataset.options.window_chunks is None
+    assert dataset.reader is opened
+    assert torch.equal(dataset[0][0], first)
+    # ...and the loader reads with a configured copy: the sampler's window, the same checks,
+    # and the threads the user asked for
+    assert loader.dataset is not dataset
+    assert loader.dataset.options.window_chunks == loader.chunk_sampler.window_chunks
+    assert loader.dataset.options.threads == 8
+    assert loader.dataset.options.verify_checksums
+    # a dataset without a thread setting gets the loader's: all cores in the main process
+    in_process = make_loader(H5ImageDataset(pack), 4, num_workers=0)
+    assert in_process.dataset.options.threads == available_cores()
+    assert make_loader(pack, 4, num_workers=0, threads=3).dataset.options.threads == 3
 
 
 def test_seed_everything_repeats_random_numbers():

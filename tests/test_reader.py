@@ -7,7 +7,7 @@ import pytest
 from h5pack import H5ImageDataset, make_loader
 from h5pack.core.layout import Compression
 from h5pack.errors import FormatError
-from h5pack.read.reader import PackReader
+from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -38,7 +38,7 @@ def damaged_gzip_pack(tmp_path):
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_damaged_chunk_names_pack_group_and_samples(damaged_gzip_pack, direct):
-    with PackReader(damaged_gzip_pack, direct=direct) as reader:
+    with PackReader(damaged_gzip_pack, ReaderOptions(direct=direct)) as reader:
         assert reader.read_images([0, 7])[0].shape == (16, 16, 3)  # group 0 is intact
         with pytest.raises(FormatError, match=r"chunk group 1 \(samples 8\.\.15\)") as info:
             reader.read_images([9])
@@ -100,7 +100,7 @@ def test_verify_checksums_refuses_a_sample_damaged_in_place(tmp_path, mode):
     with PackReader(path) as reader:
         reader.read_stored([3])  # no check by default: the bytes are served as stored
     with (
-        PackReader(path, verify_checksums=True) as reader,
+        PackReader(path, ReaderOptions(verify_checksums=True)) as reader,
         pytest.raises(FormatError, match=r"sample 3 \(img_3\.png\) does not match its checksum"),
     ):
         reader.read_stored([0, 3])

@@ -16,6 +16,7 @@ from h5pack.training import sampler as sampler_module
 from h5pack.training.sampler import (
     ChunkBatchSampler,
     ChunkSampler,
+    EpochSpec,
     num_batches,
     plan_epoch,
     window_for,
@@ -80,15 +81,17 @@ def test_epoch_covers_every_sample_with_equal_batches_per_rank(
     per_rank = [
         plan_epoch(
             cmap,
-            batch_size,
+            EpochSpec(
+                batch_size=batch_size,
+                seed=seed,
+                shuffle=shuffle,
+                window_chunks=window,
+                drop_last=drop_last,
+                num_replicas=num_replicas,
+                rank=rank,
+                num_workers=num_workers,
+            ),
             epoch=epoch,
-            seed=seed,
-            shuffle=shuffle,
-            window_chunks=window,
-            drop_last=drop_last,
-            num_replicas=num_replicas,
-            rank=rank,
-            num_workers=num_workers,
         )
         for rank in range(num_replicas)
     ]
@@ -136,7 +139,9 @@ def test_epoch_covers_every_sample_with_equal_batches_per_rank(
 def test_single_process_reads_each_chunk_exactly_once(
     cmap: ChunkMap, batch_size: int, window: int
 ) -> None:
-    batches = plan_epoch(cmap, batch_size, epoch=1, seed=7, window_chunks=window)
+    batches = plan_epoch(
+        cmap, EpochSpec(batch_size=batch_size, seed=7, window_chunks=window), epoch=1
+    )
     loads = fifo_loads(cmap, batches, window)
     assert sorted(loads) == [c for c in range(cmap.num_chunks) if len(cmap.samples(c))]
     assert set(loads.values()) <= {1}
@@ -223,7 +228,7 @@ def test_state_dict_position_override_and_mismatch() -> None:
 
 def test_chunk_sampler_yields_the_batches_laid_end_to_end() -> None:
     cmap = ChunkMap.regular(77, 8)
-    flat = ChunkSampler(cmap, batch_size=5, seed=2, num_workers=2, window_chunks=2)
+    flat = ChunkSampler(cmap, EpochSpec(batch_size=5, seed=2, num_workers=2, window_chunks=2))
     batches = ChunkBatchSampler(cmap, 5, seed=2, num_workers=2, window_chunks=2)
     order = list(flat)
     assert order == flatten(batches)
@@ -231,16 +236,19 @@ def test_chunk_sampler_yields_the_batches_laid_end_to_end() -> None:
     it = iter(flat)
     head = [next(it) for _ in range(10)]
     state = flat.state_dict()
-    again = ChunkSampler(cmap, batch_size=5, seed=2, num_workers=2, window_chunks=2)
+    again = ChunkSampler(cmap, EpochSpec(batch_size=5, seed=2, num_workers=2, window_chunks=2))
     again.load_state_dict(state)
     assert head + list(again) == order
 
 
 def test_chunk_sampler_len_with_ranks() -> None:
     cmap = ChunkMap.regular(10, 3)
-    lengths = [len(list(ChunkSampler(cmap, num_replicas=3, rank=r))) for r in range(3)]
+    lengths = [
+        len(list(ChunkSampler(cmap, EpochSpec(batch_size=1, num_replicas=3, rank=r))))
+        for r in range(3)
+    ]
     assert lengths == [4, 4, 4]
-    assert len(ChunkSampler(cmap, num_replicas=3, rank=0)) == 4
+    assert len(ChunkSampler(cmap, EpochSpec(batch_size=1, num_replicas=3, rank=0))) == 4
 
 
 def test_window_from_memory_budget() -> None:
@@ -248,7 +256,7 @@ def test_window_from_memory_budget() -> None:
 
     def window(chunks: int | None, budget: int | None, chunk: int | None, workers: int) -> int:
         return window_for(
-            window_chunks=chunks, window_bytes=budget, chunk_bytes=chunk, num_workers=workers
+            window_chunks=chunks, window_bytes=budget, group_bytes=chunk, num_workers=workers
         )
 
     assert window(5, None, mib, 4) == 5
@@ -256,7 +264,7 @@ def test_window_from_memory_budget() -> None:
     assert window(None, 64 * mib, mib, 4) == 16
     assert window(None, mib, 8 * mib, 2) == 1
     assert (
-        window_for(window_chunks=None, window_bytes=None, chunk_bytes=None, num_workers=0)
+        window_for(window_chunks=None, window_bytes=None, group_bytes=None, num_workers=0)
         == sampler_module.DEFAULT_WINDOW_CHUNKS
     )
 

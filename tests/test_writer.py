@@ -73,7 +73,7 @@ def test_variable_sizes_make_an_aligned_raw_blob(tmp_path):
     report = write_arrays(tmp_path / "p.h5", samples, [-1] * 9, options=options)
     meta, images, _ = _read_all(report.path)
     assert (meta.mode, meta.storage) == ("raw", "blob")
-    assert meta.chunk_bytes == 300 == meta.chunks[0]
+    assert meta.blob_chunk_bytes == 300 == meta.chunks[0]
     for i, image in enumerate(images):
         np.testing.assert_array_equal(image, samples[i])
     assert meta.shapes.tolist() == [list(s.shape) for s in samples]
@@ -131,7 +131,7 @@ def test_small_blob_gets_one_chunk_of_its_size(tmp_path):
     files = [_jpeg(a) for a in _arrays(3, (12, 9 + 3, 3))] + [_jpeg(_arrays(1, (9, 9, 3))[0])]
     report = write_arrays(tmp_path / "p.h5", files, [0, 0, 0, 0])
     assert report.meta.chunks == (int(report.meta.offsets[-1]),)
-    assert report.meta.chunk_bytes == report.meta.chunks[0]
+    assert report.meta.blob_chunk_bytes == report.meta.chunks[0]
 
 
 def test_bad_bytes_are_skipped_or_stop_in_strict_mode(tmp_path):

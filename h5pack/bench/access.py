@@ -43,9 +43,8 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack.bench.timing import Count
 from h5pack.core import format as fmt
-from h5pack.core.layout import ChunkMap
+from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
 from h5pack.errors import OptionsError
-from h5pack.read.reader import chunk_map_of, is_compressed
 
 Pattern = Literal["random", "chunk", "sequential"]
 PATTERNS: tuple[Pattern, ...] = ("random", "chunk", "sequential")
@@ -81,7 +80,7 @@ class StorageLayout:
             unless array chunks split H, W or C); 0 for a contiguous layout.
         tiles: Chunks per row (array chunks that split H, W or C), else 1.
         stored_sizes: Stored (compressed) bytes of each HDF5 chunk, in chunk order.
-        groups: The reader's chunk groups (``reader.chunk_map_of``).
+        groups: The reader's chunk groups (``layout.chunk_map_of``).
     """
 
     storage: str

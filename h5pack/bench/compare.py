@@ -19,6 +19,7 @@ from h5pack.bench.measure import MeasureOptions, PatternResult, measure_pack
 from h5pack.bench.system import Machine, machine_info
 from h5pack.bench.variants import DEFAULT_VARIANTS, QUICK_VARIANTS, VariantSpec, parse_variants
 from h5pack.core import format as fmt
+from h5pack.core.layout import chunk_map_of
 from h5pack.errors import OptionsError, SourceError
 
 EventKind = Literal["start", "step", "note"]
@@ -217,7 +218,6 @@ def _describe_pack(
     keep: bool,
 ) -> VariantResult:
     from h5pack.check import pack_info
-    from h5pack.read.reader import chunk_map_of
 
     info = pack_info(path)
     meta = fmt.load_meta(path)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -157,16 +157,11 @@ class _Loaders:
     """Builds one loader per epoch over one dataset, with the settings resolved once."""
 
     def __init__(self, dataset: Any, options: BenchOptions) -> None:
-        from h5pack.training.loader import auto_workers, available_cores
+        from h5pack.training.loader import auto_workers
 
         self.dataset = dataset
         self.options = options
-        if options.workers == "auto":
-            self.workers, self.threads = auto_workers(dataset)
-        else:
-            self.workers = options.workers
-            in_process = self.workers == 0 and getattr(dataset, "compressed", False)
-            self.threads = available_cores() if in_process else 0
+        self.workers, self.threads = auto_workers(dataset, options.workers)
         self.epoch = 0
         self.last: Any = None
 
@@ -174,6 +169,7 @@ class _Loaders:
         import torch
         from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+        from h5pack.training.dataset import H5ImageDataset
         from h5pack.training.loader import make_loader, seed_worker
 
         options = self.options
@@ -186,9 +182,11 @@ class _Loaders:
             sampler = BatchSampler(
                 RandomSampler(self.dataset, generator=generator), options.batch_size, False
             )
-            self.dataset.threads = self.threads
+            dataset = self.dataset
+            if isinstance(dataset, H5ImageDataset):
+                dataset = dataset.configured(replace(dataset.options, threads=self.threads))
             loader: Any = DataLoader(
-                self.dataset,
+                dataset,
                 batch_sampler=sampler,
                 num_workers=self.workers,
                 collate_fn=collate_any,
@@ -215,12 +213,13 @@ class _Loaders:
 
 
 def _dataset(path: StrPath, options: BenchOptions) -> Any:
+    from h5pack.read.reader import ReaderOptions
     from h5pack.training.dataset import H5ImageDataset
 
     return H5ImageDataset(
         path,
         transform=TrainTransform() if options.transforms else None,
-        cache_bytes=options.cache_bytes,
+        reader=ReaderOptions(chunk_cache_bytes=options.cache_bytes),
     )
 
 

@@ -60,8 +60,8 @@ from h5pack.errors import DecodeError
 
 Backend = Literal["pillow", "opencv"]
 ResizeMethod = Literal["stretch", "crop", "pad"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
-RESIZE_METHODS: tuple[str, ...] = get_args(ResizeMethod)
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+RESIZE_METHODS: tuple[ResizeMethod, ...] = get_args(ResizeMethod)
 
 ImageArray = npt.NDArray[np.uint8]
 

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import h5py
 import numpy as np
@@ -71,8 +71,12 @@ SOURCE_INDEX = "source_index"
 
 PER_SAMPLE_DATASETS = (LABELS, PATHS, SHAPES, CHECKSUMS, SOURCE_INDEX)
 
+# What a pack stores: decoded pixels or the image files' bytes.
 Mode = Literal["raw", "encoded"]
+# How the images dataset holds them: one (N, H, W, C) array, or a flat byte blob + offsets.
 Storage = Literal["array", "blob"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+STORAGES: tuple[Storage, ...] = get_args(Storage)
 
 UTF8_STR = h5py.string_dtype(encoding="utf-8")
 PATH_BYTES = h5py.vlen_dtype(np.dtype("uint8"))
@@ -125,7 +129,7 @@ class PackMeta:
         chunks: Chunk shape of the images dataset, or None when contiguous.
         compression: h5py's name of the compression filter, or the plugin's id, or None.
         compression_opts: The filter's options as stored.
-        chunk_bytes: Bytes per chunk of a blob (0 for array storage).
+        blob_chunk_bytes: Bytes per chunk of a blob (0 for array storage).
         tool_version: Version of h5pack that wrote the pack.
         created_utc: ISO time of writing.
         options: The conversion options used, as a dict.
@@ -150,7 +154,7 @@ class PackMeta:
     compression: str | None
     compression_opts: Any
     filter_ids: tuple[int, ...]
-    chunk_bytes: int
+    blob_chunk_bytes: int
     tool_version: str
     created_utc: str
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -304,7 +308,7 @@ def read_meta(handle: h5py.File, path: str | None = None) -> PackMeta:
         compression=images.compression,
         compression_opts=images.compression_opts,
         filter_ids=filter_ids,
-        chunk_bytes=int(attrs.get(CHUNK_BYTES_KEY, 0)),
+        blob_chunk_bytes=int(attrs.get(CHUNK_BYTES_KEY, 0)),
         tool_version=_attr_str(attrs, TOOL_VERSION_KEY, path),
         created_utc=_attr_str(attrs, CREATED_KEY, path),
         options=options,

@@ -1,7 +1,13 @@
 """Chunk shapes, compression filters, chunk arithmetic and chunk-cache sizing.
 
-Chunk arithmetic lives here so that the writer, the samplers and the benchmarks cannot
-disagree about which samples live in which chunk.
+Chunk arithmetic lives here so that the writer, the reader, the samplers and the
+benchmarks cannot disagree about which samples live in which chunk.
+
+Byte counts have one name each: ``chunk_bytes`` is the uncompressed size of one HDF5 chunk
+(requested at conversion, or stored); ``PackMeta.blob_chunk_bytes`` the chunk of a blob
+as recorded in the pack; ``group_bytes`` the uncompressed bytes of one read group (a chunk,
+or a run of a contiguous pack, see ``chunk_map_of``); ``window_bytes`` a memory budget of
+decompressed groups.
 """
 
 from __future__ import annotations
@@ -9,18 +15,64 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
-from h5pack.errors import OptionsError
+from h5pack.core.format import PackMeta
+from h5pack.errors import FormatError, OptionsError
 
 Codec = Literal["none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd"]
 Shuffle = Literal["none", "byte", "bit"]
+# How the images dataset is stored: in chunks (filters possible) or in one contiguous run.
+Layout = Literal["chunked", "contiguous"]
 
-CODECS: tuple[str, ...] = ("none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd")
-SHUFFLES: tuple[str, ...] = ("none", "byte", "bit")
+CODECS: tuple[Codec, ...] = get_args(Codec)
+SHUFFLES: tuple[Shuffle, ...] = get_args(Shuffle)
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 PLUGIN_CODECS = frozenset({"lz4", "zstd", "blosc-lz4", "blosc-zstd"})
+
+# HDF5 filter ids, as registered with The HDF Group (the plugin ones come from hdf5plugin),
+# and what h5pack calls each; the direct chunk path and ``info`` both read this table.
+FILTER_DEFLATE = 1
+FILTER_SHUFFLE = 2
+FILTER_FLETCHER32 = 3
+FILTER_LZF = 32000
+FILTER_BLOSC = 32001
+FILTER_LZ4 = 32004
+FILTER_BITSHUFFLE = 32008
+FILTER_ZSTD = 32015
+FILTER_BLOSC2 = 32026
+FILTER_NAMES: dict[int, str] = {
+    FILTER_DEFLATE: "gzip",
+    FILTER_SHUFFLE: "byte shuffle",
+    FILTER_FLETCHER32: "fletcher32",
+    FILTER_LZF: "lzf",
+    FILTER_BLOSC: "blosc",
+    FILTER_LZ4: "lz4",
+    FILTER_BITSHUFFLE: "bitshuffle",
+    FILTER_ZSTD: "zstd",
+    FILTER_BLOSC2: "blosc2",
+}
+# Filters that only hdf5plugin provides (a reader of data written with them needs it), as
+# ``info`` names them.
+PLUGIN_FILTERS: dict[int, str] = {
+    FILTER_BLOSC: "Blosc (hdf5plugin)",
+    FILTER_LZ4: "LZ4 (hdf5plugin)",
+    FILTER_BITSHUFFLE: "Bitshuffle (hdf5plugin)",
+    FILTER_ZSTD: "Zstd (hdf5plugin)",
+    FILTER_BLOSC2: "Blosc2 (hdf5plugin)",
+}
+
+T = TypeVar("T", bound=str)
+
+
+def parse_choice(value: object, choices: tuple[T, ...]) -> T | None:
+    """Return the member of ``choices`` equal to ``value`` (typed as the choice), else None."""
+    for choice in choices:
+        if choice == value:
+            return choice
+    return None
 
 # HDF5 refuses chunks of 4 GiB or more.
 MAX_CHUNK_BYTES = 2**32 - 1
@@ -37,14 +89,6 @@ LEVELS: dict[str, tuple[int, int, int]] = {
     "blosc-zstd": (0, 9, 5),
 }
 
-# HDF5 filter ids of the plugin codecs, to tell a reader what it needs.
-PLUGIN_FILTERS: dict[int, str] = {
-    32001: "Blosc (hdf5plugin)",
-    32004: "LZ4 (hdf5plugin)",
-    32008: "Bitshuffle (hdf5plugin)",
-    32015: "Zstd (hdf5plugin)",
-    32026: "Blosc2 (hdf5plugin)",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +315,43 @@ class ChunkMap:
     def chunks_of(self, indices: np.ndarray) -> np.ndarray:
         """Return the group holding each of ``indices``."""
         return np.searchsorted(self.starts, indices, side="right") - 1
+
+
+# -- a pack's geometry -------------------------------------------------------------
+
+
+def chunk_map_of(meta: PackMeta) -> ChunkMap:
+    """Return the groups of samples that are read together in ``meta``'s pack.
+
+    A chunked pack groups by HDF5 chunk. A contiguous pack has no chunks; it is grouped
+    in runs of about ``DEFAULT_CHUNK_BYTES``, which is what a sampler should keep together
+    for sequential reads.
+    """
+    if meta.storage == "array":
+        if meta.chunks is not None:
+            return ChunkMap.regular(meta.num_samples, meta.chunks[0])
+        sample_bytes = int(np.prod(meta.images_shape[1:]))
+        per_group = chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
+        return ChunkMap.regular(meta.num_samples, per_group)
+    if meta.offsets is None:
+        raise FormatError(f"{meta.path}: blob storage without offsets")
+    group_bytes = meta.chunks[0] if meta.chunks is not None else DEFAULT_CHUNK_BYTES
+    return ChunkMap.for_blob(meta.offsets, group_bytes)
+
+
+def group_bytes(meta: PackMeta) -> int:
+    """Return the uncompressed bytes of one read group: a chunk, or a contiguous pack's run."""
+    if meta.chunks is not None:
+        return int(np.prod(meta.chunks))
+    if meta.storage == "array":
+        sample_bytes = int(np.prod(meta.images_shape[1:]))
+        return sample_bytes * chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
+    return DEFAULT_CHUNK_BYTES
+
+
+def is_compressed(meta: PackMeta) -> bool:
+    """Return whether the pack's images pass through an HDF5 filter."""
+    return bool(meta.filter_ids)
 
 
 def next_prime(n: int) -> int:

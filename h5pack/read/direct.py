@@ -17,6 +17,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from h5pack.core.layout import FILTER_BLOSC, FILTER_DEFLATE, FILTER_LZ4, FILTER_SHUFFLE, FILTER_ZSTD
+
 # NOTE [ Direct chunk path ]
 #
 # h5py serialises every call behind one global lock, so threads cannot read or decompress
@@ -34,12 +36,6 @@ import numpy as np
 # batch. Anything this path does not understand (lzf, bitshuffle, two real filters, a
 # chunk shape that splits a sample, an unallocated chunk) is read through h5py instead;
 # tests check that both paths give identical pixels for every codec.
-
-FILTER_DEFLATE = 1
-FILTER_SHUFFLE = 2
-FILTER_BLOSC = 32001
-FILTER_LZ4 = 32004
-FILTER_ZSTD = 32015
 
 # decompress(src, out): fill ``out`` (uint8, exactly the decompressed size) from ``src``.
 Decompressor = Callable[[np.ndarray, np.ndarray], None]

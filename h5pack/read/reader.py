@@ -12,6 +12,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,45 +21,13 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
-from h5pack.core.layout import DEFAULT_CHUNK_BYTES, ChunkMap, cache_settings, chunk_samples_for
-from h5pack.errors import FormatError
+from h5pack.core.decode import BACKENDS, Backend
+from h5pack.core.layout import cache_settings, chunk_map_of, group_bytes, is_compressed
+from h5pack.errors import FormatError, OptionsError
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def chunk_map_of(meta: fmt.PackMeta) -> ChunkMap:
-    """Return the groups of samples that are read together in ``meta``'s pack.
-
-    A chunked pack groups by HDF5 chunk. A contiguous pack has no chunks; it is grouped
-    in runs of about ``DEFAULT_CHUNK_BYTES``, which is what a sampler should keep together
-    for sequential reads.
-    """
-    if meta.storage == "array":
-        if meta.chunks is not None:
-            return ChunkMap.regular(meta.num_samples, meta.chunks[0])
-        sample_bytes = int(np.prod(meta.images_shape[1:]))
-        per_group = chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
-        return ChunkMap.regular(meta.num_samples, per_group)
-    assert meta.offsets is not None  # read_meta guarantees offsets for blob storage
-    group_bytes = meta.chunks[0] if meta.chunks is not None else DEFAULT_CHUNK_BYTES
-    return ChunkMap.for_blob(meta.offsets, group_bytes)
-
-
-def stored_chunk_bytes(meta: fmt.PackMeta) -> int:
-    """Return the uncompressed bytes of one chunk (or one read group for contiguous packs)."""
-    if meta.chunks is not None:
-        return int(np.prod(meta.chunks))
-    if meta.storage == "array":
-        sample_bytes = int(np.prod(meta.images_shape[1:]))
-        return sample_bytes * chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
-    return DEFAULT_CHUNK_BYTES
-
-
-def is_compressed(meta: fmt.PackMeta) -> bool:
-    """Return whether the pack's images pass through an HDF5 filter."""
-    return bool(meta.filter_ids)
 
 
 def _first_appearance(values: np.ndarray) -> np.ndarray:
@@ -67,65 +36,97 @@ def _first_appearance(values: np.ndarray) -> np.ndarray:
     return values[np.sort(first)]
 
 
-class PackReader:
-    """Read samples of a pack grouped by chunk; a context manager, read-only.
+@dataclass(frozen=True, kw_only=True)
+class ReaderOptions:
+    """How a process reads a pack: window of decompressed chunks, threads, checks, decoder.
 
-    Args:
-        path: The pack.
-        cache_bytes: Bytes of decompressed chunks kept (compressed packs); ``None`` keeps
-            ``window_chunks`` chunks.
-        window_chunks: How many decompressed chunks to keep: the sampler's window, so that
-            a chunk-aware epoch decompresses every chunk once. Kept first in, first out.
-        locking: HDF5 file locking; ``False`` for network file systems.
-        backend: Decoder for encoded packs (``"pillow"`` or ``"opencv"``).
-        direct: Use the direct chunk path where it applies (``h5pack.read.direct``); ``False``
-            reads everything through h5py.
-        threads: Threads that decompress the chunks one request misses (direct path only,
-            where the codecs release the GIL); 0 or 1 decompresses in the calling thread.
+    Attributes:
+        window_chunks: Decompressed chunks kept, first in, first out: the sampler's window,
+            so that a chunk-aware epoch decompresses every chunk once. None: 1 for a bare
+            ``PackReader``; a dataset takes the sampler's (``make_loader`` sets it).
+        chunk_cache_bytes: Bytes of decompressed chunks kept instead (overrides
+            ``window_chunks``; at least one chunk is kept).
+        locking: HDF5 file locking; ``False`` for network file systems that do not support
+            it, or to read a pack that a writer still holds. None keeps HDF5's default.
+        backend: Decoder of encoded packs, ``"pillow"`` or ``"opencv"``.
+        direct: Use the direct chunk path where it applies (``h5pack.read.direct``);
+            ``False`` reads everything through h5py.
+        threads: Threads that decompress the chunks one request misses and decode encoded
+            samples (codecs and decoders that release the GIL); 0 or 1 works in the calling
+            thread. None: 0 for a bare reader; ``make_loader`` chooses (see "Loader defaults").
         verify_checksums: Check every sample read against its recorded CRC32 and raise
             ``FormatError`` on a mismatch: damage that still decompresses (codecs without
             their own checksum, uncompressed packs) is then never served. Costs a CRC32
             of every sample (~0.1 ms per 256x256 image on a slow core).
 
     Raises:
+        OptionsError: a window, cache size or thread count is out of range.
+    """
+
+    window_chunks: int | None = None
+    chunk_cache_bytes: int | None = None
+    locking: bool | None = None
+    backend: Backend = "pillow"
+    direct: bool = True
+    threads: int | None = None
+    verify_checksums: bool = False
+
+    def __post_init__(self) -> None:
+        if self.window_chunks is not None and self.window_chunks < 1:
+            raise OptionsError(
+                f"window_chunks should be >= 1, but got window_chunks={self.window_chunks}"
+            )
+        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
+            raise OptionsError(
+                "chunk_cache_bytes should be >= 0, but got "
+                f"chunk_cache_bytes={self.chunk_cache_bytes}"
+            )
+        if self.threads is not None and self.threads < 0:
+            raise OptionsError(f"threads should be >= 0, but got threads={self.threads}")
+        if self.backend not in BACKENDS:
+            raise OptionsError(
+                f"backend should be one of {', '.join(BACKENDS)}, but got backend={self.backend!r}"
+            )
+
+
+class PackReader:
+    """Read samples of a pack grouped by chunk; a context manager, read-only.
+
+    Args:
+        path: The pack.
+        options: How to read it (default ``ReaderOptions()``).
+
+    Raises:
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, or is of a newer format version.
     """
 
-    def __init__(
-        self,
-        path: StrPath,
-        *,
-        cache_bytes: int | None = None,
-        window_chunks: int = 1,
-        locking: bool | None = None,
-        backend: str = "pillow",
-        direct: bool = True,
-        threads: int = 0,
-        verify_checksums: bool = False,
-    ) -> None:
+    def __init__(self, path: StrPath, options: ReaderOptions | None = None) -> None:
+        options = options or ReaderOptions()
+        self.options = options
+        locking = options.locking
         self.path = os.fspath(path)
-        self.backend = backend
-        self.verify_checksums = verify_checksums
+        self.verify_checksums = options.verify_checksums
         with fmt.open_h5(self.path, locking=locking) as probe:
             self.meta = fmt.read_meta(probe, self.path)
         self.chunk_map = chunk_map_of(self.meta)
-        self.chunk_bytes = stored_chunk_bytes(self.meta)
+        self.group_bytes = group_bytes(self.meta)
         self.compressed = is_compressed(self.meta)
-        if cache_bytes is not None:
-            window_chunks = max(1, cache_bytes // max(1, self.chunk_bytes))
-        self.window_chunks = max(1, window_chunks)
+        if options.chunk_cache_bytes is not None:
+            self.window_chunks = max(1, options.chunk_cache_bytes // max(1, self.group_bytes))
+        else:
+            self.window_chunks = options.window_chunks or 1
         # Our window holds decompressed chunks, so HDF5's own cache needs one chunk at most
         # (none for uncompressed data, see layout.cache_settings).
         settings: dict[str, Any] = cache_settings(
-            compressed=self.compressed, window_chunks=1, chunk_bytes=self.chunk_bytes
+            compressed=self.compressed, window_chunks=1, chunk_bytes=self.group_bytes
         )
         self._file: h5py.File = fmt.open_h5(self.path, locking=locking, **settings)
         self._images: h5py.Dataset = self._file[fmt.IMAGES]
         self._paths: list[str] | None = None
         self._table: ChunkTable | None = None
         self._contiguous: int | None = None
-        if direct:
+        if options.direct:
             self._table = chunk_table(self._images)
             self._contiguous = contiguous_offset(self._images)
         self._raw_file = DirectFile(self.path)
@@ -135,7 +136,7 @@ class PackReader:
         # group -> (its data, the buffer it lives in); buffers of groups that left it
         self._window: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._free: list[np.ndarray] = []
-        self._threads = threads
+        self._threads = options.threads or 0
         self._pool: ThreadPoolExecutor | None = None
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
 
@@ -503,7 +504,7 @@ class PackReader:
         return decode_image(
             stored.tobytes(),
             name=f"{self.path}[{index}] ({self.paths[index]})",
-            backend=self.backend,  # type: ignore[arg-type]
+            backend=self.options.backend,
             channels=self.meta.channels,
         )
 

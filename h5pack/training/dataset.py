@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from multiprocessing.context import get_spawning_popen
 from typing import Any, Literal, overload
 
@@ -16,10 +18,16 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from h5pack._types import StrPath
 from h5pack.core.format import PackMeta, load_meta
-from h5pack.core.layout import ChunkMap
+from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes, is_compressed
 from h5pack.errors import OptionsError
-from h5pack.read.reader import PackReader, chunk_map_of, is_compressed, stored_chunk_bytes
-from h5pack.training.sampler import distributed_defaults, plan_epoch, window_for
+from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.sampler import (
+    EpochSpec,
+    distributed_defaults,
+    plan_epoch,
+    samples_per_rank,
+    window_for,
+)
 
 # NOTE [ h5py handles and fork ]
 #
@@ -116,17 +124,9 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         output: ``"tensor"``: (C, H, W) uint8 tensor; ``"hwc"``: (H, W, C) uint8 array;
             ``"pil"``: a PIL image.
         return_path: Also return the sample's source path.
-        cache_bytes: Bytes of decompressed chunks kept per process. Default: the sampler's
-            window (``make_loader`` sets ``window_chunks``), else ``sampler.window_for``.
-        window_chunks: Decompressed chunks kept per process (see ``cache_bytes``).
-        locking: HDF5 file locking; ``False`` for network file systems that do not support
-            it, or to read a pack that a writer still holds.
-        backend: Decoder of encoded packs, ``"pillow"`` or ``"opencv"``.
-        direct: Read chunks with the direct chunk path where it applies.
-        threads: Threads decompressing chunks in parallel (direct path; codecs that release
-            the GIL), useful when reading in the main process.
-        verify_checksums: Check every sample against its recorded CRC32 as it is read
-            (``PackReader``); a damaged sample raises ``FormatError`` instead of being served.
+        reader: How each process reads the pack (``ReaderOptions``): window of decompressed
+            chunks (default: the sampler's, which ``make_loader`` sets, else
+            ``sampler.window_for``), threads, checksums, decoder.
 
     Raises:
         FileNotFoundError: the pack does not exist.
@@ -142,53 +142,46 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         target_transform: Callable[[int], Any] | None = None,
         output: Output = "tensor",
         return_path: bool = False,
-        cache_bytes: int | None = None,
-        window_chunks: int | None = None,
-        locking: bool | None = None,
-        backend: str = "pillow",
-        direct: bool = True,
-        threads: int = 0,
-        verify_checksums: bool = False,
+        reader: ReaderOptions | None = None,
     ) -> None:
         if output not in OUTPUTS:
             raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
         self.path = os.fspath(path)
-        self.meta: PackMeta = load_meta(self.path, locking=locking)
+        self.options = reader or ReaderOptions()
+        self.meta: PackMeta = load_meta(self.path, locking=self.options.locking)
         self.chunk_map: ChunkMap = chunk_map_of(self.meta)
-        self.chunk_bytes = stored_chunk_bytes(self.meta)
+        self.group_bytes = group_bytes(self.meta)
         self.compressed = is_compressed(self.meta)
         self.transform = transform
         self.target_transform = target_transform
         self.output: Output = output
         self.return_path = return_path
-        self.cache_bytes = cache_bytes
-        self.window_chunks = window_chunks
-        self.locking = locking
-        self.backend = backend
-        self.direct = direct
-        self.threads = threads
-        self.verify_checksums = verify_checksums
         self._reader: PackReader | None = None
         self._pid = -1
+
+    def configured(self, options: ReaderOptions) -> H5ImageDataset:
+        """Return a copy of this dataset that reads with ``options`` (this one is unchanged)."""
+        twin = copy.copy(self)
+        twin.options = options
+        twin._reader = None
+        twin._pid = -1
+        return twin
 
     # -- process-local file ------------------------------------------------------------
     @property
     def reader(self) -> PackReader:
         """This process's reader, opened on first use (see "h5py handles and fork")."""
         if self._reader is None or self._pid != os.getpid():
-            window = self.window_chunks or window_for(
-                window_chunks=None, window_bytes=None, chunk_bytes=self.chunk_bytes, num_workers=0
-            )
-            self._reader = PackReader(
-                self.path,
-                cache_bytes=self.cache_bytes,
-                window_chunks=window,
-                locking=self.locking,
-                backend=self.backend,
-                direct=self.direct,
-                threads=self.threads,
-                verify_checksums=self.verify_checksums,
-            )
+            options = self.options
+            if options.window_chunks is None:
+                window = window_for(
+                    window_chunks=None,
+                    window_bytes=None,
+                    group_bytes=self.group_bytes,
+                    num_workers=0,
+                )
+                options = replace(options, window_chunks=window)
+            self._reader = PackReader(self.path, options)
             self._pid = os.getpid()
         return self._reader
 
@@ -297,44 +290,18 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
     shared memory.
 
     Args:
-        path: The pack.
-        batch_size: The DataLoader's batch size, so that each worker's stream divides into
-            whole batches and only the last batch of an epoch is short.
-        shuffle: Shuffle chunks and windows.
-        seed: Seed of the order.
-        window_chunks: Chunks mixed at once by one worker; default from ``window_bytes``.
-        window_bytes: Memory budget of all workers' windows.
-        drop_last: As for ``ChunkBatchSampler``.
-        num_replicas: Ranks (default from ``torch.distributed``).
-        rank: This rank (default from ``torch.distributed``).
-        **dataset_kwargs: Passed to ``H5ImageDataset`` (transform, output, return_path...).
+        dataset: A pack path, or an ``H5ImageDataset`` (with its transform, output...).
+        spec: How epochs are cut: ``batch_size`` should be the DataLoader's, so that each
+            worker's stream divides into whole batches and only the last batch of an epoch
+            is short; ``num_workers`` is taken from the DataLoader at iteration.
     """
 
-    def __init__(
-        self,
-        path: StrPath,
-        *,
-        batch_size: int = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-        window_chunks: int | None = None,
-        window_bytes: int | None = None,
-        drop_last: bool = False,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        **dataset_kwargs: Any,
-    ) -> None:
-        if batch_size < 1:
-            raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
-        self.dataset = H5ImageDataset(path, **dataset_kwargs)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.window_chunks = window_chunks
-        self.window_bytes = window_bytes
-        self.drop_last = drop_last
-        self.num_replicas, self.rank = distributed_defaults(num_replicas, rank)
+    def __init__(self, dataset: StrPath | H5ImageDataset, spec: EpochSpec) -> None:
+        self.dataset = dataset if isinstance(dataset, H5ImageDataset) else H5ImageDataset(dataset)
+        num_replicas, rank = distributed_defaults(spec.num_replicas, spec.rank)
+        self.spec = replace(spec, num_replicas=num_replicas, rank=rank)
         self._epoch: Any = multiprocessing.get_context().RawValue("q", 0)
+        self._windowed: H5ImageDataset | None = None  # the dataset configured for the window
 
     @property
     def epoch(self) -> int:
@@ -354,40 +321,27 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         return state
 
     def __len__(self) -> int:
-        n = self.dataset.meta.num_samples
-        if n == 0:
-            return 0
-        if self.drop_last:
-            return n // self.num_replicas // self.batch_size * self.batch_size
-        return math.ceil(n / self.num_replicas)
+        return samples_per_rank(self.dataset.meta.num_samples, self.spec)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        window = window_for(
-            window_chunks=self.window_chunks,
-            window_bytes=self.window_bytes,
-            chunk_bytes=self.dataset.chunk_bytes,
-            num_workers=workers,
-        )
-        if self.dataset.window_chunks is None:
-            self.dataset.window_chunks = window
-        batches = plan_epoch(
-            self.dataset.chunk_map,
-            self.batch_size,
-            epoch=self.epoch,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            window_chunks=window,
-            drop_last=self.drop_last,
-            num_replicas=self.num_replicas,
-            rank=self.rank,
-            num_workers=workers,
-        )
+        spec = replace(self.spec, num_workers=workers).resolved(self.dataset.group_bytes)
+        batches = plan_epoch(self.dataset.chunk_map, spec, epoch=self.epoch)
+        dataset = self._dataset_for(spec.window_chunks)
         for batch in batches[worker::workers]:
-            samples = self.dataset.__getitems__(batch.tolist())
-            if samples.images is not None and self.dataset.output == "tensor":
+            samples = dataset.__getitems__(batch.tolist())
+            if samples.images is not None and dataset.output == "tensor":
                 # detach the samples from the batch buffer: each is collated on its own
                 yield from ((s[0].contiguous(), *s[1:]) for s in samples)
             else:
                 yield from samples
+
+    def _dataset_for(self, window_chunks: int | None) -> H5ImageDataset:
+        """Return the dataset reading with the sampler's window (its own, when it has one)."""
+        if self.dataset.options.window_chunks is not None:
+            return self.dataset
+        if self._windowed is None or self._windowed.options.window_chunks != window_chunks:
+            options = replace(self.dataset.options, window_chunks=window_chunks)
+            self._windowed = self.dataset.configured(options)
+        return self._windowed

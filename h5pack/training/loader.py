@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -12,9 +12,12 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from h5pack._types import StrPath
+from h5pack.core.decode import Backend
+from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
-from h5pack.training.dataset import H5ImageDataset, SampleBatch, empty_uint8
-from h5pack.training.sampler import ChunkBatchSampler
+from h5pack.read.reader import ReaderOptions
+from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
+from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
 
 # NOTE [ Loader defaults ]
 #
@@ -105,25 +108,27 @@ def collate(batch: Sequence[Any]) -> Any:
     return (images, *rest)
 
 
-def available_cores() -> int:
-    """Return the cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def auto_workers(
+    dataset: H5ImageDataset, num_workers: int | Literal["auto"] = "auto", cores: int | None = None
+) -> tuple[int, int]:
+    """Return ``(num_workers, threads)`` for a loader over ``dataset`` (see "Loader defaults").
 
+    ``"auto"``: a raw pack without a per-sample transform is read in the main process,
+    ``cores`` threads decompressing (direct chunk path) or copying; worker processes, one per
+    core, only for per-sample work that holds the GIL: decoding an encoded pack, a
+    transform. An explicit ``num_workers`` gets ``cores`` threads when it is 0, else none.
 
-def auto_workers(dataset: H5ImageDataset, cores: int | None = None) -> tuple[int, int]:
-    """Return ``(num_workers, threads)`` for ``num_workers="auto"`` (see "Loader defaults").
-
-    A raw pack without a per-sample transform is read in the main process, ``cores``
-    threads decompressing (direct chunk path) or copying; worker processes, one per core,
-    only for per-sample work that holds the GIL: decoding an encoded pack, a transform.
+    Raises:
+        OptionsError: ``num_workers`` is neither ``"auto"`` nor >= 0.
     """
     cores = cores or available_cores()
-    if dataset.meta.mode == "raw" and dataset.transform is None:
-        return 0, cores
-    return cores, 0
+    if num_workers == "auto":
+        if dataset.meta.mode == "raw" and dataset.transform is None:
+            return 0, cores
+        return cores, 0
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise OptionsError(f"num_workers should be 'auto' or >= 0, but got {num_workers!r}")
+    return num_workers, cores if num_workers == 0 else 0
 
 
 class H5Loader(DataLoader[Any]):
@@ -190,11 +195,21 @@ def make_loader(
     prefetch_factor: int | None = None,
     multiprocessing_context: Any = None,
     collate_fn: Callable[[Any], Any] | None = None,
-    **dataset_kwargs: Any,
+    transform: Callable[[Any], Any] | None = None,
+    target_transform: Callable[[int], Any] | None = None,
+    output: Output | None = None,
+    return_path: bool | None = None,
+    locking: bool | None = None,
+    backend: Backend | None = None,
+    direct: bool | None = None,
+    verify_checksums: bool | None = None,
 ) -> H5Loader:
     """Return a DataLoader over a pack: chunk-aware sampling, workers, pinning and seeding.
 
-    Every default is explained in the module note "Loader defaults".
+    The public edge of the training side: its keywords become one ``EpochSpec`` (the
+    sampler's), one ``ReaderOptions`` (each process's reader) and the dataset. A dataset
+    passed in is never changed: the loader reads with a configured copy of it. Every
+    default is explained in the module note "Loader defaults".
 
     Args:
         path_or_dataset: A pack path, or an ``H5ImageDataset``.
@@ -207,40 +222,65 @@ def make_loader(
         drop_last: Drop the last incomplete batch (and the uneven tail across ranks).
         window_chunks: Chunks mixed at once per worker; default from ``window_bytes``.
         window_bytes: Memory budget of all workers' shuffle windows.
-        threads: Decompression threads of the dataset; default: all cores when reading in
-            the main process, else 0.
+        threads: Decompression threads of the dataset; default: the dataset's own setting,
+            else all cores when reading in the main process, else 0.
         pin_memory: Default: ``torch.cuda.is_available()``.
         persistent_workers: Default: on with workers.
         prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
         collate_fn: Default: ``collate`` (one preallocated uint8 tensor per batch).
-        **dataset_kwargs: Passed to ``H5ImageDataset`` when given a path.
+        transform: As for ``H5ImageDataset`` (only when given a path).
+        target_transform: As for ``H5ImageDataset`` (only when given a path).
+        output: As for ``H5ImageDataset`` (only when given a path; default ``"tensor"``).
+        return_path: As for ``H5ImageDataset`` (only when given a path).
+        locking: As ``ReaderOptions.locking`` (only when given a path).
+        backend: As ``ReaderOptions.backend`` (only when given a path).
+        direct: As ``ReaderOptions.direct`` (only when given a path).
+        verify_checksums: As ``ReaderOptions.verify_checksums`` (only when given a path).
 
     Returns:
         An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
         ``return_path=True``); images are (B, C, H, W) uint8 tensors.
 
     Raises:
-        OptionsError: a bad argument, or dataset keyword arguments next to a dataset.
+        OptionsError: a bad argument, or dataset options next to a dataset.
     """
+    dataset_options = {
+        "transform": transform,
+        "target_transform": target_transform,
+        "output": output,
+        "return_path": return_path,
+        "locking": locking,
+        "backend": backend,
+        "direct": direct,
+        "verify_checksums": verify_checksums,
+    }
     if isinstance(path_or_dataset, H5ImageDataset):
-        if dataset_kwargs:
+        given = sorted(name for name, value in dataset_options.items() if value is not None)
+        if given:
             raise OptionsError(
-                f"dataset options {sorted(dataset_kwargs)} apply only when make_loader opens "
-                "the pack; set them on the H5ImageDataset instead"
+                f"dataset options {given} apply only when make_loader opens the pack; set "
+                "them on the H5ImageDataset instead"
             )
         dataset = path_or_dataset
     else:
-        dataset = H5ImageDataset(path_or_dataset, **dataset_kwargs)
-    if num_workers == "auto":
-        num_workers, auto_threads = auto_workers(dataset)
-    elif not isinstance(num_workers, int) or num_workers < 0:
-        raise OptionsError(f"num_workers should be 'auto' or >= 0, but got {num_workers!r}")
-    else:
-        auto_threads = available_cores() if num_workers == 0 else 0
-    sampler = ChunkBatchSampler(
-        dataset,
-        batch_size,
+        reader = ReaderOptions(
+            locking=locking,
+            backend=backend or "pillow",
+            direct=True if direct is None else direct,
+            verify_checksums=bool(verify_checksums),
+        )
+        dataset = H5ImageDataset(
+            path_or_dataset,
+            transform=transform,
+            target_transform=target_transform,
+            output=output or "tensor",
+            return_path=bool(return_path),
+            reader=reader,
+        )
+    num_workers, auto_threads = auto_workers(dataset, num_workers)
+    spec = EpochSpec(
+        batch_size=batch_size,
         shuffle=shuffle,
         seed=seed,
         window_chunks=window_chunks,
@@ -250,10 +290,12 @@ def make_loader(
         rank=rank,
         num_workers=num_workers,
     )
-    if dataset.window_chunks is None and dataset.cache_bytes is None:
-        dataset.window_chunks = sampler.window_chunks
-    dataset.threads = auto_threads if threads is None else threads
-    dataset.close()  # settings changed: reopen lazily with them
+    sampler = ChunkBatchSampler.from_spec(dataset, spec)
+    options = dataset.options
+    if options.window_chunks is None and options.chunk_cache_bytes is None:
+        options = replace(options, window_chunks=sampler.window_chunks)
+    if threads is not None or options.threads is None:
+        options = replace(options, threads=auto_threads if threads is None else threads)
     generator = torch.Generator()
     generator.manual_seed(seed)
     workers_kwargs: dict[str, Any] = {}
@@ -265,7 +307,7 @@ def make_loader(
             "multiprocessing_context": multiprocessing_context,
         }
     return H5Loader(
-        dataset,
+        dataset.configured(options),
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate if collate_fn is None else collate_fn,

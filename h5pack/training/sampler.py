@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from h5pack.core.layout import ChunkMap
+from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes
 from h5pack.errors import OptionsError
 
 # NOTE [ Chunk-aware epoch order ]
@@ -64,8 +65,8 @@ class ChunkSource(Protocol):
         ...
 
     @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one decompressed chunk (average)."""
+    def group_bytes(self) -> int:
+        """Bytes of one decompressed chunk (read group)."""
         ...
 
 
@@ -77,13 +78,12 @@ def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
     if isinstance(source, ChunkMap):
         return source, None
     if isinstance(source, ChunkSource):
-        return source.chunk_map, int(source.chunk_bytes)
+        return source.chunk_map, int(source.group_bytes)
     if isinstance(source, str | os.PathLike):
         from h5pack.core.format import load_meta
-        from h5pack.read.reader import chunk_map_of, stored_chunk_bytes
 
         meta = load_meta(source)
-        return chunk_map_of(meta), stored_chunk_bytes(meta)
+        return chunk_map_of(meta), group_bytes(meta)
     raise OptionsError(
         "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, or a "
         f"pack path, but got {type(source).__name__}"
@@ -118,7 +118,7 @@ def window_for(
     *,
     window_chunks: int | None,
     window_bytes: int | None,
-    chunk_bytes: int | None,
+    group_bytes: int | None,
     num_workers: int,
 ) -> int:
     """Return K, the chunks per shuffle window of one worker.
@@ -135,10 +135,76 @@ def window_for(
         return int(window_chunks)
     if window_bytes is not None and window_bytes <= 0:
         raise OptionsError(f"window_bytes should be positive, but got window_bytes={window_bytes}")
-    if not chunk_bytes:
+    if not group_bytes:
         return DEFAULT_WINDOW_CHUNKS
     budget = window_bytes if window_bytes is not None else DEFAULT_WINDOW_BYTES
-    return max(1, budget // (max(1, num_workers) * chunk_bytes))
+    return max(1, budget // (max(1, num_workers) * group_bytes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochSpec:
+    """How a rank's epochs are cut into batches: everything ``plan_epoch`` needs but the epoch.
+
+    Built once at the public edge (``make_loader``, ``ChunkBatchSampler``) and passed whole
+    to the samplers, ``H5IterableDataset`` and ``plan_epoch``. ``resolved`` fills the fields
+    left to defaults (ranks from ``torch.distributed``, the window from the memory budget).
+
+    Attributes:
+        batch_size: Samples per batch.
+        shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
+            in pack order (the pack order itself with ``num_workers <= 1``).
+        seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
+        window_chunks: K, chunks mixed at once by one worker; None: from ``window_bytes``.
+        window_bytes: Memory budget of all workers' windows (decompressed bytes); None:
+            ``DEFAULT_WINDOW_BYTES``.
+        drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
+            does not divide evenly).
+        num_replicas: Ranks; None: ``torch.distributed``'s world size, else 1.
+        rank: This rank; None: ``torch.distributed``'s rank, else 0.
+        num_workers: The DataLoader's ``num_workers`` (batch b goes to worker b mod W).
+
+    Raises:
+        OptionsError: a size, rank or window is out of range.
+    """
+
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    window_chunks: int | None = None
+    window_bytes: int | None = None
+    drop_last: bool = False
+    num_replicas: int | None = None
+    rank: int | None = None
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise OptionsError(f"batch_size should be >= 1, but got batch_size={self.batch_size}")
+        if self.num_workers < 0:
+            raise OptionsError(
+                f"num_workers should be >= 0, but got num_workers={self.num_workers}"
+            )
+        if self.window_chunks is not None and self.window_chunks < 1:
+            raise OptionsError(
+                f"window_chunks should be >= 1, but got window_chunks={self.window_chunks}"
+            )
+        if self.window_bytes is not None and self.window_bytes <= 0:
+            raise OptionsError(
+                f"window_bytes should be positive, but got window_bytes={self.window_bytes}"
+            )
+        if self.num_replicas is not None and self.rank is not None:
+            distributed_defaults(self.num_replicas, self.rank)
+
+    def resolved(self, group_bytes: int | None) -> EpochSpec:
+        """Return a copy with ranks and the window filled in (``group_bytes``: one chunk)."""
+        num_replicas, rank = distributed_defaults(self.num_replicas, self.rank)
+        window = window_for(
+            window_chunks=self.window_chunks,
+            window_bytes=self.window_bytes,
+            group_bytes=group_bytes,
+            num_workers=self.num_workers,
+        )
+        return replace(self, num_replicas=num_replicas, rank=rank, window_chunks=window)
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -156,28 +222,30 @@ def num_batches(
     return math.ceil(math.ceil(num_samples / num_replicas) / batch_size)
 
 
-def plan_epoch(
-    chunk_map: ChunkMap,
-    batch_size: int,
-    *,
-    epoch: int,
-    seed: int = 0,
-    shuffle: bool = True,
-    window_chunks: int = DEFAULT_WINDOW_CHUNKS,
-    drop_last: bool = False,
-    num_replicas: int = 1,
-    rank: int = 0,
-    num_workers: int = 0,
-) -> list[np.ndarray]:
+def samples_per_rank(num_samples: int, spec: EpochSpec) -> int:
+    """Return the samples each rank yields per epoch (see "Chunk-aware epoch order")."""
+    if num_samples == 0:
+        return 0
+    num_replicas = spec.num_replicas or 1
+    if spec.drop_last:
+        return num_samples // num_replicas // spec.batch_size * spec.batch_size
+    return math.ceil(num_samples / num_replicas)
+
+
+def plan_epoch(chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
     """Return one rank's batches of one epoch, in the order the DataLoader consumes them.
 
-    A pure function of its arguments; see the module note "Chunk-aware epoch order".
+    A pure function of its arguments; see the module note "Chunk-aware epoch order". Fields
+    of ``spec`` left to None mean one rank, rank 0 and ``DEFAULT_WINDOW_CHUNKS``.
 
     Example:
         >>> cmap = ChunkMap.regular(10, 4)
-        >>> [b.tolist() for b in plan_epoch(cmap, 3, epoch=0, shuffle=False)]
+        >>> [b.tolist() for b in plan_epoch(cmap, EpochSpec(batch_size=3, shuffle=False), epoch=0)]
         [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     """
+    batch_size, seed, shuffle, drop_last = spec.batch_size, spec.seed, spec.shuffle, spec.drop_last
+    window_chunks = spec.window_chunks or DEFAULT_WINDOW_CHUNKS
+    num_replicas, rank = spec.num_replicas or 1, spec.rank or 0
     num = chunk_map.num_samples
     batch_count = num_batches(num, batch_size, num_replicas=num_replicas, drop_last=drop_last)
     if batch_count == 0:
@@ -207,7 +275,7 @@ def plan_epoch(
 
     batch_sizes = np.full(batch_count, batch_size, dtype=np.int64)
     batch_sizes[-1] = per_rank - (batch_count - 1) * batch_size
-    workers = max(1, num_workers)
+    workers = max(1, spec.num_workers)
     worker_rngs = [_rng(seed, epoch, rank, w, 1) for w in range(workers)]
     streams: list[list[np.ndarray]] = []
     low = 0
@@ -236,7 +304,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
 
     Args:
         source: A ``ChunkMap``, a dataset or reader (anything with ``chunk_map`` and
-            ``chunk_bytes``), or a pack path.
+            ``group_bytes``), or a pack path.
         batch_size: Samples per batch.
         shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
             in pack order (the pack order itself with ``num_workers <= 1``).
@@ -278,26 +346,37 @@ class ChunkBatchSampler(Sampler[list[int]]):
         rank: int | None = None,
         num_workers: int = 0,
     ) -> None:
-        if batch_size < 1:
-            raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
-        if num_workers < 0:
-            raise OptionsError(f"num_workers should be >= 0, but got num_workers={num_workers}")
-        self.chunk_map, chunk_bytes = resolve_source(source)
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.drop_last = drop_last
-        self.num_replicas, self.rank = distributed_defaults(num_replicas, rank)
-        self.num_workers = int(num_workers)
-        self.window_chunks = window_for(
+        spec = EpochSpec(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
             window_chunks=window_chunks,
             window_bytes=window_bytes,
-            chunk_bytes=chunk_bytes,
+            drop_last=drop_last,
+            num_replicas=num_replicas,
+            rank=rank,
             num_workers=num_workers,
         )
+        self._start(source, spec)
+
+    @classmethod
+    def from_spec(cls, source: SamplerSource, spec: EpochSpec) -> ChunkBatchSampler:
+        """Return a sampler of ``source`` cut by ``spec`` (what ``make_loader`` builds)."""
+        sampler = cls.__new__(cls)
+        sampler._start(source, spec)
+        return sampler
+
+    def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
+        self.chunk_map, group_bytes = resolve_source(source)
+        self.spec = spec.resolved(group_bytes)
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
+
+    @property
+    def window_chunks(self) -> int:
+        """K, the chunks mixed at once by one worker."""
+        return self.spec.window_chunks or DEFAULT_WINDOW_CHUNKS
 
     @property
     def resume_position(self) -> int:
@@ -313,25 +392,14 @@ class ChunkBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return num_batches(
             self.chunk_map.num_samples,
-            self.batch_size,
-            num_replicas=self.num_replicas,
-            drop_last=self.drop_last,
+            self.spec.batch_size,
+            num_replicas=self.spec.num_replicas or 1,
+            drop_last=self.spec.drop_last,
         )
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
         """Return this rank's whole batch order of ``epoch`` (default: the current one)."""
-        return plan_epoch(
-            self.chunk_map,
-            self.batch_size,
-            epoch=self.epoch if epoch is None else epoch,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            window_chunks=self.window_chunks,
-            drop_last=self.drop_last,
-            num_replicas=self.num_replicas,
-            rank=self.rank,
-            num_workers=self.num_workers,
-        )
+        return plan_epoch(self.chunk_map, self.spec, epoch=self.epoch if epoch is None else epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.plan()
@@ -373,36 +441,41 @@ class ChunkBatchSampler(Sampler[list[int]]):
         self._position = self._resume = int(state["position"])
 
     def _settings(self) -> dict[str, Any]:
+        spec = self.spec
         return {
             "num_samples": self.chunk_map.num_samples,
             "num_chunks": self.chunk_map.num_chunks,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "window_chunks": self.window_chunks,
-            "drop_last": self.drop_last,
-            "num_replicas": self.num_replicas,
-            "rank": self.rank,
-            "num_workers": self.num_workers,
+            "batch_size": spec.batch_size,
+            "shuffle": spec.shuffle,
+            "seed": spec.seed,
+            "window_chunks": spec.window_chunks,
+            "drop_last": spec.drop_last,
+            "num_replicas": spec.num_replicas,
+            "rank": spec.rank,
+            "num_workers": spec.num_workers,
         }
 
 
 class ChunkSampler(Sampler[int]):
     """Yield sample indices in chunk-aware order, for a DataLoader that batches them itself.
 
-    The order is ``ChunkBatchSampler``'s batches laid end to end; pass the DataLoader's
-    ``batch_size`` and ``num_workers`` so that each worker still reads its own chunks.
-    Arguments as for ``ChunkBatchSampler`` (``batch_size`` defaults to 1).
+    The order is ``ChunkBatchSampler``'s batches laid end to end; give ``spec`` the
+    DataLoader's ``batch_size`` and ``num_workers`` so that each worker still reads its own
+    chunks.
+
+    Args:
+        source: As for ``ChunkBatchSampler``.
+        spec: How epochs are cut (default: batches of 1, seed 0).
 
     Example:
-        >>> sampler = ChunkSampler(ChunkMap.regular(10, 4), seed=0)
+        >>> sampler = ChunkSampler(ChunkMap.regular(10, 4), EpochSpec(batch_size=1, seed=0))
         >>> order = list(sampler)
         >>> len(sampler), sorted(order) == list(range(10))
         (10, True)
     """
 
-    def __init__(self, source: SamplerSource, *, batch_size: int = 1, **kwargs: Any) -> None:
-        self.batches = ChunkBatchSampler(source, batch_size, **kwargs)
+    def __init__(self, source: SamplerSource, spec: EpochSpec | None = None) -> None:
+        self.batches = ChunkBatchSampler.from_spec(source, spec or EpochSpec(batch_size=1))
         self._position = 0  # samples of the epoch already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
 
@@ -418,12 +491,7 @@ class ChunkSampler(Sampler[int]):
         self.batches.set_epoch(epoch)
 
     def __len__(self) -> int:
-        if self.chunk_map.num_samples == 0:
-            return 0
-        b = self.batches
-        if b.drop_last:
-            return len(b) * b.batch_size
-        return math.ceil(self.chunk_map.num_samples / b.num_replicas)
+        return samples_per_rank(self.chunk_map.num_samples, self.batches.spec)
 
     @property
     def chunk_map(self) -> ChunkMap:

@@ -381,8 +381,8 @@ def _prepare_array(
         image = resize_image(
             image,
             plan.decode.size,
-            method=plan.decode.resize,  # type: ignore[arg-type]
-            backend=plan.decode.backend,  # type: ignore[arg-type]
+            method=plan.decode.resize,
+            backend=plan.decode.backend,
         )
         if image.ndim == 2:
             image = image[:, :, None]

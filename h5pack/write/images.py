@@ -14,14 +14,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import h5py
 import numpy as np
 
+from h5pack.core.format import Storage
 from h5pack.core.layout import Compression
-
-Storage = Literal["array", "blob"]
 
 # Bytes copied at once when a contiguous dataset is filled from a staging file.
 COPY_BYTES = 64 * 2**20

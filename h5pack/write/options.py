@@ -6,23 +6,23 @@ import dataclasses
 import os
 from typing import Any, Literal
 
+from h5pack.core.decode import BACKENDS, RESIZE_METHODS, Backend, ResizeMethod
+from h5pack.core.format import MODES
 from h5pack.core.layout import (
     DEFAULT_CHUNK_BYTES,
+    LAYOUTS,
     Compression,
+    Layout,
     array_chunk_shape,
     check_chunk_bytes,
 )
+from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
 
-Mode = Literal["auto", "raw", "encoded"]
-ResizeMethod = Literal["stretch", "crop", "pad"]
-Backend = Literal["pillow", "opencv"]
-Layout = Literal["chunked", "contiguous"]
-
-MODES = ("auto", "raw", "encoded")
-RESIZE_METHODS = ("stretch", "crop", "pad")
-BACKENDS = ("pillow", "opencv")
-LAYOUTS = ("chunked", "contiguous")
+# The storage mode asked for: a pack's mode (``core.format.Mode``), or "auto" to choose it
+# from the images.
+ModeChoice = Literal["auto", "raw", "encoded"]
+MODE_CHOICES: tuple[ModeChoice, ...] = ("auto", *MODES)
 DEFAULT_QUALITY = 90
 
 
@@ -36,14 +36,6 @@ def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
         raise OptionsError(f"{name} should be a positive integer, but got {name}={value!r}")
-
-
-def available_cores() -> int:
-    """Return the number of CPU cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,7 +72,7 @@ class ConvertOptions:
         labels_csv: A ``path,label`` CSV giving labels for any folder layout.
     """
 
-    mode: Mode = "auto"
+    mode: ModeChoice = "auto"
     size: tuple[int, int] | None = None
     resize: ResizeMethod = "stretch"
     channels: int = 3
@@ -99,7 +91,7 @@ class ConvertOptions:
     labels_csv: str | None = None
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, MODES)
+        _choice("mode", self.mode, MODE_CHOICES)
         _choice("resize", self.resize, RESIZE_METHODS)
         _choice("channels", self.channels, (1, 3))
         _choice("backend", self.backend, BACKENDS)

@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 import h5py
 import numpy as np
 
-from h5pack.core.format import checksum
+from h5pack.core.decode import Backend, ResizeMethod
+from h5pack.core.format import Mode, checksum
 from h5pack.errors import DecodeError
 from h5pack.write.arena import SlotRef, slot_array
 from h5pack.write.images import ImagesSpec
@@ -56,12 +57,12 @@ class DecodeSpec:
         quality: JPEG quality of re-encoded images.
     """
 
-    mode: str
+    mode: Mode
     flat: bool = False
     size: tuple[int, int] | None = None
-    resize: str = "stretch"
+    resize: ResizeMethod = "stretch"
     channels: int = 3
-    backend: str = "pillow"
+    backend: Backend = "pillow"
     fixed_shape: tuple[int, int, int] | None = None
     max_side: int | None = None
     quality: int = 90
@@ -108,7 +109,7 @@ def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepar
         image = decode_image(
             data,
             name=name,
-            backend=spec.backend,  # type: ignore[arg-type]
+            backend=spec.backend,
             channels=spec.channels,
         )
         if image.ndim == 2:
@@ -123,8 +124,8 @@ def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepar
             image = resize_image(
                 image,
                 spec.size,
-                method=spec.resize,  # type: ignore[arg-type]
-                backend=spec.backend,  # type: ignore[arg-type]
+                method=spec.resize,
+                backend=spec.backend,
             )
             if image.ndim == 2:
                 image = image[:, :, None]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
 
+from h5pack.core.format import Mode, Storage
 from h5pack.core.layout import DEFAULT_CHUNK_BYTES, array_chunk_shape, chunk_samples_for
 from h5pack.errors import OptionsError
 from h5pack.write.images import ImagesSpec
@@ -20,7 +20,7 @@ BLOB_SLOT_BYTES = 4 * 2**20
 class StoragePlan:
     """The resolved storage of a conversion: what workers make and how it is laid out."""
 
-    mode: Literal["raw", "encoded"]
+    mode: Mode
     spec: ImagesSpec
     decode: DecodeSpec
     group_samples: int
@@ -28,7 +28,7 @@ class StoragePlan:
     reason: str
 
     @property
-    def storage(self) -> Literal["array", "blob"]:
+    def storage(self) -> Storage:
         """``"array"`` or ``"blob"``."""
         return self.spec.storage
 
@@ -63,7 +63,7 @@ def plan_storage(
     if options.mode == "encoded" or (
         options.mode == "auto" and options.size is None and can_encode and len(sizes) > 1
     ):
-        mode: Literal["raw", "encoded"] = "encoded"
+        mode: Mode = "encoded"
         if options.mode == "encoded":
             reason = "encoded mode: the files' bytes are stored as they are"
         else:
@@ -120,7 +120,7 @@ def plan_storage(
 
 
 def _blob_plan(
-    options: ConvertOptions, mode: Literal["raw", "encoded"], reason: str
+    options: ConvertOptions, mode: Mode, reason: str
 ) -> StoragePlan:
     if options.chunk_samples is not None or options.chunk_shape is not None:
         raise OptionsError(

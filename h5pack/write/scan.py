@@ -56,8 +56,8 @@ from h5pack._types import StrPath
 from h5pack.core.format import SkippedFile
 from h5pack.errors import OptionsError, SourceError
 
-Layout = Literal["auto", "imagefolder", "flat"]
-LAYOUTS: tuple[str, ...] = get_args(Layout)
+FolderLayout = Literal["auto", "imagefolder", "flat"]
+FOLDER_LAYOUTS: tuple[FolderLayout, ...] = get_args(FolderLayout)
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -155,7 +155,7 @@ def scan(
     root: StrPath,
     *,
     labels_csv: StrPath | None = None,
-    layout: Layout = "auto",
+    layout: FolderLayout = "auto",
 ) -> ScanResult:
     """Find the images under ``root`` and label them (see the module docstring for the rules).
 
@@ -175,10 +175,10 @@ def scan(
         SourceError: ``root`` is missing, is a file, holds no images, mixes loose images
             with class folders under ``layout="auto"``, or ``labels_csv`` has a bad line.
         OptionsError: ``layout`` is not ``"auto"`` while ``labels_csv`` is given.
-        ValueError: ``layout`` is not one of :data:`LAYOUTS`.
+        ValueError: ``layout`` is not one of :data:`FOLDER_LAYOUTS`.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout should be one of {LAYOUTS}, but got layout={layout!r}")
+    if layout not in FOLDER_LAYOUTS:
+        raise ValueError(f"layout should be one of {FOLDER_LAYOUTS}, but got layout={layout!r}")
     root = Path(root)
     _check_root(root)
     if labels_csv is not None:
