@@ -55,6 +55,62 @@ LIBVER = "v110"
 # -- the pack ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class SampleTable:
+    """What a conversion knows of each sample before decoding it, in write order.
+
+    Attributes:
+        labels: int64 (N,), -1 when unlabeled.
+        classes: Class names; labels index into them.
+        paths: Relative source paths.
+        source_index: int64 (N,): each sample's position in the sorted scan.
+    """
+
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    paths: Sequence[str]
+    source_index: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackMetadata:
+    """Everything a pack records besides its images: what ``write_metadata`` writes.
+
+    Attributes:
+        plan: The storage (mode and storage written as attributes).
+        samples: The packed samples' table (skipped files left out), in pack order.
+        shapes: int32 (N, 3) decoded shapes.
+        checksums: uint32 (N,) CRC32 of each sample's stored bytes.
+        options: The conversion options (written as JSON).
+        skipped: Files left out, sorted by path.
+        offsets: Blob storage: int64 (N + 1,) slot boundaries, else None.
+        sizes: Blob storage: int64 (N,) bytes of each sample, else None.
+        blob_chunk_bytes: Bytes per chunk of a blob (0 for array storage).
+    """
+
+    plan: StoragePlan
+    samples: SampleTable
+    shapes: np.ndarray
+    checksums: np.ndarray
+    options: ConvertOptions
+    skipped: tuple[SkippedFile, ...]
+    offsets: np.ndarray | None
+    sizes: np.ndarray | None
+    blob_chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class Workers:
+    """Where blocks are compressed: an executor, how many blocks may be in flight, an arena."""
+
+    executor: Any
+    max_in_flight: int
+    arena: Arena | None = None
+
+
 class _Record:
     """Per-sample metadata gathered while writing, in pack order (a few bytes per sample)."""
 
@@ -163,37 +219,34 @@ class PackBuilder:
                 arena.release(slot)
 
     def finish(
-        self,
-        *,
-        labels: np.ndarray,
-        classes: Sequence[str],
-        paths: Sequence[str],
-        source_index: np.ndarray,
-        options: ConvertOptions,
-        skipped: Sequence[SkippedFile],
+        self, table: SampleTable, options: ConvertOptions, skipped: Sequence[SkippedFile]
     ) -> Path:
         """Complete the images and write the metadata; return the finished file's path."""
         num = self.record.count
         self.images.finish()
         if self.images.needs_rebuild:
             self._rebuild(num)
-        handle = self.handle
         pos = self.record.positions[:num]
-        _write_metadata(
-            handle,
-            plan=self.plan,
-            labels=labels[pos] if num else np.zeros(0, np.int64),
-            classes=classes,
-            paths=[paths[p] for p in pos],
-            shapes=self.record.shapes[:num],
-            crcs=self.record.crcs[:num],
-            source_index=source_index[pos] if num else np.zeros(0, np.int64),
-            options=options,
-            skipped=skipped,
-            blob=self.assembler if isinstance(self.assembler, BlobAssembler) else None,
-            chunk_bytes=_final_chunk_bytes(self.images.spec, self.plan),
+        blob = self.assembler if isinstance(self.assembler, BlobAssembler) else None
+        packed = SampleTable(
+            labels=table.labels[pos] if num else np.zeros(0, np.int64),
+            classes=table.classes,
+            paths=[table.paths[p] for p in pos],
+            source_index=table.source_index[pos] if num else np.zeros(0, np.int64),
         )
-        handle.close()
+        metadata = PackMetadata(
+            plan=self.plan,
+            samples=packed,
+            shapes=self.record.shapes[:num],
+            checksums=self.record.crcs[:num],
+            options=options,
+            skipped=tuple(skipped),
+            offsets=blob.final_offsets() if blob is not None else None,
+            sizes=np.asarray(blob.sizes, dtype=np.int64) if blob is not None else None,
+            blob_chunk_bytes=_final_chunk_bytes(self.images.spec, self.plan),
+        )
+        write_metadata(self.handle, metadata)
+        self.handle.close()
         return self.path
 
     def _rebuild(self, num: int) -> None:
@@ -226,52 +279,45 @@ def _final_chunk_bytes(spec: ImagesSpec, plan: StoragePlan) -> int:
     return int(spec.chunks[0]) if spec.chunks is not None else plan.chunk_bytes
 
 
-def _write_metadata(
-    handle: h5py.File,
-    *,
-    plan: StoragePlan,
-    labels: np.ndarray,
-    classes: Sequence[str],
-    paths: Sequence[str],
-    shapes: np.ndarray,
-    crcs: np.ndarray,
-    source_index: np.ndarray,
-    options: ConvertOptions,
-    skipped: Sequence[SkippedFile],
-    blob: BlobAssembler | None,
-    chunk_bytes: int,
-) -> None:
-    num = len(paths)
-    handle.create_dataset(fmt.LABELS, data=np.asarray(labels, dtype=np.int64).reshape(num))
+def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
+    """Write every dataset and attribute of a pack but its images (format.py names them)."""
+    samples = metadata.samples
+    num = len(samples)
+    handle.create_dataset(fmt.LABELS, data=np.asarray(samples.labels, dtype=np.int64).reshape(num))
     handle.create_dataset(
-        fmt.CLASSES, data=np.array(list(classes), dtype=object), dtype=fmt.UTF8_STR
+        fmt.CLASSES, data=np.array(list(samples.classes), dtype=object), dtype=fmt.UTF8_STR
     )
     stored_paths = handle.create_dataset(fmt.PATHS, shape=(num,), dtype=fmt.PATH_BYTES)
     for lo in range(0, num, PATH_SLAB):
-        slab = paths[lo : lo + PATH_SLAB]
+        slab = samples.paths[lo : lo + PATH_SLAB]
         # Built element by element: paths of one length would otherwise stack into 2-D.
         encoded = np.empty(len(slab), dtype=object)
         for i, relative in enumerate(slab):
             encoded[i] = fmt.encode_path(relative)
         stored_paths.write_direct(encoded, dest_sel=np.s_[lo : lo + len(slab)])
-    handle.create_dataset(fmt.SHAPES, data=shapes)
-    handle.create_dataset(fmt.CHECKSUMS, data=crcs.reshape(num))
-    handle.create_dataset(fmt.SOURCE_INDEX, data=np.asarray(source_index, np.int64).reshape(num))
-    if blob is not None:
-        handle.create_dataset(fmt.OFFSETS, data=blob.final_offsets())
-        handle.create_dataset(fmt.SIZES, data=np.asarray(blob.sizes, dtype=np.int64))
+    handle.create_dataset(fmt.SHAPES, data=metadata.shapes)
+    handle.create_dataset(fmt.CHECKSUMS, data=metadata.checksums.reshape(num))
+    handle.create_dataset(
+        fmt.SOURCE_INDEX, data=np.asarray(samples.source_index, np.int64).reshape(num)
+    )
+    if metadata.offsets is not None and metadata.sizes is not None:
+        handle.create_dataset(fmt.OFFSETS, data=metadata.offsets)
+        handle.create_dataset(fmt.SIZES, data=metadata.sizes)
     attrs = handle.attrs
     attrs[fmt.FORMAT_MARKER_KEY] = fmt.FORMAT_MARKER
     attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
-    attrs[fmt.MODE_KEY] = plan.mode
-    attrs[fmt.STORAGE_KEY] = plan.storage
+    options = metadata.options
+    attrs[fmt.MODE_KEY] = metadata.plan.mode
+    attrs[fmt.STORAGE_KEY] = metadata.plan.storage
     attrs[fmt.NUM_SAMPLES_KEY] = num
     attrs[fmt.CHANNELS_KEY] = options.channels
     attrs[fmt.TOOL_VERSION_KEY] = __version__
     attrs[fmt.CREATED_KEY] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     attrs[fmt.OPTIONS_KEY] = json.dumps(options.to_json(), sort_keys=True)
-    attrs[fmt.SKIPPED_KEY] = json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])
-    attrs[fmt.CHUNK_BYTES_KEY] = chunk_bytes
+    attrs[fmt.SKIPPED_KEY] = json.dumps(
+        [{"path": s.path, "reason": s.reason} for s in metadata.skipped]
+    )
+    attrs[fmt.CHUNK_BYTES_KEY] = metadata.blob_chunk_bytes
 
 
 # -- conversions ------------------------------------------------------------------------
@@ -350,25 +396,24 @@ def build_pack(
     target: Path,
     plan: StoragePlan,
     prepared: Iterable[Prepared],
+    table: SampleTable,
     *,
-    temps: TempFiles,
-    executor: Any,
-    max_in_flight: int,
-    arena: Arena | None,
-    allocate: int,
-    labels: np.ndarray,
-    classes: Sequence[str],
-    paths: Sequence[str],
-    source_index: np.ndarray,
     options: ConvertOptions,
+    workers: Workers,
+    temps: TempFiles,
     skipped: list[SkippedFile],
     emit: Callable[[ConvertEvent], None],
     overwrite: bool,
 ) -> Path:
-    """Write a pack to a temporary file and publish it as ``target``."""
+    """Write a pack of the ``table``'s samples to a temporary file and publish it as ``target``.
+
+    ``prepared`` yields the samples that were decoded (in write order, positions into
+    ``table``); files it rejects are appended to ``skipped`` by the caller as they come.
+    """
+    allocate = len(table)
     builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
     try:
-        builder.write(prepared, executor, max_in_flight, arena)
+        builder.write(prepared, workers.executor, workers.max_in_flight, workers.arena)
         if not builder.record.count:
             raise _no_samples(allocate, skipped)
         if builder.images.needs_rebuild:
@@ -378,14 +423,7 @@ def build_pack(
                 )
             )
         skipped.sort(key=lambda s: os.fsencode(s.path))
-        finished = builder.finish(
-            labels=labels,
-            classes=classes,
-            paths=paths,
-            source_index=source_index,
-            options=options,
-            skipped=skipped,
-        )
+        finished = builder.finish(table, options, skipped)
     except H5PackError:
         raise  # some are OSErrors too (SourceError): they need no wrapping
     except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file

@@ -28,6 +28,8 @@ from h5pack.write.arena import Arena
 from h5pack.write.builder import (
     ConvertEvent,
     ConvertReport,
+    SampleTable,
+    Workers,
     build_pack,
     make_report,
     write_order,
@@ -132,20 +134,20 @@ def convert(
                     blocks_arena = Arena.maybe(workers + 1, block_slot_bytes(plan))
                 arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
             prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
+            table = SampleTable(
+                labels=np.asarray([f.label for f in files], dtype=np.int64),
+                classes=tuple(found.classes),
+                paths=[f.relative for f in files],
+                source_index=order,
+            )
             published = build_pack(
                 target_path,
                 plan,
                 prepared,
-                temps=temps,
-                executor=executor,
-                max_in_flight=workers + 1,
-                arena=blocks_arena,
-                allocate=num,
-                labels=np.asarray([f.label for f in files], dtype=np.int64),
-                classes=found.classes,
-                paths=[f.relative for f in files],
-                source_index=order,
+                table,
                 options=options,
+                workers=Workers(executor, workers + 1, blocks_arena),
+                temps=temps,
                 skipped=skipped,
                 emit=emit,
                 overwrite=overwrite,
@@ -322,20 +324,20 @@ def write_arrays(
     executor = make_executor(1)
     with sigterm_as_exit():
         try:
+            table = SampleTable(
+                labels=label_array[order],
+                classes=tuple(classes),
+                paths=[names[i] for i in order],
+                source_index=order,
+            )
             published = build_pack(
                 target_path,
                 plan,
                 prepared(),
-                temps=temps,
-                executor=executor,
-                max_in_flight=1,
-                arena=None,
-                allocate=num,
-                labels=label_array[order],
-                classes=classes,
-                paths=[names[i] for i in order],
-                source_index=order,
+                table,
                 options=options,
+                workers=Workers(executor, 1),
+                temps=temps,
                 skipped=skipped,
                 emit=emit,
                 overwrite=overwrite,
