@@ -1,13 +1,36 @@
 """h5pack: pack image folders into chunked HDF5 and read them at the speed of the storage.
 
 Torch-dependent names (``H5ImageDataset``, ``make_loader``...) are imported on first use so
-that ``h5pack convert`` and ``h5pack info`` start without importing torch.
+that ``h5pack convert`` and ``h5pack info`` start without importing torch; type checkers see
+them through the ``TYPE_CHECKING`` imports below.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from h5pack.errors import (
+    DecodeError,
+    FormatError,
+    H5PackError,
+    OptionsError,
+    PackNotFoundError,
+    SourceError,
+    TargetExistsError,
+    VerifyError,
+)
+
+if TYPE_CHECKING:
+    from h5pack.check import pack_info, verify_pack
+    from h5pack.core.format import PackMeta, load_meta
+    from h5pack.core.layout import Compression
+    from h5pack.read.reader import PackReader, ReaderOptions
+    from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
+    from h5pack.training.loader import DevicePrefetcher, make_loader, seed_everything
+    from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
+    from h5pack.write.convert import convert, write_arrays
+    from h5pack.write.options import ConvertOptions
 
 __version__ = "0.1.0"
 
@@ -16,19 +39,52 @@ _LAZY = {
     "H5IterableDataset": "h5pack.training.dataset",
     "ChunkSampler": "h5pack.training.sampler",
     "ChunkBatchSampler": "h5pack.training.sampler",
+    "EpochSpec": "h5pack.training.sampler",
     "make_loader": "h5pack.training.loader",
     "seed_everything": "h5pack.training.loader",
+    "DevicePrefetcher": "h5pack.training.loader",
     "convert": "h5pack.write.convert",
     "write_arrays": "h5pack.write.convert",
+    "ConvertOptions": "h5pack.write.options",
+    "Compression": "h5pack.core.layout",
     "pack_info": "h5pack.check",
     "verify_pack": "h5pack.check",
     "PackReader": "h5pack.read.reader",
-    "ConvertOptions": "h5pack.write.options",
+    "ReaderOptions": "h5pack.read.reader",
     "PackMeta": "h5pack.core.format",
     "load_meta": "h5pack.core.format",
 }
 
-__all__ = ["__version__", *_LAZY]
+# Every public name; tests/test_api.py checks that each lazy one resolves.
+__all__ = [
+    "ChunkBatchSampler",
+    "ChunkSampler",
+    "Compression",
+    "ConvertOptions",
+    "DecodeError",
+    "DevicePrefetcher",
+    "EpochSpec",
+    "FormatError",
+    "H5ImageDataset",
+    "H5IterableDataset",
+    "H5PackError",
+    "OptionsError",
+    "PackMeta",
+    "PackNotFoundError",
+    "PackReader",
+    "ReaderOptions",
+    "SourceError",
+    "TargetExistsError",
+    "VerifyError",
+    "__version__",
+    "convert",
+    "load_meta",
+    "make_loader",
+    "pack_info",
+    "seed_everything",
+    "verify_pack",
+    "write_arrays",
+]
 
 
 def __getattr__(name: str) -> Any:

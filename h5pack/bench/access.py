@@ -43,6 +43,7 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack.bench.timing import Count
 from h5pack.core import format as fmt
+from h5pack.core.decode import Backend
 from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
 from h5pack.errors import OptionsError
 
@@ -339,7 +340,7 @@ def read_per_sample(
     *,
     budget_s: float | None = None,
     min_samples: int = 8,
-    backend: str = "pillow",
+    backend: Backend = "pillow",
 ) -> Count:
     """Read samples one by one in ``order`` with h5py and its default chunk cache.
 
@@ -381,7 +382,7 @@ def read_per_sample(
                     pixels = decode_image(
                         stored.tobytes(),
                         name=f"{path}[{i}]",
-                        backend=backend,  # type: ignore[arg-type]
+                        backend=backend,
                         channels=meta.channels,
                     )
             images += 1

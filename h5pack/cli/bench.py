@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -120,7 +120,7 @@ def compare(
     keep: bool,
     size: tuple[int, int] | None,
     batch_size: int,
-    workers: int | str,
+    workers: int | Literal["auto"],
     repeats: int | None,
     convert_workers: int | None,
     seed: int,
@@ -148,7 +148,7 @@ def compare(
     measure = base.measure
     changes["measure"] = MeasureOptions(
         batch_size=batch_size,
-        workers=workers,  # type: ignore[arg-type]  # "auto" or an int, checked by Workers
+        workers=workers,
         repeats=repeats if repeats is not None else measure.repeats,
         warmup=measure.warmup,
         random_budget_s=measure.random_budget_s,
@@ -223,7 +223,7 @@ def _fields(options: Any) -> dict[str, Any]:
 @quiet_flag
 def bench(
     pack: str,
-    workers: int | str,
+    workers: int | Literal["auto"],
     batch_size: int,
     order: str,
     cache_bytes: int | None,
@@ -245,7 +245,7 @@ def bench(
     try:
         options = BenchOptions(
             batch_size=batch_size,
-            workers=workers,  # type: ignore[arg-type]  # "auto" or an int, checked by Workers
+            workers=workers,
             order=order,
             cache_bytes=cache_bytes,
             transforms=transforms,

@@ -39,7 +39,7 @@ from typing import Any, Literal, get_args
 import h5py
 import numpy as np
 
-from h5pack._types import StrPath
+from h5pack._types import StrPath, parse_choice
 from h5pack.errors import FormatError, PackNotFoundError
 
 FORMAT_MARKER = "h5pack"
@@ -245,12 +245,14 @@ def read_meta(handle: h5py.File, path: str | None = None) -> PackMeta:
     path = path or handle.filename
     version = check_is_pack(handle, path)
     attrs = handle.attrs
-    mode = _attr_str(attrs, MODE_KEY, path)
-    storage = _attr_str(attrs, STORAGE_KEY, path)
-    if mode not in ("raw", "encoded"):
-        raise FormatError(f"{path}: unknown mode {mode!r}")
-    if storage not in ("array", "blob"):
-        raise FormatError(f"{path}: unknown storage {storage!r}")
+    mode_text = _attr_str(attrs, MODE_KEY, path)
+    storage_text = _attr_str(attrs, STORAGE_KEY, path)
+    mode = parse_choice(mode_text, MODES)
+    storage = parse_choice(storage_text, STORAGES)
+    if mode is None:
+        raise FormatError(f"{path}: unknown mode {mode_text!r}")
+    if storage is None:
+        raise FormatError(f"{path}: unknown storage {storage_text!r}")
     for name in (IMAGES, CLASSES, *PER_SAMPLE_DATASETS):
         if name not in handle:
             raise FormatError(f"{path}: dataset {name!r} is missing")
@@ -292,8 +294,8 @@ def read_meta(handle: h5py.File, path: str | None = None) -> PackMeta:
     return PackMeta(
         path=path,
         format_version=version,
-        mode=mode,  # type: ignore[arg-type]
-        storage=storage,  # type: ignore[arg-type]
+        mode=mode,
+        storage=storage,
         num_samples=num_samples,
         channels=int(attrs.get(CHANNELS_KEY, 3)),
         labels=labels,

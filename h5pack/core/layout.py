@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -63,16 +63,6 @@ PLUGIN_FILTERS: dict[int, str] = {
     FILTER_ZSTD: "Zstd (hdf5plugin)",
     FILTER_BLOSC2: "Blosc2 (hdf5plugin)",
 }
-
-T = TypeVar("T", bound=str)
-
-
-def parse_choice(value: object, choices: tuple[T, ...]) -> T | None:
-    """Return the member of ``choices`` equal to ``value`` (typed as the choice), else None."""
-    for choice in choices:
-        if choice == value:
-            return choice
-    return None
 
 # HDF5 refuses chunks of 4 GiB or more.
 MAX_CHUNK_BYTES = 2**32 - 1

@@ -27,6 +27,7 @@ from h5pack.errors import FormatError, OptionsError
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 
 T = TypeVar("T")
+_NOTHING = np.empty(0, dtype=np.uint8)  # a placeholder in lists about to be filled
 R = TypeVar("R")
 
 
@@ -206,13 +207,13 @@ class PackReader:
         return stored
 
     def _read_stored(self, idx: np.ndarray) -> list[np.ndarray]:
-        out: list[np.ndarray | None] = [None] * idx.size
+        out: list[np.ndarray] = [_NOTHING] * idx.size  # every slot is filled below
         groups = self.chunk_map.chunks_of(idx)
         if self.compressed:
             data = self._groups(_first_appearance(groups))
             for pos, (i, g) in enumerate(zip(idx.tolist(), groups.tolist(), strict=True)):
                 out[pos] = self._sample_of(g, data[g], i).copy()
-            return out  # type: ignore[return-value]  # every slot is filled above
+            return out
         order = np.argsort(idx, kind="stable")
         sorted_idx = idx[order]
         boundaries = np.flatnonzero(np.diff(groups[order])) + 1
@@ -221,7 +222,7 @@ class PackReader:
         ):
             for pos, sample in zip(positions, self._read_uncompressed(wanted), strict=True):
                 out[int(pos)] = sample
-        return out  # type: ignore[return-value]  # every slot is filled above
+        return out
 
     def read_into(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (B, H, W, C) uint8 with the samples ``indices`` of an array pack.
