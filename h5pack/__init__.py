@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from h5pack._version import __version__
 from h5pack.errors import (
     DecodeError,
     FormatError,
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
     from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
     from h5pack.write.convert import convert, write_arrays
     from h5pack.write.options import ConvertOptions
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "H5ImageDataset": "h5pack.training.dataset",

@@ -295,7 +295,7 @@ def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
 def _read_batch(pack: Path) -> tuple[tuple[int, ...], list[int], str]:
     """Return the shape and labels of one batch, through ``make_loader`` when it is there."""
     try:
-        from h5pack import make_loader
+        from h5pack.training.loader import make_loader
     except ImportError:
         from h5pack.read.reader import PackReader
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import h5py
 import numpy as np
 
-from h5pack import __version__
+from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.format import SkippedFile
 from h5pack.errors import H5PackError, SourceError
