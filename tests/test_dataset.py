@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import fcntl
-import io
 import pickle
 from collections import Counter
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -17,87 +15,10 @@ from PIL import Image
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
-from h5pack.read import direct as direct_module
-from h5pack.read.direct import decompressors
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
-from h5pack.write.convert import write_arrays
-from h5pack.write.options import ConvertOptions
-
-NUM = 37  # divides no chunk size used here
-SHAPE = (6, 5, 3)
-
-
-def arrays(num: int = NUM, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    # smooth-ish content so that codecs really compress
-    base = rng.integers(0, 256, (num, 1, 1, shape[-1]), dtype=np.uint8)
-    noise = rng.integers(0, 8, (num, *shape), dtype=np.uint8)
-    return list(base + noise)
-
-
-def png(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def make_pack(path: Path, *, samples: list | None = None, **options: object) -> Path:
-    samples = arrays() if samples is None else samples
-    labels = [i % 4 for i in range(len(samples))]
-    write_arrays(path, samples, labels, options=ConvertOptions(**options))  # type: ignore[arg-type]
-    return path
-
-
-def expected(path: Path, samples: list[np.ndarray]) -> list[np.ndarray]:
-    meta = fmt.load_meta(path)
-    return [samples[int(s)] for s in meta.source_index]
-
-
-CODECS = [
-    ("none", "none"),
-    ("gzip", "none"),
-    ("gzip", "byte"),
-    ("lzf", "none"),
-    ("lz4", "none"),
-    ("zstd", "none"),
-    ("zstd", "bit"),
-    ("blosc-lz4", "byte"),
-    ("blosc-zstd", "none"),
-]
-
-
-@pytest.mark.parametrize(("codec", "shuffle"), CODECS)
-def test_direct_and_h5py_paths_give_identical_pixels(tmp_path, codec, shuffle):
-    samples = arrays()
-    path = make_pack(
-        tmp_path / "p.h5",
-        samples=samples,
-        chunk_samples=8,
-        compression=Compression(codec=codec, shuffle=shuffle),
-    )
-    want = expected(path, samples)
-    order = np.random.default_rng(1).permutation(NUM)
-    with (
-        PackReader(path, ReaderOptions(direct=True, window_chunks=2, threads=2)) as direct,
-        PackReader(path, ReaderOptions(direct=False, window_chunks=2)) as fallback,
-    ):
-        assert not fallback.direct
-        filter_id = {"lz4": 32004, "zstd": 32015, "blosc-lz4": 32001, "blosc-zstd": 32001}
-        if codec in ("none", "gzip"):
-            assert direct.direct
-        elif codec == "lzf" or (shuffle == "bit" and codec in ("lz4", "zstd")):
-            assert not direct.direct  # lzf and bitshuffle: read through h5py
-        else:
-            assert direct.direct == (filter_id[codec] in decompressors())
-        for reader in (direct, fallback):
-            got = reader.read_stored(order)
-            for i, image in zip(order, got, strict=True):
-                np.testing.assert_array_equal(image, want[i])
-            batch = np.empty((len(order), *SHAPE), dtype=np.uint8)
-            reader.read_into(order, batch)
-            np.testing.assert_array_equal(batch, np.stack([want[i] for i in order]))
+from tests.helpers import NUM, arrays, expected, make_pack, png
 
 
 @pytest.mark.parametrize(
@@ -289,23 +210,3 @@ def test_iterable_dataset_in_process_is_the_sampler_order(tmp_path):
     assert [int(label) for _, label in stream] != got
     clone = pickle.loads(pickle.dumps(stream))
     assert clone.epoch == 3
-
-
-@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])
-def test_python_codec_fallbacks_give_identical_pixels(tmp_path, monkeypatch, codec):
-    """Without the system's zlib/liblz4/libzstd, the Python packages decompress."""
-    samples = arrays()
-    path = make_pack(
-        tmp_path / "p.h5", samples=samples, chunk_samples=8, compression=Compression(codec=codec)
-    )
-    for name in ("_zlib_uncompress", "_lz4_decompress_safe", "_zstd_functions"):
-        monkeypatch.setattr(direct_module, name, lambda: None)
-    filter_id = {"gzip": 1, "lz4": 32004, "zstd": 32015}[codec]
-    if filter_id not in decompressors():
-        pytest.skip(f"no Python package for {codec}")
-    want = expected(path, samples)
-    with PackReader(path, ReaderOptions(window_chunks=2, threads=2)) as reader:
-        assert reader.direct
-        order = np.random.default_rng(2).permutation(NUM)
-        for i, image in zip(order, reader.read_stored(order), strict=True):
-            np.testing.assert_array_equal(image, want[i])

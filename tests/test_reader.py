@@ -1,15 +1,19 @@
-"""A damaged pack is reported with the pack, chunk group and samples named, never served."""
+"""PackReader: pixels and bytes against the source images; damage named, never served."""
+
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from PIL import Image
 
 from h5pack import H5ImageDataset, make_loader
 from h5pack.core.layout import Compression
 from h5pack.errors import FormatError
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.write.convert import write_arrays
+from h5pack.write.convert import convert, write_arrays
 from h5pack.write.options import ConvertOptions
+from tests.helpers import pil_rgb
 
 
 @pytest.fixture
@@ -110,18 +114,90 @@ def test_verify_checksums_refuses_a_sample_damaged_in_place(tmp_path, mode):
             next(iter(loader))
 
 
-def test_iter_chunks_covers_the_pack_in_order_with_the_stored_samples(tmp_path):
+def test_iter_chunks_covers_the_pack_in_order_with_the_source_samples(tmp_path):
     rng = np.random.default_rng(2)
     images = [rng.integers(0, 256, (4, 5, 3), dtype=np.uint8) for _ in range(11)]
     path = tmp_path / "p.h5"
     options = ConvertOptions(chunk_samples=4, compression=Compression(codec="lz4"))
     write_arrays(path, images, [0] * 11, options=options)
     with PackReader(path) as reader:
+        source = reader.meta.source_index
         seen = []
         for indices, stored in reader.iter_chunks():
             assert len(indices) == len(stored) <= 4
             for i, sample in zip(indices, stored, strict=True):
-                np.testing.assert_array_equal(sample, reader.read_images([i])[0])
+                np.testing.assert_array_equal(sample, images[int(source[i])])
             seen.extend(indices)
         assert seen == list(range(11))
+        assert sorted(source.tolist()) == list(range(11))  # every source sample once
         assert [len(reader.read_chunk(c)) for c in range(reader.chunk_map.num_chunks)] == [4, 4, 3]
+        for c in range(reader.chunk_map.num_chunks):
+            for i, sample in zip(reader.chunk_map.samples(c), reader.read_chunk(c), strict=True):
+                np.testing.assert_array_equal(sample, images[int(source[i])])
+
+
+# -- real JPEG files: the reader against an independent Pillow decode of each source file ---
+
+PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+
+# Baseline, progressive, no chroma subsampling and grayscale: the JPEGs cameras and the web
+# make, each decoded by the reader exactly as by Pillow.
+JPEG_VARIANTS = [
+    ("RGB", {"quality": 90}),
+    ("RGB", {"quality": 75, "progressive": True}),
+    ("RGB", {"quality": 95, "subsampling": 0}),
+    ("L", {"quality": 85}),
+]
+
+
+def _jpeg_folder(root, *, vary):
+    """Cut crops of two real photographs into a cat/dog folder of JPEG files (9 per class)."""
+    if not PHOTOS.is_dir():
+        pytest.skip(f"no photographs in {PHOTOS}")
+    for c, (label, name) in enumerate((("cat", "rocket.jpg"), ("dog", "Dune.jpg"))):
+        with Image.open(PHOTOS / name) as photo:
+            photo.draft("RGB", (320, 240))  # a fast, reduced decode; crops stay inside
+            photo = photo.convert("RGB")
+        (root / label).mkdir(parents=True)
+        for i in range(9):
+            h, w = (40 + 3 * i, 56 - 2 * c) if vary else (40, 56)
+            x, y = 13 * i + 7 * c, 9 * i
+            mode, save = JPEG_VARIANTS[i % len(JPEG_VARIANTS)]
+            assert x + w <= photo.width
+            assert y + h <= photo.height
+            crop = photo.crop((x, y, x + w, y + h)).convert(mode)
+            crop.save(root / label / f"{i:03d}.jpg", format="JPEG", **save)
+    return root
+
+
+@pytest.mark.parametrize("vary", [False, True], ids=["one-size", "several-sizes"])
+def test_raw_pack_of_real_jpegs_has_the_pixels_pillow_decodes(tmp_path, vary):
+    root = _jpeg_folder(tmp_path / "jpegs", vary=vary)
+    chunking = {"chunk_bytes": 9000} if vary else {"chunk_samples": 4}  # 18 % 4 = 2
+    options = ConvertOptions(workers=1, mode="raw", **chunking)
+    report = convert(root, tmp_path / "p.h5", options)
+    assert report.num_samples == 18
+    assert report.storage == ("blob" if vary else "array")
+    for direct in (True, False):
+        with PackReader(report.path, ReaderOptions(direct=direct)) as reader:
+            order = np.random.default_rng(0).permutation(len(reader))
+            for i, image in zip(order, reader.read_images(order), strict=True):
+                source = root / reader.paths[i]
+                np.testing.assert_array_equal(image, pil_rgb(source))
+                assert reader.meta.classes[reader.meta.labels[i]] == reader.paths[i].split("/")[0]
+
+
+def test_encoded_pack_of_real_jpegs_stores_the_files_bytes(tmp_path):
+    root = _jpeg_folder(tmp_path / "jpegs", vary=True)
+    options = ConvertOptions(workers=1, mode="encoded", chunk_bytes=5000)
+    report = convert(root, tmp_path / "p.h5", options)
+    assert report.num_samples == 18
+    with PackReader(report.path) as reader:
+        order = np.random.default_rng(1).permutation(len(reader))
+        stored = reader.read_stored(order)
+        images = reader.read_images(order)
+        for i, data, image in zip(order, stored, images, strict=True):
+            source = root / reader.paths[i]
+            assert data.tobytes() == source.read_bytes()
+            np.testing.assert_array_equal(image, pil_rgb(source))
+            assert tuple(reader.meta.shapes[i]) == image.shape

@@ -5,7 +5,6 @@ import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
@@ -13,33 +12,7 @@ from h5pack.errors import DecodeError, OptionsError, SourceError, TargetExistsEr
 from h5pack.read.reader import PackReader
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
-from h5pack.write.pipeline import pool_start_method
-
-
-def make_folder(root, *, classes=("cat", "dog"), per_class=4, size=(12, 16), ext="jpg", vary=False):
-    """Write a tiny ImageFolder tree of smooth, noisy images; return the file paths."""
-    rng = np.random.default_rng(len(classes) * 100 + per_class)
-    paths = []
-    for c, name in enumerate(classes):
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            h, w = (size[0] + i, size[1] + 2 * c) if vary else size
-            y, x = np.mgrid[0:h, 0:w]
-            base = np.stack([x * 9 + 40 * c, y * 11, (x + y) * 5 + 17 * i], axis=-1)
-            pixels = np.clip(base + rng.integers(0, 25, (h, w, 3)), 0, 255).astype(np.uint8)
-            path = root / name / f"{i:03d}.{ext}"
-            Image.fromarray(pixels).save(path)
-            paths.append(path)
-    return paths
-
-
-def pil_rgb(path, size=None):
-    """The independent reference: Pillow's own decode (and bilinear resize)."""
-    with Image.open(path) as image:
-        rgb = image.convert("RGB")
-        if size is not None:
-            rgb = rgb.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        return np.asarray(rgb)
+from tests.helpers import make_folder, pil_rgb
 
 
 @pytest.fixture
@@ -157,18 +130,6 @@ def test_option_matrix_round_trips(tmp_path, mode, layout, codec):
             if mode == "encoded":
                 assert stored[i].tobytes() == path.read_bytes()
             np.testing.assert_array_equal(images[i], pil_rgb(path))
-
-
-def test_pool_with_shared_memory_round_trips_blobs(tmp_path):
-    root = tmp_path / "images"
-    make_folder(root, per_class=10, vary=True)
-    options = ConvertOptions(
-        workers=2, mode="raw", chunk_bytes=3000, compression=Compression(codec="lz4")
-    )
-    report = convert(root, tmp_path / "p.h5", options)
-    with PackReader(report.path) as reader:
-        for i, image in enumerate(reader.read_images(range(len(reader)))):
-            np.testing.assert_array_equal(image, pil_rgb(root / reader.paths[i]))
 
 
 def test_write_time_shuffle_is_seeded_and_recorded(tmp_path):
@@ -312,21 +273,6 @@ def test_gray_channel(tmp_path, folder):
     assert report.meta.channels == 1
 
 
-def _crash(*args, **kwargs):
-    os._exit(3)  # a decoder crashing hard inside a worker
-
-
-@pytest.mark.skipif(pool_start_method() != "fork", reason="the patch reaches forked workers only")
-def test_a_dead_worker_is_a_clear_error(tmp_path, folder, monkeypatch):
-    from h5pack.errors import H5PackError
-    from h5pack.write import pipeline
-
-    monkeypatch.setattr(pipeline, "prepare_sample", _crash)
-    with pytest.raises(H5PackError, match="worker process died"):
-        convert(folder, tmp_path / "p.h5", ConvertOptions(workers=2, mode="encoded"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
-
-
 def test_target_directory_must_exist(tmp_path, folder):
     with pytest.raises(OptionsError, match="create it first"):
         convert(folder, tmp_path / "no" / "p.h5", ConvertOptions(workers=1))
@@ -357,26 +303,3 @@ def test_hostile_tree_packs_only_real_images(tmp_path, folder):
     assert "dog/gone.jpg" in skipped  # a dangling link is reported, not packed
     assert skipped <= {"dog/gone.jpg", "dog/pipe.jpg"}
     assert {e.path for e in events if e.kind == "skipped"} == skipped
-
-
-@pytest.mark.parametrize("arena", ["small slots", "no shared memory"])
-def test_pool_falls_back_to_pipes(tmp_path, monkeypatch, arena):
-    """Samples or blocks that do not fit a slot, or no arena at all, travel through pipes."""
-    from h5pack.write import convert as writer
-    from h5pack.write.arena import Arena
-
-    if arena == "small slots":
-        monkeypatch.setattr(writer, "sample_slot_bytes", lambda plan: 1000)
-        monkeypatch.setattr(writer, "block_slot_bytes", lambda plan: 600)
-    else:
-        monkeypatch.setattr(Arena, "maybe", classmethod(lambda cls, n, size: None))
-    root = tmp_path / "images"
-    make_folder(root, per_class=8, vary=True)
-    options = ConvertOptions(
-        workers=2, mode="raw", chunk_bytes=500, compression=Compression(codec="gzip")
-    )
-    report = convert(root, tmp_path / "p.h5", options)
-    assert report.num_samples == 16
-    with PackReader(report.path) as reader:
-        for i, image in enumerate(reader.read_images(range(len(reader)))):
-            np.testing.assert_array_equal(image, pil_rgb(root / reader.paths[i]))

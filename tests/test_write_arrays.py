@@ -1,30 +1,17 @@
-"""write_arrays and the storage back end: round trips, chunk boundaries, aligned blobs."""
+"""write_arrays: round trips at chunk boundaries, shuffling, encoded bytes, bad inputs."""
 
-import io
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from h5pack.core import format as fmt
-from h5pack.core.layout import ChunkMap, Compression
+from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.read.reader import PackReader
 from h5pack.write.convert import write_arrays
-from h5pack.write.images import BlobAssembler
 from h5pack.write.options import ConvertOptions
-
-
-def _arrays(num, shape=(8, 10, 3), seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(num)]
-
-
-def _jpeg(array, quality=90):
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
+from tests.helpers import assert_aligned, jpeg, random_arrays
 
 
 def _read_all(path):
@@ -35,7 +22,7 @@ def _read_all(path):
 @pytest.mark.parametrize("num", [12, 13, 15])  # N mod k = 0, 1, k - 1 for k = 4
 @pytest.mark.parametrize("codec", ["none", "gzip", "zstd"])
 def test_array_round_trip_at_chunk_boundaries(tmp_path, num, codec):
-    samples = _arrays(num)
+    samples = random_arrays(num)
     labels = [i % 3 for i in range(num)]
     options = ConvertOptions(chunk_samples=4, compression=Compression(codec=codec))
     report = write_arrays(tmp_path / "p.h5", samples, labels, options=options)
@@ -54,7 +41,7 @@ def test_array_round_trip_at_chunk_boundaries(tmp_path, num, codec):
 
 
 def test_shuffle_is_seeded_and_can_be_turned_off(tmp_path):
-    samples = _arrays(20)
+    samples = random_arrays(20)
     a = write_arrays(tmp_path / "a.h5", samples, [0] * 20, options=ConvertOptions(seed=3))
     b = write_arrays(tmp_path / "b.h5", samples, [0] * 20, options=ConvertOptions(seed=3))
     c = write_arrays(tmp_path / "c.h5", samples, [0] * 20, options=ConvertOptions(seed=4))
@@ -66,40 +53,10 @@ def test_shuffle_is_seeded_and_can_be_turned_off(tmp_path):
     assert d.meta.source_index.tolist() == list(range(20))
 
 
-def test_variable_sizes_make_an_aligned_raw_blob(tmp_path):
-    rng = np.random.default_rng(1)
-    samples = [rng.integers(0, 256, (5 + i, 7, 3), dtype=np.uint8) for i in range(9)]
-    options = ConvertOptions(chunk_bytes=300, shuffle_samples=False)
-    report = write_arrays(tmp_path / "p.h5", samples, [-1] * 9, options=options)
-    meta, images, _ = _read_all(report.path)
-    assert (meta.mode, meta.storage) == ("raw", "blob")
-    assert meta.blob_chunk_bytes == 300 == meta.chunks[0]
-    for i, image in enumerate(images):
-        np.testing.assert_array_equal(image, samples[i])
-    assert meta.shapes.tolist() == [list(s.shape) for s in samples]
-    _assert_aligned(meta.offsets, meta.sizes, 300)
-
-
-def _assert_aligned(offsets, sizes, chunk_bytes):
-    for start, size in zip(offsets[:-1], sizes, strict=True):
-        if size <= chunk_bytes:  # never straddles a boundary
-            assert start // chunk_bytes == (start + size - 1) // chunk_bytes
-        else:  # owns whole chunks from a boundary
-            assert start % chunk_bytes == 0
-    assert np.all(np.diff(offsets) >= sizes)
-    # Every group of the chunk map covers whole chunks only.
-    cmap = ChunkMap.for_blob(offsets, chunk_bytes)
-    for group in range(cmap.num_chunks - 1):
-        first = cmap.samples(group).start
-        assert offsets[first] % chunk_bytes == 0 or first == 0
-        nxt = cmap.samples(group + 1).start
-        assert offsets[nxt] % chunk_bytes == 0
-
-
 @pytest.mark.parametrize("codec", ["none", "lz4"])
 def test_encoded_bytes_are_stored_exactly(tmp_path, codec):
     rng = np.random.default_rng(2)
-    files = [_jpeg(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)) for i in range(6)]
+    files = [jpeg(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)) for i in range(6)]
     options = ConvertOptions(chunk_bytes=2500, compression=Compression(codec=codec))
     report = write_arrays(tmp_path / "p.h5", files, [0] * 6, options=options)
     assert (report.mode, report.storage) == ("encoded", "blob")
@@ -108,34 +65,11 @@ def test_encoded_bytes_are_stored_exactly(tmp_path, codec):
         for i, data in enumerate(stored):
             assert data.tobytes() == files[int(reader.meta.source_index[i])]
         assert reader.read_images([0])[0].shape == tuple(reader.meta.shapes[0])
-    _assert_aligned(report.meta.offsets, report.meta.sizes, 2500)
-
-
-def test_sample_larger_than_a_chunk_owns_whole_chunks():
-    assembler = BlobAssembler(10, capacity=2)  # grows past its first guess
-    blocks = []
-    for size in (4, 25, 3, 8, 10):
-        blocks.extend(assembler.add(np.full(size, size, np.uint8)))
-    blocks.extend(assembler.finish())
-    offsets = assembler.final_offsets()
-    assert offsets.tolist() == [0, 10, 40, 50, 60, 70]
-    assert [b.start for b in blocks] == [0, 10, 40, 50, 60]
-    data = np.zeros(offsets[-1], np.uint8)
-    for block in blocks:
-        data[block.start : block.start + len(block.data)] = block.data
-    for start, size in zip(offsets[:-1], assembler.sizes, strict=True):
-        assert np.all(data[start : start + size] == size)
-
-
-def test_small_blob_gets_one_chunk_of_its_size(tmp_path):
-    files = [_jpeg(a) for a in _arrays(3, (12, 9 + 3, 3))] + [_jpeg(_arrays(1, (9, 9, 3))[0])]
-    report = write_arrays(tmp_path / "p.h5", files, [0, 0, 0, 0])
-    assert report.meta.chunks == (int(report.meta.offsets[-1]),)
-    assert report.meta.blob_chunk_bytes == report.meta.chunks[0]
+    assert_aligned(report.meta.offsets, report.meta.sizes, 2500)
 
 
 def test_bad_bytes_are_skipped_or_stop_in_strict_mode(tmp_path):
-    files = [_jpeg(a) for a in _arrays(3, (10, 12, 3))]
+    files = [jpeg(a) for a in random_arrays(3, (10, 12, 3))]
     files[1] = files[1][: len(files[1]) // 2]  # truncated
     events = []
     report = write_arrays(
@@ -156,14 +90,14 @@ def test_refuses_to_overwrite_without_permission(tmp_path):
     target = tmp_path / "p.h5"
     target.write_bytes(b"precious")
     with pytest.raises(TargetExistsError, match=r"p\.h5"):
-        write_arrays(target, _arrays(2), [0, 0])
+        write_arrays(target, random_arrays(2), [0, 0])
     assert target.read_bytes() == b"precious"
-    write_arrays(target, _arrays(2), [0, 0], overwrite=True)
+    write_arrays(target, random_arrays(2), [0, 0], overwrite=True)
     assert fmt.load_meta(target).num_samples == 2
 
 
 def test_resizes_arrays_to_size(tmp_path):
-    samples = _arrays(3, (20, 30, 3)) + _arrays(2, (10, 10, 3))
+    samples = random_arrays(3, (20, 30, 3)) + random_arrays(2, (10, 10, 3))
     report = write_arrays(tmp_path / "p.h5", samples, [0] * 5, options=ConvertOptions(size=(6, 8)))
     assert report.meta.images_shape == (5, 6, 8, 3)
 
@@ -171,10 +105,10 @@ def test_resizes_arrays_to_size(tmp_path):
 @pytest.mark.parametrize(
     ("samples", "labels", "match"),
     [
-        (_arrays(2), [0], "one entry each"),
-        (_arrays(2, (4, 4)), [0, 0], "HWC uint8"),
+        (random_arrays(2), [0], "one entry each"),
+        (random_arrays(2, (4, 4)), [0, 0], "HWC uint8"),
         ([np.zeros((4, 4, 3), np.float32)] * 2, [0, 0], "HWC uint8"),
-        (_arrays(2), [0, 5], "labels"),
+        (random_arrays(2), [0, 5], "labels"),
         ([], [], "empty"),
     ],
 )
@@ -186,15 +120,6 @@ def test_bad_inputs_are_refused(tmp_path, samples, labels, match):
 
 def test_encoded_mode_needs_bytes(tmp_path):
     with pytest.raises(OptionsError, match="encoded"):
-        write_arrays(tmp_path / "p.h5", _arrays(2), [0, 0], options=ConvertOptions(mode="encoded"))
-
-
-def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
-    from h5pack.write import builder
-
-    monkeypatch.setattr(builder, "PATH_SLAB", 4)
-    names = [f"dir/{'x' * (i % 3)}{i}.png" for i in range(10)]
-    options = ConvertOptions(shuffle_samples=False)
-    report = write_arrays(tmp_path / "p.h5", _arrays(10), [0] * 10, paths=names, options=options)
-    with PackReader(report.path) as reader:
-        assert reader.paths == names
+        write_arrays(
+            tmp_path / "p.h5", random_arrays(2), [0, 0], options=ConvertOptions(mode="encoded")
+        )

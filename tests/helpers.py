@@ -1,0 +1,110 @@
+"""Small builders shared by the tests: seeded arrays, image files, packs, expected order."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from h5pack.core import format as fmt
+from h5pack.core.layout import ChunkMap
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
+
+NUM = 37  # divides no chunk size used in the tests
+SHAPE = (6, 5, 3)
+
+
+def arrays(num: int = NUM, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> list[np.ndarray]:
+    """Return ``num`` seeded uint8 images of ``shape``, smooth-ish so that codecs compress."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (num, 1, 1, shape[-1]), dtype=np.uint8)
+    noise = rng.integers(0, 8, (num, *shape), dtype=np.uint8)
+    return list(base + noise)
+
+
+def random_arrays(num: int, shape: tuple[int, ...] = (8, 10, 3), seed: int = 0) -> list[np.ndarray]:
+    """Return ``num`` seeded uint8 images of uniform noise (incompressible)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(num)]
+
+
+def jpeg(array: np.ndarray, quality: int = 90) -> bytes:
+    """Return ``array`` encoded as JPEG bytes."""
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def png(array: np.ndarray) -> bytes:
+    """Return ``array`` encoded as PNG bytes."""
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_pack(path: Path, *, samples: list | None = None, **options: object) -> Path:
+    """Write ``samples`` (default ``arrays()``) with labels ``i % 4``; return the path."""
+    samples = arrays() if samples is None else samples
+    labels = [i % 4 for i in range(len(samples))]
+    write_arrays(path, samples, labels, options=ConvertOptions(**options))  # type: ignore[arg-type]
+    return path
+
+
+def expected(path: Path, samples: list[np.ndarray]) -> list[np.ndarray]:
+    """Return ``samples`` in the pack's stored order (through its ``source_index``)."""
+    meta = fmt.load_meta(path)
+    return [samples[int(s)] for s in meta.source_index]
+
+
+def make_folder(
+    root: Path,
+    *,
+    classes: tuple[str, ...] = ("cat", "dog"),
+    per_class: int = 4,
+    size: tuple[int, int] = (12, 16),
+    ext: str = "jpg",
+    vary: bool = False,
+) -> list[Path]:
+    """Write a tiny ImageFolder tree of smooth, noisy images; return the file paths."""
+    rng = np.random.default_rng(len(classes) * 100 + per_class)
+    paths = []
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            h, w = (size[0] + i, size[1] + 2 * c) if vary else size
+            y, x = np.mgrid[0:h, 0:w]
+            base = np.stack([x * 9 + 40 * c, y * 11, (x + y) * 5 + 17 * i], axis=-1)
+            pixels = np.clip(base + rng.integers(0, 25, (h, w, 3)), 0, 255).astype(np.uint8)
+            path = root / name / f"{i:03d}.{ext}"
+            Image.fromarray(pixels).save(path)
+            paths.append(path)
+    return paths
+
+
+def pil_rgb(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
+    """The independent reference: Pillow's own decode (and bilinear resize)."""
+    with Image.open(path) as image:
+        rgb = image.convert("RGB")
+        if size is not None:
+            rgb = rgb.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        return np.asarray(rgb)
+
+
+def assert_aligned(offsets: np.ndarray, sizes: np.ndarray, chunk_bytes: int) -> None:
+    """Check NOTE [ Aligned blobs ]: slots never straddle a chunk unless larger than one."""
+    for start, size in zip(offsets[:-1], sizes, strict=True):
+        if size <= chunk_bytes:  # never straddles a boundary
+            assert start // chunk_bytes == (start + size - 1) // chunk_bytes
+        else:  # owns whole chunks from a boundary
+            assert start % chunk_bytes == 0
+    assert np.all(np.diff(offsets) >= sizes)
+    # Every group of the chunk map covers whole chunks only.
+    cmap = ChunkMap.for_blob(offsets, chunk_bytes)
+    for group in range(cmap.num_chunks - 1):
+        first = cmap.samples(group).start
+        assert offsets[first] % chunk_bytes == 0 or first == 0
+        nxt = cmap.samples(group + 1).start
+        assert offsets[nxt] % chunk_bytes == 0

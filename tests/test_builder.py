@@ -1,0 +1,31 @@
+"""write/builder.py: the write order and the pack's metadata datasets."""
+
+import numpy as np
+
+from h5pack.read.reader import PackReader
+from h5pack.write.builder import write_order
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
+from tests.helpers import random_arrays
+
+
+def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
+    from h5pack.write import builder
+
+    monkeypatch.setattr(builder, "PATH_SLAB", 4)
+    names = [f"dir/{'x' * (i % 3)}{i}.png" for i in range(10)]
+    options = ConvertOptions(shuffle_samples=False)
+    report = write_arrays(
+        tmp_path / "p.h5", random_arrays(10), [0] * 10, paths=names, options=options
+    )
+    with PackReader(report.path) as reader:
+        assert reader.paths == names
+
+
+def test_write_order_is_a_seeded_permutation_or_the_scan_order():
+    a = write_order(50, ConvertOptions(seed=7))
+    assert a.dtype == np.int64
+    assert sorted(a.tolist()) == list(range(50))
+    assert a.tolist() == write_order(50, ConvertOptions(seed=7)).tolist()
+    assert a.tolist() != write_order(50, ConvertOptions(seed=8)).tolist()
+    assert write_order(50, ConvertOptions(shuffle_samples=False)).tolist() == list(range(50))
