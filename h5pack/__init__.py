@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from h5pack._version import __version__
 from h5pack.errors import (
+    CacheClosedError,
     DecodeError,
     FormatError,
     H5PackError,
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
     from h5pack.core.layout import Compression
     from h5pack.read.reader import PackReader, ReaderOptions
     from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
-    from h5pack.training.loader import DevicePrefetcher, make_loader, seed_everything
+    from h5pack.training.loader import make_loader, seed_everything
+    from h5pack.training.prefetch import DevicePrefetcher
     from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
     from h5pack.write.convert import convert, write_arrays
     from h5pack.write.options import ConvertOptions
@@ -41,7 +43,7 @@ _LAZY = {
     "EpochSpec": "h5pack.training.sampler",
     "make_loader": "h5pack.training.loader",
     "seed_everything": "h5pack.training.loader",
-    "DevicePrefetcher": "h5pack.training.loader",
+    "DevicePrefetcher": "h5pack.training.prefetch",
     "convert": "h5pack.write.convert",
     "write_arrays": "h5pack.write.convert",
     "ConvertOptions": "h5pack.write.options",
@@ -56,6 +58,7 @@ _LAZY = {
 
 # Every public name; tests/test_api.py checks that each lazy one resolves.
 __all__ = [
+    "CacheClosedError",
     "ChunkBatchSampler",
     "ChunkSampler",
     "Compression",

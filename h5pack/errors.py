@@ -33,3 +33,7 @@ class VerifyError(H5PackError, ValueError):
 
 class PackNotFoundError(FormatError, FileNotFoundError):
     """The pack's path does not exist."""
+
+
+class CacheClosedError(H5PackError, ValueError):
+    """A decoded cache was closed in this process, or its owner closed it or exited."""

@@ -38,16 +38,6 @@ from PIL import Image, ImageFilter, ImageOps, ImageStat
 from h5pack._types import StrPath
 from h5pack.errors import OptionsError, SourceError, TargetExistsError
 
-
-def _default_photos() -> Path | None:
-    # <repo>/h5pack/sample.py -> <repo>/../shared/data/photos
-    candidate = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "photos"
-    return candidate if candidate.is_dir() else None
-
-
-DEFAULT_PHOTOS: Path | None = _default_photos()
-"""The ``../shared/data/photos`` folder beside the checkout, or None when it is absent."""
-
 PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")
 """Suffixes of the files read from a photos folder (case-insensitive)."""
 
@@ -135,8 +125,9 @@ def make_image_folder(
             ``overwrite`` is set.
         spec: What to make.
         photos: Folder of photographs (every ``.jpg``/``.jpeg``/``.png`` in it, sorted by
-            name) to crop the images from. None uses :data:`DEFAULT_PHOTOS` when it exists
-            and synthetic photographs otherwise; False always uses synthetic photographs.
+            name) to crop the images from; None (or False) uses synthetic photographs, so
+            that the generator needs nothing outside the package. The scripts pass the
+            project's ``../shared/data/photos`` when it is there.
         workers: Number of worker processes; 0 makes everything in this process. The
             files are the same whatever the number of workers.
         overwrite: Allow a non-empty target; files with the same names are replaced and
@@ -357,17 +348,14 @@ def photos_folder(photos: StrPath | Literal[False] | None = None) -> Path | None
         photos: As for :func:`make_image_folder`.
 
     Returns:
-        ``photos`` itself (resolved) when it is a folder; :data:`DEFAULT_PHOTOS` for None,
-        when it holds photographs; None when synthetic photographs will be used.
+        ``photos`` itself (resolved) when it is a folder; None when synthetic photographs
+        will be used (``photos`` is None or False).
 
     Raises:
         SourceError: ``photos`` is a folder that does not exist or holds no photograph.
     """
-    if photos is False:
+    if photos is None or photos is False:
         return None
-    if photos is None:
-        usable = DEFAULT_PHOTOS is not None and bool(_photo_files(DEFAULT_PHOTOS))
-        return DEFAULT_PHOTOS if usable else None
     folder = Path(photos)
     if not folder.is_dir():
         raise SourceError(f"{folder}: the photos folder does not exist")

@@ -39,6 +39,10 @@ from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
 from h5pack.write.scan import scan
 
+# The project's real photographs, beside the checkout (see its README); synthetic without.
+SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+PHOTOS = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "default (auto)": {},
     "raw gzip-4": {"mode": "raw", "compression": Compression(codec="gzip")},
@@ -126,6 +130,7 @@ MEMORY_PROBE = """
 import resource, sys, json
 from h5pack.write.options import ConvertOptions
 from h5pack.write.convert import convert
+
 convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=int(sys.argv[3])), overwrite=True)
 print(json.dumps({
     "parent_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -157,7 +162,9 @@ def main() -> None:
     args = parser.parse_args()
 
     if not args.folder.exists():
-        make_image_folder(args.folder, SampleSpec(num_images=args.make, num_classes=10))
+        make_image_folder(
+            args.folder, SampleSpec(num_images=args.make, num_classes=10), photos=PHOTOS
+        )
     paths = [str(f.path) for f in scan(args.folder).files]
     mean_kib = sum(os.path.getsize(p) for p in paths) / len(paths) / 1024
     print(f"# data: {len(paths)} JPEGs in {args.folder}, mean {mean_kib:.0f} KiB")

@@ -52,6 +52,11 @@ from h5pack.training.shuffle_quality import jump_entropy
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
 
+# The project's real photographs, beside the checkout (see its README); synthetic without.
+SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+PHOTOS = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
+
+
 CODECS = ("none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd")
 
 
@@ -83,7 +88,9 @@ def build(
     folder = workdir / f"jpeg-{num_images}-{size}"
     if not (folder / ".done").exists():
         spec = SampleSpec(num_images=num_images, num_classes=10, size=(size, size), seed=0)
-        make_image_folder(folder, spec, workers=available_cores(), overwrite=True)
+        make_image_folder(
+            folder, spec, photos=PHOTOS, workers=available_cores(), overwrite=True
+        )
         (folder / ".done").touch()
     packs = {}
     for codec in codecs:

@@ -45,6 +45,11 @@ from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
 
+# The project's real photographs, beside the checkout (see its README); synthetic without.
+SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+PHOTOS = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
+
+
 
 def to_chw(hwc: np.ndarray) -> torch.Tensor:
     """(H, W, 3) uint8 array -> contiguous (3, H, W) uint8 tensor."""
@@ -254,7 +259,7 @@ def main() -> None:
     folder, pack = work / "images", work / "h5pack.h5"
     if not folder.exists():
         spec = SampleSpec(num_images=args.images, num_classes=10, size=(args.size, args.size))
-        make_image_folder(folder, spec, workers=os.cpu_count() or 1)
+        make_image_folder(folder, spec, photos=PHOTOS, workers=os.cpu_count() or 1)
     if not pack.exists():
         convert(folder, pack, ConvertOptions(mode="raw", size=(args.size, args.size)))
     print(f"data: {args.images} JPEGs of {args.size}x{args.size} in {folder}", file=sys.stderr)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Literal
 
-from h5pack.synthetic import DEFAULT_PHOTOS, SampleSpec, make_image_folder, photos_folder
+from h5pack.synthetic import SampleSpec, make_image_folder, photos_folder
+
+# The project's real photographs, beside the checkout (see its README).
+SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         "--photos",
         type=Path,
         default=None,
-        help=f"folder of photographs to crop (default: {DEFAULT_PHOTOS}, if present)",
+        help=f"folder of photographs to crop (default: {SHARED_PHOTOS}, if present)",
     )
     parser.add_argument(
         "--synthetic", action="store_true", help="use synthetic photographs, not --photos"
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         flat=args.flat,
     )
-    photos: Path | Literal[False] | None = False if args.synthetic else args.photos
+    default = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
+    photos: Path | None = None if args.synthetic else (args.photos or default)
     source = photos_folder(photos)
     start = time.perf_counter()
     paths = make_image_folder(

@@ -20,12 +20,12 @@ from h5pack.errors import OptionsError
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import (
-    DevicePrefetcher,
     auto_workers,
-    collate,
+    collate_batch,
     make_loader,
     seed_everything,
 )
+from h5pack.training.prefetch import DevicePrefetcher
 from h5pack.training.sampler import EpochSpec
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
@@ -166,12 +166,12 @@ def test_return_path_and_hwc(pack):
 
 def test_collate_stacks_into_one_tensor():
     samples = [(torch.full((3, 2, 2), i, dtype=torch.uint8), i) for i in range(4)]
-    images, labels = collate(samples)
+    images, labels = collate_batch(samples)
     assert images.shape == (4, 3, 2, 2)
     assert images[:, 0, 0, 0].tolist() == [0, 1, 2, 3]
     assert labels.tolist() == [0, 1, 2, 3]
     floats = [(torch.zeros(2), 1.5)]
-    images, labels = collate(floats)
+    images, labels = collate_batch(floats)
     assert images.dtype == torch.float32
 
 
@@ -263,6 +263,22 @@ def test_device_prefetcher_echoes_batches(pack):
     assert loader.chunk_sampler.epoch == 1
     with pytest.raises(OptionsError, match="echo should be >= 1"):
         DevicePrefetcher(loader, "cpu", echo=0)
+
+
+def test_device_prefetcher_normalises_uint8_batches_on_the_device(pack):
+    loader = make_loader(pack, 8, num_workers=0, shuffle=False)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    plain = [images for images, _ in loader]
+    normalised = [images for images, _ in DevicePrefetcher(loader, "cpu", normalize=(mean, std))]
+    for raw, got in zip(plain, normalised, strict=True):
+        assert raw.dtype == torch.uint8
+        assert got.dtype == torch.float32
+        want = (raw.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(
+            std
+        ).view(1, 3, 1, 1)
+        torch.testing.assert_close(got, want)
+    with pytest.raises(OptionsError, match="normalize should be"):
+        DevicePrefetcher(loader, "cpu", normalize=((0.5,), (0.0,)))
 
 
 @pytest.mark.gpu

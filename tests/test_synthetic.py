@@ -162,28 +162,12 @@ def test_sizes_vary_within_bounds_with_jitter(tmp_path: Path) -> None:
 # --- where photographs come from ----------------------------------------------------------
 
 
-def test_default_photos_is_beside_the_checkout() -> None:
-    expected = Path(sample.__file__).resolve().parents[2] / "shared" / "data" / "photos"
-    default = sample.DEFAULT_PHOTOS
-    assert default == (expected if expected.is_dir() else None)
-
-
-def test_none_falls_back_to_synthetic_without_default_photos(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sample, "DEFAULT_PHOTOS", None)
+def test_none_uses_synthetic_photographs(tmp_path: Path) -> None:
+    # the package never looks for photographs outside itself
     assert photos_folder(None) is None
     make_image_folder(tmp_path / "none", TINY, photos=None)
     make_image_folder(tmp_path / "false", TINY, photos=False)
     assert read_tree(tmp_path / "none") == read_tree(tmp_path / "false")
-
-
-def test_default_photos_without_photographs_falls_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "empty").mkdir()
-    monkeypatch.setattr(sample, "DEFAULT_PHOTOS", tmp_path / "empty")
-    assert photos_folder(None) is None
 
 
 def test_missing_photos_folder_is_an_error(tmp_path: Path) -> None:

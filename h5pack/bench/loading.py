@@ -14,7 +14,7 @@ from h5pack.bench.timing import Count
 
 
 def collate_any(batch: Sequence[Any]) -> Any:
-    """Collate like ``h5pack.training.loader.collate``; images of different sizes stay a list.
+    """Collate like ``h5pack.training.loader.collate_batch``; images of different sizes stay a list.
 
     Encoded packs of images of several sizes have no common batch shape; a training
     pipeline would resize them in a transform. The benchmark delivers them as decoded.
@@ -22,7 +22,7 @@ def collate_any(batch: Sequence[Any]) -> Any:
     import torch
 
     from h5pack.training.dataset import SampleBatch
-    from h5pack.training.loader import collate
+    from h5pack.training.loader import collate_batch as collate
 
     if isinstance(batch, SampleBatch) and batch.images is not None:
         return collate(batch)

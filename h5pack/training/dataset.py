@@ -20,7 +20,10 @@ from h5pack._types import StrPath
 from h5pack.core.format import PackMeta, load_meta
 from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes, is_compressed
 from h5pack.errors import OptionsError
+from h5pack.read.crop import CropSpec
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.cache import DecodedCache
+from h5pack.training.fixed_size import FixedSizeReader
 from h5pack.training.sampler import (
     EpochSpec,
     distributed_defaults,
@@ -62,7 +65,7 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
     """The samples of one ``__getitems__`` call, and the whole batch when already built.
 
     A sequence of ``(image, label[, path])`` like any PyTorch dataset's batch, so any
-    collate function works; ``h5pack.training.loader.collate`` takes ``images`` and ``labels``
+    collate function works; ``h5pack.training.loader.collate_batch`` takes ``images`` and ``labels``
     directly instead of stacking the samples again. When the batch was built at once the
     per-sample tuples are views made on access, not before.
 
@@ -108,6 +111,38 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         return (self.images[j], label, self.paths[j])
 
 
+class _Epoch:
+    """A stand-in for the shared epoch value once the dataset leaves its process tree."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+class SharedEpoch:
+    """An epoch number that DataLoader workers already running see change (shared memory).
+
+    It travels as shared memory only to processes being started (fork, spawn, forkserver);
+    a copy or a pickle made elsewhere keeps the value.
+    """
+
+    def __init__(self, value: int = 0) -> None:
+        self._value: Any = multiprocessing.get_context().RawValue("q", value)
+
+    @property
+    def value(self) -> int:
+        """The epoch."""
+        return int(self._value.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._value.value = int(epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_spawning_popen() is None:
+            return {"_value": _Epoch(self.value)}
+        return {"_value": self._value}
+
+
 class H5ImageDataset(Dataset[tuple[Any, ...]]):
     """Map-style dataset over a pack: ``(image, label)`` or ``(image, label, path)``.
 
@@ -127,11 +162,19 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         reader: How each process reads the pack (``ReaderOptions``): window of decompressed
             chunks (default: the sampler's, which ``make_loader`` sets, else
             ``sampler.window_for``), threads, checksums, decoder.
+        crop: Deliver every image at ``crop.size`` (``read.crop.CropSpec``: random-resized
+            or center crop, or a plain resize, and a horizontal flip), whatever its stored
+            size: the training image pipeline (``training.fixed_size``). Boxes and flips are
+            a pure function of (``seed``, epoch, sample); ``set_epoch`` selects the epoch.
+        cache: Decoded images shared by the main process and every worker
+            (``training.cache.DecodedCache``), for encoded packs read with ``crop``: epochs
+            after the first skip decoding what fits in its budget.
+        seed: Seed of the random crops and flips.
 
     Raises:
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, or of a newer format version.
-        OptionsError: an unknown ``output``.
+        OptionsError: an unknown ``output``, or a cache without a crop.
     """
 
     def __init__(
@@ -143,9 +186,17 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         output: Output = "tensor",
         return_path: bool = False,
         reader: ReaderOptions | None = None,
+        crop: CropSpec | None = None,
+        cache: DecodedCache | None = None,
+        seed: int = 0,
     ) -> None:
         if output not in OUTPUTS:
             raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
+        if cache is not None and crop is None:
+            raise OptionsError(
+                "cache applies to the training image pipeline; give crop= (or size= to "
+                "make_loader) with it"
+            )
         self.path = os.fspath(path)
         self.options = reader or ReaderOptions()
         self.meta: PackMeta = load_meta(self.path, locking=self.options.locking)
@@ -156,16 +207,36 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.target_transform = target_transform
         self.output: Output = output
         self.return_path = return_path
+        self.crop = crop
+        self.cache = cache
+        self.seed = seed
+        self._epoch = SharedEpoch()
         self._reader: PackReader | None = None
+        self._fixed: FixedSizeReader | None = None
         self._pid = -1
 
-    def configured(self, options: ReaderOptions) -> H5ImageDataset:
-        """Return a copy of this dataset that reads with ``options`` (this one is unchanged)."""
+    def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5ImageDataset:
+        """Return a copy of this dataset that reads with ``options`` (this one is unchanged).
+
+        The copy has its own epoch (starting at this one's), and ``seed`` when given.
+        """
         twin = copy.copy(self)
         twin.options = options
+        twin.seed = self.seed if seed is None else seed
+        twin._epoch = SharedEpoch(self.epoch)
         twin._reader = None
+        twin._fixed = None
         twin._pid = -1
         return twin
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose random crops and flips are served."""
+        return self._epoch.value
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the random crops and flips (seen by running workers too)."""
+        self._epoch.value = epoch
 
     # -- process-local file ------------------------------------------------------------
     @property
@@ -182,6 +253,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 )
                 options = replace(options, window_chunks=window)
             self._reader = PackReader(self.path, options)
+            self._fixed = None
             self._pid = os.getpid()
         return self._reader
 
@@ -194,6 +266,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_reader"] = None
+        state["_fixed"] = None
         state["_pid"] = -1
         return state
 
@@ -240,6 +313,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         else:
             labels = [self.target_transform(int(v)) for v in raw_labels]
             label_tensor = None
+        if self.crop is not None:
+            return self._cropped(idx, labels, label_tensor, paths)
         fixed = self.meta.fixed_shape
         if fixed is not None and self.transform is None and self.output != "pil":
             buffer = empty_uint8((idx.size, *fixed))
@@ -261,6 +336,36 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             samples.append(self._tuple(image, labels[j], paths, j))
         return SampleBatch(samples, paths=paths)
 
+    def _cropped(
+        self,
+        idx: np.ndarray,
+        labels: list[Any],
+        label_tensor: torch.Tensor | None,
+        paths: list[str] | None,
+    ) -> SampleBatch:
+        """The samples ``idx`` through the training image pipeline, as one batch when possible."""
+        assert self.crop is not None  # the caller checked
+        reader = self.reader
+        if self._fixed is None:
+            self._fixed = FixedSizeReader(reader, self.crop, self.cache)
+        height, width = self.crop.size
+        whole = self.transform is None and self.output != "pil"
+        buffer = empty_uint8((idx.size, height, width, self.meta.channels)) if whole else None
+        out = buffer.numpy() if buffer is not None else np.empty(
+            (idx.size, height, width, self.meta.channels), dtype=np.uint8
+        )
+        self._fixed.read_into(idx, out, seed=self.seed, epoch=self.epoch)
+        if buffer is not None:
+            images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else out
+            return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
+        samples = []
+        for j in range(idx.size):
+            image = self._convert(out[j])
+            if self.transform is not None:  # in this thread: user transforms may share state
+                image = self.transform(image)
+            samples.append(self._tuple(image, labels[j], paths, j))
+        return SampleBatch(samples, paths=paths)
+
     def _convert(self, hwc: np.ndarray) -> Any:
         if self.output == "hwc":
             return hwc
@@ -270,13 +375,6 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
 
     def _tuple(self, image: Any, label: Any, paths: list[str] | None, j: int) -> tuple[Any, ...]:
         return (image, label) if paths is None else (image, label, paths[j])
-
-
-class _Epoch:
-    """A stand-in for the shared epoch value once the dataset leaves its process tree."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
 
 
 class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
@@ -300,25 +398,17 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         self.dataset = dataset if isinstance(dataset, H5ImageDataset) else H5ImageDataset(dataset)
         num_replicas, rank = distributed_defaults(spec.num_replicas, spec.rank)
         self.spec = replace(spec, num_replicas=num_replicas, rank=rank)
-        self._epoch: Any = multiprocessing.get_context().RawValue("q", 0)
+        self._epoch = SharedEpoch()
         self._windowed: H5ImageDataset | None = None  # the dataset configured for the window
 
     @property
     def epoch(self) -> int:
         """The epoch of the next iteration."""
-        return int(self._epoch.value)
+        return self._epoch.value
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (seen by running workers too)."""
-        self._epoch.value = int(epoch)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if get_spawning_popen() is None:
-            # Shared memory travels only to processes being started; elsewhere (a copy, a
-            # pickle to disk) keep the value.
-            state["_epoch"] = _Epoch(self.epoch)
-        return state
+        self._epoch.value = epoch
 
     def __len__(self) -> int:
         return samples_per_rank(self.dataset.meta.num_samples, self.spec)
@@ -329,6 +419,7 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         spec = replace(self.spec, num_workers=workers).resolved(self.dataset.group_bytes)
         batches = plan_epoch(self.dataset.chunk_map, spec, epoch=self.epoch)
         dataset = self._dataset_for(spec.window_chunks)
+        dataset.set_epoch(self.epoch)  # its random crops and flips follow this epoch
         for batch in batches[worker::workers]:
             samples = dataset.__getitems__(batch.tolist())
             if samples.images is not None and dataset.output == "tensor":

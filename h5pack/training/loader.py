@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -13,9 +14,12 @@ from torch.utils.data import DataLoader, default_collate
 
 from h5pack._types import StrPath
 from h5pack.core.decode import Backend
+from h5pack.core.format import load_meta
 from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
+from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
 from h5pack.read.reader import ReaderOptions
+from h5pack.training.cache import DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
 
@@ -42,7 +46,7 @@ from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
 #   workers), and ``worker_init_fn`` seeding ``random`` and ``numpy`` in each worker from
 #   torch's per-worker seed (PyTorch seeds only torch itself), so random augmentations
 #   differ across workers and repeat across runs.
-# - ``collate``: one preallocated (B, C, H, W) uint8 tensor, never ``torch.stack`` of B
+# - ``collate_batch``: one preallocated (B, C, H, W) uint8 tensor, never ``torch.stack`` of B
 #   small tensors; the dataset usually hands over the finished batch.
 
 
@@ -71,7 +75,70 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)  # noqa: NPY002  (user augmentations use the global RNG)
 
 
-def collate(batch: Sequence[Any]) -> Any:
+COLLATES = ("stack", "list")
+
+
+def collate_list(batch: Sequence[Any]) -> Any:
+    """Collate samples into ``(list of images, labels[, paths])``: images keep their sizes."""
+    images = [sample[0] for sample in batch]
+    rest = [default_collate([s[k] for s in batch]) for k in range(1, len(batch[0]))]
+    if batch and len(batch[0]) == 3:  # paths stay a list of str
+        rest[1] = [s[2] for s in batch]
+    return (images, *rest)
+
+
+def _decoded_cache(
+    path: StrPath,
+    cache: str | None,
+    cache_bytes: int | None,
+    max_side: int | None,
+    crop: CropSpec | None,
+) -> DecodedCache | None:
+    """Return the decoded cache ``make_loader`` was asked for, or None."""
+    if cache is None:
+        if cache_bytes is not None or max_side is not None:
+            raise OptionsError("cache_bytes= and cache_max_side= need cache='decoded'")
+        return None
+    if cache != "decoded":
+        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
+    if crop is None:
+        raise OptionsError(
+            "cache='decoded' keeps images before the random crop, so it needs size= (the "
+            "size every image is cut to)"
+        )
+    meta = load_meta(path)
+    if meta.mode == "raw":
+        raise OptionsError(
+            f"cache='decoded' applies to encoded packs; {os.fspath(path)} stores decoded "
+            "pixels already (its chunks are the cache)"
+        )
+    budget = default_cache_bytes() if cache_bytes is None else cache_bytes
+    return DecodedCache(max(1, meta.num_samples), budget, max_side=max_side)
+
+
+def _check_batchable(dataset: H5ImageDataset) -> None:
+    """Refuse, when the loader is built, a pack whose images cannot be stacked into batches.
+
+    Raises:
+        OptionsError: the pack holds images of several sizes and neither a crop nor a
+            transform makes them one size.
+    """
+    if dataset.crop is not None or dataset.transform is not None or dataset.output == "pil":
+        return
+    shapes = dataset.meta.shapes
+    if len(shapes) < 2 or bool(np.all(shapes == shapes[0])):
+        return
+    distinct = np.unique(shapes[:, :2], axis=0)
+    examples = ", ".join(f"{w}x{h}" for h, w in distinct[:3].tolist())
+    raise OptionsError(
+        f"{dataset.path} holds images of {len(distinct)} sizes (W x H: {examples}, ...), "
+        "which cannot be stacked into one batch: pass size= (e.g. size=224, with "
+        "crop='random-resized' or 'center') to cut every image to one size, collate='list' "
+        "to get them as they are, or convert with --size H W to store one size"
+    )
+
+
+def collate_batch(batch: Sequence[Any]) -> Any:
     """Collate samples into ``(images, labels[, paths])``, with one preallocated tensor.
 
     A ``SampleBatch`` whose images are already one batch is returned as it is; equal-shape
@@ -162,6 +229,9 @@ class H5Loader(DataLoader[Any]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # counts delivered batches
         sampler = self.batch_sampler
         start = sampler.resume_position if isinstance(sampler, ChunkBatchSampler) else 0
+        if isinstance(sampler, ChunkBatchSampler) and isinstance(self.dataset, H5ImageDataset):
+            # random crops and flips follow the sampler's epoch, also after load_state_dict
+            self.dataset.set_epoch(sampler.epoch)
         self._delivered = start
         for batch in super().__iter__():
             self._delivered += 1
@@ -175,6 +245,26 @@ class H5Loader(DataLoader[Any]):
         """Resume from ``state_dict()``: the next iteration delivers the rest of the epoch."""
         self.chunk_sampler.load_state_dict(state)
         self._delivered = int(state["position"])
+
+    @property
+    def cache(self) -> DecodedCache | None:
+        """The decoded cache shared by this loader's processes, if it has one."""
+        return getattr(self.dataset, "cache", None)
+
+    def close(self) -> None:
+        """Release the decoded cache's shared memory (also done when the loader is collected).
+
+        The loader must not be iterated afterwards.
+        """
+        cache = self.cache
+        if cache is not None:
+            cache.close()
+
+    def __enter__(self) -> H5Loader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def make_loader(
@@ -203,6 +293,15 @@ def make_loader(
     backend: Backend | None = None,
     direct: bool | None = None,
     verify_checksums: bool | None = None,
+    size: int | tuple[int, int] | None = None,
+    crop: Crop | None = None,
+    scale: tuple[float, float] = DEFAULT_SCALE,
+    ratio: tuple[float, float] = DEFAULT_RATIO,
+    flip: bool = False,
+    cache: Literal["decoded"] | None = None,
+    cache_bytes: int | None = None,
+    cache_max_side: int | None = None,
+    collate: Literal["stack", "list"] = "stack",
 ) -> H5Loader:
     """Return a DataLoader over a pack: chunk-aware sampling, workers, pinning and seeding.
 
@@ -228,7 +327,8 @@ def make_loader(
         persistent_workers: Default: on with workers.
         prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
-        collate_fn: Default: ``collate`` (one preallocated uint8 tensor per batch).
+        collate_fn: Default: ``collate_batch`` (one preallocated uint8 tensor per batch), or
+            ``collate_list`` with ``collate="list"``.
         transform: As for ``H5ImageDataset`` (only when given a path).
         target_transform: As for ``H5ImageDataset`` (only when given a path).
         output: As for ``H5ImageDataset`` (only when given a path; default ``"tensor"``).
@@ -237,15 +337,33 @@ def make_loader(
         backend: As ``ReaderOptions.backend`` (only when given a path).
         direct: As ``ReaderOptions.direct`` (only when given a path).
         verify_checksums: As ``ReaderOptions.verify_checksums`` (only when given a path).
+        size: Deliver every image at this size, ``(H, W)`` or one int for a square: the
+            training image pipeline (see the note "Training images"). Needed for packs of
+            mixed sizes unless ``collate="list"``.
+        crop: ``"random-resized"`` (torchvision's RandomResizedCrop; the default with
+            ``size``), ``"center"`` (the largest centred box of the output's aspect, as
+            Resize + CenterCrop) or ``"resize"`` (the whole image, stretched).
+        scale: Area range of the random-resized box, as fractions of the image.
+        ratio: Aspect range (width / height) of the random-resized box.
+        flip: Flip horizontally with probability 0.5.
+        cache: ``"decoded"``: keep decoded images in shared memory seen by every worker, so
+            epochs after the first skip decoding (encoded packs; needs ``size``).
+        cache_bytes: Budget of the decoded cache, never exceeded; default
+            ``training.cache.default_cache_bytes()`` (a fraction of the available memory).
+        cache_max_side: Shrink images so their shorter side is at most this before caching.
+        collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: a list of (C, H, W) tensors of
+            their own sizes (detection, or any model that takes mixed sizes).
 
     Returns:
         An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
-        ``return_path=True``); images are (B, C, H, W) uint8 tensors.
+        ``return_path=True``); images are (B, C, H, W) uint8 tensors, or a list of (C, H, W)
+        tensors with ``collate="list"``.
 
     Raises:
-        OptionsError: a bad argument, or dataset options next to a dataset.
+        OptionsError: a bad argument, dataset options next to a dataset, or a pack of mixed
+            sizes read without ``size`` (its message names ``size=`` and ``--size``).
     """
-    dataset_options = {
+    dataset_options: dict[str, object] = {
         "transform": transform,
         "target_transform": target_transform,
         "output": output,
@@ -255,6 +373,12 @@ def make_loader(
         "direct": direct,
         "verify_checksums": verify_checksums,
     }
+    if size is not None:
+        dataset_options["size"] = size
+    if cache is not None:
+        dataset_options["cache"] = cache
+    if collate not in COLLATES:
+        raise OptionsError(f"collate should be one of {COLLATES}, but got collate={collate!r}")
     if isinstance(path_or_dataset, H5ImageDataset):
         given = sorted(name for name, value in dataset_options.items() if value is not None)
         if given:
@@ -270,6 +394,18 @@ def make_loader(
             direct=True if direct is None else direct,
             verify_checksums=bool(verify_checksums),
         )
+        crop_spec = None
+        if size is not None:
+            crop_spec = CropSpec.of(
+                size,
+                crop=crop or "random-resized",
+                scale=scale,
+                ratio=ratio,
+                flip=flip,
+                backend=reader.backend,
+            )
+        elif crop is not None or flip:
+            raise OptionsError("crop= and flip= need size=: the size every image is cut to")
         dataset = H5ImageDataset(
             path_or_dataset,
             transform=transform,
@@ -277,7 +413,12 @@ def make_loader(
             output=output or "tensor",
             return_path=bool(return_path),
             reader=reader,
+            crop=crop_spec,
+            cache=_decoded_cache(path_or_dataset, cache, cache_bytes, cache_max_side, crop_spec),
+            seed=seed,
         )
+    if collate == "stack":
+        _check_batchable(dataset)
     num_workers, auto_threads = auto_workers(dataset, num_workers)
     spec = EpochSpec(
         batch_size=batch_size,
@@ -306,98 +447,14 @@ def make_loader(
             "worker_init_fn": seed_worker,
             "multiprocessing_context": multiprocessing_context,
         }
+    if collate_fn is None:
+        collate_fn = collate_list if collate == "list" else collate_batch
     return H5Loader(
-        dataset.configured(options),
+        dataset.configured(options, seed=seed),
         batch_sampler=sampler,
         num_workers=num_workers,
-        collate_fn=collate if collate_fn is None else collate_fn,
+        collate_fn=collate_fn,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=generator,
         **workers_kwargs,
     )
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, tuple | list):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
-
-
-class DevicePrefetcher:
-    """Iterate a loader with each batch already on ``device``, one batch ahead; echo batches.
-
-    On CUDA the next batch is copied on a side stream while the current one is used
-    (asynchronous from pinned memory, which ``make_loader`` turns on with CUDA), and the
-    main stream waits for that copy only when it takes the batch. Elsewhere batches are
-    moved with ``.to(device)``.
-
-    Batch echoing (Choi et al., "Faster Neural Network Training with Data Echoing", 2019):
-    with ``echo=k`` every batch is yielded k times in a row, for when the input pipeline,
-    not the model, is the bottleneck; apply random augmentation on the device after this so
-    that the repeats differ.
-
-    Args:
-        loader: Any iterable of batches (``make_loader``'s ``H5Loader`` included).
-        device: Target device; default CUDA when available, else CPU.
-        echo: Times each batch is yielded.
-
-    Example:
-        >>> batches = [(torch.zeros(2), torch.ones(2))]
-        >>> [b[1].tolist() for b in DevicePrefetcher(batches, "cpu", echo=2)]
-        [[1.0, 1.0], [1.0, 1.0]]
-    """
-
-    def __init__(
-        self, loader: Any, device: str | torch.device | None = None, *, echo: int = 1
-    ) -> None:
-        if echo < 1:
-            raise OptionsError(f"echo should be >= 1, but got echo={echo}")
-        self.loader = loader
-        default = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(default if device is None else device)
-        self.echo = echo
-
-    def __len__(self) -> int:
-        return len(self.loader) * self.echo
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward to the loader's ``set_epoch``."""
-        self.loader.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.device.type != "cuda":
-            for batch in self.loader:
-                moved = _to_device(batch, self.device)
-                for _ in range(self.echo):
-                    yield moved
-            return
-        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        iterator = iter(self.loader)
-
-        def fetch() -> Any:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return None
-            with torch.cuda.stream(stream):
-                return _to_device(batch, self.device)
-
-        upcoming = fetch()
-        while upcoming is not None:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            current = upcoming
-            for tensor in _tensors(current):
-                tensor.record_stream(torch.cuda.current_stream(self.device))
-            upcoming = fetch()
-            for _ in range(self.echo):
-                yield current
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, tuple | list):
-        for v in value:
-            yield from _tensors(v)

@@ -1,8 +1,8 @@
 """Build one pack file, and the results of a conversion (events, report).
 
-``PackBuilder`` lays prepared samples into the images dataset (``storage``), compressing
+``PackBuilder`` lays prepared samples into the images dataset (``images``), compressing
 blocks of whole chunks in the worker pool (``pipeline.compress_block``), then writes the
-metadata. ``build_pack`` drives it for ``writer.convert`` and ``writer.write_arrays``
+metadata. ``build_pack`` drives it for ``convert.convert`` and ``convert.write_arrays``
 inside a temporary file that ``target.publish`` renames into place when complete.
 """
 

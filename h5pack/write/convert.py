@@ -2,7 +2,7 @@
 
 ``convert`` scans a folder, chooses the storage (``plan``), decodes in a pool of processes
 (``pipeline``) and lays the samples into whole chunks written once and in order
-(``builder``, ``storage``). Everything goes to a hidden temporary file beside the target
+(``builder``, ``images``). Everything goes to a hidden temporary file beside the target
 that is renamed into place only when complete; an exception, Ctrl-C or SIGTERM removes
 it, and a SIGKILL leaves nothing under the target's name. ``write_arrays`` packs in-memory
 samples through the same back end.

@@ -234,7 +234,7 @@ class ImagesWriter:
     Chunked datasets grow block by block (never shrink, so HDF5 never rewrites a chunk).
     A contiguous array is allocated for every scanned sample at once; when some were
     skipped it is too long and the writer reports ``needs_rebuild`` (see
-    ``writer.convert``). A contiguous blob's length is unknown until the end: its bytes
+    ``convert.convert``). A contiguous blob's length is unknown until the end: its bytes
     are staged in a side file and copied in when complete.
 
     Args:

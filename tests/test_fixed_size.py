@@ -1,0 +1,203 @@
+"""The training image pipeline through make_loader: mixed sizes to fixed-size batches."""
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from h5pack import OptionsError, make_loader
+from h5pack.core import format as fmt
+from h5pack.core.decode import decode_image
+from h5pack.read.crop import CropSpec, crop_array, plan_crop
+from h5pack.training.fixed_size import scale_box
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
+
+SIZES = [(40, 60), (64, 48), (50, 50), (33, 90), (80, 36), (45, 70)]
+NUM = 24
+
+
+def photo(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A smooth image with structure (so that crops and flips are visible in the pixels)."""
+    y, x = np.mgrid[0:height, 0:width]
+    base = rng.integers(0, 256, 3)
+    image = (base + 3 * x[..., None] + 2 * y[..., None] * np.array([1, -1, 2])) % 256
+    return image.astype(np.uint8)
+
+
+def jpeg(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [photo(rng, *SIZES[i % len(SIZES)]) for i in range(NUM)]
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory, images) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("packs")
+    labels = [i % 3 for i in range(NUM)]
+    options = ConvertOptions(chunk_bytes=8192, seed=1)
+    encoded = root / "encoded.h5"
+    write_arrays(encoded, [jpeg(a) for a in images], labels, options=options)
+    variable = root / "variable.h5"
+    write_arrays(variable, images, labels, options=ConvertOptions(mode="raw", chunk_bytes=8192))
+    fixed = root / "fixed.h5"
+    same = [a[:32, :32] for a in images]
+    write_arrays(fixed, same, labels, options=ConvertOptions(chunk_samples=5))
+    return {"encoded": encoded, "variable": variable, "fixed": fixed}
+
+
+def epoch_of(loader, epoch: int) -> tuple[torch.Tensor, list[int]]:
+    loader.set_epoch(epoch)
+    images, labels = [], []
+    for batch_images, batch_labels in loader:
+        images.append(batch_images)
+        labels.extend(batch_labels.tolist())
+    return torch.cat(images), labels
+
+
+def test_mixed_sizes_without_size_are_refused_when_the_loader_is_built(packs):
+    for kind in ("encoded", "variable"):
+        with pytest.raises(OptionsError, match=r"size=.*--size"):
+            make_loader(packs[kind], 4, num_workers=0)
+    make_loader(packs["fixed"], 4, num_workers=0)  # one size: batches stack
+
+
+@pytest.mark.parametrize("kind", ["encoded", "variable", "fixed"])
+def test_every_kind_of_pack_gives_fixed_size_batches_of_every_sample_once(packs, kind):
+    loader = make_loader(packs[kind], 5, size=(24, 20), flip=True, num_workers=0, seed=3)
+    images, labels = epoch_of(loader, 0)
+    assert images.shape == (NUM, 3, 24, 20)
+    assert images.dtype == torch.uint8
+    order = np.concatenate(loader.chunk_sampler.plan(0))
+    assert sorted(order.tolist()) == list(range(NUM))
+    assert labels == fmt.load_meta(packs[kind]).labels[order].tolist()
+
+
+def _expected(pack: Path, images: list, spec: CropSpec, seed: int, epoch: int, index: int):
+    meta = fmt.load_meta(pack)
+    source = images[int(meta.source_index[index])]
+    box, flip = plan_crop(spec, *source.shape[:2], seed=seed, epoch=epoch, index=index)
+    return crop_array(source, box, spec.size, flip=flip)
+
+
+def test_raw_pixels_are_the_planned_crop_of_the_source(packs, images):
+    spec = CropSpec.of((24, 20), crop="random-resized", flip=True)
+    loader = make_loader(packs["variable"], 6, size=(24, 20), flip=True, num_workers=0, seed=5)
+    got, _ = epoch_of(loader, 2)
+    order = np.concatenate(loader.chunk_sampler.plan(2))
+    for position, index in enumerate(order.tolist()):
+        want = _expected(packs["variable"], images, spec, 5, 2, index)
+        np.testing.assert_array_equal(got[position].permute(1, 2, 0).numpy(), want)
+
+
+def test_encoded_pixels_match_a_full_decode_of_the_same_box(packs, images):
+    spec = CropSpec.of(16, crop="center")
+    loader = make_loader(packs["encoded"], 6, size=16, crop="center", num_workers=0, shuffle=False)
+    got, _ = epoch_of(loader, 0)
+    meta = fmt.load_meta(packs["encoded"])
+    for index in range(NUM):
+        data = jpeg(images[int(meta.source_index[index])])
+        decoded = decode_image(data)
+        box, flip = plan_crop(spec, *decoded.shape[:2], seed=0, epoch=0, index=index)
+        want = crop_array(decoded, box, spec.size, flip=flip).astype(int)
+        diff = np.abs(got[index].permute(1, 2, 0).numpy().astype(int) - want)
+        assert diff.mean() < 3, index  # JPEG DCT scaling (read.crop) stays this close
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_crops_and_flips_are_a_function_of_seed_epoch_and_sample(packs, num_workers):
+    def run(seed: int, epoch: int) -> torch.Tensor:
+        loader = make_loader(
+            packs["encoded"], 4, size=16, flip=True, num_workers=num_workers, seed=seed
+        )
+        images, _ = epoch_of(loader, epoch)
+        return images
+
+    first = run(7, 1)
+    assert torch.equal(first, run(7, 1))
+    assert not torch.equal(first, run(7, 2))
+    assert not torch.equal(first, run(8, 1))
+
+
+def test_a_resumed_epoch_continues_with_the_same_images(packs):
+    loader = make_loader(packs["variable"], 4, size=16, flip=True, num_workers=2, seed=1)
+    whole, _ = epoch_of(loader, 3)
+    loader.set_epoch(3)
+    seen = []
+    for position, (images, _) in enumerate(loader):
+        seen.append(images)
+        if position == 1:
+            state = loader.state_dict()
+            break
+    resumed = make_loader(packs["variable"], 4, size=16, flip=True, num_workers=2, seed=1)
+    resumed.load_state_dict(state)  # the epoch comes from the state, not from set_epoch
+    seen.extend(images for images, _ in resumed)
+    assert torch.equal(torch.cat(seen), whole)
+
+
+def test_decoded_cache_serves_later_epochs_without_decoding(packs):
+    with make_loader(
+        packs["encoded"], 4, size=16, num_workers=2, cache="decoded", cache_bytes=4 << 20
+    ) as loader:
+        first, _ = epoch_of(loader, 0)
+        stats = loader.cache.stats()
+        assert (stats.misses, stats.entries, stats.hits) == (NUM, NUM, 0)
+        epoch_of(loader, 1)
+        after = loader.cache.stats()
+        assert (after.misses, after.hits) == (NUM, NUM)  # nothing decoded again
+        assert torch.equal(epoch_of(loader, 0)[0], first)  # the same crops, from the cache
+
+
+def test_cache_within_a_tiny_budget_still_serves_every_sample(packs):
+    budget = 64 * 1024  # the index and a few images
+    with make_loader(
+        packs["encoded"], 4, size=16, num_workers=0, cache="decoded", cache_bytes=budget
+    ) as loader:
+        first, labels = epoch_of(loader, 0)
+        second, _ = epoch_of(loader, 0)
+        stats = loader.cache.stats()
+        assert stats.used_bytes <= budget
+        assert 0 < stats.entries < NUM
+        assert torch.equal(first, second)
+        assert len(labels) == NUM
+
+
+def test_cache_options_that_cannot_apply_are_refused(packs):
+    with pytest.raises(OptionsError, match="applies to encoded packs"):
+        make_loader(packs["fixed"], 4, size=16, cache="decoded")
+    with pytest.raises(OptionsError, match="needs size="):
+        make_loader(packs["encoded"], 4, cache="decoded")
+    with pytest.raises(OptionsError, match="need size="):
+        make_loader(packs["encoded"], 4, crop="center")
+    with pytest.raises(OptionsError, match="need cache='decoded'"):
+        make_loader(packs["encoded"], 4, size=16, cache_bytes=1 << 20)
+
+
+def test_collate_list_keeps_original_sizes(packs, images):
+    loader = make_loader(packs["encoded"], 5, collate="list", num_workers=0, shuffle=False)
+    batch, labels = next(iter(loader))
+    meta = fmt.load_meta(packs["encoded"])
+    assert isinstance(batch, list)
+    assert len(batch) == len(labels) == 5
+    for index, image in enumerate(batch):
+        height, width = images[int(meta.source_index[index])].shape[:2]
+        assert tuple(image.shape) == (3, height, width)
+
+
+def test_scale_box_maps_a_box_onto_a_shrunk_image():
+    spec = CropSpec.of(8, crop="random-resized")
+    box, _ = plan_crop(spec, 400, 300, seed=0, epoch=0, index=3)
+    small = scale_box(box, (400, 300), (200, 150))
+    assert abs(small.top - box.top / 2) <= 1
+    assert abs(small.height - box.height / 2) <= 1
+    assert small.top + small.height <= 200
+    assert small.left + small.width <= 150
