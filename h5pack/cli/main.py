@@ -264,11 +264,12 @@ def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
 
     images = folder / "images"
     pack = folder / "demo.h5"
-    spec = SampleSpec(num_images=64, num_classes=4, size=(96, 128))
+    # mixed sizes, like every real photo folder
+    spec = SampleSpec(num_images=64, num_classes=4, size=(96, 128), size_jitter=0.3)
     make_image_folder(images, spec, overwrite=True)
     click.echo(
-        f"1. generated {spec.num_images} JPEGs of {spec.size[0]}x{spec.size[1]} in "
-        f"{spec.num_classes} classes under {images}"
+        f"1. generated {spec.num_images} JPEGs of mixed sizes around {spec.size[1]}x"
+        f"{spec.size[0]} (WxH) in {spec.num_classes} classes under {images}"
     )
     options = ConvertOptions(workers=workers)
     with progress_for(quiet) as progress:
@@ -302,10 +303,11 @@ def _read_batch(pack: Path) -> tuple[tuple[int, ...], list[int], str]:
         with PackReader(pack) as reader:
             batch = reader.read_images(range(min(16, len(reader))))
             labels = [int(x) for x in reader.meta.labels[: len(batch)]]
-            return (len(batch), *batch[0].shape), labels, "PackReader"
-    loader = make_loader(pack, batch_size=16, num_workers=0)
+            return (len(batch), *batch[0].shape), labels, "PackReader (the first image)"
+    loader = make_loader(pack, batch_size=16, num_workers=0, size=64, flip=True)
     images, labels_tensor = next(iter(loader))[:2]
-    return tuple(images.shape), [int(x) for x in labels_tensor], "make_loader"
+    how = "make_loader(size=64, flip=True): random-resized crops of every size to 64x64"
+    return tuple(images.shape), [int(x) for x in labels_tensor], how
 
 
 def main() -> None:
