@@ -334,6 +334,15 @@ class PackReader:
                 self._free.append(buffer)
         return found
 
+    def evict(self, group: int) -> None:
+        """Drop group ``group`` from the window of decompressed chunks, if it is there.
+
+        For a pack set's reader, which keeps one window over all its shards.
+        """
+        entry = self._window.pop(group, None)
+        if entry is not None and len(self._free) < max(2, self._threads):
+            self._free.append(entry[1])
+
     def _take_buffer(self, nbytes: int) -> np.ndarray:
         for i, buffer in enumerate(self._free):
             if buffer.size == nbytes:

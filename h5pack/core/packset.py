@@ -1,0 +1,272 @@
+"""The on-disk format of a pack set (version 1): shard packs and the manifest that lists them.
+
+A pack set is a directory holding shard packs and one manifest, ``packset.json``, written
+last and atomically by the sharded conversion. Every reader accepts a pack set wherever it
+accepts a pack: its directory, its manifest, or a plain list of pack paths.
+
+Manifest, version 1 (JSON, UTF-8)::
+
+    {
+      "h5pack_packset": 1,                  # PACKSET_MARKER_KEY: the manifest version
+      "num_samples": 1281167,               # the sum over the shards
+      "classes": ["n01440764", ...],        # one global class list, stored in every shard
+      "seed": 0, "num_shards": 128,         # the split: see ``shard_slice``
+      "created_utc": "2026-11-30T12:00:00+00:00",
+      "tool_version": "0.1.0",
+      "shards": [
+        {"path": "shard-00000-of-00128.h5", # relative to the manifest's directory
+         "num_samples": 10009,
+         "file_bytes": 123456789,           # the shard's size when the manifest was written
+         "digest": "1a2b3c4d"}              # ``meta_digest`` of the shard's metadata
+      ]
+    }
+
+The split is a pure function of the sorted scan and the seed: the conversion's write order
+(a seeded permutation of the N sorted files) is cut into ``num_shards`` consecutive slices,
+shard ``i`` taking positions ``shard_slice(N, i, num_shards)``. Machines that see the same
+folder therefore build shards that together hold every image exactly once, and the
+write-time shuffle is global across shards. A shard's ``source_index`` holds positions in
+the global sorted scan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from h5pack._types import StrPath
+from h5pack.core.format import PackMeta
+from h5pack.errors import FormatError, OptionsError, PackNotFoundError
+
+PACKSET_VERSION = 1
+PACKSET_MARKER_KEY = "h5pack_packset"
+MANIFEST_NAME = "packset.json"
+
+
+def shard_name(index: int, num_shards: int) -> str:
+    """Return the file name of shard ``index`` of ``num_shards``."""
+    return f"shard-{index:05d}-of-{num_shards:05d}.h5"
+
+
+def shard_slice(num_samples: int, index: int, num_shards: int) -> tuple[int, int]:
+    """Return the positions ``[lo, hi)`` of the write order that shard ``index`` holds.
+
+    Raises:
+        OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
+    """
+    if num_shards < 1:
+        raise OptionsError(f"num_shards should be >= 1, but got num_shards={num_shards}")
+    if not 0 <= index < num_shards:
+        raise OptionsError(
+            f"the shard index should be in 0..{num_shards - 1}, but got {index} "
+            f"(--shard {index}/{num_shards})"
+        )
+    return index * num_samples // num_shards, (index + 1) * num_samples // num_shards
+
+
+def meta_digest(meta: PackMeta) -> str:
+    """Return a CRC32 (hex) of a pack's per-sample metadata and class list.
+
+    What the manifest records of each shard: a shard rebuilt, replaced or damaged since
+    the manifest was written gives another digest.
+    """
+    crc = 0
+    for array in (meta.labels, meta.source_index, meta.shapes, meta.checksums):
+        crc = zlib.crc32(np.ascontiguousarray(array).tobytes(), crc)
+    crc = zlib.crc32("\n".join(meta.classes).encode(), crc)
+    crc = zlib.crc32(f"{meta.num_samples}:{meta.mode}:{meta.storage}".encode(), crc)
+    return f"{crc:08x}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEntry:
+    """One shard of a pack set, as the manifest records it.
+
+    Attributes:
+        path: The shard's path, relative to the manifest's directory.
+        num_samples: Its samples.
+        file_bytes: Its size in bytes when the manifest was written.
+        digest: ``meta_digest`` of its metadata.
+    """
+
+    path: str
+    num_samples: int
+    file_bytes: int
+    digest: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackSetManifest:
+    """A pack set's manifest (see the module docstring).
+
+    Attributes:
+        root: The directory the shard paths are relative to.
+        shards: The shards, in order; global sample indices run through them in this order.
+        classes: The global class list.
+        num_samples: The sum of the shards' samples.
+        seed: The seed of the write order that was split.
+        num_shards: Shards of the split (``len(shards)`` once complete).
+        created_utc: When the manifest was written.
+        tool_version: The h5pack that wrote it.
+    """
+
+    root: Path
+    shards: tuple[ShardEntry, ...]
+    classes: tuple[str, ...]
+    num_samples: int
+    seed: int
+    num_shards: int
+    created_utc: str = ""
+    tool_version: str = ""
+
+    @property
+    def manifest_path(self) -> Path:
+        """Where the manifest lives."""
+        return self.root / MANIFEST_NAME
+
+    def shard_paths(self) -> list[Path]:
+        """Return every shard's path."""
+        return [self.root / entry.path for entry in self.shards]
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the manifest as JSON-ready data (the on-disk form)."""
+        return {
+            PACKSET_MARKER_KEY: PACKSET_VERSION,
+            "num_samples": self.num_samples,
+            "classes": list(self.classes),
+            "seed": self.seed,
+            "num_shards": self.num_shards,
+            "created_utc": self.created_utc,
+            "tool_version": self.tool_version,
+            "shards": [
+                {
+                    "path": e.path,
+                    "num_samples": e.num_samples,
+                    "file_bytes": e.file_bytes,
+                    "digest": e.digest,
+                }
+                for e in self.shards
+            ],
+        }
+
+
+def write_manifest(manifest: PackSetManifest) -> Path:
+    """Write ``manifest`` into its directory atomically (a temporary file, then a rename)."""
+    path = manifest.manifest_path
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path
+
+
+def _manifest_file(source: Path) -> Path:
+    return source / MANIFEST_NAME if source.is_dir() else source
+
+
+def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
+    """Return whether ``source`` is a pack set: a list of packs, a set's directory or manifest."""
+    if not isinstance(source, str | os.PathLike):
+        return True
+    path = Path(source)
+    if path.is_dir():
+        return True
+    return path.suffix == ".json" or path.name == MANIFEST_NAME
+
+
+def load_manifest(source: StrPath) -> PackSetManifest:
+    """Read and validate the manifest of the pack set at ``source`` (directory or manifest).
+
+    Raises:
+        PackNotFoundError: there is no manifest (or no directory).
+        FormatError: the manifest is not valid JSON, not a pack set's, newer than this
+            h5pack reads, or inconsistent.
+    """
+    path = _manifest_file(Path(source))
+    if not path.is_file():
+        where = f"{path.parent} has no {MANIFEST_NAME}" if Path(source).is_dir() else f"{path}"
+        raise PackNotFoundError(
+            f"{where}: no pack set manifest (a conversion with --shards writes it last; "
+            "was it interrupted?)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(f"{path}: the pack set manifest cannot be read ({err})") from err
+    if not isinstance(data, dict) or PACKSET_MARKER_KEY not in data:
+        raise FormatError(f"{path} is not an h5pack pack set manifest")
+    version = data[PACKSET_MARKER_KEY]
+    if not isinstance(version, int) or version > PACKSET_VERSION or version < 1:
+        raise FormatError(
+            f"{path} is a pack set of version {version!r}, but this h5pack reads versions "
+            f"1..{PACKSET_VERSION}; upgrade h5pack"
+        )
+    try:
+        shards = tuple(
+            ShardEntry(
+                path=str(s["path"]),
+                num_samples=int(s["num_samples"]),
+                file_bytes=int(s["file_bytes"]),
+                digest=str(s["digest"]),
+            )
+            for s in data["shards"]
+        )
+        manifest = PackSetManifest(
+            root=path.parent,
+            shards=shards,
+            classes=tuple(str(c) for c in data["classes"]),
+            num_samples=int(data["num_samples"]),
+            seed=int(data.get("seed", 0)),
+            num_shards=int(data.get("num_shards", len(shards))),
+            created_utc=str(data.get("created_utc", "")),
+            tool_version=str(data.get("tool_version", "")),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise FormatError(f"{path}: the pack set manifest is malformed ({err})") from err
+    if sum(s.num_samples for s in shards) != manifest.num_samples:
+        raise FormatError(
+            f"{path}: the shards hold {sum(s.num_samples for s in shards)} samples, but the "
+            f"manifest says {manifest.num_samples}"
+        )
+    for entry in shards:
+        if Path(entry.path).is_absolute() or ".." in Path(entry.path).parts:
+            raise FormatError(f"{path}: shard path {entry.path!r} leaves the pack set")
+    return manifest
+
+
+def check_shard(manifest: PackSetManifest, entry: ShardEntry, meta: PackMeta) -> None:
+    """Raise ``FormatError`` unless ``meta`` is the shard the manifest recorded.
+
+    Raises:
+        FormatError: the shard's size, sample count, classes or metadata digest changed.
+    """
+    path = manifest.root / entry.path
+    size = path.stat().st_size
+    problems = []
+    if size != entry.file_bytes:
+        problems.append(f"{size} bytes, the manifest recorded {entry.file_bytes}")
+    if meta.num_samples != entry.num_samples:
+        problems.append(f"{meta.num_samples} samples, the manifest recorded {entry.num_samples}")
+    if meta.classes != manifest.classes:
+        problems.append("another class list than the pack set's")
+    if not problems and meta_digest(meta) != entry.digest:
+        problems.append("metadata that differs from what the manifest recorded")
+    if problems:
+        raise FormatError(
+            f"{path}: the shard changed since {manifest.manifest_path} was written ("
+            + "; ".join(problems)
+            + "); rebuild it with the same --shards and --seed, or restore it"
+        )

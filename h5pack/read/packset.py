@@ -1,0 +1,421 @@
+"""Read a pack set (shard packs, see ``core.packset``) as if it were one pack.
+
+Global sample indices run through the shards in manifest order; the groups (chunks) of
+every shard form one chunk map, so the samplers plan epochs over all shards' chunks as one
+pool and split chunks, not files, across ranks and workers. Shards are opened lazily and
+at most ``max_open`` at once (least recently used first out), so a set of 10,000 shards
+works under the default ``ulimit -n`` of 1,024; one window of ``window_chunks``
+decompressed chunks is kept over all of them, as a single pack's reader keeps it.
+
+Every shard is checked when the set is opened: a missing shard, one that is not a pack
+(e.g. truncated), one whose metadata differs from the manifest's record, or a list of packs
+whose classes or storage disagree is a ``FormatError`` naming the file, never a smaller
+epoch or fill values. A shard replaced after that is refused when it is (re)opened.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import TypeAlias, TypeVar, overload
+
+import numpy as np
+
+from h5pack.core.format import PackMeta, load_meta
+from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.packset import (
+    PackSetManifest,
+    check_shard,
+    is_packset,
+    load_manifest,
+)
+from h5pack.errors import FormatError, OptionsError
+from h5pack.read.reader import PackReader, ReaderOptions
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Shards open at once: two file descriptors each (HDF5's and the direct path's).
+DEFAULT_MAX_OPEN = 64
+
+PackSource: TypeAlias = "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
+"""A pack path, a pack set's directory or manifest, or a list of pack paths."""
+
+
+@dataclass(frozen=True)
+class _Shard:
+    path: Path
+    meta: PackMeta
+    identity: tuple[int, int, int]  # st_dev, st_ino, st_size when the set was opened
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size)
+
+
+def _pack_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]:
+    if isinstance(source, str | os.PathLike):
+        manifest = load_manifest(source)
+        return manifest.shard_paths(), manifest
+    paths = [Path(p) for p in source]
+    if not paths:
+        raise OptionsError("a list of packs should hold at least one pack, but got none")
+    return paths, None
+
+
+def _combined_meta(name: str, shards: Sequence[_Shard]) -> PackMeta:
+    """Return one ``PackMeta`` for all shards (refusing shards that cannot be one set)."""
+    first = shards[0].meta
+    for shard in shards[1:]:
+        meta = shard.meta
+        differences = [
+            f"{what}: {getattr(meta, attr)!r} here, {getattr(first, attr)!r} in {first.path}"
+            for what, attr in (
+                ("mode", "mode"),
+                ("storage", "storage"),
+                ("channels", "channels"),
+                ("classes", "classes"),
+            )
+            if getattr(meta, attr) != getattr(first, attr)
+        ]
+        if first.storage == "array" and meta.images_shape[1:] != first.images_shape[1:]:
+            differences.append(
+                f"image shape {meta.images_shape[1:]} here, {first.images_shape[1:]} in "
+                f"{first.path}"
+            )
+        if differences:
+            raise FormatError(
+                f"{meta.path} cannot join a pack set with {first.path}: "
+                + "; ".join(differences)
+            )
+    metas = [s.meta for s in shards]
+    num = sum(m.num_samples for m in metas)
+    sizes = [m.sizes for m in metas if m.sizes is not None]
+    return PackMeta(
+        path=name,
+        format_version=min(m.format_version for m in metas),
+        mode=first.mode,
+        storage=first.storage,
+        num_samples=num,
+        channels=first.channels,
+        labels=np.concatenate([m.labels for m in metas]),
+        classes=first.classes,
+        shapes=np.concatenate([m.shapes for m in metas]),
+        checksums=np.concatenate([m.checksums for m in metas]),
+        source_index=np.concatenate([m.source_index for m in metas]),
+        offsets=None,  # byte offsets are per shard: read them through each shard's reader
+        sizes=np.concatenate(sizes) if first.sizes is not None else None,
+        images_shape=(num, *first.images_shape[1:]),
+        chunks=first.chunks,
+        compression=first.compression,
+        compression_opts=first.compression_opts,
+        filter_ids=first.filter_ids,
+        blob_chunk_bytes=first.blob_chunk_bytes,
+        tool_version=first.tool_version,
+        created_utc=first.created_utc,
+        options=first.options,
+        skipped=tuple(s for m in metas for s in m.skipped),
+    )
+
+
+@dataclass(frozen=True)
+class PackView:
+    """What a dataset or sampler needs to know of a pack or a pack set, before reading.
+
+    Attributes:
+        meta: The metadata (for a set: all shards', concatenated in order).
+        chunk_map: The groups read together (for a set: every shard's, one after another).
+        group_bytes: Uncompressed bytes of one group (for a set: the largest shard's).
+        compressed: Whether any shard's images pass through a filter.
+    """
+
+    meta: PackMeta
+    chunk_map: ChunkMap
+    group_bytes: int
+    compressed: bool
+
+
+def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
+    starts = [np.zeros(1, dtype=np.int64)]
+    offset = 0
+    for chunk_map in maps:
+        starts.append(chunk_map.starts[1:] + offset)
+        offset += chunk_map.num_samples
+    return ChunkMap(np.concatenate(starts))
+
+
+def describe(source: PackSource, *, locking: bool | None = None) -> PackView:
+    """Return the metadata and chunk map of a pack or a pack set (checking every shard).
+
+    Raises:
+        FileNotFoundError: the pack, a shard or the manifest does not exist.
+        FormatError: a file is not a pack, or a shard does not belong to the set.
+    """
+    if not is_packset(source):
+        assert isinstance(source, str | os.PathLike)  # is_packset: a single path
+        meta = load_meta(source, locking=locking)
+        return PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
+    reader = PackSetReader(source, ReaderOptions(locking=locking))
+    try:
+        return PackView(reader.meta, reader.chunk_map, reader.group_bytes, reader.compressed)
+    finally:
+        reader.close()
+
+
+def open_reader(
+    source: PackSource, options: ReaderOptions | None = None
+) -> PackReader | PackSetReader:
+    """Return the reader of a pack (``PackReader``) or of a pack set (``PackSetReader``)."""
+    if is_packset(source):
+        return PackSetReader(source, options)
+    assert isinstance(source, str | os.PathLike)
+    return PackReader(source, options)
+
+
+class _LazyPaths(Sequence[str]):
+    """Every sample's source path, each shard's read from it on first use."""
+
+    def __init__(self, owner: PackSetReader) -> None:
+        self._owner = owner
+        self._loaded: dict[int, list[str]] = {}
+
+    def __len__(self) -> int:
+        return self._owner.meta.num_samples
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        shard, local = self._owner.locate(index)
+        if shard not in self._loaded:
+            self._loaded[shard] = self._owner.shard_reader(shard).paths
+        return self._loaded[shard][local]
+
+
+class PackSetReader:
+    """Read the samples of a pack set as one pack; a context manager, read-only.
+
+    The same reading methods as ``PackReader`` (``read_stored``, ``read_into``,
+    ``decode``, ``read_images``, ``map_threads``, ``paths``), over global indices.
+
+    Args:
+        source: A pack set's directory or manifest, or a list of pack paths.
+        options: How each shard is read (``ReaderOptions``); ``window_chunks`` is the window
+            kept over all shards together.
+        max_open: Shards open at once (each holds two file descriptors).
+
+    Raises:
+        FileNotFoundError: the manifest or a shard does not exist.
+        FormatError: a shard is not a pack, differs from the manifest's record, or does not
+            match the other shards (mode, storage, channels, classes, image shape).
+        OptionsError: ``max_open`` is below 1, or the list of packs is empty.
+    """
+
+    def __init__(
+        self,
+        source: PackSource,
+        options: ReaderOptions | None = None,
+        *,
+        max_open: int = DEFAULT_MAX_OPEN,
+    ) -> None:
+        if max_open < 1:
+            raise OptionsError(f"max_open should be >= 1, but got max_open={max_open}")
+        self.options = options or ReaderOptions()
+        self.max_open = max_open
+        paths, manifest = _pack_paths(source)
+        self.manifest = manifest
+        name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
+        self.path = name
+        shards = []
+        for index, path in enumerate(paths):
+            meta = load_meta(path, locking=self.options.locking)
+            if manifest is not None:
+                check_shard(manifest, manifest.shards[index], meta)
+            shards.append(_Shard(path, meta, _identity(path)))
+        self._shards = shards
+        self.meta = _combined_meta(name, shards)
+        maps = [chunk_map_of(s.meta) for s in shards]
+        self.chunk_map = _concatenated_map(maps)
+        self.group_bytes = max(group_bytes(s.meta) for s in shards)
+        self.compressed = any(is_compressed(s.meta) for s in shards)
+        self.verify_checksums = self.options.verify_checksums
+        self._sample_starts = np.cumsum([0] + [s.meta.num_samples for s in shards])
+        self._group_starts = np.cumsum([0] + [m.num_chunks for m in maps])
+        self._readers: OrderedDict[int, PackReader] = OrderedDict()
+        self.window_chunks = self.options.window_chunks or 1
+        if self.options.chunk_cache_bytes is not None:
+            self.window_chunks = max(1, self.options.chunk_cache_bytes // self.group_bytes)
+        self._window: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._threads = self.options.threads or 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._paths = _LazyPaths(self)
+        self._loads_closed = 0  # groups loaded by shard readers since closed
+
+    # -- shards --------------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        """Shards in the set."""
+        return len(self._shards)
+
+    @property
+    def open_shards(self) -> int:
+        """Shards open now (at most ``max_open``)."""
+        return len(self._readers)
+
+    @property
+    def loads(self) -> int:
+        """Groups decompressed so far, over every shard."""
+        return self._loads_closed + sum(r.loads for r in self._readers.values())
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Return ``(shard, index within the shard)`` of global sample ``index``."""
+        shard = int(np.searchsorted(self._sample_starts, index, side="right")) - 1
+        return shard, int(index - self._sample_starts[shard])
+
+    def shard_reader(self, shard: int) -> PackReader:
+        """Return the open reader of shard ``shard``, opening it (and closing the oldest).
+
+        Raises:
+            FormatError: the shard was replaced since the set was opened.
+        """
+        reader = self._readers.get(shard)
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        entry = self._shards[shard]
+        if not entry.path.exists() or _identity(entry.path) != entry.identity:
+            raise FormatError(
+                f"{entry.path}: the shard was removed or replaced since the pack set "
+                f"{self.path} was opened; rebuild the loader"
+            )
+        options = replace(self.options, window_chunks=self.window_chunks, threads=0)
+        reader = PackReader(entry.path, options)
+        self._readers[shard] = reader
+        while len(self._readers) > self.max_open:
+            oldest, closing = self._readers.popitem(last=False)
+            self._loads_closed += closing.loads
+            closing.close()
+            for key in [k for k in self._window if k[0] == oldest]:
+                del self._window[key]
+        return reader
+
+    def _split(self, idx: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(shard, positions in idx, local indices)`` in order of first appearance."""
+        shards = np.searchsorted(self._sample_starts, idx, side="right") - 1
+        _, first = np.unique(shards, return_index=True)
+        for shard in shards[np.sort(first)].tolist():
+            positions = np.flatnonzero(shards == shard)
+            yield shard, positions, idx[positions] - self._sample_starts[shard]
+
+    def _track(self, shard: int, reader: PackReader, local: np.ndarray) -> None:
+        """Keep one first-in-first-out window of decompressed groups over all shards."""
+        if not reader.compressed:
+            return
+        groups = reader.chunk_map.chunks_of(local)
+        _, first = np.unique(groups, return_index=True)
+        for group in groups[np.sort(first)].tolist():
+            key = (shard, group)
+            if key in self._window:
+                continue
+            self._window[key] = None
+            while len(self._window) > self.window_chunks:
+                (old_shard, old_group), _ = self._window.popitem(last=False)
+                holder = self._readers.get(old_shard)
+                if holder is not None:
+                    holder.evict(old_group)
+
+    # -- reading -----------------------------------------------------------------------
+    def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self.meta.num_samples
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"index {bad} is out of range for a pack set of {n} samples")
+        return np.where(idx < 0, idx + n, idx)
+
+    def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Return the stored form of each sample in ``indices`` (see ``PackReader``)."""
+        idx = self._check(indices)
+        out: list[np.ndarray] = [np.empty(0, dtype=np.uint8)] * idx.size
+        for shard, positions, local in self._split(idx):
+            reader = self.shard_reader(shard)
+            for position, sample in zip(positions, reader.read_stored(local), strict=True):
+                out[int(position)] = sample
+            self._track(shard, reader, local)
+        return out
+
+    def read_into(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (B, H, W, C) with the samples ``indices`` of an array set."""
+        idx = self._check(indices)
+        if self.meta.storage != "array" or out.shape[0] != idx.size:
+            raise ValueError("read_into needs an array pack set and one row of out per index")
+        for shard, positions, local in self._split(idx):
+            reader = self.shard_reader(shard)
+            if positions.size == idx.size:
+                reader.read_into(local, out)
+            else:
+                part = np.empty((positions.size, *out.shape[1:]), dtype=np.uint8)
+                reader.read_into(local, part)
+                out[positions] = part
+            self._track(shard, reader, local)
+
+    def decode(self, index: int, stored: np.ndarray) -> np.ndarray:
+        """Return global sample ``index`` as an HWC uint8 array from its stored form."""
+        shard, local = self.locate(index)
+        return self.shard_reader(shard).decode(local, stored)
+
+    def read_images(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Return each sample in ``indices`` as an HWC uint8 array."""
+        idx = self._check(indices)
+        stored = self.read_stored(idx)
+        return [self.decode(int(i), s) for i, s in zip(idx.tolist(), stored, strict=True)]
+
+    def map_threads(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1."""
+        if self._threads <= 1 or len(items) < 2:
+            return [function(item) for item in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
+        return list(self._pool.map(function, items))
+
+    @property
+    def paths(self) -> Sequence[str]:
+        """Every sample's source path (each shard's read on first use)."""
+        return self._paths
+
+    def __len__(self) -> int:
+        return self.meta.num_samples
+
+    # -- context manager -------------------------------------------------------------
+    def close(self) -> None:
+        """Close every open shard."""
+        for reader in self._readers.values():
+            self._loads_closed += reader.loads
+            reader.close()
+        self._readers.clear()
+        self._window.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> PackSetReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
