@@ -1,10 +1,12 @@
-"""h5pack.bench: timing, read replay (checked against real reads), loader bench, diagnose."""
+"""h5pack.bench: timing, read replay (checked against real reads), patterns, bench, diagnose."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import time
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
@@ -16,29 +18,41 @@ from click.testing import CliRunner
 from h5pack.bench import (
     BOTTLENECKS,
     BenchOptions,
+    FullShuffleBatchSampler,
     MeasureOptions,
+    PatternLoader,
+    TrainingRead,
     bench_loader,
+    consistent_rates,
     diagnose,
     drop_page_cache,
     measure_pack,
     parse_variant,
     parse_variants,
+    quick_variants,
     replay_h5py,
     replay_reader,
     resident_fraction,
     storage_layout,
+    time_interleaved,
     time_repeats,
 )
 from h5pack.bench.access import random_order, read_per_sample
+from h5pack.bench.diagnose import PackFacts, advise, share_labels
+from h5pack.bench.loaders import open_dataset
+from h5pack.bench.reading import SizeSurvey, parse_train_size
 from h5pack.bench.report import format_bench, format_diagnosis, to_json
 from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.bench.timing import Count, Timing
+from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED, variant_problem
 from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.dataset import H5ImageDataset
 from h5pack.training.sampler import EpochSpec
+from h5pack.training.shuffle_quality import expected_pair_repetition, pair_repetition
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -140,6 +154,60 @@ def test_time_repeats_rejects_no_repeats() -> None:
         time_repeats(lambda: Count(1, 1), repeats=0)
 
 
+def test_time_interleaved_alternates_and_times_runs_of_enough_epochs() -> None:
+    calls: list[str] = []
+
+    def run(name: str, seconds: float) -> Any:
+        def epoch() -> Count:
+            calls.append(name)
+            time.sleep(seconds)
+            return Count(10, 100)
+
+        return epoch
+
+    timings = time_interleaved(
+        {"a": run("a", 0.002), "b": run("b", 0.002)}, repeats=3, warmup=1, min_run_s=0.01
+    )
+    assert calls[:2] == ["a", "b"]  # warm-up, then runs in turn
+    for name in ("a", "b"):
+        timing = timings[name]
+        assert len(timing.rates) == 3
+        assert timing.epochs_per_run >= 3  # 10 ms of 2 ms epochs
+        assert timing.images == (10 * timing.epochs_per_run,) * 3
+        assert timing.stable  # no target
+    runs = [name for name in calls[2:]]
+    first_b = runs.index("b")
+    assert runs[:first_b] == ["a"] * timings["a"].epochs_per_run  # a's run, then b's
+
+
+def test_time_interleaved_lengthens_noisy_runs_within_the_budget() -> None:
+    durations = iter([0.001, 0.02] * 200)
+
+    def noisy() -> Count:
+        time.sleep(next(durations))
+        return Count(1, 1)
+
+    timing = time_interleaved(
+        {"x": noisy}, repeats=2, target_spread=0.2, budget_s=2.0, min_run_s=0.0
+    )["x"]
+    assert timing.epochs_per_run >= 2  # an even number of epochs per run evens them out
+    assert timing.stable
+    short = time_interleaved(
+        {"x": noisy}, repeats=2, target_spread=0.2, budget_s=0.0, min_run_s=0.0
+    )["x"]
+    assert short.epochs_per_run == 1
+    assert not short.stable  # said, not hidden
+
+
+def test_consistent_rates_pool_a_faster_later_stage() -> None:
+    assert consistent_rates([300.0, 200.0, 100.0]) == [300.0, 200.0, 100.0]
+    pooled = consistent_rates([100.0, 200.0, 50.0])
+    assert pooled[0] == pytest.approx(pooled[1])
+    assert pooled[0] == pytest.approx(1 / ((1 / 100 + 1 / 200) / 2))
+    assert pooled[2] == 50.0
+    assert consistent_rates([100.0, 100.0, 300.0]) == pytest.approx([3 / (2 / 100 + 1 / 300)] * 3)
+
+
 # -- replay against real reads -----------------------------------------------------------
 
 
@@ -169,9 +237,7 @@ def test_replay_reader_matches_pack_reader_loads(gzip_pack: Path) -> None:
     from h5pack.training.sampler import plan_epoch
 
     layout = storage_layout(gzip_pack)
-    batches = plan_epoch(
-        layout.groups, EpochSpec(batch_size=16, seed=0, window_chunks=3), epoch=0
-    )
+    batches = plan_epoch(layout.groups, EpochSpec(batch_size=16, seed=0, window_chunks=3), epoch=0)
     with PackReader(gzip_pack, ReaderOptions(window_chunks=3)) as reader:
         for batch in batches:
             reader.read_stored(batch)
@@ -200,6 +266,10 @@ def test_read_per_sample_stops_at_the_budget(gzip_pack: Path) -> None:
     assert count.images == 5
     assert count.nbytes == 5 * H * W * 3
     assert read_per_sample(gzip_pack, np.arange(70)).images == 70
+    from h5pack.read.crop import CropSpec
+
+    cropped = read_per_sample(gzip_pack, np.arange(4), crop=CropSpec.of(16, crop="center"))
+    assert cropped.nbytes == 4 * 16 * 16 * 3
 
 
 # -- variants ---------------------------------------------------------------------------
@@ -239,6 +309,38 @@ def test_parse_variants_splits_and_dedupes() -> None:
     assert names == ["raw-contig", "raw-c8-gzip", "encoded-1m"]
 
 
+def test_quick_variants_follow_the_image_sizes() -> None:
+    one = SizeSurvey.of([(375, 500)] * 5)
+    mixed = SizeSurvey.of([(300, 400), (310, 420), (500, 375)])
+    assert quick_variants(one).names == QUICK_VARIANTS
+    assert quick_variants(mixed, (64, 64)).names == QUICK_VARIANTS
+    choice = quick_variants(mixed)
+    assert choice.names == QUICK_VARIANTS_MIXED
+    assert "3 sizes" in choice.reason
+    assert "--" not in choice.reason  # the user's terms, not flags they did not pass
+    for name in choice.names:
+        assert variant_problem(parse_variant(name), mixed) is None
+    problem = variant_problem(parse_variant("raw-c1-gzip"), mixed)
+    assert problem is not None
+    assert "one image per chunk" in problem
+    assert "--" not in problem
+    assert variant_problem(parse_variant("raw-c1-gzip"), mixed, (64, 64)) is None
+
+
+def test_training_read_and_its_flag() -> None:
+    assert parse_train_size("224") == (224, 224)
+    assert parse_train_size("224,320") == (224, 320)
+    assert parse_train_size("none") is None
+    with pytest.raises(OptionsError, match="--train-size"):
+        parse_train_size("big")
+    train = TrainingRead.of(224, crop="center", flip=True)
+    assert train.describe() == "center crops of 224x224, flipped"
+    assert train.loader_code() == "size=224, crop='center', flip=True"
+    assert TrainingRead().describe() == "images as stored"
+    with pytest.raises(OptionsError, match="--train-size"):
+        TrainingRead(flip=True)
+
+
 def test_variant_command_uses_convert_flags() -> None:
     command = parse_variant("raw-c64-zstd:5-bit").command("imgs", "o.h5", size=(224, 224))
     assert command == (
@@ -247,27 +349,85 @@ def test_variant_command_uses_convert_flags() -> None:
     )
 
 
-# -- measure_pack ------------------------------------------------------------------------
+# -- the loader's access patterns ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["random", "chunk", "sequential"])
+def test_every_pattern_reads_through_the_same_dataset(
+    gzip_pack: Path, pattern: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[tuple[type, list[int]]] = []
+    original = H5ImageDataset.__getitems__
+
+    def spy(self: H5ImageDataset, indices: Any) -> Any:
+        reads.append((type(self), [int(i) for i in indices]))
+        return original(self, indices)
+
+    monkeypatch.setattr(H5ImageDataset, "__getitems__", spy)
+    dataset = open_dataset(gzip_pack, TrainingRead())
+    with PatternLoader(dataset, pattern, batch_size=16, workers=0) as loader:
+        count = loader()
+        planned = [b.tolist() for b in loader.plan(0)]
+    assert count.images == 70
+    assert {kind for kind, _ in reads} == {H5ImageDataset}
+    assert [batch for _, batch in reads] == planned  # one __getitems__ per planned batch
+    order = np.concatenate(planned)
+    assert sorted(order.tolist()) == list(range(70))
+    if pattern == "sequential":
+        assert order.tolist() == list(range(70))
+    if pattern == "random":
+        assert planned == [b.tolist() for b in FullShuffleBatchSampler(70, 16).plan(0)]
+
+
+def test_pair_repetition_of_a_full_shuffle_and_of_pack_order() -> None:
+    sampler = FullShuffleBatchSampler(600, 24, seed=3)
+    epochs = [sampler.plan(e) for e in range(4)]
+    expected = expected_pair_repetition([b.size for b in epochs[0]], 4)
+    assert pair_repetition(epochs) == pytest.approx(expected, rel=0.2)
+    assert pair_repetition(epochs, max_pairs=20_000) == pytest.approx(expected, rel=0.5)
+    ordered = [np.arange(600)[i : i + 24] for i in range(0, 600, 24)]
+    assert pair_repetition([ordered] * 3) == 1.0
 
 
 def test_measure_pack_reports_every_pattern(gzip_pack: Path) -> None:
-    options = MeasureOptions(batch_size=16, workers=0, repeats=2, random_budget_s=0.05)
+    options = MeasureOptions(
+        batch_size=16, workers=0, repeats=2, min_run_s=0.0, naive_budget_s=0.05
+    )
     steps: list[str] = []
     results = measure_pack(gzip_pack, options, on_step=steps.append)
-    assert set(results) == {"random", "chunk", "sequential"}
-    assert steps.count("random") == 2
-    assert steps.count("chunk") == 3
+    assert set(results) == {"random", "chunk", "sequential", "naive"}
+    assert steps.count("naive") == 2
+    assert steps.count("chunk") == 3  # warm-up and two runs
     for result in results.values():
         assert result.images_per_s > 0
         assert len(result.timing.rates) == 2
         assert result.timing.low <= result.images_per_s <= result.timing.high
+        assert result.page_cache == "warm"
     assert results["chunk"].timing.images == (70, 70)
+    assert results["random"].timing.images == (70, 70)  # a whole epoch, through the loader
     assert results["chunk"].reads.chunks_per_sample == pytest.approx(9 / 70)
     assert results["sequential"].shuffle_vs_random == pytest.approx(0.0)
     assert results["chunk"].shuffle_vs_random > 0.5
+    assert results["random"].shuffle_vs_random > 0.9
+    assert results["sequential"].pair_repeat == 1.0
+    assert results["random"].pair_repeat_ratio == pytest.approx(1.0, abs=0.6)
+    assert results["chunk"].pair_repeat_shuffle == pytest.approx(
+        results["random"].pair_repeat_shuffle
+    )
+
+
+def test_measure_pack_cold(gzip_pack: Path) -> None:
+    options = MeasureOptions(
+        batch_size=16, workers=0, repeats=1, warmup=0, patterns=("chunk",), cold=True
+    )
+    result = measure_pack(gzip_pack, options)["chunk"]
+    assert result.page_cache == "cold" or result.page_cache.startswith("warm: ")
 
 
 # -- bench and diagnose ------------------------------------------------------------------
+
+
+FAST = {"min_run_s": 0.0, "budget_s": 0.0}
 
 
 @pytest.mark.parametrize("order", ["chunk", "random", "sequential"])
@@ -275,7 +435,7 @@ def test_bench_loader_gives_plausible_numbers(gzip_pack: Path, order: str) -> No
     steps: list[int] = []
     result = bench_loader(
         gzip_pack,
-        BenchOptions(batch_size=16, workers=0, order=order, repeats=3, warmup=1),
+        BenchOptions(batch_size=16, workers=0, order=order, repeats=3, warmup=1, **FAST),
         on_step=lambda: steps.append(1),
     )
     assert len(steps) == 4
@@ -286,14 +446,24 @@ def test_bench_loader_gives_plausible_numbers(gzip_pack: Path, order: str) -> No
         result.timing.images_per_s * H * W * 3 / 1e6, rel=1e-6
     )
     assert result.reads.samples == 70
+    assert result.train["description"] == "images as stored"
     assert "img/s" in format_bench(result)
     json.dumps(to_json(result))
+
+
+def test_bench_reads_at_the_training_size(gzip_pack: Path) -> None:
+    train = TrainingRead.of(24, crop="random-resized", flip=True)
+    result = bench_loader(
+        gzip_pack, BenchOptions(batch_size=16, workers=0, repeats=1, train=train, **FAST)
+    )
+    assert result.timing.nbytes == (70 * 24 * 24 * 3,)
+    assert "random-resized crops of 24x24, flipped" in format_bench(result)
 
 
 def test_bench_with_transforms_and_max_batches(gzip_pack: Path) -> None:
     result = bench_loader(
         gzip_pack,
-        BenchOptions(batch_size=8, workers=0, transforms=True, repeats=1, max_batches=2),
+        BenchOptions(batch_size=8, workers=0, transforms=True, repeats=1, max_batches=2, **FAST),
     )
     assert result.timing.images == (16,)
     # float32 crops of 7/8 of each side
@@ -301,7 +471,7 @@ def test_bench_with_transforms_and_max_batches(gzip_pack: Path) -> None:
 
 
 def test_bench_with_a_worker(gzip_pack: Path) -> None:
-    result = bench_loader(gzip_pack, BenchOptions(batch_size=16, workers=1, repeats=1))
+    result = bench_loader(gzip_pack, BenchOptions(batch_size=16, workers=1, repeats=1, **FAST))
     assert result.workers == 1
     assert result.timing.images == (70,)
 
@@ -313,14 +483,40 @@ def test_bench_options_refuse_bad_values() -> None:
         BenchOptions(batch_size=0)
 
 
+@pytest.fixture
+def mixed_pack(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    images = [
+        rng.integers(0, 255, size=(20 + i % 5, 30 - i % 7, 3), dtype=np.uint8) for i in range(30)
+    ]
+    path = tmp_path / "mixed.h5"
+    write_arrays(path, images, np.arange(30) % 2, options=ConvertOptions(mode="raw"))
+    return path
+
+
+def test_bench_reads_a_pack_of_mixed_sizes_at_a_training_size(mixed_pack: Path) -> None:
+    result = bench_loader(mixed_pack, BenchOptions(batch_size=8, workers=0, repeats=1, **FAST))
+    assert result.train["size"] == [224, 224]
+    assert result.train["auto"]
+    assert "several sizes" in result.train["note"]
+    assert result.timing.nbytes == (30 * 224 * 224 * 3,)
+    stored = bench_loader(
+        mixed_pack, BenchOptions(batch_size=8, workers=0, repeats=1, train=TrainingRead(), **FAST)
+    )
+    assert stored.timing.images == (30,)  # lists of images of their own sizes
+
+
 def test_diagnose_names_a_bottleneck(gzip_pack: Path) -> None:
-    diagnosis = diagnose(gzip_pack, BenchOptions(batch_size=16, workers=0, repeats=2, warmup=0))
+    diagnosis = diagnose(
+        gzip_pack, BenchOptions(batch_size=16, workers=0, repeats=2, warmup=0, **FAST)
+    )
     assert diagnosis.bottleneck in BOTTLENECKS
     assert [s.name for s in diagnosis.stages] == ["ceiling", "warm", "cold"]
     assert diagnosis.stages[0].images_per_s > 0
     assert diagnosis.stages[1].images_per_s > 0
     assert set(diagnosis.shares) == set(BOTTLENECKS)
     assert all(v >= 0 for v in diagnosis.shares.values())
+    assert "decompressing (gzip" in diagnosis.labels["decode"]
     if diagnosis.cache_drop.dropped:
         assert diagnosis.stages[2].images_per_s > 0
     else:
@@ -328,6 +524,57 @@ def test_diagnose_names_a_bottleneck(gzip_pack: Path) -> None:
     text = format_diagnosis(diagnosis)
     assert f"bottleneck: {diagnosis.bottleneck}" in text
     json.dumps(to_json(diagnosis))
+
+
+def test_diagnose_stages_are_consistent_on_a_fast_pack(tmp_path: Path) -> None:
+    # small and uncompressed: epochs of a few milliseconds, where the stages used to
+    # contradict each other (a ceiling below the pack's rate, spreads of ±76%)
+    pack = _pack(tmp_path / "fast.h5", 256)
+    diagnosis = diagnose(
+        pack,
+        BenchOptions(batch_size=32, workers=0, repeats=3, min_run_s=0.05, budget_s=3.0),
+    )
+    rates = [s.images_per_s for s in diagnosis.stages if s.timing is not None]
+    assert rates == sorted(rates, reverse=True)  # a ceiling is never below a measured rate
+    warm = diagnosis.stages[1]
+    assert warm.timing is not None
+    assert warm.timing.epochs_per_run > 1  # enough work timed, not one 1-ms epoch
+    assert all(v >= 0 for v in diagnosis.shares.values())
+    assert "nothing to decompress" in diagnosis.labels["decode"]
+    assert "decod" not in diagnosis.labels["decode"]  # a raw pack decodes nothing
+    text = format_diagnosis(diagnosis)
+    for stage in diagnosis.stages:
+        if stage.timing is not None and not stage.timing.stable:
+            assert "differ by" in text  # an unsteady figure is said to be one
+    if diagnosis.bottleneck == "storage":
+        assert "compression" in diagnosis.advice  # applies: this pack is uncompressed
+
+
+def test_advice_applies_to_the_pack_measured(tmp_path: Path) -> None:
+    encoded = PackFacts(
+        mode="encoded",
+        codec="none",
+        layout="chunked",
+        chunk_bytes=8 * 2**20,
+        file_bytes=10**8,
+        image_bytes=10**9,
+        available_bytes=8 * 10**9,
+        workers=2,
+        transforms=False,
+        size=(224, 224),
+    )
+    assert "larger chunks" not in advise("storage", encoded)
+    assert "compression" not in advise("storage", encoded).split(";")[0].split(":")[1]
+    assert "cache='decoded'" in advise("decode", encoded)
+    assert share_labels(encoded)["decode"] == "decoding the files, crop and resize"
+    small_chunks = dataclass_replace(encoded, chunk_bytes=64 * 1024)
+    assert "larger ones" in advise("storage", small_chunks)
+    raw = dataclass_replace(encoded, mode="raw", workers=2, size=None)
+    assert "main process" in advise("loader", raw)
+    lz4 = dataclass_replace(raw, codec="lz4", workers=0)
+    assert "already a fast codec" in advise("decode", lz4)
+    gzip = dataclass_replace(raw, codec="gzip level 4", workers=0)
+    assert "--compression lz4" in advise("decode", gzip)
 
 
 def test_drop_page_cache_empties_the_cache(gzip_pack: Path) -> None:
@@ -355,11 +602,28 @@ def test_machine_info_describes_the_machine(tmp_path: Path) -> None:
 def test_cli_bench(gzip_pack: Path) -> None:
     result = CliRunner().invoke(
         cli,
-        ["bench", str(gzip_pack), "--workers", "0", "--batch-size", "16", "--repeats", "2", "-q"],
+        [
+            "bench",
+            str(gzip_pack),
+            "--workers",
+            "0",
+            "--batch-size",
+            "16",
+            "--repeats",
+            "2",
+            "--time-budget",
+            "0",
+            "--train-size",
+            "16",
+            "--crop",
+            "center",
+            "-q",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "img/s" in result.output
     assert "order chunk" in result.output
+    assert "center crops of 16x16" in result.output
 
 
 def test_cli_bench_diagnose_json(gzip_pack: Path) -> None:
@@ -374,6 +638,8 @@ def test_cli_bench_diagnose_json(gzip_pack: Path) -> None:
             "1",
             "--warmup",
             "0",
+            "--time-budget",
+            "0",
             "--diagnose",
             "--json",
             "-q",
@@ -382,6 +648,23 @@ def test_cli_bench_diagnose_json(gzip_pack: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["bottleneck"] in BOTTLENECKS
+    assert data["labels"]["decode"].startswith("decompressing")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--crop", "center"], "--train-size"),
+        (["--flip"], "--train-size"),
+        (["--train-size", "big"], "--train-size"),
+        (["--train-size", "none", "--flip"], "--train-size none"),
+    ],
+)
+def test_cli_training_flags_are_checked(gzip_pack: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["bench", str(gzip_pack), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
 
 
 def test_cli_bench_errors(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""h5pack compare: end to end on a tiny folder, on given packs, reports, plots, errors."""
+"""h5pack compare: end to end on tiny folders, on given packs, recommendations, reports, errors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from h5pack.bench import CompareOptions, MeasureOptions, compare, recommend
-from h5pack.bench.report import PLOT_HINT, table_rows, write_report
-from h5pack.bench.variants import QUICK_VARIANTS
+from h5pack.bench import CompareOptions, MeasureOptions, TrainingRead, compare, recommend
+from h5pack.bench.access import ReadCount
+from h5pack.bench.compare import VariantResult
+from h5pack.bench.measure import PatternResult
+from h5pack.bench.report import PLOT_HINT, format_compare, table_rows, write_report
+from h5pack.bench.timing import Timing
+from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED
 from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
 from h5pack.synthetic import SampleSpec, make_image_folder
@@ -24,6 +28,17 @@ from h5pack.write.options import ConvertOptions
 # default chunk cache (1 MiB before HDF5 2.0, 8 MiB since) and naive random reads
 # decompress it for every sample.
 NUM_IMAGES = 48
+PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+# Short measurements: what the tests check does not depend on a steady figure.
+TINY = MeasureOptions(
+    batch_size=8,
+    workers=0,
+    repeats=1,
+    warmup=0,
+    min_run_s=0.0,
+    naive_budget_s=0.01,
+    naive_min_samples=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +46,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("images")
     spec = SampleSpec(num_images=NUM_IMAGES, num_classes=3, size=(256, 256), seed=1)
     make_image_folder(root, spec, photos=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Images of many sizes (as real photo folders have), cut from real photos if present."""
+    root = tmp_path_factory.mktemp("mixed")
+    spec = SampleSpec(num_images=24, num_classes=2, size=(40, 56), size_jitter=0.3, seed=2)
+    make_image_folder(root, spec, photos=PHOTOS if PHOTOS.is_dir() else False)
     return root
 
 
@@ -65,6 +89,8 @@ def test_quick_compare_prints_a_ranked_table(quick_run: tuple[Any, Path]) -> Non
         assert any(f" {name} " in f" {line} " for line in lines), name
     assert "Use " in result.output
     assert "h5pack convert" in result.output
+    assert "Read as stored: the images have one size, 256x256" in result.output
+    assert "naive h5py img/s" in result.output
 
 
 def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
@@ -81,7 +107,7 @@ def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
         assert variant["convert_s"] > 0
         assert variant["num_samples"] == NUM_IMAGES
         assert variant["path"] is None  # not kept
-        for pattern in ("random", "chunk", "sequential"):
+        for pattern in ("random", "chunk", "sequential", "naive"):
             result = variant["patterns"][pattern]
             assert result["images_per_s"] > 0
             assert result["mb_per_s"] > 0
@@ -91,14 +117,21 @@ def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
             assert 0 <= result["shuffle_vs_random"] < 1.5
         assert variant["patterns"]["sequential"]["shuffle_vs_random"] < 0.2
         assert variant["patterns"]["chunk"]["shuffle_vs_random"] > 0.5
+        assert variant["patterns"]["sequential"]["pair_repeat"] == 1.0
+        assert variant["problem"] is None
+        assert not variant["cold"]
     by_name = {v["name"]: v for v in data["variants"]}
     big = by_name["raw-16m-gzip"]["patterns"]
-    assert big["random"]["chunks_per_sample"] == pytest.approx(1.0)
+    # one 16 MiB chunk: the loader's window keeps it whatever the order; a bare h5py read
+    # decompresses it for every sample
+    assert big["naive"]["chunks_per_sample"] == pytest.approx(1.0)
+    assert big["random"]["chunks_per_sample"] == pytest.approx(1 / NUM_IMAGES)
     assert big["chunk"]["chunks_per_sample"] == pytest.approx(1 / NUM_IMAGES)
     assert by_name["raw-contig"]["patterns"]["random"]["chunks_per_sample"] == 0
     assert by_name["encoded-1m"]["ratio"] > by_name["raw-contig"]["ratio"]
     assert data["recommendation"]["name"] in names
     assert data["machine"]["cores"] >= 1
+    assert data["train"]["description"] == "images as stored"
 
 
 def test_quick_compare_writes_markdown_and_plots(quick_run: tuple[Any, Path]) -> None:
@@ -161,6 +194,127 @@ def test_compare_given_packs_without_matplotlib(
     assert all(v["path"] for v in data["variants"])
 
 
+def test_quick_compare_on_mixed_sizes_builds_what_the_folder_allows(
+    mixed_folder: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    argv = ["compare", str(mixed_folder), "--quick", "--out", str(out)]
+    argv += ["--convert-workers", "1", "--workers", "0", "--batch-size", "8", "--repeats", "1"]
+    result = CliRunner().invoke(cli, [*argv, "--train-size", "32", "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "report.json").read_text())
+    assert sorted(v["name"] for v in data["variants"]) == sorted(QUICK_VARIANTS_MIXED)
+    assert data["skipped"] == []  # all four promised, all four built
+    assert "skipped" not in result.output
+    plan = data["plan"]
+    assert "sizes" in plan
+    for flag in ("--chunk", "--size", "--layout", "--mode", "--compression"):
+        assert flag not in plan  # in the user's terms, no flag they did not pass
+    assert "center" not in result.output
+    assert "random-resized crops of 32x32" in result.output
+    assert all(v["problem"] is None for v in data["variants"])  # batchable at a size
+    assert data["recommendation"]["name"] in QUICK_VARIANTS_MIXED
+
+
+def test_compare_never_recommends_what_the_loader_cannot_batch(mixed_folder: Path) -> None:
+    options = CompareOptions(
+        variants=("raw-contig", "encoded-64k"),
+        train=TrainingRead(),  # as stored: images of several sizes
+        measure=TINY,
+        convert_workers=1,
+    )
+    report = compare(mixed_folder, options)
+    assert {v.name for v in report.variants} == {"raw-contig", "encoded-64k"}
+    assert all(not v.batchable for v in report.variants)
+    assert all("cannot stack them into batches" in (v.problem or "") for v in report.variants)
+    recommendation = report.recommendation
+    assert recommendation is not None
+    assert recommendation.name is None
+    assert "No layout to recommend" in recommendation.line
+    assert "--train-size" in recommendation.line  # what to do, named by its flag
+    text = format_compare(report)
+    assert "raw-contig *" in text
+    assert "Use " not in text
+
+    auto = compare(mixed_folder, CompareOptions(variants=("raw-contig",), measure=TINY))
+    assert auto.train["size"] == [224, 224]
+    assert auto.train["auto"]
+    assert all(v.batchable for v in auto.variants)
+    assert auto.recommendation is not None
+    assert auto.recommendation.name == "raw-contig"
+    assert "several sizes" in auto.read_note
+
+
+def test_compare_measures_a_pack_larger_than_memory_cold(folder: Path) -> None:
+    options = CompareOptions(
+        variants=("raw-c8", "encoded-64k"),
+        measure=TINY,
+        convert_workers=1,
+        memory_bytes=2 * 10**5,  # every pack is larger than half of it
+    )
+    report = compare(folder, options)
+    assert all(v.cold for v in report.variants)
+    recommendation = report.recommendation
+    assert recommendation is not None
+    assert recommendation.name is not None
+    notes = " ".join(recommendation.notes)
+    assert "larger than 50% of the memory available" in notes
+    if all(v.page_cache == "cold" for v in report.variants):
+        assert "measured with a cold page cache" in notes
+        assert "from disk" in recommendation.line
+    else:
+        assert "kept" in notes
+    assert all(row[1].endswith("(cold)") for row in table_rows(report))
+
+
+def _result(name: str, rate: float, file_bytes: int, problem: str | None = None) -> VariantResult:
+    timing = Timing((1.0,), (int(rate),), (int(rate) * 3,))
+    pattern = PatternResult(
+        pattern="chunk",
+        timing=timing,
+        workers=0,
+        window_chunks=1,
+        reads=ReadCount(1, 0, 1),
+        shuffle_bits=1.0,
+        shuffle_vs_random=1.0,
+    )
+    return VariantResult(
+        name=name,
+        path=None,
+        mode="raw",
+        storage="array",
+        layout="chunked",
+        codec="none",
+        chunk_bytes=1,
+        samples_per_chunk=1.0,
+        num_samples=1,
+        file_bytes=file_bytes,
+        image_bytes=file_bytes,
+        convert_s=None,
+        command=f"convert {name}",
+        patterns={"chunk": pattern},
+        problem=problem,
+    )
+
+
+def test_recommend_weighs_speed_size_and_batchability() -> None:
+    fast, close, slow_small = (
+        _result("fast", 1000, 10**9),
+        _result("close", 950, 10**8),
+        _result("tiny", 100, 10**6),
+    )
+    choice = recommend([fast, close, slow_small], available_bytes=10**12)
+    assert choice is not None
+    assert choice.name == "close"  # within 10% and 10x smaller
+    assert "within 5% of the fastest (fast) and 10.0x smaller" in choice.line
+    assert any("The smallest, tiny" in note for note in choice.notes)
+    unbatchable = _result("fastest", 5000, 10**6, problem="its images have 3 sizes")
+    choice = recommend([unbatchable, fast], available_bytes=10**12)
+    assert choice is not None
+    assert choice.name == "fast"
+    assert any("Not candidates: fastest" in note for note in choice.notes)
+
+
 def test_compare_library_keeps_packs_and_skips_impossible_variants(
     folder: Path, tmp_path: Path
 ) -> None:
@@ -168,13 +322,7 @@ def test_compare_library_keeps_packs_and_skips_impossible_variants(
     options = CompareOptions(
         variants=("raw-c8", "encoded-64k"),
         measure=MeasureOptions(
-            batch_size=16,
-            workers=0,
-            repeats=1,
-            warmup=0,
-            random_budget_s=0.01,
-            random_min_samples=2,
-            patterns=("chunk",),
+            batch_size=16, workers=0, repeats=1, warmup=0, min_run_s=0.0, patterns=("chunk",)
         ),
         convert_workers=1,
         size=(32, 32),
@@ -206,7 +354,9 @@ def test_recommend_prefers_a_smaller_pack_that_is_nearly_as_fast(
 ) -> None:
     options = CompareOptions(
         variants=("raw-contig", "encoded-1m"),
-        measure=MeasureOptions(batch_size=16, workers=0, repeats=1, warmup=0, patterns=("chunk",)),
+        measure=MeasureOptions(
+            batch_size=16, workers=0, repeats=1, warmup=0, min_run_s=0.0, patterns=("chunk",)
+        ),
         convert_workers=1,
     )
     report = compare(folder, options)

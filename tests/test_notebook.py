@@ -22,6 +22,7 @@ SOURCE = None
 VARIANTS = ("raw-contig", "raw-c8-gzip", "encoded-64k")
 REPEATS = 1
 BATCH_SIZE = 8
+TRAIN_SIZE = None
 """
 
 

@@ -1,10 +1,11 @@
 """Layout comparison and loader benchmarks; functions return data, the CLI renders it.
 
-- ``compare``: build pack variants of an image folder (or take packs) and measure each
-  under three access patterns (``h5pack compare``);
+- ``compare``: build pack variants of an image folder (or take packs) and measure each as
+  training will read it, every access pattern through one loader (``h5pack compare``);
 - ``bench_loader`` / ``diagnose``: throughput of given loader settings on one pack, and
   where the time goes (``h5pack bench``);
-- ``measure_pack``: one pack under the three access patterns;
+- ``measure_pack``: one pack under the access patterns;
+- ``TrainingRead``: how training reads the images (the loader's size, crop and flip);
 - ``h5pack.bench.report``: tables, report.json, report.md and plots.
 
 Nothing here imports torch until a loader is measured.
@@ -12,7 +13,14 @@ Nothing here imports torch until a loader is measured.
 
 from __future__ import annotations
 
-from h5pack.bench.access import PATTERNS, ReadCount, replay_h5py, replay_reader, storage_layout
+from h5pack.bench.access import (
+    NAIVE,
+    PATTERNS,
+    ReadCount,
+    replay_h5py,
+    replay_reader,
+    storage_layout,
+)
 from h5pack.bench.compare import (
     CompareEvent,
     CompareOptions,
@@ -22,56 +30,73 @@ from h5pack.bench.compare import (
     compare,
     recommend,
 )
-from h5pack.bench.measure import MeasureOptions, PatternResult, measure_pack
-from h5pack.bench.system import Machine, drop_page_cache, machine_info, resident_fraction
-from h5pack.bench.throughput import (
-    BOTTLENECKS,
-    BenchOptions,
-    BenchResult,
-    Diagnosis,
-    bench_loader,
-    diagnose,
+from h5pack.bench.diagnose import BOTTLENECKS, Diagnosis, consistent_rates, diagnose
+from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
+from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
+from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
+from h5pack.bench.system import (
+    Machine,
+    available_memory_bytes,
+    drop_page_cache,
+    machine_info,
+    resident_fraction,
 )
-from h5pack.bench.timing import Timing, time_repeats
+from h5pack.bench.throughput import BenchOptions, BenchResult, bench_loader
+from h5pack.bench.timing import Timing, time_interleaved, time_repeats
 from h5pack.bench.variants import (
     DEFAULT_VARIANTS,
     QUICK_VARIANTS,
+    QUICK_VARIANTS_MIXED,
     VariantSpec,
     parse_variant,
     parse_variants,
+    quick_variants,
 )
 
 __all__ = [
     "BOTTLENECKS",
     "DEFAULT_VARIANTS",
+    "MEASURED",
+    "NAIVE",
     "PATTERNS",
     "QUICK_VARIANTS",
+    "QUICK_VARIANTS_MIXED",
     "BenchOptions",
     "BenchResult",
     "CompareEvent",
     "CompareOptions",
     "CompareReport",
     "Diagnosis",
+    "FullShuffleBatchSampler",
     "Machine",
     "MeasureOptions",
+    "PatternLoader",
     "PatternResult",
     "ReadCount",
     "Recommendation",
+    "SizeSurvey",
     "Timing",
+    "TrainingRead",
     "VariantResult",
     "VariantSpec",
+    "available_memory_bytes",
     "bench_loader",
     "compare",
+    "consistent_rates",
     "diagnose",
     "drop_page_cache",
     "machine_info",
     "measure_pack",
     "parse_variant",
     "parse_variants",
+    "quick_variants",
     "recommend",
     "replay_h5py",
     "replay_reader",
     "resident_fraction",
     "storage_layout",
+    "survey_folder",
+    "survey_pack",
+    "time_interleaved",
     "time_repeats",
 ]

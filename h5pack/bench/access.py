@@ -1,11 +1,15 @@
 """Access patterns over a pack, and what each one costs the storage.
 
-Three orders of one epoch are measured:
+Three orders of one epoch are measured through one dataset and loader (see the note "One
+loader for every pattern" in ``h5pack.bench.loaders``):
 
-- ``random``: a full shuffle read one sample at a time with h5py and its default chunk
-  cache, what a naive ``Dataset.__getitem__`` does;
+- ``random``: a full shuffle, batches read through ``H5ImageDataset.__getitems__``;
 - ``chunk``: h5pack's chunk-aware order (``ChunkBatchSampler``) through ``make_loader``;
 - ``sequential``: pack order through ``make_loader``.
+
+A fourth figure, ``naive``, is a bare h5py read of one sample at a time in a full shuffle
+(what a hand-written ``Dataset.__getitem__`` does); it is labelled as such and is not a
+basis of comparison.
 
 What each order costs is counted by replaying it against the pack's chunk map and the
 stored size of every HDF5 chunk (see the note "Replaying reads").
@@ -46,13 +50,18 @@ from h5pack.core import format as fmt
 from h5pack.core.decode import Backend
 from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
 from h5pack.errors import OptionsError
+from h5pack.read.crop import CropSpec
 
 Pattern = Literal["random", "chunk", "sequential"]
 PATTERNS: tuple[Pattern, ...] = ("random", "chunk", "sequential")
+"""The access patterns read through the h5pack loader."""
+NAIVE = "naive"
+"""The bare h5py per-sample read, a labelled extra figure."""
 PATTERN_TITLES = {
-    "random": "random per-sample (h5py)",
-    "chunk": "chunk-aware (h5pack)",
-    "sequential": "sequential (h5pack)",
+    "random": "full shuffle (h5pack loader)",
+    "chunk": "chunk-aware (h5pack loader)",
+    "sequential": "sequential (h5pack loader)",
+    NAIVE: "naive h5py per-sample read",
 }
 
 
@@ -341,12 +350,14 @@ def read_per_sample(
     budget_s: float | None = None,
     min_samples: int = 8,
     backend: Backend = "pillow",
+    crop: CropSpec | None = None,
+    seed: int = 0,
 ) -> Count:
     """Read samples one by one in ``order`` with h5py and its default chunk cache.
 
     This is what a naive ``Dataset.__getitem__`` does: one h5py selection per sample, then
-    the decode of an encoded sample. The file is opened afresh, so HDF5's cache starts
-    empty.
+    the decode of an encoded sample, then (with ``crop``) the crop and resize of the whole
+    decoded image. The file is opened afresh, so HDF5's cache starts empty.
 
     Args:
         path: The pack.
@@ -355,11 +366,14 @@ def read_per_sample(
             per-sample reads does not change over an epoch, so a prefix measures it.
         min_samples: Samples read at least, whatever the budget.
         backend: Decoder of encoded samples.
+        crop: The training read's crop, applied to each decoded image (epoch 0's boxes).
+        seed: Seed of the crops.
 
     Returns:
         The images read and their decoded bytes.
     """
     from h5pack.core.decode import decode_image
+    from h5pack.read.crop import crop_array, plan_crop
 
     indices = np.asarray(order, dtype=np.int64).reshape(-1).tolist()
     images = nbytes = 0
@@ -385,6 +399,9 @@ def read_per_sample(
                         backend=backend,
                         channels=meta.channels,
                     )
+            if crop is not None:
+                box, flip = plan_crop(crop, *pixels.shape[:2], seed=seed, epoch=0, index=i)
+                pixels = crop_array(pixels, box, crop.size, flip=flip, backend=backend)
             images += 1
             nbytes += pixels.nbytes
             if (

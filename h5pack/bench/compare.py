@@ -1,9 +1,25 @@
-"""``compare``: build pack variants of one image folder (or take packs) and measure each."""
+"""``compare``: build pack variants of one image folder (or take packs) and measure each.
+
+Every variant is read as training will read it (``TrainingRead``: the loader's size, crop
+and flip) under each access pattern through one loader, and a variant is recommended only
+when the loader can batch it. A pack larger than the page cache is measured with a cold
+cache (see the note "Packs larger than memory").
+
+# NOTE [ Packs larger than memory ]
+#
+# The page cache holds what memory the training process leaves. A pack larger than
+# ``CACHE_SHARE`` of the memory available when the comparison starts cannot stay cached
+# next to training, so every epoch reads it from disk: it is measured with the page cache
+# dropped before every timed epoch (``MeasureOptions.cold``), as ``bench --diagnose`` does.
+# Where the OS keeps it cached anyway (tmpfs), its warm figures would overstate it: it is
+# then recommended only when no pack that fits is a candidate, and the report says why.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import shutil
 import tempfile
@@ -15,9 +31,26 @@ from typing import Any, Literal
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.bench.measure import MeasureOptions, PatternResult, measure_pack
-from h5pack.bench.system import Machine, machine_info
-from h5pack.bench.variants import DEFAULT_VARIANTS, QUICK_VARIANTS, VariantSpec, parse_variants
+from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
+from h5pack.bench.reading import (
+    SizeSurvey,
+    TrainChoice,
+    TrainingRead,
+    auto_note,
+    batch_problem,
+    resolve_training_read,
+    survey_folder,
+    survey_pack,
+)
+from h5pack.bench.system import Machine, available_memory_bytes, machine_info
+from h5pack.bench.variants import (
+    DEFAULT_VARIANTS,
+    VariantChoice,
+    VariantSpec,
+    parse_variants,
+    quick_variants,
+    variant_problem,
+)
 from h5pack.core import format as fmt
 from h5pack.core.layout import chunk_map_of
 from h5pack.errors import OptionsError, SourceError
@@ -27,6 +60,10 @@ EventKind = Literal["start", "step", "note"]
 # A variant within this fraction of the fastest counts as "as fast" for the recommendation,
 # which then prefers the smallest file among them.
 AS_FAST = 0.9
+
+# Share of the available memory a pack may take and still count as cached while training
+# runs (see "Packs larger than memory").
+CACHE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,36 +87,63 @@ class CompareOptions:
     """What ``compare`` builds and how it measures.
 
     Attributes:
-        variants: Variant names (``h5pack.bench.variants``) built from an image folder.
-        size: ``(H, W)`` of raw variants; None keeps the images' size.
-        measure: How each pack is measured.
+        variants: Variant names (``h5pack.bench.variants``) built from an image folder, or
+            ``"quick"``: four chosen from what the folder's images allow
+            (``variants.quick_variants``).
+        size: ``(H, W)`` raw variants are stored at (the conversion's ``--size``); None
+            keeps the images' size.
+        train: How training reads the images (``TrainingRead``: size, crop, flip), or
+            ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
+        measure: How each pack is measured (its ``train`` and ``cold`` are set per pack).
         convert_workers: Conversion processes (None: every core).
+        memory_bytes: Memory available to the page cache; None reads it when the
+            comparison starts.
         seed: Seed of the stored sample order.
     """
 
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
     size: tuple[int, int] | None = None
+    train: TrainChoice = "auto"
     measure: MeasureOptions = field(default_factory=MeasureOptions)
     convert_workers: int | None = None
+    memory_bytes: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        parse_variants(list(self.variants))  # refuse a bad name before any work
+        if self.variants != "quick":
+            parse_variants(list(self.variants))  # refuse a bad name before any work
         if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
-            raise OptionsError(f"size should be two positive integers, but got {self.size!r}")
+            raise OptionsError(f"size should be two positive integers, but got size={self.size!r}")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise OptionsError(
+                f"memory_bytes should be positive, but got memory_bytes={self.memory_bytes}"
+            )
+        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
+            raise OptionsError(
+                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
+            )
 
     @classmethod
     def quick(cls, **changes: Any) -> CompareOptions:
         """Return the ``--quick`` settings: four variants, two repeats, short budgets."""
-        measure = MeasureOptions(repeats=2, warmup=1, random_budget_s=0.25, random_min_samples=8)
-        return cls(**{"variants": QUICK_VARIANTS, "measure": measure, **changes})
+        measure = MeasureOptions(
+            repeats=2,
+            warmup=1,
+            min_run_s=0.1,
+            epoch_budget_s=2.0,
+            naive_budget_s=0.25,
+            naive_min_samples=8,
+        )
+        return cls(**{"variants": "quick", "measure": measure, **changes})
 
     def to_json(self) -> dict[str, Any]:
         """Return the options as JSON-ready data."""
         data = dataclasses.asdict(self)
-        data["variants"] = list(self.variants)
+        data["variants"] = self.variants if self.variants == "quick" else list(self.variants)
         data["size"] = list(self.size) if self.size else None
+        data["train"] = self.train if self.train == "auto" else self.train.to_json()
         data["measure"]["patterns"] = list(self.measure.patterns)
+        data["measure"]["train"] = self.measure.train.to_json()
         return data
 
 
@@ -102,6 +166,9 @@ class VariantResult:
         convert_s: Conversion wall time, None for a pack given as it is.
         command: The ``h5pack convert`` command that builds it, None for a given pack.
         patterns: Each access pattern's result.
+        problem: Why the loader cannot batch it as training reads it (then it is never
+            recommended), else None.
+        cold: Whether it was measured with a cold page cache (larger than the cache).
     """
 
     name: str
@@ -118,11 +185,29 @@ class VariantResult:
     convert_s: float | None
     command: str | None
     patterns: dict[str, PatternResult]
+    problem: str | None = None
+    cold: bool = False
 
     @property
     def ratio(self) -> float:
         """Decoded image bytes over file bytes (how much smaller than raw pixels)."""
         return self.image_bytes / self.file_bytes if self.file_bytes else 0.0
+
+    @property
+    def batchable(self) -> bool:
+        """Whether the loader can stack its images into batches as training reads them."""
+        return self.problem is None
+
+    @property
+    def page_cache(self) -> str:
+        """``"warm"``, ``"cold"``, or why a cold measurement stayed warm."""
+        states = [r.page_cache for r in self.patterns.values()]
+        return next((s for s in states if s.startswith("warm:")), states[0] if states else "warm")
+
+    @property
+    def overstated(self) -> bool:
+        """Larger than the page cache, but measured warm (the OS kept it cached)."""
+        return self.cold and self.page_cache != "cold"
 
     def rate(self, pattern: str = "chunk") -> float:
         """Median images per second of ``pattern`` (0 when not measured)."""
@@ -140,11 +225,19 @@ class SkippedVariant:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The variant to use for this data and machine, and one line saying why."""
+    """The variant to use for this data and machine, and why.
 
-    name: str
+    Attributes:
+        name: The variant, or None when no variant is a candidate.
+        line: One line saying which and why, in the user's terms.
+        command: The ``h5pack convert`` command that builds it (None for a given pack).
+        notes: Further lines: the other patterns, memory, variants not recommended.
+    """
+
+    name: str | None
     line: str
     command: str | None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +252,10 @@ class CompareReport:
         options: The comparison's options (JSON-ready).
         recommendation: The variant to use, or None when nothing was measured.
         work_dir: Where kept packs are, else None.
+        train: How the packs were read (``TrainingRead.to_json``).
+        sizes: The images' sizes, in words.
+        plan: Why these variants were built, or "" for given packs and named variants.
+        available_bytes: Memory available when the comparison started (None: unknown).
     """
 
     source: str
@@ -168,6 +265,15 @@ class CompareReport:
     options: dict[str, Any]
     recommendation: Recommendation | None
     work_dir: str | None
+    train: dict[str, Any] = field(default_factory=dict)
+    sizes: str = ""
+    plan: str = ""
+    available_bytes: int | None = None
+
+    @property
+    def read_note(self) -> str:
+        """One line: how the packs were read, and why when chosen automatically."""
+        return str(self.train.get("note", ""))
 
 
 def rank_key(result: VariantResult) -> float:
@@ -177,34 +283,119 @@ def rank_key(result: VariantResult) -> float:
     return max((r.images_per_s for r in result.patterns.values()), default=0.0)
 
 
-def recommend(results: Sequence[VariantResult]) -> Recommendation | None:
-    """Pick the smallest pack among those within ``AS_FAST`` of the fastest.
+def _human(value: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"  # pragma: no cover  (the loop returns)
 
-    Throughput is the h5pack loader's (chunk-aware order); a pack nearly as fast but much
-    smaller wins, because it also costs less disk and page cache, and its advantage grows
-    when storage is slower than the machine this ran on.
+
+def _names(results: Sequence[VariantResult]) -> str:
+    return ", ".join(r.name for r in results)
+
+
+def _memory_note(
+    results: Sequence[VariantResult], available_bytes: int | None, cache_share: float
+) -> str:
+    if available_bytes is None:
+        return "The memory available is unknown here: every pack was measured warm."
+    cold = [r for r in results if r.cold]
+    largest = max(results, key=lambda r: r.file_bytes)
+    if not cold:
+        return (
+            f"Every pack fits in the page cache ({_human(largest.file_bytes)} at most, with "
+            f"{_human(available_bytes)} of memory available), so each was read from memory: "
+            "here a smaller file saves disk and cache room, not time."
+        )
+    verb = "is" if len(cold) == 1 else "are"
+    note = (
+        f"{_names(cold)} {verb} larger than {cache_share:.0%} of the memory available "
+        f"({_human(available_bytes)}), so training would read {'it' if len(cold) == 1 else 'them'}"
+        " from disk: measured with a cold page cache."
+    )
+    overstated = [r for r in cold if r.overstated]
+    if overstated:
+        note += (
+            f" The OS kept {_names(overstated)} cached all the same "
+            f"({overstated[0].page_cache.removeprefix('warm: ')}): their figures are warm and "
+            "overstate them, so packs that fit are preferred."
+        )
+    return note
+
+
+def recommend(
+    results: Sequence[VariantResult],
+    *,
+    train: TrainingRead | None = None,
+    available_bytes: int | None = None,
+    cache_share: float = CACHE_SHARE,
+) -> Recommendation | None:
+    """Pick the smallest pack among the candidates within ``AS_FAST`` of the fastest.
+
+    Candidates are the packs the loader can batch as training reads them; a pack larger
+    than the page cache that was measured warm all the same is one only when no pack that
+    fits is (see "Packs larger than memory"). Throughput is the h5pack loader's in its
+    chunk-aware order; a pack nearly as fast but much smaller wins, because it also costs
+    less disk and page cache, and its advantage grows when storage is slower than the
+    machine this ran on.
     """
     if not results:
         return None
-    best = max(rank_key(r) for r in results)
-    close = [r for r in results if rank_key(r) >= AS_FAST * best]
+    train = train or TrainingRead()
+    notes: list[str] = []
+    excluded = [r for r in results if not r.batchable]
+    candidates = [r for r in results if r.batchable]
+    if excluded:
+        notes.append(f"Not candidates: {_names(excluded)}: {excluded[0].problem}.")
+    if not candidates:
+        line = (
+            "No layout to recommend: the loader cannot batch any of them as read "
+            f"({excluded[0].problem}). Give the size training reads them at (--train-size, "
+            "e.g. --train-size 224), or store raw pixels at one size (--size H W)."
+        )
+        return Recommendation(None, line, None, tuple(notes))
+    trusted = [r for r in candidates if not r.overstated] or candidates
+    best = max(rank_key(r) for r in trusted)
+    close = [r for r in trusted if rank_key(r) >= AS_FAST * best]
     choice = min(close, key=lambda r: (r.file_bytes, -rank_key(r)))
-    fastest = max(results, key=rank_key)
-    why = f"{rank_key(choice):,.0f} images/s with h5pack's chunk-aware loader"
+    fastest = max(trusted, key=rank_key)
+    why = (
+        f"{rank_key(choice):,.0f} images/s as training reads it ({train.describe()}) through "
+        "h5pack's chunk-aware loader"
+    )
     if choice is not fastest:
         why += (
             f", within {1 - rank_key(choice) / best:.0%} of the fastest ({fastest.name}) and "
-            f"{fastest.file_bytes / choice.file_bytes:.1f}x smaller"
+            f"{fastest.file_bytes / choice.file_bytes:.1f}x smaller "
+            f"({_human(choice.file_bytes)} against {_human(fastest.file_bytes)})"
         )
     else:
-        why += ", the fastest"
-    naive = choice.patterns.get("random")
-    if naive is not None and naive.images_per_s > 0:
-        speedup = rank_key(choice) / naive.images_per_s
-        why += f"; {speedup:,.1f}x" if speedup < 10 else f"; {speedup:,.0f}x"
-        why += " naive random access"
+        why += f", the fastest ({_human(choice.file_bytes)})"
+    if choice.cold:
+        why += "; measured from disk, as training will read a pack this large"
+    others = [
+        f"{choice.rate(p):,.0f} images/s {where}"
+        for p, where in (("random", "in a full shuffle"), ("sequential", "in pack order"))
+        if p in choice.patterns
+    ]
+    if others:
+        notes.insert(0, f"Through the same loader, {choice.name} reads {' and '.join(others)}.")
+    smallest = min(trusted, key=lambda r: r.file_bytes)
+    if smallest is not choice and choice.file_bytes >= 2 * smallest.file_bytes:
+        slower = rank_key(choice) / rank_key(smallest) if rank_key(smallest) else math.inf
+        notes.append(
+            f"The smallest, {smallest.name} ({_human(smallest.file_bytes)}, "
+            f"{choice.file_bytes / smallest.file_bytes:.1f}x smaller), reads at "
+            f"{rank_key(smallest):,.0f} images/s ({slower:.1f}x slower): the choice when "
+            "disk space or memory for the page cache is short."
+        )
+    notes.insert(1 if others else 0, _memory_note(results, available_bytes, cache_share))
     return Recommendation(
-        choice.name, f"Use {choice.name} for this data on this machine: {why}.", choice.command
+        choice.name,
+        f"Use {choice.name} for this data on this machine: {why}.",
+        choice.command,
+        tuple(notes),
     )
 
 
@@ -216,6 +407,8 @@ def _describe_pack(
     command: str | None,
     patterns: dict[str, PatternResult],
     keep: bool,
+    problem: str | None,
+    cold: bool,
 ) -> VariantResult:
     from h5pack.check import pack_info
 
@@ -237,14 +430,17 @@ def _describe_pack(
         convert_s=convert_s,
         command=command,
         patterns=patterns,
+        problem=problem,
+        cold=cold,
     )
 
 
 def steps_per_pack(measure: MeasureOptions) -> int:
     """Progress steps of measuring one pack."""
     steps = 0
-    for pattern in measure.patterns:
-        steps += measure.repeats + (0 if pattern == "random" else measure.warmup)
+    for pattern in MEASURED:
+        if pattern in measure.patterns:
+            steps += measure.repeats + (0 if pattern == "naive" else measure.warmup)
     return steps
 
 
@@ -263,6 +459,49 @@ def _work_dir(work_dir: StrPath | None, keep: bool) -> Iterator[Path]:
             shutil.rmtree(made, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one comparison reads, and how: resolved once, before any work."""
+
+    train: TrainingRead
+    survey: SizeSurvey
+    available_bytes: int | None
+    cache_bytes: float | None
+
+    def measure(self, options: MeasureOptions, file_bytes: int) -> MeasureOptions:
+        cold = self.cache_bytes is not None and file_bytes > self.cache_bytes
+        return dataclasses.replace(options, train=self.train, cold=cold)
+
+
+def _plan(options: CompareOptions, survey: SizeSurvey) -> _Plan:
+    available = options.memory_bytes or available_memory_bytes()
+    return _Plan(
+        train=resolve_training_read(options.train, survey),
+        survey=survey,
+        available_bytes=available,
+        cache_bytes=CACHE_SHARE * available if available else None,
+    )
+
+
+def _choose_variants(
+    options: CompareOptions, survey: SizeSurvey
+) -> tuple[list[VariantSpec], list[SkippedVariant], str]:
+    """Return the variants to build, those the images do not allow (and why), and the plan."""
+    if options.variants == "quick":
+        choice: VariantChoice = quick_variants(survey, options.size)
+        names, reason = list(choice.names), choice.reason
+    else:
+        names, reason = list(options.variants), ""
+    specs, skipped = [], []
+    for spec in parse_variants(names):
+        problem = variant_problem(spec, survey, options.size)
+        if problem is None:
+            specs.append(spec)
+        else:
+            skipped.append(SkippedVariant(spec.name, problem))
+    return specs, skipped, reason
+
+
 def compare(
     sources: StrPath | Sequence[StrPath],
     options: CompareOptions | None = None,
@@ -274,7 +513,7 @@ def compare(
     """Measure pack layouts side by side on one image folder, or measure given packs.
 
     Args:
-        sources: An image folder (every variant of ``options`` is built from it), or one
+        sources: An image folder (the variants of ``options`` are built from it), or one
             or more packs (measured as they are).
         options: What to build and how to measure (default ``CompareOptions()``).
         work_dir: Where variants are written (default: a temporary folder).
@@ -308,27 +547,35 @@ def compare(
     results: list[VariantResult] = []
     skipped: list[SkippedVariant] = []
     kept_dir: str | None = None
+    reason = ""
     if folder:
-        specs = parse_variants(list(options.variants))
+        emit(CompareEvent("note", "reading the image sizes"))
+        survey = survey_folder(paths[0])
+        plan = _plan(options, survey)
+        specs, skipped, reason = _choose_variants(options, survey)
+        for skip in skipped:
+            emit(CompareEvent("note", f"skipped {skip.name}: {skip.reason}"))
         emit(CompareEvent("start", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
         with _work_dir(work_dir, keep) as where:
             for spec in specs:
-                result = _build_and_measure(paths[0], spec, where, options, keep, emit, per_pack)
+                result = _build_and_measure(paths[0], spec, where, options, plan, keep, emit)
                 if isinstance(result, SkippedVariant):
+                    for _ in range(per_pack):
+                        emit(CompareEvent("step", f"{spec.name}: skipped"))
                     skipped.append(result)
                 else:
                     results.append(result)
             kept_dir = os.fspath(where) if keep else None
     else:
+        surveys = [survey_pack(path) for path in paths]
+        survey = _merged(surveys)
+        plan = _plan(options, survey)
         emit(CompareEvent("start", f"measuring {len(paths)} packs", len(paths) * per_pack))
         names = _unique_names(paths)
-        for path, name in zip(paths, names, strict=True):
+        for path, name, own in zip(paths, names, surveys, strict=True):
             emit(CompareEvent("note", f"measuring {name}"))
-            patterns = measure_pack(
-                path,
-                options.measure,
-                on_step=_stepper(emit, name),
-            )
+            measure = plan.measure(options.measure, os.path.getsize(path))
+            patterns = measure_pack(path, measure, on_step=_stepper(emit, name))
             results.append(
                 _describe_pack(
                     os.fspath(path),
@@ -337,18 +584,34 @@ def compare(
                     command=None,
                     patterns=patterns,
                     keep=True,
+                    problem=batch_problem(own, plan.train),
+                    cold=measure.cold,
                 )
             )
     ranked = tuple(sorted(results, key=rank_key, reverse=True))
+    train = {**plan.train.to_json(), "note": auto_note(plan.train, plan.survey)}
     return CompareReport(
         source=os.fspath(paths[0]) if folder else ", ".join(map(os.fspath, paths)),
         variants=ranked,
         skipped=tuple(skipped),
         machine=machine_info(paths[0] if not folder else (work_dir or tempfile.gettempdir())),
         options=options.to_json(),
-        recommendation=recommend(ranked),
+        recommendation=recommend(ranked, train=plan.train, available_bytes=plan.available_bytes),
         work_dir=kept_dir,
+        train=train,
+        sizes=plan.survey.describe(),
+        plan=reason,
+        available_bytes=plan.available_bytes,
     )
+
+
+def _merged(surveys: Sequence[SizeSurvey]) -> SizeSurvey:
+    counts: dict[tuple[int, int], int] = {}
+    for survey in surveys:
+        for size, count in survey.counts.items():
+            counts[size] = counts.get(size, 0) + count
+    images = sum(counts.values())
+    return SizeSurvey(counts, images, sum(s.total for s in surveys))
 
 
 def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str], None]:
@@ -370,9 +633,9 @@ def _build_and_measure(
     spec: VariantSpec,
     where: Path,
     options: CompareOptions,
+    plan: _Plan,
     keep: bool,
     emit: Callable[[CompareEvent], None],
-    per_pack: int,
 ) -> VariantResult | SkippedVariant:
     from h5pack.write.convert import convert
 
@@ -387,16 +650,12 @@ def _build_and_measure(
         )
     except OptionsError as err:
         emit(CompareEvent("note", f"skipped {spec.name}: {err}"))
-        for _ in range(1 + per_pack):
-            emit(CompareEvent("step", f"{spec.name}: skipped"))
+        emit(CompareEvent("step", f"{spec.name}: skipped"))
         return SkippedVariant(spec.name, str(err))
     emit(CompareEvent("step", f"{spec.name}: converted"))
     try:
-        patterns = measure_pack(
-            target,
-            options.measure,
-            on_step=_stepper(emit, spec.name),
-        )
+        measure = plan.measure(options.measure, os.path.getsize(target))
+        patterns = measure_pack(target, measure, on_step=_stepper(emit, spec.name))
         return _describe_pack(
             os.fspath(target),
             spec.name,
@@ -404,6 +663,8 @@ def _build_and_measure(
             command=spec.command(os.fspath(source), target.name, size=options.size),
             patterns=patterns,
             keep=keep,
+            problem=batch_problem(survey_pack(target), plan.train),
+            cold=measure.cold,
         )
     finally:
         if not keep:

@@ -5,6 +5,7 @@ torch is imported inside the functions, so that importing ``h5pack.bench`` stays
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,14 +48,26 @@ def _nbytes(value: Any) -> int:
     return int(value.numel() * value.element_size())
 
 
-def run_epoch(loader: Iterable[Any], *, max_batches: int | None = None) -> Count:
-    """Iterate ``loader`` once (or ``max_batches``) and count what it delivered."""
+def run_epoch(
+    loader: Iterable[Any], *, max_batches: int | None = None, budget_s: float | None = None
+) -> Count:
+    """Iterate ``loader`` once and count what it delivered.
+
+    Args:
+        loader: Anything yielding collated batches.
+        max_batches: Stop after this many batches.
+        budget_s: Stop after the first batch that ends past this many seconds (a prefix
+            of the epoch measures a steady rate).
+    """
     images = nbytes = 0
+    started = time.perf_counter()
     for number, batch in enumerate(loader):
         counted = count_batch(batch)
         images += counted.images
         nbytes += counted.nbytes
         if max_batches is not None and number + 1 >= max_batches:
+            break
+        if budget_s is not None and time.perf_counter() - started > budget_s:
             break
     return Count(images, nbytes)
 

@@ -1,25 +1,22 @@
-"""Measure one pack under the three access patterns: throughput, reads, shuffle quality.
+"""Measure one pack under the access patterns: throughput, reads, shuffle quality.
 
-# NOTE [ Fresh epochs ]
-#
-# Each timed epoch of the h5pack loader starts from a new DataLoader over a closed dataset:
-# no decompressed chunk survives from the previous epoch. A pack of a few hundred MB would
-# otherwise sit whole in the shuffle windows after the first epoch and every later epoch
-# would measure memory copies, not the layout; real datasets are larger than the window.
-# With worker processes, the timed epoch includes starting them (fork: milliseconds).
+Every pattern reads through one dataset and loader, with the training read (see the note
+"One loader for every pattern" in ``h5pack.bench.loaders``); the patterns' runs are
+interleaved and long enough to time (see "Timing enough work" in ``h5pack.bench.timing``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.bench.access import (
+    NAIVE,
     PATTERNS,
     Pattern,
     ReadCount,
@@ -30,11 +27,19 @@ from h5pack.bench.access import (
     replay_reader,
     storage_layout,
 )
-from h5pack.bench.loading import collate_any, run_epoch
-from h5pack.bench.system import warm_page_cache
-from h5pack.bench.timing import Count, Timing, time_repeats
+from h5pack.bench.loaders import PatternLoader, open_dataset
+from h5pack.bench.reading import TrainingRead, batch_problem, survey_pack
+from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
+from h5pack.bench.timing import Count, Timing, time_interleaved, time_repeats
 from h5pack.errors import OptionsError
-from h5pack.training.shuffle_quality import jump_entropy
+from h5pack.training.shuffle_quality import (
+    expected_pair_repetition,
+    jump_entropy,
+    pair_repetition,
+)
+
+MEASURED: tuple[str, ...] = (*PATTERNS, NAIVE)
+"""Everything ``measure_pack`` can measure: the loader's patterns and the naive read."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,12 +49,20 @@ class MeasureOptions:
     Attributes:
         batch_size: Samples per batch of the h5pack loader.
         workers: DataLoader workers of the h5pack loader, or ``"auto"`` (``make_loader``).
-        repeats: Timed epochs per pattern (medians and spread are over these).
-        warmup: Untimed epochs first (worker start-up, lazy opens).
-        random_budget_s: Seconds per repeat of naive per-sample reads; its rate is steady,
-            so a prefix of the epoch measures it (at least ``random_min_samples``).
-        random_min_samples: Samples per repeat of naive reads, whatever the budget.
-        patterns: Access patterns to measure.
+        repeats: Timed runs per pattern (medians and spread are over these).
+        warmup: Untimed epochs first (worker start-up, lazy opens); they also size the runs.
+        min_run_s: Seconds a timed run lasts at least (whole epochs).
+        epoch_budget_s: Seconds of one loader epoch at most: a slow pattern (a full shuffle
+            of large compressed chunks) is timed on a prefix of its epoch, its rate being
+            steady.
+        naive_budget_s: Seconds per repeat of naive per-sample reads (a prefix of the epoch,
+            at least ``naive_min_samples``).
+        naive_min_samples: Samples per repeat of naive reads, whatever the budget.
+        patterns: What to measure, among ``MEASURED``.
+        train: How training reads the images (size, crop, flip).
+        cold: Drop the pack from the page cache before every timed epoch (a pack larger
+            than the page cache reads at disk speed).
+        pair_epochs: Epochs planned to count batch-pair repetition.
         seed: Seed of every order.
     """
 
@@ -57,9 +70,14 @@ class MeasureOptions:
     workers: int | Literal["auto"] = "auto"
     repeats: int = 3
     warmup: int = 1
-    random_budget_s: float = 2.0
-    random_min_samples: int = 16
-    patterns: tuple[str, ...] = PATTERNS
+    min_run_s: float = 0.2
+    epoch_budget_s: float = 10.0
+    naive_budget_s: float = 2.0
+    naive_min_samples: int = 16
+    patterns: tuple[str, ...] = MEASURED
+    train: TrainingRead = field(default_factory=TrainingRead)
+    cold: bool = False
+    pair_epochs: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -69,14 +87,21 @@ class MeasureOptions:
             raise OptionsError(f"workers should be 'auto' or >= 0, but got {self.workers!r}")
         if self.repeats < 1:
             raise OptionsError(f"repeats should be >= 1, but got repeats={self.repeats}")
-        if self.random_budget_s <= 0:
+        if self.min_run_s < 0:
+            raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={self.min_run_s}")
+        for name in ("epoch_budget_s", "naive_budget_s"):
+            if getattr(self, name) <= 0:
+                raise OptionsError(
+                    f"{name} should be positive, but got {name}={getattr(self, name)}"
+                )
+        if self.pair_epochs < 2:
             raise OptionsError(
-                f"random_budget_s should be positive, but got {self.random_budget_s}"
+                f"pair_epochs should be >= 2, but got pair_epochs={self.pair_epochs}"
             )
-        unknown = [p for p in self.patterns if p not in PATTERNS]
+        unknown = [p for p in self.patterns if p not in MEASURED]
         if unknown or not self.patterns:
             raise OptionsError(
-                f"patterns should be among {', '.join(PATTERNS)}, but got {self.patterns!r}"
+                f"patterns should be among {', '.join(MEASURED)}, but got {self.patterns!r}"
             )
 
 
@@ -85,13 +110,17 @@ class PatternResult:
     """One access pattern measured on one pack.
 
     Attributes:
-        pattern: ``"random"``, ``"chunk"`` or ``"sequential"``.
+        pattern: ``"random"``, ``"chunk"``, ``"sequential"`` or ``"naive"``.
         timing: The timed repeats.
         workers: DataLoader workers used (0 for naive reads and in-process loading).
         window_chunks: Chunk groups each reader keeps decompressed (0 for naive reads).
         reads: Chunk loads and bytes read, replayed over the samples delivered.
         shuffle_bits: Jump entropy of the epoch order (``h5pack.training.shuffle_quality``).
         shuffle_vs_random: ``shuffle_bits`` over that of a full shuffle of the same size.
+        pair_repeat: Of the pairs of samples sharing a batch after the first epoch, the
+            fraction that already shared one (see "Batch-pair repetition").
+        pair_repeat_shuffle: The same, expected of a full shuffle of this pack.
+        page_cache: ``"warm"``, ``"cold"``, or why a cold measurement was warm after all.
     """
 
     pattern: str
@@ -101,6 +130,9 @@ class PatternResult:
     reads: ReadCount
     shuffle_bits: float
     shuffle_vs_random: float
+    pair_repeat: float = 0.0
+    pair_repeat_shuffle: float = 0.0
+    page_cache: str = "warm"
 
     @property
     def images_per_s(self) -> float:
@@ -112,6 +144,13 @@ class PatternResult:
         """Median decoded MB per second."""
         return self.timing.mb_per_s
 
+    @property
+    def pair_repeat_ratio(self) -> float:
+        """``pair_repeat`` over a full shuffle's expectation (1.0: as a full shuffle)."""
+        if self.pair_repeat_shuffle <= 0:
+            return 0.0
+        return self.pair_repeat / self.pair_repeat_shuffle
+
 
 def _shuffle(order: np.ndarray, seed: int) -> tuple[float, float]:
     bits = jump_entropy(order)
@@ -119,90 +158,61 @@ def _shuffle(order: np.ndarray, seed: int) -> tuple[float, float]:
     return bits, (bits / reference if reference > 0 else 0.0)
 
 
-def measure_random(
-    path: StrPath, layout: StorageLayout, options: MeasureOptions, *, step: Callable[[], None]
+def _pairs(loader: PatternLoader, epochs: int) -> tuple[float, float]:
+    plans = [loader.plan(epoch) for epoch in range(epochs)]
+    sizes = [b.size for b in plans[0]]
+    return pair_repetition(plans), expected_pair_repetition(sizes, epochs)
+
+
+class _Cold:
+    """Drops the pack from the page cache before each epoch and remembers if it could."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.failed: CacheDrop | None = None
+
+    def __call__(self) -> None:
+        drop = drop_page_cache(self.path)
+        if not drop.dropped and self.failed is None:
+            self.failed = drop
+
+    def state(self) -> str:
+        return "cold" if self.failed is None else f"warm: {self.failed.message}"
+
+
+def measure_naive(
+    path: StrPath,
+    layout: StorageLayout,
+    options: MeasureOptions,
+    *,
+    before: Callable[[], None] | None = None,
+    step: Callable[[], None] | None = None,
 ) -> PatternResult:
-    """Measure naive per-sample reads in a full shuffle, h5py's default cache."""
+    """Measure bare h5py per-sample reads in a full shuffle, h5py's default cache."""
     num = layout.groups.num_samples
     epochs = iter(range(10**9))
+    crop = options.train.crop_spec()
 
     def run() -> Count:
         order = random_order(num, seed=options.seed, epoch=next(epochs))
         return read_per_sample(
             path,
             order,
-            budget_s=options.random_budget_s,
-            min_samples=min(num, options.random_min_samples),
+            budget_s=options.naive_budget_s,
+            min_samples=min(num, options.naive_min_samples),
+            crop=crop,
+            seed=options.seed,
         )
 
-    timing = time_repeats(run, repeats=options.repeats, warmup=0, on_repeat=step)
+    timing = time_repeats(run, repeats=options.repeats, before=before, on_repeat=step)
     order = random_order(num, seed=options.seed, epoch=0)
     reads = replay_h5py(layout, order[: max(timing.images)])
     bits, relative = _shuffle(order, options.seed)
     return PatternResult(
-        pattern="random",
+        pattern=NAIVE,
         timing=timing,
         workers=0,
         window_chunks=0,
-        reads=reads,
-        shuffle_bits=bits,
-        shuffle_vs_random=relative,
-    )
-
-
-def measure_loader(
-    path: StrPath,
-    layout: StorageLayout,
-    options: MeasureOptions,
-    *,
-    shuffle: bool,
-    step: Callable[[], None],
-) -> PatternResult:
-    """Measure ``make_loader`` epochs: chunk-aware (``shuffle``) or in pack order.
-
-    Each epoch runs on a fresh loader, so nothing decompressed carries over from the
-    previous epoch, as on a dataset larger than the shuffle window (see the note
-    "Fresh epochs").
-    """
-    from h5pack.training.dataset import H5ImageDataset
-    from h5pack.training.loader import make_loader
-
-    dataset = H5ImageDataset(path)
-    epochs = iter(range(10**9))
-    used: dict[str, Any] = {}
-
-    def run() -> Count:
-        dataset.close()  # a fresh window of decompressed chunks
-        loader = make_loader(
-            dataset,
-            options.batch_size,
-            shuffle=shuffle,
-            num_workers=options.workers,
-            seed=options.seed,
-            persistent_workers=False,
-            collate_fn=collate_any,
-        )
-        loader.set_epoch(next(epochs))
-        used["loader"] = loader
-        return run_epoch(loader)
-
-    try:
-        timing = time_repeats(run, repeats=options.repeats, warmup=options.warmup, on_repeat=step)
-    finally:
-        dataset.close()
-    loader = used["loader"]
-    sampler = loader.chunk_sampler
-    batches = sampler.plan(0)
-    reads = replay_reader(
-        layout, batches, window_chunks=sampler.window_chunks, num_workers=loader.num_workers
-    )
-    order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-    bits, relative = _shuffle(order, options.seed)
-    return PatternResult(
-        pattern="chunk" if shuffle else "sequential",
-        timing=timing,
-        workers=loader.num_workers,
-        window_chunks=sampler.window_chunks,
         reads=reads,
         shuffle_bits=bits,
         shuffle_vs_random=relative,
@@ -215,12 +225,14 @@ def measure_pack(
     *,
     on_step: Callable[[str], None] | None = None,
 ) -> dict[str, PatternResult]:
-    """Measure ``path`` under each access pattern of ``options`` (warm page cache).
+    """Measure ``path`` under each access pattern of ``options``.
+
+    The page cache is warm, or dropped before every timed epoch with ``options.cold``.
 
     Args:
         path: The pack.
         options: How to measure (default ``MeasureOptions()``).
-        on_step: Called with the pattern's name after each of its repeats (progress).
+        on_step: Called with the pattern's name after each warm-up epoch and timed run.
 
     Returns:
         The result of each pattern, keyed by pattern name.
@@ -230,21 +242,68 @@ def measure_pack(
         FormatError: the file is not a pack.
     """
     options = options or MeasureOptions()
+    text = os.fspath(path)
     layout = storage_layout(path)
-    warm_page_cache(os.fspath(path))
+    batchable = batch_problem(survey_pack(path), options.train) is None
+    cold = _Cold(text) if options.cold else None
+    if cold is None:
+        warm_page_cache(text)
+    wanted: list[Pattern] = [p for p in PATTERNS if p in options.patterns]
+    dataset = open_dataset(path, options.train, seed=options.seed)
+    loaders: dict[str, PatternLoader] = {
+        pattern: PatternLoader(
+            dataset,
+            pattern,
+            batch_size=options.batch_size,
+            workers=options.workers,
+            seed=options.seed,
+            batchable=batchable,
+            budget_s=options.epoch_budget_s,
+        )
+        for pattern in wanted
+    }
+    try:
+        timings = time_interleaved(
+            dict(loaders),
+            repeats=options.repeats,
+            warmup=options.warmup,
+            min_run_s=options.min_run_s,
+            before={p: cold for p in wanted} if cold is not None else None,
+            on_run=on_step,
+        )
+    finally:
+        for loader in loaders.values():
+            loader.close()
     results: dict[str, PatternResult] = {}
-    for pattern in PATTERNS:
-        if pattern not in options.patterns:
-            continue
-
-        def step(name: Pattern = pattern) -> None:
-            if on_step is not None:
-                on_step(name)
-
-        if pattern == "random":
-            results[pattern] = measure_random(path, layout, options, step=step)
-        else:
-            results[pattern] = measure_loader(
-                path, layout, options, shuffle=pattern == "chunk", step=step
+    state = cold.state() if cold is not None else "warm"
+    for pattern in wanted:
+        loader = loaders[pattern]
+        batches = loader.delivered()
+        order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+        bits, relative = _shuffle(np.concatenate(loader.plan(0)), options.seed)
+        repeat, expected = _pairs(loader, options.pair_epochs)
+        results[pattern] = PatternResult(
+            pattern=pattern,
+            timing=timings[pattern],
+            workers=loader.workers,
+            window_chunks=loader.window_chunks,
+            reads=replay_reader(
+                layout, batches, window_chunks=loader.window_chunks, num_workers=loader.workers
             )
+            if order.size
+            else ReadCount(0, 0, 0),
+            shuffle_bits=bits,
+            shuffle_vs_random=relative,
+            pair_repeat=repeat,
+            pair_repeat_shuffle=expected,
+            page_cache=state,
+        )
+    if NAIVE in options.patterns:
+
+        def step() -> None:
+            if on_step is not None:
+                on_step(NAIVE)
+
+        naive = measure_naive(path, layout, options, before=cold, step=step)
+        results[NAIVE] = replace(naive, page_cache=cold.state() if cold is not None else "warm")
     return results

@@ -11,26 +11,36 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.bench.access import PATTERN_TITLES, PATTERNS
+from h5pack.bench.access import NAIVE, PATTERN_TITLES
 from h5pack.bench.compare import CompareReport, VariantResult
-from h5pack.bench.measure import PatternResult
-from h5pack.bench.throughput import STAGE_TITLES, BenchResult, Diagnosis
+from h5pack.bench.diagnose import SHARE_OF_STAGE, STAGE_TITLES, Diagnosis
+from h5pack.bench.measure import MEASURED, PatternResult
+from h5pack.bench.throughput import BenchResult
 from h5pack.bench.timing import Timing
 
 PLOT_HINT = "PNG plots need matplotlib: pip install 'h5pack[plot]'"
+NOT_CANDIDATE = "*"
 NOTES = (
-    "random: one h5py read per sample in a full shuffle, h5py's default chunk cache (what "
-    "a naive Dataset does); chunk-aware: h5pack's make_loader with ChunkBatchSampler; "
-    "sequential: make_loader in pack order.",
-    "Throughput is the median of the repeats, ± half the spread between the slowest and "
-    "fastest; MB/s counts decoded bytes delivered. Page cache warm; every epoch starts "
-    "from a fresh loader, so no decompressed chunk carries over between epochs.",
-    "chunks/sample: chunks read whole (and decompressed when compressed) per sample; "
-    "read/sample: bytes read from the file per sample; both replayed from the access "
-    "order and the stored chunk sizes.",
-    "shuffle: jump entropy of the epoch order relative to a full shuffle (1.00 = as random "
-    "by this measure, MosaicML Streaming's), not a substitute for checking accuracy.",
-    "Encoded variants decode to the files' own size; raw variants store the size given.",
+    "random, chunk-aware and sequential: the same dataset read through h5pack's loader "
+    "(make_loader's workers, threads and window), in a full shuffle, in ChunkBatchSampler's "
+    "order and in pack order, with the training read shown above. naive h5py: one bare "
+    "h5py read per sample in a full shuffle with h5py's default chunk cache, what a "
+    "hand-written Dataset does; shown for reference, not a basis of comparison.",
+    "Throughput is the median of the timed runs (each of one or more epochs), ± half the "
+    "spread between the slowest and fastest; MB/s counts the bytes delivered. Page cache "
+    "warm unless a pack is larger than half the memory available (then cold). An epoch "
+    "over a compressed pack starts from a fresh loader, so no decompressed chunk carries "
+    "over between epochs.",
+    "chunks/sample: chunks read whole (and decompressed when compressed) per sample, full "
+    "shuffle → chunk-aware; read/sample: bytes read from the file per sample, likewise; "
+    "both replayed from the access order and the stored chunk sizes.",
+    "shuffle: jump entropy of the chunk-aware order relative to a full shuffle (1.00 = as "
+    "random by this measure, MosaicML Streaming's). pair repeats: how often two samples "
+    "that share a chunk-aware batch already shared one in an earlier epoch, relative to a "
+    "full shuffle (1.0x = as a full shuffle; pack order repeats every pair). Neither "
+    "replaces checking accuracy.",
+    f"{NOT_CANDIDATE} after a name: the loader cannot batch this pack as read, so it is "
+    "never recommended (see below the table).",
 )
 
 
@@ -68,6 +78,12 @@ def _pair(variant: VariantResult, attribute: str, fmt: str) -> str:
     return " → ".join(values)
 
 
+def _pairs(result: PatternResult | None) -> str:
+    if result is None or result.pair_repeat_shuffle <= 0:
+        return "-"
+    return f"{result.pair_repeat_ratio:.1f}x"
+
+
 COLUMNS = (
     "#",
     "variant",
@@ -77,10 +93,12 @@ COLUMNS = (
     "random img/s",
     "chunk-aware img/s",
     "sequential img/s",
+    "naive h5py img/s",
     "MB/s",
     "chunks/sample",
     "read/sample",
     "shuffle",
+    "pair repeats",
 )
 
 
@@ -89,20 +107,25 @@ def table_rows(report: CompareReport) -> list[list[str]]:
     rows = []
     for rank, variant in enumerate(report.variants, start=1):
         chunk = variant.patterns.get("chunk")
+        name = variant.name + ("" if variant.batchable else f" {NOT_CANDIDATE}")
+        if variant.cold:
+            name += " (cold)"
         rows.append(
             [
                 str(rank),
-                variant.name,
+                name,
                 human_bytes(variant.file_bytes),
                 f"{variant.ratio:.2f}x",
                 _seconds(variant.convert_s),
                 _rate(variant.patterns.get("random")),
                 _rate(chunk, spread=True),
                 _rate(variant.patterns.get("sequential")),
+                _rate(variant.patterns.get(NAIVE)),
                 f"{chunk.mb_per_s:,.0f}" if chunk else "-",
                 _pair(variant, "chunks_per_sample", "number"),
                 _pair(variant, "bytes_per_sample", "bytes"),
                 f"{chunk.shuffle_vs_random:.2f}" if chunk else "-",
+                _pairs(chunk),
             ]
         )
     return rows
@@ -117,14 +140,29 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS)
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _preamble(report: CompareReport) -> list[str]:
+    lines = [report.read_note] if report.read_note else []
+    if report.plan:
+        lines.append(report.plan)
+    return lines
+
+
+def _recommendation(report: CompareReport) -> list[str]:
+    recommendation = report.recommendation
+    if recommendation is None:
+        return []
+    lines = [recommendation.line]
+    lines += [f"  {note}" for note in recommendation.notes]
+    if recommendation.command:
+        lines.append(f"  {recommendation.command}")
+    return lines
+
+
 def format_compare(report: CompareReport) -> str:
-    """Return the comparison as a terminal would show it: table, skips, recommendation."""
-    parts = [format_table(table_rows(report))]
+    """Return the comparison as a terminal would show it: how read, table, recommendation."""
+    parts = [*_preamble(report), format_table(table_rows(report))]
     parts += [f"skipped {s.name}: {s.reason}" for s in report.skipped]
-    if report.recommendation is not None:
-        parts.append(report.recommendation.line)
-        if report.recommendation.command:
-            parts.append(f"  {report.recommendation.command}")
+    parts += _recommendation(report)
     return "\n".join(parts)
 
 
@@ -147,8 +185,11 @@ def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
         f"{measure.get('repeats')} repeats after {measure.get('warmup')} warm-up epoch(s)",
         "",
     ]
+    lines += [*_preamble(report), ""] if _preamble(report) else []
     if report.recommendation is not None:
         lines += [f"**{report.recommendation.line}**", ""]
+        lines += [f"- {note}" for note in report.recommendation.notes]
+        lines += [""] if report.recommendation.notes else []
         if report.recommendation.command:
             lines += ["```", report.recommendation.command, "```", ""]
     lines += [markdown_table(table_rows(report)), ""]
@@ -268,7 +309,7 @@ def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
         else f"{v.name}\n({v.samples_per_chunk:.0f}/chunk)"
         for v in variants
     ]
-    patterns = [p for p in PATTERNS if any(p in v.patterns for v in variants)]
+    patterns = [p for p in MEASURED if any(p in v.patterns for v in variants)]
     figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(variants) + 2), 4.8))
     width = 0.8 / max(1, len(patterns))
     for k, pattern in enumerate(patterns):
@@ -323,14 +364,26 @@ def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
     return [first, second]
 
 
-def format_bench(result: BenchResult) -> str:
-    """Return ``bench``'s result as lines of text."""
+def _read_line(train: dict[str, Any]) -> str:
+    note = str(train.get("note", ""))
+    return note or f"Read: {train.get('description', 'images as stored')}."
+
+
+def format_bench(result: BenchResult, *, warn: bool = True) -> str:
+    """Return ``bench``'s result as lines of text (``warn``: say when it is unsteady)."""
     options = result.options
+    timing = result.timing
     threads = f", {result.threads} decompression threads" if result.threads else ""
+    runs = (
+        f"{len(timing.rates)} runs of {timing.epochs_per_run} epoch(s)"
+        if timing.epochs_per_run > 1
+        else f"{len(timing.rates)} epochs"
+    )
     lines = [
-        f"{result.path}: {result.timing.describe()}  ({result.timing.mb_per_s:,.0f} MB/s; "
-        f"slowest {result.timing.low:,.0f}, fastest {result.timing.high:,.0f} over "
-        f"{len(result.timing.rates)} epochs of {max(result.timing.images, default=0)} images)",
+        f"{result.path}: {timing.describe()}  ({timing.mb_per_s:,.0f} MB/s; "
+        f"slowest {timing.low:,.0f}, fastest {timing.high:,.0f} over {runs}; "
+        f"{max(timing.images, default=0) // max(1, timing.epochs_per_run)} images an epoch)",
+        f"  {_read_line(result.train)}",
         f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
         f"{threads}, window {result.window_chunks} chunks, transforms "
         f"{'on' if options.transforms else 'off'}",
@@ -338,22 +391,35 @@ def format_bench(result: BenchResult) -> str:
         f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
         f"{result.shuffle_bits:.2f} bits",
     ]
+    if warn and not timing.stable:
+        lines.append(
+            f"  warning: the runs still differ by ±{50 * timing.spread:.0f}% (the machine may "
+            "be busy): take the figure as rough"
+        )
     return "\n".join(lines)
 
 
 def format_diagnosis(diagnosis: Diagnosis) -> str:
     """Return a diagnosis as lines of text: each stage, the time it adds, the bottleneck."""
-    lines = [format_bench(diagnosis.result), ""]
-    names = {"ceiling": "loader", "warm": "decode", "cold": "storage"}
-    total = sum(v for v in diagnosis.shares.values() if math.isfinite(v)) or 1.0
+    lines = [format_bench(diagnosis.result, warn=False), ""]
+    finite = [v for v in diagnosis.shares.values() if math.isfinite(v)]
+    total = sum(finite) or 1.0
     for stage in diagnosis.stages:
-        share = diagnosis.shares[names[stage.name]]
+        title = f"  {STAGE_TITLES[stage.name]:36s}"
         if stage.timing is None:
-            lines.append(f"  {STAGE_TITLES[stage.name]:38s} not measured: {stage.note}")
+            lines.append(f"{title} not measured: {stage.note}")
             continue
+        share_name = SHARE_OF_STAGE[stage.name]
+        share = diagnosis.shares[share_name]
+        rate = f"{stage.images_per_s:,.0f} img/s ±{50 * stage.timing.spread:.0f}%"
         lines.append(
-            f"  {STAGE_TITLES[stage.name]:38s} {stage.timing.describe():>22s}   "
-            f"+{1e3 * share:.3f} ms/image ({share / total:.0%}, {names[stage.name]})"
+            f"{title} {rate:>20s}   +{1e3 * share:.3f} ms/image ({share / total:.0%}, "
+            f"{diagnosis.labels[share_name]})"
         )
+        if abs(stage.images_per_s - stage.measured_per_s) > 0.005 * stage.measured_per_s:
+            lines.append(f"  {'':36s} measured {stage.measured_per_s:,.0f} img/s; {stage.note}")
+        elif stage.note:
+            lines.append(f"  {'':36s} {stage.note}")
+    lines += [f"warning: {w}" for w in diagnosis.warnings]
     lines += ["", diagnosis.explanation]
     return "\n".join(lines)

@@ -135,6 +135,22 @@ def warm_page_cache(path: StrPath, *, block_bytes: int = 8 * 2**20) -> int:
             total += got
 
 
+def available_memory_bytes() -> int | None:
+    """Return the memory available now (MemAvailable, capped by a cgroup v2 limit), or None.
+
+    What the page cache can grow into: a pack larger than about half of it cannot stay
+    cached next to the training process, and reads at the speed of the disk.
+    """
+    from h5pack.errors import H5PackError
+    from h5pack.training.cache import default_cache_bytes
+
+    try:
+        # the decoded cache's budget at fraction 1 is the available memory itself
+        return default_cache_bytes(fraction=1.0)
+    except H5PackError:
+        return None
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:

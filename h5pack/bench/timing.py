@@ -1,10 +1,22 @@
-"""Timing of repeated measurements: medians and spread, never a single run."""
+"""Timing of repeated measurements: medians and spread, never a single run.
+
+# NOTE [ Timing enough work ]
+#
+# An epoch of a small or fast pack lasts milliseconds, and a few milliseconds of scheduling
+# noise then swing its rate by half (epochs of 10-35 ms gave spreads of ±76%).
+# ``time_interleaved`` times runs of several epochs, at least ``min_run_s`` each, and
+# interleaves the measurements it compares (A B C A B C ...), so that a drift of the machine
+# (another job, the CPU clock) falls on each alike. While a measurement's spread stays above
+# its target and the time budget allows, its runs are made twice as long and timed again;
+# a spread still above target is reported as such (``Timing.stable``), never hidden.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from h5pack.errors import OptionsError
@@ -26,11 +38,15 @@ class Timing:
         elapsed_s: Wall time of each repeat.
         images: Images delivered by each repeat.
         nbytes: Decoded bytes (what the training loop receives) delivered by each repeat.
+        epochs_per_run: Epochs timed together in each repeat.
+        target_spread: The spread aimed at (see "Timing enough work"), None if none.
     """
 
     elapsed_s: tuple[float, ...]
     images: tuple[int, ...]
     nbytes: tuple[int, ...]
+    epochs_per_run: int = 1
+    target_spread: float | None = None
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -68,6 +84,16 @@ class Timing:
         if len(self.rates) < 2 or median <= 0 or median == float("inf"):
             return 0.0
         return (self.high - self.low) / median
+
+    @property
+    def stable(self) -> bool:
+        """Whether the spread reached its target (always, without a target)."""
+        return self.target_spread is None or self.spread <= self.target_spread
+
+    @property
+    def total_s(self) -> float:
+        """Seconds timed in all."""
+        return float(sum(self.elapsed_s))
 
     def describe(self) -> str:
         """Return e.g. ``"1,234 img/s ±3%"`` (half the spread, as a plus-minus)."""
@@ -117,3 +143,117 @@ def time_repeats(
         if on_repeat is not None:
             on_repeat()
     return Timing(tuple(elapsed), tuple(images), tuple(nbytes))
+
+
+class _Stage:
+    """One measurement of ``time_interleaved``: its epochs, their timings, its run length."""
+
+    def __init__(self, run: Callable[[], Count], before: Callable[[], None] | None) -> None:
+        self.run = run
+        self.before = before
+        self.epochs = 1
+        self.epoch_s: float | None = None  # a typical epoch, from the warm-up
+        self.runs: list[tuple[float, int, int]] = []
+
+    def epoch(self) -> tuple[float, Count]:
+        if self.before is not None:
+            self.before()
+        started = time.perf_counter()
+        count = self.run()
+        return time.perf_counter() - started, count
+
+    def timed_run(self, min_run_s: float) -> tuple[float, int, int]:
+        """Run ``epochs`` epochs (until ``min_run_s`` on the first run without a warm-up)."""
+        elapsed = 0.0
+        images = nbytes = done = 0
+        adaptive = self.epoch_s is None and not self.runs
+        while done < self.epochs or (adaptive and elapsed < min_run_s):
+            seconds, count = self.epoch()
+            elapsed += seconds
+            images += count.images
+            nbytes += count.nbytes
+            done += 1
+        if adaptive:
+            self.epochs = done
+        return elapsed, images, nbytes
+
+    def timing(self, target: float | None) -> Timing:
+        elapsed, images, nbytes = zip(*self.runs, strict=True) if self.runs else ((), (), ())
+        return Timing(tuple(elapsed), tuple(images), tuple(nbytes), self.epochs, target)
+
+
+def time_interleaved(
+    runs: Mapping[str, Callable[[], Count]],
+    *,
+    repeats: int,
+    warmup: int = 0,
+    min_run_s: float = 0.0,
+    target_spread: float | None = None,
+    budget_s: float | None = None,
+    before: Mapping[str, Callable[[], None]] | None = None,
+    on_run: Callable[[str], None] | None = None,
+) -> dict[str, Timing]:
+    """Time several measurements alike: interleaved, each run long enough, until steady.
+
+    See the note "Timing enough work".
+
+    Args:
+        runs: Each measurement's epoch: one call runs one epoch and says what it delivered.
+        repeats: Timed runs per measurement (at least 1).
+        warmup: Untimed epochs of each measurement first; the last one sizes the runs.
+        min_run_s: Seconds a timed run lasts at least (whole epochs).
+        target_spread: Lengthen the runs of a measurement whose spread (fastest - slowest
+            over median) is above this, while the budget allows; None never lengthens.
+        budget_s: Seconds all the timing may take before runs stop being lengthened.
+        before: Called before each epoch of a measurement, outside the timing (e.g. drop
+            the page cache).
+        on_run: Called with the measurement's name after each warm-up epoch and timed run.
+
+    Returns:
+        Each measurement's ``Timing``, keyed like ``runs``.
+
+    Raises:
+        OptionsError: ``repeats`` below 1, or ``warmup`` or ``min_run_s`` negative.
+    """
+    if repeats < 1:
+        raise OptionsError(f"repeats should be >= 1, but got repeats={repeats}")
+    if warmup < 0:
+        raise OptionsError(f"warmup should be >= 0, but got warmup={warmup}")
+    if min_run_s < 0:
+        raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={min_run_s}")
+    started = time.perf_counter()
+    hooks = before or {}
+    stages = {name: _Stage(run, hooks.get(name)) for name, run in runs.items()}
+
+    def report(name: str) -> None:
+        if on_run is not None:
+            on_run(name)
+
+    for _ in range(warmup):
+        for name, stage in stages.items():
+            stage.epoch_s, _ = stage.epoch()
+            report(name)
+    for stage in stages.values():
+        if stage.epoch_s is not None:
+            stage.epochs = max(1, math.ceil(min_run_s / max(stage.epoch_s, 1e-9)))
+
+    def rounds(names: list[str]) -> None:
+        for _ in range(repeats):
+            for name in names:
+                stages[name].runs.append(stages[name].timed_run(min_run_s))
+                report(name)
+
+    rounds(list(stages))
+    if target_spread is None or repeats < 2:
+        return {name: stage.timing(target_spread) for name, stage in stages.items()}
+    for _ in range(6):  # at most 64 times longer
+        noisy = [n for n, s in stages.items() if not s.timing(target_spread).stable]
+        spent = time.perf_counter() - started
+        cost = sum(2 * stages[n].timing(None).total_s for n in noisy)
+        if not noisy or budget_s is None or spent + cost > budget_s:
+            break
+        for name in noisy:
+            stages[name].epochs *= 2
+            stages[name].runs.clear()
+        rounds(noisy)
+    return {name: stage.timing(target_spread) for name, stage in stages.items()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from h5pack.bench.reading import SizeSurvey
 from h5pack.core.layout import CODECS, Compression
 from h5pack.errors import OptionsError
 from h5pack.write.options import ConvertOptions
@@ -218,3 +219,69 @@ DEFAULT_VARIANTS: tuple[str, ...] = (
 # ``--quick``: one of each kind (contiguous, one sample per chunk, large chunks, encoded),
 # all readable without plugins.
 QUICK_VARIANTS: tuple[str, ...] = ("raw-contig", "raw-c1-gzip", "raw-16m-gzip", "encoded-1m")
+
+# ``--quick`` for images of several sizes stored at their own size: raw pixels are then one
+# byte blob chunked by bytes, which has no "one sample per chunk"; the files' bytes get a
+# contiguous variant in its place.
+QUICK_VARIANTS_MIXED: tuple[str, ...] = (
+    "raw-contig",
+    "raw-16m-gzip",
+    "encoded-contig",
+    "encoded-1m",
+)
+
+
+@dataclass(frozen=True)
+class VariantChoice:
+    """The variants a comparison builds, and why, in the user's terms."""
+
+    names: tuple[str, ...]
+    reason: str
+
+
+def _stored_sizes(survey: SizeSurvey, size: tuple[int, int] | None) -> bool:
+    """Whether raw pixels would be stored at each image's own, differing size."""
+    return size is None and not survey.uniform
+
+
+def quick_variants(survey: SizeSurvey, size: tuple[int, int] | None = None) -> VariantChoice:
+    """Return the ``--quick`` variants that the folder's images allow.
+
+    Args:
+        survey: The sizes of the folder's images.
+        size: ``(H, W)`` raw variants are stored at; None keeps each image's size.
+    """
+    if _stored_sizes(survey, size):
+        return VariantChoice(
+            QUICK_VARIANTS_MIXED,
+            f"The images have {survey.describe()}. Raw pixels of several sizes are stored "
+            "at each image's own size in one byte blob, which cannot hold exactly one image "
+            "per chunk, so the quick comparison builds raw pixels contiguous and in 16 MiB "
+            "gzip chunks, and the image files as they are, contiguous and in 1 MiB chunks.",
+        )
+    if size is not None:
+        height, width = size
+        stored = f"Raw pixels are stored at {width}x{height} (W x H)"
+    else:
+        stored = f"The images have {survey.describe()}, so raw pixels are stored as they are"
+    return VariantChoice(
+        QUICK_VARIANTS,
+        f"{stored}: the quick comparison builds one layout of each kind, raw pixels "
+        "contiguous, one image per gzip chunk and 16 MiB gzip chunks, and the image files as "
+        "they are in 1 MiB chunks.",
+    )
+
+
+def variant_problem(
+    spec: VariantSpec, survey: SizeSurvey, size: tuple[int, int] | None = None
+) -> str | None:
+    """Return why ``spec`` cannot be built from images of ``survey``, in its own terms, or None."""
+    if spec.mode == "raw" and spec.chunk_samples is not None and _stored_sizes(survey, size):
+        count = spec.chunk_samples
+        images = "one image" if count == 1 else f"{count} images"
+        return (
+            f"c{count} stores {images} per chunk, which needs images of one size, and these "
+            f"have {survey.describe()}: raw pixels of several sizes are chunked by bytes "
+            "(e.g. raw-1m-gzip)"
+        )
+    return None

@@ -73,7 +73,7 @@ class _Bar:
         if self.bar is not None:
             self.bar.update(1)
 
-    def start(self, total: int, message: str) -> None:
+    def start(self, total: int | None, message: str) -> None:
         if not self.quiet:
             self.bar = self._tqdm(total=total, desc=message, file=sys.stderr)
 
@@ -81,6 +81,62 @@ class _Bar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+TRAIN_SIZE_HELP = (
+    "The size training reads images at (make_loader's size=): N for N x N, or H,W; 'none' "
+    "reads them as stored. Every access pattern is measured through the loader at this "
+    "size. [default: as stored when all images share one size; otherwise 224 with "
+    "random-resized crops and flips, since the loader batches images of several sizes "
+    "only at one size]"
+)
+
+
+def _train_flags(function: Any) -> Any:
+    """Add ``--train-size``, ``--crop`` and ``--flip`` (the training read) to a command."""
+    from h5pack.read.crop import CROPS
+
+    function = click.option(
+        "--flip/--no-flip",
+        default=None,
+        help="Random horizontal flips when reading at --train-size (make_loader's flip=) "
+        "[default: off; on with the automatic size].",
+    )(function)
+    function = click.option(
+        "--crop",
+        type=click.Choice(CROPS),
+        default=None,
+        help="How images are cut to --train-size (make_loader's crop=) [default: random-resized].",
+    )(function)
+    return click.option(
+        "--train-size", "train_size", default=None, metavar="N|H,W|none", help=TRAIN_SIZE_HELP
+    )(function)
+
+
+def _training_read(train_size: str | None, crop: str | None, flip: bool | None) -> Any:
+    """Return the ``TrainingRead`` (or ``"auto"``) of the training flags, or fail (exit 2)."""
+    from h5pack.bench.reading import TrainingRead, parse_train_size
+    from h5pack.errors import OptionsError
+
+    try:
+        if train_size is None:
+            if crop is not None or flip is not None:
+                raise OptionsError(
+                    "--crop and --flip apply to images cut to a training size: add "
+                    "--train-size (e.g. --train-size 224)"
+                )
+            return "auto"
+        size = parse_train_size(train_size)
+        if size is None and (crop is not None or flip):
+            raise OptionsError(
+                "--crop and --flip apply to images cut to a training size, but got "
+                "--train-size none: drop them or give a size"
+            )
+        if size is None:
+            return TrainingRead()
+        return TrainingRead.parse(size, crop, bool(flip))
+    except OptionsError as err:
+        raise click.BadParameter(str(err), param_hint="--train-size") from err
 
 
 @click.command()
@@ -92,7 +148,11 @@ class _Bar:
     show_default=True,
     help="Folder for report.json, report.md and the plots.",
 )
-@click.option("--quick", is_flag=True, help="Four variants, two repeats: a fast answer.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Four variants chosen from what the images allow, two repeats: a fast answer.",
+)
 @click.option(
     "--variants",
     multiple=True,
@@ -101,7 +161,15 @@ class _Bar:
     "[:level], byte|bit shuffle.",
 )
 @click.option("--keep", is_flag=True, help="Keep the packs built, under OUT/packs.")
-@click.option("--size", type=(int, int), default=None, metavar="H W", help="Raw variants' size.")
+@click.option(
+    "--size",
+    type=(int, int),
+    default=None,
+    metavar="H W",
+    help="The size raw variants are stored at (h5pack convert --size); images keep their "
+    "own size without it. The size training reads is --train-size.",
+)
+@_train_flags
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option(
     "--workers", type=Workers(), default="auto", show_default=True, help="Loader workers."
@@ -119,6 +187,9 @@ def compare(
     variants: tuple[str, ...],
     keep: bool,
     size: tuple[int, int] | None,
+    train_size: str | None,
+    crop: str | None,
+    flip: bool | None,
     batch_size: int,
     workers: int | Literal["auto"],
     repeats: int | None,
@@ -131,28 +202,36 @@ def compare(
     """Compare pack layouts on an image folder (SOURCES = one folder) or on packs.
 
     From a folder, every variant is converted into a temporary folder (--keep keeps
-    them), then read under three access patterns: random per-sample, h5pack's chunk-aware
-    order and sequential. Prints a table ranked by throughput and a recommendation, and
-    writes report.json, report.md and plots into OUT.
+    them), then read as training will read it (--train-size, --crop, --flip) through
+    h5pack's loader under three access patterns: a full shuffle, the chunk-aware order and
+    pack order (plus a bare h5py per-sample read, for reference). Prints a table ranked by
+    throughput and a recommendation among the packs the loader can batch, weighing file
+    size against the memory available, and writes report.json, report.md and plots into
+    OUT.
     """
+    import dataclasses
+
     from h5pack.bench.compare import CompareOptions
     from h5pack.bench.compare import compare as run_compare
-    from h5pack.bench.measure import MeasureOptions
     from h5pack.bench.report import format_compare, to_json, write_report
     from h5pack.bench.variants import parse_variants
 
+    train = _training_read(train_size, crop, flip)
     base = CompareOptions.quick() if quick else CompareOptions()
-    changes: dict[str, Any] = {"size": size, "convert_workers": convert_workers, "seed": seed}
+    changes: dict[str, Any] = {
+        "size": size,
+        "train": train,
+        "convert_workers": convert_workers,
+        "seed": seed,
+    }
     if variants:
         changes["variants"] = tuple(spec.name for spec in parse_variants(list(variants)))
     measure = base.measure
-    changes["measure"] = MeasureOptions(
+    changes["measure"] = dataclasses.replace(
+        measure,
         batch_size=batch_size,
         workers=workers,
         repeats=repeats if repeats is not None else measure.repeats,
-        warmup=measure.warmup,
-        random_budget_s=measure.random_budget_s,
-        random_min_samples=measure.random_min_samples,
         seed=seed,
     )
     options = CompareOptions(**{**_fields(base), **changes})
@@ -208,10 +287,27 @@ def _fields(options: Any) -> dict[str, Any]:
     "--transforms/--no-transforms",
     default=False,
     show_default=True,
-    help="Random crop, flip and normalisation on every image.",
+    help="A per-sample Python transform (crop of 7/8, flip, normalisation) on every image, "
+    "after the training read.",
 )
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed epochs.")
+@_train_flags
+@click.option(
+    "--repeats",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Timed runs (each of enough epochs to time, see --time-budget).",
+)
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed epochs first.")
+@click.option(
+    "--time-budget",
+    type=float,
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time the runs may take while they are lengthened to reach a steady figure "
+    "(spread within ±5%).",
+)
 @click.option("--max-batches", type=int, default=None, help="Batches per epoch [default: all].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -228,20 +324,31 @@ def bench(
     order: str,
     cache_bytes: int | None,
     transforms: bool,
+    train_size: str | None,
+    crop: str | None,
+    flip: bool | None,
     repeats: int,
     warmup: int,
+    time_budget: float,
     max_batches: int | None,
     seed: int,
     diagnose: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Measure h5pack's loader on PACK: images/s with the spread over repeated epochs."""
+    """Measure h5pack's loader on PACK: images/s with the spread over repeated runs.
+
+    The pack is read as training will read it (--train-size, --crop, --flip), in runs of
+    enough epochs to time. --diagnose also times the same loader on in-memory batches
+    (its ceiling, interleaved with the pack's runs) and with a cold page cache, and says
+    where the time goes and what would help for this pack.
+    """
+    from h5pack.bench.diagnose import diagnose as run_diagnose
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
     from h5pack.bench.throughput import BenchOptions, bench_loader
-    from h5pack.bench.throughput import diagnose as run_diagnose
     from h5pack.errors import OptionsError
 
+    train = _training_read(train_size, crop, flip)
     try:
         options = BenchOptions(
             batch_size=batch_size,
@@ -249,16 +356,17 @@ def bench(
             order=order,
             cache_bytes=cache_bytes,
             transforms=transforms,
+            train=train,
             repeats=repeats,
             warmup=warmup,
             max_batches=max_batches,
+            budget_s=time_budget,
             seed=seed,
         )
     except OptionsError as err:
         raise click.UsageError(str(err)) from err
     bar = _Bar(quiet)
-    epochs = warmup + repeats
-    bar.start(3 * repeats + 2 * warmup if diagnose else epochs, f"bench {Path(pack).name}")
+    bar.start(None, f"bench {Path(pack).name}")
     try:
         if diagnose:
             result: Any = run_diagnose(pack, options, on_step=bar.step)

@@ -1,0 +1,488 @@
+"""``bench --diagnose``: where a loader's time goes on one pack, and what would help.
+
+# NOTE [ Diagnosing a loader ]
+#
+# After DS-Analyzer (Mohan et al., "Analyzing and Mitigating Data Stalls in DNN
+# Training", VLDB 2021), the same loader settings run three ways:
+# 1. ceiling: the pack's own images, already as the loader delivers them (cropped), held in
+#    memory and served by the same DataLoader, sampler, workers, collation and transform,
+#    each batch allocated and filled by as many threads as the reader has: the loader's
+#    own cost, everything but reading;
+# 2. warm: the pack with its pages in the OS page cache: adds reading, decompression,
+#    decoding, cropping;
+# 3. cold: the pack dropped from the page cache before each epoch (see "Dropping the page
+#    cache"): adds the storage.
+# The stages are timed alike and interleaved, in runs long enough to time (see "Timing
+# enough work"); a pack over ``INTERLEAVE_COLD_BYTES`` is timed cold after the others,
+# since reading it back into the page cache before every warm run would take too long.
+# A stage does strictly more work than the one before it, so a faster measured rate is
+# noise: the rates are made non-increasing by pooling the offending neighbours (the
+# weighted mean of their seconds per image, i.e. isotonic regression), and the report says
+# so, and warns when the gap was wider than the measured spread. The time per image each
+# stage adds is the difference of consecutive stages (never negative); the
+# bottleneck is the stage that adds the most, and the advice is chosen for the pack
+# measured (its mode, codec, chunks, size against the memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from h5pack._types import StrPath
+from h5pack.bench.loaders import InMemoryImages, PatternLoader, held_images
+from h5pack.bench.loading import run_epoch
+from h5pack.bench.system import (
+    CacheDrop,
+    available_memory_bytes,
+    drop_page_cache,
+    warm_page_cache,
+)
+from h5pack.bench.throughput import BenchOptions, BenchResult, Setup, bench_result, open_bench
+from h5pack.bench.timing import Count, Timing, time_interleaved
+
+BOTTLENECKS: tuple[str, ...] = ("loader", "decode", "storage")
+STAGES: tuple[str, ...] = ("ceiling", "warm", "cold")
+SHARE_OF_STAGE = dict(zip(STAGES, BOTTLENECKS, strict=True))
+STAGE_TITLES = {
+    "ceiling": "in-memory batches (loader ceiling)",
+    "warm": "pack, warm page cache",
+    "cold": "pack, cold page cache",
+}
+# Share of the available memory a pack may take and still stay cached (as in compare).
+CACHE_SHARE = 0.5
+# Up to this size the cold stage is interleaved with the others (the pack is read back
+# into the page cache before each warm run); a larger pack is timed cold afterwards.
+INTERLEAVE_COLD_BYTES = 2**30
+# Below this size, chunks are worth enlarging (fewer, larger reads from disk).
+SMALL_CHUNK_BYTES = 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One stage of a diagnosis.
+
+    Attributes:
+        name: ``"ceiling"``, ``"warm"`` or ``"cold"``.
+        timing: The timed runs, None when not measured.
+        images_per_s: The stage's rate, consistent with the others (see "Diagnosing a
+            loader"); the measured median is ``timing.images_per_s``.
+        note: Why it was not measured, or how its rate was made consistent.
+    """
+
+    name: str
+    timing: Timing | None
+    images_per_s: float = 0.0
+    note: str = ""
+
+    @property
+    def measured_per_s(self) -> float:
+        """The measured median images per second (0 when not measured)."""
+        return self.timing.images_per_s if self.timing else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Diagnosis:
+    """Where a loader's time goes (see the note "Diagnosing a loader").
+
+    Attributes:
+        result: The warm run, as ``bench`` reports it.
+        stages: ``ceiling``, ``warm`` and ``cold``.
+        shares: Seconds per image added by ``loader``, ``decode`` and ``storage``.
+        labels: What each share is for this pack (e.g. ``"decoding, crop and resize"``).
+        bottleneck: The share that adds the most time, one of ``BOTTLENECKS``.
+        cache_drop: What dropping the page cache did.
+        advice: What would help, for this pack and these settings.
+        explanation: One line naming the bottleneck and what would help.
+        warnings: Figures to take with care (unstable timings, a ceiling below the pack).
+    """
+
+    result: BenchResult
+    stages: tuple[Stage, ...]
+    shares: dict[str, float]
+    labels: dict[str, str]
+    bottleneck: str
+    cache_drop: CacheDrop
+    advice: str
+    explanation: str
+    warnings: tuple[str, ...] = ()
+
+
+def consistent_rates(rates: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
+    """Return ``rates`` made non-increasing by pooling neighbours (isotonic regression).
+
+    Pooling averages seconds per image, weighted by ``weights`` (e.g. timed runs).
+
+    Example:
+        >>> consistent_rates([100.0, 200.0, 50.0])     # a ceiling below the next stage
+        [133.33333333333334, 133.33333333333334, 50.0]
+    """
+    seconds = [1.0 / r if r > 0 else math.inf for r in rates]
+    blocks: list[list[float]] = []  # [mean seconds, weight, count]
+    for value, weight in zip(seconds, weights or [1.0] * len(seconds), strict=True):
+        blocks.append([value, float(weight), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            right, left = blocks.pop(), blocks.pop()
+            total = left[1] + right[1]
+            mean = (left[0] * left[1] + right[0] * right[1]) / total
+            blocks.append([mean, total, left[2] + right[2]])
+    pooled: list[float] = []
+    for mean, _, count in blocks:
+        pooled += [1.0 / mean if mean > 0 else math.inf] * int(count)
+    return pooled
+
+
+@dataclass(frozen=True)
+class PackFacts:
+    """What the advice depends on: the pack measured and the loader's settings.
+
+    Attributes:
+        mode: ``"raw"`` or ``"encoded"``.
+        codec: The compression, as ``info`` words it (``"none"`` without).
+        layout: ``"chunked"`` or ``"contiguous"``.
+        chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
+        file_bytes: Size of the pack.
+        image_bytes: Decoded bytes of every image.
+        available_bytes: Memory available, None when unknown.
+        workers: DataLoader worker processes.
+        transforms: Whether a per-sample Python transform runs.
+        size: The training size, None when read as stored.
+    """
+
+    mode: str
+    codec: str
+    layout: str
+    chunk_bytes: int
+    file_bytes: int
+    image_bytes: int
+    available_bytes: int | None
+    workers: int
+    transforms: bool
+    size: tuple[int, int] | None
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the images pass through a codec."""
+        return self.codec != "none"
+
+    @property
+    def large(self) -> bool:
+        """Larger than the page cache can hold next to training."""
+        return bool(self.available_bytes) and self.file_bytes > CACHE_SHARE * (
+            self.available_bytes or 0
+        )
+
+
+def _human(value: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"  # pragma: no cover  (the loop returns)
+
+
+def _facts(setup: Setup) -> PackFacts:
+    from h5pack.check import pack_info
+
+    info = pack_info(setup.path)
+    meta = setup.loader.dataset.meta
+    return PackFacts(
+        mode=meta.mode,
+        codec=info.codec,
+        layout=info.layout,
+        chunk_bytes=info.chunk_bytes,
+        file_bytes=info.file_bytes,
+        image_bytes=int(sum(int(h) * int(w) * int(c) for h, w, c in meta.shapes)),
+        available_bytes=available_memory_bytes(),
+        workers=setup.loader.workers,
+        transforms=setup.options.transforms,
+        size=setup.train.size,
+    )
+
+
+def share_labels(facts: PackFacts) -> dict[str, str]:
+    """Return what each share is for this pack, e.g. ``decode: "decoding, crop and resize"``."""
+    if facts.mode == "encoded":
+        reading = "decoding the files"
+    elif facts.compressed:
+        reading = f"decompressing ({facts.codec})"
+    else:
+        reading = "copying from the page cache (nothing to decompress)"
+    if facts.size is not None:
+        reading += ", crop and resize"
+    own = "filling batches"
+    if facts.workers:
+        own += ", handing them over from worker processes"
+    if facts.transforms:
+        own += ", the per-sample transform"
+    return {"loader": own, "decode": reading, "storage": "reading from disk"}
+
+
+def advise(bottleneck: str, facts: PackFacts) -> str:
+    """Return what would help with ``bottleneck`` on this pack, in the user's terms."""
+    if bottleneck == "loader":
+        if facts.transforms:
+            return (
+                "the per-sample Python transform dominates: normalise on the GPU "
+                "(DevicePrefetcher(normalize=...)) or lighten the transform"
+            )
+        if facts.workers and facts.mode == "raw":
+            return (
+                "worker processes pay for every batch crossing a process boundary: read "
+                "this raw pack in the main process (--workers 0, which num_workers='auto' "
+                "picks for raw packs)"
+            )
+        return (
+            "the loader's own work (allocating and filling batches) is the limit, not the "
+            "pack: a different layout would not help; larger batches amortise the per-batch "
+            "cost"
+        )
+    if bottleneck == "decode":
+        if facts.mode == "encoded":
+            return (
+                "decoding the image files every epoch: make_loader(cache='decoded', ...) "
+                f"decodes each image once (about {_human(facts.image_bytes)} decoded, "
+                + (
+                    f"{_human(facts.available_bytes)} of memory available"
+                    if facts.available_bytes
+                    else "the memory available unknown"
+                )
+                + "), or store decoded pixels (h5pack convert --mode raw --size H W); more "
+                "cores decode more images at once"
+            )
+        if facts.compressed:
+            if facts.codec.startswith(("lz4", "blosc")):
+                return (
+                    f"decompressing {facts.codec}, already a fast codec: an uncompressed "
+                    "pack (--compression none) skips it, at "
+                    f"{facts.image_bytes / max(1, facts.file_bytes):.1f}x the file size"
+                )
+            return (
+                f"decompressing {facts.codec}: a faster codec (--compression lz4) "
+                "decompresses several times faster, for a somewhat larger file"
+            )
+        if facts.size is not None:
+            return (
+                "cutting and resizing every image: storing the images near the training "
+                "size (h5pack convert --size H W) makes each resize cheaper"
+            )
+        return (
+            "copying samples out of the page cache: there is nothing to decompress or decode; "
+            "only fewer bytes per image would help"
+        )
+    advice = "reading from disk: "
+    if not facts.compressed and facts.mode == "raw":
+        advice += "compression (--compression lz4 or zstd) would read fewer bytes per image"
+    else:
+        ratio = facts.image_bytes / facts.file_bytes if facts.file_bytes else 0.0
+        advice += (
+            f"the pack is already {ratio:.1f}x smaller than its pixels; a faster disk would "
+            f"help, or memory to keep its {_human(facts.file_bytes)} in the page cache"
+        )
+    if facts.layout == "chunked" and 0 < facts.chunk_bytes < SMALL_CHUNK_BYTES:
+        advice += (
+            f"; its chunks of {_human(facts.chunk_bytes)} are small: larger ones "
+            "(--chunk-bytes 8MiB) read in fewer, larger requests"
+        )
+    return advice
+
+
+class _PageCache:
+    """Drop the pack before a cold epoch; read it back before the next warm one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.dropped = False
+        self.failed: CacheDrop | None = None
+
+    def drop(self) -> None:
+        outcome = drop_page_cache(self.path)
+        self.dropped = True
+        if not outcome.dropped and self.failed is None:
+            self.failed = outcome
+
+    def warm(self) -> None:
+        if self.dropped:
+            warm_page_cache(self.path)
+            self.dropped = False
+
+
+class _CeilingRunner:
+    """Epochs of in-memory batches with the warm loader's settings (see "Diagnosing a loader")."""
+
+    def __init__(self, pattern: PatternLoader, memory: InMemoryImages) -> None:
+        self.pattern = pattern
+        self.memory = memory
+        self.loader: Any = None
+        self.epoch = 0
+
+    def __call__(self) -> Count:
+        loader = self.loader
+        if loader is None or self.pattern.fresh:  # alike: a fresh loader when the pack has one
+            loader = self.pattern.dataloader(self.memory, persistent=not self.pattern.fresh)
+            self.loader = None if self.pattern.fresh else loader
+        loader.batch_sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return run_epoch(loader, max_batches=self.pattern.max_batches)
+
+    def close(self) -> None:
+        self.loader = None
+
+
+def _consistent_stages(
+    timings: dict[str, Timing | None], notes: dict[str, str]
+) -> tuple[list[Stage], list[str]]:
+    """Return the stages with consistent rates, and warnings about the measurement."""
+    measured = [(name, t) for name in STAGES if (t := timings.get(name)) is not None]
+    rates = [timing.images_per_s for _, timing in measured]
+    weights = [float(len(timing.rates)) for _, timing in measured]
+    pooled = dict(zip([n for n, _ in measured], consistent_rates(rates, weights), strict=True))
+    warnings: list[str] = []
+    unstable = [(name, timing) for name, timing in measured if not timing.stable]
+    if unstable:
+        spreads = ", ".join(f"±{50 * t.spread:.0f}% ({name})" for name, t in unstable)
+        longest = max(t.epochs_per_run for _, t in unstable)
+        warnings.append(
+            f"the runs still differ by {spreads} after runs of up to {longest} epoch(s) "
+            "(--time-budget): the machine may be busy; take those figures as rough"
+        )
+    for (upper, high), (lower, low) in itertools.pairwise(measured):
+        if high.images_per_s >= low.images_per_s:
+            continue
+        gap = 1 - high.images_per_s / low.images_per_s
+        noise = (high.spread + low.spread) / 2
+        text = (
+            f"{STAGE_TITLES[upper]} measured {gap:.0%} below {STAGE_TITLES[lower]}, though it "
+            "does less work: both are taken at their pooled rate"
+        )
+        notes[upper] = notes[lower] = "pooled with the next stage: equal within noise"
+        if gap > max(noise, 0.05):
+            warnings.append(text + f" (beyond the measured spread of ±{50 * noise:.0f}%)")
+    stages = [
+        Stage(
+            name=name,
+            timing=timings.get(name),
+            images_per_s=pooled.get(name, 0.0),
+            note=notes.get(name, ""),
+        )
+        for name in STAGES
+    ]
+    return stages, warnings
+
+
+def _shares(stages: Sequence[Stage]) -> dict[str, float]:
+    """Seconds per image each stage adds (consistent rates: never negative)."""
+    shares = dict.fromkeys(BOTTLENECKS, 0.0)
+    previous = 0.0
+    for stage in stages:
+        if stage.timing is None:
+            continue
+        seconds = 1.0 / stage.images_per_s if stage.images_per_s > 0 else math.inf
+        shares[SHARE_OF_STAGE[stage.name]] = max(0.0, seconds - previous)
+        previous = seconds
+    return shares
+
+
+def diagnose(
+    path: StrPath,
+    options: BenchOptions | None = None,
+    *,
+    on_step: Callable[[], None] | None = None,
+) -> Diagnosis:
+    """Separate where the loader's time goes, name the bottleneck, say what would help.
+
+    See the note "Diagnosing a loader". The cold stage is skipped, and says why, when the
+    OS keeps the pack cached despite the request.
+
+    Raises:
+        FileNotFoundError: the pack does not exist.
+        FormatError: the file is not a pack.
+    """
+    options = options or BenchOptions()
+    started = time.perf_counter()
+    setup = open_bench(path, options)
+    images, labels = held_images(setup.loader.dataset)
+    memory = InMemoryImages(
+        images,
+        labels,
+        len(setup.loader.dataset),
+        threads=setup.loader.threads,
+        transform=setup.loader.dataset.transform,
+    )
+    ceiling = _CeilingRunner(setup.loader, memory)
+
+    def step(name: str) -> None:
+        if on_step is not None:
+            on_step()
+
+    facts = _facts(setup)
+    notes: dict[str, str] = {}
+    cache = _PageCache(setup.path)
+
+    def timed(
+        runs: dict[str, Callable[[], Count]], *, warmup: int, budget_s: float
+    ) -> dict[str, Timing]:
+        return time_interleaved(
+            runs,
+            repeats=options.repeats,
+            warmup=warmup,
+            min_run_s=options.min_run_s,
+            target_spread=options.target_spread,
+            budget_s=budget_s,
+            before={"warm": cache.warm, "cold": cache.drop},
+            on_run=step,
+        )
+
+    try:
+        probe = drop_page_cache(setup.path)
+        cold = probe.dropped
+        together = cold and facts.file_bytes <= INTERLEAVE_COLD_BYTES
+        warm_page_cache(setup.path)
+        runs: dict[str, Callable[[], Count]] = {"ceiling": ceiling, "warm": setup.loader}
+        if together:
+            runs["cold"] = setup.loader
+        timings: dict[str, Timing | None] = dict(
+            timed(runs, warmup=options.warmup, budget_s=options.budget_s)
+        )
+        if cold and not together:
+            left = max(0.0, options.budget_s - (time.perf_counter() - started))
+            timings.update(timed({"cold": setup.loader}, warmup=0, budget_s=left))
+        if facts.large:
+            notes["warm"] = (
+                f"the pack ({_human(facts.file_bytes)}) is larger than half the memory "
+                "available: the page cache cannot hold it all, so part of it came from disk"
+            )
+        if cache.failed is not None:
+            probe, cold = cache.failed, False
+        if not cold:
+            timings["cold"] = None
+            notes["cold"] = probe.message
+        warm = timings["warm"]
+        assert warm is not None  # always measured
+        result = bench_result(setup, warm)
+    finally:
+        ceiling.close()
+        setup.close()
+    stages, warnings = _consistent_stages(timings, notes)
+    shares = _shares(stages)
+    labels_of = share_labels(facts)
+    bottleneck = max(BOTTLENECKS, key=lambda k: shares[k])
+    advice = advise(bottleneck, facts)
+    explanation = f"bottleneck: {bottleneck} ({labels_of[bottleneck]}) — {advice}"
+    if timings.get("cold") is None:
+        explanation += f" (storage not measured: {probe.message})"
+    return Diagnosis(
+        result=result,
+        stages=tuple(stages),
+        shares=shares,
+        labels=labels_of,
+        bottleneck=bottleneck,
+        cache_drop=probe,
+        advice=advice,
+        explanation=explanation,
+        warnings=tuple(warnings),
+    )

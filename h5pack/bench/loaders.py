@@ -1,0 +1,372 @@
+"""The loaders the benchmarks time: every access pattern through one dataset and loader.
+
+# NOTE [ One loader for every pattern ]
+#
+# A comparison of access patterns means something only when the patterns differ in their
+# order and nothing else. Each is therefore one ``H5ImageDataset`` (with the training read:
+# ``size``, ``crop``, ``flip``) read through ``make_loader``'s settings (workers, threads,
+# window of decompressed chunks, collation), batches fetched by ``__getitems__``:
+# - ``random``: a full shuffle each epoch (``FullShuffleBatchSampler``), the order a
+#   ``RandomSampler`` gives; the dataset still reads each batch's chunks once;
+# - ``chunk``: ``make_loader``'s ``ChunkBatchSampler``;
+# - ``sequential``: ``make_loader(shuffle=False)``, pack order.
+# The bare h5py per-sample read (``access.read_per_sample``) is a separate, labelled
+# figure ("naive h5py"), never the basis of a comparison.
+#
+# NOTE [ Fresh epochs ]
+#
+# A pack of a few hundred MB would sit whole in the shuffle windows of decompressed chunks
+# after the first epoch, and every later epoch would measure memory copies, not the layout;
+# real datasets are larger than the window. So each timed epoch over a *compressed* pack
+# starts from a new loader over a closed dataset (with worker processes, the epoch includes
+# starting them). Uncompressed samples are never kept in a window (they are read from the
+# file straight into the batch), so an uncompressed pack is read by one loader, epoch after
+# epoch, with persistent workers, as training reads it: no reopening, no worker start-up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+
+from h5pack._types import StrPath
+from h5pack.bench.access import Pattern, random_order
+from h5pack.bench.loading import TrainTransform, collate_any, run_epoch
+from h5pack.bench.reading import TrainingRead
+from h5pack.bench.timing import Count
+from h5pack.errors import OptionsError
+
+
+class FullShuffleBatchSampler:
+    """A full shuffle of every sample each epoch, cut into batches: ``RandomSampler``'s order.
+
+    A pure function of ``(seed, epoch)``.
+
+    Args:
+        num_samples: Samples in the dataset.
+        batch_size: Samples per batch (the last batch may be short).
+        seed: Seed of the order.
+
+    Example:
+        >>> sampler = FullShuffleBatchSampler(10, 4, seed=0)
+        >>> batches = list(sampler)
+        >>> len(sampler), sorted(i for b in batches for i in b) == list(range(10))
+        (3, True)
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, seed: int = 0) -> None:
+        if batch_size < 1:
+            raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration."""
+        self.epoch = int(epoch)
+
+    def plan(self, epoch: int | None = None) -> list[np.ndarray]:
+        """Return the batches of ``epoch`` (default: the current one)."""
+        order = random_order(
+            self.num_samples, seed=self.seed, epoch=self.epoch if epoch is None else epoch
+        )
+        return [order[i : i + self.batch_size] for i in range(0, order.size, self.batch_size)]
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from (batch.tolist() for batch in self.plan())
+
+
+def open_dataset(
+    path: StrPath,
+    train: TrainingRead,
+    *,
+    transform: bool = False,
+    cache_bytes: int | None = None,
+    seed: int = 0,
+) -> Any:
+    """Return the ``H5ImageDataset`` every pattern of a measurement reads.
+
+    Args:
+        path: The pack.
+        train: The training read (its crop and flip).
+        transform: Apply ``TrainTransform`` (a per-sample Python transform) to every image.
+        cache_bytes: Decompressed chunks each process keeps (None: the sampler's window).
+        seed: Seed of the crops and flips.
+    """
+    from h5pack.read.reader import ReaderOptions
+    from h5pack.training.dataset import H5ImageDataset
+
+    return H5ImageDataset(
+        path,
+        transform=TrainTransform() if transform else None,
+        reader=ReaderOptions(chunk_cache_bytes=cache_bytes),
+        crop=train.crop_spec(),
+        seed=seed,
+    )
+
+
+class PatternLoader:
+    """Epochs of one access pattern over one dataset (see "One loader for every pattern").
+
+    Each call runs one epoch and returns what it delivered; the epochs count up from 0.
+
+    Args:
+        dataset: An ``H5ImageDataset`` (``open_dataset``).
+        pattern: ``"random"``, ``"chunk"`` or ``"sequential"``.
+        batch_size: Samples per batch.
+        workers: ``make_loader``'s ``num_workers`` (``"auto"`` or a number).
+        seed: Seed of the order.
+        batchable: Whether the loader can stack the images; else batches are lists, as
+            ``make_loader(collate="list")`` gives them.
+        max_batches: Stop each epoch after this many batches.
+        budget_s: Stop each epoch after this many seconds (a prefix; the rate is steady).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        pattern: Pattern,
+        *,
+        batch_size: int,
+        workers: int | Literal["auto"] = "auto",
+        seed: int = 0,
+        batchable: bool = True,
+        max_batches: int | None = None,
+        budget_s: float | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.pattern = pattern
+        self.batch_size = batch_size
+        self.requested_workers = workers
+        self.seed = seed
+        self.batchable = batchable
+        self.max_batches = max_batches
+        self.budget_s = budget_s
+        self.fresh = bool(dataset.compressed)  # see "Fresh epochs"
+        self.epoch = 0
+        self.images_per_epoch = 0
+        self._probe = self._make(persistent=False)  # settings and plans; never iterated
+        self.workers = int(self._probe.num_workers)
+        self.threads = int(self._probe.dataset.options.threads or 0)
+        self.window_chunks = int(self._probe.dataset.options.window_chunks or 0)
+        self._loader: Any = None
+
+    # -- building --------------------------------------------------------------------------
+    def _make(self, *, persistent: bool) -> Any:
+        from h5pack.training.loader import make_loader
+
+        loader = make_loader(
+            self.dataset,
+            self.batch_size,
+            shuffle=self.pattern != "sequential",
+            num_workers=self.requested_workers,
+            seed=self.seed,
+            persistent_workers=persistent,
+            collate_fn=collate_any,
+            collate="stack" if self.batchable else "list",
+        )
+        if self.pattern != "random":
+            return loader
+        # the same configured dataset, workers and collation; a full shuffle's batches
+        return self.dataloader(loader.dataset, persistent=persistent, base=loader)
+
+    def sampler(self) -> Any:
+        """Return a new batch sampler of this pattern (for another dataset of the same pack)."""
+        if self.pattern == "random":
+            return FullShuffleBatchSampler(len(self.dataset), self.batch_size, seed=self.seed)
+        from h5pack.training.sampler import ChunkBatchSampler
+
+        return ChunkBatchSampler.from_spec(self.dataset.chunk_map, self._probe.chunk_sampler.spec)
+
+    def dataloader(self, dataset: Any, *, persistent: bool, base: Any = None) -> Any:
+        """Return a DataLoader over ``dataset`` with this pattern's sampler and settings."""
+        import torch
+        from torch.utils.data import DataLoader
+
+        from h5pack.training.loader import seed_worker
+
+        base = base if base is not None else self._probe
+        generator = torch.Generator()
+        generator.manual_seed(self.seed)
+        extra: dict[str, Any] = {}
+        if base.num_workers:
+            extra = {
+                "persistent_workers": persistent,
+                "prefetch_factor": 2,
+                "worker_init_fn": seed_worker,
+            }
+        return DataLoader(
+            dataset,
+            batch_sampler=self.sampler(),
+            num_workers=base.num_workers,
+            collate_fn=collate_any,
+            pin_memory=base.pin_memory,
+            generator=generator,
+            **extra,
+        )
+
+    # -- running ---------------------------------------------------------------------------
+    def plan(self, epoch: int = 0) -> list[np.ndarray]:
+        """Return the batches of ``epoch``, in the order the loader delivers them."""
+        if self.pattern == "random":
+            return FullShuffleBatchSampler(len(self.dataset), self.batch_size, seed=self.seed).plan(
+                epoch
+            )
+        plan: list[np.ndarray] = self._probe.chunk_sampler.plan(epoch)
+        return plan
+
+    def delivered(self) -> list[np.ndarray]:
+        """Return epoch 0's batches as far as an epoch was read (``budget_s``, ``max_batches``)."""
+        batches = self.plan(0)
+        sizes = np.cumsum([b.size for b in batches])
+        count = int(np.searchsorted(sizes, self.images_per_epoch, side="left")) + 1
+        return batches[: min(len(batches), count)] if self.images_per_epoch else []
+
+    def _set_epoch(self, loader: Any, epoch: int) -> None:
+        if self.pattern == "random":
+            loader.batch_sampler.set_epoch(epoch)
+            loader.dataset.set_epoch(epoch)  # crops and flips follow the epoch
+        else:
+            loader.set_epoch(epoch)
+
+    def __call__(self) -> Count:
+        """Run the next epoch and return what it delivered."""
+        if self.fresh:
+            loader = self._make(persistent=False)
+        else:
+            if self._loader is None:
+                self._loader = self._make(persistent=True)
+            loader = self._loader
+        self._set_epoch(loader, self.epoch)
+        self.epoch += 1
+        try:
+            count = run_epoch(loader, max_batches=self.max_batches, budget_s=self.budget_s)
+        finally:
+            if self.fresh:
+                loader.dataset.close()
+        self.images_per_epoch = max(self.images_per_epoch, count.images)
+        return count
+
+    def close(self) -> None:
+        """Stop persistent workers and close the readers of this process."""
+        if self._loader is not None:
+            self._loader.dataset.close()
+            self._loader = None  # its iterator, and the workers, go with it
+        self._probe.dataset.close()
+        self.dataset.close()
+
+    def __enter__(self) -> PatternLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class InMemoryImages:
+    """The pack's first images held in memory, served like ``H5ImageDataset``: the loader ceiling.
+
+    Batches come out exactly as the pack's dataset gives them (one preallocated
+    ``(B, C, H, W)`` uint8 batch, in shared memory inside a worker, filled by ``threads``
+    threads as the reader fills it; or per-sample tensors through a transform), so that the
+    ceiling does the same loader work as reading the pack, minus the reading itself.
+
+    Args:
+        images: ``(H, W, C)`` uint8 arrays as the loader delivers them (cropped already).
+        labels: Their labels.
+        length: The dataset's length (indices wrap around the images held).
+        threads: Threads filling a batch, as the pack's reader has them.
+        transform: A per-sample transform, as the pack's dataset has it.
+    """
+
+    def __init__(
+        self,
+        images: list[np.ndarray],
+        labels: np.ndarray,
+        length: int,
+        *,
+        threads: int = 0,
+        transform: Any = None,
+    ) -> None:
+        self.images = images
+        shapes = {image.shape for image in images}
+        self.stack = np.stack(images) if len(shapes) == 1 and images else None
+        self.labels = labels
+        self.length = length
+        self.threads = threads
+        self.transform = transform
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        return state
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def _fill(self, idx: np.ndarray, out: np.ndarray) -> None:
+        stack = self.stack
+        assert stack is not None  # the caller checked
+        if self.threads < 2 or idx.size < 2:
+            np.take(stack, idx, axis=0, out=out)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads)
+        bounds = np.linspace(0, idx.size, self.threads + 1).astype(np.int64)
+
+        def part(k: int) -> None:
+            lo, hi = int(bounds[k]), int(bounds[k + 1])
+            np.take(stack, idx[lo:hi], axis=0, out=out[lo:hi])
+
+        list(self._pool.map(part, range(self.threads)))
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        import torch
+
+        from h5pack.training.dataset import SampleBatch, empty_uint8
+
+        idx = np.asarray(indices, dtype=np.int64) % max(1, len(self.images))
+        labels = torch.from_numpy(self.labels[idx].copy())
+        if self.stack is not None and self.transform is None:
+            buffer = empty_uint8((idx.size, *self.stack.shape[1:]))
+            self._fill(idx, buffer.numpy())
+            return SampleBatch(
+                images=buffer.permute(0, 3, 1, 2), labels=labels, label_values=labels.tolist()
+            )
+        samples = []
+        for j, i in enumerate(idx.tolist()):
+            image: Any = torch.from_numpy(np.ascontiguousarray(self.images[i].transpose(2, 0, 1)))
+            if self.transform is not None:
+                image = self.transform(image)
+            samples.append((image, int(labels[j])))
+        return SampleBatch(samples)
+
+
+def held_images(dataset: Any, limit: int = 256) -> tuple[list[np.ndarray], np.ndarray]:
+    """Return the first ``limit`` images of ``dataset`` as the loader delivers them (HWC)."""
+    from h5pack.training.dataset import H5ImageDataset
+
+    held = min(len(dataset), limit)
+    twin = H5ImageDataset(dataset.path, output="hwc", reader=dataset.options, crop=dataset.crop)
+    try:
+        batch = twin.__getitems__(list(range(held))) if held else None
+    finally:
+        twin.close()
+    if batch is None:
+        return [], np.zeros(0, dtype=np.int64)
+    if batch.images is not None:
+        images = [np.ascontiguousarray(image) for image in batch.images]
+    else:
+        images = [np.ascontiguousarray(sample[0]) for sample in batch]
+    return images, np.asarray(dataset.labels[:held], dtype=np.int64)

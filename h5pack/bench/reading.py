@@ -1,0 +1,302 @@
+"""How training reads the images, and what sizes a folder or pack holds.
+
+``TrainingRead`` is ``make_loader``'s image pipeline as the benchmarks apply it (``size=``,
+``crop=``, ``flip=``): every access pattern is measured through the loader with it, so
+layouts are compared as training will read them. ``SizeSurvey`` says what sizes the images
+come in, which decides whether the loader can batch them as stored.
+
+# NOTE [ Training size by default ]
+#
+# The loader batches images of several sizes only when it cuts them to one size
+# (``make_loader`` refuses them otherwise). So the benchmarks' default ("auto") reads images
+# as stored when they share one size, and otherwise as an image classifier reads them:
+# torchvision's RandomResizedCrop at 224x224 (ImageNet's size) with horizontal flips. The
+# reports say so, and an explicit training size (or "as stored") replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from h5pack._types import StrPath, parse_choice
+from h5pack.core import format as fmt
+from h5pack.core.decode import load_file, probe_size
+from h5pack.errors import DecodeError, OptionsError
+from h5pack.read.crop import CROPS, Crop, CropSpec
+from h5pack.write.scan import scan
+
+AUTO_SIZE = 224
+"""The training size "auto" picks for images of several sizes (ImageNet's)."""
+
+CROP_NAMES: tuple[Crop, ...] = ("random-resized", "center", "resize")
+"""``read.crop.CROPS``, typed."""
+
+# Headers read at most to survey a folder; beyond, an even sample of the files.
+SURVEY_FILES = 5000
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingRead:
+    """How training reads every image: ``make_loader``'s ``size=``, ``crop=`` and ``flip=``.
+
+    Attributes:
+        size: ``(H, W)`` every image is cut to; None reads images as stored.
+        crop: ``"random-resized"``, ``"center"`` or ``"resize"`` (with ``size``).
+        flip: Random horizontal flips (with ``size``).
+        auto: Chosen by the "auto" policy (see the note "Training size by default").
+
+    Raises:
+        OptionsError: a size that is not two positive integers, an unknown crop, or a crop
+            or flip without a size.
+    """
+
+    size: tuple[int, int] | None = None
+    crop: Crop = "random-resized"
+    flip: bool = False
+    auto: bool = False
+
+    def __post_init__(self) -> None:
+        if self.size is not None:
+            if len(self.size) != 2 or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in self.size
+            ):
+                raise OptionsError(
+                    "the training size should be one or two positive integers (--train-size "
+                    f"224 or 224,320), but got {self.size!r}"
+                )
+            object.__setattr__(self, "size", tuple(self.size))
+        if self.crop not in CROPS:
+            raise OptionsError(
+                f"crop should be one of {', '.join(CROPS)}, but got crop={self.crop!r}"
+            )
+        if self.size is None and (self.flip or self.crop != "random-resized"):
+            raise OptionsError(
+                "--crop and --flip apply to images cut to a training size: add --train-size "
+                "(size= in Python)"
+            )
+
+    @classmethod
+    def of(
+        cls,
+        size: int | tuple[int, int] | None,
+        *,
+        crop: Crop = "random-resized",
+        flip: bool = False,
+    ) -> TrainingRead:
+        """Build one, reading an int ``size`` as a square."""
+        pair = (size, size) if isinstance(size, int) else size
+        return cls(size=pair, crop=crop, flip=flip)
+
+    @classmethod
+    def parse(cls, size: tuple[int, int] | None, crop: str | None, flip: bool) -> TrainingRead:
+        """Build one from command-line values (``crop`` a string, None: random-resized).
+
+        Raises:
+            OptionsError: an unknown crop, or a bad combination.
+        """
+        chosen = parse_choice(crop or "random-resized", CROP_NAMES)
+        if chosen is None:
+            raise OptionsError(f"--crop should be one of {', '.join(CROPS)}, but got {crop!r}")
+        return cls(size=size, crop=chosen, flip=flip)
+
+    @property
+    def as_stored(self) -> bool:
+        """Whether images are read at their stored size."""
+        return self.size is None
+
+    def crop_spec(self) -> CropSpec | None:
+        """Return the dataset's ``CropSpec`` (None: as stored)."""
+        if self.size is None:
+            return None
+        return CropSpec.of(self.size, crop=self.crop, flip=self.flip)
+
+    def describe(self) -> str:
+        """Return e.g. ``"random-resized crops of 224x224, flipped"`` or ``"images as stored"``."""
+        if self.size is None:
+            return "images as stored"
+        height, width = self.size
+        size = f"{width}x{height}" if height == width else f"{width}x{height} (W x H)"
+        text = {
+            "random-resized": f"random-resized crops of {size}",
+            "center": f"center crops of {size}",
+            "resize": f"whole images resized to {size}",
+        }[self.crop]
+        return text + (", flipped" if self.flip else "")
+
+    def loader_code(self) -> str:
+        """Return the ``make_loader`` keywords that read this way, e.g. ``size=224, flip=True``."""
+        if self.size is None:
+            return ""
+        height, width = self.size
+        words = [f"size={height}" if height == width else f"size=({height}, {width})"]
+        if self.crop != "random-resized":
+            words.append(f"crop={self.crop!r}")
+        if self.flip:
+            words.append("flip=True")
+        return ", ".join(words)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return it as JSON-ready data, with its description."""
+        return {
+            "size": list(self.size) if self.size else None,
+            "crop": self.crop if self.size else None,
+            "flip": self.flip,
+            "auto": self.auto,
+            "description": self.describe(),
+        }
+
+
+TrainChoice = TrainingRead | Literal["auto"]
+
+
+def parse_train_size(text: str) -> tuple[int, int] | None:
+    """Parse ``--train-size``: ``224`` (a square), ``224,320`` (H, W) or ``none`` (as stored).
+
+    Raises:
+        OptionsError: anything else.
+    """
+    value = text.strip().lower()
+    if value in ("none", "stored"):
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1:
+        numbers *= 2
+    if len(numbers) != 2 or min(numbers) < 1:
+        raise OptionsError(
+            "--train-size should be one positive integer (224), two as H,W (224,320) or "
+            f"'none', but got --train-size {text}"
+        )
+    return numbers[0], numbers[1]
+
+
+@dataclass(frozen=True)
+class SizeSurvey:
+    """The sizes images come in.
+
+    Attributes:
+        counts: How many images of each ``(H, W)``.
+        images: Images surveyed.
+        total: Images in the folder or pack (more than ``images`` when only a sample of a
+            large folder was surveyed).
+    """
+
+    counts: dict[tuple[int, int], int]
+    images: int
+    total: int
+
+    @classmethod
+    def of(cls, sizes: Iterable[tuple[int, int]], total: int | None = None) -> SizeSurvey:
+        """Count ``sizes`` (``(H, W)`` pairs)."""
+        counts = Counter((int(h), int(w)) for h, w in sizes)
+        images = sum(counts.values())
+        return cls(dict(counts), images, images if total is None else total)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every image surveyed has one size."""
+        return len(self.counts) <= 1
+
+    @property
+    def common(self) -> tuple[int, int] | None:
+        """The one ``(H, W)`` of every image, or None."""
+        return next(iter(self.counts)) if len(self.counts) == 1 else None
+
+    def describe(self) -> str:
+        """Return e.g. ``"one size, 500x375 (W x H)"`` or ``"187 sizes (widths 344 to ...)"``."""
+        if not self.counts:
+            return "no readable images"
+        if self.common is not None:
+            height, width = self.common
+            return f"one size, {width}x{height} (W x H)"
+        heights = [h for h, _ in self.counts]
+        widths = [w for _, w in self.counts]
+        sampled = f" in a sample of {self.images}" if self.images < self.total else ""
+        return (
+            f"{len(self.counts)} sizes{sampled} (widths {min(widths)} to {max(widths)}, "
+            f"heights {min(heights)} to {max(heights)} pixels)"
+        )
+
+
+def _probe(path: str) -> tuple[int, int] | None:
+    try:
+        return probe_size(load_file(path), name=path)
+    except DecodeError:
+        return None
+
+
+def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurvey:
+    """Read the image sizes of a folder from the files' headers (no decoding).
+
+    A folder of more than ``max_files`` images is surveyed on an even sample of them.
+    Unreadable files are left out (the conversion skips them too).
+
+    Raises:
+        SourceError: the folder is missing or holds no images.
+    """
+    files = scan(folder).files
+    chosen = files
+    if len(files) > max_files:
+        picks = np.linspace(0, len(files) - 1, max_files).round().astype(np.int64)
+        chosen = tuple(files[i] for i in np.unique(picks).tolist())
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) * 2)) as pool:
+        sizes = [s for s in pool.map(_probe, [os.fspath(f.path) for f in chosen]) if s]
+    return SizeSurvey.of(sizes, total=len(files))
+
+
+def survey_pack(path: StrPath) -> SizeSurvey:
+    """Return the image sizes a pack records.
+
+    Raises:
+        FileNotFoundError: the pack does not exist.
+        FormatError: the file is not a pack.
+    """
+    shapes = fmt.load_meta(path).shapes
+    return SizeSurvey.of((int(s[0]), int(s[1])) for s in shapes)
+
+
+def resolve_training_read(choice: TrainChoice, survey: SizeSurvey) -> TrainingRead:
+    """Return how training reads images of ``survey`` (see "Training size by default")."""
+    if isinstance(choice, TrainingRead):
+        return choice
+    if choice != "auto":
+        raise OptionsError(f"train should be a TrainingRead or 'auto', but got train={choice!r}")
+    if survey.uniform:
+        return TrainingRead(auto=True)
+    return TrainingRead(size=(AUTO_SIZE, AUTO_SIZE), crop="random-resized", flip=True, auto=True)
+
+
+def auto_note(train: TrainingRead, survey: SizeSurvey) -> str:
+    """Return one line saying how images are read and, for "auto", why."""
+    if not train.auto:
+        return f"Read as training will read them: {train.describe()}."
+    if train.as_stored:
+        return (
+            f"Read as stored: the images have {survey.describe()}, so the loader batches "
+            "them as they are (--train-size N measures them cut to N x N instead)."
+        )
+    return (
+        f"Read as an image classifier reads them ({train.describe()}): the images have "
+        f"{survey.describe()}, and the loader batches images of several sizes only at one "
+        "size. --train-size sets another size; --train-size none reads them as stored."
+    )
+
+
+def batch_problem(survey: SizeSurvey, train: TrainingRead) -> str | None:
+    """Return why the loader cannot stack images of ``survey`` read with ``train``, or None."""
+    if not train.as_stored or survey.uniform:
+        return None
+    return (
+        f"its images have {survey.describe()} and are read without a training size, so the "
+        "loader cannot stack them into batches"
+    )
