@@ -38,7 +38,7 @@ from h5pack.bench import (
     time_repeats,
 )
 from h5pack.bench.access import random_order, read_per_sample
-from h5pack.bench.diagnose import PackFacts, advise, share_labels
+from h5pack.bench.advice import PackFacts, advise, share_labels
 from h5pack.bench.loaders import open_dataset
 from h5pack.bench.reading import SizeSurvey, parse_train_size
 from h5pack.bench.report import format_bench, format_diagnosis, to_json

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from h5pack.bench import CompareOptions, MeasureOptions, TrainingRead, compare, recommend
 from h5pack.bench.access import ReadCount
-from h5pack.bench.compare import VariantResult
 from h5pack.bench.measure import PatternResult
+from h5pack.bench.ranking import VariantResult
 from h5pack.bench.report import PLOT_HINT, format_compare, table_rows, write_report
 from h5pack.bench.timing import Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED

@@ -21,18 +21,11 @@ from h5pack.bench.access import (
     replay_reader,
     storage_layout,
 )
-from h5pack.bench.compare import (
-    CompareEvent,
-    CompareOptions,
-    CompareReport,
-    Recommendation,
-    VariantResult,
-    compare,
-    recommend,
-)
+from h5pack.bench.compare import CompareEvent, CompareOptions, CompareReport, compare
 from h5pack.bench.diagnose import BOTTLENECKS, Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
 from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
+from h5pack.bench.ranking import Recommendation, VariantResult, recommend
 from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
 from h5pack.bench.system import (
     Machine,

@@ -12,11 +12,13 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.bench.access import NAIVE, PATTERN_TITLES
-from h5pack.bench.compare import CompareReport, VariantResult
+from h5pack.bench.compare import CompareReport
 from h5pack.bench.diagnose import SHARE_OF_STAGE, STAGE_TITLES, Diagnosis
 from h5pack.bench.measure import MEASURED, PatternResult
+from h5pack.bench.ranking import VariantResult
 from h5pack.bench.throughput import BenchResult
 from h5pack.bench.timing import Timing
+from h5pack.bench.units import human_bytes
 
 PLOT_HINT = "PNG plots need matplotlib: pip install 'h5pack[plot]'"
 NOT_CANDIDATE = "*"
@@ -42,15 +44,6 @@ NOTES = (
     f"{NOT_CANDIDATE} after a name: the loader cannot batch this pack as read, so it is "
     "never recommended (see below the table).",
 )
-
-
-def human_bytes(value: float) -> str:
-    """Return e.g. ``"1.5 MB"`` (powers of 1000, like ``ls -h --si``)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"  # pragma: no cover  (the loop returns)
 
 
 def _seconds(value: float | None) -> str:
