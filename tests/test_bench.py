@@ -549,8 +549,10 @@ def test_diagnose_stages_are_consistent_on_a_fast_pack(tmp_path: Path) -> None:
     for stage in diagnosis.stages:
         if stage.timing is not None and not stage.timing.stable:
             assert "differ by" in text  # an unsteady figure is said to be one
-    if diagnosis.bottleneck == "storage":
-        assert "compression" in diagnosis.advice  # applies: this pack is uncompressed
+    # a pack this small stays in the page cache: the disk costs the first epoch only
+    assert diagnosis.bottleneck != "storage"
+    if diagnosis.cache_drop.dropped and diagnosis.shares["storage"] > 0:
+        assert "first epoch only" in diagnosis.explanation
 
 
 def test_advice_applies_to_the_pack_measured(tmp_path: Path) -> None:
