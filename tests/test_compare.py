@@ -210,7 +210,6 @@ def test_quick_compare_on_mixed_sizes_builds_what_the_folder_allows(
     assert "sizes" in plan
     for flag in ("--chunk", "--size", "--layout", "--mode", "--compression"):
         assert flag not in plan  # in the user's terms, no flag they did not pass
-    assert "center" not in result.output
     assert "random-resized crops of 32x32" in result.output
     assert all(v["problem"] is None for v in data["variants"])  # batchable at a size
     assert data["recommendation"]["name"] in QUICK_VARIANTS_MIXED

@@ -174,7 +174,12 @@ def _training_read(train_size: str | None, crop: str | None, flip: bool | None) 
 @click.option(
     "--workers", type=Workers(), default="auto", show_default=True, help="Loader workers."
 )
-@click.option("--repeats", type=int, default=None, help="Timed epochs [default: 3, quick: 2].")
+@click.option(
+    "--repeats",
+    type=int,
+    default=None,
+    help="Timed runs, each of one or more epochs [default: 3, quick: 2].",
+)
 @click.option("--convert-workers", type=int, default=None, help="Conversion processes.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
