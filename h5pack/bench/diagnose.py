@@ -174,6 +174,7 @@ class _CeilingRunner:
 
     def close(self) -> None:
         self.loader = None
+        self.memory.close()
 
 
 def _consistent_stages(

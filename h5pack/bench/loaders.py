@@ -315,6 +315,12 @@ class InMemoryImages:
     def __getitem__(self, index: int) -> Any:
         return self.__getitems__([index])[0]
 
+    def close(self) -> None:
+        """Stop this process's filling threads (they restart on the next batch)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
     def _fill(self, idx: np.ndarray, out: np.ndarray) -> None:
         stack = self.stack
         assert stack is not None  # the caller checked
