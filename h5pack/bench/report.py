@@ -366,7 +366,7 @@ def format_bench(result: BenchResult, *, warn: bool = True) -> str:
     """Return ``bench``'s result as lines of text (``warn``: say when it is unsteady)."""
     options = result.options
     timing = result.timing
-    threads = f", {result.threads} decompression threads" if result.threads else ""
+    threads = f", {result.threads} reader threads" if result.threads else ""
     runs = (
         f"{len(timing.rates)} runs of {timing.epochs_per_run} epoch(s)"
         if timing.epochs_per_run > 1
