@@ -90,15 +90,20 @@ def test_info_json_fields(tmp_path, images):
         (["--layout", "contiguous", "--compression", "gzip"], "chunked"),
         (["--chunk-bytes", "5GiB"], "4 GiB"),
         (["--chunk-bytes", "lots"], "not a size"),
-        (["--chunk-samples", "0"], "positive"),
-        (["--size", "0", "5"], "positive"),
+        (["--chunk-samples", "0"], "--chunk-samples (chunk_samples=) should be a positive"),
+        (["--size", "0", "5"], "--size (size=) should be two positive"),
         (["--compression", "snappy"], "snappy"),
-        (["--compression", "gzip", "--level", "12"], "0..9"),
+        (["--compression", "gzip", "--level", "12"], "--level (level=) for gzip should be in 0..9"),
+        (["--compression", "zstd", "--level", "30"], "--level (level=) for zstd should be in"),
         (["--shuffle", "byte"], "--compression"),
-        (["--mode", "encoded", "--size", "8", "8"], "--size"),
-        (["--chunk-samples", "4", "--chunk-bytes", "1MiB"], "one of"),
+        (["--mode", "encoded", "--size", "8", "8"], "--size (size=) applies to raw pixels"),
+        (["--chunk-samples", "4", "--chunk-bytes", "1MiB"], "give one of --chunk-samples"),
         (["--quality", "80"], "--max-side"),
+        (["--quality", "0", "--max-side", "9", "--mode", "encoded"], "--quality (quality=)"),
+        (["--seed", "-1"], "--seed (seed=) should be a non-negative"),
+        (["--max-side", "0", "--mode", "encoded"], "--max-side (max_side=) should be"),
         (["--chunk-shape", "1,2,x"], "chunk shape"),
+        (["--layout", "contiguous", "--chunk-samples", "2"], "--chunk-samples (chunk_samples=)"),
     ],
 )
 def test_impossible_flags_are_usage_errors(tmp_path, images, flags, message):
@@ -106,7 +111,82 @@ def test_impossible_flags_are_usage_errors(tmp_path, images, flags, message):
     result = run("convert", images, target, "--workers", "1", *flags)
     assert result.exit_code == 2, result.output
     assert message in result.output
+    assert "Error: " in result.stderr  # one capitalisation, as click's own usage errors
     assert not target.exists()
+
+
+@pytest.mark.parametrize("flags", [["--chunk-samples", "0"], ["--level", "12"]])
+def test_usage_errors_name_the_flag_not_only_the_parameter(tmp_path, images, flags):
+    flags = ["--compression", "gzip", *flags] if "--level" in flags else flags
+    result = run("convert", images, tmp_path / "out.h5", *flags)
+    assert result.exit_code == 2
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"Error: {flags[-2]} (")
+
+
+def test_a_stray_image_beside_the_class_folders_is_skipped_with_one_warning(tmp_path, images):
+    """Issue 10: one preview.png at the top of an ImageFolder tree stopped the conversion."""
+    Image.new("RGB", (12, 9), "white").save(images / "preview.png")
+    Image.new("RGB", (12, 9), "black").save(images / "cover.jpg")
+    target = tmp_path / "out.h5"
+    result = run("convert", images, target, "--workers", "1", "-q")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert len(warnings) == 1  # one line names both
+    assert "cover.jpg, preview.png" in warnings[0]
+    assert "belongs to no class" in warnings[0]
+    assert "packed 6 of 6 images" in result.stdout
+    assert "skipped 2 files (recorded in the pack)" in result.stderr
+    meta = fmt.load_meta(target)
+    assert meta.classes == ("ant", "bee")
+    assert sorted(s.path for s in meta.skipped) == ["cover.jpg", "preview.png"]
+    assert "WARNING" not in result.stderr  # the library's log is not printed again
+
+    strict = tmp_path / "strict.h5"
+    result = run("convert", images, strict, "--workers", "1", "--strict")
+    assert result.exit_code == 1
+    assert "Error: cover.jpg: image directly in the source folder" in result.stderr
+    assert "--strict" in result.stderr
+    assert not strict.exists()
+
+
+def test_long_skipped_lists_are_cut_short(tmp_path, images):
+    for i in range(25):
+        (images / f"stray{i:02d}.jpg").write_bytes(b"not an image")
+    (images / "ant" / "z_broken.jpg").write_bytes(b"\xff\xd8 broken")
+    for i in range(30):
+        Image.new("RGB", (12, 9)).save(images / "bee" / f"more{i:02d}.jpg")
+    result = run("convert", images, tmp_path / "out.h5", "--workers", "1", "-q")
+    assert result.exit_code == 0, result.output
+    assert "skipped 26 files" in result.stderr
+    assert "and 6 more: `h5pack info --json" in result.stderr
+    assert len([x for x in result.stderr.splitlines() if x.startswith("Warning:")]) == 2
+
+
+def test_sizes_are_shown_width_by_height(tmp_path):
+    root = tmp_path / "wide"
+    (root / "a").mkdir(parents=True)
+    for i in range(2):
+        Image.new("RGB", (40, 10)).save(root / "a" / f"{i}.png")  # 40 wide, 10 high
+    target = tmp_path / "out.h5"
+    result = run("convert", root, target, "--workers", "1")
+    assert result.exit_code == 0, result.output
+    assert "all 2 images are 40x10" in result.stderr
+    assert "samples 40x10 (WxH)" in run("info", target).stdout
+
+
+def test_info_counts_padding_and_uncompressed_blobs_have_none(tmp_path):
+    vary = make_folder(tmp_path / "vary", vary=True)
+    packed = tmp_path / "auto.h5"
+    assert run("convert", vary, packed, "--workers", "1", "-q").exit_code == 0
+    lines = run("info", packed).stdout
+    assert "layout    contiguous" in lines
+    assert "ratio     1.00" in lines
+    assert "is padding" not in lines
+    chunked = tmp_path / "chunked.h5"
+    flags = ["--layout", "chunked", "--chunk-bytes", "4KiB", "--workers", "1", "-q"]
+    assert run("convert", vary, chunked, *flags).exit_code == 0
+    assert "is padding" in run("info", chunked).stdout
 
 
 def test_existing_target_needs_overwrite(tmp_path, images):
@@ -114,7 +194,7 @@ def test_existing_target_needs_overwrite(tmp_path, images):
     target.write_bytes(b"old")
     result = run("convert", images, target, "--workers", "1")
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: ")
+    assert result.stderr.startswith("Error: ")
     assert "--overwrite" in result.stderr
     assert target.read_bytes() == b"old"
     assert run("convert", images, target, "--workers", "1", "--overwrite").exit_code == 0
@@ -123,7 +203,7 @@ def test_existing_target_needs_overwrite(tmp_path, images):
 def test_missing_source_and_pack_are_one_line_errors(tmp_path):
     result = run("convert", tmp_path / "nowhere", tmp_path / "out.h5")
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: ")
+    assert result.stderr.startswith("Error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     result = run("info", tmp_path / "missing.h5")
     assert result.exit_code == 1
@@ -131,7 +211,7 @@ def test_missing_source_and_pack_are_one_line_errors(tmp_path):
     (tmp_path / "text.h5").write_text("hello")
     result = run("verify", tmp_path / "text.h5")
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: ")
+    assert result.stderr.startswith("Error: ")
 
 
 def test_bad_files_warn_and_strict_stops(tmp_path, images):
@@ -139,10 +219,10 @@ def test_bad_files_warn_and_strict_stops(tmp_path, images):
     target = tmp_path / "out.h5"
     result = run("convert", images, target, "--workers", "1", "-q")
     assert result.exit_code == 0, result.output
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
     assert len(warnings) == 1
     assert "bee/broken.jpg" in warnings[0]
-    assert "skipped 1 files" in result.stderr
+    assert "skipped 1 file (recorded in the pack)" in result.stderr
     assert "packed 6 of 7 images" in result.stdout
 
     strict = tmp_path / "strict.h5"

@@ -2,16 +2,23 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from h5pack.core.layout import DEFAULT_CHUNK_BYTES, Compression
 from h5pack.errors import OptionsError
+from h5pack.write.images import aligned_offsets
 from h5pack.write.options import ConvertOptions
 from h5pack.write.plan import (
     BLOB_SLOT_BYTES,
+    MIN_BLOB_CHUNK_BYTES,
+    PADDING_TARGET,
     batch_size,
+    blob_chunk_bytes,
     block_slot_bytes,
+    even_chunk_samples,
     plan_storage,
+    resolved_layout,
     sample_slot_bytes,
 )
 
@@ -29,10 +36,10 @@ def test_one_common_size_is_a_raw_array_chunked_from_the_byte_target():
     assert plan.decode.mode == "raw"
     assert plan.decode.fixed_shape == (6, 5, 3)
     assert not plan.decode.flat
-    assert plan.reason == "auto mode chose raw pixels: all 100 images are 6x5"
+    assert plan.reason == "auto mode chose raw pixels: all 100 images are 5x6"  # W x H
     raw = plan_storage(ConvertOptions(mode="raw", chunk_bytes=900), ONE_SIZE, num_samples=100)
     assert raw.spec == plan.spec
-    assert raw.reason == "raw mode: all 100 images are 6x5"
+    assert raw.reason == "raw mode: all 100 images are 5x6"
 
 
 def test_the_default_byte_target_sizes_the_chunk():
@@ -66,12 +73,12 @@ def test_several_sizes_in_auto_mode_are_encoded_and_the_reason_names_them():
     assert (plan.decode.mode, plan.decode.flat) == ("encoded", True)
     assert plan.reason == (
         "auto mode chose encoded (original file bytes): the images come in 3 sizes "
-        "(e.g. 6x5, 8x4); pass --size H W to store raw pixels"
+        "(e.g. 5x6, 4x8); pass --size H W to store raw pixels"
     )
 
 
 def test_encoded_mode_says_so_and_names_max_side():
-    options = ConvertOptions(mode="encoded", max_side=30)
+    options = ConvertOptions(mode="encoded", max_side=30, layout="chunked")
     plan = plan_storage(options, None, num_samples=5)
     assert (plan.mode, plan.storage) == ("encoded", "blob")
     assert plan.spec.chunks == (DEFAULT_CHUNK_BYTES,)
@@ -80,6 +87,11 @@ def test_encoded_mode_says_so_and_names_max_side():
         "files over 30 px are re-encoded to JPEG"
     )
     assert (plan.decode.max_side, plan.decode.quality) == (30, 90)
+    # Re-encoded files have sizes of their own: a contiguous blob is staged, not sized.
+    sizes = np.full(5, 1000)
+    options = ConvertOptions(mode="encoded", max_side=30)
+    auto = plan_storage(options, None, num_samples=5, sample_bytes=lambda n: sizes)
+    assert (auto.spec.chunks, auto.spec.blob_bytes) == (None, None)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +121,7 @@ def test_size_given_is_a_raw_array_at_that_size(mode):
     assert plan.spec.sample_shape == (7, 9, 1)
     assert plan.spec.chunks == (4, 7, 9, 1)
     assert (plan.decode.size, plan.decode.fixed_shape) == ((7, 9), (7, 9, 1))
-    assert plan.reason.endswith(": every image is resized to 7x9")
+    assert plan.reason.endswith(": every image is resized to 9x7")  # --size H W, shown W x H
 
 
 @pytest.mark.parametrize("mode", ["auto", "raw"])
@@ -131,7 +143,8 @@ def test_contiguous_layout_has_no_chunks():
     options = ConvertOptions(layout="contiguous", mode="raw")
     blob = plan_storage(options, TWO_SIZES, num_samples=100)
     assert (blob.storage, blob.spec.chunks) == ("blob", None)
-    assert blob.chunk_bytes == DEFAULT_CHUNK_BYTES
+    assert blob.chunk_bytes == 0  # samples back to back: no chunks to align to
+    assert blob.spec.blob_bytes == 3 * (60 * 30 + 30 * 32 + 10 * 4)  # known from the headers
     encoded = plan_storage(ConvertOptions(layout="contiguous"), TWO_SIZES, num_samples=100)
     assert (encoded.mode, encoded.spec.chunks) == ("encoded", None)
 
@@ -149,3 +162,113 @@ def test_slots_hold_a_batch_of_samples_and_a_block_of_stored_chunks():
     assert block_slot_bytes(encoded) >= 2**20
     raw_blob = plan_storage(ConvertOptions(mode="raw"), TWO_SIZES, num_samples=100)
     assert batch_size(raw_blob) == 4
+
+
+# --- padding (NOTE [ Padding ]) ------------------------------------------------------------
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("options", "storage", "layout"),
+    [
+        (ConvertOptions(), "blob", "contiguous"),  # uncompressed blob: no chunks, no padding
+        (ConvertOptions(), "array", "chunked"),
+        (ConvertOptions(compression=Compression(codec="lz4")), "blob", "chunked"),
+        (ConvertOptions(chunk_bytes=MIB), "blob", "chunked"),  # chunks were asked for
+        (ConvertOptions(layout="chunked"), "blob", "chunked"),
+        (ConvertOptions(layout="contiguous"), "array", "contiguous"),
+    ],
+)
+def test_auto_layout(options, storage, layout):
+    assert resolved_layout(options, storage) == layout
+
+
+def test_an_uncompressed_blob_is_contiguous_and_sized_from_the_samples():
+    calls = []
+
+    def sample_bytes(limit):
+        calls.append(limit)
+        return np.arange(1, 101)
+
+    options = ConvertOptions(mode="encoded")
+    plan = plan_storage(options, None, num_samples=100, sample_bytes=sample_bytes)
+    assert (plan.spec.chunks, plan.chunk_bytes) == (None, 0)
+    assert plan.spec.blob_bytes == 5050
+    assert calls == [None]  # every sample, for the exact length
+    assert plan.reason.endswith("; uncompressed, so stored contiguous, with no padding")
+
+
+def test_small_samples_keep_the_byte_target():
+    jpegs = np.random.default_rng(0).integers(20_000, 50_000, 2000)  # ~35 kB files
+    assert blob_chunk_bytes(jpegs, target=8 * MIB) == 8 * MIB
+
+
+@pytest.mark.parametrize("whole_last_chunk", [False, True])
+def test_large_samples_get_chunks_that_waste_little_of_their_last_one(whole_last_chunk):
+    # The shared photo folder's raw sizes: mixed photos up to 2560x1600.
+    sides = [(1600, 2560), (512, 512), (300, 451), (400, 600), (1200, 1920), (683, 1024)] * 3
+    sizes = np.asarray([h * w * 3 for h, w in sides])
+    chunk = blob_chunk_bytes(sizes, target=8 * MIB, whole_last_chunk=whole_last_chunk)
+    assert MIN_BLOB_CHUNK_BYTES <= chunk < 8 * MIB
+    end = int(aligned_offsets(sizes, chunk)[-1])
+    stored = -(-end // chunk) * chunk if whole_last_chunk else end
+    assert (stored - sizes.sum()) / stored <= PADDING_TARGET
+    # The byte target wasted a quarter: each photo's last 8 MiB chunk was mostly empty.
+    at_target = int(aligned_offsets(sizes, 8 * MIB)[-1])
+    assert (at_target - sizes.sum()) / at_target > 0.2
+
+
+def test_a_chunked_blob_chooses_its_chunk_from_the_sample_sizes():
+    photos = Counter({(1600, 2560): 10, (512, 512): 7})
+    compressed = ConvertOptions(mode="raw", compression=Compression(codec="zstd"))
+    plan = plan_storage(compressed, photos, num_samples=17)
+    assert plan.spec.chunks == (plan.chunk_bytes,)
+    assert MIN_BLOB_CHUNK_BYTES <= plan.chunk_bytes < DEFAULT_CHUNK_BYTES
+    # An explicit chunk size is exact.
+    exact = ConvertOptions(mode="raw", compression=Compression(codec="zstd"), chunk_bytes=MIB)
+    assert plan_storage(exact, photos, num_samples=17).chunk_bytes == MIB
+    # Encoded: from the files' sizes, a random subset of them.
+    asked = []
+
+    def sample_bytes(limit):
+        asked.append(limit)
+        return np.full(min(limit, 10**6), 30_000)
+
+    options = ConvertOptions(mode="encoded", compression=Compression(codec="lz4"))
+    plan = plan_storage(options, None, num_samples=10**6, sample_bytes=sample_bytes)
+    assert plan.chunk_bytes == DEFAULT_CHUNK_BYTES
+    assert asked == [4096]
+
+
+@pytest.mark.parametrize(
+    ("num", "most", "expected"),
+    [
+        (2000, 55, 50),  # 224x224: 55 per chunk wasted 35 rows; 50 divides 2000
+        (50, 42, 25),  # a small pack: 42 + 8 wasted 34 rows of the last chunk
+        (7, 7, 7),
+        (84, 42, 42),  # N % k = 0
+        (1, 1, 1),
+    ],
+)
+def test_even_chunk_samples(num, most, expected):
+    assert even_chunk_samples(num, most) == expected
+
+
+@pytest.mark.parametrize("num", [43, 84, 85, 125, 997, 10**5 + 1])
+def test_even_chunk_samples_waste_little_and_stay_in_range(num):
+    k = even_chunk_samples(num, 42)
+    assert 21 <= k <= 42
+    def waste(j):
+        return -(-num // j) * j - num
+
+    assert waste(k) <= max(num * PADDING_TARGET / 2, min(waste(j) for j in range(21, 43)))
+
+
+def test_uncompressed_arrays_fill_their_last_chunk():
+    sizes = Counter({(224, 224): 2000})
+    plan = plan_storage(ConvertOptions(), sizes, num_samples=2000)
+    assert plan.spec.chunks == (50, 224, 224, 3)
+    # Compressed, the last chunk's empty rows compress away: the byte target stands.
+    lz4 = ConvertOptions(compression=Compression(codec="lz4"))
+    assert plan_storage(lz4, sizes, num_samples=2000).spec.chunks[0] == 55

@@ -8,13 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from h5pack.core.format import SkippedFile
 from h5pack.errors import OptionsError, SourceError
 from h5pack.write.scan import (
     IMAGE_EXTENSIONS,
+    LOOSE_REASON,
     ScanResult,
     SourceFile,
+    file_sizes,
     find_classes,
+    group_problems,
     has_image_extension,
+    name_paths,
     scan,
 )
 
@@ -82,13 +87,50 @@ def test_flat_folder_is_unlabelled(tmp_path: Path) -> None:
     assert not result.labelled
 
 
-def test_mixed_flat_and_class_layout_is_refused(tmp_path: Path) -> None:
+def test_as_many_loose_images_as_class_images_is_refused(tmp_path: Path) -> None:
     touch(tmp_path, "loose.jpg")
     touch(tmp_path, "cat/1.jpg")
-    with pytest.raises(SourceError, match=r"both directly inside it.*--labels") as info:
+    with pytest.raises(SourceError, match=r"1 image directly inside it.*--labels") as info:
         scan(tmp_path)
     assert "loose.jpg" in str(info.value)
     assert "cat/1.jpg" in str(info.value)
+    assert "layout 'flat'" not in str(info.value)  # no flag gives it at the command line
+
+
+@pytest.mark.parametrize("num_loose", [1, 2])
+def test_a_few_stray_images_beside_class_folders_are_reported_not_fatal(
+    tmp_path: Path, num_loose: int
+) -> None:
+    for name in ("preview.png", "notes.jpg")[:num_loose]:
+        touch(tmp_path, name)
+    for rel in ("cat/1.jpg", "cat/2.jpg", "dog/3.jpg"):
+        touch(tmp_path, rel)
+    result = scan(tmp_path)
+    assert labelled(result) == {"cat/1.jpg": "cat", "cat/2.jpg": "cat", "dog/3.jpg": "dog"}
+    loose = sorted(["preview.png", "notes.jpg"][:num_loose])
+    assert [p.path for p in result.problems] == loose
+    assert {p.reason for p in result.problems} == {LOOSE_REASON}
+    assert "belongs to no class" in LOOSE_REASON
+
+
+def test_problems_are_grouped_by_reason_for_one_warning_each() -> None:
+    problems = [
+        SkippedFile("a.png", LOOSE_REASON),
+        SkippedFile("x/link.jpg", "dangling symlink"),
+        SkippedFile("b.png", LOOSE_REASON),
+    ]
+    assert group_problems(problems) == [
+        (LOOSE_REASON, ("a.png", "b.png")),
+        ("dangling symlink", ("x/link.jpg",)),
+    ]
+    assert name_paths(["a", "b"]) == "a, b"
+    assert name_paths([str(i) for i in range(8)], limit=3) == "0, 1, 2 and 5 more"
+
+
+def test_file_sizes_of_sources(tmp_path: Path) -> None:
+    files = [SourceFile(touch(tmp_path, "a.png", b"x" * 7), "a.png", -1)]
+    files.append(SourceFile(tmp_path / "gone.png", "gone.png", -1))
+    assert file_sizes(files).tolist() == [7, 0]
 
 
 def test_explicit_flat_layout_takes_everything_unlabelled(tmp_path: Path) -> None:
@@ -106,7 +148,7 @@ def test_explicit_imagefolder_reports_loose_images(tmp_path: Path) -> None:
     result = scan(tmp_path, layout="imagefolder")
     assert labelled(result) == {"cat/1.jpg": "cat"}
     assert [p.path for p in result.problems] == ["loose.jpg"]
-    assert "outside any class folder" in result.problems[0].reason
+    assert result.problems[0].reason == LOOSE_REASON
 
 
 def test_imagefolder_layout_without_class_folders_is_refused(tmp_path: Path) -> None:

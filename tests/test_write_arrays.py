@@ -7,7 +7,7 @@ import pytest
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
-from h5pack.errors import OptionsError, TargetExistsError
+from h5pack.errors import DecodeError, OptionsError, TargetExistsError
 from h5pack.read.reader import PackReader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
@@ -123,3 +123,58 @@ def test_encoded_mode_needs_bytes(tmp_path):
         write_arrays(
             tmp_path / "p.h5", random_arrays(2), [0, 0], options=ConvertOptions(mode="encoded")
         )
+
+
+def test_skipped_samples_are_logged_once(tmp_path, caplog):
+    files = [jpeg(a) for a in random_arrays(4, (10, 12, 3))]
+    files[1] = files[2] = b"not an image"
+    with caplog.at_level("WARNING", logger="h5pack"):
+        report = write_arrays(tmp_path / "p.h5", files, [0] * 4)
+    records = [r for r in caplog.records if r.name == "h5pack"]
+    assert len(records) == 1  # one summary, not one line per file
+    message = records[0].getMessage()
+    assert "skipped 2 files" in message
+    assert "sample-000001" in message
+    assert "sample-000002" in message
+    assert [s.path for s in report.skipped] == ["sample-000001", "sample-000002"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="h5pack"):
+        write_arrays(tmp_path / "q.h5", files[:1], [0])
+    assert not caplog.records
+
+
+def test_convert_logs_what_it_skipped(tmp_path, caplog):
+    """The Python convert() tells of stray and broken files through logging, too."""
+    from PIL import Image
+
+    from h5pack.write.convert import convert
+
+    root = tmp_path / "images"
+    (root / "cat").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (8, 6), (i, 0, 0)).save(root / "cat" / f"{i}.png")
+    Image.new("RGB", (8, 6)).save(root / "preview.png")
+    (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 broken")
+    with caplog.at_level("WARNING", logger="h5pack"):
+        report = convert(root, tmp_path / "p.h5", ConvertOptions(workers=1))
+    assert report.num_samples == 3
+    assert sorted(s.path for s in report.skipped) == ["cat/broken.jpg", "preview.png"]
+    (record,) = [r for r in caplog.records if r.name == "h5pack"]
+    assert record.levelname == "WARNING"
+    assert "skipped 2 files" in record.getMessage()
+    assert "preview.png" in record.getMessage()
+    with pytest.raises(DecodeError, match=r"preview\.png.*--strict"):
+        convert(root, tmp_path / "q.h5", ConvertOptions(workers=1, strict=True))
+
+
+def test_contiguous_blob_of_bytes_is_sized_from_them_and_round_trips(tmp_path):
+    rng = np.random.default_rng(4)
+    files = [jpeg(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)) for i in range(6)]
+    files[3] = b"broken"  # skipped: its bytes stay unused at the end of the blob
+    report = write_arrays(tmp_path / "p.h5", files, [0] * 6)
+    assert report.meta.chunks is None
+    assert report.meta.images_shape == (sum(map(len, files)),)
+    assert report.meta.offsets[-1] == sum(map(len, files)) - len(b"broken")
+    with PackReader(report.path) as reader:
+        for i, data in enumerate(reader.read_stored(range(len(reader)))):
+            assert data.tobytes() == files[int(reader.meta.source_index[i])]

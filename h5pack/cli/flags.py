@@ -7,6 +7,7 @@ rendered with tqdm. Commands in ``h5pack.cli.main`` and ``h5pack.cli.bench`` sha
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from h5pack.core.layout import CODECS, SHUFFLES, Compression
+from h5pack.core.layout import CODECS, LEVELS, SHUFFLES, Compression
+from h5pack.errors import OptionsError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,6 +55,11 @@ def parse_bytes(text: str) -> int:
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size; write e.g. 8MiB, 4MB, 512KiB or 1048576")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def plural(count: int, noun: str) -> str:
+    """Return ``"1 file"``, ``"2 files"``: a count and its noun, in the right number."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def format_bytes(count: float) -> str:
@@ -125,9 +132,11 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
     ),
     click.option(
         "--layout",
-        type=click.Choice(["chunked", "contiguous"]),
-        default="chunked",
+        type=click.Choice(["auto", "chunked", "contiguous"]),
+        default="auto",
         show_default=True,
+        help="auto: contiguous for uncompressed images of several sizes (no padding), "
+        "else chunked.",
     ),
     click.option("--chunk-samples", type=int, default=None, help="Samples per chunk."),
     click.option("--chunk-shape", type=ChunkShape(), default=None, help="Explicit k,H,W,C."),
@@ -180,6 +189,7 @@ def options_from_flags(flags: dict[str, Any]) -> Any:
     from h5pack.write.options import ConvertOptions
 
     workers = flags["workers"]
+    _check_level(flags["compression"], flags["level"])
     return ConvertOptions(
         mode=flags["mode"],
         size=flags["size"],
@@ -203,6 +213,19 @@ def options_from_flags(flags: dict[str, Any]) -> Any:
     )
 
 
+def _check_level(codec: str, level: int | None) -> None:
+    """Refuse a ``--level`` out of the codec's range, naming the flag (a usage error)."""
+    from h5pack.write.options import option_name
+
+    if level is None or codec not in LEVELS:
+        return  # Compression itself says that --level does not apply
+    low, high, _ = LEVELS[codec]
+    if not low <= level <= high:
+        raise OptionsError(
+            f"{option_name('level')} for {codec} should be in {low}..{high}, but got {level}"
+        )
+
+
 quiet_flag = click.option("--quiet", "-q", is_flag=True, help="No progress bar or notes.")
 
 
@@ -224,7 +247,7 @@ class Progress:
     def event(self, event: Any) -> None:
         """Handle a ``ConvertEvent``."""
         if event.kind == "skipped":
-            self.note(f"warning: {event.message}")
+            self.note(f"Warning: {event.message}")
             return
         self.close()  # every other event comes between phases
         if event.kind == "phase":
@@ -249,9 +272,18 @@ class Progress:
 
 @contextmanager
 def progress_for(quiet: bool) -> Iterator[Progress]:
-    """Lend a ``Progress`` (quiet or not) and close its bar at the end."""
+    """Lend a ``Progress`` (quiet or not) and close its bar at the end.
+
+    Meanwhile the library's log records are not printed: they repeat the events that the
+    ``Progress`` renders (``convert`` logs a summary of the files it skipped for callers
+    that do not watch its events).
+    """
     progress = Progress(quiet=quiet)
+    library = logging.getLogger("h5pack")
+    silence = logging.NullHandler()
+    library.addHandler(silence)  # no last-resort handler printing them to stderr
     try:
         yield progress
     finally:
+        library.removeHandler(silence)
         progress.close()

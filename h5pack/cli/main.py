@@ -2,9 +2,10 @@
 
 Every command turns its flags into the library's option objects at the edge and renders
 what the library returns; errors are mapped in one place (``H5PackGroup.invoke``):
-``OptionsError`` is a usage error (exit 2), any other ``H5PackError`` prints one line
-``error: ...`` and exits 1. Other command modules extend the group with ``cli.add_command``
-and reuse the flags and parameter types of ``h5pack.cli.flags`` (re-exported here).
+``OptionsError`` is a usage error (``Error: ...`` after the usage line, exit 2, as click
+reports a bad flag), any other ``H5PackError`` prints one line ``Error: ...`` and exits 1.
+Other command modules extend the group with ``cli.add_command`` and reuse the flags and
+parameter types of ``h5pack.cli.flags`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from h5pack.cli.flags import (
     format_bytes,
     options_from_flags,
     parse_bytes,
+    plural,
     progress_for,
     quiet_flag,
 )
@@ -46,6 +48,9 @@ __all__ = [
     "progress_for",
     "quiet_flag",
 ]
+
+# Skipped files listed after a conversion (all of them are in the pack).
+SKIPPED_SHOWN = 20
 
 # Commands that live in other modules, imported only when used (so that `h5pack convert`
 # does not import what `bench` needs): name -> "module:attribute". A module that is not
@@ -94,7 +99,7 @@ class H5PackGroup(click.Group):
         except OptionsError as err:
             raise click.UsageError(str(err)) from err
         except H5PackError as err:
-            click.echo(f"error: {err}", err=True)
+            click.echo(f"Error: {err}", err=True)
             sys.exit(1)
 
 
@@ -133,9 +138,13 @@ def convert(source: str, target: str, overwrite: bool, quiet: bool, **flags: Any
         f"in {report.elapsed_s:.1f} s, {report.images_per_s:.0f} images/s"
     )
     if report.skipped:
-        click.echo(f"skipped {len(report.skipped)} files (recorded in the pack):", err=True)
-        for item in report.skipped:
+        count = len(report.skipped)
+        click.echo(f"skipped {plural(count, 'file')} (recorded in the pack):", err=True)
+        for item in report.skipped[:SKIPPED_SHOWN]:
             click.echo(f"  {item.path}: {item.reason}", err=True)
+        if count > SKIPPED_SHOWN:
+            rest = count - SKIPPED_SHOWN
+            click.echo(f"  and {rest} more: `h5pack info --json {report.path}` lists all", err=True)
 
 
 def _info_lines(info: Any) -> list[tuple[str, str]]:
@@ -145,7 +154,7 @@ def _info_lines(info: Any) -> list[tuple[str, str]]:
     if info.unlabelled:
         classes = (classes + ", " if classes else "") + f"unlabelled {info.unlabelled}"
     shape = info.sample_shape
-    sample = "x".join(map(str, shape)) if shape else "original sizes (per-sample shapes)"
+    sample = f"{shape[1]}x{shape[0]} (WxH)" if shape else "of original sizes (per-sample shapes)"
     if info.layout == "chunked":
         layout = (
             f"chunked, chunk {info.chunk_shape} = {format_bytes(info.chunk_bytes)} "
@@ -168,15 +177,24 @@ def _info_lines(info: Any) -> list[tuple[str, str]]:
         ("images", f"{info.dtype} {info.images_shape}, samples {sample}, {info.channels} ch"),
         ("layout", layout),
         ("codec", info.codec),
-        (
-            "ratio",
-            f"{info.compression_ratio:.2f} ({format_bytes(info.stored_bytes)} of samples in "
-            f"{format_bytes(info.disk_bytes)})",
-        ),
+        ("ratio", _ratio_text(info)),
         ("plugins", plugins),
         ("shuffled", {True: "yes", False: "no", None: "unknown"}[info.shuffled]),
         ("skipped", skipped),
     ]
+
+
+def _ratio_text(info: Any) -> str:
+    """Return the ratio line of ``info``; uncompressed, the shortfall is padding: say so."""
+    text = (
+        f"{info.compression_ratio:.2f} ({format_bytes(info.stored_bytes)} of samples in "
+        f"{format_bytes(info.disk_bytes)}"
+    )
+    padding = info.disk_bytes - info.stored_bytes
+    if not info.filter_ids and padding > 0:
+        share = padding / max(1, info.file_bytes)
+        text += f", of which {format_bytes(padding)} is padding, {share:.1%} of the file"
+    return text + ")"
 
 
 @cli.command()

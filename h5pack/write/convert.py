@@ -11,12 +11,15 @@ samples through the same back end.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +27,7 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack.core.format import SkippedFile
 from h5pack.errors import DecodeError, H5PackError, OptionsError
-from h5pack.write.arena import Arena
+from h5pack.write.arena import Arena, attachable
 from h5pack.write.builder import (
     ConvertEvent,
     ConvertReport,
@@ -34,6 +37,7 @@ from h5pack.write.builder import (
     make_report,
     write_order,
 )
+from h5pack.write.leftovers import describe_removed, remove_leftover_segments, remove_leftovers
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import (
     Prepared,
@@ -52,9 +56,19 @@ from h5pack.write.plan import (
     plan_storage,
     sample_slot_bytes,
 )
-from h5pack.write.publish import TempFiles, check_target, sigterm_as_exit
+from h5pack.write.publish import (
+    TempFiles,
+    check_not_a_source,
+    check_room,
+    check_target,
+    sigterm_as_exit,
+)
 
 __all__ = ["ConvertEvent", "ConvertReport", "convert", "write_arrays"]
+
+# Skipped files are also reported here (one summary per conversion), for Python callers
+# who do not pass ``on_event``; the CLI renders the events instead.
+logger = logging.getLogger("h5pack")
 
 
 def convert(
@@ -86,14 +100,30 @@ def convert(
         DecodeError: with ``strict``, the first file that cannot be packed.
         OptionsError: the options do not fit the images.
     """
-    from h5pack.write.scan import scan
-
-    started = time.perf_counter()
     options = options or ConvertOptions()
     emit = on_event or (lambda event: None)
     step = progress or (lambda n: None)
     target_path = check_target(target, overwrite=overwrite)
+    _remove_leftovers(target_path, emit)
+    with sigterm_as_exit(), TempFiles(target_path) as temps:
+        return _logged(_convert(source, target_path, options, temps, overwrite, emit, step))
+
+
+def _convert(
+    source: StrPath,
+    target_path: Path,
+    options: ConvertOptions,
+    temps: TempFiles,
+    overwrite: bool,
+    emit: Callable[[ConvertEvent], None],
+    step: Callable[[int], None],
+) -> ConvertReport:
+    """Scan ``source`` and write the pack (``convert``, inside its lock and signal handler)."""
+    from h5pack.write.scan import file_sizes, group_problems, name_paths, scan
+
+    started = time.perf_counter()
     found = scan(source, labels_csv=options.labels_csv)
+    check_not_a_source(target_path, (f.path for f in found.files))
     labelled = f" in {len(found.classes)} classes" if found.classes else " (unlabelled)"
     emit(
         ConvertEvent(
@@ -110,59 +140,161 @@ def convert(
         skipped.append(SkippedFile(path, reason))
         emit(ConvertEvent("skipped", f"skipped {path}: {reason}", path=path))
 
-    for problem in found.problems:
-        reject(problem.path, problem.reason)
+    # One warning per kind of scan problem (a hundred stray files make one line), every
+    # file recorded.
+    for reason, paths in group_problems(found.problems):
+        if options.strict:
+            reject(paths[0], reason)
+        skipped.extend(SkippedFile(path, reason) for path in paths)
+        emit(ConvertEvent("skipped", f"skipped {name_paths(paths)}: {reason}", path=paths[0]))
     num = len(found.files)
     order = write_order(num, options)
     files = [found.files[i] for i in order]
     workers = options.effective_workers
-    temps = TempFiles()
     arenas: list[Arena] = []
-    with sigterm_as_exit():
-        executor = make_executor(workers)
-        try:
-            sizes = None
-            if options.mode != "encoded" and options.size is None:
-                sizes = _probe(executor, files, workers, emit, step)
-            plan = plan_storage(options, sizes, num_samples=num)
-            emit(ConvertEvent("mode", plan.reason))
-            emit(ConvertEvent("phase", "converting", total=num))
-            samples_arena = blocks_arena = None
-            if workers > 1:
-                samples_arena = Arena.maybe(2 * workers, sample_slot_bytes(plan))
-                if plan.spec.compressed:
-                    blocks_arena = Arena.maybe(workers + 1, block_slot_bytes(plan))
-                arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
-            prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
-            table = SampleTable(
-                labels=np.asarray([f.label for f in files], dtype=np.int64),
-                classes=tuple(found.classes),
-                paths=[f.relative for f in files],
-                source_index=order,
-            )
-            published = build_pack(
-                target_path,
-                plan,
-                prepared,
-                table,
-                options=options,
-                workers=Workers(executor, workers + 1, blocks_arena),
-                temps=temps,
-                skipped=skipped,
-                emit=emit,
-                overwrite=overwrite,
-            )
-        except BrokenExecutor as err:
-            raise H5PackError(
-                "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
-                "memory); rerun with --workers 1 to see where"
-            ) from err
-        finally:
-            executor.shutdown(wait=True, cancel_futures=True)
-            for arena in arenas:
-                arena.close()
-            temps.remove_all()
+    executor = make_executor(workers)
+    try:
+        sizes = None
+        if options.mode != "encoded" and options.size is None:
+            sizes = _probe(executor, files, workers, emit, step)
+        plan = plan_storage(
+            options,
+            sizes,
+            num_samples=num,
+            sample_bytes=lambda limit: file_sizes(files[:limit]),
+        )
+        emit(ConvertEvent("mode", plan.reason))
+        emit(ConvertEvent("phase", "converting", total=num))
+        samples_arena = blocks_arena = None
+        if workers > 1:
+            samples_arena = _open_arena(executor, 2 * workers, sample_slot_bytes(plan))
+            if plan.spec.compressed:
+                blocks_arena = _open_arena(executor, workers + 1, block_slot_bytes(plan))
+            arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
+        table = SampleTable(
+            labels=np.asarray([f.label for f in files], dtype=np.int64),
+            classes=tuple(found.classes),
+            paths=[f.relative for f in files],
+            source_index=order,
+        )
+        prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
+        published = build_pack(
+            target_path,
+            plan,
+            _room_checked(prepared, plan, target_path),
+            table,
+            options=options,
+            workers=Workers(executor, workers + 1, blocks_arena),
+            temps=temps,
+            skipped=skipped,
+            emit=emit,
+            overwrite=overwrite,
+        )
+    except BrokenExecutor as err:
+        raise H5PackError(
+            "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
+            "memory); rerun with --workers 1 to see where"
+        ) from err
+    except H5PackError as err:
+        clean = _disk_error(err, target_path)
+        if clean is None:
+            raise
+        raise clean from err
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+        for arena in arenas:
+            arena.close()
     return make_report(published, plan, num, skipped, started)
+
+
+def _remove_leftovers(target: Path, emit: Callable[[ConvertEvent], None]) -> None:
+    """Remove what killed conversions left beside ``target`` and in shared memory; say so."""
+    removed = remove_leftovers(target.parent) + remove_leftover_segments()
+    if removed:
+        message = describe_removed(removed)
+        logger.warning("%s", message)
+        emit(ConvertEvent("note", message))
+
+
+def _open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
+    """Return an arena the workers can open (NOTE [ Memory that cannot leak ]), or None."""
+    arena = Arena.maybe(num_slots, slot_bytes)
+    if arena is None or not arena.anonymous:
+        return arena
+    if executor.submit(attachable, arena.ref(0)).result():
+        return arena
+    arena.close()
+    return Arena.named(num_slots, slot_bytes)
+
+
+# Bytes per sample of the metadata arrays: labels (int64), shapes (3 x int32), checksums
+# (uint32), source order (int64); blobs add offsets and sizes (int64 each).
+_SAMPLE_METADATA_BYTES = 8 + 12 + 4 + 8
+_BLOB_METADATA_BYTES = 16
+
+
+def metadata_bytes(num_samples: int, *, blob: bool) -> int:
+    """Return a lower bound of the bytes a pack's metadata takes on disk.
+
+    The per-sample arrays, which are stored uncompressed; the paths (compressed, so they
+    may take next to nothing), HDF5's own structures and the chunk index come on top.
+    """
+    per_sample = _SAMPLE_METADATA_BYTES + (_BLOB_METADATA_BYTES if blob else 0)
+    return num_samples * per_sample
+
+
+def _room_checked(
+    prepared: Iterable[Prepared], plan: StoragePlan, target: Path
+) -> Iterator[Prepared]:
+    """Yield ``prepared``; once all are through, check that the metadata still fits.
+
+    NOTE [ Full disk before the metadata ]: HDF5 keeps the metadata in its cache and writes
+    most of it when the file is closed. A disk that fills then leaves HDF5 objects that
+    cannot be closed, and HDF5's own exit handler crashed on them (SIGSEGV), after a screen
+    of "Exception ignored" messages. So when every sample is decoded (only the last block
+    of images remains to be written), the conversion stops with a clean error if even a
+    lower bound of the metadata does not fit in the space left.
+    """
+    count = 0
+    for item in prepared:
+        count += 1
+        yield item
+    needed = metadata_bytes(count, blob=plan.storage == "blob")
+    check_room(target.parent, needed, what=f"the metadata of {target.name}")
+
+
+# errno values of a target that cannot take the pack.
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
+def _disk_error(err: H5PackError, target: Path) -> H5PackError | None:
+    """Return one line saying that the disk is full or read-only, if that is ``err``'s cause.
+
+    HDF5's messages carry a timestamp, addresses and line breaks.
+    """
+    cause = err.__cause__
+    if not isinstance(cause, OSError) or cause.errno not in _DISK_ERRORS:
+        return None
+    return H5PackError(
+        f"writing {target} failed: {os.strerror(cause.errno)} on the file system of {target.parent}"
+    )
+
+
+def _logged(report: ConvertReport) -> ConvertReport:
+    """Log one warning summarising the files a conversion skipped, if any."""
+    if report.skipped:
+        count = len(report.skipped)
+        shown = "; ".join(f"{s.path}: {s.reason}" for s in report.skipped[:5])
+        more = f"; and {count - 5} more" if count > 5 else ""
+        logger.warning(
+            "%s: skipped %d %s (recorded in the pack and in the report's skipped): %s%s",
+            report.path,
+            count,
+            "file" if count == 1 else "files",
+            shown,
+            more,
+        )
+    return report
 
 
 def _prepared(
@@ -273,6 +405,7 @@ def write_arrays(
     options = options or ConvertOptions()
     emit = on_event or (lambda event: None)
     target_path = check_target(target, overwrite=overwrite)
+    _remove_leftovers(target_path, emit)
     num = len(samples)
     label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
     names = list(paths) if paths is not None else [f"sample-{i:06d}" for i in range(num)]
@@ -300,7 +433,15 @@ def write_arrays(
     sizes = None
     if options.mode != "encoded" and options.size is None:
         sizes = _sizes_of(samples, names)
-    plan = plan_storage(options, sizes, num_samples=num, can_encode=not arrays)
+    plan = plan_storage(
+        options,
+        sizes,
+        num_samples=num,
+        can_encode=not arrays,
+        sample_bytes=lambda limit: np.asarray(
+            [_nbytes(samples[i]) for i in write_order(num, options)[:limit]], dtype=np.int64
+        ),
+    )
     emit(ConvertEvent("mode", plan.reason))
     order = write_order(num, options)
     skipped: list[SkippedFile] = []
@@ -320,20 +461,19 @@ def write_arrays(
             else:
                 yield result
 
-    temps = TempFiles()
     executor = make_executor(1)
-    with sigterm_as_exit():
+    with sigterm_as_exit(), TempFiles(target_path) as temps:
+        table = SampleTable(
+            labels=label_array[order],
+            classes=tuple(classes),
+            paths=[names[i] for i in order],
+            source_index=order,
+        )
         try:
-            table = SampleTable(
-                labels=label_array[order],
-                classes=tuple(classes),
-                paths=[names[i] for i in order],
-                source_index=order,
-            )
             published = build_pack(
                 target_path,
                 plan,
-                prepared(),
+                _room_checked(prepared(), plan, target_path),
                 table,
                 options=options,
                 workers=Workers(executor, 1),
@@ -342,9 +482,17 @@ def write_arrays(
                 emit=emit,
                 overwrite=overwrite,
             )
-        finally:
-            temps.remove_all()
-    return make_report(published, plan, num, skipped, started)
+        except H5PackError as err:
+            clean = _disk_error(err, target_path)
+            if clean is None:
+                raise
+            raise clean from err
+        report = make_report(published, plan, num, skipped, started)
+    return _logged(report)
+
+
+def _nbytes(sample: Sample) -> int:
+    return sample.nbytes if isinstance(sample, np.ndarray | memoryview) else len(sample)
 
 
 def _check_arrays(samples: Sequence[Sample], channels: int) -> None:

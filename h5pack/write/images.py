@@ -29,6 +29,10 @@ COPY_BYTES = 64 * 2**20
 # Threads writing uncompressed chunks (see ImagesWriter._write_whole_chunks).
 WRITE_THREADS = 2
 
+# Bytes gathered before a block of an unaligned (contiguous) blob is written: few writes
+# for small samples, bounded memory.
+UNALIGNED_BLOCK_BYTES = 8 * 2**20
+
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
     """Write all of ``data`` at ``offset`` (``os.pwrite`` may write less than asked)."""
@@ -51,12 +55,16 @@ class ImagesSpec:
         sample_shape: (H, W, C) of array storage, else None.
         chunks: The chunk shape, or None for a contiguous dataset.
         compression: The filters.
+        blob_bytes: A contiguous blob's length when it is known before writing (raw pixels
+            from the images' headers, the files' sizes): ``ImagesWriter`` then writes it in
+            place. None: staged in a side file and copied in at the end.
     """
 
     storage: Storage
     sample_shape: tuple[int, int, int] | None
     chunks: tuple[int, ...] | None
     compression: Compression = field(default_factory=Compression)
+    blob_bytes: int | None = None
 
     @property
     def compressed(self) -> bool:
@@ -139,6 +147,40 @@ class ArrayAssembler:
         return block
 
 
+def aligned_offsets(sizes: np.ndarray, chunk_bytes: int) -> np.ndarray:
+    """Return the N + 1 slot boundaries ``BlobAssembler`` gives samples of ``sizes``.
+
+    The placement rule of NOTE [ Aligned blobs ] as a pure function, so that a chunk size
+    can be chosen by trying it (``plan.blob_chunk_bytes``) without copying any data;
+    ``chunk_bytes=0`` packs the samples back to back.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    if chunk_bytes <= 0:
+        np.cumsum(sizes, out=offsets[1:])
+        return offsets
+    step = chunk_bytes
+    chunk = fill = 0
+    for i, size in enumerate(sizes.tolist()):
+        if size > step:
+            chunk += 1 if fill else 0
+            offsets[i] = chunk * step
+            chunk += -(-size // step)
+            fill = 0
+            offsets[i + 1] = offsets[i] + size
+            continue
+        if fill + size > step:
+            chunk += 1
+            fill = 0
+        offsets[i] = chunk * step + fill
+        fill += size
+        offsets[i + 1] = offsets[i] + size
+        if fill == step:
+            chunk += 1
+            fill = 0
+    return offsets
+
+
 class BlobAssembler:
     """Place variable-size samples into a byte blob of aligned chunks.
 
@@ -150,25 +192,34 @@ class BlobAssembler:
     ``offsets`` are slot starts (padding belongs to the slot before it), ``sizes`` the real
     byte counts. See docs/ARCHITECTURE.md, "Aligned blobs".
 
+    ``chunk_bytes=0`` is a blob without chunks (a contiguous dataset): samples are packed
+    back to back, with no padding, in blocks of ``UNALIGNED_BLOCK_BYTES``; a sample may
+    straddle two blocks.
+
     ``reuse`` as for ``ArrayAssembler``.
     """
 
     def __init__(self, chunk_bytes: int, *, capacity: int = 1024, reuse: bool = False) -> None:
         self.chunk_bytes = chunk_bytes
+        self.aligned = chunk_bytes > 0
         self.reuse = reuse
         self.count = 0
+        self._step = chunk_bytes if self.aligned else UNALIGNED_BLOCK_BYTES
         self._offsets = np.zeros(max(1, capacity), dtype=np.int64)
         self._sizes = np.zeros(max(1, capacity), dtype=np.int64)
-        self._buffer = np.zeros(chunk_bytes, dtype=np.uint8)
+        self._buffer = np.zeros(self._step, dtype=np.uint8)
         self._spare: np.ndarray | None = None
         self._fill = 0
-        self._chunk = 0  # index of the chunk being filled
+        self._chunk = 0  # index of the chunk (block) being filled
         self.end = 0  # one past the last byte of data
 
     def add(self, sample: np.ndarray) -> Iterator[Block]:
         """Place the next sample (1-D uint8); yield every block it completes."""
+        if not self.aligned:
+            yield from self._add_unaligned(sample)
+            return
         size = int(sample.size)
-        step = self.chunk_bytes
+        step = self._step
         if size > step:
             if self._fill:
                 yield self._flush()
@@ -188,10 +239,31 @@ class BlobAssembler:
         if self._fill == step:
             yield self._flush()
 
+    def _add_unaligned(self, sample: np.ndarray) -> Iterator[Block]:
+        size = int(sample.size)
+        step = self._step
+        self._record(self.end, size)
+        self.end += size
+        done = 0
+        while done < size:
+            if self._fill == 0 and size - done >= step:
+                # Whole blocks straight from the sample, no copy.
+                whole = (size - done) // step * step
+                yield Block(self._chunk * step, sample[done : done + whole])
+                self._chunk += whole // step
+                done += whole
+                continue
+            take = min(size - done, step - self._fill)
+            self._buffer[self._fill : self._fill + take] = sample[done : done + take]
+            self._fill += take
+            done += take
+            if self._fill == step:
+                yield self._flush()
+
     def finish(self) -> Iterator[Block]:
         """Yield the last chunk, trimmed to its data."""
         if self._fill:
-            yield Block(self._chunk * self.chunk_bytes, self._buffer[: self._fill])
+            yield Block(self._chunk * self._step, self._buffer[: self._fill])
             self._chunk += 1
             self._fill = 0
 
@@ -215,14 +287,14 @@ class BlobAssembler:
     def _flush(self) -> Block:
         # The whole chunk, padding included: only the last block is shorter than a chunk,
         # which lets ImagesWriter recognise a blob that fits one chunk.
-        block = Block(self._chunk * self.chunk_bytes, self._buffer)
+        block = Block(self._chunk * self._step, self._buffer)
         if self.reuse:  # two buffers take turns; the yielded one stays intact
             spare = self._spare
             self._buffer = spare if spare is not None else np.empty_like(block.data)
             self._spare = block.data
             self._buffer[:] = 0  # padding of the next chunk
         else:
-            self._buffer = np.zeros(self.chunk_bytes, dtype=np.uint8)
+            self._buffer = np.zeros(self._step, dtype=np.uint8)
         self._chunk += 1
         self._fill = 0
         return block
@@ -234,8 +306,11 @@ class ImagesWriter:
     Chunked datasets grow block by block (never shrink, so HDF5 never rewrites a chunk).
     A contiguous array is allocated for every scanned sample at once; when some were
     skipped it is too long and the writer reports ``needs_rebuild`` (see
-    ``convert.convert``). A contiguous blob's length is unknown until the end: its bytes
-    are staged in a side file and copied in when complete.
+    ``convert.convert``). A contiguous blob whose length the spec knows (``blob_bytes``) is
+    allocated at once and written in place; files skipped on the way leave their bytes
+    unused at its end (``offsets[N]`` is the end of the data). Otherwise, or when the data
+    outgrow it (a file that changed meanwhile), the bytes are staged in a side file and
+    copied in when complete.
 
     Args:
         handle: The pack being written.
@@ -265,12 +340,17 @@ class ImagesWriter:
         self._length = 0
         self._raw_fd: int | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._blob_offset: int | None = None  # file offset of a blob written in place
         if spec.chunks is None and spec.storage == "array":
             self._dataset = spec.create(handle, name, allocate)
         elif spec.chunks is None:
             if staging is None:
                 raise ValueError("a contiguous blob needs a staging file")
-            self._stage_file = staging.open("wb")
+            if spec.blob_bytes:
+                self._dataset = self._create_contiguous_blob(spec.blob_bytes)
+                self._blob_offset = int(self._dataset.id.get_offset())
+            else:
+                self._stage_file = staging.open("wb")
 
     @property
     def needs_rebuild(self) -> bool:
@@ -293,8 +373,17 @@ class ImagesWriter:
         """Write an uncompressed block."""
         self.spec_for(block)
         stop = block.start + len(block.data)
+        if self._blob_offset is not None:
+            assert self._dataset is not None
+            if stop <= self._dataset.shape[0]:
+                flat = memoryview(np.ascontiguousarray(block.data).data).cast("B")
+                self._pwrite_split([(self._blob_offset + block.start, flat)])
+                self._length = max(self._length, stop)
+                return
+            self._spill()
         if self._stage_file is not None:
-            self._stage_file.seek(block.start)
+            if self._stage_file.tell() != block.start:
+                self._stage_file.seek(block.start)
             self._stage_file.write(np.ascontiguousarray(block.data).data)
         else:
             assert self._dataset is not None
@@ -336,20 +425,54 @@ class ImagesWriter:
             if offset is None:  # no file space allocated (not our dataset creation)
                 dataset.id.write_direct_chunk(coord, piece)
                 continue
-            flat = memoryview(piece.data).cast("B")
-            step = -(-len(flat) // WRITE_THREADS)
-            writes.extend(
-                (offset + lo, flat[lo : lo + step]) for lo in range(0, len(flat), step)
-            )
-        if writes:
-            if self._raw_fd is None:
-                self._raw_fd = os.open(self.handle.filename, os.O_WRONLY)
-                self._pool = ThreadPoolExecutor(WRITE_THREADS)
-            fd = self._raw_fd
-            assert self._pool is not None
-            for done in self._pool.map(lambda item: _pwrite_all(fd, item[1], item[0]), writes):
-                del done
+            writes.append((offset, memoryview(piece.data).cast("B")))
+        self._pwrite_split(writes)
         return True
+
+    def _pwrite_split(self, writes: list[tuple[int, memoryview]]) -> None:
+        """``os.pwrite`` each ``(file offset, bytes)``, each split across the write threads."""
+        pieces: list[tuple[int, memoryview]] = []
+        for offset, flat in writes:
+            step = max(1, -(-len(flat) // WRITE_THREADS))
+            pieces.extend((offset + lo, flat[lo : lo + step]) for lo in range(0, len(flat), step))
+        if not pieces:
+            return
+        if self._raw_fd is None:
+            self._raw_fd = os.open(self.handle.filename, os.O_WRONLY)
+            self._pool = ThreadPoolExecutor(WRITE_THREADS)
+        fd = self._raw_fd
+        assert self._pool is not None
+        for done in self._pool.map(lambda item: _pwrite_all(fd, item[1], item[0]), pieces):
+            del done
+
+    def _create_contiguous_blob(self, length: int) -> h5py.Dataset:
+        """Create a contiguous blob whose file space is allocated now and never filled.
+
+        As for chunks (NOTE [ Parallel chunk writes ]), the writer then writes its bytes
+        itself at the offset HDF5 allocated.
+        """
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        return self.handle.create_dataset(
+            self.name, shape=(length,), dtype=np.uint8, dcpl=dcpl, fill_time="never"
+        )
+
+    def _spill(self) -> None:
+        """Move a blob written in place that outgrew its length to the staging file."""
+        assert self.staging is not None  # checked in __init__
+        assert self._blob_offset is not None
+        self.close_raw()
+        with self.staging.open("wb") as stage:
+            source = os.open(self.handle.filename, os.O_RDONLY)
+            try:
+                _copy_range(source, self._blob_offset, stage.fileno(), 0, self._length)
+            finally:
+                os.close(source)
+        del self.handle[self.name]
+        self._dataset = None
+        self._blob_offset = None
+        self._stage_file = self.staging.open("r+b")
+        self._stage_file.seek(self._length)
 
     def close_raw(self) -> None:
         """Close the descriptor and threads of the direct chunk writes, if any."""
@@ -373,21 +496,38 @@ class ImagesWriter:
         self._dataset.id.write_direct_chunk(offset, data, mask)
 
     def finish(self) -> int:
-        """Complete the dataset; return its length (rows or bytes)."""
+        """Complete the dataset; return the length of its data (rows or bytes)."""
         self.close_raw()
         if self._stage_file is not None:
             assert self.staging is not None
             self._stage_file.close()
             self._stage_file = None
-            dataset = self.spec.create(self.handle, self.name, self._length)
-            with self.staging.open("rb") as stage:
-                for lo in range(0, self._length, COPY_BYTES):
-                    hi = min(self._length, lo + COPY_BYTES)
-                    dataset[lo:hi] = np.frombuffer(stage.read(hi - lo), dtype=np.uint8)
+            self._copy_staged()
             self.staging.unlink()
         elif self._dataset is None:
             self._dataset = self.spec.create(self.handle, self.name, 0)
         return self._length
+
+    def _copy_staged(self) -> None:
+        """Create the contiguous blob and fill it from the staging file.
+
+        The bytes are copied by the kernel (``os.copy_file_range``: no pass through this
+        process, a reflink on file systems that have them) into the file space allocated
+        at creation. Through h5py in slabs, the copy had taken as long as the rest of a
+        conversion of 2,000 photos to raw pixels.
+        """
+        assert self.staging is not None
+        dataset = self._create_contiguous_blob(self._length)
+        offset = dataset.id.get_offset() if self._length else None
+        if offset is None:
+            return
+        source = os.open(self.staging, os.O_RDONLY)
+        target = os.open(self.handle.filename, os.O_WRONLY)
+        try:
+            _copy_range(source, 0, target, int(offset), self._length)
+        finally:
+            os.close(source)
+            os.close(target)
 
     def abort(self) -> None:
         """Close the direct writes and the staging file, and remove the latter, if any."""
@@ -397,6 +537,27 @@ class ImagesWriter:
             self._stage_file = None
         if self.staging is not None and self.staging.exists():
             os.unlink(self.staging)
+
+
+def _copy_range(source: int, source_at: int, target: int, target_at: int, length: int) -> None:
+    """Copy ``length`` bytes between file descriptors, from and to the given offsets."""
+    done = 0
+    copy_file_range = getattr(os, "copy_file_range", None)  # Linux, Python >= 3.8
+    while copy_file_range is not None and done < length:
+        try:
+            count = copy_file_range(
+                source, target, length - done, source_at + done, target_at + done
+            )
+        except OSError:  # not across these file systems: copy through a buffer
+            break
+        if count == 0:
+            break
+        done += count
+    while done < length:
+        piece = os.pread(source, min(COPY_BYTES, length - done), source_at + done)
+        if not piece:
+            raise OSError(f"copy source ended {length - done} bytes early")
+        done += _pwrite_all(target, memoryview(piece), target_at + done)
 
 
 def copy_array_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int) -> None:

@@ -12,7 +12,6 @@ from h5pack.core.layout import (
     DEFAULT_CHUNK_BYTES,
     LAYOUTS,
     Compression,
-    Layout,
     array_chunk_shape,
     check_chunk_bytes,
 )
@@ -23,19 +22,55 @@ from h5pack.errors import OptionsError
 # from the images.
 ModeChoice = Literal["auto", "raw", "encoded"]
 MODE_CHOICES: tuple[ModeChoice, ...] = ("auto", *MODES)
+# The layout asked for: a dataset layout (``core.layout.Layout``), or "auto": contiguous for
+# an uncompressed blob, chunked otherwise (``plan.resolved_layout``).
+LayoutChoice = Literal["auto", "chunked", "contiguous"]
+LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
 DEFAULT_QUALITY = 90
+
+# NOTE [ Option names in messages ]: the same messages reach Python callers and the command
+# line, so they name an option both ways, the flag first: "--chunk-samples (chunk_samples=)
+# should be a positive integer, but got 0".
+OPTION_FLAGS: dict[str, str] = {
+    "mode": "--mode",
+    "size": "--size",
+    "resize": "--resize",
+    "channels": "--channels",
+    "backend": "--backend",
+    "layout": "--layout",
+    "chunk_samples": "--chunk-samples",
+    "chunk_shape": "--chunk-shape",
+    "chunk_bytes": "--chunk-bytes",
+    "compression": "--compression",
+    "level": "--level",
+    "shuffle": "--shuffle",
+    "shuffle_samples": "--no-shuffle",
+    "seed": "--seed",
+    "max_side": "--max-side",
+    "quality": "--quality",
+    "workers": "--workers",
+    "strict": "--strict",
+    "labels_csv": "--labels",
+}
+
+
+def option_name(name: str) -> str:
+    """Return how messages name option ``name``: ``"--chunk-samples (chunk_samples=)"``."""
+    flag = OPTION_FLAGS.get(name)
+    return f"{flag} ({name}=)" if flag else name
 
 
 def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
         raise OptionsError(
-            f"{name} should be one of {', '.join(map(str, allowed))}, but got {name}={value!r}"
+            f"{option_name(name)} should be one of {', '.join(map(str, allowed))}, "
+            f"but got {value!r}"
         )
 
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise OptionsError(f"{name} should be a positive integer, but got {name}={value!r}")
+        raise OptionsError(f"{option_name(name)} should be a positive integer, but got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,12 +89,15 @@ class ConvertOptions:
             scale that covers) or ``"pad"`` (letterbox after a scale that fits).
         channels: 3 for RGB, 1 for grayscale.
         backend: Decoder, ``"pillow"`` or ``"opencv"``.
-        layout: ``"chunked"`` or ``"contiguous"`` (no chunks, no compression).
+        layout: ``"chunked"``, ``"contiguous"`` (no chunks, no compression) or ``"auto"``:
+            contiguous for an uncompressed blob without ``chunk_bytes`` (no padding),
+            chunked otherwise.
         chunk_samples: Samples per chunk (array storage).
         chunk_shape: Explicit ``(k, H, W, C)`` chunk shape (array storage).
         chunk_bytes: Byte target of a chunk; for blob storage the exact chunk size.
             At most one of ``chunk_samples``, ``chunk_shape``, ``chunk_bytes``; with none,
-            ``layout.DEFAULT_CHUNK_BYTES`` decides.
+            ``layout.DEFAULT_CHUNK_BYTES`` is the target, and the chunk is chosen to keep
+            padding low (``plan``, NOTE [ Padding ]).
         compression: Codec, level and filter shuffle (chunked layout only).
         shuffle_samples: Store samples in a seeded random order (the source order is kept
             in the pack), so that every chunk mixes classes.
@@ -77,7 +115,7 @@ class ConvertOptions:
     resize: ResizeMethod = "stretch"
     channels: int = 3
     backend: Backend = "pillow"
-    layout: Layout = "chunked"
+    layout: LayoutChoice = "auto"
     chunk_samples: int | None = None
     chunk_shape: tuple[int, ...] | None = None
     chunk_bytes: int | None = None
@@ -95,7 +133,7 @@ class ConvertOptions:
         _choice("resize", self.resize, RESIZE_METHODS)
         _choice("channels", self.channels, (1, 3))
         _choice("backend", self.backend, BACKENDS)
-        _choice("layout", self.layout, LAYOUTS)
+        _choice("layout", self.layout, LAYOUT_CHOICES)
         if not isinstance(self.compression, Compression):
             raise OptionsError(
                 "compression should be a layout.Compression, e.g. Compression(codec='zstd'), "
@@ -118,7 +156,8 @@ class ConvertOptions:
             len(self.size) != 2 or not all(isinstance(s, int) and s > 0 for s in self.size)
         ):
             raise OptionsError(
-                f"size should be two positive integers (H, W), but got size={self.size!r}"
+                f"{option_name('size')} should be two positive integers (height, width), "
+                f"but got {self.size!r}"
             )
         _positive("chunk_samples", self.chunk_samples)
         _positive("chunk_bytes", self.chunk_bytes)
@@ -131,15 +170,19 @@ class ConvertOptions:
             or not all(isinstance(s, int) and s > 0 for s in self.chunk_shape)
         ):
             raise OptionsError(
-                "chunk_shape should be four positive integers (samples, H, W, C), "
-                f"but got chunk_shape={self.chunk_shape!r}"
+                f"{option_name('chunk_shape')} should be four positive integers (samples, "
+                f"height, width, channels), but got {self.chunk_shape!r}"
             )
         if self.quality is not None and not (
             isinstance(self.quality, int) and 1 <= self.quality <= 100
         ):
-            raise OptionsError(f"quality should be in 1..100, but got quality={self.quality!r}")
+            raise OptionsError(
+                f"{option_name('quality')} should be in 1..100, but got {self.quality!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise OptionsError(f"seed should be a non-negative integer, but got seed={self.seed!r}")
+            raise OptionsError(
+                f"{option_name('seed')} should be a non-negative integer, but got {self.seed!r}"
+            )
 
     def _check_combinations(self) -> None:
         given = [
@@ -149,39 +192,41 @@ class ConvertOptions:
         ]
         if len(given) > 1:
             raise OptionsError(
-                "give one of chunk_samples, chunk_shape, chunk_bytes, "
-                f"but got {' and '.join(given)}"
+                "give one of --chunk-samples, --chunk-shape, --chunk-bytes (chunk_samples=, "
+                f"chunk_shape=, chunk_bytes=), but got {' and '.join(map(option_name, given))}"
             )
         if self.layout == "contiguous":
             if self.compression.codec != "none":
                 raise OptionsError(
                     "HDF5 compresses only chunked datasets: drop --compression "
-                    f"{self.compression.codec} or use --layout chunked"
+                    f"{self.compression.codec} or use --layout chunked (layout='chunked')"
                 )
             if given:
                 raise OptionsError(
-                    f"a contiguous layout has no chunks, so {given[0]} does not apply: "
-                    "drop it or use --layout chunked"
+                    f"a contiguous layout has no chunks, so {option_name(given[0])} does not "
+                    "apply: drop it or use --layout chunked (layout='chunked')"
                 )
         if self.mode == "encoded":
             if self.size is not None:
                 raise OptionsError(
-                    "--size applies to raw pixels; encoded mode stores the files as they are "
-                    "(use --mode raw --size H W, or --max-side to bound encoded images)"
+                    f"{option_name('size')} applies to raw pixels; encoded mode stores the "
+                    "files as they are (use --mode raw --size H W, or --max-side to bound "
+                    "encoded images)"
                 )
             if self.chunk_samples is not None or self.chunk_shape is not None:
                 raise OptionsError(
-                    "encoded images are stored as one byte blob chunked by bytes: "
-                    "use --chunk-bytes instead of --chunk-samples/--chunk-shape"
+                    "encoded images are stored as one byte blob chunked by bytes: use "
+                    f"{option_name('chunk_bytes')} instead of --chunk-samples/--chunk-shape"
                 )
         if self.max_side is not None and self.mode == "raw":
             raise OptionsError(
-                "--max-side re-encodes oversized files in encoded mode; for raw pixels use "
-                "--size H W"
+                f"{option_name('max_side')} re-encodes oversized files in encoded mode; for "
+                "raw pixels use --size H W"
             )
         if self.quality is not None and self.max_side is None:
             raise OptionsError(
-                "--quality applies to images re-encoded because of --max-side; add --max-side"
+                f"{option_name('quality')} applies to images re-encoded because of --max-side; "
+                "add --max-side (max_side=)"
             )
         if self.size is not None:
             # The sample shape is known: a chunk of 4 GiB or more is refused now.

@@ -1,19 +1,58 @@
-"""Resolve a conversion's storage: mode, array or blob, chunks, and how work is batched."""
+"""Resolve a conversion's storage: mode, array or blob, layout, chunks, and work batches.
+
+NOTE [ Padding ]: whatever a pack stores beyond its samples' bytes is padding, and an
+uncompressed pack keeps every byte of it on disk. It comes from three places, and each
+default below is chosen to keep it under ``PADDING_TARGET`` of the file:
+
+- the last chunk of a chunked dataset is stored whole. An uncompressed blob is therefore
+  contiguous by default (``layout="auto"``): it has no chunks to align to, its samples sit
+  back to back, and it has no padding at all. An uncompressed array's automatic chunk is
+  the largest, down to half the byte target, that leaves (almost) no empty rows in the last
+  chunk (``even_chunk_samples``);
+- a chunked blob's alignment (NOTE [ Aligned blobs ] in ``write/images.py``) leaves the rest
+  of a chunk empty when the next sample does not fit, and the rest of the last chunk of a
+  sample larger than a chunk. ``blob_chunk_bytes`` halves the chunk from the byte target
+  until the alignment of the samples at hand, tried on their sizes, wastes at most
+  ``PADDING_TARGET``: small images keep 8 MiB chunks (many samples each), large photos get
+  chunks small enough that their last chunk's rest is negligible;
+- compressed chunks squeeze zeros to almost nothing, so for them the choice only saves
+  decompressing zeros.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
 
 from h5pack.core.format import Mode, Storage
 from h5pack.core.layout import DEFAULT_CHUNK_BYTES, array_chunk_shape, chunk_samples_for
 from h5pack.errors import OptionsError
-from h5pack.write.images import ImagesSpec
+from h5pack.write.images import ImagesSpec, aligned_offsets
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import DecodeSpec
 
 # Room per stage-1 slot of blob storage (file bytes or pixels of one batch).
 BLOB_SLOT_BYTES = 4 * 2**20
+
+# The share of a pack's images dataset that the automatic choices allow for padding
+# (NOTE [ Padding ]).
+PADDING_TARGET = 0.01
+
+# The smallest automatic chunk of a blob: below it, the per-chunk costs (an index entry,
+# a read, a decompression call) stop being negligible beside the chunk.
+MIN_BLOB_CHUNK_BYTES = 64 * 2**10
+
+# Sample sizes tried when a blob's chunk is chosen (a random subset: the first files of
+# the shuffled write order).
+ESTIMATE_SAMPLES = 4096
+
+# Up to this many samples, a chunk is tried on this many more random orders of them.
+FEW_SAMPLES = 256
+FEW_SAMPLE_ORDERS = 15
 
 
 @dataclass(frozen=True)
@@ -33,8 +72,9 @@ class StoragePlan:
         return self.spec.storage
 
 
-def _size_text(size: tuple[int, int]) -> str:
-    return f"{size[0]}x{size[1]}"
+def size_text(size: tuple[int, int]) -> str:
+    """Return an ``(H, W)`` size as people read image sizes: ``"W x H"``, e.g. ``"640x480"``."""
+    return f"{size[1]}x{size[0]}"
 
 
 def plan_storage(
@@ -43,8 +83,9 @@ def plan_storage(
     *,
     num_samples: int,
     can_encode: bool = True,
+    sample_bytes: Callable[[int | None], np.ndarray] | None = None,
 ) -> StoragePlan:
-    """Choose mode, storage and chunks from the options and the images' (H, W) sizes.
+    """Choose mode, storage, layout and chunks from the options and the images' sizes.
 
     Args:
         options: The conversion options.
@@ -52,6 +93,12 @@ def plan_storage(
             (``size`` given, or encoded mode).
         num_samples: Samples to pack (the automatic chunk never holds more).
         can_encode: Whether the samples have encoded bytes (not so for arrays).
+        sample_bytes: ``sample_bytes(limit)`` returns the stored bytes of the first
+            ``limit`` samples in write order (every one with None) when an encoded blob is
+            planned from them: a random subset chooses a chunk (NOTE [ Padding ]), all of
+            them give a contiguous blob's length, which is then written in place. Encoded,
+            they are the files' sizes (not known for files re-encoded by ``max_side``).
+            Without it, the chunk is the byte target and a contiguous blob is staged.
 
     Raises:
         OptionsError: the options do not fit the images (e.g. ``chunk_samples`` for images
@@ -67,7 +114,7 @@ def plan_storage(
         if options.mode == "encoded":
             reason = "encoded mode: the files' bytes are stored as they are"
         else:
-            examples = ", ".join(_size_text(s) for s, _ in sizes.most_common(2))
+            examples = ", ".join(size_text(s) for s, _ in sizes.most_common(2))
             reason = (
                 f"auto mode chose encoded (original file bytes): the images come in "
                 f"{len(sizes)} sizes (e.g. {examples}); pass --size H W to store raw pixels"
@@ -80,10 +127,10 @@ def plan_storage(
         prefix = "auto mode chose raw pixels" if options.mode == "auto" else "raw mode"
         if options.size is not None:
             shape = (*options.size, channels)
-            reason = f"{prefix}: every image is resized to {_size_text(options.size)}"
+            reason = f"{prefix}: every image is resized to {size_text(options.size)}"
         elif common is not None:
             shape = (*common, channels)
-            reason = f"{prefix}: all {num_samples} images are {_size_text(common)}"
+            reason = f"{prefix}: all {num_samples} images are {size_text(common)}"
         else:
             shape = None
             reason = (
@@ -91,7 +138,14 @@ def plan_storage(
                 "their original sizes (a byte blob with shapes); pass --size H W for one size"
             )
     if shape is None:
-        return _blob_plan(options, mode, reason)
+        if mode == "raw":  # the stored bytes are known from the headers
+            pixels: Counter[int] = Counter()
+            for (h, w), count in sizes.items():
+                pixels[h * w * channels] += count
+            sample_bytes = partial(_sizes_sample, pixels, options.seed)
+        elif options.max_side is not None:  # re-encoded files have sizes of their own
+            sample_bytes = None
+        return _blob_plan(options, mode, reason, sample_bytes, num_samples)
     sample_shape: tuple[int, int, int] = (int(shape[0]), int(shape[1]), int(shape[2]))
     decode = DecodeSpec(
         mode="raw",
@@ -101,10 +155,10 @@ def plan_storage(
         backend=options.backend,
         fixed_shape=sample_shape,
     )
-    sample_bytes = sample_shape[0] * sample_shape[1] * sample_shape[2]
+    one_sample = sample_shape[0] * sample_shape[1] * sample_shape[2]
     if options.layout == "contiguous":
         spec = ImagesSpec("array", sample_shape, None)
-        group = chunk_samples_for(sample_bytes, DEFAULT_CHUNK_BYTES)
+        group = chunk_samples_for(one_sample, DEFAULT_CHUNK_BYTES)
         return StoragePlan(mode, spec, decode, group, 0, reason)
     chunks = array_chunk_shape(
         sample_shape,
@@ -113,14 +167,138 @@ def plan_storage(
         chunk_bytes=options.chunk_bytes,
     )
     if options.chunk_samples is None and options.chunk_shape is None:
-        # A chunk sized from a byte target never holds more samples than the pack.
-        chunks = (max(1, min(chunks[0], num_samples)), *chunks[1:])
+        # A chunk sized from a byte target never holds more samples than the pack, and
+        # uncompressed, leaves no empty rows in the last chunk (NOTE [ Padding ]).
+        rows = max(1, min(chunks[0], num_samples))
+        if options.compression.codec == "none":
+            rows = even_chunk_samples(num_samples, rows)
+        chunks = (rows, *chunks[1:])
     spec = ImagesSpec("array", sample_shape, chunks, options.compression)
     return StoragePlan(mode, spec, decode, chunks[0], 0, reason)
 
 
+def even_chunk_samples(num_samples: int, most: int) -> int:
+    """Return the samples per chunk, at most ``most``, that waste the fewest rows.
+
+    The last chunk of an uncompressed dataset is stored whole, so ``num_samples`` in chunks
+    of ``k`` waste ``ceil(num_samples / k) * k - num_samples`` rows. The largest ``k``
+    from ``most`` down to ``most / 2`` that wastes at most ``PADDING_TARGET / 2`` of the
+    samples is taken, or else the one that wastes least.
+
+    Example:
+        >>> even_chunk_samples(2000, 55), even_chunk_samples(50, 42), even_chunk_samples(7, 7)
+        (50, 25, 7)
+    """
+    if num_samples <= 0 or most <= 0:
+        return max(1, most)
+    candidates = range(most, max(1, (most + 1) // 2) - 1, -1)
+
+    def waste(k: int) -> int:
+        return -(-num_samples // k) * k - num_samples
+
+    for k in candidates:
+        if waste(k) <= num_samples * PADDING_TARGET / 2:
+            return k
+    return min(candidates, key=lambda k: (waste(k), -k))
+
+
+def _sizes_sample(counts: Counter[int], seed: int, limit: int | None) -> np.ndarray:
+    """Return ``limit`` samples (all with None) of the given sizes, in a seeded random order."""
+    values = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    weights = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+    rng = np.random.default_rng(seed)
+    if limit is None or int(weights.sum()) <= limit:
+        return rng.permutation(np.repeat(values, weights))
+    return rng.choice(values, size=limit, p=weights / weights.sum())
+
+
+def blob_chunk_bytes(
+    sample_bytes: np.ndarray,
+    *,
+    target: int,
+    whole_last_chunk: bool = False,
+    num_samples: int | None = None,
+) -> int:
+    """Return the chunk size of an aligned blob of samples of ``sample_bytes``.
+
+    ``target`` and its halvings down to ``MIN_BLOB_CHUNK_BYTES`` are tried on the samples
+    (in their order: ``sample_bytes`` is the write order or a random subset of it; up to
+    ``FEW_SAMPLES``, in the worst of a few more orders too), and the largest that pads at
+    most ``PADDING_TARGET`` of the blob is taken, or else the one that pads least
+    (NOTE [ Padding ]).
+
+    Args:
+        sample_bytes: Stored bytes of each sample tried.
+        target: The largest chunk wanted (``layout.DEFAULT_CHUNK_BYTES`` by default).
+        whole_last_chunk: Count the rest of the last chunk too: an uncompressed chunked
+            blob stores it.
+        num_samples: Samples in the whole blob, when ``sample_bytes`` is a subset (the
+            last chunk's share is then that of a blob this many times as long).
+
+    Example:
+        >>> small = np.full(1000, 100_000)  # 100 kB JPEGs: 8 MiB chunks hold 83 each
+        >>> blob_chunk_bytes(small, target=8 * 2**20) == 8 * 2**20
+        True
+        >>> photos = np.full(20, 2560 * 1600 * 3)  # raw photos: 12.3 MB each
+        >>> blob_chunk_bytes(photos, target=8 * 2**20) // 2**10  # KiB: 0.3% of padding
+        256
+    """
+    sizes = np.asarray(sample_bytes, dtype=np.int64).reshape(-1)
+    candidates = [target]
+    while candidates[-1] // 2 >= MIN_BLOB_CHUNK_BYTES:
+        candidates.append(candidates[-1] // 2)
+    if not sizes.size or not int(sizes.sum()):
+        return target
+    scale = max(1.0, (num_samples or 0) / sizes.size)
+    # A small pack's padding depends on its order: the worst of a few orders is taken.
+    orders = [sizes]
+    if sizes.size <= FEW_SAMPLES:
+        rng = np.random.default_rng(0)
+        orders += [rng.permutation(sizes) for _ in range(FEW_SAMPLE_ORDERS)]
+    best, best_padding = target, float("inf")
+    for chunk in candidates:
+        padding = max(
+            _padding_share(order, chunk, whole_last_chunk=whole_last_chunk, scale=scale)
+            for order in orders
+        )
+        if padding <= PADDING_TARGET:
+            return chunk
+        if padding < best_padding:
+            best, best_padding = chunk, padding
+    return best
+
+
+def _padding_share(
+    sizes: np.ndarray, chunk: int, *, whole_last_chunk: bool, scale: float = 1.0
+) -> float:
+    """Return the share of padding in a blob of ``sizes`` (times ``scale``) aligned to ``chunk``."""
+    end = int(aligned_offsets(sizes, chunk)[-1]) * scale
+    stored = end
+    if whole_last_chunk and end > chunk:  # a blob within one chunk gets a chunk its size
+        stored = -(-end // chunk) * chunk
+    return float((stored - int(sizes.sum()) * scale) / stored)
+
+
+def resolved_layout(options: ConvertOptions, storage: Storage) -> str:
+    """Return ``"chunked"`` or ``"contiguous"``: the options' layout, or what auto means.
+
+    ``layout="auto"`` is contiguous for an uncompressed blob without ``chunk_bytes`` (no
+    padding at all, NOTE [ Padding ]) and chunked otherwise.
+    """
+    if options.layout != "auto":
+        return options.layout
+    uncompressed = options.compression.codec == "none"
+    if storage == "blob" and uncompressed and options.chunk_bytes is None:
+        return "contiguous"
+    return "chunked"
+
+
 def _blob_plan(
-    options: ConvertOptions, mode: Mode, reason: str
+    options: ConvertOptions,
+    mode: Mode,
+    reason: str,
+    sample_bytes: Callable[[int | None], np.ndarray] | None,
+    num_samples: int,
 ) -> StoragePlan:
     if options.chunk_samples is not None or options.chunk_shape is not None:
         raise OptionsError(
@@ -128,9 +306,27 @@ def _blob_plan(
             "so --chunk-samples/--chunk-shape do not apply: use --chunk-bytes, or --size H W "
             "for a fixed-size array"
         )
-    chunk_bytes = options.target_chunk_bytes
-    chunks = None if options.layout == "contiguous" else (chunk_bytes,)
-    spec = ImagesSpec("blob", None, chunks, options.compression)
+    blob_bytes = None
+    if resolved_layout(options, "blob") == "contiguous":
+        # No chunks: the samples are packed back to back (BlobAssembler(0)).
+        chunk_bytes, chunks = 0, None
+        if sample_bytes is not None:
+            blob_bytes = int(sample_bytes(None).sum())
+        if options.layout == "auto":
+            reason += "; uncompressed, so stored contiguous, with no padding"
+    elif options.chunk_bytes is not None or sample_bytes is None:
+        chunk_bytes = options.target_chunk_bytes
+        chunks = (chunk_bytes,)
+    else:
+        uncompressed = options.compression.codec == "none"
+        chunk_bytes = blob_chunk_bytes(
+            sample_bytes(ESTIMATE_SAMPLES),
+            target=options.target_chunk_bytes,
+            whole_last_chunk=uncompressed,
+            num_samples=num_samples,
+        )
+        chunks = (chunk_bytes,)
+    spec = ImagesSpec("blob", None, chunks, options.compression, blob_bytes)
     decode = DecodeSpec(
         mode=mode,
         flat=True,

@@ -14,8 +14,12 @@ Two folder layouts are recognised, and a labels CSV covers any other::
     └── empty/               not a class (holds no image)
 
 ``layout="auto"`` picks ImageFolder when images sit only in subfolders, flat when they sit
-only directly in the root, and refuses a root that has both (which of the two was meant
-cannot be guessed: pass a labels CSV, or move the loose files into a class folder).
+only directly in the root. A root that has both is taken as an ImageFolder tree with stray
+files when the loose images are fewer than those in class folders (a ``preview.png`` beside
+a million class images): the loose ones are reported in :attr:`ScanResult.problems`, so a
+conversion skips and records them (and refuses them under ``--strict``). When loose images
+are as many as the others or more, which layout was meant cannot be guessed and the scan
+refuses (pass a labels CSV, or move the images).
 ``layout="flat"`` packs every image of the tree, nested or not, unlabelled;
 ``layout="imagefolder"`` ignores (and reports) images directly in the root, as torchvision's
 ``ImageFolder`` does.
@@ -47,10 +51,12 @@ import errno
 import io
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, get_args
+
+import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core.format import SkippedFile
@@ -63,6 +69,12 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 )
 """File extensions (lower case, with the dot) that make a file an image candidate."""
+
+LOOSE_REASON = (
+    "image directly in the source folder, beside the class folders: it belongs to no class "
+    "(move it into a class folder to pack it)"
+)
+"""Why an image directly in an ImageFolder root is not a sample (see :func:`scan`)."""
 
 IGNORED_NAMES: frozenset[str] = frozenset({"thumbs.db", "desktop.ini", "__macosx"})
 """Operating-system litter, compared in lower case; hidden names (``.*``) are ignored too."""
@@ -172,8 +184,9 @@ def scan(
         The samples, classes and scan problems.
 
     Raises:
-        SourceError: ``root`` is missing, is a file, holds no images, mixes loose images
-            with class folders under ``layout="auto"``, or ``labels_csv`` has a bad line.
+        SourceError: ``root`` is missing, is a file, holds no images, holds as many loose
+            images as images in subfolders under ``layout="auto"`` or more, or
+            ``labels_csv`` has a bad line.
         OptionsError: ``layout`` is not ``"auto"`` while ``labels_csv`` is given.
         ValueError: ``layout`` is not one of :data:`FOLDER_LAYOUTS`.
     """
@@ -195,24 +208,18 @@ def scan(
     loose = [rel for rel, _ in found if "/" not in rel]
     nested = [rel for rel, _ in found if "/" in rel]
     if layout == "auto":
-        if loose and nested:
-            raise SourceError(
-                f"{root} has images both directly inside it (e.g. {min(loose)!r}) and in "
-                f"subfolders (e.g. {min(nested)!r}), so it is neither a flat folder nor an "
-                "ImageFolder tree of class folders; move the loose images into a class "
-                "folder, or give the labels with a CSV (--labels), or pack everything "
-                "unlabelled with layout 'flat'"
-            )
-        layout = "flat" if loose else "imagefolder"
+        if loose and len(loose) >= len(nested):
+            if nested:
+                raise SourceError(_ambiguous_message(root, loose, nested))
+            layout = "flat"
+        else:
+            layout = "imagefolder"
 
     if layout == "flat":
         files = [SourceFile(path, rel, -1) for rel, path in found]
         classes: tuple[str, ...] = ()
     else:
-        problems.extend(
-            SkippedFile(rel, "image directly in the root, outside any class folder")
-            for rel in loose
-        )
+        problems.extend(SkippedFile(rel, LOOSE_REASON) for rel in loose)
         classes = classes_of(nested)
         if not classes:
             raise SourceError(
@@ -226,6 +233,56 @@ def scan(
     files.sort(key=lambda f: path_sort_key(f.relative))
     problems.sort(key=lambda p: path_sort_key(p.path))
     return ScanResult(root=root, files=tuple(files), classes=classes, problems=tuple(problems))
+
+
+def _ambiguous_message(root: Path, loose: list[str], nested: list[str]) -> str:
+    first_loose = min(loose, key=path_sort_key)
+    first_nested = min(nested, key=path_sort_key)
+    return (
+        f"{root} has {_count(len(loose), 'image')} directly inside it (e.g. {first_loose!r}) "
+        f"and {len(nested)} in subfolders (e.g. {first_nested!r}), so it is neither a flat "
+        "folder nor an ImageFolder tree of class folders with a few stray files; move the "
+        "loose images into class folders (or the subfolders' images up), or give every "
+        "image's label in a CSV (--labels)"
+    )
+
+
+def _count(num: int, noun: str) -> str:
+    return f"{num} {noun}" if num == 1 else f"{num} {noun}s"
+
+
+def file_sizes(files: Iterable[SourceFile]) -> np.ndarray:
+    """Return the byte size of each of ``files`` (0 for one that cannot be stat'ed).
+
+    A conversion stats a few thousand files of its shuffled write order to size an encoded
+    blob's chunks (``plan.blob_chunk_bytes``); scanning itself never stats regular files.
+    """
+    sizes = []
+    for source in files:
+        try:
+            sizes.append(os.stat(source.path).st_size)
+        except OSError:
+            sizes.append(0)
+    return np.asarray(sizes, dtype=np.int64)
+
+
+def group_problems(problems: Iterable[SkippedFile]) -> list[tuple[str, tuple[str, ...]]]:
+    """Return ``(reason, paths)`` for each distinct reason, in order of first appearance.
+
+    A conversion warns once per kind of problem (one line for a hundred loose images)
+    while recording every file.
+    """
+    groups: dict[str, list[str]] = {}
+    for problem in problems:
+        groups.setdefault(problem.reason, []).append(problem.path)
+    return [(reason, tuple(paths)) for reason, paths in groups.items()]
+
+
+def name_paths(paths: Sequence[str], *, limit: int = 5) -> str:
+    """Return ``paths`` as one phrase, e.g. ``"a.png, b.png and 3 more"``."""
+    shown = ", ".join(paths[:limit])
+    rest = len(paths) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
 
 
 def _no_images_message(root: Path, problems: list[SkippedFile]) -> str:
