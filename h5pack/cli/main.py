@@ -202,9 +202,9 @@ def _ratio_text(info: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 def info(pack: str, as_json: bool) -> None:
     """Describe the pack PACK: samples, classes, layout, codec, ratio."""
-    from h5pack.check import pack_info
+    from h5pack.check import PROBE_TIMEOUT_S, pack_info
 
-    summary = pack_info(pack)
+    summary = pack_info(pack, timeout_s=PROBE_TIMEOUT_S)  # damaged metadata cannot hang it
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
@@ -221,23 +221,36 @@ def info(pack: str, as_json: bool) -> None:
     help="The image folder the pack was made from: every image must be in the pack.",
 )
 @click.option("--labels", "labels_csv", type=click.Path(dir_okay=False), default=None)
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --source: compare the content of N random samples [default: all].",
+)
 @quiet_flag
-def verify(pack: str, source: str | None, labels_csv: str | None, quiet: bool) -> None:
-    """Check PACK: structure, every checksum, every sample decodes (exit 1 on a problem)."""
-    from h5pack.check import verify_pack
+def verify(
+    pack: str, source: str | None, labels_csv: str | None, sample: int | None, quiet: bool
+) -> None:
+    """Check PACK: metadata, every checksum, every sample decodes (exit 1 on a problem)."""
+    from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
 
-    total = load_meta(pack).num_samples
+    probe_pack(pack, timeout_s=PROBE_TIMEOUT_S, strict=False)  # damaged metadata cannot hang it
+    total = load_meta(pack, check_digests=False).num_samples
     with progress_for(quiet) as progress:
         progress.event(_Phase("verifying", total))
-        report = verify_pack(pack, source=source, labels_csv=labels_csv, progress=progress.advance)
+        report = verify_pack(
+            pack, source=source, labels_csv=labels_csv, sample=sample, progress=progress.advance
+        )
     for problem in report.problems:
         click.echo(str(problem))
     summary = f"{report.num_verified} of {report.num_samples} samples verified"
     if report.num_source is not None:
         summary += (
-            f"; source: {report.num_source} images, {report.missing} missing, "
-            f"{report.extra} extra, {report.mismatched} with another label"
+            f"; source: {report.num_source} files in the folder, {report.missing} missing "
+            f"(in the pack, not in the folder), {report.extra} extra (in the folder, not in "
+            f"the pack), {report.skipped} skipped at conversion, {report.mismatched} with "
+            f"another label, {report.changed} changed of {report.num_compared} compared"
         )
     if report.ok:
         click.echo(f"ok: {summary}")

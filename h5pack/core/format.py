@@ -1,15 +1,19 @@
-"""The on-disk format of a pack (version 1): names, attributes, and opening a pack.
+"""The on-disk format of a pack (version 1.1): names, attributes, and opening a pack.
 
 This module is the single place that spells a dataset name, an attribute key or the
 format version. Writers and readers both import it.
 
-Layout of a pack, version 1::
+Layout of a pack, version 1 (``[1.1]``: added in format 1.1, which readers of 1.0 ignore)::
 
     /                       attrs: FORMAT_MARKER_KEY = "h5pack", FORMAT_VERSION_KEY = 1,
+                                   [1.1] FORMAT_MINOR_KEY = 1,
                                    mode ("raw" | "encoded"), storage ("array" | "blob"),
                                    num_samples, channels, tool_version, created_utc,
                                    options (JSON), skipped (JSON list of {path, reason}),
-                                   chunk_bytes (blob storage: bytes per chunk, else 0)
+                                   chunk_bytes (blob storage: bytes per chunk, else 0),
+                                   [1.1] pack_id (32 random hex digits, new at each
+                                   conversion: which pack a reader holds),
+                                   [1.1] metadata_crc32 (JSON {name: 8 hex digits}, below)
     /images                 storage "array": uint8 (N, H, W, C), contiguous or chunked
                             storage "blob":  uint8 (total_bytes,), chunked by bytes
     /offsets                storage "blob" only: int64 (N + 1,), sample i's slot is
@@ -19,19 +23,48 @@ Layout of a pack, version 1::
     /sizes                  storage "blob" only: int64 (N,), bytes of sample i inside its slot
     /labels                 int64 (N,), -1 when unlabeled
     /classes                UTF-8 strings (K,); labels index into it
+                            (1.0: variable-length; 1.1: fixed-length, NUL-padded)
     /paths                  bytes (N,): source path relative to the root, "/"-separated,
                             os.fsencode()d so names that are not UTF-8 round-trip
+                            (1.0: variable-length uint8; 1.1: fixed-length strings,
+                            NUL-padded, in gzip-compressed chunks)
     /shapes                 int32 (N, 3): decoded (H, W, C) of each sample
     /checksums              uint32 (N,): CRC32 of the stored (uncompressed) bytes of sample i
     /source_index           int64 (N,): position of sample i in the sorted scan order
+    /sample_xxh3            [1.1] uint64 (N,): XXH3-64 of the stored (uncompressed) bytes of
+                            sample i (written when the writer has the xxhash package)
+
+Text attributes are variable-length strings in 1.0 and fixed-length UTF-8 strings in 1.1;
+readers accept both.
+
+Integrity (format 1.1). HDF5 checksums its own metadata in the file format versions packs
+are written with (``libver`` low bound ``v110``: superblock version 3, object header
+version 2, chunk indexes as fixed/extensible arrays and version-2 B-trees, all carrying
+Jenkins lookup3 checksums that HDF5 verifies on every read), and the root attributes are
+kept compact, inside the root's checksummed object header. HDF5 does not checksum raw
+data (contiguous datasets, chunks) nor the global heap that holds variable-length data;
+damage there was served silently, and damage in the global heap made HDF5 loop forever. So
+a 1.1 pack stores no variable-length data at all, and:
+
+- ``metadata_crc32`` records a CRC32 of every dataset a reader trusts besides the images
+  (labels, classes, paths, shapes, checksums, source_index, offsets, sizes, sample_xxh3)
+  and of the text attributes ``options`` and ``skipped``. The bytes digested: numeric
+  datasets as their elements in C order, little-endian, in the dtype listed above; string
+  datasets as each element's bytes preceded by its length (uint32 little-endian); text
+  attributes as their UTF-8 bytes. ``read_meta`` checks all but ``paths`` (read lazily,
+  checked by ``read_paths``); ``h5pack verify`` checks all.
+- ``sample_xxh3`` lets readers check every sample they serve at memory speed (readers
+  without xxhash, and 1.0 packs, check ``checksums``).
+- ``pack_id`` with the file's (device, inode, size, mtime) is a reader's
+  ``PackIdentity``: a dataset refuses a file that is not the one it was created on.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -40,14 +73,18 @@ import h5py
 import numpy as np
 
 from h5pack._types import StrPath, parse_choice
-from h5pack.errors import FormatError, PackNotFoundError
+from h5pack.core import integrity
+from h5pack.core.integrity import PackIdentity
+from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
 FORMAT_MARKER = "h5pack"
 FORMAT_VERSION = 1
+FORMAT_MINOR = 1
 
 # Root attribute keys.
 FORMAT_MARKER_KEY = "h5pack_format"
 FORMAT_VERSION_KEY = "h5pack_format_version"
+FORMAT_MINOR_KEY = "h5pack_format_minor"
 MODE_KEY = "mode"
 STORAGE_KEY = "storage"
 NUM_SAMPLES_KEY = "num_samples"
@@ -57,6 +94,8 @@ CREATED_KEY = "created_utc"
 OPTIONS_KEY = "options"
 SKIPPED_KEY = "skipped"
 CHUNK_BYTES_KEY = "chunk_bytes"
+PACK_ID_KEY = "pack_id"
+METADATA_DIGESTS_KEY = "metadata_crc32"
 
 # Dataset names.
 IMAGES = "images"
@@ -68,8 +107,20 @@ PATHS = "paths"
 SHAPES = "shapes"
 CHECKSUMS = "checksums"
 SOURCE_INDEX = "source_index"
+SAMPLE_XXH3 = "sample_xxh3"
 
 PER_SAMPLE_DATASETS = (LABELS, PATHS, SHAPES, CHECKSUMS, SOURCE_INDEX)
+
+# The numeric datasets ``metadata_crc32`` covers, with the dtype their digest is taken in.
+DIGESTED_ARRAYS: dict[str, str] = {
+    LABELS: "<i8",
+    SHAPES: "<i4",
+    CHECKSUMS: "<u4",
+    SOURCE_INDEX: "<i8",
+    OFFSETS: "<i8",
+    SIZES: "<i8",
+    SAMPLE_XXH3: "<u8",
+}
 
 # What a pack stores: decoded pixels or the image files' bytes.
 Mode = Literal["raw", "encoded"]
@@ -81,12 +132,15 @@ STORAGES: tuple[Storage, ...] = get_args(Storage)
 UTF8_STR = h5py.string_dtype(encoding="utf-8")
 PATH_BYTES = h5py.vlen_dtype(np.dtype("uint8"))
 
+# Rows of /paths decoded at a time (bounded memory for fixed-length paths of huge packs).
+PATH_SLAB = 65536
+
+DAMAGED = "the pack is damaged: re-create it, or restore it from a copy"
+
 
 def checksum(data: bytes | bytearray | memoryview | np.ndarray) -> int:
     """Return the checksum stored for a sample: CRC32 of its stored, uncompressed bytes."""
-    if isinstance(data, np.ndarray):
-        data = np.ascontiguousarray(data).data
-    return zlib.crc32(data)
+    return integrity.crc32(data)
 
 
 def encode_path(relative: str) -> np.ndarray:
@@ -97,6 +151,32 @@ def encode_path(relative: str) -> np.ndarray:
 def decode_path(stored: np.ndarray | bytes) -> str:
     """Return the relative source path from its stored bytes (undecodable bytes round-trip)."""
     return os.fsdecode(bytes(stored))
+
+
+def fixed_strings(items: list[bytes]) -> tuple[np.ndarray, Any]:
+    """Return ``items`` as a NUL-padded array and the HDF5 fixed-length UTF-8 type to store it.
+
+    Write it with the returned type as the memory type too (numpy's ``S`` would otherwise
+    be converted from ASCII, which HDF5 refuses): see ``write_fixed_strings``.
+    """
+    width = max([1, *(len(item) for item in items)])
+    return np.array(items, dtype=f"S{width}"), h5py.string_dtype("utf-8", width)
+
+
+def write_fixed_strings(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:
+    """Write the ``S`` array ``values`` into rows ``start..`` of a fixed-length string dataset."""
+    if not values.size:
+        return
+    memory = h5py.h5s.create_simple((values.size,))
+    space = dataset.id.get_space()
+    space.select_hyperslab((start,), (values.size,))
+    dataset.id.write(memory, space, values, mtype=dataset.id.get_type())
+
+
+def set_text(attrs: Any, key: str, text: str) -> None:
+    """Write a text attribute as a fixed-length UTF-8 string (format 1.1: no global heap)."""
+    data = text.encode("utf-8", "surrogateescape")
+    attrs.create(key, np.bytes_(data), dtype=h5py.string_dtype("utf-8", max(1, len(data))))
 
 
 @dataclass(frozen=True)
@@ -134,6 +214,12 @@ class PackMeta:
         created_utc: ISO time of writing.
         options: The conversion options used, as a dict.
         skipped: Files left out at conversion.
+        format_minor: The minor format version (0 for packs written before 1.1).
+        sample_xxh3: uint64 (N,) XXH3-64 of each sample's stored bytes, or None.
+        digests: The recorded ``metadata_crc32`` (empty before format 1.1).
+        damaged: Names whose digest did not match (only when read with
+            ``check_digests=False``; otherwise ``read_meta`` raises).
+        identity: Which file this was read from (None for a combined pack set).
     """
 
     path: str
@@ -159,6 +245,11 @@ class PackMeta:
     created_utc: str
     options: Mapping[str, Any] = field(default_factory=dict)
     skipped: tuple[SkippedFile, ...] = ()
+    format_minor: int = 0
+    sample_xxh3: np.ndarray | None = None
+    digests: Mapping[str, str] = field(default_factory=dict)
+    damaged: tuple[str, ...] = ()
+    identity: PackIdentity | None = None
 
     @property
     def fixed_shape(self) -> tuple[int, int, int] | None:
@@ -168,31 +259,58 @@ class PackMeta:
             return (h, w, c)
         return None
 
+    @property
+    def pack_id(self) -> str | None:
+        """The pack's random id (format 1.1), or None."""
+        return self.identity.pack_id if self.identity is not None else None
+
+
+@contextmanager
+def reading(path: str, what: str) -> Iterator[None]:
+    """Turn any error HDF5 raises while reading ``what`` into a ``FormatError``.
+
+    h5py reports damaged files as ``OSError``, ``KeyError``, ``RuntimeError`` or
+    ``ValueError`` (a bad checksum, a bad signature, an object that cannot be opened); a
+    damaged JSON text or string gives ``ValueError`` too. h5pack's own errors pass through.
+    """
+    try:
+        yield
+    except H5PackError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError) as err:
+        raise FormatError(f"{path}: {what} cannot be read ({err}); {DAMAGED}") from err
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
 
 def _attr_str(attrs: Any, key: str, path: str) -> str:
     if key not in attrs:
         raise FormatError(f"{path}: pack attribute {key!r} is missing")
-    value = attrs[key]
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return _text(attrs[key])
 
 
 def check_is_pack(handle: h5py.File, path: str) -> int:
     """Return the format version of an open file, or raise ``FormatError`` if it is no pack.
 
     Raises:
-        FormatError: the file has no h5pack marker, or a format version newer than this
-            h5pack reads.
+        FormatError: the file has no h5pack marker, a format version newer than this
+            h5pack reads, or root attributes that cannot be read (damage).
     """
-    attrs = handle.attrs
-    marker = attrs.get(FORMAT_MARKER_KEY)
-    if isinstance(marker, bytes):
-        marker = marker.decode()
-    if marker != FORMAT_MARKER:
-        raise FormatError(
-            f"{path} is an HDF5 file but not an h5pack pack (no {FORMAT_MARKER_KEY!r} "
-            f"attribute); create one with `h5pack convert IMAGES {path}`"
-        )
-    version = int(attrs.get(FORMAT_VERSION_KEY, -1))
+    with reading(path, "the pack's root attributes"):
+        attrs = handle.attrs
+        marker = attrs.get(FORMAT_MARKER_KEY)
+        if isinstance(marker, bytes):
+            marker = marker.decode("utf-8", "replace")
+        if marker != FORMAT_MARKER:
+            raise FormatError(
+                f"{path} is an HDF5 file but not an h5pack pack (no {FORMAT_MARKER_KEY!r} "
+                f"attribute); create one with `h5pack convert IMAGES {path}`"
+            )
+        version = int(attrs.get(FORMAT_VERSION_KEY, -1))
     if version > FORMAT_VERSION:
         raise FormatError(
             f"{path} is a pack of format version {version}, but this h5pack reads up to "
@@ -201,6 +319,19 @@ def check_is_pack(handle: h5py.File, path: str) -> int:
     if version < 1:
         raise FormatError(f"{path}: invalid pack format version {version}")
     return version
+
+
+def _plain(err: OSError) -> str:
+    """Return a sentence before HDF5's words for the failures a user can act on."""
+    text = str(err)
+    if "truncated file" in text:
+        return (
+            "the file is shorter than its header says: it was cut off (an interrupted copy "
+            f"or download?); re-create it or copy it again ({text})"
+        )
+    if "signature" in text:
+        return f"no HDF5 signature where one should be ({text})"
+    return text
 
 
 def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5py.File:
@@ -214,7 +345,7 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
 
     Raises:
         FileNotFoundError: the path does not exist.
-        FormatError: the path is not an HDF5 file.
+        FormatError: the path is not an HDF5 file, or one too damaged to open.
     """
     import hdf5plugin  # noqa: F401  (registers the LZ4/Zstd/Blosc/Bitshuffle filters)
 
@@ -232,95 +363,257 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
             f"{text} is locked by a process writing it; wait for it, or pass locking=False "
             "to read anyway"
         ) from err
-    except OSError as err:
-        raise FormatError(f"{text} is not a readable HDF5 file ({err})") from err
+    except (OSError, RuntimeError, ValueError, KeyError) as err:
+        if isinstance(err, OSError) and "file signature not found" in str(err):
+            raise FormatError(f"{text} is not a readable HDF5 file ({err})") from err
+        detail = _plain(err) if isinstance(err, OSError) else str(err)
+        raise FormatError(f"{text} is not a readable HDF5 file: {detail}") from err
 
 
-def read_meta(handle: h5py.File, path: str | None = None) -> PackMeta:
-    """Read and validate a pack's metadata from an open file.
+def identity_of(handle: h5py.File, path: str) -> PackIdentity:
+    """Return the identity of the file ``handle`` has open (its pack id and status).
+
+    The status is taken from the open descriptor, so it names the file actually read even
+    if the path was replaced meanwhile.
 
     Raises:
-        FormatError: the file is not a pack, is newer than supported, or is malformed.
+        FormatError: the pack id cannot be read (damage).
+    """
+    with reading(path, f"the pack attribute {PACK_ID_KEY!r}"):
+        raw = handle.attrs.get(PACK_ID_KEY)
+    pack_id = _text(raw) if raw is not None else None
+    try:
+        stat = os.fstat(int(handle.id.get_vfd_handle()))
+    except (OSError, ValueError, TypeError, RuntimeError):
+        stat = os.stat(path)  # a driver without a descriptor
+    return PackIdentity.of(stat, pack_id)
+
+
+def check_identity(path: str, expected: PackIdentity | None, found: PackIdentity | None) -> None:
+    """Raise ``FormatError`` unless ``found`` is the file ``expected`` describes.
+
+    Raises:
+        FormatError: the path names another file than the one a dataset was created on.
+    """
+    if expected is None or found is None:
+        return
+    changes = expected.changes(found)
+    if changes:
+        raise FormatError(
+            f"{path} was replaced since the dataset was created ({'; '.join(changes)}); "
+            "rebuild the loader (a dataset never mixes the labels of one file with the "
+            "images of another)"
+        )
+
+
+def _digests(attrs: Any, path: str, minor: int) -> dict[str, str]:
+    if METADATA_DIGESTS_KEY not in attrs:
+        if minor >= 1:
+            raise FormatError(
+                f"{path}: pack attribute {METADATA_DIGESTS_KEY!r} is missing; {DAMAGED}"
+            )
+        return {}
+    recorded = json.loads(_attr_str(attrs, METADATA_DIGESTS_KEY, path))
+    if not isinstance(recorded, dict):
+        raise FormatError(f"{path}: {METADATA_DIGESTS_KEY!r} is not a JSON object; {DAMAGED}")
+    return {str(k): str(v) for k, v in recorded.items()}
+
+
+def _read_array(handle: h5py.File, name: str, path: str) -> np.ndarray:
+    with reading(path, f"dataset {name!r}"):
+        array: np.ndarray = handle[name][()]
+    return array
+
+
+def _class_names(stored: np.ndarray) -> tuple[str, ...]:
+    return tuple(_text(c) for c in stored)
+
+
+def classes_digest(classes: tuple[str, ...]) -> str:
+    """Return the digest ``metadata_crc32`` records for a class list."""
+    return integrity.strings_digest(c.encode("utf-8", "surrogateescape") for c in classes)
+
+
+def paths_digest(paths: list[str]) -> str:
+    """Return the digest ``metadata_crc32`` records for a list of relative paths."""
+    return integrity.strings_digest(os.fsencode(p) for p in paths)
+
+
+def damaged_names(recorded: Mapping[str, str], found: Mapping[str, str]) -> tuple[str, ...]:
+    """Return the names whose ``found`` digest differs from the ``recorded`` one."""
+    return tuple(name for name, value in found.items() if recorded.get(name, value) != value)
+
+
+def _damage_message(path: str, damaged: tuple[str, ...]) -> str:
+    names = ", ".join(repr(n) for n in damaged)
+    return (
+        f"{path}: the pack's metadata is damaged: {names} no longer match the CRC32 "
+        f"recorded at conversion; {DAMAGED}"
+    )
+
+
+def read_meta(
+    handle: h5py.File, path: str | None = None, *, check_digests: bool = True
+) -> PackMeta:
+    """Read and validate a pack's metadata from an open file.
+
+    Args:
+        handle: The open file.
+        path: The pack's path, for messages (default: the handle's file name).
+        check_digests: Raise when a dataset or attribute no longer matches its recorded
+            digest (format 1.1). ``False`` records the names in ``PackMeta.damaged`` instead,
+            for ``verify`` to report (damaged offsets or sizes still raise: no sample can
+            be located without them).
+
+    Raises:
+        FormatError: the file is not a pack, is newer than supported, is malformed, or is
+            damaged (HDF5 cannot read it, or a digest does not match).
     """
     path = path or handle.filename
     version = check_is_pack(handle, path)
-    attrs = handle.attrs
-    mode_text = _attr_str(attrs, MODE_KEY, path)
-    storage_text = _attr_str(attrs, STORAGE_KEY, path)
+    with reading(path, "the pack's root attributes"):
+        attrs = handle.attrs
+        minor = int(attrs.get(FORMAT_MINOR_KEY, 0))
+        mode_text = _attr_str(attrs, MODE_KEY, path)
+        storage_text = _attr_str(attrs, STORAGE_KEY, path)
+        num_samples = int(attrs.get(NUM_SAMPLES_KEY, -1))
+        channels = int(attrs.get(CHANNELS_KEY, 3))
+        blob_chunk_bytes = int(attrs.get(CHUNK_BYTES_KEY, 0))
+        texts = {key: attrs.get(key) for key in (TOOL_VERSION_KEY, CREATED_KEY)}
+        options_text = _attr_str(attrs, OPTIONS_KEY, path) if OPTIONS_KEY in attrs else "{}"
+        skipped_text = _attr_str(attrs, SKIPPED_KEY, path) if SKIPPED_KEY in attrs else "[]"
+        recorded = _digests(attrs, path, minor)
     mode = parse_choice(mode_text, MODES)
     storage = parse_choice(storage_text, STORAGES)
     if mode is None:
         raise FormatError(f"{path}: unknown mode {mode_text!r}")
     if storage is None:
         raise FormatError(f"{path}: unknown storage {storage_text!r}")
+    with reading(path, "the pack's datasets"):
+        present = set(handle.keys())
     for name in (IMAGES, CLASSES, *PER_SAMPLE_DATASETS):
-        if name not in handle:
+        if name not in present:
             raise FormatError(f"{path}: dataset {name!r} is missing")
-    num_samples = int(attrs.get(NUM_SAMPLES_KEY, -1))
-    for name in PER_SAMPLE_DATASETS:
-        if handle[name].shape[0] != num_samples:
+    with reading(path, "the pack's datasets"):
+        rows = {name: handle[name].shape[0] for name in PER_SAMPLE_DATASETS}
+    for name, count in rows.items():
+        if count != num_samples:
             raise FormatError(
-                f"{path}: dataset {name!r} has {handle[name].shape[0]} rows, "
+                f"{path}: dataset {name!r} has {count} rows, "
                 f"but the pack has {num_samples} samples"
             )
-    images = handle[IMAGES]
+    with reading(path, f"dataset {IMAGES!r}"):
+        images = handle[IMAGES]
+        images_shape = tuple(int(s) for s in images.shape)
+        chunks = tuple(int(c) for c in images.chunks) if images.chunks else None
+        compression, compression_opts = images.compression, images.compression_opts
+        filter_ids = tuple(_filter_ids(images))
+    arrays: dict[str, np.ndarray] = {}
+    for name in (LABELS, SHAPES, CHECKSUMS, SOURCE_INDEX, OFFSETS, SIZES, SAMPLE_XXH3):
+        if name in present and (storage == "blob" or name not in (OFFSETS, SIZES)):
+            arrays[name] = _read_array(handle, name, path)
+    with reading(path, f"dataset {CLASSES!r}"):
+        classes = _class_names(handle[CLASSES][()])
+    found = {name: integrity.array_digest(a, DIGESTED_ARRAYS[name]) for name, a in arrays.items()}
+    found[CLASSES] = classes_digest(classes)
+    found[OPTIONS_KEY] = integrity.text_digest(options_text)
+    found[SKIPPED_KEY] = integrity.text_digest(skipped_text)
+    damaged = damaged_names(recorded, found)
+    if damaged and (check_digests or {OFFSETS, SIZES} & set(damaged)):
+        raise FormatError(_damage_message(path, damaged))
     offsets = sizes = None
     if storage == "array":
-        if images.ndim != 4 or images.shape[0] != num_samples:
+        if len(images_shape) != 4 or images_shape[0] != num_samples:
             raise FormatError(
                 f"{path}: images should be (N, H, W, C) with N={num_samples}, "
-                f"but got {images.shape}"
+                f"but got {images_shape}"
             )
     else:
-        if OFFSETS not in handle or SIZES not in handle:
+        if OFFSETS not in arrays or SIZES not in arrays:
             raise FormatError(f"{path}: blob storage needs {OFFSETS!r} and {SIZES!r}")
-        offsets = handle[OFFSETS][()].astype(np.int64)
-        sizes = handle[SIZES][()].astype(np.int64)
+        offsets = arrays[OFFSETS].astype(np.int64)
+        sizes = arrays[SIZES].astype(np.int64)
         if offsets.shape != (num_samples + 1,) or sizes.shape != (num_samples,):
             raise FormatError(f"{path}: offsets/sizes do not match {num_samples} samples")
         if num_samples and (
-            np.any(np.diff(offsets) < sizes) or offsets[-1] > images.shape[0] or offsets[0] < 0
+            np.any(np.diff(offsets) < sizes) or offsets[-1] > images_shape[0] or offsets[0] < 0
         ):
             raise FormatError(f"{path}: offsets and sizes are inconsistent with the blob")
-    labels = handle[LABELS][()].astype(np.int64)
-    classes = tuple(
-        c.decode() if isinstance(c, bytes) else str(c) for c in handle[CLASSES][()]
-    )
-    if labels.size and (labels.max() >= len(classes) or labels.min() < -1):
+    labels = arrays[LABELS].astype(np.int64)
+    label_damage = {LABELS, CLASSES} & set(damaged)
+    if not label_damage and labels.size and (labels.max() >= len(classes) or labels.min() < -1):
         raise FormatError(f"{path}: labels fall outside the {len(classes)} stored classes")
-    filter_ids = tuple(_filter_ids(images))
-    options = json.loads(_attr_str(attrs, OPTIONS_KEY, path)) if OPTIONS_KEY in attrs else {}
-    skipped_raw = json.loads(_attr_str(attrs, SKIPPED_KEY, path)) if SKIPPED_KEY in attrs else []
+    for key, value in texts.items():
+        if value is None:
+            raise FormatError(f"{path}: pack attribute {key!r} is missing")
+    sample_xxh3 = arrays.get(SAMPLE_XXH3)
+    if sample_xxh3 is not None and sample_xxh3.shape != (num_samples,):
+        raise FormatError(f"{path}: {SAMPLE_XXH3!r} does not have {num_samples} rows")
+    with reading(path, "the pack's options and skipped files"):
+        options = json.loads(options_text)
+        skipped = tuple(
+            SkippedFile(path=str(s["path"]), reason=str(s["reason"]))
+            for s in json.loads(skipped_text)
+        )
     return PackMeta(
         path=path,
         format_version=version,
         mode=mode,
         storage=storage,
         num_samples=num_samples,
-        channels=int(attrs.get(CHANNELS_KEY, 3)),
+        channels=channels,
         labels=labels,
         classes=classes,
-        shapes=handle[SHAPES][()].astype(np.int32),
-        checksums=handle[CHECKSUMS][()].astype(np.uint32),
-        source_index=handle[SOURCE_INDEX][()].astype(np.int64),
+        shapes=arrays[SHAPES].astype(np.int32),
+        checksums=arrays[CHECKSUMS].astype(np.uint32),
+        source_index=arrays[SOURCE_INDEX].astype(np.int64),
         offsets=offsets,
         sizes=sizes,
-        images_shape=tuple(int(s) for s in images.shape),
-        chunks=tuple(int(c) for c in images.chunks) if images.chunks else None,
-        compression=images.compression,
-        compression_opts=images.compression_opts,
+        images_shape=images_shape,
+        chunks=chunks,
+        compression=compression,
+        compression_opts=compression_opts,
         filter_ids=filter_ids,
-        blob_chunk_bytes=int(attrs.get(CHUNK_BYTES_KEY, 0)),
-        tool_version=_attr_str(attrs, TOOL_VERSION_KEY, path),
-        created_utc=_attr_str(attrs, CREATED_KEY, path),
-        options=options,
-        skipped=tuple(SkippedFile(path=s["path"], reason=s["reason"]) for s in skipped_raw),
+        blob_chunk_bytes=blob_chunk_bytes,
+        tool_version=_text(texts[TOOL_VERSION_KEY]),
+        created_utc=_text(texts[CREATED_KEY]),
+        options=options if isinstance(options, dict) else {},
+        skipped=skipped,
+        format_minor=minor,
+        sample_xxh3=sample_xxh3.astype(np.uint64) if sample_xxh3 is not None else None,
+        digests=recorded,
+        damaged=damaged,
+        identity=identity_of(handle, path),
     )
 
 
-def read_paths(handle: h5py.File) -> list[str]:
-    """Return every sample's relative source path, in pack order."""
-    return [decode_path(p) for p in handle[PATHS][()]]
+def read_paths(handle: h5py.File, meta: PackMeta | None = None, *, check: bool = True) -> list[str]:
+    """Return every sample's relative source path, in pack order.
+
+    Args:
+        handle: The open pack.
+        meta: Its metadata: with ``check``, the paths are checked against the digest it
+            recorded (format 1.1).
+        check: Raise when the paths do not match their digest.
+
+    Raises:
+        FormatError: the paths cannot be read, or do not match their digest (damage).
+    """
+    path = meta.path if meta is not None else handle.filename
+    paths: list[str] = []
+    with reading(path, f"dataset {PATHS!r}"):
+        stored = handle[PATHS]
+        for lo in range(0, stored.shape[0], PATH_SLAB):
+            paths.extend(decode_path(p) for p in stored[lo : lo + PATH_SLAB])
+    if check and meta is not None and not paths_match(meta, paths):
+        raise FormatError(_damage_message(path, (PATHS,)))
+    return paths
+
+
+def paths_match(meta: PackMeta, paths: list[str]) -> bool:
+    """Return whether ``paths`` match the digest recorded for them (True when none was)."""
+    recorded = meta.digests.get(PATHS)
+    return recorded is None or recorded == paths_digest(paths)
 
 
 def _filter_ids(dataset: h5py.Dataset) -> list[int]:
@@ -328,12 +621,14 @@ def _filter_ids(dataset: h5py.Dataset) -> list[int]:
     return [int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters())]
 
 
-def load_meta(path: StrPath, *, locking: bool | None = None) -> PackMeta:
+def load_meta(
+    path: StrPath, *, locking: bool | None = None, check_digests: bool = True
+) -> PackMeta:
     """Open ``path``, read its metadata and close it.
 
     Raises:
         FileNotFoundError: the path does not exist.
-        FormatError: the path is not a valid pack.
+        FormatError: the path is not a valid pack, or is damaged.
     """
     with open_h5(path, locking=locking) as handle:
-        return read_meta(handle, os.fspath(path))
+        return read_meta(handle, os.fspath(path), check_digests=check_digests)

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from h5pack.core.layout import FILTER_BLOSC, FILTER_DEFLATE, FILTER_LZ4, FILTER_SHUFFLE, FILTER_ZSTD
+from h5pack.errors import FormatError
 
 # NOTE [ Direct chunk path ]
 #
@@ -270,18 +271,35 @@ class DirectFile:
     """A read-only file descriptor for ``os.preadv``, opened lazily once per process.
 
     ``preadv`` carries its own offset, so threads share the descriptor safely; after a fork
-    the child opens its own.
+    the child opens its own. With an ``identity`` (``(st_dev, st_ino)`` of the file HDF5
+    opened), a descriptor that names another file (the path was replaced meanwhile) is
+    refused: the direct path never reads bytes of a file other than the metadata's.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, identity: tuple[int, int] | None = None) -> None:
         self.path = path
+        self.identity = identity
         self._fd: int | None = None
         self._pid = -1
 
     def fd(self) -> int:
-        """Return this process's descriptor."""
+        """Return this process's descriptor.
+
+        Raises:
+            FormatError: the path now names another file than ``identity``.
+        """
         if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY)
+            if self.identity is not None:
+                stat = os.fstat(fd)
+                if (stat.st_dev, stat.st_ino) != self.identity:
+                    os.close(fd)
+                    raise FormatError(
+                        f"{self.path} was replaced since the dataset was created (file "
+                        f"{self.identity[0]}:{self.identity[1]} then, {stat.st_dev}:"
+                        f"{stat.st_ino} now); rebuild the loader"
+                    )
+            self._fd = fd
             self._pid = os.getpid()
         return self._fd
 
@@ -317,4 +335,4 @@ class DirectFile:
         self._fd = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_fd": None, "_pid": -1}
+        return {"path": self.path, "identity": self.identity, "_fd": None, "_pid": -1}

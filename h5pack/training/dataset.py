@@ -241,7 +241,12 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     # -- process-local file ------------------------------------------------------------
     @property
     def reader(self) -> PackReader:
-        """This process's reader, opened on first use (see "h5py handles and fork")."""
+        """This process's reader, opened on first use (see "h5py handles and fork").
+
+        Raises:
+            FormatError: the pack at ``path`` is no longer the file this dataset was
+                created on (replaced, e.g. by ``convert --overwrite``).
+        """
         if self._reader is None or self._pid != os.getpid():
             options = self.options
             if options.window_chunks is None:
@@ -252,7 +257,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                     num_workers=0,
                 )
                 options = replace(options, window_chunks=window)
-            self._reader = PackReader(self.path, options)
+            # the file this dataset's labels came from, or a FormatError: never a mix of two
+            self._reader = PackReader(self.path, options, expected=self.meta.identity)
             self._fixed = None
             self._pid = os.getpid()
         return self._reader

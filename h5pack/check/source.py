@@ -1,0 +1,208 @@
+"""``verify --source``: a pack against the folder it was made from, file by file.
+
+Every file of the folder is accounted for, and each side named:
+
+- *missing*: a sample of the pack whose file is no longer in the folder;
+- *extra*: a file of the folder that is not in the pack and that the conversion did not
+  skip (the pack records the files it skipped, with why);
+- *skipped*: a file of the folder the conversion skipped: accounted for, not a problem;
+- *another label*: the folder (or the labels CSV) gives the file another class;
+- *changed*: the content differs. Encoded packs compare the stored bytes with the file's
+  (re-encoded samples, ``--max-side``, are encoded again the same way, then compared as
+  pixels); raw packs decode (and resize, as the pack's options say) the file again and
+  compare the pixels within a tolerance.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from h5pack._types import StrPath, parse_choice
+from h5pack.check.verify import Problem, VerifyReport
+from h5pack.core import format as fmt
+from h5pack.core.decode import BACKENDS, RESIZE_METHODS, decode_image, load_file
+from h5pack.errors import DecodeError
+from h5pack.read.reader import PackReader
+from h5pack.write.options import DEFAULT_QUALITY
+from h5pack.write.pipeline import DecodeSpec, Prepared, prepare_sample
+from h5pack.write.scan import SourceFile, scan
+
+
+def compare_source(
+    report: VerifyReport,
+    reader: PackReader,
+    paths: list[str],
+    source: StrPath,
+    *,
+    labels_csv: StrPath | None,
+    sample: int | None,
+    seed: int,
+    tolerance: float,
+) -> VerifyReport:
+    """Return ``report`` with the differences between the pack and its source folder."""
+    meta = reader.meta
+    found = scan(source, labels_csv=labels_csv)
+    in_folder = {f.relative: f for f in found.files}
+    unreadable = {p.path: p.reason for p in found.problems if p.path not in in_folder}
+    in_pack = {rel: i for i, rel in enumerate(paths)}
+    skipped = {s.path for s in meta.skipped}
+    problems = list(report.problems)
+    counts: Counter[str] = Counter()
+
+    def name_of(label: int, classes: tuple[str, ...]) -> str | None:
+        return classes[label] if 0 <= label < len(classes) else None
+
+    for relative, file in in_folder.items():
+        index = in_pack.get(relative)
+        if index is None:
+            if relative in skipped:
+                counts["skipped"] += 1
+            else:
+                counts["extra"] += 1
+                problems.append(
+                    Problem(None, relative, "extra: in the source folder, not in the pack")
+                )
+            continue
+        packed = name_of(int(meta.labels[index]), meta.classes)
+        label = name_of(file.label, found.classes)
+        if packed != label:
+            counts["mismatched"] += 1
+            problems.append(
+                Problem(index, relative, f"class {packed!r} in the pack, {label!r} in the source")
+            )
+    for relative, reason in unreadable.items():
+        if relative in skipped:
+            counts["skipped"] += 1
+        elif relative in in_pack:
+            counts["changed"] += 1
+            problems.append(
+                Problem(in_pack[relative], relative, f"the source file cannot be read: {reason}")
+            )
+        else:
+            counts["extra"] += 1
+            problems.append(
+                Problem(None, relative, f"extra: in the source folder, not in the pack ({reason})")
+            )
+    for relative, index in in_pack.items():
+        if relative not in in_folder and relative not in unreadable:
+            counts["missing"] += 1
+            problems.append(
+                Problem(index, relative, "missing: in the pack, not in the source folder")
+            )
+    candidates = np.array(sorted(in_pack[r] for r in in_folder if r in in_pack), dtype=np.int64)
+    if sample is not None and sample < candidates.size:
+        rng = np.random.default_rng(seed)
+        candidates = np.sort(rng.choice(candidates, size=sample, replace=False))
+    differences = _compare_content(reader, paths, in_folder, candidates, tolerance)
+    problems.extend(differences)
+    return replace(
+        report,
+        problems=tuple(problems),
+        num_source=len(in_folder) + len(unreadable),
+        missing=counts["missing"],
+        extra=counts["extra"],
+        skipped=counts["skipped"],
+        mismatched=counts["mismatched"],
+        changed=counts["changed"] + len(differences),
+        num_compared=int(candidates.size),
+    )
+
+
+def _decode_spec(meta: fmt.PackMeta) -> DecodeSpec:
+    """Return what the conversion made of each file, from the options the pack records."""
+    options: dict[str, Any] = dict(meta.options)
+    size = options.get("size")
+    max_side = options.get("max_side")
+    return DecodeSpec(
+        mode=meta.mode,
+        size=(int(size[0]), int(size[1])) if size else None,
+        resize=parse_choice(str(options.get("resize")), RESIZE_METHODS) or "stretch",
+        channels=meta.channels,
+        backend=parse_choice(str(options.get("backend")), BACKENDS) or "pillow",
+        max_side=int(max_side) if max_side else None,
+        quality=int(options.get("quality") or DEFAULT_QUALITY),
+    )
+
+
+def _compare_content(
+    reader: PackReader,
+    paths: list[str],
+    in_folder: dict[str, SourceFile],
+    indices: np.ndarray,
+    tolerance: float,
+) -> list[Problem]:
+    """Compare samples ``indices`` with their source files, a chunk group at a time."""
+    spec = _decode_spec(reader.meta)
+    problems: list[Problem] = []
+    groups = reader.chunk_map.chunks_of(indices)
+    for group in np.unique(groups).tolist():
+        batch = indices[groups == group]
+        try:
+            stored = reader.read_stored(batch)
+        except Exception:  # damaged chunks are reported by the sample checks already
+            continue
+        for index, data in zip(batch.tolist(), stored, strict=True):
+            relative = paths[index]
+            message = _difference(reader.meta, spec, index, data, in_folder[relative], tolerance)
+            if message is not None:
+                problems.append(Problem(index, relative, f"changed: {message}"))
+    return problems
+
+
+def _difference(
+    meta: fmt.PackMeta,
+    spec: DecodeSpec,
+    index: int,
+    stored: np.ndarray,
+    file: SourceFile,
+    tolerance: float,
+) -> str | None:
+    """Return how sample ``index`` differs from its source ``file``, or None."""
+    try:
+        data = load_file(file.path)
+    except DecodeError as err:
+        return f"the source file cannot be read ({err})"
+    if meta.mode == "encoded" and stored.tobytes() == data:
+        return None
+    again = prepare_sample(spec, data, file.relative, 0)
+    if not isinstance(again, Prepared) or again.data is None:
+        return f"the source file does not decode any more ({getattr(again, 'reason', '')})"
+    if meta.mode == "encoded":
+        if not spec.max_side:
+            return (
+                f"the file's bytes differ from the pack's ({len(data)} in the folder, "
+                f"{stored.size} in the pack)"
+            )
+        if again.data.tobytes() == stored.tobytes():
+            return None
+        name = f"{meta.path}[{index}]"
+        try:
+            ours = decode_image(stored.tobytes(), name=name, channels=meta.channels)
+            theirs = decode_image(again.data.tobytes(), name=file.relative, channels=meta.channels)
+        except DecodeError as err:
+            return f"cannot be compared ({err})"
+        return _pixel_difference(ours, theirs, tolerance)
+    shape = tuple(int(s) for s in meta.shapes[index])
+    return _pixel_difference(stored.reshape(shape), again.data.reshape(again.shape), tolerance)
+
+
+def _pixel_difference(ours: np.ndarray, theirs: np.ndarray, tolerance: float) -> str | None:
+    """Return how two decoded images differ beyond ``tolerance``, or None."""
+    if ours.ndim == 2:
+        ours = ours[:, :, None]
+    if theirs.ndim == 2:
+        theirs = theirs[:, :, None]
+    if ours.shape != theirs.shape:
+        (h, w, c), (sh, sw, sc) = ours.shape, theirs.shape
+        return f"the source decodes to {sw}x{sh}x{sc} (WxHxC), the pack holds {w}x{h}x{c}"
+    mean = float(np.abs(ours.astype(np.int16) - theirs.astype(np.int16)).mean())
+    if mean > tolerance:
+        return (
+            f"the pixels differ from the source file's (mean difference {mean:.2f} levels, "
+            f"tolerance {tolerance:g})"
+        )
+    return None
