@@ -188,3 +188,84 @@ def test_verify_refuses_what_is_not_a_pack(tmp_path):
         verify_pack(path)
     with pytest.raises(FileNotFoundError):
         verify_pack(tmp_path / "missing.h5")
+
+
+# -- verify --source: content, and every file accounted for ----------------------------------
+
+
+def _rotate(path):
+    with Image.open(path) as image:
+        rotated = image.transpose(Image.Transpose.ROTATE_180)
+    rotated.save(path)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mode": "encoded"},
+        {"mode": "raw", "size": (8, 9)},
+        {"mode": "raw"},
+        {"mode": "encoded", "max_side": 9},
+    ],
+    ids=["encoded", "raw-resized", "raw-original-sizes", "encoded-reencoded"],
+)
+def test_verify_source_finds_a_changed_image_by_path(tmp_path, options):
+    root, path = _pack(tmp_path, vary=True, **options)
+    report = verify_pack(path, source=root)
+    assert report.ok, report.problems  # the same resize, the same re-encoding: no difference
+    assert (report.num_compared, report.changed) == (10, 0)
+    _rotate(root / "dog" / "01.png")
+    report = verify_pack(path, source=root)
+    assert (report.changed, report.missing, report.extra, report.num_compared) == (1, 0, 0, 10)
+    (problem,) = report.problems
+    assert problem.path == "dog/01.png"
+    assert problem.message.startswith("changed: ")
+
+
+def test_verify_source_accounts_for_skipped_missing_and_extra_files(tmp_path):
+    root = make_folder(tmp_path / "images")
+    (root / "cat" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    path = convert(root, tmp_path / "p.h5", ConvertOptions(workers=1)).path
+    report = verify_pack(path, source=root)
+    assert report.ok, report.problems
+    assert (report.num_source, report.skipped, report.missing, report.extra) == (11, 1, 0, 0)
+    (root / "fox" / "00.png").unlink()
+    (root / "fox" / "new.png").write_bytes((root / "fox" / "01.png").read_bytes())
+    report = verify_pack(path, source=root)
+    assert (report.skipped, report.missing, report.extra) == (1, 1, 1)
+    messages = {p.path: p.message for p in report.problems}
+    assert messages == {
+        "fox/00.png": "missing: in the pack, not in the source folder",
+        "fox/new.png": "extra: in the source folder, not in the pack",
+    }
+
+
+def test_verify_source_compares_a_random_sample(tmp_path):
+    root, path = _pack(tmp_path, mode="encoded")
+    for name in ("cat/00.png", "cat/01.png", "cat/02.png", "cat/03.png", "cat/04.png"):
+        _rotate(root / name)
+    report = verify_pack(path, source=root, sample=4, seed=1)
+    assert report.num_compared == 4
+    assert report.changed == sum(p.message.startswith("changed") for p in report.problems)
+    again = verify_pack(path, source=root, sample=4, seed=1)
+    assert again.problems == report.problems  # the same seed, the same sample
+    assert verify_pack(path, source=root).changed == 5
+
+
+def test_cli_verify_source_says_which_side_is_which(tmp_path):
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    root, path = _pack(tmp_path)
+    (root / "cat" / "00.png").unlink()
+    _rotate(root / "dog" / "00.png")
+    result = CliRunner().invoke(
+        cli, ["verify", str(path), "--source", str(root), "--sample", "9", "-q"]
+    )
+    assert result.exit_code == 1
+    assert "sample " in result.output
+    assert "(cat/00.png): missing: in the pack, not in the source folder" in result.output
+    assert "1 missing (in the pack, not in the folder)" in result.output
+    assert "0 extra (in the folder, not in the pack)" in result.output
+    assert "of 9 compared" in result.output

@@ -62,3 +62,125 @@ def test_missing_dataset_named(tmp_path):
 def test_paths_round_trip_including_non_utf8(name):
     assert fmt.decode_path(fmt.encode_path(name)) == name
     assert os.fsencode(fmt.decode_path(fmt.encode_path(name))) == os.fsencode(name)
+
+
+# -- format 1.1: identity, digests, no variable-length data ----------------------------------
+
+
+def _new_pack(path, *, paths=None, classes=("a", "bé", "c"), **options):
+    from h5pack.write.convert import write_arrays
+    from h5pack.write.options import ConvertOptions
+
+    rng = np.random.default_rng(0)
+    samples = [rng.integers(0, 256, (4 + i % 3, 5, 3), dtype=np.uint8) for i in range(12)]
+    paths = paths or [f"c/{i}.png" for i in range(12)]
+    write_arrays(
+        path,
+        samples,
+        [i % 3 for i in range(12)],
+        classes=classes,
+        paths=paths,
+        options=ConvertOptions(**options),
+    )
+    return path
+
+
+def test_a_new_pack_is_format_1_1_with_an_id_and_every_digest(tmp_path):
+    path = _new_pack(tmp_path / "p.h5", chunk_bytes=512)
+    meta = fmt.load_meta(path)
+    assert (meta.format_version, meta.format_minor) == (1, fmt.FORMAT_MINOR) == (1, 1)
+    assert meta.pack_id is not None
+    assert len(meta.pack_id) == 32
+    assert set(meta.digests) == {
+        fmt.LABELS,
+        fmt.CLASSES,
+        fmt.PATHS,
+        fmt.SHAPES,
+        fmt.CHECKSUMS,
+        fmt.SOURCE_INDEX,
+        fmt.OFFSETS,
+        fmt.SIZES,
+        fmt.SAMPLE_XXH3,
+        fmt.OPTIONS_KEY,
+        fmt.SKIPPED_KEY,
+    }
+    assert meta.damaged == ()
+    assert meta.sample_xxh3 is not None
+    with fmt.open_h5(path) as handle:
+        assert fmt.read_paths(handle, meta) == [f"c/{int(s)}.png" for s in meta.source_index]
+    identity = meta.identity
+    assert identity is not None
+    stat = os.stat(path)
+    found = (identity.device, identity.inode, identity.size)
+    assert found == (stat.st_dev, stat.st_ino, stat.st_size)
+
+
+def test_a_new_pack_holds_no_variable_length_data_and_checksummed_metadata(tmp_path):
+    path = _new_pack(tmp_path / "p.h5")
+    data = path.read_bytes()
+    assert data[8] >= 2  # superblock version 2 or 3: checksummed
+    assert b"GCOL" not in data  # no global heap (HDF5 neither checksums nor bounds it)
+    with h5py.File(path, "r") as handle:
+        root = h5py.h5g.open(handle.id, b"/")
+        assert root.get_create_plist().get_attr_phase_change()[0] >= len(handle.attrs)
+        for key in handle.attrs:
+            assert not h5py.check_string_dtype(handle.attrs.get_id(key).dtype) or (
+                h5py.check_string_dtype(handle.attrs.get_id(key).dtype).length is not None
+            )
+        for name in (fmt.CLASSES, fmt.PATHS):
+            assert h5py.check_string_dtype(handle[name].dtype).length is not None
+
+
+@pytest.mark.parametrize(
+    "name", ["ünï/çødé.png", os.fsdecode(b"bad\xffname.jpg"), "a/" + "x" * 300]
+)
+def test_fixed_length_paths_round_trip(tmp_path, name):
+    paths = [name] + [f"c/{i}.png" for i in range(11)]
+    path = _new_pack(tmp_path / "p.h5", paths=paths, shuffle_samples=False)
+    meta = fmt.load_meta(path)
+    with fmt.open_h5(path) as handle:
+        assert os.fsencode(fmt.read_paths(handle, meta)[0]) == os.fsencode(name)
+    assert meta.classes == ("a", "bé", "c")
+
+
+def test_damaged_digests_are_named_or_recorded(tmp_path):
+    path = _new_pack(tmp_path / "p.h5")
+    with h5py.File(path, "r+") as handle:
+        handle[fmt.SOURCE_INDEX][0] = 99
+    with pytest.raises(FormatError, match=r"'source_index' no longer match the CRC32"):
+        fmt.load_meta(path)
+    assert fmt.load_meta(path, check_digests=False).damaged == (fmt.SOURCE_INDEX,)
+
+
+def test_digests_are_over_a_canonical_byte_form():
+    from h5pack.core import integrity
+
+    assert integrity.array_digest(np.arange(3, dtype=">i8"), "<i8") == integrity.array_digest(
+        np.arange(3, dtype=np.int32), "<i8"
+    )
+    assert integrity.strings_digest([b"ab", b"c"]) != integrity.strings_digest([b"a", b"bc"])
+    assert fmt.classes_digest(("x",)) == integrity.strings_digest([b"x"])
+
+
+def test_identity_changes_name_what_changed(tmp_path):
+    from h5pack.core.integrity import PackIdentity
+
+    first = PackIdentity("a" * 32, 1, 2, 300, 4)
+    assert first.changes(first) == []
+    other = PackIdentity("b" * 32, 1, 5, 200, 6)
+    assert first.changes(other) == [
+        f"pack id {'a' * 32} then, {'b' * 32} now",
+        "file 1:2 then, 1:5 now",
+        "300 bytes then, 200 now",
+        "modified since",
+    ]
+    fmt.check_identity("p.h5", None, other)
+    with pytest.raises(FormatError, match=r"p\.h5 was replaced since the dataset was created"):
+        fmt.check_identity("p.h5", first, other)
+
+
+def test_truncated_pack_is_explained_in_plain_words(tmp_path):
+    path = _new_pack(tmp_path / "p.h5")
+    os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(FormatError, match="shorter than its header says: it was cut off"):
+        fmt.load_meta(path)
