@@ -37,11 +37,15 @@ from h5pack.errors import OptionsError
 #    in, first out) therefore decompresses every chunk once per epoch.
 # 5. The worker batch streams are interleaved: batch b is worker (b mod W)'s next batch.
 #
-# Ranks: with ``drop_last=False`` every rank gets ceil(N / R) samples: the first
-# N mod R ranks take one more real sample, the others repeat the last sample of their own
-# slice once (its chunk is already in the last window, so no extra read), like
-# ``torch.utils.data.DistributedSampler``. Every sample is seen at least once, fewer than R
-# samples twice, and when R divides N every sample exactly once. With ``drop_last=True``
+# Ranks: with ``drop_last=False`` every rank gets ceil(N / R) samples: a rank whose slice
+# is one short repeats one sample, the last of its own slice (its chunk is already in the
+# last window, so no extra read), like ``torch.utils.data.DistributedSampler``. Every
+# sample is seen at least once, and R * ceil(N / R) - N <= R - 1 samples are served again
+# per epoch: when R divides N, none; when N >= R, each a different sample, seen twice
+# (fewer than R samples twice). When N < R, R - N ranks have no sample of their own and
+# each repeats the first sample of the next rank's slice, so a sample is served up to
+# ceil(R / N) times (N = 1, R = 3: the one sample three times, once per rank; every rank
+# still yields one batch). With ``drop_last=True``
 # every rank takes T * B samples (T = N // R // B full batches) and the remaining
 # N - R * T * B samples, the tail of this epoch's chunk order, are skipped: every sample at
 # most once, all batches full.
