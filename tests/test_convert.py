@@ -77,7 +77,7 @@ def test_auto_mode_says_why_it_chose_raw(tmp_path, folder):
     convert(folder, tmp_path / "p.h5", ConvertOptions(workers=1), on_event=events.append)
     message = next(e.message for e in events if e.kind == "mode")
     assert "raw" in message
-    assert "12x16" in message
+    assert "16x12" in message  # W x H
 
 
 @pytest.mark.parametrize("num", [8, 9, 11])  # N mod k = 0, 1, k - 1 for k = 4
@@ -303,3 +303,53 @@ def test_hostile_tree_packs_only_real_images(tmp_path, folder):
     assert "dog/gone.jpg" in skipped  # a dangling link is reported, not packed
     assert skipped <= {"dog/gone.jpg", "dog/pipe.jpg"}
     assert {e.path for e in events if e.kind == "skipped"} == skipped
+
+
+@pytest.mark.parametrize("via", ["the file itself", "a symlink to it", "a hard link to it"])
+def test_a_target_that_is_one_of_the_images_is_refused_before_any_work(
+    tmp_path, folder, monkeypatch, via
+):
+    """``h5pack convert imgs imgs/cat/000.jpg --overwrite`` once replaced a photo."""
+    from h5pack.write import convert as writer
+
+    source = folder / "cat" / "000.jpg"
+    photo = source.read_bytes()
+    target = {
+        "the file itself": source,
+        "a symlink to it": tmp_path / "link.h5",
+        "a hard link to it": tmp_path / "hard.h5",
+    }[via]
+    if via == "a symlink to it":
+        target.symlink_to(source)
+    elif via == "a hard link to it":
+        os.link(source, target)
+    monkeypatch.setattr(writer, "make_executor", _no_work)
+    with pytest.raises(OptionsError, match="one of the images being packed") as info:
+        convert(folder, target, ConvertOptions(workers=1), overwrite=True)
+    assert str(target) in str(info.value)
+    assert str(source) in str(info.value)
+    assert source.read_bytes() == photo
+    assert target.read_bytes() == photo
+    assert sorted(p.name for p in (folder / "cat").iterdir()) == [
+        "000.jpg",
+        "001.jpg",
+        "002.jpg",
+        "003.jpg",
+    ]
+
+
+def _no_work(workers):
+    raise AssertionError("the refusal should come before any work")
+
+
+def test_the_cli_refuses_a_source_as_target_naming_both(tmp_path, folder):
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    source = folder / "dog" / "001.jpg"
+    photo = source.read_bytes()
+    result = CliRunner().invoke(cli, ["convert", str(folder), str(source), "--overwrite"])
+    assert result.exit_code == 2, result.output
+    assert f"the target {source} is {source}, one of the images being packed" in result.output
+    assert source.read_bytes() == photo

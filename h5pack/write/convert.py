@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import time
 from collections import Counter, deque
@@ -181,7 +182,7 @@ def _convert(
         published = build_pack(
             target_path,
             plan,
-            _room_checked(prepared, plan, target_path),
+            _room_checked(prepared, table, plan, target_path, temps, in_flight=workers + 1),
             table,
             options=options,
             workers=Workers(executor, workers + 1, blocks_arena),
@@ -204,6 +205,7 @@ def _convert(
         executor.shutdown(wait=True, cancel_futures=True)
         for arena in arenas:
             arena.close()
+    temps.release_reserved(published)
     return make_report(published, plan, num, skipped, started)
 
 
@@ -227,40 +229,77 @@ def _open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
     return Arena.named(num_slots, slot_bytes)
 
 
-# Bytes per sample of the metadata arrays: labels (int64), shapes (3 x int32), checksums
-# (uint32), source order (int64); blobs add offsets and sizes (int64 each).
-_SAMPLE_METADATA_BYTES = 8 + 12 + 4 + 8
+# Bytes per sample of the metadata: labels (int64), shapes (3 x int32), checksums (uint32),
+# source order (int64), a digest (uint64); blobs add offsets and sizes (int64 each). The
+# paths count with their bytes, uncompressed; HDF5's object headers and chunk indexes with
+# 1/16 on top and a fixed slack.
+_SAMPLE_METADATA_BYTES = 8 + 12 + 4 + 8 + 8
 _BLOB_METADATA_BYTES = 16
+_METADATA_SLACK_BYTES = 2**15
 
 
-def metadata_bytes(num_samples: int, *, blob: bool) -> int:
-    """Return a lower bound of the bytes a pack's metadata takes on disk.
+def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
+    """Return about the bytes a pack's metadata takes on disk, erring on the large side.
 
-    The per-sample arrays, which are stored uncompressed; the paths (compressed, so they
-    may take next to nothing), HDF5's own structures and the chunk index come on top.
+    Args:
+        num_samples: Samples in the pack.
+        path_bytes: The bytes of their paths.
+        blob: Whether the pack is a blob (offsets and sizes).
     """
     per_sample = _SAMPLE_METADATA_BYTES + (_BLOB_METADATA_BYTES if blob else 0)
-    return num_samples * per_sample
+    data = num_samples * per_sample + path_bytes
+    return data + data // 16 + _METADATA_SLACK_BYTES
+
+
+def images_left_bytes(
+    plan: StoragePlan, num_samples: int, sample_bytes: int, *, in_flight: int
+) -> int:
+    """Return the most bytes of images still to write once every sample is decoded.
+
+    Chunked: the partial last block and, when compressing, the blocks still in the pool
+    (at most ``in_flight``, the last one included). A contiguous blob: all of it, staged
+    in a side file until then (``sample_bytes``, plus a chunk for the alignment).
+    """
+    if plan.spec.chunks is None and plan.storage == "blob":
+        return sample_bytes + plan.chunk_bytes
+    if plan.spec.sample_shape is not None:
+        sample = math.prod(plan.spec.sample_shape)
+        block = plan.group_samples * sample
+        partial = (num_samples % plan.group_samples) * sample
+    else:
+        block = partial = plan.chunk_bytes
+    return partial + (in_flight - 1) * block if plan.spec.compressed else partial
 
 
 def _room_checked(
-    prepared: Iterable[Prepared], plan: StoragePlan, target: Path
+    prepared: Iterable[Prepared],
+    table: SampleTable,
+    plan: StoragePlan,
+    target: Path,
+    temps: TempFiles,
+    *,
+    in_flight: int,
 ) -> Iterator[Prepared]:
-    """Yield ``prepared``; once all are through, check that the metadata still fits.
+    """Yield ``prepared``; once all are through, reserve the room that the rest needs.
 
-    NOTE [ Full disk before the metadata ]: HDF5 keeps the metadata in its cache and writes
-    most of it when the file is closed. A disk that fills then leaves HDF5 objects that
-    cannot be closed, and HDF5's own exit handler crashed on them (SIGSEGV), after a screen
-    of "Exception ignored" messages. So when every sample is decoded (only the last block
-    of images remains to be written), the conversion stops with a clean error if even a
-    lower bound of the metadata does not fit in the space left.
+    The rest is the images not written yet and the metadata (NOTE [ Room for the metadata ]
+    in ``publish``). A contiguous array of which files were skipped is copied into a new
+    file (NOTE [ Contiguous packs and skipped files ]): the room is only checked then,
+    since a reservation in the old file would take the room the copy needs.
     """
-    count = 0
+    count = path_bytes = sample_bytes = 0
     for item in prepared:
         count += 1
+        path_bytes += len(os.fsencode(table.paths[item.pos]))
+        sample_bytes += item.data.nbytes if item.data is not None else 0
         yield item
-    needed = metadata_bytes(count, blob=plan.storage == "blob")
-    check_room(target.parent, needed, what=f"the metadata of {target.name}")
+    what = f"the rest of {target.name} (its last images and metadata)"
+    metadata = metadata_bytes(count, path_bytes, blob=plan.storage == "blob")
+    if plan.spec.chunks is None and plan.storage == "array" and count < len(table):
+        check_room(target.parent, sample_bytes + metadata, what=what)
+        return
+    images = images_left_bytes(plan, count, sample_bytes, in_flight=in_flight)
+    temps.reserve(images + metadata, what=what)
 
 
 # errno values of a target that cannot take the pack.
@@ -473,7 +512,7 @@ def write_arrays(
             published = build_pack(
                 target_path,
                 plan,
-                _room_checked(prepared(), plan, target_path),
+                _room_checked(prepared(), table, plan, target_path, temps, in_flight=1),
                 table,
                 options=options,
                 workers=Workers(executor, 1),
@@ -487,6 +526,7 @@ def write_arrays(
             if clean is None:
                 raise
             raise clean from err
+        temps.release_reserved(published)
         report = make_report(published, plan, num, skipped, started)
     return _logged(report)
 

@@ -2,22 +2,30 @@
 
 A pack is written to ``.<name>.<pid>.tmp`` beside the target and published only when
 complete; until then nothing exists under the target's name, so a killed conversion
-(SIGKILL included) never leaves a half-written pack there. See docs/ARCHITECTURE.md,
-"Conversion pipeline".
+(SIGKILL included) never leaves a half-written pack there, and the next conversion into
+that directory removes what it left (``leftovers``). See docs/ARCHITECTURE.md,
+"Conversion pipeline" and "Crash safety".
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.errors import OptionsError, TargetExistsError
+from h5pack.errors import H5PackError, OptionsError, TargetExistsError
+from h5pack.write.leftovers import OwnerLock, lock_path
+
+logger = logging.getLogger("h5pack")
 
 
 def check_target(target: StrPath, *, overwrite: bool) -> Path:
@@ -37,46 +45,304 @@ def check_target(target: StrPath, *, overwrite: bool) -> Path:
     return path
 
 
+def check_not_a_source(target: Path, sources: Iterable[Path]) -> None:
+    """Refuse a target that is one of the files to be packed.
+
+    The same file under its own path, through a symbolic link (either way) or as another
+    hard link: replacing it would destroy an image that is being read.
+
+    Raises:
+        OptionsError: the target is one of ``sources``.
+    """
+    try:
+        own = os.stat(target)
+    except OSError:
+        return  # not there: it is no source
+    for source in sources:
+        try:
+            st = os.stat(source)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino):
+            continue
+        if os.path.abspath(target) == os.path.abspath(source):
+            relation = "is"
+        elif os.path.realpath(target) == os.path.realpath(source):
+            relation = "is, through a symbolic link,"
+        else:
+            relation = "is a hard link to"
+        raise OptionsError(
+            f"the target {target} {relation} {source}, one of the images being packed; "
+            f"writing the pack there would destroy it: choose another target"
+        )
+
+
 def temp_path(target: Path, tag: str = "") -> Path:
     """Return the hidden temporary name beside ``target`` for this process."""
     return target.parent / f".{target.name}.{os.getpid()}{tag}.tmp"
 
 
 class TempFiles:
-    """Temporary files of one conversion, removed unless published."""
+    """Temporary files of one conversion, removed unless published.
 
-    def __init__(self) -> None:
+    Given the ``target``, it is a context manager that holds the conversion's lock file
+    (``leftovers.OwnerLock``) from entry, before any temporary file exists, until every
+    one is removed on exit.
+
+    Raises:
+        H5PackError: on entry, the target's directory cannot be written.
+    """
+
+    def __init__(self, target: Path | None = None) -> None:
         self.paths: list[Path] = []
+        self.target = target
+        self._lock: OwnerLock | None = None
+        self._reserved = 0
+
+    def __enter__(self) -> TempFiles:
+        if self.target is not None:
+            self._lock = OwnerLock(lock_path(self.target))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.remove_all()
 
     def add(self, path: Path) -> Path:
-        """Track ``path``; return it."""
+        """Track ``path``; return it. The first file added is the pack."""
         self.paths.append(path)
         return path
 
+    def reserve(self, nbytes: int, *, what: str) -> None:
+        """Reserve ``nbytes`` in the pack's file for ``what`` (NOTE [ Room for the metadata ]).
+
+        Raises:
+            H5PackError: the room is not there.
+        """
+        if self.paths and self.paths[0].exists():
+            self._reserved = reserve_room(self.paths[0], nbytes, what=what)
+
+    def release_reserved(self, published: Path) -> None:
+        """Give back the room that the published pack ``published`` did not use."""
+        release_reserved(published, self._reserved)
+        self._reserved = 0
+
     def remove_all(self) -> None:
-        """Remove every tracked file that still exists."""
+        """Remove every tracked file that still exists, then the lock file.
+
+        Never raises (it runs while another error is on its way to the user): a file that
+        cannot be removed is logged and left for the next conversion.
+        """
         for path in self.paths:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                logger.warning("could not remove %s: %s", path, err.strerror or err)
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+# NOTE [ Room for the metadata ]: HDF5 keeps most of a pack's metadata in its cache and
+# writes it when the file is closed. A disk that filled then left HDF5 objects that could not
+# be closed: screens of "Exception ignored" and a SIGSEGV in HDF5's exit handler. So once
+# every sample is decoded, the conversion reserves the room that the rest needs (the last
+# block of images and the metadata) in the pack's own file: fallocate(2) with KEEP_SIZE
+# allocates the file's holes and that many bytes past its end, where HDF5 then writes,
+# without changing its size. If the room is not there the conversion stops with one clean
+# error; once reserved, no other writer can take it. What HDF5 did not use is given back
+# after publishing (``release_reserved``). File systems without fallocate get a check of
+# the free space instead, which a concurrent writer can still defeat.
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_fallocate_function: Callable[..., int] | None = None
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """Call the C library's ``fallocate``; OSError(ENOSYS) where it has none."""
+    global _fallocate_function
+    if _fallocate_function is None:
+        try:
+            function = ctypes.CDLL(None, use_errno=True).fallocate64
+        except (OSError, AttributeError) as err:  # not Linux
+            raise OSError(errno.ENOSYS, "fallocate is not available") from err
+        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        function.restype = ctypes.c_int
+        _fallocate_function = function
+    if _fallocate_function(fd, mode, offset, length):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def reserve_room(path: Path, nbytes: int, *, what: str) -> int:
+    """Reserve ``nbytes`` past the end of ``path`` and its holes (NOTE [ Room for the metadata ]).
+
+    Returns:
+        The bytes reserved past the end (0 where the file system cannot reserve, after a
+        check of its free space).
+
+    Raises:
+        H5PackError: the room is not there.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        check_room(path.parent, nbytes, what=what)
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        _fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, size + nbytes)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise _no_room(path.parent, nbytes, what) from None
+        check_room(path.parent, nbytes, what=what)  # no fallocate here
+        return 0
+    finally:
+        os.close(fd)
+    return nbytes
+
+
+def release_reserved(path: Path, nbytes: int) -> None:
+    """Give back what is still reserved past the end of ``path`` (never raises)."""
+    if nbytes <= 0:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        os.ftruncate(fd, size)  # frees the blocks past the end (ext4, xfs, tmpfs)
+        with contextlib.suppress(OSError):  # and where that does not, punching does
+            _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, size, nbytes)
+    except OSError as err:
+        logger.debug("could not release the room reserved past the end of %s: %s", path, err)
+    finally:
+        os.close(fd)
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Return the bytes this process may still write on ``directory``'s file system."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    # root may also use the blocks reserved for it (ext4: 5%)
+    blocks = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize
+
+
+def check_room(directory: Path, nbytes: int, *, what: str) -> None:
+    """Refuse to go on when ``directory`` has less than ``nbytes`` free for ``what``.
+
+    Raises:
+        H5PackError: less than ``nbytes`` are free.
+    """
+    free = free_bytes(directory)
+    if free is not None and free < nbytes:
+        raise _no_room(directory, nbytes, what)
+
+
+def _no_room(directory: Path, nbytes: int, what: str) -> H5PackError:
+    free = free_bytes(directory)
+    left = f", {_size(free)} are free" if free is not None else ""
+    return H5PackError(
+        f"no space left on the device of {directory} for {what}: it needs about "
+        f"{_size(nbytes)}{left}"
+    )
+
+
+def _size(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
-    """Move the finished file into place (atomically; without overwrite, never clobbering)."""
-    if overwrite:
-        os.replace(temp, target)
-        return
+    """Move the finished file into place (atomically; without overwrite, never clobbering).
+
+    Raises:
+        TargetExistsError: without ``overwrite``, the target appeared meanwhile.
+        H5PackError: the file cannot be moved.
+    """
     try:
-        os.link(temp, target)  # fails if the target appeared meanwhile
+        if overwrite:
+            os.replace(temp, target)
+            return
+        try:
+            os.link(temp, target)  # fails if the target appeared meanwhile
+        except FileExistsError as err:
+            raise _appeared(target) from err
+        except OSError:  # no hard links on this file system
+            _rename_noreplace(temp, target)
+            return
+        temp.unlink()
+    except H5PackError:
+        raise
+    except OSError as err:
+        raise H5PackError(f"cannot move {temp} to {target}: {err.strerror or err}") from err
+
+
+def _appeared(target: Path) -> TargetExistsError:
+    return TargetExistsError(f"{target} appeared during the conversion; not replaced")
+
+
+# renameat2(2) flag and the "relative to the working directory" descriptor (Linux).
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+# What renameat2 says when the kernel, the C library or the file system lacks the flag.
+_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+def _rename_noreplace(temp: Path, target: Path) -> None:
+    """Rename ``temp`` to ``target`` unless the target exists, in one step where possible.
+
+    ``renameat2(RENAME_NOREPLACE)`` (Linux 3.15+) checks and renames atomically. Without
+    it, the target is checked and then replaced: a target that appears between the two is
+    clobbered, a race only file systems without hard links and without the flag have.
+    """
+    try:
+        _renameat2(temp, target, _RENAME_NOREPLACE)
     except FileExistsError as err:
-        raise TargetExistsError(f"{target} appeared during the conversion; not replaced") from err
-    except OSError:  # no hard links on this file system
-        if target.exists():
-            raise TargetExistsError(
-                f"{target} appeared during the conversion; not replaced"
-            ) from None
-        os.replace(temp, target)
+        raise _appeared(target) from err
+    except OSError as err:
+        if err.errno not in _UNSUPPORTED:
+            raise
+    else:
         return
-    temp.unlink()
+    if target.exists():
+        raise _appeared(target)
+    os.replace(temp, target)
+
+
+_renameat2_function: Callable[..., int] | None = None
+
+
+def _renameat2(source: Path, target: Path, flags: int) -> None:
+    """Call the C library's ``renameat2``; OSError(ENOSYS) where it has none."""
+    global _renameat2_function
+    if _renameat2_function is None:
+        try:
+            function = ctypes.CDLL(None, use_errno=True).renameat2
+        except (OSError, AttributeError) as err:  # not glibc >= 2.28 (or not Linux)
+            raise OSError(errno.ENOSYS, "renameat2 is not available") from err
+        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+        function.argtypes += [ctypes.c_uint]
+        function.restype = ctypes.c_int
+        _renameat2_function = function
+    if _renameat2_function(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), os.fspath(target))
 
 
 @contextlib.contextmanager
