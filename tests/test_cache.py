@@ -29,6 +29,7 @@ from h5pack.training.cache import (
     DecodedCache,
     default_cache_bytes,
     shrink,
+    shrunk_size,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,6 +194,41 @@ def test_max_side_shrinks_the_shorter_side() -> None:
     one = shrink(np.full((9, 90, 1), 7, dtype=np.uint8), 3)
     assert one.shape == (3, 30, 1)
     assert (one == 7).all()
+
+
+def test_shrunk_size_is_the_shape_shrink_gives() -> None:
+    for height, width in [(100, 60), (60, 100), (31, 31), (30, 500), (7, 9), (1000, 3)]:
+        array = np.zeros((height, width, 3), dtype=np.uint8)
+        for max_side in (1, 3, 30, 31, 1000):
+            assert shrunk_size(height, width, max_side) == shrink(array, max_side).shape[:2]
+        assert shrunk_size(height, width, None) == (height, width)
+
+
+def test_writable_get_is_the_same_memory(cache: DecodedCache) -> None:
+    assert cache.put(3, image(3))
+    readonly, writable = cache.get(3), cache.get(3, writable=True)
+    assert readonly is not None
+    assert writable is not None
+    assert not readonly.flags.writeable
+    assert writable.flags.writeable
+    assert np.shares_memory(readonly, writable)
+    np.testing.assert_array_equal(writable, image(3))
+    assert cache.get(4, writable=True) is None
+    assert cache.stats().hits == 2  # counted as any get
+
+
+def test_has_room_says_whether_a_put_would_fit() -> None:
+    budget = 5 * 4096  # header and index of 100 samples, then ~11 KiB of records
+    with DecodedCache(100, budget) as small:
+        assert small.has_room(10_000)
+        assert not small.has_room(budget)
+        index = 0
+        while small.has_room(image(0, scale=4).size):
+            assert small.put(index, image(0, scale=4))
+            index += 1
+        assert index > 0
+        assert not small.put(index, image(0, scale=4))  # has_room was right
+        assert small.stats().used_bytes <= budget
 
 
 def test_default_cache_bytes() -> None:

@@ -16,19 +16,28 @@ from PIL import Image, ImageOps
 
 from h5pack.core.decode import Backend, _orient, decode_image, resize_image
 from h5pack.errors import DecodeError, OptionsError
+from h5pack.read import boxes
+from h5pack.read.boxes import stored_box
 from h5pack.read.crop import (
     CROPS,
     DEFAULT_RATIO,
     DEFAULT_SCALE,
     Box,
     CropSpec,
-    _stored_box,
     center_box,
     crop_array,
+    crop_into,
     decode_crop,
+    decode_crop_into,
+    decode_pixels,
+    flip_in_place,
+    opencv_resize_into,
+    pillow_resize_into,
     plan_crop,
     random_resized_box,
+    reference_resize,
     sample_rng,
+    scale_box,
 )
 from h5pack.synthetic import synthesize_photo
 
@@ -427,6 +436,113 @@ def test_crop_array_rejects_bad_arrays_and_sizes() -> None:
         crop_array(np.zeros((30, 40, 3), np.uint8), Box(0, 0, 8, 8), (8, 8), backend="x")  # type: ignore[arg-type]
 
 
+# --- kernels into a buffer ----------------------------------------------------------------
+
+
+def test_the_box_names_are_re_exported_from_boxes() -> None:
+    assert CropSpec is boxes.CropSpec
+    assert plan_crop is boxes.plan_crop
+    assert scale_box is boxes.scale_box
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flip", [False, True])
+def test_crop_into_writes_one_slot_of_a_batch(backend: Backend, flip: bool) -> None:
+    pixels = photo(3, (300, 400))
+    pixels.flags.writeable = False  # a cached image is read-only
+    batch = np.zeros((3, *OUT, 3), dtype=np.uint8)
+    box = Box(10, 20, 200, 250)
+    crop_into(pixels, box, batch[1], flip=flip, resize=reference_resize(backend))
+    np.testing.assert_array_equal(
+        batch[1], crop_array(pixels, box, OUT, flip=flip, backend=backend)
+    )
+    assert not batch[0].any()
+    assert not batch[2].any()
+
+
+def test_crop_into_refuses_other_channels_and_boxes_outside() -> None:
+    out = np.zeros((8, 8, 3), dtype=np.uint8)
+    with pytest.raises(OptionsError, match="same channels"):
+        crop_into(
+            np.zeros((20, 20, 1), np.uint8),
+            Box(0, 0, 9, 9),
+            out,
+            flip=False,
+            resize=pillow_resize_into,
+        )
+    with pytest.raises(OptionsError, match="box should lie inside"):
+        crop_into(
+            np.zeros((20, 20, 3), np.uint8),
+            Box(15, 0, 9, 9),
+            out,
+            flip=False,
+            resize=pillow_resize_into,
+        )
+
+
+@pytest.mark.parametrize("shape", [(60, 80, 3), (60, 80, 1), (7, 5, 3)])
+def test_flip_in_place(shape: tuple[int, int, int]) -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    flipped = pixels.copy()
+    flip_in_place(flipped)
+    np.testing.assert_array_equal(flipped, pixels[:, ::-1])
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("box", [Box(10, 20, 200, 250), Box(5, 7, 40, 30)])
+def test_opencv_kernel_reads_the_strided_box_and_writes_in_place(box: Box, channels: int) -> None:
+    pixels = photo(1, (300, 400))[:, :, :channels].copy()
+    top, left, h, w = box
+    view = pixels[top : top + h, left : left + w]
+    out = np.empty((*OUT, channels), dtype=np.uint8)
+    address = out.ctypes.data
+    opencv_resize_into(view, out)
+    assert out.ctypes.data == address
+    shrinking = h >= OUT[0] and w >= OUT[1]
+    expected = cv2.resize(
+        np.ascontiguousarray(view),
+        (OUT[1], OUT[0]),
+        interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR,
+    )
+    np.testing.assert_array_equal(out, expected.reshape(out.shape))
+
+
+def test_reference_resize_refuses_an_unknown_backend() -> None:
+    with pytest.raises(OptionsError, match="backend should be one of"):
+        reference_resize("x")  # type: ignore[arg-type]
+
+
+def test_scale_box_rounds_each_edge_within_half_a_pixel() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        height, width = (int(v) for v in rng.integers(1, 3000, 2))
+        to = (max(1, int(height / rng.uniform(1, 8))), max(1, int(width / rng.uniform(1, 8))))
+        top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
+        box = Box(
+            top,
+            left,
+            int(rng.integers(1, height - top + 1)),
+            int(rng.integers(1, width - left + 1)),
+        )
+        got = scale_box(box, (height, width), to)
+        assert got.top >= 0
+        assert got.left >= 0
+        assert got.height >= 1
+        assert got.width >= 1
+        assert got.top + got.height <= to[0]
+        assert got.left + got.width <= to[1]
+        sy, sx = to[0] / height, to[1] / width
+        thin_y, thin_x = box.height * sy < 1, box.width * sx < 1
+        for edge, want, thin in (
+            (got.top, box.top * sy, thin_y),
+            (got.left, box.left * sx, thin_x),
+            (got.top + got.height, (box.top + box.height) * sy, thin_y),
+            (got.left + got.width, (box.left + box.width) * sx, thin_x),
+        ):  # half a pixel; one more when the box is thinner than a pixel (it keeps one)
+            assert abs(edge - want) <= (1.5 if thin else 0.5 + 1e-9)
+    assert scale_box(Box(1, 2, 3, 4), (10, 10), (10, 10)) == Box(1, 2, 3, 4)
+
+
 # --- decode_crop -------------------------------------------------------------------------
 
 
@@ -448,6 +564,64 @@ def test_decode_crop_jpeg_close_to_full_decode(crop: str, backend: Backend) -> N
         assert_close(out, full_path(data, spec, index))
         box, flip = plan_crop(spec, 900, 1200, seed=0, epoch=0, index=index)
         assert_close(out, pillow_reference(data, box, OUT, flip))
+
+
+def test_decode_crop_into_fills_a_batch_slot_with_any_kernel() -> None:
+    data = jpeg(photo(4, (400, 500)))
+    spec = CropSpec.of(OUT, crop="random-resized", flip=True)
+    seen: list[tuple[int, ...]] = []
+
+    def kernel(source: np.ndarray, out: np.ndarray) -> None:
+        seen.append(source.shape)
+        pillow_resize_into(source, out)
+
+    batch = np.zeros((2, *OUT, 3), dtype=np.uint8)
+    for index in range(2):
+        decode_crop_into(data, spec, batch[index], seed=0, epoch=0, index=index, resize=kernel)
+        np.testing.assert_array_equal(
+            batch[index], decode_crop(data, spec, seed=0, epoch=0, index=index)
+        )
+        box, _ = plan_crop(spec, 400, 500, seed=0, epoch=0, index=index)
+        assert seen[-1] == (box.height, box.width, 3)  # the box, cut as a view, nothing else
+
+
+def test_decode_crop_into_refuses_a_wrong_buffer() -> None:
+    data = jpeg(photo(4, (40, 50)))
+    spec = CropSpec.of(OUT, crop="center")
+    for out in (
+        np.zeros((*OUT, 2), np.uint8),
+        np.zeros((8, 8, 3), np.uint8),
+        np.zeros((*OUT, 3), np.float32),
+    ):
+        with pytest.raises(OptionsError, match="out should be a uint8 array of shape"):
+            decode_crop_into(data, spec, out, seed=0, epoch=0, index=0)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_pixels_are_decode_image_pixels(channels: int, backend: Backend) -> None:
+    pixels = photo(6, (90, 120))
+    files = [
+        jpeg(pixels),
+        jpeg(pixels, mode="L"),
+        jpeg(pixels, orientation=6),
+        encode(Image.fromarray(pixels).convert("RGBA"), "PNG"),
+        encode(Image.fromarray(pixels).convert("CMYK"), "JPEG"),
+    ]
+    for data in files:
+        got = decode_pixels(data, backend=backend, channels=channels)
+        np.testing.assert_array_equal(got, decode_image(data, backend=backend, channels=channels))
+
+
+def test_jpegs_decode_to_the_same_pixels_through_opencv_and_pillow() -> None:
+    # NOTE [ JPEG decoder ]: the pipeline decodes JPEGs with OpenCV whatever the backend.
+    for seed, shape in enumerate([(375, 500), (333, 517), (64, 48)]):
+        for mode in ("RGB", "L"):
+            data = jpeg(photo(seed, shape), mode=mode)
+            with Image.open(io.BytesIO(data)) as image:
+                pillow = np.asarray(image)
+            got = decode_pixels(data, channels=3 if mode == "RGB" else 1)
+            np.testing.assert_array_equal(got, pillow.reshape(got.shape))
 
 
 def test_decode_crop_drafts_big_jpegs_only_as_far_as_the_gap_allows() -> None:
@@ -492,7 +666,7 @@ def test_stored_box_undoes_the_orientation(orientation: int) -> None:
         top, left, h, w = box
         if top + h > displayed.shape[0] or left + w > displayed.shape[1]:
             continue
-        s_top, s_left, s_h, s_w = _stored_box(box, orientation, 7, 11)
+        s_top, s_left, s_h, s_w = stored_box(box, orientation, 7, 11)
         cut = stored[s_top : s_top + s_h, s_left : s_left + s_w]
         np.testing.assert_array_equal(
             _orient(cut, orientation), displayed[top : top + h, left : left + w]

@@ -269,15 +269,31 @@ def shrink(array: npt.NDArray[np.uint8], max_side: int) -> npt.NDArray[np.uint8]
         The image, shrunk if it was larger.
     """
     height, width = array.shape[:2]
-    if min(height, width) <= max_side:
+    new_h, new_w = shrunk_size(height, width, max_side)
+    if (new_h, new_w) == (height, width):
         return array
     import cv2  # here: only max_side needs it, and the module stays cheap to import
 
-    scale = max_side / min(height, width)
-    size = (max(1, round(width * scale)), max(1, round(height * scale)))
     source = np.ascontiguousarray(array)
-    resized = np.asarray(cv2.resize(source, size, interpolation=cv2.INTER_AREA), dtype=np.uint8)
-    return resized.reshape(size[1], size[0], *array.shape[2:])
+    resized = cv2.resize(source, (new_w, new_h), interpolation=cv2.INTER_AREA)
+    return np.asarray(resized, dtype=np.uint8).reshape(new_h, new_w, *array.shape[2:])
+
+
+def shrunk_size(height: int, width: int, max_side: int | None) -> tuple[int, int]:
+    """Return the ``(H, W)`` that ``shrink`` gives an image of ``(height, width)``.
+
+    Args:
+        height: The image's height.
+        width: The image's width.
+        max_side: The longest the shorter side may be; None keeps the size.
+
+    Returns:
+        The size, unchanged when the shorter side is at most ``max_side``.
+    """
+    if max_side is None or min(height, width) <= max_side:
+        return height, width
+    scale = max_side / min(height, width)
+    return max(1, round(height * scale)), max(1, round(width * scale))
 
 
 def _available_bytes() -> int:
@@ -426,15 +442,22 @@ class DecodedCache:
         """Where processes open the block: ``/proc/<pid>/fd/<fd>``, or the segment's name."""
         return self._backing.location
 
-    def get(self, index: SupportsIndex) -> npt.NDArray[np.uint8] | None:
+    def get(
+        self, index: SupportsIndex, *, writable: bool = False
+    ) -> npt.NDArray[np.uint8] | None:
         """Return sample ``index`` as a read-only view into the shared block, or None.
 
         Args:
             index: The sample.
+            writable: Return a view whose writeable flag is set, for kernels that refuse
+                read-only memory although they only read it (``torch.from_numpy``). Never
+                write through it: every process sees the block, and ``put`` promises that
+                a record does not change.
 
         Returns:
             The ``(H, W, C)`` (or ``(H, W)``) uint8 image as it was put (shrunk with
-            ``max_side``), read-only; None when it is not stored, or is being stored.
+            ``max_side``), read-only unless ``writable``; None when it is not stored, or
+            is being stored.
 
         Raises:
             IndexError: ``index`` is out of range.
@@ -451,7 +474,8 @@ class DecodedCache:
         height, width, channels = words[record], words[record + 1], words[record + 2]
         start = offset + 8 * _RECORD_WORDS
         shape = (height, width, channels) if channels else (height, width)
-        return attachment.readonly[start : start + height * width * max(channels, 1)].reshape(shape)
+        block = attachment.pixels if writable else attachment.readonly
+        return block[start : start + height * width * max(channels, 1)].reshape(shape)
 
     def put(self, index: SupportsIndex, array: npt.NDArray[np.uint8]) -> bool:
         """Store ``array`` (shrunk first with ``max_side``) as sample ``index``.
@@ -503,6 +527,18 @@ class DecodedCache:
                 words[_W_INDEX + position] = published
                 words[_W_ENTRIES] += published > 0
         return True
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether an image of ``nbytes`` pixel bytes would fit now (a hint, without the lock).
+
+        The space only shrinks (entries are never evicted), so False stays False; True may
+        be overtaken by another process's ``put``.
+
+        Raises:
+            CacheClosedError: the cache was closed.
+        """
+        words = self._attached().words
+        return words[_W_NEXT] + _aligned(8 * _RECORD_WORDS + nbytes) <= words[_W_SIZE]
 
     def stats(self) -> CacheStats:
         """Return the counters, summed over every process (see ``CacheStats``)."""

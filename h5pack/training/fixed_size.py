@@ -1,39 +1,98 @@
 """Fixed-size training images from any pack: crop, resize and flip, through the decoded cache.
 
 The training image pipeline of ``H5ImageDataset(crop=...)``. Every sample's box and flip
-are ``read.crop.plan_crop``'s, a pure function of (seed, epoch, sample) and of the image's
+are ``read.boxes.plan_crop``'s, a pure function of (seed, epoch, sample) and of the image's
 displayed size as the pack records it (``meta.shapes``), so the same epoch gives the same
 images in any process, with or without the cache, and a resumed epoch continues
-identically. See docs/ARCHITECTURE.md, "Training image pipeline", for why each kind of
-pack takes the path it takes.
+identically. Each sample is resized straight into its place in the batch. See
+docs/ARCHITECTURE.md, "Training image pipeline", for why each kind of pack takes the path it
+takes and for the measurements behind the kernels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 
 import numpy as np
+import torch
 
-from h5pack.core.decode import decode_image
-from h5pack.read.crop import Box, CropSpec, crop_array, decode_crop, plan_crop
+from h5pack.core.decode import Backend
+from h5pack.read.boxes import CropSpec, plan_crop, scale_box
+from h5pack.read.crop import (
+    ResizeInto,
+    crop_into,
+    decode_crop_into,
+    decode_pixels,
+    opencv_resize_into,
+    pillow_resize_into,
+)
 from h5pack.read.reader import PackReader
-from h5pack.training.cache import DecodedCache, shrink
+from h5pack.training.cache import DecodedCache, shrink, shrunk_size
+
+__all__ = ["FixedSizeReader", "resize_kernel", "scale_box", "torch_resize_into"]
+
+# NOTE [ Pillow's filter, computed by torch ]
+# Pillow's antialiased BILINEAR resize cost 400-1,200 us per 224x224 output on the 2-core
+# development VM (more than decoding the JPEG); torch's uint8 kernel for the same filter
+# (interpolate(mode="bilinear", antialias=True), vectorised, written to match Pillow)
+# took 130-300 us and gave the same pixels within one grey level (mean difference < 0.01).
+# Called through the ``out=`` variant of its ATen op on a channels-last view of the batch
+# slot, it writes the result in place (the public F.interpolate returns a new NCHW tensor
+# whose transposing copy into the batch cost another ~100 us). The op releases the GIL, so
+# the reader's threads resize in parallel.
+_AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
 
 
-def scale_box(box: Box, size: tuple[int, int], to: tuple[int, int]) -> Box:
-    """Return ``box``, planned on an image of ``size`` (H, W), on the same image resized to ``to``.
+def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
+    """Resize with Pillow's antialiased ``BILINEAR`` filter, computed by torch (a kernel).
 
-    The decoded cache may keep a shrunk image; the box is planned on the pack's recorded
-    size, so that a cached image gives the same crop as a freshly decoded one.
+    See ``NOTE [ Pillow's filter, computed by torch ]``. Within one grey level of
+    ``read.crop.pillow_resize_into``. A read-only ``source`` is copied first (torch does
+    not take read-only memory); 1-channel images go to Pillow.
     """
-    if size == to:
-        return box
-    sy, sx = to[0] / size[0], to[1] / size[1]
-    top = min(to[0] - 1, round(box.top * sy))
-    left = min(to[1] - 1, round(box.left * sx))
-    height = max(1, min(to[0] - top, round(box.height * sy)))
-    width = max(1, min(to[1] - left, round(box.width * sx)))
-    return Box(top, left, height, width)
+    if source.shape[:2] == out.shape[:2]:
+        out[...] = source
+        return
+    if source.shape[2] != 3:
+        pillow_resize_into(source, out)
+        return
+    if not source.flags.writeable:
+        source = source.copy()
+    _upsample_aa(
+        torch.from_numpy(source).permute(2, 0, 1).unsqueeze(0),
+        [out.shape[0], out.shape[1]],
+        False,
+        out=torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0),
+    )
+
+
+def _upsample_aa(*args: object, out: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._upsample_bilinear2d_aa.out(*args, out=out)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _torch_resizes_like_pillow() -> bool:
+    """Whether this torch has the uint8 kernel and it agrees with Pillow (once per process)."""
+    source = np.arange(np.prod(_AA_SIZES[0]), dtype=np.uint8).reshape(_AA_SIZES[0])
+    got = np.empty(_AA_SIZES[1], dtype=np.uint8)
+    want = np.empty(_AA_SIZES[1], dtype=np.uint8)
+    try:
+        torch_resize_into(source, got)
+    except (AttributeError, RuntimeError, NotImplementedError):  # older torch: no such kernel
+        return False
+    pillow_resize_into(source, want)
+    return bool(np.abs(got.astype(np.int16) - want).max() <= 1)
+
+
+def resize_kernel(backend: Backend) -> ResizeInto:
+    """Return the fastest kernel computing ``backend``'s filter.
+
+    ``"pillow"``: :func:`torch_resize_into` where torch has the kernel, else Pillow itself;
+    ``"opencv"``: ``read.crop.opencv_resize_into``.
+    """
+    if backend == "opencv":
+        return opencv_resize_into
+    return torch_resize_into if _torch_resizes_like_pillow() else pillow_resize_into
 
 
 class FixedSizeReader:
@@ -51,11 +110,11 @@ class FixedSizeReader:
         self.reader = reader
         self.spec = spec
         self.cache = cache if reader.meta.mode == "encoded" else None
+        self.resize = resize_kernel(spec.backend)
         self.decodes = 0  # samples decoded by this process (a cache hit decodes nothing)
+        self._stored = np.empty(0, dtype=np.uint8)  # reused batch of stored raw images
 
-    def read_into(
-        self, indices: np.ndarray, out: np.ndarray, *, seed: int, epoch: int
-    ) -> None:
+    def read_into(self, indices: np.ndarray, out: np.ndarray, *, seed: int, epoch: int) -> None:
         """Fill ``out`` (len(indices), H, W, C) with samples ``indices`` of ``epoch``.
 
         Raises:
@@ -64,57 +123,113 @@ class FixedSizeReader:
             FormatError: the pack is damaged.
         """
         reader, meta = self.reader, self.reader.meta
-        stored: Sequence[np.ndarray] = (
-            list(self._read_array(indices))
-            if meta.storage == "array"
-            else reader.read_stored(indices)
-        )
+        if meta.storage == "array":
+            batch = self._read_array(indices)
 
-        def one(j: int) -> None:
-            index = int(indices[j])
-            out[j] = self._sample(index, stored[j], seed=seed, epoch=epoch)
+            def one(j: int) -> None:
+                self._raw(int(indices[j]), batch[j], out[j], seed, epoch)
+
+        elif self.cache is None:
+            stored = reader.read_stored(indices)
+            sample = self._raw if meta.mode == "raw" else self._encoded
+
+            def one(j: int) -> None:
+                sample(int(indices[j]), stored[j], out[j], seed, epoch)
+
+        else:
+            # Only the samples the cache lacks are read. Views of the shared block, writable
+            # only so that torch takes them (the cache's get): they are never written.
+            cached = [self.cache.get(int(i), writable=True) for i in indices]
+            missing = [j for j, pixels in enumerate(cached) if pixels is None]
+            read = (
+                dict(zip(missing, reader.read_stored(indices[missing]), strict=True))
+                if missing
+                else {}
+            )
+
+            def one(j: int) -> None:
+                self._cached(int(indices[j]), cached[j], read.get(j), out[j], seed, epoch)
 
         reader.map_threads(one, range(len(indices)))
 
     def _read_array(self, indices: np.ndarray) -> np.ndarray:
-        batch = np.empty((len(indices), *self.reader.meta.images_shape[1:]), dtype=np.uint8)
+        """Read stored images into a buffer kept from batch to batch.
+
+        A fresh multi-megabyte buffer per batch would be a fresh mmap whose page faults cost
+        more than the copy (direct's note "Direct chunk path").
+        """
+        shape = (len(indices), *self.reader.meta.images_shape[1:])
+        size = int(np.prod(shape))
+        if self._stored.size < size:
+            self._stored = np.empty(size, dtype=np.uint8)
+        batch = self._stored[:size].reshape(shape)
         self.reader.read_into(indices, batch)
         return batch
 
-    def _sample(self, index: int, stored: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
-        spec, meta = self.spec, self.reader.meta
-        height, width = (int(s) for s in meta.shapes[index][:2])
-        if meta.mode == "raw":
-            box, flip = plan_crop(spec, height, width, seed=seed, epoch=epoch, index=index)
-            raw = stored if meta.storage == "array" else self.reader.decode(index, stored)
-            return crop_array(raw, box, spec.size, flip=flip, backend=spec.backend)
-        if self.cache is None:
-            self.decodes += 1
-            return decode_crop(
-                stored.tobytes(),
-                spec,
-                seed=seed,
-                epoch=epoch,
-                index=index,
-                name=self._name(index),
-                channels=meta.channels,
-            )
-        pixels = self.cache.get(index)
+    def _shape(self, index: int) -> tuple[int, int]:
+        height, width = self.reader.meta.shapes[index][:2].tolist()
+        return height, width
+
+    def _raw(self, index: int, stored: np.ndarray, out: np.ndarray, seed: int, epoch: int) -> None:
+        """A raw sample: plan on its recorded size, resize the box into ``out``."""
+        height, width = self._shape(index)
+        box, flip = plan_crop(self.spec, height, width, seed=seed, epoch=epoch, index=index)
+        raw = stored if self.reader.meta.storage == "array" else self.reader.decode(index, stored)
+        crop_into(raw, box, out, flip=flip, resize=self.resize)
+
+    def _encoded(
+        self, index: int, stored: np.ndarray, out: np.ndarray, seed: int, epoch: int
+    ) -> None:
+        """An encoded sample, not cached: decode (at a reduced scale if the box allows)."""
+        self.decodes += 1
+        decode_crop_into(
+            stored.tobytes(),
+            self.spec,
+            out,
+            seed=seed,
+            epoch=epoch,
+            index=index,
+            name=self._name(index),
+            resize=self.resize,
+        )
+
+    def _cached(
+        self,
+        index: int,
+        pixels: np.ndarray | None,
+        stored: np.ndarray | None,
+        out: np.ndarray,
+        seed: int,
+        epoch: int,
+    ) -> None:
+        """An encoded sample through the cache: crop the cached image, or decode and keep it.
+
+        A sample that cannot fit any more (entries are never evicted) takes the uncached
+        path, which may decode at a reduced scale.
+        """
+        cache = self.cache
+        assert cache is not None  # read_into's branch
+        height, width = self._shape(index)
         if pixels is None:
+            assert stored is not None  # read_into read every missing sample
+            small_h, small_w = shrunk_size(height, width, cache.max_side)
+            if not cache.has_room(small_h * small_w * self.reader.meta.channels):
+                self._encoded(index, stored, out, seed, epoch)
+                return
             self.decodes += 1
-            pixels = decode_image(
+            pixels = decode_pixels(
                 stored.tobytes(),
                 name=self._name(index),
-                backend=spec.backend,
-                channels=meta.channels,
+                backend=self.spec.backend,
+                channels=self.reader.meta.channels,
             )
-            if self.cache.max_side is not None:
+            if cache.max_side is not None:
                 # crop from the shrunk image the cache holds, as the next epochs will
-                pixels = shrink(pixels, self.cache.max_side)
-            self.cache.put(index, pixels)
-        box, flip = plan_crop(spec, height, width, seed=seed, epoch=epoch, index=index)
+                pixels = shrink(pixels, cache.max_side)
+            cache.put(index, pixels)
+        box, flip = plan_crop(self.spec, height, width, seed=seed, epoch=epoch, index=index)
         box = scale_box(box, (height, width), (pixels.shape[0], pixels.shape[1]))
-        return crop_array(pixels, box, spec.size, flip=flip, backend=spec.backend)
+        crop_into(pixels, box, out, flip=flip, resize=self.resize)
 
     def _name(self, index: int) -> str:
         return f"{self.reader.path}[{index}] ({self.reader.paths[index]})"
