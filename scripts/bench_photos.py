@@ -39,6 +39,7 @@ the PSS of its ``memfd:h5pack-cache`` mappings. Shuffle quality: the jump entrop
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import multiprocessing
 import os
@@ -50,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import numpy as np
@@ -59,9 +61,22 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from h5pack.bench.system import machine_info, warm_page_cache
+from h5pack.core.decode import decode_image
 from h5pack.core.format import load_meta
-from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, random_resized_box
+from h5pack.read.crop import (
+    DEFAULT_RATIO,
+    DEFAULT_SCALE,
+    CropSpec,
+    decode_pixels,
+    flip_in_place,
+    opencv_resize_into,
+    pillow_resize_into,
+    plan_crop,
+    random_resized_box,
+)
 from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.cache import DecodedCache
+from h5pack.training.fixed_size import torch_resize_into
 from h5pack.training.loader import make_loader
 from h5pack.training.shuffle_quality import jump_entropy
 from h5pack.write.convert import convert
@@ -150,14 +165,20 @@ def process_tree() -> list[psutil.Process]:
 
 
 def tree_cpu_s() -> float:
-    """CPU seconds used so far by this process and its live children (workers, Manager)."""
-    total = 0.0
-    for process in process_tree():
+    """CPU seconds used so far by this process, its live children and its reaped ones.
+
+    DataLoader workers that exited (non-persistent ones, at the end of their epoch) count
+    through the kernel's children times, which include every reaped child.
+    """
+    me = psutil.Process()
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for process in me.children(recursive=True):
         try:
-            times = process.cpu_times()
+            child = process.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system
+        total += child.user + child.system
     return total
 
 
@@ -294,7 +315,15 @@ def measure_memory(pack: Path, options: dict[str, Any], batch_size: int) -> dict
     queue = context.Queue()
     child = context.Process(target=memory_child, args=(str(pack), options, batch_size, queue))
     child.start()
-    result: dict[str, Any] = queue.get()
+    while True:  # a child that died (killed, out of memory) must not hang the benchmark
+        try:
+            result: dict[str, Any] = queue.get(timeout=1.0)
+            break
+        except Empty:
+            if not child.is_alive():
+                raise RuntimeError(
+                    f"the memory probe of {options} exited with {child.exitcode}"
+                ) from None
     child.join()
     return result
 
@@ -320,6 +349,96 @@ def prepare(data: Path, images: int) -> tuple[Path, Path, Path]:
     if not raw.exists():
         convert(folder, raw, ConvertOptions(size=(256, 256)))
     return folder, encoded, raw
+
+
+# -- kernels, one thread ----------------------------------------------------------------------
+def kernel_table(samples: list[tuple[str, int]], count: int) -> dict[str, float]:
+    """CPU microseconds per image of each step, one thread, median of 3 passes over ``count``."""
+    import cv2
+
+    files = [Path(path).read_bytes() for path, _ in samples[:count]]
+    images = [decode_image(data) for data in files]
+    spec = CropSpec.of(SIZE, crop="random-resized", flip=True)
+    boxes = [
+        plan_crop(spec, *a.shape[:2], seed=0, epoch=0, index=i)[0] for i, a in enumerate(images)
+    ]
+    cuts = [
+        a[b.top : b.top + b.height, b.left : b.left + b.width]
+        for a, b in zip(images, boxes, strict=True)
+    ]
+    out = np.empty((SIZE, SIZE, 3), dtype=np.uint8)
+
+    def peer_resize(i: int) -> None:
+        top, left, height, width = boxes[i]
+        pil = Image.fromarray(images[i]).crop((left, top, left + width, top + height))
+        np.array(pil.resize((SIZE, SIZE), Image.Resampling.BILINEAR))
+
+    def numpy_flip(_: int) -> None:
+        out[...] = out[:, ::-1]
+
+    def peer_decode(i: int) -> None:
+        with Image.open(io.BytesIO(files[i])) as file:
+            np.asarray(file.convert("RGB"))
+
+    steps: dict[str, Callable[[int], object]] = {
+        "decode JPEG: Pillow, Image.open().convert('RGB') + np.asarray (the peer)": peer_decode,
+        "decode JPEG: h5pack decode_image (Pillow)": lambda i: decode_image(files[i]),
+        "decode JPEG: h5pack decode_pixels (OpenCV's libjpeg-turbo)": lambda i: decode_pixels(
+            files[i]
+        ),
+        "plan the box and flip (plan_crop)": lambda i: plan_crop(
+            spec, *images[i].shape[:2], seed=0, epoch=0, index=i
+        ),
+        "resize box to 224: Pillow crop().resize() + np.array (the peer)": peer_resize,
+        "resize box to 224: pillow_resize_into": lambda i: pillow_resize_into(cuts[i], out),
+        "resize box to 224: opencv_resize_into (INTER_AREA shrinking)": lambda i: (
+            opencv_resize_into(cuts[i], out)
+        ),
+        "resize box to 224: cv2 INTER_LINEAR, no antialiasing": lambda i: cv2.resize(
+            cuts[i], (SIZE, SIZE), dst=out, interpolation=cv2.INTER_LINEAR
+        ),
+        "resize box to 224: torch_resize_into (Pillow's filter)": lambda i: torch_resize_into(
+            cuts[i], out
+        ),
+        "flip 224x224: numpy out[...] = out[:, ::-1]": numpy_flip,
+        "flip 224x224: flip_in_place (cv2.flip)": lambda i: flip_in_place(out),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: what each worker, or each reader thread, costs
+    table = {}
+    try:
+        for name, step in steps.items():
+            passes = []
+            for _ in range(3):
+                start = time.process_time()
+                for i in range(len(files)):
+                    step(i)
+                passes.append((time.process_time() - start) / len(files) * 1e6)
+            table[name] = statistics.median(passes)
+        with DecodedCache(len(files), 2 * sum(a.nbytes for a in images) + (1 << 20)) as cache:
+            start = time.process_time()
+            for i, array in enumerate(images):
+                cache.put(i, array)
+            table["DecodedCache.put (pwrite into the memfd)"] = (
+                (time.process_time() - start) / len(files) * 1e6
+            )
+            start = time.process_time()
+            for _ in range(3):
+                for i in range(len(files)):
+                    cache.get(i)
+            table["DecodedCache.get (a view)"] = (
+                (time.process_time() - start) / 3 / len(files) * 1e6
+            )
+    finally:
+        torch.set_num_threads(threads)
+    print(
+        f"\n## kernels: CPU us per image, one thread, median of 3 passes over {len(files)} images\n"
+    )
+    print("| step | us |")
+    print("|---|---:|")
+    for name, micros in table.items():
+        print(f"| {name} | {micros:,.0f} |")
+    return table
 
 
 # -- the experiment -----------------------------------------------------------------------------
@@ -372,11 +491,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="the peers' DataLoader workers")
     parser.add_argument("--data", type=Path, help="keep the images and packs here (reused)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
-    parser.add_argument("--quick", action="store_true", help="200 images, 1 round: a smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="120 images, 1 round, fewer probes: a smoke run"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory probes")
     args = parser.parse_args(argv)
     if args.quick:
-        args.images, args.rounds = min(args.images, 200), 1
+        args.images, args.rounds = min(args.images, 120), 1
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp)
         data.mkdir(parents=True, exist_ok=True)
@@ -407,6 +528,7 @@ def run(
         f" MiB; budgets {budgets[BIG] / 2**20:.0f} and {budgets[QUARTER] / 2**20:.0f} MiB;"
         f" load average {load_start:.2f}"
     )
+    kernels = kernel_table(samples, 30 if args.quick else 200)
     manager = multiprocessing.Manager()
     fresh, kept = loaders_of(args, samples, encoded, raw, budgets, manager)
     workers = {key: getattr(loader, "num_workers", 0) for key, loader in kept.items()}
@@ -430,6 +552,7 @@ def run(
     del kept
     manager.shutdown()
     figures: dict[str, Any] = {
+        "kernels_us": kernels,
         "images_per_s": {k: rounds.values(k) for k in rounds.runs},
         "images_per_cpu_s": {k: rounds.values(k, cpu=True) for k in rounds.runs},
     }
@@ -526,10 +649,15 @@ def report_memory(
     )
     print("|---|---:|---:|---:|---:|---|---|")
     figures = {}
-    for mode, options in ((AUTO, {}), (INPROC, {"num_workers": 0, "threads": args.workers})):
+    modes: list[tuple[str, dict[str, Any]]] = [(INPROC, {"num_workers": 0, "threads": 2})]
+    cases = [(NO_CACHE, 0), (QUARTER, budgets[QUARTER])]
+    if not args.quick:
+        modes.insert(0, (AUTO, {}))
+        cases.append((BIG, budgets[BIG]))
+    for mode, options in modes:
         baseline = measure_memory(encoded, options, args.batch_size)
         figures[f"{NO_CACHE}, {mode}"] = baseline
-        for label, budget in ((NO_CACHE, 0), (QUARTER, budgets[QUARTER]), (BIG, budgets[BIG])):
+        for label, budget in cases:
             cache = {"cache": "decoded", "cache_bytes": budget} if budget else {}
             probe = (
                 baseline

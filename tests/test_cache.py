@@ -204,19 +204,6 @@ def test_shrunk_size_is_the_shape_shrink_gives() -> None:
         assert shrunk_size(height, width, None) == (height, width)
 
 
-def test_writable_get_is_the_same_memory(cache: DecodedCache) -> None:
-    assert cache.put(3, image(3))
-    readonly, writable = cache.get(3), cache.get(3, writable=True)
-    assert readonly is not None
-    assert writable is not None
-    assert not readonly.flags.writeable
-    assert writable.flags.writeable
-    assert np.shares_memory(readonly, writable)
-    np.testing.assert_array_equal(writable, image(3))
-    assert cache.get(4, writable=True) is None
-    assert cache.stats().hits == 2  # counted as any get
-
-
 def test_has_room_says_whether_a_put_would_fit() -> None:
     budget = 5 * 4096  # header and index of 100 samples, then ~11 KiB of records
     with DecodedCache(100, budget) as small:

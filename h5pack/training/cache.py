@@ -442,22 +442,15 @@ class DecodedCache:
         """Where processes open the block: ``/proc/<pid>/fd/<fd>``, or the segment's name."""
         return self._backing.location
 
-    def get(
-        self, index: SupportsIndex, *, writable: bool = False
-    ) -> npt.NDArray[np.uint8] | None:
+    def get(self, index: SupportsIndex) -> npt.NDArray[np.uint8] | None:
         """Return sample ``index`` as a read-only view into the shared block, or None.
 
         Args:
             index: The sample.
-            writable: Return a view whose writeable flag is set, for kernels that refuse
-                read-only memory although they only read it (``torch.from_numpy``). Never
-                write through it: every process sees the block, and ``put`` promises that
-                a record does not change.
 
         Returns:
             The ``(H, W, C)`` (or ``(H, W)``) uint8 image as it was put (shrunk with
-            ``max_side``), read-only unless ``writable``; None when it is not stored, or
-            is being stored.
+            ``max_side``), read-only; None when it is not stored, or is being stored.
 
         Raises:
             IndexError: ``index`` is out of range.
@@ -474,8 +467,7 @@ class DecodedCache:
         height, width, channels = words[record], words[record + 1], words[record + 2]
         start = offset + 8 * _RECORD_WORDS
         shape = (height, width, channels) if channels else (height, width)
-        block = attachment.pixels if writable else attachment.readonly
-        return block[start : start + height * width * max(channels, 1)].reshape(shape)
+        return attachment.readonly[start : start + height * width * max(channels, 1)].reshape(shape)
 
     def put(self, index: SupportsIndex, array: npt.NDArray[np.uint8]) -> bool:
         """Store ``array`` (shrunk first with ``max_side``) as sample ``index``.

@@ -39,7 +39,12 @@ __all__ = ["FixedSizeReader", "resize_kernel", "scale_box", "torch_resize_into"]
 # Called through the ``out=`` variant of its ATen op on a channels-last view of the batch
 # slot, it writes the result in place (the public F.interpolate returns a new NCHW tensor
 # whose transposing copy into the batch cost another ~100 us). The op releases the GIL, so
-# the reader's threads resize in parallel.
+# the reader's threads resize in parallel. Its input must be contiguous: torch makes a
+# row-strided box contiguous itself with a copy that runs on its intra-op threads, and with
+# more than one of those (the main process's default) on a busy machine each resize then
+# took 7-12 ms instead of 0.2 (the parallel copy waits for a descheduled thread), so the
+# kernel copies the box with numpy first (~25 us); torch.from_numpy also refuses read-only
+# arrays (the cached images), which the copy settles too.
 _AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
 
 
@@ -47,8 +52,8 @@ def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
     """Resize with Pillow's antialiased ``BILINEAR`` filter, computed by torch (a kernel).
 
     See ``NOTE [ Pillow's filter, computed by torch ]``. Within one grey level of
-    ``read.crop.pillow_resize_into``. A read-only ``source`` is copied first (torch does
-    not take read-only memory); 1-channel images go to Pillow.
+    ``read.crop.pillow_resize_into``. A ``source`` that is not C-contiguous and writable (a
+    box of a wider image, a cached image) is copied first; 1-channel images go to Pillow.
     """
     if source.shape[:2] == out.shape[:2]:
         out[...] = source
@@ -56,8 +61,8 @@ def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
     if source.shape[2] != 3:
         pillow_resize_into(source, out)
         return
-    if not source.flags.writeable:
-        source = source.copy()
+    if not (source.flags.c_contiguous and source.flags.writeable):
+        source = np.array(source, order="C")
     _upsample_aa(
         torch.from_numpy(source).permute(2, 0, 1).unsqueeze(0),
         [out.shape[0], out.shape[1]],
@@ -136,10 +141,8 @@ class FixedSizeReader:
             def one(j: int) -> None:
                 sample(int(indices[j]), stored[j], out[j], seed, epoch)
 
-        else:
-            # Only the samples the cache lacks are read. Views of the shared block, writable
-            # only so that torch takes them (the cache's get): they are never written.
-            cached = [self.cache.get(int(i), writable=True) for i in indices]
+        else:  # only the samples the cache lacks are read from the pack
+            cached = [self.cache.get(int(i)) for i in indices]
             missing = [j for j, pixels in enumerate(cached) if pixels is None]
             read = (
                 dict(zip(missing, reader.read_stored(indices[missing]), strict=True))
