@@ -198,3 +198,22 @@ def test_decompressors_always_have_deflate(monkeypatch):
     out = np.empty(len(payload), np.uint8)
     found[FILTER_DEFLATE](np.frombuffer(zlib.compress(payload), np.uint8), out)
     assert out.tobytes() == payload
+
+
+def test_direct_file_refuses_a_path_that_names_another_file(tmp_path):
+    from h5pack.errors import FormatError
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"first")
+    stat = path.stat()
+    direct = DirectFile(str(path), identity=(stat.st_dev, stat.st_ino))
+    buffer = np.empty(5, dtype=np.uint8)
+    direct.read_into(buffer, 0)
+    assert buffer.tobytes() == b"first"
+    direct.close()
+    (tmp_path / "other.bin").write_bytes(b"other")
+    (tmp_path / "other.bin").replace(path)
+    with pytest.raises(FormatError, match=r"f\.bin was replaced"):
+        direct.read_into(buffer, 0)
+    clone = pickle.loads(pickle.dumps(direct))
+    assert clone.identity == (stat.st_dev, stat.st_ino)
