@@ -156,9 +156,12 @@ class FixedSizeReader:
         # One task per thread, each a slice of the batch: a task per sample cost more in
         # thread hand-offs than the samples (see "Training image pipeline").
         parts = max(1, min(reader.options.threads or 0, len(indices)))
-        reader.map_threads(
-            lambda part: [one(j) for j in range(part, len(indices), parts)], range(parts)
-        )
+
+        def run_part(part: int) -> None:
+            for j in range(part, len(indices), parts):
+                one(j)
+
+        reader.map_threads(run_part, range(parts))
 
     def _read_array(self, indices: np.ndarray) -> np.ndarray:
         """Read stored images into a buffer kept from batch to batch.
