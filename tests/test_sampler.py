@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import doctest
 import itertools
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
@@ -19,6 +20,7 @@ from h5pack.training.sampler import (
     EpochSpec,
     num_batches,
     plan_epoch,
+    sampler_for_labels,
     window_for,
 )
 
@@ -65,6 +67,7 @@ def fifo_loads(cmap: ChunkMap, batches: list[np.ndarray], capacity: int) -> Coun
     epoch=st.integers(0, 1000),
     drop_last=st.booleans(),
     shuffle=st.booleans(),
+    strata=st.none() | st.integers(1, 5),
 )
 def test_epoch_covers_every_sample_with_equal_batches_per_rank(
     cmap: ChunkMap,
@@ -76,8 +79,15 @@ def test_epoch_covers_every_sample_with_equal_batches_per_rank(
     epoch: int,
     drop_last: bool,
     shuffle: bool,
+    strata: int | None,
 ) -> None:
     n = cmap.num_samples
+    # ``strata`` strata in runs of chunks, as a class-ordered pack's dominant labels
+    chunk_strata = (
+        None
+        if strata is None
+        else tuple(c * strata // max(1, cmap.num_chunks) for c in range(cmap.num_chunks))
+    )
     per_rank = [
         plan_epoch(
             cmap,
@@ -90,6 +100,7 @@ def test_epoch_covers_every_sample_with_equal_batches_per_rank(
                 num_replicas=num_replicas,
                 rank=rank,
                 num_workers=num_workers,
+                chunk_strata=chunk_strata,
             ),
             epoch=epoch,
         )
@@ -154,12 +165,17 @@ def test_single_process_reads_each_chunk_exactly_once(
     seed=st.integers(0, 2**32),
     epoch=st.integers(0, 50),
     num_workers=st.integers(0, 3),
+    stratified=st.booleans(),
 )
 def test_order_is_a_pure_function_of_seed_and_epoch(
-    cmap: ChunkMap, batch_size: int, seed: int, epoch: int, num_workers: int
+    cmap: ChunkMap, batch_size: int, seed: int, epoch: int, num_workers: int, stratified: bool
 ) -> None:
+    strata = [c % 3 for c in range(cmap.num_chunks)] if stratified else None
+
     def order() -> list[list[int]]:
-        s = ChunkBatchSampler(cmap, batch_size, seed=seed, num_workers=num_workers)
+        s = ChunkBatchSampler(
+            cmap, batch_size, seed=seed, num_workers=num_workers, chunk_strata=strata
+        )
         s.set_epoch(epoch)
         return list(s)
 
@@ -269,6 +285,135 @@ def test_window_from_memory_budget() -> None:
     )
 
 
+def test_default_window_floors_and_cap() -> None:
+    mib, gib = 2**20, 2**30
+    big_machine = 64 * gib
+
+    def window(**kwargs: int | float | None) -> int:
+        base: dict[str, int | float | None] = {
+            "window_chunks": None,
+            "window_bytes": None,
+            "group_bytes": 8 * mib,
+            "num_workers": 8,
+            "machine_bytes": big_machine,
+        }
+        return window_for(**{**base, **kwargs})  # type: ignore[arg-type]
+
+    # the bytes floor alone: 256 MiB over 8 workers of 8 MiB chunks
+    assert window() == 4
+    # the pool floor: 8 batches of 256 in chunks of 55 samples (ImageNet-style pack)
+    assert window(batch_size=256, chunk_samples=55) == math.ceil(8 * 256 / 55) == 38
+    # the labels floor
+    assert window(min_window_chunks=100) == 100
+    # the cap: an eighth of the machine over the workers
+    assert window(min_window_chunks=10_000) == big_machine // 8 // (8 * 8 * mib) == 128
+    small_machine = window(machine_bytes=2 * gib, batch_size=256, chunk_samples=55)
+    assert small_machine == 2 * gib // 8 // (8 * 8 * mib) == 4
+    # an explicit budget is the budget: no floor beyond it
+    assert window(window_bytes=64 * mib, batch_size=256, chunk_samples=55) == 1
+    # an explicit window wins over everything
+    assert window(window_chunks=3, min_window_chunks=100) == 3
+    # never more chunks than the pack has
+    assert window(batch_size=256, chunk_samples=55, num_chunks=20) == 20
+    assert window(batch_size=256, chunk_samples=55, num_workers=0) == 38  # 32 from bytes
+    # chunk size unknown (a bare ChunkMap): no cap
+    assert window(group_bytes=None, min_window_chunks=10_000) == 10_000
+
+
+def test_memory_bytes_is_the_machine_or_its_container() -> None:
+    memory = sampler_module.memory_bytes()
+    assert memory is None or memory > 2**20
+
+
+def test_sampler_window_has_the_pool_floor() -> None:
+    cmap = ChunkMap.regular(100_000, 16)
+    assert ChunkBatchSampler(cmap, 8).window_chunks == 16  # DEFAULT_WINDOW_CHUNKS
+    sampler = ChunkBatchSampler(cmap, 64)
+    assert sampler.window_chunks == sampler_module.MIN_POOL_BATCHES * 64 // 16
+    assert ChunkBatchSampler(cmap, 64, min_window_chunks=500).window_chunks == 500
+    assert ChunkBatchSampler(cmap, 64, window_chunks=2).window_chunks == 2
+    assert ChunkBatchSampler(ChunkMap.regular(40, 16), 64).window_chunks == 3  # the pack's
+
+
+def test_sampler_for_labels_widens_the_default_window_of_an_unmixed_pack() -> None:
+    cmap = ChunkMap.regular(4096, 16)
+    in_order = np.repeat(np.arange(64), 64)  # 64 classes, 4 chunks each
+    spec = EpochSpec(batch_size=4, seed=1)
+    plain = ChunkBatchSampler.from_spec(cmap, spec)
+    sampler, report = sampler_for_labels(cmap, spec, in_order)
+    assert report is not None
+    assert report.chunks_unmixed
+    assert plain.window_chunks == 16
+    assert sampler.window_chunks == 64  # one chunk of each class per window
+    assert report.window_chunks == sampler.window_chunks
+    assert report.stratified
+    assert not report.warns
+    assert sorted(flatten(sampler)) == list(range(4096))
+    # every window (64 chunks: 1,024 consecutive samples of the order) holds every class
+    windows = np.concatenate(sampler.plan()).reshape(-1, 1024)
+    assert all(len(set(in_order[w].tolist())) == 64 for w in windows)
+
+
+def test_stratified_order_is_a_pure_permutation_and_balances_windows() -> None:
+    cmap = ChunkMap.regular(2560, 64)
+    in_order = np.repeat(np.arange(5), 512)  # the benchmark's class-ordered pack
+    strata = tuple(int(s) for s in np.repeat(np.arange(5), 8))
+    sampler = ChunkBatchSampler(cmap, 32, seed=3, window_chunks=5, chunk_strata=strata)
+    again = ChunkBatchSampler(cmap, 32, seed=3, window_chunks=5, chunk_strata=strata)
+    assert list(sampler) == list(again)
+    sampler.set_epoch(1)
+    epoch = list(sampler)
+    assert sorted(flatten(epoch)) == list(range(2560))
+    # a window of 5 chunks holds 4 or 5 classes: a random order often holds 2 or 3
+    per_window = [len(set(in_order[flatten(epoch[i : i + 10])].tolist())) for i in range(0, 80, 10)]
+    assert min(per_window) >= 4
+    assert sampler.state_dict()["stratified"]
+    with pytest.raises(OptionsError, match="chunk_strata should have one entry per chunk"):
+        ChunkBatchSampler(cmap, 32, chunk_strata=(0, 1)).plan()
+
+
+def test_sampler_for_labels_keeps_an_explicit_window_and_reports() -> None:
+    cmap = ChunkMap.regular(4096, 16)
+    in_order = np.repeat(np.arange(16), 256)
+    sampler, report = sampler_for_labels(cmap, EpochSpec(batch_size=4, window_chunks=2), in_order)
+    assert sampler.window_chunks == 2
+    assert sampler.spec.chunk_strata is not None  # the order is stratified all the same
+    assert report is not None
+    assert report.warns
+    assert report.window_needed == 16
+
+
+def test_sampler_for_labels_with_a_budget_too_small_still_warns() -> None:
+    cmap = ChunkMap.regular(4096, 16)
+    in_order = np.repeat(np.arange(16), 256)
+
+    class Pack:  # a source whose chunks have a size: the budget applies
+        chunk_map = cmap
+        group_bytes = 2**20
+
+    spec = EpochSpec(batch_size=4, window_bytes=2 * 2**20)
+    sampler, report = sampler_for_labels(Pack(), spec, in_order)
+    assert sampler.window_chunks == 2
+    assert report is not None
+    assert report.warns
+
+
+def test_sampler_for_labels_mixed_unlabelled_and_unshuffled() -> None:
+    cmap = ChunkMap.regular(4096, 16)
+    spec = EpochSpec(batch_size=4)
+    mixed = np.random.default_rng(0).permutation(np.repeat(np.arange(16), 256))
+    sampler, report = sampler_for_labels(cmap, spec, mixed)
+    assert report is not None
+    assert not report.warns
+    assert sampler.window_chunks == ChunkBatchSampler.from_spec(cmap, spec).window_chunks
+    _, unlabelled = sampler_for_labels(cmap, spec, np.full(4096, -1))
+    assert unlabelled is not None
+    assert unlabelled.exempt
+    assert not unlabelled.warns
+    _, unchecked = sampler_for_labels(cmap, EpochSpec(batch_size=4, shuffle=False), mixed)
+    assert unchecked is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -276,6 +421,7 @@ def test_window_from_memory_budget() -> None:
         ({"num_workers": -1}, "num_workers should be >= 0"),
         ({"window_chunks": 0}, "window_chunks should be >= 1"),
         ({"window_bytes": 0}, "window_bytes should be positive"),
+        ({"min_window_chunks": 0}, "min_window_chunks should be >= 1"),
         ({"num_replicas": 2, "rank": 2}, "rank should be in 0..1"),
         ({"num_replicas": 0, "rank": 0}, "num_replicas should be >= 1"),
     ],

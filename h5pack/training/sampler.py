@@ -7,23 +7,27 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 from torch.utils.data import Sampler
 
+from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes
 from h5pack.errors import OptionsError
+from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing, stratified_order
 
 # NOTE [ Chunk-aware epoch order ]
 #
 # One epoch of one rank is planned by ``plan_epoch``, a pure function of
 # (seed, epoch, rank, ...):
 #
-# 1. The chunks are permuted by ``default_rng((seed, epoch))`` (identical on every rank),
-#    and their samples laid end to end: a sequence of N sample indices, chunk by chunk.
+# 1. The chunks are permuted by ``default_rng((seed, epoch))`` (identical on every rank;
+#    with ``chunk_strata``, a stratified permutation, see the note "Label mixing" in
+#    training/mixing.py), and their samples laid end to end: a sequence of N sample
+#    indices, chunk by chunk.
 # 2. Ranks take consecutive slices of that sequence (``r * N // R`` onwards), so ranks
 #    split chunks, not samples; only the at most R - 1 chunks on a boundary are read by
 #    two ranks. Every rank yields the same number of batches (see "Ranks" below).
@@ -31,10 +35,11 @@ from h5pack.errors import OptionsError
 #    rank's slice is cut again into W consecutive slices, worker w's slice holding exactly
 #    the samples of the batches w, w + W, w + 2W, ...; so each worker reads its own chunks
 #    (at most W - 1 chunks sit on a worker boundary and are read by two workers).
-# 4. Each worker's slice is cut into windows of K consecutive chunks; the samples of a
-#    window are shuffled together and cut into that worker's batches, a batch possibly
-#    straddling two windows. A reader that keeps the last K chunks it decompressed (first
-#    in, first out) therefore decompresses every chunk once per epoch.
+# 4. Each worker's slice is cut into the fewest windows of at most K consecutive chunks,
+#    of nearly equal sizes (an epoch does not end on a window of a few chunks); the
+#    samples of a window are shuffled together and cut into that worker's batches, a
+#    batch possibly straddling two windows. A reader that keeps the last K chunks it
+#    decompressed (first in, first out) therefore decompresses every chunk once per epoch.
 # 5. The worker batch streams are interleaved: batch b is worker (b mod W)'s next batch.
 #
 # Ranks: with ``drop_last=False`` every rank gets ceil(N / R) samples: a rank whose slice
@@ -50,13 +55,56 @@ from h5pack.errors import OptionsError
 # N - R * T * B samples, the tail of this epoch's chunk order, are skipped: every sample at
 # most once, all batches full.
 
-# Memory budget of the shuffle windows of all workers together: K = budget / (chunk bytes x
-# workers). 256 MiB keeps 32 chunks of 8 MiB (the default chunk size) in one process, enough
-# for batches that mix ~32 random chunks. See docs/ARCHITECTURE.md ("Shuffle window").
+# NOTE [ Shuffle window ]
+#
+# K, the chunks one worker mixes at once (and its reader keeps decompressed), is
+# ``window_chunks`` when given. Otherwise it is the largest of three floors:
+# - bytes: ``window_bytes`` (default ``DEFAULT_WINDOW_BYTES``) shared by the workers; with
+#   small chunks that is the whole of a small pack, a full shuffle;
+# - pool: enough chunks for ``MIN_POOL_BATCHES`` batches in a worker's window;
+# - labels: ``min_window_chunks``, the window ``training.mixing.label_mixing`` asks for when
+#   the pack's chunks do not mix labels (see ``sampler_for_labels``);
+# capped, unless ``window_bytes`` is given (then it is the budget), by
+# ``WINDOW_MEMORY_FRACTION`` of the memory of the machine or container shared by the
+# workers, and at the pack's chunks. The cap uses the memory the machine has, not what is
+# free at the moment, so that K (and with it the order) is the same in every process that
+# plans an epoch (``H5IterableDataset`` plans in each worker) and in a run resumed on the
+# same machine. docs/ARCHITECTURE.md ("Shuffle window and training equivalence") has the
+# measurements behind each number.
+
+# The bytes floor of all workers' windows together: 256 MiB keeps 32 chunks of 8 MiB (the
+# default chunk size) in one process, and every chunk of a pack of small images.
 DEFAULT_WINDOW_BYTES = 256 * 2**20
 
-# Window when the chunk size is unknown (a bare ChunkMap).
+# The pool floor: a worker's window holds at least this many batches.
+MIN_POOL_BATCHES = 8
+
+# The cap: all workers' windows hold at most this share of the machine's memory.
+WINDOW_MEMORY_FRACTION = 1 / 8
+
+# Window when the chunk size is unknown (a bare ChunkMap), before the pool floor.
 DEFAULT_WINDOW_CHUNKS = 16
+
+
+def memory_bytes() -> int | None:
+    """Return the memory of this machine, or of its container when that is less; None if unknown.
+
+    The total, not what is free now: see the note "Shuffle window".
+    """
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as handle:
+                limit = handle.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+        break
+    return int(total) if total > 0 else None
 
 
 @runtime_checkable
@@ -124,12 +172,29 @@ def window_for(
     window_bytes: int | None,
     group_bytes: int | None,
     num_workers: int,
+    batch_size: int | None = None,
+    chunk_samples: float | None = None,
+    min_window_chunks: int | None = None,
+    num_chunks: int | None = None,
+    machine_bytes: int | None = None,
 ) -> int:
-    """Return K, the chunks per shuffle window of one worker.
+    """Return K, the chunks per shuffle window of one worker (see the note "Shuffle window").
 
-    ``window_chunks`` wins; else the memory budget ``window_bytes`` (default
-    ``DEFAULT_WINDOW_BYTES``) shared by ``max(1, num_workers)`` processes, divided by the bytes
-    of one chunk; ``DEFAULT_WINDOW_CHUNKS`` when the chunk size is unknown.
+    Args:
+        window_chunks: An explicit K; it wins.
+        window_bytes: The budget of all workers' windows; default ``DEFAULT_WINDOW_BYTES``
+            as a floor, capped by ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
+        group_bytes: Bytes of one decompressed chunk; None: unknown
+            (``DEFAULT_WINDOW_CHUNKS`` replaces the bytes floor, and there is no cap).
+        num_workers: DataLoader workers (0: the main process alone).
+        batch_size: Samples per batch, for the pool floor (none without it).
+        chunk_samples: Mean samples per chunk, for the pool floor.
+        min_window_chunks: The labels floor.
+        num_chunks: Chunks of the pack: K never exceeds it.
+        machine_bytes: The machine's memory; default ``memory_bytes()``.
+
+    Raises:
+        OptionsError: a window, budget or floor is out of range.
     """
     if window_chunks is not None:
         if window_chunks < 1:
@@ -139,10 +204,28 @@ def window_for(
         return int(window_chunks)
     if window_bytes is not None and window_bytes <= 0:
         raise OptionsError(f"window_bytes should be positive, but got window_bytes={window_bytes}")
-    if not group_bytes:
-        return DEFAULT_WINDOW_CHUNKS
-    budget = window_bytes if window_bytes is not None else DEFAULT_WINDOW_BYTES
-    return max(1, budget // (max(1, num_workers) * group_bytes))
+    if min_window_chunks is not None and min_window_chunks < 1:
+        raise OptionsError(
+            f"min_window_chunks should be >= 1, but got min_window_chunks={min_window_chunks}"
+        )
+    processes = max(1, num_workers)
+    if group_bytes:
+        floor = (window_bytes or DEFAULT_WINDOW_BYTES) // (processes * group_bytes)
+    else:
+        floor = DEFAULT_WINDOW_CHUNKS
+    if batch_size and chunk_samples:
+        floor = max(floor, math.ceil(MIN_POOL_BATCHES * batch_size / chunk_samples))
+    floor = max(1, floor, min_window_chunks or 1)
+    if group_bytes:
+        cap: int | None = window_bytes
+        if cap is None:
+            machine = machine_bytes if machine_bytes is not None else memory_bytes()
+            cap = int(machine * WINDOW_MEMORY_FRACTION) if machine else None
+        if cap is not None:
+            floor = min(floor, max(1, cap // (processes * group_bytes)))
+    if num_chunks is not None:
+        floor = min(floor, max(1, num_chunks))
+    return int(floor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,21 +234,31 @@ class EpochSpec:
 
     Built once at the public edge (``make_loader``, ``ChunkBatchSampler``) and passed whole
     to the samplers, ``H5IterableDataset`` and ``plan_epoch``. ``resolved`` fills the fields
-    left to defaults (ranks from ``torch.distributed``, the window from the memory budget).
+    left to defaults (ranks from ``torch.distributed``, the window as the note "Shuffle
+    window" says).
 
     Attributes:
         batch_size: Samples per batch.
         shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
             in pack order (the pack order itself with ``num_workers <= 1``).
         seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
-        window_chunks: K, chunks mixed at once by one worker; None: from ``window_bytes``.
+        window_chunks: K, chunks mixed at once by one worker (and kept decompressed by its
+            reader); None: see the note "Shuffle window".
         window_bytes: Memory budget of all workers' windows (decompressed bytes); None:
-            ``DEFAULT_WINDOW_BYTES``.
+            at least ``DEFAULT_WINDOW_BYTES`` and a pool of ``MIN_POOL_BATCHES`` batches,
+            at most ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
         drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
             does not divide evenly).
         num_replicas: Ranks; None: ``torch.distributed``'s world size, else 1.
         rank: This rank; None: ``torch.distributed``'s rank, else 0.
         num_workers: The DataLoader's ``num_workers`` (batch b goes to worker b mod W).
+        min_window_chunks: Widen a default window to at least this many chunks, within the
+            memory cap (``label_mixing(...).window_needed`` for a pack whose chunks do not
+            mix labels); ignored when ``window_chunks`` is given.
+        chunk_strata: One stratum (a chunk's dominant label, ``mixing.chunk_strata``) per
+            chunk: the chunk order spreads each stratum evenly over the epoch
+            (``mixing.stratified_order``), for packs whose chunks do not mix labels; None:
+            a uniformly random chunk order.
 
     Raises:
         OptionsError: a size, rank or window is out of range.
@@ -180,6 +273,8 @@ class EpochSpec:
     num_replicas: int | None = None
     rank: int | None = None
     num_workers: int = 0
+    min_window_chunks: int | None = None
+    chunk_strata: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -196,17 +291,36 @@ class EpochSpec:
             raise OptionsError(
                 f"window_bytes should be positive, but got window_bytes={self.window_bytes}"
             )
+        if self.min_window_chunks is not None and self.min_window_chunks < 1:
+            raise OptionsError(
+                "min_window_chunks should be >= 1, but got "
+                f"min_window_chunks={self.min_window_chunks}"
+            )
         if self.num_replicas is not None and self.rank is not None:
             distributed_defaults(self.num_replicas, self.rank)
 
-    def resolved(self, group_bytes: int | None) -> EpochSpec:
-        """Return a copy with ranks and the window filled in (``group_bytes``: one chunk)."""
+    def resolved(self, group_bytes: int | None, *, chunk_map: ChunkMap | None = None) -> EpochSpec:
+        """Return a copy with ranks and the window filled in.
+
+        Args:
+            group_bytes: Bytes of one decompressed chunk (None: unknown).
+            chunk_map: The pack's chunks, for the pool floor and the cap at the pack's
+                chunks (see the note "Shuffle window"); without it neither applies.
+        """
         num_replicas, rank = distributed_defaults(self.num_replicas, self.rank)
+        chunk_samples = num_chunks = None
+        if chunk_map is not None and chunk_map.num_chunks:
+            num_chunks = chunk_map.num_chunks
+            chunk_samples = chunk_map.num_samples / num_chunks
         window = window_for(
             window_chunks=self.window_chunks,
             window_bytes=self.window_bytes,
             group_bytes=group_bytes,
             num_workers=self.num_workers,
+            batch_size=self.batch_size,
+            chunk_samples=chunk_samples,
+            min_window_chunks=self.min_window_chunks,
+            num_chunks=num_chunks,
         )
         return replace(self, num_replicas=num_replicas, rank=rank, window_chunks=window)
 
@@ -256,7 +370,17 @@ def plan_epoch(chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int) -> list[np.n
         return []
     starts = chunk_map.starts[:-1]
     sizes = chunk_map.sizes()
-    order = _rng(seed, epoch).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
+    strata = spec.chunk_strata
+    if strata is not None and len(strata) != len(sizes):
+        raise OptionsError(
+            f"chunk_strata should have one entry per chunk ({len(sizes)}), but got {len(strata)}"
+        )
+    if not shuffle:
+        order = np.arange(len(sizes))
+    elif strata is not None:
+        order = stratified_order(_rng(seed, epoch), np.asarray(strata, dtype=np.int64))
+    else:
+        order = _rng(seed, epoch).permutation(len(sizes))
     ordered_sizes = sizes[order]
     first_pos = np.cumsum(ordered_sizes) - ordered_sizes
     seq = np.repeat(starts[order] - first_pos, ordered_sizes) + np.arange(num, dtype=np.int64)
@@ -290,8 +414,10 @@ def plan_epoch(chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int) -> list[np.n
         low = high
         if shuffle and len(wseq):
             piece = np.concatenate([[0], np.cumsum(np.diff(wchunks) != 0)])
+            pieces = int(piece[-1]) + 1
+            windows = -(-pieces // window_chunks)  # the fewest windows of <= K chunks, even
             keys = worker_rngs[w].random(len(wseq))
-            wseq = wseq[np.lexsort((keys, piece // window_chunks))]
+            wseq = wseq[np.lexsort((keys, piece * windows // pieces))]
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
     return [streams[b % workers][b // workers] for b in range(batch_count)]
 
@@ -313,15 +439,19 @@ class ChunkBatchSampler(Sampler[list[int]]):
         shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
             in pack order (the pack order itself with ``num_workers <= 1``).
         seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
-        window_chunks: K, chunks mixed at once by one worker. Default: from
-            ``window_bytes``.
-        window_bytes: Memory budget of all workers' windows (decompressed bytes), default
-            ``DEFAULT_WINDOW_BYTES``.
+        window_chunks: K, chunks mixed at once by one worker. Default: see the module note
+            "Shuffle window".
+        window_bytes: Memory budget of all workers' windows (decompressed bytes). Default:
+            at least ``DEFAULT_WINDOW_BYTES`` and a pool of ``MIN_POOL_BATCHES`` batches,
+            at most ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
         drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
             does not divide evenly).
         num_replicas: Ranks. Default: ``torch.distributed``'s world size, else 1.
         rank: This rank. Default: ``torch.distributed``'s rank, else 0.
         num_workers: The DataLoader's ``num_workers``.
+        min_window_chunks: Widen a default window to at least this, within the memory cap
+            (see ``sampler_for_labels``).
+        chunk_strata: One stratum per chunk: a stratified chunk order (see ``EpochSpec``).
 
     Raises:
         OptionsError: a size, rank or window is out of range.
@@ -349,6 +479,8 @@ class ChunkBatchSampler(Sampler[list[int]]):
         num_replicas: int | None = None,
         rank: int | None = None,
         num_workers: int = 0,
+        min_window_chunks: int | None = None,
+        chunk_strata: Sequence[int] | None = None,
     ) -> None:
         spec = EpochSpec(
             batch_size=batch_size,
@@ -360,6 +492,8 @@ class ChunkBatchSampler(Sampler[list[int]]):
             num_replicas=num_replicas,
             rank=rank,
             num_workers=num_workers,
+            min_window_chunks=min_window_chunks,
+            chunk_strata=None if chunk_strata is None else tuple(int(c) for c in chunk_strata),
         )
         self._start(source, spec)
 
@@ -372,14 +506,18 @@ class ChunkBatchSampler(Sampler[list[int]]):
 
     def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
         self.chunk_map, group_bytes = resolve_source(source)
-        self.spec = spec.resolved(group_bytes)
+        self.spec = spec.resolved(group_bytes, chunk_map=self.chunk_map)
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
 
     @property
     def window_chunks(self) -> int:
-        """K, the chunks mixed at once by one worker."""
+        """K, the chunks mixed at once by one worker.
+
+        Also the window of decompressed chunks (first in, first out) that the worker's reader
+        needs to decompress each chunk once per epoch (``ReaderOptions(window_chunks=K)``).
+        """
         return self.spec.window_chunks or DEFAULT_WINDOW_CHUNKS
 
     @property
@@ -457,7 +595,64 @@ class ChunkBatchSampler(Sampler[list[int]]):
             "num_replicas": spec.num_replicas,
             "rank": spec.rank,
             "num_workers": spec.num_workers,
+            "stratified": spec.chunk_strata is not None,
         }
+
+
+def sampler_for_labels(
+    source: SamplerSource, spec: EpochSpec, labels: PackMeta | np.ndarray
+) -> tuple[ChunkBatchSampler, MixingReport | None]:
+    """Return a sampler that copes with chunks that do not mix labels, and the measure.
+
+    The labels' mixing (``training.mixing.label_mixing``, see its note "Label mixing") is
+    measured on single chunks. When they do not mix (a pack converted without shuffle) the
+    chunk order is stratified by each chunk's dominant label, and a window left to the
+    defaults is widened to the one whose windows mix (``min_window_chunks``), within the
+    memory cap of the note "Shuffle window". The report is of the final windows: when it
+    ``warns``, the caller warns with its ``message`` (widening narrows the gap to a full
+    shuffle but closes it only when the window reaches the threshold).
+
+    Args:
+        source: As for ``ChunkBatchSampler``.
+        spec: How epochs are cut.
+        labels: The pack's metadata (the message then names the pack), or its labels.
+
+    Returns:
+        The sampler, and the mixing report (None with ``shuffle=False``: pack order asked
+        for, nothing to check).
+
+    Example:
+        >>> in_order = np.repeat(np.arange(64), 64)     # 64 classes written one after another
+        >>> cmap, spec = ChunkMap.regular(4096, 16), EpochSpec(batch_size=4)
+        >>> ChunkBatchSampler.from_spec(cmap, spec).window_chunks
+        16
+        >>> sampler, report = sampler_for_labels(cmap, spec, in_order)
+        >>> sampler.window_chunks, sampler.spec.chunk_strata is not None, report.warns
+        (64, True, False)
+    """
+    sampler = ChunkBatchSampler.from_spec(source, spec)
+    if not spec.shuffle:
+        return sampler, None
+    cmap, window = sampler.chunk_map, sampler.window_chunks
+    stratified = spec.chunk_strata is not None
+    report = label_mixing(labels, cmap, window_chunks=window, stratified=stratified)
+    if report.exempt or not (report.chunks_unmixed or report.warns):
+        return sampler, report
+    if not stratified:
+        values = labels.labels if isinstance(labels, PackMeta) else labels
+        strata = tuple(int(s) for s in chunk_strata(values, cmap))
+        spec = replace(spec, chunk_strata=strata)
+        sampler = ChunkBatchSampler.from_spec(source, spec)
+        report = label_mixing(labels, cmap, window_chunks=window, stratified=True)
+    needed = report.window_needed
+    if report.warns and spec.window_chunks is None and needed and needed > window:
+        wider = replace(spec, min_window_chunks=max(needed, spec.min_window_chunks or 1))
+        sampler = ChunkBatchSampler.from_spec(source, wider)
+        if sampler.window_chunks != window:
+            report = label_mixing(
+                labels, cmap, window_chunks=sampler.window_chunks, stratified=True
+            )
+    return sampler, report
 
 
 class ChunkSampler(Sampler[int]):

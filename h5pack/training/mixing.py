@@ -1,0 +1,365 @@
+"""How well a pack's chunks mix labels: the measure behind the unmixed-pack warning.
+
+No torch here: ``h5pack info`` can report the figure without importing it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from h5pack.core.format import PackMeta
+from h5pack.core.layout import ChunkMap, chunk_map_of
+from h5pack.errors import OptionsError
+
+# NOTE [ Label mixing ]
+#
+# A chunk-aware epoch mixes only the samples of one window of K chunks at a time (see the
+# sampler's note "Chunk-aware epoch order"). When chunks are class-mixed (a write-time
+# shuffle, ``convert``'s default) a window of even one chunk is a random sample of the pack
+# and training matches a full shuffle; when they are not (``--no-shuffle`` over a
+# class-sorted tree, or a pack written by another tool in class order) a batch holds the
+# classes of K chunks only, and scripts/bench_training.py lost 26 points of accuracy at
+# K = 2 and still 10 at K = 16 of the pack's 40 chunks (docs/ARCHITECTURE.md, "Shuffle
+# window and training equivalence").
+#
+# The figure: the mean Shannon entropy of the labels of a window (weighted by its
+# samples), divided by the same mean when the pack's labels are spread over the same chunks
+# at random (what a write-time shuffle would have stored). Windows are cut as the sampler
+# cuts them: the fewest windows of at most K consecutive chunks, of even sizes, of the
+# epoch's chunk order, a seeded random permutation or ``stratified_order``. Normalising by
+# the shuffled expectation, not by the entropy of the whole pack's labels, keeps a shuffled
+# pack at ~1 whatever the classes and chunk sizes: a 55-sample chunk of a shuffled
+# 1,000-class pack holds at most 5.8 of the pack's 10 bits, so the entropy ratio alone
+# would read 0.55 for a perfectly shuffled ImageNet. 1 is as mixed as a shuffled pack, 0
+# one class per window. A figure below the threshold counts only when the deficit is beyond
+# what random spreads of the labels vary by (``MIN_Z`` standard deviations over
+# ``NULL_SHUFFLES`` of them), so that small shuffled packs do not warn by chance. Samples
+# labelled -1 are left out; a pack with fewer than two labels is exempt. The cost is a few
+# sorts of the labels (about 0.1 s per million samples and window size; at most
+# ``MAX_SAMPLED`` samples are measured per draw).
+#
+# Where chunks do not mix, the sampler orders them with ``stratified_order`` (chunks of
+# each dominant label spread evenly over the epoch, at random positions within their
+# share), so that a window holds as many labels as its K chunks can; and it widens a
+# default window to ``window_needed`` within its memory cap (``sampler_for_labels``).
+
+# Below this window figure (significantly) the loader warns. Calibrated on the benchmark's
+# class-ordered pack (5 classes, 40 chunks): windows scoring 0.95 trained 10 points below a
+# full shuffle, 0.97 7.5 points, 0.996 (stratified, K = 16) 1.7 points.
+MIXING_THRESHOLD = 0.99
+
+# A deficit counts when it exceeds MIN_Z standard deviations of the mean entropy over
+# NULL_SHUFFLES random spreads of the labels (measured only below the threshold).
+MIN_Z = 5.0
+NULL_SHUFFLES = 16
+
+# The cost bound: samples measured per window draw (whole windows, drawn at random), and
+# the draws averaged (while fewer than MIN_WINDOWS windows were measured).
+MAX_SAMPLED = 2**18
+WINDOW_DRAWS = 8
+MIN_WINDOWS = 64
+
+
+class MixingWarning(UserWarning):
+    """A loader's window does not mix the pack's labels (see the note "Label mixing")."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixingReport:
+    """How well a pack's chunks, and windows of them, mix labels (see "Label mixing").
+
+    Attributes:
+        figure: Label mixing of single chunks: ~1 for a write-shuffled pack, near 0 when
+            each chunk holds one class; ``nan`` when exempt.
+        window_chunks: K, the window ``window_figure`` was measured at.
+        window_figure: Label mixing of windows of ``window_chunks`` chunks.
+        stratified: The windows were measured in ``stratified_order``.
+        threshold: Below it (significantly) the windows do not mix.
+        window_needed: The smallest power-of-two multiple of ``window_chunks`` (at most the
+            pack's chunks) whose windows reach ``threshold``; ``window_chunks`` when they
+            already do; None when exempt.
+        exempt: No labels to measure (fewer than two distinct labels other than -1).
+        chunks_unmixed: Single chunks score below ``threshold``, beyond a shuffle's noise.
+        window_unmixed: The same for the windows.
+        path: The pack's path, when measured from its metadata.
+    """
+
+    figure: float
+    window_chunks: int
+    window_figure: float
+    stratified: bool
+    threshold: float
+    window_needed: int | None
+    exempt: bool
+    chunks_unmixed: bool
+    window_unmixed: bool
+    path: str | None = None
+
+    @property
+    def warns(self) -> bool:
+        """Whether the windows mix labels too poorly to train like a full shuffle."""
+        return not self.exempt and self.window_unmixed
+
+    @property
+    def message(self) -> str:
+        """The warning's text: the figures and what to do."""
+        where = f"{self.path}: " if self.path else ""
+        wider = (
+            f"read with window_chunks >= {self.window_needed} (that many decompressed chunks "
+            "per worker)"
+            if self.window_needed is not None and self.window_needed > self.window_chunks
+            else "read with a larger window"
+        )
+        return (
+            f"{where}the pack's chunks do not mix labels (label mixing {self.figure:.2f} per "
+            f"chunk and {self.window_figure:.2f} per window of {self.window_chunks} chunks; "
+            f"a shuffled pack scores ~1, and below {self.threshold} training falls behind a "
+            "full shuffle, by 10 points or more in scripts/bench_training.py): batches hold "
+            "the classes of a few chunks only. Re-convert with the write-time shuffle "
+            f"(convert's default; without --no-shuffle), or {wider}"
+        )
+
+
+def label_mixing(
+    source: PackMeta | np.ndarray,
+    chunk_map: ChunkMap | None = None,
+    *,
+    window_chunks: int = 1,
+    stratified: bool = False,
+    threshold: float = MIXING_THRESHOLD,
+    seed: int = 0,
+) -> MixingReport:
+    """Measure how well the chunks of a pack, and windows of them, mix its labels.
+
+    Args:
+        source: A pack's metadata (``load_meta``), or its labels in pack order.
+        chunk_map: The pack's chunks; required with labels, derived from metadata.
+        window_chunks: K, the sampler's window per worker (``ChunkBatchSampler.window_chunks``).
+        stratified: Measure windows of ``stratified_order`` (as the sampler forms them for
+            a pack whose chunks do not mix), not of a random chunk order.
+        threshold: The figure below which windows do not mix.
+        seed: Seed of the window draws and of the shuffled reference.
+
+    Returns:
+        The figures (see ``MixingReport``).
+
+    Raises:
+        OptionsError: labels and chunk map disagree, or the window or threshold is out of
+            range.
+
+    Example:
+        >>> labels = np.repeat(np.arange(4), 32)              # class-sorted, 4 classes
+        >>> cmap = ChunkMap.regular(128, 16)
+        >>> report = label_mixing(labels, cmap, window_chunks=2)
+        >>> round(report.figure, 2), report.warns, report.window_needed
+        (0.0, True, 8)
+        >>> label_mixing(labels, cmap, window_chunks=4, stratified=True).warns
+        False
+        >>> shuffled = np.random.default_rng(0).permutation(labels)
+        >>> label_mixing(shuffled, cmap, window_chunks=2).warns
+        False
+    """
+    path = None
+    if isinstance(source, PackMeta):
+        path = os.fspath(source.path)
+        chunk_map = chunk_map if chunk_map is not None else chunk_map_of(source)
+        labels = np.asarray(source.labels, dtype=np.int64)
+    else:
+        if chunk_map is None:
+            raise OptionsError("label_mixing needs the chunk map when given labels")
+        labels = np.asarray(source, dtype=np.int64).reshape(-1)
+    if labels.size != chunk_map.num_samples:
+        raise OptionsError(
+            f"labels should have one entry per sample of the chunk map ({chunk_map.num_samples})"
+            f", but got {labels.size}"
+        )
+    if window_chunks < 1:
+        raise OptionsError(f"window_chunks should be >= 1, but got window_chunks={window_chunks}")
+    if not 0 < threshold <= 1:
+        raise OptionsError(f"threshold should be in (0, 1], but got threshold={threshold}")
+    labelled = labels >= 0
+    if np.unique(labels[labelled]).size < 2:
+        nan = math.nan
+        return MixingReport(
+            figure=nan,
+            window_chunks=window_chunks,
+            window_figure=nan,
+            stratified=stratified,
+            threshold=threshold,
+            window_needed=None,
+            exempt=True,
+            chunks_unmixed=False,
+            window_unmixed=False,
+            path=path,
+        )
+    num_chunks = chunk_map.num_chunks
+    chunks = np.repeat(np.arange(num_chunks), chunk_map.sizes())[labelled]
+    values = labels[labelled]
+    strata = chunk_strata(labels, chunk_map) if stratified else None
+    references: list[np.ndarray] = []
+
+    def entropy_of(shuffle: int | None, window: int) -> float:
+        if shuffle is None:
+            mine = values
+        else:
+            while len(references) <= shuffle:  # the labels spread at random, made on demand
+                references.append(
+                    np.random.default_rng((seed, 1, len(references))).permutation(values)
+                )
+            mine = references[shuffle]
+        return window_entropy(mine, chunks, num_chunks, window, strata=strata, seed=seed)
+
+    def measure(window: int) -> tuple[float, bool]:
+        observed, expected = entropy_of(None, window), entropy_of(0, window)
+        figure = 1.0 if expected == 0.0 else observed / expected
+        if figure >= threshold:
+            return figure, False
+        # below the threshold: is the deficit beyond what shuffles vary by?
+        shuffles = [expected] + [entropy_of(r, window) for r in range(1, NULL_SHUFFLES)]
+        spread = float(np.std(shuffles, ddof=1))
+        return figure, float(np.mean(shuffles)) - observed > MIN_Z * spread
+
+    figure, chunks_unmixed = measure(1)
+    window_figure, window_unmixed = (
+        (figure, chunks_unmixed) if window_chunks == 1 else measure(window_chunks)
+    )
+    needed, unmixed = window_chunks, window_unmixed
+    while unmixed and needed < num_chunks:
+        needed = min(2 * needed, num_chunks)
+        unmixed = measure(needed)[1]
+    return MixingReport(
+        figure=figure,
+        window_chunks=window_chunks,
+        window_figure=window_figure,
+        stratified=stratified,
+        threshold=threshold,
+        window_needed=needed,
+        exempt=False,
+        chunks_unmixed=chunks_unmixed,
+        window_unmixed=window_unmixed,
+        path=path,
+    )
+
+
+def chunk_strata(labels: np.ndarray, chunk_map: ChunkMap) -> np.ndarray:
+    """Return each chunk's most frequent label (-1 for a chunk without labels).
+
+    Args:
+        labels: The pack's labels in pack order (-1: unlabelled).
+        chunk_map: The pack's chunks.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    num_chunks = chunk_map.num_chunks
+    strata = np.full(num_chunks, -1, dtype=np.int64)
+    labelled = labels >= 0
+    if not labelled.any():
+        return strata
+    chunks = np.repeat(np.arange(num_chunks), chunk_map.sizes())[labelled]
+    span = int(labels.max()) + 1
+    keys, counts = np.unique(chunks * span + labels[labelled], return_counts=True)
+    # per chunk, the key with the largest count (the smallest label among ties)
+    best = np.lexsort((keys, -counts, keys // span))
+    first = np.concatenate(([True], np.diff(keys[best] // span) != 0))
+    winners = keys[best][first]
+    strata[winners // span] = winners % span
+    return strata
+
+
+def stratified_order(rng: np.random.Generator, strata: np.ndarray) -> np.ndarray:
+    """Return a random chunk order that spreads each stratum evenly over the epoch.
+
+    The chunks of a stratum (a dominant label) are taken in random order and the j-th of n
+    is placed at a random point of the j-th n-th of the epoch, so that every stretch of the
+    order holds the strata in about their proportions (jittered systematic sampling).
+
+    Args:
+        rng: The epoch's generator (two draws: a permutation, then one float per chunk).
+        strata: One stratum per chunk.
+
+    Returns:
+        A permutation of ``range(len(strata))``.
+
+    Example:
+        >>> strata = np.repeat([0, 1, 2], 4)
+        >>> strata[stratified_order(np.random.default_rng(0), strata)].tolist()
+        [0, 2, 1, 1, 2, 0, 2, 0, 1, 2, 0, 1]
+    """
+    num = len(strata)
+    order = rng.permutation(num)
+    _, stratum = np.unique(np.asarray(strata)[order], return_inverse=True)
+    counts = np.bincount(stratum)
+    by_stratum = np.argsort(stratum, kind="stable")
+    rank = np.empty(num, dtype=np.int64)
+    rank[by_stratum] = np.arange(num) - (np.cumsum(counts) - counts)[stratum[by_stratum]]
+    position = (rank + rng.random(num)) / counts[stratum]
+    return order[np.argsort(position, kind="stable")]
+
+
+def window_entropy(
+    labels: np.ndarray,
+    chunks: np.ndarray,
+    num_chunks: int,
+    window_chunks: int,
+    *,
+    strata: np.ndarray | None = None,
+    seed: int = 0,
+) -> float:
+    """Return the mean label entropy (bits) of windows of at most K consecutive chunks.
+
+    The chunk orders are seeded (random, or ``stratified_order`` with ``strata``), the same
+    for every ``labels`` given the same ``seed``; at most ``MAX_SAMPLED`` samples' worth of
+    windows are measured per order, and orders are drawn (up to ``WINDOW_DRAWS``) while
+    fewer than ``MIN_WINDOWS`` windows were seen.
+
+    Args:
+        labels: Labels (>= 0) of the samples measured.
+        chunks: The chunk of each of those samples.
+        num_chunks: Chunks in the pack.
+        window_chunks: K.
+        strata: One stratum per chunk, for ``stratified_order``.
+        seed: Seed of the chunk orders.
+    """
+    span = int(labels.max()) + 1
+    per_window = max(1.0, labels.size / max(1, num_chunks)) * window_chunks
+    taken = max(1, math.ceil(MAX_SAMPLED / per_window))  # windows measured per draw
+    num_windows = -(-num_chunks // window_chunks)
+    windows_per_draw = min(taken, num_windows)
+    # single chunks need one draw (of a random subset of them when there are many)
+    draws = 1 if window_chunks == 1 else min(WINDOW_DRAWS, -(-MIN_WINDOWS // windows_per_draw))
+    total = 0.0
+    for draw in range(draws):
+        rng = np.random.default_rng((seed, 2, draw))
+        order = rng.permutation(num_chunks) if strata is None else stratified_order(rng, strata)
+        position = np.empty(num_chunks, dtype=np.int64)
+        position[order] = np.arange(num_chunks)
+        # as the sampler cuts them: the fewest windows of <= K chunks, of even sizes
+        windows = position[chunks] * num_windows // num_chunks
+        kept = windows < taken
+        if kept.all():
+            total += mean_entropy(windows, labels, span)
+        else:
+            total += mean_entropy(windows[kept], labels[kept], span)
+    return total / draws
+
+
+def mean_entropy(groups: np.ndarray, labels: np.ndarray, span: int) -> float:
+    """Return the sample-weighted mean Shannon entropy (bits) of each group's labels.
+
+    Args:
+        groups: The group of each sample.
+        labels: Labels in ``0 .. span - 1``.
+        span: One more than the largest label.
+    """
+    keys = groups.astype(np.int64) * span + labels
+    if keys.size and int(keys.max()) < 2**31:
+        keys = keys.astype(np.int32)  # sorts faster
+    keys, counts = np.unique(keys, return_counts=True)
+    group = keys // span
+    totals = np.bincount(group, weights=counts)
+    share = counts / totals[group]
+    entropy = -np.bincount(group, weights=share * np.log2(share))  # per group
+    return float(np.sum(entropy * totals) / np.sum(totals))
