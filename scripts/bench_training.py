@@ -8,6 +8,7 @@ random horizontal flip per (seed, epoch, crop)), packed with h5pack into gzip pa
 the "mixed" pack) and once in class order (``shuffle_samples=False``, the "unmixed" pack).
 A small CNN (three conv + batch-norm blocks) is trained on the CPU with SGD + momentum and a
 one-cycle schedule, one thread per run, the runs spread over ``--processes`` processes.
+Without the photo folder the five classes are ``h5pack.synthetic`` photographs.
 
 Every seed trains every arm from the same initial weights on the same pixels and flips;
 only the order of the samples differs. The comparison is paired: per seed, an arm's test

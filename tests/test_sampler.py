@@ -347,7 +347,8 @@ def test_sampler_for_labels_widens_the_default_window_of_an_unmixed_pack() -> No
     assert sampler.window_chunks == 64  # one chunk of each class per window
     assert report.window_chunks == sampler.window_chunks
     assert report.stratified
-    assert not report.warns
+    assert not report.window_unmixed
+    assert report.warns  # the chunks do not mix: the user should know
     assert sorted(flatten(sampler)) == list(range(4096))
     # every window (64 chunks: 1,024 consecutive samples of the order) holds every class
     windows = np.concatenate(sampler.plan()).reshape(-1, 1024)

@@ -79,12 +79,13 @@ class MixingReport:
         window_figure: Label mixing of windows of ``window_chunks`` chunks.
         stratified: The windows were measured in ``stratified_order``.
         threshold: Below it (significantly) the windows do not mix.
-        window_needed: The smallest power-of-two multiple of ``window_chunks`` (at most the
-            pack's chunks) whose windows reach ``threshold``; ``window_chunks`` when they
-            already do; None when exempt.
+        window_needed: A window whose windows mix (at most the pack's chunks), within 1/8
+            of the smallest one (doubling from ``window_chunks``, then bisecting);
+            ``window_chunks`` when its windows already mix; None when exempt or not
+            searched.
         exempt: No labels to measure (fewer than two distinct labels other than -1).
         chunks_unmixed: Single chunks score below ``threshold``, beyond a shuffle's noise.
-        window_unmixed: The same for the windows.
+        window_unmixed: The same for the windows (``warns`` is true when either is).
         path: The pack's path, when measured from its metadata.
     """
 
@@ -101,13 +102,28 @@ class MixingReport:
 
     @property
     def warns(self) -> bool:
-        """Whether the windows mix labels too poorly to train like a full shuffle."""
-        return not self.exempt and self.window_unmixed
+        """Whether to warn: the chunks (and maybe the windows) do not mix labels."""
+        return not self.exempt and (self.chunks_unmixed or self.window_unmixed)
 
     @property
     def message(self) -> str:
-        """The warning's text: the figures and what to do."""
+        """The warning's text: the figures, what the loader does and what to do."""
         where = f"{self.path}: " if self.path else ""
+        head = (
+            f"{where}the pack's chunks do not mix labels (label mixing {self.figure:.2f} per "
+            "chunk, where a shuffled pack scores ~1), so a chunk-aware batch holds the classes "
+            "of a few chunks only"
+        )
+        reconvert = "re-convert with the write-time shuffle (convert's default; no --no-shuffle)"
+        order = " in an order stratified by label" if self.stratified else ""
+        if not self.window_unmixed:
+            return (
+                f"{head}; the loader mixes them in windows of {self.window_chunks} chunks"
+                f"{order} (label mixing {self.window_figure:.2f}), which costs "
+                f"{self.window_chunks} decompressed chunks per worker and trains close to, "
+                f"not as well as, a full shuffle. To train like a full shuffle with any "
+                f"window, {reconvert}."
+            )
         wider = (
             f"read with window_chunks >= {self.window_needed} (that many decompressed chunks "
             "per worker)"
@@ -115,12 +131,10 @@ class MixingReport:
             else "read with a larger window"
         )
         return (
-            f"{where}the pack's chunks do not mix labels (label mixing {self.figure:.2f} per "
-            f"chunk and {self.window_figure:.2f} per window of {self.window_chunks} chunks; "
-            f"a shuffled pack scores ~1, and below {self.threshold} training falls behind a "
-            "full shuffle, by 10 points or more in scripts/bench_training.py): batches hold "
-            "the classes of a few chunks only. Re-convert with the write-time shuffle "
-            f"(convert's default; without --no-shuffle), or {wider}"
+            f"{head}: windows of {self.window_chunks} chunks{order} score "
+            f"{self.window_figure:.2f}, and below {self.threshold} training falls behind a "
+            "full shuffle (by 10 points or more in scripts/bench_training.py). "
+            f"{reconvert[0].upper()}{reconvert[1:]}, or {wider}."
         )
 
 
@@ -131,6 +145,7 @@ def label_mixing(
     window_chunks: int = 1,
     stratified: bool = False,
     threshold: float = MIXING_THRESHOLD,
+    search: bool = True,
     seed: int = 0,
 ) -> MixingReport:
     """Measure how well the chunks of a pack, and windows of them, mix its labels.
@@ -142,6 +157,7 @@ def label_mixing(
         stratified: Measure windows of ``stratified_order`` (as the sampler forms them for
             a pack whose chunks do not mix), not of a random chunk order.
         threshold: The figure below which windows do not mix.
+        search: Look for ``window_needed`` when the windows do not mix (else it is None).
         seed: Seed of the window draws and of the shuffled reference.
 
     Returns:
@@ -157,7 +173,7 @@ def label_mixing(
         >>> report = label_mixing(labels, cmap, window_chunks=2)
         >>> round(report.figure, 2), report.warns, report.window_needed
         (0.0, True, 8)
-        >>> label_mixing(labels, cmap, window_chunks=4, stratified=True).warns
+        >>> label_mixing(labels, cmap, window_chunks=4, stratified=True).window_unmixed
         False
         >>> shuffled = np.random.default_rng(0).permutation(labels)
         >>> label_mixing(shuffled, cmap, window_chunks=2).warns
@@ -213,24 +229,49 @@ def label_mixing(
             mine = references[shuffle]
         return window_entropy(mine, chunks, num_chunks, window, strata=strata, seed=seed)
 
-    def measure(window: int) -> tuple[float, bool]:
+    def measure(window: int, *, check: bool = True) -> tuple[float, bool]:
+        """Return the window's figure and whether it does not mix (``check``: beyond noise)."""
         observed, expected = entropy_of(None, window), entropy_of(0, window)
         figure = 1.0 if expected == 0.0 else observed / expected
-        if figure >= threshold:
-            return figure, False
-        # below the threshold: is the deficit beyond what shuffles vary by?
-        shuffles = [expected] + [entropy_of(r, window) for r in range(1, NULL_SHUFFLES)]
-        spread = float(np.std(shuffles, ddof=1))
-        return figure, float(np.mean(shuffles)) - observed > MIN_Z * spread
+        if figure >= threshold or not check:
+            return figure, figure < threshold
+        # below the threshold: is the deficit beyond what shuffles vary by? (four shuffles
+        # settle an unmixed pack's deficit, half the entropy or more; else NULL_SHUFFLES)
+        shuffles = [expected] + [entropy_of(r, window) for r in range(1, 4)]
+        for count, margin in ((4, 2 * MIN_Z), (NULL_SHUFFLES, MIN_Z)):
+            shuffles += [entropy_of(r, window) for r in range(len(shuffles), count)]
+            clear = figure < 0.5 or count == NULL_SHUFFLES
+            deficit = float(np.mean(shuffles)) - observed
+            if clear and deficit > margin * float(np.std(shuffles, ddof=1)):
+                return figure, True
+        return figure, False
 
     figure, chunks_unmixed = measure(1)
     window_figure, window_unmixed = (
         (figure, chunks_unmixed) if window_chunks == 1 else measure(window_chunks)
     )
-    needed, unmixed = window_chunks, window_unmixed
-    while unmixed and needed < num_chunks:
-        needed = min(2 * needed, num_chunks)
-        unmixed = measure(needed)[1]
+
+    def smallest_mixing(failed: int) -> int:
+        """Double from a window that does not mix until one does, then narrow the gap.
+
+        Figures only: the windows searched are larger than ``failed``, their noise smaller.
+        """
+        needed = failed
+        while needed < num_chunks:
+            failed, needed = needed, min(2 * needed, num_chunks)
+            if not measure(needed, check=False)[1]:
+                break
+        while needed - failed > max(1, needed // 8):
+            middle = (failed + needed) // 2
+            if measure(middle, check=False)[1]:
+                failed = middle
+            else:
+                needed = middle
+        return needed
+
+    needed: int | None = window_chunks
+    if window_unmixed:
+        needed = smallest_mixing(window_chunks) if search else None
     return MixingReport(
         figure=figure,
         window_chunks=window_chunks,

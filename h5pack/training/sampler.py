@@ -609,8 +609,8 @@ def sampler_for_labels(
     chunk order is stratified by each chunk's dominant label, and a window left to the
     defaults is widened to the one whose windows mix (``min_window_chunks``), within the
     memory cap of the note "Shuffle window". The report is of the final windows: when it
-    ``warns``, the caller warns with its ``message`` (widening narrows the gap to a full
-    shuffle but closes it only when the window reaches the threshold).
+    ``warns`` (the chunks do not mix, whether or not the windows now do), the caller warns
+    with its ``message``, which says what the loader did and what to do.
 
     Args:
         source: As for ``ChunkBatchSampler``.
@@ -627,7 +627,7 @@ def sampler_for_labels(
         >>> ChunkBatchSampler.from_spec(cmap, spec).window_chunks
         16
         >>> sampler, report = sampler_for_labels(cmap, spec, in_order)
-        >>> sampler.window_chunks, sampler.spec.chunk_strata is not None, report.warns
+        >>> sampler.window_chunks, sampler.spec.chunk_strata is not None, report.window_unmixed
         (64, True, False)
     """
     sampler = ChunkBatchSampler.from_spec(source, spec)
@@ -635,8 +635,10 @@ def sampler_for_labels(
         return sampler, None
     cmap, window = sampler.chunk_map, sampler.window_chunks
     stratified = spec.chunk_strata is not None
-    report = label_mixing(labels, cmap, window_chunks=window, stratified=stratified)
-    if report.exempt or not (report.chunks_unmixed or report.warns):
+    report = label_mixing(
+        labels, cmap, window_chunks=window, stratified=stratified, search=stratified
+    )
+    if not report.warns:  # labels mixed, or none to mix
         return sampler, report
     if not stratified:
         values = labels.labels if isinstance(labels, PackMeta) else labels
@@ -645,7 +647,7 @@ def sampler_for_labels(
         sampler = ChunkBatchSampler.from_spec(source, spec)
         report = label_mixing(labels, cmap, window_chunks=window, stratified=True)
     needed = report.window_needed
-    if report.warns and spec.window_chunks is None and needed and needed > window:
+    if report.window_unmixed and spec.window_chunks is None and needed and needed > window:
         wider = replace(spec, min_window_chunks=max(needed, spec.min_window_chunks or 1))
         sampler = ChunkBatchSampler.from_spec(source, wider)
         if sampler.window_chunks != window:
