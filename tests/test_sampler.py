@@ -240,6 +240,12 @@ def test_state_dict_position_override_and_mismatch() -> None:
     assert list(other) == full[4:]
     with pytest.raises(OptionsError, match="seed: saved 1, now 2"):
         ChunkBatchSampler(cmap, 10, seed=2).load_state_dict(state)
+    # a state saved before the stratified order existed resumes an unstratified sampler
+    older = {k: v for k, v in state.items() if k != "stratified"}
+    ChunkBatchSampler(cmap, 10, seed=1).load_state_dict(older)
+    stratified = ChunkBatchSampler(cmap, 10, seed=1, chunk_strata=[0] * 5 + [1] * 5)
+    with pytest.raises(OptionsError, match="stratified: saved False, now True"):
+        stratified.load_state_dict(older)
 
 
 def test_chunk_sampler_yields_the_batches_laid_end_to_end() -> None:

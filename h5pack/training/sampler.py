@@ -325,6 +325,10 @@ class EpochSpec:
         return replace(self, num_replicas=num_replicas, rank=rank, window_chunks=window)
 
 
+# Settings added to ``ChunkBatchSampler.state_dict`` later, as states saved before read.
+_SETTINGS_BEFORE = {"stratified": False}
+
+
 def _rng(*key: int) -> np.random.Generator:
     return np.random.default_rng([k % 2**64 for k in key])
 
@@ -571,10 +575,12 @@ class ChunkBatchSampler(Sampler[list[int]]):
         Raises:
             OptionsError: the state was saved with different settings (another order).
         """
+        # a state saved before a setting existed has that setting's old behaviour
+        saved = {**_SETTINGS_BEFORE, **state}
         mismatched = {
-            key: (state.get(key), value)
+            key: (saved.get(key), value)
             for key, value in self._settings().items()
-            if state.get(key) != value
+            if saved.get(key) != value
         }
         if mismatched:
             details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
