@@ -392,7 +392,7 @@ def make_loader(
             locking=locking,
             backend=backend or "pillow",
             direct=True if direct is None else direct,
-            verify_checksums=bool(verify_checksums),
+            verify_checksums=True if verify_checksums is None else verify_checksums,
         )
         crop_spec = None
         if size is not None:
