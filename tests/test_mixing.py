@@ -170,3 +170,27 @@ def test_the_message_is_a_warning(packs: dict[str, Path]) -> None:
     report = label_mixing(load_meta(packs["unshuffled"]), window_chunks=1)
     with pytest.warns(MixingWarning, match="Re-convert with the write-time shuffle"):
         warnings.warn(report.message, MixingWarning, stacklevel=1)
+
+
+def test_make_loader_warns_once_on_an_unmixed_pack_and_not_on_a_shuffled_one(tmp_path):
+    import warnings as _warnings
+
+    from h5pack import make_loader
+    from h5pack.training.mixing import MixingWarning
+    from h5pack.write.convert import write_arrays
+    from h5pack.write.options import ConvertOptions
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (4, 4, 3), dtype=np.uint8) for _ in range(400)]
+    labels = [i // 100 for i in range(400)]  # class folders, in order
+    ordered = tmp_path / "ordered.h5"
+    write_arrays(
+        ordered, images, labels, options=ConvertOptions(chunk_samples=20, shuffle_samples=False)
+    )
+    with pytest.warns(MixingWarning, match="shuffle"):
+        make_loader(ordered, 16, num_workers=0)
+    shuffled = tmp_path / "shuffled.h5"
+    write_arrays(shuffled, images, labels, options=ConvertOptions(chunk_samples=20))
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        make_loader(shuffled, 16, num_workers=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
@@ -21,7 +22,8 @@ from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
-from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
+from h5pack.training.mixing import MixingWarning
+from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
 
 # NOTE [ Loader defaults ]
 #
@@ -431,7 +433,9 @@ def make_loader(
         rank=rank,
         num_workers=num_workers,
     )
-    sampler = ChunkBatchSampler.from_spec(dataset, spec)
+    sampler, mixing = sampler_for_labels(dataset, spec, dataset.meta)
+    if mixing is not None and mixing.warns:
+        warnings.warn(mixing.message, MixingWarning, stacklevel=2)
     options = dataset.options
     if options.window_chunks is None and options.chunk_cache_bytes is None:
         options = replace(options, window_chunks=sampler.window_chunks)
