@@ -80,7 +80,6 @@ LEVELS: dict[str, tuple[int, int, int]] = {
 }
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Compression:
     """A compression choice: codec, level and shuffle, validated.
@@ -111,8 +110,7 @@ class Compression:
             low, high, _ = LEVELS[self.codec]
             if not low <= self.level <= high:
                 raise OptionsError(
-                    f"level for {self.codec} should be in {low}..{high}, but got "
-                    f"level={self.level}"
+                    f"level for {self.codec} should be in {low}..{high}, but got level={self.level}"
                 )
         if self.codec == "none" and self.shuffle != "none":
             raise OptionsError("shuffle needs a compression codec; add --compression")
@@ -370,3 +368,20 @@ def cache_settings(
         "rdcc_nslots": next_prime(100 * window_chunks),
         "rdcc_w0": 1.0,
     }
+
+
+def checked_indices(
+    indices: Sequence[int] | np.ndarray, num_samples: int, what: str = "a pack"
+) -> np.ndarray:
+    """Return ``indices`` as int64 with negative ones counted from the end.
+
+    Raises:
+        IndexError: an index is out of range for ``num_samples`` samples (the message
+            names the first such index and ``what`` was indexed).
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    n = num_samples
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)][0]
+        raise IndexError(f"index {bad} is out of range for {what} of {n} samples")
+    return np.where(idx < 0, idx + n, idx)

@@ -27,7 +27,7 @@ from typing import TypeAlias, TypeVar, overload
 import numpy as np
 
 from h5pack.core.format import PackMeta, load_meta
-from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.packset import (
     PackSetManifest,
     check_shard,
@@ -337,12 +337,7 @@ class PackSetReader:
 
     # -- reading -----------------------------------------------------------------------
     def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = self.meta.num_samples
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            bad = idx[(idx < -n) | (idx >= n)][0]
-            raise IndexError(f"index {bad} is out of range for a pack set of {n} samples")
-        return np.where(idx < 0, idx + n, idx)
+        return checked_indices(indices, self.meta.num_samples, "a pack set")
 
     def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Return the stored form of each sample in ``indices`` (see ``PackReader``)."""

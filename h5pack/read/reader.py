@@ -25,7 +25,13 @@ from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.decode import BACKENDS, Backend
 from h5pack.core.integrity import PackIdentity
-from h5pack.core.layout import cache_settings, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.layout import (
+    cache_settings,
+    checked_indices,
+    chunk_map_of,
+    group_bytes,
+    is_compressed,
+)
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 
@@ -231,12 +237,7 @@ class PackReader:
 
     # -- reading ---------------------------------------------------------------------
     def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = self.meta.num_samples
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            bad = idx[(idx < -n) | (idx >= n)][0]
-            raise IndexError(f"index {bad} is out of range for a pack of {n} samples")
-        return np.where(idx < 0, idx + n, idx)
+        return checked_indices(indices, self.meta.num_samples)
 
     def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Return the stored form of each sample in ``indices``, in that order.

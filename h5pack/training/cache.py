@@ -36,6 +36,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 import numpy.typing as npt
 
+from h5pack.core.machine import process_exists
 from h5pack.errors import CacheClosedError, H5PackError, OptionsError
 
 DEFAULT_CACHE_FRACTION = 0.25
@@ -229,23 +230,13 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _claim_slot(words: memoryview, pid: int) -> int:
     """Return the first word of this process's statistics slot, or -1 (call under the lock)."""
     slots = range(_W_SLOTS, _W_SLOTS + 3 * _MAX_SLOTS, 3)
     for retire_dead in (False, True):
         for slot in slots:
             owner = words[slot]
-            if retire_dead and owner != 0 and not _alive(owner):  # fold its counts
+            if retire_dead and owner != 0 and not process_exists(owner):  # fold its counts
                 words[_W_HITS] += words[slot + 1]
                 words[_W_MISSES] += words[slot + 2]
                 words[slot + 1] = words[slot + 2] = owner = 0

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from h5pack._types import StrPath
 from h5pack.core.format import PackMeta, load_meta
-from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.reader import PackReader, ReaderOptions
@@ -304,12 +304,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             IndexError: an index is out of range.
             DecodeError: an encoded sample does not decode.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = self.meta.num_samples
-        if idx.size and (idx.min() < -n or idx.max() >= n):
-            bad = idx[(idx < -n) | (idx >= n)][0]
-            raise IndexError(f"index {bad} is out of range for a pack of {n} samples")
-        idx = np.where(idx < 0, idx + n, idx)
+        idx = checked_indices(indices, self.meta.num_samples)
         reader = self.reader
         paths = [reader.paths[i] for i in idx.tolist()] if self.return_path else None
         raw_labels = self.meta.labels[idx]

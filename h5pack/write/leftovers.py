@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from h5pack.core.machine import process_exists
 from h5pack.errors import H5PackError
 
 __all__ = [
@@ -79,7 +80,7 @@ def process_start_ticks(pid: int) -> int | None:
     except FileNotFoundError:
         if Path("/proc/self/stat").exists():
             return None
-        return 0 if _pid_exists(pid) else None
+        return 0 if process_exists(pid) else None
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last one.
@@ -87,16 +88,6 @@ def process_start_ticks(pid: int) -> int | None:
     if fields[0] in ("Z", "X"):  # a zombie has no files left: it is gone
         return None
     return int(fields[19])  # field 22 of proc(5), counted from the state, field 3
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _started_after(pid: int, when_s: float) -> bool:
