@@ -170,7 +170,7 @@ def crop_into(
     inside = top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
     if not (inside and box_h >= 1 and box_w >= 1):
         raise OptionsError(
-            f"box should lie inside the {image_h}x{image_w} image, but got box={box!r}"
+            f"box should lie inside the {image_w}x{image_h} (WxH) image, but got box={box!r}"
         )
     if hwc.shape[2] != out.shape[2]:
         raise OptionsError(
