@@ -10,7 +10,15 @@ decompressed chunks is kept over all of them, as a single pack's reader keeps it
 Every shard is checked when the set is opened: a missing shard, one that is not a pack
 (e.g. truncated), one whose metadata differs from the manifest's record, or a list of packs
 whose classes or storage disagree is a ``FormatError`` naming the file, never a smaller
-epoch or fill values. A shard replaced after that is refused when it is (re)opened.
+epoch or fill values. A shard replaced after that is refused when it is (re)opened: each
+shard reader is opened with the identity (pack id, file status) recorded at that check.
+
+What the check keeps of a shard is small (``ShardView``: its path, sample count, chunk
+map, identity); its metadata arrays are folded into the set's one ``PackMeta`` and not kept
+twice. ``describe`` returns that ``PackView``, and a reader built from it
+(``open_reader(view=...)``, what a dataset does in each DataLoader worker) reads no
+metadata again: each shard's is read when that shard is first opened, and must still be
+the file the view checked.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import TypeAlias, TypeVar, overload
 import numpy as np
 
 from h5pack.core.format import PackMeta, load_meta
+from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.packset import (
     PackSetManifest,
@@ -48,14 +57,31 @@ PackSource: TypeAlias = "str | os.PathLike[str] | Sequence[str | os.PathLike[str
 
 
 @dataclass(frozen=True)
-class _Shard:
+class ShardView:
+    """What a pack set keeps of one shard once it is checked (no metadata arrays).
+
+    Attributes:
+        path: The shard.
+        num_samples: Its samples.
+        chunk_map: Its groups, in its own indices.
+        group_bytes: Uncompressed bytes of one of its groups.
+        compressed: Whether its images pass through a filter.
+        identity: The file checked (pack id and status): a reader refuses any other.
+    """
+
     path: Path
-    meta: PackMeta
-    identity: tuple[int, int, int]  # st_dev, st_ino, st_size when the set was opened
+    num_samples: int
+    chunk_map: ChunkMap
+    group_bytes: int
+    compressed: bool
+    identity: PackIdentity | None
 
 
-def _identity(path: Path) -> tuple[int, int, int]:
-    stat = path.stat()
+def _status_or_none(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
     return (stat.st_dev, stat.st_ino, stat.st_size)
 
 
@@ -69,11 +95,10 @@ def _pack_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]
     return paths, None
 
 
-def _combined_meta(name: str, shards: Sequence[_Shard]) -> PackMeta:
+def _combined_meta(name: str, metas: Sequence[PackMeta]) -> PackMeta:
     """Return one ``PackMeta`` for all shards (refusing shards that cannot be one set)."""
-    first = shards[0].meta
-    for shard in shards[1:]:
-        meta = shard.meta
+    first = metas[0]
+    for meta in metas[1:]:
         differences = [
             f"{what}: {getattr(meta, attr)!r} here, {getattr(first, attr)!r} in {first.path}"
             for what, attr in (
@@ -94,7 +119,6 @@ def _combined_meta(name: str, shards: Sequence[_Shard]) -> PackMeta:
                 f"{meta.path} cannot join a pack set with {first.path}: "
                 + "; ".join(differences)
             )
-    metas = [s.meta for s in shards]
     num = sum(m.num_samples for m in metas)
     sizes = [m.sizes for m in metas if m.sizes is not None]
     return PackMeta(
@@ -128,17 +152,32 @@ def _combined_meta(name: str, shards: Sequence[_Shard]) -> PackMeta:
 class PackView:
     """What a dataset or sampler needs to know of a pack or a pack set, before reading.
 
+    Small enough to pickle into every DataLoader worker; ``open_reader(source, view=view)``
+    opens a reader on exactly the files it describes without reading metadata again.
+
     Attributes:
         meta: The metadata (for a set: all shards', concatenated in order).
         chunk_map: The groups read together (for a set: every shard's, one after another).
         group_bytes: Uncompressed bytes of one group (for a set: the largest shard's).
         compressed: Whether any shard's images pass through a filter.
+        shards: For a set, each shard as checked (``ShardView``); None for a single pack.
     """
 
     meta: PackMeta
     chunk_map: ChunkMap
     group_bytes: int
     compressed: bool
+    shards: tuple[ShardView, ...] | None = None
+
+    @property
+    def is_set(self) -> bool:
+        """Whether this is a pack set (or a list of packs) rather than one pack."""
+        return self.shards is not None
+
+    @property
+    def num_shards(self) -> int:
+        """Files read: the set's shards, or 1."""
+        return 1 if self.shards is None else len(self.shards)
 
 
 def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
@@ -150,8 +189,43 @@ def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
     return ChunkMap(np.concatenate(starts))
 
 
+def _describe_set(source: PackSource, locking: bool | None) -> PackView:
+    """Load and check every shard's metadata; fold them into one view."""
+    paths, manifest = _pack_paths(source)
+    name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
+    metas: list[PackMeta] = []
+    shards: list[ShardView] = []
+    for index, path in enumerate(paths):
+        meta = load_meta(path, locking=locking)
+        if manifest is not None:
+            check_shard(manifest, manifest.shards[index], meta)
+        metas.append(meta)
+        shards.append(
+            ShardView(
+                path=path,
+                num_samples=meta.num_samples,
+                chunk_map=chunk_map_of(meta),
+                group_bytes=group_bytes(meta),
+                compressed=is_compressed(meta),
+                identity=meta.identity,
+            )
+        )
+    combined = _combined_meta(name, metas)
+    del metas  # each shard's arrays now live once, in the combined metadata
+    return PackView(
+        meta=combined,
+        chunk_map=_concatenated_map([s.chunk_map for s in shards]),
+        group_bytes=max(s.group_bytes for s in shards),
+        compressed=any(s.compressed for s in shards),
+        shards=tuple(shards),
+    )
+
+
 def describe(source: PackSource, *, locking: bool | None = None) -> PackView:
     """Return the metadata and chunk map of a pack or a pack set (checking every shard).
+
+    Opens no reader: each shard's file is opened, its metadata read and checked against the
+    manifest, and closed.
 
     Raises:
         FileNotFoundError: the pack, a shard or the manifest does not exist.
@@ -161,21 +235,27 @@ def describe(source: PackSource, *, locking: bool | None = None) -> PackView:
         assert isinstance(source, str | os.PathLike)  # is_packset: a single path
         meta = load_meta(source, locking=locking)
         return PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
-    reader = PackSetReader(source, ReaderOptions(locking=locking))
-    try:
-        return PackView(reader.meta, reader.chunk_map, reader.group_bytes, reader.compressed)
-    finally:
-        reader.close()
+    return _describe_set(source, locking)
 
 
 def open_reader(
-    source: PackSource, options: ReaderOptions | None = None
+    source: PackSource, options: ReaderOptions | None = None, *, view: PackView | None = None
 ) -> PackReader | PackSetReader:
-    """Return the reader of a pack (``PackReader``) or of a pack set (``PackSetReader``)."""
+    """Return the reader of a pack (``PackReader``) or of a pack set (``PackSetReader``).
+
+    Args:
+        source: A pack path, a pack set's directory or manifest, or a list of pack paths.
+        options: How to read.
+        view: ``describe(source)`` from earlier: the reader reads the files it checked, or
+            raises ``FormatError`` naming a file replaced since (a dataset's guarantee that
+            its labels and its images come from the same files).
+    """
+    if view is not None and view.shards is not None:
+        return PackSetReader(source, options, view=view)
     if is_packset(source):
         return PackSetReader(source, options)
     assert isinstance(source, str | os.PathLike)
-    return PackReader(source, options)
+    return PackReader(source, options, expected=None if view is None else view.meta.identity)
 
 
 class _LazyPaths(Sequence[str]):
@@ -214,12 +294,16 @@ class PackSetReader:
         options: How each shard is read (``ReaderOptions``); ``window_chunks`` is the window
             kept over all shards together.
         max_open: Shards open at once (each holds two file descriptors).
+        view: ``describe(source)``, made earlier (in another process, say).
 
     Raises:
         FileNotFoundError: the manifest or a shard does not exist.
         FormatError: a shard is not a pack, differs from the manifest's record, or does not
             match the other shards (mode, storage, channels, classes, image shape).
         OptionsError: ``max_open`` is below 1, or the list of packs is empty.
+
+    A ``view`` from ``describe(source)`` skips reading every shard's metadata again; the
+    shards are then checked against it as they are opened.
     """
 
     def __init__(
@@ -228,30 +312,32 @@ class PackSetReader:
         options: ReaderOptions | None = None,
         *,
         max_open: int = DEFAULT_MAX_OPEN,
+        view: PackView | None = None,
     ) -> None:
         if max_open < 1:
             raise OptionsError(f"max_open should be >= 1, but got max_open={max_open}")
         self.options = options or ReaderOptions()
         self.max_open = max_open
-        paths, manifest = _pack_paths(source)
-        self.manifest = manifest
-        name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
-        self.path = name
-        shards = []
-        for index, path in enumerate(paths):
-            meta = load_meta(path, locking=self.options.locking)
-            if manifest is not None:
-                check_shard(manifest, manifest.shards[index], meta)
-            shards.append(_Shard(path, meta, _identity(path)))
-        self._shards = shards
-        self.meta = _combined_meta(name, shards)
-        maps = [chunk_map_of(s.meta) for s in shards]
-        self.chunk_map = _concatenated_map(maps)
-        self.group_bytes = max(group_bytes(s.meta) for s in shards)
-        self.compressed = any(is_compressed(s.meta) for s in shards)
+        if view is None:
+            view = _describe_set(source, self.options.locking)
+        if view.shards is None:
+            raise OptionsError(f"{view.meta.path} is a single pack: read it with PackReader")
+        self.view = view
+        self.path = view.meta.path
+        self._shards = view.shards
+        self.meta = view.meta
+        self.chunk_map = view.chunk_map
+        self.group_bytes = view.group_bytes
+        self.compressed = view.compressed
         self.verify_checksums = self.options.verify_checksums
-        self._sample_starts = np.cumsum([0] + [s.meta.num_samples for s in shards])
-        self._group_starts = np.cumsum([0] + [m.num_chunks for m in maps])
+        self._sample_starts = np.cumsum([0] + [s.num_samples for s in self._shards])
+        # the files checked: their status then, or now for packs without an identity
+        self._status = [
+            (s.identity.device, s.identity.inode, s.identity.size)
+            if s.identity is not None
+            else _status_or_none(s.path)
+            for s in self._shards
+        ]
         self._readers: OrderedDict[int, PackReader] = OrderedDict()
         self.window_chunks = self.options.window_chunks or 1
         if self.options.chunk_cache_bytes is not None:
@@ -294,13 +380,14 @@ class PackSetReader:
             self._readers.move_to_end(shard)
             return reader
         entry = self._shards[shard]
-        if not entry.path.exists() or _identity(entry.path) != entry.identity:
+        if not entry.path.exists() or _status_or_none(entry.path) != self._status[shard]:
             raise FormatError(
                 f"{entry.path}: the shard was removed or replaced since the pack set "
                 f"{self.path} was opened; rebuild the loader"
             )
         options = replace(self.options, window_chunks=self.window_chunks, threads=0)
-        reader = PackReader(entry.path, options)
+        # the file the set checked, or a FormatError naming it (also if replaced just now)
+        reader = PackReader(entry.path, options, expected=entry.identity)
         self._readers[shard] = reader
         while len(self._readers) > self.max_open:
             oldest, closing = self._readers.popitem(last=False)
