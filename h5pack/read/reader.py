@@ -8,6 +8,7 @@ read straight from the file into their destination, without a cache.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -103,6 +104,92 @@ class ReaderOptions:
             )
 
 
+# NOTE [ Virtual packs ] (see write/merge.py, which spells the same key; it belongs in
+# core/format.py): the root attribute of a virtual pack that records its sources.
+VIRTUAL_SOURCES_KEY = "virtual_sources"
+
+
+def check_virtual_sources(
+    handle: h5py.File, images: h5py.Dataset, path: str, meta: fmt.PackMeta
+) -> None:
+    """Raise ``FormatError`` unless every source of a virtual pack is there and unchanged.
+
+    HDF5 serves the fill value, silently, for the samples of a source file it cannot open
+    (a moved or deleted shard, too many open files); so before a virtual pack serves a
+    sample, every source HDF5 would read must be one that ``h5pack merge --virtual``
+    recorded, exist, and be the same pack (its pack id, size and sample count).
+
+    Raises:
+        FormatError: the record is missing or damaged, or a source is missing or changed
+            (the message names the source file).
+    """
+    with fmt.reading(path, f"the pack attribute {VIRTUAL_SOURCES_KEY!r}"):
+        raw = handle.attrs.get(VIRTUAL_SOURCES_KEY)
+        mapped = {os.fsdecode(source.file_name) for source in images.virtual_sources()}
+    if raw is None:
+        raise FormatError(
+            f"{path}: its images are an HDF5 virtual dataset without h5pack's record of its "
+            "sources (not written by `h5pack merge --virtual`); h5pack does not read a "
+            "virtual pack whose sources it cannot check"
+        )
+    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
+    recorded = meta.digests.get(VIRTUAL_SOURCES_KEY)
+    if recorded is not None and recorded != integrity.text_digest(text):
+        raise FormatError(
+            f"{path}: the record of its virtual sources no longer matches its CRC32; {fmt.DAMAGED}"
+        )
+    try:
+        entries = [
+            (str(e["path"]), e.get("pack_id"), int(e["file_bytes"]), int(e["num_samples"]))
+            for e in json.loads(text)
+        ]
+    except (ValueError, TypeError, KeyError) as err:
+        raise FormatError(
+            f"{path}: the record of its virtual sources is malformed ({err})"
+        ) from err
+    unchecked = sorted(mapped - {relative for relative, *_ in entries})
+    if unchecked:
+        raise FormatError(
+            f"{path}: its virtual images read {unchecked[0]!r}, which is not among its "
+            "recorded sources; the pack was altered: merge its sources again"
+        )
+    base = os.path.dirname(os.path.abspath(path))
+    for relative, pack_id, file_bytes, num_samples in entries:
+        source = os.path.normpath(os.path.join(base, relative))
+        problem = _source_problem(source, pack_id, file_bytes, num_samples)
+        if problem:
+            raise FormatError(
+                f"{path} is a virtual pack (h5pack merge --virtual) and its source {source} "
+                f"{problem}; its {num_samples} samples would not be the ones recorded (HDF5 "
+                "serves zeros for a source it cannot open). Put the source back unchanged, "
+                "or merge again (without --virtual, the merged pack needs no source)"
+            )
+
+
+def _source_problem(source: str, pack_id: Any, file_bytes: int, num_samples: int) -> str:
+    """Return what is wrong with one source of a virtual pack ("" when nothing)."""
+    try:
+        size = os.stat(source).st_size
+    except FileNotFoundError:
+        return "is missing (moved, renamed or deleted?)"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if size != file_bytes:
+        return f"changed ({size} bytes, {file_bytes} when the virtual pack was written)"
+    try:
+        with fmt.open_h5(source) as handle:
+            found = handle.attrs.get(fmt.PACK_ID_KEY)
+            count = int(handle.attrs.get(fmt.NUM_SAMPLES_KEY, -1))
+    except (H5PackError, OSError) as err:
+        return f"cannot be opened ({err})"
+    found_id = found.decode("utf-8", "replace") if isinstance(found, bytes) else found
+    if pack_id is not None and found_id != pack_id:
+        return f"is another pack (pack id {found_id}, {pack_id} when the virtual pack was written)"
+    if count != num_samples:
+        return f"changed ({count} samples, {num_samples} when the virtual pack was written)"
+    return ""
+
+
 class PackReader:
     """Read samples of a pack grouped by chunk; a context manager, read-only.
 
@@ -165,7 +252,11 @@ class PackReader:
             self._contiguous: int | None = None
             with fmt.reading(self.path, "the images' dataset and chunk index"):
                 self._images: h5py.Dataset = self._file[fmt.IMAGES]
-                if options.direct:
+                self.virtual = bool(self._images.is_virtual)
+            if self.virtual:  # NOTE [ Virtual packs ]: no direct path, sources checked
+                check_virtual_sources(self._file, self._images, self.path, meta)
+            with fmt.reading(self.path, "the images' dataset and chunk index"):
+                if options.direct and not self.virtual:
                     self._table = chunk_table(self._images)
                     self._contiguous = contiguous_offset(self._images)
         except BaseException:

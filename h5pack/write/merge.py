@@ -1,0 +1,621 @@
+"""Merge packs (the shards of a pack set, or any list of packs) into one pack.
+
+``merge_packs`` copies the shards' stored chunks into the merged pack as they are, without
+decompressing them (HDF5's direct chunk read and write), and concatenates and re-indexes
+their metadata; the merged pack is published atomically, as a conversion's is
+(``write.publish``). ``virtual=True`` writes an HDF5 virtual-dataset view of the shards
+instead, whose sources readers check before serving a sample (NOTE [ Virtual packs ]).
+
+NOTE [ Merging by chunks ]: a chunk is only copied as it is when it lands on a chunk
+boundary of the merged dataset.
+
+- A blob (variable-size samples, chunked by bytes) always does: every shard starts at a
+  chunk boundary of the merged blob, its sample offsets shifted by whole chunks; the rest
+  of a shard's last chunk is padding that belongs to its last slot, as the padding of an
+  aligned blob always does (NOTE [ Aligned blobs ] in ``write/images.py``). So every
+  chunk is copied and the chunk map of the merged pack is the shards' maps, one after the
+  other.
+- A fixed-size array's chunk holds ``C`` samples, so shards are copied chunk for chunk
+  only while every shard but the last holds a multiple of ``C`` samples. From the first
+  shard that does not, the rows that follow are shifted within chunks: they are read
+  (decompressed) and written again in whole chunks through HDF5, which compresses them
+  (``MergeReport.chunks_rechunked`` counts them). Shards of ``convert --shards`` cut the
+  samples evenly, so for them this is the rule rather than the exception unless the
+  chunk divides every shard; the merge is then as fast as decompressing and compressing.
+- Contiguous datasets (uncompressed blobs, by default) have no chunks: their bytes are
+  copied in large blocks and the offsets shifted by the exact length of the shards before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5pack._types import StrPath
+from h5pack._version import __version__
+from h5pack.core import format as fmt
+from h5pack.core import integrity
+from h5pack.core.format import PackMeta, SkippedFile
+from h5pack.core.layout import FILTER_NAMES
+from h5pack.core.packset import check_shard, is_packset, load_manifest, meta_digest
+from h5pack.errors import FormatError, H5PackError, OptionsError
+from h5pack.write.builder import _write_paths, create_file
+from h5pack.write.publish import (
+    TempFiles,
+    check_not_a_source,
+    check_room,
+    check_target,
+    publish,
+    sigterm_as_exit,
+    temp_path,
+)
+
+# NOTE [ Virtual packs ]: the root attribute of a virtual pack that records its sources
+# (JSON list of {path, pack_id, file_bytes, num_samples, digest}); ``read/reader.py``
+# spells the same key. It belongs in ``core/format.py`` (requested; this module may not
+# edit core/).
+#
+# HDF5 returns the fill value, silently, for the part of a virtual dataset whose source
+# file it cannot open (missing, moved, or past the limit of open files), so a reader of
+# a virtual pack first checks that every recorded source exists and is the same file (its
+# pack id and size), and the per-sample digests, checked by default, refuse a sample that
+# still comes back as fill values. Source paths are stored relative to the virtual pack's
+# directory (HDF5 resolves them against it, from any working directory): the pack and its
+# shards move together.
+VIRTUAL_SOURCES_KEY = "virtual_sources"
+
+# Bytes copied at once between contiguous datasets, and decompressed at once when
+# re-chunking (a multiple of the chunk).
+COPY_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeReport:
+    """What a merge did.
+
+    Attributes:
+        path: The pack written.
+        meta: Its metadata, as a reader sees it.
+        num_samples: Samples in the merged pack.
+        sources: The packs merged, in order.
+        virtual: Whether it is a virtual view of the sources (NOTE [ Virtual packs ]).
+        chunks_copied: Stored chunks copied as they are (not decompressed).
+        chunks_rechunked: Chunks decompressed and written again (NOTE [ Merging by chunks ]).
+        bytes_copied: Bytes copied from contiguous datasets.
+        elapsed_s: Wall time.
+        file_bytes: Size of the merged pack.
+    """
+
+    path: str
+    meta: PackMeta
+    num_samples: int
+    sources: tuple[str, ...]
+    virtual: bool
+    chunks_copied: int
+    chunks_rechunked: int
+    bytes_copied: int
+    elapsed_s: float
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class _Shard:
+    path: Path
+    meta: PackMeta
+    paths: list[str]
+    filters: tuple[tuple[int, tuple[int, ...]], ...]
+    dtype: np.dtype[Any]
+
+
+def source_paths(sources: StrPath | Sequence[StrPath]) -> tuple[list[Path], Any]:
+    """Return the packs of ``sources`` (a pack, a pack set, or a list) and the set's manifest.
+
+    Raises:
+        OptionsError: an empty list.
+        PackNotFoundError: a pack set without a manifest.
+        FormatError: a malformed manifest.
+    """
+    if isinstance(sources, str | os.PathLike):
+        if is_packset(sources):
+            manifest = load_manifest(sources)
+            return manifest.shard_paths(), manifest
+        return [Path(sources)], None
+    paths = [Path(p) for p in sources]
+    if not paths:
+        raise OptionsError("merge needs at least one pack, but got an empty list")
+    return paths, None
+
+
+def _filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    plist = dataset.id.get_create_plist()
+    found = []
+    for i in range(plist.get_nfilters()):
+        filter_id, _flags, values, _name = plist.get_filter(i)
+        found.append((int(filter_id), tuple(int(v) for v in values)))
+    return tuple(found)
+
+
+def _filters_text(filters: tuple[tuple[int, tuple[int, ...]], ...]) -> str:
+    if not filters:
+        return "no filters"
+    return " + ".join(
+        f"{FILTER_NAMES.get(fid, f'filter {fid}')}{list(values) if values else ''}"
+        for fid, values in filters
+    )
+
+
+def _load(path: Path, manifest: Any) -> _Shard:
+    text = os.fspath(path)
+    with fmt.open_h5(text) as handle:
+        meta = fmt.read_meta(handle, text)
+        paths = fmt.read_paths(handle, meta)
+        with fmt.reading(text, f"dataset {fmt.IMAGES!r}"):
+            images = handle[fmt.IMAGES]
+            filters, dtype = _filters(images), images.dtype
+            if images.is_virtual:
+                raise FormatError(
+                    f"{text} is a virtual pack (h5pack merge --virtual); merge its sources instead"
+                )
+    if manifest is not None:
+        entry = next(e for e in manifest.shards if manifest.root / e.path == path)
+        check_shard(manifest, entry, meta)
+    return _Shard(path, meta, paths, filters, dtype)
+
+
+def _differences(shard: _Shard, first: _Shard) -> list[str]:
+    """Return what keeps ``shard`` from being merged with ``first`` (empty: nothing)."""
+    a, b = shard.meta, first.meta
+    found: list[str] = []
+
+    def differ(what: str, mine: object, theirs: object) -> None:
+        if mine != theirs:
+            found.append(f"{what} {mine} here, {theirs} in {first.path}")
+
+    differ(
+        "format version",
+        f"{a.format_version}.{a.format_minor}",
+        f"{b.format_version}.{b.format_minor}",
+    )
+    differ("mode", a.mode, b.mode)
+    differ("storage", a.storage, b.storage)
+    differ("channels", a.channels, b.channels)
+    differ("dtype", shard.dtype, first.dtype)
+    if a.storage == "array":
+        differ("sample shape", a.images_shape[1:], b.images_shape[1:])
+    differ(
+        "chunk shape",
+        a.chunks if a.chunks is not None else "none (contiguous)",
+        b.chunks if b.chunks is not None else "none (contiguous)",
+    )
+    differ("filters", _filters_text(shard.filters), _filters_text(first.filters))
+    differ("blob chunk bytes", a.blob_chunk_bytes, b.blob_chunk_bytes)
+    if a.classes != b.classes:
+        only = sorted(set(a.classes) ^ set(b.classes))[:3]
+        detail = f" (e.g. {', '.join(map(repr, only))} in one only)" if only else " (order)"
+        found.append(f"classes: {len(a.classes)} here, {len(b.classes)} in {first.path}{detail}")
+    return found
+
+
+def load_shards(paths: Sequence[Path], manifest: Any = None) -> list[_Shard]:
+    """Read every pack's metadata and refuse packs that cannot be merged.
+
+    Raises:
+        FileNotFoundError: a pack does not exist.
+        FormatError: a pack is damaged, changed since its set's manifest was written, or
+            differs from the first in format, mode, storage, sample shape, dtype, chunks,
+            filters or classes (the message names both files and what differs).
+    """
+    shards = [_load(path, manifest) for path in paths]
+    first = shards[0]
+    for shard in shards[1:]:
+        differences = _differences(shard, first)
+        if differences:
+            raise FormatError(
+                f"{shard.path} cannot be merged with {first.path}: "
+                + "; ".join(differences)
+                + "; convert them with the same options"
+            )
+    return shards
+
+
+# -- metadata ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Merged:
+    """The merged metadata of the shards, with blob offsets shifted (see ``_blob_bases``)."""
+
+    labels: np.ndarray
+    paths: list[str]
+    shapes: np.ndarray
+    checksums: np.ndarray
+    source_index: np.ndarray
+    sample_xxh3: np.ndarray | None
+    offsets: np.ndarray | None
+    sizes: np.ndarray | None
+    skipped: tuple[SkippedFile, ...]
+    length: int  # rows of the merged images dataset
+
+
+def _blob_bases(shards: Sequence[_Shard], *, aligned: bool) -> list[int]:
+    """Return where each shard's blob starts in the merged blob (whole chunks if ``aligned``)."""
+    bases, position = [], 0
+    for shard in shards:
+        bases.append(position)
+        length = shard.meta.images_shape[0]
+        if aligned and shard.meta.chunks is not None:
+            step = shard.meta.chunks[0]
+            length = -(-length // step) * step
+        position += length
+    return bases
+
+
+def _merge_meta(shards: Sequence[_Shard], *, aligned: bool) -> _Merged:
+    metas = [s.meta for s in shards]
+    offsets = sizes = None
+    if metas[0].storage == "blob":
+        bases = _blob_bases(shards, aligned=aligned)
+        parts = [
+            m.offsets[:-1] + base
+            for m, base in zip(metas, bases, strict=True)
+            if m.offsets is not None
+        ]
+        last = metas[-1].offsets
+        assert last is not None  # blob storage, see read_meta
+        parts.append(np.array([bases[-1] + int(last[-1])], dtype=np.int64))
+        offsets = np.concatenate(parts).astype(np.int64)
+        sizes = np.concatenate([m.sizes for m in metas if m.sizes is not None]).astype(np.int64)
+        length = bases[-1] + metas[-1].images_shape[0]
+    else:
+        length = sum(m.num_samples for m in metas)
+    xxh3 = [m.sample_xxh3 for m in metas]
+    skipped = sorted((s for m in metas for s in m.skipped), key=lambda s: os.fsencode(s.path))
+    return _Merged(
+        labels=np.concatenate([m.labels for m in metas]),
+        paths=[p for s in shards for p in s.paths],
+        shapes=np.concatenate([m.shapes for m in metas]),
+        checksums=np.concatenate([m.checksums for m in metas]),
+        source_index=_source_index(metas),
+        # a pack without XXH3 (written without xxhash) leaves the merged pack with CRC32 only
+        sample_xxh3=np.concatenate(xxh3) if all(x is not None for x in xxh3) else None,  # type: ignore[arg-type]
+        offsets=offsets,
+        sizes=sizes,
+        skipped=tuple(skipped),
+        length=length,
+    )
+
+
+def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
+    """Return the merged ``source_index``: the shards', or re-indexed when they collide.
+
+    Shards of one sharded conversion hold positions in the global scan, distinct across
+    shards: they are kept. Packs converted on their own each count from 0: each pack's
+    positions are then moved past the previous packs' (by their largest position + 1), so
+    the merged positions stay distinct and in the order of the sources.
+    """
+    joined = np.concatenate([m.source_index for m in metas]).astype(np.int64)
+    if len(np.unique(joined)) == len(joined):
+        return joined
+    parts, base = [], 0
+    for meta in metas:
+        parts.append(meta.source_index.astype(np.int64) + base)
+        if meta.num_samples:
+            base += int(meta.source_index.max()) + 1
+    return np.concatenate(parts)
+
+
+def _write_metadata(
+    handle: h5py.File, first: PackMeta, merged: _Merged, extra: dict[str, str]
+) -> None:
+    """Write every dataset and attribute of the merged pack but its images (format 1.1).
+
+    The same as ``builder.write_metadata`` for a conversion, from the shards' metadata:
+    mode, storage, channels and the conversion options are the first shard's (they agree).
+    ``extra`` text attributes are written and digested too.
+    """
+    num = len(merged.paths)
+    digests: dict[str, str] = {}
+
+    def numeric(name: str, values: np.ndarray) -> None:
+        dtype = fmt.DIGESTED_ARRAYS[name]
+        data = np.ascontiguousarray(np.asarray(values).astype(np.dtype(dtype)))
+        handle.create_dataset(name, data=data)
+        digests[name] = integrity.array_digest(data, dtype)
+
+    numeric(fmt.LABELS, merged.labels.reshape(num))
+    names = [c.encode("utf-8", "surrogateescape") for c in first.classes]
+    stored_classes, class_type = fmt.fixed_strings(names)
+    classes = handle.create_dataset(fmt.CLASSES, shape=(len(names),), dtype=class_type)
+    fmt.write_fixed_strings(classes, 0, stored_classes)
+    digests[fmt.CLASSES] = fmt.classes_digest(first.classes)
+    digests[fmt.PATHS] = _write_paths(handle, merged.paths)
+    numeric(fmt.SHAPES, merged.shapes)
+    numeric(fmt.CHECKSUMS, merged.checksums.reshape(num))
+    numeric(fmt.SOURCE_INDEX, merged.source_index.reshape(num))
+    if merged.sample_xxh3 is not None:
+        numeric(fmt.SAMPLE_XXH3, merged.sample_xxh3.reshape(num))
+    if merged.offsets is not None and merged.sizes is not None:
+        numeric(fmt.OFFSETS, merged.offsets)
+        numeric(fmt.SIZES, merged.sizes)
+    options_text = json.dumps(dict(first.options), sort_keys=True)
+    skipped_text = json.dumps([{"path": s.path, "reason": s.reason} for s in merged.skipped])
+    texts = {fmt.OPTIONS_KEY: options_text, fmt.SKIPPED_KEY: skipped_text, **extra}
+    attrs = handle.attrs
+    fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
+    attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
+    attrs[fmt.FORMAT_MINOR_KEY] = fmt.FORMAT_MINOR
+    fmt.set_text(attrs, fmt.PACK_ID_KEY, integrity.new_pack_id())
+    fmt.set_text(attrs, fmt.MODE_KEY, first.mode)
+    fmt.set_text(attrs, fmt.STORAGE_KEY, first.storage)
+    attrs[fmt.NUM_SAMPLES_KEY] = num
+    attrs[fmt.CHANNELS_KEY] = first.channels
+    fmt.set_text(attrs, fmt.TOOL_VERSION_KEY, __version__)
+    fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    for key, text in texts.items():
+        fmt.set_text(attrs, key, text)
+        digests[key] = integrity.text_digest(text)
+    attrs[fmt.CHUNK_BYTES_KEY] = first.blob_chunk_bytes
+    fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
+
+
+# -- images -----------------------------------------------------------------------------
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.copied = self.rechunked = self.bytes = 0
+
+
+def _create_like(handle: h5py.File, source: h5py.Dataset, length: int) -> h5py.Dataset:
+    """Create the merged images dataset with ``source``'s type, layout, chunks and filters."""
+    shape = (length, *source.shape[1:])
+    unlimited = source.maxshape[0] is None
+    maxshape = (h5py.h5s.UNLIMITED if unlimited else length, *source.shape[1:])
+    space = h5py.h5s.create_simple(shape, maxshape)
+    dcpl = source.id.get_create_plist()
+    dsid = h5py.h5d.create(handle.id, fmt.IMAGES.encode(), source.id.get_type(), space, dcpl=dcpl)
+    return h5py.Dataset(dsid)
+
+
+def _copy_chunks(
+    source: h5py.Dataset, target: h5py.Dataset, rows: int, shift: int, counts: _Counts
+) -> None:
+    """Copy the stored chunks of ``source`` that start before row ``rows``, ``shift`` rows on.
+
+    The chunks are copied as stored (compressed), never decompressed; chunks HDF5 never
+    allocated (never written) stay unallocated in the target too.
+    """
+    tail = (0,) * (source.ndim - 1)
+    allocated: list[int] = []
+    source.id.chunk_iter(lambda info: allocated.append(int(info.chunk_offset[0])))
+    for row in sorted(allocated):
+        if row >= rows:
+            continue
+        mask, data = source.id.read_direct_chunk((row, *tail))
+        target.id.write_direct_chunk((row + shift, *tail), data, mask)
+        counts.copied += 1
+
+
+def _copy_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int, at: int) -> None:
+    """Copy the first ``rows`` rows of a contiguous ``source`` to rows ``at..`` of ``target``."""
+    row_bytes = max(1, int(np.prod(source.shape[1:])) * source.dtype.itemsize)
+    block = max(1, COPY_BYTES // row_bytes)
+    for start in range(0, rows, block):
+        stop = min(rows, start + block)
+        target[at + start : at + stop] = source[start:stop]
+
+
+class _Carry:
+    """Rows of a fixed-size array waiting to fill whole chunks of the target (re-chunking).
+
+    Rows are written through HDF5 (which compresses them) in whole chunks only, so no
+    chunk of the target is ever read back and written twice.
+    """
+
+    def __init__(self, target: h5py.Dataset, step: int, counts: _Counts) -> None:
+        self.target = target
+        self.step = step
+        self.counts = counts
+        self.start = 0
+        self.rows: list[np.ndarray] = []
+
+    @property
+    def empty(self) -> bool:
+        return not self.rows
+
+    def add(self, at: int, rows: np.ndarray) -> None:
+        """Append ``rows``, which belong at row ``at`` of the target; write whole chunks."""
+        if not self.rows:
+            self.start = at
+        self.rows.append(rows)
+        self._write(final=False)
+
+    def finish(self) -> None:
+        """Write what is left (the target's last, partial chunk)."""
+        if self.rows:
+            self._write(final=True)
+
+    def _write(self, *, final: bool) -> None:
+        rows = np.concatenate(self.rows) if len(self.rows) > 1 else self.rows[0]
+        whole = len(rows) if final else len(rows) - len(rows) % self.step
+        if whole:
+            self.target[self.start : self.start + whole] = rows[:whole]
+            self.counts.rechunked += -(-whole // self.step)
+        self.rows = [rows[whole:]] if whole < len(rows) else []
+        self.start += whole
+
+
+def _merge_images(
+    shards: Sequence[_Shard],
+    target: h5py.Dataset,
+    counts: _Counts,
+    step_done: Callable[[int], None],
+) -> None:
+    """Fill the merged images dataset from every shard (NOTE [ Merging by chunks ])."""
+    step = target.chunks[0] if target.chunks is not None else None
+    blob = shards[0].meta.storage == "blob"
+    bases = _blob_bases(shards, aligned=True) if blob else None
+    carry = _Carry(target, step, counts) if step is not None else None
+    position = 0
+    for k, shard in enumerate(shards):
+        num = shard.meta.num_samples
+        with fmt.open_h5(shard.path) as handle, fmt.reading(str(shard.path), "the images"):
+            source = handle[fmt.IMAGES]
+            length = int(source.shape[0])
+            if bases is not None:  # a blob: whole chunks, or the exact bytes
+                if step is None:
+                    _copy_rows(source, target, length, bases[k])
+                    counts.bytes += length
+                else:
+                    _copy_chunks(source, target, length, bases[k], counts)
+            elif step is None or carry is None:
+                _copy_rows(source, target, num, position)
+                counts.bytes += int(source.nbytes)
+            elif carry.empty and position % step == 0:
+                whole = num if k == len(shards) - 1 else num - num % step
+                _copy_chunks(source, target, whole, position, counts)
+                if whole < num:
+                    carry.add(position + whole, source[whole:num])
+            else:  # shifted within chunks: decompressed and written again
+                block = max(
+                    step, COPY_BYTES // max(1, int(np.prod(source.shape[1:]))) // step * step
+                )
+                for start in range(0, num, block):
+                    carry.add(position + start, source[start : min(num, start + block)])
+        position += num
+        step_done(num)
+    if carry is not None:
+        carry.finish()
+
+
+def _write_virtual(handle: h5py.File, shards: Sequence[_Shard], target: Path, length: int) -> str:
+    """Create the images dataset as a virtual view of the shards; return its sources' record.
+
+    NOTE [ Virtual packs ]: shards follow each other without padding (a virtual dataset
+    has no chunks); paths are stored relative to the target's directory.
+    """
+    first = shards[0].meta
+    shape = (length, *first.images_shape[1:])
+    layout = h5py.VirtualLayout(shape=shape, dtype=np.uint8)
+    position = 0
+    record = []
+    for shard in shards:
+        rows = shard.meta.images_shape[0]
+        relative = os.path.relpath(os.path.abspath(shard.path), os.path.abspath(target.parent))
+        layout[position : position + rows] = h5py.VirtualSource(
+            relative, fmt.IMAGES, shape=tuple(shard.meta.images_shape)
+        )
+        position += rows
+        record.append(
+            {
+                "path": relative,
+                "pack_id": shard.meta.pack_id,
+                "file_bytes": shard.path.stat().st_size,
+                "num_samples": shard.meta.num_samples,
+                "digest": meta_digest(shard.meta),
+            }
+        )
+    handle.create_virtual_dataset(fmt.IMAGES, layout, fillvalue=0)
+    return json.dumps(record, sort_keys=True)
+
+
+# -- the merge --------------------------------------------------------------------------
+
+
+def merge_packs(
+    sources: StrPath | Sequence[StrPath],
+    target: StrPath,
+    *,
+    overwrite: bool = False,
+    virtual: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> MergeReport:
+    """Write the packs ``sources`` (a pack set, a list of packs, or one pack) as one pack.
+
+    The samples follow each other in the order of the sources (a set's manifest order),
+    with their labels, paths, shapes, checksums and source indices; the merged pack gets a
+    new pack id and digests. Stored chunks are copied without being decompressed where
+    they land on a chunk boundary (NOTE [ Merging by chunks ]). Nothing exists under
+    ``target`` until the merged pack is complete.
+
+    Args:
+        sources: A pack set's directory or manifest, a list of packs, or one pack (copied).
+        target: The pack to write.
+        overwrite: Replace an existing ``target``.
+        virtual: Write an HDF5 virtual-dataset view of the sources instead of copying their
+            images (NOTE [ Virtual packs ]): small and instant, but it reads through HDF5
+            (no direct chunk path) and needs every source, unchanged, at its place.
+        progress: Called with the number of samples just merged.
+
+    Returns:
+        What was written.
+
+    Raises:
+        TargetExistsError: ``target`` exists and ``overwrite`` is False.
+        OptionsError: ``target`` is one of the sources, or its directory does not exist.
+        FileNotFoundError: a source does not exist.
+        FormatError: a source is damaged, or the sources differ in format, mode, storage,
+            sample shape, dtype, chunks, filters or classes (the message names two files
+            and what differs).
+    """
+    started = time.perf_counter()
+    step_done = progress or (lambda n: None)
+    target_path = check_target(target, overwrite=overwrite)
+    paths, manifest = source_paths(sources)
+    check_not_a_source(target_path, paths)
+    shards = load_shards(paths, manifest)
+    with sigterm_as_exit(), TempFiles(target_path) as temps:
+        counts = _Counts()
+        temp = temps.add(temp_path(target_path))
+        if not virtual:
+            check_room(
+                target_path.parent,
+                sum(p.stat().st_size for p in paths),
+                what=f"the merged pack {target_path}",
+            )
+        merged = _merge_meta(shards, aligned=not virtual)
+        try:
+            handle = create_file(temp)
+        except OSError as err:
+            raise H5PackError(f"cannot create {temp}: {err}") from err
+        try:
+            extra: dict[str, str] = {}
+            if virtual:
+                extra[VIRTUAL_SOURCES_KEY] = _write_virtual(
+                    handle, shards, target_path, merged.length
+                )
+                step_done(len(merged.paths))
+            else:
+                with fmt.open_h5(paths[0]) as first:
+                    images = _create_like(handle, first[fmt.IMAGES], merged.length)
+                _merge_images(shards, images, counts, step_done)
+            _write_metadata(handle, shards[0].meta, merged, extra)
+        except H5PackError:
+            raise
+        except OSError as err:
+            raise H5PackError(f"writing {target_path} failed: {err}") from err
+        finally:
+            handle.close()
+        publish(temp, target_path, overwrite=overwrite)
+    meta = fmt.load_meta(target_path)
+    return MergeReport(
+        path=os.fspath(target_path),
+        meta=meta,
+        num_samples=meta.num_samples,
+        sources=tuple(os.fspath(p) for p in paths),
+        virtual=virtual,
+        chunks_copied=counts.copied,
+        chunks_rechunked=counts.rechunked,
+        bytes_copied=counts.bytes,
+        elapsed_s=time.perf_counter() - started,
+        file_bytes=target_path.stat().st_size,
+    )
