@@ -116,8 +116,7 @@ def _combined_meta(name: str, metas: Sequence[PackMeta]) -> PackMeta:
             )
         if differences:
             raise FormatError(
-                f"{meta.path} cannot join a pack set with {first.path}: "
-                + "; ".join(differences)
+                f"{meta.path} cannot join a pack set with {first.path}: " + "; ".join(differences)
             )
     num = sum(m.num_samples for m in metas)
     sizes = [m.sizes for m in metas if m.sizes is not None]

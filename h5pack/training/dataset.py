@@ -16,11 +16,11 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from h5pack._types import StrPath
-from h5pack.core.format import PackMeta, load_meta
-from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.format import PackMeta
+from h5pack.core.layout import ChunkMap, checked_indices
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
+from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
@@ -38,7 +38,18 @@ from h5pack.training.sampler import (
 # and cannot be pickled for ``spawn``/``forkserver``. The datasets hold a path and open a
 # ``PackReader`` lazily, once per process (keyed on the pid); ``__getstate__`` drops it, so
 # every DataLoader start method works and each worker opens its own handle, with hdf5plugin
-# registered by ``format.open_h5`` in that worker.
+# registered by ``format.open_h5`` in that worker. A pack set is the same: the dataset
+# holds its ``PackView`` (``read.packset.describe``: the combined metadata and each shard's
+# checked identity) and each process opens a ``PackSetReader`` from it, which opens shards
+# as it reads them and refuses any shard that is not the file the view checked.
+
+
+def source_of(source: PackSource) -> str | tuple[str, ...]:
+    """Return ``source`` as plain strings: a path, or a tuple of pack paths."""
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return tuple(os.fspath(p) for p in source)
+
 
 Output = Literal["tensor", "hwc", "pil"]
 OUTPUTS: tuple[str, ...] = ("tensor", "hwc", "pil")
@@ -153,7 +164,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     lazily once per process (see the note "h5py handles and fork").
 
     Args:
-        path: The pack.
+        path: The pack; or a pack set (its directory or ``packset.json``) or a list of packs,
+            read as one pack: global indices run through the shards in order.
         transform: Any callable applied to each image (torchvision v2 transforms work).
         target_transform: Any callable applied to each label (an int, -1 when unlabeled).
         output: ``"tensor"``: (C, H, W) uint8 tensor; ``"hwc"``: (H, W, C) uint8 array;
@@ -172,14 +184,16 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         seed: Seed of the random crops and flips.
 
     Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack, or of a newer format version.
+        FileNotFoundError: the pack (a shard, a manifest) does not exist.
+        FormatError: the file is not a pack, or of a newer format version; a shard is
+            missing, truncated, changed since the manifest was written, or does not match
+            the others (the message names the file).
         OptionsError: an unknown ``output``, or a cache without a crop.
     """
 
     def __init__(
         self,
-        path: StrPath,
+        path: PackSource,
         *,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
@@ -197,12 +211,15 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 "cache applies to the training image pipeline; give crop= (or size= to "
                 "make_loader) with it"
             )
-        self.path = os.fspath(path)
+        self.source = source_of(path)
         self.options = reader or ReaderOptions()
-        self.meta: PackMeta = load_meta(self.path, locking=self.options.locking)
-        self.chunk_map: ChunkMap = chunk_map_of(self.meta)
-        self.group_bytes = group_bytes(self.meta)
-        self.compressed = is_compressed(self.meta)
+        self.view: PackView = describe(self.source, locking=self.options.locking)
+        # the pack's path; a set's manifest (or a list's first pack), as its metadata says
+        self.path = self.source if isinstance(self.source, str) else self.view.meta.path
+        self.meta: PackMeta = self.view.meta
+        self.chunk_map: ChunkMap = self.view.chunk_map
+        self.group_bytes = self.view.group_bytes
+        self.compressed = self.view.compressed
         self.transform = transform
         self.target_transform = target_transform
         self.output: Output = output
@@ -211,7 +228,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.cache = cache
         self.seed = seed
         self._epoch = SharedEpoch()
-        self._reader: PackReader | None = None
+        self._reader: PackReader | PackSetReader | None = None
         self._fixed: FixedSizeReader | None = None
         self._pid = -1
 
@@ -240,12 +257,15 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
 
     # -- process-local file ------------------------------------------------------------
     @property
-    def reader(self) -> PackReader:
+    def reader(self) -> PackReader | PackSetReader:
         """This process's reader, opened on first use (see "h5py handles and fork").
 
+        A ``PackSetReader`` for a pack set or a list of packs.
+
         Raises:
-            FormatError: the pack at ``path`` is no longer the file this dataset was
-                created on (replaced, e.g. by ``convert --overwrite``).
+            FormatError: the pack at ``path`` (or a shard, when it is opened) is no longer
+                the file this dataset was created on (replaced, e.g. by
+                ``convert --overwrite``).
         """
         if self._reader is None or self._pid != os.getpid():
             options = self.options
@@ -257,8 +277,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                     num_workers=0,
                 )
                 options = replace(options, window_chunks=window)
-            # the file this dataset's labels came from, or a FormatError: never a mix of two
-            self._reader = PackReader(self.path, options, expected=self.meta.identity)
+            # the files this dataset's labels came from, or a FormatError: never a mix of two
+            self._reader = open_reader(self.source, options, view=self.view)
             self._fixed = None
             self._pid = os.getpid()
         return self._reader
@@ -352,8 +372,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         height, width = self.crop.size
         whole = self.transform is None and self.output != "pil"
         buffer = empty_uint8((idx.size, height, width, self.meta.channels)) if whole else None
-        out = buffer.numpy() if buffer is not None else np.empty(
-            (idx.size, height, width, self.meta.channels), dtype=np.uint8
+        out = (
+            buffer.numpy()
+            if buffer is not None
+            else np.empty((idx.size, height, width, self.meta.channels), dtype=np.uint8)
         )
         self._fixed.read_into(idx, out, seed=self.seed, epoch=self.epoch)
         if buffer is not None:
@@ -389,13 +411,14 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
     shared memory.
 
     Args:
-        dataset: A pack path, or an ``H5ImageDataset`` (with its transform, output...).
+        dataset: A pack path, a pack set (directory or manifest), a list of packs, or an
+            ``H5ImageDataset`` (with its transform, output...).
         spec: How epochs are cut: ``batch_size`` should be the DataLoader's, so that each
             worker's stream divides into whole batches and only the last batch of an epoch
             is short; ``num_workers`` is taken from the DataLoader at iteration.
     """
 
-    def __init__(self, dataset: StrPath | H5ImageDataset, spec: EpochSpec) -> None:
+    def __init__(self, dataset: PackSource | H5ImageDataset, spec: EpochSpec) -> None:
         self.dataset = dataset if isinstance(dataset, H5ImageDataset) else H5ImageDataset(dataset)
         num_replicas, rank = distributed_defaults(spec.num_replicas, spec.rank)
         self.spec = replace(spec, num_replicas=num_replicas, rank=rank)

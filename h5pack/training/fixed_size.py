@@ -26,6 +26,7 @@ from h5pack.read.crop import (
     opencv_resize_into,
     pillow_resize_into,
 )
+from h5pack.read.packset import PackSetReader
 from h5pack.read.reader import PackReader
 from h5pack.training.cache import DecodedCache, shrink, shrunk_size
 
@@ -104,14 +105,16 @@ class FixedSizeReader:
     """Fill a (B, H, W, C) batch with the cropped, resized, flipped samples of a pack.
 
     Args:
-        reader: This process's reader (its thread pool does the per-sample work: the
-            decoders and resizers release the GIL).
+        reader: This process's reader of a pack or a pack set (its thread pool does the
+            per-sample work: the decoders and resizers release the GIL).
         spec: The crop, output size and flip.
         cache: Decoded images shared by every process, for encoded packs; None decodes
             every sample every epoch.
     """
 
-    def __init__(self, reader: PackReader, spec: CropSpec, cache: DecodedCache | None) -> None:
+    def __init__(
+        self, reader: PackReader | PackSetReader, spec: CropSpec, cache: DecodedCache | None
+    ) -> None:
         self.reader = reader
         self.spec = spec
         self.cache = cache if reader.meta.mode == "encoded" else None

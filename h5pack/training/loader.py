@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -13,12 +12,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from h5pack._types import StrPath
 from h5pack.core.decode import Backend
-from h5pack.core.format import load_meta
+from h5pack.core.format import PackMeta
 from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
 from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
+from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
@@ -90,7 +89,7 @@ def collate_list(batch: Sequence[Any]) -> Any:
 
 
 def _decoded_cache(
-    path: StrPath,
+    meta: PackMeta,
     cache: str | None,
     cache_bytes: int | None,
     max_side: int | None,
@@ -108,10 +107,9 @@ def _decoded_cache(
             "cache='decoded' keeps images before the random crop, so it needs size= (the "
             "size every image is cut to)"
         )
-    meta = load_meta(path)
     if meta.mode == "raw":
         raise OptionsError(
-            f"cache='decoded' applies to encoded packs; {os.fspath(path)} stores decoded "
+            f"cache='decoded' applies to encoded packs; {meta.path} stores decoded "
             "pixels already (its chunks are the cache)"
         )
     budget = default_cache_bytes() if cache_bytes is None else cache_bytes
@@ -270,7 +268,7 @@ class H5Loader(DataLoader[Any]):
 
 
 def make_loader(
-    path_or_dataset: StrPath | H5ImageDataset,
+    path_or_dataset: PackSource | H5ImageDataset,
     batch_size: int,
     *,
     shuffle: bool = True,
@@ -305,7 +303,7 @@ def make_loader(
     cache_max_side: int | None = None,
     collate: Literal["stack", "list"] = "stack",
 ) -> H5Loader:
-    """Return a DataLoader over a pack: chunk-aware sampling, workers, pinning and seeding.
+    """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
 
     The public edge of the training side: its keywords become one ``EpochSpec`` (the
     sampler's), one ``ReaderOptions`` (each process's reader) and the dataset. A dataset
@@ -313,7 +311,9 @@ def make_loader(
     default is explained in the module note "Loader defaults".
 
     Args:
-        path_or_dataset: A pack path, or an ``H5ImageDataset``.
+        path_or_dataset: A pack path, a pack set (its directory or ``packset.json``), a
+            list of pack paths, or an ``H5ImageDataset``. The chunks of every shard of a set
+            form one pool: ranks and workers split chunks across files.
         batch_size: Samples per batch.
         shuffle: Shuffle chunks and windows (``ChunkBatchSampler``).
         num_workers: Worker processes, or ``"auto"`` (see ``auto_workers``).
@@ -362,6 +362,9 @@ def make_loader(
         tensors with ``collate="list"``.
 
     Raises:
+        FileNotFoundError: the pack, a shard or the manifest does not exist.
+        FormatError: a file is not a pack; a shard is missing, truncated, changed since the
+            manifest was written, or does not match the others (the message names it).
         OptionsError: a bad argument, dataset options next to a dataset, or a pack of mixed
             sizes read without ``size`` (its message names ``size=`` and ``--size``).
     """
@@ -416,9 +419,9 @@ def make_loader(
             return_path=bool(return_path),
             reader=reader,
             crop=crop_spec,
-            cache=_decoded_cache(path_or_dataset, cache, cache_bytes, cache_max_side, crop_spec),
             seed=seed,
         )
+        dataset.cache = _decoded_cache(dataset.meta, cache, cache_bytes, cache_max_side, crop_spec)
     if collate == "stack":
         _check_batchable(dataset)
     num_workers, auto_threads = auto_workers(dataset, num_workers)

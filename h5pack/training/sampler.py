@@ -15,7 +15,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from h5pack.core.format import PackMeta
-from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes
+from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
 from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing, stratified_order
 
@@ -122,24 +122,42 @@ class ChunkSource(Protocol):
         ...
 
 
-SamplerSource: TypeAlias = "ChunkMap | ChunkSource | str | os.PathLike[str]"
+SamplerSource: TypeAlias = (
+    "ChunkMap | ChunkSource | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
+)
+
+
+def _resolve(source: SamplerSource) -> tuple[ChunkMap, int | None, PackMeta | None]:
+    """Return ``(chunk map, bytes per chunk or None, metadata or None)`` of a source."""
+    if isinstance(source, ChunkMap):
+        return source, None, None
+    if isinstance(source, ChunkSource):
+        meta = getattr(source, "meta", None)
+        return (
+            source.chunk_map,
+            int(source.group_bytes),
+            meta if isinstance(meta, PackMeta) else None,
+        )
+    if isinstance(source, str | os.PathLike | Sequence):
+        # a pack, a pack set (directory or manifest) or a list of packs: one pool of chunks
+        from h5pack.read.packset import describe
+
+        view = describe(source)
+        return view.chunk_map, view.group_bytes, view.meta
+    raise OptionsError(
+        "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, a "
+        f"pack path, a pack set or a list of packs, but got {type(source).__name__}"
+    )
 
 
 def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
-    """Return ``(chunk map, bytes per chunk or None)`` of a map, a dataset/reader or a path."""
-    if isinstance(source, ChunkMap):
-        return source, None
-    if isinstance(source, ChunkSource):
-        return source.chunk_map, int(source.group_bytes)
-    if isinstance(source, str | os.PathLike):
-        from h5pack.core.format import load_meta
+    """Return ``(chunk map, bytes per chunk or None)`` of a source.
 
-        meta = load_meta(source)
-        return chunk_map_of(meta), group_bytes(meta)
-    raise OptionsError(
-        "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, or a "
-        f"pack path, but got {type(source).__name__}"
-    )
+    The source is a ``ChunkMap``, a dataset or reader, a pack, a pack set (its directory or
+    manifest) or a list of packs (one pool of all their chunks).
+    """
+    chunk_map, size, _ = _resolve(source)
+    return chunk_map, size
 
 
 def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -509,11 +527,17 @@ class ChunkBatchSampler(Sampler[list[int]]):
         return sampler
 
     def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
-        self.chunk_map, group_bytes = resolve_source(source)
+        self.chunk_map, group_bytes, self._meta = _resolve(source)
         self.spec = spec.resolved(group_bytes, chunk_map=self.chunk_map)
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
+        self._fingerprint: str | None = None
+        # Elastic resume (training/elastic.py): the state this epoch was re-planned from,
+        # and the samples it had delivered; the iteration that starts from it consumes it.
+        self._base: dict[str, Any] | None = None
+        self._delivered: np.ndarray | None = None
+        self._base_fresh = False
 
     @property
     def window_chunks(self) -> int:
@@ -534,26 +558,62 @@ class ChunkBatchSampler(Sampler[list[int]]):
         if epoch != self.epoch:
             self.epoch = int(epoch)
             self._position = self._resume = 0
+            self._drop_base()
+
+    @property
+    def pool_samples(self) -> int:
+        """Samples the current epoch plans: all, or those left by an elastic resume."""
+        num = self.chunk_map.num_samples
+        if self._delivered is not None:
+            num -= int(self._delivered.sum())
+        return num
 
     def __len__(self) -> int:
         return num_batches(
-            self.chunk_map.num_samples,
+            self.pool_samples,
             self.spec.batch_size,
             num_replicas=self.spec.num_replicas or 1,
             drop_last=self.spec.drop_last,
         )
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
-        """Return this rank's whole batch order of ``epoch`` (default: the current one)."""
+        """Return this rank's whole batch order of ``epoch`` (default: the current one).
+
+        After an elastic ``load_state_dict``, the current epoch's order is that of the
+        samples the saved topology had not delivered (see ``training.elastic``).
+        """
+        if self._delivered is not None and epoch in (None, self.epoch):
+            from h5pack.training.elastic import plan_rest
+
+            return plan_rest(self.chunk_map, self.spec, epoch=self.epoch, delivered=self._delivered)
         return plan_epoch(self.chunk_map, self.spec, epoch=self.epoch if epoch is None else epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
+        if not self._base_fresh:  # a re-planned epoch is served once, then the whole again
+            self._drop_base()
+        self._base_fresh = False
         batches = self.plan()
         start, self._resume = self._resume, 0
         self._position = start
         for position in range(start, len(batches)):
             self._position = position + 1
             yield batches[position].tolist()
+
+    def _drop_base(self) -> None:
+        self._base = self._delivered = None
+        self._base_fresh = False
+
+    @property
+    def fingerprint(self) -> str | None:
+        """A digest of the data (``core.packset.meta_digest``), or None for a bare ChunkMap.
+
+        Recorded in the state: a state saved on other data is refused.
+        """
+        if self._fingerprint is None and self._meta is not None:
+            from h5pack.core.packset import meta_digest
+
+            self._fingerprint = meta_digest(self._meta)
+        return self._fingerprint
 
     def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
         """Return the resumable state: epoch, batches consumed, and the settings they assume.
@@ -563,30 +623,79 @@ class ChunkBatchSampler(Sampler[list[int]]):
                 sampler has handed out, which runs ahead of training by the DataLoader's
                 prefetch; the loader from ``make_loader`` passes the delivered count.
         """
-        return {
+        state = {
             "epoch": self.epoch,
             "position": self._position if position is None else int(position),
+            "unit": "batches",
             **self._settings(),
+            "fingerprint": self.fingerprint,
         }
+        if self._base is not None:
+            state["base"] = self._base
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: the next iteration yields the rest of the saved epoch's order.
+        """Resume: the next iteration yields the rest of the saved epoch.
+
+        A state saved with the same ranks, workers, batch size and window resumes the
+        saved order where it stopped (on any rank: under DistributedDataParallel every rank
+        is at the same step). A state saved with another topology is elastic: the samples
+        the saved ranks had not delivered are planned over this sampler's ranks and workers
+        (see ``training.elastic``), so the epoch still serves every sample once.
 
         Raises:
-            OptionsError: the state was saved with different settings (another order).
+            OptionsError: the state was saved on other data, or with another order (shuffle,
+                seed, stratification).
         """
+        self._load(state, unit="batches")
+
+    def _load(self, state: Mapping[str, Any], *, unit: str) -> bool:
+        """Load ``state``; return whether it was re-planned (another topology)."""
+        from h5pack.training.elastic import ORDER_SETTINGS, TOPOLOGY_SETTINGS, delivered_mask
+
         # a state saved before a setting existed has that setting's old behaviour
-        saved = {**_SETTINGS_BEFORE, **state}
+        saved = {**_SETTINGS_BEFORE, "unit": unit, **state}
+        settings = self._settings()
+        data = {
+            key: (saved.get(key), settings[key])
+            for key in ("num_samples", "num_chunks")
+            if saved.get(key) != settings[key]
+        }
+        fingerprint = saved.get("fingerprint")
+        if fingerprint is not None and self._meta is not None and fingerprint != self.fingerprint:
+            data["fingerprint"] = (fingerprint, self.fingerprint)
+        if data:
+            details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in data.items())
+            raise OptionsError(
+                f"the sampler state was saved on other data ({details}); load it into a "
+                "loader of the same pack or pack set"
+            )
         mismatched = {
-            key: (saved.get(key), value)
-            for key, value in self._settings().items()
-            if saved.get(key) != value
+            key: (saved.get(key), settings[key])
+            for key in ORDER_SETTINGS
+            if saved.get(key) != settings[key]
         }
         if mismatched:
             details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
             raise OptionsError(f"the sampler state does not match this sampler ({details})")
-        self.epoch = int(state["epoch"])
-        self._position = self._resume = int(state["position"])
+        self.epoch = int(saved["epoch"])
+        self._drop_base()
+        same = saved["unit"] == unit and all(
+            saved.get(key) == settings[key] for key in TOPOLOGY_SETTINGS
+        )
+        if same:  # the same plan: continue it where it stopped
+            base = saved.get("base")
+            if base:
+                self._base = dict(base)
+                self._delivered = delivered_mask(self.chunk_map, base, self.spec.chunk_strata)
+                self._base_fresh = True
+            self._position = self._resume = int(saved["position"])
+            return False
+        self._base = {k: v for k, v in saved.items() if k != "fingerprint"}
+        self._delivered = delivered_mask(self.chunk_map, saved, self.spec.chunk_strata)
+        self._base_fresh = True
+        self._position = self._resume = 0
+        return True
 
     def _settings(self) -> dict[str, Any]:
         spec = self.spec
@@ -698,7 +807,7 @@ class ChunkSampler(Sampler[int]):
         self.batches.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return samples_per_rank(self.chunk_map.num_samples, self.batches.spec)
+        return samples_per_rank(self.batches.pool_samples, self.batches.spec)
 
     @property
     def chunk_map(self) -> ChunkMap:
@@ -706,6 +815,9 @@ class ChunkSampler(Sampler[int]):
         return self.batches.chunk_map
 
     def __iter__(self) -> Iterator[int]:
+        if not self.batches._base_fresh:  # as ChunkBatchSampler: a re-planned epoch once
+            self.batches._drop_base()
+        self.batches._base_fresh = False
         batches = self.batches.plan()
         order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
         start, self._resume = self._resume, 0
@@ -718,9 +830,14 @@ class ChunkSampler(Sampler[int]):
         """Return the resumable state (``position`` counts samples); see ``ChunkBatchSampler``."""
         state = self.batches.state_dict()
         state["position"] = self._position if position is None else int(position)
+        state["unit"] = "samples"
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: the next iteration yields the rest of the saved epoch's order."""
-        self.batches.load_state_dict(state)
-        self._position = self._resume = int(state["position"])
+        """Resume: the next iteration yields the rest of the saved epoch's order.
+
+        Elastic as ``ChunkBatchSampler.load_state_dict``: a state of another topology
+        re-plans the samples not yet delivered.
+        """
+        replanned = self.batches._load(state, unit="samples")
+        self._position = self._resume = 0 if replanned else int(state["position"])
