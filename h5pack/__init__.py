@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from h5pack.training.prefetch import DevicePrefetcher
     from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
     from h5pack.write.convert import convert, write_arrays
+    from h5pack.write.merge import MergeReport, merge_packs
     from h5pack.write.options import ConvertOptions
 
 _LAZY = {
@@ -46,6 +47,8 @@ _LAZY = {
     "DevicePrefetcher": "h5pack.training.prefetch",
     "convert": "h5pack.write.convert",
     "write_arrays": "h5pack.write.convert",
+    "merge_packs": "h5pack.write.merge",
+    "MergeReport": "h5pack.write.merge",
     "ConvertOptions": "h5pack.write.options",
     "Compression": "h5pack.core.layout",
     "pack_info": "h5pack.check",
@@ -70,6 +73,7 @@ __all__ = [
     "H5ImageDataset",
     "H5IterableDataset",
     "H5PackError",
+    "MergeReport",
     "OptionsError",
     "PackMeta",
     "PackNotFoundError",
@@ -82,6 +86,7 @@ __all__ = [
     "convert",
     "load_meta",
     "make_loader",
+    "merge_packs",
     "pack_info",
     "seed_everything",
     "verify_pack",

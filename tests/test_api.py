@@ -16,6 +16,7 @@ def test_packing_names_do_not_import_torch() -> None:
         "import sys, h5pack\n"
         "h5pack.convert, h5pack.ConvertOptions, h5pack.Compression, h5pack.pack_info\n"
         "h5pack.OptionsError, h5pack.FormatError\n"
+        "h5pack.merge_packs, h5pack.MergeReport\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

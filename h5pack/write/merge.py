@@ -48,7 +48,7 @@ from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.layout import FILTER_NAMES
 from h5pack.core.packset import check_shard, is_packset, load_manifest, meta_digest
 from h5pack.errors import FormatError, H5PackError, OptionsError
-from h5pack.write.builder import _write_paths, create_file
+from h5pack.write.builder import ConvertEvent, _write_paths, create_file
 from h5pack.write.publish import (
     TempFiles,
     check_not_a_source,
@@ -538,6 +538,7 @@ def merge_packs(
     overwrite: bool = False,
     virtual: bool = False,
     progress: Callable[[int], None] | None = None,
+    on_event: Callable[[ConvertEvent], None] | None = None,
 ) -> MergeReport:
     """Write the packs ``sources`` (a pack set, a list of packs, or one pack) as one pack.
 
@@ -555,6 +556,8 @@ def merge_packs(
             images (NOTE [ Virtual packs ]): small and instant, but it reads through HDF5
             (no direct chunk path) and needs every source, unchanged, at its place.
         progress: Called with the number of samples just merged.
+        on_event: Called with a ``ConvertEvent`` (``"phase"``, with the samples to merge as
+            ``total``) once the sources are checked.
 
     Returns:
         What was written.
@@ -573,6 +576,11 @@ def merge_packs(
     paths, manifest = source_paths(sources)
     check_not_a_source(target_path, paths)
     shards = load_shards(paths, manifest)
+    total = sum(s.meta.num_samples for s in shards)
+    what = "writing a virtual view of" if virtual else "merging"
+    (on_event or (lambda event: None))(
+        ConvertEvent("phase", f"{what} {len(shards)} packs", total=total)
+    )
     with sigterm_as_exit(), TempFiles(target_path) as temps:
         counts = _Counts()
         temp = temps.add(temp_path(target_path))

@@ -1,0 +1,65 @@
+"""``h5pack merge``: write one pack from the shards of a pack set, or from a list of packs."""
+
+from __future__ import annotations
+
+import click
+
+from h5pack.cli.flags import format_bytes, progress_for, quiet_flag
+
+__all__ = ["merge"]
+
+
+@click.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path())
+@click.argument("target", type=click.Path(dir_okay=False))
+@click.option("--overwrite", is_flag=True, help="Replace TARGET if it exists.")
+@click.option(
+    "--virtual",
+    is_flag=True,
+    help=(
+        "Write an HDF5 virtual-dataset view of the sources instead of copying their images: "
+        "instant and small, but every source must stay, unchanged, where it is (relative "
+        "to TARGET), and samples are read through HDF5 (slower)."
+    ),
+)
+@quiet_flag
+def merge(
+    sources: tuple[str, ...], target: str, overwrite: bool, virtual: bool, quiet: bool
+) -> None:
+    """Merge SOURCES (a pack set's directory or manifest, or packs) into the pack TARGET.
+
+    Stored chunks are copied without decompressing them; the packs must agree in format,
+    mode, storage, sample shape, chunks, codec and classes.
+    """
+    from h5pack.write.merge import merge_packs
+
+    source: str | list[str] = sources[0] if len(sources) == 1 else list(sources)
+    with progress_for(quiet) as progress:
+        report = merge_packs(
+            source,
+            target,
+            overwrite=overwrite,
+            virtual=virtual,
+            progress=progress.advance,
+            on_event=progress.event,
+        )
+    count = len(report.sources)
+    if report.virtual:
+        click.echo(
+            f"wrote {report.path} ({format_bytes(report.file_bytes)}): a virtual view of "
+            f"{report.num_samples} samples in {count} packs, in {report.elapsed_s:.1f} s; "
+            "it reads them from those files, which must stay where they are"
+        )
+        return
+    how = f"{report.chunks_copied} chunks copied as stored"
+    if report.chunks_rechunked:
+        how += (
+            f", {report.chunks_rechunked} re-chunked (packs whose sample counts are not a "
+            "multiple of the chunk's shift the chunks after them)"
+        )
+    if report.bytes_copied:
+        how += f", {format_bytes(report.bytes_copied)} of contiguous images copied"
+    click.echo(
+        f"merged {report.num_samples} samples from {count} packs into {report.path} "
+        f"({format_bytes(report.file_bytes)}) in {report.elapsed_s:.1f} s: {how}"
+    )
