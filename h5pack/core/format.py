@@ -13,7 +13,11 @@ Layout of a pack, version 1 (``[1.1]``: added in format 1.1, which readers of 1.
                                    chunk_bytes (blob storage: bytes per chunk, else 0),
                                    [1.1] pack_id (32 random hex digits, new at each
                                    conversion: which pack a reader holds),
-                                   [1.1] metadata_crc32 (JSON {name: 8 hex digits}, below)
+                                   [1.1] metadata_crc32 (JSON {name: 8 hex digits}, below),
+                                   [1.1, optional] shard (JSON, only in the shards of a
+                                   pack set: which slice of which split the pack holds,
+                                   ``core.packset.ShardIdentity``; readers that do not
+                                   know it ignore it)
     /images                 storage "array": uint8 (N, H, W, C), contiguous or chunked
                             storage "blob":  uint8 (total_bytes,), chunked by bytes
     /offsets                storage "blob" only: int64 (N + 1,), sample i's slot is
@@ -48,11 +52,11 @@ a 1.1 pack stores no variable-length data at all, and:
 
 - ``metadata_crc32`` records a CRC32 of every dataset a reader trusts besides the images
   (labels, classes, paths, shapes, checksums, source_index, offsets, sizes, sample_xxh3)
-  and of the text attributes ``options`` and ``skipped``. The bytes digested: numeric
-  datasets as their elements in C order, little-endian, in the dtype listed above; string
-  datasets as each element's bytes preceded by its length (uint32 little-endian); text
-  attributes as their UTF-8 bytes. ``read_meta`` checks all but ``paths`` (read lazily,
-  checked by ``read_paths``); ``h5pack verify`` checks all.
+  and of the text attributes ``options``, ``skipped`` and (when present) ``shard``. The
+  bytes digested: numeric datasets as their elements in C order, little-endian, in the
+  dtype listed above; string datasets as each element's bytes preceded by its length
+  (uint32 little-endian); text attributes as their UTF-8 bytes. ``read_meta`` checks all
+  but ``paths`` (read lazily, checked by ``read_paths``); ``h5pack verify`` checks all.
 - ``sample_xxh3`` lets readers check every sample they serve at memory speed (readers
   without xxhash, and 1.0 packs, check ``checksums``).
 - ``pack_id`` with the file's (device, inode, size, mtime) is a reader's
@@ -96,6 +100,8 @@ SKIPPED_KEY = "skipped"
 CHUNK_BYTES_KEY = "chunk_bytes"
 PACK_ID_KEY = "pack_id"
 METADATA_DIGESTS_KEY = "metadata_crc32"
+# Optional (a pack set's shards only): the shard's place in its split (core.packset).
+SHARD_KEY = "shard"
 
 # Dataset names.
 IMAGES = "images"
@@ -220,6 +226,8 @@ class PackMeta:
         damaged: Names whose digest did not match (only when read with
             ``check_digests=False``; otherwise ``read_meta`` raises).
         identity: Which file this was read from (None for a combined pack set).
+        shard: A pack set's shard: its ``shard`` attribute (the split it belongs to, see
+            ``core.packset.ShardIdentity``); empty for a pack that is no shard.
     """
 
     path: str
@@ -250,6 +258,7 @@ class PackMeta:
     digests: Mapping[str, str] = field(default_factory=dict)
     damaged: tuple[str, ...] = ()
     identity: PackIdentity | None = None
+    shard: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def fixed_shape(self) -> tuple[int, int, int] | None:
@@ -482,6 +491,7 @@ def read_meta(
         texts = {key: attrs.get(key) for key in (TOOL_VERSION_KEY, CREATED_KEY)}
         options_text = _attr_str(attrs, OPTIONS_KEY, path) if OPTIONS_KEY in attrs else "{}"
         skipped_text = _attr_str(attrs, SKIPPED_KEY, path) if SKIPPED_KEY in attrs else "[]"
+        shard_text = _attr_str(attrs, SHARD_KEY, path) if SHARD_KEY in attrs else None
         recorded = _digests(attrs, path, minor)
     mode = parse_choice(mode_text, MODES)
     storage = parse_choice(storage_text, STORAGES)
@@ -518,6 +528,8 @@ def read_meta(
     found[CLASSES] = classes_digest(classes)
     found[OPTIONS_KEY] = integrity.text_digest(options_text)
     found[SKIPPED_KEY] = integrity.text_digest(skipped_text)
+    if shard_text is not None:
+        found[SHARD_KEY] = integrity.text_digest(shard_text)
     damaged = damaged_names(recorded, found)
     if damaged and (check_digests or {OFFSETS, SIZES} & set(damaged)):
         raise FormatError(_damage_message(path, damaged))
@@ -555,6 +567,7 @@ def read_meta(
             SkippedFile(path=str(s["path"]), reason=str(s["reason"]))
             for s in json.loads(skipped_text)
         )
+        shard = json.loads(shard_text) if shard_text is not None else {}
     return PackMeta(
         path=path,
         format_version=version,
@@ -584,6 +597,7 @@ def read_meta(
         digests=recorded,
         damaged=damaged,
         identity=identity_of(handle, path),
+        shard=shard if isinstance(shard, dict) else {},
     )
 
 

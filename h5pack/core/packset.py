@@ -27,14 +27,28 @@ shard ``i`` taking positions ``shard_slice(N, i, num_shards)``. Machines that se
 folder therefore build shards that together hold every image exactly once, and the
 write-time shuffle is global across shards. A shard's ``source_index`` holds positions in
 the global sorted scan.
+
+Every shard records which slice of which split it holds, in the optional root attribute
+``format.SHARD_KEY`` (JSON, a format-1.1-compatible addition that other readers ignore,
+covered by ``metadata_crc32``)::
+
+    {"index": 3, "num_shards": 8,           # shard 3 of 8
+     "seed": 0, "shuffled": true,           # the write order that was split
+     "num_found": 1281167,                  # files in the sorted scan
+     "num_planned": 160146,                 # files of its slice (some may be skipped)
+     "slice_crc32": "5e6f7a8b"}             # ``slice_fingerprint`` of the slice
+
+A conversion that finds a shard under its name reuses it only when this identity, the class
+list and the conversion options are the ones it would write (``ShardIdentity``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +97,72 @@ def meta_digest(meta: PackMeta) -> str:
     crc = zlib.crc32("\n".join(meta.classes).encode(), crc)
     crc = zlib.crc32(f"{meta.num_samples}:{meta.mode}:{meta.storage}".encode(), crc)
     return f"{crc:08x}"
+
+
+def slice_fingerprint(labels: Iterable[int], relatives: Iterable[str]) -> str:
+    """Return a CRC32 (hex) of a slice's files: each one's label and relative path, in order."""
+    crc = 0
+    for label, relative in zip(labels, relatives, strict=True):
+        crc = zlib.crc32(b"%d\t%s\n" % (int(label), os.fsencode(relative)), crc)
+    return f"{crc:08x}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardIdentity:
+    """Which slice of which split a shard holds (its ``format.SHARD_KEY`` attribute).
+
+    Attributes:
+        index: The shard's index.
+        num_shards: Shards of the split.
+        seed: The write order's seed.
+        shuffled: Whether the write order was shuffled (else it is the scan order).
+        num_found: Files in the sorted scan that was split.
+        num_planned: Files of this shard's slice.
+        slice_crc32: ``slice_fingerprint`` of the slice's labels and paths.
+    """
+
+    index: int
+    num_shards: int
+    seed: int
+    shuffled: bool
+    num_found: int
+    num_planned: int
+    slice_crc32: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the identity as JSON-ready data."""
+        return {
+            "index": self.index,
+            "num_shards": self.num_shards,
+            "seed": self.seed,
+            "shuffled": self.shuffled,
+            "num_found": self.num_found,
+            "num_planned": self.num_planned,
+            "slice_crc32": self.slice_crc32,
+        }
+
+    def to_text(self) -> str:
+        """Return the attribute's text (JSON with sorted keys)."""
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    def differences(self, recorded: Mapping[str, Any]) -> list[str]:
+        """Return how a shard's recorded identity differs from this one (empty: the same).
+
+        Example:
+            >>> a = ShardIdentity(index=0, num_shards=2, seed=0, shuffled=True, num_found=9,
+            ...                   num_planned=4, slice_crc32="00000000")
+            >>> a.differences({**a.to_json(), "seed": 1})
+            ['seed 1, this conversion 0']
+        """
+        if not recorded:
+            return ["no shard identity (it is a plain pack, not a shard of a pack set)"]
+        return [
+            f"{key.replace('_', ' ')} {recorded.get(key)!r}, this conversion {value!r}"
+            if key != "slice_crc32"
+            else "other files in its slice (the folder changed since it was written)"
+            for key, value in self.to_json().items()
+            if recorded.get(key) != value
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,9 +238,14 @@ class PackSetManifest:
 
 
 def write_manifest(manifest: PackSetManifest) -> Path:
-    """Write ``manifest`` into its directory atomically (a temporary file, then a rename)."""
+    """Write ``manifest`` into its directory atomically (a temporary file, then a rename).
+
+    Several processes (an array job's last tasks, on several machines) may write the same
+    manifest at once: each writes its own temporary file (the pid alone can repeat across
+    machines) and the last rename wins.
+    """
     path = manifest.manifest_path
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.w{secrets.token_hex(4)}.tmp")
     text = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False)
     try:
         with open(temporary, "w", encoding="utf-8") as handle:

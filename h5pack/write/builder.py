@@ -110,6 +110,7 @@ class PackMetadata:
         offsets: Blob storage: int64 (N + 1,) slot boundaries, else None.
         sizes: Blob storage: int64 (N,) bytes of each sample, else None.
         blob_chunk_bytes: Bytes per chunk of a blob (0 for array storage).
+        shard: A pack set's shard: its identity as JSON text (``core.packset``), else None.
     """
 
     plan: StoragePlan
@@ -122,6 +123,7 @@ class PackMetadata:
     offsets: np.ndarray | None
     sizes: np.ndarray | None
     blob_chunk_bytes: int
+    shard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,12 @@ class PackBuilder:
                 arena.release(slot)
 
     def finish(
-        self, table: SampleTable, options: ConvertOptions, skipped: Sequence[SkippedFile]
+        self,
+        table: SampleTable,
+        options: ConvertOptions,
+        skipped: Sequence[SkippedFile],
+        *,
+        shard: str | None = None,
     ) -> Path:
         """Complete the images and write the metadata; return the finished file's path."""
         num = self.record.count
@@ -276,6 +283,7 @@ class PackBuilder:
             offsets=blob.final_offsets() if blob is not None else None,
             sizes=np.asarray(blob.sizes, dtype=np.int64) if blob is not None else None,
             blob_chunk_bytes=_final_chunk_bytes(self.images.spec, self.plan),
+            shard=shard,
         )
         write_metadata(self.handle, metadata)
         self.handle.close()
@@ -347,6 +355,8 @@ def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
     skipped_text = json.dumps([{"path": s.path, "reason": s.reason} for s in metadata.skipped])
     digests[fmt.OPTIONS_KEY] = integrity.text_digest(options_text)
     digests[fmt.SKIPPED_KEY] = integrity.text_digest(skipped_text)
+    if metadata.shard is not None:
+        digests[fmt.SHARD_KEY] = integrity.text_digest(metadata.shard)
     attrs = handle.attrs
     fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
     attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
@@ -360,6 +370,8 @@ def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
     fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     fmt.set_text(attrs, fmt.OPTIONS_KEY, options_text)
     fmt.set_text(attrs, fmt.SKIPPED_KEY, skipped_text)
+    if metadata.shard is not None:
+        fmt.set_text(attrs, fmt.SHARD_KEY, metadata.shard)
     attrs[fmt.CHUNK_BYTES_KEY] = metadata.blob_chunk_bytes
     fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
 
@@ -470,11 +482,13 @@ def build_pack(
     skipped: list[SkippedFile],
     emit: Callable[[ConvertEvent], None],
     overwrite: bool,
+    shard: str | None = None,
 ) -> Path:
     """Write a pack of the ``table``'s samples to a temporary file and publish it as ``target``.
 
     ``prepared`` yields the samples that were decoded (in write order, positions into
     ``table``); files it rejects are appended to ``skipped`` by the caller as they come.
+    ``shard`` is the identity a pack set's shard records (JSON text), or None.
     """
     allocate = len(table)
     builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
@@ -489,7 +503,7 @@ def build_pack(
                 )
             )
         skipped.sort(key=lambda s: os.fsencode(s.path))
-        finished = builder.finish(table, options, skipped)
+        finished = builder.finish(table, options, skipped, shard=shard)
     except H5PackError:
         raise  # some are OSErrors too (SourceError): they need no wrapping
     except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file

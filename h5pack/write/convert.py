@@ -64,6 +64,14 @@ from h5pack.write.publish import (
     check_target,
     sigterm_as_exit,
 )
+from h5pack.write.scan import (
+    ScanResult,
+    SourceFile,
+    file_sizes,
+    group_problems,
+    name_paths,
+    scan,
+)
 
 __all__ = ["ConvertEvent", "ConvertReport", "convert", "write_arrays"]
 
@@ -105,7 +113,7 @@ def convert(
     emit = on_event or (lambda event: None)
     step = progress or (lambda n: None)
     target_path = check_target(target, overwrite=overwrite)
-    _remove_leftovers(target_path, emit)
+    remove_leftovers_beside(target_path, emit)
     with sigterm_as_exit(), TempFiles(target_path) as temps:
         return _logged(_convert(source, target_path, options, temps, overwrite, emit, step))
 
@@ -120,11 +128,50 @@ def _convert(
     step: Callable[[int], None],
 ) -> ConvertReport:
     """Scan ``source`` and write the pack (``convert``, inside its lock and signal handler)."""
-    from h5pack.write.scan import file_sizes, group_problems, name_paths, scan
-
     started = time.perf_counter()
-    found = scan(source, labels_csv=options.labels_csv)
+    found, skipped = scan_source(source, options, emit)
     check_not_a_source(target_path, (f.path for f in found.files))
+    num = len(found.files)
+    order = write_order(num, options)
+    files = [found.files[i] for i in order]
+    workers = options.effective_workers
+    with worker_pool(workers) as executor:
+        sizes = probe_sizes(executor, files, workers, emit, step) if needs_probe(options) else None
+        plan = plan_storage(
+            options,
+            sizes,
+            num_samples=num,
+            sample_bytes=lambda limit: file_sizes(files[:limit]),
+        )
+        emit(ConvertEvent("mode", plan.reason))
+        emit(ConvertEvent("phase", "converting", total=num))
+        published = write_files(
+            target_path,
+            plan,
+            files,
+            sample_table(files, found.classes, order),
+            options=options,
+            executor=executor,
+            workers=workers,
+            temps=temps,
+            skipped=skipped,
+            emit=emit,
+            step=step,
+            overwrite=overwrite,
+        )
+    return make_report(published, plan, num, skipped, started)
+
+
+def scan_source(
+    source: StrPath, options: ConvertOptions, emit: Callable[[ConvertEvent], None]
+) -> tuple[ScanResult, list[SkippedFile]]:
+    """Scan ``source``; return the scan and the files it left out (announced through ``emit``).
+
+    Raises:
+        SourceError: the source is missing or holds no image.
+        DecodeError: with ``strict``, the first file the scan left out.
+    """
+    found = scan(source, labels_csv=options.labels_csv)
     labelled = f" in {len(found.classes)} classes" if found.classes else " (unlabelled)"
     emit(
         ConvertEvent(
@@ -134,6 +181,20 @@ def _convert(
         )
     )
     skipped: list[SkippedFile] = []
+    # One warning per kind of scan problem (a hundred stray files make one line), every
+    # file recorded.
+    for reason, paths in group_problems(found.problems):
+        if options.strict:
+            _rejecter(options, skipped, emit)(paths[0], reason)
+        skipped.extend(SkippedFile(path, reason) for path in paths)
+        emit(ConvertEvent("skipped", f"skipped {name_paths(paths)}: {reason}", path=paths[0]))
+    return found, skipped
+
+
+def _rejecter(
+    options: ConvertOptions, skipped: list[SkippedFile], emit: Callable[[ConvertEvent], None]
+) -> Callable[[str, str], None]:
+    """Return what a conversion does with a file it cannot pack: record it, or stop."""
 
     def reject(path: str, reason: str) -> None:
         if options.strict:
@@ -141,43 +202,78 @@ def _convert(
         skipped.append(SkippedFile(path, reason))
         emit(ConvertEvent("skipped", f"skipped {path}: {reason}", path=path))
 
-    # One warning per kind of scan problem (a hundred stray files make one line), every
-    # file recorded.
-    for reason, paths in group_problems(found.problems):
-        if options.strict:
-            reject(paths[0], reason)
-        skipped.extend(SkippedFile(path, reason) for path in paths)
-        emit(ConvertEvent("skipped", f"skipped {name_paths(paths)}: {reason}", path=paths[0]))
-    num = len(found.files)
-    order = write_order(num, options)
-    files = [found.files[i] for i in order]
-    workers = options.effective_workers
-    arenas: list[Arena] = []
+    return reject
+
+
+def needs_probe(options: ConvertOptions) -> bool:
+    """Return whether planning needs every image's size (read from its header)."""
+    return options.mode != "encoded" and options.size is None
+
+
+def sample_table(
+    files: Sequence[SourceFile], classes: Sequence[str], order: np.ndarray
+) -> SampleTable:
+    """Return the table of ``files`` (in write order; ``order`` their scan positions)."""
+    return SampleTable(
+        labels=np.asarray([f.label for f in files], dtype=np.int64),
+        classes=tuple(classes),
+        paths=[f.relative for f in files],
+        source_index=np.asarray(order, dtype=np.int64),
+    )
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[Any]:
+    """Lend the pool that decodes and compresses (``workers`` processes; inline for 1).
+
+    Raises:
+        H5PackError: a worker process died.
+    """
     executor = make_executor(workers)
     try:
-        sizes = None
-        if options.mode != "encoded" and options.size is None:
-            sizes = _probe(executor, files, workers, emit, step)
-        plan = plan_storage(
-            options,
-            sizes,
-            num_samples=num,
-            sample_bytes=lambda limit: file_sizes(files[:limit]),
-        )
-        emit(ConvertEvent("mode", plan.reason))
-        emit(ConvertEvent("phase", "converting", total=num))
+        yield executor
+    except BrokenExecutor as err:
+        raise H5PackError(
+            "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
+            "memory); rerun with --workers 1 to see where"
+        ) from err
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def write_files(
+    target_path: Path,
+    plan: StoragePlan,
+    files: Sequence[SourceFile],
+    table: SampleTable,
+    *,
+    options: ConvertOptions,
+    executor: Any,
+    workers: int,
+    temps: TempFiles,
+    skipped: list[SkippedFile],
+    emit: Callable[[ConvertEvent], None],
+    step: Callable[[int], None],
+    overwrite: bool,
+    shard: str | None = None,
+) -> Path:
+    """Decode ``files`` (in write order) in ``executor`` and publish their pack as ``target_path``.
+
+    Files that cannot be packed are appended to ``skipped`` (or stop the conversion with
+    ``strict``); ``shard`` is the identity a pack set's shard records (JSON text).
+
+    Raises:
+        H5PackError: the pack cannot be written (one line for a full or read-only disk).
+    """
+    reject = _rejecter(options, skipped, emit)
+    arenas: list[Arena] = []
+    try:
         samples_arena = blocks_arena = None
         if workers > 1:
             samples_arena = _open_arena(executor, 2 * workers, sample_slot_bytes(plan))
             if plan.spec.compressed:
                 blocks_arena = _open_arena(executor, workers + 1, block_slot_bytes(plan))
             arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
-        table = SampleTable(
-            labels=np.asarray([f.label for f in files], dtype=np.int64),
-            classes=tuple(found.classes),
-            paths=[f.relative for f in files],
-            source_index=order,
-        )
         prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
         published = build_pack(
             target_path,
@@ -190,26 +286,21 @@ def _convert(
             skipped=skipped,
             emit=emit,
             overwrite=overwrite,
+            shard=shard,
         )
-    except BrokenExecutor as err:
-        raise H5PackError(
-            "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
-            "memory); rerun with --workers 1 to see where"
-        ) from err
     except H5PackError as err:
         clean = _disk_error(err, target_path)
         if clean is None:
             raise
         raise clean from err
     finally:
-        executor.shutdown(wait=True, cancel_futures=True)
         for arena in arenas:
             arena.close()
     temps.release_reserved(published)
-    return make_report(published, plan, num, skipped, started)
+    return published
 
 
-def _remove_leftovers(target: Path, emit: Callable[[ConvertEvent], None]) -> None:
+def remove_leftovers_beside(target: Path, emit: Callable[[ConvertEvent], None]) -> None:
     """Remove what killed conversions left beside ``target`` and in shared memory; say so."""
     removed = remove_leftovers(target.parent) + remove_leftover_segments()
     if removed:
@@ -380,7 +471,7 @@ def _prepared(
         step(len(results))
 
 
-def _probe(
+def probe_sizes(
     executor: Any,
     files: Sequence[Any],
     workers: int,
@@ -444,7 +535,7 @@ def write_arrays(
     options = options or ConvertOptions()
     emit = on_event or (lambda event: None)
     target_path = check_target(target, overwrite=overwrite)
-    _remove_leftovers(target_path, emit)
+    remove_leftovers_beside(target_path, emit)
     num = len(samples)
     label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
     names = list(paths) if paths is not None else [f"sample-{i:06d}" for i in range(num)]

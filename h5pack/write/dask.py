@@ -1,0 +1,197 @@
+"""Sharded conversion on a Dask cluster: one task per shard, the manifest on the client.
+
+The client scans the folder once and splits it (``shards.split_source``); image sizes, when
+the plan needs them, are probed by one Dask task per shard. Each shard is then one task
+that receives everything it needs (its files in write order, their scan positions, the
+global classes, the options, the sizes: ``shards.ShardTask``) and writes its pack beside
+the others, with the same reuse check and atomic publish as ``convert_set``. The client
+writes the manifest once every task is done. Workers must see the source folder and the
+output directory at the same paths as the client (a shared file system).
+
+NOTE [ One shard per Dask worker process ]: a task converts in its worker's process
+(``workers=1``): Dask's worker processes are daemonic and cannot start a process pool, and
+the parallelism is Dask's own (one process per core: ``--nworkers N --nthreads 1``, or
+``LocalCluster(processes=True, threads_per_worker=1)``). A process converts one shard at a
+time (the compression scratch file of ``pipeline`` is per process), so extra threads per
+worker add nothing.
+
+``distributed`` is imported when used: ``pip install 'h5pack[dask]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from h5pack._types import StrPath
+from h5pack.core.machine import available_cores
+from h5pack.core.packset import shard_name
+from h5pack.errors import H5PackError
+from h5pack.write.builder import ConvertEvent
+from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_pool
+from h5pack.write.options import ConvertOptions
+from h5pack.write.pipeline import probe_batch
+from h5pack.write.shards import (
+    PackSetReport,
+    ShardReport,
+    ShardTask,
+    finish_set,
+    prepare_out_dir,
+    split_source,
+    write_shard,
+)
+
+__all__ = ["convert_on_dask", "dask_client"]
+
+INSTALL_HINT = "pip install 'h5pack[dask]'"
+
+# One shard at a time per process (NOTE [ One shard per Dask worker process ]).
+_ONE_SHARD = threading.Lock()
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as err:
+        raise H5PackError(
+            f"--dask needs Dask's distributed scheduler, which is not installed: {INSTALL_HINT}"
+        ) from err
+    return distributed
+
+
+@contextlib.contextmanager
+def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
+    """Lend a ``distributed.Client``: of the scheduler at ``address``, or of a LocalCluster.
+
+    Args:
+        address: A scheduler's address (``tcp://host:8786``), or ``"local"`` for a
+            ``LocalCluster`` of ``workers`` processes (default: one per core) of one thread.
+        workers: Processes of the LocalCluster.
+
+    Raises:
+        H5PackError: ``distributed`` is missing, or the scheduler cannot be reached.
+    """
+    distributed = _distributed()
+    if address == "local":
+        cluster = distributed.LocalCluster(
+            n_workers=workers or available_cores(),
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+        )
+        with cluster, distributed.Client(cluster) as client:
+            yield client
+        return
+    try:
+        client = distributed.Client(address, timeout="30s")
+    except (OSError, TimeoutError) as err:
+        raise H5PackError(f"cannot reach the Dask scheduler at {address} ({err})") from err
+    with client:
+        yield client
+
+
+def probe_files(items: list[tuple[str, str]]) -> Counter[tuple[int, int]]:
+    """Return how many of the ``(path, relative path)`` images have each (H, W) (a Dask task)."""
+    sizes: Counter[tuple[int, int]] = Counter()
+    for lo in range(0, len(items), 64):
+        sizes.update(size for size in probe_batch(items[lo : lo + 64]) if size is not None)
+    return sizes
+
+
+def run_shard(task: ShardTask) -> ShardReport:
+    """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
+    with _ONE_SHARD, worker_pool(1) as executor:
+        report, _ = write_shard(task, executor=executor, workers=1, emit=_ignore, step=_ignore)
+    return report
+
+
+def _ignore(_: Any) -> None:
+    return None
+
+
+def convert_on_dask(
+    client: Any,
+    source: StrPath,
+    out_dir: StrPath,
+    options: ConvertOptions | None = None,
+    *,
+    shards: int,
+    overwrite: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_event: Callable[[ConvertEvent], None] | None = None,
+) -> PackSetReport:
+    """Pack ``source`` into a pack set of ``shards`` shards, one Dask task per shard.
+
+    Args:
+        client: A ``distributed.Client``; its workers must see ``source`` and ``out_dir``
+            at the same paths.
+        source: The image folder.
+        out_dir: The pack set's directory.
+        options: How to convert (``workers`` is not used: each task runs in its worker).
+        shards: Shards of the split (more shards than workers balance better).
+        overwrite: Replace shards (and a manifest) that do not match.
+        progress: Called with the images of each shard as it completes.
+        on_event: Called with each ``ConvertEvent``.
+
+    Returns:
+        What was written or reused, and the manifest's path.
+
+    Raises:
+        TargetExistsError: a shard exists that does not match, without ``overwrite``.
+        H5PackError: a task failed (its error is raised here).
+    """
+    options = options or ConvertOptions()
+    emit = on_event or _ignore
+    step = progress or _ignore
+    started = time.perf_counter()
+    distributed = _distributed()
+    out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
+    out = Path(os.path.abspath(out))  # the workers may run elsewhere
+    remove_leftovers_beside(out / shard_name(0, shards), emit)
+    split = split_source(os.path.abspath(source), options, shards, emit)
+    sizes: Counter[tuple[int, int]] | None = None
+    if needs_probe(options):
+        emit(ConvertEvent("note", f"reading image sizes in {shards} Dask tasks"))
+        slices = []
+        for i in range(shards):
+            lo, hi = split.bounds(i)
+            slices.append([(os.fspath(f.path), f.relative) for f in split.files[lo:hi]])
+        sizes = sum(client.gather(client.map(probe_files, slices, pure=False)), Counter())
+    estimate = split.estimate_bytes()
+    tasks = [
+        split.task(i, out, sizes=sizes, estimate_bytes=estimate, overwrite=overwrite)
+        for i in range(shards)
+    ]
+    reason = (
+        tasks[0]
+        .plan()
+        .reason.replace(f"all {tasks[0].plan_samples} images", f"all {len(split.files)} images")
+    )
+    emit(ConvertEvent("mode", reason))
+    emit(ConvertEvent("phase", f"converting {shards} shards on Dask", total=len(split.files)))
+    futures = client.map(run_shard, tasks, pure=False)
+    reports: dict[int, ShardReport] = {}
+    try:
+        for future in distributed.as_completed(futures):
+            report = future.result()
+            reports[report.index] = report
+            step(report.num_planned)
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+    manifest, missing = finish_set(out, split, {}, emit)
+    return PackSetReport(
+        root=os.fspath(out),
+        num_shards=shards,
+        num_found=len(split.files),
+        shards=tuple(reports[i] for i in sorted(reports)),
+        manifest=os.fspath(manifest) if manifest is not None else None,
+        missing=missing,
+        reason=reason,
+        elapsed_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,564 @@
+"""Sharded conversion: an image folder into a pack set (shard packs and a manifest).
+
+The split is a pure function of the sorted scan and the seed (``core.packset``): the write
+order of a plain conversion is cut into ``num_shards`` consecutive slices, shard ``i``
+taking ``shard_slice(N, i, num_shards)``. So processes that see the same folder (a
+``--shards N`` run here, ``--shard I/N`` tasks of a Slurm array or torchrun ranks, Dask
+tasks) build shards that together hold every image exactly once, shuffled globally, with
+the global class list in every shard and ``source_index`` in global scan positions. Files
+that the scan leaves out (stray files...) are recorded in shard 0 only, so the union of
+the shards' skipped lists is the conversion's.
+
+Every shard is published like a pack of ``convert`` (a temporary file renamed into place
+when complete) and records its place in the split (``core.packset.ShardIdentity``). A
+shard found under its name is reused when it verifies and is the same slice of the same
+split converted with the same options; otherwise it is refused, naming it, or replaced
+with ``overwrite``. The manifest is written last, atomically, once every shard is there
+and matches: after a ``--shards N`` run, or by whichever ``--shard I/N`` process finds the
+set complete (several may: they write the same manifest).
+
+NOTE [ One plan for every shard ]: the storage (mode, array or blob, chunk shape, a blob's
+chunk bytes) is planned once from the whole folder, not per shard, so that every shard of
+a set has the same storage (readers and ``merge`` need it): image sizes are probed over all
+files (pass ``--size`` or ``--mode encoded`` to skip the probe), chunk rows are sized for
+the largest shard, and a blob's chunk from the first files of the global write order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from h5pack._types import StrPath
+from h5pack._version import __version__
+from h5pack.core import format as fmt
+from h5pack.core.format import PackMeta, SkippedFile
+from h5pack.core.packset import (
+    MANIFEST_NAME,
+    PackSetManifest,
+    ShardEntry,
+    ShardIdentity,
+    load_manifest,
+    meta_digest,
+    shard_name,
+    shard_slice,
+    slice_fingerprint,
+    write_manifest,
+)
+from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsError
+from h5pack.write.builder import ConvertEvent, write_order
+from h5pack.write.convert import (
+    needs_probe,
+    probe_sizes,
+    remove_leftovers_beside,
+    sample_table,
+    scan_source,
+    worker_pool,
+    write_files,
+)
+from h5pack.write.options import ConvertOptions
+from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
+from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
+from h5pack.write.scan import SourceFile, file_sizes
+
+__all__ = ["PackSetReport", "ShardReport", "ShardTask", "SourceSplit", "convert_set"]
+
+Emit = Callable[[ConvertEvent], None]
+Step = Callable[[int], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardReport:
+    """What became of one shard.
+
+    Attributes:
+        index: The shard's index.
+        path: Its pack.
+        status: ``"written"`` by this run, or ``"reused"`` (it was there and matched).
+        num_samples: Samples it holds.
+        num_planned: Files of its slice.
+        file_bytes: Its size.
+        elapsed_s: Time spent on it in this run.
+        skipped: Files of its slice left out (shard 0: the scan's problems too).
+    """
+
+    index: int
+    path: str
+    status: Literal["written", "reused"]
+    num_samples: int
+    num_planned: int
+    file_bytes: int
+    elapsed_s: float
+    skipped: tuple[SkippedFile, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackSetReport:
+    """What a sharded conversion did.
+
+    Attributes:
+        root: The pack set's directory.
+        num_shards: Shards of the split.
+        num_found: Files found by the scan.
+        shards: The shards this run handled, in order.
+        manifest: The manifest's path, or None while shards are missing.
+        missing: Shards not (yet) there or not matching this split (none once complete).
+        reason: The storage chosen, and why.
+        elapsed_s: Wall time of the run.
+    """
+
+    root: str
+    num_shards: int
+    num_found: int
+    shards: tuple[ShardReport, ...]
+    manifest: str | None
+    missing: tuple[int, ...]
+    reason: str
+    elapsed_s: float
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the shards this run handled."""
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def skipped(self) -> tuple[SkippedFile, ...]:
+        """Files left out by the shards this run handled."""
+        return tuple(item for s in self.shards for item in s.skipped)
+
+    @property
+    def images_per_s(self) -> float:
+        """Files converted per second (shards written by this run, over the whole run)."""
+        done = sum(s.num_planned for s in self.shards if s.status == "written")
+        return done / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardTask:
+    """Everything one shard's conversion needs (picklable: Dask ships it to a worker).
+
+    Attributes:
+        target: The shard's pack.
+        identity: Its place in the split.
+        files: Its files, in write order.
+        positions: Their positions in the global sorted scan.
+        classes: The global class list.
+        options: The conversion options.
+        sizes: Image sizes over the whole folder (None when not needed).
+        estimate_bytes: File sizes of the first files of the global write order (a blob's
+            chunk is chosen from them), or None.
+        plan_samples: Samples of the largest shard (chunk rows are sized for it).
+        problems: The scan's problems (shard 0), else empty.
+        overwrite: Replace a shard that does not match.
+    """
+
+    target: Path
+    identity: ShardIdentity
+    files: tuple[SourceFile, ...]
+    positions: np.ndarray
+    classes: tuple[str, ...]
+    options: ConvertOptions
+    sizes: Counter[tuple[int, int]] | None
+    estimate_bytes: np.ndarray | None
+    plan_samples: int
+    problems: tuple[SkippedFile, ...]
+    overwrite: bool
+
+    def plan(self) -> StoragePlan:
+        """Return the storage of the shard (the same for every shard of the set)."""
+
+        def sample_bytes(limit: int | None) -> np.ndarray:
+            if limit is None:  # a contiguous blob's length: this shard's files
+                return file_sizes(self.files)
+            if self.estimate_bytes is not None:
+                return self.estimate_bytes[:limit]
+            return file_sizes(self.files[:limit])
+
+        return plan_storage(
+            self.options, self.sizes, num_samples=self.plan_samples, sample_bytes=sample_bytes
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSplit:
+    """A scanned folder and its split into shards (what every shard is computed from).
+
+    Attributes:
+        root: The scanned folder.
+        files: Every file, in the global write order.
+        order: Their positions in the sorted scan.
+        classes: The global class list.
+        problems: Files the scan left out.
+        num_shards: Shards of the split.
+        options: The conversion options.
+    """
+
+    root: Path
+    files: tuple[SourceFile, ...]
+    order: np.ndarray
+    classes: tuple[str, ...]
+    problems: tuple[SkippedFile, ...]
+    num_shards: int
+    options: ConvertOptions
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        """Return the write-order positions ``[lo, hi)`` of shard ``index``."""
+        return shard_slice(len(self.files), index, self.num_shards)
+
+    def identity(self, index: int) -> ShardIdentity:
+        """Return the identity shard ``index`` records."""
+        lo, hi = self.bounds(index)
+        files = self.files[lo:hi]
+        return ShardIdentity(
+            index=index,
+            num_shards=self.num_shards,
+            seed=self.options.seed,
+            shuffled=self.options.shuffle_samples,
+            num_found=len(self.files),
+            num_planned=hi - lo,
+            slice_crc32=slice_fingerprint((f.label for f in files), (f.relative for f in files)),
+        )
+
+    def estimate_bytes(self) -> np.ndarray | None:
+        """Return the file sizes a blob's chunk is chosen from (NOTE [ One plan ... ])."""
+        if self.options.size is not None:
+            return None  # an array: no blob
+        return file_sizes(self.files[:ESTIMATE_SAMPLES])
+
+    def task(
+        self,
+        index: int,
+        out_dir: Path,
+        *,
+        sizes: Counter[tuple[int, int]] | None,
+        estimate_bytes: np.ndarray | None,
+        overwrite: bool,
+    ) -> ShardTask:
+        """Return shard ``index``'s task."""
+        lo, hi = self.bounds(index)
+        return ShardTask(
+            target=out_dir / shard_name(index, self.num_shards),
+            identity=self.identity(index),
+            files=self.files[lo:hi],
+            positions=self.order[lo:hi],
+            classes=self.classes,
+            options=self.options,
+            sizes=sizes,
+            estimate_bytes=estimate_bytes,
+            plan_samples=-(-len(self.files) // self.num_shards),
+            problems=self.problems if index == 0 else (),
+            overwrite=overwrite,
+        )
+
+
+def split_source(
+    source: StrPath, options: ConvertOptions, num_shards: int, emit: Emit
+) -> SourceSplit:
+    """Scan ``source`` and split its write order into ``num_shards`` shards.
+
+    Raises:
+        OptionsError: more shards than images.
+        SourceError: the source is missing or holds no image.
+    """
+    found, skipped = scan_source(source, options, emit)
+    num = len(found.files)
+    if num_shards > num:
+        raise OptionsError(
+            f"--shards {num_shards} is more than the {num} images found under {found.root}: "
+            f"use at most {num} shards"
+        )
+    order = write_order(num, options)
+    return SourceSplit(
+        root=found.root,
+        files=tuple(found.files[i] for i in order),
+        order=order,
+        classes=tuple(found.classes),
+        problems=tuple(skipped),
+        num_shards=num_shards,
+        options=options,
+    )
+
+
+def prepare_out_dir(
+    out_dir: StrPath, num_shards: int, options: ConvertOptions, *, overwrite: bool
+) -> Path:
+    """Create the pack set's directory; refuse one that holds another split's manifest.
+
+    With ``overwrite``, such a manifest is removed (the new one is written at the end).
+
+    Raises:
+        OptionsError: ``out_dir`` is a file, or its parent does not exist.
+        TargetExistsError: it holds the manifest of another split and not ``overwrite``.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OptionsError(f"{out} is a file; a pack set is written into a directory")
+    if not out.parent.is_dir():
+        raise OptionsError(f"{out.parent} is not a directory; create it first")
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as err:
+        raise H5PackError(f"cannot create {out}: {err.strerror or err}") from err
+    manifest = out / MANIFEST_NAME
+    if not manifest.exists():
+        return out
+    try:
+        other = load_manifest(manifest)
+        same = (other.num_shards, other.seed) == (num_shards, options.seed) and [
+            e.path for e in other.shards
+        ] == [shard_name(i, num_shards) for i in range(num_shards)]
+        what = f"a pack set of {other.num_shards} shards (seed {other.seed})"
+    except FormatError as err:
+        same, what = False, f"a manifest that cannot be read ({err})"
+    if same:
+        return out
+    if not overwrite:
+        raise TargetExistsError(
+            f"{manifest} describes {what}, not --shards {num_shards} --seed {options.seed}; "
+            "convert into another directory, or pass --overwrite to replace it"
+        )
+    manifest.unlink(missing_ok=True)
+    return out
+
+
+def convert_set(
+    source: StrPath,
+    out_dir: StrPath,
+    options: ConvertOptions | None = None,
+    *,
+    shards: int,
+    only: int | None = None,
+    overwrite: bool = False,
+    progress: Step | None = None,
+    on_event: Emit | None = None,
+) -> PackSetReport:
+    """Pack the image folder ``source`` into a pack set of ``shards`` shards in ``out_dir``.
+
+    Args:
+        source: An image folder, as for ``convert``.
+        out_dir: The pack set's directory (created if missing; its parent must exist).
+        options: How to convert (default ``ConvertOptions()``).
+        shards: Shards of the split.
+        only: Build only this shard (one process per shard: a Slurm array task, a
+            torchrun rank); the manifest is then written if every shard is there.
+        overwrite: Replace shards (and a manifest) that do not match this conversion.
+        progress: Called with the number of steps just done in the current phase.
+        on_event: Called with each ``ConvertEvent``.
+
+    Returns:
+        What was written or reused, and the manifest's path once the set is complete.
+
+    Raises:
+        TargetExistsError: a shard (or manifest) exists that does not match, without
+            ``overwrite``; the message names it.
+        OptionsError: bad ``shards``/``only``, or more shards than images.
+        SourceError, DecodeError: as ``convert``.
+    """
+    options = options or ConvertOptions()
+    emit = on_event or (lambda event: None)
+    step = progress or (lambda n: None)
+    started = time.perf_counter()
+    indices = _indices(shards, only)
+    out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
+    remove_leftovers_beside(out / shard_name(0, shards), emit)
+    split = split_source(source, options, shards, emit)
+    workers = options.effective_workers
+    reports: list[ShardReport] = []
+    metas: dict[int, PackMeta] = {}
+    with worker_pool(workers) as executor:
+        sizes = None
+        if needs_probe(options):
+            sizes = probe_sizes(executor, split.files, workers, emit, step)
+        estimate = split.estimate_bytes()
+        tasks = [
+            split.task(i, out, sizes=sizes, estimate_bytes=estimate, overwrite=overwrite)
+            for i in indices
+        ]
+        # Planned for the largest shard (NOTE [ One plan for every shard ]); said of all.
+        reason = tasks[0].plan().reason.replace(
+            f"all {tasks[0].plan_samples} images", f"all {len(split.files)} images"
+        )
+        emit(ConvertEvent("mode", reason))
+        for task in tasks:
+            report, meta = write_shard(
+                task, executor=executor, workers=workers, emit=emit, step=step
+            )
+            reports.append(report)
+            metas[task.identity.index] = meta
+    manifest, missing = finish_set(out, split, metas, emit)
+    return PackSetReport(
+        root=os.fspath(out),
+        num_shards=shards,
+        num_found=len(split.files),
+        shards=tuple(reports),
+        manifest=os.fspath(manifest) if manifest is not None else None,
+        missing=missing,
+        reason=reason,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _indices(shards: int, only: int | None) -> list[int]:
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise OptionsError(f"--shards (shards=) should be a positive integer, but got {shards!r}")
+    if only is None:
+        return list(range(shards))
+    shard_slice(shards, only, shards)  # raises for an index out of range, naming --shard I/N
+    return [only]
+
+
+def write_shard(
+    task: ShardTask, *, executor: Any, workers: int, emit: Emit, step: Step
+) -> tuple[ShardReport, PackMeta]:
+    """Reuse shard ``task`` if it is there and matches, else write it; return it and its meta.
+
+    Raises:
+        TargetExistsError: the shard exists, does not match and not ``task.overwrite``.
+    """
+    started = time.perf_counter()
+    identity = task.identity
+    where = f"shard {identity.index}/{identity.num_shards}"
+    meta = reusable_shard(task, emit)
+    if meta is None:
+        target = task.target
+        emit(ConvertEvent("phase", f"{where}: converting", total=len(task.files)))
+        skipped = list(task.problems)
+        with sigterm_as_exit(), TempFiles(target) as temps:
+            check_not_a_source(target, (f.path for f in task.files))
+            write_files(
+                target,
+                task.plan(),
+                task.files,
+                sample_table(task.files, task.classes, task.positions),
+                options=task.options,
+                executor=executor,
+                workers=workers,
+                temps=temps,
+                skipped=skipped,
+                emit=emit,
+                step=step,
+                overwrite=True,  # a shard there was checked above: it did not match
+                shard=identity.to_text(),
+            )
+        meta = fmt.load_meta(target)
+        status: Literal["written", "reused"] = "written"
+    else:
+        status = "reused"
+    report = ShardReport(
+        index=identity.index,
+        path=os.fspath(task.target),
+        status=status,
+        num_samples=meta.num_samples,
+        num_planned=identity.num_planned,
+        file_bytes=task.target.stat().st_size,
+        elapsed_s=time.perf_counter() - started,
+        skipped=meta.skipped,
+    )
+    return report, meta
+
+
+def shard_problems(
+    path: Path, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
+) -> tuple[PackMeta | None, list[str]]:
+    """Return a shard's metadata and how it differs from what this conversion would write."""
+    try:
+        with fmt.open_h5(path) as handle:
+            meta = fmt.read_meta(handle, os.fspath(path))
+            fmt.read_paths(handle, meta)
+    except FormatError as err:
+        return None, [f"it cannot be read ({err})"]
+    problems = identity.differences(meta.shard)
+    if meta.classes != tuple(classes):
+        problems.append("another class list (the class folders changed)")
+    recorded, wanted = _content_options(meta.options), _content_options(options.to_json())
+    changed = sorted(k for k in recorded.keys() | wanted.keys() if recorded.get(k) != wanted.get(k))
+    if changed:
+        problems.append(
+            "other options ("
+            + ", ".join(f"{k}: {recorded.get(k)!r}, now {wanted.get(k)!r}" for k in changed)
+            + ")"
+        )
+    return meta, problems
+
+
+def _content_options(options: Any) -> dict[str, Any]:
+    """Return the options that decide a pack's content (``workers`` does not)."""
+    import json
+
+    data = json.loads(json.dumps(dict(options)))
+    data.pop("workers", None)
+    return dict(data)
+
+
+def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
+    """Return the metadata of ``task``'s shard if it is there and matches, else None.
+
+    Raises:
+        TargetExistsError: it is there, does not match, and not ``task.overwrite``.
+    """
+    if not task.target.exists():
+        return None
+    meta, problems = shard_problems(task.target, task.identity, task.options, task.classes)
+    if not problems:
+        return meta
+    where = f"shard {task.identity.index}/{task.identity.num_shards}"
+    detail = "; ".join(problems)
+    if not task.overwrite:
+        raise TargetExistsError(
+            f"{task.target} exists but is not {where} of this conversion ({detail}); pass "
+            "--overwrite to rebuild it, or convert into another directory"
+        )
+    emit(ConvertEvent("note", f"replacing {task.target}: {detail}"))
+    return None
+
+
+def finish_set(
+    out: Path, split: SourceSplit, metas: dict[int, PackMeta], emit: Emit
+) -> tuple[Path | None, tuple[int, ...]]:
+    """Write the manifest if every shard is there and matches; return it and what is missing.
+
+    ``metas`` holds the shards this process wrote or checked; the others are checked here.
+    """
+    n = split.num_shards
+    missing = tuple(i for i in range(n) if i not in metas and not (out / shard_name(i, n)).exists())
+    if missing:
+        return None, missing
+    entries = []
+    for i in range(n):
+        path = out / shard_name(i, n)
+        meta = metas.get(i)
+        if meta is None:
+            meta, problems = shard_problems(path, split.identity(i), split.options, split.classes)
+            if problems or meta is None:
+                emit(ConvertEvent("note", f"{path} does not match: {'; '.join(problems)}"))
+                missing += (i,)
+                continue
+        entries.append(
+            ShardEntry(
+                path=path.name,
+                num_samples=meta.num_samples,
+                file_bytes=path.stat().st_size,
+                digest=meta_digest(meta),
+            )
+        )
+    if missing:
+        return None, missing
+    manifest = PackSetManifest(
+        root=out,
+        shards=tuple(entries),
+        classes=split.classes,
+        num_samples=sum(e.num_samples for e in entries),
+        seed=split.options.seed,
+        num_shards=n,
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__,
+    )
+    return write_manifest(manifest), ()
