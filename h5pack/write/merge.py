@@ -49,6 +49,7 @@ from h5pack.core.layout import FILTER_NAMES
 from h5pack.core.packset import check_shard, is_packset, load_manifest, meta_digest
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.write.builder import ConvertEvent, _write_paths, create_file
+from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.publish import (
     TempFiles,
     check_not_a_source,
@@ -576,11 +577,13 @@ def merge_packs(
     paths, manifest = source_paths(sources)
     check_not_a_source(target_path, paths)
     shards = load_shards(paths, manifest)
+    emit = on_event or (lambda event: None)
+    removed = remove_leftovers(target_path.parent)  # of a merge or conversion killed there
+    if removed:
+        emit(ConvertEvent("note", describe_removed(removed)))
     total = sum(s.meta.num_samples for s in shards)
     what = "writing a virtual view of" if virtual else "merging"
-    (on_event or (lambda event: None))(
-        ConvertEvent("phase", f"{what} {len(shards)} packs", total=total)
-    )
+    emit(ConvertEvent("phase", f"{what} {len(shards)} packs", total=total))
     with sigterm_as_exit(), TempFiles(target_path) as temps:
         counts = _Counts()
         temp = temps.add(temp_path(target_path))

@@ -1,0 +1,403 @@
+"""write/merge.py and ``h5pack merge``: a merge equals a direct conversion; refusals; publish.
+
+Shards are built with ``write_arrays`` in the given order (no shuffle), so the direct
+conversion of all samples is the reference: same pixels, labels, paths and classes, in the
+same order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from h5pack import FormatError, TargetExistsError, merge_packs
+from h5pack.cli.main import cli
+from h5pack.core import format as fmt
+from h5pack.core.layout import Compression, chunk_map_of
+from h5pack.core.packset import PackSetManifest, ShardEntry, meta_digest, write_manifest
+from h5pack.read.reader import PackReader
+from h5pack.write.convert import write_arrays
+from h5pack.write.options import ConvertOptions
+from tests.helpers import png
+
+CLASSES = ("ant", "bee", "cat")
+ZSTD = Compression(codec="zstd")
+
+
+def fixed(num: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(num)]
+
+
+def varied(num: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        rng.integers(0, 256, (int(rng.integers(3, 12)), 5, 3), dtype=np.uint8) for _ in range(num)
+    ]
+
+
+def encoded(num: int, seed: int = 0) -> list[bytes]:
+    return [png(a) for a in varied(num, seed)]
+
+
+def build(
+    tmp_path: Path, samples: list, counts: list[int], name: str = "shard", **options: object
+) -> tuple[list[Path], Path]:
+    """Write ``samples`` as shards of ``counts`` samples and as one direct pack."""
+    num = sum(counts)
+    labels = [i % len(CLASSES) for i in range(num)]
+    paths = [f"{CLASSES[i % 3]}/{i:04d}.png" for i in range(num)]
+    opts = ConvertOptions(shuffle_samples=False, **options)  # type: ignore[arg-type]
+    shards, lo = [], 0
+    for k, count in enumerate(counts):
+        path = tmp_path / f"{name}-{k}.h5"
+        hi = lo + count
+        write_arrays(
+            path, samples[lo:hi], labels[lo:hi], classes=CLASSES, paths=paths[lo:hi], options=opts
+        )
+        shards.append(path)
+        lo = hi
+    direct = tmp_path / f"{name}-direct.h5"
+    write_arrays(direct, samples, labels, classes=CLASSES, paths=paths, options=opts)
+    return shards, direct
+
+
+def assert_same(merged: Path, direct: Path) -> None:
+    """The merged pack serves what the direct conversion serves, and verifies."""
+    with PackReader(merged) as a, PackReader(direct) as b:
+        num = len(b)
+        assert len(a) == num
+        assert a.meta.classes == b.meta.classes
+        assert a.paths == b.paths
+        np.testing.assert_array_equal(a.meta.labels, b.meta.labels)
+        np.testing.assert_array_equal(a.meta.shapes, b.meta.shapes)
+        for x, y in zip(a.read_images(range(num)), b.read_images(range(num)), strict=True):
+            np.testing.assert_array_equal(x, y)
+        # every chunk group read whole, each sample checked against its digest on the way
+        seen = [i for indices, _ in a.iter_chunks() for i in indices]
+        assert sorted(seen) == list(range(num))
+    result = CliRunner().invoke(cli, ["verify", str(merged)])
+    assert result.exit_code == 0, result.output
+    assert f"ok: {num} of {num} samples verified" in result.output
+
+
+CASES = {
+    # name: (samples, shard counts, options, chunks copied as stored, re-chunked)
+    "array aligned, zstd": (fixed(20), [8, 8, 4], {"chunk_samples": 4, "compression": ZSTD}),
+    "array misaligned, zstd": (fixed(20), [7, 8, 5], {"chunk_samples": 4, "compression": ZSTD}),
+    "array misaligned, none": (fixed(20), [5, 8, 7], {"chunk_samples": 4}),
+    "array contiguous": (fixed(20), [7, 8, 5], {"layout": "contiguous"}),
+    "raw blob, lz4": (
+        varied(20),
+        [7, 8, 5],
+        {"chunk_bytes": 400, "compression": Compression(codec="lz4")},
+    ),
+    "raw blob, contiguous": (varied(20), [7, 8, 5], {}),
+    "encoded, gzip": (
+        encoded(15),
+        [6, 4, 5],
+        {"chunk_bytes": 400, "compression": Compression(codec="gzip")},
+    ),
+    "encoded, none": (encoded(15), [6, 4, 5], {"mode": "encoded"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_merge_equals_a_direct_conversion(tmp_path, case):
+    samples, counts, options = CASES[case]
+    shards, direct = build(tmp_path, samples, counts, **options)
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    assert report.num_samples == sum(counts)
+    meta, reference = report.meta, fmt.load_meta(direct)
+    assert (meta.mode, meta.storage, meta.chunks, meta.filter_ids) == (
+        reference.mode,
+        reference.storage,
+        reference.chunks,
+        reference.filter_ids,
+    )
+    assert meta.pack_id not in {fmt.load_meta(s).pack_id for s in shards}
+    assert_same(tmp_path / "merged.h5", direct)
+
+
+def test_aligned_arrays_are_copied_chunk_for_chunk(tmp_path):
+    shards, _ = build(tmp_path, fixed(20), [8, 8, 4], chunk_samples=4, compression=ZSTD)
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    assert (report.chunks_copied, report.chunks_rechunked) == (5, 0)
+    # the stored (compressed) chunks are the shards' bytes
+    with h5py.File(shards[1]) as shard, h5py.File(tmp_path / "merged.h5") as merged:
+        assert shard["images"].id.read_direct_chunk((4, 0, 0, 0)) == merged[
+            "images"
+        ].id.read_direct_chunk((12, 0, 0, 0))
+
+
+def test_misaligned_arrays_are_rechunked_from_the_first_misaligned_shard(tmp_path):
+    # 8 rows: 2 chunks copied; 7 rows: 1 chunk copied, its last 3 rows and the next
+    # shard's 5 shifted within chunks: 8 rows re-chunked into 2 chunks
+    shards, direct = build(tmp_path, fixed(20), [8, 7, 5], chunk_samples=4, compression=ZSTD)
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    assert (report.chunks_copied, report.chunks_rechunked) == (3, 2)
+    assert_same(tmp_path / "merged.h5", direct)
+
+
+def test_blobs_shift_by_whole_chunks_and_keep_every_chunk(tmp_path):
+    opts = {"chunk_bytes": 400, "compression": Compression(codec="lz4")}
+    shards, _ = build(tmp_path, varied(20), [7, 8, 5], **opts)
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    metas = [fmt.load_meta(s) for s in shards]
+    assert report.chunks_copied == sum(chunk_map_of(m).num_chunks for m in metas)
+    assert report.chunks_rechunked == 0
+    step = metas[0].chunks[0]
+    offsets = report.meta.offsets
+    starts = np.cumsum([0, *(m.num_samples for m in metas[:-1])])
+    assert all(int(offsets[s]) % step == 0 for s in starts)  # each shard on a chunk boundary
+    # the merged chunk map is the shards' maps one after another
+    merged_map = chunk_map_of(report.meta)
+    assert merged_map.num_chunks == sum(chunk_map_of(m).num_chunks for m in metas)
+
+
+def test_a_pack_set_merges_in_manifest_order(tmp_path):
+    shards, direct = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
+    root = tmp_path / "set"
+    root.mkdir()
+    entries = []
+    for shard in shards:
+        moved = root / shard.name
+        shutil.move(shard, moved)
+        meta = fmt.load_meta(moved)
+        entries.append(
+            ShardEntry(
+                path=moved.name,
+                num_samples=meta.num_samples,
+                file_bytes=moved.stat().st_size,
+                digest=meta_digest(meta),
+            )
+        )
+    write_manifest(
+        PackSetManifest(
+            root=root, shards=tuple(entries), classes=CLASSES, num_samples=12, seed=0, num_shards=3
+        )
+    )
+    result = CliRunner().invoke(cli, ["merge", str(root), str(tmp_path / "merged.h5"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "merged 12 samples from 3 packs" in result.output
+    assert "3 chunks copied as stored" in result.output
+    assert_same(tmp_path / "merged.h5", direct)
+
+
+def test_one_pack_merges_to_a_copy(tmp_path):
+    shards, direct = build(tmp_path, varied(9), [9], chunk_bytes=400, compression=ZSTD)
+    merge_packs(shards[0], tmp_path / "copy.h5")
+    assert_same(tmp_path / "copy.h5", direct)
+
+
+def test_source_indices_that_collide_are_reindexed_in_order(tmp_path):
+    shards, _ = build(tmp_path, fixed(10), [6, 4], chunk_samples=2)
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    np.testing.assert_array_equal(report.meta.source_index, np.arange(10))
+
+
+# -- refusals ----------------------------------------------------------------------------
+
+
+def _shard(path: Path, samples: list, classes=CLASSES, **options: object) -> Path:
+    labels = [i % len(classes) for i in range(len(samples))]
+    opts = ConvertOptions(shuffle_samples=False, **options)  # type: ignore[arg-type]
+    write_arrays(path, samples, labels, classes=classes, options=opts)
+    return path
+
+
+REFUSALS = {
+    "classes": ({"classes": ("ant", "bee", "dog")}, "classes: 3 here, 3 in"),
+    "codec": ({"compression": Compression(codec="lz4")}, "filters lz4[0] here, zstd[3] in"),
+    "level": ({"compression": Compression(codec="zstd", level=5)}, "filters zstd[5] here, zstd[3]"),
+    "shape": ({"samples": [np.zeros((7, 5, 3), np.uint8)] * 8}, "sample shape (7, 5, 3) here"),
+    "mode": ({"samples": encoded(8), "mode": "encoded"}, "mode encoded here, raw"),
+    "chunks": ({"chunk_samples": 2}, "chunk shape (2, 6, 5, 3) here, (4, 6, 5, 3)"),
+}
+
+
+@pytest.mark.parametrize("what", list(REFUSALS))
+def test_packs_that_disagree_are_refused_naming_both_files(tmp_path, what):
+    change, expected = REFUSALS[what]
+    change = dict(change)
+    first = _shard(tmp_path / "a.h5", fixed(8), chunk_samples=4, compression=ZSTD)
+    samples = change.pop("samples", fixed(8, seed=2))
+    classes = change.pop("classes", CLASSES)
+    options = {"chunk_samples": 4, "compression": ZSTD, **change}
+    if options.get("mode") == "encoded":  # chunked by bytes
+        options = {"mode": "encoded", "compression": ZSTD}
+    second = _shard(tmp_path / "b.h5", samples, classes, **options)
+    target = tmp_path / "merged.h5"
+    with pytest.raises(FormatError) as caught:
+        merge_packs([first, second], target)
+    message = str(caught.value)
+    assert message.startswith(f"{second} cannot be merged with {first}: ")
+    assert expected in message, message
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    result = CliRunner().invoke(cli, ["merge", str(first), str(second), str(target)])
+    assert result.exit_code == 1
+    assert f"{second} cannot be merged with {first}" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- publishing --------------------------------------------------------------------------
+
+
+def test_an_existing_target_is_refused_without_overwrite(tmp_path):
+    shards, direct = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
+    target = tmp_path / "merged.h5"
+    target.write_bytes(b"keep me")
+    with pytest.raises(TargetExistsError, match="pass --overwrite"):
+        merge_packs(shards, target)
+    result = CliRunner().invoke(cli, ["merge", *map(str, shards), str(target)])
+    assert result.exit_code == 1
+    assert target.read_bytes() == b"keep me"
+    merge_packs(shards, target, overwrite=True)
+    assert_same(target, direct)
+
+
+def test_a_source_as_target_is_refused(tmp_path):
+    shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
+    before = shards[0].read_bytes()
+    with pytest.raises(ValueError, match="one of the images being packed"):
+        merge_packs(shards, shards[0], overwrite=True)
+    assert shards[0].read_bytes() == before
+
+
+def test_a_failed_merge_leaves_no_target_and_no_temporary_file(tmp_path, monkeypatch):
+    shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4, compression=ZSTD)
+    import h5pack.write.merge as merge_module
+
+    def fail(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(merge_module, "_write_metadata", fail)
+    target = tmp_path / "merged.h5"
+    with pytest.raises(Exception, match=f"writing {target} failed"):
+        merge_packs(shards, target)
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+KILLED = """
+import sys, time
+from h5pack import merge_packs
+def slow(n):
+    print("started", flush=True)
+    time.sleep(60)
+merge_packs(sys.argv[1:-1], sys.argv[-1], progress=slow)
+"""
+
+
+def test_a_killed_merge_leaves_no_target(tmp_path):
+    shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
+    target = tmp_path / "merged.h5"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, *map(str, shards), str(target)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "started"  # inside the merge, file open
+        assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert not target.exists()
+    merge_packs(shards, target)  # and the next merge there removes the leftovers
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# -- virtual packs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["array misaligned, zstd", "raw blob, lz4", "encoded, none"])
+def test_a_virtual_pack_reads_the_same_pixels_through_h5py(tmp_path, case):
+    samples, counts, options = CASES[case]
+    shards, direct = build(tmp_path, samples, counts, **options)
+    target = tmp_path / "virtual.h5"
+    report = merge_packs(shards, target, virtual=True)
+    assert report.virtual
+    assert target.stat().st_size < sum(s.stat().st_size for s in shards)
+    with h5py.File(target) as handle:
+        assert handle["images"].is_virtual
+        sources = {s.file_name for s in handle["images"].virtual_sources()}
+        assert sources == {s.name for s in shards}  # relative to the virtual pack
+    with PackReader(target) as reader:
+        assert reader.virtual
+        assert not reader.direct
+    assert_same(target, direct)
+    # from another working directory, and after moving the pack with its sources
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in (*shards, target):
+        shutil.move(path, moved / path.name)
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert_same(moved / "virtual.h5", direct)
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_virtual_pack_refuses_a_missing_source_by_name(tmp_path):
+    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
+    target = tmp_path / "virtual.h5"
+    merge_packs(shards, target, virtual=True)
+    shards[1].rename(tmp_path / "elsewhere.h5")
+    with pytest.raises(FormatError) as caught:
+        PackReader(target)
+    assert f"its source {shards[1]} is missing" in str(caught.value)
+    result = CliRunner().invoke(cli, ["verify", str(target)])
+    assert result.exit_code == 1
+    assert f"its source {shards[1]} is missing" in result.output
+    # HDF5 alone would have served zeros: what the check stands between
+    with h5py.File(target) as handle:
+        assert not handle["images"][4:8].any()
+
+
+def test_a_virtual_pack_refuses_a_replaced_source_by_name(tmp_path):
+    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
+    target = tmp_path / "virtual.h5"
+    merge_packs(shards, target, virtual=True)
+    # the same size and sample count, other pixels: only the pack id tells
+    _shard(tmp_path / "other.h5", fixed(4, seed=9), chunk_samples=4, compression=ZSTD)
+    assert (tmp_path / "other.h5").stat().st_size == shards[2].stat().st_size
+    os.replace(tmp_path / "other.h5", shards[2])
+    with pytest.raises(FormatError, match=f"its source {shards[2]} is another pack"):
+        PackReader(target)
+
+
+def test_a_virtual_pack_with_a_source_of_another_size_is_refused(tmp_path):
+    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4)
+    target = tmp_path / "virtual.h5"
+    merge_packs(shards, target, virtual=True)
+    with open(shards[0], "ab") as handle:
+        handle.write(b"\0" * 10)
+    with pytest.raises(FormatError, match=f"its source {shards[0]} changed"):
+        PackReader(target)
+
+
+def test_a_virtual_dataset_without_a_record_of_its_sources_is_refused(tmp_path):
+    shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
+    target = tmp_path / "virtual.h5"
+    merge_packs(shards, target, virtual=True)
+    with h5py.File(target, "r+") as handle:
+        del handle.attrs["virtual_sources"]
+    with pytest.raises(FormatError, match="without h5pack's record of its sources"):
+        PackReader(target)
