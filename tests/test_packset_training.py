@@ -46,8 +46,8 @@ def _png(array: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def _images(kind: str) -> list[np.ndarray]:
-    rng = np.random.default_rng(7)
+def _images(kind: str, seed: int = 7) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
     if kind == "mixed":  # every shard holds two sizes: each one is a blob pack
         return [
             rng.integers(0, 256, (6 + i % 2 * 3, 5 + i % 3, 3), dtype=np.uint8)
@@ -56,9 +56,9 @@ def _images(kind: str) -> list[np.ndarray]:
     return [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(sum(COUNTS))]
 
 
-def build(root: Path, kind: str = "array", codec: str = "zstd") -> tuple[Path, Path]:
+def build(root: Path, kind: str = "array", codec: str = "zstd", seed: int = 7) -> tuple[Path, Path]:
     """Write the images as a pack set (one write_arrays per shard) and as one pack."""
-    images = _images(kind)
+    images = _images(kind, seed)
     samples: list = [_png(a) for a in images] if kind == "encoded" else images
     labels = [i % 3 for i in range(len(images))]
     names = [f"img_{i:03d}.png" for i in range(len(images))]
