@@ -32,6 +32,7 @@ from h5pack.core.layout import (
     chunk_map_of,
     group_bytes,
     is_compressed,
+    next_prime,
 )
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
@@ -109,15 +110,24 @@ class ReaderOptions:
 VIRTUAL_SOURCES_KEY = "virtual_sources"
 
 
+# Decompressed source chunks that a virtual pack's sources may keep in HDF5's chunk
+# caches, over all sources (each source keeps its own cache).
+VIRTUAL_CACHE_BYTES = 2 * 2**30
+
+
 def check_virtual_sources(
     handle: h5py.File, images: h5py.Dataset, path: str, meta: fmt.PackMeta
-) -> None:
+) -> tuple[int, int]:
     """Raise ``FormatError`` unless every source of a virtual pack is there and unchanged.
 
     HDF5 serves the fill value, silently, for the samples of a source file it cannot open
     (a moved or deleted shard, too many open files); so before a virtual pack serves a
     sample, every source HDF5 would read must be one that ``h5pack merge --virtual``
     recorded, exist, and be the same pack (its pack id, size and sample count).
+
+    Returns:
+        The number of sources, and the largest decompressed chunk of a compressed source's
+        images (0 when no source is compressed).
 
     Raises:
         FormatError: the record is missing or damaged, or a source is missing or changed
@@ -154,9 +164,11 @@ def check_virtual_sources(
             "recorded sources; the pack was altered: merge its sources again"
         )
     base = os.path.dirname(os.path.abspath(path))
+    largest = 0
     for relative, pack_id, file_bytes, num_samples in entries:
         source = os.path.normpath(os.path.join(base, relative))
-        problem = _source_problem(source, pack_id, file_bytes, num_samples)
+        problem, chunk_bytes = _source_problem(source, pack_id, file_bytes, num_samples)
+        largest = max(largest, chunk_bytes)
         if problem:
             raise FormatError(
                 f"{path} is a virtual pack (h5pack merge --virtual) and its source {source} "
@@ -164,30 +176,60 @@ def check_virtual_sources(
                 "serves zeros for a source it cannot open). Put the source back unchanged, "
                 "or merge again (without --virtual, the merged pack needs no source)"
             )
+    return len(entries), largest
 
 
-def _source_problem(source: str, pack_id: Any, file_bytes: int, num_samples: int) -> str:
-    """Return what is wrong with one source of a virtual pack ("" when nothing)."""
+def _source_problem(
+    source: str, pack_id: Any, file_bytes: int, num_samples: int
+) -> tuple[str, int]:
+    """Return what is wrong with one source of a virtual pack ("" when nothing).
+
+    And the decompressed bytes of one chunk of its images, when they are compressed (else 0).
+    """
     try:
         size = os.stat(source).st_size
     except FileNotFoundError:
-        return "is missing (moved, renamed or deleted?)"
+        return "is missing (moved, renamed or deleted?)", 0
     except OSError as err:
-        return f"cannot be read ({err.strerror or err})"
+        return f"cannot be read ({err.strerror or err})", 0
     if size != file_bytes:
-        return f"changed ({size} bytes, {file_bytes} when the virtual pack was written)"
+        return f"changed ({size} bytes, {file_bytes} when the virtual pack was written)", 0
     try:
         with fmt.open_h5(source) as handle:
             found = handle.attrs.get(fmt.PACK_ID_KEY)
             count = int(handle.attrs.get(fmt.NUM_SAMPLES_KEY, -1))
-    except (H5PackError, OSError) as err:
-        return f"cannot be opened ({err})"
+            images = handle[fmt.IMAGES]
+            compressed = images.chunks is not None and images.id.get_create_plist().get_nfilters()
+            chunk_bytes = int(np.prod(images.chunks)) if compressed else 0
+    except (H5PackError, OSError, KeyError) as err:
+        return f"cannot be opened ({err})", 0
     found_id = found.decode("utf-8", "replace") if isinstance(found, bytes) else found
     if pack_id is not None and found_id != pack_id:
-        return f"is another pack (pack id {found_id}, {pack_id} when the virtual pack was written)"
+        return (
+            f"is another pack (pack id {found_id}, {pack_id} when the virtual pack was written)",
+            0,
+        )
     if count != num_samples:
-        return f"changed ({count} samples, {num_samples} when the virtual pack was written)"
-    return ""
+        return f"changed ({count} samples, {num_samples} when the virtual pack was written)", 0
+    return "", chunk_bytes
+
+
+def _open_virtual(
+    handle: h5py.File, num_sources: int, chunk_bytes: int, window_chunks: int
+) -> h5py.Dataset:
+    """Open a virtual pack's images with a chunk cache for its compressed sources.
+
+    Each source dataset HDF5 opens takes its chunk cache from this dataset's access list:
+    ``window_chunks`` chunks each, or fewer so that all sources together keep at most
+    ``VIRTUAL_CACHE_BYTES`` (at least one chunk each). Without it, every read of a sample
+    decompresses its chunk again (measured 30x slower on random batches).
+    """
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    if chunk_bytes:
+        chunks = max(1, min(window_chunks, VIRTUAL_CACHE_BYTES // (num_sources * chunk_bytes)))
+        nbytes = int(chunks * chunk_bytes * 1.05) + 2**20
+        dapl.set_chunk_cache(next_prime(100 * chunks), nbytes, 1.0)
+    return h5py.Dataset(h5py.h5d.open(handle.id, fmt.IMAGES.encode(), dapl=dapl))
 
 
 class PackReader:
@@ -254,7 +296,13 @@ class PackReader:
                 self._images: h5py.Dataset = self._file[fmt.IMAGES]
                 self.virtual = bool(self._images.is_virtual)
             if self.virtual:  # NOTE [ Virtual packs ]: no direct path, sources checked
-                check_virtual_sources(self._file, self._images, self.path, meta)
+                num_sources, chunk_bytes = check_virtual_sources(
+                    self._file, self._images, self.path, meta
+                )
+                with fmt.reading(self.path, "the images' virtual dataset"):
+                    self._images = _open_virtual(
+                        self._file, num_sources, chunk_bytes, self.window_chunks
+                    )
             with fmt.reading(self.path, "the images' dataset and chunk index"):
                 if options.direct and not self.virtual:
                     self._table = chunk_table(self._images)
