@@ -1,5 +1,6 @@
 """write/pipeline.py: the two stages (prepare, compress), ordered_map and the worker pool."""
 
+import io
 import os
 import threading
 import time
@@ -9,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 import pytest
+from PIL import Image
 
 from h5pack.core import format as fmt
+from h5pack.core.decode import decode_image, resize_image
 from h5pack.core.layout import Compression
 from h5pack.errors import H5PackError
 from h5pack.read.reader import PackReader
@@ -153,6 +156,88 @@ def test_prepare_sample_rejects_a_size_other_than_the_packs():
     assert "decodes to 7x5x3" in result.reason
     assert "6x5x3" in result.reason
     assert "--size" in result.reason
+
+
+def _photo(height: int, width: int) -> np.ndarray:
+    """A smooth RGB image with detail (a resize of it is not trivially exact)."""
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // width, y * 255 // height, (x * y) % 251], axis=2)
+    return rgb.astype(np.uint8)
+
+
+def _encoded(image: Image.Image, fmt_name: str, **params: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt_name, **params)
+    return buffer.getvalue()
+
+
+def _rotated_jpeg(rgb: np.ndarray) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # displayed rotated by 90 degrees clockwise
+    return _encoded(Image.fromarray(rgb), "JPEG", quality=90, exif=exif)
+
+
+# Files of every kind that the decoder treats apart: the plain RGB JPEG of a photo folder,
+# and the kinds that need conversion, compositing or orientation.
+_KINDS = {
+    "rgb-jpeg": lambda rgb: jpeg(rgb),
+    "gray-jpeg": lambda rgb: _encoded(Image.fromarray(rgb).convert("L"), "JPEG"),
+    "cmyk-jpeg": lambda rgb: _encoded(Image.fromarray(rgb).convert("CMYK"), "JPEG"),
+    "exif-rotated-jpeg": _rotated_jpeg,
+    "rgba-png": lambda rgb: _encoded(Image.fromarray(rgb).convert("RGBA"), "PNG"),
+    "palette-png": lambda rgb: _encoded(Image.fromarray(rgb).convert("P"), "PNG"),
+    "rgb-png": lambda rgb: png(rgb),
+}
+
+
+@pytest.mark.parametrize("kind", list(_KINDS))
+@pytest.mark.parametrize("method", ["stretch", "crop", "pad"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_prepare_sample_resized_pixels_are_decode_then_resize(kind, method, channels):
+    # The worker's fused decode+resize (NOTE [ Decoding without the array ]) must store
+    # exactly the pixels of decode_image followed by resize_image.
+    data = _KINDS[kind](_photo(45, 60))
+    spec = DecodeSpec(mode="raw", size=(20, 24), resize=method, channels=channels)
+    result = prepare_sample(spec, data, "a/x", 0)
+    assert isinstance(result, Prepared)
+    decoded = decode_image(data, channels=channels)
+    want = resize_image(decoded, (20, 24), method=method)
+    assert result.shape == (20, 24, channels)
+    np.testing.assert_array_equal(result.data, want)
+    assert result.crc == zlib.crc32(want.tobytes())
+
+
+def test_prepare_sample_resizes_a_jpeg_as_pillow_does():
+    # Independent of h5pack's decoder: what a user's Pillow code makes of the same file.
+    data = jpeg(_photo(45, 60))
+    spec = DecodeSpec(mode="raw", size=(20, 24))
+    result = prepare_sample(spec, data, "a/x.jpg", 0)
+    assert isinstance(result, Prepared)
+    with Image.open(io.BytesIO(data)) as image:
+        want = np.asarray(image.convert("RGB").resize((24, 20), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(result.data, want)
+
+
+@pytest.mark.parametrize("kind", list(_KINDS))
+def test_prepare_sample_encoded_shape_is_the_decoded_shape(kind):
+    data = _KINDS[kind](_photo(45, 60))
+    result = prepare_sample(DecodeSpec(mode="encoded", flat=True), data, "a/x", 0)
+    assert isinstance(result, Prepared)
+    want = (60, 45) if kind == "exif-rotated-jpeg" else (45, 60)
+    assert result.shape == (*want, 3)
+    assert decode_image(data).shape == (*want, 3)
+    assert result.data.tobytes() == data
+
+
+@pytest.mark.parametrize("mode", ["raw", "encoded"])
+def test_prepare_sample_rejects_a_jpeg_cut_in_its_pixels(mode):
+    # The header reads fine; only decoding every pixel finds the damage.
+    data = jpeg(_photo(45, 60))
+    cut = data[: len(data) * 2 // 3]
+    spec = DecodeSpec(mode=mode, size=(20, 24) if mode == "raw" else None)
+    result = prepare_sample(spec, cut, "a/cut.jpg", 3)
+    assert isinstance(result, Rejected)
+    assert "cannot decode JPEG image" in result.reason
 
 
 # -- stage 2: compress_block ----------------------------------------------------------------

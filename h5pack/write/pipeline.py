@@ -102,33 +102,39 @@ def _reason(err: Exception, name: str) -> str:
 
 
 def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepared | Rejected:
-    """Decode (and for raw mode resize) one image file's bytes into its stored form."""
-    from h5pack.core.decode import decode_image, probe_size, reencode_jpeg, resize_image
+    """Decode (and for raw mode resize) one image file's bytes into its stored form.
+
+    Encoded files are decoded in full too (a pack promises that every sample decodes);
+    only those that ``max_side`` re-encodes keep their pixels.
+    """
+    from h5pack.core.decode import (
+        decode_image,
+        decode_resized,
+        decoded_size,
+        probe_size,
+        reencode_jpeg,
+    )
 
     try:
-        image = decode_image(
-            data,
-            name=name,
-            backend=spec.backend,
-            channels=spec.channels,
-        )
-        if image.ndim == 2:
-            image = image[:, :, None]
         if spec.mode == "encoded":
-            shape = (int(image.shape[0]), int(image.shape[1]), spec.channels)
+            h, w = decoded_size(data, name=name, backend=spec.backend, channels=spec.channels)
+            shape = (h, w, spec.channels)
             if spec.max_side is not None and max(shape[:2]) > spec.max_side:
+                image = decode_image(data, name=name, backend=spec.backend, channels=spec.channels)
                 data = reencode_jpeg(image, quality=spec.quality, max_side=spec.max_side)
                 shape = (*probe_size(data, name=name), spec.channels)
             return Prepared(pos, np.frombuffer(data, dtype=np.uint8), shape, checksum(data))
         if spec.size is not None:
-            image = resize_image(
-                image,
+            image = decode_resized(
+                data,
                 spec.size,
+                name=name,
                 method=spec.resize,
                 backend=spec.backend,
+                channels=spec.channels,
             )
-            if image.ndim == 2:
-                image = image[:, :, None]
+        else:
+            image = decode_image(data, name=name, backend=spec.backend, channels=spec.channels)
     except DecodeError as err:
         return Rejected(pos, name, _reason(err, name))
     return prepare_pixels(spec, image, name, pos)
