@@ -164,6 +164,31 @@ def test_blobs_shift_by_whole_chunks_and_keep_every_chunk(tmp_path):
     assert merged_map.num_chunks == sum(chunk_map_of(m).num_chunks for m in metas)
 
 
+def test_blobs_shorter_than_a_chunk_are_laid_out_again_in_the_largest_chunk(tmp_path):
+    # each shard's blob is shorter than the 2000 bytes planned: its chunk is cut to its length
+    opts = {"chunk_bytes": 2000, "compression": Compression(codec="gzip")}
+    shards, direct = build(tmp_path, encoded(15), [6, 4, 5], **opts)
+    chunks = [fmt.load_meta(s).chunks[0] for s in shards]
+    assert len(set(chunks)) == 3
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    assert report.meta.chunks == (max(chunks),)
+    assert report.meta.blob_chunk_bytes == max(chunks)
+    assert report.chunks_copied + report.chunks_rechunked == chunk_map_of(report.meta).num_chunks
+    assert report.chunks_rechunked >= 2
+    assert_same(tmp_path / "merged.h5", direct)
+
+
+def test_blobs_of_different_chunks_are_refused(tmp_path):
+    gzip = Compression(codec="gzip")
+    first = _shard(tmp_path / "a.h5", varied(10), chunk_bytes=300, compression=gzip)
+    second = _shard(tmp_path / "b.h5", varied(10, seed=1), chunk_bytes=400, compression=gzip)
+    with pytest.raises(FormatError) as caught:
+        merge_packs([first, second], tmp_path / "merged.h5")
+    assert str(caught.value).startswith(
+        f"{first} cannot be merged with {second}: blob chunk 300 bytes here, 400 in {second}"
+    )
+
+
 def test_a_pack_set_merges_in_manifest_order(tmp_path):
     shards, direct = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
     root = tmp_path / "set"

@@ -45,10 +45,11 @@ from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.format import PackMeta, SkippedFile
-from h5pack.core.layout import FILTER_NAMES
+from h5pack.core.layout import FILTER_NAMES, ChunkMap
 from h5pack.core.packset import check_shard, is_packset, load_manifest, meta_digest
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.write.builder import ConvertEvent, _write_paths, create_file
+from h5pack.write.images import aligned_offsets
 from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.publish import (
     TempFiles,
@@ -192,13 +193,13 @@ def _differences(shard: _Shard, first: _Shard) -> list[str]:
     differ("dtype", shard.dtype, first.dtype)
     if a.storage == "array":
         differ("sample shape", a.images_shape[1:], b.images_shape[1:])
-    differ(
-        "chunk shape",
-        a.chunks if a.chunks is not None else "none (contiguous)",
-        b.chunks if b.chunks is not None else "none (contiguous)",
-    )
+    if a.storage != "blob" or (a.chunks is None) != (b.chunks is None):
+        differ(
+            "chunk shape",
+            a.chunks if a.chunks is not None else "none (contiguous)",
+            b.chunks if b.chunks is not None else "none (contiguous)",
+        )
     differ("filters", _filters_text(shard.filters), _filters_text(first.filters))
-    differ("blob chunk bytes", a.blob_chunk_bytes, b.blob_chunk_bytes)
     if a.classes != b.classes:
         only = sorted(set(a.classes) ^ set(b.classes))[:3]
         detail = f" (e.g. {', '.join(map(repr, only))} in one only)" if only else " (order)"
@@ -225,6 +226,19 @@ def load_shards(paths: Sequence[Path], manifest: Any = None) -> list[_Shard]:
                 + "; ".join(differences)
                 + "; convert them with the same options"
             )
+    step = _blob_step(shards)
+    if step is None:
+        return shards
+    largest = next(s for s in shards if s.meta.chunks == (step,))
+    for shard in shards:
+        chunks = shard.meta.chunks
+        if chunks is not None and chunks[0] != step and not _one_chunk(shard):
+            raise FormatError(
+                f"{shard.path} cannot be merged with {largest.path}: blob chunk {chunks[0]} "
+                f"bytes here, {step} in {largest.path} (only a shard shorter than one chunk, "
+                "whose chunk is cut to its length, can be laid out again); convert them with "
+                "the same options"
+            )
     return shards
 
 
@@ -233,7 +247,7 @@ def load_shards(paths: Sequence[Path], manifest: Any = None) -> list[_Shard]:
 
 @dataclass(frozen=True, kw_only=True)
 class _Merged:
-    """The merged metadata of the shards, with blob offsets shifted (see ``_blob_bases``)."""
+    """The merged metadata of the shards, with blob offsets shifted (see ``_plan_blob``)."""
 
     labels: np.ndarray
     paths: list[str]
@@ -247,35 +261,74 @@ class _Merged:
     length: int  # rows of the merged images dataset
 
 
-def _blob_bases(shards: Sequence[_Shard], *, aligned: bool) -> list[int]:
-    """Return where each shard's blob starts in the merged blob (whole chunks if ``aligned``)."""
-    bases, position = [], 0
+def _one_chunk(shard: _Shard) -> bool:
+    """Return whether a shard's blob is one chunk cut to the blob's length.
+
+    A blob shorter than the chunk planned gets a chunk of its own length
+    (``images.ImagesWriter.spec_for``): the small shards of a set differ in chunk so.
+    """
+    chunks = shard.meta.chunks
+    return chunks is not None and chunks[0] >= shard.meta.images_shape[0]
+
+
+def _blob_step(shards: Sequence[_Shard]) -> int | None:
+    """Return the chunk of the merged blob: the largest of the shards' (None: contiguous)."""
+    if shards[0].meta.storage != "blob" or shards[0].meta.chunks is None:
+        return None
+    return max(s.meta.chunks[0] for s in shards if s.meta.chunks is not None)
+
+
+@dataclass(frozen=True)
+class _BlobPlan:
+    """Where each shard's blob goes in the merged blob (NOTE [ Merging by chunks ]).
+
+    Attributes:
+        step: The merged chunk (None: contiguous, or a virtual view).
+        bases: Where each shard starts (a chunk boundary when chunked).
+        offsets: Each shard's slot offsets from its base (N_k + 1).
+        relaid: Whether a shard's samples are laid out again (its chunk differs).
+        length: Bytes of the merged blob.
+    """
+
+    step: int | None
+    bases: list[int]
+    offsets: list[np.ndarray]
+    relaid: list[bool]
+    length: int
+
+
+def _plan_blob(shards: Sequence[_Shard], *, virtual: bool) -> _BlobPlan:
+    step = None if virtual else _blob_step(shards)
+    bases: list[int] = []
+    offsets: list[np.ndarray] = []
+    relaid: list[bool] = []
+    position = end = 0
     for shard in shards:
+        meta = shard.meta
+        assert meta.offsets is not None  # blob storage, see read_meta
+        assert meta.sizes is not None
+        length = meta.images_shape[0]
+        local, again = meta.offsets, False
+        if step is not None and meta.chunks != (step,):
+            local, again = aligned_offsets(meta.sizes, step), True
+            length = int(local[-1])
         bases.append(position)
-        length = shard.meta.images_shape[0]
-        if aligned and shard.meta.chunks is not None:
-            step = shard.meta.chunks[0]
-            length = -(-length // step) * step
-        position += length
-    return bases
+        offsets.append(local.astype(np.int64))
+        relaid.append(again)
+        end = position + length
+        position = end if step is None else -(-end // step) * step
+    return _BlobPlan(step, bases, offsets, relaid, end)
 
 
-def _merge_meta(shards: Sequence[_Shard], *, aligned: bool) -> _Merged:
+def _merge_meta(shards: Sequence[_Shard], blob: _BlobPlan | None) -> _Merged:
     metas = [s.meta for s in shards]
     offsets = sizes = None
-    if metas[0].storage == "blob":
-        bases = _blob_bases(shards, aligned=aligned)
-        parts = [
-            m.offsets[:-1] + base
-            for m, base in zip(metas, bases, strict=True)
-            if m.offsets is not None
-        ]
-        last = metas[-1].offsets
-        assert last is not None  # blob storage, see read_meta
-        parts.append(np.array([bases[-1] + int(last[-1])], dtype=np.int64))
+    if blob is not None:
+        parts = [local[:-1] + base for local, base in zip(blob.offsets, blob.bases, strict=True)]
+        parts.append(np.array([blob.bases[-1] + int(blob.offsets[-1][-1])], dtype=np.int64))
         offsets = np.concatenate(parts).astype(np.int64)
         sizes = np.concatenate([m.sizes for m in metas if m.sizes is not None]).astype(np.int64)
-        length = bases[-1] + metas[-1].images_shape[0]
+        length = blob.length
     else:
         length = sum(m.num_samples for m in metas)
     xxh3 = [m.sample_xxh3 for m in metas]
@@ -315,7 +368,11 @@ def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
 
 
 def _write_metadata(
-    handle: h5py.File, first: PackMeta, merged: _Merged, extra: dict[str, str]
+    handle: h5py.File,
+    first: PackMeta,
+    merged: _Merged,
+    extra: dict[str, str],
+    blob_chunk_bytes: int,
 ) -> None:
     """Write every dataset and attribute of the merged pack but its images (format 1.1).
 
@@ -364,7 +421,7 @@ def _write_metadata(
     for key, text in texts.items():
         fmt.set_text(attrs, key, text)
         digests[key] = integrity.text_digest(text)
-    attrs[fmt.CHUNK_BYTES_KEY] = first.blob_chunk_bytes
+    attrs[fmt.CHUNK_BYTES_KEY] = blob_chunk_bytes
     fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
 
 
@@ -376,13 +433,20 @@ class _Counts:
         self.copied = self.rechunked = self.bytes = 0
 
 
-def _create_like(handle: h5py.File, source: h5py.Dataset, length: int) -> h5py.Dataset:
-    """Create the merged images dataset with ``source``'s type, layout, chunks and filters."""
+def _create_like(
+    handle: h5py.File, source: h5py.Dataset, length: int, step: int | None
+) -> h5py.Dataset:
+    """Create the merged images dataset with ``source``'s type, layout and filters.
+
+    Its chunks are ``source``'s, or ``step`` bytes for a blob (``_blob_step``).
+    """
     shape = (length, *source.shape[1:])
     unlimited = source.maxshape[0] is None
     maxshape = (h5py.h5s.UNLIMITED if unlimited else length, *source.shape[1:])
     space = h5py.h5s.create_simple(shape, maxshape)
     dcpl = source.id.get_create_plist()
+    if step is not None:
+        dcpl.set_chunk((step,))
     dsid = h5py.h5d.create(handle.id, fmt.IMAGES.encode(), source.id.get_type(), space, dcpl=dcpl)
     return h5py.Dataset(dsid)
 
@@ -455,16 +519,54 @@ class _Carry:
         self.start += whole
 
 
+def _relay(
+    source: h5py.Dataset, meta: PackMeta, local: np.ndarray, target: h5py.Dataset, base: int
+) -> int:
+    """Lay a blob's samples out again at ``local`` offsets from ``base``; return chunks written.
+
+    For a shard whose chunk differs from the merged blob's (a shard shorter than one chunk
+    gets a chunk of its own length). Samples are read decompressed and written through
+    HDF5, which compresses them, in runs that start on a chunk boundary and end on one (or
+    at the shard's end), so that no chunk is written twice.
+    """
+    assert meta.offsets is not None  # blob storage, see read_meta
+    assert meta.sizes is not None
+    step = int(target.chunks[0])
+    starts = ChunkMap.for_blob(local, step).starts
+    written = 0
+    lo = 0
+    while lo < meta.num_samples:
+        # whole groups (each starts on a chunk boundary) up to about COPY_BYTES
+        g = int(np.searchsorted(starts, lo, side="right"))
+        while g < len(starts) - 1 and local[starts[g]] - local[lo] < COPY_BYTES:
+            g += 1
+        hi = int(starts[g])
+        begin = int(meta.offsets[lo])
+        end = int(meta.offsets[hi - 1] + meta.sizes[hi - 1])
+        data = source[begin:end]
+        out = np.zeros(
+            int(local[hi] if hi < meta.num_samples else local[-1]) - int(local[lo]), np.uint8
+        )
+        for i in range(lo, hi):
+            at, size = int(local[i] - local[lo]), int(meta.sizes[i])
+            start = int(meta.offsets[i]) - begin
+            out[at : at + size] = data[start : start + size]
+        target[base + int(local[lo]) : base + int(local[lo]) + out.size] = out
+        written += -(-out.size // step)
+        lo = hi
+    return written
+
+
 def _merge_images(
     shards: Sequence[_Shard],
     target: h5py.Dataset,
+    blob: _BlobPlan | None,
     counts: _Counts,
     step_done: Callable[[int], None],
 ) -> None:
     """Fill the merged images dataset from every shard (NOTE [ Merging by chunks ])."""
     step = target.chunks[0] if target.chunks is not None else None
-    blob = shards[0].meta.storage == "blob"
-    bases = _blob_bases(shards, aligned=True) if blob else None
+    bases = blob.bases if blob is not None else None
     carry = _Carry(target, step, counts) if step is not None else None
     position = 0
     for k, shard in enumerate(shards):
@@ -472,8 +574,12 @@ def _merge_images(
         with fmt.open_h5(shard.path) as handle, fmt.reading(str(shard.path), "the images"):
             source = handle[fmt.IMAGES]
             length = int(source.shape[0])
-            if bases is not None:  # a blob: whole chunks, or the exact bytes
-                if step is None:
+            if blob is not None and bases is not None:  # whole chunks, or the exact bytes
+                if blob.relaid[k]:
+                    counts.rechunked += _relay(
+                        source, shard.meta, blob.offsets[k], target, bases[k]
+                    )
+                elif step is None:
                     _copy_rows(source, target, length, bases[k])
                     counts.bytes += length
                 else:
@@ -593,7 +699,9 @@ def merge_packs(
                 sum(p.stat().st_size for p in paths),
                 what=f"the merged pack {target_path}",
             )
-        merged = _merge_meta(shards, aligned=not virtual)
+        storage_blob = shards[0].meta.storage == "blob"
+        blob = _plan_blob(shards, virtual=virtual) if storage_blob else None
+        merged = _merge_meta(shards, blob)
         try:
             handle = create_file(temp)
         except OSError as err:
@@ -606,10 +714,14 @@ def merge_packs(
                 )
                 step_done(len(merged.paths))
             else:
+                step = blob.step if blob is not None else None
                 with fmt.open_h5(paths[0]) as first:
-                    images = _create_like(handle, first[fmt.IMAGES], merged.length)
-                _merge_images(shards, images, counts, step_done)
-            _write_metadata(handle, shards[0].meta, merged, extra)
+                    images = _create_like(handle, first[fmt.IMAGES], merged.length, step)
+                _merge_images(shards, images, blob, counts, step_done)
+            chunk_bytes = shards[0].meta.blob_chunk_bytes
+            if blob is not None and blob.step is not None:
+                chunk_bytes = blob.step
+            _write_metadata(handle, shards[0].meta, merged, extra, chunk_bytes)
         except H5PackError:
             raise
         except OSError as err:
