@@ -1,4 +1,4 @@
-"""What is inside a pack: ``pack_info`` (``h5pack info``)."""
+"""What is inside a pack (``pack_info``) or a pack set (``packset_info``): ``h5pack info``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.check.probe import probe_pack
+from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
 from h5pack.core.layout import FILTER_NAMES, PLUGIN_FILTERS, Compression, chunk_map_of
 from h5pack.errors import OptionsError
+from h5pack.read.packset import PackSource, describe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,4 +173,171 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
         shuffled=bool(shuffled) if shuffled is not None else None,
         skipped=meta.skipped,
         options=dict(meta.options),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardRow:
+    """One shard of a pack set in ``PackSetInfo``.
+
+    Attributes:
+        path: The shard file.
+        num_samples: Its samples.
+        file_bytes: Its size.
+        skipped: Files its conversion left out.
+    """
+
+    path: str
+    num_samples: int
+    file_bytes: int
+    skipped: int
+
+
+def _common(values: list[str]) -> str:
+    """Return the one value of ``values``, or say that the shards differ and how."""
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) == 1:
+        return distinct[0]
+    return "differs by shard: " + ", ".join(distinct)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackSetInfo:
+    """A summary of a pack set (or a list of packs), for ``h5pack info SET``.
+
+    Attributes:
+        path: The manifest (for a list of packs: the first pack).
+        has_manifest: Whether the set has a manifest (else it is a list of packs).
+        num_shards: Shards (packs) in the set.
+        seed: The seed of the split (from the manifest), or None.
+        created_utc: When the manifest was written ("" for a list).
+        tool_version: The h5pack that wrote the manifest (else the first shard's).
+        num_samples: Samples over all shards.
+        classes: ``(name, samples)`` for each class, in label order, over all shards.
+        unlabelled: Samples with label -1.
+        mode: ``"raw"`` or ``"encoded"`` (the readers require one for all shards).
+        storage: ``"array"`` or ``"blob"``.
+        sample_shape: (H, W, C) when every sample of every shard has it, else None.
+        channels: 1 or 3.
+        layout: The shards' layout (with the chunk shape), or how they differ.
+        num_chunks: Chunks stored, over all shards.
+        samples_per_chunk: Mean samples per chunk group, over all shards.
+        codec: The shards' compression, or how they differ.
+        plugins: What reading any shard needs beyond HDF5.
+        stored_bytes: Uncompressed bytes of every sample.
+        disk_bytes: Bytes the shards' images datasets take.
+        compression_ratio: ``stored_bytes / disk_bytes``.
+        file_bytes: Size of all shards.
+        shuffled: Whether every shard was written shuffled (None: unknown for some).
+        skipped: Files left out at conversion, over all shards.
+        shards: One row per shard, in set order.
+    """
+
+    path: str
+    has_manifest: bool
+    num_shards: int
+    seed: int | None
+    created_utc: str
+    tool_version: str
+    num_samples: int
+    classes: tuple[tuple[str, int], ...]
+    unlabelled: int
+    mode: str
+    storage: str
+    sample_shape: tuple[int, int, int] | None
+    channels: int
+    layout: str
+    num_chunks: int
+    samples_per_chunk: float
+    codec: str
+    plugins: tuple[str, ...]
+    stored_bytes: int
+    disk_bytes: int
+    compression_ratio: float
+    file_bytes: int
+    shuffled: bool | None
+    skipped: tuple[fmt.SkippedFile, ...]
+    shards: tuple[ShardRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return JSON-ready data."""
+        data = asdict(self)
+        data["classes"] = [{"name": name, "samples": count} for name, count in self.classes]
+        data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
+        data["plugins"] = list(self.plugins)
+        if self.sample_shape is not None:
+            data["sample_shape"] = list(self.sample_shape)
+        return data
+
+
+def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackSetInfo:
+    """Return a summary of the pack set at ``source`` (its directory or manifest, or a list).
+
+    Every shard is checked as a reader checks it when the set is opened (present, a pack,
+    the file the manifest recorded, joinable with the others).
+
+    Args:
+        source: The pack set's directory or manifest, or a list of packs.
+        timeout_s: Read each shard's metadata in a child process first, under this time
+            limit per shard (see ``probe_packs``); ``None`` reads it in this process.
+
+    Raises:
+        FileNotFoundError: the manifest or a shard does not exist.
+        FormatError: the manifest or a shard is not valid, a shard changed since the
+            manifest was written, or the shards do not form one set (each names the file).
+    """
+    from h5pack.check.packset import set_paths
+
+    paths, manifest = set_paths(source)
+    if timeout_s is not None:
+        for error in probe_packs(paths, timeout_s=timeout_s):
+            if error is not None:
+                raise error
+    view = describe(source)  # the readers' checks: changed shards, shards that cannot join
+    infos = [pack_info(path) for path in paths]
+    first = infos[0]
+    counts = Counter(int(label) for label in view.meta.labels)
+    num_chunks = sum(i.num_chunks for i in infos)
+    stored = sum(i.stored_bytes for i in infos)
+    disk = sum(i.disk_bytes for i in infos)
+    shapes = {i.sample_shape for i in infos}
+    shuffled = {i.shuffled for i in infos}
+
+    def layout_of(info: PackInfo) -> str:
+        return f"chunked {info.chunk_shape}" if info.chunk_shape else "contiguous"
+
+    return PackSetInfo(
+        path=os.fspath(manifest.manifest_path) if manifest is not None else first.path,
+        has_manifest=manifest is not None,
+        num_shards=len(infos),
+        seed=manifest.seed if manifest is not None else None,
+        created_utc=manifest.created_utc if manifest is not None else "",
+        tool_version=(manifest.tool_version if manifest is not None else "") or first.tool_version,
+        num_samples=view.meta.num_samples,
+        classes=tuple((name, counts.get(i, 0)) for i, name in enumerate(view.meta.classes)),
+        unlabelled=counts.get(-1, 0),
+        mode=view.meta.mode,
+        storage=view.meta.storage,
+        sample_shape=shapes.pop() if len(shapes) == 1 else None,
+        channels=view.meta.channels,
+        layout=_common([layout_of(i) for i in infos]),
+        num_chunks=num_chunks,
+        samples_per_chunk=view.meta.num_samples / max(1, view.chunk_map.num_chunks),
+        codec=_common([i.codec for i in infos]),
+        plugins=tuple(dict.fromkeys(p for i in infos for p in i.plugins)),
+        stored_bytes=stored,
+        disk_bytes=disk,
+        compression_ratio=stored / disk if disk else 0.0,
+        file_bytes=sum(i.file_bytes for i in infos),
+        shuffled=shuffled.pop() if len(shuffled) == 1 else (False if False in shuffled else None),
+        skipped=tuple(s for i in infos for s in i.skipped),
+        shards=tuple(
+            ShardRow(
+                path=i.path,
+                num_samples=i.num_samples,
+                file_bytes=i.file_bytes,
+                skipped=len(i.skipped),
+            )
+            for i in infos
+        ),
     )

@@ -13,35 +13,49 @@ is not imported again) and kill it after ``timeout_s``. Whatever the child could
 (an error, a crash, the time limit) is reported as damage; when it succeeds, the same
 reads in this process take the same path through HDF5 and finish too. It costs one
 interpreter start (~0.4 s), so the CLI uses it and library calls choose it
-(``timeout_s=``).
+(``timeout_s=``). A pack set's shards are probed one after another in one child
+(``probe_packs``), each under the time limit; a shard that hangs or crashes it is reported
+and a fresh child takes the rest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from h5pack._types import StrPath
-from h5pack.errors import FormatError, PackNotFoundError
+from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
 # Seconds the CLI gives the child: reading the metadata of a pack of millions of samples
 # over a network file system takes seconds, not minutes.
 PROBE_TIMEOUT_S = 120.0
 
-_CHILD = (
+# The child of ``probe_packs``: pack paths on stdin (JSON), one result line per pack.
+_CHILD_MANY = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from h5pack.check.probe import probe_main; probe_main(sys.argv[2], sys.argv[3] == 'strict')"
+    "from h5pack.check.probe import probe_many_main; probe_many_main(sys.argv[2] == 'strict')"
 )
 # Where h5pack is imported from, so that the child imports the same code.
 _ROOT = str(Path(__file__).resolve().parents[2])
 _DAMAGED = "the pack is damaged: re-create it, or restore it from a copy"
 
 
-def probe_main(path: str, strict: bool) -> None:
-    """Read a pack's metadata, paths and chunk index; print one JSON line (the child's side)."""
+def probe_many_main(strict: bool) -> None:
+    """Probe each pack of the JSON list on stdin in turn; print one JSON line per pack."""
+    for path in json.loads(sys.stdin.read()):
+        sys.stdout.write(json.dumps(_probe_here(str(path), strict)) + "\n")
+        sys.stdout.flush()
+
+
+def _probe_here(path: str, strict: bool) -> dict[str, str]:
+    """Read a pack's metadata, paths and chunk index in this process; say what went wrong."""
     from h5pack.core import format as fmt
 
     result: dict[str, str]
@@ -61,8 +75,7 @@ def probe_main(path: str, strict: bool) -> None:
         result = {"kind": "format" if strict else "ok", "message": str(err)}
     except Exception as err:  # anything else HDF5 raised on a damaged file is damage too
         result = {"kind": "other", "message": f"{type(err).__name__}: {err}"}
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+    return result
 
 
 def probe_pack(path: StrPath, *, timeout_s: float = PROBE_TIMEOUT_S, strict: bool = True) -> None:
@@ -81,34 +94,112 @@ def probe_pack(path: StrPath, *, timeout_s: float = PROBE_TIMEOUT_S, strict: boo
         FormatError: the file is not a pack, or is damaged: the child reported an error,
             crashed, or did not finish within ``timeout_s``.
     """
-    text = os.fspath(path)
-    if not Path(text).exists():
-        raise PackNotFoundError(f"{text}: no such pack")
-    command = [sys.executable, "-c", _CHILD, _ROOT, text, "strict" if strict else "lenient"]
+    (error,) = probe_packs([path], timeout_s=timeout_s, strict=strict)
+    if error is not None:
+        raise error
+
+
+def probe_packs(
+    paths: Sequence[StrPath], *, timeout_s: float = PROBE_TIMEOUT_S, strict: bool = True
+) -> list[H5PackError | None]:
+    """Probe several packs (a pack set's shards) in one child, each under ``timeout_s``.
+
+    The packs are read one after another in one interpreter; a pack that makes it hang or
+    crash is reported and a fresh child takes the rest, so N packs cost one interpreter
+    start, not N.
+
+    Args:
+        paths: The packs.
+        timeout_s: The time limit of each pack (the first one's includes the child's start).
+        strict: As for ``probe_pack``.
+
+    Returns:
+        For each pack, in order, what ``probe_pack`` would raise for it (a
+        ``PackNotFoundError`` or a ``FormatError``), or None.
+    """
+    texts = [os.fspath(p) for p in paths]
+    errors: list[H5PackError | None] = [None] * len(texts)
+    pending = []
+    for index, text in enumerate(texts):
+        if Path(text).exists():
+            pending.append(index)
+        else:
+            errors[index] = PackNotFoundError(f"{text}: no such pack")
+    while pending:
+        reported = _probe_in_child([texts[i] for i in pending], timeout_s, strict)
+        for index, error in zip(pending, reported, strict=False):
+            errors[index] = error
+        pending = pending[len(reported) :]
+    return errors
+
+
+def _probe_in_child(texts: list[str], timeout_s: float, strict: bool) -> list[H5PackError | None]:
+    """Probe ``texts`` in one child until one hangs or crashes it (that one is reported last)."""
+    results: list[H5PackError | None] = []
+    with tempfile.TemporaryDirectory(prefix="h5pack-probe-") as work:
+        listing = Path(work, "packs.json")
+        listing.write_text(json.dumps(texts), encoding="utf-8")
+        stderr_path = Path(work, "stderr")
+        with open(listing, "rb") as stdin, open(stderr_path, "wb") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_MANY, _ROOT, "strict" if strict else "lenient"],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
+        assert child.stdout is not None
+        buffer = b""
+        try:
+            for text in texts:
+                deadline = time.monotonic() + timeout_s
+                while b"\n" not in buffer:
+                    remaining = deadline - time.monotonic()
+                    ready = select.select([child.stdout], [], [], max(0.0, remaining))[0]
+                    if not ready:
+                        results.append(
+                            FormatError(
+                                f"{text}: reading the pack's metadata did not finish within "
+                                f"{timeout_s:g} s (HDF5 loops on some damaged metadata); "
+                                f"{_DAMAGED}"
+                            )
+                        )
+                        return results
+                    data = os.read(child.stdout.fileno(), 1 << 16)
+                    if not data:  # the child died on this pack
+                        code = child.wait()
+                        lines = stderr_path.read_text(errors="replace").strip().splitlines()
+                        results.append(
+                            FormatError(
+                                f"{text}: reading the pack's metadata crashed the process "
+                                f"that tried (exit {code}: {(lines[-1:] or ['no output'])[0]}); "
+                                f"{_DAMAGED}"
+                            )
+                        )
+                        return results
+                    buffer += data
+                line, buffer = buffer.split(b"\n", 1)
+                results.append(_error_of(text, line))
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            child.stdout.close()
+    return results
+
+
+def _error_of(text: str, line: bytes) -> H5PackError | None:
+    """Return the error the child's result ``line`` on pack ``text`` stands for, or None."""
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired as err:
-        raise FormatError(
-            f"{text}: reading the pack's metadata did not finish within {timeout_s:g} s "
-            f"(HDF5 loops on some damaged metadata); {_DAMAGED}"
-        ) from err
-    lines = done.stdout.strip().splitlines()
-    try:
-        result = json.loads(lines[-1]) if lines else None
+        result = json.loads(line)
     except json.JSONDecodeError:
         result = None
     if not isinstance(result, dict):
-        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise FormatError(
-            f"{text}: reading the pack's metadata crashed the process that tried (exit "
-            f"{done.returncode}: {last[0]}); {_DAMAGED}"
-        )
+        return FormatError(f"{text}: the process reading its metadata answered {line[:80]!r}")
     kind, message = result.get("kind"), str(result.get("message", ""))
     if kind == "missing":
-        raise PackNotFoundError(message)
+        return PackNotFoundError(message)
     if kind == "format":
-        raise FormatError(message)
+        return FormatError(message)
     if kind != "ok":
-        raise FormatError(f"{text}: the pack's metadata cannot be read ({message}); {_DAMAGED}")
+        return FormatError(f"{text}: the pack's metadata cannot be read ({message}); {_DAMAGED}")
+    return None

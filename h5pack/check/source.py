@@ -16,7 +16,8 @@ Every file of the folder is accounted for, and each side named:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,16 +27,32 @@ from h5pack.check.verify import Problem, VerifyReport
 from h5pack.core import format as fmt
 from h5pack.core.decode import BACKENDS, RESIZE_METHODS, decode_image, load_file
 from h5pack.errors import DecodeError
-from h5pack.read.reader import PackReader
+from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.write.options import DEFAULT_QUALITY
 from h5pack.write.pipeline import DecodeSpec, Prepared, prepare_sample
 from h5pack.write.scan import SourceFile, scan
 
 
+@dataclass(frozen=True)
+class SourceShard:
+    """One pack compared with the source folder (a pack set has one per shard).
+
+    Attributes:
+        name: The shard's name in problems ("" for a single pack).
+        path: The pack.
+        meta: Its metadata.
+        paths: Its samples' relative source paths.
+    """
+
+    name: str
+    path: str
+    meta: fmt.PackMeta
+    paths: list[str]
+
+
 def compare_source(
     report: VerifyReport,
-    reader: PackReader,
-    paths: list[str],
+    shards: Sequence[SourceShard],
     source: StrPath,
     *,
     labels_csv: StrPath | None,
@@ -43,36 +60,50 @@ def compare_source(
     seed: int,
     tolerance: float,
 ) -> VerifyReport:
-    """Return ``report`` with the differences between the pack and its source folder."""
-    meta = reader.meta
+    """Return ``report`` with the differences between the packs and their source folder.
+
+    Every file of the folder must be in exactly one of ``shards`` (a path held by two is
+    reported by the pack set's own checks; the first holder is compared here). ``sample``
+    content comparisons are drawn over all shards together.
+    """
     found = scan(source, labels_csv=labels_csv)
     in_folder = {f.relative: f for f in found.files}
     unreadable = {p.path: p.reason for p in found.problems if p.path not in in_folder}
-    in_pack = {rel: i for i, rel in enumerate(paths)}
-    skipped = {s.path for s in meta.skipped}
+    in_pack: dict[str, tuple[int, int]] = {}
+    for number, shard in enumerate(shards):
+        for index, relative in enumerate(shard.paths):
+            in_pack.setdefault(relative, (number, index))
+    skipped = {s.path for shard in shards for s in shard.meta.skipped}
+    where = "the pack set" if len(shards) > 1 or shards[0].name else "the pack"
     problems = list(report.problems)
     counts: Counter[str] = Counter()
 
     def name_of(label: int, classes: tuple[str, ...]) -> str | None:
         return classes[label] if 0 <= label < len(classes) else None
 
+    def problem(held: tuple[int, int] | None, relative: str, message: str) -> Problem:
+        if held is None:
+            return Problem(None, relative, message)
+        return Problem(held[1], relative, message, shard=shards[held[0]].name)
+
     for relative, file in in_folder.items():
-        index = in_pack.get(relative)
-        if index is None:
+        held = in_pack.get(relative)
+        if held is None:
             if relative in skipped:
                 counts["skipped"] += 1
             else:
                 counts["extra"] += 1
                 problems.append(
-                    Problem(None, relative, "extra: in the source folder, not in the pack")
+                    problem(None, relative, f"extra: in the source folder, not in {where}")
                 )
             continue
-        packed = name_of(int(meta.labels[index]), meta.classes)
+        meta = shards[held[0]].meta
+        packed = name_of(int(meta.labels[held[1]]), meta.classes)
         label = name_of(file.label, found.classes)
         if packed != label:
             counts["mismatched"] += 1
             problems.append(
-                Problem(index, relative, f"class {packed!r} in the pack, {label!r} in the source")
+                problem(held, relative, f"class {packed!r} in {where}, {label!r} in the source")
             )
     for relative, reason in unreadable.items():
         if relative in skipped:
@@ -80,24 +111,33 @@ def compare_source(
         elif relative in in_pack:
             counts["changed"] += 1
             problems.append(
-                Problem(in_pack[relative], relative, f"the source file cannot be read: {reason}")
+                problem(in_pack[relative], relative, f"the source file cannot be read: {reason}")
             )
         else:
             counts["extra"] += 1
             problems.append(
-                Problem(None, relative, f"extra: in the source folder, not in the pack ({reason})")
+                problem(None, relative, f"extra: in the source folder, not in {where} ({reason})")
             )
-    for relative, index in in_pack.items():
+    for relative, held in in_pack.items():
         if relative not in in_folder and relative not in unreadable:
             counts["missing"] += 1
             problems.append(
-                Problem(index, relative, "missing: in the pack, not in the source folder")
+                problem(held, relative, f"missing: in {where}, not in the source folder")
             )
-    candidates = np.array(sorted(in_pack[r] for r in in_folder if r in in_pack), dtype=np.int64)
-    if sample is not None and sample < candidates.size:
+    # candidates: (shard, index) of every sample whose file is in the folder, in set order
+    candidates = np.array(
+        sorted(in_pack[r] for r in in_folder if r in in_pack), dtype=np.int64
+    ).reshape(-1, 2)
+    if sample is not None and sample < len(candidates):
         rng = np.random.default_rng(seed)
-        candidates = np.sort(rng.choice(candidates, size=sample, replace=False))
-    differences = _compare_content(reader, paths, in_folder, candidates, tolerance)
+        chosen = np.sort(rng.choice(len(candidates), size=sample, replace=False))
+        candidates = candidates[chosen]
+    differences: list[Problem] = []
+    for number, shard in enumerate(shards):
+        indices = candidates[candidates[:, 0] == number, 1]
+        if indices.size:
+            found_here = _compare_content(shard, in_folder, indices, tolerance)
+            differences.extend(replace(d, shard=shard.name) for d in found_here)
     problems.extend(differences)
     return replace(
         report,
@@ -108,7 +148,7 @@ def compare_source(
         skipped=counts["skipped"],
         mismatched=counts["mismatched"],
         changed=counts["changed"] + len(differences),
-        num_compared=int(candidates.size),
+        num_compared=len(candidates),
     )
 
 
@@ -129,27 +169,29 @@ def _decode_spec(meta: fmt.PackMeta) -> DecodeSpec:
 
 
 def _compare_content(
-    reader: PackReader,
-    paths: list[str],
+    shard: SourceShard,
     in_folder: dict[str, SourceFile],
     indices: np.ndarray,
     tolerance: float,
 ) -> list[Problem]:
-    """Compare samples ``indices`` with their source files, a chunk group at a time."""
-    spec = _decode_spec(reader.meta)
+    """Compare samples ``indices`` of one pack with their source files, a chunk group at a time."""
+    spec = _decode_spec(shard.meta)
     problems: list[Problem] = []
-    groups = reader.chunk_map.chunks_of(indices)
-    for group in np.unique(groups).tolist():
-        batch = indices[groups == group]
-        try:
-            stored = reader.read_stored(batch)
-        except Exception:  # damaged chunks are reported by the sample checks already
-            continue
-        for index, data in zip(batch.tolist(), stored, strict=True):
-            relative = paths[index]
-            message = _difference(reader.meta, spec, index, data, in_folder[relative], tolerance)
-            if message is not None:
-                problems.append(Problem(index, relative, f"changed: {message}"))
+    options = ReaderOptions(direct=False, verify_checksums=False)
+    with PackReader(shard.path, options, meta=shard.meta) as reader:
+        groups = reader.chunk_map.chunks_of(indices)
+        for group in np.unique(groups).tolist():
+            batch = indices[groups == group]
+            try:
+                stored = reader.read_stored(batch)
+            except Exception:  # damaged chunks are reported by the sample checks already
+                continue
+            for index, data in zip(batch.tolist(), stored, strict=True):
+                relative = shard.paths[index]
+                file = in_folder[relative]
+                message = _difference(shard.meta, spec, index, data, file, tolerance)
+                if message is not None:
+                    problems.append(Problem(index, relative, f"changed: {message}"))
     return problems
 
 

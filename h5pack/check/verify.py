@@ -14,7 +14,9 @@ from h5pack._types import StrPath
 from h5pack.check.probe import probe_pack
 from h5pack.core import format as fmt
 from h5pack.core import integrity
+from h5pack.core.packset import is_packset
 from h5pack.errors import DecodeError, FormatError
+from h5pack.read.packset import PackSource
 
 # Mean absolute difference (0..255 levels) below which decoded pixels count as the same
 # image: decoders of different versions differ by a level here and there, a re-encoded,
@@ -24,18 +26,33 @@ DEFAULT_TOLERANCE = 1.0
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a pack: the sample (index, or None) and path concerned, and what."""
+    """One thing wrong with a pack: the sample (index, or None) and path concerned, and what.
+
+    Attributes:
+        index: The sample (in a pack set, its index within ``shard``), or None.
+        path: The sample's (or a source file's) relative path, or "".
+        message: What is wrong.
+        shard: In a pack set: the shard file concerned (the manifest for the set as a
+            whole), or "" when the problem is a source file in no shard.
+    """
 
     index: int | None
     path: str
     message: str
+    shard: str = ""
 
     def __str__(self) -> str:
         if self.index is not None:
             where = f"sample {self.index}"
+        elif self.path:
+            where = "source"
         else:
-            where = "source" if self.path else "pack"
-        return f"{where} ({self.path}): {self.message}" if self.path else f"{where}: {self.message}"
+            where = "" if self.shard else "pack"
+        if self.path:
+            where += f" ({self.path})"
+        if self.shard:
+            where = f"{self.shard}: {where}" if where else self.shard
+        return f"{where}: {self.message}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,10 +60,11 @@ class VerifyReport:
     """The outcome of ``verify_pack``.
 
     Attributes:
-        path: The pack.
-        num_samples: Samples in the pack.
+        path: The pack (a pack set's manifest, or its first pack for a list).
+        num_samples: Samples in the pack (set).
         num_verified: Samples whose digests matched and that decoded to their shape.
-        problems: Everything found wrong, by sample index and path.
+        problems: Everything found wrong, by sample index and path (and shard).
+        num_shards: Shards of a pack set (0 for a pack).
         num_source: Images found in the source folder, when one was given.
         missing: Samples in the pack whose file is not in the source folder.
         extra: Images in the source folder that are not in the pack and were not skipped
@@ -62,6 +80,7 @@ class VerifyReport:
     num_samples: int
     num_verified: int
     problems: tuple[Problem, ...]
+    num_shards: int = 0
     num_source: int | None = None
     missing: int = 0
     extra: int = 0
@@ -135,15 +154,14 @@ def _metadata_problems(meta: fmt.PackMeta, paths: list[str] | None) -> list[Prob
         Problem(
             None,
             "",
-            f"metadata {name!r} does not match the CRC32 recorded at conversion: "
-            "it is damaged",
+            f"metadata {name!r} does not match the CRC32 recorded at conversion: it is damaged",
         )
         for name in damaged
     ]
 
 
 def verify_pack(
-    path: StrPath,
+    path: PackSource,
     *,
     source: StrPath | None = None,
     labels_csv: StrPath | None = None,
@@ -158,7 +176,8 @@ def verify_pack(
     Samples are read chunk by chunk and checked against both their CRC32 and (format 1.1)
     their XXH3-64. A chunk that cannot be read (a corrupt compressed chunk) is reported for
     its range of samples; nothing raises for damaged data or damaged metadata that still
-    locates the samples.
+    locates the samples. A pack set (its directory or manifest, or a list of packs) is
+    checked by ``verify_packset``.
 
     Args:
         path: The pack.
@@ -181,12 +200,64 @@ def verify_pack(
         FormatError: the file is not a pack, or its metadata is too damaged to locate the
             samples.
     """
+    if is_packset(path):
+        from h5pack.check.packset import verify_packset
+
+        return verify_packset(
+            path,
+            source=source,
+            labels_csv=labels_csv,
+            sample=sample,
+            seed=seed,
+            tolerance=tolerance,
+            progress=progress,
+            timeout_s=timeout_s,
+        )
+    assert isinstance(path, str | os.PathLike)  # is_packset: one path
+    text = os.fspath(path)
+    if timeout_s is not None:
+        probe_pack(text, timeout_s=timeout_s, strict=False)
+    checked = check_pack(text, progress=progress)
+    if source is None:
+        return checked.report
+    from h5pack.check.source import SourceShard, compare_source
+
+    meta = checked.meta
+    csv = labels_csv if labels_csv is not None else meta.options.get("labels_csv")
+    if csv is not None and labels_csv is None and not Path(csv).exists():
+        csv = None
+    return compare_source(
+        checked.report,
+        [SourceShard(name="", path=text, meta=meta, paths=checked.paths)],
+        source,
+        labels_csv=csv,
+        sample=sample,
+        seed=seed,
+        tolerance=tolerance,
+    )
+
+
+@dataclass(frozen=True)
+class CheckedPack:
+    """What ``check_pack`` found, with the metadata and paths it read (for later checks)."""
+
+    report: VerifyReport
+    meta: fmt.PackMeta
+    paths: list[str]
+
+
+def check_pack(path: StrPath, *, progress: Callable[[int], None] | None = None) -> CheckedPack:
+    """Check one pack's metadata digests, structure and every sample (no source, no probe).
+
+    Raises:
+        FileNotFoundError: the pack does not exist.
+        FormatError: the file is not a pack, or its metadata is too damaged to locate the
+            samples.
+    """
     from h5pack.read.reader import PackReader, ReaderOptions
 
     text = os.fspath(path)
     step = progress or (lambda n: None)
-    if timeout_s is not None:
-        probe_pack(text, timeout_s=timeout_s, strict=False)
     with fmt.open_h5(text) as handle:
         meta = fmt.read_meta(handle, text, check_digests=False)
         try:
@@ -225,26 +296,10 @@ def verify_pack(
                 else:
                     problems.append(Problem(i, paths[i], message))
             step(len(indices))
-        report = VerifyReport(
-            path=text, num_samples=meta.num_samples, num_verified=verified, problems=tuple(problems)
-        )
-        if source is None:
-            return report
-        from h5pack.check.source import compare_source
-
-        csv = labels_csv if labels_csv is not None else meta.options.get("labels_csv")
-        if csv is not None and labels_csv is None and not Path(csv).exists():
-            csv = None
-        return compare_source(
-            report,
-            reader,
-            paths,
-            source,
-            labels_csv=csv,
-            sample=sample,
-            seed=seed,
-            tolerance=tolerance,
-        )
+    report = VerifyReport(
+        path=text, num_samples=meta.num_samples, num_verified=verified, problems=tuple(problems)
+    )
+    return CheckedPack(report, meta, paths)
 
 
 SampleCheck = tuple[str, np.ndarray, Callable[[np.ndarray], int], int]
@@ -297,5 +352,3 @@ def _check_sample(
     if tuple(image.shape) != shape:
         return f"decodes to {tuple(image.shape)}, the pack recorded {shape}"
     return None
-
-

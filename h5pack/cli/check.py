@@ -1,4 +1,8 @@
-"""``h5pack info`` and ``h5pack verify``: describe and check a pack."""
+"""``h5pack info`` and ``h5pack verify``: describe and check a pack or a pack set.
+
+``info`` also says whether a pack's chunks mix labels: the figure is the training layer's
+(``training.mixing``), which ``check/`` may not import, so it is measured here.
+"""
 
 from __future__ import annotations
 
@@ -13,40 +17,64 @@ from h5pack.cli.flags import format_bytes, progress_for, quiet_flag
 __all__ = ["info", "verify"]
 
 
-def _info_lines(info: Any) -> list[tuple[str, str]]:
+def _classes_text(info: Any) -> str:
     classes = ", ".join(f"{name} {count}" for name, count in info.classes[:12])
     if len(info.classes) > 12:
         classes += f", ... ({len(info.classes) - 12} more)"
     if info.unlabelled:
         classes = (classes + ", " if classes else "") + f"unlabelled {info.unlabelled}"
-    shape = info.sample_shape
-    sample = f"{shape[1]}x{shape[0]} (WxH)" if shape else "of original sizes (per-sample shapes)"
-    if info.layout == "chunked":
-        layout = (
-            f"chunked, chunk {info.chunk_shape} = {format_bytes(info.chunk_bytes)} "
-            f"uncompressed, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} samples/chunk"
-        )
-    else:
-        layout = "contiguous"
-    plugins = ", ".join(info.plugins) if info.plugins else "none (plain HDF5 reads it)"
+    return classes or "none"
+
+
+def _skipped_text(info: Any) -> str:
     skipped = str(len(info.skipped))
     if info.skipped:
         skipped += ": " + ", ".join(s.path for s in info.skipped[:5])
         skipped += ", ..." if len(info.skipped) > 5 else ""
+    return skipped
+
+
+def _common_lines(info: Any) -> list[tuple[str, str]]:
+    """Return the lines a pack and a pack set share, from ``samples`` to ``skipped``."""
+    shape = info.sample_shape
+    sample = f"{shape[1]}x{shape[0]} (WxH)" if shape else "of original sizes (per-sample shapes)"
+    if hasattr(info, "shards"):
+        images = f"samples {sample}, {info.channels} ch"
+        layout = (
+            f"{info.layout}, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} samples/chunk"
+        )
+    else:
+        images = f"{info.dtype} {info.images_shape}, samples {sample}, {info.channels} ch"
+        if info.layout == "chunked":
+            layout = (
+                f"chunked, chunk {info.chunk_shape} = {format_bytes(info.chunk_bytes)} "
+                f"uncompressed, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} "
+                "samples/chunk"
+            )
+        else:
+            layout = "contiguous"
+    plugins = ", ".join(info.plugins) if info.plugins else "none (plain HDF5 reads it)"
     return [
-        ("pack", f"{info.path} ({format_bytes(info.file_bytes)})"),
-        ("format", f"h5pack format {info.format_version}, written by h5pack {info.tool_version}"),
-        ("created", info.created_utc),
         ("samples", f"{info.num_samples} in {len(info.classes)} classes"),
-        ("classes", classes or "none"),
+        ("classes", _classes_text(info)),
         ("mode", f"{info.mode} ({info.storage} storage)"),
-        ("images", f"{info.dtype} {info.images_shape}, samples {sample}, {info.channels} ch"),
+        ("images", images),
         ("layout", layout),
         ("codec", info.codec),
         ("ratio", _ratio_text(info)),
         ("plugins", plugins),
         ("shuffled", {True: "yes", False: "no", None: "unknown"}[info.shuffled]),
-        ("skipped", skipped),
+        ("skipped", _skipped_text(info)),
+    ]
+
+
+def _info_lines(info: Any) -> list[tuple[str, str]]:
+    """Return the lines of ``h5pack info`` for a pack (a ``PackInfo``)."""
+    return [
+        ("pack", f"{info.path} ({format_bytes(info.file_bytes)})"),
+        ("format", f"h5pack format {info.format_version}, written by h5pack {info.tool_version}"),
+        ("created", info.created_utc),
+        *_common_lines(info),
     ]
 
 
@@ -57,65 +85,177 @@ def _ratio_text(info: Any) -> str:
         f"{format_bytes(info.disk_bytes)}"
     )
     padding = info.disk_bytes - info.stored_bytes
-    if not info.filter_ids and padding > 0:
+    if info.codec == "none" and padding > 0:
         share = padding / max(1, info.file_bytes)
         text += f", of which {format_bytes(padding)} is padding, {share:.1%} of the file"
     return text + ")"
 
 
+def _set_lines(info: Any) -> list[tuple[str, str]]:
+    """Return the lines of ``h5pack info`` for a pack set (a ``PackSetInfo``)."""
+    if info.has_manifest:
+        kind = f"pack set of {info.num_shards} shards"
+        made = f"pack set manifest 1, written by h5pack {info.tool_version}, seed {info.seed}"
+    else:
+        kind = f"list of {info.num_shards} packs"
+        made = f"packs written by h5pack {info.tool_version}"
+    head = [
+        ("set", f"{info.path} ({kind}, {format_bytes(info.file_bytes)})"),
+        ("format", made),
+    ]
+    if info.created_utc:
+        head.append(("created", info.created_utc))
+    return head + _common_lines(info)
+
+
+def _shard_table(info: Any) -> list[str]:
+    """Return the per-shard table of ``h5pack info SET``: path, samples, size, skipped."""
+    width = max(len("path"), *(len(row.path) for row in info.shards))
+    rows = [f"{'path':<{width}}  {'samples':>9}  {'size':>10}  {'skipped':>7}"]
+    rows += [
+        f"{row.path:<{width}}  {row.num_samples:>9}  {format_bytes(row.file_bytes):>10}  "
+        f"{row.skipped:>7}"
+        for row in info.shards
+    ]
+    return rows
+
+
+def _mixing(meta: Any, chunk_map: Any) -> tuple[str, dict[str, Any]]:
+    """Return the ``mixing`` line of ``h5pack info`` and its JSON.
+
+    Whether the chunks mix labels (``training.mixing.label_mixing``, see its note "Label
+    mixing") and, when they do not, what ``make_loader`` does about it.
+    """
+    from h5pack.training.mixing import label_mixing
+
+    report = label_mixing(meta, chunk_map, stratified=True)
+    data: dict[str, Any] = {
+        "mixes_labels": None if report.exempt else not report.chunks_unmixed,
+        "figure": None if report.exempt else round(report.figure, 4),
+        "window_needed": report.window_needed if report.chunks_unmixed else None,
+    }
+    figure = f"label mixing {report.figure:.2f} per chunk, a shuffled pack scores ~1"
+    if report.exempt:
+        text = "not measured (fewer than two labels)"
+    elif not report.chunks_unmixed:
+        text = f"yes: chunks mix labels ({figure})"
+    else:
+        needed = report.window_needed or 1
+        text = (
+            f"no: chunks do not mix labels ({figure}). make_loader warns, orders chunks "
+            f"stratified by label and widens its default window to >= {needed} chunks "
+            "(decompressed chunks per worker, within its memory cap); re-convert without "
+            "--no-shuffle (the write-time shuffle) to train like a full shuffle"
+        )
+    data["summary"] = text
+    return text, data
+
+
 @click.command()
-@click.argument("pack", type=click.Path(dir_okay=False))
+@click.argument("packs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def info(pack: str, as_json: bool) -> None:
-    """Describe the pack PACK: samples, classes, layout, codec, ratio."""
-    from h5pack.check import PROBE_TIMEOUT_S, pack_info
+def info(packs: tuple[str, ...], as_json: bool) -> None:
+    """Describe PACKS: a pack, a pack set (its directory or packset.json) or several packs.
 
-    summary = pack_info(pack, timeout_s=PROBE_TIMEOUT_S)  # damaged metadata cannot hang it
+    Samples, classes, layout, codec, ratio and whether chunks mix labels; for a set, also
+    one row per shard.
+    """
+    from h5pack.check import PROBE_TIMEOUT_S, pack_info, packset_info
+    from h5pack.core.format import load_meta
+    from h5pack.core.packset import is_packset
+    from h5pack.read.packset import describe
+
+    source: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
+    summary: Any
+    if is_packset(source):
+        summary = packset_info(source, timeout_s=PROBE_TIMEOUT_S)  # each shard probed
+        view = describe(source)
+        meta, chunk_map = view.meta, view.chunk_map
+        lines = _set_lines(summary)
+    else:
+        summary = pack_info(packs[0], timeout_s=PROBE_TIMEOUT_S)  # damaged metadata cannot hang it
+        meta, chunk_map = load_meta(packs[0]), None
+        lines = _info_lines(summary)
+    mixing, mixing_data = _mixing(meta, chunk_map)
     if as_json:
-        click.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
+        data = summary.to_dict()
+        data["mixing"] = mixing_data
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
         return
-    for key, value in _info_lines(summary):
+    for key, value in [*lines, ("mixing", mixing)]:
         click.echo(f"{key:<9} {value}")
+    if is_packset(source):
+        table = _shard_table(summary)
+        click.echo(f"{'shards':<9} {table[0]}")
+        for row in table[1:]:
+            click.echo(f"{'':<9} {row}")
 
 
 @click.command()
-@click.argument("pack", type=click.Path(dir_okay=False))
+@click.argument("packs", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--source",
     type=click.Path(file_okay=False),
     default=None,
-    help="The image folder the pack was made from: every image must be in the pack.",
+    help="The image folder the pack (set) was made from: every image must be in it "
+    "(in exactly one shard of a set).",
 )
 @click.option("--labels", "labels_csv", type=click.Path(dir_okay=False), default=None)
 @click.option(
     "--sample",
     type=click.IntRange(min=1),
     default=None,
-    help="With --source: compare the content of N random samples [default: all].",
+    help="With --source: compare the content of N random samples (over the whole set) "
+    "[default: all].",
 )
 @quiet_flag
 def verify(
-    pack: str, source: str | None, labels_csv: str | None, sample: int | None, quiet: bool
+    packs: tuple[str, ...],
+    source: str | None,
+    labels_csv: str | None,
+    sample: int | None,
+    quiet: bool,
 ) -> None:
-    """Check PACK: metadata, every checksum, every sample decodes (exit 1 on a problem)."""
+    """Check PACKS (a pack, a pack set or several packs): metadata, checksums, decoding.
+
+    Every sample of every shard is checked; a set's manifest too (every shard present and
+    unchanged, one class list, no image in two shards). Exit 1 on a problem.
+    """
     from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
+    from h5pack.core.packset import is_packset, load_manifest
 
-    probe_pack(pack, timeout_s=PROBE_TIMEOUT_S, strict=False)  # damaged metadata cannot hang it
-    total = load_meta(pack, check_digests=False).num_samples
+    pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
+    total: int | None = None
+    if is_packset(pack):
+        if isinstance(pack, str):
+            total = load_manifest(pack).num_samples
+        timeout = PROBE_TIMEOUT_S  # each shard probed by verify_packset
+    else:
+        probe_pack(packs[0], timeout_s=PROBE_TIMEOUT_S, strict=False)  # cannot hang on damage
+        total = load_meta(packs[0], check_digests=False).num_samples
+        timeout = None
     with progress_for(quiet) as progress:
         progress.event(_Phase("verifying", total))
         report = verify_pack(
-            pack, source=source, labels_csv=labels_csv, sample=sample, progress=progress.advance
+            pack,
+            source=source,
+            labels_csv=labels_csv,
+            sample=sample,
+            progress=progress.advance,
+            timeout_s=timeout,
         )
     for problem in report.problems:
         click.echo(str(problem))
     summary = f"{report.num_verified} of {report.num_samples} samples verified"
+    if report.num_shards:
+        summary += f" in {report.num_shards} shards"
+    where = "the set" if report.num_shards else "the pack"
     if report.num_source is not None:
         summary += (
             f"; source: {report.num_source} files in the folder, {report.missing} missing "
-            f"(in the pack, not in the folder), {report.extra} extra (in the folder, not in "
-            f"the pack), {report.skipped} skipped at conversion, {report.mismatched} with "
+            f"(in {where}, not in the folder), {report.extra} extra (in the folder, not in "
+            f"{where}), {report.skipped} skipped at conversion, {report.mismatched} with "
             f"another label, {report.changed} changed of {report.num_compared} compared"
         )
     if report.ok:
@@ -130,6 +270,6 @@ class _Phase:
 
     kind = "phase"
 
-    def __init__(self, message: str, total: int) -> None:
+    def __init__(self, message: str, total: int | None) -> None:
         self.message = message
         self.total = total

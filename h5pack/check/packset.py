@@ -1,0 +1,232 @@
+"""Whether a pack set is intact: ``verify_packset`` (``h5pack verify SET``).
+
+Every shard is checked as a pack is (``check_pack``: metadata digests, structure, every
+sample's digests and decoding), and the set as a whole:
+
+- the manifest: every shard it lists is present and is the file it recorded (size, sample
+  count, class list and metadata digest, ``core.packset.check_shard``);
+- across shards: one class list (and one mode, storage, channel count and image shape,
+  as the readers require); no source image in two shards: the same ``source_index`` (a
+  position in the one global scan, see the note "Source positions across shards") or, in a
+  set with a manifest or checked against its source folder, the same source path;
+- with a source folder: every image of the folder in exactly one shard.
+
+Problems are reported by shard file; a problem of the set as a whole names the manifest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from h5pack._types import StrPath
+from h5pack.check.probe import probe_packs
+from h5pack.check.source import SourceShard, compare_source
+from h5pack.check.verify import DEFAULT_TOLERANCE, Problem, VerifyReport, check_pack
+from h5pack.core import format as fmt
+from h5pack.core.packset import PackSetManifest, check_shard, load_manifest
+from h5pack.errors import FormatError, H5PackError, OptionsError
+from h5pack.read.packset import PackSource, describe
+
+
+def set_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]:
+    """Return the packs of a pack set (its directory or manifest, or a list) and its manifest.
+
+    Raises:
+        PackNotFoundError: there is no manifest.
+        FormatError: the manifest is not a valid one.
+        OptionsError: the list of packs is empty.
+    """
+    if isinstance(source, str | os.PathLike):
+        manifest = load_manifest(source)
+        return manifest.shard_paths(), manifest
+    paths = [Path(p) for p in source]
+    if not paths:
+        raise OptionsError("a list of packs should hold at least one pack, but got none")
+    return paths, None
+
+
+def _message(err: BaseException, name: str) -> str:
+    """Return the text of ``err`` without the file name it starts with (the problem says it)."""
+    text = str(err)
+    return text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
+
+
+def verify_packset(
+    packs: PackSource,
+    *,
+    source: StrPath | None = None,
+    labels_csv: StrPath | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    tolerance: float = DEFAULT_TOLERANCE,
+    progress: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
+) -> VerifyReport:
+    """Check every shard of a pack set and the set as a whole; optionally its source folder.
+
+    Nothing raises for a missing, truncated, changed or damaged shard: each is a problem
+    naming the shard file (a sample's index is its index within that shard).
+
+    Args:
+        packs: The pack set's directory or manifest, or a list of packs.
+        source: The image folder the set was made from: every image there must be in
+            exactly one shard (or recorded as skipped by one), with the same class and
+            content, and nothing else.
+        labels_csv: Labels CSV of the source (default: the one recorded in the first shard,
+            if it still exists).
+        sample: Compare the content of this many samples, drawn at random over the whole
+            set with ``seed``, instead of all.
+        seed: Seed of that choice.
+        tolerance: As for ``verify_pack``.
+        progress: Called with the number of samples just checked.
+        timeout_s: Read each shard's metadata in a child process first, under this time
+            limit per shard (see ``probe_packs``); ``None`` reads it in this process.
+
+    Raises:
+        PackNotFoundError: the set has no manifest.
+        FormatError: the manifest is not a valid one.
+        OptionsError: the list of packs is empty.
+    """
+    paths, manifest = set_paths(packs)
+    names = [os.fspath(p) for p in paths]
+    where = os.fspath(manifest.manifest_path) if manifest is not None else names[0]
+    problems: list[Problem] = []
+    usable = [True] * len(paths)
+    for number, path in enumerate(paths):
+        if not path.exists():
+            usable[number] = False
+            listed = "the manifest lists it, but" if manifest is not None else "given, but"
+            message = f"missing: {listed} there is no such file"
+            problems.append(Problem(None, "", message, names[number]))
+    if timeout_s is not None:
+        present = [n for n, ok in enumerate(usable) if ok]
+        for number, error in zip(
+            present,
+            probe_packs([paths[n] for n in present], timeout_s=timeout_s, strict=False),
+            strict=True,
+        ):
+            if error is not None:
+                usable[number] = False
+                problems.append(Problem(None, "", _message(error, names[number]), names[number]))
+    checked: dict[int, SourceShard] = {}
+    verified = total = 0
+    for number, path in enumerate(paths):
+        if not usable[number]:
+            if manifest is not None:
+                total += manifest.shards[number].num_samples
+            continue
+        name = names[number]
+        try:
+            meta = fmt.load_meta(path, check_digests=False)
+        except (H5PackError, OSError) as err:  # not a pack, truncated: named, not raised
+            problems.append(Problem(None, "", _message(err, name), name))
+            if manifest is not None:
+                total += manifest.shards[number].num_samples
+            continue
+        if manifest is not None:
+            try:
+                check_shard(manifest, manifest.shards[number], meta)
+            except FormatError as err:
+                problems.append(Problem(None, "", _message(err, name), name))
+        try:
+            result = check_pack(path, progress=progress)
+        except (H5PackError, OSError) as err:
+            problems.append(Problem(None, "", _message(err, name), name))
+            total += meta.num_samples
+            continue
+        problems.extend(replace(p, shard=name) for p in result.report.problems)
+        verified += result.report.num_verified
+        total += meta.num_samples
+        checked[number] = SourceShard(name=name, path=name, meta=meta, paths=result.paths)
+    shards = [checked[n] for n in sorted(checked)]
+    if shards:
+        problems.extend(_set_problems(shards, manifest, by_path=source is not None))
+    if shards and len(shards) == len(paths) and not problems:
+        try:  # whatever else the readers would refuse (they open the set this way)
+            describe(packs)
+        except (H5PackError, OSError) as err:
+            problems.append(Problem(None, "", str(err), where))
+    report = VerifyReport(
+        path=where,
+        num_samples=total,
+        num_verified=verified,
+        problems=tuple(problems),
+        num_shards=len(paths),
+    )
+    if source is None or not shards:
+        return report
+    options = shards[0].meta.options
+    csv = labels_csv if labels_csv is not None else options.get("labels_csv")
+    if csv is not None and labels_csv is None and not Path(csv).exists():
+        csv = None
+    return compare_source(
+        report, shards, source, labels_csv=csv, sample=sample, seed=seed, tolerance=tolerance
+    )
+
+
+def _set_problems(
+    shards: Sequence[SourceShard], manifest: PackSetManifest | None, *, by_path: bool
+) -> list[Problem]:
+    """Return what is wrong across shards: their agreement, and images held twice."""
+    problems: list[Problem] = []
+    first = shards[0].meta
+    for shard in shards[1:]:
+        meta = shard.meta
+        differences = [
+            f"{what} {getattr(meta, what)!r}, not {getattr(first, what)!r}"
+            for what in ("mode", "storage", "channels")
+            if getattr(meta, what) != getattr(first, what)
+        ]
+        if manifest is None and meta.classes != first.classes:  # a manifest's: check_shard
+            differences.append(f"classes {list(meta.classes)}, not {list(first.classes)}")
+        if first.storage == "array" and meta.images_shape[1:] != first.images_shape[1:]:
+            differences.append(f"image shape {meta.images_shape[1:]}, not {first.images_shape[1:]}")
+        if differences:
+            message = f"does not match {shards[0].name}: " + "; ".join(differences)
+            problems.append(Problem(None, "", message, shard.name))
+    # NOTE [ Source positions across shards ]: a sharded conversion's shards number their
+    # images by position in the one global scan, so a position held twice is an image held
+    # twice. Packs converted separately (and listed, or gathered under a manifest by hand)
+    # each number their own scan from 0: their positions repeat by construction and say
+    # nothing, so they are compared only when some shard holds a position beyond its own
+    # count (a global numbering).
+    by_index = any(
+        s.meta.source_index.size and int(s.meta.source_index.max()) >= s.meta.num_samples
+        for s in shards
+    )
+    problems.extend(_duplicates(shards, by_index=by_index, by_path=by_path or manifest is not None))
+    return problems
+
+
+def _duplicates(shards: Sequence[SourceShard], *, by_index: bool, by_path: bool) -> list[Problem]:
+    """Return a problem for each sample whose source image an earlier shard holds too.
+
+    ``by_index``: the same ``source_index`` (see the note "Source positions across
+    shards"); ``by_path``: the same relative source path.
+    """
+    problems: list[Problem] = []
+    by_position: dict[int, tuple[int, int]] = {}
+    by_relative: dict[str, tuple[int, int]] = {}
+    for number, shard in enumerate(shards):
+        positions = shard.meta.source_index.tolist()
+        for local, relative in enumerate(shard.paths):
+            holders = []
+            if by_index:
+                holders.append(by_position.setdefault(int(positions[local]), (number, local)))
+            if by_path and relative:
+                holders.append(by_relative.setdefault(relative, (number, local)))
+            other = next((h for h in holders if h[0] != number), None)
+            if other is not None:
+                problems.append(
+                    Problem(
+                        local,
+                        relative,
+                        f"duplicate: the same source image is sample {other[1]} of "
+                        f"{shards[other[0]].name} (an image belongs in exactly one shard)",
+                        shard.name,
+                    )
+                )
+    return problems
