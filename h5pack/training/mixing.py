@@ -198,7 +198,8 @@ def label_mixing(
     if not 0 < threshold <= 1:
         raise OptionsError(f"threshold should be in (0, 1], but got threshold={threshold}")
     labelled = labels >= 0
-    if np.unique(labels[labelled]).size < 2:
+    present = labels[labelled]
+    if present.size == 0 or int(present.min()) == int(present.max()):  # fewer than 2 labels
         nan = math.nan
         return MixingReport(
             figure=nan,
@@ -396,9 +397,15 @@ def mean_entropy(groups: np.ndarray, labels: np.ndarray, span: int) -> float:
         span: One more than the largest label.
     """
     keys = groups.astype(np.int64) * span + labels
-    if keys.size and int(keys.max()) < 2**31:
-        keys = keys.astype(np.int32)  # sorts faster
-    keys, counts = np.unique(keys, return_counts=True)
+    if keys.size and int(keys.max()) < max(8 * keys.size, 2**20):
+        # few distinct keys possible: count them without sorting (O(n), ~10x faster)
+        every = np.bincount(keys)
+        keys = np.flatnonzero(every)
+        counts = every[keys]
+    else:
+        if keys.size and int(keys.max()) < 2**31:
+            keys = keys.astype(np.int32)  # sorts faster
+        keys, counts = np.unique(keys, return_counts=True)
     group = keys // span
     totals = np.bincount(group, weights=counts)
     share = counts / totals[group]

@@ -404,24 +404,42 @@ def plan_epoch(chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int) -> list[np.n
     else:
         order = _rng(seed, epoch).permutation(len(sizes))
     ordered_sizes = sizes[order]
-    first_pos = np.cumsum(ordered_sizes) - ordered_sizes
-    seq = np.repeat(starts[order] - first_pos, ordered_sizes) + np.arange(num, dtype=np.int64)
-    chunk_seq = np.repeat(order, ordered_sizes)
+    ends = np.cumsum(ordered_sizes)
+    first_pos = ends - ordered_sizes
+
+    def segment(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions ``low .. high - 1`` of the epoch's sequence: samples and their chunks.
+
+        Only the chunks that overlap are laid out, so a rank's plan costs O(N / R + chunks)
+        in time and memory, not O(N).
+        """
+        if high <= low:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        first = int(np.searchsorted(ends, low, side="right"))
+        last = int(np.searchsorted(first_pos, high, side="left"))
+        part, part_sizes = order[first:last], ordered_sizes[first:last]
+        origin = int(first_pos[first])
+        seq = np.repeat(starts[part] - first_pos[first:last], part_sizes) + np.arange(
+            origin, origin + int(part_sizes.sum()), dtype=np.int64
+        )
+        chunk_seq = np.repeat(part, part_sizes)
+        return seq[low - origin : high - origin], chunk_seq[low - origin : high - origin]
 
     if drop_last:
         per_rank = batch_count * batch_size
         low = rank * per_rank
-        rank_seq, rank_chunks = seq[low : low + per_rank], chunk_seq[low : low + per_rank]
+        rank_seq, rank_chunks = segment(low, low + per_rank)
     else:
         per_rank = math.ceil(num / num_replicas)
         low, high = rank * num // num_replicas, (rank + 1) * num // num_replicas
-        rank_seq, rank_chunks = seq[low:high], chunk_seq[low:high]
+        rank_seq, rank_chunks = segment(low, high)
         pad = per_rank - (high - low)
         if pad:
             # Repeat the last sample of the rank's own slice (or the next one if it is empty).
             where = high - 1 if high > low else low % num
-            rank_seq = np.concatenate([rank_seq, np.full(pad, seq[where])])
-            rank_chunks = np.concatenate([rank_chunks, np.full(pad, chunk_seq[where])])
+            one_seq, one_chunk = segment(where, where + 1)
+            rank_seq = np.concatenate([rank_seq, np.full(pad, one_seq[0])])
+            rank_chunks = np.concatenate([rank_chunks, np.full(pad, one_chunk[0])])
 
     batch_sizes = np.full(batch_count, batch_size, dtype=np.int64)
     batch_sizes[-1] = per_rank - (batch_count - 1) * batch_size
