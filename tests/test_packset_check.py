@@ -396,3 +396,30 @@ def test_info_says_whether_chunks_mix_labels(tmp_path):
     assert 2 <= data["window_needed"] <= 12
     data = json.loads(_run("info", "--json", shuffled).output)["mixing"]
     assert (data["mixes_labels"], data["window_needed"]) == (True, None)
+
+
+# -- a set written by convert --shards --------------------------------------------------------
+
+
+def test_info_and_verify_on_convert_shards_output(tmp_path):
+    from tests.test_check import make_folder
+
+    folder = make_folder(tmp_path / "images", per_class=(6, 5, 4))
+    (folder / "cat" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")  # skipped
+    out = tmp_path / "set"
+    result = _run("convert", folder, out, "--shards", "3", "--workers", "1", "-q")
+    assert result.exit_code == 0, result.output
+    data = json.loads(_run("info", "--json", out).output)
+    assert (data["num_shards"], data["num_samples"], len(data["skipped"])) == (3, 15, 1)
+    assert sum(s["num_samples"] for s in data["shards"]) == 15
+    assert sum(s["skipped"] for s in data["shards"]) == 1
+    code, lines = _verify_cli(out, "--source", folder)
+    assert code == 0, lines
+    assert lines[-1].startswith("ok: 15 of 15 samples verified in 3 shards; source: 16 files")
+    assert "1 skipped at conversion" in lines[-1]
+    (folder / "fox" / "00.png").unlink()
+    code, lines = _verify_cli(out, "--source", folder)
+    assert code == 1
+    (problem,) = lines[:-1]
+    assert problem.startswith(str(out / "shard-"))
+    assert problem.endswith("(fox/00.png): missing: in the pack set, not in the source folder")
