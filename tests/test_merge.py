@@ -26,6 +26,7 @@ from h5pack.core.layout import Compression, chunk_map_of
 from h5pack.core.packset import PackSetManifest, ShardEntry, meta_digest, write_manifest
 from h5pack.read.reader import PackReader
 from h5pack.write.convert import write_arrays
+from h5pack.write.merge import tails_last_order
 from h5pack.write.options import ConvertOptions
 from tests.helpers import png
 
@@ -71,16 +72,21 @@ def build(
     return shards, direct
 
 
-def assert_same(merged: Path, direct: Path) -> None:
-    """The merged pack serves what the direct conversion serves, and verifies."""
+def assert_same(merged: Path, direct: Path, order: np.ndarray | None = None) -> None:
+    """The merged pack serves what the direct conversion serves, and verifies.
+
+    Merged sample ``j`` is direct sample ``order[j]`` (default: ``j``).
+    """
     with PackReader(merged) as a, PackReader(direct) as b:
         num = len(b)
         assert len(a) == num
+        order = np.arange(num) if order is None else order
+        assert sorted(order.tolist()) == list(range(num))
         assert a.meta.classes == b.meta.classes
-        assert a.paths == b.paths
-        np.testing.assert_array_equal(a.meta.labels, b.meta.labels)
-        np.testing.assert_array_equal(a.meta.shapes, b.meta.shapes)
-        for x, y in zip(a.read_images(range(num)), b.read_images(range(num)), strict=True):
+        assert a.paths == [b.paths[i] for i in order]
+        np.testing.assert_array_equal(a.meta.labels, b.meta.labels[order])
+        np.testing.assert_array_equal(a.meta.shapes, b.meta.shapes[order])
+        for x, y in zip(a.read_images(range(num)), b.read_images(order), strict=True):
             np.testing.assert_array_equal(x, y)
         # every chunk group read whole, each sample checked against its digest on the way
         seen = [i for indices, _ in a.iter_chunks() for i in indices]
@@ -115,8 +121,9 @@ CASES = {
 def test_a_merge_equals_a_direct_conversion(tmp_path, case):
     samples, counts, options = CASES[case]
     shards, direct = build(tmp_path, samples, counts, **options)
-    report = merge_packs(shards, tmp_path / "merged.h5")
+    report = merge_packs(shards, tmp_path / "merged.h5", keep_order=True)
     assert report.num_samples == sum(counts)
+    assert report.moved_to_end == 0
     meta, reference = report.meta, fmt.load_meta(direct)
     assert (meta.mode, meta.storage, meta.chunks, meta.filter_ids) == (
         reference.mode,
@@ -139,13 +146,43 @@ def test_aligned_arrays_are_copied_chunk_for_chunk(tmp_path):
         ].id.read_direct_chunk((12, 0, 0, 0))
 
 
-def test_misaligned_arrays_are_rechunked_from_the_first_misaligned_shard(tmp_path):
+def test_keep_order_rechunks_from_the_first_misaligned_shard(tmp_path):
     # 8 rows: 2 chunks copied; 7 rows: 1 chunk copied, its last 3 rows and the next
     # shard's 5 shifted within chunks: 8 rows re-chunked into 2 chunks
     shards, direct = build(tmp_path, fixed(20), [8, 7, 5], chunk_samples=4, compression=ZSTD)
-    report = merge_packs(shards, tmp_path / "merged.h5")
+    report = merge_packs(shards, tmp_path / "merged.h5", keep_order=True)
     assert (report.chunks_copied, report.chunks_rechunked) == (3, 2)
     assert_same(tmp_path / "merged.h5", direct)
+
+
+@pytest.mark.parametrize("compression", [ZSTD, Compression()])
+def test_misaligned_arrays_move_partial_chunks_to_the_end(tmp_path, compression):
+    # chunks of 4: shards of 7, 9, 6 rows keep 4, 8, 4 rows in place (4 chunks copied);
+    # their 3 + 1 + 2 tail rows go last, re-chunked into 2 chunks
+    shards, direct = build(tmp_path, fixed(22), [7, 9, 6], chunk_samples=4, compression=compression)
+    report = merge_packs(shards, tmp_path / "merged.h5")
+    assert (report.chunks_copied, report.chunks_rechunked, report.moved_to_end) == (4, 2, 6)
+    order = np.array([*range(4), *range(7, 15), *range(16, 20), 4, 5, 6, 15, 20, 21])
+    assert_same(tmp_path / "merged.h5", direct, order)
+    # every sample once, with its own source index
+    with PackReader(direct) as b:
+        np.testing.assert_array_equal(report.meta.source_index, b.meta.source_index[order])
+    result = CliRunner().invoke(cli, ["merge", *map(str, shards), str(tmp_path / "cli.h5"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "the 6 samples of the packs' last, partial chunks moved to the end" in result.output
+    result = CliRunner().invoke(
+        cli, ["merge", *map(str, shards), str(tmp_path / "kept.h5"), "-q", "--keep-order"]
+    )
+    assert result.exit_code == 0, result.output
+    assert_same(tmp_path / "kept.h5", direct)
+
+
+def test_tails_last_order_keeps_the_order_when_every_shard_but_the_last_is_whole():
+    assert tails_last_order([4, 8, 3], 4) == ([4, 8, 3], None)
+    rows, order = tails_last_order([4, 5, 3], 4)
+    assert rows == [4, 4, 0]
+    assert order is not None
+    assert order.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 
 
 def test_blobs_shift_by_whole_chunks_and_keep_every_chunk(tmp_path):
@@ -215,6 +252,7 @@ def test_a_pack_set_merges_in_manifest_order(tmp_path):
     assert result.exit_code == 0, result.output
     assert "merged 12 samples from 3 packs" in result.output
     assert "3 chunks copied as stored" in result.output
+    assert "moved" not in result.output
     assert_same(tmp_path / "merged.h5", direct)
 
 

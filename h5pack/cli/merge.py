@@ -22,9 +22,24 @@ __all__ = ["merge"]
         "to TARGET), and samples are read through HDF5 (slower)."
     ),
 )
+@click.option(
+    "--keep-order",
+    is_flag=True,
+    help=(
+        "Keep fixed-size samples exactly in the packs' order. By default the samples of "
+        "each pack's last, partial chunk go to the end of TARGET, so that every other "
+        "chunk is copied as stored; with --keep-order every chunk after the first such "
+        "pack is decompressed and compressed again."
+    ),
+)
 @quiet_flag
 def merge(
-    sources: tuple[str, ...], target: str, overwrite: bool, virtual: bool, quiet: bool
+    sources: tuple[str, ...],
+    target: str,
+    overwrite: bool,
+    virtual: bool,
+    keep_order: bool,
+    quiet: bool,
 ) -> None:
     """Merge SOURCES (a pack set's directory or manifest, or packs) into the pack TARGET.
 
@@ -40,6 +55,7 @@ def merge(
             target,
             overwrite=overwrite,
             virtual=virtual,
+            keep_order=keep_order,
             progress=progress.advance,
             on_event=progress.event,
         )
@@ -56,6 +72,11 @@ def merge(
         how += (
             f", {report.chunks_rechunked} re-chunked (packs whose sample counts are not a "
             "multiple of the chunk's shift the chunks after them)"
+        )
+    if report.moved_to_end:
+        how += (
+            f"; the {report.moved_to_end} samples of the packs' last, partial chunks moved "
+            "to the end (--keep-order keeps the order, re-compressing more)"
         )
     if report.bytes_copied:
         how += f", {format_bytes(report.bytes_copied)} of contiguous images copied"

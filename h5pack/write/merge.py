@@ -32,7 +32,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,8 @@ class MergeReport:
         chunks_copied: Stored chunks copied as they are (not decompressed).
         chunks_rechunked: Chunks decompressed and written again (NOTE [ Merging by chunks ]).
         bytes_copied: Bytes copied from contiguous datasets.
+        moved_to_end: Samples of fixed-size arrays moved to the end of the pack (the rows
+            of the shards' last, partial chunks; NOTE [ Merging by chunks ]).
         elapsed_s: Wall time.
         file_bytes: Size of the merged pack.
     """
@@ -105,6 +107,7 @@ class MergeReport:
     chunks_copied: int
     chunks_rechunked: int
     bytes_copied: int
+    moved_to_end: int
     elapsed_s: float
     file_bytes: int
 
@@ -367,6 +370,20 @@ def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def _reordered(merged: _Merged, order: np.ndarray) -> _Merged:
+    """Return ``merged`` with its samples in ``order`` (arrays only: no offsets)."""
+    xxh3 = merged.sample_xxh3
+    return replace(
+        merged,
+        labels=merged.labels[order],
+        paths=[merged.paths[i] for i in order.tolist()],
+        shapes=merged.shapes[order],
+        checksums=merged.checksums[order],
+        source_index=merged.source_index[order],
+        sample_xxh3=xxh3[order] if xxh3 is not None else None,
+    )
+
+
 def _write_metadata(
     handle: h5py.File,
     first: PackMeta,
@@ -557,6 +574,59 @@ def _relay(
     return written
 
 
+def tails_last_order(counts: Sequence[int], step: int) -> tuple[list[int], np.ndarray | None]:
+    """Return the rows of each shard copied in place, and the merged order of the samples.
+
+    NOTE [ Merging by chunks ]: the whole chunks of every shard are copied in shard order;
+    the rows of each shard's last, partial chunk go to the end of the pack, in shard order,
+    where they are re-chunked together. The order is ``None`` when that is the
+    concatenation (every shard but the last fills its chunks); else merged sample ``j`` is
+    sample ``order[j]`` of the concatenation.
+
+    Example:
+        >>> rows, order = tails_last_order([5, 4, 3], 2)
+        >>> rows, order.tolist()
+        ([4, 4, 2], [0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 4, 11])
+    """
+    whole = [n - n % step for n in counts]
+    if all(w == n for w, n in zip(whole[:-1], counts[:-1], strict=True)):
+        return [*whole[:-1], counts[-1]], None
+    bases = np.cumsum([0, *counts[:-1]])
+    kept = [np.arange(b, b + w) for b, w in zip(bases, whole, strict=True)]
+    tails = [np.arange(b + w, b + n) for b, w, n in zip(bases, whole, counts, strict=True)]
+    return whole, np.concatenate(kept + tails).astype(np.int64)
+
+
+def _merge_tails_last(
+    shards: Sequence[_Shard],
+    target: h5py.Dataset,
+    rows: Sequence[int],
+    counts: _Counts,
+    step_done: Callable[[int], None],
+) -> None:
+    """Fill a chunked array: whole chunks in place, then the shards' tails last.
+
+    See ``tails_last_order``.
+    """
+    step = int(target.chunks[0])
+    position = 0
+    for shard, whole in zip(shards, rows, strict=True):
+        with fmt.open_h5(shard.path) as handle, fmt.reading(str(shard.path), "the images"):
+            _copy_chunks(handle[fmt.IMAGES], target, whole, position, counts)
+        position += whole
+        step_done(whole)
+    carry = _Carry(target, step, counts)
+    for shard, whole in zip(shards, rows, strict=True):
+        num = shard.meta.num_samples
+        if whole == num:
+            continue
+        with fmt.open_h5(shard.path) as handle, fmt.reading(str(shard.path), "the images"):
+            carry.add(position, handle[fmt.IMAGES][whole:num])
+        position += num - whole
+        step_done(num - whole)
+    carry.finish()
+
+
 def _merge_images(
     shards: Sequence[_Shard],
     target: h5py.Dataset,
@@ -564,7 +634,7 @@ def _merge_images(
     counts: _Counts,
     step_done: Callable[[int], None],
 ) -> None:
-    """Fill the merged images dataset from every shard (NOTE [ Merging by chunks ])."""
+    """Fill the merged images dataset from every shard in order (NOTE [ Merging by chunks ])."""
     step = target.chunks[0] if target.chunks is not None else None
     bases = blob.bases if blob is not None else None
     carry = _Carry(target, step, counts) if step is not None else None
@@ -644,6 +714,7 @@ def merge_packs(
     *,
     overwrite: bool = False,
     virtual: bool = False,
+    keep_order: bool = False,
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
 ) -> MergeReport:
@@ -652,8 +723,10 @@ def merge_packs(
     The samples follow each other in the order of the sources (a set's manifest order),
     with their labels, paths, shapes, checksums and source indices; the merged pack gets a
     new pack id and digests. Stored chunks are copied without being decompressed where
-    they land on a chunk boundary (NOTE [ Merging by chunks ]). Nothing exists under
-    ``target`` until the merged pack is complete.
+    they land on a chunk boundary (NOTE [ Merging by chunks ]). Fixed-size arrays whose
+    shards do not fill their last chunk have those rows moved to the end of the pack,
+    where they are re-compressed together (``MergeReport.moved_to_end``), unless
+    ``keep_order``. Nothing exists under ``target`` until the merged pack is complete.
 
     Args:
         sources: A pack set's directory or manifest, a list of packs, or one pack (copied).
@@ -662,6 +735,10 @@ def merge_packs(
         virtual: Write an HDF5 virtual-dataset view of the sources instead of copying their
             images (NOTE [ Virtual packs ]): small and instant, but it reads through HDF5
             (no direct chunk path) and needs every source, unchanged, at its place.
+        keep_order: Keep the samples of fixed-size arrays exactly in the sources' order:
+            every chunk after the first shard whose sample count is not a multiple of the
+            chunk's is then decompressed and compressed again (much slower). Blobs,
+            contiguous arrays and virtual packs always keep the order.
         progress: Called with the number of samples just merged.
         on_event: Called with a ``ConvertEvent`` (``"phase"``, with the samples to merge as
             ``total``) once the sources are checked.
@@ -702,6 +779,18 @@ def merge_packs(
         storage_blob = shards[0].meta.storage == "blob"
         blob = _plan_blob(shards, virtual=virtual) if storage_blob else None
         merged = _merge_meta(shards, blob)
+        first_meta = shards[0].meta
+        rows: list[int] | None = None
+        moved = 0
+        if not (virtual or keep_order or blob is not None or first_meta.chunks is None):
+            rows, order = tails_last_order(
+                [s.meta.num_samples for s in shards], first_meta.chunks[0]
+            )
+            if order is None:
+                rows = None  # every shard but the last fills its chunks: in order
+            else:
+                merged = _reordered(merged, order)
+                moved = int(np.count_nonzero(order != np.arange(order.size)))
         try:
             handle = create_file(temp)
         except OSError as err:
@@ -717,7 +806,10 @@ def merge_packs(
                 step = blob.step if blob is not None else None
                 with fmt.open_h5(paths[0]) as first:
                     images = _create_like(handle, first[fmt.IMAGES], merged.length, step)
-                _merge_images(shards, images, blob, counts, step_done)
+                if rows is not None:
+                    _merge_tails_last(shards, images, rows, counts, step_done)
+                else:
+                    _merge_images(shards, images, blob, counts, step_done)
             chunk_bytes = shards[0].meta.blob_chunk_bytes
             if blob is not None and blob.step is not None:
                 chunk_bytes = blob.step
@@ -739,6 +831,7 @@ def merge_packs(
         chunks_copied=counts.copied,
         chunks_rechunked=counts.rechunked,
         bytes_copied=counts.bytes,
+        moved_to_end=moved,
         elapsed_s=time.perf_counter() - started,
         file_bytes=target_path.stat().st_size,
     )
