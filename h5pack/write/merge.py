@@ -790,7 +790,8 @@ def merge_packs(
                 rows = None  # every shard but the last fills its chunks: in order
             else:
                 merged = _reordered(merged, order)
-                moved = int(np.count_nonzero(order != np.arange(order.size)))
+                if not np.array_equal(order, np.arange(order.size)):
+                    moved = len(order) - sum(rows)
         try:
             handle = create_file(temp)
         except OSError as err:
