@@ -242,20 +242,31 @@ def write_manifest(manifest: PackSetManifest) -> Path:
 
     Several processes (an array job's last tasks, on several machines) may write the same
     manifest at once: each writes its own temporary file (the pid alone can repeat across
-    machines) and the last rename wins.
+    machines) and the last rename wins. A conversion starting on another machine may take
+    the temporary file for a dead process's leftover (its pid means nothing there) and
+    remove it: the write is then tried again.
     """
     path = manifest.manifest_path
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.w{secrets.token_hex(4)}.tmp")
     text = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False)
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return path
+    for attempt in range(_MANIFEST_ATTEMPTS):
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.w{secrets.token_hex(4)}.tmp")
+        try:
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+            return path
+        except FileNotFoundError:
+            if attempt == _MANIFEST_ATTEMPTS - 1:
+                raise
+        finally:
+            temporary.unlink(missing_ok=True)
+    raise AssertionError("unreachable")
+
+
+# Writes of a manifest whose temporary file another machine's sweep removed.
+_MANIFEST_ATTEMPTS = 3
 
 
 def _manifest_file(source: Path) -> Path:
