@@ -382,10 +382,7 @@ def convert_set(
             split.task(i, out, sizes=sizes, estimate_bytes=estimate, overwrite=overwrite)
             for i in indices
         ]
-        # Planned for the largest shard (NOTE [ One plan for every shard ]); said of all.
-        reason = tasks[0].plan().reason.replace(
-            f"all {tasks[0].plan_samples} images", f"all {len(split.files)} images"
-        )
+        reason = plan_reason(tasks[0], len(split.files))
         emit(ConvertEvent("mode", reason))
         for task in tasks:
             report, meta = write_shard(
@@ -404,6 +401,15 @@ def convert_set(
         reason=reason,
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def plan_reason(task: ShardTask, num_files: int) -> str:
+    """Return why the set is stored as it is, said of all ``num_files`` files.
+
+    The plan counts the largest shard's files (NOTE [ One plan for every shard ]).
+    """
+    said = task.plan().reason
+    return said.replace(f"all {task.plan_samples} images", f"all {num_files} images")
 
 
 def _indices(shards: int, only: int | None) -> list[int]:
