@@ -44,6 +44,7 @@ from h5pack.write.shards import (
     ShardReport,
     ShardTask,
     finish_set,
+    plan_reason,
     prepare_out_dir,
     split_source,
     write_shard,
@@ -192,11 +193,7 @@ def convert_on_dask(
         split.task(i, out, sizes=sizes, estimate_bytes=estimate, overwrite=overwrite)
         for i in range(shards)
     ]
-    reason = (
-        tasks[0]
-        .plan()
-        .reason.replace(f"all {tasks[0].plan_samples} images", f"all {len(split.files)} images")
-    )
+    reason = plan_reason(tasks[0], len(split.files))
     emit(ConvertEvent("mode", reason))
     emit(ConvertEvent("phase", f"converting {shards} shards on Dask", total=len(split.files)))
     futures = client.map(run_shard, tasks, pure=False)
