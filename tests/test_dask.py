@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from h5pack import ConvertOptions, convert, convert_on_dask
+from h5pack import Compression, ConvertOptions, TargetExistsError, convert, convert_on_dask
 from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.read.packset import open_reader
@@ -53,6 +53,13 @@ def test_a_dask_conversion_equals_one_process(client: Any, tmp_path: Path) -> No
     assert load_manifest(tmp_path / "set").num_samples == 30
     again = convert_on_dask(client, folder, tmp_path / "set", ConvertOptions(), shards=3)
     assert [s.status for s in again.shards] == ["reused"] * 3
+    # a task's refusal reaches the client, naming the shard
+    (tmp_path / "set" / MANIFEST_NAME).unlink()
+    other = ConvertOptions(compression=Compression(codec="zstd"))
+    with pytest.raises(
+        TargetExistsError, match=r"shard-0000[0-2]-of-00003\.h5 exists.*compression"
+    ):
+        convert_on_dask(client, folder, tmp_path / "set", other, shards=3)
 
 
 def test_cli_dask_address(client: Any, tmp_path: Path) -> None:
