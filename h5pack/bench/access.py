@@ -39,8 +39,9 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -49,8 +50,10 @@ from h5pack.bench.timing import Count
 from h5pack.core import format as fmt
 from h5pack.core.decode import Backend
 from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
+from h5pack.core.packset import is_packset
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
+from h5pack.read.packset import PackSource, describe
 
 Pattern = Literal["random", "chunk", "sequential"]
 PATTERNS: tuple[Pattern, ...] = ("random", "chunk", "sequential")
@@ -91,6 +94,9 @@ class StorageLayout:
         tiles: Chunks per row (array chunks that split H, W or C), else 1.
         stored_sizes: Stored (compressed) bytes of each HDF5 chunk, in chunk order.
         groups: The reader's chunk groups (``layout.chunk_map_of``).
+        shard_starts: For a pack set, the first sample of each shard and the total
+            (int64, shards + 1); None for a pack. A set's shards are laid end to end, each
+            starting on a chunk row of its own, so chunk numbers never cross shards.
     """
 
     storage: str
@@ -102,6 +108,7 @@ class StorageLayout:
     tiles: int
     stored_sizes: np.ndarray
     groups: ChunkMap
+    shard_starts: np.ndarray | None = None
 
     @property
     def chunked(self) -> bool:
@@ -127,13 +134,63 @@ class StorageLayout:
         return range(begin // self.row_nbytes, (end - 1) // self.row_nbytes + 1)
 
 
-def storage_layout(path: StrPath) -> StorageLayout:
-    """Read the layout of ``path``'s images: sample offsets and stored chunk sizes.
+def storage_layout(source: PackSource) -> StorageLayout:
+    """Read the layout of a pack's (or a pack set's) images: sample offsets, chunk sizes.
 
     Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack.
+        FileNotFoundError: the pack, or a shard, does not exist.
+        FormatError: a file is not a pack, or a shard does not belong to the set.
+        OptionsError: the shards of a set are chunked differently (``convert --shards``
+            plans one layout for all).
     """
+    if not is_packset(source):
+        assert isinstance(source, str | os.PathLike)  # is_packset: one path
+        return _file_layout(source)
+    view = describe(source)
+    assert view.shards is not None  # a set's view
+    parts = [_file_layout(shard.path) for shard in view.shards]
+    first = max(parts, key=lambda part: part.row_nbytes)
+    row = first.row_nbytes
+    for shard, part in zip(view.shards, parts, strict=True):
+        same = (part.storage, part.tiles, part.compressed) == (
+            first.storage,
+            first.tiles,
+            first.compressed,
+        )
+        # a shard of a single row of chunks (a blob shard shorter than one chunk has its
+        # chunk cut to its length) fits any row size
+        single_row = len(part.stored_sizes) <= part.tiles
+        if not same or (part.row_nbytes != row and not single_row):
+            raise OptionsError(
+                f"{shard.path} is stored in chunks unlike the other shards' "
+                f"({part.chunk_nbytes} bytes, not {first.chunk_nbytes}): the benchmarks "
+                "measure sets whose shards share one layout, as convert --shards writes them"
+            )
+    starts, stored, offset = [], [], 0
+    for part in parts:
+        starts.append(part.sample_start + offset)
+        stored.append(part.stored_sizes)
+        if row:
+            offset += max(1, len(part.stored_sizes) // max(1, part.tiles)) * row
+        elif part.sample_start.size:
+            offset += int(part.sample_start[-1] + part.sample_bytes[-1])
+    counts = [part.sample_start.size for part in parts]
+    return StorageLayout(
+        storage=first.storage,
+        compressed=first.compressed,
+        sample_start=np.concatenate(starts),
+        sample_bytes=np.concatenate([part.sample_bytes for part in parts]),
+        chunk_nbytes=first.chunk_nbytes,
+        row_nbytes=row,
+        tiles=first.tiles,
+        stored_sizes=np.concatenate(stored),
+        groups=view.chunk_map,
+        shard_starts=np.cumsum([0, *counts]).astype(np.int64),
+    )
+
+
+def _file_layout(path: StrPath) -> StorageLayout:
+    """Read the layout of one pack file's images."""
     with fmt.open_h5(path) as handle:
         meta = fmt.read_meta(handle, os.fspath(path))
         images = handle[fmt.IMAGES]
@@ -223,6 +280,22 @@ def replay_h5py(
     cache_bytes = default_bytes if cache_bytes is None else cache_bytes
     cache_slots = default_slots if cache_slots is None else cache_slots
     indices = np.asarray(order, dtype=np.int64).reshape(-1)
+    if layout.shard_starts is not None:  # every shard file has a chunk cache of its own
+        shard = np.searchsorted(layout.shard_starts, indices, side="right") - 1
+        total = ReadCount(0, 0, 0)
+        for number in np.unique(shard).tolist():
+            part = replace(layout, shard_starts=None)
+            total = total + _replay_h5py_file(
+                part, indices[shard == number], cache_bytes, cache_slots
+            )
+        return total
+    return _replay_h5py_file(layout, indices, cache_bytes, cache_slots)
+
+
+def _replay_h5py_file(
+    layout: StorageLayout, indices: np.ndarray, cache_bytes: int, cache_slots: int
+) -> ReadCount:
+    """``replay_h5py`` on one file (one chunk cache)."""
     if not layout.chunked:
         return ReadCount(indices.size, 0, int(layout.sample_bytes[indices].sum()))
     fits = layout.chunk_nbytes <= cache_bytes
@@ -329,7 +402,11 @@ def _run_bytes(layout: StorageLayout, idx: np.ndarray) -> int:
     unique = np.unique(idx)
     if unique.size == 0:
         return 0
-    breaks = np.flatnonzero(np.diff(unique) > 1) + 1
+    gaps = np.diff(unique) > 1
+    if layout.shard_starts is not None:  # a run that crosses shards is two reads
+        shard = np.searchsorted(layout.shard_starts, unique, side="right")
+        gaps |= np.diff(shard) != 0
+    breaks = np.flatnonzero(gaps) + 1
     total = 0
     for run in np.split(unique, breaks):
         lo, hi = int(run[0]), int(run[-1])
@@ -344,7 +421,7 @@ def random_order(num_samples: int, *, seed: int, epoch: int = 0) -> np.ndarray:
 
 
 def read_per_sample(
-    path: StrPath,
+    path: PackSource,
     order: Sequence[int] | np.ndarray,
     *,
     budget_s: float | None = None,
@@ -357,10 +434,11 @@ def read_per_sample(
 
     This is what a naive ``Dataset.__getitem__`` does: one h5py selection per sample, then
     the decode of an encoded sample, then (with ``crop``) the crop and resize of the whole
-    decoded image. The file is opened afresh, so HDF5's cache starts empty.
+    decoded image. The file is opened afresh, so HDF5's cache starts empty; a pack set's
+    shards are opened as their samples come up and stay open (at most ``MAX_NAIVE_OPEN``).
 
     Args:
-        path: The pack.
+        path: The pack, or a pack set.
         order: Sample indices to read, in order.
         budget_s: Stop after this many seconds (once ``min_samples`` are read); the rate of
             per-sample reads does not change over an epoch, so a prefix measures it.
@@ -378,11 +456,10 @@ def read_per_sample(
     indices = np.asarray(order, dtype=np.int64).reshape(-1).tolist()
     images = nbytes = 0
     started = time.perf_counter()
-    with fmt.open_h5(path) as handle:
-        meta = fmt.read_meta(handle, os.fspath(path))
-        dataset = handle[fmt.IMAGES]
-        offsets, sizes = meta.offsets, meta.sizes
-        for i in indices:
+    with _Files(path) as files:
+        for index in indices:
+            meta, dataset, i = files.locate(index)
+            offsets, sizes = meta.offsets, meta.sizes
             if meta.storage == "array":
                 pixels: np.ndarray = dataset[i]
             else:
@@ -395,12 +472,12 @@ def read_per_sample(
                 else:
                     pixels = decode_image(
                         stored.tobytes(),
-                        name=f"{path}[{i}]",
+                        name=f"{meta.path}[{i}]",
                         backend=backend,
                         channels=meta.channels,
                     )
             if crop is not None:
-                box, flip = plan_crop(crop, *pixels.shape[:2], seed=seed, epoch=0, index=i)
+                box, flip = plan_crop(crop, *pixels.shape[:2], seed=seed, epoch=0, index=index)
                 pixels = crop_array(pixels, box, crop.size, flip=flip, backend=backend)
             images += 1
             nbytes += pixels.nbytes
@@ -411,6 +488,48 @@ def read_per_sample(
             ):
                 break
     return Count(images, nbytes)
+
+
+# Shard files ``read_per_sample`` keeps open at once over a pack set.
+MAX_NAIVE_OPEN = 64
+
+
+class _Files:
+    """The open files of a pack or pack set for ``read_per_sample``: global index -> file."""
+
+    def __init__(self, source: PackSource) -> None:
+        if is_packset(source):
+            view = describe(source)
+            assert view.shards is not None
+            self.paths = [shard.path for shard in view.shards]
+            counts = [shard.num_samples for shard in view.shards]
+        else:
+            assert isinstance(source, str | os.PathLike)
+            self.paths = [Path(source)]
+            counts = [-1]
+        self.starts = np.cumsum([0, *counts[:-1]])
+        self.open: OrderedDict[int, tuple[Any, fmt.PackMeta, Any]] = OrderedDict()
+
+    def locate(self, index: int) -> tuple[fmt.PackMeta, Any, int]:
+        """Return the metadata and images dataset of sample ``index``'s file, and its index."""
+        shard = int(np.searchsorted(self.starts, index, side="right")) - 1
+        if shard not in self.open:
+            handle = fmt.open_h5(self.paths[shard])
+            meta = fmt.read_meta(handle, os.fspath(self.paths[shard]))
+            self.open[shard] = (handle, meta, handle[fmt.IMAGES])
+            while len(self.open) > MAX_NAIVE_OPEN:
+                self.open.popitem(last=False)[1][0].close()
+        self.open.move_to_end(shard)
+        _, meta, dataset = self.open[shard]
+        return meta, dataset, index - int(self.starts[shard])
+
+    def __enter__(self) -> _Files:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle, _, _ in self.open.values():
+            handle.close()
+        self.open.clear()
 
 
 def check_pattern(pattern: str) -> Pattern:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h5pack.bench.ranking import CACHE_SHARE
+from h5pack.bench.sources import pack_files, source_bytes
 from h5pack.bench.system import available_memory_bytes
 from h5pack.bench.throughput import Setup
 from h5pack.bench.units import human_bytes
@@ -63,14 +64,14 @@ def pack_facts(setup: Setup) -> PackFacts:
     """Return the facts of the pack ``setup`` reads, with the memory available now."""
     from h5pack.check import pack_info
 
-    info = pack_info(setup.path)
+    info = pack_info(pack_files(setup.source)[0])  # a set's shards share one layout
     meta = setup.loader.dataset.meta
     return PackFacts(
         mode=meta.mode,
         codec=info.codec,
         layout=info.layout,
         chunk_bytes=info.chunk_bytes,
-        file_bytes=info.file_bytes,
+        file_bytes=source_bytes(setup.source),
         image_bytes=int(sum(int(h) * int(w) * int(c) for h, w, c in meta.shapes)),
         available_bytes=available_memory_bytes(),
         workers=setup.loader.workers,

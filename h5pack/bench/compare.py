@@ -40,6 +40,7 @@ from h5pack.bench.reading import (
     survey_folder,
     survey_pack,
 )
+from h5pack.bench.sources import is_set_path, pack_files, source_bytes
 from h5pack.bench.system import Machine, available_memory_bytes, machine_info
 from h5pack.bench.variants import (
     DEFAULT_VARIANTS,
@@ -49,9 +50,8 @@ from h5pack.bench.variants import (
     quick_variants,
     variant_problem,
 )
-from h5pack.core import format as fmt
-from h5pack.core.layout import chunk_map_of
 from h5pack.errors import OptionsError, SourceError
+from h5pack.read.packset import describe
 
 EventKind = Literal["start", "step", "note"]
 
@@ -186,8 +186,9 @@ def _describe_pack(
 ) -> VariantResult:
     from h5pack.check import pack_info
 
-    info = pack_info(path)
-    meta = fmt.load_meta(path)
+    info = pack_info(pack_files(path)[0])  # a set's shards share one layout
+    view = describe(path)
+    meta = view.meta
     image_bytes = int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum())
     return VariantResult(
         name=name,
@@ -197,9 +198,9 @@ def _describe_pack(
         layout=info.layout,
         codec=info.codec,
         chunk_bytes=info.chunk_bytes,
-        samples_per_chunk=float(np.mean(chunk_map_of(meta).sizes())) if meta.num_samples else 0.0,
+        samples_per_chunk=float(np.mean(view.chunk_map.sizes())) if meta.num_samples else 0.0,
         num_samples=meta.num_samples,
-        file_bytes=os.path.getsize(path),
+        file_bytes=source_bytes(path),
         image_bytes=image_bytes,
         convert_s=convert_s,
         command=command,
@@ -288,7 +289,8 @@ def compare(
 
     Args:
         sources: An image folder (the variants of ``options`` are built from it), or one
-            or more packs (measured as they are).
+            or more packs or pack sets (a set's directory or manifest), each measured as it
+            is: a set as one pack, through the loader's own support for sets.
         options: What to build and how to measure (default ``CompareOptions()``).
         work_dir: Where variants are written (default: a temporary folder).
         keep: Keep the variants built (else each is deleted once measured).
@@ -311,10 +313,10 @@ def compare(
     for path in paths:
         if not path.exists():
             raise SourceError(f"{path}: no such folder or pack")
-    folder = len(paths) == 1 and paths[0].is_dir()
-    if not folder and any(p.is_dir() for p in paths):
+    folder = len(paths) == 1 and paths[0].is_dir() and not is_set_path(paths[0])
+    if not folder and any(p.is_dir() and not is_set_path(p) for p in paths):
         raise SourceError(
-            "compare takes one image folder, or packs only; "
+            "compare takes one image folder, or packs only (a pack set counts as one); "
             f"got a mix: {', '.join(map(str, paths))}"
         )
     per_pack = steps_per_pack(options.measure)
@@ -348,7 +350,7 @@ def compare(
         names = _unique_names(paths)
         for path, name, own in zip(paths, names, surveys, strict=True):
             emit(CompareEvent("note", f"measuring {name}"))
-            measure = plan.measure(options.measure, os.path.getsize(path))
+            measure = plan.measure(options.measure, source_bytes(path))
             patterns = measure_pack(path, measure, on_step=_stepper(emit, name))
             results.append(
                 _describe_pack(
@@ -396,7 +398,7 @@ def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str],
 
 
 def _unique_names(paths: Sequence[Path]) -> list[str]:
-    names = [p.stem for p in paths]
+    names = [p.parent.name if is_set_path(p) and not p.is_dir() else p.stem for p in paths]
     if len(set(names)) == len(names):
         return names
     return [os.fspath(p) for p in paths]

@@ -34,18 +34,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from h5pack._types import StrPath
 from h5pack.bench.advice import advise, pack_facts, share_labels
 from h5pack.bench.loaders import InMemoryImages, PatternLoader, held_images
 from h5pack.bench.loading import run_epoch
+from h5pack.bench.sources import drop_source, warm_source
 from h5pack.bench.system import (
     CacheDrop,
-    drop_page_cache,
-    warm_page_cache,
 )
 from h5pack.bench.throughput import BenchOptions, BenchResult, bench_result, open_bench
 from h5pack.bench.timing import Count, Timing, time_interleaved
 from h5pack.bench.units import human_bytes
+from h5pack.read.packset import PackSource
 
 BOTTLENECKS: tuple[str, ...] = ("loader", "decode", "storage")
 STAGES: tuple[str, ...] = ("ceiling", "warm", "cold")
@@ -137,20 +136,20 @@ def consistent_rates(rates: Sequence[float], weights: Sequence[float] | None = N
 class _PageCache:
     """Drop the pack before a cold epoch; read it back before the next warm one."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, source: PackSource) -> None:
+        self.source = source
         self.dropped = False
         self.failed: CacheDrop | None = None
 
     def drop(self) -> None:
-        outcome = drop_page_cache(self.path)
+        outcome = drop_source(self.source)
         self.dropped = True
         if not outcome.dropped and self.failed is None:
             self.failed = outcome
 
     def warm(self) -> None:
         if self.dropped:
-            warm_page_cache(self.path)
+            warm_source(self.source)
             self.dropped = False
 
 
@@ -232,7 +231,7 @@ def _shares(stages: Sequence[Stage]) -> dict[str, float]:
 
 
 def diagnose(
-    path: StrPath,
+    path: PackSource,
     options: BenchOptions | None = None,
     *,
     on_step: Callable[[], None] | None = None,
@@ -265,7 +264,7 @@ def diagnose(
 
     facts = pack_facts(setup)
     notes: dict[str, str] = {}
-    cache = _PageCache(setup.path)
+    cache = _PageCache(setup.source)
 
     def timed(
         runs: dict[str, Callable[[], Count]], *, warmup: int, budget_s: float
@@ -282,10 +281,10 @@ def diagnose(
         )
 
     try:
-        probe = drop_page_cache(setup.path)
+        probe = drop_source(setup.source)
         cold = probe.dropped
         together = cold and facts.file_bytes <= INTERLEAVE_COLD_BYTES
-        warm_page_cache(setup.path)
+        warm_source(setup.source)
         runs: dict[str, Callable[[], Count]] = {"ceiling": ceiling, "warm": setup.loader}
         if together:
             runs["cold"] = setup.loader

@@ -33,12 +33,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from h5pack._types import StrPath
 from h5pack.bench.access import Pattern, random_order
 from h5pack.bench.loading import TrainTransform, collate_any, run_epoch
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.timing import Count
 from h5pack.errors import OptionsError
+from h5pack.read.packset import PackSource
 
 
 class FullShuffleBatchSampler:
@@ -85,7 +85,7 @@ class FullShuffleBatchSampler:
 
 
 def open_dataset(
-    path: StrPath,
+    path: PackSource,
     train: TrainingRead,
     *,
     transform: bool = False,
@@ -95,7 +95,7 @@ def open_dataset(
     """Return the ``H5ImageDataset`` every pattern of a measurement reads.
 
     Args:
-        path: The pack.
+        path: The pack, or a pack set (its directory or manifest, or a list of packs).
         train: The training read (its crop and flip).
         transform: Apply ``TrainTransform`` (a per-sample Python transform) to every image.
         cache_bytes: Decompressed chunks each process keeps (None: the sampler's window).

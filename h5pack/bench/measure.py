@@ -7,14 +7,12 @@ interleaved and long enough to time (see "Timing enough work" in ``h5pack.bench.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
-from h5pack._types import StrPath
 from h5pack.bench.access import (
     NAIVE,
     PATTERNS,
@@ -29,9 +27,11 @@ from h5pack.bench.access import (
 )
 from h5pack.bench.loaders import PatternLoader, open_dataset
 from h5pack.bench.reading import TrainingRead, batch_problem, survey_pack
-from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
+from h5pack.bench.sources import drop_source, warm_source
+from h5pack.bench.system import CacheDrop
 from h5pack.bench.timing import Count, Timing, time_interleaved, time_repeats
 from h5pack.errors import OptionsError
+from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import (
     expected_pair_repetition,
     jump_entropy,
@@ -167,12 +167,12 @@ def _pairs(loader: PatternLoader, epochs: int) -> tuple[float, float]:
 class _Cold:
     """Drops the pack from the page cache before each epoch and remembers if it could."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, source: PackSource) -> None:
+        self.source = source
         self.failed: CacheDrop | None = None
 
     def __call__(self) -> None:
-        drop = drop_page_cache(self.path)
+        drop = drop_source(self.source)
         if not drop.dropped and self.failed is None:
             self.failed = drop
 
@@ -181,7 +181,7 @@ class _Cold:
 
 
 def measure_naive(
-    path: StrPath,
+    path: PackSource,
     layout: StorageLayout,
     options: MeasureOptions,
     *,
@@ -220,7 +220,7 @@ def measure_naive(
 
 
 def measure_pack(
-    path: StrPath,
+    path: PackSource,
     options: MeasureOptions | None = None,
     *,
     on_step: Callable[[str], None] | None = None,
@@ -230,7 +230,7 @@ def measure_pack(
     The page cache is warm, or dropped before every timed epoch with ``options.cold``.
 
     Args:
-        path: The pack.
+        path: The pack, or a pack set (its directory or manifest, or a list of packs).
         options: How to measure (default ``MeasureOptions()``).
         on_step: Called with the pattern's name after each warm-up epoch and timed run.
 
@@ -242,12 +242,11 @@ def measure_pack(
         FormatError: the file is not a pack.
     """
     options = options or MeasureOptions()
-    text = os.fspath(path)
     layout = storage_layout(path)
     batchable = batch_problem(survey_pack(path), options.train) is None
-    cold = _Cold(text) if options.cold else None
+    cold = _Cold(path) if options.cold else None
     if cold is None:
-        warm_page_cache(text)
+        warm_source(path)
     wanted: list[Pattern] = [p for p in PATTERNS if p in options.patterns]
     dataset = open_dataset(path, options.train, seed=options.seed)
     loaders: dict[str, PatternLoader] = {

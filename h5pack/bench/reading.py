@@ -26,10 +26,10 @@ from typing import Any, Literal
 import numpy as np
 
 from h5pack._types import StrPath, parse_choice
-from h5pack.core import format as fmt
 from h5pack.core.decode import load_file, probe_size
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read.crop import CROPS, Crop, CropSpec
+from h5pack.read.packset import PackSource, describe
 from h5pack.write.scan import scan
 
 AUTO_SIZE = 224
@@ -254,14 +254,14 @@ def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurv
     return SizeSurvey.of(sizes, total=len(files))
 
 
-def survey_pack(path: StrPath) -> SizeSurvey:
-    """Return the image sizes a pack records.
+def survey_pack(path: PackSource) -> SizeSurvey:
+    """Return the image sizes a pack (or a pack set) records.
 
     Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack.
+        FileNotFoundError: the pack, or a shard, does not exist.
+        FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    shapes = fmt.load_meta(path).shapes
+    shapes = describe(path).meta.shapes
     return SizeSurvey.of((int(s[0]), int(s[1])) for s in shapes)
 
 

@@ -8,14 +8,12 @@ in runs long enough to time (see "Timing enough work" in ``h5pack.bench.timing``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from h5pack._types import StrPath
 from h5pack.bench.access import ReadCount, check_pattern, replay_reader, storage_layout
 from h5pack.bench.loaders import PatternLoader, open_dataset
 from h5pack.bench.reading import (
@@ -27,9 +25,10 @@ from h5pack.bench.reading import (
     resolve_training_read,
     survey_pack,
 )
-from h5pack.bench.system import warm_page_cache
+from h5pack.bench.sources import source_name, warm_source
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.errors import OptionsError
+from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import jump_entropy
 
 
@@ -100,7 +99,7 @@ class BenchResult:
     """Loader throughput on one pack.
 
     Attributes:
-        path: The pack.
+        path: The pack (a pack set: its manifest or directory; a list: its packs).
         options: The settings.
         timing: The timed runs.
         workers: Worker processes used (``"auto"`` resolved).
@@ -124,25 +123,39 @@ class BenchResult:
 
 @dataclass
 class Setup:
-    """One pack opened for ``bench``: how it is read, its dataset and its loader."""
+    """One pack (or pack set) opened for ``bench``: how it is read, its dataset and loader.
+
+    Attributes:
+        path: How reports name it (``sources.source_name``).
+        options: The settings.
+        survey: Its image sizes.
+        train: How it is read.
+        loader: The loader measured.
+        source: The pack or pack set itself.
+    """
 
     path: str
     options: BenchOptions
     survey: SizeSurvey
     train: TrainingRead
     loader: PatternLoader
+    source: PackSource
 
     def close(self) -> None:
         """Stop the loader's workers and close the dataset."""
         self.loader.close()
 
 
-def open_bench(path: StrPath, options: BenchOptions) -> Setup:
+def open_bench(path: PackSource, options: BenchOptions) -> Setup:
     """Open ``path`` for ``bench``: resolve the training read and build the loader.
 
+    Args:
+        path: A pack, or a pack set (its directory or manifest, or a list of packs).
+        options: The settings.
+
     Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack.
+        FileNotFoundError: the pack, or a shard, does not exist.
+        FormatError: a file is not a pack, or a shard does not belong to the set.
     """
     survey = survey_pack(path)
     train = resolve_training_read(options.train, survey)
@@ -162,7 +175,7 @@ def open_bench(path: StrPath, options: BenchOptions) -> Setup:
         batchable=batch_problem(survey, train) is None or options.transforms,
         max_batches=options.max_batches,
     )
-    return Setup(os.fspath(path), options, survey, train, loader)
+    return Setup(source_name(path), options, survey, train, loader, path)
 
 
 def bench_result(setup: Setup, timing: Timing) -> BenchResult:
@@ -170,7 +183,7 @@ def bench_result(setup: Setup, timing: Timing) -> BenchResult:
     loader = setup.loader
     batches = loader.delivered()
     reads = replay_reader(
-        storage_layout(setup.path),
+        storage_layout(setup.source),
         batches,
         window_chunks=max(1, loader.window_chunks),
         num_workers=loader.workers,
@@ -191,7 +204,7 @@ def bench_result(setup: Setup, timing: Timing) -> BenchResult:
 
 
 def bench_loader(
-    path: StrPath,
+    path: PackSource,
     options: BenchOptions | None = None,
     *,
     on_step: Callable[[], None] | None = None,
@@ -199,7 +212,7 @@ def bench_loader(
     """Measure images/s of an h5pack loader over ``path`` (warm page cache).
 
     Args:
-        path: The pack.
+        path: The pack, or a pack set (its directory or manifest, or a list of packs).
         options: Loader settings (default ``BenchOptions()``).
         on_step: Called after each warm-up epoch and timed run (progress).
 
@@ -210,7 +223,7 @@ def bench_loader(
     """
     options = options or BenchOptions()
     setup = open_bench(path, options)
-    warm_page_cache(setup.path)
+    warm_source(setup.source)
     try:
         timing = time_interleaved(
             {"warm": setup.loader},

@@ -206,6 +206,9 @@ def compare(
 ) -> None:
     """Compare pack layouts on an image folder (SOURCES = one folder) or on packs.
 
+    SOURCES may also name pack sets (a set's directory or packset.json), each measured as
+    one pack.
+
     From a folder, every variant is converted into a temporary folder (--keep keeps
     them), then read as training will read it (--train-size, --crop, --flip) through
     h5pack's loader under three access patterns: a full shuffle, the chunk-aware order and
@@ -272,7 +275,7 @@ def _fields(options: Any) -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("pack", type=click.Path(dir_okay=False))
+@click.argument("packs", nargs=-1, required=True, type=click.Path())
 @click.option("--workers", type=Workers(), default="auto", show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option(
@@ -323,7 +326,7 @@ def _fields(options: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @quiet_flag
 def bench(
-    pack: str,
+    packs: tuple[str, ...],
     workers: int | Literal["auto"],
     batch_size: int,
     order: str,
@@ -341,12 +344,13 @@ def bench(
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Measure h5pack's loader on PACK: images/s with the spread over repeated runs.
+    """Measure h5pack's loader on PACKS: images/s with the spread over repeated runs.
 
-    The pack is read as training will read it (--train-size, --crop, --flip), in runs of
-    enough epochs to time. --diagnose also times the same loader on in-memory batches
-    (its ceiling, interleaved with the pack's runs) and with a cold page cache, and says
-    where the time goes and what would help for this pack.
+    PACKS is a pack, a pack set (its directory or packset.json) or several packs read as
+    one set, through make_loader as training reads it (--train-size, --crop, --flip), in
+    runs of enough epochs to time. --diagnose also times the same loader on in-memory
+    batches (its ceiling, interleaved with the pack's runs) and with a cold page cache,
+    and says where the time goes and what would help for this pack.
     """
     from h5pack.bench.diagnose import diagnose as run_diagnose
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
@@ -371,7 +375,9 @@ def bench(
     except OptionsError as err:
         raise click.UsageError(str(err)) from err
     bar = _Bar(quiet)
-    bar.start(None, f"bench {Path(pack).name}")
+    pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
+    name = Path(packs[0]).name + (f" and {len(packs) - 1} more" if len(packs) > 1 else "")
+    bar.start(None, f"bench {name}")
     try:
         if diagnose:
             result: Any = run_diagnose(pack, options, on_step=bar.step)
