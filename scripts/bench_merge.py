@@ -17,11 +17,14 @@ shards (``convert --shards``, ``write.shards.convert_set``), then, round by roun
 Configurations (``--configs``):
 
 - ``encoded``: the files' bytes (what ``convert`` chooses for JPEGs of several sizes),
-  zstd (default level): a blob, so every chunk is copied as stored;
+  zstd (default level), 1 MiB chunks: a blob, so every chunk is copied as stored;
 - ``raw``: ``--size 256 256`` pixels, zstd: fixed-size arrays whose chunk rows do not
-  divide the shards' sample counts, so from the first shard on the rows are shifted within
-  chunks and re-compressed (the fallback, NOTE [ Merging by chunks ] in write/merge.py);
-- ``raw-aligned``: the same with ``--chunk-samples`` dividing every shard: chunk for chunk.
+  divide the shards' sample counts: each shard's whole chunks are copied and the rows of
+  its last, partial chunk re-compressed at the end of the pack (NOTE [ Merging by
+  chunks ] in write/merge.py);
+- ``raw-keep-order``: the same with ``keep_order=True``: every chunk after the first shard
+  is re-compressed (the exact concatenation order);
+- ``raw-aligned``: ``--chunk-samples`` dividing every shard: chunk for chunk.
 
 Reported: medians over rounds of each side's wall time and the median of per-round ratios
 (conversion / merge; the target is >= 5x), the chunks copied and re-chunked, and a check
@@ -53,7 +56,11 @@ from h5pack.write.options import ConvertOptions
 
 SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
 PHOTOS = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
-CONFIGS = ("encoded", "raw", "raw-aligned")
+CONFIGS = ("encoded", "raw", "raw-keep-order", "raw-aligned")
+# A real shard holds hundreds of 8 MiB chunks; the few MB of each of these shards would be
+# one chunk cut to its length (then laid out again by the merge), so encoded packs here
+# use 1 MiB chunks.
+ENCODED_CHUNK_BYTES = 2**20
 
 
 def load_text() -> str:
@@ -65,9 +72,11 @@ def load_text() -> str:
 def options_for(config: str, workers: int, shards: int, images: int) -> ConvertOptions:
     """Return the conversion options of a configuration."""
     zstd = Compression(codec="zstd")
-    if config == "encoded":
-        return ConvertOptions(mode="encoded", compression=zstd, workers=workers)
-    if config == "raw":
+    if config == "encoded":  # 1 MiB chunks: each shard holds several, as real shards do
+        return ConvertOptions(
+            mode="encoded", compression=zstd, workers=workers, chunk_bytes=ENCODED_CHUNK_BYTES
+        )
+    if config in ("raw", "raw-keep-order"):
         return ConvertOptions(mode="raw", size=(256, 256), compression=zstd, workers=workers)
     per_shard = images // shards
     rows = max(r for r in range(1, 65) if per_shard % r == 0 and images % r == 0)
@@ -110,57 +119,73 @@ def same_samples(merged: Path, fresh: Path) -> int:
 
 
 def run_config(
-    config: str, folder: Path, work: Path, args: argparse.Namespace, num_images: int
-) -> dict[str, Any]:
-    """Measure one configuration; return its figures."""
+    config: str,
+    merges: list[str],
+    folder: Path,
+    work: Path,
+    args: argparse.Namespace,
+    num_images: int,
+) -> list[dict[str, Any]]:
+    """Measure the merges of one conversion's pack set against that conversion."""
     options = options_for(config, args.workers, args.shards, num_images)
     set_dir = work / f"{config}-set"
     build_s = make_set(folder, set_dir, options, args.shards)
-    merged, fresh = work / f"{config}-merged.h5", work / f"{config}-fresh.h5"
-    merge_s: list[float] = []
+    fresh = work / f"{config}-fresh.h5"
+    merge_s: dict[str, list[float]] = {name: [] for name in merges}
+    reports: dict[str, Any] = {}
     convert_s: list[float] = []
-    report = None
     load_before = load_text()
     for _ in range(args.rounds):
-        os.sync()
-        started = time.perf_counter()
-        report = h5pack.merge_packs(set_dir, merged, overwrite=True)
-        merge_s.append(time.perf_counter() - started)
+        for name in merges:
+            os.sync()
+            started = time.perf_counter()
+            reports[name] = h5pack.merge_packs(
+                set_dir,
+                work / f"{name}-merged.h5",
+                overwrite=True,
+                keep_order=name.endswith("keep-order"),
+            )
+            merge_s[name].append(time.perf_counter() - started)
         os.sync()
         started = time.perf_counter()
         h5pack.convert(folder, fresh, options, overwrite=True)
         convert_s.append(time.perf_counter() - started)
-    assert report is not None
-    checked = same_samples(merged, fresh)
-    ratios = [c / m for c, m in zip(convert_s, merge_s, strict=True)]
-    with h5py.File(merged) as handle:
-        chunks = handle["images"].chunks
-    figures = {
-        "config": config,
-        "shards": args.shards,
-        "images": num_images,
-        "build_set_s": build_s,
-        "merge_s": statistics.median(merge_s),
-        "convert_s": statistics.median(convert_s),
-        "ratio": statistics.median(ratios),
-        "ratios": ratios,
-        "chunks_copied": report.chunks_copied,
-        "chunks_rechunked": report.chunks_rechunked,
-        "chunk_shape": list(chunks) if chunks else None,
-        "pack_mib": report.file_bytes / 2**20,
-        "samples_checked": checked,
-        "load_before": load_before,
-        "load_after": load_text(),
-    }
+    figures = []
+    for name in merges:
+        merged, report = work / f"{name}-merged.h5", reports[name]
+        checked = same_samples(merged, fresh)
+        ratios = [c / m for c, m in zip(convert_s, merge_s[name], strict=True)]
+        with h5py.File(merged) as handle:
+            chunks = handle["images"].chunks
+        figures.append(
+            {
+                "config": name,
+                "shards": args.shards,
+                "images": num_images,
+                "build_set_s": build_s,
+                "merge_s": statistics.median(merge_s[name]),
+                "convert_s": statistics.median(convert_s),
+                "ratio": statistics.median(ratios),
+                "ratios": ratios,
+                "chunks_copied": report.chunks_copied,
+                "chunks_rechunked": report.chunks_rechunked,
+                "moved_to_end": report.moved_to_end,
+                "chunk_shape": list(chunks) if chunks else None,
+                "pack_mib": report.file_bytes / 2**20,
+                "samples_checked": checked,
+                "load_before": load_before,
+                "load_after": load_text(),
+            }
+        )
+        merged.unlink()
     shutil.rmtree(set_dir)
-    for path in (merged, fresh):
-        path.unlink()
+    fresh.unlink()
     return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=1600)
+    parser.add_argument("--images", type=int, default=1200)
     parser.add_argument("--data", type=Path, default=None, help="keep the images here")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
@@ -192,20 +217,29 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|---|---|")
         results = []
-        for config in args.configs:
-            fig = run_config(config, folder, work, args, num_images)
-            results.append(fig)
-            rounds = ", ".join(f"{r:.1f}" for r in fig["ratios"])
-            print(
-                f"| {config} (chunk {fig['chunk_shape']}) | {fig['shards']} | "
-                f"{fig['merge_s']:.2f} | {fig['convert_s']:.2f} | **{fig['ratio']:.1f}x** "
-                f"({rounds}) | {fig['chunks_copied']} / {fig['chunks_rechunked']} | "
-                f"{fig['pack_mib']:.0f} | {fig['samples_checked']} of {fig['images']} | "
-                f"{fig['load_before']} -> {fig['load_after']} |",
-                flush=True,
-            )
+        for config in ("encoded", "raw", "raw-aligned"):
+            merges = [c for c in args.configs if c == config or c == f"{config}-keep-order"]
+            if not merges:
+                continue
+            for fig in run_config(config, merges, folder, work, args, num_images):
+                results.append(fig)
+                print_row(fig)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def print_row(fig: dict[str, Any]) -> None:
+    """Print one row of the table."""
+    rounds = ", ".join(f"{r:.1f}" for r in fig["ratios"])
+    moved = f", {fig['moved_to_end']} moved to the end" if fig["moved_to_end"] else ""
+    print(
+        f"| {fig['config']} (chunk {fig['chunk_shape']}) | {fig['shards']} | "
+        f"{fig['merge_s']:.2f} | {fig['convert_s']:.2f} | **{fig['ratio']:.1f}x** "
+        f"({rounds}) | {fig['chunks_copied']} / {fig['chunks_rechunked']}{moved} | "
+        f"{fig['pack_mib']:.0f} | {fig['samples_checked']} of {fig['images']} | "
+        f"{fig['load_before']} -> {fig['load_after']} |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
