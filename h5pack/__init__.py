@@ -24,7 +24,7 @@ from h5pack.errors import (
 )
 
 if TYPE_CHECKING:
-    from h5pack.check import pack_info, verify_pack
+    from h5pack.check import pack_info, packset_info, verify_pack, verify_packset
     from h5pack.core.format import PackMeta, load_meta
     from h5pack.core.layout import Compression
     from h5pack.read.reader import PackReader, ReaderOptions
@@ -57,6 +57,8 @@ _LAZY = {
     "Compression": "h5pack.core.layout",
     "pack_info": "h5pack.check",
     "verify_pack": "h5pack.check",
+    "packset_info": "h5pack.check",
+    "verify_packset": "h5pack.check",
     "PackReader": "h5pack.read.reader",
     "ReaderOptions": "h5pack.read.reader",
     "PackMeta": "h5pack.core.format",
@@ -96,8 +98,10 @@ __all__ = [
     "make_loader",
     "merge_packs",
     "pack_info",
+    "packset_info",
     "seed_everything",
     "verify_pack",
+    "verify_packset",
     "write_arrays",
 ]
 

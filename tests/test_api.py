@@ -15,6 +15,7 @@ def test_packing_names_do_not_import_torch() -> None:
     code = (
         "import sys, h5pack\n"
         "h5pack.convert, h5pack.ConvertOptions, h5pack.Compression, h5pack.pack_info\n"
+        "h5pack.packset_info, h5pack.verify_packset\n"
         "h5pack.convert_set, h5pack.convert_on_dask\n"
         "assert 'distributed' not in sys.modules, 'distributed was imported'\n"
         "h5pack.OptionsError, h5pack.FormatError\n"
