@@ -134,6 +134,19 @@ def test_a_shard_of_another_split_is_refused_by_name(folder: Path, tmp_path: Pat
     assert load_meta(out / name).shard["seed"] == 1
 
 
+def test_a_damaged_shard_is_refused_by_name(folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "set"
+    convert_set(folder, out, ONE, shards=2)
+    (out / MANIFEST_NAME).unlink()
+    damaged = out / shard_name(1, 2)
+    damaged.write_bytes(damaged.read_bytes()[:-4096])  # cut off, like an interrupted copy
+    with pytest.raises(TargetExistsError, match=rf"{shard_name(1, 2)} exists.*cannot be read"):
+        convert_set(folder, out, ONE, shards=2)
+    again = convert_set(folder, out, ONE, shards=2, overwrite=True)
+    assert [s.status for s in again.shards] == ["reused", "written"]
+    assert again.manifest is not None
+
+
 def test_a_manifest_of_another_split_is_refused(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "set"
     convert_set(folder, out, ONE, shards=2)

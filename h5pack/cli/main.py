@@ -148,7 +148,7 @@ def cli() -> None:
     default=None,
     metavar="ADDRESS|local",
     help="Run the --shards as Dask tasks on the scheduler at ADDRESS (tcp://host:8786), or "
-    "on a LocalCluster of one process per core (local).",
+    "on a LocalCluster of --workers processes (local; default one per core).",
 )
 @click.option(
     "--overwrite",
@@ -188,7 +188,9 @@ def convert(
     if dask_address is not None:
         from h5pack.write.dask import convert_on_dask, dask_client
 
-        with dask_client(dask_address) as client, progress_for(quiet) as progress:
+        # --dask local --workers N: a LocalCluster of N processes (each converts a shard).
+        cluster = dask_client(dask_address, workers=options.workers)
+        with cluster as client, progress_for(quiet) as progress:
             report = convert_on_dask(
                 client,
                 source,
