@@ -184,6 +184,16 @@ def test_info_names_a_missing_truncated_or_changed_shard(tmp_path):
         packset_info(root, timeout_s=60)
 
 
+def test_info_refuses_packs_that_cannot_form_one_set(tmp_path):
+    first, second = tmp_path / "a.h5", tmp_path / "b.h5"
+    write_arrays(first, _images(4), [0, 1, 2, 0], classes=CLASSES)
+    write_arrays(second, _images(4), [0, 1, 1, 0], classes=("a", "b"))
+    result = _run("info", first, second)
+    assert result.exit_code == 1
+    assert f"{second} cannot join a pack set with {first}" in result.output
+    assert "classes" in result.output
+
+
 def test_probe_packs_reports_each_pack_and_goes_on_after_a_hang(tmp_path):
     from tests.test_damage import _heap_damaged_v1
 
