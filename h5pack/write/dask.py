@@ -38,14 +38,13 @@ from h5pack.errors import H5PackError
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_pool
 from h5pack.write.options import ConvertOptions
+from h5pack.write.packset import finish_set, prepare_out_dir
 from h5pack.write.pipeline import probe_batch
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
     ShardTask,
-    finish_set,
     plan_reason,
-    prepare_out_dir,
     split_source,
     write_shard,
 )
@@ -205,7 +204,14 @@ def convert_on_dask(
             step(report.num_planned)
     finally:
         client.cancel([f for f in futures if not f.done()])
-    manifest, missing = finish_set(out, split, {}, emit)
+    manifest, missing = finish_set(
+        out,
+        identities=[split.identity(i) for i in range(shards)],
+        options=options,
+        classes=split.classes,
+        metas={},
+        emit=emit,
+    )
     return PackSetReport(
         root=os.fspath(out),
         num_shards=shards,

@@ -15,7 +15,8 @@ shard found under its name is reused when it verifies and is the same slice of t
 split converted with the same options; otherwise it is refused, naming it, or replaced
 with ``overwrite``. The manifest is written last, atomically, once every shard is there
 and matches: after a ``--shards N`` run, or by whichever ``--shard I/N`` process finds the
-set complete (several may: they write the same manifest).
+set complete (several may: they write the same manifest). Those checks of the directory
+live in ``write/packset.py``.
 
 NOTE [ One plan for every shard ]: the storage (mode, array or blob, chunk shape, a blob's
 chunk bytes) is planned once from the whole folder, not per shard, so that every shard of
@@ -29,31 +30,23 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import (
-    MANIFEST_NAME,
-    PackSetManifest,
-    ShardEntry,
     ShardIdentity,
-    load_manifest,
-    meta_digest,
     shard_name,
     shard_slice,
     slice_fingerprint,
-    write_manifest,
 )
-from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsError
+from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.builder import ConvertEvent, write_order
 from h5pack.write.convert import (
     needs_probe,
@@ -65,6 +58,7 @@ from h5pack.write.convert import (
     write_files,
 )
 from h5pack.write.options import ConvertOptions
+from h5pack.write.packset import finish_set, prepare_out_dir, shard_problems
 from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
 from h5pack.write.scan import SourceFile, file_sizes
@@ -287,48 +281,6 @@ def split_source(
     )
 
 
-def prepare_out_dir(
-    out_dir: StrPath, num_shards: int, options: ConvertOptions, *, overwrite: bool
-) -> Path:
-    """Create the pack set's directory; refuse one that holds another split's manifest.
-
-    With ``overwrite``, such a manifest is removed (the new one is written at the end).
-
-    Raises:
-        OptionsError: ``out_dir`` is a file, or its parent does not exist.
-        TargetExistsError: it holds the manifest of another split and not ``overwrite``.
-    """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise OptionsError(f"{out} is a file; a pack set is written into a directory")
-    if not out.parent.is_dir():
-        raise OptionsError(f"{out.parent} is not a directory; create it first")
-    try:
-        out.mkdir(exist_ok=True)
-    except OSError as err:
-        raise H5PackError(f"cannot create {out}: {err.strerror or err}") from err
-    manifest = out / MANIFEST_NAME
-    if not manifest.exists():
-        return out
-    try:
-        other = load_manifest(manifest)
-        same = (other.num_shards, other.seed) == (num_shards, options.seed) and [
-            e.path for e in other.shards
-        ] == [shard_name(i, num_shards) for i in range(num_shards)]
-        what = f"a pack set of {other.num_shards} shards (seed {other.seed})"
-    except FormatError as err:
-        same, what = False, f"a manifest that cannot be read ({err})"
-    if same:
-        return out
-    if not overwrite:
-        raise TargetExistsError(
-            f"{manifest} describes {what}, not --shards {num_shards} --seed {options.seed}; "
-            "convert into another directory, or pass --overwrite to replace it"
-        )
-    manifest.unlink(missing_ok=True)
-    return out
-
-
 def convert_set(
     source: StrPath,
     out_dir: StrPath,
@@ -390,7 +342,14 @@ def convert_set(
             )
             reports.append(report)
             metas[task.identity.index] = meta
-    manifest, missing = finish_set(out, split, metas, emit)
+    manifest, missing = finish_set(
+        out,
+        identities=[split.identity(i) for i in range(shards)],
+        options=options,
+        classes=split.classes,
+        metas=metas,
+        emit=emit,
+    )
     return PackSetReport(
         root=os.fspath(out),
         num_shards=shards,
@@ -471,39 +430,6 @@ def write_shard(
     return report, meta
 
 
-def shard_problems(
-    path: Path, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
-) -> tuple[PackMeta | None, list[str]]:
-    """Return a shard's metadata and how it differs from what this conversion would write."""
-    try:
-        with fmt.open_h5(path) as handle:
-            meta = fmt.read_meta(handle, os.fspath(path))
-            fmt.read_paths(handle, meta)
-    except FormatError as err:
-        return None, [f"it cannot be read ({err})"]
-    problems = identity.differences(meta.shard)
-    if meta.classes != tuple(classes):
-        problems.append("another class list (the class folders changed)")
-    recorded, wanted = _content_options(meta.options), _content_options(options.to_json())
-    changed = sorted(k for k in recorded.keys() | wanted.keys() if recorded.get(k) != wanted.get(k))
-    if changed:
-        problems.append(
-            "other options ("
-            + ", ".join(f"{k}: {recorded.get(k)!r}, now {wanted.get(k)!r}" for k in changed)
-            + ")"
-        )
-    return meta, problems
-
-
-def _content_options(options: Any) -> dict[str, Any]:
-    """Return the options that decide a pack's content (``workers`` does not)."""
-    import json
-
-    data = json.loads(json.dumps(dict(options)))
-    data.pop("workers", None)
-    return dict(data)
-
-
 def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
     """Return the metadata of ``task``'s shard if it is there and matches, else None.
 
@@ -524,47 +450,3 @@ def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
         )
     emit(ConvertEvent("note", f"replacing {task.target}: {detail}"))
     return None
-
-
-def finish_set(
-    out: Path, split: SourceSplit, metas: dict[int, PackMeta], emit: Emit
-) -> tuple[Path | None, tuple[int, ...]]:
-    """Write the manifest if every shard is there and matches; return it and what is missing.
-
-    ``metas`` holds the shards this process wrote or checked; the others are checked here.
-    """
-    n = split.num_shards
-    missing = tuple(i for i in range(n) if i not in metas and not (out / shard_name(i, n)).exists())
-    if missing:
-        return None, missing
-    entries = []
-    for i in range(n):
-        path = out / shard_name(i, n)
-        meta = metas.get(i)
-        if meta is None:
-            meta, problems = shard_problems(path, split.identity(i), split.options, split.classes)
-            if problems or meta is None:
-                emit(ConvertEvent("note", f"{path} does not match: {'; '.join(problems)}"))
-                missing += (i,)
-                continue
-        entries.append(
-            ShardEntry(
-                path=path.name,
-                num_samples=meta.num_samples,
-                file_bytes=path.stat().st_size,
-                digest=meta_digest(meta),
-            )
-        )
-    if missing:
-        return None, missing
-    manifest = PackSetManifest(
-        root=out,
-        shards=tuple(entries),
-        classes=split.classes,
-        num_samples=sum(e.num_samples for e in entries),
-        seed=split.options.seed,
-        num_shards=n,
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        tool_version=__version__,
-    )
-    return write_manifest(manifest), ()

@@ -1,0 +1,165 @@
+"""A pack set's directory while it is written: its manifest, and the shards found there.
+
+``convert_set`` and ``convert_on_dask`` prepare the directory (refusing the manifest of
+another split), check a shard found under its name against what they would write
+(``shard_problems``: the restart check), and write the manifest last, once every shard is
+there and matches (``finish_set``). See ``write/shards.py`` and ``core/packset.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from h5pack._types import StrPath
+from h5pack._version import __version__
+from h5pack.core import format as fmt
+from h5pack.core.format import PackMeta
+from h5pack.core.packset import (
+    MANIFEST_NAME,
+    PackSetManifest,
+    ShardEntry,
+    ShardIdentity,
+    load_manifest,
+    meta_digest,
+    shard_name,
+    write_manifest,
+)
+from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsError
+from h5pack.write.builder import ConvertEvent
+from h5pack.write.options import ConvertOptions
+
+__all__ = ["finish_set", "prepare_out_dir", "shard_problems"]
+
+
+def prepare_out_dir(
+    out_dir: StrPath, num_shards: int, options: ConvertOptions, *, overwrite: bool
+) -> Path:
+    """Create the pack set's directory; refuse one that holds another split's manifest.
+
+    With ``overwrite``, such a manifest is removed (the new one is written at the end).
+
+    Raises:
+        OptionsError: ``out_dir`` is a file, or its parent does not exist.
+        TargetExistsError: it holds the manifest of another split and not ``overwrite``.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OptionsError(f"{out} is a file; a pack set is written into a directory")
+    if not out.parent.is_dir():
+        raise OptionsError(f"{out.parent} is not a directory; create it first")
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as err:
+        raise H5PackError(f"cannot create {out}: {err.strerror or err}") from err
+    manifest = out / MANIFEST_NAME
+    if not manifest.exists():
+        return out
+    try:
+        other = load_manifest(manifest)
+        same = (other.num_shards, other.seed) == (num_shards, options.seed) and [
+            e.path for e in other.shards
+        ] == [shard_name(i, num_shards) for i in range(num_shards)]
+        what = f"a pack set of {other.num_shards} shards (seed {other.seed})"
+    except FormatError as err:
+        same, what = False, f"a manifest that cannot be read ({err})"
+    if same:
+        return out
+    if not overwrite:
+        raise TargetExistsError(
+            f"{manifest} describes {what}, not --shards {num_shards} --seed {options.seed}; "
+            "convert into another directory, or pass --overwrite to replace it"
+        )
+    manifest.unlink(missing_ok=True)
+    return out
+
+
+def shard_problems(
+    path: Path, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
+) -> tuple[PackMeta | None, list[str]]:
+    """Return a shard's metadata and how it differs from what this conversion would write."""
+    try:
+        with fmt.open_h5(path) as handle:
+            meta = fmt.read_meta(handle, os.fspath(path))
+            fmt.read_paths(handle, meta)
+    except FormatError as err:
+        return None, [f"it cannot be read ({err})"]
+    problems = identity.differences(meta.shard)
+    if meta.classes != tuple(classes):
+        problems.append("another class list (the class folders changed)")
+    recorded, wanted = _content_options(meta.options), _content_options(options.to_json())
+    changed = sorted(k for k in recorded.keys() | wanted.keys() if recorded.get(k) != wanted.get(k))
+    if changed:
+        problems.append(
+            "other options ("
+            + ", ".join(f"{k}: {recorded.get(k)!r}, now {wanted.get(k)!r}" for k in changed)
+            + ")"
+        )
+    return meta, problems
+
+
+def _content_options(options: Any) -> dict[str, Any]:
+    """Return the options that decide a pack's content (``workers`` does not)."""
+    data = json.loads(json.dumps(dict(options)))
+    data.pop("workers", None)
+    return dict(data)
+
+
+def finish_set(
+    out: Path,
+    *,
+    identities: Sequence[ShardIdentity],
+    options: ConvertOptions,
+    classes: tuple[str, ...],
+    metas: dict[int, PackMeta],
+    emit: Callable[[ConvertEvent], None],
+) -> tuple[Path | None, tuple[int, ...]]:
+    """Write the manifest if every shard is there and matches; return it and what is missing.
+
+    Args:
+        out: The pack set's directory.
+        identities: Every shard's identity, in order.
+        options: The conversion options.
+        classes: The global class list.
+        metas: The shards this process wrote or checked; the others are checked here.
+        emit: Told of a shard that is there but does not match.
+    """
+    n = len(identities)
+    missing = tuple(i for i in range(n) if i not in metas and not (out / shard_name(i, n)).exists())
+    if missing:
+        return None, missing
+    entries = []
+    for i in range(n):
+        path = out / shard_name(i, n)
+        meta = metas.get(i)
+        if meta is None:
+            meta, problems = shard_problems(path, identities[i], options, classes)
+            if problems or meta is None:
+                emit(ConvertEvent("note", f"{path} does not match: {'; '.join(problems)}"))
+                missing += (i,)
+                continue
+        entries.append(
+            ShardEntry(
+                path=path.name,
+                num_samples=meta.num_samples,
+                file_bytes=path.stat().st_size,
+                digest=meta_digest(meta),
+            )
+        )
+    if missing:
+        return None, missing
+    manifest = PackSetManifest(
+        root=out,
+        shards=tuple(entries),
+        classes=classes,
+        num_samples=sum(e.num_samples for e in entries),
+        seed=options.seed,
+        num_shards=n,
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__,
+    )
+    return write_manifest(manifest), ()
