@@ -404,9 +404,14 @@ def test_a_virtual_pack_reads_the_same_pixels_through_h5py(tmp_path, case):
         assert handle["images"].is_virtual
         sources = {s.file_name for s in handle["images"].virtual_sources()}
         assert sources == {s.name for s in shards}  # relative to the virtual pack
-    with PackReader(target) as reader:
+    with PackReader(target) as reader, PackReader(direct) as plain:
         assert reader.virtual
         assert not reader.direct
+        if reader.meta.storage == "array":  # the batch path, in a shuffled order
+            order = np.random.default_rng(0).permutation(len(reader))
+            out = np.empty((len(reader), *reader.meta.images_shape[1:]), np.uint8)
+            reader.read_into(order, out)
+            np.testing.assert_array_equal(out, np.stack(plain.read_images(order)))
     assert_same(target, direct)
     # from another working directory, and after moving the pack with its sources
     moved = tmp_path / "moved"
