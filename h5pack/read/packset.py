@@ -95,8 +95,61 @@ def _pack_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]
     return paths, None
 
 
-def _combined_meta(name: str, metas: Sequence[PackMeta]) -> PackMeta:
-    """Return one ``PackMeta`` for all shards (refusing shards that cannot be one set)."""
+# The per-sample arrays a set's metadata concatenates (``sizes`` is None for array storage).
+_FOLDED = ("labels", "shapes", "checksums", "source_index", "sizes")
+
+
+class _Fold:
+    """The shards' per-sample arrays, concatenated as they are read.
+
+    With the total known (a manifest) each array is allocated once and filled shard by
+    shard, so describing a large set holds its metadata once, not twice.
+    """
+
+    def __init__(self, total: int | None) -> None:
+        self.total = total
+        self.at = 0
+        self.parts: dict[str, list[np.ndarray]] = {key: [] for key in _FOLDED}
+        self.filled: dict[str, np.ndarray] = {}
+
+    def add(self, meta: PackMeta) -> PackMeta:
+        """Take ``meta``'s per-sample arrays; return it without them (and without offsets)."""
+        for key in _FOLDED:
+            array = getattr(meta, key)
+            if array is None:
+                continue
+            if self.total is None:
+                self.parts[key].append(array)
+                continue
+            if key not in self.filled:
+                self.filled[key] = np.zeros((self.total, *array.shape[1:]), dtype=array.dtype)
+            self.filled[key][self.at : self.at + len(array)] = array
+        self.at += meta.num_samples
+        empty = np.zeros(0, dtype=np.int64)
+        return replace(
+            meta,
+            labels=empty,
+            shapes=empty,
+            checksums=empty,
+            source_index=empty,
+            offsets=None,
+            sizes=None if meta.sizes is None else empty,
+            sample_xxh3=None,
+        )
+
+    def result(self, key: str) -> np.ndarray:
+        """The concatenation of every shard's ``key`` (empty if no shard has it)."""
+        if key in self.filled:
+            return self.filled[key]
+        parts = self.parts[key]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMeta:
+    """Return one ``PackMeta`` for all shards (refusing shards that cannot be one set).
+
+    ``metas`` are the shards' metadata less their per-sample arrays, which ``fold`` holds.
+    """
     first = metas[0]
     for meta in metas[1:]:
         differences = [
@@ -119,7 +172,7 @@ def _combined_meta(name: str, metas: Sequence[PackMeta]) -> PackMeta:
                 f"{meta.path} cannot join a pack set with {first.path}: " + "; ".join(differences)
             )
     num = sum(m.num_samples for m in metas)
-    sizes = [m.sizes for m in metas if m.sizes is not None]
+    labels, shapes, checksums, source_index, sizes = (fold.result(key) for key in _FOLDED)
     return PackMeta(
         path=name,
         format_version=min(m.format_version for m in metas),
@@ -127,13 +180,13 @@ def _combined_meta(name: str, metas: Sequence[PackMeta]) -> PackMeta:
         storage=first.storage,
         num_samples=num,
         channels=first.channels,
-        labels=np.concatenate([m.labels for m in metas]),
+        labels=labels,
         classes=first.classes,
-        shapes=np.concatenate([m.shapes for m in metas]),
-        checksums=np.concatenate([m.checksums for m in metas]),
-        source_index=np.concatenate([m.source_index for m in metas]),
+        shapes=shapes,
+        checksums=checksums,
+        source_index=source_index,
         offsets=None,  # byte offsets are per shard: read them through each shard's reader
-        sizes=np.concatenate(sizes) if first.sizes is not None else None,
+        sizes=sizes if first.sizes is not None else None,
         images_shape=(num, *first.images_shape[1:]),
         chunks=first.chunks,
         compression=first.compression,
@@ -194,11 +247,11 @@ def _describe_set(source: PackSource, locking: bool | None) -> PackView:
     name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
     metas: list[PackMeta] = []
     shards: list[ShardView] = []
+    fold = _Fold(manifest.num_samples if manifest is not None else None)
     for index, path in enumerate(paths):
         meta = load_meta(path, locking=locking)
         if manifest is not None:
             check_shard(manifest, manifest.shards[index], meta)
-        metas.append(meta)
         shards.append(
             ShardView(
                 path=path,
@@ -209,8 +262,8 @@ def _describe_set(source: PackSource, locking: bool | None) -> PackView:
                 identity=meta.identity,
             )
         )
-    combined = _combined_meta(name, metas)
-    del metas  # each shard's arrays now live once, in the combined metadata
+        metas.append(fold.add(meta))  # each shard's arrays live once, in the fold
+    combined = _combined_meta(name, metas, fold)
     return PackView(
         meta=combined,
         chunk_map=_concatenated_map([s.chunk_map for s in shards]),
