@@ -14,14 +14,19 @@ boundary of the merged dataset.
   of a shard's last chunk is padding that belongs to its last slot, as the padding of an
   aligned blob always does (NOTE [ Aligned blobs ] in ``write/images.py``). So every
   chunk is copied and the chunk map of the merged pack is the shards' maps, one after the
-  other.
-- A fixed-size array's chunk holds ``C`` samples, so shards are copied chunk for chunk
-  only while every shard but the last holds a multiple of ``C`` samples. From the first
-  shard that does not, the rows that follow are shifted within chunks: they are read
-  (decompressed) and written again in whole chunks through HDF5, which compresses them
-  (``MergeReport.chunks_rechunked`` counts them). Shards of ``convert --shards`` cut the
-  samples evenly, so for them this is the rule rather than the exception unless the
-  chunk divides every shard; the merge is then as fast as decompressing and compressing.
+  other. The exception: a shard shorter than one chunk was written with a chunk cut to
+  its length, so the merged blob takes the largest shard's chunk and such shards are laid
+  out again in it (``_relay``: read decompressed, written through HDF5).
+- A fixed-size array's chunk holds ``C`` samples, so a shard whose count is not a multiple
+  of ``C`` ends in a partial chunk, after which every row would be shifted within chunks
+  (HDF5's chunks form a regular grid). Shards of ``convert --shards`` cut the samples
+  evenly, so this is the rule rather than the exception. By default every shard's whole
+  chunks are copied in order, and the rows of the shards' partial last chunks go to the
+  end of the pack, where they are written again in whole chunks through HDF5, which
+  compresses them (``tails_last_order``; ``MergeReport.moved_to_end``): at most one chunk
+  per shard is decompressed and compressed. ``keep_order`` keeps the exact concatenation
+  instead: from the first shard that does not fill its chunks, every row is re-chunked
+  (``MergeReport.chunks_rechunked``), as slow as decompressing and compressing the rest.
 - Contiguous datasets (uncompressed blobs, by default) have no chunks: their bytes are
   copied in large blocks and the offsets shifted by the exact length of the shards before.
 """
@@ -46,7 +51,13 @@ from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.layout import FILTER_NAMES, ChunkMap
-from h5pack.core.packset import check_shard, is_packset, load_manifest, meta_digest
+from h5pack.core.packset import (
+    PackSetManifest,
+    check_shard,
+    is_packset,
+    load_manifest,
+    meta_digest,
+)
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.write.builder import ConvertEvent, _write_paths, create_file
 from h5pack.write.images import aligned_offsets
@@ -121,7 +132,9 @@ class _Shard:
     dtype: np.dtype[Any]
 
 
-def source_paths(sources: StrPath | Sequence[StrPath]) -> tuple[list[Path], Any]:
+def source_paths(
+    sources: StrPath | Sequence[StrPath],
+) -> tuple[list[Path], PackSetManifest | None]:
     """Return the packs of ``sources`` (a pack, a pack set, or a list) and the set's manifest.
 
     Raises:
@@ -158,7 +171,7 @@ def _filters_text(filters: tuple[tuple[int, tuple[int, ...]], ...]) -> str:
     )
 
 
-def _load(path: Path, manifest: Any) -> _Shard:
+def _load(path: Path, manifest: PackSetManifest | None) -> _Shard:
     text = os.fspath(path)
     with fmt.open_h5(text) as handle:
         meta = fmt.read_meta(handle, text)
@@ -210,7 +223,7 @@ def _differences(shard: _Shard, first: _Shard) -> list[str]:
     return found
 
 
-def load_shards(paths: Sequence[Path], manifest: Any = None) -> list[_Shard]:
+def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) -> list[_Shard]:
     """Read every pack's metadata and refuse packs that cannot be merged.
 
     Raises:
