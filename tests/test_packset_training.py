@@ -32,7 +32,12 @@ from h5pack.core.packset import (
 from h5pack.errors import FormatError, PackNotFoundError
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import make_loader
-from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
+from h5pack.training.sampler import (
+    ChunkBatchSampler,
+    ChunkSampler,
+    EpochSpec,
+    sampler_for_labels,
+)
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -56,16 +61,26 @@ def _images(kind: str, seed: int = 7) -> list[np.ndarray]:
     return [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(sum(COUNTS))]
 
 
-def build(root: Path, kind: str = "array", codec: str = "zstd", seed: int = 7) -> tuple[Path, Path]:
-    """Write the images as a pack set (one write_arrays per shard) and as one pack."""
+def build(
+    root: Path, kind: str = "array", codec: str = "zstd", seed: int = 7, shuffle: bool = True
+) -> tuple[Path, Path]:
+    """Write the images as a pack set (one write_arrays per shard) and as one pack.
+
+    With ``shuffle=False`` the labels run in blocks (one class after another) and the
+    shards keep that order.
+    """
     images = _images(kind, seed)
     samples: list = [_png(a) for a in images] if kind == "encoded" else images
     labels = [i % 3 for i in range(len(images))]
+    if not shuffle:
+        labels = [3 * i // len(images) for i in range(len(images))]
     names = [f"img_{i:03d}.png" for i in range(len(images))]
     chunking: dict = {"chunk_samples": 3} if kind == "array" else {"chunk_bytes": 512}
     if kind == "encoded":
         chunking["mode"] = "encoded"
-    options = ConvertOptions(**chunking, compression=Compression(codec=codec), seed=1)
+    options = ConvertOptions(
+        **chunking, compression=Compression(codec=codec), seed=1, shuffle_samples=shuffle
+    )
     root.mkdir(parents=True)
     entries, low = [], 0
     for index, count in enumerate(COUNTS):
@@ -165,6 +180,19 @@ def test_set_chunks_are_one_pool_split_across_files(packs) -> None:
     assert len(served) > 1  # a rank reads chunks of several shards, not one file each
     flat = list(ChunkSampler(root, EpochSpec(batch_size=4, num_replicas=1, rank=0)))
     assert sorted(flat) == list(range(sum(COUNTS)))
+
+
+def test_label_mixing_of_a_set_in_shard_order(tmp_path) -> None:
+    # shards written without shuffling, one class after another: chunks that do not mix
+    root, _ = build(tmp_path / "sorted", shuffle=False)
+    meta = H5ImageDataset(root).meta
+    spec = EpochSpec(batch_size=2, num_replicas=1, rank=0, window_chunks=1)
+    sampler, report = sampler_for_labels(root, spec, meta)
+    assert report is not None
+    assert report.warns
+    assert str(root / MANIFEST_NAME) in report.message  # names the set
+    assert sampler.spec.chunk_strata is not None  # stratified across every shard's chunks
+    assert sorted(i for b in sampler for i in b) == list(range(sum(COUNTS)))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
