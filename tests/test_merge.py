@@ -28,6 +28,7 @@ from h5pack.read.reader import PackReader
 from h5pack.write.convert import write_arrays
 from h5pack.write.merge import tails_last_order
 from h5pack.write.options import ConvertOptions
+from tests.compat_pack import V1_ARRAY, v1_samples
 from tests.helpers import png
 
 CLASSES = ("ant", "bee", "cat")
@@ -274,10 +275,13 @@ def test_source_indices_that_collide_are_reindexed_in_order(tmp_path):
 # -- refusals ----------------------------------------------------------------------------
 
 
-def _shard(path: Path, samples: list, classes=CLASSES, **options: object) -> Path:
+def _shard(
+    path: Path, samples: list, classes=CLASSES, paths: list[str] | None = None, **options: object
+) -> Path:
     labels = [i % len(classes) for i in range(len(samples))]
+    paths = paths or [f"{path.stem}/{i}.png" for i in range(len(samples))]
     opts = ConvertOptions(shuffle_samples=False, **options)  # type: ignore[arg-type]
-    write_arrays(path, samples, labels, classes=classes, options=opts)
+    write_arrays(path, samples, labels, classes=classes, paths=paths, options=opts)
     return path
 
 
@@ -472,3 +476,38 @@ def test_a_virtual_dataset_without_a_record_of_its_sources_is_refused(tmp_path):
         del handle.attrs["virtual_sources"]
     with pytest.raises(FormatError, match="without h5pack's record of its sources"):
         PackReader(target)
+
+
+@pytest.mark.parametrize("virtual", [False, True])
+def test_a_format_1_0_pack_merges_and_its_virtual_view_checks_its_metadata(tmp_path, virtual):
+    # the frozen 1.0 pack: no pack id, no XXH3; the merged pack is 1.1 and checks CRC32
+    source = tmp_path / "a.h5"
+    shutil.copy(V1_ARRAY, source)
+    report = merge_packs(source, tmp_path / "merged.h5", virtual=virtual)
+    assert fmt.load_meta(source).pack_id is None
+    assert report.meta.sample_xxh3 is None
+    assert report.meta.format_minor == 1
+    images = v1_samples()[0]
+    with PackReader(tmp_path / "merged.h5") as merged:
+        expected = [images[int(i)] for i in merged.meta.source_index]
+        for x, y in zip(merged.read_images(range(7)), expected, strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert verify_pack(tmp_path / "merged.h5").ok
+    if virtual:  # the same size and samples, another label: the metadata digest tells
+        with h5py.File(source, "r+") as handle:
+            handle["labels"][0] = 1 - handle["labels"][0]
+        assert source.stat().st_size == V1_ARRAY.stat().st_size
+        with pytest.raises(FormatError, match=f"its source {source} changed"):
+            PackReader(tmp_path / "merged.h5")
+
+
+def test_packs_holding_the_same_path_are_refused(tmp_path):
+    paths = ["cat/0.png", "cat/1.png", "dog/0.png", "dog/1.png"]
+    first = _shard(tmp_path / "a.h5", fixed(4), paths=paths, chunk_samples=4)
+    second = _shard(tmp_path / "b.h5", fixed(4, seed=1), paths=paths[::-1], chunk_samples=4)
+    with pytest.raises(FormatError) as caught:
+        merge_packs([first, second], tmp_path / "merged.h5")
+    assert str(caught.value).startswith(
+        f"{second} cannot be merged with {first}: both hold 'dog/1.png'"
+    )
+    assert not (tmp_path / "merged.h5").exists()

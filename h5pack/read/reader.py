@@ -34,6 +34,7 @@ from h5pack.core.layout import (
     is_compressed,
     next_prime,
 )
+from h5pack.core.packset import meta_digest
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 
@@ -150,7 +151,13 @@ def check_virtual_sources(
         )
     try:
         entries = [
-            (str(e["path"]), e.get("pack_id"), int(e["file_bytes"]), int(e["num_samples"]))
+            (
+                str(e["path"]),
+                e.get("pack_id"),
+                int(e["file_bytes"]),
+                int(e["num_samples"]),
+                e.get("digest"),
+            )
             for e in json.loads(text)
         ]
     except (ValueError, TypeError, KeyError) as err:
@@ -165,9 +172,9 @@ def check_virtual_sources(
         )
     base = os.path.dirname(os.path.abspath(path))
     largest = 0
-    for relative, pack_id, file_bytes, num_samples in entries:
+    for relative, pack_id, file_bytes, num_samples, digest in entries:
         source = os.path.normpath(os.path.join(base, relative))
-        problem, chunk_bytes = _source_problem(source, pack_id, file_bytes, num_samples)
+        problem, chunk_bytes = _source_problem(source, pack_id, file_bytes, num_samples, digest)
         largest = max(largest, chunk_bytes)
         if problem:
             raise FormatError(
@@ -180,11 +187,14 @@ def check_virtual_sources(
 
 
 def _source_problem(
-    source: str, pack_id: Any, file_bytes: int, num_samples: int
+    source: str, pack_id: Any, file_bytes: int, num_samples: int, digest: Any
 ) -> tuple[str, int]:
     """Return what is wrong with one source of a virtual pack ("" when nothing).
 
     And the decompressed bytes of one chunk of its images, when they are compressed (else 0).
+    A source is the same pack when its pack id (random at each conversion), size and
+    sample count are the recorded ones; a format 1.0 source has no pack id, and its
+    metadata digest (``core.packset.meta_digest``) is compared instead.
     """
     try:
         size = os.stat(source).st_size
@@ -211,6 +221,13 @@ def _source_problem(
         )
     if count != num_samples:
         return f"changed ({count} samples, {num_samples} when the virtual pack was written)", 0
+    if pack_id is None and digest is not None:
+        try:
+            found_digest = meta_digest(fmt.load_meta(source))
+        except (H5PackError, OSError) as err:
+            return f"cannot be read ({err})", 0
+        if found_digest != digest:
+            return "changed (its metadata differs from when the virtual pack was written)", 0
     return "", chunk_bytes
 
 

@@ -223,6 +223,25 @@ def _differences(shard: _Shard, first: _Shard) -> list[str]:
     return found
 
 
+def _check_distinct_paths(shards: Sequence[_Shard]) -> None:
+    """Refuse packs that hold the same source path (a pack holds each file once).
+
+    Raises:
+        FormatError: two packs hold a sample of the same path (the message names both
+            files and the path).
+    """
+    owner: dict[str, int] = {}
+    for k, shard in enumerate(shards):
+        for path in shard.paths:
+            first = owner.setdefault(path, k)
+            if first != k:
+                raise FormatError(
+                    f"{shard.path} cannot be merged with {shards[first].path}: both hold "
+                    f"{path!r} (a pack holds each source file once; were they converted "
+                    "from the same folder, or merged twice?)"
+                )
+
+
 def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) -> list[_Shard]:
     """Read every pack's metadata and refuse packs that cannot be merged.
 
@@ -230,7 +249,8 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
         FileNotFoundError: a pack does not exist.
         FormatError: a pack is damaged, changed since its set's manifest was written, or
             differs from the first in format, mode, storage, sample shape, dtype, chunks,
-            filters or classes (the message names both files and what differs).
+            filters or classes, or two packs hold the same source path (the message names
+            both files and what differs).
     """
     shards = [_load(path, manifest) for path in paths]
     first = shards[0]
@@ -244,6 +264,7 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
             )
     step = _blob_step(shards)
     if step is None:
+        _check_distinct_paths(shards)
         return shards
     largest = next(s for s in shards if s.meta.chunks == (step,))
     for shard in shards:
@@ -255,6 +276,7 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
                 "whose chunk is cut to its length, can be laid out again); convert them with "
                 "the same options"
             )
+    _check_distinct_paths(shards)
     return shards
 
 
