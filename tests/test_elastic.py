@@ -216,6 +216,9 @@ def test_loader_state_moves_to_other_ranks_and_workers(sets, old, new) -> None:
     for rank in range(new[0]):
         second = loader(new[0], rank, new[1])
         second.load_state_dict(state)
+        again = second.state_dict()  # saved before any batch: the same point of the epoch
+        assert again["position"] == 0
+        assert again["base"]["position"] == 2
         second.set_epoch(1)
         got = names(second)
         lengths.add((len(second), len(got) // 3 + (len(got) % 3 > 0)))

@@ -242,9 +242,13 @@ class H5Loader(DataLoader[Any]):
         return self.chunk_sampler.state_dict(position=self._delivered)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next iteration delivers the rest of the epoch."""
+        """Resume from ``state_dict()``: the next iteration delivers the rest of the epoch.
+
+        Elastic: a state saved with other ranks, workers or batch size plans the samples
+        not yet delivered over this loader's (``ChunkBatchSampler.load_state_dict``).
+        """
         self.chunk_sampler.load_state_dict(state)
-        self._delivered = int(state["position"])
+        self._delivered = self.chunk_sampler.resume_position
 
     @property
     def cache(self) -> DecodedCache | None:
