@@ -8,11 +8,15 @@ and the medians over rounds are reported with their ratio to the plain conversio
   in this process, sharing one pool of ``--workers`` processes (the manifest included);
 - ``dask-2``: ``h5pack.convert_on_dask`` with ``--dask-shards`` shards on a
   ``distributed.LocalCluster`` of 2 worker processes of 1 thread (started once, outside
-  the timed region, as a cluster a user already has; its start time is printed).
+  the timed region, as a cluster a user already has; its start time is printed), without
+  Dask's statistical profiler, as ``--dask local`` starts it (``--dask-profile``: with).
 
 Each run writes into a fresh directory (the page cache, after ``sync``), scans the folder,
 probes nothing (``--size H W`` makes every image one size) and checksums every sample.
-Target (issue 11): shards cost no more than 10% of total throughput.
+Besides wall time, the CPU of each run is reported (this process and its pools, plus the
+Dask workers' own): on a machine shared with other work, wall time is mostly noise and
+CPU per image is what shows a cost. Target (issue 11): shards cost no more than 10% of
+total throughput.
 
 Usage::
 
@@ -96,6 +100,9 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--dask-shards", type=int, default=4)
     parser.add_argument("--no-dask", action="store_true")
+    parser.add_argument(
+        "--dask-profile", action="store_true", help="keep the Dask workers' profiler on"
+    )
     parser.add_argument("--compression", default="none", help="none, zstd, lz4...")
     args = parser.parse_args()
 
@@ -120,12 +127,16 @@ def main() -> None:
         )
     cluster = client = None
     if not args.no_dask:
+        import dask
         import distributed
 
         started = time.perf_counter()
-        cluster = distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-        )
+        # as `h5pack convert --dask local` starts it (NOTE [ Dask's profiler ] in
+        # h5pack/write/dask.py); --dask-profile keeps Dask's default
+        with dask.config.set({"distributed.worker.profile.enabled": args.dask_profile}):
+            cluster = distributed.LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            )
         client = distributed.Client(cluster)
         start_s = time.perf_counter() - started
         variants["dask-2"] = lambda out: convert_on_dask(
