@@ -433,7 +433,9 @@ def test_a_virtual_pack_reads_the_same_pixels_through_h5py(tmp_path, case):
 def test_a_virtual_pack_refuses_a_missing_source_by_name(tmp_path):
     shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
     target = tmp_path / "virtual.h5"
-    merge_packs(shards, target, virtual=True)
+    result = CliRunner().invoke(cli, ["merge", *map(str, shards), str(target), "--virtual", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "a virtual view of 12 samples in 3 packs" in result.output
     shards[1].rename(tmp_path / "elsewhere.h5")
     with pytest.raises(FormatError) as caught:
         PackReader(target)

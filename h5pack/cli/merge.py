@@ -19,7 +19,7 @@ __all__ = ["merge"]
     help=(
         "Write an HDF5 virtual-dataset view of the sources instead of copying their images: "
         "instant and small, but every source must stay, unchanged, where it is (relative "
-        "to TARGET), and samples are read through HDF5 (slower)."
+        "to TARGET); h5pack checks them all when it opens TARGET."
     ),
 )
 @click.option(
