@@ -261,7 +261,9 @@ class PackReader:
     Raises:
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, is of a newer format version, is damaged, or
-            is not the file ``expected`` (or ``meta``) describes.
+            is not the file ``expected`` (or ``meta``) describes, or is a virtual pack
+            (``h5pack merge --virtual``) one of whose sources is missing or changed
+            (``check_virtual_sources``; a virtual pack is read through h5py, ``virtual``).
     """
 
     def __init__(
