@@ -137,6 +137,8 @@ def run_shard(task: ShardTask) -> ShardReport:
     """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
     with _ONE_SHARD, worker_pool(1) as executor:
         _keep_freed_memory()
+        # A task Dask runs again after its worker died finds what that worker left.
+        remove_leftovers_beside(task.target, _ignore)
         report, _ = write_shard(task, executor=executor, workers=1, emit=_ignore, step=_ignore)
     return report
 
