@@ -135,7 +135,7 @@ def main() -> None:
         # h5pack/write/dask.py); --dask-profile keeps Dask's default
         with dask.config.set({"distributed.worker.profile.enabled": args.dask_profile}):
             cluster = distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
             )
         client = distributed.Client(cluster)
         start_s = time.perf_counter() - started

@@ -21,7 +21,7 @@ distributed = pytest.importorskip("distributed", reason="needs dask[distributed]
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
     cluster = distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     )
     with cluster, distributed.Client(cluster) as dask_client:
         yield dask_client
@@ -75,3 +75,14 @@ def test_cli_dask_address(client: Any, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, [*args, "--dask", address])
     assert result.exit_code == 2
     assert "add --shards" in result.output
+
+
+def test_cli_dask_local(tmp_path: Path) -> None:
+    folder = tmp_path / "images"
+    make_image_folder(folder, SampleSpec(num_images=12, num_classes=2, size=(12, 16)))
+    convert(folder, tmp_path / "one.h5", ConvertOptions(workers=1))
+    args = ["convert", str(folder), str(tmp_path / "set"), "--shards", "2", "-q"]
+    result = CliRunner().invoke(cli, [*args, "--dask", "local", "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"manifest {tmp_path / 'set' / MANIFEST_NAME}" in result.output
+    assert contents(tmp_path / "set") == contents(tmp_path / "one.h5")

@@ -112,7 +112,7 @@ def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
                 n_workers=workers or available_cores(),
                 threads_per_worker=1,
                 processes=True,
-                dashboard_address=None,
+                dashboard_address=":0",  # any free port: 8787 may be taken
             )
         with cluster, distributed.Client(cluster) as client:
             yield client
