@@ -274,3 +274,13 @@ def test_cli_shard_auto(folder: Path, tmp_path: Path) -> None:
     assert f"shard 1/2: written {shard_name(1, 2)}" in result.output
     recorded = json.loads(json.dumps(dict(load_meta(tmp_path / "set" / shard_name(1, 2)).shard)))
     assert (recorded["index"], recorded["num_shards"]) == (1, 2)
+
+
+def test_dask_without_distributed_says_what_to_install(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed
+    args = ["convert", str(folder), str(tmp_path / "set"), "--shards", "2", "--dask", "local"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    assert "pip install 'h5pack[dask]'" in result.output
