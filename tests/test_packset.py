@@ -20,7 +20,7 @@ from h5pack.core.packset import (
     write_manifest,
 )
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
-from h5pack.read.packset import PackSetReader, describe
+from h5pack.read.packset import PackSetReader, describe, open_reader
 from h5pack.read.reader import ReaderOptions
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
@@ -194,3 +194,29 @@ def test_newer_or_foreign_manifests_are_refused(tmp_path) -> None:
     (root / MANIFEST_NAME).write_text("{}")
     with pytest.raises(FormatError, match="not an h5pack pack set manifest"):
         load_manifest(root)
+
+
+def test_a_reader_from_a_view_reads_the_files_the_view_checked(tmp_path) -> None:
+    root, images = make_set(tmp_path / "set")
+    view = describe(root)
+    assert view.is_set
+    assert view.num_shards == 3
+    assert [s.num_samples for s in view.shards] == [7, 5, 9]
+    with open_reader(root, view=view) as reader:  # no metadata read again
+        assert isinstance(reader, PackSetReader)
+        assert reader.meta is view.meta
+        np.testing.assert_array_equal(reader.read_images([8])[0], images[8])
+    victim = root / shard_name(1, 3)
+    replacement = tmp_path / "replacement.h5"
+    write_arrays(
+        replacement,
+        _images(5, seed=42),
+        [1] * 5,
+        options=ConvertOptions(chunk_samples=3),
+        classes=["a", "b", "c"],
+    )
+    os.replace(replacement, victim)
+    with open_reader(root, view=view) as reader:  # e.g. a DataLoader worker, after the swap
+        np.testing.assert_array_equal(reader.read_images([0])[0], images[0])  # shard 0: fine
+        with pytest.raises(FormatError, match=shard_name(1, 3)):
+            reader.read_images([8])
