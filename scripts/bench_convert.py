@@ -72,6 +72,7 @@ from PIL import Image
 from h5pack.core.decode import decode_image, load_file, resize_image
 from h5pack.core.layout import Compression
 from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.write.builder import write_order
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
 from h5pack.write.plan import plan_storage
@@ -90,6 +91,7 @@ DEFAULT_LEVELS = (
     "zstd:2",
     "zstd:3",
     "zstd:5",
+    "zstd/bit",
     "gzip:1",
     "gzip:2",
     "gzip:4",
@@ -97,7 +99,9 @@ DEFAULT_LEVELS = (
     "blosc-zstd:1",
     "blosc-zstd:3",
     "blosc-zstd:5",
+    "blosc-lz4:1",
     "blosc-lz4:5",
+    "blosc-lz4:9",
     "lz4",
     "lzf",
 )
@@ -171,25 +175,33 @@ def _peer_compress(batch: list[int]) -> int:
         _PEER["dataset"] = handle.create_dataset(
             "d", shape=block.shape, chunks=block.shape, dtype=np.uint8, **_PEER["filter"]
         )
-    if len(batch) == len(block):
-        _PEER["dataset"][...] = block
-    else:  # the last, partial chunk: HDF5 compresses it padded, as in the pack
+    if len(batch) < len(block):  # the last, partial chunk: HDF5 compresses it padded too
         block[len(batch) :] = 0
-        _PEER["dataset"][...] = block
+    _PEER["dataset"][...] = block
+    handle.flush()  # HDF5 2 keeps the chunk in its cache: flushing compresses it
     return len(batch)
+
+
+Measured = tuple[float, float]  # images/s, CPU seconds of the process tree
 
 
 def _timed_pool(
     workers: int, fn: Callable[[list[int]], int], batches: list[list[int]], state: dict[str, Any]
-) -> float:
-    """Return images/s of ``fn`` over ``batches`` in a fresh pool (its start included)."""
+) -> Measured:
+    """Return images/s and CPU seconds of ``fn`` over ``batches`` in a fresh pool.
+
+    The pool's start and end are included, as the converter's are.
+    """
+    cpu = cpu_seconds()
     start = time.perf_counter()
     with _peer_pool(workers, state) as pool:
         done = int(sum(pool.imap_unordered(fn, batches)))
-    return done / (time.perf_counter() - start)
+        pool.close()
+        pool.join()  # reaped: their CPU time is counted
+    return done / (time.perf_counter() - start), cpu_seconds() - cpu
 
 
-def peer_resize(paths: list[str], workers: int) -> float:
+def peer_resize(paths: list[str], workers: int) -> Measured:
     """Images/s of decode + RGB + resize to 256x256, pixels copied into shared memory."""
     buffer = mmap.mmap(-1, len(paths) * SIZE[0] * SIZE[1] * 3)
     pixels = np.frombuffer(buffer, dtype=np.uint8).reshape(len(paths), *SIZE, 3)
@@ -197,7 +209,7 @@ def peer_resize(paths: list[str], workers: int) -> float:
     return _timed_pool(workers, _peer_resize, batches, {"paths": paths, "pixels": pixels})
 
 
-def peer_read(paths: list[str], workers: int, *, decode: bool) -> float:
+def peer_read(paths: list[str], workers: int, *, decode: bool) -> Measured:
     """Images/s of reading each file (and decoding it), its bytes copied into shared memory."""
     sizes = [os.path.getsize(p) for p in paths]
     offsets = np.concatenate(([0], np.cumsum(sizes))).tolist()
@@ -208,7 +220,7 @@ def peer_read(paths: list[str], workers: int, *, decode: bool) -> float:
     return _timed_pool(workers, _peer_read, batches, state)
 
 
-def peer_compress(paths: list[str], workers: int, compression: Compression, rows: int) -> float:
+def peer_compress(paths: list[str], workers: int, compression: Compression, rows: int) -> Measured:
     """Images/s of decode + resize of a chunk's images, then compressing the chunk."""
     block = np.zeros((rows, *SIZE, 3), dtype=np.uint8)
     batches = [list(range(i, min(len(paths), i + rows))) for i in range(0, len(paths), rows)]
@@ -224,14 +236,17 @@ def convert_once(source: Path, options: ConvertOptions, workdir: Path) -> dict[s
     target = workdir / "bench.h5"
     target.unlink(missing_ok=True)  # replacing a file makes ext4 flush the new one first
     os.sync()  # the previous run's dirty pages are not this run's cost
+    cpu = cpu_seconds()
     start = time.perf_counter()
     report = convert(source, target, options, overwrite=True)
     elapsed = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu
     from h5pack.check import pack_info
 
     info = pack_info(target)
     return {
         "images_per_s": report.num_samples / elapsed,
+        "cpu_s": cpu,
         "file_bytes": target.stat().st_size,
         "ratio": info.compression_ratio,
         "mode": info.mode,
@@ -248,18 +263,11 @@ def cpu_seconds() -> float:
     return total
 
 
-def with_cpu(run: Callable[[], Any]) -> tuple[Any, float]:
-    """Return ``run()`` and the CPU seconds it took, its processes' included."""
-    before = cpu_seconds()
-    result = run()
-    return result, cpu_seconds() - before
-
-
 def side_by_side(
     label: str,
     rounds: int,
     run: Callable[[], dict[str, Any]],
-    peers: dict[str, Callable[[], float]],
+    peers: dict[str, Callable[[], Measured]],
 ) -> dict[str, Any]:
     """Run the converter and each peer once per round, interleaved; return medians and ratios.
 
@@ -273,16 +281,16 @@ def side_by_side(
     peer_cpus: dict[str, list[float]] = {name: [] for name in peers}
 
     def convert_side() -> None:
-        result, cpu = with_cpu(run)
+        result = run()
         runs.append(result)
-        cpus.append(cpu)
+        cpus.append(result["cpu_s"])
 
     for i in range(rounds):
         # Alternate which side goes first: a drift in the machine's speed then evens out.
         if i % 2:
             convert_side()
         for name, peer in peers.items():
-            rate, cpu = with_cpu(peer)
+            rate, cpu = peer()
             rates[name].append(rate)
             peer_cpus[name].append(cpu)
         if not i % 2:
@@ -330,10 +338,17 @@ def print_row(row: dict[str, Any]) -> None:
 def level_sweep(
     paths: list[str], levels: list[Compression], rows: int, rounds: int
 ) -> list[dict[str, Any]]:
-    """Compress whole chunks of 256x256 pixels with each codec in this process."""
-    start = time.perf_counter()
-    pixels = np.stack([_resized(p) for p in paths])
-    decode_s = (time.perf_counter() - start) / len(paths)
+    """Compress whole chunks of 256x256 pixels with each codec in this process.
+
+    Times are this process's CPU time (``time.process_time``), which other programs' load
+    moves less than wall time; the decode+resize time is the median of ``rounds`` passes.
+    """
+    decodes = []
+    for _ in range(rounds):
+        start = time.process_time()
+        pixels = np.stack([_resized(p) for p in paths])
+        decodes.append((time.process_time() - start) / len(paths))
+    decode_s = statistics.median(decodes)
     pixels = pixels[: len(pixels) // rows * rows] if len(pixels) >= rows else pixels
     blocks = [pixels[i : i + rows] for i in range(0, len(pixels), rows)]
     times: dict[int, list[float]] = {i: [] for i in range(len(levels))}
@@ -351,11 +366,11 @@ def level_sweep(
                     dtype=np.uint8,
                     **compression.h5py_kwargs(),
                 )
-                begin = time.perf_counter()
+                begin = time.process_time()
                 for j, block in enumerate(blocks):
                     dataset[j * rows : j * rows + len(block)] = block
-                handle.flush()
-                times[i].append(time.perf_counter() - begin)
+                handle.flush()  # HDF5 2 compresses a cached chunk when it leaves the cache
+                times[i].append(time.process_time() - begin)
                 stored[i] = sum(
                     dataset.id.get_chunk_info(k).size for k in range(dataset.id.get_num_chunks())
                 )
@@ -477,6 +492,7 @@ def variants_table(args: argparse.Namespace, paths: list[str], tmp: Path) -> dic
 MEMORY_PROBE = """
 import resource, sys, json
 from h5pack.write.options import ConvertOptions
+from h5pack.write.builder import write_order
 from h5pack.write.convert import convert
 
 convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=int(sys.argv[3])), overwrite=True)
@@ -543,7 +559,9 @@ def main() -> None:
             num_images=args.make, num_classes=10, size=(375, 500), size_jitter=args.jitter
         )
         make_image_folder(args.folder, spec, photos=PHOTOS, workers=args.workers)
-    paths = [str(f.path) for f in scan(args.folder).files]
+    # The converter's write order (a seeded shuffle): the peers' chunks mix the same images.
+    files = scan(args.folder).files
+    paths = [str(files[i].path) for i in write_order(len(files), ConvertOptions())]
     mean_kib = sum(os.path.getsize(p) for p in paths) / len(paths) / 1024
     print(f"# data: {len(paths)} JPEGs in {args.folder}, mean {mean_kib:.0f} KiB")
     print(
@@ -566,7 +584,7 @@ def main() -> None:
         rows_out: list[dict[str, Any]] = []
 
         def part(
-            label: str, options: ConvertOptions, peers: dict[str, Callable[[], float]]
+            label: str, options: ConvertOptions, peers: dict[str, Callable[[], Measured]]
         ) -> None:
             row = side_by_side(
                 label, args.rounds, lambda: convert_once(args.folder, options, tmp), peers
