@@ -421,7 +421,7 @@ def test_crop_array_returns_a_new_array() -> None:
     "box", [Box(-1, 0, 10, 10), Box(0, 0, 0, 10), Box(0, 0, 31, 10), Box(25, 35, 6, 6)]
 )
 def test_crop_array_rejects_boxes_outside(box: Box) -> None:
-    with pytest.raises(OptionsError, match=r"box should lie inside the 40x30 \(WxH\) image, but got"):
+    with pytest.raises(OptionsError, match=r"inside the 40x30 \(WxH\) image, but got"):
         crop_array(np.zeros((30, 40, 3), np.uint8), box, (8, 8))
 
 
