@@ -24,11 +24,12 @@ Parts (``--parts``; all but ``variants`` and ``memory`` by default, ~4-5 min, 2 
   images (the pack's chunk rows) into a block, compress the block with the same HDF5
   filter, chunks and level" (an in-memory HDF5 file, ``driver="core"``, one per process:
   the codec's own cost, nothing more);
-- ``levels``: one process compresses the same 256x256 pixels (``--level-images`` images,
-  whole chunks) with each codec and level of ``--levels``: MB/s of pixels per core and
-  the compression ratio, and from them and the measured decode+resize time per image the
-  images/s a 2-process conversion can reach at most with each (the basis of the default
-  levels);
+- ``levels``: one process compresses and decompresses the same pixels (``--level-images``
+  images: resized to 256x256 in the pack's chunks, then at their own sizes in 8 MiB chunks
+  of a blob) with each codec and level of ``--levels``: MB/s of pixels per core (CPU time)
+  both ways and the compression ratio, and from them and the measured decode(+resize) time
+  per image the images/s a 2-process conversion can reach at most with each (the basis of
+  the default levels, ``core.layout.LEVELS``);
 - ``variants`` / ``memory``: the issue-2 table (full-size pixels, 1 and 2 workers, against
   ``decode_image``) and the parent's and workers' peak memory as the folder grows.
 
@@ -70,7 +71,7 @@ import numpy as np
 from PIL import Image
 
 from h5pack.core.decode import decode_image, load_file, resize_image
-from h5pack.core.layout import Compression
+from h5pack.core.layout import DEFAULT_CHUNK_BYTES, Compression
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write.builder import write_order
 from h5pack.write.convert import convert
@@ -95,11 +96,9 @@ DEFAULT_LEVELS = (
     "gzip:1",
     "gzip:2",
     "gzip:4",
-    "gzip:6",
     "blosc-zstd:1",
     "blosc-zstd:3",
     "blosc-zstd:5",
-    "blosc-lz4:1",
     "blosc-lz4:5",
     "blosc-lz4:9",
     "lz4",
@@ -335,53 +334,71 @@ def print_row(row: dict[str, Any]) -> None:
 # -- level sweep -----------------------------------------------------------------------------
 
 
-def level_sweep(
-    paths: list[str], levels: list[Compression], rows: int, rounds: int
-) -> list[dict[str, Any]]:
-    """Compress whole chunks of 256x256 pixels with each codec in this process.
+def _full_size(path: str) -> np.ndarray:
+    return decode_image(load_file(path), name=path).reshape(-1)
 
+
+def level_sweep(
+    paths: list[str], levels: list[Compression], rows: int, rounds: int, *, full: bool = False
+) -> list[dict[str, Any]]:
+    """Compress and decompress the same pixels with each codec in this process.
+
+    The pixels are ``paths`` decoded and resized to 256x256 in chunks of ``rows`` images, or
+    with ``full`` decoded at their own sizes, back to back in chunks of 8 MiB (a raw blob).
     Times are this process's CPU time (``time.process_time``), which other programs' load
-    moves less than wall time; the decode+resize time is the median of ``rounds`` passes.
+    moves less than wall time, medians of ``rounds`` (the decode+resize time as well).
     """
+    decode = _full_size if full else _resized
     decodes = []
     for _ in range(rounds):
         start = time.process_time()
-        pixels = np.stack([_resized(p) for p in paths])
+        images = [decode(p) for p in paths]
         decodes.append((time.process_time() - start) / len(paths))
     decode_s = statistics.median(decodes)
-    pixels = pixels[: len(pixels) // rows * rows] if len(pixels) >= rows else pixels
-    blocks = [pixels[i : i + rows] for i in range(0, len(pixels), rows)]
+    if full:
+        flat = np.concatenate(images)
+        chunk = DEFAULT_CHUNK_BYTES
+        pixels = flat[: max(chunk, len(flat) // chunk * chunk)]
+        chunks: tuple[int, ...] = (min(chunk, len(pixels)),)
+    else:
+        stacked = np.stack(images)
+        pixels = stacked[: len(stacked) // rows * rows] if len(stacked) >= rows else stacked
+        chunks = (min(rows, len(pixels)), *SIZE, 3)
+    num_images = len(paths) * pixels.nbytes / sum(i.nbytes for i in images)
+    out_block = np.empty(chunks, dtype=np.uint8)
+    step = chunks[0]
     times: dict[int, list[float]] = {i: [] for i in range(len(levels))}
+    reads: dict[int, list[float]] = {i: [] for i in range(len(levels))}
     stored: dict[int, int] = {}
-    with h5py.File("sweep", "w", driver="core", backing_store=False) as handle:
+    core = {"driver": "core", "backing_store": False, "rdcc_nbytes": 0}
+    with h5py.File("sweep", "w", **core) as handle:
         for _ in range(rounds):
             for i, compression in enumerate(levels):
                 name = f"d{i}"
                 if name in handle:
                     del handle[name]
-                dataset = handle.create_dataset(
-                    name,
-                    shape=pixels.shape,
-                    chunks=blocks[0].shape,
-                    dtype=np.uint8,
-                    **compression.h5py_kwargs(),
-                )
                 begin = time.process_time()
-                for j, block in enumerate(blocks):
-                    dataset[j * rows : j * rows + len(block)] = block
-                handle.flush()  # HDF5 2 compresses a cached chunk when it leaves the cache
+                dataset = handle.create_dataset(
+                    name, data=pixels, chunks=chunks, **compression.h5py_kwargs()
+                )
+                handle.flush()
                 times[i].append(time.process_time() - begin)
                 stored[i] = sum(
                     dataset.id.get_chunk_info(k).size for k in range(dataset.id.get_num_chunks())
                 )
+                begin = time.process_time()
+                for lo in range(0, len(pixels), step):
+                    dataset.read_direct(out_block, np.s_[lo : lo + step])
+                reads[i].append(time.process_time() - begin)
     out = []
     for i, compression in enumerate(levels):
         seconds = statistics.median(times[i])
-        per_image = seconds / len(pixels)
+        per_image = seconds / num_images
         out.append(
             {
                 "codec": codec_name(compression),
                 "mb_per_s": pixels.nbytes / seconds / 1e6,
+                "decompress_mb_per_s": pixels.nbytes / statistics.median(reads[i]) / 1e6,
                 "ratio": pixels.nbytes / stored[i],
                 "compress_ms_per_image": 1e3 * per_image,
                 "decode_ms_per_image": 1e3 * decode_s,
@@ -549,7 +566,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS), choices=PARTS)
     parser.add_argument("--codecs", nargs="+", default=list(DEFAULT_CODECS))
     parser.add_argument("--levels", nargs="+", default=list(DEFAULT_LEVELS))
-    parser.add_argument("--level-images", type=int, default=336, help="images of the sweep")
+    parser.add_argument("--level-images", type=int, default=246, help="images of the sweep")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -623,26 +640,33 @@ def main() -> None:
                 )
         results["side_by_side"] = rows_out
         if "levels" in args.parts:
-            before = load_text()
-            sweep = level_sweep(
-                paths[: args.level_images], [parse_codec(t) for t in args.levels], rows, args.rounds
-            )
-            print(
-                f"\n{args.level_images // rows * rows} images of 256x256 in chunks of {rows}, one "
-                f"process, medians of {args.rounds}; load {before} -> {load_text()}\n"
-            )
-            print(
-                "| codec | MB/s per core | ratio | compress ms/image | decode+resize ms/image "
-                "| 2-process bound images/s |\n|---|---|---|---|---|---|"
-            )
-            for entry in sweep:
-                print(
-                    f"| {entry['codec']} | {entry['mb_per_s']:.0f} | {entry['ratio']:.3f} | "
-                    f"{entry['compress_ms_per_image']:.2f} | {entry['decode_ms_per_image']:.2f} "
-                    f"| {entry['bound_2_workers']:.0f} |",
-                    flush=True,
+            results["levels"] = {}
+            codecs = [parse_codec(t) for t in args.levels]
+            for full in (False, True):
+                before = load_text()
+                sweep = level_sweep(
+                    paths[: args.level_images], codecs, rows, args.rounds, full=full
                 )
-            results["levels"] = sweep
+                what = (
+                    f"{args.level_images} images at their own sizes, back to back in 8 MiB chunks"
+                    if full
+                    else f"{args.level_images // rows * rows} images of 256x256 in chunks of {rows}"
+                )
+                print(
+                    f"\n{what}, one process, CPU time, medians of {args.rounds}; load {before} -> "
+                    f"{load_text()}\n\n| codec | compress MB/s per core | ratio | decompress "
+                    "MB/s per core | compress ms/image | decode(+resize) ms/image | 2-process "
+                    "bound images/s |\n|---|---|---|---|---|---|---|"
+                )
+                for entry in sweep:
+                    print(
+                        f"| {entry['codec']} | {entry['mb_per_s']:.0f} | {entry['ratio']:.3f} | "
+                        f"{entry['decompress_mb_per_s']:.0f} | "
+                        f"{entry['compress_ms_per_image']:.2f} | "
+                        f"{entry['decode_ms_per_image']:.2f} | {entry['bound_2_workers']:.0f} |",
+                        flush=True,
+                    )
+                results["levels"]["full" if full else "256x256"] = sweep
         if "variants" in args.parts:
             results["variants"] = variants_table(args, paths, tmp)
         if "memory" in args.parts:

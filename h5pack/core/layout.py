@@ -72,11 +72,22 @@ MAX_CHUNK_BYTES = 2**32 - 1
 DEFAULT_CHUNK_BYTES = 8 * 2**20
 
 # Level ranges per codec, and the level used when none is given.
+#
+# NOTE [ Default levels ]: a default is the highest level whose step up from the level
+# below still buys a few percent of file size; past it a step costs 40-100% more
+# compression time for about 1% (scripts/bench_convert.py --parts levels, on ImageNet-like
+# photos as 256x256 and as full-size pixels; BENCHMARKS.md, "Conversion speed"). zstd 3:
+# 2 is 1.6-2x faster to compress but 3.5% larger, 5 gains nothing. blosc-zstd 3: blosc's
+# own 5 was 1.4-1.7x slower for 1.1-2.3% less. blosc-lz4 5: the level hardly changes lz4.
+# gzip 4: its curve is flat (levels 2 to 6 within 1.5x in speed and 2% in size; 2 would
+# convert ~15% faster for ~1% more). A pack is written once and read every epoch, and
+# decompression runs at about the same speed at each of these levels, so the one-off
+# conversion time is what a level is weighed against.
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),
     "zstd": (1, 22, 3),
     "blosc-lz4": (0, 9, 5),
-    "blosc-zstd": (0, 9, 5),
+    "blosc-zstd": (0, 9, 3),
 }
 
 
