@@ -17,7 +17,13 @@ Layout of a pack, version 1 (``[1.1]``: added in format 1.1, which readers of 1.
                                    [1.1, optional] shard (JSON, only in the shards of a
                                    pack set: which slice of which split the pack holds,
                                    ``core.packset.ShardIdentity``; readers that do not
-                                   know it ignore it)
+                                   know it ignore it),
+                                   [1.1, optional] virtual_sources (JSON list of {path,
+                                   pack_id, file_bytes, num_samples, digest}, only in a
+                                   virtual pack written by ``merge --virtual``: the source
+                                   packs its virtual ``/images`` maps; covered by
+                                   metadata_crc32; a reader checks every source before
+                                   serving a sample)
     /images                 storage "array": uint8 (N, H, W, C), contiguous or chunked
                             storage "blob":  uint8 (total_bytes,), chunked by bytes
     /offsets                storage "blob" only: int64 (N + 1,), sample i's slot is
@@ -102,6 +108,9 @@ PACK_ID_KEY = "pack_id"
 METADATA_DIGESTS_KEY = "metadata_crc32"
 # Optional (a pack set's shards only): the shard's place in its split (core.packset).
 SHARD_KEY = "shard"
+# Optional (virtual packs only, ``merge --virtual``): the source packs, see NOTE
+# [ Virtual packs ] in write/merge.py.
+VIRTUAL_SOURCES_KEY = "virtual_sources"
 
 # Dataset names.
 IMAGES = "images"

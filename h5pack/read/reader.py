@@ -106,9 +106,7 @@ class ReaderOptions:
             )
 
 
-# NOTE [ Virtual packs ] (see write/merge.py, which spells the same key; it belongs in
-# core/format.py): the root attribute of a virtual pack that records its sources.
-VIRTUAL_SOURCES_KEY = "virtual_sources"
+VIRTUAL_SOURCES_KEY = fmt.VIRTUAL_SOURCES_KEY
 
 
 # Decompressed source chunks that a virtual pack's sources may keep in HDF5's chunk

@@ -72,10 +72,9 @@ from h5pack.write.publish import (
     temp_path,
 )
 
-# NOTE [ Virtual packs ]: the root attribute of a virtual pack that records its sources
-# (JSON list of {path, pack_id, file_bytes, num_samples, digest}); ``read/reader.py``
-# spells the same key. It belongs in ``core/format.py`` (requested; this module may not
-# edit core/).
+# NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
+# ``fmt.VIRTUAL_SOURCES_KEY`` (JSON list of {path, pack_id, file_bytes, num_samples,
+# digest}; see core/format.py).
 #
 # HDF5 returns the fill value, silently, for the part of a virtual dataset whose source
 # file it cannot open (missing, moved, or past the limit of open files), so a reader of
@@ -84,7 +83,7 @@ from h5pack.write.publish import (
 # still comes back as fill values. Source paths are stored relative to the virtual pack's
 # directory (HDF5 resolves them against it, from any working directory): the pack and its
 # shards move together.
-VIRTUAL_SOURCES_KEY = "virtual_sources"
+VIRTUAL_SOURCES_KEY = fmt.VIRTUAL_SOURCES_KEY
 
 # Bytes copied at once between contiguous datasets, and decompressed at once when
 # re-chunking (a multiple of the chunk).
