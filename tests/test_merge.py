@@ -7,6 +7,7 @@ same order.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -446,6 +447,31 @@ def test_a_virtual_pack_refuses_a_missing_source_by_name(tmp_path):
     # HDF5 alone would have served zeros: what the check stands between
     with h5py.File(target) as handle:
         assert not handle["images"][4:8].any()
+
+
+def test_info_describes_a_virtual_pack_by_its_sources_and_names_a_missing_one(tmp_path):
+    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
+    target = tmp_path / "virtual.h5"
+    merge_packs(shards, target, virtual=True)
+    result = CliRunner().invoke(cli, ["info", str(target)])
+    assert result.exit_code == 0, result.output
+    assert "virtual: images read from 3 source packs" in result.output
+    assert "zstd" in result.output  # the sources' codec, not "none"
+    data = pack_info_json(target)
+    assert data["layout"] == "virtual"
+    assert [Path(p).name for p in data["virtual_sources"]] == [s.name for s in shards]
+    stored = sum(pack_info_json(s)["disk_bytes"] for s in shards)
+    assert data["disk_bytes"] == stored
+    shards[0].unlink()
+    result = CliRunner().invoke(cli, ["info", str(target)])
+    assert result.exit_code == 1
+    assert f"its source {shards[0]} is missing" in result.output
+
+
+def pack_info_json(path: Path) -> dict:
+    result = CliRunner().invoke(cli, ["info", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
 
 
 def test_a_virtual_pack_refuses_a_replaced_source_by_name(tmp_path):

@@ -234,6 +234,9 @@ def test_cli_writes_shards_and_says_what_is_missing(folder: Path, tmp_path: Path
     )
     assert result.exit_code == 2
     assert "--shards 2 and --shard 0/3 disagree" in result.output
+    result = runner.invoke(cli, ["info", str(out / shard_name(1, 2))])
+    assert result.exit_code == 0, result.output
+    assert "shard     1 of 2 (seed 0); read the whole set" in result.output
 
 
 _NO_RANKS: dict[str, Any] = dict.fromkeys(

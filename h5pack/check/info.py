@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
@@ -15,6 +16,7 @@ from h5pack.core import format as fmt
 from h5pack.core.layout import FILTER_NAMES, PLUGIN_FILTERS, Compression, chunk_map_of
 from h5pack.errors import OptionsError
 from h5pack.read.packset import PackSource, describe
+from h5pack.read.reader import check_virtual_sources
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +40,8 @@ class PackInfo:
         images_shape: Shape of the images dataset.
         sample_shape: (H, W, C) when every sample has it, else None.
         channels: 1 or 3.
-        layout: ``"chunked"`` or ``"contiguous"``.
+        layout: ``"chunked"``, ``"contiguous"`` or ``"virtual"`` (``merge --virtual``: the
+            images are read from the packs in ``virtual_sources``).
         chunk_shape: Chunk shape of the images dataset, or None.
         chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
         num_chunks: Chunks stored.
@@ -52,6 +55,9 @@ class PackInfo:
         shuffled: Whether samples were written in a shuffled order.
         skipped: Files left out at conversion.
         options: The conversion options recorded in the pack.
+        shard: A shard's place in its split (``convert --shards``), else empty.
+        virtual_sources: A virtual pack's source packs (each checked, see
+            ``check_virtual_sources``); codec, ratio and bytes are then the sources'.
     """
 
     path: str
@@ -84,10 +90,13 @@ class PackInfo:
     shuffled: bool | None
     skipped: tuple[fmt.SkippedFile, ...]
     options: dict[str, Any] = field(default_factory=dict)
+    shard: dict[str, Any] = field(default_factory=dict)
+    virtual_sources: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
         data = asdict(self)
+        data["virtual_sources"] = list(self.virtual_sources)
         data["classes"] = [{"name": name, "samples": count} for name, count in self.classes]
         data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
         for key in ("images_shape", "sample_shape", "chunk_shape", "filter_ids", "plugins"):
@@ -127,13 +136,18 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
     text = os.fspath(path)
     if timeout_s is not None:
         probe_pack(text, timeout_s=timeout_s)
+    sources: list[PackInfo] = []
     with fmt.open_h5(text) as handle:
         meta = fmt.read_meta(handle, text)
         with fmt.reading(text, "the images' chunk index"):
             images = handle[fmt.IMAGES]
+            virtual = bool(images.is_virtual)
             disk_bytes = int(images.id.get_storage_size())
             num_chunks = int(images.id.get_num_chunks()) if images.chunks else 0
             dtype = str(images.dtype)
+        if virtual:  # a missing or changed source is named here, as readers name it
+            check_virtual_sources(handle, images, text, meta)
+            sources = [pack_info(path) for path in _virtual_source_paths(handle, text)]
     counts = Counter(int(label) for label in meta.labels)
     if meta.storage == "array":
         stored_bytes = meta.num_samples * math.prod(meta.images_shape[1:])
@@ -142,6 +156,11 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
         stored_bytes = int(meta.sizes.sum())
     chunk_map = chunk_map_of(meta)
     shuffled = meta.options.get("shuffle_samples")
+    codec, filter_ids = _codec(meta), meta.filter_ids
+    if sources:
+        disk_bytes = sum(source.disk_bytes for source in sources)
+        num_chunks = sum(source.num_chunks for source in sources)
+        codec, filter_ids = sources[0].codec, sources[0].filter_ids
     return PackInfo(
         path=text,
         file_bytes=Path(text).stat().st_size,
@@ -159,21 +178,31 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
         images_shape=meta.images_shape,
         sample_shape=meta.fixed_shape,
         channels=meta.channels,
-        layout="chunked" if meta.chunks else "contiguous",
+        layout="virtual" if virtual else "chunked" if meta.chunks else "contiguous",
         chunk_shape=meta.chunks,
         chunk_bytes=math.prod(meta.chunks) if meta.chunks else 0,
         num_chunks=num_chunks,
         samples_per_chunk=meta.num_samples / max(1, chunk_map.num_chunks),
-        codec=_codec(meta),
-        filter_ids=meta.filter_ids,
-        plugins=tuple(PLUGIN_FILTERS[i] for i in meta.filter_ids if i in PLUGIN_FILTERS),
+        codec=codec,
+        filter_ids=filter_ids,
+        plugins=tuple(PLUGIN_FILTERS[i] for i in filter_ids if i in PLUGIN_FILTERS),
         stored_bytes=stored_bytes,
         disk_bytes=disk_bytes,
         compression_ratio=stored_bytes / disk_bytes if disk_bytes else 0.0,
         shuffled=bool(shuffled) if shuffled is not None else None,
         skipped=meta.skipped,
         options=dict(meta.options),
+        shard=dict(meta.shard),
+        virtual_sources=tuple(source.path for source in sources),
     )
+
+
+def _virtual_source_paths(handle: Any, path: str) -> list[str]:
+    """Return the source packs a virtual pack records (checked by ``check_virtual_sources``)."""
+    raw = handle.attrs[fmt.VIRTUAL_SOURCES_KEY]
+    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
+    base = os.path.dirname(os.path.abspath(path))
+    return [os.path.normpath(os.path.join(base, str(e["path"]))) for e in json.loads(text)]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,6 +51,13 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
                 f"uncompressed, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} "
                 "samples/chunk"
             )
+        elif info.layout == "virtual":
+            count = len(info.virtual_sources)
+            layout = (
+                f"virtual: images read from {count} source pack{'s' if count != 1 else ''} "
+                f"(merge --virtual; every source checked), {', '.join(info.virtual_sources[:3])}"
+                + (", ..." if count > 3 else "")
+            )
         else:
             layout = "contiguous"
     plugins = ", ".join(info.plugins) if info.plugins else "none (plain HDF5 reads it)"
@@ -74,8 +81,18 @@ def _info_lines(info: Any) -> list[tuple[str, str]]:
         ("pack", f"{info.path} ({format_bytes(info.file_bytes)})"),
         ("format", f"h5pack format {info.format_version}, written by h5pack {info.tool_version}"),
         ("created", info.created_utc),
+        *_shard_line(info),
         *_common_lines(info),
     ]
+
+
+def _shard_line(info: Any) -> list[tuple[str, str]]:
+    """Return the ``shard`` line of a shard written by ``convert --shards`` (else none)."""
+    shard = info.shard
+    if not shard:
+        return []
+    text = f"{shard.get('index')} of {shard.get('num_shards')} (seed {shard.get('seed')})"
+    return [("shard", text + "; read the whole set through its directory or packset.json")]
 
 
 def _ratio_text(info: Any) -> str:
