@@ -364,7 +364,7 @@ def held_images(dataset: Any, limit: int = 256) -> tuple[list[np.ndarray], np.nd
     from h5pack.training.dataset import H5ImageDataset
 
     held = min(len(dataset), limit)
-    twin = H5ImageDataset(dataset.path, output="hwc", reader=dataset.options, crop=dataset.crop)
+    twin = H5ImageDataset(dataset.source, output="hwc", reader=dataset.options, crop=dataset.crop)
     try:
         batch = twin.__getitems__(list(range(held))) if held else None
     finally:

@@ -12,9 +12,8 @@ import os
 from pathlib import Path
 
 from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
-from h5pack.check.packset import set_paths
 from h5pack.core.packset import MANIFEST_NAME, is_packset
-from h5pack.read.packset import PackSource
+from h5pack.read.packset import PackSource, pack_paths
 
 
 def is_set_path(path: str | os.PathLike[str]) -> bool:
@@ -35,7 +34,7 @@ def pack_files(source: PackSource) -> list[Path]:
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: one path
         return [Path(source)]
-    return set_paths(source)[0]
+    return pack_paths(source)[0]
 
 
 def source_name(source: PackSource) -> str:

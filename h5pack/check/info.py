@@ -315,9 +315,9 @@ def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackS
         FormatError: the manifest or a shard is not valid, a shard changed since the
             manifest was written, or the shards do not form one set (each names the file).
     """
-    from h5pack.check.packset import set_paths
+    from h5pack.read.packset import pack_paths
 
-    paths, manifest = set_paths(source)
+    paths, manifest = pack_paths(source)
     if timeout_s is not None:
         for error in probe_packs(paths, timeout_s=timeout_s):
             if error is not None:

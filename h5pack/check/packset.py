@@ -26,26 +26,9 @@ from h5pack.check.probe import probe_packs
 from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import DEFAULT_TOLERANCE, Problem, VerifyReport, check_pack
 from h5pack.core import format as fmt
-from h5pack.core.packset import PackSetManifest, check_shard, load_manifest
-from h5pack.errors import FormatError, H5PackError, OptionsError
-from h5pack.read.packset import PackSource, describe
-
-
-def set_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]:
-    """Return the packs of a pack set (its directory or manifest, or a list) and its manifest.
-
-    Raises:
-        PackNotFoundError: there is no manifest.
-        FormatError: the manifest is not a valid one.
-        OptionsError: the list of packs is empty.
-    """
-    if isinstance(source, str | os.PathLike):
-        manifest = load_manifest(source)
-        return manifest.shard_paths(), manifest
-    paths = [Path(p) for p in source]
-    if not paths:
-        raise OptionsError("a list of packs should hold at least one pack, but got none")
-    return paths, None
+from h5pack.core.packset import PackSetManifest, check_shard
+from h5pack.errors import FormatError, H5PackError
+from h5pack.read.packset import PackSource, describe, pack_paths
 
 
 def _message(err: BaseException, name: str) -> str:
@@ -90,7 +73,7 @@ def verify_packset(
         FormatError: the manifest is not a valid one.
         OptionsError: the list of packs is empty.
     """
-    paths, manifest = set_paths(packs)
+    paths, manifest = pack_paths(packs)
     names = [os.fspath(p) for p in paths]
     where = os.fspath(manifest.manifest_path) if manifest is not None else names[0]
     problems: list[Problem] = []

@@ -85,7 +85,14 @@ def _status_or_none(path: Path) -> tuple[int, int, int] | None:
     return (stat.st_dev, stat.st_ino, stat.st_size)
 
 
-def _pack_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]:
+def pack_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]:
+    """Return the packs of ``source`` (a set's directory or manifest, or a list) and its manifest.
+
+    Raises:
+        PackNotFoundError: there is no manifest.
+        FormatError: the manifest is not a valid one.
+        OptionsError: the list of packs is empty.
+    """
     if isinstance(source, str | os.PathLike):
         manifest = load_manifest(source)
         return manifest.shard_paths(), manifest
@@ -243,7 +250,7 @@ def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
 
 def _describe_set(source: PackSource, locking: bool | None) -> PackView:
     """Load and check every shard's metadata; fold them into one view."""
-    paths, manifest = _pack_paths(source)
+    paths, manifest = pack_paths(source)
     name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
     metas: list[PackMeta] = []
     shards: list[ShardView] = []
