@@ -37,7 +37,10 @@ def check_target(target: StrPath, *, overwrite: bool) -> Path:
     """
     path = Path(target)
     if path.is_dir():
-        raise OptionsError(f"{path} is a directory; give the pack's file name, e.g. {path}/out.h5")
+        raise OptionsError(
+            f"{path} is a directory; give the pack's file name, e.g. {path}/out.h5 (to write a "
+            "pack set of shards into a directory, convert with --shards N)"
+        )
     if not path.parent.is_dir():
         raise OptionsError(f"{path.parent} is not a directory; create it first")
     if path.exists() and not overwrite:
