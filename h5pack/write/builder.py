@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -320,14 +320,64 @@ def _final_chunk_bytes(spec: ImagesSpec, plan: StoragePlan) -> int:
 
 
 def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
+    """Write every dataset and attribute of a converted pack but its images."""
+    samples = metadata.samples
+    texts = {
+        fmt.OPTIONS_KEY: json.dumps(metadata.options.to_json(), sort_keys=True),
+        fmt.SKIPPED_KEY: skipped_text(metadata.skipped),
+    }
+    if metadata.shard is not None:
+        texts[fmt.SHARD_KEY] = metadata.shard
+    write_records(
+        handle,
+        mode=metadata.plan.mode,
+        storage=metadata.plan.storage,
+        channels=metadata.options.channels,
+        classes=tuple(samples.classes),
+        labels=np.asarray(samples.labels),
+        paths=samples.paths,
+        shapes=metadata.shapes,
+        checksums=metadata.checksums,
+        source_index=np.asarray(samples.source_index),
+        sample_xxh3=metadata.sample_xxh3,
+        offsets=metadata.offsets,
+        sizes=metadata.sizes,
+        texts=texts,
+        blob_chunk_bytes=metadata.blob_chunk_bytes,
+    )
+
+
+def skipped_text(skipped: Sequence[SkippedFile]) -> str:
+    """Return the ``skipped`` attribute's text (JSON list of {path, reason})."""
+    return json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])
+
+
+def write_records(
+    handle: h5py.File,
+    *,
+    mode: str,
+    storage: str,
+    channels: int,
+    classes: Sequence[str],
+    labels: np.ndarray,
+    paths: Sequence[str],
+    shapes: np.ndarray,
+    checksums: np.ndarray,
+    source_index: np.ndarray,
+    sample_xxh3: np.ndarray | None,
+    offsets: np.ndarray | None,
+    sizes: np.ndarray | None,
+    texts: Mapping[str, str],
+    blob_chunk_bytes: int,
+) -> None:
     """Write every dataset and attribute of a pack but its images (format.py names them).
 
-    Format 1.1: no variable-length data (the global heap has no checksum, and damage
-    there made HDF5 loop), a pack id, and the CRC32 of every dataset and text attribute a
-    reader trusts (``metadata_crc32``).
+    Used by conversions and merges alike. Format 1.1: no variable-length data (the global
+    heap has no checksum, and damage there made HDF5 loop), a new pack id, and the CRC32
+    of every dataset and of every text attribute in ``texts`` (options, skipped, and the
+    optional ones) a reader trusts (``metadata_crc32``).
     """
-    samples = metadata.samples
-    num = len(samples)
+    num = len(paths)
     digests: dict[str, str] = {}
 
     def numeric(name: str, values: np.ndarray) -> None:
@@ -336,43 +386,36 @@ def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
         handle.create_dataset(name, data=data)
         digests[name] = integrity.array_digest(data, dtype)
 
-    numeric(fmt.LABELS, np.asarray(samples.labels).reshape(num))
-    names = [c.encode("utf-8", "surrogateescape") for c in samples.classes]
+    numeric(fmt.LABELS, labels.reshape(num))
+    names = [c.encode("utf-8", "surrogateescape") for c in classes]
     stored_classes, class_type = fmt.fixed_strings(names)
-    classes = handle.create_dataset(fmt.CLASSES, shape=(len(names),), dtype=class_type)
-    fmt.write_fixed_strings(classes, 0, stored_classes)
-    digests[fmt.CLASSES] = fmt.classes_digest(tuple(samples.classes))
-    digests[fmt.PATHS] = _write_paths(handle, samples.paths)
-    numeric(fmt.SHAPES, metadata.shapes)
-    numeric(fmt.CHECKSUMS, metadata.checksums.reshape(num))
-    numeric(fmt.SOURCE_INDEX, np.asarray(samples.source_index).reshape(num))
-    if metadata.sample_xxh3 is not None:
-        numeric(fmt.SAMPLE_XXH3, metadata.sample_xxh3.reshape(num))
-    if metadata.offsets is not None and metadata.sizes is not None:
-        numeric(fmt.OFFSETS, metadata.offsets)
-        numeric(fmt.SIZES, metadata.sizes)
-    options_text = json.dumps(metadata.options.to_json(), sort_keys=True)
-    skipped_text = json.dumps([{"path": s.path, "reason": s.reason} for s in metadata.skipped])
-    digests[fmt.OPTIONS_KEY] = integrity.text_digest(options_text)
-    digests[fmt.SKIPPED_KEY] = integrity.text_digest(skipped_text)
-    if metadata.shard is not None:
-        digests[fmt.SHARD_KEY] = integrity.text_digest(metadata.shard)
+    dataset = handle.create_dataset(fmt.CLASSES, shape=(len(names),), dtype=class_type)
+    fmt.write_fixed_strings(dataset, 0, stored_classes)
+    digests[fmt.CLASSES] = fmt.classes_digest(tuple(classes))
+    digests[fmt.PATHS] = _write_paths(handle, paths)
+    numeric(fmt.SHAPES, shapes)
+    numeric(fmt.CHECKSUMS, checksums.reshape(num))
+    numeric(fmt.SOURCE_INDEX, source_index.reshape(num))
+    if sample_xxh3 is not None:
+        numeric(fmt.SAMPLE_XXH3, sample_xxh3.reshape(num))
+    if offsets is not None and sizes is not None:
+        numeric(fmt.OFFSETS, offsets)
+        numeric(fmt.SIZES, sizes)
     attrs = handle.attrs
     fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
     attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
     attrs[fmt.FORMAT_MINOR_KEY] = fmt.FORMAT_MINOR
     fmt.set_text(attrs, fmt.PACK_ID_KEY, integrity.new_pack_id())
-    fmt.set_text(attrs, fmt.MODE_KEY, metadata.plan.mode)
-    fmt.set_text(attrs, fmt.STORAGE_KEY, metadata.plan.storage)
+    fmt.set_text(attrs, fmt.MODE_KEY, mode)
+    fmt.set_text(attrs, fmt.STORAGE_KEY, storage)
     attrs[fmt.NUM_SAMPLES_KEY] = num
-    attrs[fmt.CHANNELS_KEY] = metadata.options.channels
+    attrs[fmt.CHANNELS_KEY] = channels
     fmt.set_text(attrs, fmt.TOOL_VERSION_KEY, __version__)
     fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    fmt.set_text(attrs, fmt.OPTIONS_KEY, options_text)
-    fmt.set_text(attrs, fmt.SKIPPED_KEY, skipped_text)
-    if metadata.shard is not None:
-        fmt.set_text(attrs, fmt.SHARD_KEY, metadata.shard)
-    attrs[fmt.CHUNK_BYTES_KEY] = metadata.blob_chunk_bytes
+    for key, text in texts.items():
+        fmt.set_text(attrs, key, text)
+        digests[key] = integrity.text_digest(text)
+    attrs[fmt.CHUNK_BYTES_KEY] = blob_chunk_bytes
     fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
 
 

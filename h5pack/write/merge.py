@@ -38,7 +38,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,7 @@ import h5py
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack._version import __version__
 from h5pack.core import format as fmt
-from h5pack.core import integrity
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.layout import FILTER_NAMES, ChunkMap
 from h5pack.core.packset import (
@@ -59,7 +56,7 @@ from h5pack.core.packset import (
     meta_digest,
 )
 from h5pack.errors import FormatError, H5PackError, OptionsError
-from h5pack.write.builder import ConvertEvent, _write_paths, create_file
+from h5pack.write.builder import ConvertEvent, create_file, skipped_text, write_records
 from h5pack.write.images import aligned_offsets
 from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.publish import (
@@ -427,53 +424,31 @@ def _write_metadata(
 ) -> None:
     """Write every dataset and attribute of the merged pack but its images (format 1.1).
 
-    The same as ``builder.write_metadata`` for a conversion, from the shards' metadata:
-    mode, storage, channels and the conversion options are the first shard's (they agree).
+    Mode, storage, channels and the conversion options are the first shard's (they agree);
     ``extra`` text attributes are written and digested too.
     """
-    num = len(merged.paths)
-    digests: dict[str, str] = {}
-
-    def numeric(name: str, values: np.ndarray) -> None:
-        dtype = fmt.DIGESTED_ARRAYS[name]
-        data = np.ascontiguousarray(np.asarray(values).astype(np.dtype(dtype)))
-        handle.create_dataset(name, data=data)
-        digests[name] = integrity.array_digest(data, dtype)
-
-    numeric(fmt.LABELS, merged.labels.reshape(num))
-    names = [c.encode("utf-8", "surrogateescape") for c in first.classes]
-    stored_classes, class_type = fmt.fixed_strings(names)
-    classes = handle.create_dataset(fmt.CLASSES, shape=(len(names),), dtype=class_type)
-    fmt.write_fixed_strings(classes, 0, stored_classes)
-    digests[fmt.CLASSES] = fmt.classes_digest(first.classes)
-    digests[fmt.PATHS] = _write_paths(handle, merged.paths)
-    numeric(fmt.SHAPES, merged.shapes)
-    numeric(fmt.CHECKSUMS, merged.checksums.reshape(num))
-    numeric(fmt.SOURCE_INDEX, merged.source_index.reshape(num))
-    if merged.sample_xxh3 is not None:
-        numeric(fmt.SAMPLE_XXH3, merged.sample_xxh3.reshape(num))
-    if merged.offsets is not None and merged.sizes is not None:
-        numeric(fmt.OFFSETS, merged.offsets)
-        numeric(fmt.SIZES, merged.sizes)
-    options_text = json.dumps(dict(first.options), sort_keys=True)
-    skipped_text = json.dumps([{"path": s.path, "reason": s.reason} for s in merged.skipped])
-    texts = {fmt.OPTIONS_KEY: options_text, fmt.SKIPPED_KEY: skipped_text, **extra}
-    attrs = handle.attrs
-    fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
-    attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
-    attrs[fmt.FORMAT_MINOR_KEY] = fmt.FORMAT_MINOR
-    fmt.set_text(attrs, fmt.PACK_ID_KEY, integrity.new_pack_id())
-    fmt.set_text(attrs, fmt.MODE_KEY, first.mode)
-    fmt.set_text(attrs, fmt.STORAGE_KEY, first.storage)
-    attrs[fmt.NUM_SAMPLES_KEY] = num
-    attrs[fmt.CHANNELS_KEY] = first.channels
-    fmt.set_text(attrs, fmt.TOOL_VERSION_KEY, __version__)
-    fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    for key, text in texts.items():
-        fmt.set_text(attrs, key, text)
-        digests[key] = integrity.text_digest(text)
-    attrs[fmt.CHUNK_BYTES_KEY] = blob_chunk_bytes
-    fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
+    texts = {
+        fmt.OPTIONS_KEY: json.dumps(dict(first.options), sort_keys=True),
+        fmt.SKIPPED_KEY: skipped_text(merged.skipped),
+        **extra,
+    }
+    write_records(
+        handle,
+        mode=first.mode,
+        storage=first.storage,
+        channels=first.channels,
+        classes=first.classes,
+        labels=merged.labels,
+        paths=merged.paths,
+        shapes=merged.shapes,
+        checksums=merged.checksums,
+        source_index=merged.source_index,
+        sample_xxh3=merged.sample_xxh3,
+        offsets=merged.offsets,
+        sizes=merged.sizes,
+        texts=texts,
+        blob_chunk_bytes=blob_chunk_bytes,
+    )
 
 
 # -- images -----------------------------------------------------------------------------
