@@ -220,3 +220,38 @@ def test_a_reader_from_a_view_reads_the_files_the_view_checked(tmp_path) -> None
         np.testing.assert_array_equal(reader.read_images([0])[0], images[0])  # shard 0: fine
         with pytest.raises(FormatError, match=shard_name(1, 3)):
             reader.read_images([8])
+
+
+_UNDER_A_LOW_ULIMIT = """
+import resource, sys
+import numpy as np
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from h5pack.training.loader import make_loader
+root, want = sys.argv[1], np.load(sys.argv[2])
+loader = make_loader(root, batch_size=8, num_workers=0, shuffle=True, seed=3)
+seen = np.zeros(len(want), np.int64)
+for images, labels in loader:
+    for image in images.permute(0, 2, 3, 1).numpy():
+        seen[int(np.flatnonzero((want == image).all(axis=(1, 2, 3)))[0])] += 1
+assert (seen == 1).all(), seen
+print("ok", len(seen))
+"""
+
+
+def test_a_set_of_more_shards_than_open_files_allowed_trains(tmp_path) -> None:
+    # 250 shards need 500 descriptors if all stay open; the process may hold 200
+    root, images = make_set(tmp_path / "set", counts=(2,) * 250, codec="none")
+    # every image distinct, so a delivered image names its sample
+    assert len({image.tobytes() for image in images}) == len(images)
+    np.save(tmp_path / "want.npy", np.stack(images))
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _UNDER_A_LOW_ULIMIT, str(root), str(tmp_path / "want.npy")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["ok", "500"]
