@@ -73,20 +73,21 @@ DEFAULT_CHUNK_BYTES = 8 * 2**20
 
 # Level ranges per codec, and the level used when none is given.
 #
-# NOTE [ Default levels ]: a default is the highest level whose step up from the level
-# below still buys a few percent of file size; past it a step costs 40-100% more
-# compression time for about 1% (scripts/bench_convert.py --parts levels, on ImageNet-like
+# NOTE [ Default levels ]: a default is the highest level whose step up still buys several
+# percent of file size for a modest share of time; past it a step costs 1.2-1.9x the
+# compression time for about 1-3% (scripts/bench_convert.py --parts levels, ImageNet-like
 # photos as 256x256 and as full-size pixels; BENCHMARKS.md, "Conversion speed"). zstd 3:
-# 2 is 1.6-2x faster to compress but 3.5% larger, 5 gains nothing. blosc-zstd 3: blosc's
-# own 5 was 1.4-1.7x slower for 1.1-2.3% less. blosc-lz4 5: the level hardly changes lz4.
-# gzip 4: its curve is flat (levels 2 to 6 within 1.5x in speed and 2% in size; 2 would
-# convert ~15% faster for ~1% more). A pack is written once and read every epoch, and
-# decompression runs at about the same speed at each of these levels, so the one-off
+# 2 is 1.6-1.9x faster but 3.4-3.7% larger, 5 is 1.8-1.9x slower for 0.1-3.6% less.
+# blosc-zstd 3: blosc's own 5 was 1.5-1.6x slower for 1.1-2.3% less. blosc-lz4 9: 5-8%
+# smaller than blosc's 5 for 1.1-1.6x its compression time (a 2-process conversion ~5%
+# slower; it then matches plain lz4). gzip 4: a flat curve (2 is 1.2-1.3x faster for
+# 0.8-1.4% more). A pack is written once and read every epoch; decompression barely
+# depends on these levels (zstd 770-950 MB/s per core, lz4 2.3-3.1 GB/s), so the one-off
 # conversion time is what a level is weighed against.
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),
     "zstd": (1, 22, 3),
-    "blosc-lz4": (0, 9, 5),
+    "blosc-lz4": (0, 9, 9),
     "blosc-zstd": (0, 9, 3),
 }
 
