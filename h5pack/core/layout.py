@@ -78,10 +78,10 @@ DEFAULT_CHUNK_BYTES = 8 * 2**20
 # compression time for about 1-3% (scripts/bench_convert.py --parts levels, ImageNet-like
 # photos as 256x256 and as full-size pixels; BENCHMARKS.md, "Conversion speed"). zstd 3:
 # 2 is 1.6-1.9x faster but 3.4-3.7% larger, 5 is 1.8-1.9x slower for 0.1-3.6% less.
-# blosc-zstd 3: blosc's own 5 was 1.5-1.6x slower for 1.1-2.3% less. blosc-lz4 9: 5-8%
-# smaller than blosc's 5 for 1.1-1.6x its compression time (a 2-process conversion ~5%
-# slower; it then matches plain lz4). gzip 4: a flat curve (2 is 1.2-1.3x faster for
-# 0.8-1.4% more). A pack is written once and read every epoch; decompression barely
+# blosc-zstd 3: blosc's own 5 was 1.5-1.8x slower for 1.1-2.3% less. blosc-lz4 9: 5-8%
+# smaller than blosc's 5 for 1.5-1.6x its compression time (a 2-process conversion 4%
+# slower at 256x256, 17% at full size; it then matches plain lz4). gzip 4: a flat curve
+# (2 is 1.2-1.3x faster for 0.8-1.4% more). A pack is written once and read every epoch; decompression barely
 # depends on these levels (zstd 770-950 MB/s per core, lz4 2.3-3.1 GB/s), so the one-off
 # conversion time is what a level is weighed against.
 LEVELS: dict[str, tuple[int, int, int]] = {
