@@ -81,9 +81,9 @@ DEFAULT_CHUNK_BYTES = 8 * 2**20
 # blosc-zstd 3: blosc's own 5 was 1.5-1.8x slower for 1.1-2.3% less. blosc-lz4 9: 5-8%
 # smaller than blosc's 5 for 1.5-1.6x its compression time (a 2-process conversion 4%
 # slower at 256x256, 17% at full size; it then matches plain lz4). gzip 4: a flat curve
-# (2 is 1.2-1.3x faster for 0.8-1.4% more). A pack is written once and read every epoch; decompression barely
-# depends on these levels (zstd 770-950 MB/s per core, lz4 2.3-3.1 GB/s), so the one-off
-# conversion time is what a level is weighed against.
+# (2 is 1.2-1.3x faster for 0.8-1.4% more). A pack is written once and read every
+# epoch; decompression barely depends on these levels (zstd 730-950 MB/s per core, lz4
+# 2.1-3.1 GB/s), so the one-off conversion time is what a level is weighed against.
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),
     "zstd": (1, 22, 3),
