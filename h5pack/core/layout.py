@@ -73,17 +73,16 @@ DEFAULT_CHUNK_BYTES = 8 * 2**20
 
 # Level ranges per codec, and the level used when none is given.
 #
-# NOTE [ Default levels ]: a default is the highest level whose step up still buys several
-# percent of file size for a modest share of time; past it a step costs 1.2-1.9x the
-# compression time for about 1-3% (scripts/bench_convert.py --parts levels, ImageNet-like
-# photos as 256x256 and as full-size pixels; BENCHMARKS.md, "Conversion speed"). zstd 3:
-# 2 is 1.6-1.9x faster but 3.4-3.7% larger, 5 is 1.8-1.9x slower for 0.1-3.6% less.
+# NOTE [ Default levels ]: chosen from the trade-off measured on ImageNet-like photos, as
+# 256x256 and as full-size pixels (scripts/bench_convert.py --parts levels; BENCHMARKS.md,
+# "Conversion speed"). A pack is written once and read every epoch, and decompression
+# barely depends on these levels (zstd 730-950 MB/s per core, lz4 2.1-3.1 GB/s), so a
+# level weighs a one-off conversion time against the file's size. zstd 3 (zstd's own): 2
+# is 1.6-1.9x faster but 3.4-3.7% larger, 5 is 1.8-1.9x slower for 0.1-3.6% less.
 # blosc-zstd 3: blosc's own 5 was 1.5-1.8x slower for 1.1-2.3% less. blosc-lz4 9: 5-8%
-# smaller than blosc's 5 for 1.5-1.6x its compression time (a 2-process conversion 4%
-# slower at 256x256, 17% at full size; it then matches plain lz4). gzip 4: a flat curve
-# (2 is 1.2-1.3x faster for 0.8-1.4% more). A pack is written once and read every
-# epoch; decompression barely depends on these levels (zstd 730-950 MB/s per core, lz4
-# 2.1-3.1 GB/s), so the one-off conversion time is what a level is weighed against.
+# smaller than 5 for 1.5-1.6x its compression time (a 2-process conversion 4% slower at
+# 256x256, 17% at full size; it then matches plain lz4). gzip 4: a flat curve, 2 is
+# 1.2-1.3x faster for 0.8-1.4% more.
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),
     "zstd": (1, 22, 3),
