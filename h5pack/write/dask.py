@@ -21,9 +21,7 @@ worker add nothing.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -39,7 +37,7 @@ from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_pool
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import finish_set, prepare_out_dir
-from h5pack.write.pipeline import probe_batch
+from h5pack.write.pipeline import keep_freed_memory, probe_batch
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
@@ -55,27 +53,6 @@ INSTALL_HINT = "pip install 'h5pack[dask]'"
 
 # One shard at a time per process (NOTE [ One shard per Dask worker process ]).
 _ONE_SHARD = threading.Lock()
-
-# glibc's mallopt parameters (malloc.h), as the pool's workers set them.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def _keep_freed_memory() -> None:
-    """Serve each decoded image from the heap, as the pool's workers do.
-
-    NOTE [ Worker malloc ] in ``write/pipeline.py``: without it glibc maps and unmaps every
-    image's buffer and each image pays its page faults again. Dask's nanny even sets
-    ``MALLOC_TRIM_THRESHOLD_=65536`` for its workers; measured here (scripts/bench_shards.py,
-    1,000 JPEGs to 256x256), the tasks then took 4.0 ms of CPU per image against 2.6 ms
-    in the pool.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # exotic libc
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 512 * 2**20)
 
 
 def _distributed() -> Any:
@@ -136,7 +113,9 @@ def probe_files(items: list[tuple[str, str]]) -> Counter[tuple[int, int]]:
 def run_shard(task: ShardTask) -> ShardReport:
     """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
     with _ONE_SHARD, worker_pool(1) as executor:
-        _keep_freed_memory()
+        # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 for its workers: without this the
+        # tasks took 4.0 ms of CPU per image against 2.6 in the pool (scripts/bench_shards.py).
+        keep_freed_memory()
         # A task Dask runs again after its worker died finds what that worker left.
         remove_leftovers_beside(task.target, _ignore)
         report, _ = write_shard(task, executor=executor, workers=1, emit=_ignore, step=_ignore)

@@ -286,8 +286,8 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
-def _init_worker() -> None:
-    """Let the parent handle Ctrl-C and SIGTERM; die with the parent; keep freed memory.
+def keep_freed_memory() -> None:
+    """Serve each decoded image from the heap, not a fresh ``mmap`` (glibc; else nothing).
 
     NOTE [ Worker malloc ]: every decoded image is a fresh allocation of up to a few MB,
     freed a moment later. In the pool's workers glibc served each from a new ``mmap`` and
@@ -296,16 +296,23 @@ def _init_worker() -> None:
     workers' total CPU fell from ~5.8 s to ~3.8 s (scripts/bench_convert.py data, 2
     workers). Allocations up to 32 MiB now come from the heap, and the heap is trimmed
     only past 512 MiB of free memory at its top; a worker's memory is bounded by its
-    largest batch as before.
+    largest batch as before. Dask's workers need it too (``write/dask.py``).
     """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # exotic libc
+            libc = ctypes.CDLL(None)
+            libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+            libc.mallopt(_M_TRIM_THRESHOLD, 512 * 2**20)
+
+
+def _init_worker() -> None:
+    """Let the parent handle Ctrl-C and SIGTERM; die with the parent; keep freed memory."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # exotic libc
-            libc = ctypes.CDLL(None)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-            libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
-            libc.mallopt(_M_TRIM_THRESHOLD, 512 * 2**20)
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    keep_freed_memory()
 
 
 def pool_start_method() -> str:
