@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -225,7 +227,8 @@ def test_a_reader_from_a_view_reads_the_files_the_view_checked(tmp_path) -> None
 _UNDER_A_LOW_ULIMIT = """
 import resource, sys
 import numpy as np
-resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), hard))
 from h5pack.training.loader import make_loader
 root, want = sys.argv[1], np.load(sys.argv[2])
 loader = make_loader(root, batch_size=8, num_workers=0, shuffle=True, seed=3)
@@ -238,20 +241,35 @@ print("ok", len(seen))
 """
 
 
-def test_a_set_of_more_shards_than_open_files_allowed_trains(tmp_path) -> None:
-    # 250 shards need 500 descriptors if all stay open; the process may hold 200
-    root, images = make_set(tmp_path / "set", counts=(2,) * 250, codec="none")
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """250 shards of 2 distinct images, and the images in set order (an .npy file)."""
+    folder = tmp_path_factory.mktemp("many")
+    root, images = make_set(folder / "set", counts=(2,) * 250, codec="none")
     # every image distinct, so a delivered image names its sample
     assert len({image.tobytes() for image in images}) == len(images)
-    np.save(tmp_path / "want.npy", np.stack(images))
-    import subprocess
-    import sys
+    np.save(folder / "want.npy", np.stack(images))
+    return root, folder / "want.npy"
 
-    result = subprocess.run(
-        [sys.executable, "-c", _UNDER_A_LOW_ULIMIT, str(root), str(tmp_path / "want.npy")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+
+def _under_a_limit(root: Path, want: Path, limit: int) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", _UNDER_A_LOW_ULIMIT, str(root), str(want), str(limit)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=240)
+
+
+def test_a_set_of_more_shards_than_open_files_allowed_trains(many_shards) -> None:
+    # 250 shards need 500 descriptors if all stay open; the process may hold 200
+    result = _under_a_limit(*many_shards, limit=200)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["ok", "500"]
+
+
+def test_too_few_open_files_for_the_set_says_so(many_shards) -> None:
+    # 64 open shards take 128 descriptors; a process allowed 60 runs out: one clear error
+    result = _under_a_limit(*many_shards, limit=60)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "H5PackError" in last
+    assert "too many open files (this process may hold 60" in last
+    assert "raise `ulimit -n`" in last
+    assert ".h5:" in last  # the shard it could not open

@@ -23,7 +23,9 @@ the file the view checked.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +45,7 @@ from h5pack.core.packset import (
     is_packset,
     load_manifest,
 )
-from h5pack.errors import FormatError, OptionsError
+from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.reader import PackReader, ReaderOptions
 
 T = TypeVar("T")
@@ -446,7 +448,18 @@ class PackSetReader:
             )
         options = replace(self.options, window_chunks=self.window_chunks, threads=0)
         # the file the set checked, or a FormatError naming it (also if replaced just now)
-        reader = PackReader(entry.path, options, expected=entry.identity)
+        try:
+            reader = PackReader(entry.path, options, expected=entry.identity)
+        except OSError as err:
+            if err.errno != errno.EMFILE and "too many open files" not in str(err).lower():
+                raise
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise H5PackError(
+                f"{entry.path}: too many open files (this process may hold {soft}, `ulimit -n`); "
+                f"the pack set keeps at most {self.max_open} shards open, two descriptors "
+                "each, on top of the process's own files: raise `ulimit -n`, or open fewer "
+                "files elsewhere in the process"
+            ) from err
         self._readers[shard] = reader
         while len(self._readers) > self.max_open:
             oldest, closing = self._readers.popitem(last=False)
