@@ -128,8 +128,10 @@ def main() -> None:
         "epochs, make_loader defaults"
     )
     print()
-    print("| pack | off (images/s) | xxh3 per sample | crc32 per sample | "
-          "crc32 per chunk (est.) | xxh3 per chunk (est.) |")
+    print(
+        "| pack | off (images/s) | xxh3 per sample | crc32 per sample | "
+        "crc32 per chunk (est.) | xxh3 per chunk (est.) |"
+    )
     print("|---|---|---|---|---|---|")
     for name, path in packs.items():
         off = best[(name, "off")]
@@ -149,8 +151,10 @@ def main() -> None:
 def hash_costs(packs: dict[str, Path]) -> None:
     """Print the time of each hash alone, per stored sample and per stored chunk."""
     print()
-    print("| pack | sample bytes | xxh3 / sample | crc32 / sample | chunk stored bytes | "
-          "crc32 / chunk | xxh3 / chunk |")
+    print(
+        "| pack | sample bytes | xxh3 / sample | crc32 / sample | chunk stored bytes | "
+        "crc32 / chunk | xxh3 / chunk |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, path in packs.items():
         with h5py.File(path, "r") as handle:

@@ -88,9 +88,7 @@ def build(
     folder = workdir / f"jpeg-{num_images}-{size}"
     if not (folder / ".done").exists():
         spec = SampleSpec(num_images=num_images, num_classes=10, size=(size, size), seed=0)
-        make_image_folder(
-            folder, spec, photos=PHOTOS, workers=available_cores(), overwrite=True
-        )
+        make_image_folder(folder, spec, photos=PHOTOS, workers=available_cores(), overwrite=True)
         (folder / ".done").touch()
     packs = {}
     for codec in codecs:

@@ -50,7 +50,6 @@ SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photo
 PHOTOS = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
 
 
-
 def to_chw(hwc: np.ndarray) -> torch.Tensor:
     """(H, W, 3) uint8 array -> contiguous (3, H, W) uint8 tensor."""
     return torch.from_numpy(np.ascontiguousarray(hwc.transpose(2, 0, 1)))

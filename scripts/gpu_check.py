@@ -93,9 +93,7 @@ def mixed_sizes(
     make_image_folder(folder, spec, photos=PHOTOS, workers=2)
     pack = tmp / "mixed.h5"
     convert(folder, pack, ConvertOptions())  # auto: encoded, the sizes differ
-    with make_loader(
-        pack, args.batch_size, size=224, flip=True, cache="decoded", seed=0
-    ) as loader:
+    with make_loader(pack, args.batch_size, size=224, flip=True, cache="decoded", seed=0) as loader:
         mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in IMAGENET_NORMALIZE)
         loader.set_epoch(0)
         cpu = [x.clone() for x, _ in loader]

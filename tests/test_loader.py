@@ -137,9 +137,7 @@ def test_iterable_dataset_with_workers_exactly_once(pack):
             stream.set_epoch(epoch)  # reaches the persistent workers
             labels = [i for _, b in loader for i in b.tolist()]
             assert sorted(labels) == list(range(NUM))
-            reference = H5IterableDataset(
-                pack, EpochSpec(batch_size=4, seed=2, window_chunks=2)
-            )
+            reference = H5IterableDataset(pack, EpochSpec(batch_size=4, seed=2, window_chunks=2))
             reference.set_epoch(epoch)
             assert Counter(labels) == Counter(int(y) for _, y in reference)
 
@@ -273,9 +271,9 @@ def test_device_prefetcher_normalises_uint8_batches_on_the_device(pack):
     for raw, got in zip(plain, normalised, strict=True):
         assert raw.dtype == torch.uint8
         assert got.dtype == torch.float32
-        want = (raw.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(
-            std
-        ).view(1, 3, 1, 1)
+        want = (raw.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+            1, 3, 1, 1
+        )
         torch.testing.assert_close(got, want)
     with pytest.raises(OptionsError, match="normalize should be"):
         DevicePrefetcher(loader, "cpu", normalize=((0.5,), (0.0,)))

@@ -259,6 +259,7 @@ def test_even_chunk_samples(num, most, expected):
 def test_even_chunk_samples_waste_little_and_stay_in_range(num):
     k = even_chunk_samples(num, 42)
     assert 21 <= k <= 42
+
     def waste(j):
         return -(-num // j) * j - num
 

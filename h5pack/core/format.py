@@ -518,8 +518,7 @@ def read_meta(
     for name, count in rows.items():
         if count != num_samples:
             raise FormatError(
-                f"{path}: dataset {name!r} has {count} rows, "
-                f"but the pack has {num_samples} samples"
+                f"{path}: dataset {name!r} has {count} rows, but the pack has {num_samples} samples"
             )
     with reading(path, f"dataset {IMAGES!r}"):
         images = handle[IMAGES]

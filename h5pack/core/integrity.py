@@ -135,9 +135,7 @@ class PackIdentity:
         if self.pack_id != now.pack_id:
             found.append(f"pack id {self.pack_id} then, {now.pack_id} now")
         if (self.device, self.inode) != (now.device, now.inode):
-            found.append(
-                f"file {self.device}:{self.inode} then, {now.device}:{now.inode} now"
-            )
+            found.append(f"file {self.device}:{self.inode} then, {now.device}:{now.inode} now")
         if self.size != now.size:
             found.append(f"{self.size} bytes then, {now.size} now")
         if self.mtime_ns != now.mtime_ns:
