@@ -156,6 +156,16 @@ def test_cli_info_of_a_set_text_and_json(tmp_path):
     assert data["mixing"]["mixes_labels"] is True
 
 
+def test_cli_info_of_a_contiguous_set_counts_no_chunks(tmp_path):
+    root, _ = make_set(tmp_path / "set", layout="contiguous", chunk_samples=None)
+    lines = _run("info", root).output.splitlines()
+    assert "layout    contiguous" in lines  # no "0 chunks, 7.0 samples/chunk"
+    chunked, _ = make_set(tmp_path / "chunked")
+    assert "layout    chunked (3, 6, 5, 3), 8 chunks, 2.6 samples/chunk" in (
+        _run("info", chunked).output.splitlines()
+    )
+
+
 def test_cli_info_of_a_list_of_packs(tmp_path):
     _, shards = make_set(tmp_path / "set")
     result = _run("info", "--json", *shards[:2])

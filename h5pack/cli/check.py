@@ -40,9 +40,9 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
     sample = f"{shape[1]}x{shape[0]} (WxH)" if shape else "of original sizes (per-sample shapes)"
     if hasattr(info, "shards"):
         images = f"samples {sample}, {info.channels} ch"
-        layout = (
-            f"{info.layout}, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} samples/chunk"
-        )
+        layout = info.layout
+        if info.num_chunks:  # contiguous shards have no chunks to count
+            layout += f", {info.num_chunks} chunks, {info.samples_per_chunk:.1f} samples/chunk"
     else:
         images = f"{info.dtype} {info.images_shape}, samples {sample}, {info.channels} ch"
         if info.layout == "chunked":
