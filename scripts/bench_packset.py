@@ -69,7 +69,6 @@ def build(data: Path, *, samples: int, shards: int, side: int, chunk_samples: in
         MANIFEST_NAME,
         PackSetManifest,
         ShardEntry,
-        meta_digest,
         shard_name,
         shard_slice,
         write_manifest,
@@ -101,14 +100,7 @@ def build(data: Path, *, samples: int, shards: int, side: int, chunk_samples: in
             overwrite=True,
         )
         meta = load_meta(path)
-        entries.append(
-            ShardEntry(
-                path=path.name,
-                num_samples=count,
-                file_bytes=path.stat().st_size,
-                digest=meta_digest(meta),
-            )
-        )
+        entries.append(ShardEntry.of(path, meta))
         print(f"  shard {index + 1}/{shards}", end="\r", file=sys.stderr, flush=True)
     write_manifest(
         PackSetManifest(

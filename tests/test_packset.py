@@ -16,7 +16,6 @@ from h5pack.core.packset import (
     PackSetManifest,
     ShardEntry,
     load_manifest,
-    meta_digest,
     shard_name,
     shard_slice,
     write_manifest,
@@ -48,14 +47,7 @@ def make_set(root: Path, counts=(7, 5, 9), codec: str = "zstd") -> tuple[Path, l
         write_arrays(path, images, labels, options=options, classes=["a", "b", "c"], paths=names)
         meta = fmt.load_meta(path)
         every.extend(images[int(s)] for s in meta.source_index)  # in pack order
-        entries.append(
-            ShardEntry(
-                path=path.name,
-                num_samples=count,
-                file_bytes=path.stat().st_size,
-                digest=meta_digest(meta),
-            )
-        )
+        entries.append(ShardEntry.of(path, meta))
     manifest = PackSetManifest(
         root=root,
         shards=tuple(entries),

@@ -22,7 +22,6 @@ from h5pack.core.packset import (
     MANIFEST_NAME,
     PackSetManifest,
     ShardEntry,
-    meta_digest,
     shard_name,
     write_manifest,
 )
@@ -56,15 +55,7 @@ def _global_positions(path: Path, offset: int) -> None:
 def _manifest(root: Path, names: list[str]) -> Path:
     entries = []
     for name in names:
-        meta = fmt.load_meta(root / name)
-        entries.append(
-            ShardEntry(
-                path=name,
-                num_samples=meta.num_samples,
-                file_bytes=(root / name).stat().st_size,
-                digest=meta_digest(meta),
-            )
-        )
+        entries.append(ShardEntry.of(root / name, fmt.load_meta(root / name)))
     return write_manifest(
         PackSetManifest(
             root=root,

@@ -25,7 +25,6 @@ from h5pack.core.packset import (
     MANIFEST_NAME,
     PackSetManifest,
     ShardEntry,
-    meta_digest,
     shard_name,
     write_manifest,
 )
@@ -96,14 +95,7 @@ def build(
         )
         low += count
         meta = fmt.load_meta(path)
-        entries.append(
-            ShardEntry(
-                path=path.name,
-                num_samples=count,
-                file_bytes=path.stat().st_size,
-                digest=meta_digest(meta),
-            )
-        )
+        entries.append(ShardEntry.of(path, meta))
     manifest = PackSetManifest(
         root=root,
         shards=tuple(entries),

@@ -181,6 +181,16 @@ class ShardEntry:
     file_bytes: int
     digest: str
 
+    @classmethod
+    def of(cls, path: Path, meta: PackMeta) -> ShardEntry:
+        """Return the entry of the shard at ``path`` (its metadata ``meta``), named by file name."""
+        return cls(
+            path=path.name,
+            num_samples=meta.num_samples,
+            file_bytes=path.stat().st_size,
+            digest=meta_digest(meta),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class PackSetManifest:

@@ -25,7 +25,6 @@ from h5pack.core.packset import (
     ShardEntry,
     ShardIdentity,
     load_manifest,
-    meta_digest,
     shard_name,
     write_manifest,
 )
@@ -142,14 +141,7 @@ def finish_set(
                 emit(ConvertEvent("note", f"{path} does not match: {'; '.join(problems)}"))
                 missing += (i,)
                 continue
-        entries.append(
-            ShardEntry(
-                path=path.name,
-                num_samples=meta.num_samples,
-                file_bytes=path.stat().st_size,
-                digest=meta_digest(meta),
-            )
-        )
+        entries.append(ShardEntry.of(path, meta))
     if missing:
         return None, missing
     manifest = PackSetManifest(
