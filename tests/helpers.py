@@ -10,6 +10,7 @@ from PIL import Image
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
+from h5pack.read.packset import open_reader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
@@ -108,3 +109,15 @@ def assert_aligned(offsets: np.ndarray, sizes: np.ndarray, chunk_bytes: int) -> 
         assert offsets[first] % chunk_bytes == 0 or first == 0
         nxt = cmap.samples(group + 1).start
         assert offsets[nxt] % chunk_bytes == 0
+
+
+def contents(source: Path | list[Path]) -> list[tuple[str, int, int, bytes]]:
+    """Every sample of a pack or pack set, in order: path, label, source index, pixels."""
+    with open_reader(source) as reader:
+        meta = reader.meta
+        images = reader.read_images(range(meta.num_samples))
+        paths = list(reader.paths)
+    return [
+        (paths[i], int(meta.labels[i]), int(meta.source_index[i]), images[i].tobytes())
+        for i in range(meta.num_samples)
+    ]

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from h5pack import Compression, ConvertOptions, TargetExistsError, convert, convert_on_dask
 from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
-from h5pack.read.packset import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
+from tests.helpers import contents
 
 distributed = pytest.importorskip("distributed", reason="needs dask[distributed] (h5pack[dask])")
 
@@ -25,18 +25,6 @@ def client() -> Iterator[Any]:
     )
     with cluster, distributed.Client(cluster) as dask_client:
         yield dask_client
-
-
-def contents(source: Path) -> list[tuple[str, int, int, bytes]]:
-    """Every sample in order: path, label, source index, pixels."""
-    with open_reader(source) as reader:
-        meta = reader.meta
-        images = reader.read_images(range(meta.num_samples))
-        paths = list(reader.paths)
-    return [
-        (paths[i], int(meta.labels[i]), int(meta.source_index[i]), images[i].tobytes())
-        for i in range(meta.num_samples)
-    ]
 
 
 def test_a_dask_conversion_equals_one_process(client: Any, tmp_path: Path) -> None:

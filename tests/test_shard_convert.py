@@ -20,8 +20,8 @@ from h5pack.cli.flags import parse_shard
 from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.errors import OptionsError
-from h5pack.read.packset import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
+from tests.helpers import contents
 
 ONE = ConvertOptions(workers=1)
 
@@ -42,18 +42,6 @@ def single(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("single") / "all.h5"
     convert(folder, target, ONE)
     return target
-
-
-def contents(source: Path | list[Path]) -> list[tuple[str, int, int, bytes]]:
-    """Every sample of a pack or pack set, in order: path, label, source index, pixels."""
-    with open_reader(source) as reader:
-        meta = reader.meta
-        images = reader.read_images(range(meta.num_samples))
-        paths = list(reader.paths)
-    return [
-        (paths[i], int(meta.labels[i]), int(meta.source_index[i]), images[i].tobytes())
-        for i in range(meta.num_samples)
-    ]
 
 
 def shard_paths(out: Path, n: int) -> list[Path]:
