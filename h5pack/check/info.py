@@ -15,7 +15,7 @@ from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
 from h5pack.core.layout import FILTER_NAMES, PLUGIN_FILTERS, Compression, chunk_map_of
 from h5pack.errors import OptionsError
-from h5pack.read.packset import PackSource, describe
+from h5pack.read.packset import PackSource, PackView, describe
 from h5pack.read.reader import check_virtual_sources
 
 
@@ -300,7 +300,17 @@ class PackSetInfo:
 
 
 def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackSetInfo:
-    """Return a summary of the pack set at ``source`` (its directory or manifest, or a list).
+    """Return a summary of the pack set at ``source`` (see ``packset_summary``)."""
+    return packset_summary(source, timeout_s=timeout_s)[0]
+
+
+def packset_summary(
+    source: PackSource, *, timeout_s: float | None = None
+) -> tuple[PackSetInfo, PackView]:
+    """Return a summary of the pack set at ``source``, and the readers' view of it.
+
+    ``source`` is a set's directory or manifest, or a list of packs; the view (its combined
+    metadata and chunk map, ``read.packset.describe``) is the one the summary was made from.
 
     Every shard is checked as a reader checks it when the set is opened (present, a pack,
     the file the manifest recorded, joinable with the others).
@@ -335,7 +345,7 @@ def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackS
     def layout_of(info: PackInfo) -> str:
         return f"chunked {info.chunk_shape}" if info.chunk_shape else "contiguous"
 
-    return PackSetInfo(
+    summary = PackSetInfo(
         path=os.fspath(manifest.manifest_path) if manifest is not None else first.path,
         has_manifest=manifest is not None,
         num_shards=len(infos),
@@ -370,3 +380,4 @@ def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackS
             for i in infos
         ),
     )
+    return summary, view

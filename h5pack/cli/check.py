@@ -177,16 +177,14 @@ def info(packs: tuple[str, ...], as_json: bool) -> None:
     Samples, classes, layout, codec, ratio and whether chunks mix labels; for a set, also
     one row per shard.
     """
-    from h5pack.check import PROBE_TIMEOUT_S, pack_info, packset_info
+    from h5pack.check import PROBE_TIMEOUT_S, pack_info, packset_summary
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset
-    from h5pack.read.packset import describe
 
     source: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     summary: Any
     if is_packset(source):
-        summary = packset_info(source, timeout_s=PROBE_TIMEOUT_S)  # each shard probed
-        view = describe(source)
+        summary, view = packset_summary(source, timeout_s=PROBE_TIMEOUT_S)  # each shard probed
         meta, chunk_map = view.meta, view.chunk_map
         lines = _set_lines(summary)
     else:
