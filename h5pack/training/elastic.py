@@ -131,9 +131,11 @@ def delivered_mask(
     epoch, position = int(state["epoch"]), int(state["position"])
     samples = state.get("unit", "batches") == "samples"
     mask = np.zeros(chunk_map.num_samples, dtype=bool) if before is None else before.copy()
+    if position == 0:
+        return mask  # nothing delivered since ``base``: no plan to replay
     for rank in range(spec.num_replicas or 1):
         batches = plan_of(chunk_map, replace(spec, rank=rank), epoch=epoch, delivered=before)
-        if not batches or position == 0:
+        if not batches:
             continue
         if samples:
             mask[np.concatenate(batches)[:position]] = True
