@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
-from h5pack.core.packset import MANIFEST_NAME, is_packset
-from h5pack.read.packset import PackSource, pack_paths
+from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
+from h5pack.read.packset import PackSource
 
 
 def is_set_path(path: str | os.PathLike[str]) -> bool:

@@ -325,7 +325,7 @@ def packset_summary(
         FormatError: the manifest or a shard is not valid, a shard changed since the
             manifest was written, or the shards do not form one set (each names the file).
     """
-    from h5pack.read.packset import pack_paths
+    from h5pack.core.packset import pack_paths
 
     paths, manifest = pack_paths(source)
     if timeout_s is not None:

@@ -26,9 +26,9 @@ from h5pack.check.probe import probe_packs
 from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import DEFAULT_TOLERANCE, Problem, VerifyReport, check_pack
 from h5pack.core import format as fmt
-from h5pack.core.packset import PackSetManifest, check_shard
+from h5pack.core.packset import PackSetManifest, check_shard, pack_paths
 from h5pack.errors import FormatError, H5PackError
-from h5pack.read.packset import PackSource, describe, pack_paths
+from h5pack.read.packset import PackSource, describe
 
 
 def _message(err: BaseException, name: str) -> str:

@@ -293,6 +293,25 @@ def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
     return path.suffix == ".json" or path.name == MANIFEST_NAME
 
 
+def pack_paths(
+    source: StrPath | Sequence[StrPath],
+) -> tuple[list[Path], PackSetManifest | None]:
+    """Return the packs of a pack set (its directory or manifest, or a list) and its manifest.
+
+    Raises:
+        PackNotFoundError: there is no manifest.
+        FormatError: the manifest is not a valid one.
+        OptionsError: the list of packs is empty.
+    """
+    if isinstance(source, str | os.PathLike):
+        manifest = load_manifest(source)
+        return manifest.shard_paths(), manifest
+    paths = [Path(p) for p in source]
+    if not paths:
+        raise OptionsError("a list of packs should hold at least one pack, but got none")
+    return paths, None
+
+
 def load_manifest(source: StrPath) -> PackSetManifest:
     """Read and validate the manifest of the pack set at ``source`` (directory or manifest).
 

@@ -40,10 +40,9 @@ from h5pack.core.format import PackMeta, load_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.packset import (
-    PackSetManifest,
     check_shard,
     is_packset,
-    load_manifest,
+    pack_paths,
 )
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.reader import PackReader, ReaderOptions
@@ -85,23 +84,6 @@ def _status_or_none(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return (stat.st_dev, stat.st_ino, stat.st_size)
-
-
-def pack_paths(source: PackSource) -> tuple[list[Path], PackSetManifest | None]:
-    """Return the packs of ``source`` (a set's directory or manifest, or a list) and its manifest.
-
-    Raises:
-        PackNotFoundError: there is no manifest.
-        FormatError: the manifest is not a valid one.
-        OptionsError: the list of packs is empty.
-    """
-    if isinstance(source, str | os.PathLike):
-        manifest = load_manifest(source)
-        return manifest.shard_paths(), manifest
-    paths = [Path(p) for p in source]
-    if not paths:
-        raise OptionsError("a list of packs should hold at least one pack, but got none")
-    return paths, None
 
 
 # The per-sample arrays a set's metadata concatenates (``sizes`` is None for array storage).

@@ -22,7 +22,8 @@ import numpy as np
 from h5pack.core.format import Storage
 from h5pack.core.layout import Compression
 
-# Bytes copied at once when a contiguous dataset is filled from a staging file.
+# Bytes copied at once between contiguous datasets (a staging file, a merge's sources), and
+# decompressed at once when a merge re-chunks (a multiple of the chunk).
 COPY_BYTES = 64 * 2**20
 
 
@@ -560,10 +561,10 @@ def _copy_range(source: int, source_at: int, target: int, target_at: int, length
         done += _pwrite_all(target, memoryview(piece), target_at + done)
 
 
-def copy_array_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int) -> None:
-    """Copy the first ``rows`` rows of ``source`` into ``target`` in slabs of ~64 MiB."""
-    row_bytes = max(1, int(np.prod(source.shape[1:])))
+def copy_array_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int, *, at: int = 0) -> None:
+    """Copy the first ``rows`` rows of ``source`` to rows ``at ..`` of ``target``, in ~64 MiB."""
+    row_bytes = max(1, int(np.prod(source.shape[1:])) * source.dtype.itemsize)
     step = max(1, COPY_BYTES // row_bytes)
     for lo in range(0, rows, step):
         hi = min(rows, lo + step)
-        target[lo:hi] = source[lo:hi]
+        target[at + lo : at + hi] = source[lo:hi]

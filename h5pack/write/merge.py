@@ -52,12 +52,12 @@ from h5pack.core.packset import (
     PackSetManifest,
     check_shard,
     is_packset,
-    load_manifest,
     meta_digest,
+    pack_paths,
 )
-from h5pack.errors import FormatError, H5PackError, OptionsError
+from h5pack.errors import FormatError, H5PackError
 from h5pack.write.builder import ConvertEvent, create_file, skipped_text, write_records
-from h5pack.write.images import aligned_offsets
+from h5pack.write.images import COPY_BYTES, aligned_offsets, copy_array_rows
 from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.publish import (
     TempFiles,
@@ -81,10 +81,6 @@ from h5pack.write.publish import (
 # directory (HDF5 resolves them against it, from any working directory): the pack and its
 # shards move together.
 VIRTUAL_SOURCES_KEY = fmt.VIRTUAL_SOURCES_KEY
-
-# Bytes copied at once between contiguous datasets, and decompressed at once when
-# re-chunking (a multiple of the chunk).
-COPY_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,15 +134,9 @@ def source_paths(
         PackNotFoundError: a pack set without a manifest.
         FormatError: a malformed manifest.
     """
-    if isinstance(sources, str | os.PathLike):
-        if is_packset(sources):
-            manifest = load_manifest(sources)
-            return manifest.shard_paths(), manifest
+    if isinstance(sources, str | os.PathLike) and not is_packset(sources):
         return [Path(sources)], None
-    paths = [Path(p) for p in sources]
-    if not paths:
-        raise OptionsError("merge needs at least one pack, but got an empty list")
-    return paths, None
+    return pack_paths(sources)
 
 
 def _filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -496,15 +486,6 @@ def _copy_chunks(
         counts.copied += 1
 
 
-def _copy_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int, at: int) -> None:
-    """Copy the first ``rows`` rows of a contiguous ``source`` to rows ``at..`` of ``target``."""
-    row_bytes = max(1, int(np.prod(source.shape[1:])) * source.dtype.itemsize)
-    block = max(1, COPY_BYTES // row_bytes)
-    for start in range(0, rows, block):
-        stop = min(rows, start + block)
-        target[at + start : at + stop] = source[start:stop]
-
-
 class _Carry:
     """Rows of a fixed-size array waiting to fill whole chunks of the target (re-chunking).
 
@@ -659,12 +640,12 @@ def _merge_images(
                         source, shard.meta, blob.offsets[k], target, bases[k]
                     )
                 elif step is None:
-                    _copy_rows(source, target, length, bases[k])
+                    copy_array_rows(source, target, length, at=bases[k])
                     counts.bytes += length
                 else:
                     _copy_chunks(source, target, length, bases[k], counts)
             elif step is None or carry is None:
-                _copy_rows(source, target, num, position)
+                copy_array_rows(source, target, num, at=position)
                 counts.bytes += int(source.nbytes)
             elif carry.empty and position % step == 0:
                 whole = num if k == len(shards) - 1 else num - num % step
