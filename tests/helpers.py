@@ -121,3 +121,22 @@ def contents(source: Path | list[Path]) -> list[tuple[str, int, int, bytes]]:
         (paths[i], int(meta.labels[i]), int(meta.source_index[i]), images[i].tobytes())
         for i in range(meta.num_samples)
     ]
+
+
+class FakeClock:
+    """A clock the test moves: ``advance(s)`` passes time, each reading adds ``tick`` seconds.
+
+    Timing code takes ``clock=`` (see the note "Timing enough work"), so its logic is tested
+    without a wall clock: no test compares measured times or rates.
+    """
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now = 0.0
+        self.tick = tick
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now

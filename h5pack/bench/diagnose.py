@@ -235,18 +235,20 @@ def diagnose(
     options: BenchOptions | None = None,
     *,
     on_step: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Diagnosis:
     """Separate where the loader's time goes, name the bottleneck, say what would help.
 
     See the note "Diagnosing a loader". The cold stage is skipped, and says why, when the
-    OS keeps the pack cached despite the request.
+    OS keeps the pack cached despite the request. Every duration is read from ``clock``
+    (see "Timing enough work"), which tests replace with a fake one.
 
     Raises:
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack.
     """
     options = options or BenchOptions()
-    started = time.perf_counter()
+    started = clock()
     setup = open_bench(path, options)
     images, labels = held_images(setup.loader.dataset)
     memory = InMemoryImages(
@@ -278,6 +280,7 @@ def diagnose(
             budget_s=budget_s,
             before={"warm": cache.warm, "cold": cache.drop},
             on_run=step,
+            clock=clock,
         )
 
     try:
@@ -292,7 +295,7 @@ def diagnose(
             timed(runs, warmup=options.warmup, budget_s=options.budget_s)
         )
         if cold and not together:
-            left = max(0.0, options.budget_s - (time.perf_counter() - started))
+            left = max(0.0, options.budget_s - (clock() - started))
             timings.update(timed({"cold": setup.loader}, warmup=0, budget_s=left))
         if facts.large:
             notes["warm"] = (
