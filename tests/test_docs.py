@@ -1,0 +1,193 @@
+"""Every example in README.md and docs/*.md runs (docs/ARCHITECTURE.md, "Documentation").
+
+A page's fenced blocks run in order, in one fresh folder that holds ``images/`` (a small
+ImageFolder of mixed-size JPEGs), sharing one Python namespace, as a reader who pastes
+them one after the other would:
+
+- ```` ```python ```` blocks are executed;
+- ```` ```sh ```` / ```` ```bash ```` / ```` ```console ```` blocks: every ``h5pack ...``
+  command (one a line; ``\\`` continues a line; ``;`` and ``&&`` separate commands;
+  ``#`` starts a comment) runs through the CLI in this process and must exit 0, or with
+  the code a trailing ``# exit N`` comment gives;
+- a block whose info string carries ``notest`` (```` ```sh notest ````) is shown, not
+  run: installs, clusters, GPUs, the test command itself. Any other line in a shell
+  block that is not ``notest`` fails the test, so nothing is silently left out;
+- a fenced block inside an HTML comment (``<!-- ... -->``) is run but not rendered:
+  the set-up a page needs that a reader does not (a second folder, a smaller budget).
+
+Other languages (```` ```text ````, ```` ```json ````) are output shown to the reader.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from h5pack.cli.main import cli
+from h5pack.synthetic import SampleSpec, make_image_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Pages about the code rather than its use: their blocks are sketches, not examples.
+NOT_EXAMPLES = {"ARCHITECTURE.md"}
+SHELLS = {"sh", "bash", "console", "shell"}
+RUN = {"python", *SHELLS}
+
+_FENCE = re.compile(
+    r"^(?P<indent> {0,3})```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S
+)
+_EXIT = re.compile(r"#\s*exit\s+(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of a page."""
+
+    page: str
+    line: int  # of the opening fence, 1-based
+    language: str
+    run: bool
+    body: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """Return the fenced blocks of ``page``, in order."""
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for match in _FENCE.finditer(text):
+        words = match["info"].split()
+        language = words[0] if words else ""
+        line = text.count("\n", 0, match.start()) + 1
+        body = "\n".join(row[len(match["indent"]) :] for row in match["body"].splitlines())
+        run = language in RUN and "notest" not in words[1:]
+        found.append(Block(page.name, line, language, run, body))
+    return found
+
+
+def commands(block: Block) -> list[tuple[list[str], int]]:
+    """Return the commands of a shell block with the exit code each must give."""
+    joined = block.body.replace("\\\n", " ")
+    found = []
+    for row in joined.splitlines():
+        expect = _EXIT.search(row)
+        code = int(expect[1]) if expect else 0
+        stripped = row.strip().removeprefix("$ ")
+        if not stripped or stripped.startswith("#"):
+            continue
+        words = shlex.split(stripped, comments=True)
+        for part in _split(words):
+            if part[0] != "h5pack":
+                pytest.fail(
+                    f"{block}: {' '.join(part)!r} is not an h5pack command; mark the block "
+                    "```sh notest if it is not meant to run here"
+                )
+            found.append((part[1:], code))
+    return found
+
+
+def _split(words: list[str]) -> list[list[str]]:
+    parts: list[list[str]] = [[]]
+    for word in words:
+        if word in (";", "&&"):
+            parts.append([])
+        elif word.endswith(";"):
+            parts[-1].append(word[:-1])
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    return [part for part in parts if part]
+
+
+def run_block(block: Block, namespace: dict[str, object]) -> None:
+    """Run one block; fail naming the page and line."""
+    if block.language == "python":
+        code = compile(block.body, str(block), "exec")
+        exec(code, namespace)  # the examples are this repository's own text
+        return
+    for args, code in commands(block):
+        result = CliRunner().invoke(cli, args)
+        if result.exit_code != code:
+            detail = result.output
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                detail += f"\n{type(result.exception).__name__}: {result.exception}"
+            pytest.fail(
+                f"{block}: h5pack {shlex.join(args)} exited {result.exit_code}, expected "
+                f"{code}:\n{detail}"
+            )
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small ImageFolder of mixed-size JPEGs in 3 classes, made once."""
+    root = tmp_path_factory.mktemp("docs") / "images"
+    spec = SampleSpec(num_images=48, num_classes=3, size=(48, 64), size_jitter=0.3)
+    make_image_folder(root, spec, photos=False)
+    return root
+
+
+def _example_pages() -> list[Path]:
+    return [page for page in PAGES if page.name not in NOT_EXAMPLES]
+
+
+@pytest.mark.parametrize("page", _example_pages(), ids=lambda page: page.name)
+def test_page_examples_run(page: Path, images: Path, tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    shutil.copytree(images, tmp_path / "images")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "__docs__"}
+    for block in blocks(page):
+        if block.run:
+            run_block(block, namespace)
+
+
+def test_the_runner_sees_every_kind_of_block(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "text\n```python\nx = 1\n```\n"
+        "```sh notest\npip install h5pack\n```\n"
+        "<!--\n```sh\nh5pack info out.h5  # exit 1\n```\n-->\n"
+        "```text\nout\n```\n"
+        "- item\n\n  ```sh\n  h5pack info a.h5 ; h5pack verify \\\n    a.h5\n  ```\n",
+        encoding="utf-8",
+    )
+    found = blocks(page)
+    assert [(b.language, b.run, b.line) for b in found] == [
+        ("python", True, 2),
+        ("sh", False, 5),
+        ("sh", True, 9),
+        ("text", False, 13),
+        ("sh", True, 18),
+    ]
+    assert commands(found[2]) == [(["info", "out.h5"], 1)]
+    assert commands(found[4]) == [(["info", "a.h5"], 0), (["verify", "a.h5"], 0)]
+
+
+def test_a_stray_shell_line_fails_by_name(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```sh\npip install h5pack\n```\n", encoding="utf-8")
+    with pytest.raises(pytest.fail.Exception, match=r"page.md:1: 'pip install h5pack'"):
+        commands(blocks(page)[0])
+
+
+def test_readme_keeps_the_ci_test_command() -> None:
+    """.ci/run calls the README's test command; they must not drift apart."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python -m pytest -q" in readme
+    assert "python -m pytest -q" in ci.splitlines()[-1]
+
+
+def test_readme_links_resolve() -> None:
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", text):
+            assert (page.parent / target).is_file(), f"{page.name} links to missing {target}"
