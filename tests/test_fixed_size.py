@@ -289,4 +289,109 @@ def test_a_full_cache_sends_the_rest_down_the_uncached_path(packs):
         uncached = FixedSizeReader(reader, spec, None)
         want = np.empty_like(out)
         uncached.read_into(np.arange(NUM), want, seed=0, epoch=0)
-        assert np.abs(out.astype(int) - want).max() <= 1
+        np.testing.assert_array_equal(out, want)  # the same pixels (issue 20 D)
+
+
+# -- issue 20 D: the decoded cache never changes a pixel ------------------------------------
+# Large JPEGs (some boxes allow a reduced decode), EXIF orientations, a gray and a CMYK JPEG
+# and a PNG: every kind of decode path the pipeline has.
+
+
+def _mixed_files() -> list[bytes]:
+    rng = np.random.default_rng(7)
+    files = []
+    for i in range(12):
+        pixels = synthesize_photo(rng, (300 + 37 * i, 420 - 11 * i))
+        image = Image.fromarray(pixels)
+        exif = Image.Exif()
+        if i % 4 == 1:
+            exif[0x0112] = 6  # transposing
+        elif i % 4 == 2:
+            exif[0x0112] = 3
+        if i == 9:
+            image = image.convert("L")
+        if i == 10:
+            image = image.convert("CMYK")
+        buffer = io.BytesIO()
+        if i == 11:
+            image.save(buffer, format="PNG")
+        else:
+            image.save(buffer, format="JPEG", quality=90, exif=exif.tobytes())
+        files.append(buffer.getvalue())
+    return files
+
+
+@pytest.fixture(scope="module")
+def mixed_pack(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mixed") / "mixed.h5"
+    files = _mixed_files()
+    write_arrays(path, files, [0] * len(files), options=ConvertOptions(chunk_bytes=1 << 16))
+    return path
+
+
+def _epoch(reader, spec, cache, epoch, indices=None):
+    fixed = FixedSizeReader(reader, spec, cache)
+    count = len(reader.meta.labels)
+    indices = np.arange(count) if indices is None else np.asarray(indices)
+    out = np.zeros((len(indices), *spec.size, 3), dtype=np.uint8)
+    fixed.read_into(indices, out, seed=3, epoch=epoch)
+    return out
+
+
+@pytest.mark.parametrize("crop", ["random-resized", "center"])
+def test_an_epoch_is_the_same_with_and_without_the_cache(mixed_pack, crop):
+    spec = CropSpec.of(48, crop=crop, flip=True)
+    reader = PackReader(mixed_pack, ReaderOptions())
+    count = len(reader.meta.labels)
+    reductions = 0
+    for epoch in range(4):
+        for index in range(count):  # the data must exercise the reduced decode
+            height, width = reader.meta.shapes[index][:2].tolist()
+            box, _ = plan_crop(spec, height, width, seed=3, epoch=epoch, index=index)
+            reductions += min(box.height, box.width) >= 48 * 2 * 2
+    assert reductions > 0
+    with DecodedCache(count, 64 << 20) as full:
+        for epoch in range(4):  # epoch 0 fills the cache, the others are served from it
+            want = _epoch(reader, spec, None, epoch)
+            np.testing.assert_array_equal(_epoch(reader, spec, full, epoch), want, f"{epoch}")
+        assert full.stats().entries > 0
+
+
+def test_what_a_partial_cache_holds_changes_no_pixel(mixed_pack):
+    spec = CropSpec.of(48, crop="random-resized", flip=True)
+    reader = PackReader(mixed_pack, ReaderOptions())
+    count = len(reader.meta.labels)
+    wants = [_epoch(reader, spec, None, epoch) for epoch in range(3)]
+    for held in ([0, 1, 2, 3], [8, 9, 10, 11], list(range(1, count, 2))):
+        with DecodedCache(count, 64 << 20) as partial:
+            _epoch(reader, spec, partial, 0, indices=held)  # another process filled these
+            for epoch in range(3):
+                got = _epoch(reader, spec, partial, epoch)
+                np.testing.assert_array_equal(got, wants[epoch], f"{held} {epoch}")
+
+
+def test_a_shrinking_cache_gives_the_same_pixels_whatever_it_holds(mixed_pack):
+    spec = CropSpec.of(48, crop="random-resized", flip=True)
+    reader = PackReader(mixed_pack, ReaderOptions())
+    count = len(reader.meta.labels)
+    with DecodedCache(count, 64 << 20, max_side=120) as roomy:
+        wants = [_epoch(reader, spec, roomy, epoch) for epoch in range(2)]
+    with DecodedCache(count, 3 * 4096 + 120 * 200 * 3, max_side=120) as tight:
+        for epoch in range(2):
+            got = _epoch(reader, spec, tight, epoch)
+            assert 0 < tight.stats().entries < count
+            np.testing.assert_array_equal(got, wants[epoch], f"{epoch}")
+
+
+def test_two_runs_with_a_partial_cache_serve_the_same_epochs(mixed_pack):
+    runs = []
+    for _ in range(2):
+        with make_loader(
+            mixed_pack, 3, size=48, flip=True, num_workers=2, cache="decoded", cache_bytes=1 << 19
+        ) as loader:
+            runs.append([epoch_of(loader, epoch)[0] for epoch in range(2)])
+            assert 0 < loader.cache.stats().entries < 12
+    plain = make_loader(mixed_pack, 3, size=48, flip=True, num_workers=2)  # the same order
+    for epoch in range(2):
+        assert torch.equal(runs[0][epoch], runs[1][epoch])
+        assert torch.equal(runs[0][epoch], epoch_of(plain, epoch)[0])

@@ -26,7 +26,7 @@ libjpeg-turbo whatever the backend (``NOTE [ JPEG decoder ]``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageFile
@@ -74,9 +74,11 @@ __all__ = [  # the box names are re-exported: callers of the pipeline need only 
     "Box",
     "Crop",
     "CropSpec",
+    "KeepDecoded",
     "ResizeInto",
     "center_box",
     "crop_array",
+    "crop_decoded_into",
     "crop_into",
     "decode_crop",
     "decode_crop_into",
@@ -94,6 +96,22 @@ __all__ = [  # the box names are re-exported: callers of the pipeline need only 
 ResizeInto = Callable[[np.ndarray, np.ndarray], None]
 """A resizing kernel: ``resize(source, out)`` resizes the ``(h, w, C)`` uint8 ``source`` (any
 row stride, possibly read-only) into the C-contiguous ``(H, W, C)`` uint8 ``out``, same C."""
+
+KeepDecoded = Callable[[np.ndarray, int], None]
+"""``keep(pixels, orientation)``: given a full-scale decode by :func:`decode_crop_into`, for
+:func:`crop_decoded_into` to cut later (the decoded cache's ``put``)."""
+
+# NOTE [ the cache changes no pixel ]
+# A sample's output must not depend on whether the decoded cache holds it (issue 20 D: a
+# cache that kept decode_image's pixels gave hits that differed from the uncached path by up
+# to 28 grey levels, and with a partial cache which samples were held, so which path each
+# took, depended on timing). So the cache keeps exactly what decode_crop_into decodes when
+# it decodes in full, before any cut: decode_image's pixels (orientation tag 0), or a JPEG's
+# pixels as stored with its EXIF orientation (tag 1..8), and a hit goes through the same
+# cut, resize, orientation and channel code (crop_decoded_into). A JPEG whose box this
+# epoch allows a reduced decode is decoded again at that scale, cached or not: the reduced
+# IDCT gives other pixels than any resize of the full ones. (cache_max_side is the one
+# exception by design: then every sample is cut from the shrunk image, cached or not.)
 
 _DRAFT_FORMATS: Final[frozenset[str]] = frozenset({"JPEG", "MPO"})
 _DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
@@ -275,6 +293,7 @@ def decode_crop_into(
     name: str = "<bytes>",
     max_pixels: int | None = None,
     resize: ResizeInto | None = None,
+    keep: KeepDecoded | None = None,
 ) -> None:
     """Decode an image file's bytes into ``out``: the planned box, resized, maybe flipped.
 
@@ -296,6 +315,9 @@ def decode_crop_into(
         max_pixels: Refuse images with more than this many pixels; None means
             :data:`~h5pack.core.decode.MAX_IMAGE_PIXELS`.
         resize: The resizing kernel; None: :func:`reference_resize` of ``spec.backend``.
+        keep: Called with the full-scale decode and its orientation tag before the cut,
+            when the image is decoded at full scale (never at a reduced one): what
+            :func:`crop_decoded_into` takes to give the same output later.
 
     Raises:
         DecodeError: The bytes are empty, not an image, truncated, corrupt, or too large;
@@ -322,13 +344,15 @@ def decode_crop_into(
             and len(image.tile) == 1
         ):
             where = (seed, epoch, index)
-            _decode_crop_jpeg(image, data, spec, out, where, kernel, name)
+            _decode_crop_jpeg(image, data, spec, out, where, kernel, name, keep)
             return
     finally:
         image.close()
     decoded = decode_image(
         data, name=name, backend=spec.backend, channels=channels, max_pixels=limit
     )
+    if keep is not None:
+        keep(decoded, 0)
     box, flip = plan_crop(spec, *decoded.shape[:2], seed=seed, epoch=epoch, index=index)
     crop_into(decoded, box, out, flip=flip, resize=kernel)
 
@@ -386,6 +410,30 @@ def decode_pixels(
 # photos (~500x375) cut to 224 the gap of 2 never reduces: the gain is on large photos.
 
 
+class _JpegPlan(NamedTuple):
+    """Where and how a JPEG is cut: the box as stored, the flip, the DCT reduction."""
+
+    cut: Box
+    flip: bool
+    reduction: int
+    orientation: int
+    out_h: int
+    out_w: int
+
+
+def _plan_jpeg(
+    stored_h: int, stored_w: int, orientation: int, spec: CropSpec, where: tuple[int, int, int]
+) -> _JpegPlan:
+    """Plan the box on the displayed size, then map it to the stored image and reduce."""
+    seed, epoch, index = where
+    height, width = (stored_w, stored_h) if orientation >= 5 else (stored_h, stored_w)
+    box, flip = plan_crop(spec, height, width, seed=seed, epoch=epoch, index=index)
+    out_h, out_w = spec.size[::-1] if orientation >= 5 else spec.size
+    cut = stored_box(box, orientation, stored_h, stored_w)
+    reduction = dct_reduction(cut, out_h, out_w, spec.reducing_gap)
+    return _JpegPlan(cut, flip, reduction, orientation, out_h, out_w)
+
+
 def _decode_crop_jpeg(
     image: ImageFile.ImageFile,
     data: bytes,
@@ -394,21 +442,26 @@ def _decode_crop_jpeg(
     where: tuple[int, int, int],
     resize: ResizeInto,
     name: str,
+    keep: KeepDecoded | None,
 ) -> None:
     """Decode the JPEG ``image`` (maybe at a reduced scale), resize the planned box into ``out``.
 
     See ``NOTE [ JPEG DCT scaling ]``. Cuts and resizes as stored, then orients the small
     result; the output's sides swap with the transposing orientations (5..8).
     """
-    seed, epoch, index = where
-    orientation = _orientation(image)
     stored_w, stored_h = image.size
-    height, width = (stored_w, stored_h) if orientation >= 5 else (stored_h, stored_w)
-    box, flip = plan_crop(spec, height, width, seed=seed, epoch=epoch, index=index)
-    out_h, out_w = spec.size[::-1] if orientation >= 5 else spec.size
-    cut = stored_box(box, orientation, stored_h, stored_w)
-    reduction = dct_reduction(cut, out_h, out_w, spec.reducing_gap)
-    pixels = _decode_jpeg(image, data, reduction, name)
+    plan = _plan_jpeg(stored_h, stored_w, _orientation(image), spec, where)
+    pixels = _decode_jpeg(image, data, plan.reduction, name)
+    if plan.reduction == 1 and keep is not None:
+        keep(pixels, plan.orientation)
+    _resize_jpeg_into(pixels, plan, spec, out, resize)
+
+
+def _resize_jpeg_into(
+    pixels: np.ndarray, plan: _JpegPlan, spec: CropSpec, out: np.ndarray, resize: ResizeInto
+) -> None:
+    """Resize the planned box of the JPEG's ``pixels`` (as stored, at ``plan.reduction``)."""
+    cut, flip, reduction, orientation, out_h, out_w = plan
     if reduction > 1 and spec.backend == "pillow":
         small = _resize_fractional_box(pixels, cut, reduction, (out_h, out_w))
     else:
@@ -425,6 +478,51 @@ def _decode_crop_jpeg(
         resize(view, small)
     oriented = _orient(small, orientation)
     out[...] = _finish(oriented[:, ::-1] if flip else oriented, out.shape[2])
+
+
+def crop_decoded_into(
+    pixels: np.ndarray,
+    orientation: int,
+    spec: CropSpec,
+    out: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    index: int,
+    resize: ResizeInto | None = None,
+) -> bool:
+    """Cut what :func:`decode_crop_into` decoded in full into ``out``: exactly its pixels.
+
+    ``pixels`` and ``orientation`` are what ``decode_crop_into`` handed to its ``keep``
+    (see ``NOTE [ the cache changes no pixel ]``). When this epoch's box would have the
+    JPEG decoded at a reduced scale, the full pixels cannot give the same output: nothing
+    is written and False is returned (decode the file's bytes instead).
+
+    Args:
+        pixels: The full-scale decode (read-only is fine).
+        orientation: 0 for ``decode_image``'s pixels, else the JPEG's EXIF orientation
+            (1..8; ``pixels`` are then as stored).
+        spec: The crop, as given to ``decode_crop_into``.
+        out: As in ``decode_crop_into``.
+        seed: The run's seed.
+        epoch: The epoch.
+        index: The sample's index in the pack.
+        resize: The resizing kernel; None: :func:`reference_resize` of ``spec.backend``.
+
+    Returns:
+        Whether ``out`` was filled.
+    """
+    kernel = resize or reference_resize(spec.backend)
+    if orientation == 0:
+        box, flip = plan_crop(spec, *pixels.shape[:2], seed=seed, epoch=epoch, index=index)
+        crop_into(pixels, box, out, flip=flip, resize=kernel)
+        return True
+    stored_h, stored_w = pixels.shape[:2]
+    plan = _plan_jpeg(stored_h, stored_w, orientation, spec, (seed, epoch, index))
+    if plan.reduction != 1:
+        return False
+    _resize_jpeg_into(pixels, plan, spec, out, kernel)
+    return True
 
 
 def _resize_fractional_box(

@@ -48,7 +48,8 @@ DEFAULT_CACHE_FRACTION = 0.25
 #   header, 4 KiB: magic, version, sizes, the allocation cursor, counters and 128 per-process
 #     statistics slots (pid, hits, misses) that only their process writes, without the lock;
 #   index, one word per sample: 0 empty, -1 claimed (being written), else the record's offset;
-#   records, 64-byte aligned: height, width, channels (0 for a 2-D image), pad; then pixels.
+#   records, 64-byte aligned: height, width, channels (0 for a 2-D image), the caller's tag
+#     (read.crop's orientation tag, NOTE [ the cache changes no pixel ]); then pixels.
 #
 # NOTE [ publishing an entry ]
 #
@@ -447,6 +448,16 @@ class DecodedCache:
             IndexError: ``index`` is out of range.
             CacheClosedError: the cache was closed.
         """
+        found = self.entry(index)
+        return None if found is None else found[0]
+
+    def entry(self, index: SupportsIndex) -> tuple[npt.NDArray[np.uint8], int] | None:
+        """Return sample ``index`` and the tag it was put with, or None (as :meth:`get`).
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            CacheClosedError: the cache was closed.
+        """
         attachment = self._attached()
         position = self._check(index)
         words = attachment.words
@@ -458,14 +469,16 @@ class DecodedCache:
         height, width, channels = words[record], words[record + 1], words[record + 2]
         start = offset + 8 * _RECORD_WORDS
         shape = (height, width, channels) if channels else (height, width)
-        return attachment.readonly[start : start + height * width * max(channels, 1)].reshape(shape)
+        pixels = attachment.readonly[start : start + height * width * max(channels, 1)]
+        return pixels.reshape(shape), int(words[record + 3])
 
-    def put(self, index: SupportsIndex, array: npt.NDArray[np.uint8]) -> bool:
+    def put(self, index: SupportsIndex, array: npt.NDArray[np.uint8], *, tag: int = 0) -> bool:
         """Store ``array`` (shrunk first with ``max_side``) as sample ``index``.
 
         Args:
             index: The sample.
             array: ``(H, W)`` or ``(H, W, C)`` uint8 image, any strides.
+            tag: A small integer kept with the entry (:meth:`entry` returns it).
 
         Returns:
             True when stored; False when it does not fit in the budget, or the sample is
@@ -504,6 +517,7 @@ class DecodedCache:
             record = offset // 8
             words[record], words[record + 1] = array.shape[0], array.shape[1]
             words[record + 2] = array.shape[2] if array.ndim == 3 else 0
+            words[record + 3] = tag
             published = offset
         finally:  # on an error the sample is unclaimed again and its space is lost
             with _Locked(attachment.lock_fd):

@@ -12,6 +12,7 @@ takes and for the measurements behind the kernels.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,7 +20,9 @@ import torch
 from h5pack.core.decode import Backend
 from h5pack.read.boxes import CropSpec, plan_crop, scale_box
 from h5pack.read.crop import (
+    KeepDecoded,
     ResizeInto,
+    crop_decoded_into,
     crop_into,
     decode_crop_into,
     decode_pixels,
@@ -28,7 +31,7 @@ from h5pack.read.crop import (
 )
 from h5pack.read.packset import PackSetReader
 from h5pack.read.reader import PackReader
-from h5pack.training.cache import DecodedCache, shrink, shrunk_size
+from h5pack.training.cache import DecodedCache, shrink
 
 __all__ = ["FixedSizeReader", "resize_kernel", "scale_box", "torch_resize_into"]
 
@@ -131,6 +134,7 @@ class FixedSizeReader:
             FormatError: the pack is damaged.
         """
         reader, meta = self.reader, self.reader.meta
+        unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
         if meta.storage == "array":
             batch = self._read_array(indices)
 
@@ -145,8 +149,9 @@ class FixedSizeReader:
                 sample(int(indices[j]), stored[j], out[j], seed, epoch)
 
         else:  # only the samples the cache lacks are read from the pack
-            cached = [self.cache.get(int(i)) for i in indices]
-            missing = [j for j, pixels in enumerate(cached) if pixels is None]
+            cache = self.cache
+            entries = [cache.entry(int(i)) for i in indices]
+            missing = [j for j, entry in enumerate(entries) if entry is None]
             read = (
                 dict(zip(missing, reader.read_stored(indices[missing]), strict=True))
                 if missing
@@ -154,17 +159,30 @@ class FixedSizeReader:
             )
 
             def one(j: int) -> None:
-                self._cached(int(indices[j]), cached[j], read.get(j), out[j], seed, epoch)
+                if not self._cached(int(indices[j]), entries[j], read.get(j), out[j], seed, epoch):
+                    unserved.append(j)  # list.append is atomic: safe from the threads
 
+        self._run(one, len(indices))
+        if unserved:
+            again = reader.read_stored(indices[unserved])
+
+            def decode(k: int) -> None:
+                j = unserved[k]
+                self._encoded(int(indices[j]), again[k], out[j], seed, epoch)
+
+            self._run(decode, len(unserved))
+
+    def _run(self, one: Callable[[int], None], count: int) -> None:
+        """Call ``one(j)`` for j in 0..count-1 on the reader's threads."""
         # One task per thread, each a slice of the batch: a task per sample cost more in
         # thread hand-offs than the samples (see "Training image pipeline").
-        parts = max(1, min(reader.options.threads or 0, len(indices)))
+        parts = max(1, min(self.reader.options.threads or 0, count))
 
         def run_part(part: int) -> None:
-            for j in range(part, len(indices), parts):
+            for j in range(part, count, parts):
                 one(j)
 
-        reader.map_threads(run_part, range(parts))
+        self.reader.map_threads(run_part, range(parts))
 
     def _read_array(self, indices: np.ndarray) -> np.ndarray:
         """Read stored images into a buffer kept from batch to batch.
@@ -192,9 +210,15 @@ class FixedSizeReader:
         crop_into(raw, box, out, flip=flip, resize=self.resize)
 
     def _encoded(
-        self, index: int, stored: np.ndarray, out: np.ndarray, seed: int, epoch: int
+        self,
+        index: int,
+        stored: np.ndarray,
+        out: np.ndarray,
+        seed: int,
+        epoch: int,
+        keep: KeepDecoded | None = None,
     ) -> None:
-        """An encoded sample, not cached: decode (at a reduced scale if the box allows)."""
+        """An encoded sample: decode (at a reduced scale if the box allows), cut, resize."""
         self.decodes += 1
         decode_crop_into(
             stored.tobytes(),
@@ -205,31 +229,69 @@ class FixedSizeReader:
             index=index,
             name=self._name(index),
             resize=self.resize,
+            keep=keep,
         )
 
     def _cached(
         self,
         index: int,
-        pixels: np.ndarray | None,
+        entry: tuple[np.ndarray, int] | None,
         stored: np.ndarray | None,
         out: np.ndarray,
         seed: int,
         epoch: int,
-    ) -> None:
-        """An encoded sample through the cache: crop the cached image, or decode and keep it.
+    ) -> bool:
+        """An encoded sample through the cache: the uncached path's pixels, whatever it holds.
 
-        A sample that cannot fit any more (entries are never evicted) takes the uncached
-        path, which may decode at a reduced scale.
+        A hit is cut from the cached full-scale decode; a miss is decoded as without the
+        cache, and its full-scale decode kept if there is room (entries are never evicted).
+        See ``NOTE [ the cache changes no pixel ]`` in ``read.crop``.
+
+        Returns:
+            False for a hit that cannot serve this epoch (its box takes a reduced decode):
+            the caller decodes it from the pack.
         """
         cache = self.cache
         assert cache is not None  # read_into's branch
-        height, width = self._shape(index)
-        if pixels is None:
-            assert stored is not None  # read_into read every missing sample
-            small_h, small_w = shrunk_size(height, width, cache.max_side)
-            if not cache.has_room(small_h * small_w * self.reader.meta.channels):
-                self._encoded(index, stored, out, seed, epoch)
-                return
+        if cache.max_side is not None:
+            self._shrunk(index, entry, stored, out, (seed, epoch))
+            return True
+        if entry is not None:
+            pixels, orientation = entry
+            return crop_decoded_into(
+                pixels,
+                orientation,
+                self.spec,
+                out,
+                seed=seed,
+                epoch=epoch,
+                index=index,
+                resize=self.resize,
+            )
+        assert stored is not None  # read_into read every missing sample
+
+        def keep(pixels: np.ndarray, orientation: int) -> None:
+            if cache.has_room(pixels.size):
+                cache.put(index, pixels, tag=orientation)
+
+        self._encoded(index, stored, out, seed, epoch, keep)
+        return True
+
+    def _shrunk(
+        self,
+        index: int,
+        entry: tuple[np.ndarray, int] | None,
+        stored: np.ndarray | None,
+        out: np.ndarray,
+        where: tuple[int, int],
+    ) -> None:
+        """With ``cache_max_side``: every sample is cut from its shrunk image, cached or not."""
+        cache = self.cache
+        assert cache is not None
+        assert cache.max_side is not None
+        seed, epoch = where
+        if entry is None:
+            assert stored is not None
             self.decodes += 1
             pixels = decode_pixels(
                 stored.tobytes(),
@@ -237,10 +299,12 @@ class FixedSizeReader:
                 backend=self.spec.backend,
                 channels=self.reader.meta.channels,
             )
-            if cache.max_side is not None:
-                # crop from the shrunk image the cache holds, as the next epochs will
-                pixels = shrink(pixels, cache.max_side)
-            cache.put(index, pixels)
+            pixels = shrink(pixels, cache.max_side)
+            if cache.has_room(pixels.size):
+                cache.put(index, pixels)
+        else:
+            pixels = entry[0]
+        height, width = self._shape(index)
         box, flip = plan_crop(self.spec, height, width, seed=seed, epoch=epoch, index=index)
         box = scale_box(box, (height, width), (pixels.shape[0], pixels.shape[1]))
         crop_into(pixels, box, out, flip=flip, resize=self.resize)
