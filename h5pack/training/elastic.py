@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from h5pack.core.layout import ChunkMap
-from h5pack.errors import OptionsError
-from h5pack.training.sampler import EpochSpec, plan_epoch
+from h5pack.training.orders import Order, rest_of
+from h5pack.training.sampler import EpochSpec, plan_pieces
 
 # NOTE [ Elastic resume ]
 #
@@ -29,16 +28,20 @@ from h5pack.training.sampler import EpochSpec, plan_epoch
 # sampler over the same data derives again from its labels).
 #
 # 1. Delivered: replay the saved epoch's plan for each old rank r = 0 .. R - 1 and mark
-#    the samples of its first ``position`` batches (``delivered_mask``). Samples the old
-#    ranks repeated as padding are marked once; nothing is read from a file.
-# 2. Remaining: the unmarked samples, in pack order. Each chunk's remaining samples are
-#    contiguous there, so they form a sub-pool of "sub-chunks" (one per chunk that still
-#    has samples): a ``ChunkMap`` over positions in the remaining list.
-# 3. Re-plan: ``plan_epoch`` of the sub-pool with the new spec (new ranks, workers, batch
-#    size and window; the same seed and epoch; each sub-chunk keeps its chunk's stratum),
-#    mapped back to sample indices. Chunks are still split across ranks and workers and
-#    read once per epoch, every rank has the same number of batches, and padding or
-#    dropping follows the new ``drop_last`` over the remaining samples.
+#    the positions of its first ``position`` batches (``delivered_mask``): positions of the
+#    epoch's sequence (training/orders.py, note "Orders"), which are the sample indices for
+#    the chunk orders; a weighted mix may hold a sample at several positions. Positions the
+#    old ranks repeated as padding are marked once; nothing is read from a file.
+# 2. Remaining: the unmarked positions, in canonical order. Each piece's remaining
+#    positions are contiguous there, so they form a sub-pool of "sub-pieces" (one per piece
+#    that still has positions, ``orders.rest_of``).
+# 3. Re-plan: ``plan_pieces`` of the sub-pool with the new spec (new ranks, workers, batch
+#    size and window; the same seed and epoch; the order arranges the sub-pieces: the chunk
+#    orders apply themselves again, each sub-chunk keeping its chunk's stratum; a mix keeps
+#    the served order of the pieces), mapped back to sample indices. Chunks are still
+#    split across ranks and workers and read once per epoch, every rank has the same
+#    number of batches, and padding or dropping follows the new ``drop_last`` over the
+#    remaining samples.
 #
 # Every rank computes steps 1-3 from the same state, with no communication, and gets the
 # same sub-pool: the re-plan is a pure function of (state, data, new spec). The state of a
@@ -48,23 +51,18 @@ from h5pack.training.sampler import EpochSpec, plan_epoch
 
 # Settings that fix the order of an epoch: a state saved with others is refused, not
 # re-planned (it is another order, not another topology).
-ORDER_SETTINGS = ("shuffle", "seed", "stratified")
+ORDER_SETTINGS = ("shuffle", "seed", "stratified", "sources")
 
 # Settings of the topology: a state saved with others is re-planned.
 TOPOLOGY_SETTINGS = ("num_replicas", "num_workers", "batch_size", "window_chunks", "drop_last")
 
 
-def saved_spec(state: Mapping[str, Any], chunk_strata: tuple[int, ...] | None) -> EpochSpec:
-    """Return the spec that planned the saved epoch (rank 0; ``plan_epoch`` fills the rank).
+def saved_spec(state: Mapping[str, Any]) -> EpochSpec:
+    """Return the topology that planned the saved epoch (rank 0; the replay fills the rank).
 
-    Raises:
-        OptionsError: the state was stratified but no strata are given.
+    The order is not in it: the sampler loading the state has checked that its order is
+    the saved one (``ORDER_SETTINGS``), and replays with its own.
     """
-    if state.get("stratified") and chunk_strata is None:
-        raise OptionsError(
-            "the sampler state was saved with a stratified chunk order; load it into a "
-            "sampler of the same pack through make_loader (or sampler_for_labels)"
-        )
     return EpochSpec(
         batch_size=int(state["batch_size"]),
         shuffle=bool(state["shuffle"]),
@@ -74,67 +72,52 @@ def saved_spec(state: Mapping[str, Any], chunk_strata: tuple[int, ...] | None) -
         num_replicas=int(state["num_replicas"] or 1),
         rank=0,
         num_workers=int(state["num_workers"]),
-        chunk_strata=chunk_strata if state.get("stratified") else None,
     )
 
 
 def plan_rest(
-    chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int, delivered: np.ndarray
+    order: Order, spec: EpochSpec, *, epoch: int, delivered: np.ndarray
 ) -> list[np.ndarray]:
-    """Return one rank's batches of the samples of ``epoch`` not yet ``delivered``.
+    """Return one rank's batches (sample indices) of ``epoch``'s positions not yet ``delivered``.
 
-    Steps 2 and 3 of the note "Elastic resume": the remaining samples of each chunk form a
-    sub-chunk, and ``plan_epoch`` plans the sub-pool with ``spec``.
+    Steps 2 and 3 of the note "Elastic resume": the remaining positions of each piece form
+    a sub-piece (``orders.rest_of``), and ``plan_pieces`` plans them with ``spec``.
 
     Args:
-        chunk_map: The pack's chunks.
+        order: The epoch's order.
         spec: The new topology (resolved: its rank and window are used as they are).
         epoch: The epoch (with ``spec.seed``, the order's seed).
-        delivered: One bool per sample: delivered already this epoch.
+        delivered: One bool per position of the epoch: delivered already.
     """
-    remaining = np.flatnonzero(~delivered)
-    if remaining.size == 0:
-        return []
-    parents = chunk_map.chunks_of(remaining)
-    starts = np.flatnonzero(np.diff(parents)) + 1
-    sub = ChunkMap(np.concatenate([[0], starts, [remaining.size]]).astype(np.int64))
-    strata = spec.chunk_strata
-    if strata is not None:
-        first = np.concatenate([[0], starts])
-        strata = tuple(int(s) for s in np.asarray(strata, dtype=np.int64)[parents[first]])
-    batches = plan_epoch(sub, replace(spec, chunk_strata=strata), epoch=epoch)
-    return [remaining[b] for b in batches]
+    rest = rest_of(order, spec.seed, epoch, delivered)
+    return [rest.samples(b) for b in plan_pieces(rest, spec, epoch=epoch)]
 
 
-def plan_of(
-    chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int, delivered: np.ndarray | None
+def _positions(
+    order: Order, spec: EpochSpec, *, epoch: int, delivered: np.ndarray | None
 ) -> list[np.ndarray]:
-    """Return ``plan_epoch``'s batches, or ``plan_rest``'s when some were ``delivered``."""
+    """Return one rank's batches as positions of the whole epoch (for ``delivered_mask``)."""
     if delivered is None:
-        return plan_epoch(chunk_map, spec, epoch=epoch)
-    return plan_rest(chunk_map, spec, epoch=epoch, delivered=delivered)
+        return plan_pieces(order.epoch(spec.seed, epoch), spec, epoch=epoch)
+    rest = rest_of(order, spec.seed, epoch, delivered)
+    return [rest.top_positions(b) for b in plan_pieces(rest, spec, epoch=epoch)]
 
 
-def delivered_mask(
-    chunk_map: ChunkMap, state: Mapping[str, Any], chunk_strata: tuple[int, ...] | None
-) -> np.ndarray:
-    """Return one bool per sample: delivered by every old rank before ``state`` was saved.
+def delivered_mask(order: Order, state: Mapping[str, Any]) -> np.ndarray:
+    """Return one bool per position of the epoch: delivered by every old rank before ``state``.
 
     Step 1 of the note "Elastic resume", through the chain of ``base`` states.
-
-    Raises:
-        OptionsError: the state is stratified but no strata are given.
     """
     base = state.get("base")
-    before = delivered_mask(chunk_map, base, chunk_strata) if base else None
-    spec = saved_spec(state, chunk_strata)
+    before = delivered_mask(order, base) if base else None
+    spec = saved_spec(state)
     epoch, position = int(state["epoch"]), int(state["position"])
     samples = state.get("unit", "batches") == "samples"
-    mask = np.zeros(chunk_map.num_samples, dtype=bool) if before is None else before.copy()
+    mask = np.zeros(order.num_samples, dtype=bool) if before is None else before.copy()
     if position == 0:
         return mask  # nothing delivered since ``base``: no plan to replay
     for rank in range(spec.num_replicas or 1):
-        batches = plan_of(chunk_map, replace(spec, rank=rank), epoch=epoch, delivered=before)
+        batches = _positions(order, replace(spec, rank=rank), epoch=epoch, delivered=before)
         if not batches:
             continue
         if samples:

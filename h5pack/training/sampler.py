@@ -17,7 +17,8 @@ from torch.utils.data import Sampler
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
-from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing, stratified_order
+from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing
+from h5pack.training.orders import EpochPieces, Order, chunk_order
 
 # NOTE [ Chunk-aware epoch order ]
 #
@@ -344,7 +345,7 @@ class EpochSpec:
 
 
 # Settings added to ``ChunkBatchSampler.state_dict`` later, as states saved before read.
-_SETTINGS_BEFORE = {"stratified": False}
+_SETTINGS_BEFORE: dict[str, Any] = {"stratified": False, "sources": None}
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -372,45 +373,60 @@ def samples_per_rank(num_samples: int, spec: EpochSpec) -> int:
     return math.ceil(num_samples / num_replicas)
 
 
-def plan_epoch(chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
+def order_of(source: ChunkMap | Order, spec: EpochSpec) -> Order:
+    """Return ``source`` if it is an order, else the chunk order ``spec`` asks for.
+
+    ``spec.shuffle`` and ``spec.chunk_strata`` choose the order of a bare ``ChunkMap``
+    (``orders.chunk_order``); an ``Order`` given decides for itself.
+    """
+    if isinstance(source, ChunkMap):
+        return chunk_order(source, shuffle=spec.shuffle, chunk_strata=spec.chunk_strata)
+    return source
+
+
+def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
     """Return one rank's batches of one epoch, in the order the DataLoader consumes them.
 
-    A pure function of its arguments; see the module note "Chunk-aware epoch order". Fields
-    of ``spec`` left to None mean one rank, rank 0 and ``DEFAULT_WINDOW_CHUNKS``.
+    A pure function of (order, seed, epoch, topology); see the module note "Chunk-aware
+    epoch order" and the note "Orders" (training/orders.py). Fields of ``spec`` left to None
+    mean one rank, rank 0 and ``DEFAULT_WINDOW_CHUNKS``.
+
+    Args:
+        source: An order (``training.orders``), or a ``ChunkMap`` whose order ``spec``'s
+            ``shuffle`` and ``chunk_strata`` choose (``order_of``).
+        spec: The topology, batch size, seed and window.
+        epoch: The epoch.
 
     Example:
         >>> cmap = ChunkMap.regular(10, 4)
         >>> [b.tolist() for b in plan_epoch(cmap, EpochSpec(batch_size=3, shuffle=False), epoch=0)]
         [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     """
-    batch_size, seed, shuffle, drop_last = spec.batch_size, spec.seed, spec.shuffle, spec.drop_last
+    pieces = order_of(source, spec).epoch(spec.seed, epoch)
+    return [pieces.samples(b) for b in plan_pieces(pieces, spec, epoch=epoch)]
+
+
+def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
+    """Return one rank's batches of one epoch as positions of ``pieces`` (``plan_epoch``)."""
+    batch_size, seed, drop_last = spec.batch_size, spec.seed, spec.drop_last
+    shuffle = pieces.shuffle
     window_chunks = spec.window_chunks or DEFAULT_WINDOW_CHUNKS
     num_replicas, rank = spec.num_replicas or 1, spec.rank or 0
-    num = chunk_map.num_samples
+    num = pieces.num_samples
     batch_count = num_batches(num, batch_size, num_replicas=num_replicas, drop_last=drop_last)
     if batch_count == 0:
         return []
-    starts = chunk_map.starts[:-1]
-    sizes = chunk_map.sizes()
-    strata = spec.chunk_strata
-    if strata is not None and len(strata) != len(sizes):
-        raise OptionsError(
-            f"chunk_strata should have one entry per chunk ({len(sizes)}), but got {len(strata)}"
-        )
-    if not shuffle:
-        order = np.arange(len(sizes))
-    elif strata is not None:
-        order = stratified_order(_rng(seed, epoch), np.asarray(strata, dtype=np.int64))
-    else:
-        order = _rng(seed, epoch).permutation(len(sizes))
+    starts = pieces.starts
+    sizes = pieces.sizes
+    order = pieces.order
     ordered_sizes = sizes[order]
     ends = np.cumsum(ordered_sizes)
     first_pos = ends - ordered_sizes
 
     def segment(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions ``low .. high - 1`` of the epoch's sequence: samples and their chunks.
+        """Positions ``low .. high - 1`` of the epoch's sequence, and their pieces.
 
-        Only the chunks that overlap are laid out, so a rank's plan costs O(N / R + chunks)
+        Only the pieces that overlap are laid out, so a rank's plan costs O(N / R + chunks)
         in time and memory, not O(N).
         """
         if high <= low:
@@ -454,10 +470,10 @@ def plan_epoch(chunk_map: ChunkMap, spec: EpochSpec, *, epoch: int) -> list[np.n
         low = high
         if shuffle and len(wseq):
             piece = np.concatenate([[0], np.cumsum(np.diff(wchunks) != 0)])
-            pieces = int(piece[-1]) + 1
-            windows = -(-pieces // window_chunks)  # the fewest windows of <= K chunks, even
+            num_pieces = int(piece[-1]) + 1
+            windows = -(-num_pieces // window_chunks)  # the fewest windows of <= K, even
             keys = worker_rngs[w].random(len(wseq))
-            wseq = wseq[np.lexsort((keys, piece * windows // pieces))]
+            wseq = wseq[np.lexsort((keys, piece * windows // num_pieces))]
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
     return [streams[b % workers][b // workers] for b in range(batch_count)]
 
@@ -547,6 +563,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
     def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
         self.chunk_map, group_bytes, self._meta = _resolve(source)
         self.spec = spec.resolved(group_bytes, chunk_map=self.chunk_map)
+        self.order: Order = order_of(self.chunk_map, self.spec)
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
@@ -581,7 +598,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
     @property
     def pool_samples(self) -> int:
         """Samples the current epoch plans: all, or those left by an elastic resume."""
-        num = self.chunk_map.num_samples
+        num = self.order.num_samples
         if self._delivered is not None:
             num -= int(self._delivered.sum())
         return num
@@ -603,8 +620,8 @@ class ChunkBatchSampler(Sampler[list[int]]):
         if self._delivered is not None and epoch in (None, self.epoch):
             from h5pack.training.elastic import plan_rest
 
-            return plan_rest(self.chunk_map, self.spec, epoch=self.epoch, delivered=self._delivered)
-        return plan_epoch(self.chunk_map, self.spec, epoch=self.epoch if epoch is None else epoch)
+            return plan_rest(self.order, self.spec, epoch=self.epoch, delivered=self._delivered)
+        return plan_epoch(self.order, self.spec, epoch=self.epoch if epoch is None else epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
         if not self._base_fresh:  # a re-planned epoch is served once, then the whole again
@@ -705,12 +722,12 @@ class ChunkBatchSampler(Sampler[list[int]]):
             base = saved.get("base")
             if base:
                 self._base = dict(base)
-                self._delivered = delivered_mask(self.chunk_map, base, self.spec.chunk_strata)
+                self._delivered = delivered_mask(self.order, base)
                 self._base_fresh = True
             self._position = self._resume = int(saved["position"])
             return False
         self._base = {k: v for k, v in saved.items() if k != "fingerprint"}
-        self._delivered = delivered_mask(self.chunk_map, saved, self.spec.chunk_strata)
+        self._delivered = delivered_mask(self.order, saved)
         self._base_fresh = True
         self._position = self._resume = 0
         return True
@@ -729,6 +746,8 @@ class ChunkBatchSampler(Sampler[list[int]]):
             "rank": spec.rank,
             "num_workers": spec.num_workers,
             "stratified": spec.chunk_strata is not None,
+            "order": self.order.name,
+            "sources": self.order.settings() or None,
         }
 
 

@@ -1,0 +1,284 @@
+"""Orders: what one epoch is made of, and in which order its pieces come; one class per kind.
+
+An order turns ``(seed, epoch)`` into ``EpochPieces``: the epoch's sequence of positions cut
+into pieces (a piece is a run of consecutive sample indices: a chunk, or part of one) and
+the order in which the pieces are served. ``sampler.plan_epoch`` then cuts that sequence
+for ranks, workers and windows, the same way for every order. See the note "Orders".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from h5pack.core.layout import ChunkMap
+from h5pack.errors import OptionsError
+from h5pack.training.mixing import stratified_order
+
+# NOTE [ Orders ]
+#
+# An epoch is a sequence of ``num_samples`` positions (the epoch's length, which the order
+# decides: all samples once for the chunk orders, ``epoch_samples`` for a weighted mix).
+# The order cuts it into pieces, in a canonical order (piece p holds positions
+# ``starts[p] .. starts[p] + sizes[p] - 1`` and the samples ``sample_starts[p] ..`` of one
+# chunk), and says in which order the pieces are served (``EpochPieces.order``, a
+# permutation). ``plan_epoch`` lays the pieces out in that order, gives ranks consecutive
+# slices, workers consecutive slices of those, and shuffles windows of K pieces: each piece
+# is decompressed once, whatever the order.
+#
+# Orders today, each a small frozen class:
+# - ``ChunkPermutation``: the chunks of the pack, permuted by ``default_rng((seed, epoch))``.
+# - ``StratifiedChunks``: the chunks in ``mixing.stratified_order`` by their strata (packs
+#   whose chunks do not mix labels).
+# - ``SequentialChunks``: the chunks in pack order, windows not shuffled (``shuffle=False``).
+# - ``WeightedMix`` (training/weighted.py): several sources, each epoch exactly its share.
+#
+# Elastic resume (training/elastic.py) works on positions, not samples: what the saved
+# topology delivered is a mask over the epoch's positions (a source that repeats holds a
+# sample at two positions), the remaining positions of each piece become one sub-piece
+# (``rest_of``), and the order says how the sub-pieces are served (``Order.arrange``): the
+# chunk orders apply themselves again to the sub-pieces (what the elastic resume has always
+# done), a mix keeps the served order of the pieces they came from.
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPieces:
+    """One epoch of an order: pieces of its positions, and the order they are served in.
+
+    Attributes:
+        sizes: Positions of each piece, canonical order (pieces laid end to end).
+        order: The serving order: a permutation of the pieces.
+        shuffle: Whether windows of pieces are shuffled (``False``: served as laid out).
+        sample_starts: First sample index of each piece (its samples are consecutive);
+            None: positions are sample indices (an order over all samples once, in pack
+            order).
+        sources: The source of each piece (a weighted mix), or None.
+        parent: For the rest of an epoch (``rest_of``), the whole epoch it is part of.
+        top: For the rest of an epoch, the parent's position of each of its positions.
+    """
+
+    sizes: np.ndarray
+    order: np.ndarray
+    shuffle: bool = True
+    sample_starts: np.ndarray | None = None
+    sources: np.ndarray | None = None
+    parent: EpochPieces | None = None
+    top: np.ndarray | None = None
+
+    @property
+    def num_samples(self) -> int:
+        """Positions of the epoch (samples served, before ranks pad or drop)."""
+        return int(self.sizes.sum())
+
+    @property
+    def starts(self) -> np.ndarray:
+        """First position of each piece (canonical order)."""
+        starts: np.ndarray = np.cumsum(self.sizes) - self.sizes
+        return starts
+
+    def top_positions(self, positions: np.ndarray) -> np.ndarray:
+        """Return the whole epoch's positions of ``positions`` (themselves at top level)."""
+        if self.top is None:
+            return positions
+        top: np.ndarray = self.top[positions]
+        return top
+
+    def samples(self, positions: np.ndarray) -> np.ndarray:
+        """Return the sample index at each of ``positions``."""
+        if self.parent is not None:
+            return self.parent.samples(self.top_positions(positions))
+        if self.sample_starts is None:
+            return positions
+        piece = np.searchsorted(self.starts, positions, side="right") - 1
+        samples: np.ndarray = self.sample_starts[piece] + positions - self.starts[piece]
+        return samples.astype(np.int64)
+
+    def sources_of(self, positions: np.ndarray) -> np.ndarray | None:
+        """Return the source of each of ``positions``, or None for an order of one source."""
+        if self.parent is not None:
+            return self.parent.sources_of(self.top_positions(positions))
+        if self.sources is None:
+            return None
+        piece = np.searchsorted(self.starts, positions, side="right") - 1
+        return self.sources[piece]
+
+
+@runtime_checkable
+class Order(Protocol):
+    """One kind of epoch order (see the note "Orders")."""
+
+    @property
+    def name(self) -> str:
+        """The kind of order, recorded in the sampler's state."""
+        ...
+
+    @property
+    def num_samples(self) -> int:
+        """Positions of every epoch: the epoch's length in samples."""
+        ...
+
+    def epoch(self, seed: int, epoch: int) -> EpochPieces:
+        """Return the pieces of ``epoch`` and their serving order (pure in its arguments)."""
+        ...
+
+    def arrange(self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces) -> np.ndarray:
+        """Return the serving order of sub-pieces of ``whole``'s pieces ``parents`` (a rest)."""
+        ...
+
+    def settings(self) -> dict[str, Any]:
+        """What fixes the order beyond the seed, recorded in (and checked against) a state."""
+        ...
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([k % 2**64 for k in key])
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkPermutation:
+    """Every chunk once per epoch, in a random order: ``default_rng((seed, epoch))``.
+
+    Example:
+        >>> order = ChunkPermutation(ChunkMap.regular(10, 4))
+        >>> pieces = order.epoch(seed=0, epoch=0)
+        >>> order.num_samples, sorted(pieces.order.tolist())
+        (10, [0, 1, 2])
+    """
+
+    chunk_map: ChunkMap
+    name = "permutation"
+
+    @property
+    def num_samples(self) -> int:
+        """All the pack's samples."""
+        return self.chunk_map.num_samples
+
+    def epoch(self, seed: int, epoch: int) -> EpochPieces:
+        """Return the pack's chunks, permuted."""
+        parents = np.arange(self.chunk_map.num_chunks)
+        return EpochPieces(self.chunk_map.sizes(), self.arrange(seed, epoch, parents, None))
+
+    def arrange(
+        self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
+    ) -> np.ndarray:
+        """Return a random permutation of the pieces."""
+        return _rng(seed, epoch).permutation(len(parents))
+
+    def settings(self) -> dict[str, Any]:
+        """Nothing beyond the seed."""
+        return {}
+
+
+@dataclass(frozen=True, eq=False)
+class StratifiedChunks:
+    """Every chunk once per epoch, each stratum spread evenly (``mixing.stratified_order``).
+
+    Attributes:
+        chunk_map: The pack's chunks.
+        strata: One stratum per chunk (``mixing.chunk_strata``: its dominant label).
+
+    Raises:
+        OptionsError: ``strata`` does not have one entry per chunk.
+    """
+
+    chunk_map: ChunkMap
+    strata: np.ndarray
+    name = "stratified"
+
+    def __post_init__(self) -> None:
+        if len(self.strata) != self.chunk_map.num_chunks:
+            raise OptionsError(
+                f"chunk_strata should have one entry per chunk ({self.chunk_map.num_chunks}), "
+                f"but got {len(self.strata)}"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        """All the pack's samples."""
+        return self.chunk_map.num_samples
+
+    def epoch(self, seed: int, epoch: int) -> EpochPieces:
+        """Return the pack's chunks in a stratified order."""
+        parents = np.arange(self.chunk_map.num_chunks)
+        return EpochPieces(self.chunk_map.sizes(), self.arrange(seed, epoch, parents, None))
+
+    def arrange(
+        self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
+    ) -> np.ndarray:
+        """Return a stratified order of the pieces, each taking its chunk's stratum."""
+        return stratified_order(_rng(seed, epoch), self.strata[parents])
+
+    def settings(self) -> dict[str, Any]:
+        """The strata come from the labels, so a state records only that they were used."""
+        return {}
+
+
+@dataclass(frozen=True, eq=False)
+class SequentialChunks:
+    """Every chunk once per epoch in pack order; windows are not shuffled.
+
+    Each worker then reads a contiguous range of the pack (the pack order itself with at
+    most one worker).
+    """
+
+    chunk_map: ChunkMap
+    name = "sequential"
+
+    @property
+    def num_samples(self) -> int:
+        """All the pack's samples."""
+        return self.chunk_map.num_samples
+
+    def epoch(self, seed: int, epoch: int) -> EpochPieces:
+        """Return the pack's chunks in pack order."""
+        sizes = self.chunk_map.sizes()
+        return EpochPieces(sizes, np.arange(len(sizes)), shuffle=False)
+
+    def arrange(
+        self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
+    ) -> np.ndarray:
+        """Return the pieces in pack order."""
+        return np.arange(len(parents))
+
+    def settings(self) -> dict[str, Any]:
+        """Nothing beyond the seed."""
+        return {}
+
+
+def chunk_order(
+    chunk_map: ChunkMap, *, shuffle: bool = True, chunk_strata: tuple[int, ...] | None = None
+) -> ChunkPermutation | StratifiedChunks | SequentialChunks:
+    """Return the order of one pool of chunks that ``EpochSpec``'s ``shuffle`` and strata ask."""
+    if not shuffle:
+        return SequentialChunks(chunk_map)
+    if chunk_strata is not None:
+        return StratifiedChunks(chunk_map, np.asarray(chunk_strata, dtype=np.int64))
+    return ChunkPermutation(chunk_map)
+
+
+def rest_of(order: Order, seed: int, epoch: int, delivered: np.ndarray) -> EpochPieces:
+    """Return the pieces of ``epoch``'s positions not yet ``delivered``, and their order.
+
+    The remaining positions of each piece form one sub-piece; ``order.arrange`` orders them
+    (see the note "Orders").
+
+    Args:
+        order: The order of the epoch.
+        seed: The order's seed.
+        epoch: The epoch.
+        delivered: One bool per position of the epoch.
+    """
+    whole = order.epoch(seed, epoch)
+    remaining = np.flatnonzero(~np.asarray(delivered, dtype=bool))
+    if remaining.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return EpochPieces(empty, empty, whole.shuffle, parent=whole, top=remaining)
+    ends = np.cumsum(whole.sizes)
+    parents = np.searchsorted(ends, remaining, side="right")
+    cuts = np.flatnonzero(np.diff(parents)) + 1
+    first = np.concatenate([[0], cuts]).astype(np.int64)
+    sizes = np.diff(np.concatenate([first, [remaining.size]])).astype(np.int64)
+    arranged = order.arrange(seed, epoch, parents[first], whole)
+    return EpochPieces(sizes, arranged, whole.shuffle, parent=whole, top=remaining)
