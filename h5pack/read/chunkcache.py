@@ -1,0 +1,586 @@
+"""A machine's disk cache of remote chunks, shared by every process, under a byte budget.
+
+NOTE [ One disk cache per machine ]
+
+Every worker of every rank (and a second job) that reads the same remote pack on a machine
+opens the same ``cache_dir``; a chunk is downloaded once there and read from disk by all.
+
+- **The ledger.** ``cache_dir/ledger.sqlite`` (SQLite in WAL mode: transactions across
+  processes, atomic, crash-safe) holds one row per chunk, *claimed* (a download under way,
+  its bytes already reserved against the budget) or *ready* (complete, on disk). The sum
+  of the rows' bytes never exceeds the budget, so neither do the files: a process reserves
+  before it downloads, and evicts (Belady or LRU, ``read/eviction.py``) in the same
+  transaction, or does not cache the chunk at all when nothing may go.
+- **Claims.** The first process to want a chunk claims it and downloads; another that
+  wants it meanwhile waits for the row to turn ready and then reads the file: no chunk is
+  downloaded twice at once on a machine.
+- **Atomic files.** A chunk is written to ``.<chunk>.<owner>.tmp`` and renamed to its final
+  name before its row turns ready; only ready rows are served, and a file shorter than its
+  row is dropped, never served.
+- **Dead owners.** Each process holds an ``flock`` on ``owners/<owner>.lock`` while it uses
+  the cache (the kernel drops it however the process dies, as for the conversions' temporary
+  files, ``write/leftovers.py``). A claim whose owner's lock can be taken belongs to a dead
+  process: its row, temporary file and future are removed and the chunk is claimed anew.
+- **Keys.** A pack's chunks live under a key derived from its identity (pack id, size,
+  ETag): a replaced object has another key and never serves the old bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from h5pack._types import StrPath
+from h5pack.errors import H5PackError, OptionsError
+from h5pack.read.eviction import (
+    Candidate,
+    EvictionPolicy,
+    Future,
+    choose_victims,
+    next_uses,
+    parse_policy,
+)
+
+__all__ = [
+    "DEFAULT_CACHE_DISK_FRACTION",
+    "CacheStats",
+    "ChunkCache",
+    "ChunkCacheOptions",
+    "Claim",
+    "default_cache_dir",
+    "pack_key",
+]
+
+# The default budget: this share of the free space of the cache's file system, measured
+# when the cache directory is first created and recorded there, so every process agrees.
+DEFAULT_CACHE_DISK_FRACTION = 0.5
+_READY, _CLAIMED = 1, 0
+_POLL_S = 0.005
+_OWNER_CHECK_S = 0.25
+
+
+def default_cache_dir() -> Path:
+    """Return the default cache directory: ``h5pack-chunks`` in the temporary directory."""
+    return Path(tempfile.gettempdir()) / "h5pack-chunks"
+
+
+def pack_key(pack_id: str | None, size: int, etag: str | None) -> str:
+    """Return the cache key of a pack: a digest of its id, its size and its object's ETag."""
+    text = f"{pack_id or ''}\0{size}\0{etag or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkCacheOptions:
+    """Where remote chunks are kept on this machine and how much disk they may take.
+
+    Attributes:
+        cache_dir: The directory (shared by every process of the machine that reads the
+            same packs); None: ``default_cache_dir()``.
+        cache_disk_bytes: The budget of the whole directory in bytes; None:
+            ``DEFAULT_CACHE_DISK_FRACTION`` of the free space of its file system when the
+            directory was created (recorded there).
+        eviction: ``belady`` (the chunk needed farthest in the future goes; the default)
+            or ``lru`` (the least recently used; for comparison).
+
+    Raises:
+        OptionsError: a negative budget or an unknown policy.
+    """
+
+    cache_dir: StrPath | None = None
+    cache_disk_bytes: int | None = None
+    eviction: EvictionPolicy = "belady"
+
+    def __post_init__(self) -> None:
+        if self.cache_disk_bytes is not None and self.cache_disk_bytes < 0:
+            raise OptionsError(
+                f"cache_disk_bytes should be >= 0, but got cache_disk_bytes={self.cache_disk_bytes}"
+            )
+        parse_policy(self.eviction)
+
+    @property
+    def directory(self) -> Path:
+        """Return the cache directory."""
+        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+
+
+@dataclass
+class CacheStats:
+    """What one process's cache did (counts, not times).
+
+    Attributes:
+        hits: Chunks served from the disk cache.
+        misses: Chunks this process claimed or did not cache (it downloaded them).
+        waits: Chunks another process was downloading, waited for.
+        stored_bytes: Bytes this process wrote into the cache.
+        evicted_bytes: Bytes this process evicted.
+        bypassed: Chunks not cached (nothing that may go was needed later than them).
+        recovered: Claims of dead processes removed.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    waits: int = 0
+    stored_bytes: int = 0
+    evicted_bytes: int = 0
+    bypassed: int = 0
+    recovered: int = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the cache said about one chunk.
+
+    Attributes:
+        kind: ``hit`` (``data`` holds it), ``claimed`` (download it, then ``store`` or
+            ``release``), ``busy`` (another process downloads it: ``wait``), ``bypass``
+            (download it; it will not be cached).
+        data: The chunk's bytes for a hit.
+    """
+
+    kind: Literal["hit", "claimed", "busy", "bypass"]
+    data: np.ndarray | None = field(default=None, repr=False)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    pack TEXT NOT NULL, chunk INTEGER NOT NULL, nbytes INTEGER NOT NULL,
+    state INTEGER NOT NULL, owner TEXT NOT NULL, used INTEGER NOT NULL,
+    PRIMARY KEY (pack, chunk));
+CREATE TABLE IF NOT EXISTS futures (
+    owner TEXT NOT NULL, pack TEXT NOT NULL, now REAL NOT NULL, future BLOB NOT NULL,
+    PRIMARY KEY (owner, pack));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class ChunkCache:
+    """The disk cache of remote chunks in one directory (see the NOTE above).
+
+    Opened lazily once per process (a DataLoader worker opens its own after the fork);
+    pickles as its options.
+
+    Args:
+        options: Directory, budget and eviction policy.
+    """
+
+    def __init__(self, options: ChunkCacheOptions) -> None:
+        self.options = options
+        self.directory = options.directory
+        self.stats = CacheStats()
+        self._pid = -1
+        self._db: sqlite3.Connection | None = None
+        self._owner = ""
+        self._owner_fd = -1
+        self._budget = 0
+        self._futures: dict[str, tuple[Future, float]] = {}
+        self._lock = threading.RLock()  # one connection per process, shared by its threads
+
+    # -- process state ------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._db is not None and self._pid == os.getpid():
+                return self._db
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        self._db = None
+        self.stats = CacheStats()
+        try:
+            (self.directory / "owners").mkdir(parents=True, exist_ok=True)
+            (self.directory / "chunks").mkdir(exist_ok=True)
+            self._owner = f"{os.getpid()}-{secrets.token_hex(4)}"
+            lock = self.directory / "owners" / f"{self._owner}.lock"
+            self._owner_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+            db = sqlite3.connect(
+                self.directory / "ledger.sqlite",
+                timeout=120,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            with self._lock, _transaction(db):
+                self._budget = self._read_budget(db)
+        except (OSError, sqlite3.Error) as err:
+            raise H5PackError(f"cannot use the chunk cache {self.directory}: {err}") from err
+        self._db, self._pid = db, os.getpid()
+        self.recover()
+        return db
+
+    def _read_budget(self, db: sqlite3.Connection) -> int:
+        if self.options.cache_disk_bytes is not None:
+            return self.options.cache_disk_bytes
+        row = db.execute("SELECT value FROM meta WHERE key = 'default_budget'").fetchone()
+        if row is not None:
+            return int(row[0])
+        budget = int(shutil.disk_usage(self.directory).free * DEFAULT_CACHE_DISK_FRACTION)
+        db.execute("INSERT INTO meta VALUES ('default_budget', ?)", (str(budget),))
+        return budget
+
+    @property
+    def budget_bytes(self) -> int:
+        """Return the budget this process enforces, in bytes."""
+        self._open()
+        return self._budget
+
+    def close(self) -> None:
+        """Remove this process's future and lock (its ready chunks stay)."""
+        if self._db is None or self._pid != os.getpid():
+            self._db = None
+            return
+        with self._lock, contextlib.suppress(sqlite3.Error), _transaction(self._db):
+            self._db.execute("DELETE FROM futures WHERE owner = ?", (self._owner,))
+            self._drop_claims(self._db, self._owner)
+        self._db.close()
+        self._db = None
+        with contextlib.suppress(OSError):
+            (self.directory / "owners" / f"{self._owner}.lock").unlink()
+        os.close(self._owner_fd)
+        self._owner_fd = -1
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        options = state["options"]
+        assert isinstance(options, ChunkCacheOptions)
+        self.__init__(options)  # type: ignore[misc]  # a fresh process state, lazily opened
+
+    # -- paths --------------------------------------------------------------------
+
+    def _final(self, pack: str, chunk: int) -> Path:
+        return self.directory / "chunks" / pack / f"{chunk}"
+
+    def _temp(self, pack: str, chunk: int, owner: str) -> Path:
+        return self.directory / "chunks" / pack / f".{chunk}.{owner}.tmp"
+
+    # -- the future -----------------------------------------------------------------
+
+    def set_future(self, pack: str, future: Future, *, now: float) -> None:
+        """Record when this process will use the chunks of ``pack`` (``Future``, epochs)."""
+        db = self._open()
+        self._futures[pack] = (future, now)
+        with self._lock, _transaction(db):
+            db.execute(
+                "INSERT OR REPLACE INTO futures VALUES (?, ?, ?, ?)",
+                (self._owner, pack, now, future.to_bytes()),
+            )
+
+    def _distances(self, db: sqlite3.Connection, packs: set[str]) -> dict[str, dict[int, float]]:
+        found: dict[str, dict[int, float]] = {}
+        for pack in packs:
+            rows = db.execute(
+                "SELECT owner, now, future FROM futures WHERE pack = ?", (pack,)
+            ).fetchall()
+            futures = []
+            for owner, now, blob in rows:
+                mine = self._futures.get(pack) if owner == self._owner else None
+                futures.append(mine if mine is not None else (Future.from_bytes(blob), now))
+            found[pack] = next_uses(futures)
+        return found
+
+    # -- claims ---------------------------------------------------------------------
+
+    def claim(self, pack: str, chunk: int, nbytes: int, *, now: float | None = None) -> Claim:
+        """Return the chunk if cached, else whether this process should download it.
+
+        Args:
+            pack: The pack's key (``pack_key``).
+            chunk: The chunk's index.
+            nbytes: Its stored bytes (reserved against the budget when claimed).
+            now: The time (epochs) of this use in this process's future: the new chunk's
+                next use is its first use after ``now``; also recorded as the future's now.
+        """
+        for _ in range(3):
+            kind, stored = self._claim(pack, chunk, nbytes, now)
+            if kind != "hit":
+                return Claim(kind)
+            # Read outside the transaction: a file evicted meanwhile stays readable once
+            # open; one gone before it was opened (or short) is claimed again.
+            data = self._read(pack, chunk, stored)
+            if data is not None:
+                self.stats.hits += 1
+                return Claim("hit", data)
+            with self._lock, _transaction(self._open()) as db:
+                with contextlib.suppress(FileNotFoundError):
+                    self._final(pack, chunk).unlink()  # short: never served
+                db.execute(
+                    "DELETE FROM entries WHERE pack = ? AND chunk = ? AND state = ?",
+                    (pack, chunk, _READY),
+                )
+        raise H5PackError(f"the chunk cache {self.directory} keeps losing chunk {chunk} of {pack}")
+
+    def _claim(
+        self, pack: str, chunk: int, nbytes: int, now: float | None
+    ) -> tuple[Literal["hit", "claimed", "busy", "bypass"], int]:
+        with self._lock, _transaction(self._open()) as db:
+            row = db.execute(
+                "SELECT state, owner, nbytes FROM entries WHERE pack = ? AND chunk = ?",
+                (pack, chunk),
+            ).fetchone()
+            clock = self._tick(db)
+            if row is not None and row[0] == _READY:
+                db.execute(
+                    "UPDATE entries SET used = ? WHERE pack = ? AND chunk = ?",
+                    (clock, pack, chunk),
+                )
+                return "hit", int(row[2])
+            if row is not None:
+                # Another thread of this process, or a live process, downloads it.
+                if row[1] == self._owner or self._owner_alive(row[1]):
+                    return "busy", 0
+                self._recover_owner(db, row[1])
+            if now is not None and pack in self._futures:
+                self._futures[pack] = (self._futures[pack][0], now)
+                db.execute(
+                    "UPDATE futures SET now = ? WHERE owner = ? AND pack = ?",
+                    (now, self._owner, pack),
+                )
+            self.stats.misses += 1
+            if not self._make_room(db, pack, chunk, nbytes, clock, now):
+                self.stats.bypassed += 1
+                return "bypass", 0
+            db.execute(
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                (pack, chunk, nbytes, _CLAIMED, self._owner, clock),
+            )
+            return "claimed", 0
+
+    def _tick(self, db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT value FROM meta WHERE key = 'clock'").fetchone()
+        clock = int(row[0]) + 1 if row is not None else 1
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('clock', ?)", (str(clock),))
+        return clock
+
+    def _make_room(
+        self,
+        db: sqlite3.Connection,
+        pack: str,
+        chunk: int,
+        nbytes: int,
+        clock: int,
+        now: float | None,
+    ) -> bool:
+        if nbytes > self._budget:
+            return False
+        (total,) = db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()
+        need = int(total) + nbytes - self._budget
+        if need <= 0:
+            return True
+        rows = db.execute(
+            "SELECT pack, chunk, nbytes, used FROM entries WHERE state = ?", (_READY,)
+        )
+        candidates = [Candidate(p, int(c), int(n), int(u)) for p, c, n, u in rows.fetchall()]
+        policy = self.options.eviction
+        distances: dict[str, dict[int, float]] = {}
+        new_distance = None
+        if policy == "belady":
+            distances = self._distances(db, {c.pack for c in candidates} | {pack})
+            mine = self._futures.get(pack)
+            if mine is not None:
+                # The new chunk's next use after this one: measured from this use's time.
+                at = now if now is not None else mine[1]
+                later = next_uses([(mine[0], at)]).get(chunk)
+                others = distances.get(pack, {}).get(chunk)
+                new_distance = (
+                    min(d for d in (later, others) if d is not None)
+                    if (later is not None or others is not None)
+                    else None
+                )
+            else:
+                new_distance = distances.get(pack, {}).get(chunk)
+        victims = choose_victims(
+            candidates,
+            need_bytes=need,
+            new_distance=new_distance,
+            new_used=clock,
+            distances=distances,
+            policy=policy,
+        )
+        if victims is None:
+            return False
+        for victim in victims:
+            self._forget(db, victim.pack, victim.chunk)
+            self.stats.evicted_bytes += victim.nbytes
+        return True
+
+    def _forget(self, db: sqlite3.Connection, pack: str, chunk: int) -> None:
+        # The file goes before the row is committed: a crash in between leaves a ready row
+        # without a file, which is read as a miss (never a file outside the budget).
+        with contextlib.suppress(FileNotFoundError):
+            self._final(pack, chunk).unlink()
+        db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
+
+    def store(self, pack: str, chunk: int, data: np.ndarray | bytes | memoryview) -> None:
+        """Write a claimed chunk (temporary file, rename) and mark it ready."""
+        db = self._open()
+        final = self._final(pack, chunk)
+        temp = self._temp(pack, chunk, self._owner)
+        view = (
+            memoryview(np.ascontiguousarray(data).data)
+            if isinstance(data, np.ndarray)
+            else memoryview(data)
+        ).cast("B")
+        try:
+            final.parent.mkdir(exist_ok=True)
+            with open(temp, "wb") as out:
+                out.write(view)
+            os.replace(temp, final)
+        except OSError as err:
+            self.release(pack, chunk)
+            raise H5PackError(f"cannot write into the chunk cache {self.directory}: {err}") from err
+        with self._lock, _transaction(db):
+            updated = db.execute(
+                "UPDATE entries SET state = ?, nbytes = ? WHERE pack = ? AND chunk = ? "
+                "AND owner = ? AND state = ?",
+                (_READY, len(view), pack, chunk, self._owner, _CLAIMED),
+            ).rowcount
+            if not updated:  # taken from us meanwhile (we were thought dead): not ours
+                with contextlib.suppress(FileNotFoundError):
+                    final.unlink()
+                return
+        self.stats.stored_bytes += len(view)
+
+    def release(self, pack: str, chunk: int) -> None:
+        """Give up a claim (the download failed): the chunk may be claimed again."""
+        db = self._open()
+        with self._lock, _transaction(db):
+            row = db.execute(
+                "SELECT owner, state FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk)
+            ).fetchone()
+            if row is not None and row[0] == self._owner and row[1] == _CLAIMED:
+                db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
+        with contextlib.suppress(FileNotFoundError):
+            self._temp(pack, chunk, self._owner).unlink()
+
+    def wait(self, pack: str, chunk: int, nbytes: int, *, now: float | None = None) -> Claim:
+        """Wait while another process downloads the chunk; return the next claim on it."""
+        self.stats.waits += 1
+        checked = time.monotonic()
+        while True:
+            with self._lock:
+                row = (
+                    self._open()
+                    .execute(
+                        "SELECT state, owner FROM entries WHERE pack = ? AND chunk = ?",
+                        (pack, chunk),
+                    )
+                    .fetchone()
+                )
+            if row is None or row[0] == _READY:
+                return self.claim(pack, chunk, nbytes, now=now)
+            if time.monotonic() - checked > _OWNER_CHECK_S:
+                checked = time.monotonic()
+                if not self._owner_alive(row[1]):
+                    return self.claim(pack, chunk, nbytes, now=now)
+            time.sleep(_POLL_S)
+
+    def _read(self, pack: str, chunk: int, nbytes: int) -> np.ndarray | None:
+        try:
+            with open(self._final(pack, chunk), "rb") as source:
+                data = np.empty(nbytes, dtype=np.uint8)
+                got = source.readinto(data.data)
+                if got != nbytes or source.read(1):
+                    return None
+        except FileNotFoundError:
+            return None
+        return data
+
+    # -- dead owners ------------------------------------------------------------------
+
+    def _owner_alive(self, owner: str) -> bool:
+        if owner == self._owner:
+            return True
+        path = self.directory / "owners" / f"{owner}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def _drop_claims(self, db: sqlite3.Connection, owner: str) -> int:
+        rows = db.execute(
+            "SELECT pack, chunk FROM entries WHERE owner = ? AND state = ?", (owner, _CLAIMED)
+        ).fetchall()
+        for pack, chunk in rows:
+            for path in (self._temp(pack, chunk, owner), self._final(pack, chunk)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
+        return len(rows)
+
+    def _recover_owner(self, db: sqlite3.Connection, owner: str) -> None:
+        self.stats.recovered += self._drop_claims(db, owner)
+        db.execute("DELETE FROM futures WHERE owner = ?", (owner,))
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / "owners" / f"{owner}.lock").unlink()
+
+    def recover(self) -> None:
+        """Remove the claims, temporary files and futures of processes that are gone."""
+        db = self._open()
+        with self._lock, _transaction(db):
+            owners = {
+                o
+                for (o,) in db.execute(
+                    "SELECT DISTINCT owner FROM entries WHERE state = ?", (_CLAIMED,)
+                )
+            }
+            owners |= {o for (o,) in db.execute("SELECT DISTINCT owner FROM futures")}
+            for owner in owners:
+                if not self._owner_alive(owner):
+                    self._recover_owner(db, owner)
+
+    # -- inspection -------------------------------------------------------------------
+
+    def usage_bytes(self) -> int:
+        """Return the bytes the ledger holds (ready and claimed chunks)."""
+        with self._lock:
+            db = self._open()
+            (total,) = db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()
+        return int(total)
+
+    def cached_chunks(self, pack: str) -> set[int]:
+        """Return the chunks of ``pack`` ready in the cache."""
+        with self._lock:
+            rows = (
+                self._open()
+                .execute("SELECT chunk FROM entries WHERE pack = ? AND state = ?", (pack, _READY))
+                .fetchall()
+            )
+        return {int(c) for (c,) in rows}
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Run the block in one write transaction (``BEGIN IMMEDIATE``: the writers queue)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
