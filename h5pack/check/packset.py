@@ -26,7 +26,7 @@ from h5pack.check.probe import probe_packs
 from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import DEFAULT_TOLERANCE, Problem, VerifyReport, check_pack
 from h5pack.core import format as fmt
-from h5pack.core.packset import PackSetManifest, check_shard, pack_paths
+from h5pack.core.packset import PackSetManifest, check_shard, member_problems, pack_paths
 from h5pack.errors import FormatError, H5PackError
 from h5pack.read.packset import PackSource, describe
 
@@ -127,6 +127,12 @@ def verify_packset(
     shards = [checked[n] for n in sorted(checked)]
     if shards:
         problems.extend(_set_problems(shards, manifest, by_path=source is not None))
+    if shards and len(shards) == len(paths):
+        metas = [shard.meta for shard in shards]
+        problems.extend(
+            Problem(None, "", _message(FormatError(message), os.fspath(path)), os.fspath(path))
+            for path, message in member_problems(paths, metas, manifest)
+        )
     if shards and len(shards) == len(paths) and not problems:
         try:  # whatever else the readers would refuse (they open the set this way)
             describe(packs)

@@ -40,6 +40,7 @@ from h5pack.core.format import PackMeta, load_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.packset import (
+    check_members,
     check_shard,
     is_packset,
     pack_paths,
@@ -238,7 +239,9 @@ def _describe_set(source: PackSource, locking: bool | None) -> PackView:
     name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
     metas: list[PackMeta] = []
     shards: list[ShardView] = []
-    fold = _Fold(manifest.num_samples if manifest is not None else None)
+    # the entries' sum, which check_shard holds every shard to (the total is checked after)
+    listed = sum(e.num_samples for e in manifest.shards) if manifest is not None else None
+    fold = _Fold(listed)
     for index, path in enumerate(paths):
         meta = load_meta(path, locking=locking)
         if manifest is not None:
@@ -254,6 +257,7 @@ def _describe_set(source: PackSource, locking: bool | None) -> PackView:
             )
         )
         metas.append(fold.add(meta))  # each shard's arrays live once, in the fold
+    check_members(paths, metas, manifest)
     combined = _combined_meta(name, metas, fold)
     return PackView(
         meta=combined,
