@@ -1,0 +1,446 @@
+"""Planned read-ahead: a worker fetches the chunks of its own plan before it needs them.
+
+NOTE [ Planned read-ahead ]
+
+A worker's chunk order for the epoch is known before the epoch starts (``plan_epoch``), so
+a remote source need not wait for the reader to ask: ``ReadAhead.plan`` takes the worker's
+chunks in order of use and keeps several requests in flight ahead of the reader, in
+threads (a request is I/O: it releases the GIL). The reader's ``get(chunk)`` then finds the
+bytes in memory and decompression does not wait on the network, as long as the bucket can
+keep up.
+
+- **One request per chunk**, or per run of chunks that follow each other both in the
+  plan and in the file (``merge_bytes``): with ``shuffle=False`` a worker reads a range
+  of the pack in order, in few large requests. Nothing outside the chunks is read, so the
+  bytes transferred are the chunks' stored bytes.
+- **How many in flight.** ``requests_in_flight`` fixes it; by default it follows the
+  measurements (Little's law): with requests taking ``T`` seconds for ``B`` bytes each and
+  the reader consuming ``D`` bytes per second, ``n`` requests in flight supply ``n B / T``,
+  so ``n = ceil(1.5 D T / B) + 1`` (the 1.5 absorbs jitter; the +1 covers the request being
+  consumed), between 2 and ``max_requests_in_flight``, starting at 4 before any request was
+  measured. ``T`` holds the latency and the transfer time, so both set the depth.
+- **Memory.** Fetched but unused bytes plus bytes in flight stay under ``ahead_bytes``,
+  and at most twice the depth of chunks are held ahead.
+- **Off plan.** A chunk the plan does not hold next (a resumed epoch, a reader's window
+  that dropped a chunk and wants it again) is found further on in the plan, where the
+  read-ahead jumps, or else read at once, alone; the reader is never served wrong bytes,
+  only later ones.
+- **The disk cache** (``read/chunkcache.py``): with one, every chunk is first claimed
+  there, so a chunk cached by any process of the machine is read from disk and one being
+  downloaded by another process is waited for; only the rest is requested.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from h5pack.errors import OptionsError
+from h5pack.read.chunkcache import ChunkCache
+
+__all__ = ["RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
+
+MIB = 1 << 20
+# Pending chunks this many plan positions behind a jump are dropped as skipped.
+_SLACK_POSITIONS = 64
+
+
+class RangeSource(Protocol):
+    """What the read-ahead reads from: byte ranges of one object, from several threads.
+
+    ``core.source.ByteSource`` is one (its ``read_ranges``).
+    """
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Sequence[Any]:
+        """Return the bytes of each ``[start, end)`` range (buffers), one request each."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadAheadOptions:
+    """How far and how wide a worker reads ahead of its reader.
+
+    Attributes:
+        requests_in_flight: Requests kept in flight; None: sized from the measured time
+            per request and the reader's rate (see the NOTE).
+        max_requests_in_flight: The most requests in flight when sized automatically
+            (also the number of fetching threads).
+        ahead_bytes: The most bytes fetched ahead (in flight plus fetched and unused).
+        merge_bytes: The largest request that merges chunks adjacent in the plan and in
+            the file; 0: one request per chunk.
+
+    Raises:
+        OptionsError: a count or size out of range.
+    """
+
+    requests_in_flight: int | None = None
+    max_requests_in_flight: int = 16
+    ahead_bytes: int = 128 * MIB
+    merge_bytes: int = 16 * MIB
+
+    def __post_init__(self) -> None:
+        if self.requests_in_flight is not None and self.requests_in_flight < 1:
+            raise OptionsError(
+                "requests_in_flight should be >= 1, but got "
+                f"requests_in_flight={self.requests_in_flight}"
+            )
+        if self.max_requests_in_flight < 1:
+            raise OptionsError(
+                "max_requests_in_flight should be >= 1, but got "
+                f"max_requests_in_flight={self.max_requests_in_flight}"
+            )
+        if self.ahead_bytes < 1:
+            raise OptionsError(
+                f"ahead_bytes should be >= 1, but got ahead_bytes={self.ahead_bytes}"
+            )
+        if self.merge_bytes < 0:
+            raise OptionsError(
+                f"merge_bytes should be >= 0, but got merge_bytes={self.merge_bytes}"
+            )
+
+    @property
+    def threads(self) -> int:
+        """Return the fetching threads."""
+        return max(self.requests_in_flight or 1, self.max_requests_in_flight)
+
+
+@dataclass
+class ReadAheadStats:
+    """What one process's read-ahead did, in counts and bytes.
+
+    Attributes:
+        requests: Ranged requests sent to the source.
+        fetched_bytes: Bytes those requests returned.
+        cache_hits: Chunks read from the disk cache instead.
+        served: Chunks handed to the reader.
+        waited: Chunks the reader asked for before they had arrived.
+        off_plan: Chunks read at once because the plan did not hold them.
+        most_in_flight: The most requests in flight at once.
+    """
+
+    requests: int = 0
+    fetched_bytes: int = 0
+    cache_hits: int = 0
+    served: int = 0
+    waited: int = 0
+    off_plan: int = 0
+    most_in_flight: int = 0
+
+
+class ReadAhead:
+    """Fetch a worker's planned chunks ahead of use (see the NOTE above).
+
+    Args:
+        source: The object's bytes (``read_ranges`` from several threads).
+        offsets: Byte offset of each chunk in the object.
+        sizes: Stored bytes of each chunk.
+        options: Depth, memory and merging.
+        cache: The machine's disk cache, or None.
+        pack: The pack's cache key (``chunkcache.pack_key``); needed with a cache.
+        clock: Seconds, for the measured depth (injected by tests).
+    """
+
+    def __init__(
+        self,
+        source: RangeSource,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        *,
+        options: ReadAheadOptions | None = None,
+        cache: ChunkCache | None = None,
+        pack: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if cache is not None and pack is None:
+            raise ValueError("a read-ahead with a cache needs the pack's key")
+        self.source = source
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.options = options or ReadAheadOptions()
+        self.cache = cache
+        self.pack = pack
+        self.clock = clock
+        self.stats = ReadAheadStats()
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = -1
+        self._stream = np.zeros(0, dtype=np.int64)
+        self._times: np.ndarray | None = None
+        self._positions: dict[int, list[int]] = {}
+        self._next = 0  # the next position of the plan to request
+        self._pending: dict[int, concurrent.futures.Future[np.ndarray]] = {}
+        self._pending_at: dict[int, int] = {}  # a pending chunk's position in the plan
+        self._held_bytes = 0
+        self._in_flight = 0
+        self._request_s = 0.0  # measured: seconds and bytes of the requests so far
+        self._request_bytes = 0
+        self._measured = 0
+        self._consumed_bytes = 0
+        self._busy_s = 0.0  # the reader's time between gets, not waiting
+        self._last_get: float | None = None
+
+    # -- the plan ---------------------------------------------------------------------
+
+    def plan(self, stream: Sequence[int] | np.ndarray, times: np.ndarray | None = None) -> None:
+        """Start reading ahead for the chunks ``stream``, in order of use.
+
+        Args:
+            stream: Chunk indices in the order the reader will ask for them.
+            times: The time (epochs) of each use, for the disk cache's eviction; None:
+                positions in the stream.
+        """
+        with self._lock:
+            self._drop_pending()
+            self._stream = np.asarray(stream, dtype=np.int64)
+            self._times = None if times is None else np.asarray(times, dtype=np.float64)
+            self._positions = {}
+            for position, chunk in enumerate(self._stream.tolist()):
+                self._positions.setdefault(chunk, []).append(position)
+            self._next = 0
+            self._last_get = None
+        self._fill()
+
+    def _drop_pending(self, before: int | None = None) -> None:
+        """Forget pending chunks (planned before position ``before``; None: all)."""
+        for chunk in list(self._pending):
+            if before is None or self._pending_at.get(chunk, -1) < before:
+                self._pending.pop(chunk).cancel()
+                self._pending_at.pop(chunk, None)
+                self._held_bytes -= int(self.sizes[chunk])
+
+    def depth(self) -> int:
+        """Return the requests to keep in flight now (fixed, or from the measurements)."""
+        if self.options.requests_in_flight is not None:
+            return self.options.requests_in_flight
+        top = self.options.max_requests_in_flight
+        if not self._measured or self._busy_s <= 0 or not self._consumed_bytes:
+            return min(4, top)
+        per_request_s = self._request_s / self._measured
+        per_request_bytes = self._request_bytes / self._measured
+        demand = self._consumed_bytes / self._busy_s
+        wanted = math.ceil(1.5 * demand * per_request_s / max(per_request_bytes, 1)) + 1
+        return max(2, min(top, wanted))
+
+    def _time_of(self, position: int) -> float | None:
+        if self._times is None:
+            return None
+        return float(self._times[position])
+
+    def _fill(self, *, force: bool = False) -> None:
+        """Request the next chunks of the plan while depth and memory allow.
+
+        Args:
+            force: Request the next chunk even beyond the depth (the reader waits for it).
+        """
+        with self._lock:
+            depth = self.depth()
+            while self._next < len(self._stream):
+                chunk = int(self._stream[self._next])
+                if chunk in self._pending:
+                    self._next += 1
+                    continue
+                if not force and (
+                    self._in_flight >= depth
+                    or len(self._pending) >= 2 * depth
+                    or (
+                        self._held_bytes
+                        and self._held_bytes + self.sizes[chunk] > self.options.ahead_bytes
+                    )
+                ):
+                    break
+                force = False
+                self._submit(self._run_from(self._next))
+
+    def _submit(self, run: list[int]) -> None:
+        first = self._next
+        self._next = first + len(run)
+        futures: list[concurrent.futures.Future[np.ndarray]] = []
+        for at, piece in enumerate(run, first):
+            future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+            self._pending[piece] = future
+            self._pending_at[piece] = at
+            self._held_bytes += int(self.sizes[piece])
+            futures.append(future)
+        self._in_flight += 1
+        self.stats.most_in_flight = max(self.stats.most_in_flight, self._in_flight)
+        self._executor().submit(self._fetch_task, run, futures, self._time_of(first))
+
+    def _run_from(self, first: int) -> list[int]:
+        """Return the chunks from plan position ``first`` that one request may merge."""
+        run = [int(self._stream[first])]
+        total = int(self.sizes[run[0]])
+        position = first + 1
+        while position < len(self._stream):
+            chunk = int(self._stream[position])
+            previous = run[-1]
+            adjacent = self.offsets[chunk] == self.offsets[previous] + self.sizes[previous]
+            total += int(self.sizes[chunk])
+            if (
+                not adjacent
+                or chunk in self._pending
+                or total > self.options.merge_bytes
+                or self._held_bytes + total > self.options.ahead_bytes
+            ):
+                break
+            run.append(chunk)
+            position += 1
+        return run
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None or self._pid != os.getpid():
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.options.threads, thread_name_prefix="h5pack-readahead"
+            )
+            self._pid = os.getpid()
+        return self._pool
+
+    # -- fetching -----------------------------------------------------------------------
+
+    def _fetch_task(
+        self,
+        run: list[int],
+        futures: list[concurrent.futures.Future[np.ndarray]],
+        now: float | None,
+    ) -> None:
+        try:
+            results = self._fetch(run, now)
+        except BaseException as err:
+            for future in futures:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(err)  # a cancelled one was dropped: nobody waits
+        else:
+            for future, data in zip(futures, results, strict=True):
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_result(data)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        self._fill()
+
+    def _fetch(self, run: list[int], now: float | None) -> list[np.ndarray]:
+        """Return the bytes of the chunks ``run`` (adjacent in the file), cache first."""
+        found: dict[int, np.ndarray] = {}
+        claimed: set[int] = set()
+        if self.cache is not None:
+            assert self.pack is not None
+            for chunk in run:
+                nbytes = int(self.sizes[chunk])
+                claim = self.cache.claim(self.pack, chunk, nbytes, now=now)
+                while claim.kind == "busy":
+                    claim = self.cache.wait(self.pack, chunk, nbytes, now=now)
+                if claim.kind == "hit":
+                    assert claim.data is not None
+                    found[chunk] = claim.data
+                    with self._lock:
+                        self.stats.cache_hits += 1
+                elif claim.kind == "claimed":
+                    claimed.add(chunk)
+        try:
+            # The chunks left form runs that stay adjacent in the file: one request each.
+            wanted = [c for c in run if c not in found]
+            start = 0
+            for stop in range(1, len(wanted) + 1):
+                if stop == len(wanted) or self.offsets[wanted[stop]] != (
+                    self.offsets[wanted[stop - 1]] + self.sizes[wanted[stop - 1]]
+                ):
+                    found.update(self._request(wanted[start:stop]))
+                    start = stop
+        except BaseException:
+            if self.cache is not None:
+                assert self.pack is not None
+                for chunk in claimed:
+                    self.cache.release(self.pack, chunk)
+            raise
+        if self.cache is not None:
+            assert self.pack is not None
+            for chunk in claimed:
+                self.cache.store(self.pack, chunk, found[chunk])
+        return [found[c] for c in run]
+
+    def _request(self, chunks: list[int]) -> dict[int, np.ndarray]:
+        begin = int(self.offsets[chunks[0]])
+        size = int(self.offsets[chunks[-1]] + self.sizes[chunks[-1]]) - begin
+        started = self.clock()
+        (got,) = self.source.read_ranges([(begin, begin + size)])
+        data = np.frombuffer(got, dtype=np.uint8)
+        elapsed = self.clock() - started
+        if data.size != size:
+            raise OSError(f"a ranged read of {size} bytes at {begin} returned {data.size} bytes")
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.fetched_bytes += size
+            self._request_s += elapsed
+            self._request_bytes += size
+            self._measured += 1
+        parts = {}
+        for chunk in chunks:
+            low = int(self.offsets[chunk]) - begin
+            parts[chunk] = data[low : low + int(self.sizes[chunk])]
+        return parts
+
+    # -- serving ------------------------------------------------------------------------
+
+    def get(self, chunk: int) -> np.ndarray:
+        """Return the stored bytes of ``chunk`` (read-only), waiting for them if needed."""
+        now = self.clock()
+        with self._lock:
+            if self._last_get is not None:
+                self._busy_s += now - self._last_get
+            future = self._pending.get(chunk)
+            if future is None:
+                position = self._position_ahead(chunk)
+                if position is not None:  # further on in the plan: jump there
+                    # Chunks just before it may still come (a batch's chunks are read by
+                    # several threads); those far behind were skipped.
+                    self._drop_pending(before=position - _SLACK_POSITIONS)
+                    self._next = position
+        if future is None:
+            self._fill(force=True)
+            with self._lock:
+                future = self._pending.get(chunk)
+        if future is None:
+            with self._lock:
+                self.stats.off_plan += 1
+            data = self._fetch([chunk], None)[0]
+        else:
+            if not future.done():
+                with self._lock:
+                    self.stats.waited += 1
+            data = future.result()
+            with self._lock:
+                if self._pending.get(chunk) is future:
+                    del self._pending[chunk]
+                    self._pending_at.pop(chunk, None)
+                    self._held_bytes -= int(self.sizes[chunk])
+        with self._lock:
+            self.stats.served += 1
+            self._consumed_bytes += int(self.sizes[chunk])
+            self._last_get = self.clock()
+        self._fill()
+        return data
+
+    def _position_ahead(self, chunk: int) -> int | None:
+        for position in self._positions.get(chunk, ()):
+            if position >= self._next:
+                return position
+        return None
+
+    def close(self) -> None:
+        """Stop reading ahead (requests under way finish in their threads)."""
+        with self._lock:
+            self._drop_pending()
+            self._next = len(self._stream)
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a ReadAhead belongs to one process: build one in each worker")
