@@ -37,3 +37,7 @@ class PackNotFoundError(FormatError, FileNotFoundError):
 
 class CacheClosedError(H5PackError, ValueError):
     """A decoded cache was closed in this process, or its owner closed it or exited."""
+
+
+class RemoteError(H5PackError, OSError):
+    """A remote object cannot be read: missing, denied, or the network failed after retries."""

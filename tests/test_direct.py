@@ -182,7 +182,7 @@ def test_contiguous_offset_reads_the_exact_bytes(tmp_path):
         one = int(np.prod(SHAPE))
         assert reader.read_scratch(one, offset + 3 * one).tobytes() == data[3].tobytes()
         clone = pickle.loads(pickle.dumps(reader))  # a copy holds no descriptor
-        assert clone._fd is None
+        assert clone.source._fd is None
     finally:
         reader.close()
 
@@ -216,4 +216,4 @@ def test_direct_file_refuses_a_path_that_names_another_file(tmp_path):
     with pytest.raises(FormatError, match=r"f\.bin was replaced"):
         direct.read_into(buffer, 0)
     clone = pickle.loads(pickle.dumps(direct))
-    assert clone.identity == (stat.st_dev, stat.st_ino)
+    assert clone.source.inode == (stat.st_dev, stat.st_ino)

@@ -1,11 +1,10 @@
-"""Direct chunk reads: a chunk's bytes via ``os.preadv``, decompressed outside HDF5."""
+"""Direct chunk reads: a chunk's bytes from its byte source, decompressed outside HDF5."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import importlib
-import os
 import struct
 import threading
 import zlib
@@ -18,7 +17,7 @@ import h5py
 import numpy as np
 
 from h5pack.core.layout import FILTER_BLOSC, FILTER_DEFLATE, FILTER_LZ4, FILTER_SHUFFLE, FILTER_ZSTD
-from h5pack.errors import FormatError
+from h5pack.core.source import ByteSource, LocalSource
 
 # NOTE [ Direct chunk path ]
 #
@@ -268,50 +267,35 @@ def contiguous_offset(dataset: h5py.Dataset) -> int | None:
 
 
 class DirectFile:
-    """A read-only file descriptor for ``os.preadv``, opened lazily once per process.
+    """The direct chunk path's reads of a pack, through its byte source.
 
-    ``preadv`` carries its own offset, so threads share the descriptor safely; after a fork
-    the child opens its own. With an ``identity`` (``(st_dev, st_ino)`` of the file HDF5
-    opened), a descriptor that names another file (the path was replaced meanwhile) is
-    refused: the direct path never reads bytes of a file other than the metadata's.
+    The source (NOTE [ Byte sources ]) is the local file by default (``os.preadv`` on a
+    descriptor opened lazily once per process, refused when ``identity``, the
+    ``(st_dev, st_ino)`` of the file HDF5 opened, names another file), or a remote one.
     """
 
-    def __init__(self, path: str, *, identity: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        identity: tuple[int, int] | None = None,
+        source: ByteSource | None = None,
+    ) -> None:
         self.path = path
-        self.identity = identity
-        self._fd: int | None = None
-        self._pid = -1
+        self.source = source if source is not None else LocalSource(path, inode=identity)
 
-    def fd(self) -> int:
-        """Return this process's descriptor.
+    def pin(self) -> None:
+        """Open the local descriptor now (a descriptor opened later could name a replacing file).
 
         Raises:
             FormatError: the path now names another file than ``identity``.
         """
-        if self._fd is None or self._pid != os.getpid():
-            fd = os.open(self.path, os.O_RDONLY)
-            if self.identity is not None:
-                stat = os.fstat(fd)
-                if (stat.st_dev, stat.st_ino) != self.identity:
-                    os.close(fd)
-                    raise FormatError(
-                        f"{self.path} was replaced since the dataset was created (file "
-                        f"{self.identity[0]}:{self.identity[1]} then, {stat.st_dev}:"
-                        f"{stat.st_ino} now); rebuild the loader"
-                    )
-            self._fd = fd
-            self._pid = os.getpid()
-        return self._fd
+        if isinstance(self.source, LocalSource):
+            self.source.fd()
 
     def read_into(self, buffer: np.ndarray, offset: int) -> None:
         """Fill the contiguous uint8 ``buffer`` from ``offset``."""
-        view = buffer.data.cast("B")
-        done = 0
-        while done < len(view):
-            got = os.preadv(self.fd(), [view[done:]], offset + done)
-            if got <= 0:
-                raise OSError(f"{self.path}: short read at byte {offset + done}")
-            done += got
+        self.source.read_into(buffer, offset)
 
     def read_scratch(self, size: int, offset: int) -> np.ndarray:
         """Return ``size`` bytes at ``offset`` in this thread's reusable buffer.
@@ -329,10 +313,5 @@ class DirectFile:
         return view
 
     def close(self) -> None:
-        """Close the descriptor (if this process opened it)."""
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "identity": self.identity, "_fd": None, "_pid": -1}
+        """Release what the source holds in this process."""
+        self.source.close()

