@@ -1,0 +1,212 @@
+"""A remote pack's byte source with the worker's plan: read-ahead and the disk cache.
+
+``PlannedSource`` wraps a source's ``read_ranges`` (``core.source``, NOTE [ Byte sources ]):
+a range that is exactly one of the pack's chunks is served by the ``ReadAhead`` (NOTE
+[ Planned read-ahead ]) and the machine's ``ChunkCache`` (NOTE [ One disk cache per
+machine ]); any other range (metadata, a contiguous run) goes to the source as before.
+A reader learns which chunks come next from a ``ReadPlan``, which the training side builds
+from the sampler's plan (``training.readplan``), in sample indices so that a reader of a
+pack set can split it by shard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from h5pack.core.format import PackMeta
+from h5pack.core.layout import ChunkMap
+from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
+from h5pack.read.eviction import Future
+from h5pack.read.readahead import RangeSource, ReadAhead, ReadAheadOptions
+
+__all__ = ["PlannedSource", "ReadPlan", "chunk_stream", "chunk_uses", "group_chunks"]
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """Which samples one process reads next, and when its rank uses which.
+
+    Attributes:
+        samples: This process's samples in the order it will read them.
+        times: The time of each, in epochs (epoch + the share of its batches before it).
+        future_samples: Every sample its rank reads in this epoch and the next (for the
+            disk cache's eviction: another worker's chunks of the next epoch count too).
+        future_times: Their times, in epochs.
+    """
+
+    samples: np.ndarray
+    times: np.ndarray
+    future_samples: np.ndarray
+    future_times: np.ndarray
+
+    def restricted(self, low: int, high: int) -> ReadPlan:
+        """Return the plan of the samples ``low .. high - 1``, renumbered from 0."""
+        mine = (self.samples >= low) & (self.samples < high)
+        later = (self.future_samples >= low) & (self.future_samples < high)
+        return ReadPlan(
+            self.samples[mine] - low,
+            self.times[mine],
+            self.future_samples[later] - low,
+            self.future_times[later],
+        )
+
+
+def chunk_stream(chunks: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the chunks of a sequence of uses in order of first use, with those times.
+
+    A chunk used again later (another epoch) appears again once its earlier uses ended:
+    runs of equal times (an epoch) are taken one at a time by their integer part.
+    """
+    chunks = np.asarray(chunks, dtype=np.int64)
+    times = np.asarray(times, dtype=np.float64)
+    if not len(chunks):
+        return chunks, times
+    epochs = np.floor(times).astype(np.int64)
+    keys = epochs * (int(chunks.max()) + 1) + chunks
+    _, first = np.unique(keys, return_index=True)
+    first.sort()
+    return chunks[first], times[first]
+
+
+def group_chunks(
+    chunk_map: ChunkMap, meta: PackMeta, chunk_nbytes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return each sample group's first HDF5 chunk and its number of chunks.
+
+    A chunked array's group is its chunk; an aligned blob's group spans the chunks from
+    its first slot to the end of its last sample (NOTE [ Aligned blobs ]).
+    """
+    groups = chunk_map.num_chunks
+    if meta.storage == "array":
+        return np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64)
+    assert meta.offsets is not None  # blob storage, see read_meta
+    assert meta.sizes is not None
+    lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
+    begin = np.asarray(meta.offsets, dtype=np.int64)[lo]
+    end = np.asarray(meta.offsets, dtype=np.int64)[hi - 1] + np.asarray(meta.sizes)[hi - 1]
+    first = begin // chunk_nbytes
+    last = np.maximum(end - 1, begin) // chunk_nbytes
+    return first, last - first + 1
+
+
+def chunk_uses(
+    samples: np.ndarray,
+    times: np.ndarray,
+    chunk_map: ChunkMap,
+    first: np.ndarray,
+    count: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the HDF5 chunks that reading ``samples`` at ``times`` uses, first uses only.
+
+    Args:
+        samples: Sample indices in order of use.
+        times: Their times (epochs).
+        chunk_map: The pack's sample groups.
+        first: First chunk of each group (``group_chunks``).
+        count: Chunks of each group.
+    """
+    groups, group_times = chunk_stream(chunk_map.chunks_of(np.asarray(samples)), times)
+    spans = count[groups]
+    chunks = np.repeat(first[groups] - np.cumsum(spans) + spans, spans) + np.arange(
+        int(spans.sum())
+    )
+    return chunk_stream(chunks, np.repeat(group_times, spans))
+
+
+class PlannedSource:
+    """A source whose chunk reads go through a read-ahead and the machine's disk cache.
+
+    Args:
+        source: The object (``read_ranges``, thread-safe).
+        offsets: Byte offset of each chunk (the pack's chunk table).
+        sizes: Stored bytes of each chunk.
+        pack: The pack's cache key (``chunkcache.pack_key`` of its id, size and ETag).
+        read_ahead: Depth, memory, merging of the read-ahead.
+        cache: Directory, budget and eviction of the disk cache; None: no disk cache.
+    """
+
+    def __init__(
+        self,
+        source: RangeSource,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        *,
+        pack: str,
+        read_ahead: ReadAheadOptions | None = None,
+        cache: ChunkCacheOptions | None = None,
+    ) -> None:
+        self.source = source
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.pack = pack
+        self.read_ahead_options = read_ahead or ReadAheadOptions()
+        self.cache_options = cache
+        self._by_offset = {int(o): c for c, o in enumerate(self.offsets.tolist()) if o >= 0}
+        self._ahead: ReadAhead | None = None
+        self._cache: ChunkCache | None = None
+        self._pid = -1
+
+    def ahead(self) -> ReadAhead:
+        """Return this process's read-ahead (made on first use after a fork)."""
+        if self._ahead is None or self._pid != os.getpid():
+            self._cache = ChunkCache(self.cache_options) if self.cache_options else None
+            self._ahead = ReadAhead(
+                self.source,
+                self.offsets,
+                self.sizes,
+                options=self.read_ahead_options,
+                cache=self._cache,
+                pack=self.pack,
+            )
+            self._pid = os.getpid()
+        return self._ahead
+
+    @property
+    def cache(self) -> ChunkCache | None:
+        """This process's disk cache, if any."""
+        self.ahead()
+        return self._cache
+
+    def plan(self, chunks: np.ndarray, times: np.ndarray, future: Future | None) -> None:
+        """Read the chunks ``chunks`` ahead, in this order; tell the cache the rank's future.
+
+        Args:
+            chunks: Chunk indices in order of first use by this process.
+            times: The time of each use (epochs).
+            future: Every use of this pack's chunks by the rank (this epoch and the next).
+        """
+        ahead = self.ahead()
+        if self._cache is not None and future is not None:
+            now = float(times[0]) if len(times) else 0.0
+            self._cache.set_future(self.pack, future, now=now)
+        ahead.plan(chunks, times)
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+        """Return each ``[start, end)`` range; whole chunks through the read-ahead."""
+        found: list[Any] = []
+        for start, end in ranges:
+            chunk = self._by_offset.get(int(start))
+            if chunk is not None and int(self.sizes[chunk]) == end - start:
+                found.append(self.ahead().get(chunk).data)
+            else:
+                found.extend(self.source.read_ranges([(start, end)]))
+        return found
+
+    def close(self) -> None:
+        """Stop reading ahead and leave the disk cache (its chunks stay)."""
+        if self._ahead is not None and self._pid == os.getpid():
+            self._ahead.close()
+            if self._cache is not None:
+                self._cache.close()
+        self._ahead = None
+        self._cache = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_ahead=None, _cache=None, _pid=-1)
+        return state
