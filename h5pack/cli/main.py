@@ -72,6 +72,10 @@ LAZY_COMMANDS: dict[str, str] = {
 }
 
 
+# Ctrl-C: 128 + SIGINT, the shell's convention (SIGTERM gives 143, publish.terminate_cleanly).
+EXIT_INTERRUPTED = 130
+
+
 class H5PackGroup(click.Group):
     """The command group; maps h5pack's errors to messages and exit codes, in one place.
 
@@ -112,6 +116,9 @@ class H5PackGroup(click.Group):
         except H5PackError as err:
             click.echo(f"Error: {err}", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:  # click would say "Aborted!" and exit 1
+            click.echo("Interrupted.", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
 
 @click.group(cls=H5PackGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -352,6 +353,26 @@ def _plain(err: OSError) -> str:
     return text
 
 
+# A conversion's hidden temporary file (write.publish.temp_path): ".NAME.PID[TAG].tmp".
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)[^.]*\.tmp$")
+
+
+def _locked_message(path: Path) -> str:
+    """Say what a user can do about a file that a writer holds, on the CLI and in Python."""
+    temp = _TEMP_NAME.match(path.name)
+    if temp is not None:
+        return (
+            f"{path} is the hidden temporary file of a conversion still running (process "
+            f"{temp['pid']}): the pack appears as {path.parent / temp['name']} when it is "
+            "complete; read that"
+        )
+    return (
+        f"{path} is locked by a process writing it: wait for it to finish, or read anyway "
+        "with file locking off (HDF5_USE_FILE_LOCKING=FALSE in the environment of the "
+        "command, or locking=False in Python)"
+    )
+
+
 def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5py.File:
     """Open ``path`` read-only with h5pack's plugins registered; clear errors for bad paths.
 
@@ -372,15 +393,16 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
         raise PackNotFoundError(f"{text}: no such pack")
     if Path(text).is_dir():
         raise FormatError(f"{text} is a directory, not a pack")
+    if not Path(text).is_file():  # HDF5 would wait forever on a FIFO nobody writes
+        raise FormatError(
+            f"{text} is not a regular file (a FIFO, a socket or a device): a pack is a file"
+        )
     if locking is not None:
         kwargs["locking"] = locking
     try:
         return h5py.File(text, "r", **kwargs)
     except BlockingIOError as err:
-        raise FormatError(
-            f"{text} is locked by a process writing it; wait for it, or pass locking=False "
-            "to read anyway"
-        ) from err
+        raise FormatError(_locked_message(Path(text))) from err
     except (OSError, RuntimeError, ValueError, KeyError) as err:
         if isinstance(err, OSError) and "file signature not found" in str(err):
             raise FormatError(f"{text} is not a readable HDF5 file ({err})") from err

@@ -45,6 +45,7 @@ list and the conversion options are the ones it would write (``ShardIdentity``).
 from __future__ import annotations
 
 import json
+import mimetypes
 import os
 import secrets
 import zlib
@@ -312,6 +313,26 @@ def pack_paths(
     return paths, None
 
 
+def holds_images(folder: Path, *, limit: int = 1000) -> bool:
+    """Return whether ``folder`` (or a subfolder) holds an image file, looking at ``limit`` names.
+
+    Tells the commonest mix-up, an image folder given where a pack is read, from a pack
+    set whose manifest is missing. By name (``mimetypes``): no file is opened.
+    """
+    seen = 0
+    for _, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        for name in files:
+            kind, _ = mimetypes.guess_type(name)
+            if kind is not None and kind.startswith("image/") and not name.startswith("."):
+                return True
+            seen += 1
+        seen += len(folders)
+        if seen >= limit:
+            return False
+    return False
+
+
 def load_manifest(source: StrPath) -> PackSetManifest:
     """Read and validate the manifest of the pack set at ``source`` (directory or manifest).
 
@@ -322,6 +343,11 @@ def load_manifest(source: StrPath) -> PackSetManifest:
     """
     path = _manifest_file(Path(source))
     if not path.is_file():
+        if Path(source).is_dir() and holds_images(Path(source)):
+            raise PackNotFoundError(
+                f"{source} holds images, not a pack: convert it first (h5pack convert "
+                f"{source} out.h5), then read out.h5"
+            )
         where = f"{path.parent} has no {MANIFEST_NAME}" if Path(source).is_dir() else f"{path}"
         raise PackNotFoundError(
             f"{where}: no pack set manifest (a conversion with --shards writes it last; "

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -15,7 +17,7 @@ from torch.utils.data import DataLoader, default_collate
 from h5pack.core.decode import Backend
 from h5pack.core.format import PackMeta
 from h5pack.core.machine import available_cores
-from h5pack.errors import OptionsError
+from h5pack.errors import H5PackError, OptionsError
 from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
@@ -198,6 +200,37 @@ def auto_workers(
     return num_workers, cores if num_workers == 0 else 0
 
 
+# torch re-raises a worker's exception as ``type(err)(text)``, where text is "Caught X in
+# DataLoader worker process N." and the worker's whole traceback, with h5pack's message
+# last. An h5pack error is the user's news (damage, a replaced pack): it is raised again
+# with its own message, first and whole, and where it happened as a note.
+_WORKER_CAUGHT = re.compile(r"\ACaught \w+ in (?P<where>DataLoader worker process \d+)\.")
+
+
+@contextmanager
+def worker_errors_unwrapped() -> Iterator[None]:
+    """Re-raise an ``H5PackError`` that torch wrapped in a worker's traceback as the original.
+
+    Raises:
+        H5PackError: the worker's, of its own class, with its own message.
+    """
+    try:
+        yield
+    except H5PackError as err:
+        text = str(err)
+        caught = _WORKER_CAUGHT.match(text)
+        marker = f"{type(err).__module__}.{type(err).__qualname__}: "
+        if caught is None or marker not in text:
+            raise
+        original = text[text.rindex(marker) + len(marker) :].strip()
+        unwrapped = type(err)(original)
+        if hasattr(unwrapped, "add_note"):  # Python 3.11+
+            unwrapped.add_note(
+                f"(raised in {caught['where']}; num_workers=0 raises it where it happens)"
+            )
+        raise unwrapped from None
+
+
 class H5Loader(DataLoader[Any]):
     """A DataLoader whose ``set_epoch`` reaches its sampler, and that can resume mid-epoch.
 
@@ -233,9 +266,10 @@ class H5Loader(DataLoader[Any]):
             # random crops and flips follow the sampler's epoch, also after load_state_dict
             self.dataset.set_epoch(sampler.epoch)
         self._delivered = start
-        for batch in super().__iter__():
-            self._delivered += 1
-            yield batch
+        with worker_errors_unwrapped():
+            for batch in super().__iter__():
+                self._delivered += 1
+                yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """Return the sampler's state with the batches delivered so far this epoch."""

@@ -180,6 +180,16 @@ def scan_source(
             total=len(found.files),
         )
     )
+    if found.unlisted:
+        total = len(found.files) + len(found.unlisted)
+        emit(
+            ConvertEvent(
+                "skipped",
+                f"the labels CSV {options.labels_csv} lists {len(found.files)} of the {total} "
+                f"images under {found.root}: {len(found.unlisted)} left out "
+                f"({name_paths(found.unlisted)}); only listed images are packed",
+            )
+        )
     skipped: list[SkippedFile] = []
     # One warning per kind of scan problem (a hundred stray files make one line), every
     # file recorded.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from h5pack.core.decode import BACKENDS, RESIZE_METHODS, Backend, ResizeMethod
@@ -84,7 +85,8 @@ class ConvertOptions:
         mode: ``"raw"`` stores decoded pixels, ``"encoded"`` the image files' bytes,
             ``"auto"`` raw when every image has one size (or ``size`` is given), encoded
             otherwise.
-        size: ``(H, W)`` to resize every image to (raw mode only); ``None`` keeps sizes.
+        size: ``(H, W)`` to resize every image to (raw mode only), or an int N for N x N
+            (kept as ``(N, N)``); ``None`` keeps sizes.
         resize: How to reach ``size``: ``"stretch"``, ``"crop"`` (center crop after a
             scale that covers) or ``"pad"`` (letterbox after a scale that fits).
         channels: 3 for RGB, 1 for grayscale.
@@ -111,7 +113,7 @@ class ConvertOptions:
     """
 
     mode: ModeChoice = "auto"
-    size: tuple[int, int] | None = None
+    size: tuple[int, int] | None = None  # an int N is taken as (N, N)
     resize: ResizeMethod = "stretch"
     channels: int = 3
     backend: Backend = "pillow"
@@ -144,7 +146,9 @@ class ConvertOptions:
         self._check_combinations()
 
     def _normalise(self) -> None:
-        if self.size is not None:
+        if isinstance(self.size, int) and not isinstance(self.size, bool):
+            object.__setattr__(self, "size", (self.size, self.size))  # a square, as make_loader
+        elif isinstance(self.size, Iterable) and not isinstance(self.size, str):
             object.__setattr__(self, "size", tuple(self.size))
         if self.chunk_shape is not None:
             object.__setattr__(self, "chunk_shape", tuple(self.chunk_shape))
@@ -153,7 +157,9 @@ class ConvertOptions:
 
     def _check_sizes(self) -> None:
         if self.size is not None and (
-            len(self.size) != 2 or not all(isinstance(s, int) and s > 0 for s in self.size)
+            not isinstance(self.size, tuple)
+            or len(self.size) != 2
+            or not all(isinstance(s, int) and s > 0 for s in self.size)
         ):
             raise OptionsError(
                 f"{option_name('size')} should be two positive integers (height, width), "

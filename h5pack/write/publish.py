@@ -36,9 +36,11 @@ def check_target(target: StrPath, *, overwrite: bool) -> Path:
         OptionsError: the target is a directory, or its directory does not exist.
     """
     path = Path(target)
-    if path.is_dir():
+    # "out/" names a directory whether or not it exists yet (Path drops the slash)
+    if path.is_dir() or os.fspath(target).endswith(("/", os.sep)):
+        what = "is a directory" if path.is_dir() else "names a directory (the trailing slash)"
         raise OptionsError(
-            f"{path} is a directory; give the pack's file name, e.g. {path}/out.h5 (to write a "
+            f"{path} {what}; give the pack's file name, e.g. {path}/out.h5 (to write a "
             "pack set of shards into a directory, convert with --shards N)"
         )
     if not path.parent.is_dir():

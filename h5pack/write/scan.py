@@ -108,12 +108,16 @@ class ScanResult:
         problems: Entries that could not be scanned (dangling symlinks, symlink loops,
             unreadable folders, special files named like images, images outside any class
             folder), sorted by path. Reported, not fatal.
+        unlisted: With a labels CSV, the images under the root that it does not list
+            (sorted): not samples, and not problems either (a CSV may pick a split), but
+            a user should hear how many were left out.
     """
 
     root: Path
     files: tuple[SourceFile, ...]
     classes: tuple[str, ...]
     problems: tuple[SkippedFile, ...] = ()
+    unlisted: tuple[str, ...] = ()
 
     @property
     def labelled(self) -> bool:
@@ -426,7 +430,10 @@ def _scan_csv(root: Path, csv_path: Path) -> ScanResult:
         for (_, relative, _), label in zip(rows, labels, strict=True)
     ]
     files.sort(key=lambda f: path_sort_key(f.relative))
-    return ScanResult(root=root, files=tuple(files), classes=classes, problems=())
+    listed = {f.relative for f in files}
+    found, _ = _walk(root)
+    unlisted = tuple(sorted((rel for rel, _ in found if rel not in listed), key=path_sort_key))
+    return ScanResult(root=root, files=tuple(files), classes=classes, unlisted=unlisted)
 
 
 def _check_listed_file(root: Path, path_text: str, where: str) -> str:
