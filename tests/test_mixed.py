@@ -264,3 +264,45 @@ def test_shares_hold_under_torch_distributed(packs, tmp_path) -> None:
     assert len(paths) == num + padding
     from_c = sum(p.startswith("c_") for p in paths)
     assert abs(from_c - shares([3, 1], num)[1]) <= padding
+
+
+# -- the CLI and the docstrings ------------------------------------------------------------
+
+
+def test_info_and_bench_show_a_mix(packs) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    runner = CliRunner()
+    sources = [str(packs["a"]), str(packs["c"])]
+    result = runner.invoke(cli, ["info", *sources, "--weights", "1,3", "--epoch-samples", "100"])
+    assert result.exit_code == 0, result.output
+    assert "classes joined by name: cat, dog" in result.output
+    rows = [line.split() for line in result.output.splitlines()[2:]]
+    assert [row[3] for row in rows] == ["25", "75"]  # per epoch
+    assert rows[1][5] == "2.50"  # c: 75 of 30 samples, 2.5 passes
+    data = json.loads(runner.invoke(cli, ["info", *sources, "--weights", "1,3", "--json"]).output)
+    assert [s["per_epoch"] for s in data["sources"]] == [32, 94]
+    bad = runner.invoke(cli, ["info", *sources, "--weights", "1"])
+    assert bad.exit_code == 2
+    assert "one weight per source" in bad.output
+    flags = ["--batch-size", "8", "--repeats", "1", "--warmup", "0", "--time-budget", "0.1"]
+    bench = runner.invoke(
+        cli, ["bench", *sources, "--weights", "3,1", *flags, "--workers", "0", "-q", "--json"]
+    )
+    assert bench.exit_code == 0, bench.output
+    measured = json.loads(bench.output)
+    assert sum(measured["served_last_epoch"].values()) == SIZES["a"] + SIZES["c"]
+    assert measured["loads_per_sample"] is not None
+
+
+def test_the_docstring_examples_of_the_mix() -> None:
+    import doctest
+
+    from h5pack.core.layout import ChunkMap
+    from h5pack.read import mixture
+    from h5pack.training import orders, weighted
+
+    for module in (orders, weighted, mixture):
+        assert doctest.testmod(module, extraglobs={"ChunkMap": ChunkMap}).failed == 0

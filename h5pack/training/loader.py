@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -328,7 +328,7 @@ class H5Loader(DataLoader[Any]):
 
 
 def make_loader(
-    path_or_dataset: PackSource | H5ImageDataset,
+    path_or_dataset: PackSource | Sequence[PackSource] | H5ImageDataset,
     batch_size: int,
     *,
     shuffle: bool = True,
@@ -517,7 +517,8 @@ def make_loader(
                 )
             dataset = mixed
         else:
-            dataset = H5ImageDataset(path_or_dataset, **common)
+            # without weights a list is one pool of packs (a list of lists is refused there)
+            dataset = H5ImageDataset(cast(PackSource, path_or_dataset), **common)
             dataset.cache = _decoded_cache(
                 dataset.meta, cache, cache_bytes, cache_max_side, crop_spec
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -277,3 +277,56 @@ class WeightedMix:
             "stratify": self.stratify,
             "sizes": self.sizes.tolist(),
         }
+
+
+@dataclass(frozen=True)
+class SourceShare:
+    """What one epoch of a mix takes of one source (``h5pack info`` and ``bench`` show it).
+
+    Attributes:
+        name: The source.
+        samples: Its samples.
+        per_epoch: Its samples in every epoch.
+        share: ``per_epoch`` over the epoch's samples.
+        passes: ``per_epoch`` over ``samples``: passes over the source per epoch.
+        coverage: The part of the source one epoch serves (1 when it repeats).
+        epochs_to_cover: Successive epochs that serve every sample of it.
+    """
+
+    name: str
+    samples: int
+    per_epoch: int
+    share: float
+    passes: float
+    coverage: float
+    epochs_to_cover: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as JSON-ready values."""
+        return asdict(self)
+
+
+def source_shares(mix: WeightedMix, names: Sequence[str]) -> list[SourceShare]:
+    """Return what each epoch of ``mix`` takes of each source.
+
+    Example:
+        >>> mix = WeightedMix((ChunkMap.regular(900, 9), ChunkMap.regular(30, 3)), (3.0, 1.0))
+        >>> [(s.per_epoch, round(s.passes, 2), s.epochs_to_cover) for s in
+        ...  source_shares(mix, ["a", "b"])]
+        [(698, 0.78, 2), (232, 7.73, 1)]
+    """
+    out = []
+    total = mix.num_samples
+    for name, size, where in zip(names, mix.sizes.tolist(), mix.positions(0), strict=True):
+        out.append(
+            SourceShare(
+                name=name,
+                samples=int(size),
+                per_epoch=where.samples,
+                share=where.samples / total,
+                passes=where.samples / size,
+                coverage=min(1.0, where.samples / size),
+                epochs_to_cover=1 if where.passes else where.cycle_epochs,
+            )
+        )
+    return out
