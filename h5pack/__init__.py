@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from h5pack.read.reader import PackReader, ReaderOptions
     from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
     from h5pack.training.loader import make_loader, seed_everything
+    from h5pack.training.mixed import H5MixDataset
     from h5pack.training.prefetch import DevicePrefetcher
     from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
+    from h5pack.training.weighted import WeightedMix
     from h5pack.write.convert import convert, write_arrays
     from h5pack.write.merge import MergeReport, merge_packs
     from h5pack.write.options import ConvertOptions
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "H5ImageDataset": "h5pack.training.dataset",
     "H5IterableDataset": "h5pack.training.dataset",
+    "H5MixDataset": "h5pack.training.mixed",
+    "WeightedMix": "h5pack.training.weighted",
     "ChunkSampler": "h5pack.training.sampler",
     "ChunkBatchSampler": "h5pack.training.sampler",
     "EpochSpec": "h5pack.training.sampler",
@@ -78,6 +82,7 @@ __all__ = [
     "FormatError",
     "H5ImageDataset",
     "H5IterableDataset",
+    "H5MixDataset",
     "H5PackError",
     "MergeReport",
     "OptionsError",
@@ -90,6 +95,7 @@ __all__ = [
     "SourceError",
     "TargetExistsError",
     "VerifyError",
+    "WeightedMix",
     "__version__",
     "convert",
     "convert_on_dask",
