@@ -24,7 +24,7 @@ from h5pack.bench.access import (
     storage_layout,
 )
 from h5pack.bench.compare import CompareEvent, CompareOptions, CompareReport, compare
-from h5pack.bench.diagnose import BOTTLENECKS, Diagnosis, consistent_rates, diagnose
+from h5pack.bench.diagnose import Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
 from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
 from h5pack.bench.mixture import MixBench, MixPlan, bench_mix, mix_plan
@@ -48,6 +48,7 @@ from h5pack.bench.variants import (
     parse_variants,
     quick_variants,
 )
+from h5pack.training.advice import BOTTLENECKS
 
 __all__ = [
     "BOTTLENECKS",

@@ -23,7 +23,6 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
 from h5pack.bench.ranking import (
-    CACHE_SHARE,
     Recommendation,
     SkippedVariant,
     VariantResult,
@@ -52,6 +51,7 @@ from h5pack.bench.variants import (
 )
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
+from h5pack.training.advice import CACHE_SHARE
 
 EventKind = Literal["start", "step", "note"]
 

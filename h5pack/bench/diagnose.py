@@ -45,8 +45,8 @@ from h5pack.bench.throughput import BenchOptions, BenchResult, bench_result, ope
 from h5pack.bench.timing import Count, Timing, time_interleaved
 from h5pack.bench.units import human_bytes
 from h5pack.read.packset import PackSource
+from h5pack.training.advice import BOTTLENECKS
 
-BOTTLENECKS: tuple[str, ...] = ("loader", "decode", "storage")
 STAGES: tuple[str, ...] = ("ceiling", "warm", "cold")
 SHARE_OF_STAGE = dict(zip(STAGES, BOTTLENECKS, strict=True))
 STAGE_TITLES = {

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from h5pack.bench.measure import PatternResult
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.units import human_bytes
+from h5pack.training.advice import CACHE_SHARE
 
 # A variant within this fraction of the fastest counts as "as fast" for the recommendation,
 # which then prefers the smallest file among them.
 AS_FAST = 0.9
 
-# Share of the available memory a pack may take and still count as cached while training
-# runs (see "Packs larger than memory").
-CACHE_SHARE = 0.5
+# CACHE_SHARE: the share of the available memory a pack may take and still count as cached
+# while training runs (see "Packs larger than memory"); the loader's stall report uses it too.
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,8 +13,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
-from h5pack.core.layout import FILTER_NAMES, PLUGIN_FILTERS, Compression, chunk_map_of
-from h5pack.errors import OptionsError
+from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
 from h5pack.read.packset import PackSource, PackView, describe
 from h5pack.read.reader import check_virtual_sources
 
@@ -105,21 +104,6 @@ class PackInfo:
         return data
 
 
-def _codec(meta: fmt.PackMeta) -> str:
-    recorded = meta.options.get("compression")
-    if isinstance(recorded, dict):
-        try:
-            compression = Compression(**recorded)
-        except (OptionsError, TypeError):
-            pass
-        else:
-            if compression.codec != "none" or not meta.filter_ids:
-                return compression.describe()
-    if not meta.filter_ids:
-        return "none"
-    return " + ".join(FILTER_NAMES.get(i, f"filter {i}") for i in meta.filter_ids)
-
-
 def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
     """Return a summary of the pack at ``path``.
 
@@ -156,7 +140,7 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
         stored_bytes = int(meta.sizes.sum())
     chunk_map = chunk_map_of(meta)
     shuffled = meta.options.get("shuffle_samples")
-    codec, filter_ids = _codec(meta), meta.filter_ids
+    codec, filter_ids = describe_codec(meta), meta.filter_ids
     if sources:
         disk_bytes = sum(source.disk_bytes for source in sources)
         num_chunks = sum(source.num_chunks for source in sources)

@@ -396,3 +396,19 @@ def checked_indices(
         bad = idx[(idx < -n) | (idx >= n)][0]
         raise IndexError(f"index {bad} is out of range for {what} of {n} samples")
     return np.where(idx < 0, idx + n, idx)
+
+
+def describe_codec(meta: PackMeta) -> str:
+    """Return the pack's compression as ``info`` words it (``"none"`` without)."""
+    recorded = meta.options.get("compression")
+    if isinstance(recorded, dict):
+        try:
+            compression = Compression(**recorded)
+        except (OptionsError, TypeError):
+            pass
+        else:
+            if compression.codec != "none" or not meta.filter_ids:
+                return compression.describe()
+    if not meta.filter_ids:
+        return "none"
+    return " + ".join(FILTER_NAMES.get(i, f"filter {i}") for i in meta.filter_ids)

@@ -394,6 +394,7 @@ class PackSetReader:
         self._pool: ThreadPoolExecutor | None = None
         self._paths = _LazyPaths(self)
         self._loads_closed = 0  # groups loaded by shard readers since closed
+        self._decompress_ns_closed = 0  # and the time they spent decompressing
 
     # -- shards --------------------------------------------------------------------------
     @property
@@ -410,6 +411,11 @@ class PackSetReader:
     def loads(self) -> int:
         """Groups decompressed so far, over every shard."""
         return self._loads_closed + sum(r.loads for r in self._readers.values())
+
+    @property
+    def decompress_ns(self) -> int:
+        """Nanoseconds spent decompressing chunks, over every shard (``PackReader``'s)."""
+        return self._decompress_ns_closed + sum(r.decompress_ns for r in self._readers.values())
 
     def locate(self, index: int) -> tuple[int, int]:
         """Return ``(shard, index within the shard)`` of global sample ``index``."""
@@ -450,6 +456,7 @@ class PackSetReader:
         while len(self._readers) > self.max_open:
             oldest, closing = self._readers.popitem(last=False)
             self._loads_closed += closing.loads
+            self._decompress_ns_closed += closing.decompress_ns
             closing.close()
             for key in [k for k in self._window if k[0] == oldest]:
                 del self._window[key]
@@ -542,6 +549,7 @@ class PackSetReader:
         """Close every open shard."""
         for reader in self._readers.values():
             self._loads_closed += reader.loads
+            self._decompress_ns_closed += reader.decompress_ns
             reader.close()
         self._readers.clear()
         self._window.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -342,6 +343,9 @@ class PackReader:
         self._threads = options.threads or 0
         self._pool: ThreadPoolExecutor | None = None
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
+        # nanoseconds spent decompressing chunks (the loader's stall report reads it; an
+        # update racing another thread's may be lost: a statistic, not a count)
+        self.decompress_ns = 0
 
     @property
     def direct(self) -> bool:
@@ -662,7 +666,9 @@ class PackReader:
 
     def _read_chunk_into(self, table: ChunkTable, chunk: int, out: np.ndarray) -> None:
         stored = self._raw_file.read_scratch(int(table.sizes[chunk]), int(table.offsets[chunk]))
+        start = time.perf_counter_ns()
         table.decompress_into(chunk, stored, out)
+        self.decompress_ns += time.perf_counter_ns() - start
 
     def _blob_span(self, lo: int, hi: int) -> tuple[int, int]:
         offsets, sizes = self.meta.offsets, self.meta.sizes

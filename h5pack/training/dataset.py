@@ -34,6 +34,7 @@ from h5pack.training.sampler import (
     samples_per_rank,
     window_for,
 )
+from h5pack.training.stats import stage_times, timed_read
 
 # NOTE [ h5py handles and fork ]
 #
@@ -345,6 +346,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             IndexError: an index is out of range.
             DecodeError: an encoded sample does not decode.
         """
+        times = stage_times()
+        start = times.clock()
         idx = checked_indices(indices, self.meta.num_samples)
         reader = self.reader
         paths = [reader.paths[i] for i in idx.tolist()] if self.return_path else None
@@ -356,20 +359,25 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             labels = [self.target_transform(int(v)) for v in raw_labels]
             label_tensor = None
         if self.crop is not None:
-            return self._cropped(idx, labels, label_tensor, paths)
+            return self._cropped(idx, labels, label_tensor, paths, start)
         fixed = self.meta.fixed_shape
         if fixed is not None and self.transform is None and self.output != "pil":
             buffer = empty_uint8((idx.size, *fixed))
-            reader.read_into(idx, buffer.numpy())
+            _, working = timed_read(reader, lambda: reader.read_into(idx, buffer.numpy()))
             images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else buffer.numpy()
+            times.add("collation", times.clock() - start - working)
             return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
-        stored = reader.read_stored(idx)
+        stored, working = timed_read(reader, lambda: reader.read_stored(idx))
         items = list(zip(idx.tolist(), stored, strict=True))
+        decoding = times.clock()
         if self.meta.mode == "encoded":
             # Pillow and OpenCV release the GIL while decoding: threads decode in parallel.
             hwc = reader.map_threads(lambda item: reader.decode(*item), items)
         else:
             hwc = [reader.decode(i, data) for i, data in items]
+        decoded = times.clock() - decoding
+        times.add("decode", decoded)
+        times.add("collation", times.clock() - start - working - decoded)
         samples = []
         for j, array in enumerate(hwc):
             image = self._convert(array)
@@ -384,8 +392,13 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         labels: list[Any],
         label_tensor: torch.Tensor | None,
         paths: list[str] | None,
+        start: int,
     ) -> SampleBatch:
-        """The samples ``idx`` through the training image pipeline, as one batch when possible."""
+        """The samples ``idx`` through the training image pipeline, as one batch when possible.
+
+        ``start``: when ``__getitems__`` began (``stage_times()``'s clock): what is not the
+        pipeline's own stages is timed as "collation" (see the note "Stall report").
+        """
         assert self.crop is not None  # the caller checked
         reader = self.reader
         if self._fixed is None:
@@ -398,9 +411,13 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             if buffer is not None
             else np.empty((idx.size, height, width, self.meta.channels), dtype=np.uint8)
         )
+        times = stage_times()
+        reading = times.clock()
         self._fixed.read_into(idx, out, seed=self.seed, epoch=self.epoch)
+        working = times.clock() - reading
         if buffer is not None:
             images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else out
+            times.add("collation", times.clock() - start - working)
             return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
         samples = []
         for j in range(idx.size):

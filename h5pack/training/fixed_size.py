@@ -12,6 +12,7 @@ takes and for the measurements behind the kernels.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -32,6 +33,7 @@ from h5pack.read.crop import (
 from h5pack.read.packset import PackSetReader
 from h5pack.read.reader import PackReader
 from h5pack.training.cache import DecodedCache, shrink
+from h5pack.training.stats import stage_times, timed_read
 
 __all__ = ["FixedSizeReader", "resize_kernel", "scale_box", "torch_resize_into"]
 
@@ -121,9 +123,19 @@ class FixedSizeReader:
         self.reader = reader
         self.spec = spec
         self.cache = cache if reader.meta.mode == "encoded" else None
-        self.resize = resize_kernel(spec.backend)
+        self._kernel = resize_kernel(spec.backend)
+        self._local = threading.local()  # this thread's resize time within its sample
         self.decodes = 0  # samples decoded by this process (a cache hit decodes nothing)
         self._stored = np.empty(0, dtype=np.uint8)  # reused batch of stored raw images
+
+    def resize(self, source: np.ndarray, out: np.ndarray) -> None:
+        """The resizing kernel, timed as the stage "crop" (see the note "Stall report")."""
+        times = stage_times()
+        start = times.clock()
+        self._kernel(source, out)
+        spent = times.clock() - start
+        times.add("crop", spent)
+        self._local.resize_ns = getattr(self._local, "resize_ns", 0) + spent
 
     def read_into(self, indices: np.ndarray, out: np.ndarray, *, seed: int, epoch: int) -> None:
         """Fill ``out`` (len(indices), H, W, C) with samples ``indices`` of ``epoch``.
@@ -136,13 +148,13 @@ class FixedSizeReader:
         reader, meta = self.reader, self.reader.meta
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
         if meta.storage == "array":
-            batch = self._read_array(indices)
+            batch = timed_read(self.reader, lambda: self._read_array(indices))[0]
 
             def one(j: int) -> None:
                 self._raw(int(indices[j]), batch[j], out[j], seed, epoch)
 
         elif self.cache is None:
-            stored = reader.read_stored(indices)
+            stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
             sample = self._raw if meta.mode == "raw" else self._encoded
 
             def one(j: int) -> None:
@@ -153,7 +165,13 @@ class FixedSizeReader:
             entries = [cache.entry(int(i)) for i in indices]
             missing = [j for j, entry in enumerate(entries) if entry is None]
             read = (
-                dict(zip(missing, reader.read_stored(indices[missing]), strict=True))
+                dict(
+                    zip(
+                        missing,
+                        timed_read(reader, lambda: reader.read_stored(indices[missing]))[0],
+                        strict=True,
+                    )
+                )
                 if missing
                 else {}
             )
@@ -164,7 +182,7 @@ class FixedSizeReader:
 
         self._run(one, len(indices))
         if unserved:
-            again = reader.read_stored(indices[unserved])
+            again = timed_read(reader, lambda: reader.read_stored(indices[unserved]))[0]
 
             def decode(k: int) -> None:
                 j = unserved[k]
@@ -220,6 +238,9 @@ class FixedSizeReader:
     ) -> None:
         """An encoded sample: decode (at a reduced scale if the box allows), cut, resize."""
         self.decodes += 1
+        times = stage_times()
+        start = times.clock()
+        self._local.resize_ns = 0
         decode_crop_into(
             stored.tobytes(),
             self.spec,
@@ -231,6 +252,7 @@ class FixedSizeReader:
             resize=self.resize,
             keep=keep,
         )
+        times.add("decode", times.clock() - start - self._local.resize_ns)
 
     def _cached(
         self,
@@ -293,6 +315,8 @@ class FixedSizeReader:
         if entry is None:
             assert stored is not None
             self.decodes += 1
+            times = stage_times()
+            start = times.clock()
             pixels = decode_pixels(
                 stored.tobytes(),
                 name=self._name(index),
@@ -300,6 +324,7 @@ class FixedSizeReader:
                 channels=self.reader.meta.channels,
             )
             pixels = shrink(pixels, cache.max_side)
+            times.add("decode", times.clock() - start)
             if cache.has_room(pixels.size):
                 cache.put(index, pixels)
         else:

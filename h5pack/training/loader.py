@@ -23,11 +23,13 @@ from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
 from h5pack.read.mixture import ClassJoin, check_batchable
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
+from h5pack.training.advice import dataset_facts
 from h5pack.training.cache import DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
 from h5pack.training.mixed import H5MixDataset
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
+from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
 
 # NOTE [ Loader defaults ]
 #
@@ -262,6 +264,32 @@ class H5Loader(DataLoader[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._delivered = 0
+        self.stall = StallMonitor(parallel=max(1, self.num_workers or _threads(self.dataset)))
+        if isinstance(self.dataset, H5ImageDataset):
+            dataset, workers = self.dataset, self.num_workers
+            self.stall.facts = lambda: dataset_facts(dataset, workers=workers)
+
+    def stats(self) -> LoaderStats:
+        """Return how long training waited for batches and which stage is why.
+
+        Counted over the batches taken since the loader was made (or ``reset_stats``):
+        see ``training.stats.LoaderStats`` and the note "Stall report".
+        """
+        return self.stall.stats()
+
+    def reset_stats(self) -> None:
+        """Start ``stats()`` again from zero (e.g. after a warm-up epoch)."""
+        self.stall.reset()
+
+    def report_every(self, steps: int, log: Callable[[str], None] | None = None) -> None:
+        """Log ``stats().line()`` every ``steps`` batches (0: never); default logger ``h5pack``.
+
+        Raises:
+            OptionsError: ``steps`` is negative.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
+        self.stall.every, self.stall.log = steps, log
 
     @property
     def chunk_sampler(self) -> ChunkBatchSampler:
@@ -287,7 +315,7 @@ class H5Loader(DataLoader[Any]):
             self.dataset.set_epoch(sampler.epoch)
         self._delivered = start
         with worker_errors_unwrapped():
-            for batch in super().__iter__():
+            for batch in self.stall.timed(super().__iter__()):
                 self._delivered += 1
                 yield batch
 
@@ -325,6 +353,11 @@ class H5Loader(DataLoader[Any]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _threads(dataset: Any) -> int:
+    options = getattr(dataset, "options", None)
+    return int(getattr(options, "threads", 0) or 1)
 
 
 def make_loader(
@@ -563,7 +596,7 @@ def make_loader(
         dataset.configured(options, seed=seed),
         batch_sampler=sampler,
         num_workers=num_workers,
-        collate_fn=collate_fn,
+        collate_fn=TimedCollate(collate_fn),  # the stage times travel with each batch
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=generator,
         **workers_kwargs,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from h5pack.errors import OptionsError
+from h5pack.training.stats import STAGES, LoaderStats, StageNs, StallMonitor, stage_times
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -60,6 +61,12 @@ class DevicePrefetcher:
         if echo < 1:
             raise OptionsError(f"echo should be >= 1, but got echo={echo}")
         self.loader = loader
+        # the loader's own monitor when it has one (H5Loader): its stage times, our waits
+        inner = getattr(loader, "stall", None)
+        self.stall = StallMonitor(
+            parallel=getattr(inner, "parallel", 1), facts=getattr(inner, "facts", None)
+        )
+        self._events: list[tuple[Any, Any]] = []  # CUDA copies not yet added to "transfer"
         default = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(default if device is None else device)
         self.echo = echo
@@ -90,16 +97,65 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.loader) * self.echo
 
+    def stats(self) -> LoaderStats:
+        """Return how long training waited for batches on the device, and which stage is why.
+
+        The waits and steps are this prefetcher's (the time the training loop spends in
+        ``next()``, copies to the device included); the stages are the loader's (an
+        ``H5Loader``'s) plus "transfer" (on CUDA the copies' own time on the side stream,
+        read from CUDA events). See the note "Stall report" in ``training.stats``.
+        """
+        self._collect_transfers()
+        return self.stall.stats()
+
+    def reset_stats(self) -> None:
+        """Start ``stats()`` again from zero."""
+        self._collect_transfers()
+        self.stall.reset()
+
+    def report_every(self, steps: int, log: Callable[[str], None] | None = None) -> None:
+        """Log ``stats().line()`` every ``steps`` batches (0: never); default logger ``h5pack``."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
+        self.stall.every, self.stall.log = steps, log
+
+    def _collect_transfers(self) -> None:
+        """Add the finished CUDA copies' times to "transfer" (an event query, no sync)."""
+        pending = []
+        for start, end in self._events:
+            if end.query():
+                ns = int(start.elapsed_time(end) * 1e6)  # milliseconds
+                self.stall.stage_ns[STAGES.index("transfer")] += ns
+            else:
+                pending.append((start, end))
+        self._events = pending
+
+    def _stage_ns(self) -> Any:
+        """The stage times of the loader's last batch (an H5Loader's monitor), or None."""
+        inner = getattr(self.loader, "stall", None)
+        taken = getattr(inner, "last_stage_ns", None)
+        return None if taken is None else taken.copy()
+
     def set_epoch(self, epoch: int) -> None:
         """Forward to the loader's ``set_epoch``."""
         self.loader.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        for batch in self.stall.timed(self._batches()):
+            for _ in range(self.echo):
+                yield batch
+
+    def _batches(self) -> Iterator[Any]:
+        """Batches on the device, each with the stage times behind it (see ``stats``)."""
+        clock = stage_times().clock
         if self.device.type != "cuda":
             for batch in self.loader:
+                stages = self._stage_ns()
+                start = clock()
                 moved = self._move(batch)
-                for _ in range(self.echo):
-                    yield moved
+                if stages is not None:
+                    stages[STAGES.index("transfer")] += clock() - start
+                yield (moved, StageNs(stages)) if stages is not None else moved
             return
         stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         iterator = iter(self.loader)
@@ -109,18 +165,24 @@ class DevicePrefetcher:
                 batch = next(iterator)
             except StopIteration:
                 return None
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))  # type: ignore[no-untyped-call]
             with torch.cuda.stream(stream):
-                return self._move(batch)
+                start.record(stream)
+                moved = self._move(batch)
+                end.record(stream)
+            self._events.append((start, end))
+            if len(self._events) > 64:
+                self._collect_transfers()
+            return moved, self._stage_ns()
 
         upcoming = fetch()
         while upcoming is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            current = upcoming
+            current, stages = upcoming
             for tensor in _tensors(current):
                 tensor.record_stream(torch.cuda.current_stream(self.device))
             upcoming = fetch()
-            for _ in range(self.echo):
-                yield current
+            yield (current, StageNs(stages)) if stages is not None else current
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

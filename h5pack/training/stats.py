@@ -1,0 +1,336 @@
+"""Whether training waits for its batches, and which stage of the loader is why: ``stats()``.
+
+# NOTE [ Stall report ]
+#
+# ``bench --diagnose`` finds a loader's bottleneck offline, by running it three ways; this is
+# the same question asked while training runs, at the cost of a few clock readings per batch:
+# - wait: the time the training loop spends inside ``next()`` of the loader (or of the
+#   ``DevicePrefetcher``), against the time it spends on its step between two batches. A
+#   compute-bound loop waits ~0% of each step; a loader-bound one most of it.
+# - stages: every process that fills batches (the main process's threads, or each worker)
+#   adds the nanoseconds it spends per stage to its ``StageTimes`` (storage, decompression,
+#   decode, crop and resize, collation; the prefetcher adds transfer). The collate wrapper
+#   takes them with each batch, so they travel to the main process with it (two words per
+#   stage, no shared state between processes).
+# - the loader's own rate: images per second of stage time, times the processes or threads
+#   working in parallel; what the loader could deliver if training never held it up.
+# The dominant stage is the one with the most time; ``training.advice`` maps it onto the
+# three bottlenecks ``bench --diagnose`` names (storage, decode, loader) and says the same
+# words and remedy for this pack. Times are the process's ``perf_counter_ns`` (threads'
+# times add up: a stage's time is CPU-like, across threads), or an injected clock in tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from h5pack.training.advice import PackFacts, advise, share_labels
+
+STAGES: tuple[str, ...] = ("storage", "decompression", "decode", "crop", "collation", "transfer")
+STAGE_WORDS = {
+    "storage": "reading the pack",
+    "decompression": "decompressing chunks",
+    "decode": "decoding the image files",
+    "crop": "cropping and resizing",
+    "collation": "filling and collating batches",
+    "transfer": "moving batches to the device",
+}
+# The stage each bottleneck of ``bench --diagnose`` covers (storage: from disk; decode:
+# everything that turns stored bytes into pixels; loader: the loader's own work).
+STAGE_BOTTLENECK = {
+    "storage": "storage",
+    "decompression": "decode",
+    "decode": "decode",
+    "crop": "decode",
+    "collation": "loader",
+    "transfer": "loader",
+}
+# Below this share of the step spent waiting, training is compute-bound: say so, not more.
+COMPUTE_BOUND_WAIT = 0.1
+
+_INDEX = {name: i for i, name in enumerate(STAGES)}
+Clock = Callable[[], int]  # nanoseconds
+T = TypeVar("T")
+
+
+class StageTimes:
+    """Nanoseconds spent per stage by this process's threads, since the last ``take``.
+
+    One per process (``stage_times()``); thread-safe. ``clock`` returns nanoseconds.
+    """
+
+    def __init__(self, clock: Clock = time.perf_counter_ns) -> None:
+        self.clock = clock
+        self._ns = np.zeros(len(STAGES), dtype=np.int64)
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, ns: int) -> None:
+        """Count ``ns`` nanoseconds spent in ``stage`` (one of ``STAGES``)."""
+        with self._lock:
+            self._ns[_INDEX[stage]] += max(0, ns)
+
+    def take(self) -> np.ndarray:
+        """Return the nanoseconds per stage since the last call, and start again."""
+        with self._lock:
+            taken, self._ns = self._ns, np.zeros(len(STAGES), dtype=np.int64)
+        return taken
+
+
+_TIMES: dict[int, StageTimes] = {}
+_TIMES_LOCK = threading.Lock()
+
+
+def stage_times() -> StageTimes:
+    """Return this process's ``StageTimes`` (a forked worker gets its own, empty)."""
+    pid = os.getpid()
+    times = _TIMES.get(pid)
+    if times is None:
+        with _TIMES_LOCK:
+            times = _TIMES.setdefault(pid, StageTimes())
+    return times
+
+
+def timed_read(reader: Any, read: Callable[[], T]) -> tuple[T, int]:
+    """Run ``read`` on ``reader``, timed as "storage" and "decompression".
+
+    The reader counts the time it spends decompressing (``decompress_ns``); the rest of the
+    call is reading. Returns ``read``'s result and the nanoseconds the call took.
+    """
+    times = stage_times()
+    start, before = times.clock(), reader.decompress_ns
+    result = read()
+    spent, decompressing = times.clock() - start, reader.decompress_ns - before
+    times.add("decompression", decompressing)
+    times.add("storage", spent - decompressing)
+    return result, spent
+
+
+class StageNs:
+    """A batch's nanoseconds per stage, as they travel beside it (``TimedCollate``).
+
+    Its own type, so that a batch of the user's never passes for one (a numpy array would
+    survive pinning too, but could be the user's).
+    """
+
+    __slots__ = ("ns",)
+
+    def __init__(self, ns: np.ndarray) -> None:
+        self.ns = ns
+
+    def __getstate__(self) -> np.ndarray:
+        return self.ns
+
+    def __setstate__(self, state: np.ndarray) -> None:
+        self.ns = state
+
+
+def images_in(batch: Any) -> int:
+    """The images in a batch: the length of its first element (or of the batch itself)."""
+    first = batch[0] if isinstance(batch, tuple | list) and batch else batch
+    try:
+        return len(first)
+    except TypeError:
+        return 1
+
+
+class TimedCollate:
+    """A collate function that also returns the stage times of the batch it collates.
+
+    Wraps the loader's collate function (in the process that fills the batch: a worker or
+    the main process): the batch's stage times are those ``stage_times()`` gathered since
+    the previous batch of this process, plus the collation itself.
+    """
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: Any) -> tuple[Any, StageNs]:
+        """Return ``(collate(samples), the batch's nanoseconds per stage)``."""
+        times = stage_times()
+        start = times.clock()
+        batch = self.collate(samples)
+        times.add("collation", times.clock() - start)
+        return batch, StageNs(times.take())
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderStats:
+    """Where a training loop's time went, and why the loader is as fast as it is.
+
+    Attributes:
+        steps: Batches taken by the training loop (and finished: its step returned).
+        images: Images in them.
+        wait_s: Seconds the loop spent waiting for the next batch.
+        step_s: Seconds the loop spent on its steps, between batches.
+        wait_share: ``wait_s / (wait_s + step_s)``: the share of each step spent waiting.
+        images_per_s: Images the loop took per second (waits and steps).
+        loader_images_per_s: The loader's own rate: images per second of its stage time,
+            over the processes (or threads) filling batches in parallel; 0 when unknown.
+        stage_s: Seconds per stage (``STAGES``), summed over processes and threads.
+        dominant: The stage with the most time ("" when no stage was timed).
+        bottleneck: ``"compute"`` when the loop waits under ``COMPUTE_BOUND_WAIT`` of its
+            steps, else the bottleneck of ``bench --diagnose`` the dominant stage belongs to
+            (``"storage"``, ``"decode"`` or ``"loader"``).
+        advice: What would help, in ``bench --diagnose``'s words for this pack.
+    """
+
+    steps: int
+    images: int
+    wait_s: float
+    step_s: float
+    wait_share: float
+    images_per_s: float
+    loader_images_per_s: float
+    stage_s: dict[str, float]
+    dominant: str
+    bottleneck: str
+    advice: str
+
+    def line(self) -> str:
+        """Return the report in one line of words, with the remedy."""
+        head = (
+            f"{self.steps} steps, waited {self.wait_share:.0%} of the time for batches; "
+            f"{self.images_per_s:,.0f} images/s taken"
+        )
+        if self.loader_images_per_s > 0:
+            head += f", the loader alone ~{self.loader_images_per_s:,.0f} images/s"
+        total = sum(self.stage_s.values())
+        if self.dominant and total > 0:
+            share = self.stage_s[self.dominant] / total
+            head += f"; {STAGE_WORDS[self.dominant]} takes {share:.0%} of its time"
+        if self.bottleneck == "compute":
+            return head + " — compute-bound: the loader keeps up, nothing to change"
+        return head + f" — bottleneck: {self.bottleneck}: {self.advice}"
+
+
+@dataclass
+class StallMonitor:
+    """Accumulate a training loop's waits, steps and the loader's stage times.
+
+    Args:
+        parallel: Processes (or threads) filling batches at once, for the loader's rate.
+        facts: The pack and loader, for the advice (``training.advice.PackFacts``), or a
+            function returning them (called once, at the first ``stats()``).
+        clock: Seconds, for the waits and steps (tests inject one).
+        every: Log ``stats().line()`` every this many steps; 0 never.
+        log: Where the line goes; default the ``h5pack`` logger at INFO.
+    """
+
+    parallel: int = 1
+    facts: PackFacts | Callable[[], PackFacts] | None = None
+    clock: Callable[[], float] = time.perf_counter
+    every: int = 0
+    log: Callable[[str], None] | None = None
+    steps: int = 0
+    images: int = 0
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    stage_ns: np.ndarray = field(default_factory=lambda: np.zeros(len(STAGES), dtype=np.int64))
+    last_stage_ns: np.ndarray | None = None  # the stage times of the batch taken last
+
+    def record(self, wait_s: float, step_s: float, images: int, stage_ns: Any = None) -> None:
+        """Count one batch: the wait for it, the step on it, its images and stage times."""
+        self.steps += 1
+        self.images += images
+        self.wait_s += max(0.0, wait_s)
+        self.step_s += max(0.0, step_s)
+        if stage_ns is not None:
+            self.stage_ns += np.asarray(stage_ns, dtype=np.int64)
+        if self.every and self.steps % self.every == 0:
+            (self.log or logging.getLogger("h5pack").info)(self.stats().line())
+
+    def reset(self) -> None:
+        """Forget what was counted (e.g. after a warm-up epoch)."""
+        self.steps = self.images = 0
+        self.wait_s = self.step_s = 0.0
+        self.stage_ns = np.zeros(len(STAGES), dtype=np.int64)
+
+    def stats(self) -> LoaderStats:
+        """Return what was counted so far (see ``LoaderStats``)."""
+        if callable(self.facts):
+            self.facts = self.facts()
+        return summarize(
+            steps=self.steps,
+            images=self.images,
+            wait_s=self.wait_s,
+            step_s=self.step_s,
+            stage_ns=self.stage_ns,
+            parallel=self.parallel,
+            facts=self.facts,
+        )
+
+    def timed(self, batches: Any) -> Iterator[Any]:
+        """Yield the batches of ``batches``, timing the waits for them and the steps on them.
+
+        ``batches`` yields batches, or ``(batch, StageNs)`` pairs (``TimedCollate``'s, a
+        list once pinned), whose stage times are counted and kept as ``last_stage_ns``.
+        """
+        clock = self.clock
+        iterator = iter(batches)
+        back = clock()
+        while True:
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            got = clock()
+            timed = isinstance(item, tuple | list) and len(item) == 2
+            if timed and isinstance(item[1], StageNs):
+                batch, self.last_stage_ns = item[0], item[1].ns
+            else:
+                batch, self.last_stage_ns = item, None
+            stage_ns = self.last_stage_ns
+            yield batch
+            resumed = clock()
+            self.record(got - back, resumed - got, images_in(batch), stage_ns)
+            back = resumed
+
+
+def summarize(
+    *,
+    steps: int,
+    images: int,
+    wait_s: float,
+    step_s: float,
+    stage_ns: Sequence[int] | np.ndarray,
+    parallel: int,
+    facts: PackFacts | None,
+) -> LoaderStats:
+    """Return the ``LoaderStats`` of these counts (a pure function: see "Stall report")."""
+    stage_s = {name: float(ns) / 1e9 for name, ns in zip(STAGES, stage_ns, strict=True)}
+    busy = sum(stage_s.values())
+    total = wait_s + step_s
+    wait_share = wait_s / total if total > 0 else 0.0
+    dominant = max(STAGES, key=lambda name: stage_s[name]) if busy > 0 else ""
+    if wait_share < COMPUTE_BOUND_WAIT or not dominant:
+        bottleneck = "compute" if wait_share < COMPUTE_BOUND_WAIT else "loader"
+    else:
+        bottleneck = STAGE_BOTTLENECK[dominant]
+        if bottleneck == "storage" and facts is not None and not facts.large:
+            # a pack the page cache holds is read from memory: copying it is the loader's
+            # work, as bench --diagnose counts it (its warm stage)
+            bottleneck = "decode"
+    advice = ""
+    if bottleneck != "compute" and facts is not None:
+        advice = f"{share_labels(facts)[bottleneck]}: {advise(bottleneck, facts)}"
+    return LoaderStats(
+        steps=steps,
+        images=images,
+        wait_s=wait_s,
+        step_s=step_s,
+        wait_share=wait_share,
+        images_per_s=images / total if total > 0 else 0.0,
+        loader_images_per_s=images * max(1, parallel) / busy if busy > 0 else 0.0,
+        stage_s=stage_s,
+        dominant=dominant,
+        bottleneck=bottleneck,
+        advice=advice,
+    )
