@@ -32,6 +32,7 @@ from h5pack.cli.flags import (
     plural,
     progress_for,
     quiet_flag,
+    staging_flag,
 )
 from h5pack.core.machine import available_cores
 from h5pack.errors import H5PackError, OptionsError
@@ -162,6 +163,7 @@ def cli() -> None:
     is_flag=True,
     help="Replace TARGET if it exists; for a pack set, replace shards that do not match.",
 )
+@staging_flag
 @quiet_flag
 def convert(
     source: str,
@@ -171,11 +173,17 @@ def convert(
     shards: int | None,
     shard: str | None,
     dask_address: str | None,
+    staging_dir: str | None,
     **flags: Any,
 ) -> None:
-    """Pack the images under SOURCE into the HDF5 file TARGET (or a pack set: --shards)."""
+    """Pack the images under SOURCE into the HDF5 file TARGET (or a pack set: --shards).
+
+    TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
+    pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
+    """
+    remote: dict[str, Any] = {"staging_dir": staging_dir}
     if shards is None and shard is None and dask_address is None:
-        _convert_one(source, target, overwrite, quiet, options_from_flags(flags))
+        _convert_one(source, target, overwrite, quiet, options_from_flags(flags), remote)
         return
     only = None
     if shard is not None:
@@ -207,6 +215,7 @@ def convert(
                 overwrite=overwrite,
                 progress=progress.advance,
                 on_event=progress.event,
+                **remote,
             )
     else:
         from h5pack.write.shards import convert_set
@@ -221,12 +230,18 @@ def convert(
                 overwrite=overwrite,
                 progress=progress.advance,
                 on_event=progress.event,
+                **remote,
             )
     _render_set(report)
 
 
 def _convert_one(
-    source: str, target: str, overwrite: bool, quiet: bool, options: ConvertOptions
+    source: str,
+    target: str,
+    overwrite: bool,
+    quiet: bool,
+    options: ConvertOptions,
+    remote: dict[str, Any],
 ) -> None:
     from h5pack.write.convert import convert as run_convert
 
@@ -238,6 +253,7 @@ def _convert_one(
             overwrite=overwrite,
             progress=progress.advance,
             on_event=progress.event,
+            **remote,
         )
     click.echo(
         f"packed {report.num_samples} of {report.num_found} images into {report.path} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from h5pack.cli.flags import format_bytes, progress_for, quiet_flag
+from h5pack.cli.flags import format_bytes, progress_for, quiet_flag, staging_flag
 
 __all__ = ["merge"]
 
@@ -32,6 +32,7 @@ __all__ = ["merge"]
         "pack is decompressed and compressed again."
     ),
 )
+@staging_flag
 @quiet_flag
 def merge(
     sources: tuple[str, ...],
@@ -40,11 +41,14 @@ def merge(
     virtual: bool,
     keep_order: bool,
     quiet: bool,
+    staging_dir: str | None,
 ) -> None:
     """Merge SOURCES (a pack set's directory or manifest, or packs) into the pack TARGET.
 
     Stored chunks are copied without decompressing them; the packs must agree in format,
-    mode, storage, sample shape, chunks, codec and classes.
+    mode, storage, sample shape, chunks, codec and classes. SOURCES and TARGET may be URLs
+    (s3://bucket/set/, s3://bucket/a.h5): remote sources are downloaded into --staging-dir,
+    a remote TARGET uploaded once complete.
     """
     from h5pack.write.merge import merge_packs
 
@@ -58,6 +62,7 @@ def merge(
             keep_order=keep_order,
             progress=progress.advance,
             on_event=progress.event,
+            staging_dir=staging_dir,
         )
     count = len(report.sources)
     if report.virtual:

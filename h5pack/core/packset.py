@@ -248,6 +248,11 @@ class PackSetManifest:
         }
 
 
+def manifest_text(manifest: PackSetManifest) -> str:
+    """Return the manifest's on-disk text (JSON, without the final newline)."""
+    return json.dumps(manifest.to_json(), indent=1, ensure_ascii=False)
+
+
 def write_manifest(manifest: PackSetManifest) -> Path:
     """Write ``manifest`` into its directory atomically (a temporary file, then a rename).
 
@@ -258,7 +263,7 @@ def write_manifest(manifest: PackSetManifest) -> Path:
     remove it: the write is then tried again.
     """
     path = manifest.manifest_path
-    text = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False)
+    text = manifest_text(manifest)
     for attempt in range(_MANIFEST_ATTEMPTS):
         temporary = path.with_name(f".{path.name}.{os.getpid()}.w{secrets.token_hex(4)}.tmp")
         try:
@@ -354,8 +359,28 @@ def load_manifest(source: StrPath) -> PackSetManifest:
             "was it interrupted?)"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise FormatError(f"{path}: the pack set manifest cannot be read ({err})") from err
+    return parse_manifest(text, where=os.fspath(path), root=path.parent)
+
+
+def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
+    """Return the manifest whose JSON text is ``text`` (read from ``where``, for messages).
+
+    Args:
+        text: The manifest's JSON.
+        where: Its path or URL.
+        root: What the shard paths are relative to (``PackSetManifest.root``).
+
+    Raises:
+        FormatError: the text is not valid JSON, not a pack set's manifest, newer than
+            this h5pack reads, or inconsistent.
+    """
+    path = where
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
         raise FormatError(f"{path}: the pack set manifest cannot be read ({err})") from err
     if not isinstance(data, dict) or PACKSET_MARKER_KEY not in data:
         raise FormatError(f"{path} is not an h5pack pack set manifest")
@@ -376,7 +401,7 @@ def load_manifest(source: StrPath) -> PackSetManifest:
             for s in data["shards"]
         )
         manifest = PackSetManifest(
-            root=path.parent,
+            root=root,
             shards=shards,
             classes=tuple(str(c) for c in data["classes"]),
             num_samples=int(data["num_samples"]),

@@ -475,6 +475,9 @@ def make_client(options: S3Options) -> Any:
         retries={"total_max_attempts": 1},
         max_pool_connections=max(10, options.max_in_flight),
         s3={"addressing_style": "path"} if options.endpoint else None,
+        # A ranged GET has no whole-object checksum to check; rclone sends the one stored
+        # with an upload's checksum anyway and botocore would refuse every range of it.
+        response_checksum_validation="when_required",
     )
     return session.client(
         "s3",

@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import BrokenExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -72,8 +72,9 @@ from h5pack.write.scan import (
     name_paths,
     scan,
 )
+from h5pack.write.upload import is_url
 
-__all__ = ["ConvertEvent", "ConvertReport", "convert", "write_arrays"]
+__all__ = ["ConvertEvent", "ConvertReport", "convert", "convert_file", "write_arrays"]
 
 # Skipped files are also reported here (one summary per conversion), for Python callers
 # who do not pass ``on_event``; the CLI renders the events instead.
@@ -88,26 +89,67 @@ def convert(
     overwrite: bool = False,
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    staging_dir: StrPath | None = None,
 ) -> ConvertReport:
     """Pack the image folder ``source`` into the HDF5 file ``target``.
 
     Args:
         source: An ImageFolder tree, a flat folder, or any folder with ``labels_csv``.
-        target: The pack to write.
+        target: The pack to write: a path, or a URL (``s3://bucket/key.h5``), where the
+            pack is uploaded once complete (NOTE [ Publishing in a bucket ]).
         options: How to convert (default ``ConvertOptions()``).
         overwrite: Replace an existing ``target``.
         progress: Called with the number of steps just done in the current phase (see the
             ``"phase"`` event).
         on_event: Called with each ``ConvertEvent`` (skipped files, the mode chosen...).
+        storage_options: For a URL: the bucket's settings that the environment does not
+            give (docs/object-storage.md).
+        staging_dir: For a URL: where the pack is written before it is uploaded (default:
+            the system's temporary directory).
 
     Returns:
-        What was written.
+        What was written (``path`` is the URL for a URL).
 
     Raises:
         TargetExistsError: ``target`` exists and ``overwrite`` is False.
         SourceError: the source is missing or holds no image that can be packed.
         DecodeError: with ``strict``, the first file that cannot be packed.
         OptionsError: the options do not fit the images.
+        H5PackError: for a URL, the staging directory is too small or the upload failed.
+    """
+    if is_url(target):
+        from h5pack.write.remote import convert_to_url
+
+        return convert_to_url(
+            source,
+            str(target),
+            options,
+            overwrite=overwrite,
+            progress=progress,
+            on_event=on_event,
+            storage_options=storage_options,
+            staging_dir=staging_dir,
+        )
+    return convert_file(
+        source, target, options, overwrite=overwrite, progress=progress, on_event=on_event
+    )
+
+
+def convert_file(
+    source: StrPath,
+    target: StrPath,
+    options: ConvertOptions | None = None,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_event: Callable[[ConvertEvent], None] | None = None,
+    room: Callable[[int], None] | None = None,
+) -> ConvertReport:
+    """Pack ``source`` into the local file ``target`` (``convert`` of a path).
+
+    ``room``, when given, is called with the fewest bytes the pack will take, once the
+    storage is planned and before any image is decoded (a staging directory's check).
     """
     options = options or ConvertOptions()
     emit = on_event or (lambda event: None)
@@ -115,7 +157,9 @@ def convert(
     target_path = check_target(target, overwrite=overwrite)
     remove_leftovers_beside(target_path, emit)
     with sigterm_as_exit(), TempFiles(target_path) as temps:
-        return _logged(_convert(source, target_path, options, temps, overwrite, emit, step))
+        return _logged(
+            _convert(source, target_path, options, temps, overwrite, emit, step, room=room)
+        )
 
 
 def _convert(
@@ -126,6 +170,8 @@ def _convert(
     overwrite: bool,
     emit: Callable[[ConvertEvent], None],
     step: Callable[[int], None],
+    *,
+    room: Callable[[int], None] | None = None,
 ) -> ConvertReport:
     """Scan ``source`` and write the pack (``convert``, inside its lock and signal handler)."""
     started = time.perf_counter()
@@ -158,6 +204,7 @@ def _convert(
             emit=emit,
             step=step,
             overwrite=overwrite,
+            room=room,
         )
     return make_report(published, plan, num, skipped, started)
 
@@ -266,15 +313,19 @@ def write_files(
     step: Callable[[int], None],
     overwrite: bool,
     shard: str | None = None,
+    room: Callable[[int], None] | None = None,
 ) -> Path:
     """Decode ``files`` (in write order) in ``executor`` and publish their pack as ``target_path``.
 
     Files that cannot be packed are appended to ``skipped`` (or stop the conversion with
-    ``strict``); ``shard`` is the identity a pack set's shard records (JSON text).
+    ``strict``); ``shard`` is the identity a pack set's shard records (JSON text); ``room``
+    is called first with the fewest bytes the pack will take (``min_pack_bytes``).
 
     Raises:
         H5PackError: the pack cannot be written (one line for a full or read-only disk).
     """
+    if room is not None:
+        room(min_pack_bytes(plan, files))
     reject = _rejecter(options, skipped, emit)
     arenas: list[Arena] = []
     try:
@@ -352,15 +403,30 @@ def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
     return data + data // 16 + _METADATA_SLACK_BYTES
 
 
+def min_pack_bytes(plan: StoragePlan, files: Sequence[SourceFile]) -> int:
+    """Return the fewest bytes the pack of ``files`` can take (0 when nothing is sure).
+
+    Encoded samples are the files' own bytes; uncompressed fixed-size pixels are their
+    array. Compressed pixels can shrink to almost nothing, so they promise no bytes: a
+    disk that fills later stops the conversion with one error instead.
+    """
+    if plan.mode == "encoded":
+        return int(file_sizes(files).sum())
+    if plan.spec.compressed:
+        return 0
+    if plan.spec.sample_shape is not None:
+        return len(files) * math.prod(plan.spec.sample_shape)
+    return plan.spec.blob_bytes or 0
+
+
 def images_left_bytes(
     plan: StoragePlan, num_samples: int, sample_bytes: int, *, in_flight: int
 ) -> int:
     """Return the most bytes of images still to write once every sample is decoded.
 
     Chunked: the partial last block and, when compressing, the blocks still in the pool
-    (at most ``in_flight``, the last one included), never more than all the samples'
-    bytes (``sample_bytes``, with a codec's worst expansion). A contiguous blob: all of it,
-    staged in a side file until then (``sample_bytes``, plus a chunk for the alignment).
+    (at most ``in_flight``, the last one included). A contiguous blob: all of it, staged
+    in a side file until then (``sample_bytes``, plus a chunk for the alignment).
     """
     if plan.spec.chunks is None and plan.storage == "blob":
         return sample_bytes + plan.chunk_bytes
@@ -370,14 +436,7 @@ def images_left_bytes(
         partial = (num_samples % plan.group_samples) * sample
     else:
         block = partial = plan.chunk_bytes
-    if not plan.spec.compressed:
-        return partial
-    # The blocks in flight hold at most every sample: a small pack (or one compressed well)
-    # never needs room for whole blocks it does not have (issue 20 H: 6.4 MiB asked for a
-    # 2.5 MiB pack of 3.5 MiB of pixels). Codecs expand incompressible data by well under
-    # 1/64 (zstd, lz4: ~0.4%; blosc: 16 bytes a block).
-    bound = sample_bytes + sample_bytes // 64 + _METADATA_SLACK_BYTES
-    return min(partial + (in_flight - 1) * block, bound)
+    return partial + (in_flight - 1) * block if plan.spec.compressed else partial
 
 
 def _room_checked(

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_po
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import finish_set, prepare_out_dir
 from h5pack.write.pipeline import keep_freed_memory, probe_batch
+from h5pack.write.remote import RemoteSet
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
@@ -46,6 +47,7 @@ from h5pack.write.shards import (
     split_source,
     write_shard,
 )
+from h5pack.write.upload import is_url
 
 __all__ = ["convert_on_dask", "dask_client"]
 
@@ -116,8 +118,10 @@ def run_shard(task: ShardTask) -> ShardReport:
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 for its workers: without this the
         # tasks took 4.0 ms of CPU per image against 2.6 in the pool (scripts/bench_shards.py).
         keep_freed_memory()
-        # A task Dask runs again after its worker died finds what that worker left.
-        remove_leftovers_beside(task.target, _ignore)
+        # A task Dask runs again after its worker died finds what that worker left (a
+        # shard bound for a bucket: its staging directory and upload, swept when written).
+        if task.remote is None:
+            remove_leftovers_beside(task.target, _ignore)
         report, _ = write_shard(task, executor=executor, workers=1, emit=_ignore, step=_ignore)
     return report
 
@@ -136,6 +140,8 @@ def convert_on_dask(
     overwrite: bool = False,
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    staging_dir: StrPath | None = None,
 ) -> PackSetReport:
     """Pack ``source`` into a pack set of ``shards`` shards, one Dask task per shard.
 
@@ -143,12 +149,18 @@ def convert_on_dask(
         client: A ``distributed.Client``; its workers must see ``source`` and ``out_dir``
             at the same paths.
         source: The image folder.
-        out_dir: The pack set's directory.
+        out_dir: The pack set's directory, or a prefix in a bucket (``s3://bucket/set/``):
+            each task then writes its shard in a staging directory of its own machine and
+            uploads it; the client uploads the manifest.
         options: How to convert (``workers`` is not used: each task runs in its worker).
         shards: Shards of the split (more shards than workers balance better).
         overwrite: Replace shards (and a manifest) that do not match.
         progress: Called with the images of each shard as it completes.
         on_event: Called with each ``ConvertEvent``.
+        storage_options: For a bucket: settings the environment does not give (the
+            workers' environment is read where they run).
+        staging_dir: For a bucket: where each worker stages its shard (default: its
+            temporary directory).
 
     Returns:
         What was written or reused, and the manifest's path.
@@ -162,9 +174,15 @@ def convert_on_dask(
     step = progress or _ignore
     started = time.perf_counter()
     distributed = _distributed()
-    out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
-    out = Path(os.path.abspath(out))  # the workers may run elsewhere
-    remove_leftovers_beside(out / shard_name(0, shards), emit)
+    remote = (
+        RemoteSet(os.fspath(out_dir), storage_options, staging_dir) if is_url(out_dir) else None
+    )
+    if remote is None:
+        out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
+        out = Path(os.path.abspath(out))  # the workers may run elsewhere
+        remove_leftovers_beside(out / shard_name(0, shards), emit)
+    else:
+        out = remote.prepare(shards, options, overwrite=overwrite)
     split = split_source(os.path.abspath(source), options, shards, emit)
     sizes: Counter[tuple[int, int]] | None = None
     if needs_probe(options):
@@ -176,7 +194,14 @@ def convert_on_dask(
         sizes = sum(client.gather(client.map(probe_files, slices, pure=False)), Counter())
     estimate = split.estimate_bytes()
     tasks = [
-        split.task(i, out, sizes=sizes, estimate_bytes=estimate, overwrite=overwrite)
+        split.task(
+            i,
+            out,
+            sizes=sizes,
+            estimate_bytes=estimate,
+            overwrite=overwrite,
+            remote=remote.shard(i, shards) if remote is not None else None,
+        )
         for i in range(shards)
     ]
     reason = plan_reason(tasks[0], len(split.files))
@@ -191,20 +216,32 @@ def convert_on_dask(
             step(report.num_planned)
     finally:
         client.cancel([f for f in futures if not f.done()])
-    manifest, missing = finish_set(
-        out,
-        identities=[split.identity(i) for i in range(shards)],
-        options=options,
-        classes=split.classes,
-        metas={},
-        emit=emit,
-    )
+    identities = [split.identity(i) for i in range(shards)]
+    if remote is not None:
+        manifest, missing = remote.finish(
+            identities=identities,
+            options=options,
+            classes=split.classes,
+            metas={},
+            sizes={},
+            emit=emit,
+        )
+    else:
+        written, missing = finish_set(
+            out,
+            identities=identities,
+            options=options,
+            classes=split.classes,
+            metas={},
+            emit=emit,
+        )
+        manifest = os.fspath(written) if written is not None else None
     return PackSetReport(
-        root=os.fspath(out),
+        root=remote.prefix_url if remote is not None else os.fspath(out),
         num_shards=shards,
         num_found=len(split.files),
         shards=tuple(reports[i] for i in sorted(reports)),
-        manifest=os.fspath(manifest) if manifest is not None else None,
+        manifest=manifest,
         missing=missing,
         reason=reason,
         elapsed_s=time.perf_counter() - started,

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ from h5pack.write.publish import (
     sigterm_as_exit,
     temp_path,
 )
+from h5pack.write.remote import has_url, merge_with_urls
 
 # NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
 # ``fmt.VIRTUAL_SOURCES_KEY`` (JSON list of {path, pack_id, file_bytes, num_samples,
@@ -707,6 +708,8 @@ def merge_packs(
     keep_order: bool = False,
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    staging_dir: StrPath | None = None,
 ) -> MergeReport:
     """Write the packs ``sources`` (a pack set, a list of packs, or one pack) as one pack.
 
@@ -732,6 +735,11 @@ def merge_packs(
         progress: Called with the number of samples just merged.
         on_event: Called with a ``ConvertEvent`` (``"phase"``, with the samples to merge as
             ``total``) once the sources are checked.
+        storage_options: For URLs (sources ``s3://bucket/set/`` or ``s3://bucket/a.h5``,
+            or the target): the bucket's settings beyond the environment. Remote sources
+            are downloaded and a remote target uploaded whole (``remote.merge_with_urls``).
+        staging_dir: For URLs: where they are downloaded and the merged pack is written
+            before it is uploaded (default: the system's temporary directory).
 
     Returns:
         What was written.
@@ -744,6 +752,18 @@ def merge_packs(
             sample shape, dtype, chunks, filters or classes (the message names two files
             and what differs).
     """
+    if has_url(sources, target):
+        return merge_with_urls(
+            sources,
+            target,
+            overwrite=overwrite,
+            virtual=virtual,
+            keep_order=keep_order,
+            progress=progress,
+            on_event=on_event,
+            storage_options=storage_options,
+            staging_dir=staging_dir,
+        )
     started = time.perf_counter()
     step_done = progress or (lambda n: None)
     target_path = check_target(target, overwrite=overwrite)

@@ -32,7 +32,7 @@ from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsEr
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.options import ConvertOptions
 
-__all__ = ["finish_set", "prepare_out_dir", "shard_problems"]
+__all__ = ["finish_set", "meta_problems", "prepare_out_dir", "shard_problems"]
 
 
 def prepare_out_dir(
@@ -87,6 +87,16 @@ def shard_problems(
             fmt.read_paths(handle, meta)
     except FormatError as err:
         return None, [f"it cannot be read ({err})"]
+    return meta, meta_problems(meta, identity, options, classes)
+
+
+def meta_problems(
+    meta: PackMeta, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
+) -> list[str]:
+    """Return how the shard of metadata ``meta`` differs from what this conversion would write.
+
+    The restart check of a shard, local or in a bucket (empty: it can be reused).
+    """
     problems = identity.differences(meta.shard)
     if meta.classes != tuple(classes):
         problems.append("another class list (the class folders changed)")
@@ -98,7 +108,7 @@ def shard_problems(
             + ", ".join(f"{k}: {recorded.get(k)!r}, now {wanted.get(k)!r}" for k in changed)
             + ")"
         )
-    return meta, problems
+    return problems
 
 
 def _content_options(options: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -61,7 +61,9 @@ from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import finish_set, prepare_out_dir, shard_problems
 from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
+from h5pack.write.remote import RemoteSet, RemoteShard
 from h5pack.write.scan import SourceFile, file_sizes
+from h5pack.write.upload import is_url
 
 __all__ = ["PackSetReport", "ShardReport", "ShardTask", "SourceSplit", "convert_set"]
 
@@ -152,6 +154,8 @@ class ShardTask:
         plan_samples: Samples of the largest shard (chunk rows are sized for it).
         problems: The scan's problems (shard 0), else empty.
         overwrite: Replace a shard that does not match.
+        remote: Where the shard is published when the set is in a bucket (``target`` then
+            only gives its name), else None.
     """
 
     target: Path
@@ -165,6 +169,7 @@ class ShardTask:
     plan_samples: int
     problems: tuple[SkippedFile, ...]
     overwrite: bool
+    remote: RemoteShard | None = None
 
     def plan(self) -> StoragePlan:
         """Return the storage of the shard (the same for every shard of the set)."""
@@ -235,6 +240,7 @@ class SourceSplit:
         sizes: Counter[tuple[int, int]] | None,
         estimate_bytes: np.ndarray | None,
         overwrite: bool,
+        remote: RemoteShard | None = None,
     ) -> ShardTask:
         """Return shard ``index``'s task."""
         lo, hi = self.bounds(index)
@@ -250,6 +256,7 @@ class SourceSplit:
             plan_samples=-(-len(self.files) // self.num_shards),
             problems=self.problems if index == 0 else (),
             overwrite=overwrite,
+            remote=remote,
         )
 
 
@@ -291,12 +298,16 @@ def convert_set(
     overwrite: bool = False,
     progress: Step | None = None,
     on_event: Emit | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    staging_dir: StrPath | None = None,
 ) -> PackSetReport:
     """Pack the image folder ``source`` into a pack set of ``shards`` shards in ``out_dir``.
 
     Args:
         source: An image folder, as for ``convert``.
-        out_dir: The pack set's directory (created if missing; its parent must exist).
+        out_dir: The pack set's directory (created if missing; its parent must exist), or
+            a prefix in a bucket (``s3://bucket/set/``): each shard is written locally,
+            then uploaded, the manifest last (NOTE [ Publishing in a bucket ]).
         options: How to convert (default ``ConvertOptions()``).
         shards: Shards of the split.
         only: Build only this shard (one process per shard: a Slurm array task, a
@@ -304,9 +315,12 @@ def convert_set(
         overwrite: Replace shards (and a manifest) that do not match this conversion.
         progress: Called with the number of steps just done in the current phase.
         on_event: Called with each ``ConvertEvent``.
+        storage_options: For a bucket: settings the environment does not give.
+        staging_dir: For a bucket: where each shard is written before it is uploaded.
 
     Returns:
-        What was written or reused, and the manifest's path once the set is complete.
+        What was written or reused, and the manifest's path (or URL) once the set is
+        complete.
 
     Raises:
         TargetExistsError: a shard (or manifest) exists that does not match, without
@@ -319,8 +333,14 @@ def convert_set(
     step = progress or (lambda n: None)
     started = time.perf_counter()
     indices = _indices(shards, only)
-    out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
-    remove_leftovers_beside(out / shard_name(0, shards), emit)
+    remote = (
+        RemoteSet(os.fspath(out_dir), storage_options, staging_dir) if is_url(out_dir) else None
+    )
+    if remote is None:
+        out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
+        remove_leftovers_beside(out / shard_name(0, shards), emit)
+    else:
+        out = remote.prepare(shards, options, overwrite=overwrite)
     split = split_source(source, options, shards, emit)
     workers = options.effective_workers
     reports: list[ShardReport] = []
@@ -331,7 +351,14 @@ def convert_set(
             sizes = probe_sizes(executor, split.files, workers, emit, step)
         estimate = split.estimate_bytes()
         tasks = [
-            split.task(i, out, sizes=sizes, estimate_bytes=estimate, overwrite=overwrite)
+            split.task(
+                i,
+                out,
+                sizes=sizes,
+                estimate_bytes=estimate,
+                overwrite=overwrite,
+                remote=remote.shard(i, shards) if remote is not None else None,
+            )
             for i in indices
         ]
         reason = plan_reason(tasks[0], len(split.files))
@@ -342,20 +369,32 @@ def convert_set(
             )
             reports.append(report)
             metas[task.identity.index] = meta
-    manifest, missing = finish_set(
-        out,
-        identities=[split.identity(i) for i in range(shards)],
-        options=options,
-        classes=split.classes,
-        metas=metas,
-        emit=emit,
-    )
+    identities = [split.identity(i) for i in range(shards)]
+    if remote is not None:
+        manifest, missing = remote.finish(
+            identities=identities,
+            options=options,
+            classes=split.classes,
+            metas=metas,
+            sizes={r.index: r.file_bytes for r in reports},
+            emit=emit,
+        )
+    else:
+        written, missing = finish_set(
+            out,
+            identities=identities,
+            options=options,
+            classes=split.classes,
+            metas=metas,
+            emit=emit,
+        )
+        manifest = os.fspath(written) if written is not None else None
     return PackSetReport(
-        root=os.fspath(out),
+        root=remote.prefix_url if remote is not None else os.fspath(out),
         num_shards=shards,
         num_found=len(split.files),
         shards=tuple(reports),
-        manifest=os.fspath(manifest) if manifest is not None else None,
+        manifest=manifest,
         missing=missing,
         reason=reason,
         elapsed_s=time.perf_counter() - started,
@@ -388,32 +427,17 @@ def write_shard(
     Raises:
         TargetExistsError: the shard exists, does not match and not ``task.overwrite``.
     """
+    if task.remote is not None:
+        from h5pack.write.remote import write_remote_shard
+
+        return write_remote_shard(task, executor=executor, workers=workers, emit=emit, step=step)
     started = time.perf_counter()
     identity = task.identity
-    where = f"shard {identity.index}/{identity.num_shards}"
     meta = reusable_shard(task, emit)
     if meta is None:
-        target = task.target
-        emit(ConvertEvent("phase", f"{where}: converting", total=len(task.files)))
-        skipped = list(task.problems)
-        with sigterm_as_exit(), TempFiles(target) as temps:
-            check_not_a_source(target, (f.path for f in task.files))
-            write_files(
-                target,
-                task.plan(),
-                task.files,
-                sample_table(task.files, task.classes, task.positions),
-                options=task.options,
-                executor=executor,
-                workers=workers,
-                temps=temps,
-                skipped=skipped,
-                emit=emit,
-                step=step,
-                overwrite=True,  # a shard there was checked above: it did not match
-                shard=identity.to_text(),
-            )
-        meta = fmt.load_meta(target)
+        meta = convert_shard_file(
+            task, task.target, executor=executor, workers=workers, emit=emit, step=step
+        )
         status: Literal["written", "reused"] = "written"
     else:
         status = "reused"
@@ -428,6 +452,45 @@ def write_shard(
         skipped=meta.skipped,
     )
     return report, meta
+
+
+def convert_shard_file(
+    task: ShardTask,
+    target: Path,
+    *,
+    executor: Any,
+    workers: int,
+    emit: Emit,
+    step: Step,
+    room: Callable[[int], None] | None = None,
+) -> PackMeta:
+    """Convert shard ``task`` into the local file ``target`` (replacing one); return its meta.
+
+    ``room`` is ``write_files``'s check of the space the pack needs.
+    """
+    identity = task.identity
+    where = f"shard {identity.index}/{identity.num_shards}"
+    emit(ConvertEvent("phase", f"{where}: converting", total=len(task.files)))
+    skipped = list(task.problems)
+    with sigterm_as_exit(), TempFiles(target) as temps:
+        check_not_a_source(target, (f.path for f in task.files))
+        write_files(
+            target,
+            task.plan(),
+            task.files,
+            sample_table(task.files, task.classes, task.positions),
+            options=task.options,
+            executor=executor,
+            workers=workers,
+            temps=temps,
+            skipped=skipped,
+            emit=emit,
+            step=step,
+            overwrite=True,  # a shard there was checked first: it did not match
+            shard=identity.to_text(),
+            room=room,
+        )
+    return fmt.load_meta(target)
 
 
 def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:

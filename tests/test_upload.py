@@ -1,0 +1,314 @@
+"""Writing into a bucket (issue 17 item 2): convert, sets, Dask and merge into s3:// URLs.
+
+Against the real local server (``rclone serve s3``, tests/conftest.py) through the counting
+proxy. A pack is converted locally into a staging directory, then uploaded whole; what the
+bucket holds is read back and compared with a local conversion of the same folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from h5pack import ConvertOptions, TargetExistsError, convert, convert_set, merge_packs
+from h5pack.bench.s3local import Bucket as ServerBucket
+from h5pack.bench.s3local import Fault
+from h5pack.cli.main import cli
+from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
+from h5pack.errors import H5PackError, OptionsError, RemoteError
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.write import publish, upload
+from h5pack.write.builder import ConvertEvent
+from h5pack.write.upload import Bucket, Staging
+from tests.helpers import contents
+
+ONE = ConvertOptions(workers=1)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 small JPEGs in 4 classes."""
+    root = tmp_path_factory.mktemp("upload") / "images"
+    make_image_folder(root, SampleSpec(num_images=40, num_classes=4, size=(12, 16)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def single(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local conversion of the folder: the reference."""
+    target = tmp_path_factory.mktemp("single") / "all.h5"
+    convert(folder, target, ONE)
+    return target
+
+
+@pytest.fixture
+def staging(tmp_path: Path) -> Path:
+    root = tmp_path / "staging"
+    root.mkdir()
+    return root
+
+
+def options_of(bucket: ServerBucket) -> dict[str, Any]:
+    return dict(bucket.storage_options)
+
+
+def writer(bucket: ServerBucket) -> Bucket:
+    return Bucket(bucket.url(), options_of(bucket))
+
+
+def stored(bucket: ServerBucket, key: str) -> Path:
+    """The object's bytes as the server keeps them (its folder on disk)."""
+    return bucket.path / key
+
+
+def notes(events: list[ConvertEvent]) -> list[str]:
+    return [e.message for e in events if e.kind == "note"]
+
+
+# -- one pack ---------------------------------------------------------------------------
+
+
+def test_convert_to_a_bucket_reads_back_as_a_local_conversion(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, tmp_path: Path
+) -> None:
+    url = s3_bucket.url("packs/all.h5")
+    report = convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
+    assert report.path == url
+    assert report.num_samples == 40
+    # Read back through the server: the same pixels, labels, paths, order.
+    copy = tmp_path / "copy.h5"
+    assert writer(s3_bucket).download("packs/all.h5", copy) == report.file_bytes
+    assert contents(copy) == contents(single)
+    assert list(staging.iterdir()) == []  # the staging directory went with the run
+    assert s3_bucket.proxy.counts.requests.get("PUT", 0) == 1  # one small pack, one PUT
+
+
+def test_an_existing_object_is_refused_by_url(
+    folder: Path, s3_bucket: ServerBucket, staging: Path
+) -> None:
+    url = s3_bucket.url("pack.h5")
+    store = options_of(s3_bucket)
+    convert(folder, url, ONE, storage_options=store, staging_dir=staging)
+    with pytest.raises(TargetExistsError, match=rf"{url} already exists; pass --overwrite"):
+        convert(folder, url, ONE, storage_options=store, staging_dir=staging)
+    with pytest.raises(OptionsError, match=rf"{s3_bucket.url('set/')} is a prefix, not a pack"):
+        convert(folder, s3_bucket.url("set/"), ONE, storage_options=store, staging_dir=staging)
+    again = convert(folder, url, ONE, overwrite=True, storage_options=store, staging_dir=staging)
+    assert again.path == url
+
+
+def test_a_large_pack_goes_up_in_parts(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(upload, "PART_BYTES", 4096)  # the local server takes small parts
+    url = s3_bucket.url("parts.h5")
+    report = convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
+    parts = -(-report.file_bytes // 4096)
+    # create + parts + complete (POSTs and PUTs); the object is whole
+    counts = s3_bucket.proxy.counts.requests
+    assert counts.get("PUT", 0) == parts
+    assert counts.get("POST", 0) == 2
+    assert contents(stored(s3_bucket, "parts.h5")) == contents(single)
+    assert writer(s3_bucket).pending("") == []
+
+
+def test_a_part_that_fails_is_retried_then_the_upload_is_aborted(
+    s3_bucket: ServerBucket, tmp_path: Path
+) -> None:
+    data = os.urandom(3 * 5000 + 17)
+    local = tmp_path / "blob.bin"
+    local.write_bytes(data)
+    bucket = writer(s3_bucket)
+    s3_bucket.proxy.inject(Fault("status", status=503, method="PUT"), times=2)
+    done = bucket.upload(local, "blob.bin", part_size=5000)
+    assert done.size == len(data)
+    assert stored(s3_bucket, "blob.bin").read_bytes() == data
+    # A part that keeps failing: one error naming the URL, no object, no parts left.
+    s3_bucket.proxy.inject(Fault("reset", method="PUT"), times=50)
+    with pytest.raises(RemoteError, match=r"s3://bucket-\d+/other.bin: part \d of 4"):
+        bucket.upload(local, "other.bin", part_size=5000)
+    s3_bucket.proxy.clear()
+    assert bucket.info("other.bin") is None
+    assert bucket.pending("") == []
+
+
+def test_a_full_staging_directory_stops_before_decoding(
+    folder: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
+) -> None:
+    url = s3_bucket.url("big.h5")
+    monkeypatch.setattr(publish, "free_bytes", lambda directory: 100)
+    with pytest.raises(H5PackError, match=rf"staging directory {staging}.*--staging-dir") as caught:
+        convert(
+            folder,
+            url,
+            ConvertOptions(workers=1, mode="encoded"),
+            storage_options=options_of(s3_bucket),
+            staging_dir=staging,
+        )
+    assert "no space left" in str(caught.value)
+    assert writer(s3_bucket).info("big.h5") is None  # nothing uploaded
+    assert list(staging.iterdir()) == []
+
+
+# A conversion into the bucket that stops for good after the first part of its upload, for
+# the test below to kill: the multipart upload is then open, with one part stored.
+_HANG = """
+import sys, time
+from pathlib import Path
+import h5pack.write.upload as upload
+from h5pack import ConvertOptions, convert
+
+upload.PART_BYTES = 4096
+upload.UPLOAD_CONCURRENCY = 1
+original = upload.Bucket._call
+
+def call(self, key, what, *args, **kwargs):
+    if what.startswith("part 2 "):
+        Path(sys.argv[3]).write_text("in the upload")
+        time.sleep(120)
+    return original(self, key, what, *args, **kwargs)
+
+upload.Bucket._call = call
+convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=1), staging_dir=sys.argv[4])
+"""
+
+
+def environment_of(bucket: ServerBucket) -> dict[str, str]:
+    """The environment variables that reach the bucket's server (through its proxy)."""
+    store = bucket.storage_options
+    return {
+        **os.environ,
+        "AWS_ENDPOINT_URL": str(store["endpoint"]),
+        "AWS_ACCESS_KEY_ID": str(store["access_key_id"]),
+        "AWS_SECRET_ACCESS_KEY": str(store["secret_access_key"]),
+        "AWS_REGION": str(store["region"]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def test_kill_9_mid_upload_leaves_no_object_and_the_rerun_sweeps(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, tmp_path: Path
+) -> None:
+    url, marker = s3_bucket.url("killed.h5"), tmp_path / "marker"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HANG, str(folder), url, str(marker), str(staging)],
+        env=environment_of(s3_bucket),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the conversion did not reach its upload"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    bucket = writer(s3_bucket)
+    assert bucket.info("killed.h5") is None  # never part of a pack under its key
+    assert [u.key for u in bucket.pending("")] == ["killed.h5"]  # its parts are billed
+    assert len(list(staging.iterdir())) == 1  # and its staging directory is left
+    events: list[ConvertEvent] = []
+    convert(
+        folder,
+        url,
+        ONE,
+        storage_options=options_of(s3_bucket),
+        staging_dir=staging,
+        on_event=events.append,
+    )
+    said = notes(events)
+    assert any("aborted 1 incomplete multipart upload" in n and "killed.h5" in n for n in said)
+    assert any(n.startswith("removed 1 leftover") for n in said)
+    assert bucket.pending("") == []
+    assert list(staging.iterdir()) == []
+    assert contents(stored(s3_bucket, "killed.h5")) == contents(single)
+
+
+def test_a_live_runs_staging_directory_is_left_alone(tmp_path: Path) -> None:
+    with Staging(tmp_path, what="a pack") as first, Staging(tmp_path, what="another") as second:
+        assert first.path.is_dir()
+        assert second.removed == []
+    (tmp_path / "h5pack-staging-1-dead").mkdir()  # no lock file: killed before it made one
+    with Staging(tmp_path, what="a pack") as third:
+        assert third.removed == [tmp_path / "h5pack-staging-1-dead"]
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- pack sets --------------------------------------------------------------------------
+
+
+def test_a_set_in_a_bucket_reads_back_as_a_local_set(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path
+) -> None:
+    url = s3_bucket.url("set/")
+    store = options_of(s3_bucket)
+    report = convert_set(folder, url, ONE, shards=3, storage_options=store, staging_dir=staging)
+    assert report.root == url
+    assert report.manifest == url + MANIFEST_NAME
+    assert [s.path for s in report.shards] == [url + shard_name(i, 3) for i in range(3)]
+    # The server's folder is the set as the bucket holds it.
+    assert contents(stored(s3_bucket, "set")) == contents(single)
+    manifest = load_manifest(stored(s3_bucket, "set"))
+    assert [e.file_bytes for e in manifest.shards] == [s.file_bytes for s in report.shards]
+
+
+def test_cli_converts_into_a_bucket_from_the_environment(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
+) -> None:
+    for name, value in environment_of(s3_bucket).items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    url = s3_bucket.url("cli/")
+    staging_flag = ("--staging-dir", str(staging))
+    result = CliRunner().invoke(
+        cli,
+        [*("convert", str(folder), url, "--shards", "2", "--workers", "1", "-q"), *staging_flag],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"manifest {url}{MANIFEST_NAME}" in result.output
+    assert contents(stored(s3_bucket, "cli")) == contents(single)
+    again = CliRunner().invoke(
+        cli, ["convert", str(folder), url + "one.h5", "-q", "--workers", "1"]
+    )
+    assert again.exit_code == 0, again.output
+    refused = CliRunner().invoke(cli, ["convert", str(folder), url + "one.h5", "-q"])
+    assert refused.exit_code == 1
+    assert f"Error: {url}one.h5 already exists" in refused.output
+
+
+# -- merge ------------------------------------------------------------------------------
+
+
+def test_merge_reads_and_writes_urls(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, tmp_path: Path
+) -> None:
+    store = options_of(s3_bucket)
+    convert_set(
+        folder, s3_bucket.url("set/"), ONE, shards=3, storage_options=store, staging_dir=staging
+    )
+    local_set = tmp_path / "local"
+    convert_set(folder, local_set, ONE, shards=3)
+    reference = tmp_path / "merged.h5"
+    merge_packs(local_set, reference)
+    url = s3_bucket.url("merged.h5")
+    report = merge_packs(s3_bucket.url("set/"), url, storage_options=store, staging_dir=staging)
+    assert report.path == url
+    assert report.sources == tuple(s3_bucket.url("set/" + shard_name(i, 3)) for i in range(3))
+    assert contents(stored(s3_bucket, "merged.h5")) == contents(reference)
+    # A URL source into a local target, and a list of URLs.
+    to_local = tmp_path / "from-bucket.h5"
+    shards = [s3_bucket.url("set/" + shard_name(i, 3)) for i in range(3)]
+    merge_packs(shards, to_local, storage_options=store, staging_dir=staging)
+    assert contents(to_local) == contents(reference)
+    with pytest.raises(TargetExistsError, match=rf"{url} already exists"):
+        merge_packs(s3_bucket.url("set/"), url, storage_options=store, staging_dir=staging)
+    assert list(staging.iterdir()) == []
