@@ -35,6 +35,10 @@ class PackNotFoundError(FormatError, FileNotFoundError):
     """The pack's path does not exist."""
 
 
+class PackReplacedError(FormatError):
+    """The path names another file than the one opened first (replaced, rewritten)."""
+
+
 class CacheClosedError(H5PackError, ValueError):
     """A decoded cache was closed in this process, or its owner closed it or exited."""
 

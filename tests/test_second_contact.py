@@ -16,7 +16,7 @@ from h5pack.core.layout import Compression
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 from h5pack.training.dataset import H5ImageDataset
 from h5pack.training.loader import make_loader
-from h5pack.write.convert import write_arrays
+from h5pack.write.convert import convert, write_arrays
 from h5pack.write.options import ConvertOptions
 from tests.helpers import make_folder, make_pack
 
@@ -154,3 +154,42 @@ def test_damage_found_in_a_worker_arrives_as_the_original_error(tmp_path) -> Non
     assert "chunk group 1" in text
     assert "Traceback" not in text
     assert caught.value.__cause__ is None
+
+
+def test_verify_of_a_pack_replaced_mid_run_says_run_verify_again(tmp_path, monkeypatch) -> None:
+    import h5pack.check.verify as verify
+
+    pack = make_pack(tmp_path / "p.h5")
+    other = make_pack(tmp_path / "q.h5")  # another pack id
+    structure = verify._structure_problems
+
+    def replaced_meanwhile(*args: object, **kwargs: object):  # between metadata and images
+        os.replace(other, pack)
+        return structure(*args, **kwargs)
+
+    monkeypatch.setattr(verify, "_structure_problems", replaced_meanwhile)
+    result = _cli("verify", pack, "-q")
+    assert result.exit_code == 1
+    assert "was replaced while verify read it" in result.output
+    assert "run verify again" in result.output
+    assert "loader" not in result.output  # was: "rebuild the loader"
+
+
+def test_the_room_asked_for_is_never_more_than_the_samples(tmp_path, monkeypatch) -> None:  # H
+    import h5pack.write.publish as publish
+
+    asked: list[int] = []
+    reserve = publish.reserve_room
+
+    def recorded(path, nbytes, *, what):
+        asked.append(nbytes)
+        return reserve(path, nbytes, what=what)
+
+    monkeypatch.setattr(publish, "reserve_room", recorded)
+    make_folder(tmp_path / "images", per_class=20, size=(32, 32))  # 40 images, one chunk
+    options = ConvertOptions(size=(32, 32), compression=Compression(codec="zstd"), workers=2)
+    convert(tmp_path / "images", tmp_path / "p.h5", options)
+    pixels = 40 * 32 * 32 * 3  # 120 KiB; compressed, the pack is smaller
+    assert asked
+    # was: room for every block the 2 workers could hold, 3 x 120 KiB
+    assert max(asked) <= pixels + pixels // 64 + 2**15 + 2**16  # + the metadata's room

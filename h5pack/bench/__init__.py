@@ -5,6 +5,8 @@
 - ``bench_loader`` / ``diagnose``: throughput of given loader settings on one pack, and
   where the time goes (``h5pack bench``);
 - ``measure_pack``: one pack under the access patterns;
+- ``mix_plan`` / ``bench_mix``: a mix of sources by weight: each one's share, passes and
+  coverage per epoch, and a loader's throughput over the mix (``info``/``bench --weights``);
 - ``TrainingRead``: how training reads the images (the loader's size, crop and flip);
 - ``h5pack.bench.report``: tables, report.json, report.md and plots.
 
@@ -25,6 +27,7 @@ from h5pack.bench.compare import CompareEvent, CompareOptions, CompareReport, co
 from h5pack.bench.diagnose import Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
 from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
+from h5pack.bench.mixture import MixBench, MixPlan, bench_mix, mix_plan
 from h5pack.bench.ranking import Recommendation, VariantResult, recommend
 from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
 from h5pack.bench.system import (
@@ -64,6 +67,8 @@ __all__ = [
     "FullShuffleBatchSampler",
     "Machine",
     "MeasureOptions",
+    "MixBench",
+    "MixPlan",
     "PatternLoader",
     "PatternResult",
     "ReadCount",
@@ -75,12 +80,14 @@ __all__ = [
     "VariantSpec",
     "available_memory_bytes",
     "bench_loader",
+    "bench_mix",
     "compare",
     "consistent_rates",
     "diagnose",
     "drop_page_cache",
     "machine_info",
     "measure_pack",
+    "mix_plan",
     "parse_variant",
     "parse_variants",
     "quick_variants",

@@ -15,7 +15,7 @@ from h5pack.check.probe import probe_pack
 from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.packset import is_packset
-from h5pack.errors import DecodeError, FormatError
+from h5pack.errors import DecodeError, FormatError, PackReplacedError
 from h5pack.read.packset import PackSource
 
 # Mean absolute difference (0..255 levels) below which decoded pixels count as the same
@@ -271,7 +271,14 @@ def check_pack(path: StrPath, *, progress: Callable[[int], None] | None = None) 
     checks = _sample_checks(meta)
     verified = 0
     options = ReaderOptions(direct=False, verify_checksums=False)
-    with PackReader(text, options, meta=meta) as reader:
+    try:
+        reader = PackReader(text, options, meta=meta)
+    except PackReplacedError as err:
+        raise PackReplacedError(
+            f"{text} was replaced while verify read it (another file took its path between "
+            "reading its metadata and its images); run verify again once nothing writes it"
+        ) from err
+    with reader:
         for group in range(reader.chunk_map.num_chunks):
             indices = reader.chunk_map.samples(group)
             try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
+from h5pack.cli.flags import mix_flags
 from h5pack.cli.main import ByteSize, quiet_flag
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.main)
@@ -324,6 +325,8 @@ def _fields(options: Any) -> dict[str, Any]:
     help="Also run in-memory batches and a cold page cache, and name the bottleneck.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@mix_flags
+@click.option("--stratify", is_flag=True, help="With --weights: hold the shares in every batch.")
 @quiet_flag
 def bench(
     packs: tuple[str, ...],
@@ -342,6 +345,9 @@ def bench(
     seed: int,
     diagnose: bool,
     as_json: bool,
+    weights: tuple[float, ...] | None,
+    epoch_samples: int | None,
+    stratify: bool,
     quiet: bool,
 ) -> None:
     """Measure h5pack's loader on PACKS: images/s with the spread over repeated runs.
@@ -350,8 +356,26 @@ def bench(
     one set, through make_loader as training reads it (--train-size, --crop, --flip), in
     runs of enough epochs to time. --diagnose also times the same loader on in-memory
     batches (its ceiling, interleaved with the pack's runs) and with a cold page cache,
-    and says where the time goes and what would help for this pack.
+    and says where the time goes and what would help for this pack. With --weights, PACKS
+    are the sources of a mix (each a pack or a set): each source's share, passes per epoch
+    and coverage, the mix's images/s, CPU per image and chunks decompressed per sample.
     """
+    if weights is not None or epoch_samples is not None or stratify:
+        _bench_mix(
+            packs,
+            weights,
+            epoch_samples=epoch_samples,
+            stratify=stratify,
+            batch_size=batch_size,
+            workers=workers,
+            train_size=train_size,
+            repeats=repeats,
+            warmup=warmup,
+            time_budget=time_budget,
+            seed=seed,
+            as_json=as_json,
+        )
+        return
     from h5pack.bench.diagnose import diagnose as run_diagnose
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
     from h5pack.bench.throughput import BenchOptions, bench_loader
@@ -391,3 +415,50 @@ def bench(
         click.echo(format_diagnosis(result))
     else:
         click.echo(format_bench(result))
+
+
+def _bench_mix(
+    packs: tuple[str, ...],
+    weights: tuple[float, ...] | None,
+    *,
+    epoch_samples: int | None,
+    stratify: bool,
+    batch_size: int,
+    workers: int | Literal["auto"],
+    train_size: str | None,
+    repeats: int,
+    warmup: int,
+    time_budget: float,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """``bench --weights``: a loader over the mix of PACKS."""
+    from h5pack.bench import bench_mix
+    from h5pack.bench.reading import parse_train_size
+
+    if weights is None:
+        raise click.BadParameter("--epoch-samples and --stratify apply to a mix: add --weights")
+    if len(weights) != len(packs):
+        raise click.BadParameter(
+            f"should give one weight per source ({len(packs)}), but got {len(weights)}",
+            param_hint="--weights",
+        )
+    size = parse_train_size(train_size) if train_size is not None else None
+    result = bench_mix(
+        list(packs),
+        weights,
+        epoch_samples=epoch_samples,
+        stratify=stratify,
+        batch_size=batch_size,
+        workers=workers,
+        size=size,
+        repeats=repeats,
+        warmup=warmup,
+        budget_s=time_budget,
+        seed=seed,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    for line in result.lines():
+        click.echo(line)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from h5pack.cli.flags import format_bytes, progress_for, quiet_flag
+from h5pack.cli.flags import format_bytes, mix_flags, progress_for, quiet_flag
 
 __all__ = ["info", "verify"]
 
@@ -171,12 +171,23 @@ def _mixing(meta: Any, chunk_map: Any) -> tuple[str, dict[str, Any]]:
 @click.command()
 @click.argument("packs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def info(packs: tuple[str, ...], as_json: bool) -> None:
+@mix_flags
+def info(
+    packs: tuple[str, ...],
+    as_json: bool,
+    weights: tuple[float, ...] | None,
+    epoch_samples: int | None,
+) -> None:
     """Describe PACKS: a pack, a pack set (its directory or packset.json) or several packs.
 
     Samples, classes, layout, codec, ratio and whether chunks mix labels; for a set, also
-    one row per shard.
+    one row per shard. With --weights, PACKS are the sources of a mix (each a pack or a
+    set): each source's share of an epoch, passes per epoch and how much of it an epoch
+    covers.
     """
+    if weights is not None or epoch_samples is not None:
+        _mix_info(packs, weights, epoch_samples, as_json)
+        return
     from h5pack.check import PROBE_TIMEOUT_S, pack_info, packset_summary
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset
@@ -204,6 +215,36 @@ def info(packs: tuple[str, ...], as_json: bool) -> None:
         click.echo(f"{'shards':<9} {table[0]}")
         for row in table[1:]:
             click.echo(f"{'':<9} {row}")
+
+
+def _mix_info(
+    packs: tuple[str, ...],
+    weights: tuple[float, ...] | None,
+    epoch_samples: int | None,
+    as_json: bool,
+) -> None:
+    """``info --weights``: what every epoch of the mix takes of each source."""
+    from h5pack.bench import mix_plan
+
+    if weights is None:
+        raise click.BadParameter("--epoch-samples applies to a mix: add --weights")
+    if len(weights) != len(packs):
+        raise click.BadParameter(
+            f"should give one weight per source ({len(packs)}), but got {len(weights)}",
+            param_hint="--weights",
+        )
+    plan = mix_plan(list(packs), weights, epoch_samples=epoch_samples)
+    if as_json:
+        click.echo(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        return
+    classes = plan.view.meta.classes
+    click.echo(
+        f"mix of {len(packs)} sources, {plan.epoch_samples} samples per epoch, "
+        f"{len(classes)} classes joined by name: {', '.join(classes[:8])}"
+        + (", ..." if len(classes) > 8 else "")
+    )
+    for line in plan.lines():
+        click.echo(line)
 
 
 @click.command()

@@ -24,8 +24,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; older clicks cannot subscript it
     _SizeParam = click.ParamType[int, Any]
     _ShapeParam = click.ParamType[tuple[int, ...], Any]
+    _WeightsParam = click.ParamType[tuple[float, ...], Any]
 else:
-    _SizeParam = _ShapeParam = click.ParamType
+    _SizeParam = _ShapeParam = _WeightsParam = click.ParamType
 
 _UNITS = {
     "": 1,
@@ -84,6 +85,43 @@ class ByteSize(_SizeParam):
             return parse_bytes(str(value))
         except ValueError as err:
             self.fail(str(err), param, ctx)
+
+
+class Weights(_WeightsParam):
+    """A click parameter for a mix's weights, one per source: ``3,1``."""
+
+    name = "weights"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[float, ...]:
+        """Parse the weights, or fail with a usage error."""
+        if isinstance(value, tuple):
+            return value
+        try:
+            weights = tuple(float(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"should be numbers separated by commas, e.g. 3,1, but got {value!r}")
+        if any(not w > 0 for w in weights):
+            self.fail(f"should be positive numbers, e.g. 3,1, but got {value!r}", param, ctx)
+        return weights
+
+
+def mix_flags(function: F) -> F:
+    """Add ``--weights`` and ``--epoch-samples`` (a mix of the sources given) to a command."""
+    function = click.option(
+        "--epoch-samples",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Samples per epoch of the mix [default: all samples of all sources].",
+    )(function)
+    return click.option(
+        "--weights",
+        type=Weights(),
+        default=None,
+        metavar="W1,W2,...",
+        help="Mix the sources by weight, one weight per source (docs/mixing.md).",
+    )(function)
 
 
 class ChunkShape(_ShapeParam):

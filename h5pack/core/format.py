@@ -86,7 +86,7 @@ import numpy as np
 from h5pack._types import StrPath, parse_choice
 from h5pack.core import integrity
 from h5pack.core.integrity import PackIdentity
-from h5pack.errors import FormatError, H5PackError, PackNotFoundError
+from h5pack.errors import FormatError, H5PackError, PackNotFoundError, PackReplacedError
 
 FORMAT_MARKER = "h5pack"
 FORMAT_VERSION = 1
@@ -439,7 +439,7 @@ def check_identity(path: str, expected: PackIdentity | None, found: PackIdentity
         return
     changes = expected.changes(found)
     if changes:
-        raise FormatError(
+        raise PackReplacedError(
             f"{path} was replaced since the dataset was created ({'; '.join(changes)}); "
             "rebuild the loader (a dataset never mixes the labels of one file with the "
             "images of another)"

@@ -24,10 +24,13 @@ from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, o
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
+from h5pack.training.orders import Order
 from h5pack.training.sampler import (
     EpochSpec,
     distributed_defaults,
+    order_for,
     plan_epoch,
+    resolve_data,
     samples_per_rank,
     window_for,
 )
@@ -86,6 +89,8 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
             array, or None when the samples were produced one by one.
         labels: ``(B,)`` int64 tensor, or None (with a ``target_transform``).
         paths: Source paths with ``return_path``, else None.
+        sources: ``(B,)`` int64 tensor: each sample's source in a mix, with
+            ``return_source`` (training/mixed.py), else None.
     """
 
     def __init__(
@@ -96,8 +101,10 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         labels: torch.Tensor | None = None,
         label_values: list[Any] | None = None,
         paths: list[str] | None = None,
+        sources: torch.Tensor | None = None,
     ) -> None:
         self._samples = samples
+        self.sources = sources
         self.images = images
         self.labels = labels
         self._label_values = label_values or []
@@ -118,9 +125,10 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         if self._samples is not None:
             return self._samples[j]
         label = self._label_values[j]
-        if self.paths is None:
-            return (self.images[j], label)
-        return (self.images[j], label, self.paths[j])
+        extra: tuple[Any, ...] = () if self.paths is None else (self.paths[j],)
+        if self.sources is not None:
+            extra = (*extra, int(self.sources[j]))
+        return (self.images[j], label, *extra)
 
 
 class _Epoch:
@@ -183,6 +191,9 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             (``training.cache.DecodedCache``), for encoded packs read with ``crop``: epochs
             after the first skip decoding what fits in its budget.
         seed: Seed of the random crops and flips.
+        weights: Mix several sources by weight: ``path`` is then a list of sources (packs,
+            pack sets, lists of packs) and the dataset an ``H5MixDataset``
+            (training/mixed.py), which also takes ``classes=`` and ``return_source=``.
 
     Raises:
         FileNotFoundError: the pack (a shard, a manifest) does not exist.
@@ -191,6 +202,13 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             the others (the message names the file).
         OptionsError: an unknown ``output``, or a cache without a crop.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> H5ImageDataset:  # noqa: D102
+        if cls is H5ImageDataset and kwargs.get("weights") is not None:
+            from h5pack.training.mixed import H5MixDataset
+
+            return super().__new__(H5MixDataset)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -204,7 +222,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         crop: CropSpec | None = None,
         cache: DecodedCache | None = None,
         seed: int = 0,
+        weights: Sequence[float] | None = None,
     ) -> None:
+        if weights is not None:  # H5MixDataset's own __init__ takes them
+            raise OptionsError("weights= makes an H5MixDataset (training/mixed.py)")
         if output not in OUTPUTS:
             raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
         if cache is not None and crop is None:
@@ -436,11 +457,14 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
     """
 
     def __init__(self, dataset: PackSource | H5ImageDataset, spec: EpochSpec) -> None:
-        self.dataset = dataset if isinstance(dataset, H5ImageDataset) else H5ImageDataset(dataset)
+        if not isinstance(dataset, H5ImageDataset):
+            dataset = H5ImageDataset(dataset, weights=spec.weights)
+        self.dataset = dataset
         num_replicas, rank = distributed_defaults(spec.num_replicas, spec.rank)
         self.spec = replace(spec, num_replicas=num_replicas, rank=rank)
         self._epoch = SharedEpoch()
         self._windowed: H5ImageDataset | None = None  # the dataset configured for the window
+        self._order: Order | None = None
 
     @property
     def epoch(self) -> int:
@@ -451,14 +475,22 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         """Select the epoch of the next iteration (seen by running workers too)."""
         self._epoch.value = epoch
 
+    @property
+    def order(self) -> Order:
+        """The epoch order (a weighted mix for an ``H5MixDataset``)."""
+        if self._order is None:
+            _, _, _, mix = resolve_data(self.dataset)
+            self._order = order_for(self.dataset.chunk_map, self.spec, mix)
+        return self._order
+
     def __len__(self) -> int:
-        return samples_per_rank(self.dataset.meta.num_samples, self.spec)
+        return samples_per_rank(self.order.num_samples, self.spec)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         spec = replace(self.spec, num_workers=workers).resolved(self.dataset.group_bytes)
-        batches = plan_epoch(self.dataset.chunk_map, spec, epoch=self.epoch)
+        batches = plan_epoch(self.order, spec, epoch=self.epoch)
         dataset = self._dataset_for(spec.window_chunks)
         dataset.set_epoch(self.epoch)  # its random crops and flips follow this epoch
         for batch in batches[worker::workers]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -19,11 +20,13 @@ from h5pack.core.format import PackMeta
 from h5pack.core.machine import available_cores
 from h5pack.errors import H5PackError, OptionsError
 from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
+from h5pack.read.mixture import ClassJoin, check_batchable
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.advice import dataset_facts
 from h5pack.training.cache import DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
+from h5pack.training.mixed import H5MixDataset
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
 from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
@@ -86,10 +89,34 @@ COLLATES = ("stack", "list")
 def collate_list(batch: Sequence[Any]) -> Any:
     """Collate samples into ``(list of images, labels[, paths])``: images keep their sizes."""
     images = [sample[0] for sample in batch]
-    rest = [default_collate([s[k] for s in batch]) for k in range(1, len(batch[0]))]
-    if batch and len(batch[0]) == 3:  # paths stay a list of str
-        rest[1] = [s[2] for s in batch]
-    return (images, *rest)
+    return (images, *_collate_rest(batch))
+
+
+def _collate_rest(batch: Sequence[Any]) -> list[Any]:
+    """Collate the fields after the image: labels (and sources) as tensors, paths as a list."""
+    rest = []
+    for k in range(1, len(batch[0])):
+        values = [s[k] for s in batch]
+        rest.append(values if isinstance(values[0], str) else default_collate(values))
+    return rest
+
+
+def _cache_asked(
+    cache: str | None, cache_bytes: int | None, max_side: int | None, crop: CropSpec | None
+) -> bool:
+    """Return whether ``make_loader`` was asked for a decoded cache, refusing bad settings."""
+    if cache is None:
+        if cache_bytes is not None or max_side is not None:
+            raise OptionsError("cache_bytes= and cache_max_side= need cache='decoded'")
+        return False
+    if cache != "decoded":
+        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
+    if crop is None:
+        raise OptionsError(
+            "cache='decoded' keeps images before the random crop, so it needs size= (the "
+            "size every image is cut to)"
+        )
+    return True
 
 
 def _decoded_cache(
@@ -100,17 +127,8 @@ def _decoded_cache(
     crop: CropSpec | None,
 ) -> DecodedCache | None:
     """Return the decoded cache ``make_loader`` was asked for, or None."""
-    if cache is None:
-        if cache_bytes is not None or max_side is not None:
-            raise OptionsError("cache_bytes= and cache_max_side= need cache='decoded'")
+    if not _cache_asked(cache, cache_bytes, max_side, crop):
         return None
-    if cache != "decoded":
-        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
-    if crop is None:
-        raise OptionsError(
-            "cache='decoded' keeps images before the random crop, so it needs size= (the "
-            "size every image is cut to)"
-        )
     if meta.mode == "raw":
         raise OptionsError(
             f"cache='decoded' applies to encoded packs; {meta.path} stores decoded "
@@ -127,6 +145,10 @@ def _check_batchable(dataset: H5ImageDataset) -> None:
         OptionsError: the pack holds images of several sizes and neither a crop nor a
             transform makes them one size.
     """
+    if isinstance(dataset, H5MixDataset):
+        if dataset.transform is None and dataset.output != "pil":
+            check_batchable(dataset.mix, one_size=dataset.crop is not None)
+        return
     if dataset.crop is not None or dataset.transform is not None or dataset.output == "pil":
         return
     shapes = dataset.meta.shapes
@@ -153,9 +175,10 @@ def collate_batch(batch: Sequence[Any]) -> Any:
         images = batch.images
         if isinstance(images, np.ndarray):
             images = torch.from_numpy(images)
-        return (
-            (images, batch.labels) if batch.paths is None else (images, batch.labels, batch.paths)
-        )
+        out: tuple[Any, ...] = (images, batch.labels)
+        if batch.paths is not None:
+            out = (*out, batch.paths)
+        return out if batch.sources is None else (*out, batch.sources)
     if not batch:
         return default_collate(list(batch))
     first = batch[0][0]
@@ -173,10 +196,7 @@ def collate_batch(batch: Sequence[Any]) -> Any:
     target = images.numpy()
     for j, sample in enumerate(batch):
         target[j] = sample[0].numpy()
-    rest = [default_collate([s[k] for s in batch]) for k in range(1, len(batch[0]))]
-    if len(batch[0]) == 3:  # paths stay a list of str
-        rest[1] = [s[2] for s in batch]
-    return (images, *rest)
+    return (images, *_collate_rest(batch))
 
 
 def auto_workers(
@@ -325,6 +345,8 @@ class H5Loader(DataLoader[Any]):
         cache = self.cache
         if cache is not None:
             cache.close()
+        for each in getattr(self.dataset, "caches", []):
+            each.close()
 
     def __enter__(self) -> H5Loader:
         return self
@@ -339,7 +361,7 @@ def _threads(dataset: Any) -> int:
 
 
 def make_loader(
-    path_or_dataset: PackSource | H5ImageDataset,
+    path_or_dataset: PackSource | Sequence[PackSource] | H5ImageDataset,
     batch_size: int,
     *,
     shuffle: bool = True,
@@ -373,6 +395,11 @@ def make_loader(
     cache_bytes: int | None = None,
     cache_max_side: int | None = None,
     collate: Literal["stack", "list"] = "stack",
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
+    stratify: bool = False,
+    classes: ClassJoin | None = None,
+    return_source: bool | None = None,
 ) -> H5Loader:
     """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
 
@@ -426,6 +453,14 @@ def make_loader(
         cache_max_side: Shrink images so their shorter side is at most this before caching.
         collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: a list of (C, H, W) tensors of
             their own sizes (detection, or any model that takes mixed sizes).
+        weights: Mix several sources by weight (docs/mixing.md): ``path_or_dataset`` is a
+            list of sources (packs, pack sets, lists of packs), each epoch holds
+            ``round(share x epoch_samples)`` samples of each (``training.weighted``).
+        epoch_samples: Samples per epoch of a mix; default: all samples of all sources.
+        stratify: Hold a mix's shares in every batch, to within one sample.
+        classes: How a mix's classes become one list: ``"join"`` (default: by name, sorted),
+            ``"separate"``, or the list of names (``read.mixture.joined_classes``).
+        return_source: Also return each sample's source in a mix (an int tensor, last).
 
     Returns:
         An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
@@ -453,10 +488,14 @@ def make_loader(
         dataset_options["size"] = size
     if cache is not None:
         dataset_options["cache"] = cache
+    mix_options = {"classes": classes, "return_source": return_source}
+    if weights is None and any(v is not None for v in mix_options.values()):
+        raise OptionsError("classes= and return_source= apply to a mix: give weights= too")
     if collate not in COLLATES:
         raise OptionsError(f"collate should be one of {COLLATES}, but got collate={collate!r}")
     if isinstance(path_or_dataset, H5ImageDataset):
-        given = sorted(name for name, value in dataset_options.items() if value is not None)
+        options_given = {**dataset_options, **mix_options}
+        given = sorted(name for name, value in options_given.items() if value is not None)
         if given:
             raise OptionsError(
                 f"dataset options {given} apply only when make_loader opens the pack; set "
@@ -482,17 +521,40 @@ def make_loader(
             )
         elif crop is not None or flip:
             raise OptionsError("crop= and flip= need size=: the size every image is cut to")
-        dataset = H5ImageDataset(
-            path_or_dataset,
-            transform=transform,
-            target_transform=target_transform,
-            output=output or "tensor",
-            return_path=bool(return_path),
-            reader=reader,
-            crop=crop_spec,
-            seed=seed,
-        )
-        dataset.cache = _decoded_cache(dataset.meta, cache, cache_bytes, cache_max_side, crop_spec)
+        common: dict[str, Any] = {
+            "transform": transform,
+            "target_transform": target_transform,
+            "output": output or "tensor",
+            "return_path": bool(return_path),
+            "reader": reader,
+            "crop": crop_spec,
+            "seed": seed,
+        }
+        if weights is not None:
+            if isinstance(path_or_dataset, str | os.PathLike):
+                raise OptionsError(
+                    "weights= mixes several sources: give a list of sources (packs, pack "
+                    f"sets, lists of packs), but got one: {os.fspath(path_or_dataset)!r}"
+                )
+            mixed = H5MixDataset(
+                path_or_dataset,
+                weights=weights,
+                classes=classes,
+                return_source=bool(return_source),
+                **common,
+            )
+            if _cache_asked(cache, cache_bytes, cache_max_side, crop_spec):
+                mixed.attach_caches(
+                    default_cache_bytes() if cache_bytes is None else cache_bytes,
+                    max_side=cache_max_side,
+                )
+            dataset = mixed
+        else:
+            # without weights a list is one pool of packs (a list of lists is refused there)
+            dataset = H5ImageDataset(cast(PackSource, path_or_dataset), **common)
+            dataset.cache = _decoded_cache(
+                dataset.meta, cache, cache_bytes, cache_max_side, crop_spec
+            )
     if collate == "stack":
         _check_batchable(dataset)
     num_workers, auto_threads = auto_workers(dataset, num_workers)
@@ -506,6 +568,9 @@ def make_loader(
         num_replicas=num_replicas,
         rank=rank,
         num_workers=num_workers,
+        weights=None if weights is None else tuple(float(w) for w in weights),
+        epoch_samples=epoch_samples,
+        stratify=stratify,
     )
     sampler, mixing = sampler_for_labels(dataset, spec, dataset.meta)
     if mixing is not None and mixing.warns:

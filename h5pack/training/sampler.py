@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
@@ -19,6 +19,7 @@ from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
 from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing
 from h5pack.training.orders import EpochPieces, Order, chunk_order
+from h5pack.training.weighted import WeightedMix, check_weights
 
 # NOTE [ Chunk-aware epoch order ]
 #
@@ -124,30 +125,98 @@ class ChunkSource(Protocol):
 
 
 SamplerSource: TypeAlias = (
-    "ChunkMap | ChunkSource | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
+    "ChunkMap | ChunkSource | MixedSources | str | os.PathLike[str] "
+    "| Sequence[str | os.PathLike[str]]"
 )
 
 
-def _resolve(source: SamplerSource) -> tuple[ChunkMap, int | None, PackMeta | None]:
-    """Return ``(chunk map, bytes per chunk or None, metadata or None)`` of a source."""
+@dataclass(frozen=True)
+class MixedSources:
+    """What the sampler needs of several sources mixed by weight.
+
+    Attributes:
+        chunk_maps: Each source's chunks, in its own indices.
+        weights: The weights the data carries (an ``H5MixDataset``'s), or None.
+    """
+
+    chunk_maps: tuple[ChunkMap, ...]
+    weights: tuple[float, ...] | None = None
+
+
+def resolve_data(
+    source: SamplerSource, *, mixed: bool = False
+) -> tuple[ChunkMap, int | None, PackMeta | None, MixedSources | None]:
+    """Return ``(chunk map, bytes per chunk or None, metadata or None, mix or None)``.
+
+    With ``mixed``, a list is a list of sources to mix (``read.mixture``), not one pool.
+    """
+    if isinstance(source, MixedSources):
+        starts = [np.zeros(1, dtype=np.int64)]
+        at = 0
+        for cmap in source.chunk_maps:
+            starts.append(cmap.starts[1:] + at)
+            at += cmap.num_samples
+        return ChunkMap(np.concatenate(starts)), None, None, source
+    mix = getattr(source, "mix", None)
+    if mix is not None and isinstance(source, ChunkSource):  # an H5MixDataset
+        meta = getattr(source, "meta", None)
+        return (
+            source.chunk_map,
+            int(source.group_bytes),
+            meta if isinstance(meta, PackMeta) else None,
+            MixedSources(mix.chunk_maps, getattr(source, "weights", None)),
+        )
     if isinstance(source, ChunkMap):
-        return source, None, None
+        return source, None, None, None
     if isinstance(source, ChunkSource):
         meta = getattr(source, "meta", None)
         return (
             source.chunk_map,
             int(source.group_bytes),
             meta if isinstance(meta, PackMeta) else None,
+            None,
         )
+    if mixed and isinstance(source, Sequence) and not isinstance(source, str):
+        from h5pack.read.mixture import describe_mix
+
+        view = describe_mix(source)
+        return view.chunk_map, view.group_bytes, view.meta, MixedSources(view.chunk_maps)
     if isinstance(source, str | os.PathLike | Sequence):
         # a pack, a pack set (directory or manifest) or a list of packs: one pool of chunks
         from h5pack.read.packset import describe
 
-        view = describe(source)
-        return view.chunk_map, view.group_bytes, view.meta
+        one = describe(source)
+        return one.chunk_map, one.group_bytes, one.meta, None
     raise OptionsError(
         "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, a "
         f"pack path, a pack set or a list of packs, but got {type(source).__name__}"
+    )
+
+
+def order_for(chunk_map: ChunkMap, spec: EpochSpec, mix: MixedSources | None) -> Order:
+    """Return the order of a sampler: a weighted mix of ``mix``, else ``order_of``.
+
+    The weights are ``spec.weights``, else those the data carries, else each source's size.
+
+    Raises:
+        OptionsError: ``weights``, ``epoch_samples`` or ``stratify`` without several sources.
+    """
+    if mix is None:
+        if spec.weights is not None or spec.epoch_samples is not None or spec.stratify:
+            raise OptionsError(
+                "weights=, epoch_samples= and stratify= mix several sources: give a list of "
+                "sources (packs, pack sets) with weights=, or an H5MixDataset"
+            )
+        return order_of(chunk_map, spec)
+    weights = spec.weights or mix.weights
+    if weights is None:
+        weights = tuple(float(c.num_samples) for c in mix.chunk_maps)
+    return WeightedMix(
+        mix.chunk_maps,
+        tuple(weights),
+        epoch_samples=spec.epoch_samples,
+        stratify=spec.stratify,
+        shuffle=spec.shuffle,
     )
 
 
@@ -157,7 +226,7 @@ def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
     The source is a ``ChunkMap``, a dataset or reader, a pack, a pack set (its directory or
     manifest) or a list of packs (one pool of all their chunks).
     """
-    chunk_map, size, _ = _resolve(source)
+    chunk_map, size, _, _ = resolve_data(source)
     return chunk_map, size
 
 
@@ -278,6 +347,11 @@ class EpochSpec:
             chunk: the chunk order spreads each stratum evenly over the epoch
             (``mixing.stratified_order``), for packs whose chunks do not mix labels; None:
             a uniformly random chunk order.
+        weights: Mix several sources by weight (``training.weighted``): one positive weight
+            per source; None: the weights the data carries, else each source's size.
+        epoch_samples: Samples per epoch of a mix; None: all samples of all sources.
+        stratify: Hold a mix's shares in every batch, to within one sample (else only over
+            the epoch and smoothly through it).
 
     Raises:
         OptionsError: a size, rank or window is out of range.
@@ -294,6 +368,9 @@ class EpochSpec:
     num_workers: int = 0
     min_window_chunks: int | None = None
     chunk_strata: tuple[int, ...] | None = None
+    weights: tuple[float, ...] | None = None
+    epoch_samples: int | None = None
+    stratify: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -314,6 +391,12 @@ class EpochSpec:
             raise OptionsError(
                 "min_window_chunks should be >= 1, but got "
                 f"min_window_chunks={self.min_window_chunks}"
+            )
+        if self.weights is not None:
+            check_weights(self.weights)
+        if self.epoch_samples is not None and self.epoch_samples < 1:
+            raise OptionsError(
+                f"epoch_samples should be >= 1, but got epoch_samples={self.epoch_samples}"
             )
         if self.num_replicas is not None and self.rank is not None:
             distributed_defaults(self.num_replicas, self.rank)
@@ -406,6 +489,22 @@ def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, *, epoch: int) -> list
     return [pieces.samples(b) for b in plan_pieces(pieces, spec, epoch=epoch)]
 
 
+def balanced(positions: np.ndarray, sources: np.ndarray | None) -> np.ndarray:
+    """Return ``positions`` re-interleaved so that every stretch holds each source's share.
+
+    Each source's positions keep their order; the j-th of a source's c sits at (j + 1/2) / c
+    of the stream (see the note "Weighted mix", ``stratify``).
+    """
+    if sources is None:
+        return positions
+    counts = np.bincount(sources)
+    by_source = np.argsort(sources, kind="stable")
+    rank = np.empty(len(sources), dtype=np.int64)
+    rank[by_source] = np.arange(len(sources)) - (np.cumsum(counts) - counts)[sources[by_source]]
+    ordered: np.ndarray = positions[np.argsort((rank + 0.5) / counts[sources], kind="stable")]
+    return ordered
+
+
 def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
     """Return one rank's batches of one epoch as positions of ``pieces`` (``plan_epoch``)."""
     batch_size, seed, drop_last = spec.batch_size, spec.seed, spec.drop_last
@@ -474,6 +573,8 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
             windows = -(-num_pieces // window_chunks)  # the fewest windows of <= K, even
             keys = worker_rngs[w].random(len(wseq))
             wseq = wseq[np.lexsort((keys, piece * windows // num_pieces))]
+        if pieces.stratify and len(wseq):
+            wseq = balanced(wseq, pieces.sources_of(wseq))
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
     return [streams[b % workers][b // workers] for b in range(batch_count)]
 
@@ -508,6 +609,10 @@ class ChunkBatchSampler(Sampler[list[int]]):
         min_window_chunks: Widen a default window to at least this, within the memory cap
             (see ``sampler_for_labels``).
         chunk_strata: One stratum per chunk: a stratified chunk order (see ``EpochSpec``).
+        weights: Mix several sources by weight: ``source`` is a list of sources or an
+            ``H5MixDataset`` (see ``EpochSpec``, ``training.weighted``).
+        epoch_samples: Samples per epoch of a mix (default: all of all sources).
+        stratify: Hold a mix's shares in every batch.
 
     Raises:
         OptionsError: a size, rank or window is out of range.
@@ -537,6 +642,9 @@ class ChunkBatchSampler(Sampler[list[int]]):
         num_workers: int = 0,
         min_window_chunks: int | None = None,
         chunk_strata: Sequence[int] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
+        stratify: bool = False,
     ) -> None:
         spec = EpochSpec(
             batch_size=batch_size,
@@ -550,6 +658,9 @@ class ChunkBatchSampler(Sampler[list[int]]):
             num_workers=num_workers,
             min_window_chunks=min_window_chunks,
             chunk_strata=None if chunk_strata is None else tuple(int(c) for c in chunk_strata),
+            weights=None if weights is None else tuple(float(w) for w in weights),
+            epoch_samples=epoch_samples,
+            stratify=stratify,
         )
         self._start(source, spec)
 
@@ -561,9 +672,11 @@ class ChunkBatchSampler(Sampler[list[int]]):
         return sampler
 
     def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
-        self.chunk_map, group_bytes, self._meta = _resolve(source)
+        self.chunk_map, group_bytes, self._meta, mix = resolve_data(
+            source, mixed=spec.weights is not None
+        )
         self.spec = spec.resolved(group_bytes, chunk_map=self.chunk_map)
-        self.order: Order = order_of(self.chunk_map, self.spec)
+        self.order: Order = order_for(self.chunk_map, self.spec, mix)
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
@@ -665,6 +778,12 @@ class ChunkBatchSampler(Sampler[list[int]]):
             **self._settings(),
             "fingerprint": self.fingerprint,
         }
+        if isinstance(self.order, WeightedMix):
+            # where every source stands this epoch (its pass, cycle and place in it): derived
+            # from the epoch, recorded so that a state says it (see the note "Weighted mix")
+            state["source_positions"] = [
+                asdict(where) for where in self.order.positions(self.epoch)
+            ]
         if self._base is not None:
             state["base"] = self._base
         return state
@@ -783,8 +902,8 @@ def sampler_for_labels(
         (64, True, False)
     """
     sampler = ChunkBatchSampler.from_spec(source, spec)
-    if not spec.shuffle:
-        return sampler, None
+    if not spec.shuffle or isinstance(sampler.order, WeightedMix):
+        return sampler, None  # pack order asked for; a mix interleaves its sources itself
     cmap, window = sampler.chunk_map, sampler.window_chunks
     stratified = spec.chunk_strata is not None
     report = label_mixing(

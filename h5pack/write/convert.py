@@ -425,8 +425,9 @@ def images_left_bytes(
     """Return the most bytes of images still to write once every sample is decoded.
 
     Chunked: the partial last block and, when compressing, the blocks still in the pool
-    (at most ``in_flight``, the last one included). A contiguous blob: all of it, staged
-    in a side file until then (``sample_bytes``, plus a chunk for the alignment).
+    (at most ``in_flight``, the last one included), never more than all the samples'
+    bytes (``sample_bytes``, with a codec's worst expansion). A contiguous blob: all of it,
+    staged in a side file until then (``sample_bytes``, plus a chunk for the alignment).
     """
     if plan.spec.chunks is None and plan.storage == "blob":
         return sample_bytes + plan.chunk_bytes
@@ -436,7 +437,14 @@ def images_left_bytes(
         partial = (num_samples % plan.group_samples) * sample
     else:
         block = partial = plan.chunk_bytes
-    return partial + (in_flight - 1) * block if plan.spec.compressed else partial
+    if not plan.spec.compressed:
+        return partial
+    # The blocks in flight hold at most every sample: a small pack (or one compressed well)
+    # never needs room for whole blocks it does not have (issue 20 H: 6.4 MiB asked for a
+    # 2.5 MiB pack of 3.5 MiB of pixels). Codecs expand incompressible data by well under
+    # 1/64 (zstd, lz4: ~0.4%; blosc: 16 bytes a block).
+    bound = sample_bytes + sample_bytes // 64 + _METADATA_SLACK_BYTES
+    return min(partial + (in_flight - 1) * block, bound)
 
 
 def _room_checked(

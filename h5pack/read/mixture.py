@@ -1,0 +1,233 @@
+"""Several sources side by side: each a pack, a pack set or a list of packs (issue 18).
+
+``describe_mix`` describes each source (``read.packset.describe``), joins their classes
+and folds their per-sample metadata into one ``PackMeta`` over global indices (source s's
+sample i is ``offsets[s] + i``), so that the samplers and the checks see one pool. Unlike a
+pack set, the sources may differ in classes (joined), mode, storage and image size; what
+cannot become one batch is refused by ``check_batchable``, naming both sources.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+from h5pack.core.format import PackMeta
+from h5pack.core.layout import ChunkMap
+from h5pack.errors import OptionsError
+from h5pack.read.packset import PackSource, PackView, describe
+
+ClassJoin: TypeAlias = "Literal['join', 'separate'] | Sequence[str]"
+"""How sources' classes become one list: by name, kept apart, or an explicit list."""
+
+
+def source_name(source: PackSource) -> str:
+    """Return how messages name a source: its path, or its packs joined by '+'."""
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return "+".join(os.fspath(p) for p in source)
+
+
+def joined_classes(
+    class_lists: Sequence[tuple[str, ...]], names: Sequence[str], classes: ClassJoin = "join"
+) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """Return the mix's classes and, per source, the map from its labels to the mix's.
+
+    Args:
+        class_lists: Each source's classes.
+        names: Each source's name (for ``"separate"`` and messages).
+        classes: ``"join"``: the same name is the same class, one sorted list;
+            ``"separate"``: every source's classes apart, named ``"source/class"``, in
+            source order; a list of names: the mix's classes as given (every source's
+            classes must be in it).
+
+    Raises:
+        OptionsError: a source has a class the explicit list lacks, or an unknown mode.
+
+    Example:
+        >>> names, maps = joined_classes([("cat", "dog"), ("dog", "fox")], ["a", "b"])
+        >>> names, [m.tolist() for m in maps]
+        (('cat', 'dog', 'fox'), [[0, 1], [1, 2]])
+    """
+    if isinstance(classes, str):
+        if classes == "join":
+            result = tuple(sorted({c for cl in class_lists for c in cl}))
+        elif classes == "separate":
+            result = tuple(f"{n}/{c}" for n, cl in zip(names, class_lists, strict=True) for c in cl)
+            maps, at = [], 0
+            for cl in class_lists:
+                maps.append(np.arange(at, at + len(cl), dtype=np.int64))
+                at += len(cl)
+            return result, maps
+        else:
+            raise OptionsError(
+                "classes should be 'join', 'separate' or a list of class names, but got "
+                f"classes={classes!r}"
+            )
+    else:
+        result = tuple(str(c) for c in classes)
+    index = {c: i for i, c in enumerate(result)}
+    maps = []
+    for name, cl in zip(names, class_lists, strict=True):
+        missing = [c for c in cl if c not in index]
+        if missing:
+            raise OptionsError(
+                f"{name} has classes {missing[:3]} that classes= does not list; add them, or "
+                "use classes='join'"
+            )
+        maps.append(np.asarray([index[c] for c in cl], dtype=np.int64))
+    return result, maps
+
+
+@dataclass(frozen=True)
+class MixView:
+    """What a dataset or sampler needs to know of several sources, before reading.
+
+    Attributes:
+        sources: Each source as given, as plain strings (a path, or a tuple of packs).
+        names: How messages name each source.
+        views: Each source's ``PackView``.
+        meta: One metadata over global indices: labels mapped to ``meta.classes`` (the
+            joined classes), shapes, checksums and source indices concatenated.
+        label_maps: Per source, its label -> the mix's label.
+        chunk_map: Every source's chunks, one after another (global indices).
+    """
+
+    sources: tuple[str | tuple[str, ...], ...]
+    names: tuple[str, ...]
+    views: tuple[PackView, ...]
+    meta: PackMeta
+    label_maps: tuple[np.ndarray, ...]
+    chunk_map: ChunkMap
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Global index of each source's first sample, and the total."""
+        sizes = [v.meta.num_samples for v in self.views]
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    @property
+    def chunk_maps(self) -> tuple[ChunkMap, ...]:
+        """Each source's chunks, in its own indices."""
+        return tuple(v.chunk_map for v in self.views)
+
+    @property
+    def group_bytes(self) -> int:
+        """The largest source's bytes of one decompressed chunk."""
+        return max(v.group_bytes for v in self.views)
+
+    def source_of(self, indices: np.ndarray) -> np.ndarray:
+        """Return the source of each global sample index."""
+        found: np.ndarray = np.searchsorted(self.offsets, indices, side="right") - 1
+        return found
+
+
+def _plain(source: PackSource) -> str | tuple[str, ...]:
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return tuple(os.fspath(p) for p in source)
+
+
+def describe_mix(
+    sources: Sequence[PackSource], *, classes: ClassJoin = "join", locking: bool | None = None
+) -> MixView:
+    """Describe every source and fold them into one view (see the module docstring).
+
+    Args:
+        sources: Two or more sources: packs, pack sets (directory or manifest), lists of
+            packs (read as one set).
+        classes: How the sources' classes become one list (``joined_classes``).
+        locking: As ``ReaderOptions.locking``.
+
+    Raises:
+        OptionsError: fewer than one source, a source given twice, classes that do not fit.
+        FileNotFoundError, FormatError: as ``read.packset.describe``.
+    """
+    if isinstance(sources, str | os.PathLike) or len(sources) < 1:
+        raise OptionsError(
+            "a mix should be a list of sources (packs, pack sets, lists of packs), but got "
+            f"{sources!r}"
+        )
+    plain = tuple(_plain(s) for s in sources)
+    names = tuple(source_name(s) for s in plain)
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise OptionsError(f"{name} is given twice as a source of the mix")
+    views = tuple(describe(s, locking=locking) for s in plain)
+    joined, maps = joined_classes([v.meta.classes for v in views], names, classes)
+    labels = []
+    for view, mapping in zip(views, maps, strict=True):
+        own = view.meta.labels
+        mapped = np.full(len(own), -1, dtype=np.int64)
+        known = own >= 0
+        mapped[known] = mapping[own[known]] if len(mapping) else -1
+        labels.append(mapped)
+    metas = [v.meta for v in views]
+    first = metas[0]
+    num = sum(m.num_samples for m in metas)
+    same_array = all(
+        m.storage == "array" and m.images_shape[1:] == first.images_shape[1:] for m in metas
+    )
+    meta = replace(
+        first,
+        path=" + ".join(names),
+        mode=first.mode if all(m.mode == first.mode for m in metas) else "encoded",
+        storage="array" if same_array else "blob",
+        num_samples=num,
+        labels=np.concatenate(labels),
+        classes=joined,
+        shapes=np.concatenate([m.shapes for m in metas]),
+        checksums=np.concatenate([m.checksums for m in metas]),
+        source_index=np.concatenate([m.source_index for m in metas]),
+        offsets=None,
+        sizes=None,
+        images_shape=(num, *first.images_shape[1:]) if same_array else (num,),
+        skipped=tuple(s for m in metas for s in m.skipped),
+        identity=None,
+        sample_xxh3=None,
+    )
+    starts = [np.zeros(1, dtype=np.int64)]
+    at = 0
+    for view in views:
+        starts.append(view.chunk_map.starts[1:] + at)
+        at += view.meta.num_samples
+    return MixView(plain, names, views, meta, tuple(maps), ChunkMap(np.concatenate(starts)))
+
+
+def check_batchable(view: MixView, *, one_size: bool) -> None:
+    """Refuse sources whose images cannot be stacked into one batch, naming both.
+
+    Args:
+        view: The mix.
+        one_size: Whether the pipeline cuts every image to one size (``size=``): then mode,
+            storage and image size may differ, but not the channels.
+
+    Raises:
+        OptionsError: two sources whose images differ in channels, or (without
+            ``one_size``) in size.
+    """
+    first, first_name = view.views[0].meta, view.names[0]
+    for name, source in zip(view.names[1:], view.views[1:], strict=True):
+        meta = source.meta
+        if meta.channels != first.channels:
+            raise OptionsError(
+                f"{name} and {first_name} cannot be batched together: their images have "
+                f"{meta.channels} and {first.channels} channels (convert one of them with "
+                "the other's channels, or collate='list')"
+            )
+        if one_size:
+            continue
+        shapes = np.unique(np.concatenate([first.shapes[:, :2], meta.shapes[:, :2]]), axis=0)
+        if len(shapes) > 1:
+            own = np.unique(meta.shapes[:, :2], axis=0)[0].tolist()
+            other = np.unique(first.shapes[:, :2], axis=0)[0].tolist()
+            raise OptionsError(
+                f"{name} and {first_name} cannot be batched together: their images differ "
+                f"in size (H x W {own[0]}x{own[1]} and {other[0]}x{other[1]}, "
+                f"mode {meta.mode}/{first.mode}, storage {meta.storage}/{first.storage}); "
+                "pass size= to cut every image to one size, or collate='list'"
+            )

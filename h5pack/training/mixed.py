@@ -1,0 +1,223 @@
+"""``H5MixDataset``: several sources as one map-style dataset, for a weighted mix (issue 18).
+
+Each source is read by its own ``H5ImageDataset`` (a pack or a pack set, with its own
+reader, fixed-size pipeline and decoded cache, so sources may differ in mode, storage and
+image size); global index ``offsets[s] + i`` is source s's sample i, labels are mapped to
+the joined classes (``read.mixture``). The weights are the default of every sampler built
+on it; ``training.weighted.WeightedMix`` is the order.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from h5pack.core.layout import checked_indices
+from h5pack.errors import OptionsError
+from h5pack.read.crop import CropSpec
+from h5pack.read.mixture import ClassJoin, MixView, describe_mix
+from h5pack.read.packset import PackSource
+from h5pack.read.reader import ReaderOptions
+from h5pack.training.cache import DecodedCache
+from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch, empty_uint8
+from h5pack.training.weighted import check_weights
+
+# Seeds of the sources' crops and flips: source s draws from seed + s * _SEED_STEP.
+_SEED_STEP = 1_000_003
+
+
+class H5MixDataset(H5ImageDataset):
+    """Several sources as one dataset: ``H5ImageDataset(sources, weights=...)`` builds one.
+
+    Args:
+        sources: The sources: packs, pack sets (directory or manifest), lists of packs.
+        weights: One positive weight per source: the share of every epoch each source gets
+            from a sampler built on this dataset (``training.weighted``).
+        classes: ``"join"`` (the same class name is the same class, one sorted list),
+            ``"separate"`` (each source's classes apart, as ``"source/class"``), or the
+            list of class names (``read.mixture.joined_classes``).
+        return_source: Also return each sample's source (an int, the position in
+            ``sources``), after the path when ``return_path``.
+        transform, target_transform, output, return_path, reader, crop, seed: As for
+            ``H5ImageDataset``, applied to every source (labels are the joined ones).
+
+    Raises:
+        OptionsError: weights that are not one positive number per source, classes that do
+            not fit, a cache (``make_loader(cache=...)`` gives each source its own).
+        FileNotFoundError, FormatError: a source does not exist or is not a pack.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[PackSource],
+        *,
+        weights: Sequence[float] | None = None,
+        classes: ClassJoin | None = None,
+        return_source: bool = False,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        output: Output = "tensor",
+        return_path: bool = False,
+        reader: ReaderOptions | None = None,
+        crop: CropSpec | None = None,
+        cache: DecodedCache | None = None,
+        seed: int = 0,
+    ) -> None:
+        if cache is not None:
+            raise OptionsError(
+                "a mix keeps one decoded cache per source: use make_loader(cache='decoded') "
+                "or attach_caches()"
+            )
+        self.options = reader or ReaderOptions()
+        self.mix: MixView = describe_mix(
+            sources, classes=classes or "join", locking=self.options.locking
+        )
+        num = len(self.mix.views)
+        self.weights = check_weights([1.0] * num if weights is None else weights, num)
+        self.source = self.mix.sources  # type: ignore[assignment]  # several sources
+        self.names = self.mix.names
+        self.path = self.mix.meta.path
+        self.meta = self.mix.meta
+        self.chunk_map = self.mix.chunk_map
+        self.group_bytes = self.mix.group_bytes
+        self.compressed = any(v.compressed for v in self.mix.views)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = output
+        self.return_path = return_path
+        self.return_source = return_source
+        self.crop = crop
+        self.cache = None
+        self.seed = seed
+        self._epoch = SharedEpoch()
+        self._reader = None
+        self._fixed = None
+        self._pid = -1
+        self.parts = [
+            H5ImageDataset(
+                source,
+                transform=transform,
+                output=output,
+                return_path=return_path,
+                reader=self.options,
+                crop=crop,
+                seed=seed + s * _SEED_STEP,
+            )
+            for s, source in enumerate(self.mix.sources)
+        ]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Global index of each source's first sample, and the total."""
+        return self.mix.offsets
+
+    @property
+    def caches(self) -> list[DecodedCache]:
+        """The sources' decoded caches."""
+        return [p.cache for p in self.parts if p.cache is not None]
+
+    def attach_caches(self, budget_bytes: int, *, max_side: int | None = None) -> None:
+        """Give every encoded source a decoded cache, ``budget_bytes`` split by sample counts.
+
+        Raises:
+            OptionsError: no crop (the cache keeps images before the crop).
+        """
+        if self.crop is None:
+            raise OptionsError("cache='decoded' needs size= (the size every image is cut to)")
+        encoded = [p for p in self.parts if p.meta.mode == "encoded"]
+        total = sum(p.meta.num_samples for p in encoded)
+        for part in encoded:
+            share = max(1, budget_bytes * part.meta.num_samples // max(1, total))
+            part.cache = DecodedCache(max(1, part.meta.num_samples), share, max_side=max_side)
+
+    def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5MixDataset:
+        """Return a copy that reads every source with ``options`` (this one is unchanged)."""
+        twin = copy.copy(self)
+        twin.options = options
+        twin.seed = self.seed if seed is None else seed
+        twin._epoch = SharedEpoch(self.epoch)
+        twin.parts = [
+            part.configured(options, seed=twin.seed + s * _SEED_STEP)
+            for s, part in enumerate(self.parts)
+        ]
+        return twin
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the random crops and flips, in every source."""
+        self._epoch.value = epoch
+        for part in self.parts:
+            part.set_epoch(epoch)
+
+    @property
+    def reader(self) -> Any:
+        """Not one reader: each source has its own (``parts[s].reader``)."""
+        raise OptionsError("a mix has one reader per source: use dataset.parts[s].reader")
+
+    def close(self) -> None:
+        """Close every source's reader."""
+        for part in self.parts:
+            part.close()
+
+    def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
+        """Return the samples ``indices``, each source's read by that source's dataset."""
+        idx = checked_indices(indices, self.meta.num_samples, "a mix")
+        src = self.mix.source_of(idx)
+        raw_labels = self.meta.labels[idx]
+        if self.target_transform is None:
+            labels: list[Any] = raw_labels.tolist()
+            label_tensor: torch.Tensor | None = torch.from_numpy(raw_labels.copy())
+        else:
+            labels = [self.target_transform(int(v)) for v in raw_labels]
+            label_tensor = None
+        sources = torch.from_numpy(src.astype(np.int64)) if self.return_source else None
+        offsets = self.offsets
+        parts: list[tuple[np.ndarray, SampleBatch]] = []
+        for s in np.unique(src).tolist():
+            where = np.flatnonzero(src == s)
+            local = (idx[where] - offsets[s]).tolist()
+            parts.append((where, self.parts[s].__getitems__(local)))
+        paths: list[str] | None = None
+        if self.return_path:
+            paths = [""] * idx.size
+            for where, batch in parts:
+                for j, path in zip(where.tolist(), batch.paths or [], strict=True):
+                    paths[j] = path
+        whole = [b.images for _, b in parts]
+        if all(isinstance(i, torch.Tensor | np.ndarray) for i in whole) and (
+            len({tuple(i.shape[1:]) for i in whole}) == 1
+        ):
+            return SampleBatch(
+                images=self._joined(parts, idx.size),
+                labels=label_tensor,
+                label_values=labels,
+                paths=paths,
+                sources=sources,
+            )
+        samples: list[tuple[Any, ...]] = [()] * idx.size
+        for where, batch in parts:
+            for j, sample in zip(where.tolist(), batch, strict=True):
+                extra: tuple[Any, ...] = () if paths is None else (paths[j],)
+                if sources is not None:
+                    extra = (*extra, int(sources[j]))
+                samples[j] = (sample[0], labels[j], *extra)
+        return SampleBatch(samples, paths=paths, sources=sources)
+
+    def _joined(self, parts: list[tuple[np.ndarray, SampleBatch]], count: int) -> Any:
+        """One batch of images from the sources' batches, in the order asked."""
+        first = parts[0][1].images
+        if isinstance(first, np.ndarray):  # output "hwc": (B, H, W, C) arrays
+            out = np.empty((count, *first.shape[1:]), dtype=first.dtype)
+            for where, batch in parts:
+                out[where] = batch.images
+            return out
+        # output "tensor": (B, C, H, W) views of (B, H, W, C) buffers (channels last)
+        channels, height, width = first.shape[1:]
+        buffer = empty_uint8((count, height, width, channels))
+        target = buffer.numpy()
+        for where, batch in parts:
+            target[where] = batch.images.permute(0, 2, 3, 1).numpy()
+        return buffer.permute(0, 3, 1, 2)

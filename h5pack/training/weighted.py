@@ -1,0 +1,332 @@
+"""The weighted mix: several sources in one epoch, each exactly its share (issue 18).
+
+``WeightedMix`` is an order (see the note "Orders" in training/orders.py): it says which
+samples of each source an epoch holds and how the sources interleave; ``plan_epoch`` cuts
+it for ranks, workers and windows like any order. See the note "Weighted mix".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from h5pack.core.layout import ChunkMap
+from h5pack.errors import OptionsError
+from h5pack.training.orders import EpochPieces
+
+# NOTE [ Weighted mix ]
+#
+# Sources s = 0 .. k-1 of N_s samples, weights w_s, an epoch of E samples (default: all
+# samples of all sources). Each epoch holds exactly n_s = the largest-remainder rounding of
+# E * w_s / sum(w) samples of source s: within one sample of its share, summing to E.
+#
+# Which samples: n_s = q N_s + r (q whole passes and a part pass of r samples).
+# - Each whole pass is a fresh chunk-aware permutation of the source's chunks, seeded by
+#   (seed, source, epoch, pass): every chunk read once per pass.
+# - The part pass comes from a cycle of m = ceil(N_s / r) epochs that share one
+#   permutation (seeded by (seed, source, cycle)), laid out as a stream of N_s samples:
+#   epoch j of the cycle takes the stream's samples j r .. (j + 1) r - 1, and the cycle's
+#   last epoch, short of r, completes it from the stream's start (samples served in the
+#   cycle's first epoch, never twice in one epoch). So m successive epochs cover the whole
+#   source, and a source whose share is below its size serves no sample twice in an epoch.
+#   A piece is a chunk or the part of one the cut falls in (that chunk is read by both
+#   epochs it straddles).
+# - Interleaving: each source's pieces, in their stream order, are spread over the epoch
+#   by jittered systematic sampling on samples (the j-th sample of a source's n_s sits near
+#   j / n_s of the epoch; the jitter is one random fraction of a piece), so every stretch
+#   of the epoch holds the shares to within about a piece, never all of A then all of B.
+#   ``plan_epoch`` then mixes windows of K pieces as for one pack.
+# - ``stratify``: each worker's stream, after its windows are shuffled, is re-interleaved
+#   by source (each source's samples keep their order; the j-th of c_s sits at (j + 1/2) /
+#   c_s of the stream), so every batch holds each source's share of the worker's samples to
+#   within one sample (for two sources exactly; for more, within about k / 2).
+# - ``shuffle=False``: passes in pack order, no jitter, windows not shuffled.
+#
+# Everything is a pure function of (seed, epoch) and the sources' sizes: the position of
+# every source (its pass, cycle, and where in it the epoch starts, ``positions``) follows
+# from the epoch, so a resumed or elastic epoch replays it exactly.
+
+# Mixed into every seed of the mix, so that its permutations are not the chunk order's.
+_KEY = 0x6D6978
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([k % 2**64 for k in key])
+
+
+def shares(weights: Sequence[float], epoch_samples: int) -> np.ndarray:
+    """Return the samples of each source per epoch: ``epoch_samples`` split by ``weights``.
+
+    The largest-remainder rounding of each exact share: each is within one sample of it and
+    they sum to ``epoch_samples`` (ties go to the earlier source).
+
+    Example:
+        >>> shares([3, 1], 10).tolist(), shares([1, 1, 1], 10).tolist()
+        ([8, 2], [4, 3, 3])
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    exact = w / w.sum() * epoch_samples
+    counts = np.floor(exact).astype(np.int64)
+    short = int(epoch_samples - counts.sum())
+    if short > 0:
+        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    result: np.ndarray = counts
+    return result
+
+
+def check_weights(weights: Sequence[float], num_sources: int | None = None) -> tuple[float, ...]:
+    """Return ``weights`` as floats, refusing what is not one positive finite weight a source.
+
+    Raises:
+        OptionsError: a weight is not positive and finite, or their number is not the
+            number of sources.
+    """
+    values = tuple(float(w) for w in weights)
+    if not values or any(not math.isfinite(w) or w <= 0 for w in values):
+        raise OptionsError(f"weights should be positive numbers, but got weights={list(weights)}")
+    if num_sources is not None and len(values) != num_sources:
+        raise OptionsError(
+            f"weights should have one weight per source ({num_sources}), but got "
+            f"{len(values)} weights"
+        )
+    return values
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """Where one source stands in one epoch of a mix.
+
+    Attributes:
+        samples: Samples of the source this epoch (its share).
+        passes: Whole passes this epoch.
+        part: Samples of the part pass this epoch (0: none).
+        cycle: The cycle the part pass belongs to.
+        epoch_in_cycle: This epoch's place in the cycle.
+        cycle_epochs: Epochs of one cycle: epochs that cover the whole source.
+    """
+
+    samples: int
+    passes: int
+    part: int
+    cycle: int
+    epoch_in_cycle: int
+    cycle_epochs: int
+
+    @property
+    def start(self) -> int:
+        """Where in the cycle's stream the epoch's part starts."""
+        return self.epoch_in_cycle * self.part
+
+
+@dataclass(frozen=True, eq=False)
+class WeightedMix:
+    """Several sources in every epoch, each exactly its share (see the note "Weighted mix").
+
+    Sample indices are global: source s's local index i is ``offsets[s] + i``.
+
+    Attributes:
+        chunk_maps: Each source's chunks, in its own indices.
+        weights: One positive weight per source.
+        epoch_samples: Samples per epoch; None: all samples of all sources.
+        stratify: Hold the shares in every batch (to within one sample), not only overall.
+        shuffle: Permute chunks, jitter the interleaving and shuffle windows.
+
+    Raises:
+        OptionsError: weights that are not one positive number per source, an empty source,
+            or ``epoch_samples`` below 1.
+
+    Example:
+        >>> mix = WeightedMix((ChunkMap.regular(40, 8), ChunkMap.regular(5, 5)), (3.0, 1.0))
+        >>> mix.num_samples, mix.takes.tolist()
+        (45, [34, 11])
+        >>> pieces = mix.epoch(seed=0, epoch=0)
+        >>> np.bincount(pieces.sources_of(np.arange(45))).tolist()
+        [34, 11]
+    """
+
+    chunk_maps: tuple[ChunkMap, ...]
+    weights: tuple[float, ...]
+    epoch_samples: int | None = None
+    stratify: bool = False
+    shuffle: bool = True
+    name = "weighted"
+
+    def __post_init__(self) -> None:
+        check_weights(self.weights, len(self.chunk_maps))
+        empty = [s for s, cmap in enumerate(self.chunk_maps) if cmap.num_samples == 0]
+        if empty:
+            raise OptionsError(
+                f"a mixed source should hold samples, but source {empty[0]} has none"
+            )
+        if self.epoch_samples is not None and self.epoch_samples < 1:
+            raise OptionsError(
+                f"epoch_samples should be >= 1, but got epoch_samples={self.epoch_samples}"
+            )
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Samples of each source."""
+        return np.asarray([cmap.num_samples for cmap in self.chunk_maps], dtype=np.int64)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Global index of each source's first sample, and the total."""
+        return np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch."""
+        return int(self.sizes.sum()) if self.epoch_samples is None else int(self.epoch_samples)
+
+    @property
+    def takes(self) -> np.ndarray:
+        """Samples of each source per epoch (``shares``)."""
+        return shares(self.weights, self.num_samples)
+
+    def positions(self, epoch: int) -> list[SourcePosition]:
+        """Return where each source stands in ``epoch``."""
+        out = []
+        for size, take in zip(self.sizes.tolist(), self.takes.tolist(), strict=True):
+            passes, part = divmod(take, size)
+            cycle_epochs = -(-size // part) if part else 1
+            cycle, at = divmod(epoch, cycle_epochs)
+            out.append(SourcePosition(take, passes, part, cycle, at, cycle_epochs))
+        return out
+
+    def _chunks(self, seed: int, source: int, *key: int) -> np.ndarray:
+        count = self.chunk_maps[source].num_chunks
+        if not self.shuffle:
+            return np.arange(count)
+        return _rng(seed, _KEY, source, *key).permutation(count)
+
+    def _stream(
+        self, order: np.ndarray, cmap: ChunkMap, low: int, high: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Pieces (first sample, size) of samples ``low .. high - 1`` of chunks in ``order``."""
+        sizes = cmap.sizes()[order]
+        ends = np.cumsum(sizes)
+        begins = ends - sizes
+        keep = (ends > low) & (begins < high)
+        begins, ends, chosen = begins[keep], ends[keep], order[keep]
+        cut_low = np.maximum(begins, low) - begins
+        cut_high = np.minimum(ends, high) - begins
+        return cmap.starts[chosen] + cut_low, cut_high - cut_low
+
+    def source_pieces(self, seed: int, epoch: int, source: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return one source's pieces of ``epoch`` in stream order: (first local sample, size)."""
+        cmap = self.chunk_maps[source]
+        size = cmap.num_samples
+        where = self.positions(epoch)[source]
+        starts: list[np.ndarray] = []
+        sizes: list[np.ndarray] = []
+        for one in range(where.passes):
+            piece = self._stream(self._chunks(seed, source, 1, epoch, one), cmap, 0, size)
+            starts.append(piece[0])
+            sizes.append(piece[1])
+        if where.part:
+            order = self._chunks(seed, source, 2, where.cycle)
+            low = where.start
+            high = min(low + where.part, size)
+            for a, b in ((low, high), (0, where.part - (high - low))):
+                if b > a:
+                    piece = self._stream(order, cmap, a, b)
+                    starts.append(piece[0])
+                    sizes.append(piece[1])
+        return np.concatenate(starts), np.concatenate(sizes)
+
+    def epoch(self, seed: int, epoch: int) -> EpochPieces:
+        """Return the epoch's pieces (source by source) and their interleaved order."""
+        offsets = self.offsets
+        starts, sizes, sources, keys = [], [], [], []
+        rng = _rng(seed, _KEY, epoch, 3)
+        for source, take in enumerate(self.takes.tolist()):
+            if take == 0:
+                continue
+            local, size = self.source_pieces(seed, epoch, source)
+            before = np.cumsum(size) - size
+            jitter = rng.random(len(size)) if self.shuffle else np.full(len(size), 0.5)
+            starts.append(local + offsets[source])
+            sizes.append(size)
+            sources.append(np.full(len(size), source, dtype=np.int64))
+            keys.append((before + jitter * size) / take)
+        key = np.concatenate(keys)
+        return EpochPieces(
+            np.concatenate(sizes).astype(np.int64),
+            np.argsort(key, kind="stable"),
+            shuffle=self.shuffle,
+            sample_starts=np.concatenate(starts).astype(np.int64),
+            sources=np.concatenate(sources),
+            stratify=self.stratify,
+        )
+
+    def arrange(self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces) -> np.ndarray:
+        """Return the sub-pieces in the served order of the pieces they come from."""
+        served = np.empty(len(whole.order), dtype=np.int64)
+        served[whole.order] = np.arange(len(whole.order))
+        return np.argsort(served[parents], kind="stable")
+
+    def settings(self) -> dict[str, Any]:
+        """The weights, the epoch's length, stratification and the sources' sizes."""
+        return {
+            "weights": list(self.weights),
+            "epoch_samples": self.num_samples,
+            "stratify": self.stratify,
+            "sizes": self.sizes.tolist(),
+        }
+
+
+@dataclass(frozen=True)
+class SourceShare:
+    """What one epoch of a mix takes of one source (``h5pack info`` and ``bench`` show it).
+
+    Attributes:
+        name: The source.
+        samples: Its samples.
+        per_epoch: Its samples in every epoch.
+        share: ``per_epoch`` over the epoch's samples.
+        passes: ``per_epoch`` over ``samples``: passes over the source per epoch.
+        coverage: The part of the source one epoch serves (1 when it repeats).
+        epochs_to_cover: Successive epochs that serve every sample of it.
+    """
+
+    name: str
+    samples: int
+    per_epoch: int
+    share: float
+    passes: float
+    coverage: float
+    epochs_to_cover: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields as JSON-ready values."""
+        return asdict(self)
+
+
+def source_shares(mix: WeightedMix, names: Sequence[str]) -> list[SourceShare]:
+    """Return what each epoch of ``mix`` takes of each source.
+
+    Example:
+        >>> mix = WeightedMix((ChunkMap.regular(900, 9), ChunkMap.regular(30, 3)), (3.0, 1.0))
+        >>> [(s.per_epoch, round(s.passes, 2), s.epochs_to_cover) for s in
+        ...  source_shares(mix, ["a", "b"])]
+        [(698, 0.78, 2), (232, 7.73, 1)]
+    """
+    out = []
+    total = mix.num_samples
+    for name, size, where in zip(names, mix.sizes.tolist(), mix.positions(0), strict=True):
+        out.append(
+            SourceShare(
+                name=name,
+                samples=int(size),
+                per_epoch=where.samples,
+                share=where.samples / total,
+                passes=where.samples / size,
+                coverage=min(1.0, where.samples / size),
+                epochs_to_cover=1 if where.passes else where.cycle_epochs,
+            )
+        )
+    return out
