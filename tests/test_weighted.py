@@ -149,17 +149,21 @@ def test_a_subsampled_source_is_covered_by_successive_epochs() -> None:
     assert len(set(sixth)) == 200  # the next cycle: a fresh permutation
 
 
-def test_stratify_holds_the_shares_in_every_batch() -> None:
-    maps = (ChunkMap.regular(3000, 64), ChunkMap.regular(1000, 50))
-    for stratify, worst_allowed in ((True, 1.0), (False, None)):
-        mix = WeightedMix(maps, (3.0, 1.0), stratify=stratify)
-        spec = EpochSpec(batch_size=64, seed=0, window_chunks=4, num_workers=2)
+@pytest.mark.parametrize("workers", [0, 4])
+@pytest.mark.parametrize("weights", [(3, 1), (5, 3, 2)])
+def test_stratify_holds_the_shares_in_every_batch(weights, workers) -> None:
+    maps = tuple(ChunkMap.regular(n, 64) for n in (3000, 1800, 1200)[: len(weights)])
+    share = np.asarray(weights) / sum(weights)
+    for stratify in (True, False):
+        mix = WeightedMix(maps, tuple(float(w) for w in weights), stratify=stratify)
+        spec = EpochSpec(batch_size=64, seed=0, window_chunks=4, num_workers=workers)
         worst = 0.0
-        for batch in plan_epoch(mix, spec, epoch=0)[:-2]:
-            counts = np.asarray(source_counts(mix, batch))
-            worst = max(worst, float(np.abs(counts - len(batch) * np.array([0.75, 0.25])).max()))
-        if worst_allowed is not None:
-            assert worst <= worst_allowed
+        for batch in plan_epoch(mix, spec, epoch=0):
+            if len(batch) == 64:
+                counts = np.asarray(source_counts(mix, batch))
+                worst = max(worst, float(np.abs(counts - 64 * share).max()))
+        if stratify:
+            assert worst <= 1.0
         else:
             assert worst > 1.0  # without stratify a window's samples mix at random
 

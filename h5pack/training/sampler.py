@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -489,20 +489,47 @@ def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, *, epoch: int) -> list
     return [pieces.samples(b) for b in plan_pieces(pieces, spec, epoch=epoch)]
 
 
-def balanced(positions: np.ndarray, sources: np.ndarray | None) -> np.ndarray:
-    """Return ``positions`` re-interleaved so that every stretch holds each source's share.
+def _window_shuffle(
+    seq: np.ndarray, chunks: np.ndarray, window_chunks: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Shuffle ``seq`` within the fewest windows of at most K consecutive pieces, even sizes."""
+    piece = np.concatenate([[0], np.cumsum(np.diff(chunks) != 0)])
+    num_pieces = int(piece[-1]) + 1
+    windows = -(-num_pieces // window_chunks)
+    keys = rng.random(len(seq))
+    shuffled: np.ndarray = seq[np.lexsort((keys, piece * windows // num_pieces))]
+    return shuffled
 
-    Each source's positions keep their order; the j-th of a source's c sits at (j + 1/2) / c
-    of the stream (see the note "Weighted mix", ``stratify``).
+
+def _balanced_layout(
+    pieces: EpochPieces,
+) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
+    """Return ``segment`` of a stratified epoch: its sequence with the sources balanced.
+
+    Each source's pieces keep their served order and are laid end to end; the sources are
+    then interleaved sample by sample, the j-th of a source's n at (j + 1/2) / n of the
+    epoch, so every stretch (a rank's slice, a worker's, a batch) holds each source's
+    share to within about one sample. Lays out the whole epoch: O(N) per rank.
     """
-    if sources is None:
-        return positions
-    counts = np.bincount(sources)
-    by_source = np.argsort(sources, kind="stable")
-    rank = np.empty(len(sources), dtype=np.int64)
-    rank[by_source] = np.arange(len(sources)) - (np.cumsum(counts) - counts)[sources[by_source]]
-    ordered: np.ndarray = positions[np.argsort((rank + 0.5) / counts[sources], kind="stable")]
-    return ordered
+    starts, sizes, order = pieces.starts, pieces.sizes, pieces.order
+    piece_sources = pieces.sources_of(starts)
+    assert piece_sources is not None  # the caller checked
+    num = pieces.num_samples
+    labels = np.repeat(piece_sources[order], sizes[order])
+    rank = np.empty(num, dtype=np.int64)
+    counts = np.bincount(labels)
+    by_source = np.argsort(labels, kind="stable")
+    rank[by_source] = np.arange(num) - (np.cumsum(counts) - counts)[labels[by_source]]
+    balanced = by_source[np.argsort(((rank + 0.5) / counts[labels])[by_source], kind="stable")]
+    served = np.repeat(starts[order], sizes[order]) + (
+        np.arange(num) - np.repeat(np.cumsum(sizes[order]) - sizes[order], sizes[order])
+    )
+    seq, chunk_seq = served[balanced], np.repeat(order, sizes[order])[balanced]
+
+    def segment(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+        return seq[low:high], chunk_seq[low:high]
+
+    return segment
 
 
 def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
@@ -522,7 +549,7 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
     ends = np.cumsum(ordered_sizes)
     first_pos = ends - ordered_sizes
 
-    def segment(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    def laid_out(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
         """Positions ``low .. high - 1`` of the epoch's sequence, and their pieces.
 
         Only the pieces that overlap are laid out, so a rank's plan costs O(N / R + chunks)
@@ -539,6 +566,10 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         )
         chunk_seq = np.repeat(part, part_sizes)
         return seq[low - origin : high - origin], chunk_seq[low - origin : high - origin]
+
+    segment: Callable[[int, int], tuple[np.ndarray, np.ndarray]] = laid_out
+    if pieces.stratify and pieces.sources_of(starts[:1]) is not None:
+        segment = _balanced_layout(pieces)
 
     if drop_last:
         per_rank = batch_count * batch_size
@@ -567,14 +598,19 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         high = low + int(own_sizes.sum())
         wseq, wchunks = rank_seq[low:high], rank_chunks[low:high]
         low = high
-        if shuffle and len(wseq):
-            piece = np.concatenate([[0], np.cumsum(np.diff(wchunks) != 0)])
-            num_pieces = int(piece[-1]) + 1
-            windows = -(-num_pieces // window_chunks)  # the fewest windows of <= K, even
-            keys = worker_rngs[w].random(len(wseq))
-            wseq = wseq[np.lexsort((keys, piece * windows // num_pieces))]
-        if pieces.stratify and len(wseq):
-            wseq = balanced(wseq, pieces.sources_of(wseq))
+        sources = pieces.sources_of(wseq) if pieces.stratify and len(wseq) else None
+        if sources is not None and shuffle:
+            # stratified: each source's samples shuffled in its own windows, then put back
+            # into that source's slots (the balanced layout, see the note "Weighted mix")
+            mixed = wseq.copy()
+            for source in np.unique(sources).tolist():
+                slots = np.flatnonzero(sources == source)
+                mixed[slots] = _window_shuffle(
+                    wseq[slots], wchunks[slots], window_chunks, worker_rngs[w]
+                )
+            wseq = mixed
+        elif shuffle and len(wseq):
+            wseq = _window_shuffle(wseq, wchunks, window_chunks, worker_rngs[w])
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
     return [streams[b % workers][b // workers] for b in range(batch_count)]
 

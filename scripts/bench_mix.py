@@ -1,0 +1,197 @@
+"""Mixing packs by weight (issue 18): exactness, stratification, and the cost of a mix.
+
+Three parts, each printed as a markdown table:
+
+- ``exact``: per-epoch samples of each source against ``round(share x epoch_samples)``, over
+  ``--epochs`` epochs, for several weightings (one source 10x smaller than its share),
+  planned for 2 ranks x 2 workers (the order alone: no files); also whether any sample of a
+  source that does not repeat came twice in an epoch, and the epochs that covered every
+  sample of a subsampled source.
+- ``stratify``: the worst batch's deviation from the shares (samples), with and without
+  ``stratify=True``.
+- ``cost``: ``make_loader`` over a 3:1 mix of two packs against one pack of the same images
+  (the same total size), read in this process (``num_workers=0``, the raw default):
+  images/s (median of interleaved rounds), CPU seconds per image, chunks decompressed per
+  sample.
+
+Usage::
+
+    python scripts/bench_mix.py                     # all three
+    python scripts/bench_mix.py --parts cost --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from h5pack import Compression, ConvertOptions, make_loader, write_arrays
+from h5pack.core.layout import ChunkMap
+from h5pack.training.sampler import ChunkBatchSampler, MixedSources
+from h5pack.training.weighted import WeightedMix, shares
+
+
+def exactness(epochs: int) -> list[str]:
+    """Per-epoch counts against the target, several weightings, 2 ranks x 2 workers."""
+    cases = [
+        ("3:1, sizes 6000/2000", (6000, 2000), (3, 1), None),
+        ("1:1, sizes 10000/500 (B's share 10x B)", (10000, 500), (1, 1), 10000),
+        ("1:10, sizes 20000/1000, E=11000", (20000, 1000), (1, 10), 11000),
+        ("5:3:2, sizes 4000/3000/800", (4000, 3000, 800), (5, 3, 2), None),
+    ]
+    rows = [
+        "| weights, sizes | epoch | target per source | worst miss over epochs | "
+        "passes per epoch | repeats in a non-repeating source | epochs covering each subsampled |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, sizes, weights, epoch_samples in cases:
+        maps = tuple(ChunkMap.regular(n, 64) for n in sizes)
+        mix = WeightedMix(maps, tuple(float(w) for w in weights), epoch_samples)
+        target = shares(weights, mix.num_samples)
+        offsets = mix.offsets
+        worst, repeats = 0, 0
+        seen: dict[int, set[int]] = {s: set() for s in range(len(sizes))}
+        covered: dict[int, int | None] = dict.fromkeys(range(len(sizes)))
+        for epoch in range(epochs):
+            served: list[int] = []
+            for rank in range(2):
+                sampler = ChunkBatchSampler(
+                    MixedSources(maps),
+                    256,
+                    seed=11,
+                    num_replicas=2,
+                    rank=rank,
+                    num_workers=2,
+                    weights=weights,
+                    epoch_samples=epoch_samples,
+                )
+                sampler.set_epoch(epoch)
+                served += [i for b in sampler for i in b]
+            source = np.searchsorted(offsets, served, side="right") - 1
+            counts = np.bincount(source, minlength=len(sizes))
+            assert len(served) == mix.num_samples  # even epochs: 2 ranks pad nothing
+            worst = max(worst, int(np.abs(counts - target).max()))
+            for s, n in enumerate(sizes):
+                mine = [i for i, k in zip(served, source, strict=True) if k == s]
+                if target[s] <= n:
+                    repeats += sum(v - 1 for v in Counter(mine).values())
+                    seen[s].update(mine)
+                    if covered[s] is None and len(seen[s]) == n:
+                        covered[s] = epoch + 1
+        passes = ", ".join(f"{t / n:.2f}" for t, n in zip(target, sizes, strict=True))
+        cover = ", ".join(f"{covered[s]}" for s in range(len(sizes)) if target[s] < sizes[s]) or "-"
+        rows.append(
+            f"| {label} | {mix.num_samples} | {', '.join(map(str, target))} | {worst} | "
+            f"{passes} | {repeats} | {cover} |"
+        )
+    return rows
+
+
+def stratification() -> list[str]:
+    """The worst batch's deviation from the shares, with and without ``stratify``."""
+    rows = [
+        "| weights | batch | workers | stratify | worst batch deviation (samples) | "
+        "mean abs deviation |",
+        "|---|---|---|---|---|---|",
+    ]
+    for weights, sizes in (((3, 1), (30000, 10000)), ((5, 3, 2), (20000, 12000, 8000))):
+        maps = tuple(ChunkMap.regular(n, 64) for n in sizes)
+        share = np.asarray(weights, dtype=float) / sum(weights)
+        for workers in (0, 4):
+            for stratify in (False, True):
+                sampler = ChunkBatchSampler(
+                    MixedSources(maps),
+                    256,
+                    seed=3,
+                    num_workers=workers,
+                    weights=weights,
+                    stratify=stratify,
+                )
+                offsets = WeightedMix(maps, tuple(map(float, weights))).offsets
+                devs = []
+                for batch in sampler:
+                    if len(batch) < 256:
+                        continue
+                    source = np.searchsorted(offsets, batch, side="right") - 1
+                    counts = np.bincount(source, minlength=len(sizes))
+                    devs.append(np.abs(counts - 256 * share).max())
+                rows.append(
+                    f"| {':'.join(map(str, weights))} | 256 | {workers} | {stratify} | "
+                    f"{max(devs):.2f} | {statistics.mean(devs):.2f} |"
+                )
+    return rows
+
+
+def cost(rounds: int, folder: Path) -> list[str]:
+    """A 3:1 mix of two packs against one pack of the same images, in this process."""
+    rng = np.random.default_rng(0)
+    num_a, num_b = 6000, 2000
+    images = rng.integers(0, 256, (num_a + num_b, 64, 64, 3), dtype=np.uint8)
+    images[:, ::2] //= 3  # compressible, like photographs (zstd ~2:1)
+    labels = rng.integers(0, 10, num_a + num_b)
+    options = ConvertOptions(chunk_samples=64, compression=Compression(codec="zstd"))
+    classes = [f"c{i}" for i in range(10)]
+    a, b, one = folder / "a.h5", folder / "b.h5", folder / "one.h5"
+    write_arrays(a, list(images[:num_a]), labels[:num_a], options=options, classes=classes)
+    write_arrays(b, list(images[num_a:]), labels[num_a:], options=options, classes=classes)
+    write_arrays(one, list(images), labels, options=options, classes=classes)
+    loaders = {
+        "one pack": make_loader(one, 256, num_workers=0, seed=1),
+        "3:1 mix of two packs": make_loader([a, b], 256, weights=[3, 1], num_workers=0, seed=1),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in loaders}
+    cpu: dict[str, list[float]] = {k: [] for k in loaders}
+    for epoch in range(rounds + 1):  # the first round warms up
+        for name, loader in loaders.items():
+            loader.set_epoch(epoch)
+            wall, started = time.perf_counter(), time.process_time()
+            count = sum(len(labels) for _, labels in loader)
+            wall, spent = time.perf_counter() - wall, time.process_time() - started
+            if epoch:
+                rates[name].append(count / wall)
+                cpu[name].append(spent / count)
+    rows = [
+        "| loader | images/s (median of rounds) | rounds | CPU us/image | "
+        "chunks decompressed per sample | ratio to one pack |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = statistics.median(rates["one pack"])
+    for name, loader in loaders.items():
+        dataset = loader.dataset
+        parts = getattr(dataset, "parts", [dataset])
+        loads = sum(p.reader.loads for p in parts) / ((rounds + 1) * (num_a + num_b))
+        median = statistics.median(rates[name])
+        rows.append(
+            f"| {name} | {median:,.0f} | {', '.join(f'{r:,.0f}' for r in rates[name])} | "
+            f"{1e6 * statistics.median(cpu[name]):.1f} | {loads:.4f} | {median / base:.3f} |"
+        )
+    return rows
+
+
+def main() -> None:
+    """Run the parts asked for and print their tables."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["exact", "stratify", "cost"])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if "exact" in args.parts:
+        print(f"## Exactness over {args.epochs} epochs (2 ranks x 2 workers, batch 256)\n")
+        print("\n".join(exactness(args.epochs)), "\n")
+    if "stratify" in args.parts:
+        print("## Per-batch shares\n")
+        print("\n".join(stratification()), "\n")
+    if "cost" in args.parts:
+        with tempfile.TemporaryDirectory() as folder:
+            print("## Cost of a mix (8,000 64x64 raw zstd samples, 64 per chunk)\n")
+            print("\n".join(cost(args.rounds, Path(folder))))
+
+
+if __name__ == "__main__":
+    main()
