@@ -142,8 +142,10 @@ def cost(rounds: int, folder: Path) -> list[str]:
     write_arrays(b, list(images[num_a:]), labels[num_a:], options=options, classes=classes)
     write_arrays(one, list(images), labels, options=options, classes=classes)
     loaders = {
-        "one pack": make_loader(one, 256, num_workers=0, seed=1),
-        "3:1 mix of two packs": make_loader([a, b], 256, weights=[3, 1], num_workers=0, seed=1),
+        "one pack": make_loader(one, 256, num_workers=0, seed=1, window_chunks=8),
+        "3:1 mix of two packs": make_loader(
+            [a, b], 256, weights=[3, 1], num_workers=0, seed=1, window_chunks=8
+        ),
     }
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}

@@ -386,6 +386,37 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             samples.append(self._tuple(image, labels[j], paths, j))
         return SampleBatch(samples, paths=paths)
 
+    def batch_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, C) of every image ``read_batch_into`` delivers, or None if it delivers none.
+
+        The crop's size, or the pack's one stored shape; None with a transform, PIL output,
+        or images of several sizes and no crop.
+        """
+        if self.transform is not None or self.output == "pil":
+            return None
+        if self.crop is not None:
+            return (*self.crop.size, self.meta.channels)
+        return self.meta.fixed_shape
+
+    def read_batch_into(self, indices: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (B, H, W, C) with the images ``__getitems__`` would batch for ``indices``.
+
+        Raises:
+            OptionsError: this dataset delivers no batch of one shape (``batch_shape``).
+        """
+        shape = self.batch_shape()
+        if shape is None or tuple(out.shape[1:]) != shape:
+            raise OptionsError(
+                f"{self.path} delivers images of shape {shape}, not a batch of {out.shape[1:]}"
+            )
+        reader = self.reader
+        if self.crop is not None:
+            if self._fixed is None:
+                self._fixed = FixedSizeReader(reader, self.crop, self.cache)
+            self._fixed.read_into(indices, out, seed=self.seed, epoch=self.epoch)
+        else:
+            reader.read_into(indices, out)
+
     def _cropped(
         self,
         idx: np.ndarray,

@@ -175,30 +175,37 @@ class H5MixDataset(H5ImageDataset):
             label_tensor = None
         sources = torch.from_numpy(src.astype(np.int64)) if self.return_source else None
         offsets = self.offsets
-        parts: list[tuple[np.ndarray, SampleBatch]] = []
-        for s in np.unique(src).tolist():
-            where = np.flatnonzero(src == s)
-            local = (idx[where] - offsets[s]).tolist()
-            parts.append((where, self.parts[s].__getitems__(local)))
         paths: list[str] | None = None
         if self.return_path:
-            paths = [""] * idx.size
-            for where, batch in parts:
-                for j, path in zip(where.tolist(), batch.paths or [], strict=True):
-                    paths[j] = path
-        whole = [b.images for _, b in parts]
-        if all(isinstance(i, torch.Tensor | np.ndarray) for i in whole) and (
-            len({tuple(i.shape[1:]) for i in whole}) == 1
-        ):
+            paths = [
+                self.parts[s].reader.paths[int(i - offsets[s])]
+                for s, i in zip(src.tolist(), idx.tolist(), strict=True)
+            ]
+        shape = self._batch_shape()
+        if shape is not None:
+            buffer = empty_uint8((idx.size, *shape))
+            target = buffer.numpy()
+            for s in np.unique(src).tolist():
+                where = np.flatnonzero(src == s)
+                local = idx[where] - offsets[s]
+                if where[-1] - where[0] + 1 == where.size:  # a run: read into its slice
+                    self.parts[s].read_batch_into(local, target[where[0] : where[-1] + 1])
+                else:
+                    part = np.empty((where.size, *shape), dtype=np.uint8)
+                    self.parts[s].read_batch_into(local, part)
+                    target[where] = part
+            images = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else target
             return SampleBatch(
-                images=self._joined(parts, idx.size),
+                images=images,
                 labels=label_tensor,
                 label_values=labels,
                 paths=paths,
                 sources=sources,
             )
         samples: list[tuple[Any, ...]] = [()] * idx.size
-        for where, batch in parts:
+        for s in np.unique(src).tolist():
+            where = np.flatnonzero(src == s)
+            batch = self.parts[s].__getitems__((idx[where] - offsets[s]).tolist())
             for j, sample in zip(where.tolist(), batch, strict=True):
                 extra: tuple[Any, ...] = () if paths is None else (paths[j],)
                 if sources is not None:
@@ -206,18 +213,9 @@ class H5MixDataset(H5ImageDataset):
                 samples[j] = (sample[0], labels[j], *extra)
         return SampleBatch(samples, paths=paths, sources=sources)
 
-    def _joined(self, parts: list[tuple[np.ndarray, SampleBatch]], count: int) -> Any:
-        """One batch of images from the sources' batches, in the order asked."""
-        first = parts[0][1].images
-        if isinstance(first, np.ndarray):  # output "hwc": (B, H, W, C) arrays
-            out = np.empty((count, *first.shape[1:]), dtype=first.dtype)
-            for where, batch in parts:
-                out[where] = batch.images
-            return out
-        # output "tensor": (B, C, H, W) views of (B, H, W, C) buffers (channels last)
-        channels, height, width = first.shape[1:]
-        buffer = empty_uint8((count, height, width, channels))
-        target = buffer.numpy()
-        for where, batch in parts:
-            target[where] = batch.images.permute(0, 2, 3, 1).numpy()
-        return buffer.permute(0, 3, 1, 2)
+    def _batch_shape(self) -> tuple[int, int, int] | None:
+        """(H, W, C) every source batches its images at, or None if they do not agree."""
+        shapes = {part.batch_shape() for part in self.parts}
+        if len(shapes) != 1:
+            return None
+        return shapes.pop()

@@ -612,7 +612,16 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         elif shuffle and len(wseq):
             wseq = _window_shuffle(wseq, wchunks, window_chunks, worker_rngs[w])
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
-    return [streams[b % workers][b // workers] for b in range(batch_count)]
+    batches = [streams[b % workers][b // workers] for b in range(batch_count)]
+    if pieces.sources_of(starts[:1]) is not None:
+        # a mix: each batch grouped by source (a batch is a set to SGD), so that the
+        # dataset reads every source's run straight into its slice of the batch
+        grouped = []
+        for batch in batches:
+            sources = pieces.sources_of(batch)
+            grouped.append(batch if sources is None else batch[np.argsort(sources, kind="stable")])
+        batches = grouped
+    return batches
 
 
 class ChunkBatchSampler(Sampler[list[int]]):
