@@ -86,6 +86,7 @@ import numpy as np
 from h5pack._types import StrPath, parse_choice
 from h5pack.core import integrity
 from h5pack.core.integrity import PackIdentity
+from h5pack.core.source import is_url
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError, PackReplacedError
 
 FORMAT_MARKER = "h5pack"
@@ -380,7 +381,8 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
         path: The file to open.
         locking: HDF5 file locking; ``False`` for network file systems or to read a file
             that a writer still holds. ``None`` keeps HDF5's default.
-        **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``).
+        **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``); ``storage_options``, the
+            remote client's settings of a URL (``core.s3.S3Options``), is taken out first.
 
     Raises:
         FileNotFoundError: the path does not exist.
@@ -389,6 +391,11 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
     import hdf5plugin  # noqa: F401  (registers the LZ4/Zstd/Blosc/Bitshuffle filters)
 
     text = os.fspath(path)
+    storage_options = kwargs.pop("storage_options", None)
+    if is_url(text):  # NOTE [ Compact index ]: its index, or HDF5 over a file object
+        from h5pack.core.remote import open_remote
+
+        return open_remote(text, storage_options, **kwargs)
     if not Path(text).exists():
         raise PackNotFoundError(f"{text}: no such pack")
     if Path(text).is_dir():
@@ -422,6 +429,10 @@ def identity_of(handle: h5py.File, path: str) -> PackIdentity:
     with reading(path, f"the pack attribute {PACK_ID_KEY!r}"):
         raw = handle.attrs.get(PACK_ID_KEY)
     pack_id = _text(raw) if raw is not None else None
+    remote = getattr(handle, "source_identity", None)
+    if remote is not None:  # a URL's pack: its size and ETag (core.remote)
+        found: PackIdentity = remote(pack_id)
+        return found
     try:
         stat = os.fstat(int(handle.id.get_vfd_handle()))
     except (OSError, ValueError, TypeError, RuntimeError):

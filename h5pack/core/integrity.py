@@ -116,6 +116,7 @@ class PackIdentity:
         inode: ``st_ino`` of the file.
         size: ``st_size`` in bytes.
         mtime_ns: ``st_mtime_ns``: a pack is never written in place once published.
+        etag: A remote object's ETag (device, inode and mtime are then 0).
     """
 
     pack_id: str | None
@@ -123,11 +124,17 @@ class PackIdentity:
     inode: int
     size: int
     mtime_ns: int
+    etag: str | None = None
 
     @classmethod
     def of(cls, stat: os.stat_result, pack_id: str | None) -> PackIdentity:
         """Return the identity of a file with status ``stat`` holding pack ``pack_id``."""
         return cls(pack_id, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+    @classmethod
+    def remote(cls, pack_id: str | None, size: int, etag: str) -> PackIdentity:
+        """Return the identity of a remote object of ``size`` bytes and ``etag``."""
+        return cls(pack_id, 0, 0, size, 0, etag)
 
     def changes(self, now: PackIdentity) -> list[str]:
         """Return what differs between this identity and ``now`` (empty: the same file)."""
@@ -140,4 +147,6 @@ class PackIdentity:
             found.append(f"{self.size} bytes then, {now.size} now")
         if self.mtime_ns != now.mtime_ns:
             found.append("modified since")
+        if self.etag != now.etag:
+            found.append(f"ETag {self.etag} then, {now.etag} now")
         return found

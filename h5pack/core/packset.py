@@ -58,6 +58,7 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core.format import PackMeta
+from h5pack.core.source import is_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 
 PACKSET_VERSION = 1
@@ -293,6 +294,9 @@ def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
     """Return whether ``source`` is a pack set: a list of packs, a set's directory or manifest."""
     if not isinstance(source, str | os.PathLike):
         return True
+    text = os.fspath(source)
+    if is_url(text):  # a set's prefix (ending in /) or its manifest
+        return text.endswith(("/", ".json"))
     path = Path(source)
     if path.is_dir():
         return True
@@ -420,14 +424,30 @@ def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
     return manifest
 
 
-def check_shard(manifest: PackSetManifest, entry: ShardEntry, meta: PackMeta) -> None:
+def check_shard(
+    manifest: PackSetManifest,
+    entry: ShardEntry,
+    meta: PackMeta,
+    *,
+    remote: tuple[str, str] | None = None,
+) -> None:
     """Raise ``FormatError`` unless ``meta`` is the shard the manifest recorded.
+
+    Args:
+        manifest: The set's manifest.
+        entry: The shard's entry.
+        meta: The shard's metadata, as read.
+        remote: ``(shard URL, manifest URL)`` of a remote set (the size is the identity's).
 
     Raises:
         FormatError: the shard's size, sample count, classes or metadata digest changed.
     """
-    path = manifest.root / entry.path
-    size = path.stat().st_size
+    path: Path | str = manifest.root / entry.path
+    where: Path | str = manifest.manifest_path
+    if remote is not None and meta.identity is not None:
+        (path, where), size = remote, meta.identity.size
+    else:
+        size = Path(path).stat().st_size
     problems = []
     if size != entry.file_bytes:
         problems.append(f"{size} bytes, the manifest recorded {entry.file_bytes}")
@@ -439,7 +459,7 @@ def check_shard(manifest: PackSetManifest, entry: ShardEntry, meta: PackMeta) ->
         problems.append("metadata that differs from what the manifest recorded")
     if problems:
         raise FormatError(
-            f"{path}: the shard changed since {manifest.manifest_path} was written ("
+            f"{path}: the shard changed since {where} was written ("
             + "; ".join(problems)
             + "); rebuild it with the same --shards and --seed, or restore it"
         )

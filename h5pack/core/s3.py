@@ -188,6 +188,10 @@ class _Retry(Exception):
     """An attempt that failed in a way worth trying again."""
 
 
+class _Unsatisfiable(Exception):
+    """HTTP 416: a suffix range longer than the object, which some servers refuse."""
+
+
 def _clients() -> Any:
     try:
         import boto3
@@ -305,8 +309,16 @@ class S3Source(ByteSource):
         return list(self._executor().map(lambda r: self._get_range(*r), ranges))
 
     def read_tail(self, nbytes: int) -> tuple[memoryview, int]:
-        """Return the last ``nbytes`` bytes and their offset: one GET, no size needed."""
-        return self._get(f"bytes=-{nbytes}", None, f"its last {nbytes} bytes")
+        """Return the last ``nbytes`` bytes and their offset: one GET, no size needed.
+
+        S3 answers a suffix longer than the object with the whole object; servers that
+        refuse it (416: rclone) are asked for the first ``nbytes`` instead, which they
+        answer with the whole object too (a second request, for small objects only).
+        """
+        try:
+            return self._get(f"bytes=-{nbytes}", None, f"its last {nbytes} bytes")
+        except _Unsatisfiable:
+            return self._get(f"bytes=0-{nbytes - 1}", None, f"its first {nbytes} bytes")
 
     def _get_range(self, start: int, end: int) -> memoryview:
         if end <= start:
@@ -388,6 +400,8 @@ class S3Source(ByteSource):
                 "or storage options access_key_id / secret_access_key) and the bucket's "
                 "permissions"
             ) from None
+        if status == 416 and what.startswith("its last"):
+            raise _Unsatisfiable() from None
         if code in _RETRIED_CODES or status >= 500 or status == 429:
             return f"HTTP {status} {code}".strip()
         raise RemoteError(
@@ -421,6 +435,10 @@ class S3Source(ByteSource):
         return S3Source(url, self.options, sleep=self._sleep)
 
     def read_object(self) -> bytes:
+        """Return the whole object (``read_all``, the name write.upload calls)."""
+        return self.read_all()
+
+    def read_all(self) -> bytes:
         """Return the whole object (one GET): a manifest."""
 
         def attempt() -> bytes:

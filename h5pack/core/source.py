@@ -168,6 +168,10 @@ class ByteSource(ABC):
         """Return the bytes ``[start, end)``."""
         return self.read_ranges([(start, end)])[0]
 
+    def read_all(self) -> bytes:
+        """Return every byte (a small object: a manifest)."""
+        return bytes(self.read(0, self.size()))
+
     def read_tail(self, nbytes: int) -> tuple[memoryview, int]:
         """Return the last ``nbytes`` bytes (all of a smaller source) and their offset."""
         start = max(0, self.size() - nbytes)

@@ -27,24 +27,28 @@ import errno
 import os
 import resource
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TypeAlias, TypeVar, overload
+from typing import Any, TypeAlias, TypeVar, overload
 
 import numpy as np
 
-from h5pack.core.format import PackMeta, load_meta
+from h5pack.core.format import PackMeta, load_meta, open_h5, read_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.packset import (
+    MANIFEST_NAME,
+    PackSetManifest,
     check_members,
     check_shard,
     is_packset,
     pack_paths,
+    parse_manifest,
 )
+from h5pack.core.source import is_url, join_url, open_source
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.reader import PackReader, ReaderOptions
 
@@ -53,6 +57,8 @@ R = TypeVar("R")
 
 # Shards open at once: two file descriptors each (HDF5's and the direct path's).
 DEFAULT_MAX_OPEN = 64
+# Remote shards whose index is fetched at once when a set is opened.
+OPEN_IN_FLIGHT = 32
 
 PackSource: TypeAlias = "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
 """A pack path, a pack set's directory or manifest, or a list of pack paths."""
@@ -63,7 +69,7 @@ class ShardView:
     """What a pack set keeps of one shard once it is checked (no metadata arrays).
 
     Attributes:
-        path: The shard.
+        path: The shard (a URL for a remote set's).
         num_samples: Its samples.
         chunk_map: Its groups, in its own indices.
         group_bytes: Uncompressed bytes of one of its groups.
@@ -71,7 +77,7 @@ class ShardView:
         identity: The file checked (pack id and status): a reader refuses any other.
     """
 
-    path: Path
+    path: Path | str
     num_samples: int
     chunk_map: ChunkMap
     group_bytes: int
@@ -233,19 +239,83 @@ def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
     return ChunkMap(np.concatenate(starts))
 
 
-def _describe_set(source: PackSource, locking: bool | None) -> PackView:
-    """Load and check every shard's metadata; fold them into one view."""
-    paths, manifest = pack_paths(source)
-    name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(paths[0])
+def is_remote(source: PackSource) -> bool:
+    """Return whether ``source`` is a URL or a list holding one."""
+    if isinstance(source, str | os.PathLike):
+        return is_url(source)
+    return any(is_url(p) for p in source)
+
+
+def load_pack_meta(
+    path: str | os.PathLike[str],
+    *,
+    locking: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> PackMeta:
+    """Return a pack's metadata: ``format.load_meta``, or a URL's from its index (1-2 GETs)."""
+    if not is_url(path):
+        return load_meta(path, locking=locking)
+    with open_h5(path, storage_options=storage_options) as handle:
+        return read_meta(handle, os.fspath(path))
+
+
+def _remote_members(
+    source: PackSource, storage_options: Mapping[str, Any] | None
+) -> tuple[list[str], PackSetManifest | None, str | None]:
+    """Return a remote set's shard URLs, its manifest and the manifest's URL (one GET)."""
+    if not isinstance(source, str | os.PathLike):
+        urls = [os.fspath(p) for p in source]
+        local = [u for u in urls if not is_url(u)]
+        if local:
+            raise OptionsError(f"a list of packs mixes URLs and local paths ({local[0]})")
+        return urls, None, None
+    text = os.fspath(source)
+    where = text if text.endswith(".json") else join_url(text, MANIFEST_NAME)
+    manifest_source = open_source(where, storage_options=storage_options)
+    try:
+        body = manifest_source.read_all().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FormatError(f"{where}: the pack set manifest cannot be read ({err})") from err
+    finally:
+        manifest_source.close()
+    manifest = parse_manifest(body, where=where, root=Path("."))
+    prefix = where.rsplit("/", 1)[0]
+    return [join_url(prefix, e.path) for e in manifest.shards], manifest, where
+
+
+def _describe_set(
+    source: PackSource,
+    locking: bool | None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> PackView:
+    """Load and check every shard's metadata; fold them into one view.
+
+    A remote set's shards are opened concurrently (NOTE [ Compact index ]: 1-2 GETs each).
+    """
+    remote = is_remote(source)
+    paths: list[Path | str]
+    if remote:
+        urls, manifest, manifest_url = _remote_members(source, storage_options)
+        paths, name = list(urls), manifest_url or urls[0]
+        with ThreadPoolExecutor(min(OPEN_IN_FLIGHT, len(paths))) as pool:
+            found = list(
+                pool.map(lambda u: load_pack_meta(u, storage_options=storage_options), paths)
+            )
+    else:
+        local, manifest = pack_paths(source)
+        paths = list(local)
+        name = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(local[0])
+        found = []
     metas: list[PackMeta] = []
     shards: list[ShardView] = []
     # the entries' sum, which check_shard holds every shard to (the total is checked after)
     listed = sum(e.num_samples for e in manifest.shards) if manifest is not None else None
     fold = _Fold(listed)
     for index, path in enumerate(paths):
-        meta = load_meta(path, locking=locking)
+        meta = found[index] if remote else load_meta(path, locking=locking)
         if manifest is not None:
-            check_shard(manifest, manifest.shards[index], meta)
+            at = (os.fspath(path), name) if remote else None
+            check_shard(manifest, manifest.shards[index], meta, remote=at)
         shards.append(
             ShardView(
                 path=path,
@@ -257,7 +327,7 @@ def _describe_set(source: PackSource, locking: bool | None) -> PackView:
             )
         )
         metas.append(fold.add(meta))  # each shard's arrays live once, in the fold
-    check_members(paths, metas, manifest)
+    check_members([Path(p) for p in paths], metas, manifest)
     combined = _combined_meta(name, metas, fold)
     return PackView(
         meta=combined,
@@ -268,11 +338,17 @@ def _describe_set(source: PackSource, locking: bool | None) -> PackView:
     )
 
 
-def describe(source: PackSource, *, locking: bool | None = None) -> PackView:
+def describe(
+    source: PackSource,
+    *,
+    locking: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> PackView:
     """Return the metadata and chunk map of a pack or a pack set (checking every shard).
 
     Opens no reader: each shard's file is opened, its metadata read and checked against the
-    manifest, and closed.
+    manifest, and closed. URLs (``s3://bucket/pack.h5``, a set's prefix ``s3://bucket/set/``
+    or its ``packset.json``, a list of URLs) are read with ``storage_options``.
 
     Raises:
         FileNotFoundError: the pack, a shard or the manifest does not exist.
@@ -280,9 +356,9 @@ def describe(source: PackSource, *, locking: bool | None = None) -> PackView:
     """
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: a single path
-        meta = load_meta(source, locking=locking)
+        meta = load_pack_meta(source, locking=locking, storage_options=storage_options)
         return PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
-    return _describe_set(source, locking)
+    return _describe_set(source, locking, storage_options)
 
 
 def open_reader(
@@ -366,7 +442,7 @@ class PackSetReader:
         self.options = options or ReaderOptions()
         self.max_open = max_open
         if view is None:
-            view = _describe_set(source, self.options.locking)
+            view = _describe_set(source, self.options.locking, self.options.storage_options)
         if view.shards is None:
             raise OptionsError(f"{view.meta.path} is a single pack: read it with PackReader")
         self.view = view
@@ -382,7 +458,7 @@ class PackSetReader:
         self._status = [
             (s.identity.device, s.identity.inode, s.identity.size)
             if s.identity is not None
-            else _status_or_none(s.path)
+            else _status_or_none(Path(s.path))
             for s in self._shards
         ]
         self._readers: OrderedDict[int, PackReader] = OrderedDict()
@@ -433,7 +509,11 @@ class PackSetReader:
             self._readers.move_to_end(shard)
             return reader
         entry = self._shards[shard]
-        if not entry.path.exists() or _status_or_none(entry.path) != self._status[shard]:
+        local = not is_url(entry.path)  # a remote shard's reader checks its ETag instead
+        if local and (
+            not Path(entry.path).exists()
+            or _status_or_none(Path(entry.path)) != self._status[shard]
+        ):
             raise FormatError(
                 f"{entry.path}: the shard was removed or replaced since the pack set "
                 f"{self.path} was opened; rebuild the loader"

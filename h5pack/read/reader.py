@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,7 +36,8 @@ from h5pack.core.layout import (
     next_prime,
 )
 from h5pack.core.packset import meta_digest
-from h5pack.errors import FormatError, H5PackError, OptionsError
+from h5pack.core.source import is_url
+from h5pack.errors import FormatError, H5PackError, OptionsError, RemoteError
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 
 T = TypeVar("T")
@@ -68,6 +69,9 @@ class ReaderOptions:
         threads: Threads that decompress the chunks one request misses and decode encoded
             samples (codecs and decoders that release the GIL); 0 or 1 works in the calling
             thread. None: 0 for a bare reader; ``make_loader`` chooses (see "Loader defaults").
+        storage_options: Settings of the remote client for a URL beyond what the environment
+            says (``core.s3.S3Options``: endpoint, credentials, retries...); ignored for
+            local paths.
         verify_checksums: Check every sample read against its recorded digest and raise
             ``FormatError`` on a mismatch: damage that still decompresses (codecs without
             their own checksum, uncompressed packs) is then never served. On by default.
@@ -88,6 +92,7 @@ class ReaderOptions:
     direct: bool = True
     threads: int | None = None
     verify_checksums: bool = True
+    storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.window_chunks is not None and self.window_chunks < 1:
@@ -278,7 +283,19 @@ class PackReader:
         locking = options.locking
         self.path = os.fspath(path)
         self.verify_checksums = options.verify_checksums
-        if meta is None:
+        # NOTE [ Compact index ]: a URL's pack is opened once (its index: 1-2 requests)
+        self.remote = is_url(self.path)
+        opened: Any = None
+        if self.remote:
+            opened = fmt.open_h5(self.path, storage_options=options.storage_options)
+            try:
+                found = fmt.read_meta(opened, self.path)
+            except BaseException:
+                opened.close()
+                raise
+            fmt.check_identity(self.path, meta.identity if meta else None, found.identity)
+            meta = meta or found
+        elif meta is None:
             with fmt.open_h5(self.path, locking=locking) as probe:
                 meta = fmt.read_meta(probe, self.path)
         fmt.check_identity(self.path, expected, meta.identity)
@@ -301,7 +318,7 @@ class PackReader:
         settings: dict[str, Any] = cache_settings(
             compressed=self.compressed, window_chunks=1, chunk_bytes=self.group_bytes
         )
-        self._file: h5py.File = fmt.open_h5(self.path, locking=locking, **settings)
+        self._file: h5py.File = opened or fmt.open_h5(self.path, locking=locking, **settings)
         try:
             # the same file as the metadata's (the path may have been replaced meanwhile)
             fmt.check_identity(self.path, meta.identity, fmt.identity_of(self._file, self.path))
@@ -311,6 +328,11 @@ class PackReader:
             with fmt.reading(self.path, "the images' dataset and chunk index"):
                 self._images: h5py.Dataset = self._file[fmt.IMAGES]
                 self.virtual = bool(self._images.is_virtual)
+            if self.virtual and self.remote:
+                raise FormatError(
+                    f"{self.path} is a virtual pack (h5pack merge --virtual), whose sources "
+                    "HDF5 opens by local path; merge without --virtual to read it from a bucket"
+                )
             if self.virtual:  # NOTE [ Virtual packs ]: no direct path, sources checked
                 num_sources, chunk_bytes = check_virtual_sources(
                     self._file, self._images, self.path, meta
@@ -325,12 +347,16 @@ class PackReader:
                 if options.direct and not self.virtual:
                     self._table = chunk_table(self._images)
                     self._contiguous = contiguous_offset(self._images)
+            if self.remote:  # whole chunks, one request each, never one per sample
+                self.compressed = True
         except BaseException:
             self._file.close()
             raise
         identity = meta.identity
         self._raw_file = DirectFile(
-            self.path, identity=(identity.device, identity.inode) if identity else None
+            self.path,
+            identity=(identity.device, identity.inode) if identity else None,
+            source=getattr(self._file, "source", None),  # a URL's (core.remote)
         )
         if self.direct:  # now: a descriptor opened later could name a replacing file
             self._raw_file.pin()
@@ -346,6 +372,8 @@ class PackReader:
         # nanoseconds spent decompressing chunks (the loader's stall report reads it; an
         # update racing another thread's may be lost: a statistic, not a count)
         self.decompress_ns = 0
+        # stored chunks fetched for the groups being loaded (see ``_fetch_stored``)
+        self._fetched: dict[int, Any] = {}
 
     @property
     def direct(self) -> bool:
@@ -570,6 +598,7 @@ class PackReader:
             else:
                 missing.append(g)
         plans = [self._plan_group(g) for g in missing]
+        self._fetch_stored(missing, plans)
         buffers = [self._take_buffer(nbytes) for _, nbytes in plans]
         if len(missing) > 1 and self._threads > 1 and self._table is not None:
             if self._pool is None:
@@ -609,8 +638,10 @@ class PackReader:
         if self.meta.storage == "array":
             if table is not None and table.offsets[group] >= 0:
                 return True, table.chunk_nbytes
-            return False, (hi - lo) * self._sample_bytes
+            return self._contiguous is not None, (hi - lo) * self._sample_bytes
         begin, end = self._blob_span(lo, hi)
+        if self._contiguous is not None:
+            return True, end - begin
         if table is not None:
             first, last = begin // table.chunk_nbytes, (end - 1) // table.chunk_nbytes
             if bool(np.all(table.offsets[first : last + 1] >= 0)):
@@ -629,6 +660,11 @@ class PackReader:
         """
         try:
             block = self._load_group_unchecked(group, plan, buffer)
+        except RemoteError as err:  # the network, not the pack: named with the chunk group
+            lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
+            raise RemoteError(f"chunk group {group} (samples {lo}..{hi - 1}): {err}") from err
+        except H5PackError:
+            raise
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
             raise FormatError(
@@ -645,6 +681,14 @@ class PackReader:
         direct, _ = plan
         lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
         table = self._table
+        if direct and table is None:  # contiguous (a remote pack): the group's bytes at once
+            assert self._contiguous is not None  # planned direct
+            if self.meta.storage == "array":
+                view = buffer.reshape(hi - lo, *self.meta.images_shape[1:])
+                self._raw_file.read_into(view, self._contiguous + lo * self._sample_bytes)
+                return view
+            self._raw_file.read_into(buffer, self._contiguous + self._blob_span(lo, hi)[0])
+            return buffer
         if self.meta.storage == "array":
             if direct:
                 assert table is not None  # planned direct
@@ -665,10 +709,68 @@ class PackReader:
         return buffer
 
     def _read_chunk_into(self, table: ChunkTable, chunk: int, out: np.ndarray) -> None:
-        stored = self._raw_file.read_scratch(int(table.sizes[chunk]), int(table.offsets[chunk]))
+        fetched = self._fetched.pop(chunk, None)
+        if fetched is not None:
+            stored = np.frombuffer(fetched, dtype=np.uint8)
+            if stored.size != int(table.sizes[chunk]):
+                raise OSError(
+                    f"chunk {chunk}: {stored.size} bytes read, {table.sizes[chunk]} stored"
+                )
+        else:
+            stored = self._raw_file.read_scratch(int(table.sizes[chunk]), int(table.offsets[chunk]))
         start = time.perf_counter_ns()
         table.decompress_into(chunk, stored, out)
         self.decompress_ns += time.perf_counter_ns() - start
+
+    # NOTE [ One request per chunk ]: a remote pack's groups are read whole (never one
+    # request per sample), and the stored chunks of every group one call misses are fetched
+    # together by ``source.read_ranges`` (one ranged GET each, exactly the chunk's bytes,
+    # concurrently), before any is decompressed. ``use_source`` puts a wrapper there (the
+    # planned read-ahead and the disk cache, ``read.planned.PlannedSource``).
+
+    @property
+    def source(self) -> Any:
+        """The pack's byte source (``core.source.ByteSource``)."""
+        return self._raw_file.source
+
+    @property
+    def chunk_index(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(offsets, sizes)`` of the images' stored chunks, or None off the direct path."""
+        if self._table is None:
+            return None
+        return self._table.offsets, self._table.sizes
+
+    def use_source(self, source: Any) -> None:
+        """Read the pack's bytes through ``source`` (a ``ByteSource`` wrapping ``self.source``)."""
+        self._raw_file.source = source
+        self._fetched.clear()
+
+    def _fetch_stored(self, groups: list[int], plans: list[tuple[bool, int]]) -> None:
+        """Fetch the stored chunks of ``groups`` in one ``read_ranges`` (a remote pack)."""
+        table = self._table
+        if not self.remote or table is None:
+            return
+        chunks: list[int] = []
+        for group, (direct, nbytes) in zip(groups, plans, strict=True):
+            if not direct:
+                continue
+            lo = int(self.chunk_map.starts[group])
+            if self.meta.storage == "array":
+                chunks.append(group)
+                continue
+            first = self._blob_span(lo, int(self.chunk_map.starts[group + 1]))[0]
+            first //= table.chunk_nbytes
+            chunks.extend(range(first, first + nbytes // table.chunk_nbytes))
+        chunks = [c for c in dict.fromkeys(chunks) if c not in self._fetched]
+        if not chunks:
+            return
+        ranges = [(int(table.offsets[c]), int(table.offsets[c] + table.sizes[c])) for c in chunks]
+        try:
+            fetched = self.source.read_ranges(ranges)
+        except RemoteError as err:
+            named = ", ".join(str(c) for c in chunks[:8]) + (", ..." if len(chunks) > 8 else "")
+            raise RemoteError(f"reading chunk(s) {named}: {err}") from err
+        self._fetched.update(zip(chunks, fetched, strict=True))
 
     def _blob_span(self, lo: int, hi: int) -> tuple[int, int]:
         offsets, sizes = self.meta.offsets, self.meta.sizes

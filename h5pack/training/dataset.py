@@ -174,7 +174,9 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
 
     Args:
         path: The pack; or a pack set (its directory or ``packset.json``) or a list of packs,
-            read as one pack: global indices run through the shards in order.
+            read as one pack: global indices run through the shards in order. URLs too:
+            ``s3://bucket/pack.h5``, a set's prefix ``s3://bucket/set/`` or its
+            ``packset.json``, a list of URLs (``reader.storage_options`` for the client).
         transform: Any callable applied to each image (torchvision v2 transforms work).
         target_transform: Any callable applied to each label (an int, -1 when unlabeled).
         output: ``"tensor"``: (C, H, W) uint8 tensor; ``"hwc"``: (H, W, C) uint8 array;
@@ -235,7 +237,11 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             )
         self.source = source_of(path)
         self.options = reader or ReaderOptions()
-        self.view: PackView = describe(self.source, locking=self.options.locking)
+        self.view: PackView = describe(
+            self.source,
+            locking=self.options.locking,
+            storage_options=self.options.storage_options,
+        )
         # the pack's path; a set's manifest (or a list's first pack), as its metadata says
         self.path = self.source if isinstance(self.source, str) else self.view.meta.path
         self.meta: PackMeta = self.view.meta

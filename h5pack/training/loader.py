@@ -386,6 +386,7 @@ def make_loader(
     backend: Backend | None = None,
     direct: bool | None = None,
     verify_checksums: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     size: int | tuple[int, int] | None = None,
     crop: Crop | None = None,
     scale: tuple[float, float] = DEFAULT_SCALE,
@@ -436,6 +437,9 @@ def make_loader(
         locking: As ``ReaderOptions.locking`` (only when given a path).
         backend: As ``ReaderOptions.backend`` (only when given a path).
         direct: As ``ReaderOptions.direct`` (only when given a path).
+        storage_options: As ``ReaderOptions.storage_options``: the client's settings for
+            URLs (``s3://bucket/pack.h5``, ``s3://bucket/set/``) beyond the environment's
+            (only when given a path).
         verify_checksums: As ``ReaderOptions.verify_checksums`` (only when given a path).
         size: Deliver every image at this size, ``(H, W)`` or one int for a square: the
             training image pipeline (see the note "Training images"). Needed for packs of
@@ -480,6 +484,7 @@ def make_loader(
         "output": output,
         "return_path": return_path,
         "locking": locking,
+        "storage_options": storage_options,
         "backend": backend,
         "direct": direct,
         "verify_checksums": verify_checksums,
@@ -508,6 +513,7 @@ def make_loader(
             backend=backend or "pillow",
             direct=True if direct is None else direct,
             verify_checksums=True if verify_checksums is None else verify_checksums,
+            storage_options=storage_options,
         )
         crop_spec = None
         if size is not None:

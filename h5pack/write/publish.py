@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from h5pack._types import StrPath
+from h5pack.core.index import append_index
 from h5pack.errors import H5PackError, OptionsError, TargetExistsError
 from h5pack.write.leftovers import OwnerLock, lock_path
 
@@ -274,13 +275,16 @@ def _size(nbytes: int) -> str:
 
 
 def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
-    """Move the finished file into place (atomically; without overwrite, never clobbering).
+    """Move the finished pack into place (atomically; without overwrite, never clobbering).
+
+    Its compact index is appended first (``core.index``), so a published pack always has it.
 
     Raises:
         TargetExistsError: without ``overwrite``, the target appeared meanwhile.
         H5PackError: the file cannot be moved.
     """
     try:
+        append_index(temp)  # NOTE [ Compact index ]: remote readers open it in 1-2 GETs
         if overwrite:
             os.replace(temp, target)
             return
