@@ -10,6 +10,13 @@
    batches normalised on the device (`DevicePrefetcher(normalize=...)`): the normalised
    device batches equal the CPU's normalisation of the same uint8 batches, and images/s of
    the first epoch and of a cached one.
+4. The stall report (issue 19 item 4) on the device: the same encoded pack, uncached, through
+   ``DevicePrefetcher`` into a step that is compute-bound (the GPU spins ~0.2 s per batch,
+   ``torch.cuda._sleep``; ``time.sleep`` on the CPU dry run) and into one that is
+   loader-bound (read in the main process, the step nothing but a copy):
+   ``prefetcher.stats()`` must say ~0% waiting and "compute" for the first and most of the
+   step waiting with a loader bottleneck for the second, and time the copies to the device
+   from CUDA events (the "transfer" stage).
 
 Usage::
 
@@ -93,6 +100,7 @@ def mixed_sizes(
     make_image_folder(folder, spec, photos=PHOTOS, workers=2)
     pack = tmp / "mixed.h5"
     convert(folder, pack, ConvertOptions())  # auto: encoded, the sizes differ
+    args.mixed_pack = pack  # section 4 reads it too
     with make_loader(pack, args.batch_size, size=224, flip=True, cache="decoded", seed=0) as loader:
         mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in IMAGENET_NORMALIZE)
         loader.set_epoch(0)
@@ -119,6 +127,57 @@ def mixed_sizes(
             "cache_entries": stats.entries if stats else 0,
             "cache_hits": stats.hits if stats else 0,
         }
+
+
+def stall_report(
+    args: argparse.Namespace, device: torch.device, report: dict[str, Any], failures: list[str]
+) -> None:
+    """Section 4: ``DevicePrefetcher.stats()`` on a compute-bound and a loader-bound step."""
+    pack = args.mixed_pack
+    batches = max(3, min(12, args.images // args.batch_size))
+    found: dict[str, Any] = {}
+    for kind in ("compute-bound", "loader-bound"):
+        # loader-bound: read in the main process, so that no worker has batches ready
+        workers: Any = "auto" if kind == "compute-bound" else 0
+        with make_loader(
+            pack, args.batch_size, size=224, flip=True, seed=0, num_workers=workers
+        ) as loader:
+            prefetcher = DevicePrefetcher(loader, device)
+            lines: list[str] = []
+            prefetcher.report_every(max(1, batches // 2), lines.append)
+            for step, (images, _) in enumerate(prefetcher):
+                if kind == "compute-bound":
+                    if device.type == "cuda":
+                        torch.cuda._sleep(400_000_000)  # type: ignore[attr-defined]
+                        torch.cuda.synchronize()
+                    else:
+                        time.sleep(0.5)
+                else:
+                    del images  # nothing but the copy to the device
+                if step == 1:  # from the third batch: the workers have started
+                    prefetcher.reset_stats()
+                if step + 1 >= batches:
+                    break
+            stats = prefetcher.stats()
+        found[kind] = {
+            "wait_share": round(stats.wait_share, 3),
+            "bottleneck": stats.bottleneck,
+            "dominant": stats.dominant,
+            "stage_ms_per_image": {
+                k: round(1e3 * v / max(1, stats.images), 3) for k, v in stats.stage_s.items()
+            },
+            "loader_images_per_s": round(stats.loader_images_per_s, 1),
+            "line": stats.line(),
+            "logged": lines,
+        }
+    report["stall_report"] = found
+    if found["compute-bound"]["bottleneck"] != "compute":
+        failures.append("the stall report missed a compute-bound step")
+    bound = found["loader-bound"]
+    if bound["wait_share"] < 0.5 or bound["bottleneck"] == "compute":
+        failures.append("the stall report missed a loader-bound step")
+    if device.type == "cuda" and found["loader-bound"]["stage_ms_per_image"]["transfer"] <= 0:
+        failures.append("no transfer time was read from the CUDA events")
 
 
 def main() -> int:
@@ -182,6 +241,7 @@ def main() -> int:
                 {"prefetch": prefetch, "images_per_s": round(rate, 1)}
             )
         mixed_sizes(args, device, report, failures, Path(tmp))
+        stall_report(args, device, report, failures)
     report["failures"] = failures
     text = json.dumps(report, indent=2)
     print(text)
