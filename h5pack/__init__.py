@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from h5pack.check import pack_info, packset_info, verify_pack, verify_packset
     from h5pack.core.format import PackMeta, load_meta
     from h5pack.core.layout import Compression
+    from h5pack.read.boxes import CropSpec
     from h5pack.read.reader import PackReader, ReaderOptions
+    from h5pack.training.cache import CacheSpec
     from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
     from h5pack.training.loader import make_loader, seed_everything
     from h5pack.training.mixed import H5MixDataset
@@ -35,8 +37,10 @@ if TYPE_CHECKING:
     from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
     from h5pack.training.weighted import WeightedMix
     from h5pack.write.convert import convert, write_arrays
+    from h5pack.write.dask import convert_on_dask
     from h5pack.write.merge import MergeReport, merge_packs
     from h5pack.write.options import ConvertOptions
+    from h5pack.write.shards import PackSetReport, ShardReport, convert_set
 
 _LAZY = {
     "H5ImageDataset": "h5pack.training.dataset",
@@ -46,6 +50,8 @@ _LAZY = {
     "ChunkSampler": "h5pack.training.sampler",
     "ChunkBatchSampler": "h5pack.training.sampler",
     "EpochSpec": "h5pack.training.sampler",
+    "CacheSpec": "h5pack.training.cache",
+    "CropSpec": "h5pack.read.boxes",
     "make_loader": "h5pack.training.loader",
     "seed_everything": "h5pack.training.loader",
     "DevicePrefetcher": "h5pack.training.prefetch",
@@ -72,10 +78,12 @@ _LAZY = {
 # Every public name; tests/test_api.py checks that each lazy one resolves.
 __all__ = [
     "CacheClosedError",
+    "CacheSpec",
     "ChunkBatchSampler",
     "ChunkSampler",
     "Compression",
     "ConvertOptions",
+    "CropSpec",
     "DecodeError",
     "DevicePrefetcher",
     "EpochSpec",

@@ -23,3 +23,28 @@ def test_packing_names_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_type_checkers_see_every_lazy_name() -> None:
+    # The lazily exported names are Any to a type checker unless the TYPE_CHECKING block
+    # imports them too (issue 16.5: four of them were missing).
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(h5pack.__file__).read_text())
+    checked: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.module:
+                    checked.update((a.name, statement.module) for a in statement.names)
+    lazy = h5pack._LAZY
+    assert set(lazy) <= set(checked), sorted(set(lazy) - set(checked))
+    for name, module in lazy.items():  # and from where the package imports it
+        assert getattr(__import__(checked[name], fromlist=[name]), name) is getattr(h5pack, name)
+
+
+def test_the_package_is_marked_typed() -> None:
+    from pathlib import Path
+
+    assert (Path(h5pack.__file__).parent / "py.typed").is_file()  # PEP 561

@@ -395,3 +395,33 @@ def test_two_runs_with_a_partial_cache_serve_the_same_epochs(mixed_pack):
     for epoch in range(2):
         assert torch.equal(runs[0][epoch], runs[1][epoch])
         assert torch.equal(runs[0][epoch], epoch_of(plain, epoch)[0])
+
+        assert np.abs(out.astype(int) - want).max() <= 1
+
+
+def test_pipeline_and_cache_objects_whole_serve_what_the_keywords_serve(packs):
+    from h5pack.read.crop import CropSpec
+    from h5pack.training.cache import CacheSpec
+
+    with (
+        make_loader(
+            packs["encoded"], 4, size=16, flip=True, cache="decoded", cache_bytes=4 << 20, seed=2
+        ) as by_keywords,
+        make_loader(
+            packs["encoded"],
+            4,
+            pipeline=CropSpec(size=(16, 16), crop="random-resized", flip=True),
+            cache=CacheSpec(cache_bytes=4 << 20),
+            seed=2,
+        ) as whole,
+    ):
+        assert whole.dataset.crop == by_keywords.dataset.crop
+        assert whole.cache is not None
+        assert whole.cache.budget_bytes == 4 << 20
+        assert torch.equal(epoch_of(whole, 1)[0], epoch_of(by_keywords, 1)[0])
+    # a keyword replaces the field of its name in the pipeline given
+    center = make_loader(
+        packs["variable"], 4, pipeline=CropSpec(size=(16, 16), crop="resize"), crop="center"
+    )
+    assert center.dataset.crop.crop == "center"
+    assert center.dataset.crop.size == (16, 16)

@@ -304,3 +304,109 @@ def test_in_process_loader_decompresses_each_chunk_once_per_epoch(pack, threads)
         # epoch 0 reads every chunk once; later epochs find their first window's chunks
         # possibly still in the window
         assert loads == chunks if epoch == 0 else loads <= chunks
+
+
+# -- the option objects at the public edge (issue 16.1) and bad arguments (issue 20 A, F) ---
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # A: a float batch size skipped samples every epoch (78 of 97 served at 2.5)
+        ({"batch_size": 2.5}, r"batch_size should be an integer >= 1, but got batch_size=2\.5"),
+        ({"batch_size": "8"}, "batch_size should be an integer >= 1, but got batch_size='8'"),
+        ({"batch_size": None}, "batch_size should be an integer >= 1"),
+        ({"seed": 2**70}, r"seed should be an integer in -2\*\*63 \.\. 2\*\*64 - 1"),
+        ({"prefetch_factor": 0, "num_workers": 2}, "prefetch_factor should be an integer >= 1"),
+        ({"cache": "decoded", "size": 4, "cache_bytes": -1}, "cache_bytes should be an integer"),
+        ({"cache": "decoded", "size": 4, "cache_max_side": 0}, "cache_max_side should be an"),
+        ({"threads": -1}, "threads should be an integer >= 0"),
+        ({"pin_memory": "yes"}, "pin_memory should be True or False or None"),
+        ({"shuffle": 1}, "shuffle should be True or False"),
+    ],
+)
+def test_bad_arguments_are_one_options_error_naming_them_when_built(pack, kwargs, message):
+    args = {"batch_size": 4, "num_workers": 0, **kwargs}
+    with pytest.raises(OptionsError, match=message):
+        make_loader(pack, **args)
+
+
+@pytest.mark.parametrize("path", [None, 5, [None], 2.5])
+def test_a_path_that_is_no_path_is_an_options_error_naming_it(path):
+    with pytest.raises(OptionsError, match="path_or_dataset should be a pack path"):
+        make_loader(path, 4)
+    with pytest.raises(OptionsError, match="path should be a pack path"):
+        H5ImageDataset(path)
+
+
+def test_a_too_small_cache_budget_names_cache_bytes(pack, tmp_path):
+    encoded = tmp_path / "encoded.h5"
+    jpeg = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(jpeg, format="JPEG")
+    write_arrays(encoded, [jpeg.getvalue()] * 3, [0, 0, 0], options=ConvertOptions(mode="encoded"))
+    with pytest.raises(OptionsError, match="cache_bytes should be at least"):
+        make_loader(encoded, 4, size=4, cache="decoded", cache_bytes=100, num_workers=0)
+
+
+def test_option_objects_whole_give_the_loader_the_keywords_give(pack):
+    from h5pack.training.options import loader_spec
+
+    by_keywords = make_loader(
+        pack, 5, shuffle=True, seed=3, window_chunks=2, verify_checksums=False, num_workers=0
+    )
+    whole = make_loader(
+        pack,
+        epoch=EpochSpec(batch_size=5, seed=3, window_chunks=2),
+        reader=ReaderOptions(verify_checksums=False),
+        num_workers=0,
+    )
+    assert epoch_labels(whole) == epoch_labels(by_keywords)
+    assert whole.chunk_sampler.spec == by_keywords.chunk_sampler.spec
+    assert whole.dataset.options == by_keywords.dataset.options
+    # a keyword replaces the field of its name in the object given
+    replaced = make_loader(pack, epoch=EpochSpec(batch_size=5, seed=3), seed=4, num_workers=0)
+    assert replaced.chunk_sampler.spec.seed == 4
+    seven = make_loader(pack, 7, epoch=EpochSpec(batch_size=5), num_workers=0)
+    assert seven.chunk_sampler.spec.batch_size == 7
+    # the objects are what the keywords build, in one place
+    spec = loader_spec(5, seed=3, window_chunks=2, verify_checksums=False)
+    assert spec.epoch == EpochSpec(batch_size=5, seed=3, window_chunks=2)
+    assert spec.reader == ReaderOptions(verify_checksums=False)
+    assert spec.pipeline is None
+    assert spec.cache is None
+    with pytest.raises(OptionsError, match="batch_size should be an integer >= 1, but none"):
+        make_loader(pack)
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['shufle'\\]"):
+        make_loader(pack, 4, shufle=True)  # type: ignore[call-arg]
+
+
+def test_spec_keywords_are_exactly_the_fields_routed_to_the_objects():
+    from typing import get_type_hints
+
+    from h5pack.training.options import SpecKeywords, keyword_fields
+
+    routed = keyword_fields()
+    assert set(get_type_hints(SpecKeywords)) == set().union(*routed.values())
+    assert sum(len(names) for names in routed.values()) == len(set().union(*routed.values()))
+
+
+def test_a_dataset_refuses_the_objects_that_open_a_pack(pack):
+    from h5pack.training.cache import CacheSpec
+
+    dataset = H5ImageDataset(pack)
+    for kwargs in (
+        {"reader": ReaderOptions()},
+        {"locking": False},
+        {"size": 4},
+        {"cache": CacheSpec(), "size": 4},
+    ):
+        with pytest.raises(OptionsError, match="apply only when make_loader opens"):
+            make_loader(dataset, 4, **kwargs)
+
+
+def test_options_docstring_examples():
+    import doctest
+
+    from h5pack.training import options
+
+    assert doctest.testmod(options).failed == 0

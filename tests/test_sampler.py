@@ -424,16 +424,25 @@ def test_sampler_for_labels_mixed_unlabelled_and_unshuffled() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": 0}, "batch_size should be >= 1"),
-        ({"num_workers": -1}, "num_workers should be >= 0"),
-        ({"window_chunks": 0}, "window_chunks should be >= 1"),
-        ({"window_bytes": 0}, "window_bytes should be positive"),
-        ({"min_window_chunks": 0}, "min_window_chunks should be >= 1"),
+        ({"batch_size": 0}, "batch_size should be an integer >= 1"),
+        ({"num_workers": -1}, "num_workers should be an integer >= 0"),
+        ({"window_chunks": 0}, "window_chunks should be an integer >= 1"),
+        ({"window_bytes": 0}, "window_bytes should be an integer >= 1"),
+        ({"min_window_chunks": 0}, "min_window_chunks should be an integer >= 1"),
         ({"num_replicas": 2, "rank": 2}, "rank should be in 0..1"),
-        ({"num_replicas": 0, "rank": 0}, "num_replicas should be >= 1"),
+        ({"num_replicas": 0, "rank": 0}, "num_replicas should be an integer >= 1"),
+        # issue 20 A and F: not integers, or a seed torch.Generator refuses
+        ({"batch_size": 2.5}, r"batch_size should be an integer >= 1, but got batch_size=2\.5"),
+        ({"batch_size": "8"}, "batch_size should be an integer >= 1, but got batch_size='8'"),
+        ({"batch_size": None}, "batch_size should be an integer >= 1, but got batch_size=None"),
+        ({"batch_size": True}, "batch_size should be an integer"),
+        ({"seed": 2**70}, r"seed should be an integer in -2\*\*63 \.\. 2\*\*64 - 1"),
+        ({"seed": 1.5}, "seed should be an integer"),
+        ({"shuffle": "yes"}, "shuffle should be True or False"),
+        ({"window_chunks": 2.0}, "window_chunks should be an integer >= 1 or None"),
     ],
 )
-def test_bad_arguments(kwargs: dict[str, int], message: str) -> None:
+def test_bad_arguments(kwargs: dict[str, object], message: str) -> None:
     args = {"batch_size": 4, **kwargs}
     with pytest.raises(OptionsError, match=message):
         ChunkBatchSampler(ChunkMap.regular(10, 2), **args)

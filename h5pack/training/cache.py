@@ -36,6 +36,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 import numpy.typing as npt
 
+from h5pack.core.arguments import check_optional_int
 from h5pack.core.machine import process_exists
 from h5pack.errors import CacheClosedError, H5PackError, OptionsError
 
@@ -329,6 +330,59 @@ def default_cache_bytes(*, fraction: float = DEFAULT_CACHE_FRACTION) -> int:
     if not 0 < fraction <= 1:
         raise OptionsError(f"fraction should be in (0, 1], but got fraction={fraction}")
     return int(_available_bytes() * fraction)
+
+
+def min_cache_bytes(num_samples: int) -> int:
+    """Return the least budget a ``DecodedCache`` of ``num_samples`` takes: header and index."""
+    data_start = _aligned(_HEADER_BYTES + 8 * num_samples)
+    return -(-data_start // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSpec:
+    """The decoded cache a loader shares across its processes: ``make_loader(cache=...)``.
+
+    ``make_loader(cache="decoded", cache_bytes=..., cache_max_side=...)`` builds this spec
+    (the keywords are its fields, under the same names); ``H5ImageDataset(cache=spec)``
+    builds the ``DecodedCache`` from it in the main process, for encoded packs read
+    through the training image pipeline (a crop or resize).
+
+    Attributes:
+        cache_bytes: Budget of the decoded cache, never exceeded; None:
+            ``default_cache_bytes()`` (a fraction of the memory available when it is built).
+        cache_max_side: Shrink images so their shorter side is at most this before caching
+            (more fit; every sample is then cut from the shrunk image); None keeps them whole.
+
+    Raises:
+        OptionsError: a field is not a positive integer (the message names the field).
+
+    Example:
+        >>> CacheSpec(cache_bytes=1 << 30).cache_max_side is None
+        True
+    """
+
+    cache_bytes: int | None = None
+    cache_max_side: int | None = None
+
+    def __post_init__(self) -> None:
+        check_optional_int("cache_bytes", self.cache_bytes, minimum=1)
+        check_optional_int("cache_max_side", self.cache_max_side, minimum=1)
+
+    def build(self, num_samples: int) -> DecodedCache:
+        """Return the cache for a dataset of ``num_samples`` (in this, the main, process).
+
+        Raises:
+            OptionsError: ``cache_bytes`` cannot hold the cache's header and index.
+        """
+        num_samples = max(1, num_samples)
+        budget = default_cache_bytes() if self.cache_bytes is None else self.cache_bytes
+        least = min_cache_bytes(num_samples)
+        if budget < least:
+            raise OptionsError(
+                f"cache_bytes should be at least {least} (the header and index of "
+                f"{num_samples} samples, in whole pages), but got cache_bytes={budget}"
+            )
+        return DecodedCache(num_samples, budget, max_side=self.cache_max_side)
 
 
 class DecodedCache:

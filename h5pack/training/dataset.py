@@ -16,13 +16,14 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from h5pack.core.arguments import check_seed
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap, checked_indices
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.training.cache import DecodedCache
+from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
 from h5pack.training.orders import Order
 from h5pack.training.sampler import (
@@ -46,6 +47,22 @@ from h5pack.training.stats import stage_times, timed_read
 # holds its ``PackView`` (``read.packset.describe``: the combined metadata and each shard's
 # checked identity) and each process opens a ``PackSetReader`` from it, which opens shards
 # as it reads them and refuses any shard that is not the file the view checked.
+
+
+def check_source(name: str, source: object) -> PackSource:
+    """Return ``source`` if it can name a pack or a set, else raise ``OptionsError`` naming it.
+
+    A path (``str`` or ``os.PathLike``), or a list or tuple of them (issue 20 F: a path of
+    None or 5 raised a bare ``TypeError`` from deep inside).
+    """
+    if isinstance(source, str | os.PathLike):
+        return source
+    if isinstance(source, list | tuple) and all(isinstance(p, str | os.PathLike) for p in source):
+        return source
+    raise OptionsError(
+        f"{name} should be a pack path, a pack set (its directory or packset.json) or a "
+        f"list of pack paths, but got {name}={source!r}"
+    )
 
 
 def source_of(source: PackSource) -> str | tuple[str, ...]:
@@ -185,24 +202,28 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         reader: How each process reads the pack (``ReaderOptions``): window of decompressed
             chunks (default: the sampler's, which ``make_loader`` sets, else
             ``sampler.window_for``), threads, checksums, decoder.
-        crop: Deliver every image at ``crop.size`` (``read.crop.CropSpec``: random-resized
-            or center crop, or a plain resize, and a horizontal flip), whatever its stored
-            size: the training image pipeline (``training.fixed_size``). Boxes and flips are
-            a pure function of (``seed``, epoch, sample); ``set_epoch`` selects the epoch.
-        cache: Decoded images shared by the main process and every worker
-            (``training.cache.DecodedCache``), for encoded packs read with ``crop``: epochs
-            after the first skip decoding what fits in its budget.
+        pipeline: Deliver every image at ``pipeline.size`` (``read.crop.CropSpec``:
+            random-resized or center crop, or a plain resize, and a horizontal flip),
+            whatever its stored size: the training image pipeline (``training.fixed_size``).
+            Boxes and flips are a pure function of (``seed``, epoch, sample); ``set_epoch``
+            selects the epoch. The same object as ``make_loader(pipeline=...)``.
+        cache: Decoded images shared by the main process and every worker, for encoded
+            packs read with a pipeline: epochs after the first skip decoding what fits in
+            its budget. A ``training.cache.CacheSpec`` (the dataset builds the cache, as
+            ``make_loader(cache=...)`` does) or a ``DecodedCache`` built by the caller.
         seed: Seed of the random crops and flips.
         weights: Mix several sources by weight: ``path`` is then a list of sources (packs,
             pack sets, lists of packs) and the dataset an ``H5MixDataset``
             (training/mixed.py), which also takes ``classes=`` and ``return_source=``.
+        crop: The older name of ``pipeline`` (give one of them).
 
     Raises:
         FileNotFoundError: the pack (a shard, a manifest) does not exist.
         FormatError: the file is not a pack, or of a newer format version; a shard is
             missing, truncated, changed since the manifest was written, or does not match
             the others (the message names the file).
-        OptionsError: an unknown ``output``, or a cache without a crop.
+        OptionsError: a path that is neither a path nor a list of them, an unknown
+            ``output``, a cache without a pipeline, or a ``CacheSpec`` for a raw pack.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> H5ImageDataset:  # noqa: D102
@@ -221,21 +242,26 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         output: Output = "tensor",
         return_path: bool = False,
         reader: ReaderOptions | None = None,
-        crop: CropSpec | None = None,
-        cache: DecodedCache | None = None,
+        pipeline: CropSpec | None = None,
+        cache: CacheSpec | DecodedCache | None = None,
         seed: int = 0,
         weights: Sequence[float] | None = None,
+        crop: CropSpec | None = None,
     ) -> None:
         if weights is not None:  # H5MixDataset's own __init__ takes them
             raise OptionsError("weights= makes an H5MixDataset (training/mixed.py)")
         if output not in OUTPUTS:
             raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
-        if cache is not None and crop is None:
+        if crop is not None and pipeline is not None:
+            raise OptionsError("give pipeline= (or its older name crop=), not both")
+        pipeline = pipeline if pipeline is not None else crop
+        if cache is not None and pipeline is None:
             raise OptionsError(
-                "cache applies to the training image pipeline; give crop= (or size= to "
+                "cache applies to the training image pipeline; give pipeline= (or size= to "
                 "make_loader) with it"
             )
-        self.source = source_of(path)
+        check_seed("seed", seed)
+        self.source = source_of(check_source("path", path))
         self.options = reader or ReaderOptions()
         self.view: PackView = describe(
             self.source,
@@ -252,7 +278,14 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.target_transform = target_transform
         self.output: Output = output
         self.return_path = return_path
-        self.crop = crop
+        self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
+        if isinstance(cache, CacheSpec):
+            if self.meta.mode == "raw":
+                raise OptionsError(
+                    f"cache='decoded' applies to encoded packs; {self.path} stores decoded "
+                    "pixels already (its chunks are the cache)"
+                )
+            cache = cache.build(self.meta.num_samples)
         self.cache = cache
         self.seed = seed
         self._epoch = SharedEpoch()

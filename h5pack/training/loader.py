@@ -9,25 +9,32 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, default_collate
+from typing_extensions import Unpack
 
-from h5pack.core.decode import Backend
-from h5pack.core.format import PackMeta
+from h5pack.core.arguments import check_bool, check_optional_int
 from h5pack.core.machine import available_cores
 from h5pack.errors import H5PackError, OptionsError
-from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, Crop, CropSpec
+from h5pack.read.crop import CropSpec
 from h5pack.read.mixture import ClassJoin, check_batchable
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.advice import dataset_facts
-from h5pack.training.cache import DecodedCache, default_cache_bytes
-from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, empty_uint8
+from h5pack.training.cache import CacheSpec, DecodedCache
+from h5pack.training.dataset import (
+    H5ImageDataset,
+    Output,
+    SampleBatch,
+    check_source,
+    empty_uint8,
+)
 from h5pack.training.mixed import H5MixDataset
 from h5pack.training.mixing import MixingWarning
+from h5pack.training.options import SpecKeywords, keyword_fields, loader_spec
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
 from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
 
@@ -99,43 +106,6 @@ def _collate_rest(batch: Sequence[Any]) -> list[Any]:
         values = [s[k] for s in batch]
         rest.append(values if isinstance(values[0], str) else default_collate(values))
     return rest
-
-
-def _cache_asked(
-    cache: str | None, cache_bytes: int | None, max_side: int | None, crop: CropSpec | None
-) -> bool:
-    """Return whether ``make_loader`` was asked for a decoded cache, refusing bad settings."""
-    if cache is None:
-        if cache_bytes is not None or max_side is not None:
-            raise OptionsError("cache_bytes= and cache_max_side= need cache='decoded'")
-        return False
-    if cache != "decoded":
-        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
-    if crop is None:
-        raise OptionsError(
-            "cache='decoded' keeps images before the random crop, so it needs size= (the "
-            "size every image is cut to)"
-        )
-    return True
-
-
-def _decoded_cache(
-    meta: PackMeta,
-    cache: str | None,
-    cache_bytes: int | None,
-    max_side: int | None,
-    crop: CropSpec | None,
-) -> DecodedCache | None:
-    """Return the decoded cache ``make_loader`` was asked for, or None."""
-    if not _cache_asked(cache, cache_bytes, max_side, crop):
-        return None
-    if meta.mode == "raw":
-        raise OptionsError(
-            f"cache='decoded' applies to encoded packs; {meta.path} stores decoded "
-            "pixels already (its chunks are the cache)"
-        )
-    budget = default_cache_bytes() if cache_bytes is None else cache_bytes
-    return DecodedCache(max(1, meta.num_samples), budget, max_side=max_side)
 
 
 def _check_batchable(dataset: H5ImageDataset) -> None:
@@ -362,109 +332,80 @@ def _threads(dataset: Any) -> int:
 
 def make_loader(
     path_or_dataset: PackSource | Sequence[PackSource] | H5ImageDataset,
-    batch_size: int,
+    batch_size: int | EpochSpec | None = None,
     *,
-    shuffle: bool = True,
+    epoch: EpochSpec | None = None,
+    reader: ReaderOptions | None = None,
+    pipeline: CropSpec | None = None,
+    cache: CacheSpec | Literal["decoded"] | None = None,
     num_workers: int | Literal["auto"] = "auto",
-    seed: int = 0,
-    num_replicas: int | None = None,
-    rank: int | None = None,
-    drop_last: bool = False,
-    window_chunks: int | None = None,
-    window_bytes: int | None = None,
     threads: int | None = None,
     pin_memory: bool | None = None,
     persistent_workers: bool | None = None,
     prefetch_factor: int | None = None,
     multiprocessing_context: Any = None,
+    collate: Literal["stack", "list"] = "stack",
     collate_fn: Callable[[Any], Any] | None = None,
     transform: Callable[[Any], Any] | None = None,
     target_transform: Callable[[int], Any] | None = None,
     output: Output | None = None,
     return_path: bool | None = None,
-    locking: bool | None = None,
-    backend: Backend | None = None,
-    direct: bool | None = None,
-    verify_checksums: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    size: int | tuple[int, int] | None = None,
-    crop: Crop | None = None,
-    scale: tuple[float, float] = DEFAULT_SCALE,
-    ratio: tuple[float, float] = DEFAULT_RATIO,
-    flip: bool = False,
-    cache: Literal["decoded"] | None = None,
-    cache_bytes: int | None = None,
-    cache_max_side: int | None = None,
-    collate: Literal["stack", "list"] = "stack",
-    weights: Sequence[float] | None = None,
-    epoch_samples: int | None = None,
-    stratify: bool = False,
     classes: ClassJoin | None = None,
     return_source: bool | None = None,
+    **keywords: Unpack[SpecKeywords],
 ) -> H5Loader:
     """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
 
-    The public edge of the training side: its keywords become one ``EpochSpec`` (the
-    sampler's), one ``ReaderOptions`` (each process's reader) and the dataset. A dataset
-    passed in is never changed: the loader reads with a configured copy of it. Every
-    default is explained in the module note "Loader defaults".
+    The public edge of the training side. Its settings are four option objects, each
+    checked once (see the note "Options at the public edge" in ``training.options``):
+    ``epoch`` (``EpochSpec``), ``reader`` (``ReaderOptions``), ``pipeline`` (``CropSpec``)
+    and ``cache`` (``CacheSpec``); the convenient keywords (``shuffle=``, ``seed=``,
+    ``size=``, ``cache_bytes=``...) are their fields under the same names, and replace
+    them. A dataset passed in is never changed: the loader reads with a configured copy of
+    it. Every default is explained in the module note "Loader defaults".
 
     Args:
         path_or_dataset: A pack path, a pack set (its directory or ``packset.json``), a
             list of pack paths, or an ``H5ImageDataset``. The chunks of every shard of a set
             form one pool: ranks and workers split chunks across files.
-        batch_size: Samples per batch.
-        shuffle: Shuffle chunks and windows (``ChunkBatchSampler``).
+        batch_size: Samples per batch (or the whole ``EpochSpec``).
+        epoch: How epochs are cut (``EpochSpec``: shuffle, seed, window, ranks, drop_last);
+            its ``num_workers`` is the loader's.
+        reader: How each process reads the pack (``ReaderOptions``; only when given a path).
+        pipeline: The training image pipeline (``read.crop.CropSpec``: size, crop, scale,
+            ratio, flip; only when given a path). Needed for packs of mixed sizes unless
+            ``collate="list"``; ``size=`` builds it (see the note "Training images").
+        cache: ``"decoded"`` or a ``CacheSpec`` (only when given a path): keep decoded
+            images in shared memory seen by every worker, so epochs after the first skip
+            decoding (encoded packs; needs a pipeline).
         num_workers: Worker processes, or ``"auto"`` (see ``auto_workers``).
-        seed: Seed of the order, of the loader's generator and of the workers.
-        num_replicas: Ranks (default from ``torch.distributed``).
-        rank: This rank (default from ``torch.distributed``).
-        drop_last: Drop the last incomplete batch (and the uneven tail across ranks).
-        window_chunks: Chunks mixed at once per worker; default from ``window_bytes``.
-        window_bytes: Memory budget of all workers' shuffle windows.
         threads: Decompression threads of the dataset; default: the dataset's own setting,
             else all cores when reading in the main process, else 0.
         pin_memory: Default: ``torch.cuda.is_available()``.
         persistent_workers: Default: on with workers.
         prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
+        collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: a list of (C, H, W) tensors of
+            their own sizes (detection, or any model that takes mixed sizes).
         collate_fn: Default: ``collate_batch`` (one preallocated uint8 tensor per batch), or
             ``collate_list`` with ``collate="list"``.
         transform: As for ``H5ImageDataset`` (only when given a path).
         target_transform: As for ``H5ImageDataset`` (only when given a path).
         output: As for ``H5ImageDataset`` (only when given a path; default ``"tensor"``).
         return_path: As for ``H5ImageDataset`` (only when given a path).
-        locking: As ``ReaderOptions.locking`` (only when given a path).
-        backend: As ``ReaderOptions.backend`` (only when given a path).
-        direct: As ``ReaderOptions.direct`` (only when given a path).
-        storage_options: As ``ReaderOptions.storage_options``: the client's settings for
-            URLs (``s3://bucket/pack.h5``, ``s3://bucket/set/``) beyond the environment's
-            (only when given a path).
-        verify_checksums: As ``ReaderOptions.verify_checksums`` (only when given a path).
-        size: Deliver every image at this size, ``(H, W)`` or one int for a square: the
-            training image pipeline (see the note "Training images"). Needed for packs of
-            mixed sizes unless ``collate="list"``.
-        crop: ``"random-resized"`` (torchvision's RandomResizedCrop; the default with
-            ``size``), ``"center"`` (the largest centred box of the output's aspect, as
-            Resize + CenterCrop) or ``"resize"`` (the whole image, stretched).
-        scale: Area range of the random-resized box, as fractions of the image.
-        ratio: Aspect range (width / height) of the random-resized box.
-        flip: Flip horizontally with probability 0.5.
-        cache: ``"decoded"``: keep decoded images in shared memory seen by every worker, so
-            epochs after the first skip decoding (encoded packs; needs ``size``).
-        cache_bytes: Budget of the decoded cache, never exceeded; default
-            ``training.cache.default_cache_bytes()`` (a fraction of the available memory).
-        cache_max_side: Shrink images so their shorter side is at most this before caching.
-        collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: a list of (C, H, W) tensors of
-            their own sizes (detection, or any model that takes mixed sizes).
-        weights: Mix several sources by weight (docs/mixing.md): ``path_or_dataset`` is a
-            list of sources (packs, pack sets, lists of packs), each epoch holds
-            ``round(share x epoch_samples)`` samples of each (``training.weighted``).
-        epoch_samples: Samples per epoch of a mix; default: all samples of all sources.
-        stratify: Hold a mix's shares in every batch, to within one sample.
         classes: How a mix's classes become one list: ``"join"`` (default: by name, sorted),
             ``"separate"``, or the list of names (``read.mixture.joined_classes``).
         return_source: Also return each sample's source in a mix (an int tensor, last).
+        **keywords: Fields of the option objects (``training.options.SpecKeywords``):
+            ``shuffle``, ``seed``, ``num_replicas``, ``rank``, ``drop_last``,
+            ``window_chunks``, ``window_bytes``, and for a mix of several sources
+            ``weights`` (``path_or_dataset`` is then a list of sources, docs/mixing.md),
+            ``epoch_samples``, ``stratify`` (``EpochSpec``); ``locking``, ``backend``,
+            ``direct``, ``verify_checksums``, ``storage_options`` (the client's settings for
+            URLs, ``s3://bucket/pack.h5``) (``ReaderOptions``); ``size`` (one int for a
+            square), ``crop`` (``"random-resized"``, the default with ``size``, ``"center"``
+            or ``"resize"``), ``scale``, ``ratio``, ``flip`` (``CropSpec``);
+            ``cache_bytes``, ``cache_max_side`` (``CacheSpec``).
 
     Returns:
         An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
@@ -475,65 +416,53 @@ def make_loader(
         FileNotFoundError: the pack, a shard or the manifest does not exist.
         FormatError: a file is not a pack; a shard is missing, truncated, changed since the
             manifest was written, or does not match the others (the message names it).
-        OptionsError: a bad argument, dataset options next to a dataset, or a pack of mixed
-            sizes read without ``size`` (its message names ``size=`` and ``--size``).
+        OptionsError: a bad argument (one error naming it, when the loader is built),
+            dataset options next to a dataset, or a pack of mixed sizes read without
+            ``size`` (its message names ``size=`` and ``--size``).
     """
-    dataset_options: dict[str, object] = {
-        "transform": transform,
-        "target_transform": target_transform,
-        "output": output,
-        "return_path": return_path,
-        "locking": locking,
-        "storage_options": storage_options,
-        "backend": backend,
-        "direct": direct,
-        "verify_checksums": verify_checksums,
-    }
-    if size is not None:
-        dataset_options["size"] = size
-    if cache is not None:
-        dataset_options["cache"] = cache
+    spec = loader_spec(
+        batch_size, epoch=epoch, reader=reader, pipeline=pipeline, cache=cache, **keywords
+    )
+    if collate not in COLLATES:
+        raise OptionsError(f"collate should be one of {COLLATES}, but got collate={collate!r}")
+    check_optional_int("threads", threads, minimum=0)
+    check_optional_int("prefetch_factor", prefetch_factor, minimum=1)
+    check_bool("pin_memory", pin_memory, optional=True)
+    check_bool("persistent_workers", persistent_workers, optional=True)
+    seed, weights = spec.epoch.seed, spec.epoch.weights
     mix_options = {"classes": classes, "return_source": return_source}
     if weights is None and any(v is not None for v in mix_options.values()):
         raise OptionsError("classes= and return_source= apply to a mix: give weights= too")
-    if collate not in COLLATES:
-        raise OptionsError(f"collate should be one of {COLLATES}, but got collate={collate!r}")
     if isinstance(path_or_dataset, H5ImageDataset):
-        options_given = {**dataset_options, **mix_options}
-        given = sorted(name for name, value in options_given.items() if value is not None)
+        own = {
+            "transform": transform,
+            "target_transform": target_transform,
+            "output": output,
+            "return_path": return_path,
+            **mix_options,
+        }
+        routes = keyword_fields()
+        opening = routes["reader"] | routes["pipeline"] | routes["cache"]
+        objects = {"reader": reader, "pipeline": pipeline, "cache": cache}
+        given = sorted(
+            [name for name, value in {**own, **objects}.items() if value is not None]
+            + [name for name in keywords if name in opening]
+        )
         if given:
             raise OptionsError(
-                f"dataset options {given} apply only when make_loader opens the pack; set "
-                "them on the H5ImageDataset instead"
+                f"dataset options {given} apply only when make_loader opens the "
+                "pack; set them on the H5ImageDataset instead"
             )
         dataset = path_or_dataset
     else:
-        reader = ReaderOptions(
-            locking=locking,
-            backend=backend or "pillow",
-            direct=True if direct is None else direct,
-            verify_checksums=True if verify_checksums is None else verify_checksums,
-            storage_options=storage_options,
-        )
-        crop_spec = None
-        if size is not None:
-            crop_spec = CropSpec.of(
-                size,
-                crop=crop or "random-resized",
-                scale=scale,
-                ratio=ratio,
-                flip=flip,
-                backend=reader.backend,
-            )
-        elif crop is not None or flip:
-            raise OptionsError("crop= and flip= need size=: the size every image is cut to")
         common: dict[str, Any] = {
             "transform": transform,
             "target_transform": target_transform,
             "output": output or "tensor",
             "return_path": bool(return_path),
-            "reader": reader,
-            "crop": crop_spec,
+            "reader": spec.reader,
+            "pipeline": spec.pipeline,
+            "cache": spec.cache,
             "seed": seed,
         }
         if weights is not None:
@@ -542,43 +471,28 @@ def make_loader(
                     "weights= mixes several sources: give a list of sources (packs, pack "
                     f"sets, lists of packs), but got one: {os.fspath(path_or_dataset)!r}"
                 )
-            mixed = H5MixDataset(
-                path_or_dataset,
+            if not isinstance(path_or_dataset, list | tuple):
+                check_source("path_or_dataset", path_or_dataset)  # raises, naming it
+            sources = [
+                check_source(f"path_or_dataset[{i}]", each)
+                for i, each in enumerate(path_or_dataset)
+            ]
+            dataset = H5MixDataset(
+                sources,
                 weights=weights,
                 classes=classes,
                 return_source=bool(return_source),
                 **common,
             )
-            if _cache_asked(cache, cache_bytes, cache_max_side, crop_spec):
-                mixed.attach_caches(
-                    default_cache_bytes() if cache_bytes is None else cache_bytes,
-                    max_side=cache_max_side,
-                )
-            dataset = mixed
         else:
             # without weights a list is one pool of packs (a list of lists is refused there)
-            dataset = H5ImageDataset(cast(PackSource, path_or_dataset), **common)
-            dataset.cache = _decoded_cache(
-                dataset.meta, cache, cache_bytes, cache_max_side, crop_spec
-            )
+            dataset = H5ImageDataset(check_source("path_or_dataset", path_or_dataset), **common)
     if collate == "stack":
         _check_batchable(dataset)
     num_workers, auto_threads = auto_workers(dataset, num_workers)
-    spec = EpochSpec(
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        window_chunks=window_chunks,
-        window_bytes=window_bytes,
-        drop_last=drop_last,
-        num_replicas=num_replicas,
-        rank=rank,
-        num_workers=num_workers,
-        weights=None if weights is None else tuple(float(w) for w in weights),
-        epoch_samples=epoch_samples,
-        stratify=stratify,
+    sampler, mixing = sampler_for_labels(
+        dataset, replace(spec.epoch, num_workers=num_workers), dataset.meta
     )
-    sampler, mixing = sampler_for_labels(dataset, spec, dataset.meta)
     if mixing is not None and mixing.warns:
         warnings.warn(mixing.message, MixingWarning, stacklevel=2)
     options = dataset.options

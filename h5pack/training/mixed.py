@@ -22,7 +22,7 @@ from h5pack.read.crop import CropSpec
 from h5pack.read.mixture import ClassJoin, MixView, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
-from h5pack.training.cache import DecodedCache
+from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch, empty_uint8
 from h5pack.training.weighted import check_weights
 
@@ -42,8 +42,10 @@ class H5MixDataset(H5ImageDataset):
             list of class names (``read.mixture.joined_classes``).
         return_source: Also return each sample's source (an int, the position in
             ``sources``), after the path when ``return_path``.
-        transform, target_transform, output, return_path, reader, crop, seed: As for
-            ``H5ImageDataset``, applied to every source (labels are the joined ones).
+        transform, target_transform, output, return_path, reader, pipeline, seed, crop: As
+            for ``H5ImageDataset``, applied to every source (labels are the joined ones).
+        cache: A ``CacheSpec``: each encoded source gets its own decoded cache, the budget
+            split by sample counts (``attach_caches``).
 
     Raises:
         OptionsError: weights that are not one positive number per source, classes that do
@@ -63,15 +65,19 @@ class H5MixDataset(H5ImageDataset):
         output: Output = "tensor",
         return_path: bool = False,
         reader: ReaderOptions | None = None,
-        crop: CropSpec | None = None,
-        cache: DecodedCache | None = None,
+        pipeline: CropSpec | None = None,
+        cache: CacheSpec | DecodedCache | None = None,
         seed: int = 0,
+        crop: CropSpec | None = None,
     ) -> None:
-        if cache is not None:
+        if isinstance(cache, DecodedCache):
             raise OptionsError(
-                "a mix keeps one decoded cache per source: use make_loader(cache='decoded') "
-                "or attach_caches()"
+                "a mix keeps one decoded cache per source: give a CacheSpec "
+                "(make_loader(cache='decoded')), or use attach_caches()"
             )
+        if crop is not None and pipeline is not None:
+            raise OptionsError("give pipeline= (or its older name crop=), not both")
+        crop = pipeline if pipeline is not None else crop
         self.options = reader or ReaderOptions()
         self.mix: MixView = describe_mix(
             sources, classes=classes or "join", locking=self.options.locking
@@ -109,6 +115,9 @@ class H5MixDataset(H5ImageDataset):
             )
             for s, source in enumerate(self.mix.sources)
         ]
+        if cache is not None:  # a CacheSpec: one cache per encoded source, the budget split
+            budget = default_cache_bytes() if cache.cache_bytes is None else cache.cache_bytes
+            self.attach_caches(budget, max_side=cache.cache_max_side)
 
     @property
     def offsets(self) -> np.ndarray:

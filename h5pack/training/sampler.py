@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import numpy as np
 from torch.utils.data import Sampler
 
+from h5pack.core.arguments import check_bool, check_int, check_optional_int, check_seed
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
@@ -373,31 +374,25 @@ class EpochSpec:
     stratify: bool = False
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise OptionsError(f"batch_size should be >= 1, but got batch_size={self.batch_size}")
-        if self.num_workers < 0:
-            raise OptionsError(
-                f"num_workers should be >= 0, but got num_workers={self.num_workers}"
-            )
-        if self.window_chunks is not None and self.window_chunks < 1:
-            raise OptionsError(
-                f"window_chunks should be >= 1, but got window_chunks={self.window_chunks}"
-            )
-        if self.window_bytes is not None and self.window_bytes <= 0:
-            raise OptionsError(
-                f"window_bytes should be positive, but got window_bytes={self.window_bytes}"
-            )
-        if self.min_window_chunks is not None and self.min_window_chunks < 1:
-            raise OptionsError(
-                "min_window_chunks should be >= 1, but got "
-                f"min_window_chunks={self.min_window_chunks}"
-            )
+        # Each field checked once, here, in the user's name (issue 20 A, F): a float
+        # batch_size skipped samples every epoch, a str one failed inside torch.
+        check_int("batch_size", self.batch_size, minimum=1)
+        check_bool("shuffle", self.shuffle)
+        check_seed("seed", self.seed)
+        check_bool("drop_last", self.drop_last)
+        check_int("num_workers", self.num_workers, minimum=0)
+        check_optional_int("window_chunks", self.window_chunks, minimum=1)
+        check_optional_int("window_bytes", self.window_bytes, minimum=1)
+        check_optional_int("min_window_chunks", self.min_window_chunks, minimum=1)
+        check_optional_int("num_replicas", self.num_replicas, minimum=1)
+        check_optional_int("rank", self.rank, minimum=0)
         if self.weights is not None:
-            check_weights(self.weights)
-        if self.epoch_samples is not None and self.epoch_samples < 1:
-            raise OptionsError(
-                f"epoch_samples should be >= 1, but got epoch_samples={self.epoch_samples}"
-            )
+            object.__setattr__(self, "weights", check_weights(self.weights))
+        check_optional_int("epoch_samples", self.epoch_samples, minimum=1)
+        check_bool("stratify", self.stratify)
+        if self.chunk_strata is not None and not isinstance(self.chunk_strata, tuple):
+            strata = tuple(int(c) for c in self.chunk_strata)
+            object.__setattr__(self, "chunk_strata", strata)
         if self.num_replicas is not None and self.rank is not None:
             distributed_defaults(self.num_replicas, self.rank)
 
@@ -425,6 +420,32 @@ class EpochSpec:
             num_chunks=num_chunks,
         )
         return replace(self, num_replicas=num_replicas, rank=rank, window_chunks=window)
+
+
+def epoch_spec(spec: EpochSpec | int | None = None, /, **fields: Any) -> EpochSpec:
+    """Return the ``EpochSpec`` of ``spec`` (a spec, or a batch size) with ``fields`` replaced.
+
+    The one place the samplers' and ``make_loader``'s keywords become the spec.
+
+    Raises:
+        OptionsError: no batch size given, or a field out of range.
+        TypeError: a keyword that is no field of ``EpochSpec``.
+
+    Example:
+        >>> epoch_spec(32, seed=3) == EpochSpec(batch_size=32, seed=3)
+        True
+        >>> epoch_spec(EpochSpec(batch_size=32), num_workers=2).num_workers
+        2
+    """
+    if isinstance(spec, EpochSpec):
+        return replace(spec, **fields) if fields else spec
+    if spec is not None:
+        if "batch_size" in fields:
+            raise OptionsError("give batch_size once, positionally or as batch_size=")
+        fields["batch_size"] = spec
+    if "batch_size" not in fields:
+        raise OptionsError("batch_size should be an integer >= 1, but none was given")
+    return EpochSpec(**fields)
 
 
 # Settings added to ``ChunkBatchSampler.state_dict`` later, as states saved before read.
@@ -637,77 +658,35 @@ class ChunkBatchSampler(Sampler[list[int]]):
     Args:
         source: A ``ChunkMap``, a dataset or reader (anything with ``chunk_map`` and
             ``group_bytes``), or a pack path.
-        batch_size: Samples per batch.
-        shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
-            in pack order (the pack order itself with ``num_workers <= 1``).
-        seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
-        window_chunks: K, chunks mixed at once by one worker. Default: see the module note
-            "Shuffle window".
-        window_bytes: Memory budget of all workers' windows (decompressed bytes). Default:
-            at least ``DEFAULT_WINDOW_BYTES`` and a pool of ``MIN_POOL_BATCHES`` batches,
-            at most ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
-        drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
-            does not divide evenly).
-        num_replicas: Ranks. Default: ``torch.distributed``'s world size, else 1.
-        rank: This rank. Default: ``torch.distributed``'s rank, else 0.
-        num_workers: The DataLoader's ``num_workers``.
-        min_window_chunks: Widen a default window to at least this, within the memory cap
-            (see ``sampler_for_labels``).
-        chunk_strata: One stratum per chunk: a stratified chunk order (see ``EpochSpec``).
-        weights: Mix several sources by weight: ``source`` is a list of sources or an
-            ``H5MixDataset`` (see ``EpochSpec``, ``training.weighted``).
-        epoch_samples: Samples per epoch of a mix (default: all of all sources).
-        stratify: Hold a mix's shares in every batch.
+        spec: How epochs are cut: an ``EpochSpec``, or just its ``batch_size``.
+        **fields: Fields of ``EpochSpec`` (``batch_size``, ``shuffle``, ``seed``,
+            ``window_chunks``, ``num_workers``, ...): the spec's, replaced by these. The
+            fields are listed, documented and checked once, on ``EpochSpec``. With
+            ``weights`` (a mix) ``source`` is a list of sources or an ``H5MixDataset``
+            (``training.weighted``).
 
     Raises:
-        OptionsError: a size, rank or window is out of range.
+        OptionsError: no batch size, or a field out of range (``EpochSpec``'s check).
 
     Example:
-        >>> sampler = ChunkBatchSampler(ChunkMap.regular(10, 4), batch_size=4, seed=0)
+        >>> cmap = ChunkMap.regular(10, 4)
+        >>> sampler = ChunkBatchSampler(cmap, batch_size=4, seed=0)
         >>> sampler.set_epoch(3)
         >>> batches = list(sampler)
         >>> len(sampler), sorted(i for b in batches for i in b) == list(range(10))
         (3, True)
         >>> batches == list(sampler)   # same (seed, epoch): same order
         True
+        >>> whole = ChunkBatchSampler(cmap, EpochSpec(batch_size=4, seed=0))  # the spec whole
+        >>> whole.set_epoch(3)
+        >>> list(whole) == batches
+        True
     """
 
     def __init__(
-        self,
-        source: SamplerSource,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        window_chunks: int | None = None,
-        window_bytes: int | None = None,
-        drop_last: bool = False,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        num_workers: int = 0,
-        min_window_chunks: int | None = None,
-        chunk_strata: Sequence[int] | None = None,
-        weights: Sequence[float] | None = None,
-        epoch_samples: int | None = None,
-        stratify: bool = False,
+        self, source: SamplerSource, spec: EpochSpec | int | None = None, /, **fields: Any
     ) -> None:
-        spec = EpochSpec(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            window_chunks=window_chunks,
-            window_bytes=window_bytes,
-            drop_last=drop_last,
-            num_replicas=num_replicas,
-            rank=rank,
-            num_workers=num_workers,
-            min_window_chunks=min_window_chunks,
-            chunk_strata=None if chunk_strata is None else tuple(int(c) for c in chunk_strata),
-            weights=None if weights is None else tuple(float(w) for w in weights),
-            epoch_samples=epoch_samples,
-            stratify=stratify,
-        )
-        self._start(source, spec)
+        self._start(source, epoch_spec(spec, **fields))
 
     @classmethod
     def from_spec(cls, source: SamplerSource, spec: EpochSpec) -> ChunkBatchSampler:

@@ -1,0 +1,102 @@
+"""Checks of user arguments, in one message shape: ``x should be ..., but got x=...``.
+
+The option objects (``EpochSpec``, ``ReaderOptions``, ``CropSpec``, ``CacheSpec``, ...)
+validate themselves once, in ``__post_init__``, with these; a bad argument is then one
+``OptionsError`` naming the user's parameter when the loader is built, never a raw
+``TypeError`` or an ``AssertionError`` from deep inside torch at the first batch.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import SupportsIndex
+
+from h5pack.errors import OptionsError
+
+# The seeds torch.Generator.manual_seed accepts (numpy's take any int; the order's RNG keys
+# are reduced modulo 2**64): a seed outside them failed at the loader's generator.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _bounds(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in {minimum}..{maximum}"
+    if minimum is not None:
+        return f" >= {minimum}"
+    return f" <= {maximum}" if maximum is not None else ""
+
+
+def check_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """Return ``value`` as an int, or raise ``OptionsError`` naming ``name``.
+
+    Args:
+        name: The user's parameter, as the message spells it.
+        value: What the user gave: an int or a numpy integer.
+        minimum: The least value allowed, if any.
+        maximum: The largest value allowed, if any.
+
+    Raises:
+        OptionsError: ``value`` is not an integer (a float, a str, a bool, None) or is out of
+            range.
+
+    Example:
+        >>> check_int("batch_size", 8, minimum=1)
+        8
+        >>> check_int("batch_size", 2.5, minimum=1)
+        Traceback (most recent call last):
+        ...
+        h5pack.errors.OptionsError: batch_size should be an integer >= 1, but got batch_size=2.5
+    """
+    what = f"an integer{_bounds(minimum, maximum)}"
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise OptionsError(f"{name} should be {what}, but got {name}={value!r}")
+    number = operator.index(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise OptionsError(f"{name} should be {what}, but got {name}={value!r}")
+    return number
+
+
+def check_optional_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
+    """Return None for None, else ``check_int(name, value, ...)`` (the message says "or None")."""
+    if value is None:
+        return None
+    try:
+        return check_int(name, value, minimum=minimum, maximum=maximum)
+    except OptionsError:
+        what = f"an integer{_bounds(minimum, maximum)} or None"
+        raise OptionsError(f"{name} should be {what}, but got {name}={value!r}") from None
+
+
+def check_bool(name: str, value: object, *, optional: bool = False) -> None:
+    """Raise ``OptionsError`` naming ``name`` unless ``value`` is a bool (or None if allowed)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        what = "True or False" + (" or None" if optional else "")
+        raise OptionsError(f"{name} should be {what}, but got {name}={value!r}")
+
+
+def check_seed(name: str, value: object) -> int:
+    """Return the seed ``value`` as an int, or raise ``OptionsError`` naming ``name``.
+
+    Example:
+        >>> check_seed("seed", 2**70)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        h5pack.errors.OptionsError: seed should be an integer in -2**63 .. 2**64 - 1, ...
+    """
+    message = (
+        f"{name} should be an integer in -2**63 .. 2**64 - 1, but got {name}={value!r} "
+        "(torch.Generator takes no other)"
+    )
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise OptionsError(message)
+    number = operator.index(value)
+    low, high = SEED_RANGE
+    if not low <= number <= high:
+        raise OptionsError(message)
+    return number
