@@ -40,7 +40,7 @@ def test_type_checkers_see_every_lazy_name() -> None:
                     checked.update((a.name, statement.module) for a in statement.names)
     lazy = h5pack._LAZY
     assert set(lazy) <= set(checked), sorted(set(lazy) - set(checked))
-    for name, module in lazy.items():  # and from where the package imports it
+    for name in lazy:  # and from where the package imports it
         assert getattr(__import__(checked[name], fromlist=[name]), name) is getattr(h5pack, name)
 
 

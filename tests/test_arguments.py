@@ -22,7 +22,7 @@ def test_integers_numpy_included_and_nothing_else() -> None:
     for bad in (2.5, "8", None, True, np.float32(2)):
         with pytest.raises(OptionsError, match=r"n should be an integer >= 1, but got n="):
             check_int("n", bad, minimum=1)
-    with pytest.raises(OptionsError, match="n should be an integer in 1..3 or None"):
+    with pytest.raises(OptionsError, match=r"n should be an integer in 1\.\.3 or None"):
         check_optional_int("n", 4, minimum=1, maximum=3)
 
 
