@@ -397,7 +397,12 @@ def test_pair_repetition_of_a_full_shuffle_and_of_pack_order() -> None:
 
 def test_measure_pack_reports_every_pattern(gzip_pack: Path) -> None:
     options = MeasureOptions(
-        batch_size=16, workers=0, repeats=2, min_run_s=0.0, naive_budget_s=0.05
+        batch_size=16,
+        workers=0,
+        repeats=2,
+        min_run_s=0.0,
+        naive_budget_s=0.05,
+        target_spread=None,  # runs of one epoch each, never lengthened: counts below
     )
     steps: list[str] = []
     results = measure_pack(gzip_pack, options, on_step=steps.append)
@@ -713,3 +718,62 @@ def test_bench_does_not_import_torch_on_import() -> None:
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert out.stdout.strip() == "False"
+
+
+# -- issue 20.4: README's recipe measurable; one name for one cache -------------------------
+
+
+@pytest.fixture
+def encoded_pack(tmp_path: Path) -> Path:
+    from tests.helpers import jpeg
+
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, size=(20 + i % 5, 30, 3), dtype=np.uint8) for i in range(24)]
+    path = tmp_path / "encoded.h5"
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(images):
+        (folder / f"{i:02d}.jpg").write_bytes(jpeg(image))
+    from h5pack.write.convert import convert
+
+    convert(folder, path, ConvertOptions(mode="encoded", workers=1))
+    return path
+
+
+def test_bench_reads_through_the_decoded_cache_after_the_first_epoch(encoded_pack: Path) -> None:
+    from h5pack.bench.throughput import open_bench
+
+    train = TrainingRead.of(16)
+    options = BenchOptions(batch_size=8, workers=0, train=train, cache="decoded", **FAST)
+    setup = open_bench(encoded_pack, options)
+    try:
+        cache = setup.loader.dataset.cache
+        assert cache is not None
+        setup.loader()  # the first epoch: the warm-up fills the cache
+        first = cache.stats()
+        setup.loader()  # a later epoch: served from it
+        later = cache.stats()
+        assert first.entries == 24
+        assert later.hits - first.hits == 24
+    finally:
+        setup.close()
+    result = bench_loader(encoded_pack, options)
+    assert "decoded cache (the timed epochs come after the warm-up filled it)" in format_bench(
+        result
+    )
+    plain = open_dataset(encoded_pack, train)  # without cache="decoded": none
+    assert plain.cache is None
+    plain.close()
+
+
+def test_bench_cache_bytes_is_the_decoded_caches_budget(encoded_pack: Path) -> None:
+    with pytest.raises(OptionsError, match=r"--chunk-cache-bytes"):
+        BenchOptions(cache_bytes=2**20)  # the old meaning: refused, never reinterpreted
+    BenchOptions(chunk_cache_bytes=2**20)
+    BenchOptions(cache="decoded", cache_bytes=2**20)
+    result = CliRunner().invoke(cli, ["bench", str(encoded_pack), "--cache-bytes", "1MiB"])
+    assert result.exit_code == 2
+    assert "--chunk-cache-bytes" in result.output
+    args = ["bench", str(encoded_pack), "--chunk-cache-bytes", "1MiB", "--workers", "0", "-q"]
+    args += ["--time-budget", "0", "--repeats", "1"]
+    assert CliRunner().invoke(cli, args).exit_code == 0

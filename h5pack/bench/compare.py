@@ -39,6 +39,7 @@ from h5pack.bench.reading import (
     survey_folder,
     survey_pack,
 )
+from h5pack.bench.scale import IMAGENET_TRAIN, ScaleProjection, project
 from h5pack.bench.sources import is_set_path, pack_files, source_bytes
 from h5pack.bench.system import Machine, available_memory_bytes, machine_info
 from h5pack.bench.variants import (
@@ -89,6 +90,9 @@ class CompareOptions:
         memory_bytes: Memory available to the page cache; None reads it when the
             comparison starts.
         seed: Seed of the stored sample order.
+        dataset_size: Samples of the training set the packs stand for: the report also
+            projects each pack's chunk work per sample to that size (``bench.scale``);
+            None: ImageNet-1k's 1,281,167, or the packs' own size when larger.
     """
 
     variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
@@ -98,8 +102,18 @@ class CompareOptions:
     convert_workers: int | None = None
     memory_bytes: int | None = None
     seed: int = 0
+    dataset_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.dataset_size is not None and (
+            isinstance(self.dataset_size, bool)
+            or not isinstance(self.dataset_size, int)
+            or self.dataset_size < 1
+        ):
+            raise OptionsError(
+                "dataset_size should be a positive number of samples, but got "
+                f"dataset_size={self.dataset_size!r}"
+            )
         if self.variants != "quick":
             parse_variants(list(self.variants))  # refuse a bad name before any work
         if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
@@ -123,6 +137,7 @@ class CompareOptions:
             epoch_budget_s=2.0,
             naive_budget_s=0.25,
             naive_min_samples=8,
+            budget_s=5.0,
         )
         return cls(**{"variants": "quick", "measure": measure, **changes})
 
@@ -153,6 +168,8 @@ class CompareReport:
         sizes: The images' sizes, in words.
         plan: Why these variants were built, or "" for given packs and named variants.
         available_bytes: Memory available when the comparison started (None: unknown).
+        projections: Each chunked variant's chunk work per sample at the dataset size
+            (``bench.scale``), in the ranking's order.
     """
 
     source: str
@@ -166,6 +183,7 @@ class CompareReport:
     sizes: str = ""
     plan: str = ""
     available_bytes: int | None = None
+    projections: tuple[ScaleProjection, ...] = ()
 
     @property
     def read_note(self) -> str:
@@ -365,6 +383,7 @@ def compare(
                 )
             )
     ranked = tuple(sorted(results, key=rank_key, reverse=True))
+    projections = projections_of(ranked, options)
     train = {**plan.train.to_json(), "note": auto_note(plan.train, plan.survey)}
     return CompareReport(
         source=os.fspath(paths[0]) if folder else ", ".join(map(os.fspath, paths)),
@@ -378,7 +397,27 @@ def compare(
         sizes=plan.survey.describe(),
         plan=reason,
         available_bytes=plan.available_bytes,
+        projections=projections,
     )
+
+
+def projections_of(
+    ranked: Sequence[VariantResult], options: CompareOptions
+) -> tuple[ScaleProjection, ...]:
+    """Return each chunked variant's chunk work per sample at the dataset size.
+
+    See the note "Why the gain is invisible on small data" in ``bench.scale``.
+    """
+    largest = max((v.num_samples for v in ranked), default=0)
+    size = options.dataset_size or max(IMAGENET_TRAIN, largest)
+    found = []
+    for variant in ranked:
+        measured = variant.patterns.get("chunk")
+        workers = measured.workers if measured is not None else 0
+        projection = project(variant, size, batch_size=options.measure.batch_size, workers=workers)
+        if projection is not None:
+            found.append(projection)
+    return tuple(found)
 
 
 def _merged(surveys: Sequence[SizeSurvey]) -> SizeSurvey:

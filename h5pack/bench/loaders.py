@@ -84,13 +84,32 @@ class FullShuffleBatchSampler:
         yield from (batch.tolist() for batch in self.plan())
 
 
+def check_cache(cache: object, cache_bytes: int | None) -> None:
+    """Refuse a cache other than ``"decoded"``, or a decoded budget without the cache.
+
+    Raises:
+        OptionsError: ``cache`` is not None or ``"decoded"``; ``cache_bytes`` without it.
+    """
+    if cache not in (None, "decoded"):
+        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
+    if cache_bytes is not None and (cache is None or cache_bytes < 1):
+        raise OptionsError(
+            "cache_bytes (--cache-bytes) is the decoded cache's budget, as make_loader's: "
+            f"give it with cache='decoded' (--cache decoded), positive; got {cache_bytes}. "
+            "The decompressed chunks kept per process are chunk_cache_bytes "
+            "(--chunk-cache-bytes)"
+        )
+
+
 def open_dataset(
     path: PackSource,
     train: TrainingRead,
     *,
     transform: bool = False,
-    cache_bytes: int | None = None,
+    chunk_cache_bytes: int | None = None,
     seed: int = 0,
+    cache: Literal["decoded"] | None = None,
+    cache_bytes: int | None = None,
 ) -> Any:
     """Return the ``H5ImageDataset`` every pattern of a measurement reads.
 
@@ -98,19 +117,39 @@ def open_dataset(
         path: The pack, or a pack set (its directory or manifest, or a list of packs).
         train: The training read (its crop and flip).
         transform: Apply ``TrainTransform`` (a per-sample Python transform) to every image.
-        cache_bytes: Decompressed chunks each process keeps (None: the sampler's window).
+        chunk_cache_bytes: Decompressed chunks each process keeps (None: the sampler's
+            window); not the decoded cache (``PatternLoader``'s ``cache``).
         seed: Seed of the crops and flips.
+        cache: ``"decoded"``: the dataset reads through a decoded cache, as
+            ``make_loader(cache="decoded")`` gives it (README's training loop), for an
+            encoded pack read at a training size; a raw pack needs none (its chunks are
+            the cache) and is read without. The cache lives as long as the dataset, so the
+            epochs after the first (the warm-up) are served from it.
+        cache_bytes: The decoded cache's budget (default ``default_cache_bytes()``).
     """
     from h5pack.read.reader import ReaderOptions
+    from h5pack.training.cache import DecodedCache, default_cache_bytes
     from h5pack.training.dataset import H5ImageDataset
 
-    return H5ImageDataset(
-        path,
-        transform=TrainTransform() if transform else None,
-        reader=ReaderOptions(chunk_cache_bytes=cache_bytes),
-        crop=train.crop_spec(),
-        seed=seed,
-    )
+    check_cache(cache, cache_bytes)
+    crop = train.crop_spec()
+
+    def build(decoded: Any = None) -> Any:
+        return H5ImageDataset(
+            path,
+            transform=TrainTransform() if transform else None,
+            reader=ReaderOptions(chunk_cache_bytes=chunk_cache_bytes),
+            crop=crop,
+            cache=decoded,
+            seed=seed,
+        )
+
+    dataset = build()
+    if cache is None or crop is None or dataset.meta.mode != "encoded":
+        return dataset
+    budget = default_cache_bytes() if cache_bytes is None else cache_bytes
+    dataset.close()
+    return build(DecodedCache(max(1, dataset.meta.num_samples), budget))
 
 
 class PatternLoader:
@@ -150,7 +189,8 @@ class PatternLoader:
         self.batchable = batchable
         self.max_batches = max_batches
         self.budget_s = budget_s
-        self.fresh = bool(dataset.compressed)  # see "Fresh epochs"
+        # see "Fresh epochs"; a decoded cache must outlive the epoch to be of any use
+        self.fresh = bool(dataset.compressed) and getattr(dataset, "cache", None) is None
         self.epoch = 0
         self.images_per_epoch = 0
         self._probe = self._make(persistent=False)  # settings and plans; never iterated
@@ -256,7 +296,10 @@ class PatternLoader:
         return count
 
     def close(self) -> None:
-        """Stop persistent workers and close the readers of this process."""
+        """Stop persistent workers, close the readers of this process and the decoded cache."""
+        cache = getattr(self.dataset, "cache", None)
+        if cache is not None:
+            cache.close()
         if self._loader is not None:
             self._loader.dataset.close()
             self._loader = None  # its iterator, and the workers, go with it

@@ -25,7 +25,7 @@ from h5pack.bench.access import (
     replay_reader,
     storage_layout,
 )
-from h5pack.bench.loaders import PatternLoader, open_dataset
+from h5pack.bench.loaders import PatternLoader, check_cache, open_dataset
 from h5pack.bench.reading import TrainingRead, batch_problem, survey_pack
 from h5pack.bench.sources import drop_source, warm_source
 from h5pack.bench.system import CacheDrop
@@ -64,6 +64,14 @@ class MeasureOptions:
             than the page cache reads at disk speed).
         pair_epochs: Epochs planned to count batch-pair repetition.
         seed: Seed of every order.
+        target_spread: Runs of a pattern spread wider than this (fastest - slowest over
+            median) are lengthened and timed again while ``budget_s`` allows (see "Timing
+            enough work"); None times each run once.
+        budget_s: Seconds the timing of one pack may take while runs are lengthened.
+        cache: ``"decoded"``: every loader pattern reads through ``make_loader``'s decoded
+            cache, which the warm-up epoch fills: the figures are later epochs' (README's
+            training loop from its second epoch); None: every epoch as the first.
+        cache_bytes: The decoded cache's budget (``make_loader``'s ``cache_bytes``).
     """
 
     batch_size: int = 64
@@ -79,8 +87,13 @@ class MeasureOptions:
     cold: bool = False
     pair_epochs: int = 3
     seed: int = 0
+    target_spread: float | None = 0.1
+    budget_s: float | None = 15.0
+    cache: Literal["decoded"] | None = None
+    cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        check_cache(self.cache, self.cache_bytes)
         if self.batch_size < 1:
             raise OptionsError(f"batch_size should be >= 1, but got batch_size={self.batch_size}")
         if self.workers != "auto" and (not isinstance(self.workers, int) or self.workers < 0):
@@ -121,6 +134,9 @@ class PatternResult:
             fraction that already shared one (see "Batch-pair repetition").
         pair_repeat_shuffle: The same, expected of a full shuffle of this pack.
         page_cache: ``"warm"``, ``"cold"``, or why a cold measurement was warm after all.
+        epoch_fraction: The share of an epoch each timed epoch covered: 1.0 for whole
+            epochs, less when a slow pattern was timed on a prefix (``epoch_budget_s``,
+            short under ``--quick``); its rate and reads rest on that prefix.
     """
 
     pattern: str
@@ -133,6 +149,12 @@ class PatternResult:
     pair_repeat: float = 0.0
     pair_repeat_shuffle: float = 0.0
     page_cache: str = "warm"
+    epoch_fraction: float = 1.0
+
+    @property
+    def partial(self) -> bool:
+        """Whether the figures rest on a prefix of the epoch, not whole epochs."""
+        return self.epoch_fraction < 1.0
 
     @property
     def images_per_s(self) -> float:
@@ -150,6 +172,14 @@ class PatternResult:
         if self.pair_repeat_shuffle <= 0:
             return 0.0
         return self.pair_repeat / self.pair_repeat_shuffle
+
+
+def epoch_fraction(timing: Timing, num_samples: int) -> float:
+    """Return the share of an epoch of ``num_samples`` the shortest timed epoch delivered."""
+    if not timing.images or num_samples <= 0:
+        return 1.0
+    per_epoch = min(timing.images) / max(1, timing.epochs_per_run)
+    return min(1.0, per_epoch / num_samples)
 
 
 def _shuffle(order: np.ndarray, seed: int) -> tuple[float, float]:
@@ -248,7 +278,9 @@ def measure_pack(
     if cold is None:
         warm_source(path)
     wanted: list[Pattern] = [p for p in PATTERNS if p in options.patterns]
-    dataset = open_dataset(path, options.train, seed=options.seed)
+    dataset = open_dataset(
+        path, options.train, seed=options.seed, cache=options.cache, cache_bytes=options.cache_bytes
+    )
     loaders: dict[str, PatternLoader] = {
         pattern: PatternLoader(
             dataset,
@@ -267,6 +299,8 @@ def measure_pack(
             repeats=options.repeats,
             warmup=options.warmup,
             min_run_s=options.min_run_s,
+            target_spread=options.target_spread,
+            budget_s=options.budget_s,
             before={p: cold for p in wanted} if cold is not None else None,
             on_run=on_step,
         )
@@ -296,6 +330,7 @@ def measure_pack(
             pair_repeat=repeat,
             pair_repeat_shuffle=expected,
             page_cache=state,
+            epoch_fraction=epoch_fraction(timings[pattern], layout.groups.num_samples),
         )
     if NAIVE in options.patterns:
 
@@ -304,5 +339,9 @@ def measure_pack(
                 on_step(NAIVE)
 
         naive = measure_naive(path, layout, options, before=cold, step=step)
-        results[NAIVE] = replace(naive, page_cache=cold.state() if cold is not None else "warm")
+        results[NAIVE] = replace(
+            naive,
+            page_cache=cold.state() if cold is not None else "warm",
+            epoch_fraction=epoch_fraction(naive.timing, layout.groups.num_samples),
+        )
     return results

@@ -75,9 +75,18 @@ class VariantResult:
     cold: bool = False
 
     @property
-    def ratio(self) -> float:
-        """Decoded image bytes over file bytes (how much smaller than raw pixels)."""
+    def pixels_per_file_byte(self) -> float:
+        """Decoded image bytes over file bytes (how much smaller than raw pixels).
+
+        Not ``info``'s ratio, which is the stored bytes over the file's (the codec's
+        compression alone): an encoded pack stores JPEG bytes, small against its pixels.
+        """
         return self.image_bytes / self.file_bytes if self.file_bytes else 0.0
+
+    def interval(self, pattern: str = "chunk") -> tuple[float, float]:
+        """Slowest and fastest timed run of ``pattern`` (images/s; 0, 0 when not measured)."""
+        result = self.patterns.get(pattern)
+        return (result.timing.low, result.timing.high) if result else (0.0, 0.0)
 
     @property
     def batchable(self) -> bool:
@@ -118,19 +127,72 @@ class Recommendation:
         line: One line saying which and why, in the user's terms.
         command: The ``h5pack convert`` command that builds it (None for a given pack).
         notes: Further lines: the other patterns, memory, variants not recommended.
+        too_close: The front-runners whose timed runs overlap the choice's (the choice
+            among them is the smallest file); empty when the ranking is clear.
+        rough: Whether some candidate's runs still spread past ``ROUGH_SPREAD`` (the
+            machine may be busy): its figures are rough.
     """
 
     name: str | None
     line: str
     command: str | None
     notes: tuple[str, ...] = ()
+    too_close: tuple[str, ...] = ()
+    rough: bool = False
+
+
+def rank_pattern(result: VariantResult) -> str:
+    """The pattern a variant is ranked by: chunk-aware, else the fastest one measured."""
+    if "chunk" in result.patterns or not result.patterns:
+        return "chunk"
+    return max(result.patterns, key=lambda p: result.patterns[p].images_per_s)
 
 
 def rank_key(result: VariantResult) -> float:
     """Sort key of the ranking: chunk-aware throughput, else the best pattern measured."""
-    if "chunk" in result.patterns:
-        return result.rate("chunk")
-    return max((r.images_per_s for r in result.patterns.values()), default=0.0)
+    return result.rate(rank_pattern(result))
+
+
+# NOTE [ A recommendation stable run to run ]
+#
+# Medians of a few runs on a shared machine move by tens of percent from one comparison to
+# the next (issue 20: one folder, raw-contig at 1,308 images/s in one run and 248 ±30% in
+# the next), so a rule on medians alone ("the smallest within 10% of the fastest") flipped
+# between runs. Each variant is judged by its interval, the slowest to the fastest timed
+# run: a variant is a front-runner when its fastest run reaches ``AS_FAST`` of the
+# fastest variant's slowest run, and the smallest front-runner is chosen. Noise then widens
+# the set of front-runners rather than reordering it, so the same file size wins. When the
+# runs of the choice overlap those of a faster front-runner, the figures cannot tell them
+# apart: the line says "too close to call" and names both. Runs spread past
+# ``ROUGH_SPREAD`` carry bench's warning (the machine may be busy). The measurements are
+# lengthened until steady first (``MeasureOptions.target_spread``).
+
+# Runs of one variant differing by more than this (fastest - slowest over median) make its
+# figures rough: the warning bench prints for an unsteady figure.
+ROUGH_SPREAD = 0.2
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _rough_note(results: Sequence[VariantResult]) -> str | None:
+    rough = [
+        (r.name, p, t.timing.spread)
+        for r in results
+        for p, t in r.patterns.items()
+        if t.timing.spread > ROUGH_SPREAD or not t.timing.stable
+    ]
+    if not rough:
+        return None
+    shown = ", ".join(
+        f"±{50 * spread:.0f}% ({name}, {pattern})" for name, pattern, spread in rough[:4]
+    )
+    more = f" and {len(rough) - 4} more" if len(rough) > 4 else ""
+    return (
+        f"The runs still differ by {shown}{more}: the machine may be busy; take those "
+        "figures as rough (and compare again when it is idle)."
+    )
 
 
 def _names(results: Sequence[VariantResult]) -> str:
@@ -200,14 +262,38 @@ def recommend(
         return Recommendation(None, line, None, tuple(notes))
     trusted = [r for r in candidates if not r.overstated] or candidates
     best = max(rank_key(r) for r in trusted)
-    close = [r for r in trusted if rank_key(r) >= AS_FAST * best]
-    choice = min(close, key=lambda r: (r.file_bytes, -rank_key(r)))
     fastest = max(trusted, key=rank_key)
+    # NOTE [ A recommendation stable run to run ]
+    floor = AS_FAST * min(fastest.interval(rank_pattern(fastest))[0] or best, best)
+    close = [
+        r
+        for r in trusted
+        if rank_key(r) >= AS_FAST * best or r.interval(rank_pattern(r))[1] >= floor
+    ]
+    choice = min(close, key=lambda r: (r.file_bytes, -rank_key(r)))
+    span = choice.interval(rank_pattern(choice))
+    tied = [
+        r
+        for r in close
+        if r is not choice
+        and rank_key(r) > rank_key(choice)
+        and _overlap(span, r.interval(rank_pattern(r)))
+    ]
     why = (
         f"{rank_key(choice):,.0f} images/s as training reads it ({train.describe()}) through "
         "h5pack's chunk-aware loader"
     )
-    if choice is not fastest:
+    if tied:
+        ranges = "; ".join(
+            f"{r.name} {r.interval(rank_pattern(r))[0]:,.0f}-{r.interval(rank_pattern(r))[1]:,.0f}"
+            for r in (choice, *tied)
+        )
+        why += (
+            f"; too close to call against {_names(tied)}: their timed runs overlap ({ranges} "
+            f"images/s), and {choice.name} is the smallest of them "
+            f"({human_bytes(choice.file_bytes)})"
+        )
+    elif choice is not fastest:
         why += (
             f", within {1 - rank_key(choice) / best:.0%} of the fastest ({fastest.name}) and "
             f"{fastest.file_bytes / choice.file_bytes:.1f}x smaller "
@@ -234,9 +320,14 @@ def recommend(
             "disk space or memory for the page cache is short."
         )
     notes.insert(1 if others else 0, _memory_note(results, available_bytes, cache_share))
+    rough = _rough_note(trusted)
+    if rough is not None:
+        notes.insert(0, rough)
     return Recommendation(
         choice.name,
         f"Use {choice.name} for this data on this machine: {why}.",
         choice.command,
         tuple(notes),
+        too_close=tuple(r.name for r in tied),
+        rough=rough is not None,
     )

@@ -22,14 +22,16 @@ from h5pack.bench.units import human_bytes
 
 PLOT_HINT = "PNG plots need matplotlib: pip install 'h5pack[plot]'"
 NOT_CANDIDATE = "*"
+PARTIAL = "†"
 NOTES = (
     "random, chunk-aware and sequential: the same dataset read through h5pack's loader "
     "(make_loader's workers, threads and window), in a full shuffle, in ChunkBatchSampler's "
     "order and in pack order, with the training read shown above. naive h5py: one bare "
     "h5py read per sample in a full shuffle with h5py's default chunk cache, what a "
     "hand-written Dataset does; shown for reference, not a basis of comparison.",
-    "Throughput is the median of the timed runs (each of one or more epochs), ± half the "
-    "spread between the slowest and fastest; MB/s counts the bytes delivered. Page cache "
+    "Throughput is the median of the timed runs (each of one or more whole epochs, or of "
+    f"an epoch's first batches where marked {PARTIAL}), ± half the spread between the "
+    "slowest and fastest; MB/s counts the bytes delivered. Page cache "
     "warm unless a pack is larger than half the memory available (then cold). An epoch "
     "over a compressed pack starts from a fresh loader, so no decompressed chunk carries "
     "over between epochs.",
@@ -43,6 +45,12 @@ NOTES = (
     "replaces checking accuracy.",
     f"{NOT_CANDIDATE} after a name: the loader cannot batch this pack as read, so it is "
     "never recommended (see below the table).",
+    f"{PARTIAL}N%: the figure rests on the first N% of an epoch, not whole epochs (a slow "
+    "pattern is cut at --quick's short epoch budget; naive h5py reads always are), and "
+    "so do its chunks/sample and read/sample; run without --quick for whole epochs.",
+    "pixels/file: the decoded pixels' bytes over the file's (how much smaller than raw "
+    "pixels the pack is). h5pack info's ratio is another figure: the stored bytes over the "
+    "file's, the codec's compression alone.",
 )
 
 
@@ -52,11 +60,16 @@ def _seconds(value: float | None) -> str:
     return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
 
 
+def _partial(result: PatternResult) -> str:
+    return f"{PARTIAL}{100 * result.epoch_fraction:.0f}%" if result.partial else ""
+
+
 def _rate(result: PatternResult | None, *, spread: bool = False) -> str:
     if result is None:
         return "-"
     text = f"{result.images_per_s:,.0f}"
-    return f"{text} ±{50 * result.timing.spread:.0f}%" if spread else text
+    text = f"{text} ±{50 * result.timing.spread:.0f}%" if spread else text
+    return text + _partial(result)
 
 
 def _pair(variant: VariantResult, attribute: str, fmt: str) -> str:
@@ -67,7 +80,8 @@ def _pair(variant: VariantResult, attribute: str, fmt: str) -> str:
             values.append("-")
             continue
         value = getattr(result.reads, attribute)
-        values.append(human_bytes(value) if fmt == "bytes" else f"{value:.3g}")
+        text = human_bytes(value) if fmt == "bytes" else f"{value:.3g}"
+        values.append(text + (PARTIAL if result.partial else ""))
     return " → ".join(values)
 
 
@@ -81,7 +95,7 @@ COLUMNS = (
     "#",
     "variant",
     "file",
-    "ratio",
+    "pixels/file",
     "convert",
     "random img/s",
     "chunk-aware img/s",
@@ -108,7 +122,7 @@ def table_rows(report: CompareReport) -> list[list[str]]:
                 str(rank),
                 name,
                 human_bytes(variant.file_bytes),
-                f"{variant.ratio:.2f}x",
+                f"{variant.pixels_per_file_byte:.2f}x",
                 _seconds(variant.convert_s),
                 _rate(variant.patterns.get("random")),
                 _rate(chunk, spread=True),
@@ -135,6 +149,12 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS)
 
 def _preamble(report: CompareReport) -> list[str]:
     lines = [report.read_note] if report.read_note else []
+    if report.options.get("measure", {}).get("cache") == "decoded":
+        lines.append(
+            "Read through the decoded cache (--cache decoded, make_loader's cache='decoded'): "
+            "the warm-up epoch filled it; the figures are the later epochs'. The first "
+            "epoch reads as a comparison without --cache does."
+        )
     if report.plan:
         lines.append(report.plan)
     return lines
@@ -151,10 +171,48 @@ def _recommendation(report: CompareReport) -> list[str]:
     return lines
 
 
+def _partial_legend(report: CompareReport) -> list[str]:
+    partial = [
+        f"{v.name} ({p})"
+        for v in report.variants
+        for p, r in v.patterns.items()
+        if r.partial and p != NAIVE
+    ]
+    if not partial:
+        return []
+    return [
+        f"{PARTIAL}N%: timed on the first N% of an epoch, not whole epochs: "
+        f"{', '.join(partial)}; its chunks/sample is that prefix's (without --quick, "
+        "epochs run whole unless one takes over 10 s)."
+    ]
+
+
+def scale_lines(report: CompareReport) -> list[str]:
+    """Return the lines on chunk work at the dataset size (``bench.scale``)."""
+    if not report.projections:
+        return []
+    size = report.projections[0].num_samples
+    default = report.options.get("dataset_size") is None
+    where = " (ImageNet-1k's size; --dataset-size N for yours)" if default else ""
+    lines = [
+        f"At {size:,} samples{where}, as training at scale meets a pack, chunks decompressed "
+        "per sample in a full shuffle -> chunk-aware order (naive h5py), with the window "
+        "make_loader gives each worker by default:"
+    ]
+    for p in report.projections:
+        c = p.chunks_per_sample
+        lines.append(
+            f"  {p.name}: {c['random']:.3g} -> {c['chunk']:.3g} ({p.gain:,.0f}x fewer; naive "
+            f"{c['naive']:.3g}), window {p.window_chunks:,} of {p.num_chunks:,} chunks"
+        )
+    return lines
+
+
 def format_compare(report: CompareReport) -> str:
     """Return the comparison as a terminal would show it: how read, table, recommendation."""
-    parts = [*_preamble(report), format_table(table_rows(report))]
+    parts = [*_preamble(report), format_table(table_rows(report)), *_partial_legend(report)]
     parts += [f"skipped {s.name}: {s.reason}" for s in report.skipped]
+    parts += scale_lines(report)
     parts += _recommendation(report)
     return "\n".join(parts)
 
@@ -186,6 +244,9 @@ def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
         if report.recommendation.command:
             lines += ["```", report.recommendation.command, "```", ""]
     lines += [markdown_table(table_rows(report)), ""]
+    scale = scale_lines(report)
+    if scale:
+        lines += [scale[0], ""] + [f"- {line.strip()}" for line in scale[1:]] + [""]
     if report.skipped:
         lines += ["Skipped:", ""] + [f"- {s.name}: {s.reason}" for s in report.skipped] + [""]
     lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]
@@ -215,7 +276,7 @@ def _jsonable(value: Any) -> Any:
                 bytes_per_sample=value.reads.bytes_per_sample,
             )
         if isinstance(value, VariantResult):
-            data["ratio"] = value.ratio
+            data["pixels_per_file_byte"] = value.pixels_per_file_byte
         return data
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -379,7 +440,12 @@ def format_bench(result: BenchResult, *, warn: bool = True) -> str:
         f"  {_read_line(result.train)}",
         f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
         f"{threads}, window {result.window_chunks} chunks, transforms "
-        f"{'on' if options.transforms else 'off'}",
+        f"{'on' if options.transforms else 'off'}"
+        + (
+            ", decoded cache (the timed epochs come after the warm-up filled it)"
+            if options.cache == "decoded"
+            else ""
+        ),
         f"  per sample: {result.reads.chunks_per_sample:.3g} chunk loads, "
         f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
         f"{result.shuffle_bits:.2f} bits",

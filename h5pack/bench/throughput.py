@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from h5pack.bench.access import ReadCount, check_pattern, replay_reader, storage_layout
-from h5pack.bench.loaders import PatternLoader, open_dataset
+from h5pack.bench.loaders import PatternLoader, check_cache, open_dataset
 from h5pack.bench.reading import (
     SizeSurvey,
     TrainChoice,
@@ -41,7 +41,13 @@ class BenchOptions:
         workers: DataLoader workers, or ``"auto"`` (``make_loader``'s choice).
         order: ``"chunk"`` (h5pack's sampler), ``"random"`` (a full shuffle, batches read
             through the same dataset) or ``"sequential"``.
-        cache_bytes: Bytes of decompressed chunks each process keeps (None: the window).
+        chunk_cache_bytes: Bytes of decompressed chunks each process keeps (None: the
+            window; ``ReaderOptions.chunk_cache_bytes``).
+        cache: ``"decoded"``: read through ``make_loader``'s decoded cache (README's
+            training loop); the warm-up epochs fill it and the timed epochs are the later
+            ones; None reads without it (every epoch as the first).
+        cache_bytes: The decoded cache's budget, ``make_loader``'s ``cache_bytes`` (None:
+            its default); only with ``cache``.
         transforms: Apply ``TrainTransform`` (a per-sample Python transform: crop, flip,
             normalise) to every image.
         train: How training reads the images (``TrainingRead``: size, crop, flip), or
@@ -59,6 +65,8 @@ class BenchOptions:
     batch_size: int = 64
     workers: int | Literal["auto"] = "auto"
     order: str = "chunk"
+    chunk_cache_bytes: int | None = None
+    cache: Literal["decoded"] | None = None
     cache_bytes: int | None = None
     transforms: bool = False
     train: TrainChoice = "auto"
@@ -76,8 +84,11 @@ class BenchOptions:
             raise OptionsError(f"batch_size should be >= 1, but got batch_size={self.batch_size}")
         if self.workers != "auto" and (not isinstance(self.workers, int) or self.workers < 0):
             raise OptionsError(f"workers should be 'auto' or >= 0, but got {self.workers!r}")
-        if self.cache_bytes is not None and self.cache_bytes < 0:
-            raise OptionsError(f"cache_bytes should be >= 0, but got {self.cache_bytes}")
+        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
+            raise OptionsError(
+                f"chunk_cache_bytes should be >= 0, but got {self.chunk_cache_bytes}"
+            )
+        check_cache(self.cache, self.cache_bytes)
         if self.repeats < 1:
             raise OptionsError(f"repeats should be >= 1, but got repeats={self.repeats}")
         if self.max_batches is not None and self.max_batches < 1:
@@ -163,8 +174,10 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         path,
         train,
         transform=options.transforms,
-        cache_bytes=options.cache_bytes,
+        chunk_cache_bytes=options.chunk_cache_bytes,
         seed=options.seed,
+        cache=options.cache,
+        cache_bytes=options.cache_bytes,
     )
     loader = PatternLoader(
         dataset,

@@ -140,6 +140,25 @@ def _training_read(train_size: str | None, crop: str | None, flip: bool | None) 
         raise click.BadParameter(str(err), param_hint="--train-size") from err
 
 
+def _cache_flags(function: Any) -> Any:
+    """``--cache decoded`` and ``--cache-bytes``: make_loader's ``cache=`` and ``cache_bytes=``."""
+    function = click.option(
+        "--cache-bytes",
+        type=ByteSize(),
+        default=None,
+        help="The decoded cache's budget, as make_loader's cache_bytes= (with --cache "
+        "decoded) [default: a quarter of the memory available].",
+    )(function)
+    return click.option(
+        "--cache",
+        type=click.Choice(["decoded"]),
+        default=None,
+        help="Read through make_loader's decoded cache (cache='decoded', README's training "
+        "loop): the untimed warm-up epoch fills it, the timed epochs are the later ones "
+        "[default: none, every epoch reads as the first].",
+    )(function)
+
+
 @click.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option(
@@ -183,6 +202,15 @@ def _training_read(train_size: str | None, crop: str | None, flip: bool | None) 
 )
 @click.option("--convert-workers", type=int, default=None, help="Conversion processes.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@_cache_flags
+@click.option(
+    "--dataset-size",
+    default=None,
+    metavar="N",
+    help="Samples of the training set these packs stand for (e.g. 1281167, 500k, 1.28M): "
+    "the report projects each pack's chunks decompressed per sample to that size, where "
+    "the chunk-aware order pays off [default: ImageNet-1k's 1.28M].",
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
 @quiet_flag
@@ -201,6 +229,9 @@ def compare(
     repeats: int | None,
     convert_workers: int | None,
     seed: int,
+    cache: str | None,
+    cache_bytes: int | None,
+    dataset_size: str | None,
     no_plots: bool,
     as_json: bool,
     quiet: bool,
@@ -223,6 +254,7 @@ def compare(
     from h5pack.bench.compare import CompareOptions
     from h5pack.bench.compare import compare as run_compare
     from h5pack.bench.report import format_compare, to_json, write_report
+    from h5pack.bench.scale import parse_dataset_size
     from h5pack.bench.variants import parse_variants
 
     train = _training_read(train_size, crop, flip)
@@ -232,6 +264,7 @@ def compare(
         "train": train,
         "convert_workers": convert_workers,
         "seed": seed,
+        "dataset_size": parse_dataset_size(dataset_size) if dataset_size else None,
     }
     if variants:
         changes["variants"] = tuple(spec.name for spec in parse_variants(list(variants)))
@@ -242,6 +275,8 @@ def compare(
         workers=workers,
         repeats=repeats if repeats is not None else measure.repeats,
         seed=seed,
+        cache="decoded" if cache else None,
+        cache_bytes=cache_bytes,
     )
     options = CompareOptions(**{**_fields(base), **changes})
     out_dir = Path(out)
@@ -287,11 +322,13 @@ def _fields(options: Any) -> dict[str, Any]:
     help="chunk: h5pack's sampler; random: a full shuffle; sequential: pack order.",
 )
 @click.option(
-    "--cache-bytes",
+    "--chunk-cache-bytes",
     type=ByteSize(),
     default=None,
-    help="Decompressed chunks kept per process, e.g. 256MiB [default: the sampler window].",
+    help="Decompressed chunks kept per process, e.g. 256MiB [default: the sampler window]. "
+    "Not the decoded cache: --cache decoded --cache-bytes.",
 )
+@_cache_flags
 @click.option(
     "--transforms/--no-transforms",
     default=False,
@@ -333,6 +370,8 @@ def bench(
     workers: int | Literal["auto"],
     batch_size: int,
     order: str,
+    chunk_cache_bytes: int | None,
+    cache: str | None,
     cache_bytes: int | None,
     transforms: bool,
     train_size: str | None,
@@ -387,6 +426,8 @@ def bench(
             batch_size=batch_size,
             workers=workers,
             order=order,
+            chunk_cache_bytes=chunk_cache_bytes,
+            cache="decoded" if cache else None,
             cache_bytes=cache_bytes,
             transforms=transforms,
             train=train,
