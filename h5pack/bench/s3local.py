@@ -330,17 +330,18 @@ class FaultProxy:
         request.end_headers()
         if method == "HEAD":
             return
+        # counted before the body is sent: a client that has the body sees it counted
         if fault is not None and fault.kind == "truncate":
             sent = data[: fault.keep_bytes]
-            request.wfile.write(sent)
-            request.wfile.flush()
             with self._lock:
                 self.counts.body_bytes += len(sent)
+            request.wfile.write(sent)
+            request.wfile.flush()
             request.close_connection = True
             return
-        request.wfile.write(data)
         with self._lock:
             self.counts.body_bytes += len(data)
+        request.wfile.write(data)
 
     def close(self) -> None:
         """Stop the proxy."""
