@@ -193,3 +193,32 @@ def test_the_room_asked_for_is_never_more_than_the_samples(tmp_path, monkeypatch
     assert asked
     # was: room for every block the 2 workers could hold, 3 x 120 KiB
     assert max(asked) <= pixels + pixels // 64 + 2**15 + 2**16  # + the metadata's room
+
+
+def test_info_says_what_it_measures(tmp_path) -> None:  # 13
+    images = tmp_path / "images"
+    make_folder(images, per_class=3)  # 6 images of 12x16
+    (images / "cat" / "broken.jpg").write_bytes((images / "cat" / "000.jpg").read_bytes()[:200])
+    blob = tmp_path / "blob.h5"
+    assert _cli("convert", images, blob, "--mode", "encoded", "--workers", "1", "-q").exit_code == 0
+    text = _cli("info", blob).output
+    assert "h5pack format 1.1," in text  # was: "format 1"
+    assert "of the images: the room the 1 skipped file had reserved" in text
+    assert "read groups mix labels (contiguous, no chunks" in text  # was: "chunks mix labels"
+
+    (images / "cat" / "broken.jpg").unlink()
+    rows = tmp_path / "rows.h5"
+    assert (
+        _cli("convert", images, rows, "--chunk-samples", "4", "--workers", "1", "-q").exit_code == 0
+    )
+    assert "2 chunks of 4 samples (the last holds 2)" in _cli("info", rows).output  # was: 3.0
+
+    out = tmp_path / "set"
+    args = ("--shards", "2", "--chunk-samples", "2", "--workers", "1", "-q")
+    assert _cli("convert", images, out, *args).exit_code == 0
+    assert _cli("merge", out, out / "view.h5", "--virtual", "-q").exit_code == 0
+    text = _cli("info", out / "view.h5").output
+    share = float(text.split("is padding, ")[1].split("%")[0])
+    assert share <= 100  # was: 1765.6% "of the file", a view of a few KiB
+    assert "shard-00000-of-00002.h5, shard-00001-of-00002.h5" in text
+    assert str(tmp_path) not in text.split("layout")[1].split("\n")[0]  # no absolute paths

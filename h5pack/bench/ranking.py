@@ -181,7 +181,8 @@ def _rough_note(results: Sequence[VariantResult]) -> str | None:
         (r.name, p, t.timing.spread)
         for r in results
         for p, t in r.patterns.items()
-        if t.timing.spread > ROUGH_SPREAD or not t.timing.stable
+        if p != "naive"  # a reference, cut at a budget: never a basis of the choice
+        and (t.timing.spread > ROUGH_SPREAD or not t.timing.stable)
     ]
     if not rough:
         return None

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -48,14 +50,14 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
         if info.layout == "chunked":
             layout = (
                 f"chunked, chunk {info.chunk_shape} = {format_bytes(info.chunk_bytes)} "
-                f"uncompressed, {info.num_chunks} chunks, {info.samples_per_chunk:.1f} "
-                "samples/chunk"
+                f"uncompressed, {_chunk_count(info)}"
             )
         elif info.layout == "virtual":
             count = len(info.virtual_sources)
+            shown = [_beside(source, info.path) for source in info.virtual_sources[:3]]
             layout = (
                 f"virtual: images read from {count} source pack{'s' if count != 1 else ''} "
-                f"(merge --virtual; every source checked), {', '.join(info.virtual_sources[:3])}"
+                f"(merge --virtual; every source checked), {', '.join(shown)}"
                 + (", ..." if count > 3 else "")
             )
         else:
@@ -75,11 +77,30 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
     ]
 
 
+def _chunk_count(info: Any) -> str:
+    """Return how many chunks of how many samples (array chunks: rows, and the last's)."""
+    rows = info.chunk_shape[0] if info.storage == "array" and info.chunk_shape else 0
+    if not rows:  # a blob's chunks hold as many samples as fit: say the mean
+        return f"{info.num_chunks} chunks, {info.samples_per_chunk:.1f} samples/chunk on average"
+    last = info.num_samples - (info.num_chunks - 1) * rows
+    text = f"{info.num_chunks} chunks of {rows} samples"
+    return text + (f" (the last holds {last})" if 0 < last < rows else "")
+
+
+def _beside(source: str, pack: str) -> str:
+    """Return ``source`` relative to the pack's folder when it lies under it (as stored)."""
+    try:
+        return os.path.relpath(source, Path(pack).resolve().parent)
+    except ValueError:  # another drive
+        return source
+
+
 def _info_lines(info: Any) -> list[tuple[str, str]]:
     """Return the lines of ``h5pack info`` for a pack (a ``PackInfo``)."""
+    version = f"{info.format_version}.{info.format_minor}"
     return [
         ("pack", f"{info.path} ({format_bytes(info.file_bytes)})"),
-        ("format", f"h5pack format {info.format_version}, written by h5pack {info.tool_version}"),
+        ("format", f"h5pack format {version}, written by h5pack {info.tool_version}"),
         ("created", info.created_utc),
         *_shard_line(info),
         *_common_lines(info),
@@ -103,8 +124,12 @@ def _ratio_text(info: Any) -> str:
     )
     padding = info.disk_bytes - info.stored_bytes
     if info.codec == "none" and padding > 0:
-        share = padding / max(1, info.file_bytes)
-        text += f", of which {format_bytes(padding)} is padding, {share:.1%} of the file"
+        # of the images' storage: a virtual view's file is a few KiB, its images elsewhere
+        share = padding / max(1, info.disk_bytes)
+        text += f", of which {format_bytes(padding)} is padding, {share:.1%} of the images"
+        if info.layout == "contiguous" and info.skipped:  # no other padding there
+            count = len(info.skipped)
+            text += f": the room the {count} skipped file{'s' if count != 1 else ''} had reserved"
     return text + ")"
 
 
@@ -137,7 +162,7 @@ def _shard_table(info: Any) -> list[str]:
     return rows
 
 
-def _mixing(meta: Any, chunk_map: Any) -> tuple[str, dict[str, Any]]:
+def _mixing(meta: Any, chunk_map: Any, *, contiguous: bool = False) -> tuple[str, dict[str, Any]]:
     """Return the ``mixing`` line of ``h5pack info`` and its JSON.
 
     Whether the chunks mix labels (``training.mixing.label_mixing``, see its note "Label
@@ -154,6 +179,10 @@ def _mixing(meta: Any, chunk_map: Any) -> tuple[str, dict[str, Any]]:
     figure = f"label mixing {report.figure:.2f} per chunk, a shuffled pack scores ~1"
     if report.exempt:
         text = "not measured (fewer than two labels)"
+    elif not report.chunks_unmixed and contiguous:
+        # no HDF5 chunks: the loader reads groups of samples, which it shuffles like chunks
+        figure = figure.replace("per chunk", "per read group")
+        text = f"yes: the loader's read groups mix labels (contiguous, no chunks; {figure})"
     elif not report.chunks_unmixed:
         text = f"yes: chunks mix labels ({figure})"
     else:
@@ -202,7 +231,8 @@ def info(
         summary = pack_info(packs[0], timeout_s=PROBE_TIMEOUT_S)  # damaged metadata cannot hang it
         meta, chunk_map = load_meta(packs[0]), None
         lines = _info_lines(summary)
-    mixing, mixing_data = _mixing(meta, chunk_map)
+    contiguous = getattr(summary, "layout", "") == "contiguous"
+    mixing, mixing_data = _mixing(meta, chunk_map, contiguous=contiguous)
     if as_json:
         data = summary.to_dict()
         data["mixing"] = mixing_data
