@@ -50,6 +50,7 @@ from h5pack.core.packset import (
 )
 from h5pack.core.source import is_url, join_url, open_source
 from h5pack.errors import FormatError, H5PackError, OptionsError
+from h5pack.read.planned import ReadPlan
 from h5pack.read.reader import PackReader, ReaderOptions
 
 T = TypeVar("T")
@@ -471,6 +472,23 @@ class PackSetReader:
         self._paths = _LazyPaths(self)
         self._loads_closed = 0  # groups loaded by shard readers since closed
         self._decompress_ns_closed = 0  # and the time they spent decompressing
+        self._plan: ReadPlan | None = None  # given to each shard's reader as it opens
+
+    @property
+    def plans_reads(self) -> bool:
+        """Whether the shards fetch chunks ahead by a plan (remote, or ``read_ahead`` given)."""
+        return self.options.read_ahead is not None or is_url(str(self.path))
+
+    def plan_reads(self, plan: ReadPlan) -> None:
+        """Fetch the chunks of ``plan`` ahead of use, shard by shard (as they open)."""
+        self._plan = plan
+        for shard, reader in self._readers.items():
+            self._plan_shard(shard, reader)
+
+    def _plan_shard(self, shard: int, reader: PackReader) -> None:
+        if self._plan is not None and reader.plans_reads:
+            low, high = int(self._sample_starts[shard]), int(self._sample_starts[shard + 1])
+            reader.plan_reads(self._plan.restricted(low, high))
 
     # -- shards --------------------------------------------------------------------------
     @property
@@ -533,6 +551,7 @@ class PackSetReader:
                 "files elsewhere in the process"
             ) from err
         self._readers[shard] = reader
+        self._plan_shard(shard, reader)
         while len(self._readers) > self.max_open:
             oldest, closing = self._readers.popitem(last=False)
             self._loads_closed += closing.loads

@@ -12,7 +12,7 @@ pack set can split it by shard.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,19 @@ import numpy as np
 
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
-from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
+from h5pack.core.source import ByteSource, SourceIdentity
+from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions, pack_key
 from h5pack.read.eviction import Future
-from h5pack.read.readahead import RangeSource, ReadAhead, ReadAheadOptions
+from h5pack.read.readahead import ReadAhead, ReadAheadOptions
 
-__all__ = ["PlannedSource", "ReadPlan", "chunk_stream", "chunk_uses", "group_chunks"]
+__all__ = [
+    "PlannedSource",
+    "ReadPlan",
+    "chunk_stream",
+    "chunk_uses",
+    "group_chunks",
+    "planned_source",
+]
 
 
 @dataclass(frozen=True)
@@ -118,11 +126,45 @@ def chunk_uses(
     return chunk_stream(chunks, np.repeat(group_times, spans))
 
 
-class PlannedSource:
+def planned_source(
+    source: ByteSource,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    pack_id: str | None,
+    read_ahead: ReadAheadOptions | None,
+    disk_cache: ChunkCacheOptions | None,
+) -> ByteSource:
+    """Return ``source`` wrapped to read ahead (remote, or ``read_ahead`` given), else itself.
+
+    Args:
+        source: The pack's bytes.
+        offsets: Byte offset of each chunk of the images.
+        sizes: Stored bytes of each chunk.
+        pack_id: The pack's id (with the source's size and ETag: its cache key).
+        read_ahead: As ``ReaderOptions.read_ahead``.
+        disk_cache: The disk cache (``ReaderOptions.disk_cache``), for remote sources.
+    """
+    if isinstance(source, PlannedSource) or not (source.remote or read_ahead is not None):
+        return source
+    if not source.remote:  # a local file is its own cache
+        disk_cache = None
+    identity = source.identity()
+    return PlannedSource(
+        source,
+        offsets,
+        sizes,
+        pack=pack_key(pack_id, identity.size, identity.tag),
+        read_ahead=read_ahead,
+        cache=disk_cache,
+    )
+
+
+class PlannedSource(ByteSource):
     """A source whose chunk reads go through a read-ahead and the machine's disk cache.
 
     Args:
-        source: The object (``read_ranges``, thread-safe).
+        source: The object (thread-safe ``read_ranges``).
         offsets: Byte offset of each chunk (the pack's chunk table).
         sizes: Stored bytes of each chunk.
         pack: The pack's cache key (``chunkcache.pack_key`` of its id, size and ETag).
@@ -132,7 +174,7 @@ class PlannedSource:
 
     def __init__(
         self,
-        source: RangeSource,
+        source: ByteSource,
         offsets: np.ndarray,
         sizes: np.ndarray,
         *,
@@ -141,6 +183,7 @@ class PlannedSource:
         cache: ChunkCacheOptions | None = None,
     ) -> None:
         self.source = source
+        self.url = source.url
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.pack = pack
@@ -150,6 +193,24 @@ class PlannedSource:
         self._ahead: ReadAhead | None = None
         self._cache: ChunkCache | None = None
         self._pid = -1
+
+    @classmethod
+    def open(cls, url: str, storage_options: Mapping[str, Any]) -> PlannedSource:
+        """Not opened by URL: ``PlannedSource`` wraps a source opened already."""
+        raise TypeError("a PlannedSource wraps an open source; it is not opened by URL")
+
+    def size(self) -> int:
+        """Return the wrapped source's size."""
+        return self.source.size()
+
+    def identity(self) -> SourceIdentity:
+        """Return the wrapped source's identity."""
+        return self.source.identity()
+
+    @property
+    def remote(self) -> bool:
+        """Whether the wrapped source crosses a network."""
+        return self.source.remote
 
     def ahead(self) -> ReadAhead:
         """Return this process's read-ahead (made on first use after a fork)."""
@@ -172,6 +233,39 @@ class PlannedSource:
         self.ahead()
         return self._cache
 
+    def plan_samples(
+        self,
+        plan: ReadPlan,
+        chunk_map: ChunkMap,
+        meta: PackMeta,
+        chunk_nbytes: int,
+        *,
+        held: Sequence[int] = (),
+    ) -> None:
+        """Read ahead for the samples of ``plan`` (their chunks, first uses in order).
+
+        Args:
+            plan: The process's plan.
+            chunk_map: The pack's sample groups.
+            meta: The pack's metadata.
+            chunk_nbytes: Decompressed bytes of one HDF5 chunk.
+            held: Groups the reader holds decompressed now: those among the first
+                ``len(held)`` groups of the plan are served from there, not fetched again.
+        """
+        first, count = group_chunks(chunk_map, meta, chunk_nbytes)
+        samples, times = plan.samples, plan.times
+        if len(held):
+            groups = chunk_map.chunks_of(samples)
+            soon, _ = chunk_stream(groups, times)
+            kept = np.intersect1d(soon[: len(held)], np.asarray(held, dtype=np.int64))
+            keep = ~np.isin(groups, kept)
+            samples, times = samples[keep], times[keep]
+        chunks, times = chunk_uses(samples, times, chunk_map, first, count)
+        later, later_times = chunk_uses(
+            plan.future_samples, plan.future_times, chunk_map, first, count
+        )
+        self.plan(chunks, times, Future(later, later_times))
+
     def plan(self, chunks: np.ndarray, times: np.ndarray, future: Future | None) -> None:
         """Read the chunks ``chunks`` ahead, in this order; tell the cache the rank's future.
 
@@ -181,14 +275,16 @@ class PlannedSource:
             future: Every use of this pack's chunks by the rank (this epoch and the next).
         """
         ahead = self.ahead()
+        keep = self.offsets[chunks] >= 0  # unallocated chunks are read through HDF5
+        chunks, times = chunks[keep], times[keep]
         if self._cache is not None and future is not None:
             now = float(times[0]) if len(times) else 0.0
             self._cache.set_future(self.pack, future, now=now)
         ahead.plan(chunks, times)
 
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
         """Return each ``[start, end)`` range; whole chunks through the read-ahead."""
-        found: list[Any] = []
+        found: list[memoryview] = []
         for start, end in ranges:
             chunk = self._by_offset.get(int(start))
             if chunk is not None and int(self.sizes[chunk]) == end - start:
@@ -196,6 +292,11 @@ class PlannedSource:
             else:
                 found.extend(self.source.read_ranges([(start, end)]))
         return found
+
+    def read_into(self, buffer: np.ndarray, offset: int) -> None:
+        """Fill the contiguous uint8 ``buffer`` from ``offset`` (a chunk: from the plan)."""
+        (data,) = self.read_ranges([(offset, offset + buffer.nbytes)])
+        buffer.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
     def close(self) -> None:
         """Stop reading ahead and leave the disk cache (its chunks stay)."""
@@ -205,6 +306,7 @@ class PlannedSource:
                 self._cache.close()
         self._ahead = None
         self._cache = None
+        self.source.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

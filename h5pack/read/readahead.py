@@ -50,8 +50,10 @@ from h5pack.read.chunkcache import ChunkCache
 __all__ = ["RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
 
 MIB = 1 << 20
-# Pending chunks this many plan positions behind a jump are dropped as skipped.
-_SLACK_POSITIONS = 64
+# Pending chunks this many plan positions (at least) behind the chunk just served are
+# dropped as skipped: the reader's threads ask for one batch's chunks in any order, but
+# not for chunks far behind (its window held them, or a resumed epoch skipped them).
+_SLACK_POSITIONS = 16
 
 
 class RangeSource(Protocol):
@@ -176,6 +178,7 @@ class ReadAhead:
         self._times: np.ndarray | None = None
         self._positions: dict[int, list[int]] = {}
         self._next = 0  # the next position of the plan to request
+        self._served_at = -1  # the furthest position served
         self._pending: dict[int, concurrent.futures.Future[np.ndarray]] = {}
         self._pending_at: dict[int, int] = {}  # a pending chunk's position in the plan
         self._held_bytes = 0
@@ -205,6 +208,7 @@ class ReadAhead:
             for position, chunk in enumerate(self._stream.tolist()):
                 self._positions.setdefault(chunk, []).append(position)
             self._next = 0
+            self._served_at = -1
             self._last_get = None
         self._fill()
 
@@ -249,7 +253,7 @@ class ReadAhead:
                     continue
                 if not force and (
                     self._in_flight >= depth
-                    or len(self._pending) >= 2 * depth
+                    or sum(p > self._served_at for p in self._pending_at.values()) >= 2 * depth
                     or (
                         self._held_bytes
                         and self._held_bytes + self.sizes[chunk] > self.options.ahead_bytes
@@ -391,17 +395,15 @@ class ReadAhead:
     def get(self, chunk: int) -> np.ndarray:
         """Return the stored bytes of ``chunk`` (read-only), waiting for them if needed."""
         now = self.clock()
+        position: int | None = None
         with self._lock:
             if self._last_get is not None:
                 self._busy_s += now - self._last_get
             future = self._pending.get(chunk)
             if future is None:
-                position = self._position_ahead(chunk)
-                if position is not None:  # further on in the plan: jump there
-                    # Chunks just before it may still come (a batch's chunks are read by
-                    # several threads); those far behind were skipped.
-                    self._drop_pending(before=position - _SLACK_POSITIONS)
-                    self._next = position
+                ahead_at = self._position_ahead(chunk)
+                if ahead_at is not None:  # further on in the plan: jump there
+                    self._next = ahead_at
         if future is None:
             self._fill(force=True)
             with self._lock:
@@ -418,9 +420,13 @@ class ReadAhead:
             with self._lock:
                 if self._pending.get(chunk) is future:
                     del self._pending[chunk]
-                    self._pending_at.pop(chunk, None)
+                    position = self._pending_at.pop(chunk, None)
                     self._held_bytes -= int(self.sizes[chunk])
         with self._lock:
+            if position is not None:
+                self._served_at = max(self._served_at, position)
+                slack = max(_SLACK_POSITIONS, 2 * self.depth())
+                self._drop_pending(before=position - slack)
             self.stats.served += 1
             self._consumed_bytes += int(self.sizes[chunk])
             self._last_get = self.clock()

@@ -38,7 +38,11 @@ from h5pack.core.layout import (
 from h5pack.core.packset import meta_digest
 from h5pack.core.source import is_url
 from h5pack.errors import FormatError, H5PackError, OptionsError, RemoteError
+from h5pack.read.chunkcache import ChunkCacheOptions
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
+from h5pack.read.eviction import EvictionPolicy
+from h5pack.read.planned import PlannedSource, ReadPlan, planned_source
+from h5pack.read.readahead import ReadAheadOptions
 
 T = TypeVar("T")
 _NOTHING = np.empty(0, dtype=np.uint8)  # a placeholder in lists about to be filled
@@ -80,6 +84,17 @@ class ReaderOptions:
             xxhash package, with the CRC32 every pack has (~50 us per 256x256 image).
             Compressed samples are checked once per decompression of their chunk,
             uncompressed ones at every read.
+        read_ahead: How a remote pack's chunks are fetched ahead of use (NOTE [ Planned
+            read-ahead ]); None: ``ReadAheadOptions()`` for remote packs, none for local
+            ones (given: local packs read ahead too).
+        cache_dir: The machine's disk cache of remote chunks, shared by every worker, rank
+            and job on the machine (NOTE [ One disk cache per machine ]); None:
+            ``h5pack-chunks`` in the temporary directory.
+        cache_disk_bytes: Its budget in bytes, never exceeded; 0: no disk cache; None:
+            ``DEFAULT_CACHE_DISK_FRACTION`` (half) of the free space of its file system when
+            the directory is created (recorded there).
+        cache_eviction: ``"belady"`` (the chunk needed farthest in the future goes: the
+            default) or ``"lru"`` (least recently used, for comparison).
 
     Raises:
         OptionsError: a window, cache size or thread count is out of range.
@@ -93,8 +108,13 @@ class ReaderOptions:
     threads: int | None = None
     verify_checksums: bool = True
     storage_options: Mapping[str, Any] | None = None
+    read_ahead: ReadAheadOptions | None = None
+    cache_dir: StrPath | None = None
+    cache_disk_bytes: int | None = None
+    cache_eviction: EvictionPolicy = "belady"
 
     def __post_init__(self) -> None:
+        self.disk_cache  # noqa: B018  (validates the budget and the eviction policy)
         if self.window_chunks is not None and self.window_chunks < 1:
             raise OptionsError(
                 f"window_chunks should be >= 1, but got window_chunks={self.window_chunks}"
@@ -110,6 +130,17 @@ class ReaderOptions:
             raise OptionsError(
                 f"backend should be one of {', '.join(BACKENDS)}, but got backend={self.backend!r}"
             )
+
+    @property
+    def disk_cache(self) -> ChunkCacheOptions | None:
+        """The disk cache of remote chunks these options ask for (None: none)."""
+        if self.cache_disk_bytes == 0:
+            return None
+        return ChunkCacheOptions(
+            cache_dir=self.cache_dir,
+            cache_disk_bytes=self.cache_disk_bytes,
+            eviction=self.cache_eviction,
+        )
 
 
 VIRTUAL_SOURCES_KEY = fmt.VIRTUAL_SOURCES_KEY
@@ -360,6 +391,15 @@ class PackReader:
         )
         if self.direct:  # now: a descriptor opened later could name a replacing file
             self._raw_file.pin()
+        if self._table is not None:
+            self._raw_file.source = planned_source(
+                self._raw_file.source,
+                self._table.offsets,
+                self._table.sizes,
+                pack_id=meta.pack_id,
+                read_ahead=options.read_ahead,
+                disk_cache=options.disk_cache,
+            )
         self._sample_bytes = int(np.prod(self.meta.images_shape[1:]))
         self._step = self.meta.chunks[0] if self.meta.chunks is not None else 1
         self._all_allocated = self._table is None or bool(np.all(self._table.offsets >= 0))
@@ -379,6 +419,19 @@ class PackReader:
     def direct(self) -> bool:
         """Whether the direct chunk path is in use."""
         return self._table is not None or self._contiguous is not None
+
+    @property
+    def plans_reads(self) -> bool:
+        """Whether this reader fetches chunks ahead by a plan (``plan_reads``)."""
+        return isinstance(self._raw_file.source, PlannedSource)
+
+    def plan_reads(self, plan: ReadPlan) -> None:
+        """Fetch the chunks of ``plan`` ahead of use (a no-op unless ``plans_reads``)."""
+        source = self._raw_file.source
+        if isinstance(source, PlannedSource) and self._table is not None:
+            source.plan_samples(
+                plan, self.chunk_map, self.meta, self._table.chunk_nbytes, held=list(self._window)
+            )
 
     # -- context manager -------------------------------------------------------------
     def close(self) -> None:

@@ -26,6 +26,7 @@ from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
 from h5pack.training.orders import Order
+from h5pack.training.readplan import read_plan
 from h5pack.training.sampler import (
     EpochSpec,
     distributed_defaults,
@@ -292,6 +293,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self._reader: PackReader | PackSetReader | None = None
         self._fixed: FixedSizeReader | None = None
         self._pid = -1
+        # The rank's batches of an epoch (``ChunkBatchSampler.plan``, set by make_loader): a
+        # remote reader fetches each worker's chunks ahead by it (``training.readplan``).
+        self.planner: Callable[[int], Sequence[np.ndarray]] | None = None
+        self._planned: tuple[int, int] | None = None  # (epoch, worker) planned last
 
     def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5ImageDataset:
         """Return a copy of this dataset that reads with ``options`` (this one is unchanged).
@@ -305,6 +310,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         twin._reader = None
         twin._fixed = None
         twin._pid = -1
+        twin._planned = None
         return twin
 
     @property
@@ -341,6 +347,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             # the files this dataset's labels came from, or a FormatError: never a mix of two
             self._reader = open_reader(self.source, options, view=self.view)
             self._fixed = None
+            self._planned = None
             self._pid = os.getpid()
         return self._reader
 
@@ -355,6 +362,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         state["_reader"] = None
         state["_fixed"] = None
         state["_pid"] = -1
+        state["_planned"] = None
         return state
 
     # -- Dataset protocol ----------------------------------------------------------------
@@ -389,6 +397,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         start = times.clock()
         idx = checked_indices(indices, self.meta.num_samples)
         reader = self.reader
+        self._follow_plan(reader)
         paths = [reader.paths[i] for i in idx.tolist()] if self.return_path else None
         raw_labels = self.meta.labels[idx]
         if self.target_transform is None:
@@ -449,12 +458,26 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 f"{self.path} delivers images of shape {shape}, not a batch of {out.shape[1:]}"
             )
         reader = self.reader
+        self._follow_plan(reader)
         if self.crop is not None:
             if self._fixed is None:
                 self._fixed = FixedSizeReader(reader, self.crop, self.cache)
             self._fixed.read_into(indices, out, seed=self.seed, epoch=self.epoch)
         else:
             reader.read_into(indices, out)
+
+    def _follow_plan(self, reader: PackReader | PackSetReader) -> None:
+        """Tell a remote reader this worker's plan once per epoch (NOTE [ Planned read-ahead ])."""
+        if self.planner is None or not reader.plans_reads:
+            return
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self._planned == (self.epoch, worker):
+            return
+        self._planned = (self.epoch, worker)
+        reader.plan_reads(
+            read_plan(self.planner, epoch=self.epoch, worker=worker, num_workers=workers)
+        )
 
     def _cropped(
         self,

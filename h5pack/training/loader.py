@@ -512,8 +512,11 @@ def make_loader(
         }
     if collate_fn is None:
         collate_fn = collate_list if collate == "list" else collate_batch
+    configured = dataset.configured(options, seed=seed)
+    if isinstance(configured, H5ImageDataset):  # a remote reader fetches ahead by the plan
+        configured.planner = sampler.plan
     return H5Loader(
-        dataset.configured(options, seed=seed),
+        configured,
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=TimedCollate(collate_fn),  # the stage times travel with each batch

@@ -26,9 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, TypedDict
 
+from h5pack._types import StrPath
 from h5pack.core.decode import Backend
 from h5pack.errors import OptionsError
 from h5pack.read.crop import Crop, CropSpec
+from h5pack.read.eviction import EvictionPolicy
+from h5pack.read.readahead import ReadAheadOptions
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec
 from h5pack.training.sampler import EpochSpec, epoch_spec
@@ -66,6 +69,10 @@ class SpecKeywords(TypedDict, total=False):
     direct: bool | None
     verify_checksums: bool | None
     storage_options: Mapping[str, Any] | None
+    read_ahead: ReadAheadOptions | None
+    cache_dir: StrPath | None
+    cache_disk_bytes: int | None
+    cache_eviction: EvictionPolicy | None
     # CropSpec
     size: int | tuple[int, int] | None
     crop: Crop | None
