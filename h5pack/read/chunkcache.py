@@ -70,6 +70,7 @@ __all__ = [
 DEFAULT_CACHE_DISK_FRACTION = 0.5
 _READY, _CLAIMED = 1, 0
 _POLL_S = 0.005
+_SAME_USE = 1e-9  # epochs: two futures' uses this close are one use
 _OWNER_CHECK_S = 0.25
 
 
@@ -284,33 +285,59 @@ class ChunkCache:
                 (self._owner, pack, now, future.to_bytes()),
             )
 
+    def _futures_of(self, db: sqlite3.Connection, pack: str) -> list[tuple[Future, float]]:
+        rows = db.execute("SELECT owner, now, future FROM futures WHERE pack = ?", (pack,))
+        futures = []
+        for owner, now, blob in rows.fetchall():
+            mine = self._futures.get(pack) if owner == self._owner else None
+            futures.append(mine if mine is not None else (Future.from_bytes(blob), now))
+        return futures
+
     def _distances(self, db: sqlite3.Connection, packs: set[str]) -> dict[str, dict[int, float]]:
-        found: dict[str, dict[int, float]] = {}
-        for pack in packs:
-            rows = db.execute(
-                "SELECT owner, now, future FROM futures WHERE pack = ?", (pack,)
-            ).fetchall()
-            futures = []
-            for owner, now, blob in rows:
-                mine = self._futures.get(pack) if owner == self._owner else None
-                futures.append(mine if mine is not None else (Future.from_bytes(blob), now))
-            found[pack] = next_uses(futures)
+        return {pack: next_uses(self._futures_of(db, pack)) for pack in packs}
+
+    def _new_distance(
+        self, db: sqlite3.Connection, pack: str, chunk: int, at: float | None
+    ) -> float | None:
+        """Return the distance to the new chunk's next use after the one at ``at``.
+
+        The use at ``at`` itself is skipped in every future: the workers of one rank (and
+        two jobs with one plan) record the same uses at the same times.
+        """
+        found: float | None = None
+        for future, now in self._futures_of(db, pack):
+            times = future.times[future.chunks == chunk]
+            later = times[times > now]
+            if at is not None:
+                later = later[np.abs(later - at) > _SAME_USE]
+            if len(later):
+                distance = float(later[0]) - now
+                found = distance if found is None else min(found, distance)
         return found
 
     # -- claims ---------------------------------------------------------------------
 
-    def claim(self, pack: str, chunk: int, nbytes: int, *, now: float | None = None) -> Claim:
+    def claim(
+        self,
+        pack: str,
+        chunk: int,
+        nbytes: int,
+        *,
+        now: float | None = None,
+        at: float | None = None,
+    ) -> Claim:
         """Return the chunk if cached, else whether this process should download it.
 
         Args:
             pack: The pack's key (``pack_key``).
             chunk: The chunk's index.
             nbytes: Its stored bytes (reserved against the budget when claimed).
-            now: The time (epochs) of this use in this process's future: the new chunk's
-                next use is its first use after ``now``; also recorded as the future's now.
+            now: This process's time (epochs) in its future: what it has read so far.
+            at: The time of this use (``now`` or later: a read-ahead runs ahead); the
+                new chunk's next use is its first use after this one. None: ``now``.
         """
         for _ in range(3):
-            kind, stored = self._claim(pack, chunk, nbytes, now)
+            kind, stored = self._claim(pack, chunk, nbytes, now, now if at is None else at)
             if kind != "hit":
                 return Claim(kind)
             # Read outside the transaction: a file evicted meanwhile stays readable once
@@ -329,7 +356,7 @@ class ChunkCache:
         raise H5PackError(f"the chunk cache {self.directory} keeps losing chunk {chunk} of {pack}")
 
     def _claim(
-        self, pack: str, chunk: int, nbytes: int, now: float | None
+        self, pack: str, chunk: int, nbytes: int, now: float | None, at: float | None
     ) -> tuple[Literal["hit", "claimed", "busy", "bypass"], int]:
         with self._lock, _transaction(self._open()) as db:
             row = db.execute(
@@ -348,14 +375,14 @@ class ChunkCache:
                 if row[1] == self._owner or self._owner_alive(row[1]):
                     return "busy", 0
                 self._recover_owner(db, row[1])
-            if now is not None and pack in self._futures:
+            if now is not None and pack in self._futures and now > self._futures[pack][1]:
                 self._futures[pack] = (self._futures[pack][0], now)
                 db.execute(
                     "UPDATE futures SET now = ? WHERE owner = ? AND pack = ?",
                     (now, self._owner, pack),
                 )
             self.stats.misses += 1
-            if not self._make_room(db, pack, chunk, nbytes, clock, now):
+            if not self._make_room(db, pack, chunk, nbytes, clock, at):
                 self.stats.bypassed += 1
                 return "bypass", 0
             db.execute(
@@ -377,7 +404,7 @@ class ChunkCache:
         chunk: int,
         nbytes: int,
         clock: int,
-        now: float | None,
+        at: float | None,
     ) -> bool:
         if nbytes > self._budget:
             return False
@@ -393,20 +420,8 @@ class ChunkCache:
         distances: dict[str, dict[int, float]] = {}
         new_distance = None
         if policy == "belady":
-            distances = self._distances(db, {c.pack for c in candidates} | {pack})
-            mine = self._futures.get(pack)
-            if mine is not None:
-                # The new chunk's next use after this one: measured from this use's time.
-                at = now if now is not None else mine[1]
-                later = next_uses([(mine[0], at)]).get(chunk)
-                others = distances.get(pack, {}).get(chunk)
-                new_distance = (
-                    min(d for d in (later, others) if d is not None)
-                    if (later is not None or others is not None)
-                    else None
-                )
-            else:
-                new_distance = distances.get(pack, {}).get(chunk)
+            distances = self._distances(db, {c.pack for c in candidates})
+            new_distance = self._new_distance(db, pack, chunk, at)
         victims = choose_victims(
             candidates,
             need_bytes=need,
@@ -471,7 +486,15 @@ class ChunkCache:
         with contextlib.suppress(FileNotFoundError):
             self._temp(pack, chunk, self._owner).unlink()
 
-    def wait(self, pack: str, chunk: int, nbytes: int, *, now: float | None = None) -> Claim:
+    def wait(
+        self,
+        pack: str,
+        chunk: int,
+        nbytes: int,
+        *,
+        now: float | None = None,
+        at: float | None = None,
+    ) -> Claim:
         """Wait while another process downloads the chunk; return the next claim on it."""
         self.stats.waits += 1
         checked = time.monotonic()
@@ -486,11 +509,11 @@ class ChunkCache:
                     .fetchone()
                 )
             if row is None or row[0] == _READY:
-                return self.claim(pack, chunk, nbytes, now=now)
+                return self.claim(pack, chunk, nbytes, now=now, at=at)
             if time.monotonic() - checked > _OWNER_CHECK_S:
                 checked = time.monotonic()
                 if not self._owner_alive(row[1]):
-                    return self.claim(pack, chunk, nbytes, now=now)
+                    return self.claim(pack, chunk, nbytes, now=now, at=at)
             time.sleep(_POLL_S)
 
     def _read(self, pack: str, chunk: int, nbytes: int) -> np.ndarray | None:

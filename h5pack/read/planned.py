@@ -278,7 +278,8 @@ class PlannedSource(ByteSource):
         keep = self.offsets[chunks] >= 0  # unallocated chunks are read through HDF5
         chunks, times = chunks[keep], times[keep]
         if self._cache is not None and future is not None:
-            now = float(times[0]) if len(times) else 0.0
+            # just before the first use: it is still to come
+            now = float(times[0]) - 1e-6 if len(times) else 0.0
             self._cache.set_future(self.pack, future, now=now)
         ahead.plan(chunks, times)
 

@@ -179,6 +179,7 @@ class ReadAhead:
         self._positions: dict[int, list[int]] = {}
         self._next = 0  # the next position of the plan to request
         self._served_at = -1  # the furthest position served
+        self._served_time: float | None = None  # its time (epochs)
         self._pending: dict[int, concurrent.futures.Future[np.ndarray]] = {}
         self._pending_at: dict[int, int] = {}  # a pending chunk's position in the plan
         self._held_bytes = 0
@@ -209,6 +210,7 @@ class ReadAhead:
                 self._positions.setdefault(chunk, []).append(position)
             self._next = 0
             self._served_at = -1
+            self._served_time = None
             self._last_get = None
         self._fill()
 
@@ -275,7 +277,8 @@ class ReadAhead:
             futures.append(future)
         self._in_flight += 1
         self.stats.most_in_flight = max(self.stats.most_in_flight, self._in_flight)
-        self._executor().submit(self._fetch_task, run, futures, self._time_of(first))
+        times = [self._time_of(at) for at in range(first, first + len(run))]
+        self._executor().submit(self._fetch_task, run, futures, times)
 
     def _run_from(self, first: int) -> list[int]:
         """Return the chunks from plan position ``first`` that one request may merge."""
@@ -312,10 +315,10 @@ class ReadAhead:
         self,
         run: list[int],
         futures: list[concurrent.futures.Future[np.ndarray]],
-        now: float | None,
+        times: list[float | None],
     ) -> None:
         try:
-            results = self._fetch(run, now)
+            results = self._fetch(run, times)
         except BaseException as err:
             for future in futures:
                 with contextlib.suppress(concurrent.futures.InvalidStateError):
@@ -329,17 +332,25 @@ class ReadAhead:
                 self._in_flight -= 1
         self._fill()
 
-    def _fetch(self, run: list[int], now: float | None) -> list[np.ndarray]:
-        """Return the bytes of the chunks ``run`` (adjacent in the file), cache first."""
+    def _fetch(self, run: list[int], times: list[float | None]) -> list[np.ndarray]:
+        """Return the bytes of the chunks ``run`` (adjacent in the file), cache first.
+
+        Args:
+            run: The chunks.
+            times: The time of each one's use (epochs; None: unknown), for the cache.
+        """
         found: dict[int, np.ndarray] = {}
         claimed: set[int] = set()
         if self.cache is not None:
             assert self.pack is not None
-            for chunk in run:
+            # The cache measures distances from what the reader has read (the read-ahead
+            # runs ahead of it: chunks between the two are still to be used).
+            now = self._served_time
+            for chunk, at in zip(run, times, strict=True):
                 nbytes = int(self.sizes[chunk])
-                claim = self.cache.claim(self.pack, chunk, nbytes, now=now)
+                claim = self.cache.claim(self.pack, chunk, nbytes, now=now, at=at)
                 while claim.kind == "busy":
-                    claim = self.cache.wait(self.pack, chunk, nbytes, now=now)
+                    claim = self.cache.wait(self.pack, chunk, nbytes, now=now, at=at)
                 if claim.kind == "hit":
                     assert claim.data is not None
                     found[chunk] = claim.data
@@ -411,7 +422,7 @@ class ReadAhead:
         if future is None:
             with self._lock:
                 self.stats.off_plan += 1
-            data = self._fetch([chunk], None)[0]
+            data = self._fetch([chunk], [None])[0]
         else:
             if not future.done():
                 with self._lock:
@@ -424,6 +435,8 @@ class ReadAhead:
                     self._held_bytes -= int(self.sizes[chunk])
         with self._lock:
             if position is not None:
+                if position > self._served_at and self._times is not None:
+                    self._served_time = float(self._times[position])
                 self._served_at = max(self._served_at, position)
                 slack = max(_SLACK_POSITIONS, 2 * self.depth())
                 self._drop_pending(before=position - slack)
