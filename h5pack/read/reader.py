@@ -109,7 +109,7 @@ class ReaderOptions:
     verify_checksums: bool = True
     storage_options: Mapping[str, Any] | None = None
     read_ahead: ReadAheadOptions | None = None
-    cache_dir: StrPath | None = None
+    cache_dir: str | os.PathLike[str] | None = None
     cache_disk_bytes: int | None = None
     cache_eviction: EvictionPolicy = "belady"
 

@@ -22,11 +22,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, TypedDict
 
-from h5pack._types import StrPath
 from h5pack.core.decode import Backend
 from h5pack.errors import OptionsError
 from h5pack.read.crop import Crop, CropSpec
@@ -70,7 +70,7 @@ class SpecKeywords(TypedDict, total=False):
     verify_checksums: bool | None
     storage_options: Mapping[str, Any] | None
     read_ahead: ReadAheadOptions | None
-    cache_dir: StrPath | None
+    cache_dir: str | os.PathLike[str] | None
     cache_disk_bytes: int | None
     cache_eviction: EvictionPolicy | None
     # CropSpec
