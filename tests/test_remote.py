@@ -235,3 +235,52 @@ def test_loader_reads_a_remote_source_as_the_local_one(
         paths = [p for _, _, batch in got for p in batch]
         assert sorted(paths) == sorted(set(paths))  # every sample once
         assert len(paths) == len(remote.dataset)
+
+
+# -- the command line ----------------------------------------------------------------------
+def storage_flags(bucket: Bucket) -> list[str]:
+    flags = []
+    for key, value in bucket.storage_options.items():
+        flags += ["--storage-option", f"{key}={value}"]
+    return flags
+
+
+def test_cli_info_and_verify_of_a_remote_pack(s3_bucket: Bucket, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    path = make_pack(tmp_path / "a.h5", compression=Compression(codec="lz4"), chunk_samples=8)
+    url = s3_bucket.put(path, "a.h5")
+    runner = CliRunner()
+    remote = runner.invoke(cli, ["info", "--json", url, *storage_flags(s3_bucket)])
+    local = runner.invoke(cli, ["info", "--json", str(path)])
+    assert remote.exit_code == 0, remote.output
+    import json
+
+    got, want = json.loads(remote.output), json.loads(local.output)
+    assert got.pop("path") == url
+    want.pop("path")
+    assert got == want
+    result = runner.invoke(cli, ["verify", url, "-q", *storage_flags(s3_bucket)])
+    assert result.exit_code == 0, result.output
+    assert "37 of 37 samples verified" in result.output
+    missing = runner.invoke(cli, ["info", s3_bucket.url("nope.h5"), *storage_flags(s3_bucket)])
+    assert missing.exit_code == 1
+    assert "no such object" in missing.output
+    assert "Traceback" not in missing.output
+    bad = runner.invoke(cli, ["info", url, "--storage-option", "endpoint"])
+    assert bad.exit_code == 2
+    assert "KEY=VALUE" in bad.output
+
+
+def test_cli_info_of_a_remote_set(s3_bucket: Bucket, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    _, url = remote_set(s3_bucket, tmp_path)
+    result = CliRunner().invoke(cli, ["info", url, *storage_flags(s3_bucket)])
+    assert result.exit_code == 0, result.output
+    assert "packset.json" in result.output
+    assert "30" in result.output

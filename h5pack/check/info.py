@@ -6,6 +6,7 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from h5pack._types import StrPath
 from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
-from h5pack.read.packset import PackSource, PackView, describe
+from h5pack.core.source import is_url
+from h5pack.read.packset import PackSource, PackView, describe, is_remote, remote_manifest
 from h5pack.read.reader import check_virtual_sources
 
 
@@ -104,7 +106,12 @@ class PackInfo:
         return data
 
 
-def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
+def pack_info(
+    path: StrPath,
+    *,
+    timeout_s: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> PackInfo:
     """Return a summary of the pack at ``path``.
 
     Args:
@@ -112,16 +119,19 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
         timeout_s: Read the metadata in a child process first, under this time limit
             (``probe_pack``): a pack whose damaged metadata would make HDF5 loop is then
             reported as damaged instead of hanging this process. ``None`` reads it here.
+            A URL's pack is read from its compact index (checked by CRC32) in this process.
+        storage_options: The remote client's settings for a URL (``core.s3.S3Options``).
 
     Raises:
         FileNotFoundError: the path does not exist.
         FormatError: the file is not a valid pack, or is damaged.
     """
     text = os.fspath(path)
-    if timeout_s is not None:
+    remote = is_url(text)
+    if timeout_s is not None and not remote:
         probe_pack(text, timeout_s=timeout_s)
     sources: list[PackInfo] = []
-    with fmt.open_h5(text) as handle:
+    with fmt.open_h5(text, storage_options=storage_options) as handle:
         meta = fmt.read_meta(handle, text)
         with fmt.reading(text, "the images' chunk index"):
             images = handle[fmt.IMAGES]
@@ -147,7 +157,7 @@ def pack_info(path: StrPath, *, timeout_s: float | None = None) -> PackInfo:
         codec, filter_ids = sources[0].codec, sources[0].filter_ids
     return PackInfo(
         path=text,
-        file_bytes=Path(text).stat().st_size,
+        file_bytes=meta.identity.size if remote and meta.identity else Path(text).stat().st_size,
         format_version=meta.format_version,
         format_minor=meta.format_minor,
         pack_id=meta.pack_id,
@@ -289,7 +299,10 @@ def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackS
 
 
 def packset_summary(
-    source: PackSource, *, timeout_s: float | None = None
+    source: PackSource,
+    *,
+    timeout_s: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[PackSetInfo, PackView]:
     """Return a summary of the pack set at ``source``, and the readers' view of it.
 
@@ -303,6 +316,8 @@ def packset_summary(
         source: The pack set's directory or manifest, or a list of packs.
         timeout_s: Read each shard's metadata in a child process first, under this time
             limit per shard (see ``probe_packs``); ``None`` reads it in this process.
+        storage_options: The remote client's settings for URLs (a remote set is described
+            from its shards' indexes, fetched concurrently).
 
     Raises:
         FileNotFoundError: the manifest or a shard does not exist.
@@ -311,13 +326,22 @@ def packset_summary(
     """
     from h5pack.core.packset import pack_paths
 
-    paths, manifest = pack_paths(source)
-    if timeout_s is not None:
-        for error in probe_packs(paths, timeout_s=timeout_s):
-            if error is not None:
-                raise error
-    view = describe(source)  # the readers' checks: changed shards, shards that cannot join
-    infos = [pack_info(path) for path in paths]
+    if is_remote(source):
+        view = describe(source, storage_options=storage_options)
+        assert view.shards is not None  # a set
+        members = [s.path for s in view.shards]
+        manifest = remote_manifest(source, storage_options)
+        where = view.meta.path
+        infos = [pack_info(path, storage_options=storage_options) for path in members]
+    else:
+        paths, manifest = pack_paths(source)
+        if timeout_s is not None:
+            for error in probe_packs(paths, timeout_s=timeout_s):
+                if error is not None:
+                    raise error
+        view = describe(source)  # the readers' checks: changed shards, shards that cannot join
+        infos = [pack_info(path) for path in paths]
+        where = os.fspath(manifest.manifest_path) if manifest is not None else infos[0].path
     first = infos[0]
     counts = Counter(int(label) for label in view.meta.labels)
     num_chunks = sum(i.num_chunks for i in infos)
@@ -330,7 +354,7 @@ def packset_summary(
         return f"chunked {info.chunk_shape}" if info.chunk_shape else "contiguous"
 
     summary = PackSetInfo(
-        path=os.fspath(manifest.manifest_path) if manifest is not None else first.path,
+        path=where,
         has_manifest=manifest is not None,
         num_shards=len(infos),
         seed=manifest.seed if manifest is not None else None,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,8 +15,9 @@ from h5pack._types import StrPath
 from h5pack.check.probe import probe_pack
 from h5pack.core import format as fmt
 from h5pack.core import integrity
-from h5pack.core.packset import is_packset
-from h5pack.errors import DecodeError, FormatError, PackReplacedError
+from h5pack.core.packset import is_packset, meta_digest
+from h5pack.core.source import is_url
+from h5pack.errors import DecodeError, FormatError, OptionsError, PackReplacedError
 from h5pack.read.packset import PackSource
 
 # Mean absolute difference (0..255 levels) below which decoded pixels count as the same
@@ -170,6 +172,7 @@ def verify_pack(
     tolerance: float = DEFAULT_TOLERANCE,
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> VerifyReport:
     """Check a pack: its metadata digests, structure, every sample; optionally its source.
 
@@ -194,6 +197,9 @@ def verify_pack(
         progress: Called with the number of samples just checked.
         timeout_s: Read the metadata in a child process first, under this time limit (see
             ``probe_pack``); ``None`` reads it in this process.
+        storage_options: The remote client's settings for a URL. A remote pack's samples
+            are read through HDF5 over ranged GETs (not from its compact index's chunk
+            table), so verify also checks that HDF5's metadata and the index agree.
 
     Raises:
         FileNotFoundError: the pack does not exist.
@@ -203,6 +209,11 @@ def verify_pack(
     if is_packset(path):
         from h5pack.check.packset import verify_packset
 
+        if any(is_url(p) for p in ([path] if isinstance(path, str | os.PathLike) else path)):
+            raise OptionsError(
+                "verify reads one remote pack at a time: give each shard's URL "
+                "(h5pack info lists them)"
+            )
         return verify_packset(
             path,
             source=source,
@@ -215,9 +226,9 @@ def verify_pack(
         )
     assert isinstance(path, str | os.PathLike)  # is_packset: one path
     text = os.fspath(path)
-    if timeout_s is not None:
+    if timeout_s is not None and not is_url(text):
         probe_pack(text, timeout_s=timeout_s, strict=False)
-    checked = check_pack(text, progress=progress)
+    checked = check_pack(text, progress=progress, storage_options=storage_options)
     if source is None:
         return checked.report
     from h5pack.check.source import SourceShard, compare_source
@@ -246,7 +257,12 @@ class CheckedPack:
     paths: list[str]
 
 
-def check_pack(path: StrPath, *, progress: Callable[[int], None] | None = None) -> CheckedPack:
+def check_pack(
+    path: StrPath,
+    *,
+    progress: Callable[[int], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> CheckedPack:
     """Check one pack's metadata digests, structure and every sample (no source, no probe).
 
     Raises:
@@ -258,8 +274,16 @@ def check_pack(path: StrPath, *, progress: Callable[[int], None] | None = None) 
 
     text = os.fspath(path)
     step = progress or (lambda n: None)
-    with fmt.open_h5(text) as handle:
+    index_problems: list[Problem] = []
+    with fmt.open_h5(text, storage_options=storage_options) as handle:
         meta = fmt.read_meta(handle, text, check_digests=False)
+        real = getattr(handle, "h5", None)  # a URL's compact index: HDF5's own metadata too
+        if real is not None and meta_digest(fmt.read_meta(real(), text, check_digests=False)) != (
+            meta_digest(meta)
+        ):
+            index_problems.append(
+                Problem(None, "", "its compact index does not say what HDF5's metadata says")
+            )
         try:
             paths = fmt.read_paths(handle, meta, check=False)
             problems = _metadata_problems(meta, paths)
@@ -267,10 +291,11 @@ def check_pack(path: StrPath, *, progress: Callable[[int], None] | None = None) 
             paths = [""] * meta.num_samples
             problems = _metadata_problems(meta, None)
             problems.append(Problem(None, "", str(err)))
+    problems.extend(index_problems)
     problems.extend(_structure_problems(meta, paths))
     checks = _sample_checks(meta)
     verified = 0
-    options = ReaderOptions(direct=False, verify_checksums=False)
+    options = ReaderOptions(direct=False, verify_checksums=False, storage_options=storage_options)
     try:
         reader = PackReader(text, options, meta=meta)
     except PackReplacedError as err:

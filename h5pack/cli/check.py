@@ -14,7 +14,14 @@ from typing import Any
 
 import click
 
-from h5pack.cli.flags import format_bytes, mix_flags, progress_for, quiet_flag
+from h5pack.cli.flags import (
+    format_bytes,
+    mix_flags,
+    parse_storage_options,
+    progress_for,
+    quiet_flag,
+    storage_option_flag,
+)
 
 __all__ = ["info", "verify"]
 
@@ -201,13 +208,17 @@ def _mixing(meta: Any, chunk_map: Any, *, contiguous: bool = False) -> tuple[str
 @click.argument("packs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 @mix_flags
+@storage_option_flag
 def info(
     packs: tuple[str, ...],
     as_json: bool,
     weights: tuple[float, ...] | None,
     epoch_samples: int | None,
+    storage_option: tuple[str, ...],
 ) -> None:
     """Describe PACKS: a pack, a pack set (its directory or packset.json) or several packs.
+
+    URLs too: s3://bucket/pack.h5, a set's prefix s3://bucket/set/ or its packset.json.
 
     Samples, classes, layout, codec, ratio and whether chunks mix labels; for a set, also
     one row per shard. With --weights, PACKS are the sources of a mix (each a pack or a
@@ -218,18 +229,21 @@ def info(
         _mix_info(packs, weights, epoch_samples, as_json)
         return
     from h5pack.check import PROBE_TIMEOUT_S, pack_info, packset_summary
-    from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset
+    from h5pack.read.packset import load_pack_meta
 
+    storage = parse_storage_options(storage_option)
     source: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     summary: Any
     if is_packset(source):
-        summary, view = packset_summary(source, timeout_s=PROBE_TIMEOUT_S)  # each shard probed
+        summary, view = packset_summary(  # each local shard probed
+            source, timeout_s=PROBE_TIMEOUT_S, storage_options=storage
+        )
         meta, chunk_map = view.meta, view.chunk_map
         lines = _set_lines(summary)
-    else:
-        summary = pack_info(packs[0], timeout_s=PROBE_TIMEOUT_S)  # damaged metadata cannot hang it
-        meta, chunk_map = load_meta(packs[0]), None
+    else:  # damaged metadata cannot hang it: probed in a child (a URL: its index's CRC32)
+        summary = pack_info(packs[0], timeout_s=PROBE_TIMEOUT_S, storage_options=storage)
+        meta, chunk_map = load_pack_meta(packs[0], storage_options=storage), None
         lines = _info_lines(summary)
     contiguous = getattr(summary, "layout", "") == "contiguous"
     mixing, mixing_data = _mixing(meta, chunk_map, contiguous=contiguous)
@@ -295,12 +309,14 @@ def _mix_info(
     "[default: all].",
 )
 @quiet_flag
+@storage_option_flag
 def verify(
     packs: tuple[str, ...],
     source: str | None,
     labels_csv: str | None,
     sample: int | None,
     quiet: bool,
+    storage_option: tuple[str, ...],
 ) -> None:
     """Check PACKS (a pack, a pack set or several packs): metadata, checksums, decoding.
 
@@ -310,10 +326,14 @@ def verify(
     from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset, load_manifest
+    from h5pack.read.packset import is_remote
 
+    storage = parse_storage_options(storage_option)
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     total: int | None = None
-    if is_packset(pack):
+    if is_remote(pack) and not is_packset(pack):
+        timeout = None  # its compact index is checked by CRC32; no HDF5 walk to hang on
+    elif is_packset(pack):
         if isinstance(pack, str):
             total = load_manifest(pack).num_samples
         timeout = PROBE_TIMEOUT_S  # each shard probed by verify_packset
@@ -330,6 +350,7 @@ def verify(
             sample=sample,
             progress=progress.advance,
             timeout_s=timeout,
+            storage_options=storage,
         )
     for problem in report.problems:
         click.echo(str(problem))

@@ -266,6 +266,34 @@ def _check_level(codec: str, level: int | None) -> None:
 
 quiet_flag = click.option("--quiet", "-q", is_flag=True, help="No progress bar or notes.")
 
+
+def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    """Return ``--storage-option KEY=VALUE`` flags as storage options (None when none).
+
+    Raises:
+        click.BadParameter: a flag without ``=``.
+    """
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(
+                f"should be KEY=VALUE (e.g. endpoint=http://127.0.0.1:9000), but got {pair!r}",
+                param_hint="--storage-option",
+            )
+        options[key.strip()] = value
+    return options or None
+
+
+storage_option_flag = click.option(
+    "--storage-option",
+    "storage_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="For s3:// URLs: a client setting the environment (AWS_*) does not give, e.g. "
+    "endpoint=http://127.0.0.1:9000, region=..., profile=..., attempts=5; repeatable.",
+)
+
 # What ``--shard auto`` reads: torchrun's rank variables, else a Slurm array task's.
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
 SLURM_ARRAY_VARS = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")

@@ -249,6 +249,17 @@ class _DatasetId:
         offset = self._dataset.entry.get("offset")
         return None if offset is None else int(offset)
 
+    def get_num_chunks(self) -> int:
+        """Return the number of stored chunks."""
+        return int(self._dataset.entry["chunk_index"]["shape"][0]) if self._dataset.chunks else 0
+
+    def get_storage_size(self) -> int:
+        """Return the stored bytes of the dataset (its chunks', or the contiguous run's)."""
+        if not self._dataset.chunks:
+            return int(np.prod(self._dataset.shape)) * int(self._dataset.dtype.itemsize)
+        index = self._dataset.file.array(self._dataset.entry["chunk_index"])
+        return int(index[:, 1].sum()) if index.size else 0
+
     def chunk_iter(self, visit: Callable[[_ChunkInfo], None]) -> None:
         offsets = self._dataset.file.array(self._dataset.entry["chunk_offsets"])
         index = self._dataset.file.array(self._dataset.entry["chunk_index"])

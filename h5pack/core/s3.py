@@ -250,7 +250,7 @@ class S3Source(ByteSource):
         if self._client is None or self._pid != os.getpid():
             with self._lock:
                 if self._client is None or self._pid != os.getpid():
-                    self._client = make_client(self.options)
+                    self._client = shared_client(self.options)
                     self._pool = None
                     self._pid = os.getpid()
         return self._client
@@ -480,6 +480,22 @@ class S3Source(ByteSource):
         self.__init__(  # type: ignore[misc]
             state["url"], state["options"], etag=state["etag"], size=state["size"]
         )
+
+
+# One client per process and options: creating one loads botocore's service model (~0.5 s),
+# and a client is thread-safe. Keyed on the pid: a forked child makes its own.
+_CLIENTS: dict[tuple[int, S3Options], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(options: S3Options) -> Any:
+    """Return this process's client for ``options`` (made once, see ``make_client``)."""
+    key = (os.getpid(), options)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = make_client(options)
+        return client
 
 
 def make_client(options: S3Options) -> Any:

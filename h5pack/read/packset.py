@@ -284,6 +284,13 @@ def _remote_members(
     return [join_url(prefix, e.path) for e in manifest.shards], manifest, where
 
 
+def remote_manifest(
+    source: PackSource, storage_options: Mapping[str, Any] | None = None
+) -> PackSetManifest | None:
+    """Return a remote set's manifest (one GET), or None for a list of URLs."""
+    return _remote_members(source, storage_options)[1]
+
+
 def _describe_set(
     source: PackSource,
     locking: bool | None,
