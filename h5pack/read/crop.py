@@ -43,6 +43,7 @@ from h5pack.core.decode import (
     _pillow_pixels,
     decode_image,
 )
+from h5pack.core.jpeg import JpegHeader, read_jpeg_header
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read.boxes import (
     CROPS,
@@ -334,20 +335,10 @@ def decode_crop_into(
         raise OptionsError(f"max_pixels should be positive, but got max_pixels={max_pixels}")
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     kernel = resize or reference_resize(spec.backend)
-    image = _open_pillow(data, name, limit)
-    try:
-        if (
-            spec.reducing_gap is not None
-            and isinstance(image, ImageFile.ImageFile)
-            and image.format in _DRAFT_FORMATS
-            and image.mode in _DRAFT_MODES
-            and len(image.tile) == 1
-        ):
-            where = (seed, epoch, index)
-            _decode_crop_jpeg(image, data, spec, out, where, kernel, name, keep)
-            return
-    finally:
-        image.close()
+    header = _jpeg_of(data, name, limit) if spec.reducing_gap is not None else None
+    if header is not None:
+        _decode_crop_jpeg(header, data, spec, out, (seed, epoch, index), kernel, name, keep)
+        return
     decoded = decode_image(
         data, name=name, backend=spec.backend, channels=channels, max_pixels=limit
     )
@@ -378,19 +369,10 @@ def decode_pixels(
     if channels not in (1, 3):
         raise OptionsError(f"channels should be 1 or 3, but got channels={channels!r}")
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-    image = _open_pillow(data, name, limit)
-    try:
-        if (
-            isinstance(image, ImageFile.ImageFile)
-            and image.format in _DRAFT_FORMATS
-            and image.mode in ("RGB", "L")
-            and len(image.tile) == 1
-            and _orientation(image) == 1
-        ):
-            pixels = _decode_jpeg(image, data, 1, name)
-            return pixels if pixels.shape[2] == channels else _finish(pixels, channels)
-    finally:
-        image.close()
+    header = _jpeg_of(data, name, limit)
+    if header is not None and header.mode in ("RGB", "L") and header.orientation == 1:
+        pixels = _decode_jpeg(header, data, 1, name)
+        return pixels if pixels.shape[2] == channels else _finish(pixels, channels)
     return decode_image(data, name=name, backend=backend, channels=channels, max_pixels=limit)
 
 
@@ -434,8 +416,35 @@ def _plan_jpeg(
     return _JpegPlan(cut, flip, reduction, orientation, out_h, out_w)
 
 
+def _jpeg_of(data: bytes, name: str, limit: int) -> JpegHeader | None:
+    """The header of a JPEG the pipeline decodes itself; None for other files.
+
+    ``core.jpeg.read_jpeg_header`` first (``NOTE [ Fast JPEG header ]``), Pillow's header
+    for what it does not answer (which also raises the errors of a damaged or huge file).
+    """
+    header = read_jpeg_header(data)
+    pillow_limit = Image.MAX_IMAGE_PIXELS
+    if header is not None and header.width * header.height <= min(
+        limit, pillow_limit if pillow_limit else limit
+    ):
+        return header
+    image = _open_pillow(data, name, limit)
+    try:
+        if (
+            isinstance(image, ImageFile.ImageFile)
+            and image.format in _DRAFT_FORMATS
+            and image.mode in _DRAFT_MODES
+            and len(image.tile) == 1
+        ):
+            width, height = image.size
+            return JpegHeader(width, height, image.mode, _orientation(image))
+    finally:
+        image.close()
+    return None
+
+
 def _decode_crop_jpeg(
-    image: ImageFile.ImageFile,
+    image: JpegHeader,
     data: bytes,
     spec: CropSpec,
     out: np.ndarray,
@@ -450,7 +459,7 @@ def _decode_crop_jpeg(
     result; the output's sides swap with the transposing orientations (5..8).
     """
     stored_w, stored_h = image.size
-    plan = _plan_jpeg(stored_h, stored_w, _orientation(image), spec, where)
+    plan = _plan_jpeg(stored_h, stored_w, image.orientation, spec, where)
     pixels = _decode_jpeg(image, data, plan.reduction, name)
     if plan.reduction == 1 and keep is not None:
         keep(pixels, plan.orientation)
@@ -557,29 +566,32 @@ def _resize_fractional_box(
 # `h5pack verify` or verify_checksums find damage done to a pack after it was written.
 
 
-def _decode_jpeg(image: ImageFile.ImageFile, data: bytes, reduction: int, name: str) -> np.ndarray:
+def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> np.ndarray:
     """Decode the JPEG at ``1 / reduction`` scale, as stored: (h, w, 1|3) uint8.
 
     RGB and gray JPEGs go to ``cv2.imdecode`` (see ``NOTE [ JPEG decoder ]``); what it
     refuses or sizes differently, and CMYK, go to Pillow, whose errors are raised.
     """
-    stored_w, stored_h = image.size
-    if image.mode in ("RGB", "L"):
-        pixels = _decode_jpeg_opencv(data, reduction, image.mode == "RGB")
+    stored_w, stored_h = header.size
+    if header.mode in ("RGB", "L"):
+        pixels = _decode_jpeg_opencv(data, reduction, header.mode == "RGB")
         expected = (-(-stored_h // reduction), -(-stored_w // reduction))
         if pixels is not None and pixels.shape[:2] == expected:
             return pixels
-    if reduction > 1:
-        # Pillow's draft picks the largest of 8, 4, 2 not over min(W // w, H // h), which
-        # for these requested sizes is exactly `reduction`.
-        image.draft(image.mode, (stored_w // reduction, stored_h // reduction))
+    image = _open_pillow(data, name, None)
     try:
+        if reduction > 1:
+            # Pillow's draft picks the largest of 8, 4, 2 not over min(W // w, H // h),
+            # which for these requested sizes is exactly `reduction`.
+            image.draft(image.mode, (stored_w // reduction, stored_h // reduction))
         # JPEG loading does not re-check Pillow's decompression-bomb limit (the header
         # did), so unlike decode._decode_pillow no warning needs silencing here.
         image.load()
         return _pillow_pixels(image)
     except Exception as err:  # truncated or corrupt data raises OSError, SyntaxError, ...
         raise DecodeError(f"{name}: cannot decode {image.format} image: {err}") from err
+    finally:
+        image.close()
 
 
 def _decode_jpeg_opencv(data: bytes, reduction: int, rgb: bool) -> np.ndarray | None:
