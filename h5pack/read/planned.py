@@ -31,6 +31,7 @@ __all__ = [
     "chunk_stream",
     "chunk_uses",
     "group_chunks",
+    "group_pieces",
     "planned_source",
 ]
 
@@ -100,6 +101,34 @@ def group_chunks(
     first = begin // chunk_nbytes
     last = np.maximum(end - 1, begin) // chunk_nbytes
     return first, last - first + 1
+
+
+def group_pieces(
+    chunk_map: ChunkMap, meta: PackMeta, start: int, group_bytes: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Return a contiguous pack's groups as pieces: offsets, sizes, and the group mapping.
+
+    A contiguous pack has no chunks: the reader reads each group's bytes at once (a run of
+    about ``DEFAULT_CHUNK_BYTES``), so the groups are the pieces read ahead and cached.
+
+    Args:
+        chunk_map: The pack's sample groups.
+        meta: The pack's metadata.
+        start: File offset of the images' data.
+        group_bytes: Bytes of one sample (array storage; unused for blobs).
+    """
+    lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
+    if meta.storage == "array":
+        begin, end = lo * group_bytes, hi * group_bytes
+    else:
+        assert meta.offsets is not None  # blob storage, see read_meta
+        assert meta.sizes is not None
+        offsets = np.asarray(meta.offsets, dtype=np.int64)
+        begin = offsets[lo]
+        end = offsets[hi - 1] + np.asarray(meta.sizes, dtype=np.int64)[hi - 1]
+    groups = chunk_map.num_chunks
+    mapping = (np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64))
+    return start + begin, end - begin, mapping
 
 
 def chunk_uses(
@@ -237,8 +266,7 @@ class PlannedSource(ByteSource):
         self,
         plan: ReadPlan,
         chunk_map: ChunkMap,
-        meta: PackMeta,
-        chunk_nbytes: int,
+        pieces: tuple[np.ndarray, np.ndarray],
         *,
         held: Sequence[int] = (),
     ) -> None:
@@ -247,12 +275,12 @@ class PlannedSource(ByteSource):
         Args:
             plan: The process's plan.
             chunk_map: The pack's sample groups.
-            meta: The pack's metadata.
-            chunk_nbytes: Decompressed bytes of one HDF5 chunk.
+            pieces: Each group's first piece (a chunk of this source's table) and its
+                number of pieces (``group_chunks``; a contiguous pack: one piece a group).
             held: Groups the reader holds decompressed now: those among the first
                 ``len(held)`` groups of the plan are served from there, not fetched again.
         """
-        first, count = group_chunks(chunk_map, meta, chunk_nbytes)
+        first, count = pieces
         samples, times = plan.samples, plan.times
         if len(held):
             groups = chunk_map.chunks_of(samples)

@@ -41,7 +41,13 @@ from h5pack.errors import FormatError, H5PackError, OptionsError, RemoteError
 from h5pack.read.chunkcache import ChunkCacheOptions
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 from h5pack.read.eviction import EvictionPolicy
-from h5pack.read.planned import PlannedSource, ReadPlan, planned_source
+from h5pack.read.planned import (
+    PlannedSource,
+    ReadPlan,
+    group_chunks,
+    group_pieces,
+    planned_source,
+)
 from h5pack.read.readahead import ReadAheadOptions
 
 T = TypeVar("T")
@@ -391,11 +397,23 @@ class PackReader:
         )
         if self.direct:  # now: a descriptor opened later could name a replacing file
             self._raw_file.pin()
-        if self._table is not None:
+        self._pieces: tuple[np.ndarray, np.ndarray] | None = None  # group -> pieces
+        sample_bytes = int(np.prod(self.meta.images_shape[1:]))
+        # Groups read whole (compressed, or any remote pack) go through the plan; a local
+        # uncompressed pack reads runs of samples, which no plan describes.
+        if self.compressed and (self._table is not None or self._contiguous is not None):
+            if self._table is not None:
+                offsets, sizes = self._table.offsets, self._table.sizes
+                self._pieces = group_chunks(self.chunk_map, meta, self._table.chunk_nbytes)
+            else:
+                assert self._contiguous is not None
+                offsets, sizes, self._pieces = group_pieces(
+                    self.chunk_map, meta, self._contiguous, sample_bytes
+                )
             self._raw_file.source = planned_source(
                 self._raw_file.source,
-                self._table.offsets,
-                self._table.sizes,
+                offsets,
+                sizes,
                 pack_id=meta.pack_id,
                 read_ahead=options.read_ahead,
                 disk_cache=options.disk_cache,
@@ -428,10 +446,8 @@ class PackReader:
     def plan_reads(self, plan: ReadPlan) -> None:
         """Fetch the chunks of ``plan`` ahead of use (a no-op unless ``plans_reads``)."""
         source = self._raw_file.source
-        if isinstance(source, PlannedSource) and self._table is not None:
-            source.plan_samples(
-                plan, self.chunk_map, self.meta, self._table.chunk_nbytes, held=list(self._window)
-            )
+        if isinstance(source, PlannedSource) and self._pieces is not None:
+            source.plan_samples(plan, self.chunk_map, self._pieces, held=list(self._window))
 
     # -- context manager -------------------------------------------------------------
     def close(self) -> None:
