@@ -10,9 +10,9 @@ from tests.helpers import random_arrays
 
 
 def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
-    from h5pack.write import builder
+    from h5pack.core import format as fmt
 
-    monkeypatch.setattr(builder, "PATH_SLAB", 4)
+    monkeypatch.setattr(fmt, "PATH_SLAB", 4)  # the writer's slabs (core.record), and the reader's
     names = [f"dir/{'x' * (i % 3)}{i}.png" for i in range(10)]
     options = ConvertOptions(shuffle_samples=False)
     report = write_arrays(

@@ -1,4 +1,6 @@
+import json
 import os
+from dataclasses import replace as dataclass_replace
 
 import h5py
 import numpy as np
@@ -184,3 +186,83 @@ def test_truncated_pack_is_explained_in_plain_words(tmp_path):
     os.truncate(path, path.stat().st_size // 2)
     with pytest.raises(FormatError, match="shorter than its header says: it was cut off"):
         fmt.load_meta(path)
+
+
+# -- the record's two halves (issue 16.2) -------------------------------------------------
+
+
+def test_format_docstring_examples() -> None:
+    import doctest
+
+    assert doctest.testmod(fmt).failed == 0
+
+
+def test_sample_arrays_are_the_ones_every_half_reads_and_writes(tmp_path) -> None:
+    from dataclasses import fields
+
+    from h5pack.core.format import SAMPLE_ARRAYS, PackMeta, load_meta
+    from h5pack.write.convert import write_arrays
+    from h5pack.write.options import ConvertOptions
+
+    attributes = {f.name for f in fields(PackMeta)}
+    assert all(spec.attribute in attributes for spec in SAMPLE_ARRAYS)
+    assert set(fmt.DIGESTED_ARRAYS) == {spec.name for spec in SAMPLE_ARRAYS}
+    sizes = [np.zeros((3 + i, 4, 3), np.uint8) for i in range(5)]
+    blob = write_arrays(tmp_path / "blob.h5", sizes, [0] * 5, options=ConvertOptions()).path
+    same = [np.zeros((3, 4, 3), np.uint8)] * 5
+    array = write_arrays(tmp_path / "array.h5", same, [0] * 5, options=ConvertOptions()).path
+    for path, storage in ((blob, "blob"), (array, "array")):
+        meta = load_meta(path)
+        assert meta.storage == storage
+        held = meta.sample_arrays()
+        with h5py.File(path, "r") as handle:
+            on_disk = {spec.name for spec in SAMPLE_ARRAYS if spec.name in handle}
+            assert set(held) == on_disk  # what is written is what is read, and no more
+            for name, array_read in held.items():
+                np.testing.assert_array_equal(handle[name][()], array_read)
+        stored = meta.sample_storage
+        assert stored.kind == storage
+        assert fmt.storage_from_dict(json.loads(json.dumps(stored.to_dict()))) == stored
+
+
+def test_blob_storage_locates_each_sample(tmp_path) -> None:
+    from h5pack.core.format import BlobStorage, load_meta
+    from h5pack.read.reader import PackReader
+    from h5pack.write.convert import write_arrays
+    from h5pack.write.options import ConvertOptions
+
+    images = [np.full((2 + i, 3, 3), i, np.uint8) for i in range(4)]
+    path = write_arrays(tmp_path / "b.h5", images, [0] * 4, options=ConvertOptions()).path
+    meta = load_meta(path)
+    stored = meta.sample_storage
+    assert isinstance(stored, BlobStorage)
+    with h5py.File(path, "r") as handle, PackReader(path) as reader:
+        for i in range(4):
+            begin, size = stored.slot(i)
+            got = handle[fmt.IMAGES][begin : begin + size]
+            np.testing.assert_array_equal(got, reader.read_stored([i])[0].reshape(-1))
+    with pytest.raises(FormatError, match="unknown storage kind"):
+        fmt.storage_from_dict({"kind": "zarr"})
+    with pytest.raises(FormatError, match="each shard's offsets"):
+        BlobStorage(length=0).slot(0)
+
+
+def test_write_record_refuses_what_the_format_does_not_hold(tmp_path) -> None:
+    from h5pack.core.record import PackRecord, write_record
+
+    record = PackRecord(
+        mode="raw",
+        storage="array",
+        channels=3,
+        classes=("a",),
+        paths=["x.png"],
+        arrays={"labels": np.zeros(1, np.int64)},
+        texts={},
+        blob_chunk_bytes=0,
+        tool_version="test",
+    )
+    with h5py.File(tmp_path / "a.h5", "w") as handle, pytest.raises(FormatError, match="shapes"):
+        write_record(handle, record)
+    odd = dataclass_replace(record, arrays={"labels": np.zeros(1), "colour": np.zeros(1)})
+    with h5py.File(tmp_path / "b.h5", "w") as handle, pytest.raises(FormatError, match="colour"):
+        write_record(handle, odd)

@@ -49,6 +49,7 @@ from h5pack._types import StrPath
 from h5pack.bench.timing import Count
 from h5pack.core import format as fmt
 from h5pack.core.decode import Backend
+from h5pack.core.format import ArrayStorage, SampleStorage
 from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
 from h5pack.core.packset import is_packset
 from h5pack.errors import OptionsError
@@ -455,18 +456,17 @@ def read_per_sample(
 
     indices = np.asarray(order, dtype=np.int64).reshape(-1).tolist()
     images = nbytes = 0
+    layouts: dict[int, SampleStorage] = {}  # each pack's, built once
     started = time.perf_counter()
     with _Files(path) as files:
         for index in indices:
             meta, dataset, i = files.locate(index)
-            offsets, sizes = meta.offsets, meta.sizes
-            if meta.storage == "array":
+            layout = layouts.setdefault(id(meta), meta.sample_storage)
+            if isinstance(layout, ArrayStorage):
                 pixels: np.ndarray = dataset[i]
             else:
-                assert offsets is not None  # blob storage, see read_meta
-                assert sizes is not None
-                begin = int(offsets[i])
-                stored = dataset[begin : begin + int(sizes[i])]
+                begin, size = layout.slot(i)
+                stored = dataset[begin : begin + size]
                 if meta.mode == "raw":
                     pixels = stored.reshape(tuple(int(s) for s in meta.shapes[i]))
                 else:

@@ -36,6 +36,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 
 import numpy as np
 
+from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, load_meta, open_h5, read_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
@@ -94,8 +95,8 @@ def _status_or_none(path: Path) -> tuple[int, int, int] | None:
     return (stat.st_dev, stat.st_ino, stat.st_size)
 
 
-# The per-sample arrays a set's metadata concatenates (``sizes`` is None for array storage).
-_FOLDED = ("labels", "shapes", "checksums", "source_index", "sizes")
+# The per-sample arrays a set's combined metadata holds (NOTE [ Per-sample arrays ]).
+_FOLDED = tuple(spec for spec in fmt.SAMPLE_ARRAYS if spec.in_set)
 
 
 class _Fold:
@@ -108,13 +109,15 @@ class _Fold:
     def __init__(self, total: int | None) -> None:
         self.total = total
         self.at = 0
-        self.parts: dict[str, list[np.ndarray]] = {key: [] for key in _FOLDED}
+        self.parts: dict[str, list[np.ndarray]] = {spec.name: [] for spec in _FOLDED}
         self.filled: dict[str, np.ndarray] = {}
 
     def add(self, meta: PackMeta) -> PackMeta:
         """Take ``meta``'s per-sample arrays; return it without them (and without offsets)."""
-        for key in _FOLDED:
-            array = getattr(meta, key)
+        held = meta.sample_arrays()
+        for spec in _FOLDED:
+            key = spec.name
+            array = held.get(key)
             if array is None:
                 continue
             if self.total is None:
@@ -125,16 +128,12 @@ class _Fold:
             self.filled[key][self.at : self.at + len(array)] = array
         self.at += meta.num_samples
         empty = np.zeros(0, dtype=np.int64)
-        return replace(
-            meta,
-            labels=empty,
-            shapes=empty,
-            checksums=empty,
-            source_index=empty,
-            offsets=None,
-            sizes=None if meta.sizes is None else empty,
-            sample_xxh3=None,
-        )
+        emptied: dict[str, Any] = {
+            spec.attribute: None if spec.optional or spec.name not in held else empty
+            for spec in fmt.SAMPLE_ARRAYS
+        }
+        emptied.update({spec.attribute: None for spec in fmt.SAMPLE_ARRAYS if not spec.in_set})
+        return replace(meta, **emptied)
 
     def result(self, key: str) -> np.ndarray:
         """The concatenation of every shard's ``key`` (empty if no shard has it)."""
@@ -171,7 +170,9 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
                 f"{meta.path} cannot join a pack set with {first.path}: " + "; ".join(differences)
             )
     num = sum(m.num_samples for m in metas)
-    labels, shapes, checksums, source_index, sizes = (fold.result(key) for key in _FOLDED)
+    folded: dict[str, Any] = {spec.attribute: fold.result(spec.name) for spec in _FOLDED}
+    if first.sizes is None:  # array storage: no sizes
+        folded["sizes"] = None
     return PackMeta(
         path=name,
         format_version=min(m.format_version for m in metas),
@@ -179,13 +180,9 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
         storage=first.storage,
         num_samples=num,
         channels=first.channels,
-        labels=labels,
         classes=first.classes,
-        shapes=shapes,
-        checksums=checksums,
-        source_index=source_index,
         offsets=None,  # byte offsets are per shard: read them through each shard's reader
-        sizes=sizes if first.sizes is not None else None,
+        **folded,
         images_shape=(num, *first.images_shape[1:]),
         chunks=first.chunks,
         compression=first.compression,

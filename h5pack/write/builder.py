@@ -12,9 +12,8 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +24,7 @@ from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.format import SkippedFile
+from h5pack.core.record import PackRecord, write_record
 from h5pack.errors import H5PackError, SourceError
 from h5pack.write.arena import Arena
 from h5pack.write.images import (
@@ -45,11 +45,6 @@ from h5pack.write.pipeline import (
 )
 from h5pack.write.plan import StoragePlan
 from h5pack.write.publish import TempFiles, publish, temp_path
-
-# Paths are encoded and written this many at a time (bounded memory for huge packs).
-PATH_SLAB = 65536
-# Uncompressed bytes of one chunk of /paths (fixed-length strings, gzip).
-PATHS_CHUNK_BYTES = 1 << 20
 
 # Attributes kept inside the root's object header (checksummed) rather than moved to dense
 # storage after HDF5's default of 8: a pack has about 15.
@@ -328,117 +323,34 @@ def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
     }
     if metadata.shard is not None:
         texts[fmt.SHARD_KEY] = metadata.shard
-    write_records(
+    arrays = {
+        fmt.LABELS: np.asarray(samples.labels),
+        fmt.SHAPES: metadata.shapes,
+        fmt.CHECKSUMS: metadata.checksums,
+        fmt.SOURCE_INDEX: np.asarray(samples.source_index),
+        fmt.SAMPLE_XXH3: metadata.sample_xxh3,
+        fmt.OFFSETS: metadata.offsets,
+        fmt.SIZES: metadata.sizes,
+    }
+    write_record(
         handle,
-        mode=metadata.plan.mode,
-        storage=metadata.plan.storage,
-        channels=metadata.options.channels,
-        classes=tuple(samples.classes),
-        labels=np.asarray(samples.labels),
-        paths=samples.paths,
-        shapes=metadata.shapes,
-        checksums=metadata.checksums,
-        source_index=np.asarray(samples.source_index),
-        sample_xxh3=metadata.sample_xxh3,
-        offsets=metadata.offsets,
-        sizes=metadata.sizes,
-        texts=texts,
-        blob_chunk_bytes=metadata.blob_chunk_bytes,
+        PackRecord(
+            mode=metadata.plan.mode,
+            storage=metadata.plan.storage,
+            channels=metadata.options.channels,
+            classes=tuple(samples.classes),
+            paths=samples.paths,
+            arrays={name: array for name, array in arrays.items() if array is not None},
+            texts=texts,
+            blob_chunk_bytes=metadata.blob_chunk_bytes,
+            tool_version=__version__,
+        ),
     )
 
 
 def skipped_text(skipped: Sequence[SkippedFile]) -> str:
     """Return the ``skipped`` attribute's text (JSON list of {path, reason})."""
     return json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])
-
-
-def write_records(
-    handle: h5py.File,
-    *,
-    mode: str,
-    storage: str,
-    channels: int,
-    classes: Sequence[str],
-    labels: np.ndarray,
-    paths: Sequence[str],
-    shapes: np.ndarray,
-    checksums: np.ndarray,
-    source_index: np.ndarray,
-    sample_xxh3: np.ndarray | None,
-    offsets: np.ndarray | None,
-    sizes: np.ndarray | None,
-    texts: Mapping[str, str],
-    blob_chunk_bytes: int,
-) -> None:
-    """Write every dataset and attribute of a pack but its images (format.py names them).
-
-    Used by conversions and merges alike. Format 1.1: no variable-length data (the global
-    heap has no checksum, and damage there made HDF5 loop), a new pack id, and the CRC32
-    of every dataset and of every text attribute in ``texts`` (options, skipped, and the
-    optional ones) a reader trusts (``metadata_crc32``).
-    """
-    num = len(paths)
-    digests: dict[str, str] = {}
-
-    def numeric(name: str, values: np.ndarray) -> None:
-        dtype = fmt.DIGESTED_ARRAYS[name]
-        data = np.ascontiguousarray(np.asarray(values).astype(np.dtype(dtype)))
-        handle.create_dataset(name, data=data)
-        digests[name] = integrity.array_digest(data, dtype)
-
-    numeric(fmt.LABELS, labels.reshape(num))
-    names = [c.encode("utf-8", "surrogateescape") for c in classes]
-    stored_classes, class_type = fmt.fixed_strings(names)
-    dataset = handle.create_dataset(fmt.CLASSES, shape=(len(names),), dtype=class_type)
-    fmt.write_fixed_strings(dataset, 0, stored_classes)
-    digests[fmt.CLASSES] = fmt.classes_digest(tuple(classes))
-    digests[fmt.PATHS] = _write_paths(handle, paths)
-    numeric(fmt.SHAPES, shapes)
-    numeric(fmt.CHECKSUMS, checksums.reshape(num))
-    numeric(fmt.SOURCE_INDEX, source_index.reshape(num))
-    if sample_xxh3 is not None:
-        numeric(fmt.SAMPLE_XXH3, sample_xxh3.reshape(num))
-    if offsets is not None and sizes is not None:
-        numeric(fmt.OFFSETS, offsets)
-        numeric(fmt.SIZES, sizes)
-    attrs = handle.attrs
-    fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
-    attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
-    attrs[fmt.FORMAT_MINOR_KEY] = fmt.FORMAT_MINOR
-    fmt.set_text(attrs, fmt.PACK_ID_KEY, integrity.new_pack_id())
-    fmt.set_text(attrs, fmt.MODE_KEY, mode)
-    fmt.set_text(attrs, fmt.STORAGE_KEY, storage)
-    attrs[fmt.NUM_SAMPLES_KEY] = num
-    attrs[fmt.CHANNELS_KEY] = channels
-    fmt.set_text(attrs, fmt.TOOL_VERSION_KEY, __version__)
-    fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    for key, text in texts.items():
-        fmt.set_text(attrs, key, text)
-        digests[key] = integrity.text_digest(text)
-    attrs[fmt.CHUNK_BYTES_KEY] = blob_chunk_bytes
-    fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
-
-
-def _write_paths(handle: h5py.File, paths: Sequence[str]) -> str:
-    """Write /paths as fixed-length strings in gzip chunks; return their digest."""
-    num = len(paths)
-    width = max([1, *(len(os.fsencode(p)) for p in paths)])
-    rows = max(1, min(num, PATHS_CHUNK_BYTES // width))
-    stored = handle.create_dataset(
-        fmt.PATHS,
-        shape=(num,),
-        dtype=h5py.string_dtype("utf-8", width),
-        chunks=(rows,),
-        compression="gzip",
-        compression_opts=4,
-    )
-    crc = 0
-    for lo in range(0, num, PATH_SLAB):
-        encoded = [os.fsencode(p) for p in paths[lo : lo + PATH_SLAB]]
-        crc = integrity.strings_crc(encoded, crc)
-        values = np.array(encoded, dtype=f"S{width}")
-        fmt.write_fixed_strings(stored, lo, values)
-    return integrity.hex32(crc)
 
 
 # -- conversions ------------------------------------------------------------------------

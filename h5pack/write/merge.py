@@ -45,6 +45,7 @@ import h5py
 import numpy as np
 
 from h5pack._types import StrPath
+from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.layout import FILTER_NAMES, ChunkMap
@@ -55,8 +56,9 @@ from h5pack.core.packset import (
     meta_digest,
     pack_paths,
 )
+from h5pack.core.record import PackRecord, write_record
 from h5pack.errors import FormatError, H5PackError
-from h5pack.write.builder import ConvertEvent, create_file, skipped_text, write_records
+from h5pack.write.builder import ConvertEvent, create_file, skipped_text
 from h5pack.write.images import COPY_BYTES, aligned_offsets, copy_array_rows
 from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.publish import (
@@ -272,16 +274,13 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
 
 @dataclass(frozen=True, kw_only=True)
 class _Merged:
-    """The merged metadata of the shards, with blob offsets shifted (see ``_plan_blob``)."""
+    """The merged metadata of the shards, with blob offsets shifted (see ``_plan_blob``).
 
-    labels: np.ndarray
+    ``arrays`` holds the per-sample arrays by dataset name (NOTE [ Per-sample arrays ]).
+    """
+
+    arrays: dict[str, np.ndarray]
     paths: list[str]
-    shapes: np.ndarray
-    checksums: np.ndarray
-    source_index: np.ndarray
-    sample_xxh3: np.ndarray | None
-    offsets: np.ndarray | None
-    sizes: np.ndarray | None
     skipped: tuple[SkippedFile, ...]
     length: int  # rows of the merged images dataset
 
@@ -356,18 +355,21 @@ def _merge_meta(shards: Sequence[_Shard], blob: _BlobPlan | None) -> _Merged:
         length = blob.length
     else:
         length = sum(m.num_samples for m in metas)
-    xxh3 = [m.sample_xxh3 for m in metas]
     skipped = sorted((s for m in metas for s in m.skipped), key=lambda s: os.fsencode(s.path))
+    arrays: dict[str, np.ndarray] = {}
+    for spec in fmt.SAMPLE_ARRAYS:  # NOTE [ Per-sample arrays ]
+        held = [m.sample_arrays().get(spec.name) for m in metas]
+        # an optional array that one pack lacks (XXH3 written without xxhash) leaves the
+        # merged pack without it: CRC32 only
+        present = [p for p in held if p is not None]
+        if spec.joins and present and len(present) == len(held):
+            arrays[spec.name] = np.concatenate(present)
+    arrays[fmt.SOURCE_INDEX] = _source_index(metas)
+    if offsets is not None and sizes is not None:
+        arrays[fmt.OFFSETS], arrays[fmt.SIZES] = offsets, sizes
     return _Merged(
-        labels=np.concatenate([m.labels for m in metas]),
+        arrays=arrays,
         paths=[p for s in shards for p in s.paths],
-        shapes=np.concatenate([m.shapes for m in metas]),
-        checksums=np.concatenate([m.checksums for m in metas]),
-        source_index=_source_index(metas),
-        # a pack without XXH3 (written without xxhash) leaves the merged pack with CRC32 only
-        sample_xxh3=np.concatenate(xxh3) if all(x is not None for x in xxh3) else None,  # type: ignore[arg-type]
-        offsets=offsets,
-        sizes=sizes,
         skipped=tuple(skipped),
         length=length,
     )
@@ -393,16 +395,11 @@ def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
 
 
 def _reordered(merged: _Merged, order: np.ndarray) -> _Merged:
-    """Return ``merged`` with its samples in ``order`` (arrays only: no offsets)."""
-    xxh3 = merged.sample_xxh3
+    """Return ``merged`` with its samples in ``order`` (array storage: no offsets)."""
     return replace(
         merged,
-        labels=merged.labels[order],
+        arrays={name: array[order] for name, array in merged.arrays.items()},
         paths=[merged.paths[i] for i in order.tolist()],
-        shapes=merged.shapes[order],
-        checksums=merged.checksums[order],
-        source_index=merged.source_index[order],
-        sample_xxh3=xxh3[order] if xxh3 is not None else None,
     )
 
 
@@ -423,22 +420,19 @@ def _write_metadata(
         fmt.SKIPPED_KEY: skipped_text(merged.skipped),
         **extra,
     }
-    write_records(
+    write_record(
         handle,
-        mode=first.mode,
-        storage=first.storage,
-        channels=first.channels,
-        classes=first.classes,
-        labels=merged.labels,
-        paths=merged.paths,
-        shapes=merged.shapes,
-        checksums=merged.checksums,
-        source_index=merged.source_index,
-        sample_xxh3=merged.sample_xxh3,
-        offsets=merged.offsets,
-        sizes=merged.sizes,
-        texts=texts,
-        blob_chunk_bytes=blob_chunk_bytes,
+        PackRecord(
+            mode=first.mode,
+            storage=first.storage,
+            channels=first.channels,
+            classes=first.classes,
+            paths=merged.paths,
+            arrays=merged.arrays,
+            texts=texts,
+            blob_chunk_bytes=blob_chunk_bytes,
+            tool_version=__version__,
+        ),
     )
 
 
