@@ -141,12 +141,15 @@ def cost(rounds: int, folder: Path) -> list[str]:
     write_arrays(a, list(images[:num_a]), labels[:num_a], options=options, classes=classes)
     write_arrays(b, list(images[num_a:]), labels[num_a:], options=options, classes=classes)
     write_arrays(one, list(images), labels, options=options, classes=classes)
-    loaders = {
-        "one pack": make_loader(one, 256, num_workers=0, seed=1, window_chunks=8),
-        "3:1 mix of two packs": make_loader(
-            [a, b], 256, weights=[3, 1], num_workers=0, seed=1, window_chunks=8
-        ),
-    }
+    loaders = {}
+    for threads in (None, 1):
+        suffix = "" if threads is None else ", 1 thread"
+        loaders["one pack" + suffix] = make_loader(
+            one, 256, num_workers=0, seed=1, window_chunks=8, threads=threads
+        )
+        loaders["3:1 mix of two packs" + suffix] = make_loader(
+            [a, b], 256, weights=[3, 1], num_workers=0, seed=1, window_chunks=8, threads=threads
+        )
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}
     for epoch in range(rounds + 1):  # the first round warms up
@@ -160,18 +163,21 @@ def cost(rounds: int, folder: Path) -> list[str]:
                 cpu[name].append(spent / count)
     rows = [
         "| loader | images/s (median of rounds) | rounds | CPU us/image | "
-        "chunks decompressed per sample | ratio to one pack |",
-        "|---|---|---|---|---|---|",
+        "chunks decompressed per sample | images/s ratio to one pack | CPU ratio |",
+        "|---|---|---|---|---|---|---|",
     ]
-    base = statistics.median(rates["one pack"])
     for name, loader in loaders.items():
+        suffix = ", 1 thread" if name.endswith(", 1 thread") else ""
+        base = statistics.median(rates["one pack" + suffix])
+        base_cpu = statistics.median(cpu["one pack" + suffix])
         dataset = loader.dataset
         parts = getattr(dataset, "parts", [dataset])
         loads = sum(p.reader.loads for p in parts) / ((rounds + 1) * (num_a + num_b))
         median = statistics.median(rates[name])
         rows.append(
             f"| {name} | {median:,.0f} | {', '.join(f'{r:,.0f}' for r in rates[name])} | "
-            f"{1e6 * statistics.median(cpu[name]):.1f} | {loads:.4f} | {median / base:.3f} |"
+            f"{1e6 * statistics.median(cpu[name]):.1f} | {loads:.4f} | {median / base:.3f} | "
+            f"{statistics.median(cpu[name]) / base_cpu:.3f} |"
         )
     return rows
 

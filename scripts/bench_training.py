@@ -33,6 +33,11 @@ accuracy minus its reference's (a full shuffle with the same batch size). Arms:
 - ``unmixed-default``: the class-ordered pack through ``sampler_for_labels`` (the defaults
   with the label-mixing check, which stratifies the chunk order and widens the window) as
   on a large pack (64 MiB chunks).
+- ``mix-3to1``: the same crops as two packs, the first 3/4 and the last 1/4 (each shuffled
+  at write time), read as ``make_loader([a, b], weights=[3, 1])``'s sampler (issue 18): a
+  3:1 mix whose epoch holds every crop once, against the full shuffle of the same crops;
+  ``mix-3to1-k2``: the same at the large pack's window (2 chunks); ``mix-3to1-strat``:
+  with ``stratify=True`` (the shares in every batch).
 - ``unmixed-k4``, ``-k8``, ``-k16``: the class-ordered pack at windows of 4, 8, 16 chunks;
   ``unmixed-s2`` ... ``-s16``: the same in the stratified chunk order: the calibration of
   ``mixing.MIXING_THRESHOLD`` (not run unless named in ``--arms``).
@@ -96,10 +101,11 @@ class Arm:
     """One way of ordering the training samples.
 
     ``order``: "full" (RandomSampler), "loader" (make_loader's sampler), "chunks"
-    (ChunkBatchSampler with ``window_chunks``/``num_workers``) or "labels"
-    (sampler_for_labels). ``chunk_bytes``: the samplers see the pack's chunks as that large
-    (``HeavyChunks``). ``stratified``: the chunk order stratified by the chunks' dominant
-    labels. ``scale`` multiplies the batch size and the learning rate.
+    (ChunkBatchSampler with ``window_chunks``/``num_workers``), "labels"
+    (sampler_for_labels) or "weighted" (a 3:1 mix of two packs). ``chunk_bytes``: the
+    samplers see the pack's chunks as that large (``HeavyChunks``). ``stratified``: the
+    chunk order stratified by the chunks' dominant labels (a mix: ``stratify``). ``scale``
+    multiplies the batch size and the learning rate.
     """
 
     name: str
@@ -129,6 +135,9 @@ ARMS = {
         Arm("full-x4", "full", scale=4, reference="full-x4"),
         Arm("tiny-x4", "chunks", window_chunks=1, scale=4, reference="full-x4"),
         Arm("unmixed", "chunks", pack="unmixed", window_chunks=2),
+        Arm("mix-3to1", "weighted", pack="mix"),
+        Arm("mix-3to1-k2", "weighted", pack="mix", window_chunks=2),
+        Arm("mix-3to1-strat", "weighted", pack="mix", stratified=True),
         Arm("unmixed-default", "labels", pack="unmixed", chunk_bytes=64 * MIB),
         Arm("unmixed-k4", "chunks", pack="unmixed", window_chunks=4),
         Arm("unmixed-k8", "chunks", pack="unmixed", window_chunks=8),
@@ -152,6 +161,8 @@ DEFAULT_ARMS = (
     "tiny-x4",
     "unmixed",
     "unmixed-default",
+    "mix-3to1",
+    "mix-3to1-k2",
 )
 
 
@@ -242,6 +253,13 @@ def write_packs(
         write_arrays(path, list(images[order]), labels[order], classes=CLASSES, options=options)
         paths[name] = str(path)
         crops[name] = order[load_meta(path).source_index]
+    cut = 3 * len(labels) // 4  # the mix's sources: the first 3/4 and the last 1/4 of the crops
+    for name, part in (("mix-a", np.arange(cut)), ("mix-b", np.arange(cut, len(labels)))):
+        path = folder / f"{name}.h5"
+        options = ConvertOptions(chunk_samples=chunk_samples, compression=compression)
+        write_arrays(path, list(images[part]), labels[part], classes=CLASSES, options=options)
+        paths[name] = str(path)
+        crops[name] = part[load_meta(path).source_index]
     return paths, crops
 
 
@@ -261,7 +279,18 @@ def to_inputs(images: np.ndarray) -> torch.Tensor:
 # -- orders ----------------------------------------------------------------------------
 def chunk_sampler(arm: Arm, settings: Settings, *, seed: int) -> ChunkBatchSampler:
     """Return the chunk-aware sampler of ``arm``."""
-    path, batch_size = settings.packs[arm.pack], settings.batch_size * arm.scale
+    batch_size = settings.batch_size * arm.scale
+    if arm.order == "weighted":
+        mix = [settings.packs["mix-a"], settings.packs["mix-b"]]
+        return ChunkBatchSampler(
+            mix,
+            batch_size,
+            seed=seed,
+            weights=(3, 1),
+            window_chunks=arm.window_chunks,
+            stratify=arm.stratified,
+        )
+    path = settings.packs[arm.pack]
     if arm.order == "loader":
         return make_loader(path, batch_size, num_workers=0, seed=seed).chunk_sampler
     meta = load_meta(path)
@@ -392,6 +421,8 @@ def describe_window(arm: Arm, settings: Settings, chunk_samples: int) -> tuple[s
     sampler = chunk_sampler(arm, settings, seed=0)
     window = sampler.window_chunks
     pool = window * chunk_samples / (settings.batch_size * arm.scale)
+    if arm.order == "weighted":
+        return f"{window} ({pool:g})", "-"
     report = label_mixing(
         load_meta(settings.packs[arm.pack]),
         sampler.chunk_map,
@@ -425,6 +456,8 @@ def build(
     for name, path in packs.items():
         data[f"{name}-images"], data[f"{name}-labels"] = read_pack(path)
         data[f"{name}-crops"] = torch.from_numpy(crops[name])
+    for part in ("images", "labels", "crops"):  # the mix's global indices: a's, then b's
+        data[f"mix-{part}"] = torch.cat([data.pop(f"mix-a-{part}"), data.pop(f"mix-b-{part}")])
     return packs, data
 
 

@@ -37,7 +37,7 @@ def test_chunk_aware_order_trains_like_a_full_shuffle(tmp_path: Path) -> None:
     )
     settings = bench.Settings(epochs=6, batch_size=16, lr=0.05, packs=packs, num_train=640)
     bench.check_loader(settings, data["mixed-labels"])
-    arms = ["full", "default", "large", "unmixed"]
+    arms = ["full", "default", "large", "unmixed", "mix-3to1-k2"]
     accuracy = bench.run(arms, settings, data, seeds=SEEDS, processes=1)
 
     def median_gap(arm: str) -> float:
@@ -48,6 +48,7 @@ def test_chunk_aware_order_trains_like_a_full_shuffle(tmp_path: Path) -> None:
     # default window is the whole of this pack: a full shuffle with other random draws)
     assert abs(median_gap("default")) <= 10
     assert abs(median_gap("large")) <= 10
+    assert abs(median_gap("mix-3to1-k2")) <= 10  # a 3:1 mix of two packs (issue 18)
     # the class-ordered pack at a window of 2 chunks trains far worse (-22 here) ...
     assert median_gap("unmixed") < -10
     # ... and is caught, while the shuffled pack is not
