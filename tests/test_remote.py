@@ -284,3 +284,45 @@ def test_cli_info_of_a_remote_set(s3_bucket: Bucket, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "packset.json" in result.output
     assert "30" in result.output
+
+
+def test_the_environment_configures_urls_for_samplers_and_streams(
+    s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from h5pack.training.dataset import H5IterableDataset
+    from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
+
+    path = make_pack(tmp_path / "a.h5", compression=Compression(codec="lz4"), chunk_samples=4)
+    url = s3_bucket.put(path, "a.h5")
+    options = s3_bucket.storage_options
+    monkeypatch.setenv("AWS_ENDPOINT_URL", str(options["endpoint"]))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(options["access_key_id"]))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(options["secret_access_key"]))
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    sampler = ChunkBatchSampler(url, batch_size=4, seed=1)
+    assert sorted(i for batch in sampler for i in batch) == list(range(37))
+    stream = H5IterableDataset(url, EpochSpec(batch_size=4, seed=2, window_chunks=2))
+    local = H5IterableDataset(path, EpochSpec(batch_size=4, seed=2, window_chunks=2))
+    got = [(image.numpy().tobytes(), int(label)) for image, label in stream]
+    want = [(image.numpy().tobytes(), int(label)) for image, label in local]
+    assert got == want
+    assert len(got) == 37
+
+
+def test_cli_bench_of_a_remote_pack_reads_the_environment(
+    s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    path = make_pack(tmp_path / "a.h5", compression=Compression(codec="lz4"), chunk_samples=8)
+    url = s3_bucket.put(path, "a.h5")
+    options = s3_bucket.storage_options
+    monkeypatch.setenv("AWS_ENDPOINT_URL", str(options["endpoint"]))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(options["access_key_id"]))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(options["secret_access_key"]))
+    args = ["bench", url, "--workers", "0", "--repeats", "1", "--warmup", "0", "-q"]
+    result = CliRunner().invoke(cli, [*args, "--time-budget", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert url in result.output

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
 from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
-from h5pack.read.packset import PackSource
+from h5pack.core.source import is_url
+from h5pack.read.packset import PackSource, describe, is_remote
 
 
 def is_set_path(path: str | os.PathLike[str]) -> bool:
@@ -24,8 +25,10 @@ def is_set_path(path: str | os.PathLike[str]) -> bool:
     return found.suffix == ".json" or found.name == MANIFEST_NAME
 
 
-def pack_files(source: PackSource) -> list[Path]:
+def pack_files(source: PackSource) -> list[Path | str]:
     """Return the pack files of ``source`` (one for a pack, every shard of a set).
+
+    A remote source's are URLs (its shards' for a set).
 
     Raises:
         PackNotFoundError: a set without a manifest.
@@ -33,8 +36,12 @@ def pack_files(source: PackSource) -> list[Path]:
     """
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: one path
-        return [Path(source)]
-    return pack_paths(source)[0]
+        return [os.fspath(source) if is_url(source) else Path(source)]
+    if is_remote(source):
+        view = describe(source)
+        assert view.shards is not None  # a set
+        return [shard.path for shard in view.shards]
+    return list(pack_paths(source)[0])
 
 
 def source_name(source: PackSource) -> str:
@@ -45,12 +52,18 @@ def source_name(source: PackSource) -> str:
 
 
 def source_bytes(source: PackSource) -> int:
-    """Return the size of every file of ``source``."""
-    return sum(path.stat().st_size for path in pack_files(source))
+    """Return the size of every file of ``source`` (a remote one's objects, as opened)."""
+    if is_remote(source):
+        view = describe(source)
+        metas = [view.meta] if view.shards is None else view.shards
+        return sum(m.identity.size for m in metas if m.identity is not None)
+    return sum(Path(path).stat().st_size for path in pack_files(source))
 
 
 def drop_source(source: PackSource) -> CacheDrop:
     """Drop every file of ``source`` from the page cache (see ``drop_page_cache``)."""
+    if is_remote(source):
+        return CacheDrop(False, None, "a remote pack: its reads are requests, no page cache")
     outcomes = [drop_page_cache(path) for path in pack_files(source)]
     failed = [o for o in outcomes if not o.dropped]
     if failed:
@@ -61,5 +74,10 @@ def drop_source(source: PackSource) -> CacheDrop:
 
 
 def warm_source(source: PackSource) -> int:
-    """Read every file of ``source`` once so that its pages are cached; return the bytes."""
+    """Read every file of ``source`` once so that its pages are cached; return the bytes.
+
+    A remote source has no local pages: nothing is read (0).
+    """
+    if is_remote(source):
+        return 0
     return sum(warm_page_cache(path) for path in pack_files(source))
