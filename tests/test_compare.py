@@ -529,3 +529,44 @@ def test_compare_reads_through_the_decoded_cache(folder: Path, tmp_path: Path) -
     assert "Read through the decoded cache (--cache decoded" in result.output
     data = json.loads((out / "report.json").read_text())
     assert data["options"]["measure"]["cache"] == "decoded"
+
+
+def test_the_front_runners_are_timed_again_side_by_side(monkeypatch) -> None:
+    import h5pack.bench.loaders as loaders
+    import h5pack.bench.timing as timing
+    from h5pack.bench.compare import settle
+
+    asked: dict[str, Any] = {}
+
+    class Loader:
+        def __init__(self, dataset: str, pattern: str, **kwargs: Any) -> None:
+            assert pattern == "chunk"
+            self.dataset = dataset
+
+        def close(self) -> None:
+            pass
+
+    def interleaved(runs: dict[str, Any], **kwargs: Any) -> dict[str, Timing]:
+        asked.update(runs=sorted(runs), **kwargs)
+        # side by side the drift cancels: raw-4m is clearly ahead now
+        rates = {"raw-contig": (800, 820, 810), "raw-4m": (1200, 1210, 1190)}
+        return {name: _runs(name, rates[name], 1).patterns["chunk"].timing for name in runs}
+
+    monkeypatch.setattr(loaders, "open_dataset", lambda path, *args, **kwargs: path)
+    monkeypatch.setattr(loaders, "PatternLoader", Loader)
+    monkeypatch.setattr(timing, "time_interleaved", interleaved)
+    variants = [
+        dataclasses.replace(_runs(name, rates, SIZES[name]), path=f"{name}.h5")
+        for name, rates in RUN_B.items()
+    ]
+    settled = settle(variants, CompareOptions(), TrainingRead())
+    assert asked["runs"] == ["raw-4m", "raw-contig"]  # the front-runners, not zstd
+    assert asked["repeats"] >= 3
+    by_name = {v.name: v for v in settled}
+    assert by_name["raw-4m"].patterns["chunk"].side_by_side
+    assert not by_name["zstd"].patterns["chunk"].side_by_side
+    choice = recommend(settled, available_bytes=10**12)
+    assert choice is not None
+    assert choice.name == "raw-4m"  # no longer too close: the settled runs do not overlap
+    assert choice.too_close == ()
+    assert any("were timed again side by side" in note for note in choice.notes)

@@ -23,6 +23,7 @@ VARIANTS = ("raw-contig", "raw-c8-gzip", "encoded-64k")
 REPEATS = 1
 BATCH_SIZE = 8
 TRAIN_SIZE = None
+KEEP = False
 """
 
 
@@ -67,6 +68,12 @@ def test_notebook_runs_on_tiny_data(kernel: str) -> None:
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "Use " in text  # the recommendation
     assert "bottleneck:" in text  # the diagnosis
+    # the last words name nothing the notebook deleted (issue 20.18)
+    last = [o for o in outputs if o.output_type == "stream"][-1].text.strip().splitlines()[-1]
+    assert "removed" in text
+    assert "KEEP = True keeps them" in text
+    assert "to build it from your own folder: h5pack convert YOUR_FOLDER out.h5" in last
+    assert "h5pack-notebook-" not in last
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
     assert len(images) >= 2  # the plots
     assert NOTEBOOK.read_bytes() == before  # outputs never written back

@@ -222,3 +222,22 @@ def test_info_says_what_it_measures(tmp_path) -> None:  # 13
     assert share <= 100  # was: 1765.6% "of the file", a view of a few KiB
     assert "shard-00000-of-00002.h5, shard-00001-of-00002.h5" in text
     assert str(tmp_path) not in text.split("layout")[1].split("\n")[0]  # no absolute paths
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_contiguous_batches_on_request(tmp_path, num_workers) -> None:  # 14
+    import torch
+
+    pack = make_pack(tmp_path / "p.h5")
+    default = next(iter(make_loader(pack, 4, num_workers=num_workers, shuffle=False)))[0]
+    assert not default.is_contiguous()  # channels-last views, no copy: the default
+    assert default.is_contiguous(memory_format=torch.channels_last)
+    loader = make_loader(
+        pack, 4, num_workers=num_workers, shuffle=False, memory_format=torch.contiguous_format
+    )
+    flat = next(iter(loader))[0]
+    assert flat.is_contiguous()
+    assert flat.view(4, -1).shape == (4, 6 * 5 * 3)
+    assert torch.equal(flat, default)
+    with pytest.raises(OptionsError, match=r"memory_format should be torch\.channels_last"):
+        make_loader(pack, 4, memory_format=torch.preserve_format)

@@ -137,6 +137,8 @@ class PatternResult:
         epoch_fraction: The share of an epoch each timed epoch covered: 1.0 for whole
             epochs, less when a slow pattern was timed on a prefix (``epoch_budget_s``,
             short under ``--quick``); its rate and reads rest on that prefix.
+        side_by_side: Timed again in ``compare``'s settling round, interleaved with the
+            other front-runners (see "A recommendation stable run to run").
     """
 
     pattern: str
@@ -150,6 +152,7 @@ class PatternResult:
     pair_repeat_shuffle: float = 0.0
     page_cache: str = "warm"
     epoch_fraction: float = 1.0
+    side_by_side: bool = False
 
     @property
     def partial(self) -> bool:

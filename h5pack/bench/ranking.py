@@ -165,7 +165,10 @@ def rank_key(result: VariantResult) -> float:
 # runs of the choice overlap those of a faster front-runner, the figures cannot tell them
 # apart: the line says "too close to call" and names both. Runs spread past
 # ``ROUGH_SPREAD`` carry bench's warning (the machine may be busy). The measurements are
-# lengthened until steady first (``MeasureOptions.target_spread``).
+# lengthened until steady first (``MeasureOptions.target_spread``), and the front-runners
+# of a comparison are then timed again side by side (``compare``'s settling round: their
+# epochs alternate, A B A B, so that the machine's load, which moved a variant 2.5x from one
+# comparison to the next on the shared machine, falls on each alike).
 
 # Runs of one variant differing by more than this (fastest - slowest over median) make its
 # figures rough: the warning bench prints for an unsteady figure.
@@ -174,6 +177,25 @@ ROUGH_SPREAD = 0.2
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def front_runners(results: Sequence[VariantResult]) -> list[VariantResult]:
+    """Return the variants the figures cannot rank below the fastest (see the note).
+
+    A front-runner's median is within ``AS_FAST`` of the fastest's, or its fastest run
+    reaches ``AS_FAST`` of the fastest variant's slowest run.
+    """
+    if not results:
+        return []
+    best = max(rank_key(r) for r in results)
+    fastest = max(results, key=rank_key)
+    # NOTE [ A recommendation stable run to run ]
+    floor = AS_FAST * min(fastest.interval(rank_pattern(fastest))[0] or best, best)
+    return [
+        r
+        for r in results
+        if rank_key(r) >= AS_FAST * best or r.interval(rank_pattern(r))[1] >= floor
+    ]
 
 
 def _rough_note(results: Sequence[VariantResult]) -> str | None:
@@ -264,13 +286,7 @@ def recommend(
     trusted = [r for r in candidates if not r.overstated] or candidates
     best = max(rank_key(r) for r in trusted)
     fastest = max(trusted, key=rank_key)
-    # NOTE [ A recommendation stable run to run ]
-    floor = AS_FAST * min(fastest.interval(rank_pattern(fastest))[0] or best, best)
-    close = [
-        r
-        for r in trusted
-        if rank_key(r) >= AS_FAST * best or r.interval(rank_pattern(r))[1] >= floor
-    ]
+    close = front_runners(trusted)
     choice = min(close, key=lambda r: (r.file_bytes, -rank_key(r)))
     span = choice.interval(rank_pattern(choice))
     tied = [
@@ -322,6 +338,14 @@ def recommend(
         )
     notes.insert(1 if others else 0, _memory_note(results, available_bytes, cache_share))
     rough = _rough_note(trusted)
+    side = [r.name for r in trusted if any(p.side_by_side for p in r.patterns.values())]
+    if len(side) > 1:
+        notes.insert(
+            0,
+            f"The front-runners {_names([r for r in trusted if r.name in side])} were timed "
+            "again side by side, their epochs alternating, so that a change in the machine's "
+            "load falls on each alike: their chunk-aware figures are from that round.",
+        )
     if rough is not None:
         notes.insert(0, rough)
     return Recommendation(

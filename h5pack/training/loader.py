@@ -169,6 +169,24 @@ def collate_batch(batch: Sequence[Any]) -> Any:
     return (images, *_collate_rest(batch))
 
 
+class ContiguousCollate:
+    """Collate with ``collate``, then make the image batch (the first tensor) contiguous.
+
+    Picklable, so that it runs where the batch is made (a worker): the copy costs the
+    worker, not the training loop. See ``make_loader``'s ``memory_format``.
+    """
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: Any) -> Any:
+        """Return the collated batch with a contiguous image tensor."""
+        batch = self.collate(samples)
+        if isinstance(batch, tuple) and batch and isinstance(batch[0], torch.Tensor):
+            return (batch[0].contiguous(), *batch[1:])
+        return batch
+
+
 def auto_workers(
     dataset: H5ImageDataset, num_workers: int | Literal["auto"] = "auto", cores: int | None = None
 ) -> tuple[int, int]:
@@ -346,6 +364,7 @@ def make_loader(
     multiprocessing_context: Any = None,
     collate: Literal["stack", "list"] = "stack",
     collate_fn: Callable[[Any], Any] | None = None,
+    memory_format: torch.memory_format = torch.channels_last,
     transform: Callable[[Any], Any] | None = None,
     target_transform: Callable[[int], Any] | None = None,
     output: Output | None = None,
@@ -389,6 +408,12 @@ def make_loader(
             their own sizes (detection, or any model that takes mixed sizes).
         collate_fn: Default: ``collate_batch`` (one preallocated uint8 tensor per batch), or
             ``collate_list`` with ``collate="list"``.
+        memory_format: The layout of the stacked image batches. ``torch.channels_last``
+            (the default): (B, C, H, W) views of (B, H, W, C) pixels, as packs store them,
+            with no copy (what convnets run fastest on; ``x.is_contiguous()`` is False and
+            ``x.view(B, -1)`` raises). ``torch.contiguous_format``: each batch copied to
+            a contiguous tensor where it is collated (in the worker), for models that
+            flatten or ``view`` their input.
         transform: As for ``H5ImageDataset`` (only when given a path).
         target_transform: As for ``H5ImageDataset`` (only when given a path).
         output: As for ``H5ImageDataset`` (only when given a path; default ``"tensor"``).
@@ -512,6 +537,13 @@ def make_loader(
         }
     if collate_fn is None:
         collate_fn = collate_list if collate == "list" else collate_batch
+    if memory_format == torch.contiguous_format:
+        collate_fn = ContiguousCollate(collate_fn)
+    elif memory_format != torch.channels_last:
+        raise OptionsError(
+            "memory_format should be torch.channels_last (the default, no copy) or "
+            f"torch.contiguous_format, but got memory_format={memory_format!r}"
+        )
     configured = dataset.configured(options, seed=seed)
     if isinstance(configured, H5ImageDataset):  # a remote reader fetches ahead by the plan
         configured.planner = sampler.plan
