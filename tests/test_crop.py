@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from h5pack.core.decode import Backend, _orient, decode_image, resize_image
+from h5pack.core.decode import Backend, apply_orientation, decode_image, resize_image
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read import boxes
 from h5pack.read.boxes import stored_box
@@ -661,7 +661,7 @@ def test_decode_crop_exif_orientation(orientation: int, crop: str) -> None:
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_stored_box_undoes_the_orientation(orientation: int) -> None:
     stored = np.random.default_rng(0).integers(0, 256, (7, 11, 1), dtype=np.uint8)
-    displayed = _orient(stored, orientation)
+    displayed = apply_orientation(stored, orientation)
     for box in [Box(0, 0, 1, 1), Box(1, 2, 3, 4), Box(2, 1, 4, 3), Box(0, 0, *displayed.shape[:2])]:
         top, left, h, w = box
         if top + h > displayed.shape[0] or left + w > displayed.shape[1]:
@@ -669,7 +669,7 @@ def test_stored_box_undoes_the_orientation(orientation: int) -> None:
         s_top, s_left, s_h, s_w = stored_box(box, orientation, 7, 11)
         cut = stored[s_top : s_top + s_h, s_left : s_left + s_w]
         np.testing.assert_array_equal(
-            _orient(cut, orientation), displayed[top : top + h, left : left + w]
+            apply_orientation(cut, orientation), displayed[top : top + h, left : left + w]
         )
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack.core.decode import _orientation
+from h5pack.core.decode import exif_orientation
 from h5pack.core.jpeg import JpegHeader, read_jpeg_header
 from h5pack.synthetic import synthesize_photo
 
@@ -20,7 +20,7 @@ def encode(image: Image.Image, **params) -> bytes:
 
 def pillow_header(data: bytes) -> JpegHeader:
     with Image.open(io.BytesIO(data)) as image:
-        return JpegHeader(*image.size, image.mode, _orientation(image))
+        return JpegHeader(*image.size, image.mode, exif_orientation(image))
 
 
 def exif_block(orientation: int, order: str = "<", kind: int = 3) -> bytes:

@@ -11,6 +11,7 @@
   metadata is reported instead of hanging (``probe_pack``, ``probe_packs``).
 """
 
+from h5pack.check.entry import verify_pack
 from h5pack.check.info import (
     PackInfo,
     PackSetInfo,
@@ -21,7 +22,7 @@ from h5pack.check.info import (
 )
 from h5pack.check.packset import verify_packset
 from h5pack.check.probe import PROBE_TIMEOUT_S, probe_pack, probe_packs
-from h5pack.check.verify import DEFAULT_TOLERANCE, Problem, VerifyReport, verify_pack
+from h5pack.check.report import DEFAULT_TOLERANCE, Problem, VerifyReport
 
 __all__ = [
     "DEFAULT_TOLERANCE",

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from h5pack._types import StrPath
 from h5pack.check.probe import probe_packs
+from h5pack.check.report import DEFAULT_TOLERANCE, Problem, VerifyReport
 from h5pack.check.source import SourceShard, compare_source
-from h5pack.check.verify import DEFAULT_TOLERANCE, Problem, VerifyReport, check_pack
+from h5pack.check.verify import check_pack
 from h5pack.core import format as fmt
 from h5pack.core.packset import PackSetManifest, check_shard, member_problems, pack_paths
 from h5pack.errors import FormatError, H5PackError

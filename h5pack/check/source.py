@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from h5pack._types import StrPath, parse_choice
-from h5pack.check.verify import Problem, VerifyReport
+from h5pack.check.report import Problem, VerifyReport
 from h5pack.core import format as fmt
 from h5pack.core.decode import BACKENDS, RESIZE_METHODS, decode_image, load_file
 from h5pack.errors import DecodeError

@@ -1,4 +1,10 @@
-"""Whether a pack is intact: ``verify_pack`` (``h5pack verify``)."""
+"""Whether one pack is intact: ``check_pack``, the checks ``h5pack verify`` runs on each pack.
+
+``check.entry.verify_pack`` dispatches to it, to ``check.packset`` for a set and to
+``check.source`` for a comparison with the source folder; the reports' types live in
+``check.report``, which every one of them imports (no module of ``check`` imports another
+that imports it back; tests/test_layers.py checks).
+"""
 
 from __future__ import annotations
 
@@ -6,95 +12,16 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.check.probe import probe_pack
+from h5pack.check.report import Problem, VerifyReport
 from h5pack.core import format as fmt
 from h5pack.core import integrity
-from h5pack.core.packset import is_packset, meta_digest
-from h5pack.core.source import is_url
-from h5pack.errors import DecodeError, FormatError, OptionsError, PackReplacedError
-from h5pack.read.packset import PackSource
-
-# Mean absolute difference (0..255 levels) below which decoded pixels count as the same
-# image: decoders of different versions differ by a level here and there, a re-encoded,
-# edited or rotated image by far more.
-DEFAULT_TOLERANCE = 1.0
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a pack: the sample (index, or None) and path concerned, and what.
-
-    Attributes:
-        index: The sample (in a pack set, its index within ``shard``), or None.
-        path: The sample's (or a source file's) relative path, or "".
-        message: What is wrong.
-        shard: In a pack set: the shard file concerned (the manifest for the set as a
-            whole), or "" when the problem is a source file in no shard.
-    """
-
-    index: int | None
-    path: str
-    message: str
-    shard: str = ""
-
-    def __str__(self) -> str:
-        if self.index is not None:
-            where = f"sample {self.index}"
-        elif self.path:
-            where = "source"
-        else:
-            where = "" if self.shard else "pack"
-        if self.path:
-            where += f" ({self.path})"
-        if self.shard:
-            where = f"{self.shard}: {where}" if where else self.shard
-        return f"{where}: {self.message}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class VerifyReport:
-    """The outcome of ``verify_pack``.
-
-    Attributes:
-        path: The pack (a pack set's manifest, or its first pack for a list).
-        num_samples: Samples in the pack (set).
-        num_verified: Samples whose digests matched and that decoded to their shape.
-        problems: Everything found wrong, by sample index and path (and shard).
-        num_shards: Shards of a pack set (0 for a pack).
-        num_source: Images found in the source folder, when one was given.
-        missing: Samples in the pack whose file is not in the source folder.
-        extra: Images in the source folder that are not in the pack and were not skipped
-            at conversion.
-        skipped: Images in the source folder that the conversion skipped (the pack
-            records them): accounted for, not a problem.
-        mismatched: Samples whose label differs from the source's.
-        changed: Samples whose content differs from their source file's.
-        num_compared: Samples whose content was compared with their source file.
-    """
-
-    path: str
-    num_samples: int
-    num_verified: int
-    problems: tuple[Problem, ...]
-    num_shards: int = 0
-    num_source: int | None = None
-    missing: int = 0
-    extra: int = 0
-    skipped: int = 0
-    mismatched: int = 0
-    changed: int = 0
-    num_compared: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """Whether nothing is wrong."""
-        return not self.problems
+from h5pack.core.packset import meta_digest
+from h5pack.errors import DecodeError, FormatError, PackReplacedError
 
 
 def _structure_problems(meta: fmt.PackMeta, paths: list[str]) -> list[Problem]:
@@ -160,92 +87,6 @@ def _metadata_problems(meta: fmt.PackMeta, paths: list[str] | None) -> list[Prob
         )
         for name in damaged
     ]
-
-
-def verify_pack(
-    path: PackSource,
-    *,
-    source: StrPath | None = None,
-    labels_csv: StrPath | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    tolerance: float = DEFAULT_TOLERANCE,
-    progress: Callable[[int], None] | None = None,
-    timeout_s: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> VerifyReport:
-    """Check a pack: its metadata digests, structure, every sample; optionally its source.
-
-    Samples are read chunk by chunk and checked against both their CRC32 and (format 1.1)
-    their XXH3-64. A chunk that cannot be read (a corrupt compressed chunk) is reported for
-    its range of samples; nothing raises for damaged data or damaged metadata that still
-    locates the samples. A pack set (its directory or manifest, or a list of packs) is
-    checked by ``verify_packset``.
-
-    Args:
-        path: The pack.
-        source: The image folder it was made from: every image there must be in the pack
-            (or recorded as skipped) with the same class and content, and nothing else.
-        labels_csv: Labels CSV of the source (default: the one recorded in the pack, if it
-            still exists).
-        sample: Compare the content of this many samples, chosen at random with ``seed``,
-            instead of all (presence and labels are always checked for every file).
-        seed: Seed of that choice.
-        tolerance: Raw packs: the largest mean absolute difference (levels) between the
-            stored pixels and the source file decoded (and resized) again that counts as
-            the same image.
-        progress: Called with the number of samples just checked.
-        timeout_s: Read the metadata in a child process first, under this time limit (see
-            ``probe_pack``); ``None`` reads it in this process.
-        storage_options: The remote client's settings for a URL. A remote pack's samples
-            are read through HDF5 over ranged GETs (not from its compact index's chunk
-            table), so verify also checks that HDF5's metadata and the index agree.
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack, or its metadata is too damaged to locate the
-            samples.
-    """
-    if is_packset(path):
-        from h5pack.check.packset import verify_packset
-
-        if any(is_url(p) for p in ([path] if isinstance(path, str | os.PathLike) else path)):
-            raise OptionsError(
-                "verify reads one remote pack at a time: give each shard's URL "
-                "(h5pack info lists them)"
-            )
-        return verify_packset(
-            path,
-            source=source,
-            labels_csv=labels_csv,
-            sample=sample,
-            seed=seed,
-            tolerance=tolerance,
-            progress=progress,
-            timeout_s=timeout_s,
-        )
-    assert isinstance(path, str | os.PathLike)  # is_packset: one path
-    text = os.fspath(path)
-    if timeout_s is not None and not is_url(text):
-        probe_pack(text, timeout_s=timeout_s, strict=False)
-    checked = check_pack(text, progress=progress, storage_options=storage_options)
-    if source is None:
-        return checked.report
-    from h5pack.check.source import SourceShard, compare_source
-
-    meta = checked.meta
-    csv = labels_csv if labels_csv is not None else meta.options.get("labels_csv")
-    if csv is not None and labels_csv is None and not Path(csv).exists():
-        csv = None
-    return compare_source(
-        checked.report,
-        [SourceShard(name="", path=text, meta=meta, paths=checked.paths)],
-        source,
-        labels_csv=csv,
-        sample=sample,
-        seed=seed,
-        tolerance=tolerance,
-    )
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> None
         raise ValueError(f"{name} should be one of {choices}, but got {name}={value!r}")
 
 
-def _open_pillow(data: bytes, name: str, max_pixels: int | None) -> Image.Image:
+def open_pillow(data: bytes, name: str, max_pixels: int | None) -> Image.Image:
     """Open ``data`` lazily (header only) and check its size; the caller closes it."""
     if not data:
         raise DecodeError(f"{name}: empty file (0 bytes), not an image")
@@ -141,7 +141,7 @@ def _open_pillow(data: bytes, name: str, max_pixels: int | None) -> Image.Image:
     return image
 
 
-def _orientation(image: Image.Image) -> int:
+def exif_orientation(image: Image.Image) -> int:
     """Return the EXIF orientation (1..8) readable without decoding pixels; 1 if none."""
     if image.format == "PNG" and "exif" not in image.info:
         return 1  # see the module docstring: getexif() would decode the whole PNG
@@ -152,7 +152,7 @@ def _orientation(image: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
+def apply_orientation(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """Apply an EXIF orientation to an (H, W, C) array (as ``ImageOps.exif_transpose``)."""
     if orientation == 2:
         return pixels[:, ::-1]
@@ -183,7 +183,7 @@ def _from_float(values: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(scaled, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def _pillow_pixels(image: Image.Image) -> np.ndarray:
+def pillow_pixels(image: Image.Image) -> np.ndarray:
     """Return the loaded image as (H, W, C) uint8 with C = 1 (L), 2 (LA), 3 (RGB) or 4 (RGBA)."""
     mode = image.mode
     transparent = "transparency" in image.info
@@ -210,7 +210,7 @@ def _palette_has_alpha(image: Image.Image) -> bool:
 
 
 def _decode_pillow(image: Image.Image, name: str, *, pixels: bool = True) -> np.ndarray | None:
-    """Load ``image``'s pixels; return them as ``_pillow_pixels`` does (None: ``pixels=False``)."""
+    """Load ``image``'s pixels; return them as ``pillow_pixels`` does (None: ``pixels=False``)."""
     width, height = image.size
     pil_limit = Image.MAX_IMAGE_PIXELS
     huge = pil_limit is not None and width * height > pil_limit
@@ -218,14 +218,14 @@ def _decode_pillow(image: Image.Image, name: str, *, pixels: bool = True) -> np.
         # Pillow can re-check sizes while loading (TIFF tiles, GIF frames).
         with _pillow_bomb_warning_silenced() if huge else contextlib.nullcontext():
             image.load()
-            return _pillow_pixels(image) if pixels else None
+            return pillow_pixels(image) if pixels else None
     except Exception as err:  # truncated or corrupt data raises OSError, SyntaxError, ...
         raise DecodeError(f"{name}: cannot decode {image.format} image: {err}") from err
 
 
 # NOTE [ Decoding without the array ]: a conversion worker decodes every file, and before
 # the fast paths below it went Pillow image -> numpy array (``np.asarray``: a copy, read-only)
-# -> a writable copy (``_finish``) -> a Pillow image again (``Image.fromarray``: a copy)
+# -> a writable copy (``finish_pixels``) -> a Pillow image again (``Image.fromarray``: a copy)
 # -> resized -> numpy (two copies). For the common case, an 8-bit RGB image without
 # transparency or EXIF rotation decoded by Pillow into 3 channels, the array is exactly
 # Pillow's own pixels, so ``decode_resized`` resizes the loaded Pillow image itself, and
@@ -236,17 +236,19 @@ def _decode_pillow(image: Image.Image, name: str, *, pixels: bool = True) -> np.
 
 
 def _plain_rgb(image: Image.Image) -> bool:
-    """Whether ``_pillow_pixels`` of ``image`` would be ``np.asarray(image)`` itself."""
+    """Whether ``pillow_pixels`` of ``image`` would be ``np.asarray(image)`` itself."""
     return image.mode == "RGB" and "transparency" not in image.info
 
 
 def _fast_path(image: Image.Image, backend: Backend, channels: int) -> bool:
     """Whether ``image`` (opened, not loaded) can skip the array (NOTE [ Decoding ... ])."""
-    return backend == "pillow" and channels == 3 and _plain_rgb(image) and _orientation(image) == 1
+    return (
+        backend == "pillow" and channels == 3 and _plain_rgb(image) and exif_orientation(image) == 1
+    )
 
 
 def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
-    """Decode with OpenCV into the same (H, W, C) form as ``_pillow_pixels``; None to defer.
+    """Decode with OpenCV into the same (H, W, C) form as ``pillow_pixels``; None to defer.
 
     None hands the file to Pillow: a format not in ``_OPENCV_FORMATS``, a file OpenCV
     cannot decode (its error would be less precise than Pillow's), or a result that is not
@@ -312,7 +314,7 @@ def _luminance(rgb: np.ndarray) -> np.ndarray:
     return luma.astype(np.uint8)[:, :, None]
 
 
-def _finish(pixels: np.ndarray, channels: int) -> ImageArray:
+def finish_pixels(pixels: np.ndarray, channels: int) -> ImageArray:
     """Composite alpha and convert to ``channels``; return a fresh C-contiguous array."""
     if pixels.shape[2] in (2, 4):
         pixels = _composite(pixels)
@@ -352,20 +354,20 @@ def decode_image(
         ValueError: ``backend``, ``channels`` or ``max_pixels`` is invalid.
     """
     max_pixels = _checked_decode_args(backend, channels, max_pixels)
-    image = _open_pillow(data, name, max_pixels)
+    image = open_pillow(data, name, max_pixels)
     try:
-        orientation = _orientation(image)
+        orientation = exif_orientation(image)
         pixels = _decode_opencv(data, image) if backend == "opencv" else None
         if pixels is None:
             pixels = _decode_pillow(image, name)
             assert pixels is not None
-            if orientation != 1 and _orientation(image) == 1:
+            if orientation != 1 and exif_orientation(image) == 1:
                 # Pillow applied the orientation itself while loading, and dropped the tag
                 # (recent Pillow does so for TIFF).
                 orientation = 1
     finally:
         image.close()
-    return _finish(_orient(pixels, orientation), channels)
+    return finish_pixels(apply_orientation(pixels, orientation), channels)
 
 
 def _checked_decode_args(backend: Backend, channels: int, max_pixels: int | None) -> int:
@@ -410,7 +412,7 @@ def decode_resized(
     _check_choice("method", method, RESIZE_METHODS)
     limit = _checked_decode_args(backend, channels, max_pixels)
     target_h, target_w = _check_size(size)
-    image = _open_pillow(data, name, limit)
+    image = open_pillow(data, name, limit)
     try:
         if _fast_path(image, backend, channels):
             _decode_pillow(image, name, pixels=False)
@@ -447,10 +449,10 @@ def decoded_size(
         ValueError: An invalid backend, channels or max_pixels.
     """
     limit = _checked_decode_args(backend, channels, max_pixels)
-    image = _open_pillow(data, name, limit)
+    image = open_pillow(data, name, limit)
     try:
         plain = image.mode in ("RGB", "L") and "transparency" not in image.info
-        if backend == "pillow" and plain and _orientation(image) == 1:
+        if backend == "pillow" and plain and exif_orientation(image) == 1:
             _decode_pillow(image, name, pixels=False)
             if image.mode in ("RGB", "L") and "transparency" not in image.info:
                 width, height = image.size
@@ -477,10 +479,10 @@ def probe_size(data: bytes, *, name: str = "<bytes>") -> tuple[int, int]:
         DecodeError: The header cannot be read (not an image, empty, corrupt), or the size
             is over Pillow's own hard limit.
     """
-    image = _open_pillow(data, name, None)
+    image = open_pillow(data, name, None)
     try:
         width, height = _stored_size(image)
-        orientation = _orientation(image)
+        orientation = exif_orientation(image)
     finally:
         image.close()
     return (width, height) if orientation >= 5 else (height, width)

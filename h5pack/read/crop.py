@@ -36,12 +36,12 @@ from h5pack.core.decode import (
     MAX_IMAGE_PIXELS,
     Backend,
     ImageArray,
-    _finish,
-    _open_pillow,
-    _orient,
-    _orientation,
-    _pillow_pixels,
+    apply_orientation,
     decode_image,
+    exif_orientation,
+    finish_pixels,
+    open_pillow,
+    pillow_pixels,
 )
 from h5pack.core.jpeg import JpegHeader, read_jpeg_header
 from h5pack.errors import DecodeError, OptionsError
@@ -372,7 +372,7 @@ def decode_pixels(
     header = _jpeg_of(data, name, limit)
     if header is not None and header.mode in ("RGB", "L") and header.orientation == 1:
         pixels = _decode_jpeg(header, data, 1, name)
-        return pixels if pixels.shape[2] == channels else _finish(pixels, channels)
+        return pixels if pixels.shape[2] == channels else finish_pixels(pixels, channels)
     return decode_image(data, name=name, backend=backend, channels=channels, max_pixels=limit)
 
 
@@ -428,7 +428,7 @@ def _jpeg_of(data: bytes, name: str, limit: int) -> JpegHeader | None:
         limit, pillow_limit if pillow_limit else limit
     ):
         return header
-    image = _open_pillow(data, name, limit)
+    image = open_pillow(data, name, limit)
     try:
         if (
             isinstance(image, ImageFile.ImageFile)
@@ -437,7 +437,7 @@ def _jpeg_of(data: bytes, name: str, limit: int) -> JpegHeader | None:
             and len(image.tile) == 1
         ):
             width, height = image.size
-            return JpegHeader(width, height, image.mode, _orientation(image))
+            return JpegHeader(width, height, image.mode, exif_orientation(image))
     finally:
         image.close()
     return None
@@ -485,8 +485,8 @@ def _resize_jpeg_into(
             return
         small = np.empty((out_h, out_w, view.shape[2]), dtype=np.uint8)
         resize(view, small)
-    oriented = _orient(small, orientation)
-    out[...] = _finish(oriented[:, ::-1] if flip else oriented, out.shape[2])
+    oriented = apply_orientation(small, orientation)
+    out[...] = finish_pixels(oriented[:, ::-1] if flip else oriented, out.shape[2])
 
 
 def crop_decoded_into(
@@ -578,7 +578,7 @@ def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> 
         expected = (-(-stored_h // reduction), -(-stored_w // reduction))
         if pixels is not None and pixels.shape[:2] == expected:
             return pixels
-    image = _open_pillow(data, name, None)
+    image = open_pillow(data, name, None)
     try:
         if reduction > 1:
             # Pillow's draft picks the largest of 8, 4, 2 not over min(W // w, H // h),
@@ -587,7 +587,7 @@ def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> 
         # JPEG loading does not re-check Pillow's decompression-bomb limit (the header
         # did), so unlike decode._decode_pillow no warning needs silencing here.
         image.load()
-        return _pillow_pixels(image)
+        return pillow_pixels(image)
     except Exception as err:  # truncated or corrupt data raises OSError, SyntaxError, ...
         raise DecodeError(f"{name}: cannot decode {image.format} image: {err}") from err
     finally:
