@@ -39,5 +39,5 @@ def s3_bucket(s3_server: S3Server, s3_proxy: FaultProxy) -> Bucket:
         s3_server,
         s3_proxy,
         f"bucket-{next(_buckets)}",
-        {"backoff_s": 0.0, "read_timeout_s": 2.0, "connect_timeout_s": 2.0},
+        {"backoff_s": 0.0, "read_timeout_s": 15.0, "connect_timeout_s": 15.0},
     )

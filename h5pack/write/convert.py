@@ -388,10 +388,15 @@ def _open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
 _SAMPLE_METADATA_BYTES = 8 + 12 + 4 + 8 + 8
 _BLOB_METADATA_BYTES = 16
 _METADATA_SLACK_BYTES = 2**15
+# The compact index appended at publish (NOTE [ Compact index ] in core/index) copies the
+# per-sample arrays and the paths once more, with a length per path and an entry per chunk:
+# at most one chunk a sample, its offsets (up to 4 x int64) and its byte offset, size and
+# filter mask (3 x int64); its JSON header (attributes, classes) counts in a second slack.
+_INDEX_SAMPLE_BYTES = 4 + 4 * 8 + 3 * 8
 
 
 def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
-    """Return about the bytes a pack's metadata takes on disk, erring on the large side.
+    """Return about the bytes a pack's metadata and compact index take, erring on the large side.
 
     Args:
         num_samples: Samples in the pack.
@@ -400,7 +405,9 @@ def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
     """
     per_sample = _SAMPLE_METADATA_BYTES + (_BLOB_METADATA_BYTES if blob else 0)
     data = num_samples * per_sample + path_bytes
-    return data + data // 16 + _METADATA_SLACK_BYTES
+    hdf5 = data + data // 16 + _METADATA_SLACK_BYTES
+    index = data + num_samples * _INDEX_SAMPLE_BYTES + _METADATA_SLACK_BYTES
+    return hdf5 + index
 
 
 def min_pack_bytes(plan: StoragePlan, files: Sequence[SourceFile]) -> int:
