@@ -23,7 +23,7 @@ from h5pack.bench.s3local import Bucket as ServerBucket
 from h5pack.bench.s3local import Fault
 from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
-from h5pack.errors import H5PackError, OptionsError, RemoteError
+from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write import publish, upload
 from h5pack.write.builder import ConvertEvent
@@ -104,6 +104,16 @@ def test_an_existing_object_is_refused_by_url(
         convert(folder, s3_bucket.url("set/"), ONE, storage_options=store, staging_dir=staging)
     again = convert(folder, url, ONE, overwrite=True, storage_options=store, staging_dir=staging)
     assert again.path == url
+
+
+def test_a_missing_bucket_is_said_before_converting(
+    folder: Path, s3_bucket: ServerBucket, staging: Path
+) -> None:
+    url = "s3://no-such-bucket/pack.h5"
+    with pytest.raises(PackNotFoundError, match=r"no bucket 'no-such-bucket' at http"):
+        convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
+    assert list(staging.iterdir()) == []
+    assert s3_bucket.proxy.counts.requests.get("PUT", 0) == 0
 
 
 def test_a_large_pack_goes_up_in_parts(

@@ -475,8 +475,8 @@ def merge_with_urls(
     emit = on_event or _ignore
     if virtual:
         raise OptionsError(
-            "--virtual writes a view that reads its sources by local path; it cannot read "
-            "from or point into a bucket: merge without --virtual"
+            f"--virtual writes a view that reads its sources by local path; it cannot read "
+            f"from or point into a bucket ({os.fspath(target)}): merge without --virtual"
         )
     options = dict(storage_options or {})
     target_text = os.fspath(target)

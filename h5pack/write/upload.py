@@ -468,8 +468,11 @@ class Bucket:
     def sweep(self, keys: Sequence[str]) -> list[PendingUpload]:
         """Abort the incomplete multipart uploads under ``keys``; return them.
 
-        NOTE [ Publishing in a bucket ]. Never raises: a sweep that fails is logged (the
-        parts stay until a later run, or the bucket's lifecycle rule, removes them).
+        NOTE [ Publishing in a bucket ]. A sweep that fails is logged (the parts stay until
+        a later run, or the bucket's lifecycle rule, removes them).
+
+        Raises:
+            PackNotFoundError: the bucket does not exist.
         """
         if not keys:
             return []
@@ -478,6 +481,8 @@ class Bucket:
         prefix = os.path.commonprefix(sorted(wanted))  # noqa: RUF071
         try:
             pending = [u for u in self.pending(prefix) if u.key in wanted]
+        except PackNotFoundError:
+            raise  # no such bucket: said before anything is converted
         except H5PackError as err:
             logger.warning(
                 "could not list the incomplete uploads under %s: %s", self.url(prefix), err
