@@ -74,3 +74,18 @@ def test_cli_dask_local(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"manifest {tmp_path / 'set' / MANIFEST_NAME}" in result.output
     assert contents(tmp_path / "set") == contents(tmp_path / "one.h5")
+
+
+def test_dask_into_a_bucket(client: Any, tmp_path: Path, s3_bucket: Any) -> None:
+    folder = tmp_path / "images"
+    make_image_folder(folder, SampleSpec(num_images=20, num_classes=2, size=(12, 16)))
+    convert(folder, tmp_path / "one.h5", ConvertOptions(workers=1))
+    url = s3_bucket.url("set/")
+    store = {**s3_bucket.storage_options, "read_timeout_s": 30.0}
+    report = convert_on_dask(client, folder, url, ConvertOptions(), shards=2, storage_options=store)
+    assert report.manifest == url + MANIFEST_NAME
+    assert [s.path for s in report.shards] == [url + shard_name(i, 2) for i in range(2)]
+    # each task staged its shard on its worker and uploaded it; the client wrote the manifest
+    assert contents(s3_bucket.path / "set") == contents(tmp_path / "one.h5")
+    again = convert_on_dask(client, folder, url, ConvertOptions(), shards=2, storage_options=store)
+    assert [s.status for s in again.shards] == ["reused"] * 2

@@ -138,11 +138,22 @@ def _example_pages() -> list[Path]:
 
 
 @pytest.mark.parametrize("page", _example_pages(), ids=lambda page: page.name)
-def test_page_examples_run(page: Path, images: Path, tmp_path: Path, monkeypatch) -> None:
+def test_page_examples_run(
+    page: Path, images: Path, tmp_path: Path, monkeypatch, request: pytest.FixtureRequest
+) -> None:
     import shutil
 
     shutil.copytree(images, tmp_path / "images")
     monkeypatch.chdir(tmp_path)
+    if "AWS_ENDPOINT_URL" in page.read_text(encoding="utf-8"):
+        # A page about buckets talks to the tests' local S3 server (tests/conftest.py),
+        # through the proxy that answers ranged GETs as S3 does, set as its shell would.
+        server, proxy = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_proxy")
+        settings = server.storage_options(proxy.endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", settings["endpoint"])
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", settings["access_key_id"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", settings["secret_access_key"])
+        monkeypatch.setenv("AWS_REGION", settings["region"])
     namespace: dict[str, object] = {"__name__": "__docs__"}
     for block in blocks(page):
         if block.run:

@@ -58,7 +58,8 @@ def staging(tmp_path: Path) -> Path:
 
 
 def options_of(bucket: ServerBucket) -> dict[str, Any]:
-    return dict(bucket.storage_options)
+    # the fixture's 2 s timeouts are for reads; a PUT on a loaded 2-core machine takes longer
+    return {**bucket.storage_options, "read_timeout_s": 30.0}
 
 
 def writer(bucket: ServerBucket) -> Bucket:
@@ -271,6 +272,55 @@ def test_a_set_in_a_bucket_reads_back_as_a_local_set(
     assert [e.file_bytes for e in manifest.shards] == [s.file_bytes for s in report.shards]
 
 
+def test_a_restart_in_a_bucket_reuses_matching_shards_and_refuses_others(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path
+) -> None:
+    url = s3_bucket.url("set/")
+    store = options_of(s3_bucket)
+    first = convert_set(
+        folder, url, ONE, shards=2, only=1, storage_options=store, staging_dir=staging
+    )
+    assert first.manifest is None
+    assert first.missing == (0,)
+    assert writer(s3_bucket).info("set/" + MANIFEST_NAME) is None  # the manifest comes last
+    s3_bucket.proxy.reset_counts()
+    done = convert_set(folder, url, ONE, shards=2, storage_options=store, staging_dir=staging)
+    assert [s.status for s in done.shards] == ["written", "reused"]
+    assert s3_bucket.proxy.counts.requests.get("PUT", 0) == 2  # shard 0 and the manifest
+    assert contents(stored(s3_bucket, "set")) == contents(single)
+    # The manifest of another split: refused by its URL.
+    with pytest.raises(TargetExistsError, match=rf"{url}{MANIFEST_NAME} describes a pack set"):
+        convert_set(folder, url, ONE, shards=3, storage_options=store, staging_dir=staging)
+    # A shard of another split under the same name: refused by its URL.
+    writer(s3_bucket).delete("set/" + MANIFEST_NAME)  # through S3: rclone caches listings
+    other = ConvertOptions(workers=1, seed=1)
+    name = url + shard_name(0, 2)
+    with pytest.raises(TargetExistsError, match=rf"{name} exists but is not shard 0/2.*seed"):
+        convert_set(
+            folder, url, other, shards=2, only=0, storage_options=store, staging_dir=staging
+        )
+    rebuilt = convert_set(
+        folder, url, other, shards=2, overwrite=True, storage_options=store, staging_dir=staging
+    )
+    assert [s.status for s in rebuilt.shards] == ["written", "written"]
+    assert load_manifest(stored(s3_bucket, "set")).seed == 1
+
+
+def test_a_damaged_shard_in_a_bucket_is_refused_by_url(
+    folder: Path, s3_bucket: ServerBucket, staging: Path
+) -> None:
+    url = s3_bucket.url("set/")
+    store = options_of(s3_bucket)
+    convert_set(folder, url, ONE, shards=2, only=0, storage_options=store, staging_dir=staging)
+    key = "set/" + shard_name(0, 2)
+    damaged = staging.parent / "damaged.h5"
+    damaged.write_bytes(stored(s3_bucket, key).read_bytes()[:-4096])  # an interrupted copy
+    writer(s3_bucket).upload(damaged, key)  # through S3: rclone caches what it serves
+    name = url + shard_name(0, 2)
+    with pytest.raises(TargetExistsError, match=rf"{name} exists.*cannot be read"):
+        convert_set(folder, url, ONE, shards=2, storage_options=store, staging_dir=staging)
+
+
 def test_cli_converts_into_a_bucket_from_the_environment(
     folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
 ) -> None:
@@ -322,3 +372,20 @@ def test_merge_reads_and_writes_urls(
     with pytest.raises(TargetExistsError, match=rf"{url} already exists"):
         merge_packs(s3_bucket.url("set/"), url, storage_options=store, staging_dir=staging)
     assert list(staging.iterdir()) == []
+
+
+def test_cli_takes_storage_options(
+    folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, tmp_path: Path
+) -> None:
+    flags = [f"--storage-option={k}={v}" for k, v in options_of(s3_bucket).items()]
+    url = s3_bucket.url("flags.h5")
+    converted = CliRunner().invoke(
+        cli, ["convert", str(folder), url, "-q", "--workers", "1", *flags]
+    )
+    assert converted.exit_code == 0, converted.output
+    merged = tmp_path / "back.h5"
+    result = CliRunner().invoke(
+        cli, ["merge", url, str(merged), "-q", "--staging-dir", str(staging), *flags]
+    )
+    assert result.exit_code == 0, result.output
+    assert contents(merged) == contents(single)

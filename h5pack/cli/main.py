@@ -29,10 +29,12 @@ from h5pack.cli.flags import (
     options_from_flags,
     parse_bytes,
     parse_shard,
+    parse_storage_options,
     plural,
     progress_for,
     quiet_flag,
     staging_flag,
+    storage_option_flag,
 )
 from h5pack.core.machine import available_cores
 from h5pack.errors import H5PackError, OptionsError
@@ -164,6 +166,7 @@ def cli() -> None:
     help="Replace TARGET if it exists; for a pack set, replace shards that do not match.",
 )
 @staging_flag
+@storage_option_flag
 @quiet_flag
 def convert(
     source: str,
@@ -174,6 +177,7 @@ def convert(
     shard: str | None,
     dask_address: str | None,
     staging_dir: str | None,
+    storage_option: tuple[str, ...],
     **flags: Any,
 ) -> None:
     """Pack the images under SOURCE into the HDF5 file TARGET (or a pack set: --shards).
@@ -181,7 +185,10 @@ def convert(
     TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
     pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
     """
-    remote: dict[str, Any] = {"staging_dir": staging_dir}
+    remote: dict[str, Any] = {
+        "staging_dir": staging_dir,
+        "storage_options": parse_storage_options(storage_option),
+    }
     if shards is None and shard is None and dask_address is None:
         _convert_one(source, target, overwrite, quiet, options_from_flags(flags), remote)
         return

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from h5pack.cli.flags import format_bytes, progress_for, quiet_flag, staging_flag
+from h5pack.cli.flags import (
+    format_bytes,
+    parse_storage_options,
+    progress_for,
+    quiet_flag,
+    staging_flag,
+    storage_option_flag,
+)
 
 __all__ = ["merge"]
 
@@ -33,6 +40,7 @@ __all__ = ["merge"]
     ),
 )
 @staging_flag
+@storage_option_flag
 @quiet_flag
 def merge(
     sources: tuple[str, ...],
@@ -42,6 +50,7 @@ def merge(
     keep_order: bool,
     quiet: bool,
     staging_dir: str | None,
+    storage_option: tuple[str, ...],
 ) -> None:
     """Merge SOURCES (a pack set's directory or manifest, or packs) into the pack TARGET.
 
@@ -63,6 +72,7 @@ def merge(
             progress=progress.advance,
             on_event=progress.event,
             staging_dir=staging_dir,
+            storage_options=parse_storage_options(storage_option),
         )
     count = len(report.sources)
     if report.virtual:
