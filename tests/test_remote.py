@@ -93,8 +93,8 @@ def test_open_requests_do_not_grow_with_the_samples(
         assert remote.paths == PackReader(path).paths
 
 
-@pytest.mark.parametrize("name", ["v1_raw_gzip.h5", "v1_raw_variable_zstd.h5"])
-def test_packs_without_the_index_open_remotely(name: str, s3_bucket: Bucket) -> None:
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.h5")))
+def test_frozen_packs_open_remotely(name: str, s3_bucket: Bucket) -> None:
     url = s3_bucket.put(DATA / name, name)
     with reader(url, s3_bucket, window_chunks=64) as remote, PackReader(DATA / name) as local:
         assert everything(remote) == everything(local)
@@ -189,6 +189,15 @@ def remote_set(bucket: Bucket, tmp_path: Path, shards: int = 3) -> tuple[Path, s
     )
     convert_set(folder, local, options, shards=shards)
     return local, bucket.put_tree(local, "set")
+
+
+def test_the_frozen_set_reads_remotely(s3_bucket: Bucket) -> None:
+    from h5pack.read.packset import open_reader
+
+    url = s3_bucket.put_tree(DATA / "v1_1_set", "frozen")
+    options = ReaderOptions(storage_options=s3_bucket.storage_options, window_chunks=64)
+    with open_reader(url, options) as remote, open_reader(DATA / "v1_1_set") as local:
+        assert everything(remote) == everything(local)
 
 
 def test_remote_set_opens_in_two_requests_per_shard(s3_bucket: Bucket, tmp_path: Path) -> None:

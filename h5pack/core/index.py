@@ -218,6 +218,10 @@ def parse_footer(tail: bytes | memoryview, url: str) -> Footer | None:
     return Footer(*fields)
 
 
+class UnknownIndexError(Exception):
+    """An index of a version this h5pack does not know: the pack is read through HDF5."""
+
+
 class _ChunkInfo(NamedTuple):
     chunk_offset: tuple[int, ...]
     byte_offset: int
@@ -348,6 +352,8 @@ class IndexFile:
             self.header = json.loads(bytes(main[4 : 4 + length]))
         except ValueError as err:
             raise FormatError(f"{source.url}: its compact index cannot be read ({err})") from err
+        if self.header.get("version") != INDEX_VERSION:
+            raise UnknownIndexError(self.header.get("version"))
         self._arrays = memoryview(main)[4 + length :]
         self._opener = opener
         self._h5: h5py.File | None = None

@@ -16,7 +16,13 @@ from typing import Any
 
 import h5py
 
-from h5pack.core.index import FOOTER_BYTES, TAIL_BYTES, IndexFile, parse_footer
+from h5pack.core.index import (
+    FOOTER_BYTES,
+    TAIL_BYTES,
+    IndexFile,
+    UnknownIndexError,
+    parse_footer,
+)
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.source import ByteSource, open_source
 from h5pack.errors import FormatError
@@ -156,6 +162,9 @@ def open_remote(
         paths = tail[
             footer.paths_offset - start : footer.paths_offset - start + footer.paths_length
         ]
-    handle = IndexFile(source, footer, main, opener, paths)
+    try:
+        handle = IndexFile(source, footer, main, opener, paths)
+    except UnknownIndexError:  # a newer writer's index: HDF5's own metadata, slower
+        return opener()
     handle.source_identity = _identity_of(source)  # type: ignore[attr-defined]
     return handle
