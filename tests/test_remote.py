@@ -335,3 +335,30 @@ def test_cli_bench_of_a_remote_pack_reads_the_environment(
     result = CliRunner().invoke(cli, [*args, "--time-budget", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert url in result.output
+
+
+def test_two_simulated_ranks_share_a_remote_set_exactly_once(
+    s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    from h5pack.training.loader import make_loader
+
+    _, url = remote_set(s3_bucket, tmp_path)
+    seen: list[str] = []
+    lengths = set()
+    for rank in (0, 1):
+        loader = make_loader(
+            url,
+            4,
+            num_workers=0,
+            seed=5,
+            num_replicas=2,
+            rank=rank,
+            drop_last=True,
+            return_path=True,
+            storage_options=s3_bucket.storage_options,
+        )
+        paths = [p for _, _, batch in epoch(loader) for p in batch]
+        lengths.add(len(paths))
+        seen.extend(paths)
+    assert len(lengths) == 1  # equal shares
+    assert len(seen) == len(set(seen))  # no sample twice across the ranks
