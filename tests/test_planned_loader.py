@@ -119,3 +119,18 @@ def epochs_from(loader: object, epoch: int) -> list[tuple[int, bytes]]:
     for images, labels in loader:  # type: ignore[attr-defined]
         seen.extend(zip(labels.tolist(), [i.numpy().tobytes() for i in images], strict=True))
     return seen
+
+
+def test_bench_takes_the_read_ahead_and_cache_flags(pack: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    args = ["bench", str(pack), "--workers", "0", "--repeats", "1", "--warmup", "0"]
+    args += ["--time-budget", "0", "--train-size", "none", "--json", "-q"]
+    args += ["--cache-dir", str(tmp_path / "c"), "--cache-disk-bytes", "1MiB"]
+    args += ["--cache-eviction", "lru", "--requests-in-flight", "2"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    bad = CliRunner().invoke(cli, [*args[:2], "--requests-in-flight", "0"])
+    assert bad.exit_code == 2

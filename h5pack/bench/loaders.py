@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -101,6 +102,36 @@ def check_cache(cache: object, cache_bytes: int | None) -> None:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RemoteReading:
+    """How ``bench`` reads a remote pack: ``ReaderOptions``' read-ahead and disk cache.
+
+    Attributes:
+        requests_in_flight: Ranged requests each worker keeps in flight (None: measured).
+        cache_dir: The disk cache's directory (None: the default).
+        cache_disk_bytes: Its budget (None: the default; 0: no disk cache).
+        cache_eviction: ``"belady"`` or ``"lru"``.
+    """
+
+    requests_in_flight: int | None = None
+    cache_dir: str | None = None
+    cache_disk_bytes: int | None = None
+    cache_eviction: str = "belady"
+
+    def fields(self) -> dict[str, Any]:
+        """Return the ``ReaderOptions`` fields these settings stand for."""
+        from h5pack.read.eviction import parse_policy
+        from h5pack.read.readahead import ReadAheadOptions
+
+        ahead = self.requests_in_flight
+        return {
+            "read_ahead": None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
+            "cache_dir": self.cache_dir,
+            "cache_disk_bytes": self.cache_disk_bytes,
+            "cache_eviction": parse_policy(self.cache_eviction),
+        }
+
+
 def open_dataset(
     path: PackSource,
     train: TrainingRead,
@@ -110,6 +141,7 @@ def open_dataset(
     seed: int = 0,
     cache: Literal["decoded"] | None = None,
     cache_bytes: int | None = None,
+    remote: RemoteReading | None = None,
 ) -> Any:
     """Return the ``H5ImageDataset`` every pattern of a measurement reads.
 
@@ -126,6 +158,7 @@ def open_dataset(
             the cache) and is read without. The cache lives as long as the dataset, so the
             epochs after the first (the warm-up) are served from it.
         cache_bytes: The decoded cache's budget (default ``default_cache_bytes()``).
+        remote: How a remote pack is read: read-ahead and disk cache (None: defaults).
     """
     from h5pack.read.reader import ReaderOptions
     from h5pack.training.cache import DecodedCache, default_cache_bytes
@@ -138,7 +171,9 @@ def open_dataset(
         return H5ImageDataset(
             path,
             transform=TrainTransform() if transform else None,
-            reader=ReaderOptions(chunk_cache_bytes=chunk_cache_bytes),
+            reader=ReaderOptions(
+                chunk_cache_bytes=chunk_cache_bytes, **(remote or RemoteReading()).fields()
+            ),
             crop=crop,
             cache=decoded,
             seed=seed,

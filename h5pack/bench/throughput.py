@@ -9,13 +9,13 @@ in runs long enough to time (see "Timing enough work" in ``h5pack.bench.timing``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from h5pack.bench.access import ReadCount, check_pattern, replay_reader, storage_layout
-from h5pack.bench.loaders import PatternLoader, check_cache, open_dataset
+from h5pack.bench.loaders import PatternLoader, RemoteReading, check_cache, open_dataset
 from h5pack.bench.reading import (
     SizeSurvey,
     TrainChoice,
@@ -60,6 +60,7 @@ class BenchOptions:
             is above this and ``budget_s`` allows.
         budget_s: Seconds the timing may take before runs stop being lengthened.
         seed: Seed of the order.
+        remote: A remote pack's read-ahead and disk cache (``--cache-dir`` and the like).
     """
 
     batch_size: int = 64
@@ -77,6 +78,7 @@ class BenchOptions:
     target_spread: float = 0.1
     budget_s: float = 30.0
     seed: int = 0
+    remote: RemoteReading = field(default_factory=RemoteReading)
 
     def __post_init__(self) -> None:
         check_pattern(self.order)
@@ -178,6 +180,7 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         seed=options.seed,
         cache=options.cache,
         cache_bytes=options.cache_bytes,
+        remote=options.remote,
     )
     loader = PatternLoader(
         dataset,

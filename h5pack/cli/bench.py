@@ -159,6 +159,39 @@ def _cache_flags(function: Any) -> Any:
     )(function)
 
 
+def _remote_flags(function: Any) -> Any:
+    """A remote pack's read-ahead and disk cache: make_loader's ``cache_dir=`` and the like."""
+    function = click.option(
+        "--requests-in-flight",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Ranged requests each worker keeps in flight ahead of its reader (a remote "
+        "pack) [default: sized from the measured latency and rate].",
+    )(function)
+    function = click.option(
+        "--cache-eviction",
+        type=click.Choice(["belady", "lru"]),
+        default="belady",
+        show_default=True,
+        help="Which chunk the disk cache drops: needed farthest in the future, or least "
+        "recently used (for comparison).",
+    )(function)
+    function = click.option(
+        "--cache-disk-bytes",
+        type=ByteSize(),
+        default=None,
+        help="The disk cache's budget, e.g. 20GiB; 0: none [default: half the free space "
+        "where it lies].",
+    )(function)
+    return click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="The machine's disk cache of a remote pack's chunks, shared by every process "
+        "[default: h5pack-chunks in the temporary directory].",
+    )(function)
+
+
 @click.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option(
@@ -329,6 +362,7 @@ def _fields(options: Any) -> dict[str, Any]:
     "Not the decoded cache: --cache decoded --cache-bytes.",
 )
 @_cache_flags
+@_remote_flags
 @click.option(
     "--transforms/--no-transforms",
     default=False,
@@ -373,6 +407,10 @@ def bench(
     chunk_cache_bytes: int | None,
     cache: str | None,
     cache_bytes: int | None,
+    cache_dir: str | None,
+    cache_disk_bytes: int | None,
+    cache_eviction: str,
+    requests_in_flight: int | None,
     transforms: bool,
     train_size: str | None,
     crop: str | None,
@@ -416,6 +454,7 @@ def bench(
         )
         return
     from h5pack.bench.diagnose import diagnose as run_diagnose
+    from h5pack.bench.loaders import RemoteReading
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
     from h5pack.bench.throughput import BenchOptions, bench_loader
     from h5pack.errors import OptionsError
@@ -436,6 +475,12 @@ def bench(
             max_batches=max_batches,
             budget_s=time_budget,
             seed=seed,
+            remote=RemoteReading(
+                requests_in_flight=requests_in_flight,
+                cache_dir=cache_dir,
+                cache_disk_bytes=cache_disk_bytes,
+                cache_eviction=cache_eviction,
+            ),
         )
     except OptionsError as err:
         raise click.UsageError(str(err)) from err
