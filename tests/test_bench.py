@@ -351,7 +351,7 @@ def test_variant_command_uses_convert_flags() -> None:
     command = parse_variant("raw-c64-zstd:5-bit").command("imgs", "o.h5", size=(224, 224))
     assert command == (
         "h5pack convert imgs o.h5 --mode raw --size 224 224 --chunk-samples 64 "
-        "--compression zstd --level 5 --shuffle bit"
+        "--compression zstd --level 5 --shuffle-filter bit"
     )
 
 

@@ -73,7 +73,7 @@ def test_several_sizes_in_auto_mode_are_encoded_and_the_reason_names_them():
     assert (plan.decode.mode, plan.decode.flat) == ("encoded", True)
     assert plan.reason == (
         "auto mode chose encoded (original file bytes): the images come in 3 sizes "
-        "(e.g. 5x6, 4x8); pass --size H W to store raw pixels"
+        "(e.g. 5x6, 4x8); pass --size N (or H,W) to store raw pixels"
     )
 
 
@@ -109,7 +109,7 @@ def test_several_sizes_as_raw_pixels_make_a_blob(options, can_encode, prefix):
     assert (plan.decode.mode, plan.decode.flat, plan.decode.fixed_shape) == ("raw", True, None)
     assert plan.reason == (
         f"{prefix}: the images come in 3 sizes, so pixels are stored at their original "
-        "sizes (a byte blob with shapes); pass --size H W for one size"
+        "sizes (a byte blob with shapes); pass --size N (or H,W) for one size"
     )
 
 
@@ -121,7 +121,7 @@ def test_size_given_is_a_raw_array_at_that_size(mode):
     assert plan.spec.sample_shape == (7, 9, 1)
     assert plan.spec.chunks == (4, 7, 9, 1)
     assert (plan.decode.size, plan.decode.fixed_shape) == ((7, 9), (7, 9, 1))
-    assert plan.reason.endswith(": every image is resized to 9x7")  # --size H W, shown W x H
+    assert plan.reason.endswith(": every image is resized to 9x7")  # --size H,W, shown W x H
 
 
 @pytest.mark.parametrize("mode", ["auto", "raw"])
@@ -133,7 +133,7 @@ def test_chunk_samples_for_several_sizes_is_refused_naming_the_flag(mode, chunki
     with pytest.raises(OptionsError, match=r"--chunk-samples/--chunk-shape do not apply") as info:
         plan_storage(options, TWO_SIZES, num_samples=100)
     assert "--chunk-bytes" in str(info.value)
-    assert "--size H W" in str(info.value)
+    assert "--size N (or H,W)" in str(info.value)
 
 
 def test_contiguous_layout_has_no_chunks():

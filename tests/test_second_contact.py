@@ -241,3 +241,30 @@ def test_contiguous_batches_on_request(tmp_path, num_workers) -> None:  # 14
     assert torch.equal(flat, default)
     with pytest.raises(OptionsError, match=r"memory_format should be torch\.channels_last"):
         make_loader(pack, 4, memory_format=torch.preserve_format)
+
+
+def test_flags_read_as_one_family(tmp_path) -> None:  # 16
+    from h5pack.core import format as fmt
+
+    result = _cli("--help")
+    for summary in ("what happened.", "or several packs.", "the pack TARGET."):
+        assert summary in " ".join(result.output.split())  # was cut mid-sentence: "..."
+    images = tmp_path / "images"
+    make_folder(images)
+    for size, shape in (("6", (6, 6)), ("6,8", (6, 8))):
+        target = tmp_path / f"{size}.h5"
+        assert (
+            _cli("convert", images, target, "--size", size, "--workers", "1", "-q").exit_code == 0
+        )
+        assert fmt.load_meta(target).images_shape[1:3] == shape  # as --train-size N|H,W
+    old = tmp_path / "old.h5"  # the first spelling, two values, still works
+    assert _cli("convert", images, old, "--size", "6", "8", "--workers", "1", "-q").exit_code == 0
+    assert fmt.load_meta(old).images_shape[1:3] == (6, 8)
+    help_text = _cli("convert", "--help").output
+    assert "--shuffle-filter" in help_text  # the filter; --no-shuffle is the write order
+    assert "--shuffle [" not in help_text  # its old spelling is a hidden alias
+    args = ("--compression", "zstd", "--workers", "1", "-q")
+    for flag in ("--shuffle-filter", "--shuffle"):
+        target = tmp_path / f"{flag}.h5"
+        assert _cli("convert", images, target, *args, flag, "bit").exit_code == 0
+        assert fmt.load_meta(target).options["compression"]["shuffle"] == "bit"

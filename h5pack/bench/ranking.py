@@ -280,7 +280,7 @@ def recommend(
         line = (
             "No layout to recommend: the loader cannot batch any of them as read "
             f"({excluded[0].problem}). Give the size training reads them at (--train-size, "
-            "e.g. --train-size 224), or store raw pixels at one size (--size H W)."
+            "e.g. --train-size 224), or store raw pixels at one size (--size N (or H,W))."
         )
         return Recommendation(None, line, None, tuple(notes))
     trusted = [r for r in candidates if not r.overstated] or candidates

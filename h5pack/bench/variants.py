@@ -113,7 +113,7 @@ class VariantSpec:
             if codec.level is not None:
                 words += ["--level", str(codec.level)]
             if codec.shuffle != "none":
-                words += ["--shuffle", codec.shuffle]
+                words += ["--shuffle-filter", codec.shuffle]
         return " ".join(words)
 
 

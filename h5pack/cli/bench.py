@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from h5pack.cli.flags import mix_flags
+from h5pack.cli.flags import ImageSize, ImageSizeOption, mix_flags
 from h5pack.cli.main import ByteSize, quiet_flag
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.main)
@@ -216,11 +216,12 @@ def _remote_flags(function: Any) -> Any:
 @click.option("--keep", is_flag=True, help="Keep the packs built, under OUT/packs.")
 @click.option(
     "--size",
-    type=(int, int),
+    cls=ImageSizeOption,
+    type=ImageSize(),
     default=None,
-    metavar="H W",
-    help="The size raw variants are stored at (h5pack convert --size); images keep their "
-    "own size without it. The size training reads is --train-size.",
+    metavar="N|H,W",
+    help="The size raw variants are stored at (h5pack convert --size: N or H,W); images "
+    "keep their own size without it. The size training reads is --train-size.",
 )
 @_train_flags
 @click.option("--batch-size", type=int, default=64, show_default=True)

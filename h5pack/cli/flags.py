@@ -87,6 +87,56 @@ class ByteSize(_SizeParam):
             self.fail(str(err), param, ctx)
 
 
+class ImageSize(_ShapeParam):
+    """A click parameter for an image size: ``N`` (a square) or ``H,W``, as ``--train-size``.
+
+    With ``ImageSizeOption`` it also takes the two values ``H W`` of the first spelling.
+    """
+
+    name = "image size"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, ...]:
+        """Parse ``N`` or ``H,W`` into ``(H, W)``, or fail with a usage error."""
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).replace("x", ",").split(",")
+        if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+            self.fail(
+                f"should be N (N x N) or H,W (or H W), e.g. 256 or 256,320, but got {value!r}"
+            )
+        numbers = tuple(int(p) for p in parts)
+        return numbers * 2 if len(numbers) == 1 else numbers
+
+
+class ImageSizeOption(click.Option):
+    """An option taking ``N``, ``H,W`` or the two values ``H W`` (see ``ImageSize``).
+
+    click gives an option a fixed number of values, so the parser's handler of this option
+    is wrapped to take one more value when it is a bare integer following one: ``--size 256
+    320`` (the first spelling) and ``--size 256,320`` read alike. The handler is click's
+    parser's (``_long_opt``, there since click 7); without it only ``N`` and ``H,W`` work.
+    """
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        """Register the option, then wrap its handler to take ``H W`` as well."""
+        super().add_to_parser(parser, ctx)
+        for name in self.opts:
+            option = getattr(parser, "_long_opt", {}).get(name)
+            if option is None:
+                continue
+            original = option.process
+
+            def process(value: Any, state: Any, original: Any = original) -> None:
+                rest = state.rargs
+                if isinstance(value, str) and value.isdigit() and rest and rest[0].isdigit():
+                    value = f"{value},{rest.pop(0)}"
+                original(value, state)
+
+            option.process = process
+
+
 class Weights(_WeightsParam):
     """A click parameter for a mix's weights, one per source: ``3,1``."""
 
@@ -152,10 +202,12 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
     ),
     click.option(
         "--size",
-        type=(int, int),
+        cls=ImageSizeOption,
+        type=ImageSize(),
         default=None,
-        metavar="H W",
-        help="Resize every image to H x W (raw mode).",
+        metavar="N|H,W",
+        help="Resize every image to N x N or H x W (raw mode), as --train-size reads sizes "
+        "(H W, two values, works too).",
     ),
     click.option(
         "--resize",
@@ -184,16 +236,22 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
     click.option("--compression", type=click.Choice(CODECS), default="none", show_default=True),
     click.option("--level", type=int, default=None, help="Compression level."),
     click.option(
-        "--shuffle",
+        "--shuffle-filter",
         "filter_shuffle",
         type=click.Choice(SHUFFLES),
         default="none",
         show_default=True,
-        help="Byte or bit shuffle filter before compression.",
+        help="The byte or bit shuffle filter on each chunk before compression (not the "
+        "write order: that is --no-shuffle).",
     ),
+    # the filter's first spelling, which read like the write-time shuffle: still taken
+    click.option("--shuffle", "filter_shuffle_alias", type=click.Choice(SHUFFLES), hidden=True),
     click.option("--seed", type=int, default=0, show_default=True, help="Write-order seed."),
     click.option(
-        "--no-shuffle", is_flag=True, help="Keep the source order (no write-time shuffle)."
+        "--no-shuffle",
+        is_flag=True,
+        help="Keep the source order: no write-time shuffle of the samples (not the "
+        "--shuffle-filter).",
     ),
     click.option("--max-side", type=int, default=None, help="Encoded: re-encode larger images."),
     click.option("--quality", type=int, default=None, help="JPEG quality of re-encoded images."),
@@ -239,7 +297,9 @@ def options_from_flags(flags: dict[str, Any]) -> Any:
         chunk_shape=flags["chunk_shape"],
         chunk_bytes=flags["chunk_bytes"],
         compression=Compression(
-            codec=flags["compression"], level=flags["level"], shuffle=flags["filter_shuffle"]
+            codec=flags["compression"],
+            level=flags["level"],
+            shuffle=flags.get("filter_shuffle_alias") or flags["filter_shuffle"],
         ),
         shuffle_samples=not flags["no_shuffle"],
         seed=flags["seed"],

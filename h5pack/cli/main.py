@@ -110,6 +110,17 @@ class H5PackGroup(click.Group):
         command = getattr(module, attribute, None)
         return command if isinstance(command, click.Command) else None
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands with each one's first sentence whole (click cuts it at ~45)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10**4)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; no traceback for a user's mistake."""
         try:

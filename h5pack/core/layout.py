@@ -128,7 +128,7 @@ class Compression:
         if self.shuffle == "bit" and self.codec in ("gzip", "lzf"):
             raise OptionsError(
                 f"bit shuffle applies to lz4, zstd and blosc codecs, not {self.codec}; "
-                "use --shuffle byte or another codec"
+                "use --shuffle-filter byte or another codec"
             )
 
     @property

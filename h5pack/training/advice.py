@@ -116,7 +116,7 @@ def advise(bottleneck: str, facts: PackFacts) -> str:
                     if facts.available_bytes
                     else "the memory available unknown"
                 )
-                + "), or store decoded pixels (h5pack convert --mode raw --size H W); more "
+                + "), or store decoded pixels (h5pack convert --mode raw --size N (or H,W)); more "
                 "cores decode more images at once"
             )
         if facts.compressed:
@@ -133,7 +133,7 @@ def advise(bottleneck: str, facts: PackFacts) -> str:
         if facts.size is not None:
             return (
                 "cutting and resizing every image: storing the images near the training "
-                "size (h5pack convert --size H W) makes each resize cheaper"
+                "size (h5pack convert --size N (or H,W)) makes each resize cheaper"
             )
         return (
             "copying samples out of the page cache: there is nothing to decompress or decode; "

@@ -130,7 +130,7 @@ def _check_batchable(dataset: H5ImageDataset) -> None:
         f"{dataset.path} holds images of {len(distinct)} sizes (W x H: {examples}, ...), "
         "which cannot be stacked into one batch: pass size= (e.g. size=224, with "
         "crop='random-resized' or 'center') to cut every image to one size, collate='list' "
-        "to get them as they are, or convert with --size H W to store one size"
+        "to get them as they are, or convert with --size N (or H,W) to store one size"
     )
 
 

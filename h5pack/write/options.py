@@ -44,7 +44,7 @@ OPTION_FLAGS: dict[str, str] = {
     "chunk_bytes": "--chunk-bytes",
     "compression": "--compression",
     "level": "--level",
-    "shuffle": "--shuffle",
+    "shuffle": "--shuffle-filter",
     "shuffle_samples": "--no-shuffle",
     "seed": "--seed",
     "max_side": "--max-side",
@@ -216,7 +216,7 @@ class ConvertOptions:
             if self.size is not None:
                 raise OptionsError(
                     f"{option_name('size')} applies to raw pixels; encoded mode stores the "
-                    "files as they are (use --mode raw --size H W, or --max-side to bound "
+                    "files as they are (use --mode raw --size N (or H,W), or --max-side to bound "
                     "encoded images)"
                 )
             if self.chunk_samples is not None or self.chunk_shape is not None:
@@ -227,7 +227,7 @@ class ConvertOptions:
         if self.max_side is not None and self.mode == "raw":
             raise OptionsError(
                 f"{option_name('max_side')} re-encodes oversized files in encoded mode; for "
-                "raw pixels use --size H W"
+                "raw pixels use --size N (or H,W)"
             )
         if self.quality is not None and self.max_side is None:
             raise OptionsError(

@@ -150,7 +150,8 @@ def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> 
             pos,
             name,
             f"decodes to {shape[0]}x{shape[1]}x{shape[2]}, but this pack's images are "
-            f"{h}x{w}x{c} (its header said otherwise; pass --size H W to resize every image)",
+            f"{h}x{w}x{c} (its header said otherwise; pass --size N (or H,W) to resize every "
+            "image)",
         )
     crc = checksum(image)
     return Prepared(pos, image.reshape(-1) if spec.flat else image, shape, crc)

@@ -117,7 +117,7 @@ def plan_storage(
             examples = ", ".join(size_text(s) for s, _ in sizes.most_common(2))
             reason = (
                 f"auto mode chose encoded (original file bytes): the images come in "
-                f"{len(sizes)} sizes (e.g. {examples}); pass --size H W to store raw pixels"
+                f"{len(sizes)} sizes (e.g. {examples}); pass --size N (or H,W) to store raw pixels"
             )
         if options.max_side is not None:
             reason += f"; files over {options.max_side} px are re-encoded to JPEG"
@@ -135,7 +135,8 @@ def plan_storage(
             shape = None
             reason = (
                 f"{prefix}: the images come in {len(sizes)} sizes, so pixels are stored at "
-                "their original sizes (a byte blob with shapes); pass --size H W for one size"
+                "their original sizes (a byte blob with shapes); pass --size N (or H,W) for one "
+                "size"
             )
     if shape is None:
         if mode == "raw":  # the stored bytes are known from the headers
@@ -303,8 +304,8 @@ def _blob_plan(
     if options.chunk_samples is not None or options.chunk_shape is not None:
         raise OptionsError(
             "these images are stored as one byte blob chunked by bytes (they differ in size), "
-            "so --chunk-samples/--chunk-shape do not apply: use --chunk-bytes, or --size H W "
-            "for a fixed-size array"
+            "so --chunk-samples/--chunk-shape do not apply: use --chunk-bytes, or --size N "
+            "(or H,W) for a fixed-size array"
         )
     blob_bytes = None
     if resolved_layout(options, "blob") == "contiguous":
