@@ -32,7 +32,6 @@ from h5pack.bench.ranking import Recommendation, VariantResult, recommend
 from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
 from h5pack.bench.system import (
     Machine,
-    available_memory_bytes,
     drop_page_cache,
     machine_info,
     resident_fraction,
@@ -48,6 +47,7 @@ from h5pack.bench.variants import (
     parse_variants,
     quick_variants,
 )
+from h5pack.core.machine import available_memory_bytes
 from h5pack.training.advice import BOTTLENECKS
 
 __all__ = [

@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -52,13 +52,12 @@ from h5pack.core.decode import Backend
 from h5pack.core.format import ArrayStorage, SampleStorage
 from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
 from h5pack.core.packset import is_packset
+from h5pack.core.vocabulary import PATTERNS as PATTERNS  # re-exported
+from h5pack.core.vocabulary import Pattern as Pattern
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSource, describe
 
-Pattern = Literal["random", "chunk", "sequential"]
-PATTERNS: tuple[Pattern, ...] = ("random", "chunk", "sequential")
-"""The access patterns read through the h5pack loader."""
 NAIVE = "naive"
 """The bare h5py per-sample read, a labelled extra figure."""
 PATTERN_TITLES = {

@@ -11,8 +11,8 @@ one about compression, and larger chunks are suggested only for small ones.
 from __future__ import annotations
 
 from h5pack.bench.sources import pack_files, source_bytes
-from h5pack.bench.system import available_memory_bytes
 from h5pack.bench.throughput import Setup
+from h5pack.core.machine import available_memory_bytes
 from h5pack.training.advice import SMALL_CHUNK_BYTES, PackFacts, advise, share_labels
 
 __all__ = ["SMALL_CHUNK_BYTES", "PackFacts", "advise", "pack_facts", "share_labels"]

@@ -42,7 +42,7 @@ from h5pack.bench.reading import (
 )
 from h5pack.bench.scale import IMAGENET_TRAIN, ScaleProjection, project
 from h5pack.bench.sources import is_set_path, pack_files, source_bytes
-from h5pack.bench.system import Machine, available_memory_bytes, machine_info
+from h5pack.bench.system import Machine, machine_info
 from h5pack.bench.variants import (
     DEFAULT_VARIANTS,
     VariantChoice,
@@ -51,6 +51,7 @@ from h5pack.bench.variants import (
     quick_variants,
     variant_problem,
 )
+from h5pack.core.machine import available_memory_bytes
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
 from h5pack.training.advice import CACHE_SHARE

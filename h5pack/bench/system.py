@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from h5pack._types import StrPath
+from h5pack.core.machine import memory_bytes
 
 _PROT_READ = 1
 _MAP_SHARED = 1
@@ -135,22 +136,6 @@ def warm_page_cache(path: StrPath, *, block_bytes: int = 8 * 2**20) -> int:
             total += got
 
 
-def available_memory_bytes() -> int | None:
-    """Return the memory available now (MemAvailable, capped by a cgroup v2 limit), or None.
-
-    What the page cache can grow into: a pack larger than about half of it cannot stay
-    cached next to the training process, and reads at the speed of the disk.
-    """
-    from h5pack.errors import H5PackError
-    from h5pack.training.cache import default_cache_bytes
-
-    try:
-        # the decoded cache's budget at fraction 1 is the available memory itself
-        return default_cache_bytes(fraction=1.0)
-    except H5PackError:
-        return None
-
-
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -160,13 +145,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _filesystem(path: str) -> str:
@@ -221,7 +199,7 @@ def machine_info(where: StrPath = ".") -> Machine:
     return Machine(
         cpu=_cpu_model(),
         cores=cores,
-        memory_bytes=_memory_bytes(),
+        memory_bytes=memory_bytes(),
         system=f"{platform.system()} {platform.release()}",
         python=sys.version.split()[0],
         numpy=np.__version__,

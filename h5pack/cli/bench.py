@@ -17,6 +17,7 @@ import click
 
 from h5pack.cli.flags import ImageSize, ImageSizeOption, mix_flags
 from h5pack.cli.main import ByteSize, quiet_flag
+from h5pack.core.vocabulary import PATTERNS
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.main)
     _WorkersParam = click.ParamType[int | str, Any]
@@ -350,7 +351,7 @@ def _fields(options: Any) -> dict[str, Any]:
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option(
     "--order",
-    type=click.Choice(["chunk", "random", "sequential"]),
+    type=click.Choice(PATTERNS),
     default="chunk",
     show_default=True,
     help="chunk: h5pack's sampler; random: a full shuffle; sequential: pack order.",

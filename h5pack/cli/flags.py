@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from h5pack.core.layout import CODECS, LEVELS, SHUFFLES, Compression
+from h5pack.core.units import binary_bytes
+from h5pack.core.vocabulary import BACKENDS, CHANNELS, LAYOUT_CHOICES, MODE_CHOICES, RESIZE_METHODS
 from h5pack.errors import OptionsError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,18 +60,8 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def plural(count: int, noun: str) -> str:
-    """Return ``"1 file"``, ``"2 files"``: a count and its noun, in the right number."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def format_bytes(count: float) -> str:
-    """Return ``count`` bytes in readable binary units, e.g. ``"7.5 MiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} TiB"  # pragma: no cover - the loop returns at GiB
+# The CLI's names of core.units' formatters (imported across the CLI as these)
+format_bytes = binary_bytes
 
 
 class ByteSize(_SizeParam):
@@ -195,7 +187,7 @@ class ChunkShape(_ShapeParam):
 _CONVERT_FLAGS: list[Callable[[F], F]] = [
     click.option(
         "--mode",
-        type=click.Choice(["auto", "raw", "encoded"]),
+        type=click.Choice(MODE_CHOICES),
         default="auto",
         show_default=True,
         help="raw pixels, encoded file bytes, or auto: raw when all images share one size.",
@@ -211,18 +203,18 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
     ),
     click.option(
         "--resize",
-        type=click.Choice(["stretch", "crop", "pad"]),
+        type=click.Choice(RESIZE_METHODS),
         default="stretch",
         show_default=True,
         help="How --size is reached.",
     ),
-    click.option("--channels", type=click.Choice(["1", "3"]), default="3", show_default=True),
     click.option(
-        "--backend", type=click.Choice(["pillow", "opencv"]), default="pillow", show_default=True
+        "--channels", type=click.Choice([str(c) for c in CHANNELS]), default="3", show_default=True
     ),
+    click.option("--backend", type=click.Choice(BACKENDS), default="pillow", show_default=True),
     click.option(
         "--layout",
-        type=click.Choice(["auto", "chunked", "contiguous"]),
+        type=click.Choice(LAYOUT_CHOICES),
         default="auto",
         show_default=True,
         help="auto: contiguous for uncompressed images of several sizes (no padding), "

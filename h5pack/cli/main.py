@@ -30,13 +30,13 @@ from h5pack.cli.flags import (
     parse_bytes,
     parse_shard,
     parse_storage_options,
-    plural,
     progress_for,
     quiet_flag,
     staging_flag,
     storage_option_flag,
 )
 from h5pack.core.machine import available_cores
+from h5pack.core.units import plural
 from h5pack.errors import H5PackError, OptionsError
 
 if TYPE_CHECKING:

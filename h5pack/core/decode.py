@@ -49,19 +49,18 @@ import stat
 import threading
 import warnings
 from collections.abc import Iterator
-from typing import Final, Literal, get_args
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
 from h5pack._types import StrPath
+from h5pack.core.vocabulary import BACKENDS as BACKENDS  # re-exported
+from h5pack.core.vocabulary import RESIZE_METHODS as RESIZE_METHODS
+from h5pack.core.vocabulary import Backend as Backend
+from h5pack.core.vocabulary import ResizeMethod as ResizeMethod
 from h5pack.errors import DecodeError
-
-Backend = Literal["pillow", "opencv"]
-ResizeMethod = Literal["stretch", "crop", "pad"]
-BACKENDS: tuple[Backend, ...] = get_args(Backend)
-RESIZE_METHODS: tuple[ResizeMethod, ...] = get_args(ResizeMethod)
 
 ImageArray = npt.NDArray[np.uint8]
 

@@ -78,7 +78,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeAlias, get_args
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import h5py
 import numpy as np
@@ -87,6 +87,10 @@ from h5pack._types import StrPath, parse_choice
 from h5pack.core import integrity
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.source import is_url
+from h5pack.core.vocabulary import MODES as MODES  # re-exported
+from h5pack.core.vocabulary import STORAGES as STORAGES
+from h5pack.core.vocabulary import Mode as Mode
+from h5pack.core.vocabulary import Storage as Storage
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError, PackReplacedError
 
 FORMAT_MARKER = "h5pack"
@@ -178,12 +182,6 @@ SAMPLE_ARRAYS: tuple[SampleArray, ...] = (
 # The numeric datasets ``metadata_crc32`` covers, with the dtype their digest is taken in.
 DIGESTED_ARRAYS: dict[str, str] = {a.name: a.dtype for a in SAMPLE_ARRAYS}
 
-# What a pack stores: decoded pixels or the image files' bytes.
-Mode = Literal["raw", "encoded"]
-# How the images dataset holds them: one (N, H, W, C) array, or a flat byte blob + offsets.
-Storage = Literal["array", "blob"]
-MODES: tuple[Mode, ...] = get_args(Mode)
-STORAGES: tuple[Storage, ...] = get_args(Storage)
 
 UTF8_STR = h5py.string_dtype(encoding="utf-8")
 PATH_BYTES = h5py.vlen_dtype(np.dtype("uint8"))

@@ -15,21 +15,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
 from h5pack.core.format import PackMeta
+from h5pack.core.vocabulary import CODECS as CODECS  # re-exported
+from h5pack.core.vocabulary import LAYOUTS as LAYOUTS
+from h5pack.core.vocabulary import SHUFFLES as SHUFFLES
+from h5pack.core.vocabulary import Codec as Codec
+from h5pack.core.vocabulary import Layout as Layout
+from h5pack.core.vocabulary import Shuffle as Shuffle
 from h5pack.errors import FormatError, OptionsError
 
-Codec = Literal["none", "gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd"]
-Shuffle = Literal["none", "byte", "bit"]
-# How the images dataset is stored: in chunks (filters possible) or in one contiguous run.
-Layout = Literal["chunked", "contiguous"]
-
-CODECS: tuple[Codec, ...] = get_args(Codec)
-SHUFFLES: tuple[Shuffle, ...] = get_args(Shuffle)
-LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 PLUGIN_CODECS = frozenset({"lz4", "zstd", "blosc-lz4", "blosc-zstd"})
 
 # HDF5 filter ids, as registered with The HDF Group (the plugin ones come from hdf5plugin),

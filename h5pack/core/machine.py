@@ -1,8 +1,23 @@
-"""What this machine offers the pipelines: the cores this process may run on."""
+"""What this machine offers the pipelines: cores, memory, and the container's limits.
+
+Every machine fact h5pack uses is read here, once (issue 16.3: three memory probes, in the
+sampler, the decoded cache and the benchmarks, disagreed on containers):
+
+- ``available_cores``: the cores this process may run on (its affinity mask);
+- ``memory_bytes``: the memory of the machine, or of its container when that is less (the
+  cgroup limit, v2 or v1): what a shuffle window may take a share of;
+- ``available_memory_bytes``: the memory available now (MemAvailable), capped by the
+  container's limit less what the container uses: what the page cache and the decoded
+  cache can grow into.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def available_cores() -> int:
@@ -22,3 +37,70 @@ def process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _cgroup_memory() -> tuple[int | None, int | None]:
+    """Return this process's cgroup memory ``(limit, current use)``, each None if unknown.
+
+    cgroup v2 at the process's own group (``/proc/self/cgroup``), else at the root; cgroup
+    v1's ``memory.limit_in_bytes``. "max" (no limit) is None.
+    """
+    groups = [CGROUP_ROOT]
+    with contextlib.suppress(OSError, IndexError):
+        own = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)[2]
+        groups.insert(0, CGROUP_ROOT / own.lstrip("/"))
+    for group in groups:
+        try:
+            limit = (group / "memory.max").read_text().strip()
+        except OSError:
+            continue
+        current = None
+        with contextlib.suppress(OSError, ValueError):
+            current = int((group / "memory.current").read_text())
+        return (int(limit) if limit.isdigit() else None), current
+    with contextlib.suppress(OSError, ValueError):
+        v1 = CGROUP_ROOT / "memory"
+        v1_limit = int((v1 / "memory.limit_in_bytes").read_text())
+        v1_current = None
+        with contextlib.suppress(OSError, ValueError):
+            v1_current = int((v1 / "memory.usage_in_bytes").read_text())
+        # v1 says "no limit" with a number near 2**63
+        return (v1_limit if v1_limit < 2**60 else None), v1_current
+    return None, None
+
+
+def memory_bytes() -> int | None:
+    """Return the memory of this machine, or of its container when that is less; None if unknown.
+
+    The total, not what is free now: see the sampler's note "Shuffle window".
+    """
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    limit, _ = _cgroup_memory()
+    if limit is not None:
+        total = min(total, limit)
+    return int(total) if total > 0 else None
+
+
+def available_memory_bytes() -> int | None:
+    """Return the memory available now, capped by the container's room; None if unknown.
+
+    psutil's ``available`` (MemAvailable on Linux), else the free pages; in a container
+    ``/proc/meminfo`` shows the host's memory, so the cgroup limit less its current use
+    caps it.
+    """
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except ImportError:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    limit, current = _cgroup_memory()
+    if limit is not None and current is not None:
+        available = min(available, limit - current)
+    return max(0, available)

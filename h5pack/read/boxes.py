@@ -22,15 +22,14 @@ import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Literal, NamedTuple, SupportsIndex, get_args
+from typing import Final, NamedTuple, SupportsIndex
 
 import numpy as np
 
 from h5pack.core.decode import BACKENDS, Backend
+from h5pack.core.vocabulary import CROPS as CROPS  # re-exported
+from h5pack.core.vocabulary import Crop as Crop
 from h5pack.errors import OptionsError
-
-Crop = Literal["random-resized", "center", "resize"]
-CROPS: tuple[str, ...] = get_args(Crop)
 
 DEFAULT_SCALE: Final[tuple[float, float]] = (0.08, 1.0)
 """torchvision's default ``RandomResizedCrop`` area range, as fractions of the image."""

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from h5pack.core.arguments import check_optional_int
-from h5pack.core.machine import process_exists
+from h5pack.core.machine import available_memory_bytes, process_exists
 from h5pack.errors import CacheClosedError, H5PackError, OptionsError
 
 DEFAULT_CACHE_FRACTION = 0.25
@@ -290,24 +290,10 @@ def shrunk_size(height: int, width: int, max_side: int | None) -> tuple[int, int
 
 
 def _available_bytes() -> int:
-    try:
-        import psutil  # optional: a dev dependency
-
-        available = int(psutil.virtual_memory().available)
-    except ImportError:
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError) as err:
-            raise H5PackError("the available memory is unknown here: install psutil") from err
-    # In a container /proc/meminfo shows the host's memory: the cgroup's limit is the real one.
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        group = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)[2]
-        root = Path("/sys/fs/cgroup") / group.lstrip("/")
-        limit = (root / "memory.max").read_text().strip()
-        if limit != "max":
-            current = int((root / "memory.current").read_text())
-            available = min(available, int(limit) - current)
-    return max(0, available)
+    available = available_memory_bytes()  # core.machine: the one probe, cgroups included
+    if available is None:
+        raise H5PackError("the available memory is unknown here: install psutil")
+    return available
 
 
 def default_cache_bytes(*, fraction: float = DEFAULT_CACHE_FRACTION) -> int:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from multiprocessing.context import get_spawning_popen
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -19,6 +19,8 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from h5pack.core.arguments import check_seed
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap, checked_indices
+from h5pack.core.vocabulary import OUTPUTS as OUTPUTS  # re-exported
+from h5pack.core.vocabulary import Output as Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
@@ -71,10 +73,6 @@ def source_of(source: PackSource) -> str | tuple[str, ...]:
     if isinstance(source, str | os.PathLike):
         return os.fspath(source)
     return tuple(os.fspath(p) for p in source)
-
-
-Output = Literal["tensor", "hwc", "pil"]
-OUTPUTS: tuple[str, ...] = ("tensor", "hwc", "pil")
 
 
 def empty_uint8(shape: Sequence[int]) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing_extensions import Unpack
 
 from h5pack.core.arguments import check_bool, check_optional_int
 from h5pack.core.machine import available_cores
+from h5pack.core.vocabulary import COLLATES as COLLATES  # re-exported
 from h5pack.errors import H5PackError, OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.mixture import ClassJoin, check_batchable
@@ -88,9 +89,6 @@ def seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002  (user augmentations use the global RNG)
-
-
-COLLATES = ("stack", "list")
 
 
 def collate_list(batch: Sequence[Any]) -> Any:

@@ -17,6 +17,7 @@ from torch.utils.data import Sampler
 from h5pack.core.arguments import check_bool, check_int, check_optional_int, check_seed
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
+from h5pack.core.machine import memory_bytes
 from h5pack.errors import OptionsError
 from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing
 from h5pack.training.orders import EpochPieces, Order, chunk_order
@@ -87,27 +88,6 @@ WINDOW_MEMORY_FRACTION = 1 / 8
 
 # Window when the chunk size is unknown (a bare ChunkMap), before the pool floor.
 DEFAULT_WINDOW_CHUNKS = 16
-
-
-def memory_bytes() -> int | None:
-    """Return the memory of this machine, or of its container when that is less; None if unknown.
-
-    The total, not what is free now: see the note "Shuffle window".
-    """
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(limit_file) as handle:
-                limit = handle.read().strip()
-        except OSError:
-            continue
-        if limit.isdigit():
-            total = min(total, int(limit))
-        break
-    return int(total) if total > 0 else None
 
 
 @runtime_checkable

@@ -5,28 +5,22 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 from h5pack.core.decode import BACKENDS, RESIZE_METHODS, Backend, ResizeMethod
-from h5pack.core.format import MODES
 from h5pack.core.layout import (
     DEFAULT_CHUNK_BYTES,
-    LAYOUTS,
     Compression,
     array_chunk_shape,
     check_chunk_bytes,
 )
 from h5pack.core.machine import available_cores
+from h5pack.core.vocabulary import LAYOUT_CHOICES as LAYOUT_CHOICES  # re-exported
+from h5pack.core.vocabulary import MODE_CHOICES as MODE_CHOICES
+from h5pack.core.vocabulary import LayoutChoice as LayoutChoice
+from h5pack.core.vocabulary import ModeChoice as ModeChoice
 from h5pack.errors import OptionsError
 
-# The storage mode asked for: a pack's mode (``core.format.Mode``), or "auto" to choose it
-# from the images.
-ModeChoice = Literal["auto", "raw", "encoded"]
-MODE_CHOICES: tuple[ModeChoice, ...] = ("auto", *MODES)
-# The layout asked for: a dataset layout (``core.layout.Layout``), or "auto": contiguous for
-# an uncompressed blob, chunked otherwise (``plan.resolved_layout``).
-LayoutChoice = Literal["auto", "chunked", "contiguous"]
-LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
 DEFAULT_QUALITY = 90
 
 # NOTE [ Option names in messages ]: the same messages reach Python callers and the command

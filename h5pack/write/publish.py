@@ -23,6 +23,7 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.index import append_index
+from h5pack.core.units import binary_bytes
 from h5pack.errors import H5PackError, OptionsError, TargetExistsError
 from h5pack.write.leftovers import OwnerLock, lock_path
 
@@ -258,20 +259,11 @@ def check_room(directory: Path, nbytes: int, *, what: str) -> None:
 
 def _no_room(directory: Path, nbytes: int, what: str) -> H5PackError:
     free = free_bytes(directory)
-    left = f", {_size(free)} are free" if free is not None else ""
+    left = f", {binary_bytes(free)} are free" if free is not None else ""
     return H5PackError(
         f"no space left on the device of {directory} for {what}: it needs about "
-        f"{_size(nbytes)}{left}"
+        f"{binary_bytes(nbytes)}{left}"
     )
-
-
-def _size(nbytes: int) -> str:
-    value = float(nbytes)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
