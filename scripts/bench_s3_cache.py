@@ -29,7 +29,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
+from h5pack.bench.s3local import Bucket, Fault, FaultProxy, S3Server
 from h5pack.core.layout import Compression
 from h5pack.read.direct import chunk_table
 
@@ -77,6 +77,40 @@ def make(source: str, args: argparse.Namespace, workers: int, **options: Any) ->
     )
 
 
+def latency_sweep(
+    url: str, storage: dict[str, Any], proxy: FaultProxy, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """First epochs without a disk cache, every GET delayed: how the depth hides latency.
+
+    In this process (no workers), so that the read-ahead's counts can be read: chunks the
+    reader asked for before they had arrived (``waited``), requests, the most in flight.
+    """
+    from h5pack.read.readahead import ReadAheadOptions
+
+    found = []
+    for depth in (1, 2, 4, 8, None):
+        proxy.clear()
+        proxy.inject(Fault("delay", delay_s=args.latency_ms / 1000), times=10**6)
+        ahead = None if depth is None else ReadAheadOptions(requests_in_flight=depth)
+        loader = make(url, args, 0, storage_options=storage, cache_disk_bytes=0, read_ahead=ahead)
+        images, wall, used = run_epoch(loader, 0)
+        stats = loader.dataset.reader.source.ahead().stats
+        loader.close()
+        found.append(
+            {
+                "requests_in_flight": depth or "auto",
+                "images_s": images / wall,
+                "cpu_ms_per_image": 1e3 * used / images,
+                "served": stats.served,
+                "waited": stats.waited,
+                "requests": stats.requests,
+                "most_in_flight": stats.most_in_flight,
+            }
+        )
+    proxy.clear()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=4096)
@@ -92,6 +126,12 @@ def main() -> None:
         "time is the whole cost per image).",
     )
     parser.add_argument("--window-chunks", type=int, default=4)
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=20.0,
+        help="Delay the proxy adds to every GET in the latency sweep (0: no sweep).",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
@@ -162,6 +202,7 @@ def main() -> None:
                     loader.close()
                     rates[kind].append(images / wall)
                     cpu[kind].append(used / images)
+            latency = latency_sweep(url, storage, proxy, args) if args.latency_ms > 0 else []
     remote, local = statistics.median(rates["remote"]), statistics.median(rates["local"])
     result = {
         "pack": {
@@ -177,6 +218,7 @@ def main() -> None:
             "window_chunks": args.window_chunks,
         },
         "sweep": sweep,
+        "latency": latency,
         "epoch1_rate": {
             "remote_images_s": statistics.median(firsts["remote"]),
             "local_images_s": statistics.median(firsts["local"]),
@@ -209,6 +251,13 @@ def main() -> None:
             f"| {row['fraction']:g} x pack | {row['bound_bytes'] / mib:.1f} | "
             f"{b['epoch2_bytes'] / mib:.1f} ({b['epoch2_gets']}) | "
             f"{lru['epoch2_bytes'] / mib:.1f} ({lru['epoch2_gets']}) |"
+        )
+    for row in latency:
+        print(
+            f"latency {args.latency_ms:g} ms, requests in flight {row['requests_in_flight']}: "
+            f"{row['images_s']:.0f} images/s, reader waited for {row['waited']} of "
+            f"{row['served']} chunks, {row['requests']} requests, at most "
+            f"{row['most_in_flight']} in flight"
         )
     first = result["epoch1_rate"]
     print(

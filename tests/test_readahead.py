@@ -213,3 +213,16 @@ def test_a_failed_download_releases_its_claim(tmp_path: Path) -> None:
     ahead.close()
     assert cache.usage_bytes() == 0
     assert cache.claim(KEY, 0, int(sizes[0])).kind == "claimed"
+
+
+def test_off_plan_chunks_asked_together_are_fetched_together() -> None:
+    data, offsets, sizes = layout(10)
+    gate = threading.Event()
+    source = FakeSource(data, gate=gate)
+    ahead = ReadAhead(source, offsets, sizes)
+    threading.Timer(0.5, gate.set).start()  # released once all are under way (or not)
+    got = ahead.get_many([7, 2, 5])  # no plan: all three off-plan
+    assert [g.tobytes() for g in got] == [expect(data, offsets, sizes, c) for c in (7, 2, 5)]
+    assert source.most_active == 3
+    assert ahead.stats.off_plan == 3
+    ahead.close()

@@ -313,14 +313,24 @@ class PlannedSource(ByteSource):
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
         """Return each ``[start, end)`` range; whole chunks through the read-ahead."""
-        found: list[memoryview] = []
-        for start, end in ranges:
+        found: list[memoryview | None] = [None] * len(ranges)
+        pieces: dict[int, int] = {}  # position in ranges -> chunk
+        others: list[int] = []
+        for at, (start, end) in enumerate(ranges):
             chunk = self._by_offset.get(int(start))
             if chunk is not None and int(self.sizes[chunk]) == end - start:
-                found.append(self.ahead().get(chunk).data)
+                pieces[at] = chunk
             else:
-                found.extend(self.source.read_ranges([(start, end)]))
-        return found
+                others.append(at)
+        if pieces:
+            fetched = self.ahead().get_many(list(pieces.values()))
+            for at, piece in zip(pieces, fetched, strict=True):
+                found[at] = piece.data
+        if others:
+            answers = self.source.read_ranges([ranges[at] for at in others])
+            for at, view in zip(others, answers, strict=True):
+                found[at] = view
+        return [view for view in found if view is not None]
 
     def read_into(self, buffer: np.ndarray, offset: int) -> None:
         """Fill the contiguous uint8 ``buffer`` from ``offset`` (a chunk: from the plan)."""

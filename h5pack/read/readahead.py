@@ -446,6 +446,33 @@ class ReadAhead:
         self._fill()
         return data
 
+    def get_many(self, chunks: Sequence[int]) -> list[np.ndarray]:
+        """Return the stored bytes of ``chunks``; those off the plan are fetched at once.
+
+        The chunks the plan holds come as ``get`` serves them; the others (a reader's
+        window that dropped a chunk, an epoch without a plan) are requested together,
+        concurrently, instead of one after the other.
+        """
+        with self._lock:
+            off_plan = [
+                c
+                for c in dict.fromkeys(int(c) for c in chunks)
+                if c not in self._pending and self._position_ahead(c) is None
+            ]
+        started = {c: self._executor().submit(self._fetch, [c], [None]) for c in off_plan}
+        found: list[np.ndarray] = []
+        for chunk in chunks:
+            future = started.get(int(chunk))
+            if future is None:
+                found.append(self.get(int(chunk)))
+                continue
+            found.append(future.result()[0])
+            with self._lock:
+                self.stats.off_plan += 1
+                self.stats.served += 1
+                self._consumed_bytes += int(self.sizes[chunk])
+        return found
+
     def _position_ahead(self, chunk: int) -> int | None:
         for position in self._positions.get(chunk, ()):
             if position >= self._next:
