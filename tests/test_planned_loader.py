@@ -134,3 +134,113 @@ def test_bench_takes_the_read_ahead_and_cache_flags(pack: Path, tmp_path: Path) 
     assert result.exit_code == 0, result.output
     bad = CliRunner().invoke(cli, [*args[:2], "--requests-in-flight", "0"])
     assert bad.exit_code == 2
+
+
+def _one_epoch(url: str, storage: dict[str, object], cache_dir: str, out: str) -> None:
+    loader = make_loader(
+        url,
+        batch_size=8,
+        num_workers=0,
+        seed=3,
+        window_chunks=2,
+        storage_options=storage,
+        cache_dir=cache_dir,
+        cache_disk_bytes=10**8,
+    )
+    with open(out, "wb") as sink:
+        for images, _labels in loader:
+            sink.write(images.numpy().tobytes())
+
+
+def test_two_loader_processes_on_one_cache_download_each_chunk_once(
+    s3_bucket: Bucket, pack: Path, tmp_path: Path
+) -> None:
+    import itertools
+    import multiprocessing
+
+    import h5py
+
+    from h5pack.read.direct import chunk_table
+
+    url = s3_bucket.put(pack, "p.h5")
+    ctx = multiprocessing.get_context("spawn")
+    s3_bucket.proxy.reset_counts()
+    procs = [
+        ctx.Process(
+            target=_one_epoch,
+            args=(url, s3_bucket.storage_options, str(tmp_path / "c"), str(tmp_path / str(i))),
+        )
+        for i in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    counts = s3_bucket.proxy.reset_counts()
+    with h5py.File(pack, "r") as handle:
+        table = chunk_table(handle["images"])
+    assert table is not None
+    # the ranged GETs of chunks (or runs of adjacent chunks), not the opens' reads of the
+    # pack's head or tail
+    first = int(table.offsets.min())
+    spans = sorted(
+        (lo, hi)
+        for lo, hi in (
+            tuple(int(x) for x in r.removeprefix("bytes=").split("-"))
+            for _, r in counts.ranges
+            if r.startswith("bytes=") and not r.startswith("bytes=-")
+        )
+        if lo >= first
+    )
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))  # no byte twice
+    assert sum(hi - lo + 1 for lo, hi in spans) == int(table.sizes.sum())  # each chunk once
+    assert (tmp_path / "0").read_bytes() == (tmp_path / "1").read_bytes()
+
+
+def test_a_loader_killed_mid_download_then_a_clean_restart(
+    s3_bucket: Bucket, pack: Path, tmp_path: Path
+) -> None:
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from h5pack.bench.s3local import Fault
+
+    url = s3_bucket.put(pack, "p.h5")
+    cache_dir = tmp_path / "c"
+    delay_s = 3.0
+    # every GET waits: the child's first chunk GETs are in flight, its claims in the ledger,
+    # when it is killed
+    s3_bucket.proxy.inject(Fault("delay", delay_s=delay_s), times=1000)
+    patient = {**s3_bucket.storage_options, "read_timeout_s": 60.0}
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_one_epoch, args=(url, patient, str(cache_dir), str(tmp_path / "dead"))
+    )
+    proc.start()
+    while proc.is_alive() and not list(cache_dir.glob("owners/*.lock")):
+        time.sleep(0.05)
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert proc.pid is not None
+    assert proc.is_alive()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    s3_bucket.proxy.clear()
+    from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
+
+    cache = ChunkCache(ChunkCacheOptions(cache_dir=cache_dir, cache_disk_bytes=10**8))
+    assert cache.usage_bytes() == 0  # opening it recovered the dead loader's claims
+    assert cache.stats.recovered >= 1
+    cache.close()
+    _one_epoch(url, s3_bucket.storage_options, str(cache_dir), str(tmp_path / "after"))
+    local = tmp_path / "local"
+    with open(local, "wb") as sink:
+        loader = make_loader(pack, batch_size=8, num_workers=0, seed=3, window_chunks=2)
+        for images, _labels in loader:
+            sink.write(images.numpy().tobytes())
+    assert (tmp_path / "after").read_bytes() == local.read_bytes()  # the same pixels
+    assert not list(cache_dir.rglob("*.tmp"))
+    # the proxy's delayed answers to the dead process end here, not in another test
+    time.sleep(max(0.0, started + delay_s + 2.0 - time.monotonic()))
