@@ -24,6 +24,8 @@ from h5pack.bench.s3local import Fault
 from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
+from h5pack.read.packset import open_reader
+from h5pack.read.reader import ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write import publish, upload
 from h5pack.write.builder import ConvertEvent
@@ -85,7 +87,18 @@ def test_convert_to_a_bucket_reads_back_as_a_local_conversion(
     report = convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
     assert report.path == url
     assert report.num_samples == 40
-    # Read back through the server: the same pixels, labels, paths, order.
+    # Read back through the server: the same pixels, labels, paths, order; through h5pack's
+    # remote reader, and as a downloaded file.
+    with open_reader(url, ReaderOptions(storage_options=options_of(s3_bucket))) as reader:
+        meta = reader.meta
+        images = reader.read_images(range(meta.num_samples))
+        remote = [
+            (path, int(label), int(index), image.tobytes())
+            for path, label, index, image in zip(
+                reader.paths, meta.labels, meta.source_index, images, strict=True
+            )
+        ]
+    assert remote == contents(single)
     copy = tmp_path / "copy.h5"
     assert writer(s3_bucket).download("packs/all.h5", copy) == report.file_bytes
     assert contents(copy) == contents(single)
