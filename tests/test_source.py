@@ -148,6 +148,25 @@ def test_missing_object_bucket_and_denied(remote: tuple[Bucket, str]) -> None:
     assert "AWS_ACCESS_KEY_ID" in str(e.value)
 
 
+def test_missing_credentials_and_profile_are_one_error(
+    remote: tuple[Bucket, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bucket, url = remote
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    options = {"endpoint": bucket.storage_options["endpoint"], "attempts": 3}
+    with pytest.raises(RemoteError, match="no credentials") as err:
+        open_source(url, storage_options=options).read_tail(10)
+    assert "AWS_ACCESS_KEY_ID" in str(err.value)
+    assert bucket.proxy.counts.total == 0  # refused before any request, never retried
+    with pytest.raises(RemoteError, match="check AWS_PROFILE"):
+        open_source(url, storage_options={**options, "profile": "nope"}).read_tail(10)
+
+
 def test_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 

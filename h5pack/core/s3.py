@@ -364,6 +364,12 @@ class S3Source(ByteSource):
                 last = str(err)
             except errors.ClientError as err:
                 last = self._client_error(err, what)
+            except (errors.NoCredentialsError, errors.PartialCredentialsError) as err:
+                raise RemoteError(
+                    f"{self.url}: no credentials ({err}); set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or give the storage options "
+                    "access_key_id and secret_access_key"
+                ) from None
             except (errors.BotoCoreError, OSError) as err:
                 if isinstance(err, RemoteError):
                     raise
@@ -500,9 +506,14 @@ def shared_client(options: S3Options) -> Any:
 
 def make_client(options: S3Options) -> Any:
     """Return a botocore S3 client for ``options`` (no retries of its own)."""
-    boto3, config, _ = _clients()
-    session = boto3.session.Session(profile_name=options.profile) if options.profile else None
-    session = session or boto3.session.Session()
+    boto3, config, errors = _clients()
+    try:
+        session = boto3.session.Session(profile_name=options.profile)
+    except errors.ProfileNotFound as err:
+        raise RemoteError(
+            f"{err}: check AWS_PROFILE (or the storage option profile) against the profiles "
+            "of ~/.aws/config and ~/.aws/credentials"
+        ) from None
     settings = config.Config(
         connect_timeout=options.connect_timeout_s,
         read_timeout=options.read_timeout_s,

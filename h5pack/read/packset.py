@@ -302,7 +302,7 @@ def _describe_set(
     if remote:
         urls, manifest, manifest_url = _remote_members(source, storage_options)
         paths, name = list(urls), manifest_url or urls[0]
-        with ThreadPoolExecutor(min(OPEN_IN_FLIGHT, len(paths))) as pool:
+        with ThreadPoolExecutor(max(1, min(OPEN_IN_FLIGHT, len(paths)))) as pool:
             found = list(
                 pool.map(lambda u: load_pack_meta(u, storage_options=storage_options), paths)
             )
