@@ -7,6 +7,9 @@
 - ``s3_bucket``: a fresh bucket per test reached through ``s3_proxy``
   (``h5pack.bench.s3local.Bucket``: ``url(key)``, ``put(file, key)``, ``put_tree``,
   ``storage_options`` with no backoff between retries, ``proxy``).
+- ``chunk_cache_in_tmp`` (session, autouse): the default disk cache of remote chunks
+  (``read.chunkcache.default_cache_dir``) in the session's temporary folder, not in the
+  machine's temporary directory, where every test run would add to it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ import pytest
 from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
 
 _buckets = itertools.count()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def chunk_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    folder = tmp_path_factory.mktemp("chunk-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("h5pack.read.chunkcache.default_cache_dir", lambda: folder)
+        yield
 
 
 @pytest.fixture(scope="session")
