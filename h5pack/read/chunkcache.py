@@ -70,6 +70,7 @@ __all__ = [
 DEFAULT_CACHE_DISK_FRACTION = 0.5
 _READY, _CLAIMED = 1, 0
 _POLL_S = 0.005
+_INHERITED: list[sqlite3.Connection] = []  # see ChunkCache._connect
 _SAME_USE = 1e-9  # epochs: two futures' uses this close are one use
 _OWNER_CHECK_S = 0.25
 
@@ -200,6 +201,17 @@ class ChunkCache:
             return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        if self._db is not None:
+            # A connection inherited across fork is never used nor closed here: closing it
+            # could checkpoint or unlock the parent's database (SQLite: no connection may
+            # cross fork). It is kept referenced so that it is never collected.
+            _INHERITED.append(self._db)
+        if self._owner_fd >= 0:
+            # The parent's owner lock: closing this copy leaves the parent's lock held by the
+            # parent alone, so its claims die with it, not with this child.
+            with contextlib.suppress(OSError):
+                os.close(self._owner_fd)
+            self._owner_fd = -1
         self._db = None
         self.stats = CacheStats()
         try:
