@@ -362,3 +362,30 @@ def test_two_simulated_ranks_share_a_remote_set_exactly_once(
         seen.extend(paths)
     assert len(lengths) == 1  # equal shares
     assert len(seen) == len(set(seen))  # no sample twice across the ranks
+
+
+@pytest.mark.parametrize("codec", ["lzf", "blosc-zstd", "gzip"])
+def test_codecs_the_direct_path_may_not_read_are_read_remotely(
+    codec: str, s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    path = make_pack(tmp_path / "a.h5", compression=Compression(codec=codec), chunk_samples=8)
+    url = s3_bucket.put(path, "a.h5")
+    with reader(url, s3_bucket, window_chunks=64) as remote, PackReader(path) as local:
+        assert everything(remote) == everything(local)
+
+
+def test_cli_verify_of_a_remote_set(s3_bucket: Bucket, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    local, url = remote_set(s3_bucket, tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["verify", url, "-q", *storage_flags(s3_bucket)])
+    assert result.exit_code == 0, result.output
+    assert "30 of 30 samples verified in 3 shards" in result.output
+    (s3_bucket.path / "set" / sorted(p.name for p in local.glob("*.h5"))[1]).unlink()
+    s3_bucket.server.forget()
+    result = runner.invoke(cli, ["verify", url, "-q", *storage_flags(s3_bucket)])
+    assert result.exit_code == 1, result.output
+    assert "no such object" in result.output

@@ -20,7 +20,6 @@ from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import check_pack
 from h5pack.core.packset import is_packset
 from h5pack.core.source import is_url
-from h5pack.errors import OptionsError
 from h5pack.read.packset import PackSource
 
 
@@ -69,11 +68,6 @@ def verify_pack(
             samples.
     """
     if is_packset(path):
-        if any(is_url(p) for p in ([path] if isinstance(path, str | os.PathLike) else path)):
-            raise OptionsError(
-                "verify reads one remote pack at a time: give each shard's URL "
-                "(h5pack info lists them)"
-            )
         return verify_packset(
             path,
             source=source,
@@ -83,6 +77,7 @@ def verify_pack(
             tolerance=tolerance,
             progress=progress,
             timeout_s=timeout_s,
+            storage_options=storage_options,
         )
     assert isinstance(path, str | os.PathLike)  # is_packset: one path
     text = os.fspath(path)

@@ -17,9 +17,10 @@ Problems are reported by shard file; a problem of the set as a whole names the m
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.check.probe import probe_packs
@@ -29,7 +30,7 @@ from h5pack.check.verify import check_pack
 from h5pack.core import format as fmt
 from h5pack.core.packset import PackSetManifest, check_shard, member_problems, pack_paths
 from h5pack.errors import FormatError, H5PackError
-from h5pack.read.packset import PackSource, describe
+from h5pack.read.packset import PackSource, describe, is_remote, load_pack_meta, remote_members
 
 
 def _message(err: BaseException, name: str) -> str:
@@ -48,6 +49,7 @@ def verify_packset(
     tolerance: float = DEFAULT_TOLERANCE,
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> VerifyReport:
     """Check every shard of a pack set and the set as a whole; optionally its source folder.
 
@@ -68,19 +70,30 @@ def verify_packset(
         progress: Called with the number of samples just checked.
         timeout_s: Read each shard's metadata in a child process first, under this time
             limit per shard (see ``probe_packs``); ``None`` reads it in this process.
+        storage_options: The remote client's settings for a remote set (its prefix, its
+            ``packset.json`` or a list of URLs): each shard is verified as ``verify_pack``
+            verifies a URL.
 
     Raises:
         PackNotFoundError: the set has no manifest.
         FormatError: the manifest is not a valid one.
         OptionsError: the list of packs is empty.
     """
-    paths, manifest = pack_paths(packs)
+    remote = is_remote(packs)
+    paths: list[Path | str]
+    if remote:  # a missing shard is named when its index is read
+        urls, manifest, manifest_url = remote_members(packs, storage_options)
+        paths, timeout_s = list(urls), None
+        where = manifest_url or urls[0]
+    else:
+        local, manifest = pack_paths(packs)
+        paths = list(local)
+        where = os.fspath(manifest.manifest_path) if manifest is not None else os.fspath(local[0])
     names = [os.fspath(p) for p in paths]
-    where = os.fspath(manifest.manifest_path) if manifest is not None else names[0]
     problems: list[Problem] = []
     usable = [True] * len(paths)
     for number, path in enumerate(paths):
-        if not path.exists():
+        if not remote and not Path(path).exists():
             usable[number] = False
             listed = "the manifest lists it, but" if manifest is not None else "given, but"
             message = f"missing: {listed} there is no such file"
@@ -89,7 +102,7 @@ def verify_packset(
         present = [n for n, ok in enumerate(usable) if ok]
         for number, error in zip(
             present,
-            probe_packs([paths[n] for n in present], timeout_s=timeout_s, strict=False),
+            probe_packs([Path(paths[n]) for n in present], timeout_s=timeout_s, strict=False),
             strict=True,
         ):
             if error is not None:
@@ -104,7 +117,11 @@ def verify_packset(
             continue
         name = names[number]
         try:
-            meta = fmt.load_meta(path, check_digests=False)
+            meta = (
+                load_pack_meta(path, storage_options=storage_options)
+                if remote
+                else fmt.load_meta(path, check_digests=False)
+            )
         except (H5PackError, OSError) as err:  # not a pack, truncated: named, not raised
             problems.append(Problem(None, "", _message(err, name), name))
             if manifest is not None:
@@ -112,11 +129,12 @@ def verify_packset(
             continue
         if manifest is not None:
             try:
-                check_shard(manifest, manifest.shards[number], meta)
+                at = (name, where) if remote else None
+                check_shard(manifest, manifest.shards[number], meta, remote=at)
             except FormatError as err:
                 problems.append(Problem(None, "", _message(err, name), name))
         try:
-            result = check_pack(path, progress=progress)
+            result = check_pack(path, progress=progress, storage_options=storage_options)
         except (H5PackError, OSError) as err:
             problems.append(Problem(None, "", _message(err, name), name))
             total += meta.num_samples
@@ -132,11 +150,11 @@ def verify_packset(
         metas = [shard.meta for shard in shards]
         problems.extend(
             Problem(None, "", _message(FormatError(message), os.fspath(path)), os.fspath(path))
-            for path, message in member_problems(paths, metas, manifest)
+            for path, message in member_problems([Path(p) for p in paths], metas, manifest)
         )
     if shards and len(shards) == len(paths) and not problems:
         try:  # whatever else the readers would refuse (they open the set this way)
-            describe(packs)
+            describe(packs, storage_options=storage_options)
         except (H5PackError, OSError) as err:
             problems.append(Problem(None, "", str(err), where))
     report = VerifyReport(

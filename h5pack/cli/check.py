@@ -331,7 +331,7 @@ def verify(
     storage = parse_storage_options(storage_option)
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     total: int | None = None
-    if is_remote(pack) and not is_packset(pack):
+    if is_remote(pack):
         timeout = None  # its compact index is checked by CRC32; no HDF5 walk to hang on
     elif is_packset(pack):
         if isinstance(pack, str):

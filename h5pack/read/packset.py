@@ -257,7 +257,7 @@ def load_pack_meta(
         return read_meta(handle, os.fspath(path))
 
 
-def _remote_members(
+def remote_members(
     source: PackSource, storage_options: Mapping[str, Any] | None
 ) -> tuple[list[str], PackSetManifest | None, str | None]:
     """Return a remote set's shard URLs, its manifest and the manifest's URL (one GET)."""
@@ -285,7 +285,7 @@ def remote_manifest(
     source: PackSource, storage_options: Mapping[str, Any] | None = None
 ) -> PackSetManifest | None:
     """Return a remote set's manifest (one GET), or None for a list of URLs."""
-    return _remote_members(source, storage_options)[1]
+    return remote_members(source, storage_options)[1]
 
 
 def _describe_set(
@@ -300,7 +300,7 @@ def _describe_set(
     remote = is_remote(source)
     paths: list[Path | str]
     if remote:
-        urls, manifest, manifest_url = _remote_members(source, storage_options)
+        urls, manifest, manifest_url = remote_members(source, storage_options)
         paths, name = list(urls), manifest_url or urls[0]
         with ThreadPoolExecutor(max(1, min(OPEN_IN_FLIGHT, len(paths)))) as pool:
             found = list(
