@@ -141,6 +141,7 @@ def test_the_prefetcher_times_the_device_wait_and_the_transfer(encoded):
     assert len(list(plain)) == 1
     assert plain.stats().steps == 1  # any iterable: waits counted, no stages
     assert plain.stats().dominant == ""
+    assert "not timed" in plain.stats().line()
 
 
 def test_summarize_names_the_dominant_stage_and_its_bottleneck():

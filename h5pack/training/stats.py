@@ -208,6 +208,8 @@ class LoaderStats:
             head += f"; {STAGE_WORDS[self.dominant]} takes {share:.0%} of its time"
         if self.bottleneck == "compute":
             return head + " — compute-bound: the loader keeps up, nothing to change"
+        if not self.advice:  # no stage times or facts: not an h5pack loader underneath
+            return head + " — the loader is the bottleneck (its stages are not timed)"
         return head + f" — bottleneck: {self.bottleneck}: {self.advice}"
 
 
