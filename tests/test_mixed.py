@@ -21,6 +21,7 @@ from h5pack.read.mixture import describe_mix, joined_classes
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import make_loader
 from h5pack.training.mixed import H5MixDataset
+from h5pack.training.mixing import MixingWarning
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec
 from h5pack.training.weighted import shares
 from h5pack.write.convert import write_arrays
@@ -144,6 +145,21 @@ def test_the_decoded_cache_works_across_sources(packs) -> None:
         second = [images for images, _ in loader]
         assert caches[0].stats().hits > 0
         assert len(first) == len(second)
+
+
+def test_a_source_whose_chunks_do_not_mix_labels_is_named(packs, tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(64)]
+    blocks = tmp_path / "blocks.h5"
+    write_arrays(
+        blocks,
+        images,
+        [i // 16 for i in range(64)],  # four classes one after another
+        options=ConvertOptions(chunk_samples=8, shuffle_samples=False),
+        classes=["w", "x", "y", "z"],
+    )
+    with pytest.warns(MixingWarning, match=r"blocks\.h5: its chunks do not mix labels"):
+        make_loader([packs["a"], blocks], 8, weights=[1, 1], num_workers=0)
 
 
 def test_weights_need_a_list_of_sources(packs) -> None:

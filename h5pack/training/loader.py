@@ -33,7 +33,7 @@ from h5pack.training.dataset import (
     check_source,
     empty_uint8,
 )
-from h5pack.training.mixed import H5MixDataset
+from h5pack.training.mixed import H5MixDataset, unmixed_sources
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.options import SpecKeywords, keyword_fields, loader_spec
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
@@ -518,6 +518,9 @@ def make_loader(
     )
     if mixing is not None and mixing.warns:
         warnings.warn(mixing.message, MixingWarning, stacklevel=2)
+    if isinstance(dataset, H5MixDataset) and spec.epoch.shuffle:
+        for message in unmixed_sources(dataset, sampler.window_chunks):
+            warnings.warn(message, MixingWarning, stacklevel=2)
     options = dataset.options
     if options.window_chunks is None and options.chunk_cache_bytes is None:
         options = replace(options, window_chunks=sampler.window_chunks)

@@ -24,6 +24,7 @@ from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch, empty_uint8
+from h5pack.training.mixing import label_mixing
 from h5pack.training.weighted import check_weights
 
 # Seeds of the sources' crops and flips: source s draws from seed + s * _SEED_STEP.
@@ -228,3 +229,22 @@ class H5MixDataset(H5ImageDataset):
         if len(shapes) != 1:
             return None
         return shapes.pop()
+
+
+def unmixed_sources(dataset: H5MixDataset, window_chunks: int) -> list[str]:
+    """Return a warning for each source whose chunks do not mix labels (``label_mixing``).
+
+    A single pack like that gets a stratified chunk order (``sampler_for_labels``); in a
+    mix the order interleaves sources, not labels, so the warning only says so.
+    """
+    messages = []
+    for name, part in zip(dataset.names, dataset.parts, strict=True):
+        report = label_mixing(part.meta, part.chunk_map, window_chunks=window_chunks, search=False)
+        if report.chunks_unmixed:
+            messages.append(
+                f"{name}: its chunks do not mix labels (label mixing {report.figure:.2f}, "
+                f"~1 when shuffled at write time), and a mix does not stratify a source's "
+                "chunks: its batches may hold few of its classes. Convert it again without "
+                "--no-shuffle (the write-time shuffle)"
+            )
+    return messages
