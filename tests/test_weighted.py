@@ -92,6 +92,36 @@ def test_ranks_and_workers_split_a_mixed_epoch(mix, seed, ranks, workers, batch)
     assert sum(got.values()) - num == ranks * -(-num // ranks) - num
 
 
+@given(mixes(), st.integers(0, 1000), st.integers(1, 3), st.integers(0, 2), st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_rest_of_a_mixed_epoch_serves_each_remaining_position_once(
+    mix, seed, ranks, workers, data
+) -> None:
+    num = mix.num_samples
+    delivered = np.asarray(data.draw(st.lists(st.booleans(), min_size=num, max_size=num)))
+    rest = rest_of(mix, seed, 2, delivered)
+    got: Counter[int] = Counter()
+    lengths = set()
+    for rank in range(ranks):
+        spec = EpochSpec(
+            batch_size=3, seed=seed, window_chunks=2, num_workers=workers, num_replicas=ranks
+        )
+        batches = plan_pieces(rest, EpochSpec(**{**spec.__dict__, "rank": rank}), epoch=2)
+        lengths.add(len(batches))
+        for b in batches:
+            got.update(rest.top_positions(b).tolist())
+    remaining = set(np.flatnonzero(~delivered).tolist())
+    assert len(lengths) == 1
+    assert set(got) == remaining
+    left = len(remaining)
+    assert sum(got.values()) - left == (ranks * -(-left // ranks) - left if left else 0)
+    # a position's sample is the whole epoch's sample at that position
+    whole = mix.epoch(seed, 2)
+    every = np.asarray(sorted(remaining), dtype=np.int64)
+    if every.size:
+        assert np.array_equal(rest.samples(np.arange(every.size)), whole.samples(every))
+
+
 def test_shares_are_the_largest_remainder_rounding() -> None:
     assert shares([3, 1], 256).tolist() == [192, 64]
     assert shares([1, 1, 1], 100).tolist() == [34, 33, 33]
