@@ -9,6 +9,7 @@ for ranks, workers and windows, the same way for every order. See the note "Orde
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -75,9 +76,9 @@ class EpochPieces:
         """Positions of the epoch (samples served, before ranks pad or drop)."""
         return int(self.sizes.sum())
 
-    @property
+    @cached_property
     def starts(self) -> np.ndarray:
-        """First position of each piece (canonical order)."""
+        """First position of each piece (canonical order; computed once, looked up per batch)."""
         starts: np.ndarray = np.cumsum(self.sizes) - self.sizes
         return starts
 
