@@ -185,6 +185,21 @@ def test_time_interleaved_alternates_and_times_runs_of_enough_epochs() -> None:
     assert runs[:first_b] == ["a"] * timings["a"].epochs_per_run  # a's run, then b's
 
 
+def test_time_interleaved_keeps_the_first_epoch_apart() -> None:
+    clock = FakeClock()
+    durations = iter([0.5] + [0.1] * 50)  # the first epoch fills a cache: 5x slower
+
+    def epoch() -> Count:
+        clock.advance(next(durations))
+        return Count(10, 100)
+
+    timing = time_interleaved({"a": epoch}, repeats=3, warmup=1, clock=clock)["a"]
+    assert timing.first_epoch_s == pytest.approx(0.5)
+    assert timing.first_epoch_per_s == pytest.approx(20.0)
+    assert timing.images_per_s == pytest.approx(100.0)  # the later epochs
+    assert time_interleaved({"a": epoch}, repeats=1, clock=clock)["a"].first_epoch_per_s is None
+
+
 def test_time_interleaved_lengthens_noisy_runs_within_the_budget() -> None:
     durations = iter([0.001, 0.02] * 200)
     clock = FakeClock()
@@ -758,9 +773,9 @@ def test_bench_reads_through_the_decoded_cache_after_the_first_epoch(encoded_pac
     finally:
         setup.close()
     result = bench_loader(encoded_pack, options)
-    assert "decoded cache (the timed epochs come after the warm-up filled it)" in format_bench(
-        result
-    )
+    text = format_bench(result)
+    assert "decoded cache (the timed epochs come after the warm-up filled it)" in text
+    assert "first epoch (filling the decoded cache):" in text
     plain = open_dataset(encoded_pack, train)  # without cache="decoded": none
     assert plain.cache is None
     plain.close()

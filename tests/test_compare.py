@@ -527,6 +527,9 @@ def test_compare_reads_through_the_decoded_cache(folder: Path, tmp_path: Path) -
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "Read through the decoded cache (--cache decoded" in result.output
+    assert "First epochs, filling the decoded cache (chunk-aware, images/s): encoded" in (
+        result.output
+    )
     data = json.loads((out / "report.json").read_text())
     assert data["options"]["measure"]["cache"] == "decoded"
 

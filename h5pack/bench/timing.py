@@ -42,6 +42,9 @@ class Timing:
         nbytes: Decoded bytes (what the training loop receives) delivered by each repeat.
         epochs_per_run: Epochs timed together in each repeat.
         target_spread: The spread aimed at (see "Timing enough work"), None if none.
+        first_epoch_s: Seconds of the first warm-up epoch (None without warm-up): what a
+            first epoch costs, e.g. while it fills a decoded cache that the timed ones use.
+        first_epoch_images: Images that epoch delivered.
     """
 
     elapsed_s: tuple[float, ...]
@@ -49,6 +52,15 @@ class Timing:
     nbytes: tuple[int, ...]
     epochs_per_run: int = 1
     target_spread: float | None = None
+    first_epoch_s: float | None = None
+    first_epoch_images: int = 0
+
+    @property
+    def first_epoch_per_s(self) -> float | None:
+        """Images per second of the first warm-up epoch, or None without one."""
+        if self.first_epoch_s is None or self.first_epoch_s <= 0:
+            return None
+        return self.first_epoch_images / self.first_epoch_s
 
     @property
     def rates(self) -> tuple[float, ...]:
@@ -163,6 +175,7 @@ class _Stage:
         self.clock = clock
         self.epochs = 1
         self.epoch_s: float | None = None  # a typical epoch, from the warm-up
+        self.first: tuple[float, int] | None = None  # the first warm-up epoch
         self.runs: list[tuple[float, int, int]] = []
 
     def epoch(self) -> tuple[float, Count]:
@@ -189,7 +202,16 @@ class _Stage:
 
     def timing(self, target: float | None) -> Timing:
         elapsed, images, nbytes = zip(*self.runs, strict=True) if self.runs else ((), (), ())
-        return Timing(tuple(elapsed), tuple(images), tuple(nbytes), self.epochs, target)
+        first_s, first_images = self.first if self.first is not None else (None, 0)
+        return Timing(
+            tuple(elapsed),
+            tuple(images),
+            tuple(nbytes),
+            self.epochs,
+            target,
+            first_epoch_s=first_s,
+            first_epoch_images=first_images,
+        )
 
 
 def time_interleaved(
@@ -244,7 +266,9 @@ def time_interleaved(
 
     for _ in range(warmup):
         for name, stage in stages.items():
-            stage.epoch_s, _ = stage.epoch()
+            stage.epoch_s, count = stage.epoch()
+            if stage.first is None:
+                stage.first = (stage.epoch_s, count.images)
             report(name)
     for stage in stages.values():
         if stage.epoch_s is not None:
