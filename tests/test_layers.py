@@ -157,8 +157,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 # "No hidden cycles"): a new one fails the test below, and so does one of these once broken
 # (take it off the list).
 KNOWN_CYCLES = {
-    # the sampler re-plans an elastic resume; elastic plans with the sampler's plan_pieces
-    ("h5pack.training.elastic", "h5pack.training.sampler"),
     # H5ImageDataset(weights=...) builds an H5MixDataset, a subclass of it
     ("h5pack.training.dataset", "h5pack.training.mixed"),
     # conversions and merges into a bucket (write/remote.py) call back the local ones

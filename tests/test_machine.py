@@ -33,9 +33,9 @@ def test_a_container_limit_caps_total_and_available_memory(tmp_path, monkeypatch
 
 def test_every_layer_reads_the_same_probe(monkeypatch) -> None:
     from h5pack.bench import system
-    from h5pack.training import cache, sampler
+    from h5pack.training import cache, epochs
 
-    assert sampler.memory_bytes is machine.memory_bytes
+    assert epochs.memory_bytes is machine.memory_bytes
     assert system.memory_bytes is machine.memory_bytes
     monkeypatch.setattr(cache, "available_memory_bytes", lambda: 4000)
     assert cache.default_cache_bytes(fraction=0.5) == 2000

@@ -327,7 +327,9 @@ def test_default_window_floors_and_cap() -> None:
 
 
 def test_memory_bytes_is_the_machine_or_its_container() -> None:
-    memory = sampler_module.memory_bytes()
+    from h5pack.core.machine import memory_bytes  # what the window's cap reads
+
+    memory = memory_bytes()
     assert memory is None or memory > 2**20
 
 
@@ -460,6 +462,11 @@ def test_empty_map() -> None:
 
 
 def test_docstring_examples() -> None:
+    from h5pack.training import epochs
+
     result = doctest.testmod(sampler_module, extraglobs={"ChunkMap": ChunkMap})
     assert result.attempted >= 3
     assert result.failed == 0
+    planned = doctest.testmod(epochs, extraglobs={"ChunkMap": ChunkMap})
+    assert planned.attempted >= 2  # plan_epoch, epoch_spec
+    assert planned.failed == 0

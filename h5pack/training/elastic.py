@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from h5pack.training.epochs import EpochSpec, plan_pieces
 from h5pack.training.orders import Order, rest_of
-from h5pack.training.sampler import EpochSpec, plan_pieces
 
 # NOTE [ Elastic resume ]
 #

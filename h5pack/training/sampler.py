@@ -1,93 +1,39 @@
 """Chunk-aware samplers: random enough for SGD, each chunk decompressed once per epoch.
 
-See the note "Chunk-aware epoch order" below for how an epoch is planned.
+An epoch is planned by ``training.epochs`` (see its notes "Chunk-aware epoch order" and
+"Shuffle window"), whose names this module re-exports (``EpochSpec``, ``plan_epoch``...).
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from h5pack.core.arguments import check_bool, check_int, check_optional_int, check_seed
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
-from h5pack.core.machine import memory_bytes
 from h5pack.errors import OptionsError
+from h5pack.training.elastic import ORDER_SETTINGS, TOPOLOGY_SETTINGS, delivered_mask, plan_rest
+from h5pack.training.epochs import DEFAULT_WINDOW_BYTES as DEFAULT_WINDOW_BYTES  # re-exported
+from h5pack.training.epochs import DEFAULT_WINDOW_CHUNKS as DEFAULT_WINDOW_CHUNKS
+from h5pack.training.epochs import MIN_POOL_BATCHES as MIN_POOL_BATCHES
+from h5pack.training.epochs import WINDOW_MEMORY_FRACTION as WINDOW_MEMORY_FRACTION
+from h5pack.training.epochs import EpochSpec as EpochSpec
+from h5pack.training.epochs import distributed_defaults as distributed_defaults
+from h5pack.training.epochs import epoch_spec as epoch_spec
+from h5pack.training.epochs import num_batches as num_batches
+from h5pack.training.epochs import order_of as order_of
+from h5pack.training.epochs import plan_epoch as plan_epoch
+from h5pack.training.epochs import plan_pieces as plan_pieces
+from h5pack.training.epochs import samples_per_rank as samples_per_rank
+from h5pack.training.epochs import window_for as window_for
 from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing
-from h5pack.training.orders import EpochPieces, Order, chunk_order
-from h5pack.training.weighted import WeightedMix, check_weights
-
-# NOTE [ Chunk-aware epoch order ]
-#
-# One epoch of one rank is planned by ``plan_epoch``, a pure function of
-# (seed, epoch, rank, ...):
-#
-# 1. The chunks are permuted by ``default_rng((seed, epoch))`` (identical on every rank;
-#    with ``chunk_strata``, a stratified permutation, see the note "Label mixing" in
-#    training/mixing.py), and their samples laid end to end: a sequence of N sample
-#    indices, chunk by chunk.
-# 2. Ranks take consecutive slices of that sequence (``r * N // R`` onwards), so ranks
-#    split chunks, not samples; only the at most R - 1 chunks on a boundary are read by
-#    two ranks. Every rank yields the same number of batches (see "Ranks" below).
-# 3. The DataLoader (``in_order=True``, the default) hands batch b to worker b mod W. The
-#    rank's slice is cut again into W consecutive slices, worker w's slice holding exactly
-#    the samples of the batches w, w + W, w + 2W, ...; so each worker reads its own chunks
-#    (at most W - 1 chunks sit on a worker boundary and are read by two workers).
-# 4. Each worker's slice is cut into the fewest windows of at most K consecutive chunks,
-#    of nearly equal sizes (an epoch does not end on a window of a few chunks); the
-#    samples of a window are shuffled together and cut into that worker's batches, a
-#    batch possibly straddling two windows. A reader that keeps the last K chunks it
-#    decompressed (first in, first out) therefore decompresses every chunk once per epoch.
-# 5. The worker batch streams are interleaved: batch b is worker (b mod W)'s next batch.
-#
-# Ranks: with ``drop_last=False`` every rank gets ceil(N / R) samples: a rank whose slice
-# is one short repeats one sample, the last of its own slice (its chunk is already in the
-# last window, so no extra read), like ``torch.utils.data.DistributedSampler``. Every
-# sample is seen at least once, and R * ceil(N / R) - N <= R - 1 samples are served again
-# per epoch: when R divides N, none; when N >= R, each a different sample, seen twice
-# (fewer than R samples twice). When N < R, R - N ranks have no sample of their own and
-# each repeats the first sample of the next rank's slice, so a sample is served up to
-# ceil(R / N) times (N = 1, R = 3: the one sample three times, once per rank; every rank
-# still yields one batch). With ``drop_last=True``
-# every rank takes T * B samples (T = N // R // B full batches) and the remaining
-# N - R * T * B samples, the tail of this epoch's chunk order, are skipped: every sample at
-# most once, all batches full.
-
-# NOTE [ Shuffle window ]
-#
-# K, the chunks one worker mixes at once (and its reader keeps decompressed), is
-# ``window_chunks`` when given. Otherwise it is the largest of three floors:
-# - bytes: ``window_bytes`` (default ``DEFAULT_WINDOW_BYTES``) shared by the workers; with
-#   small chunks that is the whole of a small pack, a full shuffle;
-# - pool: enough chunks for ``MIN_POOL_BATCHES`` batches in a worker's window;
-# - labels: ``min_window_chunks``, the window ``training.mixing.label_mixing`` asks for when
-#   the pack's chunks do not mix labels (see ``sampler_for_labels``);
-# capped, unless ``window_bytes`` is given (then it is the budget), by
-# ``WINDOW_MEMORY_FRACTION`` of the memory of the machine or container shared by the
-# workers, and at the pack's chunks. The cap uses the memory the machine has, not what is
-# free at the moment, so that K (and with it the order) is the same in every process that
-# plans an epoch (``H5IterableDataset`` plans in each worker) and in a run resumed on the
-# same machine. docs/ARCHITECTURE.md ("Shuffle window and training equivalence") has the
-# measurements behind each number.
-
-# The bytes floor of all workers' windows together: 256 MiB keeps 32 chunks of 8 MiB (the
-# default chunk size) in one process, and every chunk of a pack of small images.
-DEFAULT_WINDOW_BYTES = 256 * 2**20
-
-# The pool floor: a worker's window holds at least this many batches.
-MIN_POOL_BATCHES = 8
-
-# The cap: all workers' windows hold at most this share of the machine's memory.
-WINDOW_MEMORY_FRACTION = 1 / 8
-
-# Window when the chunk size is unknown (a bare ChunkMap), before the pool floor.
-DEFAULT_WINDOW_CHUNKS = 16
+from h5pack.training.orders import Order
+from h5pack.training.weighted import WeightedMix
 
 
 @runtime_checkable
@@ -211,418 +157,8 @@ def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
     return chunk_map, size
 
 
-def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """Return ``(num_replicas, rank)``, filling gaps from torch.distributed when initialised.
-
-    Raises:
-        OptionsError: ``rank`` is outside ``0 .. num_replicas - 1``.
-    """
-    if num_replicas is None or rank is None:
-        import torch.distributed as dist
-
-        initialised = dist.is_available() and dist.is_initialized()
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if initialised else 1
-        if rank is None:
-            rank = dist.get_rank() if initialised else 0
-    if num_replicas < 1:
-        raise OptionsError(f"num_replicas should be >= 1, but got num_replicas={num_replicas}")
-    if not 0 <= rank < num_replicas:
-        raise OptionsError(
-            f"rank should be in 0..{num_replicas - 1}, but got rank={rank} "
-            f"(num_replicas={num_replicas})"
-        )
-    return num_replicas, rank
-
-
-def window_for(
-    *,
-    window_chunks: int | None,
-    window_bytes: int | None,
-    group_bytes: int | None,
-    num_workers: int,
-    batch_size: int | None = None,
-    chunk_samples: float | None = None,
-    min_window_chunks: int | None = None,
-    num_chunks: int | None = None,
-    machine_bytes: int | None = None,
-) -> int:
-    """Return K, the chunks per shuffle window of one worker (see the note "Shuffle window").
-
-    Args:
-        window_chunks: An explicit K; it wins.
-        window_bytes: The budget of all workers' windows; default ``DEFAULT_WINDOW_BYTES``
-            as a floor, capped by ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
-        group_bytes: Bytes of one decompressed chunk; None: unknown
-            (``DEFAULT_WINDOW_CHUNKS`` replaces the bytes floor, and there is no cap).
-        num_workers: DataLoader workers (0: the main process alone).
-        batch_size: Samples per batch, for the pool floor (none without it).
-        chunk_samples: Mean samples per chunk, for the pool floor.
-        min_window_chunks: The labels floor.
-        num_chunks: Chunks of the pack: K never exceeds it.
-        machine_bytes: The machine's memory; default ``memory_bytes()``.
-
-    Raises:
-        OptionsError: a window, budget or floor is out of range.
-    """
-    if window_chunks is not None:
-        if window_chunks < 1:
-            raise OptionsError(
-                f"window_chunks should be >= 1, but got window_chunks={window_chunks}"
-            )
-        return int(window_chunks)
-    if window_bytes is not None and window_bytes <= 0:
-        raise OptionsError(f"window_bytes should be positive, but got window_bytes={window_bytes}")
-    if min_window_chunks is not None and min_window_chunks < 1:
-        raise OptionsError(
-            f"min_window_chunks should be >= 1, but got min_window_chunks={min_window_chunks}"
-        )
-    processes = max(1, num_workers)
-    if group_bytes:
-        floor = (window_bytes or DEFAULT_WINDOW_BYTES) // (processes * group_bytes)
-    else:
-        floor = DEFAULT_WINDOW_CHUNKS
-    if batch_size and chunk_samples:
-        floor = max(floor, math.ceil(MIN_POOL_BATCHES * batch_size / chunk_samples))
-    floor = max(1, floor, min_window_chunks or 1)
-    if group_bytes:
-        cap: int | None = window_bytes
-        if cap is None:
-            machine = machine_bytes if machine_bytes is not None else memory_bytes()
-            cap = int(machine * WINDOW_MEMORY_FRACTION) if machine else None
-        if cap is not None:
-            floor = min(floor, max(1, cap // (processes * group_bytes)))
-    if num_chunks is not None:
-        floor = min(floor, max(1, num_chunks))
-    return int(floor)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EpochSpec:
-    """How a rank's epochs are cut into batches: everything ``plan_epoch`` needs but the epoch.
-
-    Built once at the public edge (``make_loader``, ``ChunkBatchSampler``) and passed whole
-    to the samplers, ``H5IterableDataset`` and ``plan_epoch``. ``resolved`` fills the fields
-    left to defaults (ranks from ``torch.distributed``, the window as the note "Shuffle
-    window" says).
-
-    Attributes:
-        batch_size: Samples per batch.
-        shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
-            in pack order (the pack order itself with ``num_workers <= 1``).
-        seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
-        window_chunks: K, chunks mixed at once by one worker (and kept decompressed by its
-            reader); None: see the note "Shuffle window".
-        window_bytes: Memory budget of all workers' windows (decompressed bytes); None:
-            at least ``DEFAULT_WINDOW_BYTES`` and a pool of ``MIN_POOL_BATCHES`` batches,
-            at most ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
-        drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
-            does not divide evenly).
-        num_replicas: Ranks; None: ``torch.distributed``'s world size, else 1.
-        rank: This rank; None: ``torch.distributed``'s rank, else 0.
-        num_workers: The DataLoader's ``num_workers`` (batch b goes to worker b mod W).
-        min_window_chunks: Widen a default window to at least this many chunks, within the
-            memory cap (``label_mixing(...).window_needed`` for a pack whose chunks do not
-            mix labels); ignored when ``window_chunks`` is given.
-        chunk_strata: One stratum (a chunk's dominant label, ``mixing.chunk_strata``) per
-            chunk: the chunk order spreads each stratum evenly over the epoch
-            (``mixing.stratified_order``), for packs whose chunks do not mix labels; None:
-            a uniformly random chunk order.
-        weights: Mix several sources by weight (``training.weighted``): one positive weight
-            per source; None: the weights the data carries, else each source's size.
-        epoch_samples: Samples per epoch of a mix; None: all samples of all sources.
-        stratify: Hold a mix's shares in every batch, to within one sample (else only over
-            the epoch and smoothly through it).
-
-    Raises:
-        OptionsError: a size, rank or window is out of range.
-    """
-
-    batch_size: int
-    shuffle: bool = True
-    seed: int = 0
-    window_chunks: int | None = None
-    window_bytes: int | None = None
-    drop_last: bool = False
-    num_replicas: int | None = None
-    rank: int | None = None
-    num_workers: int = 0
-    min_window_chunks: int | None = None
-    chunk_strata: tuple[int, ...] | None = None
-    weights: tuple[float, ...] | None = None
-    epoch_samples: int | None = None
-    stratify: bool = False
-
-    def __post_init__(self) -> None:
-        # Each field checked once, here, in the user's name (issue 20 A, F): a float
-        # batch_size skipped samples every epoch, a str one failed inside torch.
-        check_int("batch_size", self.batch_size, minimum=1)
-        check_bool("shuffle", self.shuffle)
-        check_seed("seed", self.seed)
-        check_bool("drop_last", self.drop_last)
-        check_int("num_workers", self.num_workers, minimum=0)
-        check_optional_int("window_chunks", self.window_chunks, minimum=1)
-        check_optional_int("window_bytes", self.window_bytes, minimum=1)
-        check_optional_int("min_window_chunks", self.min_window_chunks, minimum=1)
-        check_optional_int("num_replicas", self.num_replicas, minimum=1)
-        check_optional_int("rank", self.rank, minimum=0)
-        if self.weights is not None:
-            object.__setattr__(self, "weights", check_weights(self.weights))
-        check_optional_int("epoch_samples", self.epoch_samples, minimum=1)
-        check_bool("stratify", self.stratify)
-        if self.chunk_strata is not None and not isinstance(self.chunk_strata, tuple):
-            strata = tuple(int(c) for c in self.chunk_strata)
-            object.__setattr__(self, "chunk_strata", strata)
-        if self.num_replicas is not None and self.rank is not None:
-            distributed_defaults(self.num_replicas, self.rank)
-
-    def resolved(self, group_bytes: int | None, *, chunk_map: ChunkMap | None = None) -> EpochSpec:
-        """Return a copy with ranks and the window filled in.
-
-        Args:
-            group_bytes: Bytes of one decompressed chunk (None: unknown).
-            chunk_map: The pack's chunks, for the pool floor and the cap at the pack's
-                chunks (see the note "Shuffle window"); without it neither applies.
-        """
-        num_replicas, rank = distributed_defaults(self.num_replicas, self.rank)
-        chunk_samples = num_chunks = None
-        if chunk_map is not None and chunk_map.num_chunks:
-            num_chunks = chunk_map.num_chunks
-            chunk_samples = chunk_map.num_samples / num_chunks
-        window = window_for(
-            window_chunks=self.window_chunks,
-            window_bytes=self.window_bytes,
-            group_bytes=group_bytes,
-            num_workers=self.num_workers,
-            batch_size=self.batch_size,
-            chunk_samples=chunk_samples,
-            min_window_chunks=self.min_window_chunks,
-            num_chunks=num_chunks,
-        )
-        return replace(self, num_replicas=num_replicas, rank=rank, window_chunks=window)
-
-
-def epoch_spec(spec: EpochSpec | int | None = None, /, **fields: Any) -> EpochSpec:
-    """Return the ``EpochSpec`` of ``spec`` (a spec, or a batch size) with ``fields`` replaced.
-
-    The one place the samplers' and ``make_loader``'s keywords become the spec.
-
-    Raises:
-        OptionsError: no batch size given, or a field out of range.
-        TypeError: a keyword that is no field of ``EpochSpec``.
-
-    Example:
-        >>> epoch_spec(32, seed=3) == EpochSpec(batch_size=32, seed=3)
-        True
-        >>> epoch_spec(EpochSpec(batch_size=32), num_workers=2).num_workers
-        2
-    """
-    if isinstance(spec, EpochSpec):
-        return replace(spec, **fields) if fields else spec
-    if spec is not None:
-        if "batch_size" in fields:
-            raise OptionsError("give batch_size once, positionally or as batch_size=")
-        fields["batch_size"] = spec
-    if "batch_size" not in fields:
-        raise OptionsError("batch_size should be an integer >= 1, but none was given")
-    return EpochSpec(**fields)
-
-
 # Settings added to ``ChunkBatchSampler.state_dict`` later, as states saved before read.
 _SETTINGS_BEFORE: dict[str, Any] = {"stratified": False, "sources": None}
-
-
-def _rng(*key: int) -> np.random.Generator:
-    return np.random.default_rng([k % 2**64 for k in key])
-
-
-def num_batches(
-    num_samples: int, batch_size: int, *, num_replicas: int = 1, drop_last: bool = False
-) -> int:
-    """Return the batches each rank yields per epoch."""
-    if num_samples == 0:
-        return 0
-    if drop_last:
-        return num_samples // num_replicas // batch_size
-    return math.ceil(math.ceil(num_samples / num_replicas) / batch_size)
-
-
-def samples_per_rank(num_samples: int, spec: EpochSpec) -> int:
-    """Return the samples each rank yields per epoch (see "Chunk-aware epoch order")."""
-    if num_samples == 0:
-        return 0
-    num_replicas = spec.num_replicas or 1
-    if spec.drop_last:
-        return num_samples // num_replicas // spec.batch_size * spec.batch_size
-    return math.ceil(num_samples / num_replicas)
-
-
-def order_of(source: ChunkMap | Order, spec: EpochSpec) -> Order:
-    """Return ``source`` if it is an order, else the chunk order ``spec`` asks for.
-
-    ``spec.shuffle`` and ``spec.chunk_strata`` choose the order of a bare ``ChunkMap``
-    (``orders.chunk_order``); an ``Order`` given decides for itself.
-    """
-    if isinstance(source, ChunkMap):
-        return chunk_order(source, shuffle=spec.shuffle, chunk_strata=spec.chunk_strata)
-    return source
-
-
-def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
-    """Return one rank's batches of one epoch, in the order the DataLoader consumes them.
-
-    A pure function of (order, seed, epoch, topology); see the module note "Chunk-aware
-    epoch order" and the note "Orders" (training/orders.py). Fields of ``spec`` left to None
-    mean one rank, rank 0 and ``DEFAULT_WINDOW_CHUNKS``.
-
-    Args:
-        source: An order (``training.orders``), or a ``ChunkMap`` whose order ``spec``'s
-            ``shuffle`` and ``chunk_strata`` choose (``order_of``).
-        spec: The topology, batch size, seed and window.
-        epoch: The epoch.
-
-    Example:
-        >>> cmap = ChunkMap.regular(10, 4)
-        >>> [b.tolist() for b in plan_epoch(cmap, EpochSpec(batch_size=3, shuffle=False), epoch=0)]
-        [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
-    """
-    pieces = order_of(source, spec).epoch(spec.seed, epoch)
-    return [pieces.samples(b) for b in plan_pieces(pieces, spec, epoch=epoch)]
-
-
-def _window_shuffle(
-    seq: np.ndarray, chunks: np.ndarray, window_chunks: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Shuffle ``seq`` within the fewest windows of at most K consecutive pieces, even sizes."""
-    piece = np.concatenate([[0], np.cumsum(np.diff(chunks) != 0)])
-    num_pieces = int(piece[-1]) + 1
-    windows = -(-num_pieces // window_chunks)
-    keys = rng.random(len(seq))
-    shuffled: np.ndarray = seq[np.lexsort((keys, piece * windows // num_pieces))]
-    return shuffled
-
-
-def _balanced_layout(
-    pieces: EpochPieces,
-) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
-    """Return ``segment`` of a stratified epoch: its sequence with the sources balanced.
-
-    Each source's pieces keep their served order and are laid end to end; the sources are
-    then interleaved sample by sample, the j-th of a source's n at (j + 1/2) / n of the
-    epoch, so every stretch (a rank's slice, a worker's, a batch) holds each source's
-    share to within about one sample. Lays out the whole epoch: O(N) per rank.
-    """
-    starts, sizes, order = pieces.starts, pieces.sizes, pieces.order
-    piece_sources = pieces.sources_of(starts)
-    assert piece_sources is not None  # the caller checked
-    num = pieces.num_samples
-    labels = np.repeat(piece_sources[order], sizes[order])
-    rank = np.empty(num, dtype=np.int64)
-    counts = np.bincount(labels)
-    by_source = np.argsort(labels, kind="stable")
-    rank[by_source] = np.arange(num) - (np.cumsum(counts) - counts)[labels[by_source]]
-    balanced = by_source[np.argsort(((rank + 0.5) / counts[labels])[by_source], kind="stable")]
-    served = np.repeat(starts[order], sizes[order]) + (
-        np.arange(num) - np.repeat(np.cumsum(sizes[order]) - sizes[order], sizes[order])
-    )
-    seq, chunk_seq = served[balanced], np.repeat(order, sizes[order])[balanced]
-
-    def segment(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
-        return seq[low:high], chunk_seq[low:high]
-
-    return segment
-
-
-def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
-    """Return one rank's batches of one epoch as positions of ``pieces`` (``plan_epoch``)."""
-    batch_size, seed, drop_last = spec.batch_size, spec.seed, spec.drop_last
-    shuffle = pieces.shuffle
-    window_chunks = spec.window_chunks or DEFAULT_WINDOW_CHUNKS
-    num_replicas, rank = spec.num_replicas or 1, spec.rank or 0
-    num = pieces.num_samples
-    batch_count = num_batches(num, batch_size, num_replicas=num_replicas, drop_last=drop_last)
-    if batch_count == 0:
-        return []
-    starts = pieces.starts
-    sizes = pieces.sizes
-    order = pieces.order
-    ordered_sizes = sizes[order]
-    ends = np.cumsum(ordered_sizes)
-    first_pos = ends - ordered_sizes
-
-    def laid_out(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions ``low .. high - 1`` of the epoch's sequence, and their pieces.
-
-        Only the pieces that overlap are laid out, so a rank's plan costs O(N / R + chunks)
-        in time and memory, not O(N).
-        """
-        if high <= low:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        first = int(np.searchsorted(ends, low, side="right"))
-        last = int(np.searchsorted(first_pos, high, side="left"))
-        part, part_sizes = order[first:last], ordered_sizes[first:last]
-        origin = int(first_pos[first])
-        seq = np.repeat(starts[part] - first_pos[first:last], part_sizes) + np.arange(
-            origin, origin + int(part_sizes.sum()), dtype=np.int64
-        )
-        chunk_seq = np.repeat(part, part_sizes)
-        return seq[low - origin : high - origin], chunk_seq[low - origin : high - origin]
-
-    segment: Callable[[int, int], tuple[np.ndarray, np.ndarray]] = laid_out
-    if pieces.stratify and pieces.sources_of(starts[:1]) is not None:
-        segment = _balanced_layout(pieces)
-
-    if drop_last:
-        per_rank = batch_count * batch_size
-        low = rank * per_rank
-        rank_seq, rank_chunks = segment(low, low + per_rank)
-    else:
-        per_rank = math.ceil(num / num_replicas)
-        low, high = rank * num // num_replicas, (rank + 1) * num // num_replicas
-        rank_seq, rank_chunks = segment(low, high)
-        pad = per_rank - (high - low)
-        if pad:
-            # Repeat the last sample of the rank's own slice (or the next one if it is empty).
-            where = high - 1 if high > low else low % num
-            one_seq, one_chunk = segment(where, where + 1)
-            rank_seq = np.concatenate([rank_seq, np.full(pad, one_seq[0])])
-            rank_chunks = np.concatenate([rank_chunks, np.full(pad, one_chunk[0])])
-
-    batch_sizes = np.full(batch_count, batch_size, dtype=np.int64)
-    batch_sizes[-1] = per_rank - (batch_count - 1) * batch_size
-    workers = max(1, spec.num_workers)
-    worker_rngs = [_rng(seed, epoch, rank, w, 1) for w in range(workers)]
-    streams: list[list[np.ndarray]] = []
-    low = 0
-    for w in range(workers):
-        own_sizes = batch_sizes[w::workers]
-        high = low + int(own_sizes.sum())
-        wseq, wchunks = rank_seq[low:high], rank_chunks[low:high]
-        low = high
-        sources = pieces.sources_of(wseq) if pieces.stratify and len(wseq) else None
-        if sources is not None and shuffle:
-            # stratified: each source's samples shuffled in its own windows, then put back
-            # into that source's slots (the balanced layout, see the note "Weighted mix")
-            mixed = wseq.copy()
-            for source in np.unique(sources).tolist():
-                slots = np.flatnonzero(sources == source)
-                mixed[slots] = _window_shuffle(
-                    wseq[slots], wchunks[slots], window_chunks, worker_rngs[w]
-                )
-            wseq = mixed
-        elif shuffle and len(wseq):
-            wseq = _window_shuffle(wseq, wchunks, window_chunks, worker_rngs[w])
-        streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
-    batches = [streams[b % workers][b // workers] for b in range(batch_count)]
-    if pieces.sources_of(starts[:1]) is not None:
-        # a mix: each batch grouped by source (a batch is a set to SGD), so that the
-        # dataset reads every source's run straight into its slice of the batch
-        grouped = []
-        for batch in batches:
-            sources = pieces.sources_of(batch)
-            grouped.append(batch if sources is None else batch[np.argsort(sources, kind="stable")])
-        batches = grouped
-    return batches
 
 
 class ChunkBatchSampler(Sampler[list[int]]):
@@ -735,8 +271,6 @@ class ChunkBatchSampler(Sampler[list[int]]):
         samples the saved topology had not delivered (see ``training.elastic``).
         """
         if self._delivered is not None and epoch in (None, self.epoch):
-            from h5pack.training.elastic import plan_rest
-
             return plan_rest(self.order, self.spec, epoch=self.epoch, delivered=self._delivered)
         return plan_epoch(self.order, self.spec, epoch=self.epoch if epoch is None else epoch)
 
@@ -809,8 +343,6 @@ class ChunkBatchSampler(Sampler[list[int]]):
 
     def _load(self, state: Mapping[str, Any], *, unit: str) -> bool:
         """Load ``state``; return whether it was re-planned (another topology)."""
-        from h5pack.training.elastic import ORDER_SETTINGS, TOPOLOGY_SETTINGS, delivered_mask
-
         # a state saved before a setting existed has that setting's old behaviour
         saved = {**_SETTINGS_BEFORE, "unit": unit, **state}
         settings = self._settings()
