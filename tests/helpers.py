@@ -140,3 +140,17 @@ class FakeClock:
     def __call__(self) -> float:
         self.now += self.tick
         return self.now
+
+
+def shared_photos() -> Path:
+    """The project's real photographs: ``shared/data/photos`` in the checkout or above it.
+
+    Found from this file (a checkout sits in the shared tree, or holds ``shared/``
+    itself), never a machine's absolute path; tests skip when it is not there.
+    """
+    root = Path(__file__).resolve().parents[1]
+    for base in (root, *root.parents):
+        candidate = base / "shared" / "data" / "photos"
+        if candidate.is_dir():
+            return candidate
+    return root / "shared" / "data" / "photos"

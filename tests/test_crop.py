@@ -6,7 +6,6 @@ import dataclasses
 import io
 import math
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import cv2
@@ -40,10 +39,11 @@ from h5pack.read.crop import (
     scale_box,
 )
 from h5pack.synthetic import synthesize_photo
+from tests.helpers import shared_photos
 
 BACKENDS: list[Backend] = ["pillow", "opencv"]
 # The project's real photographs, beside the checkout (see its README); optional.
-SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+SHARED_PHOTOS = shared_photos()
 SHAPES = [(500, 375), (375, 500), (100, 1000), (1000, 100), (10, 10)]
 OUT = (160, 224)  # not square, so swapped sides under EXIF rotations cannot go unnoticed
 

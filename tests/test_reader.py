@@ -1,7 +1,5 @@
 """PackReader: pixels and bytes against the source images; damage named, never served."""
 
-from pathlib import Path
-
 import h5py
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ from h5pack.errors import FormatError
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.write.convert import convert, write_arrays
 from h5pack.write.options import ConvertOptions
-from tests.helpers import pil_rgb
+from tests.helpers import pil_rgb, shared_photos
 
 
 @pytest.fixture
@@ -140,7 +138,7 @@ def test_iter_chunks_covers_the_pack_in_order_with_the_source_samples(tmp_path):
 
 # -- real JPEG files: the reader against an independent Pillow decode of each source file ---
 
-PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+PHOTOS = shared_photos()
 
 # Baseline, progressive, no chroma subsampling and grayscale: the JPEGs cameras and the web
 # make, each decoded by the reader exactly as by Pillow.

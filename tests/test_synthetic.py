@@ -19,24 +19,9 @@ from h5pack.synthetic import (
     make_image_folder,
     photos_folder,
 )
+from tests.helpers import shared_photos
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _shared_photos() -> Path:
-    """The project's real photographs: ``shared/data/photos`` in the checkout or above it.
-
-    Found from this file, as the other tests find their data (a checkout sits in the shared
-    tree, or holds ``shared/`` itself); no machine's absolute path.
-    """
-    for base in (ROOT, *ROOT.parents):
-        candidate = base / "shared" / "data" / "photos"
-        if candidate.is_dir():
-            return candidate
-    return ROOT / "shared" / "data" / "photos"
-
-
-SHARED_PHOTOS = _shared_photos()
+SHARED_PHOTOS = shared_photos()
 needs_photos = pytest.mark.skipif(
     not SHARED_PHOTOS.is_dir(), reason="no real photographs in shared/data/photos"
 )
