@@ -220,8 +220,9 @@ def scale_lines(report: CompareReport) -> list[str]:
     ]
     for p in report.projections:
         c = p.chunks_per_sample
+        gain = f"{p.gain:,.1f}" if p.gain < 10 else f"{p.gain:,.0f}"
         lines.append(
-            f"  {p.name}: {c['random']:.3g} -> {c['chunk']:.3g} ({p.gain:,.0f}x fewer; naive "
+            f"  {p.name}: {c['random']:.3g} -> {c['chunk']:.3g} ({gain}x fewer; naive "
             f"{c['naive']:.3g}), window {p.window_chunks:,} of {p.num_chunks:,} chunks"
         )
     return lines
