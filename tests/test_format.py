@@ -266,3 +266,19 @@ def test_write_record_refuses_what_the_format_does_not_hold(tmp_path) -> None:
     odd = dataclass_replace(record, arrays={"labels": np.zeros(1), "colour": np.zeros(1)})
     with h5py.File(tmp_path / "b.h5", "w") as handle, pytest.raises(FormatError, match="colour"):
         write_record(handle, odd)
+
+
+def test_blob_slots_are_a_blob_packs_and_no_other(tmp_path) -> None:
+    from h5pack.core.format import load_meta
+    from h5pack.write.convert import write_arrays
+    from h5pack.write.options import ConvertOptions
+
+    sizes = [np.zeros((3 + i, 4, 3), np.uint8) for i in range(3)]
+    blob = load_meta(write_arrays(tmp_path / "b.h5", sizes, [0] * 3, options=ConvertOptions()).path)
+    offsets, slot_sizes = blob.blob_slots()
+    assert sorted(slot_sizes.tolist()) == [36, 48, 60]  # each sample's bytes, in write order
+    assert offsets.shape == (4,)
+    same = [np.zeros((3, 4, 3), np.uint8)] * 3
+    array = load_meta(write_arrays(tmp_path / "a.h5", same, [0] * 3, options=ConvertOptions()).path)
+    with pytest.raises(FormatError, match="array storage locates no sample by byte offsets"):
+        array.blob_slots()

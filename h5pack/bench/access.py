@@ -199,9 +199,8 @@ def _file_layout(path: StrPath) -> StorageLayout:
             starts = np.arange(meta.num_samples, dtype=np.int64) * sample
             sizes = np.full(meta.num_samples, sample, dtype=np.int64)
         else:
-            assert meta.offsets is not None  # blob storage, see read_meta
-            assert meta.sizes is not None
-            starts, sizes = meta.offsets[:-1].copy(), meta.sizes.copy()
+            offsets, blob_sizes = meta.blob_slots()
+            starts, sizes = offsets[:-1].copy(), blob_sizes.copy()
         chunk_nbytes = row_nbytes = 0
         tiles, stored = 1, np.zeros(0, dtype=np.int64)
         if meta.chunks is not None:

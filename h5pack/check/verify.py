@@ -40,9 +40,7 @@ def _structure_problems(meta: fmt.PackMeta, paths: list[str]) -> list[Problem]:
                 f"recorded shape {tuple(shapes[i])} differs from the array's {tuple(expected)}",
             )
     else:
-        assert meta.offsets is not None
-        assert meta.sizes is not None
-        offsets, sizes = meta.offsets, meta.sizes
+        offsets, sizes = meta.blob_slots()
         if np.any(np.diff(offsets) < 0):
             add(None, "blob offsets are not in increasing order")
         starts = offsets[:-1]

@@ -445,6 +445,20 @@ class PackMeta:
         """The pack's random id (format 1.1), or None."""
         return self.identity.pack_id if self.identity is not None else None
 
+    def blob_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(offsets, sizes)``: where a blob pack's samples lie (``BlobStorage``).
+
+        Raises:
+            FormatError: the metadata locates no sample by byte offsets (array storage, or
+                a pack set's combined metadata, whose offsets are each shard's).
+        """
+        if self.offsets is None or self.sizes is None:
+            raise FormatError(
+                f"{self.path}: its {self.storage} storage locates no sample by byte offsets "
+                "(a pack set's are each shard's)"
+            )
+        return self.offsets, self.sizes
+
     def sample_arrays(self) -> dict[str, np.ndarray]:
         """Return the per-sample arrays this metadata holds, by dataset name (``SAMPLE_ARRAYS``)."""
         found = {a.name: getattr(self, a.attribute) for a in SAMPLE_ARRAYS}

@@ -93,11 +93,10 @@ def group_chunks(
     groups = chunk_map.num_chunks
     if meta.storage == "array":
         return np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64)
-    assert meta.offsets is not None  # blob storage, see read_meta
-    assert meta.sizes is not None
+    offsets, sizes = meta.blob_slots()
     lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
-    begin = np.asarray(meta.offsets, dtype=np.int64)[lo]
-    end = np.asarray(meta.offsets, dtype=np.int64)[hi - 1] + np.asarray(meta.sizes)[hi - 1]
+    begin = np.asarray(offsets, dtype=np.int64)[lo]
+    end = np.asarray(offsets, dtype=np.int64)[hi - 1] + np.asarray(sizes)[hi - 1]
     first = begin // chunk_nbytes
     last = np.maximum(end - 1, begin) // chunk_nbytes
     return first, last - first + 1
@@ -121,11 +120,10 @@ def group_pieces(
     if meta.storage == "array":
         begin, end = lo * group_bytes, hi * group_bytes
     else:
-        assert meta.offsets is not None  # blob storage, see read_meta
-        assert meta.sizes is not None
-        offsets = np.asarray(meta.offsets, dtype=np.int64)
+        slots, sizes = meta.blob_slots()
+        offsets = np.asarray(slots, dtype=np.int64)
         begin = offsets[lo]
-        end = offsets[hi - 1] + np.asarray(meta.sizes, dtype=np.int64)[hi - 1]
+        end = offsets[hi - 1] + np.asarray(sizes, dtype=np.int64)[hi - 1]
     groups = chunk_map.num_chunks
     mapping = (np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64))
     return start + begin, end - begin, mapping

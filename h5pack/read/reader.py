@@ -842,9 +842,7 @@ class PackReader:
         self._fetched.update(zip(chunks, fetched, strict=True))
 
     def _blob_span(self, lo: int, hi: int) -> tuple[int, int]:
-        offsets, sizes = self.meta.offsets, self.meta.sizes
-        assert offsets is not None  # blob storage, see read_meta
-        assert sizes is not None
+        offsets, sizes = self.meta.blob_slots()
         return int(offsets[lo]), int(offsets[hi - 1]) + int(sizes[hi - 1])
 
     def _sample_of(self, group: int, block: np.ndarray, index: int) -> np.ndarray:
@@ -852,9 +850,7 @@ class PackReader:
         if self.meta.storage == "array":
             sample: np.ndarray = block[index - int(self.chunk_map.starts[group])]
             return sample
-        offsets, sizes = self.meta.offsets, self.meta.sizes
-        assert offsets is not None  # blob storage, see read_meta
-        assert sizes is not None
+        offsets, sizes = self.meta.blob_slots()
         start = int(offsets[index]) - int(offsets[self.chunk_map.starts[group]])
         return block[start : start + int(sizes[index])]
 
@@ -889,9 +885,7 @@ class PackReader:
                 continue
             begin, end = self._blob_span(lo, hi)
             data = self._read_blob_bytes(begin, end)
-            offsets, sizes = self.meta.offsets, self.meta.sizes
-            assert offsets is not None  # blob storage, see read_meta
-            assert sizes is not None
+            offsets, sizes = self.meta.blob_slots()
             for i in inside.tolist():
                 start = int(offsets[i]) - begin
                 result.append(data[start : start + int(sizes[i])])

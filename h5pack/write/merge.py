@@ -329,12 +329,11 @@ def _plan_blob(shards: Sequence[_Shard], *, virtual: bool) -> _BlobPlan:
     position = end = 0
     for shard in shards:
         meta = shard.meta
-        assert meta.offsets is not None  # blob storage, see read_meta
-        assert meta.sizes is not None
+        shard_offsets, shard_sizes = meta.blob_slots()
         length = meta.images_shape[0]
-        local, again = meta.offsets, False
+        local, again = shard_offsets, False
         if step is not None and meta.chunks != (step,):
-            local, again = aligned_offsets(meta.sizes, step), True
+            local, again = aligned_offsets(shard_sizes, step), True
             length = int(local[-1])
         bases.append(position)
         offsets.append(local.astype(np.int64))
@@ -531,8 +530,7 @@ def _relay(
     HDF5, which compresses them, in runs that start on a chunk boundary and end on one (or
     at the shard's end), so that no chunk is written twice.
     """
-    assert meta.offsets is not None  # blob storage, see read_meta
-    assert meta.sizes is not None
+    offsets, sizes = meta.blob_slots()
     step = int(target.chunks[0])
     starts = ChunkMap.for_blob(local, step).starts
     written = 0
@@ -543,15 +541,15 @@ def _relay(
         while g < len(starts) - 1 and local[starts[g]] - local[lo] < COPY_BYTES:
             g += 1
         hi = int(starts[g])
-        begin = int(meta.offsets[lo])
-        end = int(meta.offsets[hi - 1] + meta.sizes[hi - 1])
+        begin = int(offsets[lo])
+        end = int(offsets[hi - 1] + sizes[hi - 1])
         data = source[begin:end]
         out = np.zeros(
             int(local[hi] if hi < meta.num_samples else local[-1]) - int(local[lo]), np.uint8
         )
         for i in range(lo, hi):
-            at, size = int(local[i] - local[lo]), int(meta.sizes[i])
-            start = int(meta.offsets[i]) - begin
+            at, size = int(local[i] - local[lo]), int(sizes[i])
+            start = int(offsets[i]) - begin
             out[at : at + size] = data[start : start + size]
         target[base + int(local[lo]) : base + int(local[lo]) + out.size] = out
         written += -(-out.size // step)
