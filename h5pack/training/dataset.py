@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +28,7 @@ from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
 from h5pack.training.orders import Order
 from h5pack.training.readplan import read_plan
+from h5pack.training.ring import BatchRing, batch_buffer
 from h5pack.training.sampler import (
     EpochSpec,
     distributed_defaults,
@@ -81,15 +81,7 @@ def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
     A batch built in shared memory crosses to the main process without the extra copy
     the worker's pickler would otherwise make (``default_collate`` does the same).
     """
-    if get_worker_info() is None:
-        return torch.empty(tuple(shape), dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(max(1, math.prod(shape)))  # type: ignore[no-untyped-call]
-    return (
-        torch.empty(0, dtype=torch.uint8)
-        .set_(storage)
-        .view(-1)[: math.prod(shape)]
-        .view(tuple(shape))
-    )
+    return batch_buffer(None, shape)
 
 
 class SampleBatch(Sequence[tuple[Any, ...]]):
@@ -294,6 +286,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         # The rank's batches of an epoch (``ChunkBatchSampler.plan``, set by make_loader): a
         # remote reader fetches each worker's chunks ahead by it (``training.readplan``).
         self.planner: Callable[[int], Sequence[np.ndarray]] | None = None
+        self.ring: BatchRing | None = None  # the loader's worker buffers (NOTE [ Batch ring ])
         self._planned: tuple[int, int] | None = None  # (epoch, worker) planned last
 
     def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5ImageDataset:
@@ -408,7 +401,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             return self._cropped(idx, labels, label_tensor, paths, start)
         fixed = self.meta.fixed_shape
         if fixed is not None and self.transform is None and self.output != "pil":
-            buffer = empty_uint8((idx.size, *fixed))
+            buffer = batch_buffer(self.ring, (idx.size, *fixed))
             _, working = timed_read(reader, lambda: reader.read_into(idx, buffer.numpy()))
             images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else buffer.numpy()
             times.add("collation", times.clock() - start - working)
@@ -496,7 +489,11 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             self._fixed = FixedSizeReader(reader, self.crop, self.cache)
         height, width = self.crop.size
         whole = self.transform is None and self.output != "pil"
-        buffer = empty_uint8((idx.size, height, width, self.meta.channels)) if whole else None
+        buffer = (
+            batch_buffer(self.ring, (idx.size, height, width, self.meta.channels))
+            if whole
+            else None
+        )
         out = (
             buffer.numpy()
             if buffer is not None

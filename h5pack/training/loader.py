@@ -36,8 +36,12 @@ from h5pack.training.dataset import (
 from h5pack.training.mixed import H5MixDataset, unmixed_sources
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.options import SpecKeywords, keyword_fields, loader_spec
+from h5pack.training.ring import BatchRing, RingCollate
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
 from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
+
+RING_SPARE_SLOTS = 3
+"""Ring buffers per worker beyond its prefetched batches: those the training loop holds."""
 
 # NOTE [ Loader defaults ]
 #
@@ -548,11 +552,16 @@ def make_loader(
     configured = dataset.configured(options, seed=seed)
     if isinstance(configured, H5ImageDataset):  # a remote reader fetches ahead by the plan
         configured.planner = sampler.plan
+    timed: Callable[[Any], Any] = TimedCollate(collate_fn)  # stage times travel with batches
+    if num_workers > 0:  # batches cross in reused buffers (NOTE [ Batch ring ])
+        ring = BatchRing(num_workers, workers_kwargs["prefetch_factor"] + RING_SPARE_SLOTS)
+        configured.ring = ring
+        timed = RingCollate(timed, ring)
     return H5Loader(
         configured,
         batch_sampler=sampler,
         num_workers=num_workers,
-        collate_fn=TimedCollate(collate_fn),  # the stage times travel with each batch
+        collate_fn=timed,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=generator,
         **workers_kwargs,

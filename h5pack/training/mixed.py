@@ -23,8 +23,9 @@ from h5pack.read.mixture import ClassJoin, MixView, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
-from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch, empty_uint8
+from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch
 from h5pack.training.mixing import label_mixing
+from h5pack.training.ring import batch_buffer
 from h5pack.training.weighted import check_weights
 
 # Seeds of the sources' crops and flips: source s draws from seed + s * _SEED_STEP.
@@ -193,7 +194,7 @@ class H5MixDataset(H5ImageDataset):
             ]
         shape = self._batch_shape()
         if shape is not None:
-            buffer = empty_uint8((idx.size, *shape))
+            buffer = batch_buffer(getattr(self, "ring", None), (idx.size, *shape))
             target = buffer.numpy()
             for s in np.unique(src).tolist():
                 where = np.flatnonzero(src == s)
