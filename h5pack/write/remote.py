@@ -124,7 +124,8 @@ def convert_to_url(
                 room=lambda nbytes: staging.check_room(nbytes, what=f"the pack for {url}"),
             )
         except H5PackError as err:
-            raise _with_staging_hint(err, staging) from err
+            _raise_with_staging_hint(err, staging)
+            raise
         upload_whole(bucket, local, key, overwrite=overwrite, emit=emit)
     return replace(report, path=url)
 
@@ -412,7 +413,8 @@ def write_remote_shard(
                     room=lambda nbytes: staging.check_room(nbytes, what=remote.url),
                 )
             except H5PackError as err:
-                raise _with_staging_hint(err, staging) from err
+                _raise_with_staging_hint(err, staging)
+                raise
             size = local.stat().st_size
             upload_whole(bucket, local, key, overwrite=True, emit=emit)
         status = "written"
@@ -429,12 +431,15 @@ def write_remote_shard(
     return report, meta
 
 
-def _with_staging_hint(err: H5PackError, staging: Staging) -> H5PackError:
-    """Return ``err``, or when the staging disk filled, ``err`` with what to do about it."""
+def _raise_with_staging_hint(err: H5PackError, staging: Staging) -> None:
+    """When the staging disk filled, raise ``err`` again with what to do about it.
+
+    Raises:
+        H5PackError: ``err`` said no space was left (else nothing is raised here).
+    """
     text = str(err)
     if "no space left" in text.lower() and "--staging-dir" not in text:
-        return H5PackError(f"{text}; {staging.hint()}")
-    return err
+        raise H5PackError(f"{text}; {staging.hint()}") from err
 
 
 # -- merging from and into a bucket -----------------------------------------------------
@@ -509,7 +514,8 @@ def merge_with_urls(
                 on_event=on_event,
             )
         except H5PackError as err:
-            raise _with_staging_hint(err, staging) from err
+            _raise_with_staging_hint(err, staging)
+            raise
         if bucket is not None and key is not None:
             swept = bucket.sweep([key])
             if swept:
