@@ -244,3 +244,23 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
     assert not list(cache_dir.rglob("*.tmp"))
     # the proxy's delayed answers to the dead process end here, not in another test
     time.sleep(max(0.0, started + delay_s + 2.0 - time.monotonic()))
+
+
+def test_an_iterable_dataset_reads_ahead_by_its_plan(
+    s3_bucket: Bucket, pack: Path, tmp_path: Path
+) -> None:
+    from h5pack.read.reader import ReaderOptions
+    from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
+    from h5pack.training.sampler import EpochSpec
+
+    url = s3_bucket.put(pack, "p.h5")
+    remote = H5ImageDataset(url, reader=ReaderOptions(storage_options=s3_bucket.storage_options))
+    spec = EpochSpec(batch_size=8, seed=3, window_chunks=2)
+    local = [int(s[1]) for s in H5IterableDataset(H5ImageDataset(pack), spec)]
+    stream = H5IterableDataset(remote, spec)
+    assert [int(s[1]) for s in stream] == local
+    reader = stream._dataset_for(2).reader
+    assert reader.plans_reads
+    stats = reader.source.ahead().stats
+    assert stats.off_plan == 0  # every chunk it read came from the plan
+    assert stats.served == 15

@@ -526,6 +526,22 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         return (image, label) if paths is None else (image, label, paths[j])
 
 
+class EpochPlanner:
+    """A rank's batches of an epoch, ``plan_epoch(order, spec, epoch=...)``, as one callable.
+
+    What ``H5ImageDataset.planner`` holds for ``H5IterableDataset`` (picklable, unlike a
+    closure).
+    """
+
+    def __init__(self, order: Any, spec: EpochSpec) -> None:
+        self.order = order
+        self.spec = spec
+
+    def __call__(self, epoch: int) -> list[np.ndarray]:
+        """Return the rank's batches of ``epoch``."""
+        return plan_epoch(self.order, self.spec, epoch=epoch)
+
+
 class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
     """Iterable-style dataset over a pack: the chunk-aware epoch as a stream of samples.
 
@@ -581,6 +597,7 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         batches = plan_epoch(self.order, spec, epoch=self.epoch)
         dataset = self._dataset_for(spec.window_chunks)
         dataset.set_epoch(self.epoch)  # its random crops and flips follow this epoch
+        dataset.planner = EpochPlanner(self.order, spec)  # a remote reader reads ahead by it
         for batch in batches[worker::workers]:
             samples = dataset.__getitems__(batch.tolist())
             if samples.images is not None and dataset.output == "tensor":
