@@ -1,0 +1,99 @@
+"""The worker hand-off and the raw read against memcpy, per CPU-second (issue 19 items 2-3).
+
+    python scripts/bench_handoff.py --pack /tmp/ffbench/data/raw256.h5 --rounds 3
+
+``handoff``: the raw 256 pack through ``make_loader(pack, 64, size=224,
+crop="random-resized", flip=True)`` with ``num_workers=2`` and with ``num_workers=0,
+threads=2``, one untimed epoch each, then interleaved rounds: CPU microseconds per image of
+the whole process tree, and the median of per-round ratios (2 workers / main process).
+``memcpy``: the same pack read without a crop (``num_workers=0, threads=2``) against copying
+the same number of images per batch out of an in-memory array in a shuffled order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_photos import tree_cpu_s
+
+from h5pack import make_loader
+
+BATCH = 64
+
+
+def per_cpu_s(loader: object, epoch: int) -> float:
+    """Images per CPU-second of the process tree over one epoch of ``loader``."""
+    loader.set_epoch(epoch)  # type: ignore[attr-defined]
+    images, start = 0, tree_cpu_s()
+    for _, labels in loader:  # type: ignore[attr-defined]
+        images += len(labels)
+    return images / (tree_cpu_s() - start)
+
+
+def handoff(pack: Path, rounds: int) -> None:
+    """2 worker processes against the main process with 2 threads."""
+
+    def make(**kwargs: object) -> object:
+        return make_loader(pack, BATCH, size=224, crop="random-resized", flip=True, **kwargs)
+
+    loaders = {"2 workers": make(num_workers=2), "main, 2 threads": make(num_workers=0, threads=2)}
+    for loader in loaders.values():
+        per_cpu_s(loader, 0)
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    for number in range(rounds):
+        for name, loader in loaders.items():
+            rates[name].append(per_cpu_s(loader, number + 1))
+    for name, values in rates.items():
+        print(f"{name}: us CPU per image {[round(1e6 / v) for v in values]}")
+    pairs = zip(rates["2 workers"], rates["main, 2 threads"], strict=True)
+    print(f"2 workers / main per CPU-s: {statistics.median(a / b for a, b in pairs):.2f}")
+
+
+def memcpy(pack: Path, rounds: int) -> None:
+    """The raw pack read in-process against memcpy of the same images."""
+    loader = make_loader(pack, BATCH, num_workers=0, threads=2)
+    count = len(loader.dataset)
+    shape = loader.dataset.meta.fixed_shape
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 255, (count, *shape), dtype=np.uint8)
+    target = np.empty((BATCH, *shape), dtype=np.uint8)
+    order = rng.permutation(count)
+
+    def copies() -> float:
+        start = time.process_time()
+        for first in range(0, count, BATCH):
+            for j, i in enumerate(order[first : first + BATCH]):
+                target[j] = source[i]
+        return count / (time.process_time() - start)
+
+    per_cpu_s(loader, 0)
+    copies()
+    ratios = []
+    for number in range(rounds):
+        read, copied = per_cpu_s(loader, number + 1), copies()
+        ratios.append(read / copied)
+        print(f"read {1e6 / read:.0f} us per image, memcpy {1e6 / copied:.0f}")
+    print(f"read / memcpy per CPU-s: {statistics.median(ratios):.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pack", type=Path, required=True, help="a raw pack (e.g. 256x256)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=("handoff", "memcpy"), default=None)
+    args = parser.parse_args(argv)
+    if args.only in (None, "handoff"):
+        handoff(args.pack, args.rounds)
+    if args.only in (None, "memcpy"):
+        memcpy(args.pack, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
