@@ -279,7 +279,7 @@ class S3Source(ByteSource):
         return SourceIdentity(size, self.etag)
 
     def _head(self) -> None:
-        answer = self._attempts(
+        answer = self.with_retries(
             "its size (HEAD)",
             lambda: self.client().head_object(Bucket=self.bucket, Key=self.key),
         )
@@ -346,10 +346,10 @@ class S3Source(ByteSource):
                 raise _Retry(f"a body of {len(data)} bytes for {expected} (cut short)")
             return memoryview(data), start
 
-        found: tuple[memoryview, int] = self._attempts(what, attempt)
+        found: tuple[memoryview, int] = self.with_retries(what, attempt)
         return found
 
-    def _attempts(self, what: str, attempt: Callable[[], Any]) -> Any:
+    def with_retries(self, what: str, attempt: Callable[[], Any]) -> Any:
         """Return ``attempt()``, tried up to ``options.attempts`` times (NOTE [ The S3 client ])."""
         _, _, errors = _clients()
         last = ""
@@ -427,7 +427,7 @@ class S3Source(ByteSource):
             arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
             if token:
                 arguments["ContinuationToken"] = token
-            page = self._attempts(
+            page = self.with_retries(
                 f"the listing of {prefix!r}",
                 lambda a=arguments: self.client().list_objects_v2(**a),  # type: ignore[misc]
             )
@@ -459,7 +459,7 @@ class S3Source(ByteSource):
             self._learn(str(answer.get("ETag", "")), len(data))
             return data
 
-        found: bytes = self._attempts("the object", attempt)
+        found: bytes = self.with_retries("the object", attempt)
         return found
 
     def close(self) -> None:

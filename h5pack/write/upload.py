@@ -283,7 +283,7 @@ class Bucket:
             RemoteError: denied, or failed after the retries (naming the URL and the cause).
         """
         source = self._source.sibling(self.url(key))
-        return source._attempts(what, lambda: call(Bucket=self.name, Key=key, **arguments))
+        return source.with_retries(what, lambda: call(Bucket=self.name, Key=key, **arguments))
 
     @property
     def client(self) -> Any:
@@ -418,7 +418,7 @@ class Bucket:
         markers: dict[str, str] = {}
         while True:
             try:
-                page = self._source._attempts(
+                page = self._source.with_retries(
                     f"the incomplete uploads under {prefix!r}",
                     lambda m=markers: self.client.list_multipart_uploads(  # type: ignore[misc]
                         Bucket=self.name, Prefix=prefix, **m
