@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -134,8 +134,12 @@ class StorageLayout:
         return range(begin // self.row_nbytes, (end - 1) // self.row_nbytes + 1)
 
 
-def storage_layout(source: PackSource) -> StorageLayout:
+def storage_layout(
+    source: PackSource, storage_options: Mapping[str, Any] | None = None
+) -> StorageLayout:
     """Read the layout of a pack's (or a pack set's) images: sample offsets, chunk sizes.
+
+    A URL's is read with ``storage_options`` (beyond the environment's).
 
     Raises:
         FileNotFoundError: the pack, or a shard, does not exist.
@@ -145,10 +149,10 @@ def storage_layout(source: PackSource) -> StorageLayout:
     """
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: one path
-        return _file_layout(source)
-    view = describe(source)
+        return _file_layout(source, storage_options)
+    view = describe(source, storage_options=storage_options)
     assert view.shards is not None  # a set's view
-    parts = [_file_layout(shard.path) for shard in view.shards]
+    parts = [_file_layout(shard.path, storage_options) for shard in view.shards]
     first = max(parts, key=lambda part: part.row_nbytes)
     row = first.row_nbytes
     for shard, part in zip(view.shards, parts, strict=True):
@@ -189,9 +193,9 @@ def storage_layout(source: PackSource) -> StorageLayout:
     )
 
 
-def _file_layout(path: StrPath) -> StorageLayout:
+def _file_layout(path: StrPath, storage_options: Mapping[str, Any] | None) -> StorageLayout:
     """Read the layout of one pack file's images."""
-    with fmt.open_h5(path) as handle:
+    with fmt.open_h5(path, storage_options=storage_options) as handle:
         meta = fmt.read_meta(handle, os.fspath(path))
         images = handle[fmt.IMAGES]
         if meta.storage == "array":

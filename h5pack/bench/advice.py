@@ -22,14 +22,16 @@ def pack_facts(setup: Setup) -> PackFacts:
     """Return the facts of the pack ``setup`` reads, with the memory available now."""
     from h5pack.check import pack_info
 
-    info = pack_info(pack_files(setup.source)[0])  # a set's shards share one layout
+    storage = setup.options.remote.storage_options
+    # a set's shards share one layout
+    info = pack_info(pack_files(setup.source, storage)[0], storage_options=storage)
     meta = setup.loader.dataset.meta
     return PackFacts(
         mode=meta.mode,
         codec=info.codec,
         layout=info.layout,
         chunk_bytes=info.chunk_bytes,
-        file_bytes=source_bytes(setup.source),
+        file_bytes=source_bytes(setup.source, storage),
         image_bytes=int(sum(int(h) * int(w) * int(c) for h, w, c in meta.shapes)),
         available_bytes=available_memory_bytes(),
         workers=setup.loader.workers,

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from h5pack._types import StrPath
+from h5pack.bench.access import NAIVE
 from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
 from h5pack.bench.ranking import (
     Recommendation,
@@ -52,6 +53,8 @@ from h5pack.bench.variants import (
     variant_problem,
 )
 from h5pack.core.machine import available_memory_bytes
+from h5pack.core.packset import MANIFEST_NAME
+from h5pack.core.source import is_url
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
 from h5pack.training.advice import CACHE_SHARE
@@ -203,11 +206,13 @@ def _describe_pack(
     keep: bool,
     problem: str | None,
     cold: bool,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> VariantResult:
     from h5pack.check import pack_info
 
-    info = pack_info(pack_files(path)[0])  # a set's shards share one layout
-    view = describe(path)
+    # a set's shards share one layout
+    info = pack_info(pack_files(path, storage_options)[0], storage_options=storage_options)
+    view = describe(path, storage_options=storage_options)
     meta = view.meta
     image_bytes = int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum())
     return VariantResult(
@@ -220,7 +225,7 @@ def _describe_pack(
         chunk_bytes=info.chunk_bytes,
         samples_per_chunk=float(np.mean(view.chunk_map.sizes())) if meta.num_samples else 0.0,
         num_samples=meta.num_samples,
-        file_bytes=source_bytes(path),
+        file_bytes=source_bytes(path, storage_options),
         image_bytes=image_bytes,
         convert_s=convert_s,
         command=command,
@@ -230,11 +235,11 @@ def _describe_pack(
     )
 
 
-def steps_per_pack(measure: MeasureOptions) -> int:
-    """Progress steps of measuring one pack."""
+def steps_per_pack(measure: MeasureOptions, *, remote: bool = False) -> int:
+    """Progress steps of measuring one pack (a remote one: no naive read)."""
     steps = 0
     for pattern in MEASURED:
-        if pattern in measure.patterns:
+        if pattern in measure.patterns and not (remote and pattern == "naive"):
             steps += measure.repeats + (0 if pattern == "naive" else measure.warmup)
     return steps
 
@@ -304,17 +309,22 @@ def compare(
     work_dir: StrPath | None = None,
     keep: bool = False,
     on_event: Callable[[CompareEvent], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> CompareReport:
     """Measure pack layouts side by side on one image folder, or measure given packs.
 
     Args:
         sources: An image folder (the variants of ``options`` are built from it), or one
             or more packs or pack sets (a set's directory or manifest), each measured as it
-            is: a set as one pack, through the loader's own support for sets.
+            is: a set as one pack, through the loader's own support for sets. Packs and
+            sets may be URLs (``s3://bucket/pack.h5``, a set's prefix or manifest); an
+            image folder must be local (the variants are built on local disk).
         options: What to build and how to measure (default ``CompareOptions()``).
         work_dir: Where variants are written (default: a temporary folder).
         keep: Keep the variants built (else each is deleted once measured).
         on_event: Called with progress events.
+        storage_options: The remote client's settings for URLs, beyond the environment's
+            (never written into the report).
 
     Returns:
         The measurements, ranked, with a recommendation.
@@ -327,14 +337,16 @@ def compare(
     options = options or CompareOptions()
     emit = on_event or (lambda event: None)
     items = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
-    paths = [Path(p) for p in items]
+    # a URL stays a string (Path would fold its '//'); describe() says when it is missing
+    paths: list[Any] = [os.fspath(p) if is_url(p) else Path(p) for p in items]
     if not paths:
         raise SourceError("give an image folder or at least one pack to compare")
-    for path in paths:
+    local = [p for p in paths if isinstance(p, Path)]
+    for path in local:
         if not path.exists():
             raise SourceError(f"{path}: no such folder or pack")
-    folder = len(paths) == 1 and paths[0].is_dir() and not is_set_path(paths[0])
-    if not folder and any(p.is_dir() and not is_set_path(p) for p in paths):
+    folder = len(local) == 1 == len(paths) and local[0].is_dir() and not is_set_path(local[0])
+    if not folder and any(p.is_dir() and not is_set_path(p) for p in local):
         raise SourceError(
             "compare takes one image folder, or packs only (a pack set counts as one); "
             f"got a mix: {', '.join(map(str, paths))}"
@@ -367,15 +379,21 @@ def compare(
                 results = [_removed(r) for r in results]
             kept_dir = os.fspath(where) if keep else None
     else:
-        surveys = [survey_pack(path) for path in paths]
+        surveys = [survey_pack(path, storage_options) for path in paths]
         survey = _merged(surveys)
         plan = _plan(options, survey)
-        emit(CompareEvent("start", f"measuring {len(paths)} packs", len(paths) * per_pack))
+        remote = [is_url(p) for p in paths]
+        steps = sum(steps_per_pack(options.measure, remote=r) for r in remote)
+        emit(CompareEvent("start", f"measuring {len(paths)} packs", steps))
+        if any(remote) and NAIVE in options.measure.patterns:
+            emit(CompareEvent("note", "a remote pack is measured through the loader only"))
         names = _unique_names(paths)
         for path, name, own in zip(paths, names, surveys, strict=True):
             emit(CompareEvent("note", f"measuring {name}"))
-            measure = plan.measure(options.measure, source_bytes(path))
-            patterns = measure_pack(path, measure, on_step=_stepper(emit, name))
+            measure = plan.measure(options.measure, source_bytes(path, storage_options))
+            patterns = measure_pack(
+                path, measure, on_step=_stepper(emit, name), storage_options=storage_options
+            )
             results.append(
                 _describe_pack(
                     os.fspath(path),
@@ -385,7 +403,8 @@ def compare(
                     patterns=patterns,
                     keep=True,
                     problem=batch_problem(own, plan.train),
-                    cold=measure.cold,
+                    cold=measure.cold and not is_url(path),
+                    storage_options=storage_options,
                 )
             )
         results = settle(results, options, plan.train, emit)
@@ -396,7 +415,9 @@ def compare(
         source=os.fspath(paths[0]) if folder else ", ".join(map(os.fspath, paths)),
         variants=ranked,
         skipped=tuple(skipped),
-        machine=machine_info(paths[0] if not folder else (work_dir or tempfile.gettempdir())),
+        machine=machine_info(
+            local[0] if local and not folder else (work_dir or tempfile.gettempdir())
+        ),
         options=options.to_json(),
         recommendation=recommend(ranked, train=plan.train, available_bytes=plan.available_bytes),
         work_dir=kept_dir,
@@ -443,11 +464,22 @@ def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str],
     return step
 
 
-def _unique_names(paths: Sequence[Path]) -> list[str]:
-    names = [p.parent.name if is_set_path(p) and not p.is_dir() else p.stem for p in paths]
+def _unique_names(paths: Sequence[Path | str]) -> list[str]:
+    names = [_short_name(p) for p in paths]
     if len(set(names)) == len(names):
         return names
     return [os.fspath(p) for p in paths]
+
+
+def _short_name(path: Path | str) -> str:
+    """A pack's stem, a set's folder name; a URL's last key part likewise."""
+    if isinstance(path, str):  # a URL
+        parts = [part for part in path.split("/") if part]
+        last = parts[-1] if parts else path
+        if last == MANIFEST_NAME or path.endswith("/"):
+            return parts[-2] if last == MANIFEST_NAME and len(parts) > 1 else last
+        return Path(last).stem
+    return path.parent.name if is_set_path(path) and not path.is_dir() else path.stem
 
 
 def _build_and_measure(

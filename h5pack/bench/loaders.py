@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -111,12 +111,15 @@ class RemoteReading:
         cache_dir: The disk cache's directory (None: the default).
         cache_disk_bytes: Its budget (None: the default; 0: no disk cache).
         cache_eviction: ``"belady"`` or ``"lru"``.
+        storage_options: The remote client's settings beyond the environment's
+            (``--storage-option``; ``ReaderOptions.storage_options``).
     """
 
     requests_in_flight: int | None = None
     cache_dir: str | None = None
     cache_disk_bytes: int | None = None
     cache_eviction: str = "belady"
+    storage_options: Mapping[str, Any] | None = None
 
     def fields(self) -> dict[str, Any]:
         """Return the ``ReaderOptions`` fields these settings stand for."""
@@ -129,6 +132,7 @@ class RemoteReading:
             "cache_dir": self.cache_dir,
             "cache_disk_bytes": self.cache_disk_bytes,
             "cache_eviction": parse_policy(self.cache_eviction),
+            "storage_options": self.storage_options,
         }
 
 

@@ -7,9 +7,9 @@ interleaved and long enough to time (see "Timing enough work" in ``h5pack.bench.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,13 +25,13 @@ from h5pack.bench.access import (
     replay_reader,
     storage_layout,
 )
-from h5pack.bench.loaders import PatternLoader, check_cache, open_dataset
+from h5pack.bench.loaders import PatternLoader, RemoteReading, check_cache, open_dataset
 from h5pack.bench.reading import TrainingRead, batch_problem, survey_pack
 from h5pack.bench.sources import drop_source, warm_source
 from h5pack.bench.system import CacheDrop
 from h5pack.bench.timing import Count, Timing, time_interleaved, time_repeats
 from h5pack.errors import OptionsError
-from h5pack.read.packset import PackSource
+from h5pack.read.packset import PackSource, is_remote
 from h5pack.training.shuffle_quality import (
     expected_pair_repetition,
     jump_entropy,
@@ -257,15 +257,19 @@ def measure_pack(
     options: MeasureOptions | None = None,
     *,
     on_step: Callable[[str], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, PatternResult]:
     """Measure ``path`` under each access pattern of ``options``.
 
-    The page cache is warm, or dropped before every timed epoch with ``options.cold``.
+    The page cache is warm, or dropped before every timed epoch with ``options.cold``. A
+    URL is read with ``storage_options`` (beyond the environment's), through the loader
+    only: the naive h5py per-sample read is a local file's reference, not measured there.
 
     Args:
         path: The pack, or a pack set (its directory or manifest, or a list of packs).
         options: How to measure (default ``MeasureOptions()``).
         on_step: Called with the pattern's name after each warm-up epoch and timed run.
+        storage_options: The remote client's settings for a URL, beyond the environment's.
 
     Returns:
         The result of each pattern, keyed by pattern name.
@@ -275,14 +279,20 @@ def measure_pack(
         FormatError: the file is not a pack.
     """
     options = options or MeasureOptions()
-    layout = storage_layout(path)
-    batchable = batch_problem(survey_pack(path), options.train) is None
-    cold = _Cold(path) if options.cold else None
+    layout = storage_layout(path, storage_options)
+    batchable = batch_problem(survey_pack(path, storage_options), options.train) is None
+    remote = is_remote(path)
+    cold = _Cold(path) if options.cold and not remote else None
     if cold is None:
         warm_source(path)
     wanted: list[Pattern] = [p for p in PATTERNS if p in options.patterns]
     dataset = open_dataset(
-        path, options.train, seed=options.seed, cache=options.cache, cache_bytes=options.cache_bytes
+        path,
+        options.train,
+        seed=options.seed,
+        cache=options.cache,
+        cache_bytes=options.cache_bytes,
+        remote=RemoteReading(storage_options=storage_options),
     )
     loaders: dict[str, PatternLoader] = {
         pattern: PatternLoader(
@@ -335,7 +345,7 @@ def measure_pack(
             page_cache=state,
             epoch_fraction=epoch_fraction(timings[pattern], layout.groups.num_samples),
         )
-    if NAIVE in options.patterns:
+    if NAIVE in options.patterns and not remote:
 
         def step() -> None:
             if on_step is not None:

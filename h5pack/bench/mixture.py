@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -141,8 +141,11 @@ def bench_mix(
     budget_s: float = 30.0,
     seed: int = 0,
     on_step: Callable[[], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> MixBench:
     """Time ``make_loader(sources, batch_size, weights=weights, ...)`` over whole epochs.
+
+    URLs among ``sources`` are read with ``storage_options`` (beyond the environment's).
 
     Raises:
         OptionsError: a bad setting; FileNotFoundError, FormatError: a bad source.
@@ -160,6 +163,7 @@ def bench_mix(
         size=size,
         seed=seed,
         return_source=True,
+        storage_options=storage_options,
     )
     dataset = loader.dataset
     assert isinstance(dataset, H5MixDataset)  # make_loader with weights= builds one

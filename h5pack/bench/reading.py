@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -254,14 +254,14 @@ def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurv
     return SizeSurvey.of(sizes, total=len(files))
 
 
-def survey_pack(path: PackSource) -> SizeSurvey:
-    """Return the image sizes a pack (or a pack set) records.
+def survey_pack(path: PackSource, storage_options: Mapping[str, Any] | None = None) -> SizeSurvey:
+    """Return the image sizes a pack (or a pack set) records (a URL's: with ``storage_options``).
 
     Raises:
         FileNotFoundError: the pack, or a shard, does not exist.
         FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    shapes = describe(path).meta.shapes
+    shapes = describe(path, storage_options=storage_options).meta.shapes
     return SizeSurvey.of((int(s[0]), int(s[1])) for s in shapes)
 
 

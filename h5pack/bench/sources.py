@@ -9,7 +9,9 @@ to every shard.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from h5pack.bench.system import CacheDrop, drop_page_cache, warm_page_cache
 from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
@@ -25,10 +27,12 @@ def is_set_path(path: str | os.PathLike[str]) -> bool:
     return found.suffix == ".json" or found.name == MANIFEST_NAME
 
 
-def pack_files(source: PackSource) -> list[Path | str]:
+def pack_files(
+    source: PackSource, storage_options: Mapping[str, Any] | None = None
+) -> list[Path | str]:
     """Return the pack files of ``source`` (one for a pack, every shard of a set).
 
-    A remote source's are URLs (its shards' for a set).
+    A remote source's are URLs (its shards' for a set, read with ``storage_options``).
 
     Raises:
         PackNotFoundError: a set without a manifest.
@@ -38,7 +42,7 @@ def pack_files(source: PackSource) -> list[Path | str]:
         assert isinstance(source, str | os.PathLike)  # is_packset: one path
         return [os.fspath(source) if is_url(source) else Path(source)]
     if is_remote(source):
-        view = describe(source)
+        view = describe(source, storage_options=storage_options)
         assert view.shards is not None  # a set
         return [shard.path for shard in view.shards]
     return list(pack_paths(source)[0])
@@ -51,10 +55,10 @@ def source_name(source: PackSource) -> str:
     return ", ".join(os.fspath(p) for p in source)
 
 
-def source_bytes(source: PackSource) -> int:
+def source_bytes(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> int:
     """Return the size of every file of ``source`` (a remote one's objects, as opened)."""
     if is_remote(source):
-        view = describe(source)
+        view = describe(source, storage_options=storage_options)
         metas = [view.meta] if view.shards is None else view.shards
         return sum(m.identity.size for m in metas if m.identity is not None)
     return sum(Path(path).stat().st_size for path in pack_files(source))

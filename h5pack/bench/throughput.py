@@ -170,7 +170,7 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         FileNotFoundError: the pack, or a shard, does not exist.
         FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    survey = survey_pack(path)
+    survey = survey_pack(path, options.remote.storage_options)
     train = resolve_training_read(options.train, survey)
     dataset = open_dataset(
         path,
@@ -199,7 +199,7 @@ def bench_result(setup: Setup, timing: Timing) -> BenchResult:
     loader = setup.loader
     batches = loader.delivered()
     reads = replay_reader(
-        storage_layout(setup.source),
+        storage_layout(setup.source, setup.options.remote.storage_options),
         batches,
         window_chunks=max(1, loader.window_chunks),
         num_workers=loader.workers,

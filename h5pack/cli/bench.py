@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from h5pack.cli.flags import ImageSize, ImageSizeOption, mix_flags
+from h5pack.cli.flags import (
+    ImageSize,
+    ImageSizeOption,
+    mix_flags,
+    parse_storage_options,
+    storage_option_flag,
+)
 from h5pack.cli.main import ByteSize, quiet_flag
 from h5pack.core.vocabulary import PATTERNS
 
@@ -193,8 +199,20 @@ def _remote_flags(function: Any) -> Any:
     )(function)
 
 
+def _local_exists(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Refuse a local source that does not exist (a URL is checked when it is opened)."""
+    from h5pack.core.source import is_url
+
+    for value in values:
+        if not is_url(value) and not Path(value).exists():
+            raise click.BadParameter(f"Path {value!r} does not exist.", ctx, param)
+    return values
+
+
 @click.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(), callback=_local_exists)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -248,6 +266,7 @@ def _remote_flags(function: Any) -> Any:
 )
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
+@storage_option_flag
 @quiet_flag
 def compare(
     sources: tuple[str, ...],
@@ -269,12 +288,14 @@ def compare(
     dataset_size: str | None,
     no_plots: bool,
     as_json: bool,
+    storage_option: tuple[str, ...],
     quiet: bool,
 ) -> None:
     """Compare pack layouts on an image folder (SOURCES = one folder) or on packs.
 
     SOURCES may also name pack sets (a set's directory or packset.json), each measured as
-    one pack.
+    one pack, and packs or sets in a bucket (s3://bucket/pack.h5, s3://bucket/set/),
+    measured through the loader only (--storage-option configures the client).
 
     From a folder, every variant is converted into a temporary folder (--keep keeps
     them), then read as training will read it (--train-size, --crop, --flip) through
@@ -293,6 +314,7 @@ def compare(
     from h5pack.bench.variants import parse_variants
 
     train = _training_read(train_size, crop, flip)
+    storage = parse_storage_options(storage_option)
     base = CompareOptions.quick() if quick else CompareOptions()
     changes: dict[str, Any] = {
         "size": size,
@@ -320,7 +342,12 @@ def compare(
     bar = _Bar(quiet)
     try:
         report = run_compare(
-            list(sources), options, work_dir=work_dir, keep=keep, on_event=bar.event
+            list(sources),
+            options,
+            work_dir=work_dir,
+            keep=keep,
+            on_event=bar.event,
+            storage_options=storage,
         )
     finally:
         bar.close()
@@ -400,6 +427,7 @@ def _fields(options: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @mix_flags
 @click.option("--stratify", is_flag=True, help="With --weights: hold the shares in every batch.")
+@storage_option_flag
 @quiet_flag
 def bench(
     packs: tuple[str, ...],
@@ -427,6 +455,7 @@ def bench(
     weights: tuple[float, ...] | None,
     epoch_samples: int | None,
     stratify: bool,
+    storage_option: tuple[str, ...],
     quiet: bool,
 ) -> None:
     """Measure h5pack's loader on PACKS: images/s with the spread over repeated runs.
@@ -439,6 +468,7 @@ def bench(
     are the sources of a mix (each a pack or a set): each source's share, passes per epoch
     and coverage, the mix's images/s, CPU per image and chunks decompressed per sample.
     """
+    storage = parse_storage_options(storage_option)
     if weights is not None or epoch_samples is not None or stratify:
         _bench_mix(
             packs,
@@ -453,6 +483,7 @@ def bench(
             time_budget=time_budget,
             seed=seed,
             as_json=as_json,
+            storage_options=storage,
         )
         return
     from h5pack.bench.diagnose import diagnose as run_diagnose
@@ -482,6 +513,7 @@ def bench(
                 cache_dir=cache_dir,
                 cache_disk_bytes=cache_disk_bytes,
                 cache_eviction=cache_eviction,
+                storage_options=storage,
             ),
         )
     except OptionsError as err:
@@ -519,6 +551,7 @@ def _bench_mix(
     time_budget: float,
     seed: int,
     as_json: bool,
+    storage_options: dict[str, str] | None,
 ) -> None:
     """``bench --weights``: a loader over the mix of PACKS."""
     from h5pack.bench import bench_mix
@@ -544,6 +577,7 @@ def _bench_mix(
         warmup=warmup,
         budget_s=time_budget,
         seed=seed,
+        storage_options=storage_options,
     )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -10,9 +10,9 @@ cannot become one batch is refused by ``check_batchable``, naming both sources.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
@@ -133,7 +133,11 @@ def _plain(source: PackSource) -> str | tuple[str, ...]:
 
 
 def describe_mix(
-    sources: Sequence[PackSource], *, classes: ClassJoin = "join", locking: bool | None = None
+    sources: Sequence[PackSource],
+    *,
+    classes: ClassJoin = "join",
+    locking: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> MixView:
     """Describe every source and fold them into one view (see the module docstring).
 
@@ -142,6 +146,7 @@ def describe_mix(
             packs (read as one set).
         classes: How the sources' classes become one list (``joined_classes``).
         locking: As ``ReaderOptions.locking``.
+        storage_options: As ``ReaderOptions.storage_options`` (sources given as URLs).
 
     Raises:
         OptionsError: fewer than one source, a source given twice, classes that do not fit.
@@ -157,7 +162,7 @@ def describe_mix(
     for i, name in enumerate(names):
         if name in names[:i]:
             raise OptionsError(f"{name} is given twice as a source of the mix")
-    views = tuple(describe(s, locking=locking) for s in plain)
+    views = tuple(describe(s, locking=locking, storage_options=storage_options) for s in plain)
     joined, maps = joined_classes([v.meta.classes for v in views], names, classes)
     labels = []
     for view, mapping in zip(views, maps, strict=True):

@@ -82,7 +82,10 @@ class H5MixDataset(H5ImageDataset):
         crop = pipeline if pipeline is not None else crop
         self.options = reader or ReaderOptions()
         self.mix: MixView = describe_mix(
-            sources, classes=classes or "join", locking=self.options.locking
+            sources,
+            classes=classes or "join",
+            locking=self.options.locking,
+            storage_options=self.options.storage_options,
         )
         num = len(self.mix.views)
         self.weights = check_weights([1.0] * num if weights is None else weights, num)
