@@ -8,6 +8,9 @@ threads=2``, one untimed epoch each, then interleaved rounds: CPU microseconds p
 the whole process tree, and the median of per-round ratios (2 workers / main process).
 ``memcpy``: the same pack read without a crop (``num_workers=0, threads=2``) against copying
 the same number of images per batch out of an in-memory array in a shuffled order.
+``plan``: the raw pack through the crop in the main process (one thread, CPU of this
+process), with the batch's sample generators prepared at once and without (each sample's
+``sample_rng`` built on its own), interleaved: the ratio of CPU per image.
 """
 
 from __future__ import annotations
@@ -83,16 +86,51 @@ def memcpy(pack: Path, rounds: int) -> None:
     print(f"read / memcpy per CPU-s: {statistics.median(ratios):.2f}")
 
 
+def plan(pack: Path, rounds: int) -> None:
+    """Batch-prepared sample generators against one ``sample_rng`` per sample."""
+    import h5pack.training.fixed_size as fixed_size
+
+    prepare = fixed_size.prepare_sample_rngs
+    loader = make_loader(
+        pack, BATCH, size=224, crop="random-resized", flip=True, num_workers=0, threads=1
+    )
+
+    def us_per_image(epoch: int) -> float:
+        loader.set_epoch(epoch)
+        images, start = 0, time.process_time()
+        for _, labels in loader:
+            images += len(labels)
+        return (time.process_time() - start) / images * 1e6
+
+    us_per_image(0)
+    found: dict[str, list[float]] = {"per sample": [], "per batch": []}
+    for number in range(rounds):
+        for name in found:
+            fixed_size.prepare_sample_rngs = prepare if name == "per batch" else _nothing
+            found[name].append(us_per_image(number + 1))
+    fixed_size.prepare_sample_rngs = prepare
+    for name, values in found.items():
+        print(f"generators {name}: us CPU per image {[round(v) for v in values]}")
+    pairs = zip(found["per batch"], found["per sample"], strict=True)
+    print(f"per batch / per sample CPU: {statistics.median(a / b for a, b in pairs):.3f}")
+
+
+def _nothing(*args: object) -> None:
+    """No generators prepared: ``plan_crop`` builds each sample's own."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pack", type=Path, required=True, help="a raw pack (e.g. 256x256)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", choices=("handoff", "memcpy"), default=None)
+    parser.add_argument("--only", choices=("handoff", "memcpy", "plan"), default=None)
     args = parser.parse_args(argv)
     if args.only in (None, "handoff"):
         handoff(args.pack, args.rounds)
     if args.only in (None, "memcpy"):
         memcpy(args.pack, args.rounds)
+    if args.only in (None, "plan"):
+        plan(args.pack, args.rounds)
 
 
 if __name__ == "__main__":

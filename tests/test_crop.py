@@ -833,3 +833,19 @@ def test_decode_crop_real_photos(crop: str) -> None:
         out = decode_crop(data, spec, seed=0, epoch=0, index=index, name=path.name)
         check_output(out, (224, 224, 3))
         assert_close(out, full_path(data, spec, index))
+
+
+def test_the_batch_generators_are_sample_rng_s_streams():
+    from h5pack.read.boxes import _state_of, pcg64_states, prepare_sample_rngs
+
+    indices = [0, 1, 2, 7, 999, 123456, 2**32 - 1]
+    for seed in (0, 1, -5, 12345678901234567, 2**70 + 3):
+        for epoch in (0, 3, 2**33):
+            want = [_state_of(sample_rng(seed, epoch, i)) for i in indices]
+            assert pcg64_states(seed, epoch, indices) == want
+    assert pcg64_states(4, 1, [2**32 + 5]) == [_state_of(sample_rng(4, 1, 2**32 + 5))]
+    spec = CropSpec.of(24, crop="random-resized", flip=True)
+    plain = [plan_crop(spec, 50, 70, seed=9, epoch=2, index=i) for i in range(40)]
+    prepare_sample_rngs(9, 2, list(range(40)))
+    assert [plan_crop(spec, 50, 70, seed=9, epoch=2, index=i) for i in range(40)] == plain
+    assert [plan_crop(spec, 50, 70, seed=9, epoch=2, index=i) for i in range(40)] == plain

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, SupportsIndex
 
@@ -305,6 +306,122 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([seed % 2**64, epoch, index, _CROP_TAG])
 
 
+# NOTE [ Sample generators of a batch ]
+#
+# ``sample_rng`` builds a ``SeedSequence`` and a ``PCG64`` per sample: 10-14 us of CPU,
+# more than half of ``plan_crop``. ``prepare_sample_rngs`` computes, for a whole batch at
+# once, the PCG64 states those generators start from: numpy's ``SeedSequence`` hashing
+# (its ``hashmix``/``mix`` on uint32 words, as in numpy/random/bit_generator.pyx) vectorised
+# over the batch's indices, then ``pcg64_set_seed``'s two LCG steps in Python ints. ``plan_crop``
+# takes a prepared state when there is one, on a generator of its thread whose state is set
+# (1 us), and otherwise builds ``sample_rng`` as before: the same stream either way
+# (tests/test_crop.py compares them), ~4 us per sample instead of 10-14.
+
+_M32: Final[int] = 0xFFFFFFFF
+_M128: Final[int] = (1 << 128) - 1
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+_PCG_MULT: Final[int] = (2549297995355413924 << 64) + 4865540595714422341
+_PREPARED: dict[tuple[int, int, int], tuple[int, int]] = {}
+_PREPARED_MAX: Final[int] = 1 << 14  # prepared states nobody took are dropped past this
+_THREAD = threading.local()
+
+
+def _words(value: int) -> list[int]:
+    # numpy's _int_to_uint32_array: little-endian 32-bit words, [0] for 0
+    found = []
+    while value > 0:
+        found.append(value & _M32)
+        value >>= 32
+    return found or [0]
+
+
+def pcg64_states(seed: int, epoch: int, indices: Sequence[int]) -> list[tuple[int, int]]:
+    """The PCG64 ``(state, inc)`` that ``sample_rng(seed, epoch, i)`` starts from, per index.
+
+    See ``NOTE [ Sample generators of a batch ]``.
+
+    Raises:
+        OptionsError: ``epoch`` or an index is negative.
+    """
+    idx = np.asarray(indices, dtype=np.int64)
+    if epoch < 0 or (idx.size and int(idx.min()) < 0):
+        raise OptionsError(f"epoch and index should be non-negative, but got epoch={epoch}")
+    if idx.size and int(idx.max()) > _M32:  # an index of two words: the slow, general path
+        return [_state_of(sample_rng(seed, epoch, int(i))) for i in idx.tolist()]
+    u = np.uint64
+    shape = idx.shape
+    entropy = [np.full(shape, w, u) for w in (*_words(seed % 2**64), *_words(epoch))]
+    entropy += [idx.astype(u), *(np.full(shape, w, u) for w in _words(_CROP_TAG))]
+    mask, shift = u(_M32), u(16)
+    hash_const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_const
+        value = value ^ u(hash_const)
+        hash_const = (hash_const * _MULT_A) & _M32
+        value = (value * u(hash_const)) & mask
+        return value ^ (value >> shift)
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = np.asarray(x * u(_MIX_L) - y * u(_MIX_R), dtype=u) & mask
+        return result ^ (result >> shift)
+
+    pool = [hashmix(entropy[i] if i < len(entropy) else np.zeros(shape, u)) for i in range(4)]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(4, len(entropy)):
+        for dst in range(4):
+            pool[dst] = mix(pool[dst], hashmix(entropy[src]))
+    state_words = []
+    hash_const = _INIT_B
+    for i in range(8):
+        value = pool[i % 4] ^ u(hash_const)
+        hash_const = (hash_const * _MULT_B) & _M32
+        value = (value * u(hash_const)) & mask
+        state_words.append((value ^ (value >> shift)).tolist())
+    found = []
+    for j in range(idx.size):
+        w = [state_words[2 * k][j] | (state_words[2 * k + 1][j] << 32) for k in range(4)]
+        inc = ((((w[2] << 64) | w[3]) << 1) | 1) & _M128
+        state = (inc + ((w[0] << 64) | w[1])) & _M128  # state 0, one step (0 * mult + inc)
+        found.append(((state * _PCG_MULT + inc) & _M128, inc))
+    return found
+
+
+def _state_of(rng: np.random.Generator) -> tuple[int, int]:
+    state = rng.bit_generator.state["state"]
+    return int(state["state"]), int(state["inc"])
+
+
+def prepare_sample_rngs(seed: int, epoch: int, indices: Sequence[int]) -> None:
+    """Compute at once the generators ``plan_crop`` will draw for ``indices`` in this process."""
+    if len(_PREPARED) > _PREPARED_MAX:
+        _PREPARED.clear()
+    key = seed % 2**64
+    for index, state in zip(indices, pcg64_states(seed, epoch, indices), strict=True):
+        _PREPARED[(key, epoch, int(index))] = state
+
+
+def _crop_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """``sample_rng(seed, epoch, index)``'s stream; from a prepared state when there is one."""
+    state = _PREPARED.pop((seed % 2**64, epoch, index), None)
+    if state is None or epoch < 0 or index < 0:
+        return sample_rng(seed, epoch, index)
+    rng = getattr(_THREAD, "rng", None)
+    if rng is None:
+        rng = _THREAD.rng = np.random.Generator(np.random.PCG64(0))
+    rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": state[0], "inc": state[1]},
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
+    return rng
+
+
 def plan_crop(
     spec: CropSpec, height: int, width: int, *, seed: int, epoch: int, index: int
 ) -> tuple[Box, bool]:
@@ -325,7 +442,7 @@ def plan_crop(
         OptionsError: The image size, ``epoch`` or ``index`` is invalid.
     """
     _check_image_size(height, width)
-    rng = sample_rng(seed, epoch, index)
+    rng = _crop_rng(seed, epoch, index)
     if spec.crop == "random-resized":
         box = random_resized_box(height, width, spec.scale, spec.ratio, rng)
     elif spec.crop == "center":

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from h5pack.core.decode import Backend
-from h5pack.read.boxes import CropSpec, plan_crop, scale_box
+from h5pack.read.boxes import CropSpec, plan_crop, prepare_sample_rngs, scale_box
 from h5pack.read.crop import (
     KeepDecoded,
     ResizeInto,
@@ -147,6 +147,9 @@ class FixedSizeReader:
         """
         reader, meta = self.reader, self.reader.meta
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
+        if self.spec.crop == "random-resized" or self.spec.flip:
+            # the batch's generators at once (NOTE [ Sample generators of a batch ])
+            prepare_sample_rngs(seed, epoch, indices.tolist())
         if meta.storage == "array":
             batch = timed_read(self.reader, lambda: self._read_array(indices))[0]
 
