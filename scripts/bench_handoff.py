@@ -11,6 +11,9 @@ the same number of images per batch out of an in-memory array in a shuffled orde
 ``plan``: the raw pack through the crop in the main process (one thread, CPU of this
 process), with the batch's sample generators prepared at once and without (each sample's
 ``sample_rng`` built on its own), interleaved: the ratio of CPU per image.
+``kernels``: one thread, ``time.thread_time``: a fresh shared-memory batch filled against a
+reused one; ``preadv`` of one stored image against a copy out of an ``mmap`` of the pack;
+torch's resize of a box copied contiguous against the strided box (pixels compared).
 """
 
 from __future__ import annotations
@@ -115,6 +118,91 @@ def plan(pack: Path, rounds: int) -> None:
     print(f"per batch / per sample CPU: {statistics.median(a / b for a, b in pairs):.3f}")
 
 
+def kernels(pack: Path, repeats: int = 30) -> None:
+    """The hand-off, read and resize kernels alone, microseconds of CPU per image."""
+    import mmap
+    import os
+
+    import torch
+
+    def per(run: object, count: int) -> float:
+        start = time.thread_time()
+        run()  # type: ignore[operator]
+        return (time.thread_time() - start) / count * 1e6
+
+    size = BATCH * 224 * 224 * 3
+    filled = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    reused = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+
+    def fresh() -> None:
+        for _ in range(repeats):
+            storage = torch.UntypedStorage._new_shared(size)
+            torch.empty(0, dtype=torch.uint8).set_(storage).numpy()[:] = filled
+
+    def again() -> None:
+        for _ in range(repeats):
+            reused.numpy()[:] = filled
+
+    print(f"fresh shared batch filled: {per(fresh, repeats * BATCH):.0f} us per image")
+    print(f"reused shared batch filled: {per(again, repeats * BATCH):.0f} us per image")
+
+    image = 256 * 256 * 3
+    fd = os.open(pack, os.O_RDONLY)
+    length = os.fstat(fd).st_size
+    offsets = np.random.default_rng(1).integers(0, length - image, 2000).tolist()
+    buffer = np.empty(image, dtype=np.uint8)
+    view = buffer.data.cast("B")
+    mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    pixels = np.frombuffer(mapped, dtype=np.uint8)
+
+    def pread() -> None:
+        for offset in offsets:
+            os.preadv(fd, [view], offset)
+
+    def copy_mapped() -> None:
+        for offset in offsets:
+            np.copyto(buffer, pixels[offset : offset + image])
+
+    copy_mapped()  # map the pages once
+    print(f"preadv of a 256x256x3 image: {per(pread, len(offsets)):.0f} us")
+    print(f"copy out of an mmap: {per(copy_mapped, len(offsets)):.0f} us")
+    os.close(fd)  # the mapping stays until exit: numpy views it
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(2)
+    photo = rng.integers(0, 256, (375, 500, 3), dtype=np.uint8)
+    boxes = [
+        (int(rng.integers(0, 100)), int(rng.integers(0, 150)),
+         int(rng.integers(150, 275)), int(rng.integers(200, 350)))
+        for _ in range(50)
+    ]  # fmt: skip
+    out = np.empty((224, 224, 3), dtype=np.uint8)
+    resize = torch.ops.aten._upsample_bilinear2d_aa.out
+
+    def resized(source: np.ndarray) -> np.ndarray:
+        target = torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0)
+        resize(torch.from_numpy(source).permute(2, 0, 1).unsqueeze(0), [224, 224], False,
+               out=target)  # fmt: skip
+        return out.copy()
+
+    for top, left, height, width in boxes:
+        box = photo[top : top + height, left : left + width]
+        assert np.array_equal(resized(np.array(box, order="C")), resized(box))
+
+    def contiguous() -> None:
+        for _ in range(4):
+            for t, lf, h, w in boxes:
+                resized(np.array(photo[t : t + h, lf : lf + w], order="C"))
+
+    def strided() -> None:
+        for _ in range(4):
+            for t, lf, h, w in boxes:
+                resized(photo[t : t + h, lf : lf + w])
+
+    print(f"resize to 224 of a copied box: {per(contiguous, 4 * len(boxes)):.0f} us")
+    print(f"resize to 224 of the strided box (same pixels): {per(strided, 4 * len(boxes)):.0f} us")
+
+
 def _nothing(*args: object) -> None:
     """No generators prepared: ``plan_crop`` builds each sample's own."""
 
@@ -123,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pack", type=Path, required=True, help="a raw pack (e.g. 256x256)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", choices=("handoff", "memcpy", "plan"), default=None)
+    parser.add_argument("--only", choices=("handoff", "memcpy", "plan", "kernels"), default=None)
     args = parser.parse_args(argv)
     if args.only in (None, "handoff"):
         handoff(args.pack, args.rounds)
@@ -131,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         memcpy(args.pack, args.rounds)
     if args.only in (None, "plan"):
         plan(args.pack, args.rounds)
+    if args.only in (None, "kernels"):
+        kernels(args.pack)
 
 
 if __name__ == "__main__":
