@@ -45,6 +45,15 @@ def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
+def no_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS_* variable set: only what a test passes configures the client."""
+    from h5pack.core.s3 import ENVIRONMENT
+
+    for variable in ENVIRONMENT:
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.fixture
 def s3_bucket(s3_server: S3Server, s3_proxy: FaultProxy) -> Bucket:
     return Bucket(
         s3_server,

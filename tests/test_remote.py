@@ -175,12 +175,14 @@ def test_damaged_index_is_refused(s3_bucket: Bucket, tmp_path: Path) -> None:
 
 
 # -- pack sets and the training side -------------------------------------------------------
-def remote_set(bucket: Bucket, tmp_path: Path, shards: int = 3) -> tuple[Path, str]:
+def remote_set(
+    bucket: Bucket, tmp_path: Path, shards: int = 3, samples: int = 30
+) -> tuple[Path, str]:
     from h5pack.write.options import ConvertOptions
     from h5pack.write.shards import convert_set
 
     folder = tmp_path / "images"
-    for i, image in enumerate(arrays(30, (8, 8, 3))):
+    for i, image in enumerate(arrays(samples, (8, 8, 3))):
         (folder / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
         (folder / f"c{i % 3}" / f"{i}.jpg").write_bytes(jpeg(image))
     local = tmp_path / "set"

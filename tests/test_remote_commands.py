@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from h5pack.bench.s3local import Bucket
 from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
-from h5pack.core.s3 import ENVIRONMENT
 from tests.helpers import make_pack
 
 
@@ -20,13 +19,6 @@ def storage_flags(bucket: Bucket) -> list[str]:
     for key, value in bucket.storage_options.items():
         flags += ["--storage-option", f"{key}={value}"]
     return flags
-
-
-@pytest.fixture
-def no_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing configured by AWS_* variables: the flags alone reach the server."""
-    for variable in ENVIRONMENT:
-        monkeypatch.delenv(variable, raising=False)
 
 
 @pytest.mark.usefixtures("no_aws_environment")
