@@ -130,3 +130,25 @@ def test_batches_released_each_step_reuse_the_slots_and_keep_their_pixels(packs)
     ring = dataset.ring
     assert ring is not None
     assert ring.arrivals == 3 * NUM // 4  # every batch through a slot: none fell back
+
+
+def test_a_loader_s_dataset_pickled_outside_a_process_start_has_its_ring_off(packs, monkeypatch):
+    loader = make_loader(packs["raw"], 4, size=16, num_workers=2, seed=2)
+    copy = pickle.loads(pickle.dumps(loader.dataset))
+    assert copy.ring.states is None
+    in_worker(monkeypatch)
+    buffer = copy.ring.buffer((2, 3))  # a fresh segment: the ring never hands out a slot
+    assert copy.ring.fallbacks == 1
+    assert copy.ring.slot_of(buffer) is None
+
+
+def test_spawned_workers_share_the_ring(packs):
+    loader = make_loader(
+        packs["raw"], 4, size=16, num_workers=2, seed=2, multiprocessing_context="spawn"
+    )
+    plan = [list(batch) for batch in loader.batch_sampler]
+    got = [(images.clone(), labels) for images, labels in loader]
+    dataset = loader.dataset
+    for (images, _), batch in zip(got, plan, strict=True):
+        assert torch.equal(images, dataset.__getitems__(batch).images)
+    assert dataset.ring.arrivals == len(plan)  # every batch through a slot

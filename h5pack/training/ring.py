@@ -8,6 +8,7 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
@@ -86,8 +87,11 @@ class BatchRing:
         self.arrivals = 0  # batches received through a slot (main side)
 
     def __getstate__(self) -> dict[str, Any]:
+        # the slot states travel only to processes being started (a RawArray cannot be
+        # pickled otherwise): a ring pickled elsewhere is off (fresh segments, as before)
+        states = self.states if get_spawning_popen() is not None else None
         return {"workers": self.workers, "slots": self.slots, "token": self.token,
-                "states": self.states, "fallbacks": 0}  # fmt: skip
+                "states": states, "fallbacks": 0}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -117,6 +121,8 @@ class BatchRing:
 
     def _take(self, worker: int) -> int | None:
         states = self.states
+        if states is None:  # pickled outside a process start: no ring
+            return None
         for index in range(worker * self.slots, (worker + 1) * self.slots):
             if states[index] == 0:
                 states[index] = 1
@@ -164,7 +170,8 @@ class BatchRing:
         freed = [i for i in self._held if _use_count(self._mapped[i][0]) <= self._mapped[i][1]]
         for index in freed:
             self._held.discard(index)
-            self.states[index] = 0
+            if self.states is not None:
+                self.states[index] = 0
         return len(freed)
 
     def held(self) -> set[int]:
