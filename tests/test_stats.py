@@ -219,3 +219,22 @@ def test_a_monitor_counts_plain_batches_and_pairs():
     assert monitor.steps == 2
     assert monitor.images == 5
     np.testing.assert_array_equal(monitor.stage_ns, ns)
+
+
+def test_the_report_does_not_ask_for_the_decoded_cache_it_already_reads_through(encoded):
+    # bench --diagnose and the live report alike: with cache="decoded" on, a decode-bound
+    # loader is told what else helps, never to turn on the cache it has
+    loader = make_loader(encoded, 4, size=32, num_workers=0, cache="decoded")
+    live = dataset_facts(loader.dataset, workers=0)
+    assert live.cached
+    assert not dataset_facts(
+        make_loader(encoded, 4, size=32, num_workers=0).dataset, workers=0
+    ).cached
+    assert "cache='decoded'" not in advise("decode", live)
+    assert "decoded cache on" in advise("decode", live)
+    assert "cache='decoded'" in advise("decode", dataclasses.replace(live, cached=False))
+    setup = open_bench(encoded, BenchOptions(batch_size=4, workers=0, repeats=1, cache="decoded"))
+    try:
+        assert pack_facts(setup).cached
+    finally:
+        setup.close()

@@ -37,4 +37,5 @@ def pack_facts(setup: Setup) -> PackFacts:
         workers=setup.loader.workers,
         transforms=setup.options.transforms,
         size=setup.train.size,
+        cached=setup.options.cache is not None,
     )

@@ -43,6 +43,7 @@ class PackFacts:
         workers: DataLoader worker processes.
         transforms: Whether a per-sample Python transform runs.
         size: The training size, None when read as stored.
+        cached: Whether the loader reads through the decoded cache (``cache="decoded"``).
     """
 
     mode: str
@@ -55,6 +56,7 @@ class PackFacts:
     workers: int
     transforms: bool
     size: tuple[int, int] | None
+    cached: bool = False
 
     @property
     def compressed(self) -> bool:
@@ -107,6 +109,15 @@ def advise(bottleneck: str, facts: PackFacts) -> str:
             "cost"
         )
     if bottleneck == "decode":
+        if facts.mode == "encoded" and facts.cached:
+            return (
+                "decoding the image files, with the decoded cache on: the first epoch decodes "
+                "every image, later ones those the cache could not hold (a larger "
+                "cache_bytes holds more; about "
+                f"{human_bytes(facts.image_bytes)} decoded) and those whose crop box takes a "
+                "reduced decode; store decoded pixels (h5pack convert --mode raw --size N "
+                "(or H,W)) to decode none; more cores decode more images at once"
+            )
         if facts.mode == "encoded":
             return (
                 "decoding the image files every epoch: make_loader(cache='decoded', ...) "
@@ -183,6 +194,7 @@ def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:
         workers=workers,
         transforms=dataset.transform is not None,
         size=None if dataset.crop is None else dataset.crop.size,
+        cached=dataset.cache is not None,
     )
 
 
