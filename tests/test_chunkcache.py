@@ -5,12 +5,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from h5pack.errors import OptionsError
+from h5pack.errors import H5PackError, OptionsError
 from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions, pack_key
 from h5pack.read.eviction import Candidate, Future, choose_victims, next_uses
 
@@ -250,3 +251,40 @@ def test_a_cache_pickles_as_its_options(tmp_path: Path) -> None:
     assert copy.options == cache.options
     assert copy.budget_bytes == 10
     cache.close()
+
+
+def test_opening_retries_sqlites_immediate_database_is_locked(tmp_path, monkeypatch):
+    # SQLite may answer "database is locked" at once (no busy wait) while a sibling worker
+    # opens or recovers the WAL ledger: opening tries again instead of failing the loader
+    real_connect = sqlite3.connect
+    refused = []
+
+    class Locked:
+        def execute(self, *args, **kwargs):
+            raise sqlite3.OperationalError("database is locked")
+
+        def close(self):
+            refused.append(True)
+
+    def connect(*args, **kwargs):
+        return Locked() if len(refused) < 2 else real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=1000))
+    assert cache.budget_bytes == 1000
+    assert len(refused) == 2
+    cache.close()
+
+
+def test_opening_does_not_retry_other_sqlite_errors(tmp_path, monkeypatch):
+    class Broken:
+        def execute(self, *args, **kwargs):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: Broken())
+    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=1000))
+    with pytest.raises(H5PackError, match=r"cannot use the chunk cache .*: disk I/O error"):
+        cache.usage_bytes()

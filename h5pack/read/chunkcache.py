@@ -71,6 +71,8 @@ DEFAULT_CACHE_DISK_FRACTION = 0.5
 _READY, _CLAIMED = 1, 0
 _POLL_S = 0.005
 _INHERITED: list[sqlite3.Connection] = []  # see ChunkCache._connect
+# How long opening the ledger retries SQLite's immediate "database is locked" answers.
+_CONNECT_WAIT_S = 60.0
 _SAME_USE = 1e-9  # epochs: two futures' uses this close are one use
 _OWNER_CHECK_S = 0.25
 
@@ -221,22 +223,45 @@ class ChunkCache:
             lock = self.directory / "owners" / f"{self._owner}.lock"
             self._owner_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+            db = self._connect_ledger()
+        except (OSError, sqlite3.Error) as err:
+            raise H5PackError(f"cannot use the chunk cache {self.directory}: {err}") from err
+        self._db, self._pid = db, os.getpid()
+        self.recover()
+        return db
+
+    def _connect_ledger(self) -> sqlite3.Connection:
+        """Return a new connection to the ledger, its schema made and the budget read.
+
+        SQLite answers "database is locked" at once, without waiting out its busy timeout,
+        in a few states of a WAL database that another process is opening or recovering (seen
+        in a DataLoader worker opening the ledger while its sibling did): those answers are
+        tried again for up to ``_CONNECT_WAIT_S``, then raised.
+        """
+        deadline = time.monotonic() + _CONNECT_WAIT_S
+        wait = 0.01
+        while True:
             db = sqlite3.connect(
                 self.directory / "ledger.sqlite",
                 timeout=120,
                 isolation_level=None,
                 check_same_thread=False,
             )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            with self._lock, _transaction(db):
-                self._budget = self._read_budget(db)
-        except (OSError, sqlite3.Error) as err:
-            raise H5PackError(f"cannot use the chunk cache {self.directory}: {err}") from err
-        self._db, self._pid = db, os.getpid()
-        self.recover()
-        return db
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+                with self._lock, _transaction(db):
+                    self._budget = self._read_budget(db)
+            except sqlite3.OperationalError as err:
+                db.close()  # this process's own new connection, not an inherited one
+                text = str(err).lower()
+                if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
+                    raise
+                time.sleep(wait)
+                wait = min(0.5, wait * 2)
+                continue
+            return db
 
     def _read_budget(self, db: sqlite3.Connection) -> int:
         if self.options.cache_disk_bytes is not None:
