@@ -154,14 +154,20 @@ def finish_set(
         entries.append(ShardEntry.of(path, meta))
     if missing:
         return None, missing
-    manifest = PackSetManifest(
-        root=out,
+    return write_manifest(set_manifest(out, entries, classes, options)), ()
+
+
+def set_manifest(
+    root: Path, entries: Sequence[ShardEntry], classes: tuple[str, ...], options: ConvertOptions
+) -> PackSetManifest:
+    """Return the manifest of a complete set of ``entries`` (every shard, in order), made now."""
+    return PackSetManifest(
+        root=root,
         shards=tuple(entries),
         classes=classes,
         num_samples=sum(e.num_samples for e in entries),
         seed=options.seed,
-        num_shards=n,
+        num_shards=len(entries),
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         tool_version=__version__,
     )
-    return write_manifest(manifest), ()

@@ -13,17 +13,14 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 from h5pack._types import StrPath
-from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta
 from h5pack.core.packset import (
     MANIFEST_NAME,
-    PackSetManifest,
     ShardEntry,
     ShardIdentity,
     manifest_text,
@@ -42,7 +39,7 @@ from h5pack.errors import (
 from h5pack.write.builder import ConvertEvent, ConvertReport
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packset import meta_problems
+from h5pack.write.packset import meta_problems, set_manifest
 from h5pack.write.publish import sigterm_as_exit
 from h5pack.write.upload import Bucket, RemoteObject, Staging, describe_swept
 
@@ -316,16 +313,7 @@ class RemoteSet:
             )
         if missing:
             return None, missing
-        manifest = PackSetManifest(
-            root=Path(self.prefix or "."),
-            shards=tuple(entries),
-            classes=classes,
-            num_samples=sum(e.num_samples for e in entries),
-            seed=options.seed,
-            num_shards=n,
-            created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            tool_version=__version__,
-        )
+        manifest = set_manifest(Path(self.prefix or "."), entries, classes, options)
         self.bucket.put_text(self.prefix + MANIFEST_NAME, manifest_text(manifest) + "\n")
         return self.manifest_url, ()
 
