@@ -36,13 +36,14 @@ from h5pack.errors import H5PackError
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_pool
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packset import finish_set, prepare_out_dir
+from h5pack.write.packset import prepare_out_dir
 from h5pack.write.pipeline import keep_freed_memory, probe_batch
 from h5pack.write.remote import RemoteSet
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
     ShardTask,
+    finish_manifest,
     plan_reason,
     split_source,
     write_shard,
@@ -216,26 +217,9 @@ def convert_on_dask(
             step(report.num_planned)
     finally:
         client.cancel([f for f in futures if not f.done()])
-    identities = [split.identity(i) for i in range(shards)]
-    if remote is not None:
-        manifest, missing = remote.finish(
-            identities=identities,
-            options=options,
-            classes=split.classes,
-            metas={},
-            sizes={},
-            emit=emit,
-        )
-    else:
-        written, missing = finish_set(
-            out,
-            identities=identities,
-            options=options,
-            classes=split.classes,
-            metas={},
-            emit=emit,
-        )
-        manifest = os.fspath(written) if written is not None else None
+    manifest, missing = finish_manifest(
+        out, remote, split=split, options=options, metas={}, sizes={}, emit=emit
+    )
     return PackSetReport(
         root=remote.prefix_url if remote is not None else os.fspath(out),
         num_shards=shards,

@@ -369,26 +369,15 @@ def convert_set(
             )
             reports.append(report)
             metas[task.identity.index] = meta
-    identities = [split.identity(i) for i in range(shards)]
-    if remote is not None:
-        manifest, missing = remote.finish(
-            identities=identities,
-            options=options,
-            classes=split.classes,
-            metas=metas,
-            sizes={r.index: r.file_bytes for r in reports},
-            emit=emit,
-        )
-    else:
-        written, missing = finish_set(
-            out,
-            identities=identities,
-            options=options,
-            classes=split.classes,
-            metas=metas,
-            emit=emit,
-        )
-        manifest = os.fspath(written) if written is not None else None
+    manifest, missing = finish_manifest(
+        out,
+        remote,
+        split=split,
+        options=options,
+        metas=metas,
+        sizes={r.index: r.file_bytes for r in reports},
+        emit=emit,
+    )
     return PackSetReport(
         root=remote.prefix_url if remote is not None else os.fspath(out),
         num_shards=shards,
@@ -513,3 +502,34 @@ def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
         )
     emit(ConvertEvent("note", f"replacing {task.target}: {detail}"))
     return None
+
+
+def finish_manifest(
+    out: Path,
+    remote: RemoteSet | None,
+    *,
+    split: SourceSplit,
+    options: ConvertOptions,
+    metas: dict[int, PackMeta],
+    sizes: dict[int, int],
+    emit: Callable[[ConvertEvent], None],
+) -> tuple[str | None, tuple[int, ...]]:
+    """Write the set's manifest, in ``out`` or the bucket, once every shard is there.
+
+    Returns:
+        The manifest's path or URL (None while shards are missing) and the missing shards.
+    """
+    identities = [split.identity(i) for i in range(split.num_shards)]
+    if remote is not None:
+        return remote.finish(
+            identities=identities,
+            options=options,
+            classes=split.classes,
+            metas=metas,
+            sizes=sizes,
+            emit=emit,
+        )
+    written, missing = finish_set(
+        out, identities=identities, options=options, classes=split.classes, metas=metas, emit=emit
+    )
+    return (os.fspath(written) if written is not None else None), missing
