@@ -94,21 +94,32 @@ def test_every_kind_of_pack_gives_fixed_size_batches_of_every_sample_once(packs,
 
 def _expected(pack: Path, images: list, spec: CropSpec, seed: int, epoch: int, index: int):
     meta = fmt.load_meta(pack)
-    source = images[int(meta.source_index[index])]
+    height, width = meta.shapes[index][:2].tolist()
+    source = images[int(meta.source_index[index])][:height, :width]  # "fixed" keeps 32x32
     box, flip = plan_crop(spec, *source.shape[:2], seed=seed, epoch=epoch, index=index)
     return crop_array(source, box, spec.size, flip=flip, backend=spec.backend)
 
 
 @pytest.mark.parametrize("backend", ["pillow", "opencv"])
-def test_raw_pixels_are_the_planned_crop_of_the_source(packs, images, backend):
+@pytest.mark.parametrize(("kind", "threads"), [("variable", 1), ("variable", 2), ("fixed", 2)])
+def test_raw_pixels_are_the_planned_crop_of_the_source(packs, images, backend, kind, threads):
+    """Blob and array raw packs, one thread or two: the per-batch loop is plan_crop's cut."""
     spec = CropSpec.of((24, 20), crop="random-resized", flip=True, backend=backend)
     loader = make_loader(
-        packs["variable"], 6, size=(24, 20), flip=True, num_workers=0, seed=5, backend=backend
+        packs[kind],
+        6,
+        size=(24, 20),
+        flip=True,
+        num_workers=0,
+        threads=threads,
+        seed=5,
+        backend=backend,
     )
+    assert fmt.load_meta(packs[kind]).storage == ("array" if kind == "fixed" else "blob")
     got, _ = epoch_of(loader, 2)
     order = np.concatenate(loader.chunk_sampler.plan(2))
     for position, index in enumerate(order.tolist()):
-        want = _expected(packs["variable"], images, spec, 5, 2, index)
+        want = _expected(packs[kind], images, spec, 5, 2, index)
         diff = np.abs(got[position].permute(1, 2, 0).numpy().astype(int) - want)
         # Pillow's filter computed by torch: within one grey level of Pillow itself
         assert diff.max() <= (1 if backend == "pillow" else 0), index

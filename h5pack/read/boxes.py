@@ -48,7 +48,8 @@ FLIP_PROBABILITY: Final[float] = 0.5
 DCT_REDUCTIONS: Final[tuple[int, ...]] = (8, 4, 2)
 """The reductions (1/8, 1/4, 1/2 scale) at which libjpeg decodes a JPEG (its scaled IDCT)."""
 
-_ATTEMPTS: Final[int] = 10  # RandomResizedCrop's tries before its central fallback
+RANDOM_ATTEMPTS: Final[int] = 10
+"""RandomResizedCrop's tries at a random box before its central fallback."""
 _CROP_TAG: Final[int] = 0x63726F70  # "crop": keeps these streams apart from other seeded ones
 
 
@@ -230,7 +231,7 @@ def random_resized_box(
     ratio_low, ratio_high = _check_range("ratio", ratio, upper=math.inf)
     area = height * width
     log_low, log_high = math.log(ratio_low), math.log(ratio_high)
-    for _ in range(_ATTEMPTS):
+    for _ in range(RANDOM_ATTEMPTS):
         target_area = area * rng.uniform(scale_low, scale_high)
         aspect = math.exp(rng.uniform(log_low, log_high))
         box_w = round(math.sqrt(target_area * aspect))
