@@ -201,3 +201,63 @@ def test_encoded_pack_of_real_jpegs_stores_the_files_bytes(tmp_path):
             assert data.tobytes() == source.read_bytes()
             np.testing.assert_array_equal(image, pil_rgb(source))
             assert tuple(reader.meta.shapes[i]) == image.shape
+
+
+@pytest.fixture
+def raw_pack(tmp_path):
+    """An uncompressed array pack of 24 distinct 16x16 images, and the images."""
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(24)]
+    path = tmp_path / "raw.h5"
+    write_arrays(path, images, [i % 2 for i in range(24)], options=ConvertOptions(chunk_samples=5))
+    return path, images
+
+
+def test_mapped_views_are_the_stored_samples_and_are_checked(raw_pack):
+    path, images = raw_pack
+    with PackReader(path) as reader:
+        assert reader.meta.storage == "array"
+        views = reader.stored_views([5, 0, 23])
+        assert views is not None
+        for index, view in zip([5, 0, 23], views, strict=True):
+            want = images[int(reader.meta.source_index[index])]
+            np.testing.assert_array_equal(view, want)
+            assert not view.flags.writeable  # the pack's own bytes: read-only
+            reader.verify_sample(index, view)
+        with pytest.raises(FormatError, match="does not match its checksum"):
+            reader.verify_sample(0, views[0])  # sample 5's bytes are not sample 0's
+        out = np.empty((3, 16, 16, 3), dtype=np.uint8)
+        reader.read_into([5, 0, 23], out)  # copied out of the same mapping
+        np.testing.assert_array_equal(out, np.stack(views))
+    with PackReader(path, ReaderOptions(direct=False)) as reader:
+        assert reader.stored_views([0]) is None  # only the direct path maps the file
+
+
+def test_a_damaged_sample_is_refused_on_the_mapped_crop_path(raw_pack, tmp_path):
+    path, images = raw_pack
+    data = bytearray(path.read_bytes())
+    at = data.find(images[7].tobytes())
+    assert at > 0
+    data[at + 100] ^= 0xFF
+    damaged = tmp_path / "damaged-raw.h5"
+    damaged.write_bytes(bytes(data))
+    loader = make_loader(damaged, 4, size=8, flip=True, num_workers=0, threads=2)
+    with pytest.raises(FormatError, match="does not match its checksum"):
+        for _ in loader:
+            pass
+
+
+@pytest.mark.parametrize("size", [None, 8])
+def test_a_pack_truncated_under_a_reader_is_a_short_read_not_a_crash(raw_pack, size):
+    """The mapped reads compare the file's size with each batch's needs (NOTE [ Mapped ...])."""
+    path, images = raw_pack
+    loader = make_loader(path, 4, size=size, num_workers=0, shuffle=False)
+    last = images[int(loader.dataset.meta.source_index[23])].tobytes()
+    at = path.read_bytes().find(last)
+    assert at > 0
+    next(iter(loader))  # the file is mapped now (samples 0..3)
+    with open(path, "r+b") as f:
+        f.truncate(at + 10)  # into the last sample's bytes
+    with pytest.raises(FormatError, match="short read"):
+        for _ in loader:
+            pass

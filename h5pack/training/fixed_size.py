@@ -180,9 +180,17 @@ class FixedSizeReader:
         """
         reader, meta = self.reader, self.reader.meta
         if meta.mode == "raw":  # one pass over the batch (NOTE [ The per-batch loop ])
-            if meta.storage == "array":
-                batch = timed_read(self.reader, lambda: self._read_array(indices))[0]
-                images: Sequence[np.ndarray] = list(batch)
+            check: Callable[[int, np.ndarray], None] | None = None
+            views = (
+                timed_read(reader, lambda: reader.stored_views(indices))[0]
+                if isinstance(reader, PackReader)
+                else None
+            )
+            if views is not None:  # checked one by one as they are cut
+                images: Sequence[np.ndarray] = views
+                check = reader.verify_sample  # type: ignore[union-attr]
+            elif meta.storage == "array":
+                images = list(timed_read(reader, lambda: self._read_array(indices))[0])
             else:
                 stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
                 images = [reader.decode(int(i), s) for i, s in zip(indices, stored, strict=True)]
@@ -190,7 +198,7 @@ class FixedSizeReader:
             plans = plan_crops(
                 self.spec, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=indices
             )
-            self._cut_batch(images, plans, out, range(len(indices)))
+            self._cut_batch(images, plans, out, range(len(indices)), check, indices.tolist())
             return
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
         if self.spec.crop == "random-resized" or self.spec.flip:
@@ -283,10 +291,14 @@ class FixedSizeReader:
         plans: Sequence[tuple[Box, bool]],
         out: np.ndarray,
         slots: Sequence[int],
+        check: Callable[[int, np.ndarray], None] | None = None,
+        indices: Sequence[int] = (),
     ) -> None:
         """Resize ``plans[k]``'s box of ``images[k]`` into ``out[slots[k]]``, flipped if planned.
 
-        See ``NOTE [ The per-batch loop ]``. Timed as the stage "crop", once per thread.
+        See ``NOTE [ The per-batch loop ]``. Timed as the stage "crop", once per thread;
+        ``check(indices[k], images[k])``, when given, runs first (the reader's digest check
+        of a mapped sample: timed as "storage", where its first touch of the bytes belongs).
 
         Raises:
             OptionsError: a box is outside its image, or the channels differ.
@@ -302,9 +314,14 @@ class FixedSizeReader:
         def run_part(part: int) -> None:
             times = stage_times()
             start = times.clock()
+            checking = 0
             for k in range(part, count, parts):
                 (top, left, box_h, box_w), flip = plans[k]
                 image, j = images[k], slots[k]
+                if check is not None:
+                    began = times.clock()
+                    check(indices[k], image)
+                    checking += times.clock() - began
                 if not lean:
                     crop_into(
                         image, Box(top, left, box_h, box_w), out[j], flip=flip, resize=self._kernel
@@ -336,7 +353,8 @@ class FixedSizeReader:
                     )
                 if flip:
                     cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
-            times.add("crop", times.clock() - start)
+            times.add("storage", checking)
+            times.add("crop", times.clock() - start - checking)
 
         self.reader.map_threads(run_part, range(parts))
 
