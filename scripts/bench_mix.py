@@ -10,9 +10,11 @@ Three parts, each printed as a markdown table:
 - ``stratify``: the worst batch's deviation from the shares (samples), with and without
   ``stratify=True``.
 - ``cost``: ``make_loader`` over a 3:1 mix of two packs against one pack of the same images
-  (the same total size), read in this process (``num_workers=0``, the raw default):
-  images/s (median of interleaved rounds), CPU seconds per image, chunks decompressed per
-  sample.
+  (the same total size), read in this process (``num_workers=0``, the raw default), with
+  the reader's threads and with one thread, and the mix as it was read before its sources
+  shared one pool (each source's reader on its own threads): images/s, CPU seconds per
+  image (process and children), chunks decompressed per sample, and the medians over
+  rounds of each round's ratios to one pack.
 
 Usage::
 
@@ -23,11 +25,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -128,8 +132,30 @@ def stratification() -> list[str]:
     return rows
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its children that have ended."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def per_source_pools(loader: Any) -> Any:
+    """The mix as before the shared pool: each source's reader on its own threads."""
+    loader.dataset.pool = None
+    for part in loader.dataset.parts:
+        part.pool = None
+    return loader
+
+
 def cost(rounds: int, folder: Path) -> list[str]:
-    """A 3:1 mix of two packs against one pack of the same images, in this process."""
+    """A 3:1 mix of two packs against one pack of the same images, in this process.
+
+    Every round reads one epoch of each loader, the loaders in turn (their order reversed
+    every other round); a ratio is the mix's figure over the one pack's of the same round
+    and thread count, and the table gives the median over rounds of those ratios.
+    """
     rng = np.random.default_rng(0)
     num_a, num_b = 6000, 2000
     images = rng.integers(0, 256, (num_a + num_b, 64, 64, 3), dtype=np.uint8)
@@ -141,43 +167,51 @@ def cost(rounds: int, folder: Path) -> list[str]:
     write_arrays(a, list(images[:num_a]), labels[:num_a], options=options, classes=classes)
     write_arrays(b, list(images[num_a:]), labels[num_a:], options=options, classes=classes)
     write_arrays(one, list(images), labels, options=options, classes=classes)
-    loaders = {}
+    loaders: dict[str, Any] = {}
+    base: dict[str, str] = {}  # each loader's one-pack reference
     for threads in (None, 1):
         suffix = "" if threads is None else ", 1 thread"
-        loaders["one pack" + suffix] = make_loader(
-            one, 256, num_workers=0, seed=1, window_chunks=8, threads=threads
-        )
-        loaders["3:1 mix of two packs" + suffix] = make_loader(
-            [a, b], 256, weights=[3, 1], num_workers=0, seed=1, window_chunks=8, threads=threads
-        )
+        settings: dict[str, Any] = {"num_workers": 0, "seed": 1, "window_chunks": 8}
+        loaders["one pack" + suffix] = make_loader(one, 256, threads=threads, **settings)
+        mixed = {"weights": [3, 1], "threads": threads, **settings}
+        loaders["3:1 mix of two packs" + suffix] = make_loader([a, b], 256, **mixed)
+        if threads is None:
+            loaders["3:1 mix, a pool per source (before)"] = per_source_pools(
+                make_loader([a, b], 256, **mixed)
+            )
+        for name in loaders:
+            base.setdefault(name, "one pack" + suffix)
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}
     for epoch in range(rounds + 1):  # the first round warms up
-        for name, loader in loaders.items():
+        names = list(loaders) if epoch % 2 else list(reversed(loaders))
+        for name in names:
+            loader = loaders[name]
             loader.set_epoch(epoch)
-            wall, started = time.perf_counter(), time.process_time()
+            wall, started = time.perf_counter(), cpu_seconds()
             count = sum(len(labels) for _, labels in loader)
-            wall, spent = time.perf_counter() - wall, time.process_time() - started
+            wall, spent = time.perf_counter() - wall, cpu_seconds() - started
             if epoch:
                 rates[name].append(count / wall)
                 cpu[name].append(spent / count)
     rows = [
-        "| loader | images/s (median of rounds) | rounds | CPU us/image | "
-        "chunks decompressed per sample | images/s ratio to one pack | CPU ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| loader | images/s, median (min..max) | CPU us/image, median | "
+        "chunks decompressed per sample | images/s ratio to one pack, median (min..max) "
+        "of rounds | CPU ratio, median of rounds |",
+        "|---|---|---|---|---|---|",
     ]
     for name, loader in loaders.items():
-        suffix = ", 1 thread" if name.endswith(", 1 thread") else ""
-        base = statistics.median(rates["one pack" + suffix])
-        base_cpu = statistics.median(cpu["one pack" + suffix])
+        ref = base[name]
+        rate_ratios = [m / o for m, o in zip(rates[name], rates[ref], strict=True)]
+        cpu_ratios = [m / o for m, o in zip(cpu[name], cpu[ref], strict=True)]
         dataset = loader.dataset
         parts = getattr(dataset, "parts", [dataset])
         loads = sum(p.reader.loads for p in parts) / ((rounds + 1) * (num_a + num_b))
-        median = statistics.median(rates[name])
         rows.append(
-            f"| {name} | {median:,.0f} | {', '.join(f'{r:,.0f}' for r in rates[name])} | "
-            f"{1e6 * statistics.median(cpu[name]):.1f} | {loads:.4f} | {median / base:.3f} | "
-            f"{statistics.median(cpu[name]) / base_cpu:.3f} |"
+            f"| {name} | {statistics.median(rates[name]):,.0f} ({min(rates[name]):,.0f}.."
+            f"{max(rates[name]):,.0f}) | {1e6 * statistics.median(cpu[name]):.1f} | "
+            f"{loads:.4f} | {statistics.median(rate_ratios):.3f} ({min(rate_ratios):.3f}.."
+            f"{max(rate_ratios):.3f}) | {statistics.median(cpu_ratios):.3f} |"
         )
     return rows
 

@@ -9,6 +9,7 @@ cannot become one batch is refused by ``check_batchable``, naming both sources.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -104,11 +105,13 @@ class MixView:
     label_maps: tuple[np.ndarray, ...]
     chunk_map: ChunkMap
 
-    @property
+    @functools.cached_property
     def offsets(self) -> np.ndarray:
-        """Global index of each source's first sample, and the total."""
+        """Global index of each source's first sample, and the total (read-only)."""
         sizes = [v.meta.num_samples for v in self.views]
-        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        offsets.flags.writeable = False
+        return offsets
 
     @property
     def chunk_maps(self) -> tuple[ChunkMap, ...]:

@@ -48,6 +48,7 @@ from h5pack.read.planned import (
     group_pieces,
     planned_source,
 )
+from h5pack.read.pool import ReadPool
 from h5pack.read.readahead import ReadAheadOptions
 
 T = TypeVar("T")
@@ -59,6 +60,39 @@ def _first_appearance(values: np.ndarray) -> np.ndarray:
     """Return the distinct ``values`` in order of first appearance."""
     _, first = np.unique(values, return_index=True)
     return values[np.sort(first)]
+
+
+class GroupLoad:
+    """A group a reader is about to decompress (``PackReader.pending_loads``).
+
+    Attributes:
+        reader: The reader whose group it is (``reader.hold`` takes the result).
+        group: The group (chunk group) to load.
+        plan: ``PackReader._plan_group``'s ``(direct, buffer bytes)``.
+        buffer: Where it is decompressed to, taken from the reader's free buffers.
+        threaded: Whether ``run`` may run on another thread (the direct path; h5py's path
+            runs in the reader's thread).
+    """
+
+    __slots__ = ("buffer", "group", "plan", "reader", "threaded")
+
+    def __init__(
+        self,
+        reader: PackReader,
+        group: int,
+        plan: tuple[bool, int],
+        buffer: np.ndarray,
+        threaded: bool,
+    ) -> None:
+        self.reader = reader
+        self.group = group
+        self.plan = plan
+        self.buffer = buffer
+        self.threaded = threaded
+
+    def run(self) -> np.ndarray:
+        """Read and decompress the group (and check it, with ``verify_checksums``)."""
+        return self.reader._load_group(self.group, self.plan, self.buffer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,6 +460,9 @@ class PackReader:
         self._free: list[np.ndarray] = []
         self._threads = options.threads or 0
         self._pool: ThreadPoolExecutor | None = None
+        self._shared: ReadPool | None = None  # threads shared with other readers (use_pool)
+        # groups decompressed ahead for the next read, not yet in the window (``hold``)
+        self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
         # nanoseconds spent decompressing chunks (the loader's stall report reads it; an
         # update racing another thread's may be lost: a statistic, not a count)
@@ -451,12 +488,13 @@ class PackReader:
 
     # -- context manager -------------------------------------------------------------
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (a shared pool, ``use_pool``'s, stays up for its other readers)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
         self._raw_file.close()
         self._window.clear()
+        self._held.clear()
         if self._file.id.valid:
             self._file.close()
 
@@ -659,15 +697,13 @@ class PackReader:
                     read(out[pos], offset, pos)
                 return
             # os.preadv releases the GIL: copies from the page cache run in parallel
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
             bounds = np.linspace(0, idx.size, parts + 1).astype(int).tolist()
 
             def read_part(part: int) -> None:
                 for pos, offset in jobs[bounds[part] : bounds[part + 1]]:
                     read(out[pos], offset, pos)
 
-            list(self._pool.map(read_part, range(parts)))
+            list(self._executor().map(read_part, range(parts)))
             return
         for pos, i in enumerate(idx.tolist()):
             self._images.read_direct(out, np.s_[i : i + 1], np.s_[pos : pos + 1])
@@ -694,9 +730,58 @@ class PackReader:
         """
         if self._threads <= 1 or len(items) < 2:
             return [function(item) for item in items]
+        return list(self._executor().map(function, items))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The threads this reader's work runs on: the shared pool's, else its own."""
+        if self._shared is not None:
+            return self._shared.executor()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
-        return list(self._pool.map(function, items))
+        return self._pool
+
+    def use_pool(self, pool: ReadPool | None) -> None:
+        """Run this reader's threaded work on ``pool``, shared with other readers (None: its own).
+
+        See NOTE [ One pool for a mix's sources ] (read/pool.py); the pool's threads replace
+        this reader's ``threads``, and ``close`` leaves them to the pool's owner.
+        """
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self._shared = pool
+        if pool is not None:
+            self._threads = pool.threads
+
+    def pending_loads(self, indices: Sequence[int] | np.ndarray) -> list[GroupLoad]:
+        """Return the groups that reading ``indices`` next would decompress, ready to run.
+
+        The groups ``read_into`` / ``read_stored`` of ``indices`` would load, in the order
+        they would load them (their stored chunks fetched, their buffers taken): run each
+        (on any thread when ``threaded``) and give the result to ``hold``; the read of
+        ``indices`` then decompresses nothing (NOTE [ One pool for a mix's sources ]).
+        """
+        for _, buffer in self._held.values():  # a read that never came (an error)
+            if len(self._free) < max(2, self._threads):
+                self._free.append(buffer)
+        self._held.clear()
+        if not self.compressed:
+            return []
+        idx = self._check(indices)
+        wanted = _first_appearance(self.chunk_map.chunks_of(idx)).tolist()
+        missing = [g for g in wanted if g not in self._window]
+        plans = [self._plan_group(g) for g in missing]
+        self._fetch_stored(missing, plans)
+        threaded = self._table is not None
+        return [
+            GroupLoad(self, g, plan, self._take_buffer(plan[1]), threaded)
+            for g, plan in zip(missing, plans, strict=True)
+        ]
+
+    def hold(self, load: GroupLoad, block: np.ndarray) -> None:
+        """Keep ``load``'s decompressed ``block`` for the next read (``pending_loads``)."""
+        self._held[load.group] = (block, load.buffer)
+        self.loads += 1
 
     def _groups(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
         """Return the decompressed data of groups ``wanted``, loading those not in the window.
@@ -708,25 +793,30 @@ class PackReader:
         window (see direct's note "Direct chunk path").
         """
         found: dict[int, np.ndarray] = {}
-        missing: list[int] = []
+        fresh: list[int] = []  # groups entering the window, in the order wanted
+        missing: list[int] = []  # those not held already (``hold``): loaded here
         for g in wanted.tolist():
             if g in self._window:
                 found[g] = self._window[g][0]
             else:
-                missing.append(g)
-        plans = [self._plan_group(g) for g in missing]
-        self._fetch_stored(missing, plans)
-        buffers = [self._take_buffer(nbytes) for _, nbytes in plans]
-        if len(missing) > 1 and self._threads > 1 and self._table is not None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
-            loaded = list(self._pool.map(self._load_group, missing, plans, buffers))
-        else:
-            loaded = [self._load_group(*args) for args in zip(missing, plans, buffers, strict=True)]
-        self.loads += len(missing)
-        for g, block, buffer in zip(missing, loaded, buffers, strict=True):
-            found[g] = block
-            self._window[g] = (block, buffer)
+                fresh.append(g)
+                if g not in self._held:
+                    missing.append(g)
+        if missing:
+            plans = [self._plan_group(g) for g in missing]
+            self._fetch_stored(missing, plans)
+            buffers = [self._take_buffer(nbytes) for _, nbytes in plans]
+            if len(missing) > 1 and self._threads > 1 and self._table is not None:
+                loaded = list(self._executor().map(self._load_group, missing, plans, buffers))
+            else:
+                args = zip(missing, plans, buffers, strict=True)
+                loaded = [self._load_group(*each) for each in args]
+            self.loads += len(missing)
+            for g, block, buffer in zip(missing, loaded, buffers, strict=True):
+                self._held[g] = (block, buffer)
+        for g in fresh:
+            found[g] = self._held[g][0]
+            self._window[g] = self._held.pop(g)
         while len(self._window) > self.window_chunks:
             _, (_, buffer) = self._window.popitem(last=False)
             if len(self._free) < max(2, self._threads):

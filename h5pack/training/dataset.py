@@ -23,6 +23,7 @@ from h5pack.core.vocabulary import Output as Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
+from h5pack.read.pool import ReadPool
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
@@ -287,6 +288,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         # remote reader fetches each worker's chunks ahead by it (``training.readplan``).
         self.planner: Callable[[int], Sequence[np.ndarray]] | None = None
         self.ring: BatchRing | None = None  # the loader's worker buffers (NOTE [ Batch ring ])
+        # threads shared with the other sources of a mix (NOTE [ One pool for a mix's sources ])
+        self.pool: ReadPool | None = None
         self._planned: tuple[int, int] | None = None  # (epoch, worker) planned last
 
     def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5ImageDataset:
@@ -337,6 +340,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 options = replace(options, window_chunks=window)
             # the files this dataset's labels came from, or a FormatError: never a mix of two
             self._reader = open_reader(self.source, options, view=self.view)
+            if self.pool is not None and isinstance(self._reader, PackReader):
+                self._reader.use_pool(self.pool)
             self._fixed = None
             self._planned = None
             self._pid = os.getpid()

@@ -21,7 +21,8 @@ from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.mixture import ClassJoin, MixView, describe_mix
 from h5pack.read.packset import PackSource
-from h5pack.read.reader import ReaderOptions
+from h5pack.read.pool import ReadPool, start_loads
+from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch
 from h5pack.training.mixing import label_mixing
@@ -120,9 +121,17 @@ class H5MixDataset(H5ImageDataset):
             )
             for s, source in enumerate(self.mix.sources)
         ]
+        self._share_pool()
         if cache is not None:  # a CacheSpec: one cache per encoded source, the budget split
             budget = default_cache_bytes() if cache.cache_bytes is None else cache.cache_bytes
             self.attach_caches(budget, max_side=cache.cache_max_side)
+
+    def _share_pool(self) -> None:
+        """Give every source the same reading threads (NOTE [ One pool for a mix's sources ])."""
+        threads = self.options.threads or 0
+        self.pool = ReadPool(threads) if threads > 1 else None
+        for part in self.parts:
+            part.pool = self.pool
 
     @property
     def offsets(self) -> np.ndarray:
@@ -158,6 +167,7 @@ class H5MixDataset(H5ImageDataset):
             part.configured(options, seed=twin.seed + s * _SEED_STEP)
             for s, part in enumerate(self.parts)
         ]
+        twin._share_pool()
         return twin
 
     def set_epoch(self, epoch: int) -> None:
@@ -172,14 +182,32 @@ class H5MixDataset(H5ImageDataset):
         raise OptionsError("a mix has one reader per source: use dataset.parts[s].reader")
 
     def close(self) -> None:
-        """Close every source's reader."""
+        """Close every source's reader, and their shared threads."""
         for part in self.parts:
             part.close()
+        if self.pool is not None:
+            self.pool.close()
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
         """Return the samples ``indices``, each source's read by that source's dataset."""
         idx = checked_indices(indices, self.meta.num_samples, "a mix")
         src = self.mix.source_of(idx)
+        runs = self._runs(idx, src)
+        # NOTE [ One pool for a mix's sources ]: every source's missing chunks at once, on
+        # the shared threads, while this thread does the batch's own work below
+        loading = (
+            start_loads(
+                self.pool,
+                [
+                    (reader, local)
+                    for s, _, local in runs
+                    if self.parts[s].cache is None
+                    and isinstance(reader := self.parts[s].reader, PackReader)
+                ],
+            )
+            if self.pool is not None
+            else None
+        )
         raw_labels = self.meta.labels[idx]
         if self.target_transform is None:
             labels: list[Any] = raw_labels.tolist()
@@ -188,24 +216,29 @@ class H5MixDataset(H5ImageDataset):
             labels = [self.target_transform(int(v)) for v in raw_labels]
             label_tensor = None
         sources = torch.from_numpy(src.astype(np.int64)) if self.return_source else None
-        offsets = self.offsets
+        shape = self._batch_shape()
+        buffer = (
+            batch_buffer(getattr(self, "ring", None), (idx.size, *shape))
+            if shape is not None
+            else None
+        )
+        if loading is not None:
+            loading.finish()
         paths: list[str] | None = None
         if self.return_path:
+            offsets = self.offsets
             paths = [
                 self.parts[s].reader.paths[int(i - offsets[s])]
                 for s, i in zip(src.tolist(), idx.tolist(), strict=True)
             ]
-        shape = self._batch_shape()
-        if shape is not None:
-            buffer = batch_buffer(getattr(self, "ring", None), (idx.size, *shape))
+        if buffer is not None:
+            assert shape is not None  # the buffer is made for it
             target = buffer.numpy()
-            for s in np.unique(src).tolist():
-                where = np.flatnonzero(src == s)
-                local = idx[where] - offsets[s]
-                if where[-1] - where[0] + 1 == where.size:  # a run: read into its slice
-                    self.parts[s].read_batch_into(local, target[where[0] : where[-1] + 1])
+            for s, where, local in runs:
+                if isinstance(where, slice):  # a run: read into its slice
+                    self.parts[s].read_batch_into(local, target[where])
                 else:
-                    part = np.empty((where.size, *shape), dtype=np.uint8)
+                    part = np.empty((local.size, *shape), dtype=np.uint8)
                     self.parts[s].read_batch_into(local, part)
                     target[where] = part
             images = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else target
@@ -217,15 +250,40 @@ class H5MixDataset(H5ImageDataset):
                 sources=sources,
             )
         samples: list[tuple[Any, ...]] = [()] * idx.size
-        for s in np.unique(src).tolist():
-            where = np.flatnonzero(src == s)
-            batch = self.parts[s].__getitems__((idx[where] - offsets[s]).tolist())
-            for j, sample in zip(where.tolist(), batch, strict=True):
+        for s, where, local in runs:
+            batch = self.parts[s].__getitems__(local.tolist())
+            positions = range(idx.size)[where] if isinstance(where, slice) else where.tolist()
+            for j, sample in zip(positions, batch, strict=True):
                 extra: tuple[Any, ...] = () if paths is None else (paths[j],)
                 if sources is not None:
                     extra = (*extra, int(sources[j]))
                 samples[j] = (sample[0], labels[j], *extra)
         return SampleBatch(samples, paths=paths, sources=sources)
+
+    def _runs(
+        self, idx: np.ndarray, src: np.ndarray
+    ) -> list[tuple[int, slice | np.ndarray, np.ndarray]]:
+        """Split a batch by source: ``(source, its positions in the batch, its indices)``.
+
+        A mix's batches are grouped by source (``plan_pieces``): each source is then one run
+        of the batch, a slice; otherwise its positions, in the order of the sources.
+        """
+        if idx.size == 0:
+            return []
+        cuts = (np.flatnonzero(src[1:] != src[:-1]) + 1).tolist()
+        bounds = [0, *cuts, idx.size]
+        firsts = src[bounds[:-1]].tolist()
+        local = idx - self.offsets[src]
+        if len(set(firsts)) == len(firsts):
+            return [
+                (s, slice(lo, hi), local[lo:hi])
+                for s, lo, hi in zip(firsts, bounds[:-1], bounds[1:], strict=True)
+            ]
+        runs: list[tuple[int, slice | np.ndarray, np.ndarray]] = []
+        for s in np.unique(src).tolist():
+            where = np.flatnonzero(src == s)
+            runs.append((s, where, local[where]))
+        return runs
 
     def _batch_shape(self) -> tuple[int, int, int] | None:
         """(H, W, C) every source batches its images at, or None if they do not agree."""

@@ -1,0 +1,139 @@
+"""``ReadPool``: one pool of reading threads shared by several readers (the sources of a mix).
+
+NOTE [ One pool for a mix's sources ]
+
+A batch of a mix (``training.mixed.H5MixDataset``) is read source by source, each source by
+its own ``PackReader``. With a pool per reader, a 3:1 batch of 256 samples decompressed the
+large source's three new chunks on two threads (two rounds) and then the small source's one
+chunk alone (a third round, the other thread idle): 0.85-0.89x one pack's images/s at the
+same CPU per image (BENCHMARKS.md, "Mixing packs by weight"). Reading the sources at once,
+each on its own reader's threads, ran four threads on two cores (1.135x CPU per image).
+
+Here every reader of the mix uses the same threads (``PackReader.use_pool``), and before
+the sources are read, ``load_together`` asks each reader for the chunks the batch will miss
+(``PackReader.pending_loads``: the very groups its read would load, in the order it would
+load them), decompresses all of them in one ``map`` over the shared threads, and hands each
+reader its groups (``PackReader.hold``); each source's read then finds them and admits them
+to its window in the order it always does, so the window, the chunks decompressed and the
+pixels are those of the sources read one after another.
+
+No task on the pool waits on another task of the pool (a fixed-size pool whose tasks wait on
+its own tasks deadlocks once every thread waits): ``load_together`` and the readers submit
+from the thread that reads the batch, and the tasks (decompressing a chunk, copying or
+resizing samples) submit nothing.
+
+The threads are those of the process that made them: after ``fork`` (a DataLoader worker)
+the pool makes new ones, and a pickled pool travels without them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from h5pack.errors import OptionsError
+
+if TYPE_CHECKING:
+    from h5pack.read.reader import GroupLoad, PackReader
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class ReadPool:
+    """A fixed number of threads that several readers of one process share.
+
+    Args:
+        threads: Threads of the pool (>= 1); with 1 every call runs in the calling thread.
+
+    Raises:
+        OptionsError: ``threads`` below 1.
+
+    Example:
+        >>> pool = ReadPool(2)
+        >>> pool.map(lambda x: x * x, [1, 2, 3])
+        [1, 4, 9]
+        >>> pool.close()
+    """
+
+    def __init__(self, threads: int) -> None:
+        if threads < 1:
+            raise OptionsError(f"threads should be >= 1, but got threads={threads}")
+        self.threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = -1
+
+    def executor(self) -> ThreadPoolExecutor:
+        """Return this process's threads, started on first use (again after ``fork``)."""
+        if self._executor is None or self._pid != os.getpid():
+            # a parent's executor has no threads in a forked child: dropped, not shut down
+            self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="h5pack")
+            self._pid = os.getpid()
+        return self._executor
+
+    def map(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """Return ``[function(item) for item in items]``, on the pool's threads if > 1."""
+        if self.threads <= 1 or len(items) < 2:
+            return [function(item) for item in items]
+        return list(self.executor().map(function, items))
+
+    def close(self) -> None:
+        """Stop this process's threads (they start again on the next use)."""
+        if self._executor is not None and self._pid == os.getpid():
+            self._executor.shutdown()
+        self._executor = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"threads": self.threads, "_executor": None, "_pid": -1}
+
+
+class Loading:
+    """Groups of several readers being decompressed on a ``ReadPool`` (``start_loads``)."""
+
+    def __init__(self, pool: ReadPool, loads: list[GroupLoad]) -> None:
+        self.loads = loads
+        threaded = [load for load in loads if load.threaded]
+        # even one load goes to the pool: the caller works on while it is decompressed
+        self._futures: list[Future[np.ndarray]] | None = (
+            [pool.executor().submit(load.run) for load in threaded]
+            if pool.threads > 1 and threaded
+            else None
+        )
+
+    def finish(self) -> int:
+        """Wait for every group, hand each to its reader (``PackReader.hold``); return the count.
+
+        Raises:
+            FormatError: a group's chunks cannot be read (the first such, after every load
+                has ended, so no thread still writes into a buffer).
+        """
+        futures = iter(self._futures or ())
+        if self._futures is not None:
+            wait(self._futures)
+        for load in self.loads:  # in the calling thread: h5py's loads, and every hand-over
+            threaded = self._futures is not None and load.threaded
+            load.reader.hold(load, next(futures).result() if threaded else load.run())
+        return len(self.loads)
+
+
+def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> Loading:
+    """Start decompressing the chunks that reading each ``(reader, indices)`` will miss.
+
+    See NOTE [ One pool for a mix's sources ]. After ``finish()``, each reader serves its
+    next read of those indices (``read_into`` / ``read_stored``) from the groups held for
+    it, decompressing nothing; the calling thread may work meanwhile, but must not read
+    with these readers before ``finish``.
+    """
+    return Loading(pool, [load for reader, idx in requests for load in reader.pending_loads(idx)])
+
+
+def load_together(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> int:
+    """Decompress the chunks that reading each ``(reader, indices)`` will miss, all at once.
+
+    ``start_loads(pool, requests).finish()``: returns the groups decompressed.
+    """
+    return start_loads(pool, requests).finish()
