@@ -1,15 +1,23 @@
 """Which S3 client reads ranges fastest from the local server (issue 17: the client choice).
 
     python scripts/bench_s3_clients.py [--rounds 3]
+    python scripts/bench_s3_clients.py --only cpu --rounds 5
 
-Serial small ranged GETs (latency), 1 MiB ranges with 8 in flight, 8 MiB ranges serial
-(bandwidth), and the client's import time; medians of rounds, on ``rclone serve s3``
+``clients``: serial small ranged GETs (latency), 1 MiB ranges with 8 in flight, 8 MiB ranges
+serial (bandwidth), and the client's import time; medians of rounds, on ``rclone serve s3``
 through the counting proxy (obstore needs its 206 answers, NOTE [ rclone's ranged answers ]).
+
+``cpu``: CPU time per ranged GET of a chunk-sized range (``--range-mib``, 8 in flight),
+h5pack's ``S3Source`` with ``ranged_gets="botocore"`` (botocore's ``get_object``) against
+``"lean"`` (NOTE [ The lean ranged GET ]), side by side in each round, straight to rclone
+(no proxy in this process to count): this process's CPU (user + system, the socket's copy
+included) and the server's (``/proc/PID/stat`` of rclone), per GET.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -88,10 +96,69 @@ def measure(read: Callable[[int, int], bytes], size: int) -> dict[str, float]:
     return {"latency_ms": latency * 1e3, "mib_s_8x1m": parallel / MIB, "mib_s_8m": serial / MIB}
 
 
+def process_cpu_s(pid: int) -> float:
+    """Return the user + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_get(rounds: int, range_mib: float) -> None:
+    from h5pack.core.s3 import S3Source, resolve_options
+
+    with tempfile.TemporaryDirectory() as root, S3Server(root) as server:
+        size = 64 * MIB
+        blob = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        (server.bucket("bench") / "blob.bin").write_bytes(blob.tobytes())
+        server.forget()
+        span = int(range_mib * MIB)
+        starts = np.random.default_rng(0).integers(0, size - span, 64).tolist()
+        ranges = [(lo, lo + span) for lo in starts]
+        arms = {}
+        for path in ("botocore", "lean"):
+            options = {**server.storage_options(), "max_in_flight": 8, "ranged_gets": path}
+            arms[path] = S3Source("s3://bench/blob.bin", resolve_options(options))
+            got = arms[path].read_ranges(ranges[:2])  # the client made, identity learned
+            assert bytes(got[1]) == blob[ranges[1][0] : ranges[1][1]].tobytes()
+        server_pid = server.pid
+        rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in arms}
+        for _ in range(rounds):
+            for name, source in arms.items():  # side by side, each round
+                cpu, served, wall = (
+                    time.process_time(),
+                    process_cpu_s(server_pid),
+                    time.perf_counter(),
+                )
+                got = source.read_ranges(ranges)
+                wall = time.perf_counter() - wall
+                assert [len(g) for g in got] == [span] * len(ranges)
+                rows[name].append(
+                    (
+                        (time.process_time() - cpu) / len(ranges),
+                        (process_cpu_s(server_pid) - served) / len(ranges),
+                        len(ranges) * span / wall / MIB,
+                    )
+                )
+        print(
+            f"CPU per ranged GET of {range_mib} MiB, 8 in flight, straight to rclone, "
+            f"medians of {rounds} rounds"
+        )
+        print("ranged_gets   client ms CPU/GET   server ms CPU/GET   MiB/s")
+        for name, results in rows.items():
+            client, serving, rate = (statistics.median(r[k] for r in results) for k in range(3))
+            print(f"{name:12s} {client * 1e3:17.2f} {serving * 1e3:19.2f} {rate:7.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=["clients", "cpu"], default=None)
+    parser.add_argument("--range-mib", type=float, default=1.7, help="the cpu part's GETs")
     args = parser.parse_args()
+    if args.only != "clients":
+        cpu_per_get(args.rounds, args.range_mib)
+    if args.only == "cpu":
+        return
     with (
         tempfile.TemporaryDirectory() as root,
         S3Server(root) as server,

@@ -115,6 +115,11 @@ class S3Server:
         self._wait_ready(self.rc_port)
 
     @property
+    def pid(self) -> int:
+        """Return the server process's id (benchmarks read its CPU time, pin its CPUs)."""
+        return int(self._process.pid)
+
+    @property
     def credentials(self) -> dict[str, str]:
         """Return the storage options of this server's keys and region."""
         return {

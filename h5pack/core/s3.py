@@ -10,7 +10,10 @@ store. botocore clients are created per process (keyed on the pid), read the con
 the AWS CLI reads (profiles, SSO, instance roles), and leave the retries to us
 (``total_max_attempts=1``): ``S3Source`` retries timeouts, resets, 5xx and 503 SlowDown
 with bounded exponential backoff and then raises one ``RemoteError`` naming the URL, the
-bytes and the last cause.
+bytes and the last cause. The chunks' ranged GETs (``read_ranges``, ``read_into``) do not go
+through ``get_object``: they are signed and sent by ``core.s3http`` and read straight into
+their buffers, 2.4x less CPU per GET (NOTE [ The lean ranged GET ]); the client still gives
+them their credentials, URL and region, and makes every other request.
 
 Trust (issue 17 item 6): every ranged GET after the first carries ``If-Match`` with the
 ETag seen at open, and the answer's ETag and total size are checked too (servers that
@@ -33,8 +36,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
+
+from h5pack.core import s3http
 from h5pack.core.source import (
     ByteSource,
     SourceChangedError,
@@ -85,6 +91,9 @@ class S3Options:
         backoff_s: The first wait between tries; doubled each time (with jitter).
         max_backoff_s: The longest wait between tries.
         max_in_flight: Requests one process issues at once (``read_ranges``).
+        ranged_gets: ``"lean"``: the chunks' ranged GETs are signed and sent by h5pack and
+            read straight into their buffers (NOTE [ The lean ranged GET ]); ``"botocore"``:
+            through botocore's ``get_object``, as every other request (for comparison).
 
     Raises:
         OptionsError: a count or duration is out of range.
@@ -102,8 +111,14 @@ class S3Options:
     backoff_s: float = 0.1
     max_backoff_s: float = 5.0
     max_in_flight: int = 16
+    ranged_gets: Literal["lean", "botocore"] = "lean"
 
     def __post_init__(self) -> None:
+        if self.ranged_gets not in ("lean", "botocore"):
+            raise OptionsError(
+                "ranged_gets should be 'lean' or 'botocore', but got "
+                f"ranged_gets={self.ranged_gets!r}"
+            )
         if self.attempts < 1:
             raise OptionsError(f"attempts should be >= 1, but got attempts={self.attempts}")
         if self.max_in_flight < 1:
@@ -231,6 +246,8 @@ class S3Source(ByteSource):
         self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
+        self._lean: _Lean | None = None
+        self._lean_pid = -1
         self._lock = threading.Lock()
         self.requests = 0  # requests this process issued (tries included)
 
@@ -254,6 +271,18 @@ class S3Source(ByteSource):
                     self._pool = None
                     self._pid = os.getpid()
         return self._client
+
+    def _lean_path(self) -> _Lean | None:
+        """Return this process's lean GET of this object, or None where botocore's is used."""
+        if self._lean_pid != os.getpid():
+            client = self.client()  # before the lock: client() takes it too
+            with self._lock:
+                if self._lean_pid != os.getpid():
+                    self._lean = None
+                    if self.options.ranged_gets == "lean":
+                        self._lean = _lean_get(client, self.options, self.bucket, self.key)
+                    self._lean_pid = os.getpid()
+        return self._lean
 
     def _executor(self) -> ThreadPoolExecutor:
         self.client()
@@ -323,31 +352,64 @@ class S3Source(ByteSource):
     def _get_range(self, start: int, end: int) -> memoryview:
         if end <= start:
             return memoryview(b"")
-        data, _ = self._get(f"bytes={start}-{end - 1}", (start, end), f"bytes {start}..{end - 1}")
-        return data
+        buffer = np.empty(end - start, dtype=np.uint8)
+        self._get_into(buffer.data, start)
+        return buffer.data
+
+    def read_into(self, buffer: np.ndarray, offset: int) -> None:
+        """Fill the contiguous uint8 ``buffer`` with the bytes at ``offset`` (one GET)."""
+        if buffer.nbytes:
+            self._get_into(buffer.reshape(-1).view(np.uint8).data, offset)
+
+    def _get_into(self, view: memoryview, start: int) -> None:
+        """Fill ``view`` with the object's bytes from ``start``: one ranged GET (and retries)."""
+        end = start + len(view)
+        what = f"bytes {start}..{end - 1}"
+
+        def attempt() -> None:
+            lean = self._lean_path()
+            if lean is None:
+                data, _ = self._botocore_get(f"bytes={start}-{end - 1}", (start, end), what)
+                view[:] = data
+                return
+            try:
+                answer = s3http.get_into(
+                    view, start, lean.target, lean.signer, lean.pool, etag=self.etag
+                )
+            except ValueError as err:
+                raise RemoteError(f"{self.url}: {what}: {err}") from None
+            self._learn(answer.etag, answer.total)
+
+        self.with_retries(what, attempt)
 
     def _get(self, header: str, span: tuple[int, int] | None, what: str) -> tuple[memoryview, int]:
-        def attempt() -> tuple[memoryview, int]:
-            arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key, "Range": header}
-            if self.etag:
-                arguments["IfMatch"] = self.etag
-            answer = self.client().get_object(**arguments)
-            body = answer["Body"]
-            try:
-                data = body.read()
-            finally:
-                body.close()
-            start, total = _content_range(answer.get("ContentRange"), len(data))
-            self._learn(str(answer.get("ETag", "")), total)
-            expected = (span[1] - span[0]) if span is not None else total - start
-            if span is not None and start != span[0]:
-                raise RemoteError(f"{self.url}: asked for {what}, got bytes from {start}")
-            if len(data) != expected:
-                raise _Retry(f"a body of {len(data)} bytes for {expected} (cut short)")
-            return memoryview(data), start
-
-        found: tuple[memoryview, int] = self.with_retries(what, attempt)
+        """Return one GET's body and its first byte, through botocore, with the retries."""
+        found: tuple[memoryview, int] = self.with_retries(
+            what, lambda: self._botocore_get(header, span, what)
+        )
         return found
+
+    def _botocore_get(
+        self, header: str, span: tuple[int, int] | None, what: str
+    ) -> tuple[memoryview, int]:
+        """One try of ``_get``."""
+        arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key, "Range": header}
+        if self.etag:
+            arguments["IfMatch"] = self.etag
+        answer = self.client().get_object(**arguments)
+        body = answer["Body"]
+        try:
+            data = body.read()
+        finally:
+            body.close()
+        start, total = _content_range(answer.get("ContentRange"), len(data))
+        self._learn(str(answer.get("ETag", "")), total)
+        expected = (span[1] - span[0]) if span is not None else total - start
+        if span is not None and start != span[0]:
+            raise RemoteError(f"{self.url}: asked for {what}, got bytes from {start}")
+        if len(data) != expected:
+            raise _Retry(f"a body of {len(data)} bytes for {expected} (cut short)")
+        return memoryview(data), start
 
     def with_retries(self, what: str, attempt: Callable[[], Any]) -> Any:
         """Return ``attempt()``, tried up to ``options.attempts`` times (NOTE [ The S3 client ])."""
@@ -490,22 +552,35 @@ class S3Source(ByteSource):
 
 # One client per process and options: creating one loads botocore's service model (~0.5 s),
 # and a client is thread-safe. Keyed on the pid: a forked child makes its own.
-_CLIENTS: dict[tuple[int, S3Options], Any] = {}
+_CLIENTS: dict[tuple[int, S3Options], tuple[Any, Any]] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
 def shared_client(options: S3Options) -> Any:
     """Return this process's client for ``options`` (made once, see ``make_client``)."""
+    return _shared(options)[0]
+
+
+def shared_credentials(options: S3Options) -> Any:
+    """Return the botocore credentials this process's client signs with (None: none found)."""
+    return _shared(options)[1]
+
+
+def _shared(options: S3Options) -> tuple[Any, Any]:
     key = (os.getpid(), options)
     with _CLIENTS_LOCK:
-        client = _CLIENTS.get(key)
-        if client is None:
-            client = _CLIENTS[key] = make_client(options)
-        return client
+        found = _CLIENTS.get(key)
+        if found is None:
+            found = _CLIENTS[key] = make_client(options)
+        return found
 
 
-def make_client(options: S3Options) -> Any:
-    """Return a botocore S3 client for ``options`` (no retries of its own)."""
+def make_client(options: S3Options) -> tuple[Any, Any]:
+    """Return a botocore S3 client for ``options`` (no retries of its own) and its credentials.
+
+    The credentials are the options' keys, else the session's chain (profiles, SSO,
+    instance roles: possibly refreshable), the very object the client signs with.
+    """
     boto3, config, errors = _clients()
     try:
         session = boto3.session.Session(profile_name=options.profile)
@@ -524,7 +599,7 @@ def make_client(options: S3Options) -> Any:
         # with an upload's checksum anyway and botocore would refuse every range of it.
         response_checksum_validation="when_required",
     )
-    return session.client(
+    client = session.client(
         "s3",
         endpoint_url=options.endpoint,
         region_name=options.region or session.region_name or "us-east-1",
@@ -533,6 +608,44 @@ def make_client(options: S3Options) -> Any:
         aws_session_token=options.session_token,
         config=settings,
     )
+    if options.access_key_id and options.secret_access_key:
+        from botocore.credentials import Credentials
+
+        return client, Credentials(
+            options.access_key_id, options.secret_access_key, options.session_token
+        )
+    return client, session.get_credentials()
+
+
+@dataclass(frozen=True)
+class _Lean:
+    """One object's lean ranged GET in this process (NOTE [ The lean ranged GET ])."""
+
+    target: s3http.Target
+    signer: s3http.Signer
+    pool: s3http.Connections
+
+
+def _lean_get(client: Any, options: S3Options, bucket: str, key: str) -> _Lean | None:
+    """Return the lean GET of ``bucket/key``, or None where a proxy would carry it.
+
+    Raises:
+        botocore.exceptions.NoCredentialsError: no credentials (``with_retries`` says so).
+    """
+    _, _, errors = _clients()
+    credentials = shared_credentials(options)
+    if credentials is None:
+        raise errors.NoCredentialsError()
+    target = s3http.target_of(client, bucket, key)
+    if s3http.uses_proxy(target):
+        return None
+
+    def frozen() -> tuple[str, str, str | None]:
+        now = credentials.get_frozen_credentials()  # refreshed by botocore when due
+        return str(now.access_key), str(now.secret_key), now.token
+
+    pool = s3http.connections(target, options.connect_timeout_s, options.read_timeout_s)
+    return _Lean(target, s3http.Signer(frozen), pool)
 
 
 def _content_range(header: str | None, length: int) -> tuple[int, int]:

@@ -1,0 +1,354 @@
+"""The hot path's ranged GET: signed here (SigV4), sent with ``http.client``, read in place.
+
+NOTE [ The lean ranged GET ]
+
+A first remote epoch makes one ranged GET per chunk (MBs each), and botocore's
+``get_object`` costs ~2 ms of CPU per 1.7 MiB GET here (event hooks, the request's
+serialisation and signing, the answer's parsing, the body read in pieces and joined into
+bytes): +30 us per image of a raw 96x96 pack (``python scripts/bench_s3_clients.py``,
+docs/ARCHITECTURE.md "Remote packs"). The ranged GETs of chunks are therefore issued here:
+
+- **What botocore still does.** Everything but those GETs: the credentials (the whole AWS
+  chain: profiles, SSO, instance roles; refreshable credentials are asked for their frozen
+  value at every request, so they refresh as botocore's own requests would), the object's
+  URL and the signing region (``target_of``: one presigned URL made by the client tells
+  the scheme, host, path and region it would use, virtual-hosted or path style), the open's
+  suffix GET, HEAD, listings and uploads.
+- **Signing** (``Signer``): AWS Signature Version 4 in headers, with the empty payload's
+  hash, the day's signing key derived once per (secret, day, region) and kept.
+- **Sending** (``Connections``): ``http.client`` connections kept per process (a forked
+  DataLoader worker never touches its parent's sockets: the pool is keyed on the pid),
+  TCP_NODELAY, the connect and read timeouts of ``S3Options``. An HTTPS endpoint is
+  verified against botocore's CA bundle. An endpoint that an ``HTTP(S)_PROXY`` of the
+  environment would route through a proxy keeps botocore's path (``uses_proxy``).
+- **Reading** (``get_into``): the body goes straight from the socket into the caller's
+  buffer (``readinto``), no bytes object in between; the length and the Content-Range are
+  checked, and the answer's ETag and size are returned for the caller's identity check.
+
+Error answers become botocore's ``ClientError`` with the same code and status, so
+``S3Source``'s one mapping (retried, replaced, missing, denied) serves both paths; a
+connection reset, a timeout or a body cut short is an ``OSError``, retried by the caller.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import hashlib
+import hmac
+import http.client
+import os
+import re
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_ERROR_BYTES = 1 << 16  # the most of an error answer's body read (its XML code)
+
+
+class ShortBody(OSError):
+    """The connection ended before the whole body arrived (retried)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one object's GETs go, as botocore would send them.
+
+    Attributes:
+        scheme: ``http`` or ``https``.
+        netloc: ``host[:port]``, also the signed Host header.
+        path: The URL-encoded path (with the bucket in path style).
+        region: The region the signature is scoped to.
+    """
+
+    scheme: str
+    netloc: str
+    path: str
+    region: str
+
+
+def target_of(client: Any, bucket: str, key: str) -> Target:
+    """Return where ``client`` sends the GETs of ``bucket/key`` (one presigned URL, no request).
+
+    Raises:
+        botocore.exceptions.NoCredentialsError: no credentials to sign with.
+    """
+    url = client.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60
+    )
+    parts = urlsplit(url)
+    scope = parse_qs(parts.query).get("X-Amz-Credential", [""])[0].split("/")
+    region = scope[2] if len(scope) == 5 else str(client.meta.region_name)
+    return Target(parts.scheme, parts.netloc, parts.path or "/", region)
+
+
+def uses_proxy(target: Target) -> bool:
+    """Return whether botocore would reach ``target`` through a proxy of the environment."""
+    from botocore.utils import get_environ_proxies
+
+    return bool(get_environ_proxies(f"{target.scheme}://{target.netloc}{target.path}"))
+
+
+class Signer:
+    """AWS Signature Version 4 of bodiless S3 requests, in headers.
+
+    Args:
+        credentials: Returns ``(access_key, secret_key, token)`` now (botocore's
+            ``get_frozen_credentials``, which refreshes temporary credentials).
+        clock: The time of a signature (injected by tests).
+    """
+
+    def __init__(
+        self,
+        credentials: Callable[[], tuple[str, str, str | None]],
+        *,
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    ) -> None:
+        self.credentials = credentials
+        self.clock = clock
+        self._keys: dict[tuple[str, str, str], bytes] = {}
+
+    def _key(self, secret: str, day: str, region: str) -> bytes:
+        found = self._keys.get((secret, day, region))
+        if found is None:
+            found = hmac.new(f"AWS4{secret}".encode(), day.encode(), hashlib.sha256).digest()
+            for part in (region, "s3", "aws4_request"):
+                found = hmac.new(found, part.encode(), hashlib.sha256).digest()
+            self._keys = {(secret, day, region): found}  # yesterday's key is of no more use
+        return found
+
+    def headers(self, method: str, target: Target, extra: dict[str, str]) -> dict[str, str]:
+        """Return the headers of a signed request: ``extra`` (lower-case names) and auth."""
+        access_key, secret_key, token = self.credentials()
+        stamp = self.clock().strftime("%Y%m%dT%H%M%SZ")
+        day = stamp[:8]
+        signed = {
+            **extra,
+            "host": target.netloc,
+            "x-amz-content-sha256": EMPTY_SHA256,
+            "x-amz-date": stamp,
+        }
+        if token:
+            signed["x-amz-security-token"] = token
+        names = sorted(signed)
+        canonical = "\n".join(
+            [
+                method,
+                target.path,
+                "",
+                "".join(f"{name}:{signed[name].strip()}\n" for name in names),
+                ";".join(names),
+                EMPTY_SHA256,
+            ]
+        )
+        scope = f"{day}/{target.region}/s3/aws4_request"
+        to_sign = "\n".join(
+            ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+        )
+        key = self._key(secret_key, day, target.region)
+        signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        signed["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+            f"SignedHeaders={';'.join(names)}, Signature={signature}"
+        )
+        del signed["host"]  # http.client sends it
+        return signed
+
+
+class Connections:
+    """Idle keep-alive connections to one endpoint, for the threads of one process.
+
+    Args:
+        scheme: ``http`` or ``https``.
+        netloc: ``host[:port]``.
+        connect_timeout_s: Seconds to connect.
+        read_timeout_s: Seconds without a byte once connected.
+        keep: The most idle connections kept.
+    """
+
+    def __init__(
+        self,
+        scheme: str,
+        netloc: str,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        keep: int = 16,
+    ) -> None:
+        self.scheme, self.netloc = scheme, netloc
+        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self.keep = keep
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+
+    def take(self) -> http.client.HTTPConnection:
+        """Return an idle connection, or a new one (connected)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        connection: http.client.HTTPConnection
+        if self.scheme == "https":
+            if self._context is None:
+                from botocore.httpsession import get_cert_path
+
+                self._context = ssl.create_default_context(cafile=get_cert_path(True))
+            connection = http.client.HTTPSConnection(
+                self.netloc, timeout=self.connect_timeout_s, context=self._context
+            )
+        else:
+            connection = http.client.HTTPConnection(self.netloc, timeout=self.connect_timeout_s)
+        connection.connect()
+        assert connection.sock is not None  # connected just now
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.sock.settimeout(self.read_timeout_s)
+        return connection
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def give(self, connection: http.client.HTTPConnection) -> None:
+        """Keep ``connection`` for the next request (its answer read to the end)."""
+        with self._lock:
+            if len(self._idle) < self.keep:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+
+# One pool per (process, endpoint, timeouts): a forked child makes its own and never uses
+# (nor closes) the sockets it inherited, which its parent may still be using.
+_POOLS: dict[tuple[int, str, str, float, float], Connections] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_pools() -> None:
+    """Close this process's idle connections at exit (never a parent's, inherited)."""
+    with _POOLS_LOCK:
+        mine = [pool for key, pool in _POOLS.items() if key[0] == os.getpid()]
+    for pool in mine:
+        pool.close()
+
+
+def connections(target: Target, connect_timeout_s: float, read_timeout_s: float) -> Connections:
+    """Return this process's connections to ``target``'s endpoint."""
+    key = (os.getpid(), target.scheme, target.netloc, connect_timeout_s, read_timeout_s)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = Connections(
+                target.scheme,
+                target.netloc,
+                connect_timeout_s=connect_timeout_s,
+                read_timeout_s=read_timeout_s,
+            )
+        return pool
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a ranged GET said besides its body.
+
+    Attributes:
+        etag: The object's ETag.
+        first: The first byte of the body in the object.
+        total: The object's size.
+    """
+
+    etag: str
+    first: int
+    total: int
+
+
+def get_into(
+    buffer: memoryview,
+    start: int,
+    target: Target,
+    signer: Signer,
+    pool: Connections,
+    *,
+    etag: str | None,
+) -> Answer:
+    """Fill ``buffer`` (bytes) with the object's bytes from ``start``: one signed ranged GET.
+
+    Raises:
+        botocore.exceptions.ClientError: an error answer (its code and status).
+        ShortBody: the body ended early; OSError: reset, timeout.
+        ValueError: the answer holds other bytes than asked (no Content-Range, wrong start).
+    """
+    want = len(buffer)
+    extra = {"range": f"bytes={start}-{start + want - 1}"}
+    if etag:
+        extra["if-match"] = etag
+    headers = signer.headers("GET", target, extra)
+    connection = pool.take()
+    try:
+        connection.request("GET", target.path, headers=headers)
+        response = connection.getresponse()
+        if response.status not in (200, 206):
+            body = response.read(_ERROR_BYTES)
+            connection.close()
+            raise _client_error(response, body)
+        first, total = _content_range(response.getheader("Content-Range"))
+        if first != start or response.length != want:
+            connection.close()
+            raise ValueError(
+                f"asked for {want} bytes at {start}, the answer holds {response.length} bytes "
+                f"at {first} (Content-Range {response.getheader('Content-Range')!r})"
+            )
+        got = 0
+        while got < want:
+            count = response.readinto(buffer[got:])
+            if not count:
+                connection.close()
+                raise ShortBody(f"a body of {got} bytes for {want} (cut short)")
+            got += count
+        answer = Answer(response.getheader("ETag") or "", first, total)
+    except http.client.HTTPException as err:  # a status line or headers cut short
+        connection.close()
+        raise ConnectionError(f"{type(err).__name__}: {err}") from err
+    except BaseException:
+        connection.close()
+        raise
+    if response.will_close:
+        connection.close()
+    else:
+        pool.give(connection)
+    return answer
+
+
+def _content_range(header: str | None) -> tuple[int, int]:
+    """Return ``(first byte, object size)`` of ``bytes a-b/size``; (-1, -1) without one."""
+    if not header:
+        return -1, -1
+    span, _, total = header.removeprefix("bytes ").partition("/")
+    return int(span.partition("-")[0]), int(total) if total.isdigit() else -1
+
+
+def _client_error(response: http.client.HTTPResponse, body: bytes) -> Exception:
+    from botocore.exceptions import ClientError
+
+    text = body.decode("utf-8", "replace")
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    message = re.search(r"<Message>([^<]*)</Message>", text)
+    error: Exception = ClientError(
+        {
+            "Error": {
+                "Code": code.group(1) if code else str(response.status),
+                "Message": message.group(1) if message else response.reason,
+            },
+            "ResponseMetadata": {"HTTPStatusCode": response.status},
+        },
+        "GetObject",
+    )
+    return error
