@@ -226,3 +226,35 @@ def test_off_plan_chunks_asked_together_are_fetched_together() -> None:
     assert source.most_active == 3
     assert ahead.stats.off_plan == 3
     ahead.close()
+
+
+def test_read_aheads_of_a_process_share_one_pool_of_threads() -> None:
+    # NOTE [ One read-ahead pool per process ]: loaders and shards come and go, the threads stay
+    data, offsets, sizes = layout(12)
+    before = {t.name for t in threading.enumerate() if t.name.startswith("h5pack-readahead")}
+    for _ in range(3):  # three loaders, one after the other
+        aheads = [ReadAhead(FakeSource(data), offsets, sizes) for _ in range(4)]  # a set's shards
+        for ahead in aheads:
+            ahead.plan(np.arange(12))
+        for ahead in aheads:
+            for chunk in range(12):
+                assert ahead.get(chunk).tobytes() == expect(data, offsets, sizes, chunk)
+            ahead.close()
+    threads = {t.name for t in threading.enumerate() if t.name.startswith("h5pack-readahead")}
+    assert len(threads - before) <= ReadAheadOptions().threads
+    assert aheads[0]._executor() is aheads[1]._executor()
+
+
+def test_close_cancels_only_its_own_queued_requests() -> None:
+    data, offsets, sizes = layout(8)
+    gate = threading.Event()
+    slow = ReadAhead(FakeSource(data, gate=gate), offsets, sizes)
+    slow.plan(np.arange(8))
+    other = ReadAhead(FakeSource(data), offsets, sizes)
+    other.plan(np.arange(8))
+    gate.set()
+    slow.close()  # waits for its running requests, cancels its queued ones
+    assert not slow._tasks
+    for chunk in range(8):  # the shared pool still serves the other reader
+        assert other.get(chunk).tobytes() == expect(data, offsets, sizes, chunk)
+    other.close()

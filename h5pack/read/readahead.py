@@ -137,6 +137,28 @@ class ReadAheadStats:
     most_in_flight: int = 0
 
 
+# NOTE [ One read-ahead pool per process ]: every ReadAhead of a process (one per remote
+# pack or shard, made anew by each loader) submits to one thread pool per size, made once per
+# process (keyed on the pid: a forked worker makes its own; the parent's threads do not
+# survive the fork). A pool per ReadAhead started up to 16 threads per loader and per shard:
+# ~6% of the main thread's time in a py-spy profile of bench_s3 epochs (s3gaps), and a set's
+# shards each with their own 16 threads contending.
+_POOLS: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """Return this process's read-ahead pool of ``threads`` threads (NOTE above)."""
+    key = (os.getpid(), threads)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = concurrent.futures.ThreadPoolExecutor(
+                threads, thread_name_prefix="h5pack-readahead"
+            )
+        return pool
+
+
 class ReadAhead:
     """Fetch a worker's planned chunks ahead of use (see the NOTE above).
 
@@ -172,8 +194,7 @@ class ReadAhead:
         self.clock = clock
         self.stats = ReadAheadStats()
         self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pid = -1
+        self._tasks: set[concurrent.futures.Future[Any]] = set()  # this one's, in the pool
         self._stream = np.zeros(0, dtype=np.int64)
         self._times: np.ndarray | None = None
         self._positions: dict[int, list[int]] = {}
@@ -278,7 +299,12 @@ class ReadAhead:
         self._in_flight += 1
         self.stats.most_in_flight = max(self.stats.most_in_flight, self._in_flight)
         times = [self._time_of(at) for at in range(first, first + len(run))]
-        self._executor().submit(self._fetch_task, run, futures, times)
+        self._track(self._executor().submit(self._fetch_task, run, futures, times))
+
+    def _track(self, task: concurrent.futures.Future[Any]) -> None:
+        """Remember ``task`` until it ends (``close`` cancels or waits for it)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _run_from(self, first: int) -> list[int]:
         """Return the chunks from plan position ``first`` that one request may merge."""
@@ -302,12 +328,7 @@ class ReadAhead:
         return run
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None or self._pid != os.getpid():
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.options.threads, thread_name_prefix="h5pack-readahead"
-            )
-            self._pid = os.getpid()
-        return self._pool
+        return shared_pool(self.options.threads)
 
     # -- fetching -----------------------------------------------------------------------
 
@@ -460,6 +481,8 @@ class ReadAhead:
                 if c not in self._pending and self._position_ahead(c) is None
             ]
         started = {c: self._executor().submit(self._fetch, [c], [None]) for c in off_plan}
+        for task in started.values():
+            self._track(task)
         found: list[np.ndarray] = []
         for chunk in chunks:
             future = started.get(int(chunk))
@@ -484,9 +507,12 @@ class ReadAhead:
         with self._lock:
             self._drop_pending()
             self._next = len(self._stream)
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
+        # The pool is the process's (other readers use it too): this one's queued tasks are
+        # cancelled, those running are waited for, as a shut-down pool of its own would.
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        concurrent.futures.wait(tasks)
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a ReadAhead belongs to one process: build one in each worker")
