@@ -190,6 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-rounds", type=int, default=3, help="rounds of first epochs")
     parser.add_argument("--quick", action="store_true", help="300 images, 2 rounds")
     parser.add_argument("--no-first", action="store_true", help="skip first epochs")
+    parser.add_argument(
+        "--no-convert",
+        action="store_true",
+        help="skip the conversion timings; reuse the .beton files in --data when present",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--photos", type=Path, default=None, help="photos to cut from (default ../shared/...)"
@@ -219,6 +224,8 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
     scratch = data / "conversion"
     scratch.mkdir(exist_ok=True)
     for name, is_raw in (("h5pack encoded", False), ("h5pack raw 256", True)):
+        if args.no_convert:
+            break
         target = scratch / f"{name.replace(' ', '-')}.h5"
         target.unlink(missing_ok=True)
         conversion[name] = convert_h5(target, folder, is_raw)
@@ -226,6 +233,8 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
     betons = {"jpg": data / "ffcv-jpg.beton", "raw": data / "ffcv-raw256.beton"}
     if ffcv:
         for mode, target in betons.items():
+            if args.no_convert and target.exists():
+                continue
             target.unlink(missing_ok=True)
             conversion[f"ffcv {mode}"] = write_beton(target, samples, mode)
     for path in (encoded, raw, *(betons.values() if ffcv else ())):

@@ -14,6 +14,7 @@ from h5pack.core.decode import decode_image
 from h5pack.read.crop import (
     CropSpec,
     crop_array,
+    decode_crop_into,
     opencv_resize_into,
     pillow_resize_into,
     plan_crop,
@@ -434,3 +435,33 @@ def test_pipeline_and_cache_objects_whole_serve_what_the_keywords_serve(packs):
     )
     assert center.dataset.crop.crop == "center"
     assert center.dataset.crop.size == (16, 16)
+
+
+@pytest.mark.parametrize("crop", ["random-resized", "center", "resize"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_per_batch_loop_gives_decode_crop_into_s_pixels(mixed_pack, crop, threads):
+    """Every kind of file, one thread or two: each sample is what the per-sample path cuts."""
+    spec = CropSpec.of(48, crop=crop, flip=True)
+    reader = PackReader(mixed_pack, ReaderOptions(threads=threads))
+    count = len(reader.meta.labels)
+    kernel = resize_kernel(spec.backend)
+    stored = reader.read_stored(np.arange(count))
+    with DecodedCache(count, 64 << 20) as cache:
+        for epoch in range(3):  # epoch 0 fills the cache; 1, 2 cut its hits together
+            want = np.empty((count, 48, 48, 3), dtype=np.uint8)
+            for index in range(count):
+                decode_crop_into(
+                    stored[index].tobytes(),
+                    spec,
+                    want[index],
+                    seed=3,
+                    epoch=epoch,
+                    index=index,
+                    resize=kernel,
+                )
+            fixed = FixedSizeReader(reader, spec, None)
+            out = np.zeros_like(want)
+            fixed.read_into(np.arange(count), out, seed=3, epoch=epoch)
+            np.testing.assert_array_equal(out, want, f"uncached, epoch {epoch}")
+            assert fixed.decodes == count
+            np.testing.assert_array_equal(_epoch(reader, spec, cache, epoch), want, f"{epoch}")

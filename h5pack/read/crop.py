@@ -83,6 +83,7 @@ __all__ = [  # the box names are re-exported: callers of the pipeline need only 
     "crop_into",
     "decode_crop",
     "decode_crop_into",
+    "decode_jpeg",
     "decode_pixels",
     "flip_in_place",
     "opencv_resize_into",
@@ -92,6 +93,7 @@ __all__ = [  # the box names are re-exported: callers of the pipeline need only 
     "reference_resize",
     "sample_rng",
     "scale_box",
+    "upright_jpeg_header",
 ]
 
 ResizeInto = Callable[[np.ndarray, np.ndarray], None]
@@ -441,6 +443,34 @@ def _jpeg_of(data: bytes, name: str, limit: int) -> JpegHeader | None:
     finally:
         image.close()
     return None
+
+
+def upright_jpeg_header(data: bytes, channels: int) -> JpegHeader | None:
+    """The header of a JPEG that :func:`decode_crop_into` decodes as stored, unconverted.
+
+    An upright (EXIF orientation 1) RGB JPEG for ``channels`` 3, or gray one for 1, whose
+    header ``core.jpeg.read_jpeg_header`` reads and whose size is within the pixel limits;
+    None for anything else (which ``decode_crop_into`` also takes, by its other paths).
+    """
+    header = read_jpeg_header(data)
+    if (
+        header is None
+        or header.orientation != 1
+        or header.mode != ("L" if channels == 1 else "RGB")
+    ):
+        return None
+    pillow_limit = Image.MAX_IMAGE_PIXELS
+    limit = min(MAX_IMAGE_PIXELS, pillow_limit) if pillow_limit else MAX_IMAGE_PIXELS
+    return header if header.width * header.height <= limit else None
+
+
+def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 1) -> np.ndarray:
+    """Decode the JPEG ``data`` whose header is ``header``, as stored: ``decode_crop_into``'s.
+
+    Raises:
+        DecodeError: the data does not decode; the message starts with ``name``.
+    """
+    return _decode_jpeg(header, data, reduction, name)
 
 
 def _decode_crop_jpeg(

@@ -34,9 +34,11 @@ from h5pack.read.crop import (
     crop_decoded_into,
     crop_into,
     decode_crop_into,
+    decode_jpeg,
     decode_pixels,
     opencv_resize_into,
     pillow_resize_into,
+    upright_jpeg_header,
 )
 from h5pack.read.packset import PackSetReader
 from h5pack.read.reader import PackReader
@@ -180,25 +182,37 @@ class FixedSizeReader:
         """
         reader, meta = self.reader, self.reader.meta
         if meta.mode == "raw":  # one pass over the batch (NOTE [ The per-batch loop ])
-            check: Callable[[int, np.ndarray], None] | None = None
             views = (
                 timed_read(reader, lambda: reader.stored_views(indices))[0]
                 if isinstance(reader, PackReader)
                 else None
             )
-            if views is not None:  # checked one by one as they are cut
-                images: Sequence[np.ndarray] = views
-                check = reader.verify_sample  # type: ignore[union-attr]
-            elif meta.storage == "array":
-                images = list(timed_read(reader, lambda: self._read_array(indices))[0])
+            if views is not None:  # each checked as it is cut
+                verify, where = reader.verify_sample, indices.tolist()  # type: ignore[union-attr]
+
+                def image_of(k: int) -> np.ndarray:
+                    verify(where[k], views[k])
+                    return views[k]
+
             else:
-                stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
-                images = [reader.decode(int(i), s) for i, s in zip(indices, stored, strict=True)]
+                if meta.storage == "array":
+                    images: list[np.ndarray] = list(
+                        timed_read(reader, lambda: self._read_array(indices))[0]
+                    )
+                else:
+                    stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
+                    images = [
+                        reader.decode(int(i), s) for i, s in zip(indices, stored, strict=True)
+                    ]
+
+                def image_of(k: int) -> np.ndarray:
+                    return images[k]
+
             shapes = meta.shapes[indices]
             plans = plan_crops(
                 self.spec, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=indices
             )
-            self._cut_batch(images, plans, out, range(len(indices)), check, indices.tolist())
+            self._cut_batch(image_of, plans, out, range(len(indices)))
             return
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
         if self.spec.crop == "random-resized" or self.spec.flip:
@@ -206,11 +220,14 @@ class FixedSizeReader:
             prepare_sample_rngs(seed, epoch, indices.tolist())
         if self.cache is None:
             stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
+            rest = self._upright_jpegs(indices, stored, out, seed, epoch)
 
-            def one(j: int) -> None:
+            def one(k: int) -> None:
+                j = rest[k]
                 self._encoded(int(indices[j]), stored[j], out[j], seed, epoch)
 
-            self._run(one, len(indices))
+            if rest:
+                self._run(one, len(rest))
         else:  # only the samples the cache lacks are read from the pack
             unserved = self._through_cache(indices, out, seed, epoch)
         if unserved:
@@ -221,6 +238,52 @@ class FixedSizeReader:
                 self._encoded(int(indices[j]), again[k], out[j], seed, epoch)
 
             self._run(decode, len(unserved))
+
+    def _upright_jpegs(
+        self,
+        indices: np.ndarray,
+        stored: Sequence[np.ndarray],
+        out: np.ndarray,
+        seed: int,
+        epoch: int,
+    ) -> list[int]:
+        """Decode and cut the batch's plain JPEGs together; return the positions of the rest.
+
+        Plain: an upright RGB (or, for 1-channel output, gray) JPEG whose box this epoch
+        takes no reduced decode, which ``decode_crop_into`` decodes as stored and cuts as
+        ``_cut_batch`` does (``NOTE [ The per-batch loop ]``); the rest (other files,
+        orientations, modes, reduced decodes, ``reducing_gap=None``) go one by one.
+        """
+        spec, count = self.spec, len(indices)
+        if spec.reducing_gap is None:
+            return list(range(count))
+        datas = [s.tobytes() for s in stored]
+        headers = [upright_jpeg_header(data, out.shape[3]) for data in datas]
+        batched = [j for j, header in enumerate(headers) if header is not None]
+        if not batched:
+            return list(range(count))
+        plans = plan_crops(
+            spec,
+            [headers[j].height for j in batched],  # type: ignore[union-attr]
+            [headers[j].width for j in batched],  # type: ignore[union-attr]
+            seed=seed,
+            epoch=epoch,
+            indices=indices[batched],
+        )
+        (out_h, out_w), gap = spec.size, spec.reducing_gap
+        keep = [k for k, (box, _) in enumerate(plans) if dct_reduction(box, out_h, out_w, gap) == 1]
+        batched, plans = [batched[k] for k in keep], [plans[k] for k in keep]
+
+        def image_of(k: int) -> np.ndarray:
+            j = batched[k]
+            header = headers[j]
+            assert header is not None  # batched
+            return decode_jpeg(header, datas[j], name=self._name(int(indices[j])))
+
+        self.decodes += len(batched)
+        self._cut_batch(image_of, plans, out, batched, "decode")
+        done = set(batched)
+        return [j for j in range(count) if j not in done]
 
     def _through_cache(
         self, indices: np.ndarray, out: np.ndarray, seed: int, epoch: int
@@ -273,7 +336,7 @@ class FixedSizeReader:
             self._run(one, len(rest))
         if batched:
             images = [entries[j][0] for j in batched]  # type: ignore[index]
-            self._cut_batch(images, plans, out, batched)
+            self._cut_batch(images.__getitem__, plans, out, batched)
         return sorted(unserved)
 
     @staticmethod
@@ -287,18 +350,17 @@ class FixedSizeReader:
 
     def _cut_batch(
         self,
-        images: Sequence[np.ndarray],
+        image_of: Callable[[int], np.ndarray],
         plans: Sequence[tuple[Box, bool]],
         out: np.ndarray,
         slots: Sequence[int],
-        check: Callable[[int, np.ndarray], None] | None = None,
-        indices: Sequence[int] = (),
+        stage: str = "storage",
     ) -> None:
-        """Resize ``plans[k]``'s box of ``images[k]`` into ``out[slots[k]]``, flipped if planned.
+        """Resize ``plans[k]``'s box of ``image_of(k)`` into ``out[slots[k]]``, flipped if planned.
 
-        See ``NOTE [ The per-batch loop ]``. Timed as the stage "crop", once per thread;
-        ``check(indices[k], images[k])``, when given, runs first (the reader's digest check
-        of a mapped sample: timed as "storage", where its first touch of the bytes belongs).
+        See ``NOTE [ The per-batch loop ]``. Timed once per thread: ``image_of`` as ``stage``
+        (a mapped sample's digest check, where its first touch of the bytes belongs, as
+        "storage"; a decode as "decode"), the rest as "crop".
 
         Raises:
             OptionsError: a box is outside its image, or the channels differ.
@@ -314,32 +376,21 @@ class FixedSizeReader:
         def run_part(part: int) -> None:
             times = stage_times()
             start = times.clock()
-            checking = 0
+            getting = 0
             for k in range(part, count, parts):
+                began = times.clock()
+                image = image_of(k)
+                getting += times.clock() - began
                 (top, left, box_h, box_w), flip = plans[k]
-                image, j = images[k], slots[k]
-                if check is not None:
-                    began = times.clock()
-                    check(indices[k], image)
-                    checking += times.clock() - began
-                if not lean:
-                    crop_into(
-                        image, Box(top, left, box_h, box_w), out[j], flip=flip, resize=self._kernel
-                    )
-                    continue
+                j = slots[k]
                 image_h, image_w, channels = image.shape
-                if (
-                    not (
-                        top >= 0
-                        and left >= 0
-                        and top + box_h <= image_h
-                        and left + box_w <= image_w
-                    )
-                    or channels != 3
-                ):
+                inside = (
+                    top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
+                )
+                if not (lean and inside and channels == 3):  # crop_into raises what is wrong
                     crop_into(
                         image, Box(top, left, box_h, box_w), out[j], flip=flip, resize=self._kernel
-                    )  # raises the OptionsError
+                    )
                     continue
                 target = out[j]
                 if box_h == size[0] and box_w == size[1]:
@@ -353,8 +404,8 @@ class FixedSizeReader:
                     )
                 if flip:
                     cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
-            times.add("storage", checking)
-            times.add("crop", times.clock() - start - checking)
+            times.add(stage, getting)
+            times.add("crop", times.clock() - start - getting)
 
         self.reader.map_threads(run_part, range(parts))
 
