@@ -193,6 +193,32 @@ def test_each_chunk_decompressed_once_per_epoch(tmp_path, monkeypatch, window, n
     assert sum(per_chunk.values()) - 10 <= workers - 1
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_resumes_one_pack_exactly(tmp_path, workers):
+    path = make_pack(tmp_path / "p.h5", chunk_samples=4, compression=Compression(codec="gzip"))
+
+    def stream():
+        data = H5ImageDataset(path, output="hwc", return_path=True)
+        return H5IterableDataset(data, EpochSpec(batch_size=5, seed=3, window_chunks=2))
+
+    def batches(it):
+        return [list(paths) for _, _, paths in it]
+
+    whole = stream()
+    expected = batches(torch.utils.data.DataLoader(whole, batch_size=5, num_workers=workers))
+    first = stream()
+    it = iter(torch.utils.data.DataLoader(first, batch_size=5, num_workers=workers))
+    before = [list(next(it)[2]) for _ in range(3)]
+    state = first.state_dict(position=None if workers == 0 else 15)
+    del it
+    assert (state["position"], state["order"], state["sources"]) == (15, "permutation", None)
+    again = stream()
+    again.load_state_dict(state)
+    assert len(again) == NUM - 15
+    loader = torch.utils.data.DataLoader(again, batch_size=5, num_workers=workers)
+    assert before + batches(loader) == expected
+
+
 def test_iterable_dataset_in_process_is_the_sampler_order(tmp_path):
     path = make_pack(tmp_path / "p.h5", chunk_samples=4, compression=Compression(codec="gzip"))
     stream = H5IterableDataset(

@@ -249,6 +249,126 @@ def test_loader_elastic_resume_from_two_to_three_ranks(packs) -> None:
     assert sum(v for k, v in total.items() if k.startswith("c_")) >= 63
 
 
+# -- the iterable mix's state (H5IterableDataset.state_dict) ------------------------------
+
+
+def _stream(packs, **fields):
+    spec = EpochSpec(batch_size=7, seed=8, weights=(2.0, 1.0), epoch_samples=90, **fields)
+    data = H5ImageDataset([packs["a"], packs["b"]], weights=[2, 1], return_path=True, seed=8)
+    return H5IterableDataset(data, spec)
+
+
+def _paths(stream, workers: int) -> list[list[str]]:
+    return [list(paths) for _, _, paths in DataLoader(stream, batch_size=7, num_workers=workers)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_resume_equals_an_uninterrupted_run(packs, workers) -> None:
+    whole = _stream(packs)
+    whole.set_epoch(1)
+    expected = _paths(whole, workers)
+    assert sum(map(len, expected)) == 90
+    first = _stream(packs)
+    first.set_epoch(1)
+    it = iter(DataLoader(first, batch_size=7, num_workers=workers))
+    before = [list(next(it)[2]) for _ in range(5)]
+    # without workers this process yielded exactly what the loop took; with them, say it
+    state = first.state_dict(position=None if workers == 0 else 5 * 7)
+    del it
+    assert (state["epoch"], state["position"], state["unit"]) == (1, 35, "samples")
+    assert state["order"] == "weighted"
+    assert state["num_workers"] == workers
+    again = _stream(packs)
+    again.load_state_dict(state)
+    assert again.epoch == 1
+    assert len(again) == 90 - 35
+    rest = _paths(again, workers)
+    assert before + rest == expected
+    again.set_epoch(1)  # the state holds for its epoch ...
+    assert _paths(again, workers) == rest
+    again.set_epoch(2)  # ... and no longer once another is selected
+    later = _stream(packs)
+    later.set_epoch(2)
+    assert _paths(again, workers) == _paths(later, workers)
+
+
+def test_stream_resume_mid_batch_and_from_a_resumed_epoch(packs) -> None:
+    whole = _stream(packs)
+    expected = [p for batch in _paths(whole, 0) for p in batch]
+    first = _stream(packs)
+    it = iter(first)  # no DataLoader: samples one by one
+    before = [next(it)[2] for _ in range(17)]
+    state = first.state_dict()
+    assert state["position"] == 17
+    second = _stream(packs)
+    second.load_state_dict(state)
+    it = iter(second)
+    middle = [next(it)[2] for _ in range(20)]
+    state = second.state_dict()  # counts from where the resumed epoch started
+    assert state["position"] == 37
+    third = _stream(packs)
+    third.load_state_dict(state)
+    rest = [p for batch in _paths(third, 0) for p in batch]
+    assert before + middle + rest == expected
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_stream_elastic_resume_on_other_workers(packs, workers) -> None:
+    """A state of 2 workers finishes on 0 or 1 (another plan): every position once."""
+    whole = _stream(packs)
+    expected = Counter(p for batch in _paths(whole, 2) for p in batch)
+    first = _stream(packs)
+    it = iter(DataLoader(first, batch_size=7, num_workers=2))
+    before = Counter(p for _ in range(4) for p in next(it)[2])
+    state = first.state_dict(position=28)
+    del it
+    again = _stream(packs)
+    again.load_state_dict(state)
+    rest = Counter(p for batch in _paths(again, workers) for p in batch)
+    assert before + rest == expected
+
+
+def test_stream_elastic_resume_from_one_to_three_ranks(packs) -> None:
+    first = _stream(packs)
+    it = iter(DataLoader(first, batch_size=7, num_workers=0))
+    before = Counter(p for _ in range(3) for p in next(it)[2])
+    state = first.state_dict()
+    del it
+    after: Counter[str] = Counter()
+    lengths = set()
+    for rank in range(3):
+        stream = _stream(packs, num_replicas=3, rank=rank)
+        stream.load_state_dict(state)
+        served = [p for batch in _paths(stream, 2) for p in batch]
+        assert len(stream) == len(served)
+        lengths.add(len(served))
+        after.update(served)
+    assert len(lengths) == 1  # every rank the same number of samples
+    whole = _stream(packs)
+    expected = Counter(p for batch in _paths(whole, 0) for p in batch)
+    left = 90 - 21
+    padding = 3 * -(-left // 3) - left
+    assert sum((before + after).values()) == 90 + padding
+    assert not expected - (before + after)  # every position of the epoch served
+
+
+def test_stream_state_refusals(packs) -> None:
+    stream = _stream(packs)
+    loader = DataLoader(stream, batch_size=7, num_workers=2)
+    next(iter(loader))
+    with pytest.raises(OptionsError, match="give position="):
+        stream.state_dict()
+    other = H5IterableDataset(
+        H5ImageDataset([packs["a"], packs["b"]], weights=[1, 1]),
+        EpochSpec(batch_size=7, seed=8, weights=(1.0, 1.0), epoch_samples=90),
+    )
+    with pytest.raises(OptionsError, match="does not match"):
+        other.load_state_dict(stream.state_dict(position=7))
+    sampler = ChunkBatchSampler([packs["a"], packs["b"]], 7, weights=[2, 1], epoch_samples=90)
+    with pytest.raises(OptionsError, match="counts samples"):
+        stream.load_state_dict(sampler.state_dict())
+
+
 # -- torch.distributed ---------------------------------------------------------------------
 
 

@@ -211,12 +211,29 @@ class ChunkBatchSampler(Sampler[list[int]]):
         sampler._start(source, spec)
         return sampler
 
+    @classmethod
+    def of_order(
+        cls, chunk_map: ChunkMap, spec: EpochSpec, order: Order, *, meta: PackMeta | None = None
+    ) -> ChunkBatchSampler:
+        """Return a sampler of ``order`` cut by ``spec`` exactly as given (window resolved).
+
+        What ``H5IterableDataset`` keeps its state with: its own spec and order, not those
+        this class would derive from the data. ``meta``: the data's, for the fingerprint.
+        """
+        sampler = cls.__new__(cls)
+        sampler._begin(chunk_map, spec, order, meta)
+        return sampler
+
     def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
-        self.chunk_map, group_bytes, self._meta, mix = resolve_data(
-            source, mixed=spec.weights is not None
-        )
-        self.spec = spec.resolved(group_bytes, chunk_map=self.chunk_map)
-        self.order: Order = order_for(self.chunk_map, self.spec, mix)
+        chunk_map, group_bytes, meta, mix = resolve_data(source, mixed=spec.weights is not None)
+        spec = spec.resolved(group_bytes, chunk_map=chunk_map)
+        self._begin(chunk_map, spec, order_for(chunk_map, spec, mix), meta)
+
+    def _begin(
+        self, chunk_map: ChunkMap, spec: EpochSpec, order: Order, meta: PackMeta | None
+    ) -> None:
+        self.chunk_map, self._meta, self.spec = chunk_map, meta, spec
+        self.order: Order = order
         self.epoch = 0
         self._position = 0  # batches of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
@@ -483,9 +500,26 @@ class ChunkSampler(Sampler[int]):
     """
 
     def __init__(self, source: SamplerSource, spec: EpochSpec | None = None) -> None:
-        self.batches = ChunkBatchSampler.from_spec(source, spec or EpochSpec(batch_size=1))
+        self._over(ChunkBatchSampler.from_spec(source, spec or EpochSpec(batch_size=1)))
+
+    @classmethod
+    def of_order(
+        cls, chunk_map: ChunkMap, spec: EpochSpec, order: Order, *, meta: PackMeta | None = None
+    ) -> ChunkSampler:
+        """Return a sampler of ``order`` cut by ``spec`` as given (see ``ChunkBatchSampler``)."""
+        sampler = cls.__new__(cls)
+        sampler._over(ChunkBatchSampler.of_order(chunk_map, spec, order, meta=meta))
+        return sampler
+
+    def _over(self, batches: ChunkBatchSampler) -> None:
+        self.batches = batches
         self._position = 0  # samples of the epoch already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
+
+    @property
+    def resume_position(self) -> int:
+        """Samples of ``batches.plan()`` the next iteration skips: a resumed position, else 0."""
+        return self._resume
 
     @property
     def epoch(self) -> int:
