@@ -54,8 +54,8 @@ __all__ = ["FixedSizeReader", "resize_kernel", "scale_box", "torch_resize_into"]
 # 270 us of CPU per image with two threads against 200 with one). Now a batch is planned at
 # once (read.batchplan.plan_crops: plan_crop's boxes and flips exactly) and each thread cuts
 # its share in one loop (_cut_batch): per sample one slice, one contiguous copy of the box,
-# one torch.from_numpy, the kernel's own binding writing into a view of the batch made once
-# per batch, cv2.flip in place, and the box checked against the image as crop_into checks it;
+# a torch.from_numpy of it and of the output's slot, the kernel's own binding writing into
+# the slot, cv2.flip in place, and the box checked against the image as crop_into checks it;
 # the stage "crop" is timed once per thread. Raw packs and the decoded cache's plain hits
 # (tag 0, or an upright JPEG whose box needs no reduced decode) take it; everything else
 # (other orientations, other channels, misses, cache_max_side) goes sample by sample as
@@ -215,9 +215,6 @@ class FixedSizeReader:
             self._cut_batch(image_of, plans, out, range(len(indices)))
             return
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
-        if self.spec.crop == "random-resized" or self.spec.flip:
-            # the batch's generators at once (NOTE [ Sample generators of a batch ])
-            prepare_sample_rngs(seed, epoch, indices.tolist())
         if self.cache is None:
             stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
             rest = self._upright_jpegs(indices, stored, out, seed, epoch)
@@ -227,6 +224,7 @@ class FixedSizeReader:
                 self._encoded(int(indices[j]), stored[j], out[j], seed, epoch)
 
             if rest:
+                self._prepare(indices[rest], seed, epoch)
                 self._run(one, len(rest))
         else:  # only the samples the cache lacks are read from the pack
             unserved = self._through_cache(indices, out, seed, epoch)
@@ -237,7 +235,13 @@ class FixedSizeReader:
                 j = unserved[k]
                 self._encoded(int(indices[j]), again[k], out[j], seed, epoch)
 
+            self._prepare(indices[unserved], seed, epoch)
             self._run(decode, len(unserved))
+
+    def _prepare(self, indices: np.ndarray, seed: int, epoch: int) -> None:
+        """Prepare the generators of the samples cut one by one (NOTE [ Sample generators ... ])."""
+        if self.spec.crop == "random-resized" or self.spec.flip:
+            prepare_sample_rngs(seed, epoch, indices.tolist())
 
     def _upright_jpegs(
         self,
@@ -333,6 +337,7 @@ class FixedSizeReader:
                 unserved.append(j)  # list.append is atomic: safe from the threads
 
         if rest:
+            self._prepare(indices[rest], seed, epoch)
             self._run(one, len(rest))
         if batched:
             images = [entries[j][0] for j in batched]  # type: ignore[index]
@@ -370,7 +375,6 @@ class FixedSizeReader:
         count = len(slots)
         size = [out.shape[1], out.shape[2]]
         lean = self._kernel is torch_resize_into and out.shape[3] == 3
-        views = torch.from_numpy(out).permute(0, 3, 1, 2).split(1) if lean else ()  # type: ignore[no-untyped-call]
         parts = max(1, min(self.reader.options.threads or 0, count))
 
         def run_part(part: int) -> None:
@@ -400,7 +404,10 @@ class FixedSizeReader:
                     # by torch ])
                     box = np.array(image[top : top + box_h, left : left + box_w])
                     _AA_OUT(
-                        torch.from_numpy(box.transpose(2, 0, 1)[None]), size, False, out=views[j]
+                        torch.from_numpy(box.transpose(2, 0, 1)[None]),
+                        size,
+                        False,
+                        out=torch.from_numpy(target.transpose(2, 0, 1)[None]),
                     )
                 if flip:
                     cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
