@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import resource
 import statistics
 import tempfile
@@ -39,6 +40,8 @@ from h5pack import Compression, ConvertOptions, make_loader, write_arrays
 from h5pack.core.layout import ChunkMap
 from h5pack.training.sampler import ChunkBatchSampler, MixedSources
 from h5pack.training.weighted import WeightedMix, shares
+
+BLOCK = 2  # batches read at a time per loader (one window of 8 chunks: 512 samples)
 
 
 def exactness(epochs: int) -> list[str]:
@@ -152,8 +155,9 @@ def per_source_pools(loader: Any) -> Any:
 def cost(rounds: int, folder: Path) -> list[str]:
     """A 3:1 mix of two packs against one pack of the same images, in this process.
 
-    Every round reads one epoch of each loader, the loaders in turn (their order reversed
-    every other round); a ratio is the mix's figure over the one pack's of the same round
+    Every round reads one epoch of every loader, ``BLOCK`` batches of each in turn (the
+    order reversed at every turn), so that all of them meet the same load from the other
+    users of the machine; a ratio is the mix's figure over the one pack's of the same round
     and thread count, and the table gives the median over rounds of those ratios.
     """
     rng = np.random.default_rng(0)
@@ -184,16 +188,30 @@ def cost(rounds: int, folder: Path) -> list[str]:
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}
     for epoch in range(rounds + 1):  # the first round warms up
-        names = list(loaders) if epoch % 2 else list(reversed(loaders))
-        for name in names:
-            loader = loaders[name]
+        wall, spent, count = dict.fromkeys(loaders, 0.0), dict.fromkeys(loaders, 0.0), {}
+        running = {}
+        for name, loader in loaders.items():
             loader.set_epoch(epoch)
-            wall, started = time.perf_counter(), cpu_seconds()
-            count = sum(len(labels) for _, labels in loader)
-            wall, spent = time.perf_counter() - wall, cpu_seconds() - started
-            if epoch:
-                rates[name].append(count / wall)
-                cpu[name].append(spent / count)
+            running[name] = iter(loader)
+            count[name] = 0
+        turn = 0
+        while running:  # BLOCK batches of each loader in turn: the same moment's load
+            names = list(running) if turn % 2 else list(reversed(running))
+            turn += 1
+            for name in names:
+                started, clock = time.perf_counter(), cpu_seconds()
+                taken = 0
+                for _, labels in itertools.islice(running[name], BLOCK):
+                    taken += len(labels)
+                wall[name] += time.perf_counter() - started
+                spent[name] += cpu_seconds() - clock
+                count[name] += taken
+                if taken == 0:
+                    del running[name]
+        if epoch:
+            for name in loaders:
+                rates[name].append(count[name] / wall[name])
+                cpu[name].append(spent[name] / count[name])
     rows = [
         "| loader | images/s, median (min..max) | CPU us/image, median | "
         "chunks decompressed per sample | images/s ratio to one pack, median (min..max) "

@@ -94,15 +94,16 @@ class ReadPool:
 class Loading:
     """Groups of several readers being decompressed on a ``ReadPool`` (``start_loads``)."""
 
-    def __init__(self, pool: ReadPool, loads: list[GroupLoad]) -> None:
-        self.loads = loads
-        threaded = [load for load in loads if load.threaded]
-        # even one load goes to the pool: the caller works on while it is decompressed
-        self._futures: list[Future[np.ndarray]] | None = (
-            [pool.executor().submit(load.run) for load in threaded]
-            if pool.threads > 1 and threaded
-            else None
-        )
+    def __init__(self, pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> None:
+        self.loads: list[GroupLoad] = []
+        self._futures: list[Future[np.ndarray]] = []
+        threaded = pool.threads > 1
+        for reader, indices in requests:
+            loads = reader.pending_loads(indices)
+            self.loads += loads
+            if threaded:  # at once, while the next reader's groups are found: even one
+                submit = pool.executor().submit
+                self._futures += [submit(load.run) for load in loads if load.threaded]
 
     def finish(self) -> int:
         """Wait for every group, hand each to its reader (``PackReader.hold``); return the count.
@@ -111,12 +112,11 @@ class Loading:
             FormatError: a group's chunks cannot be read (the first such, after every load
                 has ended, so no thread still writes into a buffer).
         """
-        futures = iter(self._futures or ())
-        if self._futures is not None:
-            wait(self._futures)
+        wait(self._futures)
+        futures = iter(self._futures)
         for load in self.loads:  # in the calling thread: h5py's loads, and every hand-over
-            threaded = self._futures is not None and load.threaded
-            load.reader.hold(load, next(futures).result() if threaded else load.run())
+            block = next(futures).result() if load.threaded and self._futures else load.run()
+            load.reader.hold(load, block)
         return len(self.loads)
 
 
@@ -124,11 +124,11 @@ def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]
     """Start decompressing the chunks that reading each ``(reader, indices)`` will miss.
 
     See NOTE [ One pool for a mix's sources ]. After ``finish()``, each reader serves its
-    next read of those indices (``read_into`` / ``read_stored``) from the groups held for
-    it, decompressing nothing; the calling thread may work meanwhile, but must not read
-    with these readers before ``finish``.
+    next read of those very ``indices`` (``read_into`` / ``read_stored``, the same array,
+    unchanged) from the groups held for it, decompressing nothing; the calling thread may
+    work meanwhile, but must not read with these readers before ``finish``.
     """
-    return Loading(pool, [load for reader, idx in requests for load in reader.pending_loads(idx)])
+    return Loading(pool, requests)
 
 
 def load_together(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> int:

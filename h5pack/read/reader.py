@@ -463,6 +463,8 @@ class PackReader:
         self._shared: ReadPool | None = None  # threads shared with other readers (use_pool)
         # groups decompressed ahead for the next read, not yet in the window (``hold``)
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # (indices, checked, groups, first appearance) found by ``pending_loads`` (``_locate``)
+        self._prepared: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
         # nanoseconds spent decompressing chunks (the loader's stall report reads it; an
         # update racing another thread's may be lost: a statistic, not a count)
@@ -534,6 +536,20 @@ class PackReader:
     def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         return checked_indices(indices, self.meta.num_samples)
 
+    def _locate(
+        self, indices: Sequence[int] | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Return ``(checked indices, their groups, the groups in first appearance or None)``.
+
+        What ``pending_loads`` found for these very ``indices`` (the same array) is taken,
+        not computed again: a mix's batch finds them once per source.
+        """
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] is indices:
+            return prepared[1], prepared[2], prepared[3]
+        idx = self._check(indices)
+        return idx, self.chunk_map.chunks_of(idx), None
+
     def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Return the stored form of each sample in ``indices``, in that order.
 
@@ -547,9 +563,9 @@ class PackReader:
             FormatError: the pack is damaged (with ``verify_checksums``, also a sample whose
                 bytes do not match their digest).
         """
-        idx = self._check(indices)
+        idx, groups, wanted = self._locate(indices)
         with self._damage("samples"):
-            stored = self._read_stored(idx)
+            stored = self._read_stored(idx, groups, wanted)
         if self.verify_checksums and not self.compressed:  # compressed: checked at load
             self._verify(idx, stored)
         return stored
@@ -567,11 +583,12 @@ class PackReader:
                 f"`h5pack verify {self.path}`"
             ) from err
 
-    def _read_stored(self, idx: np.ndarray) -> list[np.ndarray]:
+    def _read_stored(
+        self, idx: np.ndarray, groups: np.ndarray, wanted: np.ndarray | None
+    ) -> list[np.ndarray]:
         out: list[np.ndarray] = [_NOTHING] * idx.size  # every slot is filled below
-        groups = self.chunk_map.chunks_of(idx)
         if self.compressed:
-            data = self._groups(_first_appearance(groups))
+            data = self._groups(_first_appearance(groups) if wanted is None else wanted)
             for pos, (i, g) in enumerate(zip(idx.tolist(), groups.tolist(), strict=True)):
                 out[pos] = self._sample_of(g, data[g], i).copy()
             return out
@@ -597,12 +614,12 @@ class PackReader:
             FormatError: the pack is damaged (with ``verify_checksums``, also a sample whose
                 bytes do not match their digest).
         """
-        idx = self._check(indices)
+        idx, groups, wanted = self._locate(indices)
         shape = (idx.size, *self.meta.images_shape[1:])
         if self.meta.storage != "array" or out.shape != shape or out.dtype != np.uint8:
             raise ValueError(f"read_into needs an array pack and a uint8 {shape} buffer")
         with self._damage("samples"):
-            self._read_into(idx, out)
+            self._read_into(idx, out, groups, wanted)
 
     def stored_views(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray] | None:
         """Views of the stored images ``indices`` in a read-only mapping of the file, unchecked.
@@ -669,10 +686,11 @@ class PackReader:
         for i in range(lo, hi):
             self._verify_one(i, self._sample_of(group, block, i), group)
 
-    def _read_into(self, idx: np.ndarray, out: np.ndarray) -> None:
-        groups = self.chunk_map.chunks_of(idx)
+    def _read_into(
+        self, idx: np.ndarray, out: np.ndarray, groups: np.ndarray, wanted: np.ndarray | None
+    ) -> None:
         if self.compressed:  # checked when decompressed (_load_group)
-            data = self._groups(_first_appearance(groups))
+            data = self._groups(_first_appearance(groups) if wanted is None else wanted)
             for g, block in data.items():
                 where = np.flatnonzero(groups == g)
                 out[where] = block[idx[where] - int(self.chunk_map.starts[g])]
@@ -758,18 +776,22 @@ class PackReader:
 
         The groups ``read_into`` / ``read_stored`` of ``indices`` would load, in the order
         they would load them (their stored chunks fetched, their buffers taken): run each
-        (on any thread when ``threaded``) and give the result to ``hold``; the read of
-        ``indices`` then decompresses nothing (NOTE [ One pool for a mix's sources ]).
+        (on any thread when ``threaded``) and give the result to ``hold``; the next read of
+        this very ``indices`` array (left unchanged) then decompresses nothing and locates
+        nothing again (NOTE [ One pool for a mix's sources ]).
         """
         for _, buffer in self._held.values():  # a read that never came (an error)
             if len(self._free) < max(2, self._threads):
                 self._free.append(buffer)
         self._held.clear()
+        self._prepared = None
         if not self.compressed:
             return []
         idx = self._check(indices)
-        wanted = _first_appearance(self.chunk_map.chunks_of(idx)).tolist()
-        missing = [g for g in wanted if g not in self._window]
+        groups = self.chunk_map.chunks_of(idx)
+        order = _first_appearance(groups)
+        self._prepared = (indices, idx, groups, order)  # for the read of these indices
+        missing = [g for g in order.tolist() if g not in self._window]
         plans = [self._plan_group(g) for g in missing]
         self._fetch_stored(missing, plans)
         threaded = self._table is not None
