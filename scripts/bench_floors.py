@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 import torch
 
-from h5pack.core.decode import _open_pillow, _orientation
+from h5pack.core.decode import exif_orientation, open_pillow
 from h5pack.core.jpeg import read_jpeg_header
 from h5pack.read.boxes import Box, CropSpec, plan_crop
 from h5pack.training.fixed_size import torch_resize_into
@@ -170,8 +170,8 @@ def main() -> None:
     count = len(datas)
 
     def pillow_header(i: int) -> None:
-        image = _open_pillow(datas[i], "x", None)
-        _orientation(image)
+        image = open_pillow(datas[i], "x", None)
+        exif_orientation(image)
         image.close()
 
     table = {

@@ -1,5 +1,7 @@
 """PackReader: pixels and bytes against the source images; damage named, never served."""
 
+import io
+
 import h5py
 import numpy as np
 import pytest
@@ -261,3 +263,26 @@ def test_a_pack_truncated_under_a_reader_is_a_short_read_not_a_crash(raw_pack, s
     with pytest.raises(FormatError, match="short read"):
         for _ in loader:
             pass
+
+
+def test_mapped_views_of_a_contiguous_blob_pack_are_its_stored_bytes(tmp_path):
+    rng = np.random.default_rng(4)
+    files = []
+    for side in rng.integers(8, 40, 30).tolist():
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (side, side + 3, 3), dtype=np.uint8)).save(
+            buffer, format="JPEG"
+        )
+        files.append(buffer.getvalue())
+    path = tmp_path / "blobs.h5"
+    write_arrays(path, files, [0] * len(files), options=ConvertOptions(mode="encoded"))
+    with PackReader(path) as reader:
+        indices = [29, 0, 7, 7, 13]
+        views = reader.stored_views(indices)
+        if views is None:
+            pytest.skip("this pack's blobs are chunked: only contiguous blobs are mapped")
+        for index, view, stored in zip(indices, views, reader.read_stored(indices), strict=True):
+            np.testing.assert_array_equal(view, stored)
+            reader.verify_sample(index, view)
+        with pytest.raises(FormatError, match="does not match its checksum"):
+            reader.verify_sample(0, views[0])

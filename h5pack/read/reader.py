@@ -622,11 +622,13 @@ class PackReader:
             self._read_into(idx, out, groups, wanted)
 
     def stored_views(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray] | None:
-        """Views of the stored images ``indices`` in a read-only mapping of the file, unchecked.
+        """Views of the stored samples ``indices`` in a read-only mapping of the file, unchecked.
 
-        For a local, uncompressed array pack read by the direct path (``NOTE [ Mapped raw
-        reads ]`` in core.source); None for any other pack (read it with ``read_into``). The
-        views are valid for the batch at hand only; the caller checks each one with
+        The stored form of ``read_stored`` (HWC images of an array pack, each sample's bytes
+        of a blob pack), for a local, uncompressed pack read by the direct path, blobs only
+        when their dataset is contiguous (``NOTE [ Mapped raw reads ]`` in core.source); None
+        for any other pack (read it with ``read_into`` or ``read_stored``). The views are
+        valid for the batch at hand only; the caller checks each one with
         :meth:`verify_sample` before using it.
 
         Raises:
@@ -634,17 +636,28 @@ class PackReader:
             FormatError: the file is shorter than the pack's samples (truncated).
         """
         source = self._raw_file.source
-        usable = self.meta.storage == "array" and not self.compressed and self.direct
-        if not (usable and self._all_allocated and isinstance(source, LocalSource)):
+        array = self.meta.storage == "array"
+        usable = self.direct and self._all_allocated if array else self._contiguous is not None
+        if self.compressed or not (usable and isinstance(source, LocalSource)):
             return None
         idx = self._check(indices)
         if idx.size == 0:
             return []
-        offsets = self._sample_offsets(idx)
-        size, shape = self._sample_bytes, self.meta.images_shape[1:]
+        if array:
+            starts = self._sample_offsets(idx)
+            ends = starts + self._sample_bytes
+        else:  # a contiguous blob dataset: each sample's bytes in one piece of the file
+            offsets, sizes = self.meta.blob_slots()
+            assert self._contiguous is not None  # usable
+            starts = self._contiguous + offsets[idx].astype(np.int64)
+            ends = starts + sizes[idx]
         with self._damage("samples"):
-            mapped = source.mapped(int(offsets.max()) + size)
-        return [mapped[start : start + size].reshape(shape) for start in offsets.tolist()]
+            mapped = source.mapped(int(ends.max()))
+        views = [mapped[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        if array:
+            shape = self.meta.images_shape[1:]
+            return [view.reshape(shape) for view in views]
+        return views
 
     def verify_sample(self, index: int, sample: np.ndarray) -> None:
         """Check ``sample`` (stored form) against its recorded digest, with ``verify_checksums``.

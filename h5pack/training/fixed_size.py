@@ -189,10 +189,11 @@ class FixedSizeReader:
             )
             if views is not None:  # each checked as it is cut
                 verify, where = reader.verify_sample, indices.tolist()  # type: ignore[union-attr]
+                as_image = reader.decode  # HWC: a blob's bytes reshaped, an array's as they are
 
                 def image_of(k: int) -> np.ndarray:
                     verify(where[k], views[k])
-                    return views[k]
+                    return as_image(where[k], views[k])
 
             else:
                 if meta.storage == "array":
@@ -216,12 +217,12 @@ class FixedSizeReader:
             return
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
         if self.cache is None:
-            stored = timed_read(reader, lambda: reader.read_stored(indices))[0]
-            rest = self._upright_jpegs(indices, stored, out, seed, epoch)
+            files = timed_read(reader, lambda: self._read_stored(indices))[0]
+            rest = self._upright_jpegs(indices, files, out, seed, epoch)
 
             def one(k: int) -> None:
                 j = rest[k]
-                self._encoded(int(indices[j]), stored[j], out[j], seed, epoch)
+                self._encoded(int(indices[j]), files[j], out[j], seed, epoch)
 
             if rest:
                 self._prepare(indices[rest], seed, epoch)
@@ -237,6 +238,20 @@ class FixedSizeReader:
 
             self._prepare(indices[unserved], seed, epoch)
             self._run(decode, len(unserved))
+
+    def _read_stored(self, indices: np.ndarray) -> Sequence[np.ndarray]:
+        """``read_stored``'s samples, checked; views of the mapped file where the pack allows.
+
+        See ``NOTE [ Mapped raw reads ]``: an uncompressed local pack's bytes are not copied
+        out of the page cache twice (into a buffer here, then by ``tobytes``).
+        """
+        reader = self.reader
+        views = reader.stored_views(indices) if isinstance(reader, PackReader) else None
+        if views is None:
+            return reader.read_stored(indices)
+        for index, view in zip(indices.tolist(), views, strict=True):
+            reader.verify_sample(index, view)  # type: ignore[union-attr]
+        return views
 
     def _prepare(self, indices: np.ndarray, seed: int, epoch: int) -> None:
         """Prepare the generators of the samples cut one by one (NOTE [ Sample generators ... ])."""
