@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import sqlite3
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -288,3 +289,46 @@ def test_opening_does_not_retry_other_sqlite_errors(tmp_path, monkeypatch):
     cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=1000))
     with pytest.raises(H5PackError, match=r"cannot use the chunk cache .*: disk I/O error"):
         cache.usage_bytes()
+
+
+def _claim_and_store(cache: ChunkCache, chunk: int, queue: multiprocessing.Queue[object]) -> None:
+    try:
+        claim = cache.claim(PACK, chunk, CHUNK)
+        if claim.kind == "claimed":
+            cache.store(PACK, chunk, chunk_bytes(chunk))
+        queue.put((claim.kind, cache._owner))
+    except BaseException as err:  # the parent reports it
+        queue.put(repr(err))
+
+
+def test_a_fork_while_a_thread_is_in_a_transaction(tmp_path: Path) -> None:
+    # NOTE [ The ledger and fork ]: a parent thread holds the cache (a transaction under way)
+    # when a worker is forked; the child inherited a held lock and hung on its first claim
+    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=10**6))
+    assert cache.claim(PACK, 0, CHUNK).kind == "claimed"
+    cache.store(PACK, 0, chunk_bytes(0))
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with cache._lock:
+            inside.set()
+            leave.wait(0.3)  # the fork below waits for this, never the other way round
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    inside.wait(10)
+    context = _context()
+    queue: multiprocessing.Queue[object] = context.Queue()
+    child = context.Process(target=_claim_and_store, args=(cache, 1, queue))
+    child.start()
+    found = queue.get(timeout=60)  # a hang fails here
+    child.join(timeout=60)
+    holder.join()
+    assert isinstance(found, tuple), found
+    assert found[0] == "claimed"
+    assert found[1] != cache._owner  # the child is its own owner, on its own connection
+    owner = cache._owner
+    assert cache.claim(PACK, 1, CHUNK).kind == "hit"  # the parent reopened its connection
+    assert cache._owner == owner  # the same owner, its lock still held
+    assert cache.usage_bytes() == 2 * CHUNK
+    cache.close()

@@ -37,6 +37,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,9 +199,23 @@ class ChunkCache:
 
     def _open(self) -> sqlite3.Connection:
         with self._lock:
-            if self._db is not None and self._pid == os.getpid():
-                return self._db
+            if self._pid == os.getpid():
+                if self._db is None and self._owner_fd >= 0:  # closed for a fork: reopen
+                    try:
+                        self._db = self._connect_ledger()
+                    except (OSError, sqlite3.Error) as err:
+                        raise H5PackError(
+                            f"cannot use the chunk cache {self.directory}: {err}"
+                        ) from err
+                if self._db is not None:
+                    return self._db
             return self._connect()
+
+    def _close_for_fork(self) -> None:
+        """Close this process's connection, the lock held (NOTE [ The ledger and fork ])."""
+        if self._db is not None and self._pid == os.getpid():
+            self._db.close()
+            self._db = None
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is not None:
@@ -227,6 +242,7 @@ class ChunkCache:
         except (OSError, sqlite3.Error) as err:
             raise H5PackError(f"cannot use the chunk cache {self.directory}: {err}") from err
         self._db, self._pid = db, os.getpid()
+        _OPEN.add(self)
         self.recover()
         return db
 
@@ -234,9 +250,13 @@ class ChunkCache:
         """Return a new connection to the ledger, its schema made and the budget read.
 
         SQLite answers "database is locked" at once, without waiting out its busy timeout,
-        in a few states of a WAL database that another process is opening or recovering (seen
-        in a DataLoader worker opening the ledger while its sibling did): those answers are
-        tried again for up to ``_CONNECT_WAIT_S``, then raised.
+        in a few states of a WAL database that another process is opening or recovering
+        (switching a new ledger to WAL takes an exclusive lock; a connection that finds
+        another one recovering the WAL index is refused): those answers are tried again for
+        up to ``_CONNECT_WAIT_S``, then raised. It was first seen in a DataLoader worker
+        opening the ledger beside its sibling; the fork-inherited SQLite state, the likely
+        cause there, is gone (NOTE [ The ledger and fork ]), but independent processes (two
+        jobs on one cache directory, sibling workers on a new one) still meet those states.
         """
         deadline = time.monotonic() + _CONNECT_WAIT_S
         wait = 0.01
@@ -314,9 +334,8 @@ class ChunkCache:
 
     def set_future(self, pack: str, future: Future, *, now: float) -> None:
         """Record when this process will use the chunks of ``pack`` (``Future``, epochs)."""
-        db = self._open()
         self._futures[pack] = (future, now)
-        with self._lock, _transaction(db):
+        with self._lock, _transaction(self._open()) as db:
             db.execute(
                 "INSERT OR REPLACE INTO futures VALUES (?, ?, ?, ?)",
                 (self._owner, pack, now, future.to_bytes()),
@@ -483,7 +502,7 @@ class ChunkCache:
 
     def store(self, pack: str, chunk: int, data: np.ndarray | bytes | memoryview) -> None:
         """Write a claimed chunk (temporary file, rename) and mark it ready."""
-        db = self._open()
+        self._open()  # this process's owner names the temporary file
         final = self._final(pack, chunk)
         temp = self._temp(pack, chunk, self._owner)
         view = (
@@ -499,7 +518,7 @@ class ChunkCache:
         except OSError as err:
             self.release(pack, chunk)
             raise H5PackError(f"cannot write into the chunk cache {self.directory}: {err}") from err
-        with self._lock, _transaction(db):
+        with self._lock, _transaction(self._open()) as db:
             updated = db.execute(
                 "UPDATE entries SET state = ?, nbytes = ? WHERE pack = ? AND chunk = ? "
                 "AND owner = ? AND state = ?",
@@ -513,8 +532,7 @@ class ChunkCache:
 
     def release(self, pack: str, chunk: int) -> None:
         """Give up a claim (the download failed): the chunk may be claimed again."""
-        db = self._open()
-        with self._lock, _transaction(db):
+        with self._lock, _transaction(self._open()) as db:
             row = db.execute(
                 "SELECT owner, state FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk)
             ).fetchone()
@@ -601,8 +619,7 @@ class ChunkCache:
 
     def recover(self) -> None:
         """Remove the claims, temporary files and futures of processes that are gone."""
-        db = self._open()
-        with self._lock, _transaction(db):
+        with self._lock, _transaction(self._open()) as db:
             owners = {
                 o
                 for (o,) in db.execute(
@@ -632,6 +649,35 @@ class ChunkCache:
                 .fetchall()
             )
         return {int(c) for (c,) in rows}
+
+
+# NOTE [ The ledger and fork ]: SQLite forbids carrying a connection across fork, and more:
+# its unix VFS keeps, per process, the state of every open database file (the POSIX locks it
+# believes it holds, the WAL index it mapped), which a forked child inherits while the kernel
+# gives the child none of the parent's locks. A DataLoader forks its workers while the
+# parent's cache is open, perhaps while a read-ahead thread of the parent is inside a
+# transaction (holding the cache's lock and SQLite's mutexes: measured, a child then hung
+# on its first claim). So before any fork every open cache of the process takes its lock
+# (the transactions under way finish first) and closes its connection; after the fork the
+# locks are released in both processes, the parent reopens its connection at its next use
+# (same owner, same flock) and the child opens its own, from a clean SQLite state.
+_OPEN: weakref.WeakSet[ChunkCache] = weakref.WeakSet()
+_HELD: list[ChunkCache] = []
+
+
+def _before_fork() -> None:
+    for cache in list(_OPEN):
+        cache._lock.acquire()
+        _HELD.append(cache)
+        cache._close_for_fork()
+
+
+def _after_fork() -> None:
+    while _HELD:
+        _HELD.pop()._lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 @contextlib.contextmanager
