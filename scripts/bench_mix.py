@@ -41,8 +41,6 @@ from h5pack.core.layout import ChunkMap
 from h5pack.training.sampler import ChunkBatchSampler, MixedSources
 from h5pack.training.weighted import WeightedMix, shares
 
-BLOCK = 2  # batches read at a time per loader (one window of 8 chunks: 512 samples)
-
 
 def exactness(epochs: int) -> list[str]:
     """Per-epoch counts against the target, several weightings, 2 ranks x 2 workers."""
@@ -152,13 +150,14 @@ def per_source_pools(loader: Any) -> Any:
     return loader
 
 
-def cost(rounds: int, folder: Path) -> list[str]:
+def cost(rounds: int, folder: Path, block: int) -> list[str]:
     """A 3:1 mix of two packs against one pack of the same images, in this process.
 
-    Every round reads one epoch of every loader, ``BLOCK`` batches of each in turn (the
-    order reversed at every turn), so that all of them meet the same load from the other
-    users of the machine; a ratio is the mix's figure over the one pack's of the same round
-    and thread count, and the table gives the median over rounds of those ratios.
+    Every round reads one epoch of every loader, ``block`` batches of each in turn (0: the
+    whole epoch), the order reversed at every turn, so that all of them meet about the same
+    load from the other users of the machine; a ratio is the mix's figure over the one
+    pack's of the same round and thread count, and the table gives the median over rounds
+    of those ratios.
     """
     rng = np.random.default_rng(0)
     num_a, num_b = 6000, 2000
@@ -195,13 +194,13 @@ def cost(rounds: int, folder: Path) -> list[str]:
             running[name] = iter(loader)
             count[name] = 0
         turn = 0
-        while running:  # BLOCK batches of each loader in turn: the same moment's load
+        while running:  # ``block`` batches of each loader in turn
             names = list(running) if turn % 2 else list(reversed(running))
             turn += 1
             for name in names:
                 started, clock = time.perf_counter(), cpu_seconds()
                 taken = 0
-                for _, labels in itertools.islice(running[name], BLOCK):
+                for _, labels in itertools.islice(running[name], block or None):
                     taken += len(labels)
                 wall[name] += time.perf_counter() - started
                 spent[name] += cpu_seconds() - clock
@@ -240,6 +239,9 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["exact", "stratify", "cost"])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--block", type=int, default=0, help="cost: batches of each loader in turn (0: epochs)"
+    )
     args = parser.parse_args()
     if "exact" in args.parts:
         print(f"## Exactness over {args.epochs} epochs (2 ranks x 2 workers, batch 256)\n")
@@ -250,7 +252,7 @@ def main() -> None:
     if "cost" in args.parts:
         with tempfile.TemporaryDirectory() as folder:
             print("## Cost of a mix (8,000 64x64 raw zstd samples, 64 per chunk)\n")
-            print("\n".join(cost(args.rounds, Path(folder))))
+            print("\n".join(cost(args.rounds, Path(folder), args.block)))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from h5pack.training.epochs import EpochSpec, plan_pieces
+from h5pack.training.epochs import EpochSpec, plan_pieces, samples_of_batches
 from h5pack.training.orders import Order, rest_of
 
 # NOTE [ Elastic resume ]
@@ -90,7 +90,7 @@ def plan_rest(
         delivered: One bool per position of the epoch: delivered already.
     """
     rest = rest_of(order, spec.seed, epoch, delivered)
-    return [rest.samples(b) for b in plan_pieces(rest, spec, epoch=epoch)]
+    return samples_of_batches(rest, plan_pieces(rest, spec, epoch=epoch))
 
 
 def _positions(

@@ -360,7 +360,15 @@ def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, *, epoch: int) -> list
         [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     """
     pieces = order_of(source, spec).epoch(spec.seed, epoch)
-    return [pieces.samples(b) for b in plan_pieces(pieces, spec, epoch=epoch)]
+    return samples_of_batches(pieces, plan_pieces(pieces, spec, epoch=epoch))
+
+
+def samples_of_batches(pieces: EpochPieces, batches: list[np.ndarray]) -> list[np.ndarray]:
+    """Return the sample indices of batches of ``pieces``' positions (one lookup for all)."""
+    if not batches:
+        return []
+    flat = pieces.samples(np.concatenate(batches))
+    return np.split(flat, np.cumsum([len(b) for b in batches])[:-1])
 
 
 def _window_shuffle(
@@ -489,10 +497,12 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
     batches = [streams[b % workers][b // workers] for b in range(batch_count)]
     if pieces.sources_of(starts[:1]) is not None:
         # a mix: each batch grouped by source (a batch is a set to SGD), so that the
-        # dataset reads every source's run straight into its slice of the batch
-        grouped = []
-        for batch in batches:
-            sources = pieces.sources_of(batch)
-            grouped.append(batch if sources is None else batch[np.argsort(sources, kind="stable")])
-        batches = grouped
+        # dataset reads every source's run straight into its slice of the batch; one
+        # stable sort of the rank's positions by (batch, source) for all batches
+        flat = np.concatenate(batches)
+        sources = pieces.sources_of(flat)
+        assert sources is not None  # checked above
+        lengths = [len(b) for b in batches]
+        ids = np.repeat(np.arange(len(batches)), lengths)
+        batches = np.split(flat[np.lexsort((sources, ids))], np.cumsum(lengths)[:-1])
     return batches
