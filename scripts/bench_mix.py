@@ -150,15 +150,8 @@ def per_source_pools(loader: Any) -> Any:
     return loader
 
 
-def cost(rounds: int, folder: Path, block: int) -> list[str]:
-    """A 3:1 mix of two packs against one pack of the same images, in this process.
-
-    Every round reads one epoch of every loader, ``block`` batches of each in turn (0: the
-    whole epoch), the order reversed at every turn, so that all of them meet about the same
-    load from the other users of the machine; a ratio is the mix's figure over the one
-    pack's of the same round and thread count, and the table gives the median over rounds
-    of those ratios.
-    """
+def cost_packs(folder: Path) -> tuple[Path, Path, Path]:
+    """Write the cost parts' packs: 6,000 + 2,000 samples, and the same 8,000 in one pack."""
     rng = np.random.default_rng(0)
     num_a, num_b = 6000, 2000
     images = rng.integers(0, 256, (num_a + num_b, 64, 64, 3), dtype=np.uint8)
@@ -170,6 +163,67 @@ def cost(rounds: int, folder: Path, block: int) -> list[str]:
     write_arrays(a, list(images[:num_a]), labels[:num_a], options=options, classes=classes)
     write_arrays(b, list(images[num_a:]), labels[num_a:], options=options, classes=classes)
     write_arrays(one, list(images), labels, options=options, classes=classes)
+    return a, b, one
+
+
+def floor(rounds: int, folder: Path) -> list[str]:
+    """Where a batch's time goes, one pack against the 3:1 mix (reader's threads, in turn).
+
+    Batches are told apart by the chunks they decompress (a window of 8 chunks serves two
+    batches: the first decompresses all 8, the second none). The main thread's CPU per
+    batch (``time.thread_time``: what the batch thread itself does, which the other users
+    of the machine slow down little) against the batch's wall time: the mix's extra main
+    thread time is serial work that no pool thread can take, hence the floor of its rate.
+    """
+    a, b, one = cost_packs(folder)
+    settings: dict[str, Any] = {"num_workers": 0, "seed": 1, "window_chunks": 8}
+    loaders = {
+        "one pack": make_loader(one, 256, **settings),
+        "3:1 mix of two packs": make_loader([a, b], 256, weights=[3, 1], **settings),
+    }
+    wall: dict[tuple[str, str], list[float]] = {}
+    main: dict[tuple[str, str], list[float]] = {}
+    for epoch in range(rounds + 1):  # the first round warms up
+        for name in loaders if epoch % 2 else reversed(list(loaders)):
+            loader = loaders[name]
+            loader.set_epoch(epoch)
+            parts = getattr(loader.dataset, "parts", [loader.dataset])
+            batches = iter(loader)
+            while True:
+                loads = sum(p.reader.loads for p in parts) if epoch else 0
+                started, clock = time.perf_counter(), time.thread_time()
+                if next(batches, None) is None:
+                    break
+                spent, used = time.perf_counter() - started, time.thread_time() - clock
+                if epoch:
+                    kind = "decompresses >= 5 chunks"
+                    if sum(p.reader.loads for p in parts) - loads < 5:
+                        kind = "decompresses < 5 chunks"
+                    wall.setdefault((name, kind), []).append(spent)
+                    main.setdefault((name, kind), []).append(used)
+    rows = [
+        "| loader | batches | count | wall us, median | main thread CPU us, median |",
+        "|---|---|---|---|---|",
+    ]
+    for (name, kind), values in sorted(wall.items(), key=lambda item: item[0][::-1]):
+        rows.append(
+            f"| {name} | {kind} | {len(values)} | {1e6 * statistics.median(values):,.0f} | "
+            f"{1e6 * statistics.median(main[(name, kind)]):,.0f} |"
+        )
+    return rows
+
+
+def cost(rounds: int, folder: Path, block: int) -> list[str]:
+    """A 3:1 mix of two packs against one pack of the same images, in this process.
+
+    Every round reads one epoch of every loader, ``block`` batches of each in turn (0: the
+    whole epoch), the order reversed at every turn, so that all of them meet about the same
+    load from the other users of the machine; a ratio is the mix's figure over the one
+    pack's of the same round and thread count, and the table gives the median over rounds
+    of those ratios.
+    """
+    num_a, num_b = 6000, 2000
+    a, b, one = cost_packs(folder)
     loaders: dict[str, Any] = {}
     base: dict[str, str] = {}  # each loader's one-pack reference
     for threads in (None, 1):
@@ -253,6 +307,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             print("## Cost of a mix (8,000 64x64 raw zstd samples, 64 per chunk)\n")
             print("\n".join(cost(args.rounds, Path(folder), args.block)))
+    if "floor" in args.parts:
+        with tempfile.TemporaryDirectory() as folder:
+            print("\n## Where a batch's time goes (the floor of the mix's rate)\n")
+            print("\n".join(floor(args.rounds, Path(folder))))
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ each on its own reader's threads, ran four threads on two cores (1.135x CPU per 
 Here every reader of the mix uses the same threads (``PackReader.use_pool``), and before
 the sources are read, ``load_together`` asks each reader for the chunks the batch will miss
 (``PackReader.pending_loads``: the very groups its read would load, in the order it would
-load them), decompresses all of them in one ``map`` over the shared threads, and hands each
-reader its groups (``PackReader.hold``); each source's read then finds them and admits them
-to its window in the order it always does, so the window, the chunks decompressed and the
-pixels are those of the sources read one after another.
+load them) and submits them to the shared threads at once, source after source, while the
+batch thread goes on with the batch's own work (labels, the buffer); just before a source
+is read, ``Loading.finish`` hands that reader its groups (``PackReader.hold``), so the
+first source's copies into the batch run while the last source's chunks still decompress.
+Each source's read finds its groups and admits them to its window in the order it always
+does, so the window, the chunks decompressed and the pixels are those of the sources read
+one after another.
 
 No task on the pool waits on another task of the pool (a fixed-size pool whose tasks wait on
 its own tasks deadlocks once every thread waits): ``load_together`` and the readers submit
@@ -96,28 +99,40 @@ class Loading:
 
     def __init__(self, pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> None:
         self.loads: list[GroupLoad] = []
-        self._futures: list[Future[np.ndarray]] = []
+        # per reader, in the order given: its loads, each with its future (None: run here)
+        self._pending: dict[int, list[tuple[GroupLoad, Future[np.ndarray] | None]]] = {}
         threaded = pool.threads > 1
         for reader, indices in requests:
             loads = reader.pending_loads(indices)
             self.loads += loads
-            if threaded:  # at once, while the next reader's groups are found: even one
-                submit = pool.executor().submit
-                self._futures += [submit(load.run) for load in loads if load.threaded]
+            submit = pool.executor().submit if threaded else None
+            # at once, while the next reader's groups are found (even one: the caller works
+            # on meanwhile)
+            self._pending.setdefault(id(reader), []).extend(
+                (load, submit(load.run) if submit is not None and load.threaded else None)
+                for load in loads
+            )
 
-    def finish(self) -> int:
-        """Wait for every group, hand each to its reader (``PackReader.hold``); return the count.
+    def finish(self, reader: object | None = None) -> int:
+        """Wait for the groups of ``reader`` (None: every reader's) and hand them over.
+
+        Each group goes to its reader (``PackReader.hold``), in the calling thread. A mix
+        finishes source by source, just before reading it: the first source's copies run
+        while the last source's chunks are still decompressed.
+
+        Returns:
+            The groups handed over.
 
         Raises:
             FormatError: a group's chunks cannot be read (the first such, after every load
-                has ended, so no thread still writes into a buffer).
+                of those readers has ended, so no thread still writes into their buffers).
         """
-        wait(self._futures)
-        futures = iter(self._futures)
-        for load in self.loads:  # in the calling thread: h5py's loads, and every hand-over
-            block = next(futures).result() if load.threaded and self._futures else load.run()
-            load.reader.hold(load, block)
-        return len(self.loads)
+        keys = list(self._pending) if reader is None else [id(reader)]
+        pending = [item for key in keys for item in self._pending.pop(key, [])]
+        wait([future for _, future in pending if future is not None])
+        for load, future in pending:
+            load.reader.hold(load, load.run() if future is None else future.result())
+        return len(pending)
 
 
 def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> Loading:

@@ -222,10 +222,10 @@ class H5MixDataset(H5ImageDataset):
             if shape is not None
             else None
         )
-        if loading is not None:
-            loading.finish()
         paths: list[str] | None = None
         if self.return_path:
+            if loading is not None:  # the paths' reads wait for the loads
+                loading.finish()
             offsets = self.offsets
             paths = [
                 self.parts[s].reader.paths[int(i - offsets[s])]
@@ -235,6 +235,8 @@ class H5MixDataset(H5ImageDataset):
             assert shape is not None  # the buffer is made for it
             target = buffer.numpy()
             for s, where, local in runs:
+                if loading is not None:  # this source's chunks: the next ones still load
+                    loading.finish(self.parts[s].reader)
                 if isinstance(where, slice):  # a run: read into its slice
                     self.parts[s].read_batch_into(local, target[where])
                 else:
@@ -250,6 +252,8 @@ class H5MixDataset(H5ImageDataset):
                 sources=sources,
             )
         samples: list[tuple[Any, ...]] = [()] * idx.size
+        if loading is not None:
+            loading.finish()
         for s, where, local in runs:
             batch = self.parts[s].__getitems__(local.tolist())
             positions = range(idx.size)[where] if isinstance(where, slice) else where.tolist()
