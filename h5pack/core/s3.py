@@ -245,7 +245,8 @@ class S3Source(ByteSource):
         self._sleep = sleep
         self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
-        self._pid = -1
+        self._pid = -1  # of the request threads
+        self._client_pid = -1
         self._lean: _Lean | None = None
         self._lean_pid = -1
         self._lock = threading.Lock()
@@ -264,30 +265,27 @@ class S3Source(ByteSource):
     # -- the client, once per process ---------------------------------------------------
     def client(self) -> Any:
         """Return this process's botocore client (NOTE [ The S3 client ])."""
-        if self._client is None or self._pid != os.getpid():
+        if self._client is None or self._client_pid != os.getpid():
             with self._lock:
-                if self._client is None or self._pid != os.getpid():
+                if self._client is None or self._client_pid != os.getpid():
                     self._client = shared_client(self.options)
-                    self._pool = None
-                    self._pid = os.getpid()
+                    self._client_pid = os.getpid()
         return self._client
 
     def _lean_path(self) -> _Lean | None:
         """Return this process's lean GET of this object, or None where botocore's is used."""
         if self._lean_pid != os.getpid():
-            client = self.client()  # before the lock: client() takes it too
+            lean = None
+            if self.options.ranged_gets == "lean":
+                lean = _lean_get(self.options, self.bucket, self.key)
             with self._lock:
-                if self._lean_pid != os.getpid():
-                    self._lean = None
-                    if self.options.ranged_gets == "lean":
-                        self._lean = _lean_get(client, self.options, self.bucket, self.key)
-                    self._lean_pid = os.getpid()
+                self._lean, self._lean_pid = lean, os.getpid()
         return self._lean
 
     def _executor(self) -> ThreadPoolExecutor:
-        self.client()
         with self._lock:
-            if self._pool is None:
+            if self._pool is None or self._pid != os.getpid():
+                self._pid = os.getpid()
                 self._pool = ThreadPoolExecutor(
                     self.options.max_in_flight, thread_name_prefix="h5pack-s3"
                 )
@@ -344,8 +342,25 @@ class S3Source(ByteSource):
         refuse it (416: rclone) are asked for the first ``nbytes`` instead, which they
         answer with the whole object too (a second request, for small objects only).
         """
+        what = f"its last {nbytes} bytes"
+
+        def attempt() -> tuple[memoryview, int]:
+            lean = self._lean_path()
+            if lean is None:
+                return self._botocore_get(f"bytes=-{nbytes}", None, what)
+            buffer = np.empty(nbytes, dtype=np.uint8)
+            try:
+                answer = s3http.get_into(
+                    buffer.data, None, lean.target, lean.signer, lean.pool, etag=self.etag
+                )
+            except ValueError as err:
+                raise RemoteError(f"{self.url}: {what}: {err}") from None
+            self._learn(answer.etag, answer.total)
+            return buffer.data[: answer.nbytes], answer.first
+
         try:
-            return self._get(f"bytes=-{nbytes}", None, f"its last {nbytes} bytes")
+            found: tuple[memoryview, int] = self.with_retries(what, attempt)
+            return found
         except _Unsatisfiable:
             return self._get(f"bytes=0-{nbytes - 1}", None, f"its first {nbytes} bytes")
 
@@ -626,19 +641,36 @@ class _Lean:
     pool: s3http.Connections
 
 
-def _lean_get(client: Any, options: S3Options, bucket: str, key: str) -> _Lean | None:
+# Where each object's GETs go (scheme, host, path, region: data, the same in every process):
+# kept across fork, so a forked DataLoader worker given explicit keys never builds a botocore
+# client (~0.15 s of CPU per worker and epoch) to read its chunks.
+_TARGETS: dict[tuple[S3Options, str, str], s3http.Target] = {}
+
+
+def _lean_get(options: S3Options, bucket: str, key: str) -> _Lean | None:
     """Return the lean GET of ``bucket/key``, or None where a proxy would carry it.
 
     Raises:
         botocore.exceptions.NoCredentialsError: no credentials (``with_retries`` says so).
     """
     _, _, errors = _clients()
-    credentials = shared_credentials(options)
-    if credentials is None:
-        raise errors.NoCredentialsError()
-    target = s3http.target_of(client, bucket, key)
+    target = _TARGETS.get((options, bucket, key))
+    if target is None:
+        target = _TARGETS[(options, bucket, key)] = s3http.target_of(
+            shared_client(options), bucket, key
+        )
     if s3http.uses_proxy(target):
         return None
+    if options.access_key_id and options.secret_access_key:
+        from botocore.credentials import Credentials
+
+        credentials = Credentials(
+            options.access_key_id, options.secret_access_key, options.session_token
+        )
+    else:
+        credentials = shared_credentials(options)
+    if credentials is None:
+        raise errors.NoCredentialsError()
 
     def frozen() -> tuple[str, str, str | None]:
         now = credentials.get_frozen_credentials()  # refreshed by botocore when due

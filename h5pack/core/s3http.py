@@ -263,23 +263,34 @@ class Answer:
         etag: The object's ETag.
         first: The first byte of the body in the object.
         total: The object's size.
+        nbytes: The body's bytes (those written into the buffer).
     """
 
     etag: str
     first: int
     total: int
+    nbytes: int
 
 
 def get_into(
     buffer: memoryview,
-    start: int,
+    start: int | None,
     target: Target,
     signer: Signer,
     pool: Connections,
     *,
     etag: str | None,
 ) -> Answer:
-    """Fill ``buffer`` (bytes) with the object's bytes from ``start``: one signed ranged GET.
+    """Fill ``buffer`` with the object's bytes from ``start``: one signed ranged GET.
+
+    Args:
+        buffer: Where the body goes (``len(buffer)`` bytes asked for).
+        start: The first byte; None: the object's last ``len(buffer)`` bytes (a suffix
+            range: all of a smaller object, at the front of ``buffer``).
+        target: Where the GET goes.
+        signer: Its signature.
+        pool: Its connection.
+        etag: Sent as ``If-Match`` (None: the first request, which learns it).
 
     Raises:
         botocore.exceptions.ClientError: an error answer (its code and status).
@@ -287,7 +298,10 @@ def get_into(
         ValueError: the answer holds other bytes than asked (no Content-Range, wrong start).
     """
     want = len(buffer)
-    extra = {"range": f"bytes={start}-{start + want - 1}"}
+    if start is None:
+        extra = {"range": f"bytes=-{want}"}
+    else:
+        extra = {"range": f"bytes={start}-{start + want - 1}"}
     if etag:
         extra["if-match"] = etag
     headers = signer.headers("GET", target, extra)
@@ -300,20 +314,25 @@ def get_into(
             connection.close()
             raise _client_error(response, body)
         first, total = _content_range(response.getheader("Content-Range"))
-        if first != start or response.length != want:
+        length = response.length
+        if start is None:
+            fits = length is not None and length <= want and first >= 0 and first + length == total
+        else:
+            fits = first == start and length == want
+        if not fits or length is None:
             connection.close()
             raise ValueError(
-                f"asked for {want} bytes at {start}, the answer holds {response.length} bytes "
-                f"at {first} (Content-Range {response.getheader('Content-Range')!r})"
+                f"asked for {extra['range']}, the answer holds {length} bytes at {first} "
+                f"(Content-Range {response.getheader('Content-Range')!r})"
             )
         got = 0
-        while got < want:
-            count = response.readinto(buffer[got:])
+        while got < length:
+            count = response.readinto(buffer[got:length])
             if not count:
                 connection.close()
-                raise ShortBody(f"a body of {got} bytes for {want} (cut short)")
+                raise ShortBody(f"a body of {got} bytes for {length} (cut short)")
             got += count
-        answer = Answer(response.getheader("ETag") or "", first, total)
+        answer = Answer(response.getheader("ETag") or "", first, total, length)
     except http.client.HTTPException as err:  # a status line or headers cut short
         connection.close()
         raise ConnectionError(f"{type(err).__name__}: {err}") from err
