@@ -2,6 +2,7 @@
 
     python scripts/bench_s3.py                       # defaults: see --help
     python scripts/bench_s3.py --samples 4096 --side 96 --rounds 3 --shards 128
+    python scripts/bench_s3.py --shards 16 --rounds 5 --pin both --jpeg-images 1200
 
 On ``rclone serve s3`` over a temporary folder (``h5pack.bench.s3local``), for one pack of
 ``--samples`` images (``--side`` squared, smooth noise, lz4, ``--chunk-samples`` per chunk)
@@ -11,23 +12,42 @@ and a set of ``--shards`` shards:
   the set (``describe``, shards concurrently), medians of ``--rounds``;
 - an epoch through ``make_loader`` (batch 256, ``num_workers=0``, chunk-aware order): GETs
   per chunk and bytes transferred over the chunks' stored bytes (counted by the proxy);
-- first-epoch rate, remote against the same loader on the local copy, side by side in
-  each round (straight to rclone, no proxy; ``--workers`` DataLoader workers), and CPU
-  seconds per image of this process (the main process only when workers > 0).
+- first epochs, remote against the same loader on the local copy, side by side in each
+  round (straight to rclone, no proxy; ``cache_disk_bytes=0``, so every remote round is a
+  first epoch), for two packs:
+  - ``raw96``: the pack above, batch 256, ``--workers`` DataLoader workers: a stress test
+    (~25 us of CPU per image locally, so the transport dominates); remote with the lean
+    ranged GETs (the default) and with botocore's (``ranged_gets="botocore"``); and every
+    stored chunk fetched once with 8 GETs in flight, nothing decompressed (the transport's
+    ceiling);
+  - ``jpeg``: ``--jpeg-images`` ImageNet-like JPEGs (~500x375, quality 90, cut from
+    ../shared/data/photos as scripts/bench_photos.py does, synthetic without it) in an
+    encoded pack, read as training reads them: ``make_loader(pack, 64, size=224,
+    flip=True)`` (RandomResizedCrop(224) + flip), ``--jpeg-workers`` workers;
+- ``--pin``: ``off`` (every process on every CPU), ``on`` (the S3 server on the last CPU,
+  the loader, its threads and its workers on the others: a bucket on other machines, as a
+  user has it), or ``both`` (each round runs every arm both ways).
 
-No figure is asserted: the tests assert the counts (tests/test_remote.py).
+Reported per arm: images/s (median of rounds), remote/local (median of the per-round
+ratios), and CPU microseconds per image of the loader's process tree (this process, its
+threads and its workers) and of the server, separately. No figure is asserted: the tests
+assert the counts (tests/test_remote.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
 from h5pack.core import format as fmt
@@ -88,33 +108,95 @@ def stored_bytes(path: Path) -> int:
         return sum(images.id.get_chunk_info(i).size for i in range(images.id.get_num_chunks()))
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds of this process, its live children and its reaped ones (workers)."""
+    me = psutil.Process()
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in me.children(recursive=True):
+        if child.pid == SERVER_PID[0]:
+            continue  # the server is counted apart (and is never reaped during a run)
+        try:
+            used = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += used.user + used.system
+    return total
+
+
+SERVER_PID = [-1]  # the rclone process, left out of the loader's tree
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (every thread)."""
+    used = psutil.Process(pid).cpu_times()
+    return float(used.user + used.system)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Put every thread of ``pid`` on ``cpus`` (threads made later inherit it)."""
+    for thread in psutil.Process(pid).threads():
+        try:
+            os.sched_setaffinity(thread.id, cpus)
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+
+
+@contextmanager
+def placement(pinned: bool, server_pid: int) -> Iterator[None]:
+    """Pinned: the server on the last CPU, this process (and what it forks) on the others."""
+    every = set(os.sched_getaffinity(0)) | set(os.sched_getaffinity(server_pid))
+    if pinned and len(every) > 1:
+        last = max(every)
+        pin(server_pid, {last})
+        pin(os.getpid(), every - {last})
+    else:
+        pin(server_pid, every)
+        pin(os.getpid(), every)
+    try:
+        yield
+    finally:
+        pin(server_pid, every)
+        pin(os.getpid(), every)
+
+
 def epoch(
     source: Any,
     storage_options: dict[str, object] | None,
     workers: int = 0,
     in_flight: int | None = None,
+    *,
+    batch_size: int = 256,
+    **settings: Any,
 ) -> tuple[float, float, int]:
-    """One first epoch: (seconds, CPU seconds of this process, images)."""
+    """One first epoch: (seconds, CPU seconds of the loader's process tree, images)."""
     from h5pack.read.readahead import ReadAheadOptions
     from h5pack.training.loader import make_loader
 
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), tree_cpu_s()
     # a remote pack without the disk cache: every round is a first epoch (the default cache
     # would serve rounds 2 and later, and later runs, from the local disk)
     remote: dict[str, Any] = {} if storage_options is None else {"cache_disk_bytes": 0}
     if storage_options is not None and in_flight is not None:
         remote["read_ahead"] = ReadAheadOptions(requests_in_flight=in_flight)
     loader = make_loader(
-        source, 256, num_workers=workers, seed=0, storage_options=storage_options, **remote
+        source,
+        batch_size,
+        num_workers=workers,
+        seed=0,
+        storage_options=storage_options,
+        **remote,
+        **settings,
     )
     count = sum(int(images.shape[0]) for images, _ in loader)
-    return time.perf_counter() - wall, time.process_time() - cpu, count
+    return time.perf_counter() - wall, tree_cpu_s() - cpu, count
 
 
-def fetch_all(url: str, storage_options: dict[str, object]) -> tuple[float, float]:
-    """Every stored chunk fetched once, 8 GETs in flight, nothing decompressed: (s, CPU s).
+def fetch_all(url: str, storage_options: dict[str, object]) -> tuple[float, float, int]:
+    """Every stored chunk fetched once, 8 GETs in flight, nothing decompressed.
 
-    The transport's ceiling for a first epoch: the server, the loopback and botocore.
+    The transport's ceiling for a first epoch: the server, the loopback and the client.
+    Returns (seconds, CPU seconds of this process, GETs).
     """
     from h5pack.core.s3 import S3Source, resolve_options
     from h5pack.read.reader import PackReader, ReaderOptions
@@ -125,9 +207,63 @@ def fetch_all(url: str, storage_options: dict[str, object]) -> tuple[float, floa
     assert index is not None  # a chunked pack on the direct path
     ranges = [(int(o), int(o) + int(n)) for o, n in zip(*index, strict=True)]
     source = S3Source(url, resolve_options({**storage_options, "max_in_flight": 8}))
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), tree_cpu_s()
     source.read_ranges(ranges)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, tree_cpu_s() - cpu, len(ranges)
+
+
+def build_jpeg_pack(work: Path, images: int) -> Path:
+    """ImageNet-like JPEGs (as scripts/bench_photos.py makes them) in an encoded pack."""
+    from h5pack.synthetic import SampleSpec, make_image_folder
+    from h5pack.write.convert import convert
+
+    photos = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
+    folder = work / "jpegs"
+    spec = SampleSpec(
+        num_images=images, num_classes=10, size=(375, 500), size_jitter=0.3, quality=90
+    )
+    make_image_folder(folder, spec, photos=photos if photos.is_dir() else None, workers=2)
+    pack = work / "jpeg.h5"
+    convert(folder, pack)
+    return pack
+
+
+Arm = Callable[[], tuple[float, float, int]]  # (seconds, loader CPU seconds, images)
+
+
+def measure(arms: dict[str, Arm], rounds: int, placements: list[bool], server_pid: int) -> None:
+    """Run every arm under every placement in each round; print the medians and ratios."""
+    rows: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
+    for _ in range(rounds):
+        for pinned in placements:
+            with placement(pinned, server_pid):
+                for name, arm in arms.items():
+                    served = process_cpu_s(server_pid)
+                    wall, cpu, count = arm()
+                    serving = process_cpu_s(server_pid) - served
+                    rows.setdefault((name, pinned), []).append(
+                        (count / wall, cpu / count * 1e6, serving / count * 1e6)
+                    )
+    # "server cap": the rate at which one CPU doing nothing but serve (its measured CPU per
+    # image) would deliver the images, over the local copy's rate: a remote arm cannot pass
+    # it when the server has one CPU (pinned), whatever the client does
+    print(
+        f"{'arm':34s} {'placement':9s} {'img/s':>8s} {'x local':>8s} "
+        f"{'loader us/img':>14s} {'server us/img':>14s} {'server cap x local':>19s}"
+    )
+    for pinned in placements:
+        local = rows[(next(iter(arms)), pinned)]
+        local_rate = statistics.median(r[0] for r in local)
+        for name in arms:
+            found = rows[(name, pinned)]
+            ratio = statistics.median(r[0] / b[0] for r, b in zip(found, local, strict=True))
+            serving = statistics.median(r[2] for r in found)
+            cap = f"{1e6 / serving / local_rate:19.2f}" if serving > 0 else " " * 19
+            print(
+                f"{name:34s} {'pinned' if pinned else 'unpinned':9s} "
+                f"{statistics.median(r[0] for r in found):8.0f} {ratio:8.2f} "
+                f"{statistics.median(r[1] for r in found):14.0f} {serving:14.0f} {cap}"
+            )
 
 
 def main() -> None:
@@ -141,6 +277,9 @@ def main() -> None:
     parser.add_argument(
         "--requests-in-flight", type=int, default=None, help="Read-ahead depth [default: sized]"
     )
+    parser.add_argument("--pin", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--jpeg-images", type=int, default=1200, help="0: no jpeg arm")
+    parser.add_argument("--jpeg-workers", type=int, default=2)
     args = parser.parse_args()
     from h5pack.read.packset import describe
     from h5pack.read.reader import PackReader, ReaderOptions
@@ -148,7 +287,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work, S3Server(Path(work) / "s3") as server:
         proxy = FaultProxy(server.endpoint)
         bucket = Bucket(server, proxy, "bench")
-        direct = server.storage_options()  # straight to rclone: botocore takes its 200s
+        direct: dict[str, object] = dict(server.storage_options())  # straight to rclone
         pack = Path(work) / "pack.h5"
         build_pack(pack, args.samples, args.side, args.chunk_samples)
         url = bucket.put(pack, "pack.h5")
@@ -193,33 +332,44 @@ def main() -> None:
             f"chunks' stored bytes ({counts.body_bytes} / {stored}, open's reads included)"
         )
 
-        remote_rate, local_rate, remote_cpu, local_cpu = [], [], [], []
-        fetch_rate, fetch_cpu = [], []
-        for _ in range(args.rounds):
-            wall, cpu, count = epoch(pack, None, args.workers)
-            local_rate.append(count / wall)
-            local_cpu.append(cpu / count)
-            wall, cpu, count = epoch(url, direct, args.workers, args.requests_in_flight)
-            remote_rate.append(count / wall)
-            remote_cpu.append(cpu / count)
-            wall, cpu = fetch_all(url, direct)
-            fetch_rate.append(args.samples / wall)
-            fetch_cpu.append(cpu / chunks)
-        remote, local = statistics.median(remote_rate), statistics.median(local_rate)
-        fetched = statistics.median(fetch_rate)
+        SERVER_PID[0] = server.pid
+        botocore = {**direct, "ranged_gets": "botocore"}
+        workers, depth = args.workers, args.requests_in_flight
+
+        def fetch() -> tuple[float, float, int]:
+            wall, cpu, _ = fetch_all(url, direct)
+            return wall, cpu, args.samples
+
+        arms: dict[str, Arm] = {
+            f"raw96 local copy, {workers} workers": lambda: epoch(pack, None, workers),
+            "raw96 remote (lean GETs)": lambda: epoch(url, direct, workers, depth),
+            "raw96 remote (botocore GETs)": lambda: epoch(url, botocore, workers, depth),
+            "raw96 fetch only, 8 in flight": fetch,
+        }
+        placements = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
         print(
-            f"first epoch, num_workers={args.workers}, medians of {args.rounds}: "
-            f"remote {remote:.0f} img/s, "
-            f"local copy {local:.0f} img/s, ratio {remote / local:.2f}; CPU per image "
-            f"{statistics.median(remote_cpu) * 1e6:.0f} us remote, "
-            f"{statistics.median(local_cpu) * 1e6:.0f} us local"
+            f"first epochs, medians of {args.rounds} rounds (x local: median of per-round "
+            f"ratios); CPUs {sorted(os.sched_getaffinity(0))}"
         )
-        print(
-            f"every chunk fetched, nothing decompressed (8 in flight): {fetched:.0f} img/s "
-            f"({fetched / local:.2f} of the local copy; the remote loader reaches "
-            f"{remote / fetched:.2f} of it), {statistics.median(fetch_cpu) * 1e3:.1f} ms CPU "
-            "per GET"
-        )
+        measure(arms, args.rounds, placements, server.pid)
+        if args.jpeg_images:
+            jpeg = build_jpeg_pack(Path(work), args.jpeg_images)
+            jpeg_url = bucket.put(jpeg, "jpeg.h5")
+            train = {"batch_size": 64, "size": 224, "flip": True}
+            jw = args.jpeg_workers
+            print(
+                f"jpeg pack: {args.jpeg_images} JPEGs, {jpeg.stat().st_size / 2**20:.1f} MiB, "
+                f"RandomResizedCrop(224) + flip, batch 64, {jw} workers"
+            )
+            measure(
+                {
+                    f"jpeg local copy, {jw} workers": lambda: epoch(jpeg, None, jw, **train),
+                    "jpeg remote (lean GETs)": lambda: epoch(jpeg_url, direct, jw, **train),
+                },
+                args.rounds,
+                placements,
+                server.pid,
+            )
         proxy.close()
 
 
