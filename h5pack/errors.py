@@ -45,3 +45,7 @@ class CacheClosedError(H5PackError, ValueError):
 
 class RemoteError(H5PackError, OSError):
     """A remote object cannot be read: missing, denied, or the network failed after retries."""
+
+
+class UnsupportedRequestError(RemoteError):
+    """The server does not implement a request (HTTP 501 NotImplemented): never retried."""

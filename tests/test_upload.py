@@ -165,6 +165,41 @@ def test_a_part_that_fails_is_retried_then_the_upload_is_aborted(
     assert bucket.pending("") == []
 
 
+def test_the_final_put_is_conditional_where_the_server_implements_it(
+    folder: Path, s3_bucket: ServerBucket, staging: Path, tmp_path: Path
+) -> None:
+    # NOTE [ Conditional final PUT ]: the request that makes the pack appear carries
+    # If-None-Match: * (rclone ignores it; the HEAD before is its guard)
+    url = s3_bucket.url("pack.h5")
+    convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
+    assert s3_bucket.proxy.counts.if_none_match == [("PUT", f"/{s3_bucket.name}/pack.h5")]
+    data = os.urandom(3 * 5000 + 17)
+    local = tmp_path / "blob.bin"
+    local.write_bytes(data)
+    bucket = writer(s3_bucket)
+    # a server that implements it, and an object that appeared after the HEAD: refused
+    s3_bucket.proxy.inject(Fault("status", status=412, method="PUT", code="PreconditionFailed"))
+    with pytest.raises(TargetExistsError, match=r"blob\.bin appeared during the conversion"):
+        bucket.upload(local, "blob.bin", if_absent=True)
+    assert bucket.info("blob.bin") is None  # the fault stood for the taken key: nothing put
+    # the multipart upload's completion is the conditional one; refused, it is aborted
+    s3_bucket.proxy.reset_counts()
+    s3_bucket.proxy.inject(Fault("delay", method="POST"))  # the start passes (no delay)
+    s3_bucket.proxy.inject(Fault("status", status=412, method="POST", code="PreconditionFailed"))
+    with pytest.raises(TargetExistsError, match="appeared during the conversion"):
+        bucket.upload(local, "parts.bin", part_size=5000, if_absent=True)
+    assert bucket.pending("") == []
+    s3_bucket.proxy.clear()
+    # a server that does not implement it (501): asked again without, then never with it
+    s3_bucket.proxy.reset_counts()
+    s3_bucket.proxy.inject(Fault("status", status=501, method="PUT", code="NotImplemented"))
+    assert bucket.upload(local, "blob.bin", if_absent=True).size == len(data)
+    assert stored(s3_bucket, "blob.bin").read_bytes() == data
+    assert s3_bucket.proxy.counts.requests["PUT"] == 2
+    assert bucket.upload(local, "again.bin", if_absent=True).size == len(data)
+    assert len(s3_bucket.proxy.counts.if_none_match) == 1  # the refused one only
+
+
 def test_a_full_staging_directory_stops_before_decoding(
     folder: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
 ) -> None:

@@ -201,6 +201,8 @@ class Fault:
         delay_s: The wait of a ``"delay"`` fault.
         keep_bytes: The body bytes a ``"truncate"`` fault sends.
         method: Only requests of this method (``"GET"``, ``"HEAD"``...) are hit; None: any.
+        code: The S3 error code of a ``"status"`` fault's body (None: SlowDown for 503,
+            InternalError otherwise), e.g. ``PreconditionFailed`` or ``NotImplemented``.
     """
 
     kind: FaultKind
@@ -208,6 +210,7 @@ class Fault:
     delay_s: float = 0.0
     keep_bytes: int = 0
     method: str | None = "GET"
+    code: str | None = None
 
 
 @dataclass
@@ -219,6 +222,7 @@ class Counts:
     body_bytes: int = 0
     faults: int = 0
     ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
+    if_none_match: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
 
     @property
     def gets(self) -> int:
@@ -304,6 +308,8 @@ class FaultProxy:
         with self._lock:
             self.counts.requests[method] = self.counts.requests.get(method, 0) + 1
             ranged = request.headers.get("Range")
+            if request.headers.get("If-None-Match"):
+                self.counts.if_none_match.append((method, request.path))
             if method == "GET" and ranged:
                 self.counts.ranged_gets += 1
                 self.counts.ranges.append((request.path, ranged))
@@ -315,9 +321,8 @@ class FaultProxy:
             sock.close()
             return
         if fault is not None and fault.kind == "status":
-            message = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-            if fault.status != 503:
-                message = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+            code = fault.code or ("SlowDown" if fault.status == 503 else "InternalError")
+            message = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
             request.send_response(fault.status)
             request.send_header("Content-Type", "application/xml")
             request.send_header("Content-Length", str(len(message)))

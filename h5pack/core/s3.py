@@ -48,7 +48,7 @@ from h5pack.core.source import (
     missing_extra,
     split_url,
 )
-from h5pack.errors import OptionsError, PackNotFoundError, RemoteError
+from h5pack.errors import OptionsError, PackNotFoundError, RemoteError, UnsupportedRequestError
 
 # environment variable -> storage option (what the AWS CLI and boto3 read)
 ENVIRONMENT = {
@@ -485,6 +485,10 @@ class S3Source(ByteSource):
             ) from None
         if status == 416 and what.startswith("its last"):
             raise _Unsatisfiable() from None
+        if status == 501 or code == "NotImplemented":
+            raise UnsupportedRequestError(
+                f"{self.url}: {what}: the server does not implement it (HTTP {status} {code})"
+            ) from None
         if code in _RETRIED_CODES or status >= 500 or status == 429:
             return f"HTTP {status} {code}".strip()
         raise RemoteError(

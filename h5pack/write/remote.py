@@ -155,7 +155,7 @@ def upload_whole(
             raise TargetExistsError(f"{found.url} appeared during the conversion; not replaced")
     size = local.stat().st_size
     emit(ConvertEvent("note", f"uploading {size / 2**20:.1f} MiB to {bucket.url(key)}"))
-    return bucket.upload(local, key)
+    return bucket.upload(local, key, if_absent=not overwrite)
 
 
 def shard_url(prefix_url: str, name: str) -> str:

@@ -37,8 +37,14 @@ from types import TracebackType
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.core.source import is_url, split_url
-from h5pack.errors import H5PackError, OptionsError, PackNotFoundError
+from h5pack.core.source import SourceChangedError, is_url, split_url
+from h5pack.errors import (
+    H5PackError,
+    OptionsError,
+    PackNotFoundError,
+    TargetExistsError,
+    UnsupportedRequestError,
+)
 from h5pack.write.publish import check_room, free_bytes
 
 __all__ = [
@@ -270,6 +276,8 @@ class Bucket:
             raise OptionsError(f"{url}: h5pack writes to s3:// URLs and local paths only")
         self.storage_options = dict(storage_options or {})
         self._source = S3Source(self.url(""), resolve_options(self.storage_options))
+        # whether the server may implement If-None-Match (NOTE [ Conditional final PUT ])
+        self._conditional = True
 
     def url(self, key: str) -> str:
         """Return the URL of ``key``."""
@@ -305,22 +313,57 @@ class Bucket:
             return None
         return RemoteObject(self.url(key), int(answer["ContentLength"]), str(answer["ETag"]))
 
-    def upload(self, path: Path, key: str, *, part_size: int | None = None) -> RemoteObject:
+    def _put_final(
+        self, key: str, what: str, call: Callable[..., Any], *, if_absent: bool, **arguments: Any
+    ) -> Any:
+        """Return the request that makes ``key`` appear, conditional when ``if_absent``.
+
+        NOTE [ Conditional final PUT ]: with ``if_absent``, the PUT (or the multipart
+        upload's completion) carries ``If-None-Match: *``, so a server that implements it
+        (AWS S3, MinIO...) refuses atomically to replace an object that appeared under the
+        key since the HEAD that checked it. A server that answers 501 NotImplemented is
+        asked again without the header (and not asked with it again); one that ignores the
+        header (rclone serve s3) cannot be told apart: the HEAD just before is the guard.
+
+        Raises:
+            TargetExistsError: the server refused: an object exists under ``key``.
+        """
+        if if_absent and self._conditional:
+            try:
+                return self._call(key, what, call, IfNoneMatch="*", **arguments)
+            except SourceChangedError:  # 412 Precondition Failed: the key is taken
+                raise TargetExistsError(
+                    f"{self.url(key)} appeared during the conversion; not replaced"
+                ) from None
+            except UnsupportedRequestError:
+                self._conditional = False
+        return self._call(key, what, call, **arguments)
+
+    def upload(
+        self, path: Path, key: str, *, part_size: int | None = None, if_absent: bool = False
+    ) -> RemoteObject:
         """Upload the finished file ``path`` under ``key`` (NOTE [ Publishing in a bucket ]).
 
         A file of at most one part is one PUT; a larger one a multipart upload of
         ``part_bytes(size)`` parts, ``UPLOAD_CONCURRENCY`` in flight, each retried; any
-        error (Ctrl-C and SIGTERM too) aborts it before it is raised again.
+        error (Ctrl-C and SIGTERM too) aborts it before it is raised again. With
+        ``if_absent`` the request that makes the object appear is conditional (NOTE
+        [ Conditional final PUT ]).
 
         Raises:
+            TargetExistsError: ``if_absent`` and the server refused: an object exists.
             RemoteError: the upload failed; nothing is left under ``key``.
         """
         size = path.stat().st_size
         part = part_size or part_bytes(size)
         if size <= part:
             data = path.read_bytes()
-            answer = self._call(
-                key, f"the upload of {size} bytes (PUT)", self.client.put_object, Body=data
+            answer = self._put_final(
+                key,
+                f"the upload of {size} bytes (PUT)",
+                self.client.put_object,
+                if_absent=if_absent,
+                Body=data,
             )
             return RemoteObject(self.url(key), size, str(answer.get("ETag", "")))
         created = self._call(
@@ -347,10 +390,11 @@ class Bucket:
                     return {"ETag": answer["ETag"], "PartNumber": number}
 
                 parts = list(pool.map(send, range(1, count + 1)))
-            answer = self._call(
+            answer = self._put_final(
                 key,
                 "the completion of the multipart upload",
                 self.client.complete_multipart_upload,
+                if_absent=if_absent,
                 UploadId=upload.upload_id,
                 MultipartUpload={"Parts": parts},
             )
