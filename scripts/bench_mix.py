@@ -38,6 +38,7 @@ import numpy as np
 
 from h5pack import Compression, ConvertOptions, make_loader, write_arrays
 from h5pack.core.layout import ChunkMap
+from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.sampler import ChunkBatchSampler, MixedSources
 from h5pack.training.weighted import WeightedMix, shares
 
@@ -210,7 +211,48 @@ def floor(rounds: int, folder: Path) -> list[str]:
             f"| {name} | {kind} | {len(values)} | {1e6 * statistics.median(values):,.0f} | "
             f"{1e6 * statistics.median(main[(name, kind)]):,.0f} |"
         )
+    rows += ["", "| step, on the batch thread | one pack | 3:1 mix |", "|---|---|---|"]
+    plans = []
+    for loader in loaders.values():  # the epoch's plan, which the sampler makes per epoch
+        clock = time.thread_time()
+        for epoch in range(rounds):
+            loader.batch_sampler.set_epoch(epoch)
+            loader.batch_sampler.plan()
+        plans.append(1e3 * (time.thread_time() - clock) / rounds)
+    rows.append(f"| an epoch's plan, ms | {plans[0]:.2f} | {plans[1]:.2f} |")
+    rows.append(f"| gathering 256 samples of 8 windowed chunks, us | {gathers(a, b, one)} |")
     return rows
+
+
+def gathers(a: Path, b: Path, one: Path) -> str:
+    """One reader gathering 8 chunks' samples, against two gathering 6 + 2 (us, median)."""
+    rng = np.random.default_rng(0)
+    options = ReaderOptions(threads=2, window_chunks=8)
+    readers = {path: PackReader(path, options) for path in (a, b, one)}
+
+    def picks(chunks: int) -> np.ndarray:
+        idx = np.concatenate([c * 64 + rng.choice(64, 32, replace=False) for c in range(chunks)])
+        rng.shuffle(idx)
+        return idx
+
+    out = np.empty((256, 64, 64, 3), dtype=np.uint8)
+    whole, first, second = picks(8), picks(6), picks(2)
+    steps = {
+        "one": lambda: readers[one].read_into(whole, out),
+        "two": lambda: (
+            readers[a].read_into(first, out[:192]),
+            readers[b].read_into(second, out[192:]),
+        ),
+    }
+    spent: dict[str, list[float]] = {"one": [], "two": []}
+    for _ in range(300):  # the first reads load the chunks; then every read gathers
+        for name, step in steps.items():
+            clock = time.thread_time()
+            step()
+            spent[name].append(time.thread_time() - clock)
+    for reader in readers.values():
+        reader.close()
+    return " | ".join(f"{1e6 * statistics.median(v[10:]):.0f}" for v in spent.values())
 
 
 def cost(rounds: int, folder: Path, block: int) -> list[str]:

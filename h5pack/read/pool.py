@@ -13,12 +13,13 @@ Here every reader of the mix uses the same threads (``PackReader.use_pool``), an
 the sources are read, ``load_together`` asks each reader for the chunks the batch will miss
 (``PackReader.pending_loads``: the very groups its read would load, in the order it would
 load them) and submits them to the shared threads at once, source after source, while the
-batch thread goes on with the batch's own work (labels, the buffer); just before a source
-is read, ``Loading.finish`` hands that reader its groups (``PackReader.hold``), so the
-first source's copies into the batch run while the last source's chunks still decompress.
+batch thread goes on with the batch's own work (labels, the buffer); ``Loading.finish``
+then waits once for all of them and hands each reader its groups (``PackReader.hold``).
 Each source's read finds its groups and admits them to its window in the order it always
 does, so the window, the chunks decompressed and the pixels are those of the sources read
-one after another.
+one after another. (Handing each source its groups just before reading it, so that its
+copies ran while the next source's chunks still decompressed, was measured slower on 2
+cores: the copies took a core from the decompression.)
 
 No task on the pool waits on another task of the pool (a fixed-size pool whose tasks wait on
 its own tasks deadlocks once every thread waits): ``load_together`` and the readers submit
@@ -99,40 +100,35 @@ class Loading:
 
     def __init__(self, pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> None:
         self.loads: list[GroupLoad] = []
-        # per reader, in the order given: its loads, each with its future (None: run here)
-        self._pending: dict[int, list[tuple[GroupLoad, Future[np.ndarray] | None]]] = {}
-        threaded = pool.threads > 1
+        self._futures: list[Future[np.ndarray] | None] = []  # None: run in ``finish``
+        submit = pool.executor().submit if pool.threads > 1 else None
         for reader, indices in requests:
             loads = reader.pending_loads(indices)
             self.loads += loads
-            submit = pool.executor().submit if threaded else None
             # at once, while the next reader's groups are found (even one: the caller works
             # on meanwhile)
-            self._pending.setdefault(id(reader), []).extend(
-                (load, submit(load.run) if submit is not None and load.threaded else None)
-                for load in loads
-            )
+            self._futures += [
+                submit(load.run) if submit is not None and load.threaded else None for load in loads
+            ]
 
-    def finish(self, reader: object | None = None) -> int:
-        """Wait for the groups of ``reader`` (None: every reader's) and hand them over.
+    def finish(self) -> int:
+        """Wait for every group and hand each to its reader (``PackReader.hold``).
 
-        Each group goes to its reader (``PackReader.hold``), in the calling thread. A mix
-        finishes source by source, just before reading it: the first source's copies run
-        while the last source's chunks are still decompressed.
+        One wait for all (each wake-up of the waiting thread takes a core from a
+        decompressing one); the hand-over runs in the calling thread.
 
         Returns:
             The groups handed over.
 
         Raises:
             FormatError: a group's chunks cannot be read (the first such, after every load
-                of those readers has ended, so no thread still writes into their buffers).
+                has ended, so no thread still writes into a buffer).
         """
-        keys = list(self._pending) if reader is None else [id(reader)]
-        pending = [item for key in keys for item in self._pending.pop(key, [])]
-        wait([future for _, future in pending if future is not None])
-        for load, future in pending:
+        wait([future for future in self._futures if future is not None])
+        for load, future in zip(self.loads, self._futures, strict=True):
             load.reader.hold(load, load.run() if future is None else future.result())
-        return len(pending)
+        count, self.loads, self._futures = len(self.loads), [], []
+        return count
 
 
 def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> Loading:

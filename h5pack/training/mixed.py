@@ -222,10 +222,12 @@ class H5MixDataset(H5ImageDataset):
             if shape is not None
             else None
         )
+        if loading is not None:
+            # every source's chunks before any source is read: a source's copies, run while
+            # the next source's chunks decompress, took a core from them (2 cores: slower)
+            loading.finish()
         paths: list[str] | None = None
         if self.return_path:
-            if loading is not None:  # the paths' reads wait for the loads
-                loading.finish()
             offsets = self.offsets
             paths = [
                 self.parts[s].reader.paths[int(i - offsets[s])]
@@ -235,8 +237,6 @@ class H5MixDataset(H5ImageDataset):
             assert shape is not None  # the buffer is made for it
             target = buffer.numpy()
             for s, where, local in runs:
-                if loading is not None:  # this source's chunks: the next ones still load
-                    loading.finish(self.parts[s].reader)
                 if isinstance(where, slice):  # a run: read into its slice
                     self.parts[s].read_batch_into(local, target[where])
                 else:
@@ -252,8 +252,6 @@ class H5MixDataset(H5ImageDataset):
                 sources=sources,
             )
         samples: list[tuple[Any, ...]] = [()] * idx.size
-        if loading is not None:
-            loading.finish()
         for s, where, local in runs:
             batch = self.parts[s].__getitems__(local.tolist())
             positions = range(idx.size)[where] if isinstance(where, slice) else where.tolist()
