@@ -152,3 +152,42 @@ def test_spawned_workers_share_the_ring(packs):
     for (images, _), batch in zip(got, plan, strict=True):
         assert torch.equal(images, dataset.__getitems__(batch).images)
     assert dataset.ring.arrivals == len(plan)  # every batch through a slot
+
+
+def test_local_batches_reuse_a_buffer_only_once_nothing_references_it():
+    pool = ring_module.LocalBatches()
+    first = pool.take((4, 5))
+    address = first.data_ptr()
+    view = first.permute(1, 0)
+    array = first.numpy()
+    del first
+    assert pool.take((4, 5)).data_ptr() != address  # a view still holds it
+    del view
+    assert pool.take((4, 5)).data_ptr() != address  # and a numpy array of it
+    del array
+    again = pool.take((4, 5))
+    assert again.data_ptr() == address  # nothing left: reused
+    held = [pool.take((4, 5)) for _ in range(5)]  # more than it keeps: fresh ones
+    assert len({t.data_ptr() for t in [again, *held]}) == 6
+    assert pool.take((2, 2)).shape == (2, 2)
+
+
+def test_in_process_batches_kept_by_the_loop_are_never_overwritten(tmp_path):
+    """Every batch of two epochs kept in a list: each still holds its own pixels."""
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (12, 12, 3), dtype=np.uint8) for _ in range(40)]
+    path = tmp_path / "raw.h5"
+    write_arrays(path, images, [0] * 40, options=ConvertOptions(chunk_samples=8))
+    loader = make_loader(path, 4, size=8, flip=True, num_workers=0, seed=2)
+    kept, copies = [], []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for batch, _ in loader:
+            kept.append(batch)
+            copies.append(batch.clone())
+    assert all(torch.equal(a, b) for a, b in zip(kept, copies, strict=True))
+    released = []  # and when the loop drops them, the buffers come round again
+    for batch, _ in loader:
+        released.append(batch.data_ptr())
+        del batch
+    assert len(set(released)) < len(released)

@@ -287,10 +287,65 @@ _NUMPY_DTYPES = {
 }  # fmt: skip
 
 
+# NOTE [ Reused batches in the main process ]
+#
+# Without workers, each batch used to be a fresh torch.empty: for 64 raw 256 images, 12.5 MB
+# whose pages the allocator gets back from the kernel now and then, so writing a batch cost
+# page faults and cold memory (a copy of 196 KB into a fresh batch 31 us, into a reused one
+# 21: scripts/bench_percore.py's numbers). ``LocalBatches`` keeps a few buffers per batch
+# shape and hands one out again only when nothing references it any more, by the same test
+# as the ring (the storage's use count back to the pool's own reference): the batch the
+# training loop holds while the next one is built, one it keeps in a list, one the pinning
+# thread holds, are never written. When every kept buffer is in use, a fresh one is made
+# (never blocks) and kept instead of the oldest, which is then the caller's alone (so a loop
+# that kept some batches for good does not leave the pool without free buffers). Memory:
+# at most ``PER_SHAPE`` unreferenced batches per shape, ``SHAPES`` shapes.
+
+
+class LocalBatches:
+    """Batch buffers of this process reused once unreferenced (NOTE [ Reused batches ... ])."""
+
+    PER_SHAPE = 3
+    SHAPES = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[int, ...], list[tuple[torch.UntypedStorage, int]]] = {}
+        self._pid = os.getpid()
+
+    def take(self, shape: Sequence[int]) -> torch.Tensor:
+        """A uint8 tensor of ``shape``: a kept buffer nobody references, or a fresh one."""
+        key = tuple(int(v) for v in shape)
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: its parent's buffers are not its own
+                self._kept, self._pid = {}, os.getpid()
+            kept = self._kept.get(key)
+            if kept is None:
+                if len(self._kept) >= self.SHAPES:
+                    del self._kept[next(iter(self._kept))]
+                kept = self._kept[key] = []
+            for storage, own in kept:
+                if _use_count(storage) <= own:
+                    return _view(storage, key)
+            storage = torch.UntypedStorage(max(1, math.prod(key)))  # type: ignore[no-untyped-call]
+            if len(kept) >= self.PER_SHAPE:  # all held (kept by the caller): forget the oldest
+                del kept[0]
+            kept.append((storage, _use_count(storage)))
+            return _view(storage, key)
+
+
+_LOCAL = LocalBatches()
+
+
 def batch_buffer(ring: BatchRing | None, shape: Sequence[int]) -> torch.Tensor:
-    """A batch's uint8 buffer: a ring slot when the loader has a ring, else ``empty_uint8``'s."""
+    """A batch's uint8 buffer: a ring slot, a reused one in the main process, or fresh.
+
+    With a ring (workers): its slot; in the main process: a buffer of ``LocalBatches``
+    (NOTE [ Reused batches in the main process ]); in a worker without a ring: a fresh
+    shared-memory segment.
+    """
     if ring is not None:
         return ring.buffer(shape)
     if get_worker_info() is None:
-        return torch.empty(tuple(shape), dtype=torch.uint8)
+        return _LOCAL.take(shape)
     return _fresh_shared(shape)
