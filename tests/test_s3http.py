@@ -16,7 +16,7 @@ from h5pack.core.source import SourceChangedError, open_source
 from h5pack.errors import OptionsError, RemoteError
 
 DATA = np.random.default_rng(1).integers(0, 255, 200_000, dtype=np.uint8).tobytes()
-WHEN = datetime.datetime(2026, 12, 1, 18, 0, 0, tzinfo=datetime.UTC)
+WHEN = datetime.datetime(2026, 12, 1, 18, 0, 0, tzinfo=datetime.timezone.utc)
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+UTC = datetime.timezone.utc  # not datetime.UTC: Python 3.11+, and 3.10 is supported
 _ERROR_BYTES = 1 << 16  # the most of an error answer's body read (its XML code)
 
 
@@ -107,7 +108,7 @@ class Signer:
         self,
         credentials: Callable[[], tuple[str, str, str | None]],
         *,
-        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(UTC),
     ) -> None:
         self.credentials = credentials
         self.clock = clock
