@@ -17,7 +17,6 @@ import numpy as np
 from h5pack.errors import OptionsError
 from h5pack.read.boxes import (
     FLIP_PROBABILITY,
-    RANDOM_ATTEMPTS,
     Box,
     CropSpec,
     center_box,
@@ -34,17 +33,21 @@ __all__ = ["plan_crops"]
 # then, for the first box that fits, two `integers` (numpy's bounded Lemire on 32 bits: the
 # low then the high half of one 64-bit output, none when the range is a single value), then
 # `random()` for the flip (a fresh 64-bit output). plan_crops takes each sample's first
-# 2 * 10 + 2 raw outputs at once (its PCG64 state from boxes.pcg64_states, set on one
+# 2 * 4 + 2 raw outputs at once (its PCG64 state from boxes.pcg64_states, set on one
 # generator per thread, `random_raw`: ~2 us a sample where plan_crop costs ~15) and replays
 # those draws on the whole batch with numpy: the same IEEE operations in the same order
 # (np.sqrt and np.rint are correctly rounded, like math.sqrt and round; the exponential is
 # math.exp's, per value, because numpy's own may differ in the last bit). What the replay
 # does not cover goes to plan_crop itself, so the result is always plan_crop's: a sample
-# whose attempts all fail (the central fallback), a Lemire draw that would be rejected
-# (probability ~ range / 2**32), an index past 2**32 (pcg64_states' slow path is still
-# exact, only slower). tests/test_batchplan.py compares the two on many sizes and seeds.
+# whose first 4 attempts fail (it may need 10, or the central fallback), a Lemire draw that
+# would be rejected (probability ~ range / 2**32), an index past 2**32 (pcg64_states' slow
+# path is still exact, only slower). tests/test_batchplan.py compares the two on many sizes
+# and seeds.
 
-_RAWS: Final[int] = 2 * RANDOM_ATTEMPTS + 2  # every attempt, one output for both integers, the flip
+# Attempts replayed: a sample whose first _REPLAYED boxes all fail to fit (0.03% of square
+# 256 images, 0.5% of 500x375 ones) goes to plan_crop, which tries the rest.
+_REPLAYED: Final[int] = 4
+_RAWS: Final[int] = 2 * _REPLAYED + 2  # the attempts, one output for both integers, the flip
 _TO_DOUBLE: Final[float] = 1.0 / 9007199254740992.0  # 2**-53, numpy's next_double
 _M32: Final = np.uint64(0xFFFFFFFF)
 _THREAD = threading.local()
@@ -159,14 +162,14 @@ def _random_boxes(
     scale_low, scale_high = spec.scale
     log_low, log_high = math.log(spec.ratio[0]), math.log(spec.ratio[1])
     area = (h * w).astype(np.float64)[:, None]
-    target = area * (scale_low + (scale_high - scale_low) * doubles[:, 0 : 2 * RANDOM_ATTEMPTS : 2])
-    logs = log_low + (log_high - log_low) * doubles[:, 1 : 2 * RANDOM_ATTEMPTS : 2]
+    target = area * (scale_low + (scale_high - scale_low) * doubles[:, 0 : 2 * _REPLAYED : 2])
+    logs = log_low + (log_high - log_low) * doubles[:, 1 : 2 * _REPLAYED : 2]
     aspect = np.array([math.exp(v) for v in logs.ravel().tolist()]).reshape(logs.shape)
     box_w = np.rint(np.sqrt(target * aspect)).astype(np.int64)
     box_h = np.rint(np.sqrt(target / aspect)).astype(np.int64)
     fits = (box_w > 0) & (box_w <= w[:, None]) & (box_h > 0) & (box_h <= h[:, None])
     attempt = np.argmax(fits, axis=1)
-    exact = fits[rows, attempt]  # no attempt fits: the central fallback, left to plan_crop
+    exact = fits[rows, attempt]  # none of these fits: left to plan_crop (more, or the centre)
     bw, bh = box_w[rows, attempt], box_h[rows, attempt]
     at = 2 * attempt + 2  # the output both integers draw their 32 bits from
     word = raws[rows, at]

@@ -291,15 +291,15 @@ _NUMPY_DTYPES = {
 #
 # Without workers, each batch used to be a fresh torch.empty: for 64 raw 256 images, 12.5 MB
 # whose pages the allocator gets back from the kernel now and then, so writing a batch cost
-# page faults and cold memory (a copy of 196 KB into a fresh batch 31 us, into a reused one
-# 21: scripts/bench_percore.py's numbers). ``LocalBatches`` keeps a few buffers per batch
-# shape and hands one out again only when nothing references it any more, by the same test
-# as the ring (the storage's use count back to the pool's own reference): the batch the
-# training loop holds while the next one is built, one it keeps in a list, one the pinning
-# thread holds, are never written. When every kept buffer is in use, a fresh one is made
-# (never blocks) and kept instead of the oldest, which is then the caller's alone (so a loop
-# that kept some batches for good does not leave the pool without free buffers). Memory:
-# at most ``PER_SHAPE`` unreferenced batches per shape, ``SHAPES`` shapes.
+# page faults and cold memory (a copy of 196 KB into a fresh batch 33-41 us, into a reused
+# one 22-24: scripts/bench_percore.py --only mapcopy). ``LocalBatches`` keeps a few buffers
+# per batch shape and hands one out again only when nothing references it any more, by the
+# same test as the ring (the storage's use count back to the pool's own reference): the
+# batch the training loop holds while the next one is built, one it keeps in a list, one the
+# pinning thread holds, are never written. When every kept buffer is in use, a fresh one is
+# made (never blocks) and kept instead of the oldest, which is then the caller's alone (so a
+# loop that kept some batches for good does not leave the pool without free buffers).
+# Memory: at most ``PER_SHAPE`` unreferenced batches per shape, ``SHAPES`` shapes.
 
 
 class LocalBatches:
