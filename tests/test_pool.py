@@ -226,3 +226,25 @@ def test_one_thread_and_workers_need_no_shared_pool(packs) -> None:
     workers = make_loader([packs["a"], packs["b"]], 8, weights=[1, 1], num_workers=2)
     assert workers.dataset.pool is None  # a worker reads on its own thread
     assert sum(len(labels) for _, labels in workers) == 127
+
+
+def test_workers_with_threads_share_a_pool_each(packs) -> None:
+    """Each DataLoader worker makes its own threads for the shared pool (after fork)."""
+
+    def batches(pool: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+        loader = make_loader(
+            [packs["a"], packs["b"]], 8, weights=[2, 1], num_workers=2, threads=2, seed=4
+        )
+        assert loader.dataset.pool is not None
+        if not pool:  # each source's reader on its own threads
+            loader.dataset.pool = None
+            for part in loader.dataset.parts:
+                part.pool = None
+        loader.set_epoch(1)
+        return [(images.numpy().copy(), labels.numpy().copy()) for images, labels in loader]
+
+    shared, alone = batches(True), batches(False)
+    assert len(shared) == len(alone) == -(-127 // 8)
+    for (images, labels), (images_alone, labels_alone) in zip(shared, alone, strict=True):
+        assert np.array_equal(images, images_alone)
+        assert np.array_equal(labels, labels_alone)
