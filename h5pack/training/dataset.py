@@ -272,6 +272,12 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.output: Output = output
         self.return_path = return_path
         self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
+        if pipeline is not None:
+            # The pipeline's resize kernel, imported here, before DataLoader workers fork:
+            # imported by each worker at its first batch instead, it cost every worker of
+            # every epoch 0.02-0.15 s of CPU (a remote pack's workers the most: +500 us per
+            # image over 600 JPEGs, 2 workers; bench_s3.py's jpeg arm, s3fast)
+            import cv2  # noqa: F401
         if isinstance(cache, CacheSpec):
             if self.meta.mode == "raw":
                 raise OptionsError(
