@@ -199,3 +199,39 @@ def test_a_forked_worker_with_keys_builds_no_botocore_client(remote: tuple[Bucke
     found = queue.get(timeout=60)
     child.join(timeout=60)
     assert found == (DATA[-1000:], len(DATA) - 1000, DATA[30:40])
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    # servers drop keep-alive connections after a while (between epochs): the pool skips
+    # them instead of failing the next request and costing one of its tries
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        for _ in range(2):
+            accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    netloc = f"127.0.0.1:{listener.getsockname()[1]}"
+    pool = s3http.Connections("http", netloc, connect_timeout_s=5, read_timeout_s=5)
+    first = pool.take()
+    pool.give(first)
+    assert pool.take() is first  # still open: reused
+    pool.give(first)
+    while not accepted:
+        threading.Event().wait(0.01)
+    accepted[0].close()  # the server drops it
+    assert first.sock is not None
+    __import__("select").select([first.sock], [], [], 5)  # its EOF has arrived
+    second = pool.take()
+    assert second is not first
+    assert first.sock is None  # closed by the pool
+    second.close()
+    thread.join(5)
+    for sock in accepted:
+        sock.close()
+    listener.close()

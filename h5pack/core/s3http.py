@@ -18,7 +18,9 @@ docs/ARCHITECTURE.md "Remote packs"). The ranged GETs of chunks are therefore is
   hash, the day's signing key derived once per (secret, day, region) and kept.
 - **Sending** (``Connections``): ``http.client`` connections kept per process (a forked
   DataLoader worker never touches its parent's sockets: the pool is keyed on the pid),
-  TCP_NODELAY, the connect and read timeouts of ``S3Options``. An HTTPS endpoint is
+  TCP_NODELAY, the connect and read timeouts of ``S3Options``; an idle connection the
+  server has closed (keep-alive dropped between epochs) is skipped, not reused and failed
+  on (``Connections.take``, as urllib3 checks). An HTTPS endpoint is
   verified against botocore's CA bundle. An endpoint that an ``HTTP(S)_PROXY`` of the
   environment would route through a proxy keeps botocore's path (``uses_proxy``).
 - **Reading** (``get_into``): the body goes straight from the socket into the caller's
@@ -39,6 +41,7 @@ import hmac
 import http.client
 import os
 import re
+import select
 import socket
 import ssl
 import threading
@@ -189,10 +192,20 @@ class Connections:
         self._context: ssl.SSLContext | None = None
 
     def take(self) -> http.client.HTTPConnection:
-        """Return an idle connection, or a new one (connected)."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+        """Return an idle connection still open, or a new one (connected).
+
+        An idle connection the server has closed meanwhile (servers drop keep-alive
+        connections after a while: between epochs, say) reads as readable (its EOF): it is
+        closed and skipped, as urllib3 does, rather than failing a request and costing a try.
+        """
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                idle = self._idle.pop()
+            if idle.sock is not None and not _dropped(idle.sock):
+                return idle
+            idle.close()
         connection: http.client.HTTPConnection
         if self.scheme == "https":
             if self._context is None:
@@ -224,6 +237,15 @@ class Connections:
                 self._idle.append(connection)
                 return
         connection.close()
+
+
+def _dropped(sock: socket.socket) -> bool:
+    """Return whether an idle connection's socket has something to read (EOF: closed)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):  # closed meanwhile
+        return True
+    return bool(readable)
 
 
 # One pool per (process, endpoint, timeouts): a forked child makes its own and never uses
