@@ -151,11 +151,11 @@ def per_source_pools(loader: Any) -> Any:
     return loader
 
 
-def cost_packs(folder: Path) -> tuple[Path, Path, Path]:
+def cost_packs(folder: Path, side: int = 64) -> tuple[Path, Path, Path]:
     """Write the cost parts' packs: 6,000 + 2,000 samples, and the same 8,000 in one pack."""
     rng = np.random.default_rng(0)
     num_a, num_b = 6000, 2000
-    images = rng.integers(0, 256, (num_a + num_b, 64, 64, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (num_a + num_b, side, side, 3), dtype=np.uint8)
     images[:, ::2] //= 3  # compressible, like photographs (zstd ~2:1)
     labels = rng.integers(0, 10, num_a + num_b)
     options = ConvertOptions(chunk_samples=64, compression=Compression(codec="zstd"))
@@ -255,7 +255,7 @@ def gathers(a: Path, b: Path, one: Path) -> str:
     return " | ".join(f"{1e6 * statistics.median(v[10:]):.0f}" for v in spent.values())
 
 
-def cost(rounds: int, folder: Path, block: int) -> list[str]:
+def cost(rounds: int, folder: Path, block: int, side: int = 64) -> list[str]:
     """A 3:1 mix of two packs against one pack of the same images, in this process.
 
     Every round reads one epoch of every loader, ``block`` batches of each in turn (0: the
@@ -265,7 +265,7 @@ def cost(rounds: int, folder: Path, block: int) -> list[str]:
     of those ratios.
     """
     num_a, num_b = 6000, 2000
-    a, b, one = cost_packs(folder)
+    a, b, one = cost_packs(folder, side)
     loaders: dict[str, Any] = {}
     base: dict[str, str] = {}  # each loader's one-pack reference
     for threads in (None, 1):
@@ -338,6 +338,9 @@ def main() -> None:
     parser.add_argument(
         "--block", type=int, default=0, help="cost: batches of each loader in turn (0: epochs)"
     )
+    parser.add_argument(
+        "--side", type=int, default=64, help="cost: the images' side in pixels (square, raw)"
+    )
     args = parser.parse_args()
     if "exact" in args.parts:
         print(f"## Exactness over {args.epochs} epochs (2 ranks x 2 workers, batch 256)\n")
@@ -347,8 +350,9 @@ def main() -> None:
         print("\n".join(stratification()), "\n")
     if "cost" in args.parts:
         with tempfile.TemporaryDirectory() as folder:
-            print("## Cost of a mix (8,000 64x64 raw zstd samples, 64 per chunk)\n")
-            print("\n".join(cost(args.rounds, Path(folder), args.block)))
+            side = args.side
+            print(f"## Cost of a mix (8,000 {side}x{side} raw zstd samples, 64 per chunk)\n")
+            print("\n".join(cost(args.rounds, Path(folder), args.block, side)))
     if "floor" in args.parts:
         with tempfile.TemporaryDirectory() as folder:
             print("\n## Where a batch's time goes (the floor of the mix's rate)\n")
