@@ -3,6 +3,7 @@
     python scripts/bench_percore.py --data /tmp/ffbench/data --only profile   # raw, jpeg, cache
     python scripts/bench_percore.py --data /tmp/ffbench/data --only decode
     python scripts/bench_percore.py --data /tmp/ffbench/data --only mapcopy
+    python scripts/bench_percore.py --data /tmp/ffbench/data --only phase --rounds 5
 
 ``profile``: one epoch of ``make_loader(pack, 64, size=224, crop="random-resized",
 flip=True, num_workers=0, threads=1)`` (torch one thread) under cProfile with
@@ -15,6 +16,16 @@ own CPU time in both, which shows what the resize costs the decode on the same c
 the raw pack into a reused buffer, against the same out of anonymous memory; and out of
 the mapping into batches of 64 images, a fresh ``torch.empty`` per batch against one
 reused (one thread).
+
+``phase``: the JPEG path's decode and resize phased within a thread's share (decode k
+images, then cut those k; k = 1 is one after the other), for each k in interleaved rounds,
+medians: (a) the kernels on one thread, the pack's upright JPEGs with ``plan_crops``'s
+boxes, ``time.thread_time`` of each decode and of each cut (box copy, torch's kernel,
+flip), and decodes alone in a row for reference; (b) the loop:
+``FixedSizeReader.read_into`` of the encoded pack (2 reader threads, RandomResizedCrop(224)
++ flip), every batch of 64 of a shuffled epoch cut with each k in turn (the order rotated
+per batch) under ``FixedSizeReader.decode_phase = k``, CPU of the process per image for
+each k.
 """
 
 from __future__ import annotations
@@ -32,8 +43,11 @@ import numpy as np
 import torch
 
 from h5pack import make_loader
-from h5pack.read.reader import PackReader
-from h5pack.training.fixed_size import torch_resize_into
+from h5pack.read.batchplan import plan_crops
+from h5pack.read.boxes import CropSpec
+from h5pack.read.crop import decode_jpeg, upright_jpeg_header
+from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.fixed_size import _AA_OUT, FixedSizeReader, torch_resize_into
 
 BATCH = 64
 
@@ -141,11 +155,115 @@ def mapcopy(data: Path) -> None:
         )
 
 
+PHASES = (1, 2, 4, 8, 32)  # 32: a thread's whole share of a 64-image batch on 2 threads
+
+
+def phase(data: Path, rounds: int) -> None:
+    """Decode k then cut k, for each k: the kernels on one thread, then the loop."""
+    torch.set_num_threads(1)
+    with PackReader(data / "encoded.h5") as reader:
+        stored = reader.read_stored(np.arange(reader.meta.num_samples))
+    datas = [s.tobytes() for s in stored]
+    headers = [upright_jpeg_header(d, 3) for d in datas]
+    jpegs = [(h, d) for h, d in zip(headers, datas, strict=True) if h is not None]
+    spec = CropSpec.of(224, crop="random-resized", flip=True)
+    plans = plan_crops(
+        spec,
+        [h.height for h, _ in jpegs],
+        [h.width for h, _ in jpegs],
+        seed=0,
+        epoch=0,
+        indices=np.arange(len(jpegs)),
+    )
+    out = np.empty((224, 224, 3), dtype=np.uint8)
+    size = [224, 224]
+
+    def kernels(k: int) -> tuple[float, float, float]:
+        """Microseconds per image: decode, cut, both; k = 0: decodes only, in a row."""
+        decoding = cutting = 0.0
+        start = time.thread_time()
+        for first in range(0, len(jpegs), max(k, 1)):
+            if k == 0:
+                began = time.thread_time()
+                decode_jpeg(jpegs[first][0], jpegs[first][1], name="x")
+                decoding += time.thread_time() - began
+                continue
+            group = range(first, min(first + k, len(jpegs)))
+            images = []
+            for j in group:
+                began = time.thread_time()
+                images.append(decode_jpeg(jpegs[j][0], jpegs[j][1], name="x"))
+                decoding += time.thread_time() - began
+            for j, image in zip(group, images, strict=True):
+                began = time.thread_time()
+                (top, left, box_h, box_w), flip = plans[j]
+                box = np.array(image[top : top + box_h, left : left + box_w])
+                _AA_OUT(
+                    torch.from_numpy(box.transpose(2, 0, 1)[None]),
+                    size,
+                    False,
+                    out=torch.from_numpy(out.transpose(2, 0, 1)[None]),
+                )
+                if flip:
+                    cv2.flip(out, 1, dst=out)
+                cutting += time.thread_time() - began
+            del images
+        whole = time.thread_time() - start
+        n = len(jpegs) / 1e6
+        return decoding / n, cutting / n, whole / n
+
+    fixed = FixedSizeReader(
+        PackReader(data / "encoded.h5", ReaderOptions(threads=2)), spec, cache=None
+    )
+    defaults = FixedSizeReader.decode_phase, FixedSizeReader.decode_phase_bytes
+    batch = np.empty((BATCH, 224, 224, 3), dtype=np.uint8)
+    every = np.arange(fixed.reader.meta.num_samples)
+
+    def loop(k: int, indices: np.ndarray, epoch: int) -> float:
+        FixedSizeReader.decode_phase, FixedSizeReader.decode_phase_bytes = k, 1 << 62
+        start = time.process_time()
+        fixed.read_into(indices, batch[: len(indices)], seed=0, epoch=epoch)
+        return time.process_time() - start
+
+    fixed.read_into(every[:BATCH], batch, seed=0, epoch=0)  # untimed
+
+    kernel_rows: dict[int, list[tuple[float, float, float]]] = {k: [] for k in (0, *PHASES)}
+    loop_rows: dict[int, list[float]] = {k: [] for k in PHASES}
+    for r in range(rounds):
+        order = PHASES[r % len(PHASES) :] + PHASES[: r % len(PHASES)]  # rotated each round
+        for k in (0, *order):
+            kernel_rows[k].append(kernels(k))
+        # the loop: each batch of an epoch cut with every k in turn (rotated per batch), the
+        # process's CPU per image of each k over the epoch
+        spent = dict.fromkeys(PHASES, 0.0)
+        shuffled = np.random.default_rng(r).permutation(every)
+        for b, first in enumerate(range(0, len(shuffled), BATCH)):
+            indices = shuffled[first : first + BATCH]
+            for k in PHASES[b % len(PHASES) :] + PHASES[: b % len(PHASES)]:
+                spent[k] += loop(k, indices, 1 + r)
+        for k in PHASES:
+            loop_rows[k].append(spent[k] / len(every) * 1e6)
+        print(f"round {r + 1}: loop " + ", ".join(f"k={k} {loop_rows[k][-1]:.0f}" for k in PHASES))
+    base = np.array(loop_rows[1])
+    print(f"{len(jpegs)} upright JPEGs; medians of {rounds} rounds, us per image")
+    print("k  | kernels: decode  cut  whole | loop CPU | loop / k=1 (median of per-round ratios)")
+    print(f"decodes only, in a row: {np.median([row[0] for row in kernel_rows[0]]):.0f}")
+    for k in PHASES:
+        dec, cut, whole = np.median(np.array(kernel_rows[k]), axis=0)
+        ratio = np.median(np.array(loop_rows[k]) / base)
+        print(
+            f"{k:<3}| {dec:15.0f} {cut:4.0f} {whole:6.0f} | "
+            f"{np.median(loop_rows[k]):8.0f} | {ratio:.3f}"
+        )
+    FixedSizeReader.decode_phase, FixedSizeReader.decode_phase_bytes = defaults
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="bench_ffcv.py's --data")
-    parser.add_argument("--only", choices=("profile", "decode", "mapcopy"), default=None)
+    parser.add_argument("--only", choices=("profile", "decode", "mapcopy", "phase"), default=None)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3, help="phase's rounds")
     args = parser.parse_args(argv)
     if args.only in (None, "profile"):
         profile(args.data, args.top)
@@ -153,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         decode(args.data)
     if args.only in (None, "mapcopy"):
         mapcopy(args.data)
+    if args.only in (None, "phase"):
+        phase(args.data, args.rounds)
 
 
 if __name__ == "__main__":

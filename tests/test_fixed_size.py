@@ -439,8 +439,16 @@ def test_pipeline_and_cache_objects_whole_serve_what_the_keywords_serve(packs):
 
 @pytest.mark.parametrize("crop", ["random-resized", "center", "resize"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_per_batch_loop_gives_decode_crop_into_s_pixels(mixed_pack, crop, threads):
-    """Every kind of file, one thread or two: each sample is what the per-sample path cuts."""
+@pytest.mark.parametrize("phase", [None, (1, 1 << 30), (3, 1 << 30), (8, 1)])
+def test_the_per_batch_loop_gives_decode_crop_into_s_pixels(
+    mixed_pack, crop, threads, phase, monkeypatch
+):
+    """Every kind of file, one thread or two, JPEGs decoded in groups or one by one (None:
+    the default groups; (8, 1): the bytes bound ends each group after one image): each
+    sample is what the per-sample path cuts."""
+    if phase is not None:
+        monkeypatch.setattr(FixedSizeReader, "decode_phase", phase[0])
+        monkeypatch.setattr(FixedSizeReader, "decode_phase_bytes", phase[1])
     spec = CropSpec.of(48, crop=crop, flip=True)
     reader = PackReader(mixed_pack, ReaderOptions(threads=threads))
     count = len(reader.meta.labels)

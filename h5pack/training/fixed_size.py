@@ -152,6 +152,12 @@ class FixedSizeReader:
             every sample every epoch.
     """
 
+    # JPEGs each thread of the per-batch loop decodes before it cuts them, and the decoded
+    # bytes after which it cuts the group sooner (NOTE [ The per-batch loop ]); raw and
+    # cached images are cut as they come.
+    decode_phase = 4
+    decode_phase_bytes = 4 << 20
+
     def __init__(
         self, reader: PackReader | PackSetReader, spec: CropSpec, cache: DecodedCache | None
     ) -> None:
@@ -300,7 +306,8 @@ class FixedSizeReader:
             return decode_jpeg(header, datas[j], name=self._name(int(indices[j])))
 
         self.decodes += len(batched)
-        self._cut_batch(image_of, plans, out, batched, "decode")
+        phase = (self.decode_phase, self.decode_phase_bytes)
+        self._cut_batch(image_of, plans, out, batched, "decode", phase)
         done = set(batched)
         return [j for j in range(count) if j not in done]
 
@@ -375,12 +382,15 @@ class FixedSizeReader:
         out: np.ndarray,
         slots: Sequence[int],
         stage: str = "storage",
+        phase: tuple[int, int] = (1, 0),
     ) -> None:
         """Resize ``plans[k]``'s box of ``image_of(k)`` into ``out[slots[k]]``, flipped if planned.
 
         See ``NOTE [ The per-batch loop ]``. Timed once per thread: ``image_of`` as ``stage``
         (a mapped sample's digest check, where its first touch of the bytes belongs, as
-        "storage"; a decode as "decode"), the rest as "crop".
+        "storage"; a decode as "decode"), the rest as "crop". ``phase``: each thread gets up
+        to ``phase[0]`` images, stopping early once they hold ``phase[1]`` bytes, before it
+        cuts them (1: each image cut as it comes).
 
         Raises:
             OptionsError: a box is outside its image, or the channels differ.
@@ -389,43 +399,59 @@ class FixedSizeReader:
 
         count = len(slots)
         size = [out.shape[1], out.shape[2]]
-        lean = self._kernel is torch_resize_into and out.shape[3] == 3
+        kernel = self._kernel
+        lean = kernel is torch_resize_into and out.shape[3] == 3
         parts = max(1, min(self.reader.options.threads or 0, count))
+
+        def cut(k: int, image: np.ndarray) -> None:
+            (top, left, box_h, box_w), flip = plans[k]
+            target = out[slots[k]]
+            image_h, image_w, channels = image.shape
+            inside = top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
+            if not (lean and inside and channels == 3):  # crop_into raises what is wrong
+                crop_into(image, Box(top, left, box_h, box_w), target, flip=flip, resize=kernel)
+                return
+            if box_h == size[0] and box_w == size[1]:
+                target[...] = image[top : top + box_h, left : left + box_w]
+            else:
+                # contiguous and writable for torch (NOTE [ Pillow's filter, computed by
+                # torch ])
+                box = np.array(image[top : top + box_h, left : left + box_w])
+                _AA_OUT(
+                    torch.from_numpy(box.transpose(2, 0, 1)[None]),
+                    size,
+                    False,
+                    out=torch.from_numpy(target.transpose(2, 0, 1)[None]),
+                )
+            if flip:
+                cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
 
         def run_part(part: int) -> None:
             times = stage_times()
             start = times.clock()
             getting = 0
-            for k in range(part, count, parts):
-                began = times.clock()
-                image = image_of(k)
-                getting += times.clock() - began
-                (top, left, box_h, box_w), flip = plans[k]
-                j = slots[k]
-                image_h, image_w, channels = image.shape
-                inside = (
-                    top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
-                )
-                if not (lean and inside and channels == 3):  # crop_into raises what is wrong
-                    crop_into(
-                        image, Box(top, left, box_h, box_w), out[j], flip=flip, resize=self._kernel
-                    )
-                    continue
-                target = out[j]
-                if box_h == size[0] and box_w == size[1]:
-                    target[...] = image[top : top + box_h, left : left + box_w]
-                else:
-                    # contiguous and writable for torch (NOTE [ Pillow's filter, computed
-                    # by torch ])
-                    box = np.array(image[top : top + box_h, left : left + box_w])
-                    _AA_OUT(
-                        torch.from_numpy(box.transpose(2, 0, 1)[None]),
-                        size,
-                        False,
-                        out=torch.from_numpy(target.transpose(2, 0, 1)[None]),
-                    )
-                if flip:
-                    cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
+            most, most_bytes = phase
+            if most <= 1:
+                for k in range(part, count, parts):
+                    began = times.clock()
+                    image = image_of(k)
+                    getting += times.clock() - began
+                    cut(k, image)
+            else:  # up to `most` images got, then cut (NOTE [ The per-batch loop ])
+                mine, at = range(part, count, parts), 0
+                while at < len(mine):
+                    began = times.clock()
+                    group: list[tuple[int, np.ndarray]] = []
+                    held = 0
+                    while at < len(mine) and len(group) < most and held < most_bytes:
+                        image = image_of(mine[at])
+                        group.append((mine[at], image))
+                        held += image.nbytes
+                        at += 1
+                    getting += times.clock() - began
+                    for k, image in group:
+                        cut(k, image)
+                    del group, image  # freed before the next group is decoded
             times.add(stage, getting)
             times.add("crop", times.clock() - start - getting)
 
