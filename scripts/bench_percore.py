@@ -22,10 +22,10 @@ images, then cut those k; k = 1 is one after the other), for each k in interleav
 medians: (a) the kernels on one thread, the pack's upright JPEGs with ``plan_crops``'s
 boxes, ``time.thread_time`` of each decode and of each cut (box copy, torch's kernel,
 flip), and decodes alone in a row for reference; (b) the loop:
-``FixedSizeReader.read_into`` of the encoded pack (2 reader threads, RandomResizedCrop(224)
-+ flip), every batch of 64 of a shuffled epoch cut with each k in turn (the order rotated
-per batch) under ``FixedSizeReader.decode_phase = k``, CPU of the process per image for
-each k.
+``FixedSizeReader.read_into`` of the encoded pack (``--threads`` reader threads, 2 by
+default; RandomResizedCrop(224) + flip), every batch of 64 of a shuffled epoch cut with
+each k in turn (the order rotated per batch) under ``FixedSizeReader.decode_phase = k``,
+CPU of the process per image for each k.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def mapcopy(data: Path) -> None:
 PHASES = (1, 2, 4, 8, 32)  # 32: a thread's whole share of a 64-image batch on 2 threads
 
 
-def phase(data: Path, rounds: int) -> None:
+def phase(data: Path, rounds: int, threads: int) -> None:
     """Decode k then cut k, for each k: the kernels on one thread, then the loop."""
     torch.set_num_threads(1)
     with PackReader(data / "encoded.h5") as reader:
@@ -213,7 +213,7 @@ def phase(data: Path, rounds: int) -> None:
         return decoding / n, cutting / n, whole / n
 
     fixed = FixedSizeReader(
-        PackReader(data / "encoded.h5", ReaderOptions(threads=2)), spec, cache=None
+        PackReader(data / "encoded.h5", ReaderOptions(threads=threads)), spec, cache=None
     )
     defaults = FixedSizeReader.decode_phase, FixedSizeReader.decode_phase_bytes
     batch = np.empty((BATCH, 224, 224, 3), dtype=np.uint8)
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("profile", "decode", "mapcopy", "phase"), default=None)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3, help="phase's rounds")
+    parser.add_argument("--threads", type=int, default=2, help="phase's reader threads")
     args = parser.parse_args(argv)
     if args.only in (None, "profile"):
         profile(args.data, args.top)
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "mapcopy"):
         mapcopy(args.data)
     if args.only in (None, "phase"):
-        phase(args.data, args.rounds)
+        phase(args.data, args.rounds, args.threads)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,19 @@ __all__ = ["FixedSizeReader", "resize_kernel", "scale_box", "torch_resize_into"]
 # (tag 0, or an upright JPEG whose box needs no reduced decode) take it; everything else
 # (other orientations, other channels, misses, cache_max_side) goes sample by sample as
 # before. Same pixels (the kernels are the same; tests/test_fixed_size.py).
+# JPEGs are phased within a thread's share: it decodes up to FixedSizeReader.decode_phase
+# (4) of them, fewer once they hold decode_phase_bytes (4 MiB), then cuts those, so at most
+# ~4 decoded images (~560 KB each at ImageNet sizes; one, however large, past the bound)
+# are alive per thread. Measured (scripts/bench_percore.py --only phase: every batch cut
+# with each k in turn, process CPU per image, medians of rounds, 2 threads): k = 4 0.5-1.5%
+# less CPU per image than one after the other, k = 8 0-1.5%, k = 2 0-0.5%, k = 32 (the whole
+# share) 10-14% more (glibc returns the freed group's pages to the kernel and the next
+# group faults them in again: 48 minor faults per image against 22, and the penalty goes
+# with MALLOC_TRIM_THRESHOLD_ raised); one thread k = 4 0.6% less. The decodes inside a
+# phase still cost ~600 us against ~550 in a row, so most of the ~55 us a resize between
+# decodes costs is not the caches a phase keeps: the gain is small, and 4 was taken over
+# 8 (the same within noise) for half the memory. Raw and cached images are cut as they come:
+# a mapped raw sample's digest check is what brings its bytes into the cache for the cut.
 
 # NOTE [ Pillow's filter, computed by torch ]
 # Pillow's antialiased BILINEAR resize cost 400-1,200 us per 224x224 output on the 2-core
