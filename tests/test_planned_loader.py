@@ -264,3 +264,70 @@ def test_an_iterable_dataset_reads_ahead_by_its_plan(
     stats = reader.source.ahead().stats
     assert stats.off_plan == 0  # every chunk it read came from the plan
     assert stats.served == 15
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pack") / "q.h5"
+    return make_pack(
+        path,
+        samples=arrays(30, shape=(16, 16, 3), seed=7),
+        chunk_samples=6,
+        compression=Compression(codec="zstd"),
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_planned_mix_serves_what_the_plain_one_does(
+    pack: Path, second: Path, workers: int
+) -> None:
+    common = dict(
+        batch_size=8,
+        weights=[3, 1],
+        num_workers=workers,
+        seed=3,
+        window_chunks=2,
+        multiprocessing_context="fork" if workers else None,
+    )
+    plain = make_loader([pack, second], **common)
+    planned = make_loader(
+        [pack, second], read_ahead=ReadAheadOptions(requests_in_flight=3), **common
+    )
+    assert epochs(planned, 2) == epochs(plain, 2)
+    if workers == 0:
+        for part in planned.dataset.parts:
+            reader = part.reader
+            assert reader.plans_reads
+            stats = reader._raw_file.source.ahead().stats
+            assert stats.off_plan == 0  # every chunk a source read came from its plan
+            assert stats.served > 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_remote_mix_reads_ahead_one_get_per_chunk(
+    s3_bucket: Bucket, pack: Path, second: Path, workers: int
+) -> None:
+    urls = [s3_bucket.put(pack, "mix/p.h5"), s3_bucket.put(second, "mix/q.h5")]
+    common = dict(
+        batch_size=8,
+        weights=[3, 1],  # 90 + 30 samples: every sample once an epoch
+        num_workers=workers,
+        seed=3,
+        window_chunks=2,
+        multiprocessing_context="fork" if workers else None,
+    )
+    local = epochs(make_loader([pack, second], **common), 1)
+    loader = make_loader(
+        urls, storage_options=s3_bucket.storage_options, cache_disk_bytes=0, **common
+    )
+    s3_bucket.proxy.reset_counts()
+    assert epochs(loader, 1) == local
+    counts = s3_bucket.proxy.reset_counts()
+    # 15 + 5 chunks, each one ranged GET (read ahead by each source's plan), plus at most
+    # two GETs per open of a source, in each worker and in the main process
+    assert 20 <= counts.gets <= 20 + 2 * 2 * (1 + workers)
+    if workers == 0:
+        for part in loader.dataset.parts:
+            stats = part.reader.source.ahead().stats
+            assert stats.off_plan == 0
+            assert stats.served == part.reader.chunk_map.num_chunks

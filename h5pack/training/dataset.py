@@ -469,6 +469,14 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         else:
             reader.read_into(indices, out)
 
+    def follow_plan(self) -> None:
+        """Tell this dataset's reader its worker's plan of the epoch, if it reads by one.
+
+        Its own reads do this; a mix calls it for every source before the shared threads
+        load a batch's chunks, so that no source's first chunks are read off its plan.
+        """
+        self._follow_plan(self.reader)
+
     def _follow_plan(self, reader: PackReader | PackSetReader) -> None:
         """Tell a remote reader this worker's plan once per epoch (NOTE [ Planned read-ahead ])."""
         if self.planner is None or not reader.plans_reads:

@@ -26,6 +26,7 @@ from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch
 from h5pack.training.mixing import label_mixing
+from h5pack.training.readplan import SourcePlan
 from h5pack.training.ring import batch_buffer
 from h5pack.training.weighted import check_weights
 
@@ -122,9 +123,27 @@ class H5MixDataset(H5ImageDataset):
             for s, source in enumerate(self.mix.sources)
         ]
         self._share_pool()
+        self._planner: Callable[[int], Sequence[np.ndarray]] | None = None
         if cache is not None:  # a CacheSpec: one cache per encoded source, the budget split
             budget = default_cache_bytes() if cache.cache_bytes is None else cache.cache_bytes
             self.attach_caches(budget, max_side=cache.cache_max_side)
+
+    @property
+    def planner(self) -> Callable[[int], Sequence[np.ndarray]] | None:
+        """The rank's batches of an epoch (set by ``make_loader``), in the mix's indices.
+
+        Setting it gives every source its part (``training.readplan.SourcePlan``): a
+        remote source, or one with ``read_ahead``, fetches its chunks ahead by it.
+        """
+        return self._planner
+
+    @planner.setter
+    def planner(self, plan: Callable[[int], Sequence[np.ndarray]] | None) -> None:
+        self._planner = plan
+        offsets = self.offsets
+        for s, part in enumerate(self.parts):
+            low, high = int(offsets[s]), int(offsets[s + 1])
+            part.planner = None if plan is None else SourcePlan(plan, low, high)
 
     def _share_pool(self) -> None:
         """Give every source the same reading threads (NOTE [ One pool for a mix's sources ])."""
@@ -168,6 +187,7 @@ class H5MixDataset(H5ImageDataset):
             for s, part in enumerate(self.parts)
         ]
         twin._share_pool()
+        twin.planner = self._planner  # the new parts get their parts of the plan
         return twin
 
     def set_epoch(self, epoch: int) -> None:
@@ -193,6 +213,9 @@ class H5MixDataset(H5ImageDataset):
         idx = checked_indices(indices, self.meta.num_samples, "a mix")
         src = self.mix.source_of(idx)
         runs = self._runs(idx, src)
+        if self._planner is not None:  # before any load: a source's reads follow its plan
+            for source in self.parts:
+                source.follow_plan()
         # NOTE [ One pool for a mix's sources ]: every source's missing chunks at once, on
         # the shared threads, while this thread does the batch's own work below
         loading = (
