@@ -4,7 +4,7 @@ Two raw 96x96 lz4 packs (3,072 + 1,024 images, 64 per chunk) in a bucket of the 
 ``rclone serve s3`` server (``h5pack.bench.s3local``), read by
 ``make_loader(urls, 256, weights=[3, 1], cache_disk_bytes=0)``: every round a first epoch.
 Arms: the local packs; the remote mix with its read plan (each source fetches its chunks
-ahead by its part, ``training.readplan.SourcePlan``); the remote mix with the plan taken
+ahead by its part, ``ReadPlan.restricted``); the remote mix with the plan taken
 away (``loader.dataset.planner = None``: each source fetches a batch's chunks when asked).
 Rounds run the arms in turn, the order reversed every round; the first round warms up. Per
 arm: the median images/s, the median CPU per image of the loader's process tree (the server

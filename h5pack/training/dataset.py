@@ -23,6 +23,7 @@ from h5pack.core.vocabulary import Output as Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
+from h5pack.read.planned import ReadPlan
 from h5pack.read.pool import ReadPool
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache
@@ -469,26 +470,26 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         else:
             reader.read_into(indices, out)
 
-    def follow_plan(self) -> None:
-        """Tell this dataset's reader its worker's plan of the epoch, if it reads by one.
-
-        Its own reads do this; a mix calls it for every source before the shared threads
-        load a batch's chunks, so that no source's first chunks are read off its plan.
-        """
-        self._follow_plan(self.reader)
-
     def _follow_plan(self, reader: PackReader | PackSetReader) -> None:
         """Tell a remote reader this worker's plan once per epoch (NOTE [ Planned read-ahead ])."""
         if self.planner is None or not reader.plans_reads:
             return
+        plan = self._worker_plan()
+        if plan is not None:
+            reader.plan_reads(plan)
+
+    def _worker_plan(self) -> ReadPlan | None:
+        """This worker's read plan of the epoch the first time it is asked for, else None.
+
+        ``planner`` must be set. A mix asks for it once and gives each source its part.
+        """
+        assert self.planner is not None
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if self._planned == (self.epoch, worker):
-            return
+            return None
         self._planned = (self.epoch, worker)
-        reader.plan_reads(
-            read_plan(self.planner, epoch=self.epoch, worker=worker, num_workers=workers)
-        )
+        return read_plan(self.planner, epoch=self.epoch, worker=worker, num_workers=workers)
 
     def _cropped(
         self,

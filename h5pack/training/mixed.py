@@ -26,7 +26,6 @@ from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch
 from h5pack.training.mixing import label_mixing
-from h5pack.training.readplan import SourcePlan
 from h5pack.training.ring import batch_buffer
 from h5pack.training.weighted import check_weights
 
@@ -123,27 +122,30 @@ class H5MixDataset(H5ImageDataset):
             for s, source in enumerate(self.mix.sources)
         ]
         self._share_pool()
-        self._planner: Callable[[int], Sequence[np.ndarray]] | None = None
+        # the rank's batches of an epoch (set by make_loader), in the mix's indices: a worker's
+        # plan is made once and each source reads ahead by its part (``_plan_sources``)
+        self.planner: Callable[[int], Sequence[np.ndarray]] | None = None
+        self._planned: tuple[int, int] | None = None
         if cache is not None:  # a CacheSpec: one cache per encoded source, the budget split
             budget = default_cache_bytes() if cache.cache_bytes is None else cache.cache_bytes
             self.attach_caches(budget, max_side=cache.cache_max_side)
 
-    @property
-    def planner(self) -> Callable[[int], Sequence[np.ndarray]] | None:
-        """The rank's batches of an epoch (set by ``make_loader``), in the mix's indices.
+    def _plan_sources(self) -> None:
+        """Give each source that reads by a plan its part of this worker's, once per epoch.
 
-        Setting it gives every source its part (``training.readplan.SourcePlan``): a
-        remote source, or one with ``read_ahead``, fetches its chunks ahead by it.
+        Before any load of the batch, so that no source's chunks are read off its plan; the
+        plan is split by source as a set's is by shard (``ReadPlan.restricted``).
         """
-        return self._planner
-
-    @planner.setter
-    def planner(self, plan: Callable[[int], Sequence[np.ndarray]] | None) -> None:
-        self._planner = plan
+        if self.planner is None:
+            return
+        readers = [(s, part.reader) for s, part in enumerate(self.parts)]
+        planned = [(s, reader) for s, reader in readers if reader.plans_reads]
+        plan = self._worker_plan() if planned else None
+        if plan is None:
+            return
         offsets = self.offsets
-        for s, part in enumerate(self.parts):
-            low, high = int(offsets[s]), int(offsets[s + 1])
-            part.planner = None if plan is None else SourcePlan(plan, low, high)
+        for s, reader in planned:
+            reader.plan_reads(plan.restricted(int(offsets[s]), int(offsets[s + 1])))
 
     def _share_pool(self) -> None:
         """Give every source the same reading threads (NOTE [ One pool for a mix's sources ])."""
@@ -187,7 +189,7 @@ class H5MixDataset(H5ImageDataset):
             for s, part in enumerate(self.parts)
         ]
         twin._share_pool()
-        twin.planner = self._planner  # the new parts get their parts of the plan
+        twin._planned = None
         return twin
 
     def set_epoch(self, epoch: int) -> None:
@@ -213,9 +215,7 @@ class H5MixDataset(H5ImageDataset):
         idx = checked_indices(indices, self.meta.num_samples, "a mix")
         src = self.mix.source_of(idx)
         runs = self._runs(idx, src)
-        if self._planner is not None:  # before any load: a source's reads follow its plan
-            for source in self.parts:
-                source.follow_plan()
+        self._plan_sources()
         # NOTE [ One pool for a mix's sources ]: every source's missing chunks at once, on
         # the shared threads, while this thread does the batch's own work below
         loading = (

@@ -10,13 +10,12 @@ Times are in epochs: batch ``b`` of ``B`` in epoch ``e`` is used at ``e + b / B`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from h5pack.read.planned import ReadPlan
 
-__all__ = ["SourcePlan", "read_plan"]
+__all__ = ["read_plan"]
 
 
 def _uses(batches: Sequence[np.ndarray], epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,31 +56,3 @@ def read_plan(
         future_times=np.concatenate([all_times, next_times]),
     )
 
-
-@dataclass(frozen=True)
-class SourcePlan:
-    """One source's part of a mix's plan: a planner (``read_plan``'s ``plan``) for that source.
-
-    The mix's batches of an epoch keep only the global indices ``low .. high - 1`` (source
-    s's samples), renumbered from 0; a batch without any stays, empty, so that batch ``b``
-    is still worker ``b mod W``'s and its time is still ``e + b / B``. A repeating source's
-    later passes in the same epoch are later uses of the same chunks: the read-ahead fetches
-    a chunk at its first use of an epoch, the disk cache serves its next ones if it kept it.
-
-    Attributes:
-        plan: The mix's batches of an epoch, in global indices (``ChunkBatchSampler.plan``).
-        low: The source's first global index.
-        high: One past its last.
-    """
-
-    plan: Callable[[int], Sequence[np.ndarray]]
-    low: int
-    high: int
-
-    def __call__(self, epoch: int) -> list[np.ndarray]:
-        """Return the source's part of every batch of ``epoch``, in its own indices."""
-        parts = []
-        for batch in self.plan(epoch):
-            batch = np.asarray(batch, dtype=np.int64)
-            parts.append(batch[(batch >= self.low) & (batch < self.high)] - self.low)
-        return parts
