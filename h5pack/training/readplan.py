@@ -55,4 +55,3 @@ def read_plan(
         future_samples=np.concatenate([all_samples, next_samples]),
         future_times=np.concatenate([all_times, next_times]),
     )
-
