@@ -66,7 +66,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from h5pack.bench.system import machine_info, warm_page_cache
+from h5pack.bench.system import machine_info, tree_cpu_s, warm_page_cache
 from h5pack.core.decode import decode_image
 from h5pack.core.format import load_meta
 from h5pack.read.crop import (
@@ -168,24 +168,6 @@ def h5_loader(path: Path, args: argparse.Namespace, **kwargs: Any) -> Any:
 def process_tree() -> list[psutil.Process]:
     me = psutil.Process()
     return [me, *me.children(recursive=True)]
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds used so far by this process, its live children and its reaped ones.
-
-    DataLoader workers that exited (non-persistent ones, at the end of their epoch) count
-    through the kernel's children times, which include every reaped child.
-    """
-    me = psutil.Process()
-    times = me.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for process in me.children(recursive=True):
-        try:
-            child = process.cpu_times()
-        except psutil.Error:
-            continue
-        total += child.user + child.system
-    return total
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ import numpy as np
 import psutil
 
 from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
+from h5pack.bench.system import tree_cpu_s
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 
@@ -108,22 +109,6 @@ def stored_bytes(path: Path) -> int:
         return sum(images.id.get_chunk_info(i).size for i in range(images.id.get_num_chunks()))
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds of this process, its live children and its reaped ones (workers)."""
-    me = psutil.Process()
-    times = me.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in me.children(recursive=True):
-        if child.pid == SERVER_PID[0]:
-            continue  # the server is counted apart (and is never reaped during a run)
-        try:
-            used = child.cpu_times()
-        except psutil.Error:
-            continue
-        total += used.user + used.system
-    return total
-
-
 SERVER_PID = [-1]  # the rclone process, left out of the loader's tree
 
 
@@ -173,7 +158,7 @@ def epoch(
     from h5pack.read.readahead import ReadAheadOptions
     from h5pack.training.loader import make_loader
 
-    wall, cpu = time.perf_counter(), tree_cpu_s()
+    wall, cpu = time.perf_counter(), tree_cpu_s(exclude=SERVER_PID)
     # a remote pack without the disk cache: every round is a first epoch (the default cache
     # would serve rounds 2 and later, and later runs, from the local disk)
     remote: dict[str, Any] = {} if storage_options is None else {"cache_disk_bytes": 0}
@@ -189,7 +174,7 @@ def epoch(
         **settings,
     )
     count = sum(int(images.shape[0]) for images, _ in loader)
-    return time.perf_counter() - wall, tree_cpu_s() - cpu, count
+    return time.perf_counter() - wall, tree_cpu_s(exclude=SERVER_PID) - cpu, count
 
 
 def fetch_all(url: str, storage_options: dict[str, object]) -> tuple[float, float, int]:
@@ -207,9 +192,9 @@ def fetch_all(url: str, storage_options: dict[str, object]) -> tuple[float, floa
     assert index is not None  # a chunked pack on the direct path
     ranges = [(int(o), int(o) + int(n)) for o, n in zip(*index, strict=True)]
     source = S3Source(url, resolve_options({**storage_options, "max_in_flight": 8}))
-    wall, cpu = time.perf_counter(), tree_cpu_s()
+    wall, cpu = time.perf_counter(), tree_cpu_s(exclude=SERVER_PID)
     source.read_ranges(ranges)
-    return time.perf_counter() - wall, tree_cpu_s() - cpu, len(ranges)
+    return time.perf_counter() - wall, tree_cpu_s(exclude=SERVER_PID) - cpu, len(ranges)
 
 
 def build_jpeg_pack(work: Path, images: int) -> Path:

@@ -29,14 +29,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_s3  # the pack builder and the process tree's CPU
+import bench_s3  # the pack builder
 
 from h5pack.bench.s3local import Bucket, Fault, FaultProxy, S3Server
+from h5pack.bench.system import tree_cpu_s
 from h5pack.training.loader import make_loader
 
 
 def first_epoch(
-    sources: list[Any], storage_options: dict[str, object] | None, plan: bool, workers: int
+    sources: list[Any],
+    storage_options: dict[str, object] | None,
+    plan: bool,
+    workers: int,
+    server_pid: int,
 ) -> tuple[float, float]:
     """One epoch of the 3:1 mix: (images/s, CPU us per image of the loader's processes)."""
     remote: dict[str, Any] = (
@@ -45,9 +50,10 @@ def first_epoch(
     loader = make_loader(sources, 256, weights=[3, 1], num_workers=workers, seed=0, **remote)
     if not plan:
         loader.dataset.planner = None
-    wall, cpu = time.perf_counter(), bench_s3.tree_cpu_s()
+    wall, cpu = time.perf_counter(), tree_cpu_s(exclude=(server_pid,))
     count = sum(int(images.shape[0]) for images, _ in loader)
-    return count / (time.perf_counter() - wall), (bench_s3.tree_cpu_s() - cpu) / count * 1e6
+    elapsed, used = time.perf_counter() - wall, tree_cpu_s(exclude=(server_pid,)) - cpu
+    return count / elapsed, used / count * 1e6
 
 
 def main() -> None:
@@ -59,7 +65,6 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work, S3Server(Path(work) / "s3") as server:
         proxy = FaultProxy(server.endpoint)
-        bench_s3.SERVER_PID[0] = server.pid
         bucket = Bucket(server, proxy, "bench")
         options: dict[str, object] = (
             dict(bucket.storage_options)  # through the proxy, which delays every GET
@@ -87,7 +92,7 @@ def main() -> None:
                     if args.delay_ms > 0:
                         delay = Fault("delay", delay_s=args.delay_ms / 1e3)
                         proxy.inject(delay, times=100_000)
-                    found[name].append(first_epoch(sources, storage, plan, workers))
+                    found[name].append(first_epoch(sources, storage, plan, workers, server.pid))
             local = found["local packs"][1:]
             for name, rows in found.items():
                 kept = rows[1:]

@@ -37,10 +37,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
-from h5pack.bench.system import machine_info
+from h5pack.bench.system import machine_info, tree_cpu_s
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.loader import make_loader
 from h5pack.write.options import ConvertOptions
@@ -51,19 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peers import PHOTOS, check_batch, jpeg_samples, stack, wds_tuple, write_shards
 
 BUCKET = "bench"
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and every live descendant, with their waited children."""
-    total = 0.0
-    me = psutil.Process()
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            t = process.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
 
 
 def rclone_url(server: S3Server, endpoint: str, key: str) -> str:

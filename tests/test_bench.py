@@ -792,3 +792,31 @@ def test_bench_cache_bytes_is_the_decoded_caches_budget(encoded_pack: Path) -> N
     args = ["bench", str(encoded_pack), "--chunk-cache-bytes", "1MiB", "--workers", "0", "-q"]
     args += ["--time-budget", "0", "--repeats", "1"]
     assert CliRunner().invoke(cli, args).exit_code == 0
+
+
+def test_tree_cpu_s_counts_a_child_unless_it_is_excluded() -> None:
+    import subprocess
+    import sys
+
+    from h5pack.bench.system import tree_cpu_s
+
+    spin = (
+        "import sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.3: pass\n"
+        "print('spun', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    before = tree_cpu_s()
+    child = subprocess.Popen(
+        [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "spun\n"
+        with_child, without = tree_cpu_s(), tree_cpu_s(exclude={child.pid})
+        assert with_child - before >= 0.3  # the live child's own CPU seconds
+        assert with_child - without >= 0.3  # all of it is the excluded child's
+    finally:
+        child.communicate("")
+    assert tree_cpu_s() - before >= 0.3  # reaped: through this process's children times

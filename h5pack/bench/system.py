@@ -1,4 +1,4 @@
-"""The machine under a benchmark: its description, and the page cache of a pack file.
+"""The machine under a benchmark: its description, the page cache of a pack file, CPU time.
 
 # NOTE [ Dropping the page cache ]
 #
@@ -17,6 +17,7 @@ import mmap
 import os
 import platform
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,3 +208,27 @@ def machine_info(where: StrPath = ".") -> Machine:
         hdf5=h5py.version.hdf5_version,
         filesystem=_filesystem(os.fspath(where)),
     )
+
+
+def tree_cpu_s(exclude: Collection[int] = ()) -> float:
+    """CPU seconds (user + system) of this process and its descendants, live and ended.
+
+    Descendants that ended (DataLoader workers of an epoch, a ``pipe:`` command) count
+    through their parent's children times once it reaped them.
+
+    Args:
+        exclude: Pids left out, e.g. a server the benchmark started and measures apart.
+    """
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        if process.pid in exclude:
+            continue
+        try:
+            used = process.cpu_times()
+        except psutil.Error:  # it ended meanwhile
+            continue
+        total += used.user + used.system + used.children_user + used.children_system
+    return total
