@@ -231,11 +231,15 @@ def test_mapped_views_are_the_stored_samples_and_are_checked(raw_pack):
         out = np.empty((3, 16, 16, 3), dtype=np.uint8)
         reader.read_into([5, 0, 23], out)  # copied out of the same mapping
         np.testing.assert_array_equal(out, np.stack(views))
+        strided = np.zeros((3, 16, 32, 3), dtype=np.uint8)[:, :, ::2]
+        reader.read_into([5, 0, 23], strided)  # not contiguous: the same pixels
+        np.testing.assert_array_equal(strided, out)
     with PackReader(path, ReaderOptions(direct=False)) as reader:
         assert reader.stored_views([0]) is None  # only the direct path maps the file
 
 
-def test_a_damaged_sample_is_refused_on_the_mapped_crop_path(raw_pack, tmp_path):
+@pytest.mark.parametrize("size", [8, None])  # the crop's cut, the uncropped copy
+def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, size):
     path, images = raw_pack
     data = bytearray(path.read_bytes())
     at = data.find(images[7].tobytes())
@@ -243,10 +247,29 @@ def test_a_damaged_sample_is_refused_on_the_mapped_crop_path(raw_pack, tmp_path)
     data[at + 100] ^= 0xFF
     damaged = tmp_path / "damaged-raw.h5"
     damaged.write_bytes(bytes(data))
-    loader = make_loader(damaged, 4, size=8, flip=True, num_workers=0, threads=2)
-    with pytest.raises(FormatError, match="does not match its checksum"):
+    crop = {"size": size, "flip": True} if size else {}
+    loader = make_loader(damaged, 4, num_workers=0, threads=2, **crop)
+    with pytest.raises(FormatError, match=r"sample \d+ \(.*\) does not match its checksum"):
         for _ in loader:
             pass
+    unchecked = make_loader(damaged, 4, size=size, num_workers=0, verify_checksums=False)
+    assert sum(len(labels) for _, labels in unchecked) == 24  # served as stored
+
+
+def test_sample_checks_are_verify_samples_digests(raw_pack):
+    """NOTE [ Checked as copied ]: the inline check is verify_sample's, per sample."""
+    path, _ = raw_pack
+    indices = [23, 0, 5, 5]
+    with PackReader(path) as reader:
+        views = reader.stored_views(indices)
+        checks = reader.sample_checks(indices)
+        assert views is not None
+        assert checks is not None
+        digest, recorded = checks
+        assert [digest(view) for view in views] == recorded
+        assert digest(views[1]) != recorded[0]
+    with PackReader(path, ReaderOptions(verify_checksums=False)) as reader:
+        assert reader.sample_checks(indices) is None
 
 
 @pytest.mark.parametrize("size", [None, 8])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -374,9 +375,13 @@ class PackReader:
         if meta.sample_xxh3 is not None and integrity.has_sample_digest():
             self._recorded, self._digest_name = meta.sample_xxh3, "XXH3-64"
             self._digest: Callable[[Any], int] = integrity.sample_digest
+            fast = integrity.contiguous_sample_digest()
         else:
             self._recorded, self._digest_name = meta.checksums, "CRC32"
             self._digest = integrity.crc32
+            fast = zlib.crc32
+        # the same digest for C-contiguous samples, called inline (``sample_checks``)
+        self._contiguous_digest: Callable[[Any], int] = fast or self._digest
         self.chunk_map = chunk_map_of(self.meta)
         self.group_bytes = group_bytes(self.meta)
         self.compressed = is_compressed(self.meta)
@@ -659,6 +664,38 @@ class PackReader:
             return [view.reshape(shape) for view in views]
         return views
 
+    # NOTE [ Checked as copied ]
+    # A mapped raw sample (NOTE [ Mapped raw reads ] in core.source) is checked where its
+    # bytes are first touched: its XXH3 digest is computed on the mapping (the cold read of
+    # 196 KB from the page cache, ~21 us), then it is copied out of the CPU's cache (~8 us)
+    # or its box cut from it. Copying first and hashing the copy cost ~2 us more (the copy
+    # is then the cold read, ~24, and the hash ~7). The check is inline: the digest function
+    # itself on a memoryview slice, compared with the batch's recorded digests as a list
+    # (sample_checks), verify_one only on a mismatch, for its message; four Python calls
+    # per sample fewer than verify_sample. The uncropped copy runs in the calling thread:
+    # the copy is a memoryview slice assignment (~0.2 us of Python where np.copyto's
+    # dispatch costs ~1.5, but it holds the GIL), and a second thread cost 6% more CPU per
+    # image for no more images per second (bench_handoff.py --only memcpy, BENCHMARKS.md
+    # "FFCV side by side", run 8). What remains against a memcpy of the same images out of
+    # an anonymous array: that array sits in 2 MB pages, the mapping in 4 KB ones (a cold
+    # 196 KB digest costs 17 us there against 21 here; this kernel refuses file THPs for
+    # the mapping: THPeligible 0, MADV_COLLAPSE EINVAL, MADV_HUGEPAGE no change).
+
+    def sample_checks(
+        self, indices: Sequence[int] | np.ndarray
+    ) -> tuple[Callable[[Any], int], list[int]] | None:
+        """``(digest, recorded)`` to check C-contiguous stored samples of ``indices`` inline.
+
+        ``digest(sample) == recorded[k]`` is what :meth:`verify_sample` checks for sample
+        ``indices[k]``, without its Python calls per sample (``NOTE [ Checked as copied ]``);
+        on a mismatch call :meth:`verify_sample`, which raises with the message. None
+        without ``verify_checksums``. ``indices`` are checked already (``stored_views``).
+        """
+        if not self.verify_checksums:
+            return None
+        recorded: list[int] = self._recorded[np.asarray(indices, dtype=np.int64)].tolist()
+        return self._contiguous_digest, recorded
+
     def verify_sample(self, index: int, sample: np.ndarray) -> None:
         """Check ``sample`` (stored form) against its recorded digest, with ``verify_checksums``.
 
@@ -712,9 +749,16 @@ class PackReader:
             offsets = self._sample_offsets(idx)
             # in file order (measured ~15% faster than batch order), each to its place
             order = np.argsort(offsets, kind="stable")
+            source = self._raw_file.source
+            if offsets.size and isinstance(source, LocalSource):
+                mapped = source.mapped(int(offsets.max()) + self._sample_bytes)
+                into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+                self._copy_mapped(idx, order, offsets[order], mapped, into)
+                if into is not out:
+                    out[...] = into
+                return
             jobs = list(zip(order.tolist(), offsets[order].tolist(), strict=True))
-            mapped = self._mapped_read(int(offsets.max())) if offsets.size else None
-            raw_read = mapped or self._raw_file.read_into
+            raw_read = self._raw_file.read_into
             indices = idx.tolist()
 
             def read(row: np.ndarray, offset: int, pos: int) -> None:
@@ -741,18 +785,33 @@ class PackReader:
         if self.verify_checksums:
             self._verify(idx, out)
 
-    def _mapped_read(self, last: int) -> Callable[[np.ndarray, int], None] | None:
-        """A copy out of the file's mapping (``NOTE [ Mapped raw reads ]``), for a local file."""
-        source = self._raw_file.source
-        if not isinstance(source, LocalSource):
-            return None
+    def _copy_mapped(
+        self,
+        idx: np.ndarray,
+        order: np.ndarray,
+        starts: np.ndarray,
+        mapped: np.ndarray,
+        out: np.ndarray,
+    ) -> None:
+        """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``, checked.
+
+        See ``NOTE [ Checked as copied ]`` (and ``NOTE [ Mapped raw reads ]``): in this
+        thread, each sample's digest computed on the mapping, then the sample copied.
+        """
         size = self._sample_bytes
-        mapped = source.mapped(last + size)
-
-        def read(row: np.ndarray, offset: int) -> None:
-            np.copyto(row.reshape(-1), mapped[offset : offset + size])
-
-        return read
+        rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
+        positions, offsets = order.tolist(), starts.tolist()
+        checks = self.sample_checks(idx)
+        if checks is None:
+            for pos, at in zip(positions, offsets, strict=True):
+                rows[pos * size : (pos + 1) * size] = source[at : at + size]
+            return
+        digest, recorded = checks
+        for pos, at in zip(positions, offsets, strict=True):
+            sample = source[at : at + size]
+            if digest(sample) != recorded[pos]:  # the first touch of its bytes
+                self._verify_one(int(idx[pos]), np.frombuffer(sample, dtype=np.uint8))
+            rows[pos * size : (pos + 1) * size] = sample  # out of the CPU's cache
 
     def map_threads(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1.
