@@ -33,6 +33,7 @@ h5pack's workers), steadier than wall time on a shared machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -53,6 +54,7 @@ from bench_photos import SIZE, Rounds, Run, epoch, prepare, tree_cpu_s
 
 from h5pack import make_loader
 from h5pack.bench.system import machine_info, warm_page_cache
+from h5pack.core import jpegbox
 
 BATCH = 64
 
@@ -182,6 +184,11 @@ def first_epoch(make: Callable[[], Any]) -> tuple[Run, Run]:
     return Run(images / wall, images / cpu), Run(rest / rest_wall, rest / rest_cpu)
 
 
+def _whole(name: str) -> contextlib.AbstractContextManager[None]:
+    """Within an arm "..., whole decodes": no box decodes (its loaders run in-process)."""
+    return jpegbox.disabled() if name.endswith("whole decodes") else contextlib.nullcontext()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=None, help="keep the data here")
@@ -243,6 +250,8 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
     makers: dict[str, Callable[[], Any]] = {
         "h5 jpeg auto": lambda: h5_loader(encoded),
         "h5 jpeg in-process": lambda: h5_loader(encoded, num_workers=0, threads=2),
+        # the same with every JPEG decoded whole (NOTE [ Decoding only the box ])
+        "h5 jpeg in-process, whole decodes": lambda: h5_loader(encoded, num_workers=0, threads=2),
         "h5 jpeg cache": lambda: h5_loader(encoded, num_workers=0, threads=2, cache="decoded"),
         "h5 raw auto": lambda: h5_loader(raw),
         "h5 raw workers=2": lambda: h5_loader(raw, num_workers=2),
@@ -258,19 +267,22 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
         firsts = [n for n in makers if "cache" not in n]
         for number in range(args.first_rounds):
             for name in firsts[number % len(firsts) :] + firsts[: number % len(firsts)]:
-                whole, rest = first_epoch(makers[name])
+                with _whole(name):
+                    whole, rest = first_epoch(makers[name])
                 first.add(name, whole)
                 first_rest.add(name, rest)
                 print(f"first {number} {name}: {whole} / after its first batch {rest}")
 
     kept = {name: make() for name, make in makers.items()}
-    for loader in kept.values():  # the untimed epoch: compile, caches, page cache
-        epoch(loader, 0)
+    for name, loader in kept.items():  # the untimed epoch: compile, caches, page cache
+        with _whole(name):
+            epoch(loader, 0)
     later = Rounds()
     for number in range(args.rounds):
         names = list(kept)
         for name in names[number % len(names) :] + names[: number % len(names)]:
-            run_ = epoch(kept[name], number + 1)
+            with _whole(name):
+                run_ = epoch(kept[name], number + 1)
             later.add(name, run_)
             print(f"later {number} {name}: {run_}")
     for loader in kept.values():
@@ -284,6 +296,11 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
             "jpeg later, h5pack in-process": ("h5 jpeg in-process", "ffcv jpeg RANDOM", later),
             "jpeg later vs QUASI_RANDOM": ("h5 jpeg auto", "ffcv jpeg QUASI_RANDOM", later),
             "jpeg cache later": ("h5 jpeg cache", "ffcv jpeg RANDOM", later),
+            "jpeg later, h5pack in-process, whole decodes": (
+                "h5 jpeg in-process, whole decodes",
+                "ffcv jpeg RANDOM",
+                later,
+            ),
             "raw later": ("h5 raw auto", "ffcv raw RANDOM", later),
             "raw later, h5pack 2 workers": ("h5 raw workers=2", "ffcv raw RANDOM", later),
         }
@@ -293,6 +310,8 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
                 "raw first (FFCV compile in)": ("h5 raw auto", "ffcv raw RANDOM", first),
             }
         for label, (top, bottom, rounds) in pairs.items():
+            if top not in rounds.runs or bottom not in rounds.runs:
+                continue
             ratios[label] = {
                 "per_cpu_s": rounds.ratio(top, bottom, cpu=True),
                 "per_s": rounds.ratio(top, bottom),
@@ -315,6 +334,14 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
                         )
                     ),
                 }
+
+    if "h5 jpeg in-process, whole decodes" in later.runs:
+        ratios["jpeg later, box decodes / whole decodes (h5pack in-process)"] = {
+            "per_cpu_s": later.ratio(
+                "h5 jpeg in-process", "h5 jpeg in-process, whole decodes", cpu=True
+            ),
+            "per_s": later.ratio("h5 jpeg in-process", "h5 jpeg in-process, whole decodes"),
+        }
 
     def table(rounds: Rounds) -> dict[str, Any]:
         return {

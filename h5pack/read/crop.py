@@ -44,6 +44,7 @@ from h5pack.core.decode import (
     pillow_pixels,
 )
 from h5pack.core.jpeg import JpegHeader, read_jpeg_header
+from h5pack.core.jpegbox import decode_box
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read.boxes import (
     CROPS,
@@ -84,6 +85,7 @@ __all__ = [  # the box names are re-exported: callers of the pipeline need only 
     "decode_crop",
     "decode_crop_into",
     "decode_jpeg",
+    "decode_jpeg_box",
     "decode_pixels",
     "flip_in_place",
     "opencv_resize_into",
@@ -473,6 +475,22 @@ def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 
     return _decode_jpeg(header, data, reduction, name)
 
 
+_BOX_CHANNELS: Final = {"RGB": 3, "L": 1}  # the modes decode_box takes, as stored
+
+
+def decode_jpeg_box(header: JpegHeader, data: bytes | np.ndarray, box: Box) -> np.ndarray | None:
+    """The stored ``box`` of the JPEG ``data``, decoded alone; None where it cannot be.
+
+    The pixels equal ``decode_jpeg(header, data, name=...)[box]`` (``NOTE [ Decoding only
+    the box ]``); None for a mode other than RGB and gray, or whatever
+    :func:`h5pack.core.jpegbox.decode_box` declines: the caller then decodes the whole image.
+    """
+    channels = _BOX_CHANNELS.get(header.mode)
+    if channels is None:
+        return None
+    return decode_box(data, (header.height, header.width), box, channels)
+
+
 def _decode_crop_jpeg(
     image: JpegHeader,
     data: bytes,
@@ -490,6 +508,12 @@ def _decode_crop_jpeg(
     """
     stored_w, stored_h = image.size
     plan = _plan_jpeg(stored_h, stored_w, image.orientation, spec, where)
+    if plan.reduction == 1 and keep is None:  # only the box (NOTE [ Decoding only the box ])
+        boxed = decode_jpeg_box(image, data, plan.cut)
+        if boxed is not None:
+            whole = Box(0, 0, plan.cut.height, plan.cut.width)
+            _resize_jpeg_into(boxed, plan._replace(cut=whole), spec, out, resize)
+            return
     pixels = _decode_jpeg(image, data, plan.reduction, name)
     if plan.reduction == 1 and keep is not None:
         keep(pixels, plan.orientation)

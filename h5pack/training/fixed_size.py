@@ -35,6 +35,7 @@ from h5pack.read.crop import (
     crop_into,
     decode_crop_into,
     decode_jpeg,
+    decode_jpeg_box,
     decode_pixels,
     opencv_resize_into,
     pillow_resize_into,
@@ -316,7 +317,12 @@ class FixedSizeReader:
             j = batched[k]
             header = headers[j]
             assert header is not None  # batched
-            return decode_jpeg(header, datas[j], name=self._name(int(indices[j])))
+            box, flip = plans[k]
+            boxed = decode_jpeg_box(header, datas[j], box)  # NOTE [ Decoding only the box ]
+            if boxed is None:
+                return decode_jpeg(header, datas[j], name=self._name(int(indices[j])))
+            plans[k] = (Box(0, 0, box.height, box.width), flip)  # cut(k) reads it next
+            return boxed
 
         self.decodes += len(batched)
         phase = (self.decode_phase, self.decode_phase_bytes)
@@ -428,8 +434,9 @@ class FixedSizeReader:
                 target[...] = image[top : top + box_h, left : left + box_w]
             else:
                 # contiguous and writable for torch (NOTE [ Pillow's filter, computed by
-                # torch ])
-                box = np.array(image[top : top + box_h, left : left + box_w])
+                # torch ]): a box decoded alone already is
+                view = image[top : top + box_h, left : left + box_w]
+                box = view if view.flags.c_contiguous and view.flags.writeable else np.array(view)
                 _AA_OUT(
                     torch.from_numpy(box.transpose(2, 0, 1)[None]),
                     size,

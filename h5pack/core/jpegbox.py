@@ -1,0 +1,157 @@
+"""Decode only a box of a JPEG: the rows and columns a crop needs, the pixels a whole decode has.
+
+# NOTE [ Decoding only the box ]
+#
+# A RandomResizedCrop of an ImageNet-sized photo keeps 8-100% of its area (40% on average),
+# but a whole decode pays for every pixel: the entropy decoding of every 8x8 block, then the
+# inverse DCT, the chroma upsampling and the colour conversion of each. libjpeg's scanline
+# API (libjpeg-turbo >= 1.5) decodes less: jpeg_crop_scanline restricts the last three to
+# the box's columns (widened to whole iMCUs), jpeg_skip_scanlines entropy-decodes the rows
+# above the box without the rest, and the decode stops at the box's last row, so nothing
+# below it is even entropy-decoded. The extension ``h5pack.core._jpegbox`` drives it from C
+# and copies the box out of each row; the GIL is released meanwhile.
+#
+# Same pixels: the box's pixels equal a whole decode's box, bit for bit. The upsampler treats
+# a cropped region's edges as the image's, so the region asked for is one pixel wider on
+# each side where the image goes on (and one row taller above), and those are dropped;
+# tests/test_jpegbox.py compares against cv2.imdecode's whole image on every chroma
+# subsampling, progressive and restart-marker files, gray, odd sizes, boxes on iMCU
+# boundaries and at the edges, and the real photos.
+#
+# Measured (scripts/bench_percore.py --only box): 500x375 JPEGs under RandomResizedCrop(224)
+# boxes decode in ~0.78x the CPU of a whole decode; the entropy decoding, which no crop
+# avoids above the box's last row, is ~45% of a whole decode, which bounds the gain.
+#
+# Which libjpeg: the extension is not linked against one. ``load`` opens, in this order, the
+# libjpeg-turbo bundled in Pillow's wheel (Pillow is a dependency; the same library family
+# OpenCV bundles), then the system's libjpeg.so.62, and keeps the first whose decompressor
+# takes this header's (libjpeg checks the version and the struct's size at
+# jpeg_CreateDecompress; libjpeg.so.8 builds refuse it). Without the extension (no C
+# compiler at install time) or a library, ``available()`` is False and callers decode the
+# whole image as before. ``H5PACK_LIBJPEG`` names the library to use instead, or ``none``.
+#
+# What it refuses, so that the caller's whole decode answers (and raises its errors): files
+# not ending in an EOI marker (a truncated file would otherwise be served whenever its box
+# ends above the cut, and refused in other epochs), colour spaces other than YCbCr/RGB for 3
+# channels and gray for 1, boxes outside the image, any error libjpeg reports, and any
+# warning: corrupt data libjpeg recovers from (grey blocks) goes to the whole decode, which
+# serves it as before and says so on stderr (NOTE [ JPEG decoder ]). Data that runs out
+# mid-decode is an error here, not padded as libjpeg's memory source does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import glob
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+
+__all__ = ["available", "decode_box", "disabled", "library"]
+
+_EOI: Final[bytes] = b"\xff\xd9"
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}  # "library": the path loaded, or None once none could be
+_DISABLED = [False]  # set by disabled(), for the whole process and the workers it forks
+
+
+def _candidates() -> list[str]:
+    """The libjpeg libraries to try, in order (see NOTE [ Decoding only the box ])."""
+    chosen = os.environ.get("H5PACK_LIBJPEG")
+    if chosen:
+        return [] if chosen.lower() == "none" else [chosen]
+    found: list[str] = []
+    try:
+        import PIL
+    except ImportError:  # pragma: no cover - Pillow is a dependency
+        pass
+    else:
+        root = Path(PIL.__file__).resolve().parent  # auditwheel's and delocate's places
+        for where in (
+            root.parent / "pillow.libs" / "libjpeg*.so*",
+            root / ".dylibs" / "libjpeg*.dylib",
+        ):
+            found += sorted(glob.glob(str(where)))
+    system = ctypes.util.find_library("jpeg")
+    found += [name for name in (system, "libjpeg.so.62") if name and name not in found]
+    return found
+
+
+def library() -> str | None:
+    """The libjpeg the box decoder uses, loading it on first call; None if there is none."""
+    if "library" in _STATE:
+        return _STATE["library"]  # type: ignore[return-value]
+    with _LOCK:
+        if "library" not in _STATE:
+            _STATE["library"] = _load()
+    return _STATE["library"]  # type: ignore[return-value]
+
+
+def _load() -> str | None:
+    try:
+        from h5pack.core import _jpegbox
+    except ImportError:  # built without a C compiler: whole decodes only
+        return None
+    if sys.platform == "win32":  # pragma: no cover - the extension needs dlopen
+        return None
+    for path in _candidates():
+        try:
+            _jpegbox.load(path)
+        except OSError:
+            continue
+        return path
+    return None
+
+
+def available() -> bool:
+    """Whether :func:`decode_box` decodes (the extension and a libjpeg are there, not disabled)."""
+    return not _DISABLED[0] and library() is not None
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block, :func:`decode_box` declines: whole decodes, to compare with.
+
+    In every thread of the process and in the workers it forks meanwhile (benchmarks, tests).
+    """
+    before = _DISABLED[0]
+    _DISABLED[0] = True
+    try:
+        yield
+    finally:
+        _DISABLED[0] = before
+
+
+def decode_box(
+    data: bytes | np.ndarray,
+    size: tuple[int, int],
+    box: tuple[int, int, int, int],
+    channels: int,
+) -> np.ndarray | None:
+    """The ``box`` (top, left, height, width) of the JPEG ``data``, whose header says ``size``.
+
+    ``size`` is the stored (height, width). Returns an ``(height, width, channels)`` uint8
+    array (RGB, or gray for one channel) equal to that box of the whole decode as stored (no
+    EXIF orientation applied), or None when this decoder declines: not :func:`available`, a
+    file it does not take (see ``NOTE [ Decoding only the box ]``), another size, a box
+    outside the image, or data libjpeg refuses. A None asks the caller to decode the whole
+    image, which raises the file's errors.
+    """
+    top, left, height, width = box
+    if not available() or min(top, left) < 0 or min(height, width) <= 0:
+        return None
+    if bytes(data[-2:]) != _EOI:
+        return None
+    from h5pack.core import _jpegbox
+
+    out = np.empty((height, width, channels), dtype=np.uint8)
+    status, warnings = _jpegbox.decode_box(
+        data, size[0], size[1], top, left, height, width, channels, out
+    )
+    return out if status == 0 and warnings == 0 else None
