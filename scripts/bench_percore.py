@@ -4,6 +4,7 @@
     python scripts/bench_percore.py --data /tmp/ffbench/data --only decode
     python scripts/bench_percore.py --data /tmp/ffbench/data --only mapcopy
     python scripts/bench_percore.py --data /tmp/ffbench/data --only phase --rounds 5
+    python scripts/bench_percore.py --data /tmp/ffbench/data --only box --rounds 5
 
 ``profile``: one epoch of ``make_loader(pack, 64, size=224, crop="random-resized",
 flip=True, num_workers=0, threads=1)`` (torch one thread) under cProfile with
@@ -26,6 +27,13 @@ flip), and decodes alone in a row for reference; (b) the loop:
 default; RandomResizedCrop(224) + flip), every batch of 64 of a shuffled epoch cut with
 each k in turn (the order rotated per batch) under ``FixedSizeReader.decode_phase = k``,
 CPU of the process per image for each k.
+
+``box``: the encoded pack's JPEGs, one thread, each decoded three ways in turn (the order
+rotated per image): whole (``cv2.imdecode``, as the pipeline did), its RandomResizedCrop
+box alone (``h5pack.core.jpegbox.decode_box``, ``plan_crops``'s boxes of a new epoch each
+round) and, to show the floor, only the last row of the image (the entropy decoding of the
+whole file, which no box avoids); ``time.thread_time`` of each, medians of rounds, and the
+box / whole ratio per round.
 """
 
 from __future__ import annotations
@@ -258,12 +266,69 @@ def phase(data: Path, rounds: int, threads: int) -> None:
     FixedSizeReader.decode_phase, FixedSizeReader.decode_phase_bytes = defaults
 
 
+def box(data: Path, rounds: int) -> None:
+    """Whole decodes against box decodes (NOTE [ Decoding only the box ]), side by side."""
+    from h5pack.core import jpegbox
+
+    if not jpegbox.available():
+        print("box: the box decoder is not available (not built, or no libjpeg)")
+        return
+    with PackReader(data / "encoded.h5") as reader:
+        files = [s.tobytes() for s in reader.read_stored(np.arange(reader.meta.num_samples))]
+    headers = [upright_jpeg_header(f, 3) for f in files]
+    keep = [j for j, h in enumerate(headers) if h is not None]
+    files = [files[j] for j in keep]
+    sizes = [(headers[j].height, headers[j].width) for j in keep]  # type: ignore[union-attr]
+    spec = CropSpec.of(224, crop="random-resized", flip=True)
+    flags = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+    rows: dict[str, list[float]] = {"whole": [], "box": [], "last row": [], "ratio": []}
+    area: list[float] = []
+    for number in range(rounds):
+        plans = plan_crops(
+            spec,
+            [h for h, _ in sizes],
+            [w for _, w in sizes],
+            seed=0,
+            epoch=number,
+            indices=np.arange(len(files)),
+        )
+        spent = {"whole": 0.0, "box": 0.0, "last row": 0.0}
+        names = list(spent)
+        for j, (data_, (height, width), (cut, _)) in enumerate(
+            zip(files, sizes, plans, strict=True)
+        ):
+            for name in names[j % 3 :] + names[: j % 3]:
+                began = time.thread_time()
+                if name == "whole":
+                    got = cv2.imdecode(np.frombuffer(data_, np.uint8), flags)
+                else:
+                    where = tuple(cut) if name == "box" else (height - 1, 0, 1, width)
+                    got = jpegbox.decode_box(data_, (height, width), where, 3)
+                spent[name] += time.thread_time() - began
+                assert got is not None, name
+            area.append(cut.height * cut.width / (height * width))
+        for name, seconds in spent.items():
+            rows[name].append(seconds / len(files) * 1e6)
+        rows["ratio"].append(spent["box"] / spent["whole"])
+        print(
+            f"box round {number}: whole {rows['whole'][-1]:.0f} us, box {rows['box'][-1]:.0f}, "
+            f"last row only {rows['last row'][-1]:.0f}; box / whole {rows['ratio'][-1]:.3f}"
+        )
+    print(
+        f"box: {len(files)} JPEGs, mean box area {np.mean(area):.2f} of the image; medians: "
+        f"whole {np.median(rows['whole']):.0f} us, box {np.median(rows['box']):.0f}, last row "
+        f"only {np.median(rows['last row']):.0f}; box / whole {np.median(rows['ratio']):.3f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="bench_ffcv.py's --data")
-    parser.add_argument("--only", choices=("profile", "decode", "mapcopy", "phase"), default=None)
+    parser.add_argument(
+        "--only", choices=("profile", "decode", "mapcopy", "phase", "box"), default=None
+    )
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=3, help="phase's rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="phase's and box's rounds")
     parser.add_argument("--threads", type=int, default=2, help="phase's reader threads")
     args = parser.parse_args(argv)
     if args.only in (None, "profile"):
@@ -274,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         mapcopy(args.data)
     if args.only in (None, "phase"):
         phase(args.data, args.rounds, args.threads)
+    if args.only in (None, "box"):
+        box(args.data, args.rounds)
 
 
 if __name__ == "__main__":

@@ -612,6 +612,13 @@ def test_advice_applies_to_the_pack_measured(tmp_path: Path) -> None:
     assert "already a fast codec" in advise("decode", lz4)
     gzip = dataclass_replace(raw, codec="gzip level 4", workers=0)
     assert "--compression lz4" in advise("decode", gzip)
+    # an install without the box decoder is told so, where a crop would use it
+    assert "box decoder" not in advise("decode", encoded)
+    whole = dataclass_replace(encoded, box_decodes=False)
+    assert "box decoder was not built" in advise("decode", whole)
+    assert "cache='decoded'" in advise("decode", whole)
+    assert "box decoder" not in advise("decode", dataclass_replace(whole, size=None))
+    assert "box decoder" not in advise("decode", dataclass_replace(gzip, box_decodes=False))
 
 
 def test_drop_page_cache_empties_the_cache(gzip_pack: Path) -> None:

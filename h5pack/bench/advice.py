@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from h5pack.bench.sources import pack_files, source_bytes
 from h5pack.bench.throughput import Setup
+from h5pack.core import jpegbox
 from h5pack.core.machine import available_memory_bytes
 from h5pack.training.advice import SMALL_CHUNK_BYTES, PackFacts, advise, share_labels
 
@@ -38,4 +39,5 @@ def pack_facts(setup: Setup) -> PackFacts:
         transforms=setup.options.transforms,
         size=setup.train.size,
         cached=setup.options.cache is not None,
+        box_decodes=jpegbox.available(),
     )

@@ -126,12 +126,16 @@ static PyObject *jpegbox_load(PyObject *self, PyObject *args) {
  *     -> (status, warnings)
  *
  * Decodes rows [top, top + height) and columns [left, left + width) of the JPEG `data`,
- * whose header must say image_height x image_width, into `out`, a writable C-contiguous
- * buffer of height * width * channels bytes (RGB for 3 channels, gray for 1). status: 0
- * done; 1 not a JPEG this decodes (other components or colour space: the caller decodes it
- * otherwise); 2 another size, or the box is outside the image; 3 libjpeg failed (the
- * caller's whole decode then raises its own error). warnings: libjpeg's, for corrupt data
- * it recovered from.
+ * whose header must say image_height x image_width, into the first height * width *
+ * channels bytes of `out` (RGB for 3 channels, gray for 1), a writable C-contiguous buffer
+ * of at least (height + 1) * min(width + 64, image_width) * channels bytes: libjpeg writes
+ * each row of the widened region straight into it, and the box's rows are moved to the
+ * front at the end. (A separate row buffer that each row is copied out of cost ~25% more
+ * CPU per whole decode, measured here and in a plain C program.)
+ * status: 0 done; 1 not a JPEG this decodes (other components or colour space: the caller
+ * decodes it otherwise); 2 another size, or the box is outside the image; 3 libjpeg failed
+ * (the caller's whole decode then raises its own error); 4 `out` is too small. warnings:
+ * libjpeg's, for corrupt data it recovered from.
  */
 static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
     Py_buffer data, out;
@@ -146,14 +150,12 @@ static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
         return NULL;
     int status = 0;
     int warnings = 0;
-    if ((channels != 1 && channels != 3) || height == 0 || width == 0 ||
-        (size_t)out.len != (size_t)height * width * channels) {
+    if ((channels != 1 && channels != 3) || height == 0 || width == 0) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "out must hold height * width * channels bytes");
+        PyErr_SetString(PyExc_ValueError, "channels must be 1 or 3, the box not empty");
         return NULL;
     }
-    JSAMPLE *volatile rows = NULL;
     Py_BEGIN_ALLOW_THREADS;
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
@@ -199,34 +201,36 @@ static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
     JDIMENSION end = left + width < cinfo.output_width ? left + width + 1 : left + width;
     JDIMENSION span = end - x;
     if (x > 0 || span < cinfo.output_width) lib.crop_scanline(&cinfo, &x, &span);
-    /* Likewise one row above, read and dropped. */
+    /* Likewise one row above, decoded and dropped. */
     JDIMENSION first = top > 0 ? top - 1 : 0;
+    size_t stride = (size_t)cinfo.output_width * channels;
+    size_t offset = (size_t)(left - x) * channels;
+    size_t row_bytes = (size_t)width * channels;
+    if ((size_t)out.len < (size_t)(top + height - first) * stride) {
+        status = 4;
+        goto done;
+    }
     if (first > 0 && lib.skip_scanlines(&cinfo, first) != first) {
         status = 3;
         goto done;
     }
-    size_t stride = (size_t)cinfo.output_width * channels;
-    size_t offset = (size_t)(left - x) * channels;
-    size_t row_bytes = (size_t)width * channels;
-    rows = malloc(stride);
-    if (rows == NULL) {
-        status = 3;
-        goto done;
-    }
-    JSAMPROW row_pointer[1] = {rows};
+    JSAMPLE *base = (JSAMPLE *)out.buf;
     for (JDIMENSION y = first; y < top + height; y++) {
-        if (lib.read_scanlines(&cinfo, row_pointer, 1) != 1) {
+        JSAMPROW row = base + (size_t)(y - first) * stride;
+        if (lib.read_scanlines(&cinfo, &row, 1) != 1) {
             status = 3;
             goto done;
         }
-        if (y >= top) memcpy((char *)out.buf + (size_t)(y - top) * row_bytes, rows + offset,
-                             row_bytes);
     }
+    /* The box's rows to the front, in order: each moves to an address at or before its own. */
+    if (offset != 0 || stride != row_bytes || first != top)
+        for (JDIMENSION r = 0; r < height; r++)
+            memmove(base + (size_t)r * row_bytes,
+                    base + (size_t)(r + top - first) * stride + offset, row_bytes);
 done:
     warnings = err.warnings;
     if (created) lib.destroy_decompress(&cinfo); /* also ends an unfinished decode */
     Py_END_ALLOW_THREADS;
-    free(rows);
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
     return Py_BuildValue("ii", status, warnings);

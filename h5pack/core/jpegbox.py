@@ -18,9 +18,13 @@
 # subsampling, progressive and restart-marker files, gray, odd sizes, boxes on iMCU
 # boundaries and at the edges, and the real photos.
 #
-# Measured (scripts/bench_percore.py --only box): 500x375 JPEGs under RandomResizedCrop(224)
-# boxes decode in ~0.78x the CPU of a whole decode; the entropy decoding, which no crop
-# avoids above the box's last row, is ~45% of a whole decode, which bounds the gain.
+# Measured (scripts/bench_percore.py --only box): the RandomResizedCrop(224) boxes of
+# 500x375 JPEGs (41% of the image on average) decode in 0.70-0.71x the CPU of a whole
+# decode; decoding only the last row (the entropy decoding of the whole file, which no box
+# avoids above its last row) costs 0.51x, the floor under the gain. libjpeg writes each row
+# straight into the result: decoding every row into one small row buffer and copying it out
+# cost 0.80x (and a whole decode 1.25x a direct one, in a plain C program too), more than
+# the copy's bytes explain; where the stall comes from was not pinned down.
 #
 # Which libjpeg: the extension is not linked against one. ``load`` opens, in this order, the
 # libjpeg-turbo bundled in Pillow's wheel (Pillow is a dependency; the same library family
@@ -56,6 +60,9 @@ import numpy as np
 __all__ = ["available", "decode_box", "disabled", "library"]
 
 _EOI: Final[bytes] = b"\xff\xd9"
+# the most the decoded region is wider than the box: one column of margin on each side, and
+# up to an iMCU (at most 32 columns: 4x horizontal chroma subsampling) less one on each side
+_WIDENING: Final[int] = 2 * 32
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}  # "library": the path loaded, or None once none could be
 _DISABLED = [False]  # set by disabled(), for the whole process and the workers it forks
@@ -150,8 +157,12 @@ def decode_box(
         return None
     from h5pack.core import _jpegbox
 
-    out = np.empty((height, width, channels), dtype=np.uint8)
+    # room for the widened region's rows, decoded in place (see _jpegbox.c); the box's rows
+    # end up at the front
+    room = np.empty((height + 1) * min(width + _WIDENING, size[1]) * channels, dtype=np.uint8)
     status, warnings = _jpegbox.decode_box(
-        data, size[0], size[1], top, left, height, width, channels, out
+        data, size[0], size[1], top, left, height, width, channels, room
     )
-    return out if status == 0 and warnings == 0 else None
+    if status != 0 or warnings != 0:
+        return None
+    return room[: height * width * channels].reshape(height, width, channels)

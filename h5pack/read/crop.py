@@ -6,7 +6,8 @@ the other box names); this module moves the pixels:
 * :func:`crop_into` cuts a box out of an ``(H, W, C)`` array and resizes the box, and only
   the box, straight into an output buffer (a view of the batch), then flips it in place;
 * :func:`decode_crop_into` does the same from an image file's bytes, decoding JPEGs at a
-  reduced scale when the box allows it (``NOTE [ JPEG DCT scaling ]``);
+  reduced scale when the box allows it (``NOTE [ JPEG DCT scaling ]``), and otherwise only
+  as far as the box (``NOTE [ Decoding only the box ]``: the same pixels);
 * :func:`crop_array` and :func:`decode_crop` are the same into a new array.
 
 The resizing kernel is a :data:`ResizeInto` argument. The reference kernels here are
@@ -306,7 +307,8 @@ def decode_crop_into(
     :func:`~h5pack.core.decode.decode_image`'s followed by :func:`crop_into`, except for
     JPEGs, which are decoded at a reduced scale when the box allows it (see
     ``NOTE [ JPEG DCT scaling ]``), and RGB and gray JPEGs by OpenCV (``NOTE [ JPEG
-    decoder ]``).
+    decoder ]``) or, at full scale without ``keep``, only as far as the box by the same
+    libjpeg-turbo code (``NOTE [ Decoding only the box ]``: the pixels of the whole decode).
 
     Args:
         data: The file's bytes, as stored in a pack.
@@ -617,7 +619,9 @@ def _resize_fractional_box(
 # libjpeg recovers from corrupt entropy-coded data with a warning (printed on stderr by
 # OpenCV) and grey blocks, where Pillow raises; OpenCV, torchvision.io and DALI serve such
 # images. Truncated files are still refused (cv2 returns nothing, Pillow then raises), and
-# `h5pack verify` or verify_checksums find damage done to a pack after it was written.
+# `h5pack verify` or verify_checksums find damage done to a pack after it was written. A
+# box decoded alone (core/jpegbox.py) is libjpeg-turbo too, with the same pixels; it
+# leaves every file it warns about or cannot take to this decode.
 
 
 def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> np.ndarray:
