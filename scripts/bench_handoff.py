@@ -15,6 +15,8 @@ process), with the batch's sample generators prepared at once and without (each 
 ``kernels``: one thread, ``time.thread_time``: a fresh shared-memory batch filled against a
 reused one; ``preadv`` of one stored image against a copy out of an ``mmap`` of the pack;
 torch's resize of a box copied contiguous against the strided box (pixels compared).
+``floor``: the raw crop path and the raw copy against their kernels alone (``floor``'s
+docstring).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +221,132 @@ def kernels(pack: Path, repeats: int = 30) -> None:
     print(f"resize to 224 of the strided box (same pixels): {per(strided, 4 * len(boxes)):.0f} us")
 
 
+def floor(pack: Path, rounds: int) -> None:
+    """The raw paths against their kernels alone, side by side (issue 19's measured floors).
+
+    Crop (raw 256, ``size=224, crop="random-resized", flip=True``): the loader's
+    ``FixedSizeReader.read_into`` on every batch of a shuffled epoch, against a bare loop of
+    its kernels on the same batches, planned beforehand (per sample: XXH3 of the mapped
+    sample, the box copied contiguous, torch's resize into the batch, ``cv2.flip``), with 1
+    and 2 threads; and the plan alone (``plan_crops`` and ``stored_views``). Copy: one
+    thread, a cold XXH3 of each mapped sample, then its copy out of the cache, against a
+    cold XXH3 of the same bytes in anonymous memory (2 MB pages) and a memcpy of them. CPU
+    of this process per image, medians of rounds.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cv2
+    import torch
+
+    from h5pack.core.integrity import contiguous_sample_digest
+    from h5pack.read.batchplan import plan_crops
+    from h5pack.training.fixed_size import _AA_OUT
+
+    digest = contiguous_sample_digest()
+    assert digest is not None, "the floors need xxhash"
+    datasets = {}
+    for threads in (1, 2):
+        loader = make_loader(
+            pack, BATCH, size=224, crop="random-resized", flip=True, num_workers=0, threads=threads
+        )
+        for _ in loader:  # the reader opened, the file mapped, the pages touched once
+            pass
+        datasets[threads] = loader.dataset
+    dataset = datasets[1]
+    reader, fixed, meta = dataset.reader, dataset._fixed, dataset.meta
+    count = len(dataset) // BATCH * BATCH
+    order = np.random.default_rng(5).permutation(len(dataset))[:count]
+    batches = [order[first : first + BATCH] for first in range(0, count, BATCH)]
+    out = np.empty((BATCH, 224, 224, 3), dtype=np.uint8)
+    pool = ThreadPoolExecutor(2)
+
+    def planned(epoch: int) -> list[tuple[list[np.ndarray], list[tuple[object, bool]]]]:
+        found = []
+        for idx in batches:
+            shapes = meta.shapes[idx]
+            plans = plan_crops(fixed.spec, shapes[:, 0], shapes[:, 1], seed=0, epoch=epoch,
+                               indices=idx)  # fmt: skip
+            found.append((reader.stored_views(idx), plans))
+        return found
+
+    def cut(part: int, parts: int, views: list[np.ndarray], plans: list[object]) -> None:
+        for k in range(part, len(views), parts):
+            view = views[k]
+            digest(view)
+            (top, left, height, width), flip = plans[k]  # type: ignore[misc]
+            box = np.array(view[top : top + height, left : left + width])
+            target = out[k]
+            _AA_OUT(torch.from_numpy(box.transpose(2, 0, 1)[None]), [224, 224], False,
+                    out=torch.from_numpy(target.transpose(2, 0, 1)[None]))  # fmt: skip
+            if flip:
+                cv2.flip(target, 1, dst=target)
+
+    def kernels(parts: int, epoch: int) -> float:
+        work = planned(epoch)
+        start = time.process_time()
+        for views, plans in work:
+            if parts == 1:
+                cut(0, 1, views, plans)
+            else:
+                list(pool.map(cut, range(parts), [parts] * parts, [views] * parts, [plans] * parts))
+        return (time.process_time() - start) / count * 1e6
+
+    def full(threads: int, epoch: int) -> float:
+        cutter = datasets[threads]._fixed
+        start = time.process_time()
+        for idx in batches:
+            cutter.read_into(idx, out, seed=0, epoch=epoch)
+        return (time.process_time() - start) / count * 1e6
+
+    def plan_only(epoch: int) -> float:
+        start = time.process_time()
+        planned(epoch)
+        return (time.process_time() - start) / count * 1e6
+
+    size = int(np.prod(meta.fixed_shape))
+    mapped = reader.stored_views(np.arange(len(dataset)))
+    assert mapped is not None, "the floors need a local uncompressed pack"
+    anonymous = np.random.default_rng(0).integers(0, 255, (len(dataset), size), dtype=np.uint8)
+    row = np.empty(size, dtype=np.uint8)
+
+    def copy_kernels(kind: str) -> float:
+        start = time.process_time()
+        for i in order.tolist():
+            if kind == "mapped":
+                sample = mapped[i].reshape(-1).data
+                digest(sample)
+                row.data[:] = sample
+            elif kind == "anonymous":
+                digest(anonymous[i])
+            elif kind == "mapped hash":
+                digest(mapped[i])
+            else:
+                row.data[:] = anonymous[i].data
+        return (time.process_time() - start) / count * 1e6
+
+    cases: dict[str, Callable[[int], float]] = {
+        "loader's cut, 1 thread": lambda e: full(1, e),
+        "kernels alone, 1 thread": lambda e: kernels(1, e),
+        "loader's cut, 2 threads": lambda e: full(2, e),
+        "kernels alone, 2 threads": lambda e: kernels(2, e),
+        "plan (plan_crops + stored_views)": plan_only,
+        "copy: XXH3 of the mapped sample + copy out of the cache": lambda e: copy_kernels("mapped"),
+        "copy: XXH3 of the mapped sample alone": lambda e: copy_kernels("mapped hash"),
+        "copy: XXH3 of the same bytes in anonymous memory": lambda e: copy_kernels("anonymous"),
+        "copy: memcpy out of anonymous memory": lambda e: copy_kernels("memcpy"),
+    }
+    found: dict[str, list[float]] = {name: [] for name in cases}
+    for number in range(rounds + 1):  # the first round untimed
+        names = list(cases)
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            value = cases[name](number)
+            if number:
+                found[name].append(value)
+    for name, values in found.items():
+        print(f"{name}: {statistics.median(values):.1f} us CPU per image "
+              f"{[round(v, 1) for v in values]}")  # fmt: skip
+
+
 def _nothing(*args: object) -> None:
     """No generators prepared: ``plan_crop`` builds each sample's own."""
 
@@ -226,7 +355,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pack", type=Path, required=True, help="a raw pack (e.g. 256x256)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", choices=("handoff", "memcpy", "plan", "kernels"), default=None)
+    parser.add_argument(
+        "--only", choices=("handoff", "memcpy", "plan", "kernels", "floor"), default=None
+    )
     args = parser.parse_args(argv)
     if args.only in (None, "handoff"):
         handoff(args.pack, args.rounds)
@@ -236,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         plan(args.pack, args.rounds)
     if args.only in (None, "kernels"):
         kernels(args.pack)
+    if args.only in (None, "floor"):
+        floor(args.pack, args.rounds)
 
 
 if __name__ == "__main__":

@@ -207,13 +207,18 @@ class FixedSizeReader:
                 if isinstance(reader, PackReader)
                 else None
             )
-            if views is not None:  # each checked as it is cut
-                verify, where = reader.verify_sample, indices.tolist()  # type: ignore[union-attr]
-                as_image = reader.decode  # HWC: a blob's bytes reshaped, an array's as they are
+            if views is not None:  # each checked as it is cut (NOTE [ Checked as copied ])
+                assert isinstance(reader, PackReader)  # only a PackReader maps
+                where, checks = indices.tolist(), reader.sample_checks(indices)
+                digest, recorded = checks or (None, [])
+                # HWC: an array pack's views as they are, a blob's bytes reshaped
+                as_image = None if meta.storage == "array" else reader.decode
 
                 def image_of(k: int) -> np.ndarray:
-                    verify(where[k], views[k])
-                    return as_image(where[k], views[k])
+                    view = views[k]
+                    if digest is not None and digest(view) != recorded[k]:
+                        reader.verify_sample(where[k], view)  # raises
+                    return view if as_image is None else as_image(where[k], view)
 
             else:
                 if meta.storage == "array":
