@@ -5,6 +5,7 @@
     python scripts/bench_percore.py --data /tmp/ffbench/data --only mapcopy
     python scripts/bench_percore.py --data /tmp/ffbench/data --only phase --rounds 5
     python scripts/bench_percore.py --data /tmp/ffbench/data --only box --rounds 5
+    python scripts/bench_percore.py --data /tmp/ffbench/data --only photos --rounds 5
 
 ``profile``: one epoch of ``make_loader(pack, 64, size=224, crop="random-resized",
 flip=True, num_workers=0, threads=1)`` (torch one thread) under cProfile with
@@ -34,6 +35,13 @@ box alone (``h5pack.core.jpegbox.decode_box``, ``plan_crops``'s boxes of a new e
 round) and, to show the floor, only the last row of the image (the entropy decoding of the
 whole file, which no box avoids); ``time.thread_time`` of each, medians of rounds, and the
 box / whole ratio per round.
+
+``photos``: the real photographs at full size (``--photos``, default ../shared/data/photos:
+mixed sizes, EXIF, large files), each cut to RandomResizedCrop(224) + flip by
+``decode_crop_into`` (Pillow's filter, as ``make_loader``'s default), with box decodes and
+with whole decodes in turn (``jpegbox.disabled()``), a new epoch's boxes each round (most
+take a reduced decode, NOTE [ JPEG DCT scaling ]); process CPU per sample, medians, the
+ratio per round, and whether every output was the same.
 """
 
 from __future__ import annotations
@@ -321,15 +329,61 @@ def box(data: Path, rounds: int) -> None:
     )
 
 
+def photos(folder: Path, rounds: int) -> None:
+    """Real photos through decode_crop_into, box decodes against whole ones, side by side."""
+    from h5pack.core import jpegbox
+    from h5pack.read.crop import decode_crop_into
+
+    if not jpegbox.available():
+        print("photos: the box decoder is not available (not built, or no libjpeg)")
+        return
+    files = [p.read_bytes() for p in sorted(folder.glob("*.jpg"))]
+    spec = CropSpec.of(224, crop="random-resized", flip=True)
+    ratios, boxed_ms, whole_ms, same = [], [], [], True
+    for number in range(rounds):
+        spent = [0.0, 0.0]
+        for index, data_ in enumerate(files):
+            outs = []
+            for way in (0, 1) if index % 2 else (1, 0):
+                out = np.empty((224, 224, 3), dtype=np.uint8)
+                began = time.process_time()
+                if way == 0:
+                    decode_crop_into(data_, spec, out, seed=0, epoch=number, index=index)
+                else:
+                    with jpegbox.disabled():
+                        decode_crop_into(data_, spec, out, seed=0, epoch=number, index=index)
+                spent[way] += time.process_time() - began
+                outs.append(out)
+            same = same and np.array_equal(outs[0], outs[1])
+        boxed_ms.append(spent[0] / len(files) * 1e3)
+        whole_ms.append(spent[1] / len(files) * 1e3)
+        ratios.append(spent[0] / spent[1])
+        print(
+            f"photos round {number}: box decodes {boxed_ms[-1]:.1f} ms per sample, whole "
+            f"{whole_ms[-1]:.1f}; {ratios[-1]:.3f}"
+        )
+    print(
+        f"photos: {len(files)} photos x {rounds} epochs; medians: box decodes "
+        f"{np.median(boxed_ms):.1f} ms per sample, whole {np.median(whole_ms):.1f}; box / "
+        f"whole {np.median(ratios):.3f}; same pixels: {same}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="bench_ffcv.py's --data")
     parser.add_argument(
-        "--only", choices=("profile", "decode", "mapcopy", "phase", "box"), default=None
+        "--only", choices=("profile", "decode", "mapcopy", "phase", "box", "photos"), default=None
     )
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3, help="phase's and box's rounds")
     parser.add_argument("--threads", type=int, default=2, help="phase's reader threads")
+    parser.add_argument(
+        "--photos",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "shared" / "data" / "photos",
+        help="photos' folder",
+    )
     args = parser.parse_args(argv)
     if args.only in (None, "profile"):
         profile(args.data, args.top)
@@ -341,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
         phase(args.data, args.rounds, args.threads)
     if args.only in (None, "box"):
         box(args.data, args.rounds)
+    if args.only in (None, "photos"):
+        photos(args.photos, args.rounds)
 
 
 if __name__ == "__main__":

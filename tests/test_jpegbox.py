@@ -94,6 +94,26 @@ def test_every_box_is_the_whole_decodes_box(kind, size):
 
 
 @needs_decoder
+@pytest.mark.parametrize("reduction", [2, 4, 8])
+@pytest.mark.parametrize("kind", ["4:2:0", "4:2:2", "4:4:4", "progressive"])
+def test_a_reduced_box_is_the_reduced_whole_decodes_box(kind, reduction):
+    """At 1/2, 1/4, 1/8 (libjpeg's DCT scaling): the box of the reduced whole decode."""
+    rng = np.random.default_rng(reduction)
+    size = (331, 517)
+    data = _encode(synthesize_photo(rng, size), **KINDS[kind])
+    header = read_jpeg_header(data)
+    assert header is not None
+    whole = decode_jpeg(header, data, name="x.jpg", reduction=reduction)
+    reduced = (-(-size[0] // reduction), -(-size[1] // reduction))
+    assert whole.shape[:2] == reduced
+    for top, left, h, w in _boxes(rng, *reduced):
+        got = jpegbox.decode_box(data, size, (top, left, h, w), 3, reduction)
+        assert got is not None, (top, left, h, w)
+        np.testing.assert_array_equal(got, whole[top : top + h, left : left + w], (top, left, h, w))
+    assert jpegbox.decode_box(data, size, (0, 0, reduced[0] + 1, 1), 3, reduction) is None
+
+
+@needs_decoder
 def test_a_gray_jpegs_box_is_its_whole_decodes_box():
     rng = np.random.default_rng(3)
     gray = synthesize_photo(rng, (90, 131))[:, :, 1]
@@ -231,8 +251,8 @@ def test_the_pipeline_serves_the_same_pixels_with_and_without_box_decodes(
     decoded = []
     real = crop.decode_box
 
-    def counting(*args):
-        got = real(*args)
+    def counting(*args, **keywords):
+        got = real(*args, **keywords)
         decoded.append(got is not None)
         return got
 
@@ -270,6 +290,71 @@ def test_the_pipeline_serves_the_same_pixels_with_and_without_box_decodes(
         np.testing.assert_array_equal(with_boxes[0], whole[0], f"per-batch loop, epoch {number}")
         np.testing.assert_array_equal(with_boxes[1], whole[1], f"one by one, epoch {number}")
         np.testing.assert_array_equal(with_boxes[0], with_boxes[1], f"epoch {number}")
+
+
+def _large_files() -> list[bytes]:
+    """Photos large enough for reduced decodes of 48x48 outputs, upright and rotated."""
+    rng = np.random.default_rng(13)
+    files = []
+    for i in range(6):
+        image = Image.fromarray(synthesize_photo(rng, (700 + 97 * i, 1100 - 61 * i)))
+        exif = Image.Exif()
+        if i % 3 == 1:
+            exif[0x0112] = 6
+        if i == 4:
+            image = image.convert("L")
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=85, subsampling=i % 3, exif=exif.tobytes())
+        files.append(buffer.getvalue())
+    return files
+
+
+@needs_decoder
+@pytest.mark.parametrize("backend", ["pillow", "opencv"])
+def test_reduced_decodes_of_a_box_give_the_whole_reduced_decodes_pixels(backend, monkeypatch):
+    """A box that takes a reduced decode (NOTE [ JPEG DCT scaling ]) decodes only the region
+    its resize reads (for Pillow's fractional box, the box widened by the filter's reach, on
+    an image-sized canvas): the same output as the whole reduced image, epoch after epoch."""
+    reductions = []
+    real = crop.decode_box
+
+    def counting(data, size, box, channels, reduction=1, *, canvas=False):
+        got = real(data, size, box, channels, reduction, canvas=canvas)
+        if got is not None:  # None only while disabled: every other call is counted below
+            reductions.append(reduction)
+        return got
+
+    monkeypatch.setattr(crop, "decode_box", counting)
+    spec = CropSpec.of(48, crop="random-resized", flip=True, backend=backend)
+    files = _large_files()
+    for epoch in range(4):
+        for index, data in enumerate(files):
+            boxed = np.empty((48, 48, 3), dtype=np.uint8)
+            decode_crop_into(data, spec, boxed, seed=1, epoch=epoch, index=index)
+            whole = np.empty_like(boxed)
+            with jpegbox.disabled():
+                decode_crop_into(data, spec, whole, seed=1, epoch=epoch, index=index)
+            np.testing.assert_array_equal(boxed, whole, f"epoch {epoch}, image {index}")
+    assert len(reductions) == 4 * len(files)
+    assert {2, 4, 8} <= set(reductions)
+
+
+@needs_decoder
+@pytest.mark.skipif(not SHARED_PHOTOS.is_dir(), reason="no ../shared/data/photos here")
+@pytest.mark.parametrize("backend", ["pillow", "opencv"])
+def test_the_real_photos_crops_are_the_same_with_box_decodes(backend):
+    """Full-size photos cut to 224: most boxes take a reduced decode."""
+    spec = CropSpec.of(224, crop="random-resized", flip=True, backend=backend)
+    photos = sorted(SHARED_PHOTOS.glob("*.jpg"))
+    for epoch in range(2):
+        for index, path in enumerate(photos):
+            data = path.read_bytes()
+            boxed = np.empty((224, 224, 3), dtype=np.uint8)
+            decode_crop_into(data, spec, boxed, seed=4, epoch=epoch, index=index, name=path.name)
+            whole = np.empty_like(boxed)
+            with jpegbox.disabled():
+                decode_crop_into(data, spec, whole, seed=4, epoch=epoch, index=index)
+            np.testing.assert_array_equal(boxed, whole, f"{path.name}, epoch {epoch}")
 
 
 def test_the_pipeline_decodes_whole_images_without_the_decoder(jpeg_pack, monkeypatch):

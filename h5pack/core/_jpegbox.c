@@ -122,38 +122,56 @@ static PyObject *jpegbox_load(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* decode_box(data, image_height, image_width, top, left, height, width, channels, out)
- *     -> (status, warnings)
+/* decode_box(data, image_height, image_width, top, left, height, width, channels, out,
+ *            reduction=1, canvas=0) -> (status, warnings)
  *
  * Decodes rows [top, top + height) and columns [left, left + width) of the JPEG `data`,
- * whose header must say image_height x image_width, into the first height * width *
+ * whose header must say image_height x image_width, decoded at 1 / reduction of its size
+ * (libjpeg's DCT scaling: 1, 2, 4 or 8; the box is in the reduced image's pixels, whose
+ * sides are the stored ones divided by `reduction`, rounded up), into the first height * width *
  * channels bytes of `out` (RGB for 3 channels, gray for 1), a writable C-contiguous buffer
  * of at least (height + 1) * min(width + 64, image_width) * channels bytes: libjpeg writes
  * each row of the widened region straight into it, and the box's rows are moved to the
  * front at the end. (A separate row buffer that each row is copied out of cost ~25% more
- * CPU per whole decode, measured here and in a plain C program.)
+ * CPU per whole decode, measured here and in a plain C program.) With `canvas` set, `out`
+ * is instead the whole (reduced) image, out_height x out_width x channels, and the decoded
+ * region's pixels are written where they are in the image, the rest left as it was.
  * status: 0 done; 1 not a JPEG this decodes (other components or colour space: the caller
  * decodes it otherwise); 2 another size, or the box is outside the image; 3 libjpeg failed
  * (the caller's whole decode then raises its own error); 4 `out` is too small. warnings:
  * libjpeg's, for corrupt data it recovered from.
  */
+/* The reduced image's sides: the stored ones divided by `reduction`, rounded up (libjpeg's
+ * output size at that scale before any crop). */
+static JDIMENSION image_rows(j_decompress_ptr cinfo, unsigned int reduction) {
+    return (cinfo->image_height + reduction - 1) / reduction;
+}
+
+static JDIMENSION image_columns(j_decompress_ptr cinfo, unsigned int reduction) {
+    return (cinfo->image_width + reduction - 1) / reduction;
+}
+
 static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
     Py_buffer data, out;
     unsigned int image_height, image_width, top, left, height, width, channels;
+    unsigned int reduction = 1;
+    int canvas = 0;
     (void)self;
     if (lib_handle == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*IIIIIIIw*", &data, &image_height, &image_width, &top, &left,
-                          &height, &width, &channels, &out))
+    if (!PyArg_ParseTuple(args, "y*IIIIIIIw*|Ip", &data, &image_height, &image_width, &top,
+                          &left, &height, &width, &channels, &out, &reduction, &canvas))
         return NULL;
     int status = 0;
     int warnings = 0;
-    if ((channels != 1 && channels != 3) || height == 0 || width == 0) {
+    if ((channels != 1 && channels != 3) || height == 0 || width == 0 ||
+        (reduction != 1 && reduction != 2 && reduction != 4 && reduction != 8)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "channels must be 1 or 3, the box not empty");
+        PyErr_SetString(PyExc_ValueError,
+                        "channels must be 1 or 3, the box not empty, reduction 1, 2, 4 or 8");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS;
@@ -186,14 +204,19 @@ static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
         status = 1;
         goto done;
     }
-    if (cinfo.image_height != image_height || cinfo.image_width != image_width ||
-        (unsigned long)top + height > cinfo.image_height ||
-        (unsigned long)left + width > cinfo.image_width) {
+    if (cinfo.image_height != image_height || cinfo.image_width != image_width) {
         status = 2;
         goto done;
     }
     cinfo.out_color_space = channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = reduction;
     lib.start_decompress(&cinfo);
+    if ((unsigned long)top + height > cinfo.output_height ||
+        (unsigned long)left + width > cinfo.output_width) {
+        status = 2;
+        goto done;
+    }
     /* One column of margin on each side where the image goes on: the upsampler treats the
      * cropped region's edges as the image's, so their columns may differ from a whole
      * decode's; the columns inside do not. */
@@ -206,7 +229,14 @@ static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
     size_t stride = (size_t)cinfo.output_width * channels;
     size_t offset = (size_t)(left - x) * channels;
     size_t row_bytes = (size_t)width * channels;
-    if ((size_t)out.len < (size_t)(top + height - first) * stride) {
+    JSAMPLE *base = (JSAMPLE *)out.buf;
+    size_t room = (size_t)(top + height - first) * stride;
+    if (canvas) { /* the image's own rows, the region at its place in them */
+        stride = (size_t)image_columns(&cinfo, reduction) * channels;
+        room = (size_t)image_rows(&cinfo, reduction) * stride;
+        base += (size_t)first * stride + (size_t)x * channels;
+    }
+    if ((size_t)out.len < room) {
         status = 4;
         goto done;
     }
@@ -214,7 +244,6 @@ static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
         status = 3;
         goto done;
     }
-    JSAMPLE *base = (JSAMPLE *)out.buf;
     for (JDIMENSION y = first; y < top + height; y++) {
         JSAMPROW row = base + (size_t)(y - first) * stride;
         if (lib.read_scanlines(&cinfo, &row, 1) != 1) {
@@ -223,7 +252,7 @@ static PyObject *jpegbox_decode_box(PyObject *self, PyObject *args) {
         }
     }
     /* The box's rows to the front, in order: each moves to an address at or before its own. */
-    if (offset != 0 || stride != row_bytes || first != top)
+    if (!canvas && (offset != 0 || stride != row_bytes || first != top))
         for (JDIMENSION r = 0; r < height; r++)
             memmove(base + (size_t)r * row_bytes,
                     base + (size_t)(r + top - first) * stride + offset, row_bytes);
@@ -240,8 +269,8 @@ static PyMethodDef methods[] = {
     {"load", jpegbox_load, METH_VARARGS,
      "load(path): take libjpeg's functions from the shared library at path."},
     {"decode_box", jpegbox_decode_box, METH_VARARGS,
-     "decode_box(data, image_height, image_width, top, left, height, width, channels, out)"
-     " -> (status, warnings)."},
+     "decode_box(data, image_height, image_width, top, left, height, width, channels, out,"
+     " reduction=1, canvas=False) -> (status, warnings)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,5 +14,7 @@ def decode_box(
     width: int,
     channels: int,
     out: Buffer | np.ndarray,
+    reduction: int = 1,
+    canvas: bool = False,
     /,
 ) -> tuple[int, int]: ...

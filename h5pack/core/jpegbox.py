@@ -26,6 +26,14 @@
 # cost 0.80x (and a whole decode 1.25x a direct one, in a plain C program too), more than
 # the copy's bytes explain; where the stall comes from was not pinned down.
 #
+# At a reduced scale too (libjpeg's DCT scaling, NOTE [ JPEG DCT scaling ]: large photos):
+# the box's region of the reduced image equals the reduced whole decode's, bit for bit. The
+# pipeline decodes what its resize reads: the box, or for Pillow's resize of a fractional
+# box the box widened by the filter's reach, written at its place on an image-sized canvas
+# (``canvas=True``), because Pillow rounds differently when the same box sits elsewhere or
+# in an image of another size (measured: 1 grey level on ~3% of the pixels). On the shared
+# photos cut to 224 a sample then costs ~0.7x the CPU of the whole reduced decode.
+#
 # Which libjpeg: the extension is not linked against one. ``load`` opens, in this order, the
 # libjpeg-turbo bundled in Pillow's wheel (Pillow is a dependency; the same library family
 # OpenCV bundles), then the system's libjpeg.so.62, and keeps the first whose decompressor
@@ -140,15 +148,26 @@ def decode_box(
     size: tuple[int, int],
     box: tuple[int, int, int, int],
     channels: int,
+    reduction: int = 1,
+    *,
+    canvas: bool = False,
 ) -> np.ndarray | None:
     """The ``box`` (top, left, height, width) of the JPEG ``data``, whose header says ``size``.
 
-    ``size`` is the stored (height, width). Returns an ``(height, width, channels)`` uint8
+    ``size`` is the stored (height, width). ``reduction`` (1, 2, 4 or 8) decodes at that
+    fraction of the size (libjpeg's DCT scaling, ``NOTE [ JPEG DCT scaling ]``), ``box``
+    then in the reduced image's pixels. Returns an ``(height, width, channels)`` uint8
     array (RGB, or gray for one channel) equal to that box of the whole decode as stored (no
-    EXIF orientation applied), or None when this decoder declines: not :func:`available`, a
-    file it does not take (see ``NOTE [ Decoding only the box ]``), another size, a box
-    outside the image, or data libjpeg refuses. A None asks the caller to decode the whole
-    image, which raises the file's errors.
+    EXIF orientation applied) at that scale, or None when this decoder declines: not
+    :func:`available`, a file it does not take (see ``NOTE [ Decoding only the box ]``),
+    another size, a box outside the image, or data libjpeg refuses. A None asks the caller
+    to decode the whole image, which raises the file's errors.
+
+    With ``canvas``, the array returned is the whole (reduced) image's, in which only the
+    box holds pixels (and up to an iMCU around it; the rest is uninitialised): for a
+    resizer whose arithmetic depends on where the box sits in the image, such as Pillow's
+    resize of a fractional ``box=``, which then computes exactly what it computes on the
+    whole decode.
     """
     top, left, height, width = box
     if not available() or min(top, left) < 0 or min(height, width) <= 0:
@@ -159,10 +178,16 @@ def decode_box(
 
     # room for the widened region's rows, decoded in place (see _jpegbox.c); the box's rows
     # end up at the front
-    room = np.empty((height + 1) * min(width + _WIDENING, size[1]) * channels, dtype=np.uint8)
+    reduced = (-(-size[0] // reduction), -(-size[1] // reduction))
+    if canvas:
+        room = np.empty(reduced[0] * reduced[1] * channels, dtype=np.uint8)
+    else:
+        room = np.empty((height + 1) * min(width + _WIDENING, reduced[1]) * channels, np.uint8)
     status, warnings = _jpegbox.decode_box(
-        data, size[0], size[1], top, left, height, width, channels, room
+        data, size[0], size[1], top, left, height, width, channels, room, reduction, canvas
     )
     if status != 0 or warnings != 0:
         return None
+    if canvas:
+        return room.reshape(*reduced, channels)
     return room[: height * width * channels].reshape(height, width, channels)

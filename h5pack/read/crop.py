@@ -26,6 +26,7 @@ libjpeg-turbo whatever the backend (``NOTE [ JPEG decoder ]``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
@@ -478,19 +479,29 @@ def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 
 
 
 _BOX_CHANNELS: Final = {"RGB": 3, "L": 1}  # the modes decode_box takes, as stored
+_BILINEAR_SUPPORT: Final = 1.0  # Pillow's BILINEAR filter reaches one pixel each way
 
 
-def decode_jpeg_box(header: JpegHeader, data: bytes | np.ndarray, box: Box) -> np.ndarray | None:
-    """The stored ``box`` of the JPEG ``data``, decoded alone; None where it cannot be.
+def decode_jpeg_box(
+    header: JpegHeader,
+    data: bytes | np.ndarray,
+    box: Box,
+    reduction: int = 1,
+    *,
+    canvas: bool = False,
+) -> np.ndarray | None:
+    """The ``box`` of the JPEG ``data`` as stored, decoded alone; None where it cannot be.
 
-    The pixels equal ``decode_jpeg(header, data, name=...)[box]`` (``NOTE [ Decoding only
-    the box ]``); None for a mode other than RGB and gray, or whatever
-    :func:`h5pack.core.jpegbox.decode_box` declines: the caller then decodes the whole image.
+    The pixels equal ``decode_jpeg(header, data, name=..., reduction=reduction)[box]``
+    (``NOTE [ Decoding only the box ]``; ``box`` in the reduced image's pixels); None for a
+    mode other than RGB and gray, or whatever :func:`h5pack.core.jpegbox.decode_box`
+    declines: the caller then decodes the whole image. ``canvas``: as ``decode_box``'s.
     """
     channels = _BOX_CHANNELS.get(header.mode)
     if channels is None:
         return None
-    return decode_box(data, (header.height, header.width), box, channels)
+    size = (header.height, header.width)
+    return decode_box(data, size, box, channels, reduction, canvas=canvas)
 
 
 def _decode_crop_jpeg(
@@ -510,29 +521,74 @@ def _decode_crop_jpeg(
     """
     stored_w, stored_h = image.size
     plan = _plan_jpeg(stored_h, stored_w, image.orientation, spec, where)
-    if plan.reduction == 1 and keep is None:  # only the box (NOTE [ Decoding only the box ])
-        boxed = decode_jpeg_box(image, data, plan.cut)
+    reduced = (-(-stored_h // plan.reduction), -(-stored_w // plan.reduction))
+    if keep is None:  # only what the resize reads (NOTE [ Decoding only the box ])
+        region = _region_read(plan, spec, reduced)
+        # Pillow's resize of a fractional box gives other roundings on another image size
+        # or place (measured), so it gets the region on an image-sized canvas
+        canvas = plan.reduction > 1 and spec.backend == "pillow"
+        boxed = decode_jpeg_box(image, data, region, plan.reduction, canvas=canvas)
         if boxed is not None:
-            whole = Box(0, 0, plan.cut.height, plan.cut.width)
-            _resize_jpeg_into(boxed, plan._replace(cut=whole), spec, out, resize)
+            origin = (0, 0) if canvas else (region.top, region.left)
+            _resize_jpeg_into(boxed, plan, spec, out, resize, origin, reduced)
             return
     pixels = _decode_jpeg(image, data, plan.reduction, name)
     if plan.reduction == 1 and keep is not None:
         keep(pixels, plan.orientation)
-    _resize_jpeg_into(pixels, plan, spec, out, resize)
+    _resize_jpeg_into(pixels, plan, spec, out, resize, (0, 0), reduced)
+
+
+def _region_read(plan: _JpegPlan, spec: CropSpec, reduced: tuple[int, int]) -> Box:
+    """The part of the (reduced) image that resizing ``plan``'s box reads, as a box of it.
+
+    At full scale, and at a reduced one with a whole-pixel box, the box itself. Pillow's
+    resize of a fractional box (``_resize_fractional_box``) reads each output pixel's
+    filter support around it (BILINEAR: one input pixel, times the shrink factor), so the
+    region is the box widened by that support and two pixels, within the image.
+    """
+    cut, reduction = plan.cut, plan.reduction
+    if reduction == 1:
+        return cut
+    covered = (reduced[0] * reduction, reduced[1] * reduction)
+    if spec.backend != "pillow":
+        return scale_box(cut, covered, reduced)
+    top, left, height, width = (v / reduction for v in cut)
+    edges = []
+    for start, side, out_side, limit in (
+        (top, height, plan.out_h, reduced[0]),
+        (left, width, plan.out_w, reduced[1]),
+    ):
+        margin = math.ceil(_BILINEAR_SUPPORT * max(side / out_side, 1.0)) + 2
+        edges.append(
+            (max(0, math.floor(start) - margin), min(limit, math.ceil(start + side) + margin))
+        )
+    (y0, y1), (x0, x1) = edges
+    return Box(y0, x0, y1 - y0, x1 - x0)
 
 
 def _resize_jpeg_into(
-    pixels: np.ndarray, plan: _JpegPlan, spec: CropSpec, out: np.ndarray, resize: ResizeInto
+    pixels: np.ndarray,
+    plan: _JpegPlan,
+    spec: CropSpec,
+    out: np.ndarray,
+    resize: ResizeInto,
+    origin: tuple[int, int],
+    reduced: tuple[int, int],
 ) -> None:
-    """Resize the planned box of the JPEG's ``pixels`` (as stored, at ``plan.reduction``)."""
+    """Resize the planned box of the JPEG's ``pixels`` into ``out``.
+
+    ``pixels`` is the part of the image (as stored, at ``plan.reduction``, of size
+    ``reduced``) whose top left pixel is ``origin``: the whole image, or the region
+    ``_region_read`` chose (the same output either way).
+    """
     cut, flip, reduction, orientation, out_h, out_w = plan
-    if reduction > 1 and spec.backend == "pillow":
+    if reduction > 1 and spec.backend == "pillow":  # `pixels` the whole image or a canvas
         small = _resize_fractional_box(pixels, cut, reduction, (out_h, out_w))
     else:
         # reduced pixel j covers stored pixels [j * r, (j + 1) * r): a scale of exactly 1/r
-        covered = (pixels.shape[0] * reduction, pixels.shape[1] * reduction)
-        top, left, box_h, box_w = scale_box(cut, covered, pixels.shape[:2])
+        covered = (reduced[0] * reduction, reduced[1] * reduction)
+        top, left, box_h, box_w = scale_box(cut, covered, reduced)
+        top, left = top - origin[0], left - origin[1]
         view = pixels[top : top + box_h, left : left + box_w]
         if orientation == 1 and view.shape[2] == out.shape[2]:  # the common case: no copy
             resize(view, out)
@@ -586,7 +642,7 @@ def crop_decoded_into(
     plan = _plan_jpeg(stored_h, stored_w, orientation, spec, (seed, epoch, index))
     if plan.reduction != 1:
         return False
-    _resize_jpeg_into(pixels, plan, spec, out, kernel)
+    _resize_jpeg_into(pixels, plan, spec, out, kernel, (0, 0), (stored_h, stored_w))
     return True
 
 
