@@ -675,11 +675,12 @@ class PackReader:
     # per sample fewer than verify_sample. The uncropped copy runs in the calling thread:
     # the copy is a memoryview slice assignment (~0.2 us of Python where np.copyto's
     # dispatch costs ~1.5, but it holds the GIL), and a second thread cost 6% more CPU per
-    # image for no more images per second (bench_handoff.py --only memcpy, BENCHMARKS.md
-    # "FFCV side by side", run 8). What remains against a memcpy of the same images out of
-    # an anonymous array: that array sits in 2 MB pages, the mapping in 4 KB ones (a cold
-    # 196 KB digest costs 17 us there against 21 here; this kernel refuses file THPs for
-    # the mapping: THPeligible 0, MADV_COLLAPSE EINVAL, MADV_HUGEPAGE no change).
+    # image for no more images per second on 2 shared cores (BENCHMARKS.md "FFCV side by
+    # side", run 8). What remains against a memcpy of the same images out of an anonymous
+    # array (bench_handoff.py --only memcpy and --only floor): that array sits in 2 MB
+    # pages, the mapping in 4 KB ones (a cold 196 KB digest costs 17 us there against 21
+    # here; this kernel refuses file THPs for the mapping: THPeligible 0, MADV_COLLAPSE
+    # EINVAL, MADV_HUGEPAGE no change), and the loader's per-batch Python.
 
     def sample_checks(
         self, indices: Sequence[int] | np.ndarray
