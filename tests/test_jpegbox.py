@@ -201,6 +201,20 @@ def test_a_library_that_is_not_libjpeg_is_refused(tmp_path):
         _jpegbox.load(zlib.__file__)
 
 
+def test_why_the_box_decoder_is_off_is_said(monkeypatch):
+    """The stall report and bench --diagnose tell a user why JPEGs are decoded whole."""
+    if jpegbox.available():
+        assert jpegbox.unavailable_reason() is None
+        with jpegbox.disabled():
+            assert "disabled" in (jpegbox.unavailable_reason() or "")
+    monkeypatch.setattr(jpegbox, "library", lambda: None)
+    monkeypatch.setenv("H5PACK_LIBJPEG", "none")
+    assert jpegbox.unavailable_reason() == "H5PACK_LIBJPEG=none turns the box decoder off"
+    monkeypatch.setenv("H5PACK_LIBJPEG", "/nowhere/libjpeg.so.62")
+    reason = jpegbox.unavailable_reason() or ""
+    assert "/nowhere/libjpeg.so.62" in reason or "not built" in reason
+
+
 def test_h5pack_libjpeg_none_turns_the_box_decoder_off():
     code = "from h5pack.core import jpegbox; print(jpegbox.available(), jpegbox.library())"
     env = dict(os.environ, H5PACK_LIBJPEG="none")

@@ -39,5 +39,5 @@ def pack_facts(setup: Setup) -> PackFacts:
         transforms=setup.options.transforms,
         size=setup.train.size,
         cached=setup.options.cache is not None,
-        box_decodes=jpegbox.available(),
+        whole_jpegs=jpegbox.unavailable_reason() or "",
     )

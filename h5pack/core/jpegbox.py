@@ -65,7 +65,7 @@ from typing import Final
 
 import numpy as np
 
-__all__ = ["available", "decode_box", "disabled", "library"]
+__all__ = ["available", "decode_box", "disabled", "library", "unavailable_reason"]
 
 _EOI: Final[bytes] = b"\xff\xd9"
 # the most the decoded region is wider than the box: one column of margin on each side, and
@@ -122,6 +122,26 @@ def _load() -> str | None:
             continue
         return path
     return None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`decode_box` declines every JPEG here, in words; None when it decodes."""
+    if _DISABLED[0]:
+        return "box decodes are disabled in this process (jpegbox.disabled())"
+    if library() is not None:
+        return None
+    chosen = os.environ.get("H5PACK_LIBJPEG", "")
+    if chosen.lower() == "none":
+        return "H5PACK_LIBJPEG=none turns the box decoder off"
+    try:
+        from h5pack.core import _jpegbox  # noqa: F401
+    except ImportError:
+        return (
+            "h5pack's box decoder was not built (no C compiler and Python headers at install "
+            "time, e.g. Debian's build-essential python3-dev; reinstall with them)"
+        )
+    tried = ", ".join(_candidates()) or "none"
+    return f"no libjpeg here takes the box decoder's libjpeg 6.2 calls (tried: {tried})"
 
 
 def available() -> bool:

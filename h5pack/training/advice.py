@@ -45,8 +45,9 @@ class PackFacts:
         transforms: Whether a per-sample Python transform runs.
         size: The training size, None when read as stored.
         cached: Whether the loader reads through the decoded cache (``cache="decoded"``).
-        box_decodes: Whether a JPEG's crop box is decoded alone
-            (:func:`h5pack.core.jpegbox.available`; NOTE [ Decoding only the box ]).
+        whole_jpegs: Why every JPEG is decoded whole rather than its crop box alone
+            (:func:`h5pack.core.jpegbox.unavailable_reason`; NOTE [ Decoding only the
+            box ]); empty where boxes are decoded alone.
     """
 
     mode: str
@@ -60,7 +61,7 @@ class PackFacts:
     transforms: bool
     size: tuple[int, int] | None
     cached: bool = False
-    box_decodes: bool = True
+    whole_jpegs: str = ""
 
     @property
     def compressed(self) -> bool:
@@ -114,12 +115,10 @@ def advise(bottleneck: str, facts: PackFacts) -> str:
         )
     if bottleneck == "decode":
         advice = _decode_advice(facts)
-        if facts.mode == "encoded" and facts.size is not None and not facts.box_decodes:
+        if facts.mode == "encoded" and facts.size is not None and facts.whole_jpegs:
             advice += (
-                "; this install decodes every JPEG whole: h5pack's box decoder was not built "
-                "(no C compiler and Python headers at install time, e.g. Debian's "
-                "build-essential python3-dev); reinstalled with them, only each crop's box is "
-                "decoded, about 20% less CPU per image"
+                f"; every JPEG is decoded whole because {facts.whole_jpegs}: with the box "
+                "decoder only each crop's box is, about 20% less CPU per image"
             )
         return advice
     return _storage_advice(facts)
@@ -217,7 +216,7 @@ def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:
         transforms=dataset.transform is not None,
         size=None if dataset.crop is None else dataset.crop.size,
         cached=dataset.cache is not None,
-        box_decodes=jpegbox.available(),
+        whole_jpegs=jpegbox.unavailable_reason() or "",
     )
 
 
