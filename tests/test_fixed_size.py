@@ -102,9 +102,22 @@ def _expected(pack: Path, images: list, spec: CropSpec, seed: int, epoch: int, i
 
 
 @pytest.mark.parametrize("backend", ["pillow", "opencv"])
-@pytest.mark.parametrize(("kind", "threads"), [("variable", 1), ("variable", 2), ("fixed", 2)])
-def test_raw_pixels_are_the_planned_crop_of_the_source(packs, images, backend, kind, threads):
-    """Blob and array raw packs, one thread or two: the per-batch loop is plan_crop's cut."""
+@pytest.mark.parametrize(
+    ("kind", "threads"), [("variable", 1), ("variable", 2), ("fixed", 1), ("fixed", 2)]
+)
+def test_raw_pixels_are_the_planned_crop_of_the_source(
+    packs, images, backend, kind, threads, monkeypatch
+):
+    """Blob and array raw packs, one thread or two: the per-batch loop is plan_crop's cut
+    (an array pack's RGB views with torch's kernel: FixedSizeReader._cut_mapped)."""
+    cut_mapped = FixedSizeReader._cut_mapped
+    calls = []
+
+    def counted(self, *args):
+        calls.append(len(args[1]))
+        cut_mapped(self, *args)
+
+    monkeypatch.setattr(FixedSizeReader, "_cut_mapped", counted)
     spec = CropSpec.of((24, 20), crop="random-resized", flip=True, backend=backend)
     loader = make_loader(
         packs[kind],
@@ -124,6 +137,8 @@ def test_raw_pixels_are_the_planned_crop_of_the_source(packs, images, backend, k
         diff = np.abs(got[position].permute(1, 2, 0).numpy().astype(int) - want)
         # Pillow's filter computed by torch: within one grey level of Pillow itself
         assert diff.max() <= (1 if backend == "pillow" else 0), index
+    lean = kind == "fixed" and resize_kernel(backend) is torch_resize_into
+    assert sum(calls) == (len(order) if lean else 0)
 
 
 def test_encoded_pixels_match_a_full_decode_of_the_same_box(packs, images):
