@@ -19,7 +19,9 @@ QUASI_RANDOM, drop_last=False)`` with ``RandomResizedCropRGBImageDecoder((224, 2
 ``RandomHorizontalFlip()``, ``ToTensor()``, ``ToTorchImage()``; h5pack's
 ``make_loader(pack, 64, size=224, flip=True)`` with ``num_workers="auto"`` (encoded: 2
 workers; raw: the main process, 2 threads), in the main process with 2 threads, and (raw)
-with 2 worker processes.
+with 2 worker processes. Two arms measure a step against what it replaced, in the same
+rounds: "h5 jpeg in-process, whole decodes" (within ``jpegbox.disabled()``: no box decoded
+alone) and "h5 raw auto, torch enlarges" (``fixed_size.ENLARGE_WITH_OPENCV = False``).
 
 Measured: conversion (wall and CPU of the process tree); first epochs (a loader made in
 the round; FFCV's includes its JIT compile, which happens for every Loader; "compile taken
@@ -39,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,7 @@ from bench_photos import SIZE, Rounds, Run, epoch, prepare, tree_cpu_s
 from h5pack import make_loader
 from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.core import jpegbox
+from h5pack.training import fixed_size
 
 BATCH = 64
 
@@ -184,9 +187,23 @@ def first_epoch(make: Callable[[], Any]) -> tuple[Run, Run]:
     return Run(images / wall, images / cpu), Run(rest / rest_wall, rest / rest_cpu)
 
 
-def _whole(name: str) -> contextlib.AbstractContextManager[None]:
-    """Within an arm "..., whole decodes": no box decodes (its loaders run in-process)."""
-    return jpegbox.disabled() if name.endswith("whole decodes") else contextlib.nullcontext()
+@contextlib.contextmanager
+def _whole(name: str) -> Iterator[None]:
+    """Switch an arm's comparison on, for loaders in the main process.
+
+    "..., whole decodes" decodes no box alone; "..., torch enlarges" sends enlarging boxes
+    to torch's kernel too.
+    """
+    with jpegbox.disabled() if name.endswith("whole decodes") else contextlib.nullcontext():
+        if not name.endswith("torch enlarges"):
+            yield
+            return
+        before = fixed_size.ENLARGE_WITH_OPENCV
+        fixed_size.ENLARGE_WITH_OPENCV = False
+        try:
+            yield
+        finally:
+            fixed_size.ENLARGE_WITH_OPENCV = before
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,6 +271,9 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
         "h5 jpeg in-process, whole decodes": lambda: h5_loader(encoded, num_workers=0, threads=2),
         "h5 jpeg cache": lambda: h5_loader(encoded, num_workers=0, threads=2, cache="decoded"),
         "h5 raw auto": lambda: h5_loader(raw),
+        # the same with enlarging boxes resized by torch (NOTE [ Pillow's filter, computed
+        # by torch ]); auto reads a raw pack in the main process
+        "h5 raw auto, torch enlarges": lambda: h5_loader(raw),
         "h5 raw workers=2": lambda: h5_loader(raw, num_workers=2),
     }
     if ffcv:
@@ -335,13 +355,21 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
                     ),
                 }
 
+    def ratio(top: str, bottom: str) -> dict[str, float]:
+        return {"per_cpu_s": later.ratio(top, bottom, cpu=True), "per_s": later.ratio(top, bottom)}
+
+    if "h5 raw auto, torch enlarges" in later.runs:
+        ratios["raw later, OpenCV enlarging / torch only"] = ratio(
+            "h5 raw auto", "h5 raw auto, torch enlarges"
+        )
+        if ffcv:
+            ratios["raw later, torch enlarges (before)"] = ratio(
+                "h5 raw auto, torch enlarges", "ffcv raw RANDOM"
+            )
     if "h5 jpeg in-process, whole decodes" in later.runs:
-        ratios["jpeg later, box decodes / whole decodes (h5pack in-process)"] = {
-            "per_cpu_s": later.ratio(
-                "h5 jpeg in-process", "h5 jpeg in-process, whole decodes", cpu=True
-            ),
-            "per_s": later.ratio("h5 jpeg in-process", "h5 jpeg in-process, whole decodes"),
-        }
+        ratios["jpeg later, box decodes / whole decodes (h5pack in-process)"] = ratio(
+            "h5 jpeg in-process", "h5 jpeg in-process, whole decodes"
+        )
 
     def table(rounds: Rounds) -> dict[str, Any]:
         return {

@@ -14,6 +14,7 @@ from h5pack.core.decode import decode_image
 from h5pack.read.crop import (
     CropSpec,
     crop_array,
+    crop_into,
     decode_crop_into,
     opencv_resize_into,
     pillow_resize_into,
@@ -263,6 +264,69 @@ def test_torch_kernel_is_pillows_filter_within_one_level(source, out):
     assert diff.mean() < 0.25  # 0.00-0.01 shrinking or enlarging both sides, 0.16 mixed
     assert batch.ctypes.data == address
     assert not batch[0].any()
+
+
+def test_enlarging_boxes_are_pillows_filter_within_one_level(monkeypatch):
+    """Enlarging goes to OpenCV's bilinear resize (NOTE [ Pillow's filter, computed by
+    torch ]): within one level of Pillow, and of torch's kernel, at every size."""
+    from h5pack.training import fixed_size
+
+    rng = np.random.default_rng(8)
+    for trial in range(300):
+        out_h, out_w = int(rng.integers(1, 120)), int(rng.integers(1, 120))
+        height, width = int(rng.integers(1, out_h + 1)), int(rng.integers(1, out_w + 1))
+        if trial % 2:
+            source = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)  # noise
+        else:
+            source = synthesize_photo(rng, (height, width))
+        pillow = np.empty((out_h, out_w, 3), dtype=np.uint8)
+        pillow_resize_into(source, pillow)
+        monkeypatch.setattr(fixed_size, "ENLARGE_WITH_OPENCV", True)
+        opencv = np.empty_like(pillow)
+        torch_resize_into(source, opencv)
+        monkeypatch.setattr(fixed_size, "ENLARGE_WITH_OPENCV", False)
+        by_torch = np.empty_like(pillow)
+        torch_resize_into(source, by_torch)
+        assert np.abs(opencv.astype(int) - pillow).max() <= 1, (source.shape, pillow.shape)
+        assert np.abs(opencv.astype(int) - by_torch).max() <= 1, (source.shape, pillow.shape)
+
+
+@pytest.mark.parametrize("kind", ["variable", "fixed"])
+def test_the_per_batch_loop_enlarges_as_the_kernel_does(packs, kind, monkeypatch):
+    """With or without OpenCV enlarging, the loops (_cut_batch for blobs, _cut_mapped for a
+    mapped array pack) and the per-sample kernel agree exactly, boxes enlarged and shrunk."""
+    from h5pack.training import fixed_size
+
+    mapped = []
+    cut_mapped = FixedSizeReader._cut_mapped
+
+    def counted(self, *args):
+        mapped.append(len(args[1]))
+        cut_mapped(self, *args)
+
+    monkeypatch.setattr(FixedSizeReader, "_cut_mapped", counted)
+    spec = CropSpec.of(28, crop="random-resized", flip=True)
+    reader = PackReader(packs[kind], ReaderOptions(threads=2))
+    count = len(reader.meta.labels)
+    images = reader.read_stored(np.arange(count))
+    enlarged = shrunk = 0
+    for switch in (True, False):
+        monkeypatch.setattr(fixed_size, "ENLARGE_WITH_OPENCV", switch)
+        for epoch in range(3):
+            out = np.zeros((count, 28, 28, 3), dtype=np.uint8)
+            fixed = FixedSizeReader(reader, spec, None)
+            fixed.read_into(np.arange(count), out, seed=1, epoch=epoch)
+            for index in range(count):
+                image = reader.decode(index, images[index])
+                box, flip = plan_crop(spec, *image.shape[:2], seed=1, epoch=epoch, index=index)
+                enlarged += box.height <= 28 and box.width <= 28
+                shrunk += box.height > 28 and box.width > 28
+                want = np.empty((28, 28, 3), dtype=np.uint8)
+                crop_into(image, box, want, flip=flip, resize=torch_resize_into)
+                np.testing.assert_array_equal(out[index], want, f"{switch}, {epoch}, {index}")
+    assert enlarged > 0
+    assert shrunk > 0
+    assert bool(mapped) == (kind == "fixed")
 
 
 def test_torch_kernel_hands_one_channel_to_pillow():
