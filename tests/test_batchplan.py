@@ -82,3 +82,35 @@ def test_empty_and_refused():
     fixed = CropSpec.of(8, crop="center")
     with pytest.raises(OptionsError, match="non-negative"):
         plan_crops(fixed, [4], [4], seed=0, epoch=0, indices=[-1])
+
+
+def test_the_compiled_outputs_are_numpys_generators(monkeypatch):
+    """h5pack.read._batchplan computes each sample's first PCG64 outputs: those of numpy's
+    generator sample_rng(seed, epoch, index) exactly, at every kind of seed and index; and
+    plan_crops gives the same boxes with or without it."""
+    native = pytest.importorskip("h5pack.read._batchplan")
+    from h5pack.read.boxes import entropy_words, pcg64_states, sample_rng
+
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        seed = [0, 1, -1, 2**64 + 3, int(rng.integers(0, 2**63))][trial % 5]
+        epoch = int(rng.integers(0, 10**6)) if trial % 2 else trial
+        indices = rng.integers(0, 2**32, 32).astype(np.int64)
+        indices[:2] = 0, 2**32 - 1
+        before, after = (np.array(w, dtype=np.uint32) for w in entropy_words(seed, epoch))
+        got = np.empty((32, 10), dtype=np.uint64)
+        native.raw_outputs(before, indices, after, got)
+        want = batchplan._raw_outputs(pcg64_states(seed, epoch, indices.tolist()))
+        np.testing.assert_array_equal(got, want)
+        generator = sample_rng(seed, epoch, int(indices[5]))
+        np.testing.assert_array_equal(got[5], generator.bit_generator.random_raw(10))
+    spec = CropSpec.of(224, crop="random-resized", flip=True)
+    heights, widths = rng.integers(1, 700, 64), rng.integers(1, 700, 64)
+    indices = rng.integers(0, 10**7, 64)
+    with_it = plan_crops(spec, heights, widths, seed=9, epoch=2, indices=indices)
+    monkeypatch.setattr(batchplan, "_native", lambda: None)
+    assert plan_crops(spec, heights, widths, seed=9, epoch=2, indices=indices) == with_it
+    with pytest.raises(ValueError, match="indices"):
+        native.raw_outputs(
+            before, np.array([-1], dtype=np.int64), after, np.empty((1, 10), np.uint64)
+        )

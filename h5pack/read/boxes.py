@@ -328,6 +328,15 @@ _PREPARED_MAX: Final[int] = 1 << 14  # prepared states nobody took are dropped p
 _THREAD = threading.local()
 
 
+def entropy_words(seed: int, epoch: int) -> tuple[list[int], list[int]]:
+    """The 32-bit words around the index in ``sample_rng(seed, epoch, index)``'s entropy.
+
+    Its ``SeedSequence`` hashes ``before + [index] + after`` (for an index below 2**32),
+    numpy's conversion of ``[seed % 2**64, epoch, index, crop tag]`` into words.
+    """
+    return [*_words(seed % 2**64), *_words(epoch)], _words(_CROP_TAG)
+
+
 def _words(value: int) -> list[int]:
     # numpy's _int_to_uint32_array: little-endian 32-bit words, [0] for 0
     found = []
@@ -352,8 +361,9 @@ def pcg64_states(seed: int, epoch: int, indices: Sequence[int]) -> list[tuple[in
         return [_state_of(sample_rng(seed, epoch, int(i))) for i in idx.tolist()]
     u = np.uint64
     shape = idx.shape
-    entropy = [np.full(shape, w, u) for w in (*_words(seed % 2**64), *_words(epoch))]
-    entropy += [idx.astype(u), *(np.full(shape, w, u) for w in _words(_CROP_TAG))]
+    before, after = entropy_words(seed, epoch)
+    entropy = [np.full(shape, w, u) for w in before]
+    entropy += [idx.astype(u), *(np.full(shape, w, u) for w in after)]
     mask, shift = u(_M32), u(16)
     hash_const = _INIT_A
 
