@@ -19,8 +19,8 @@ flip and int64 labels, through 2 DataLoader workers unless said otherwise:
 - ``peer + Manager dict``: the same with a ``multiprocessing.Manager().dict()`` of decoded
   images shared by the workers (the common recipe);
 - ``h5pack``: ``make_loader(pack, 64, size=224, crop="random-resized", flip=True, ...)``
-  with ``num_workers="auto"`` (encoded: one worker per core; raw: the main process with one
-  thread per core) and, for the encoded pack, also in the main process with 2 threads
+  with ``num_workers="auto"`` (one worker per core: the packs are cut to a size) and, for
+  the encoded pack, also in the main process with 2 threads
   (``num_workers=0, threads=2``); without cache, with ``cache="decoded"`` and a budget larger
   than the decoded images, and with a quarter of their size.
 

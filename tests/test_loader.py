@@ -17,6 +17,7 @@ from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
+from h5pack.read.crop import CropSpec
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import (
@@ -185,6 +186,9 @@ def test_auto_workers_policy(pack, tmp_path):
     raw = tmp_path / "raw.h5"
     write_arrays(raw, [np.zeros((2, 2, 3), np.uint8)] * 3, [0, 0, 0])
     assert auto_workers(H5ImageDataset(raw), cores=4) == (0, 4)
+    # cut to a training size: a per-sample resize, in worker processes
+    sized = H5ImageDataset(raw, pipeline=CropSpec.of(2, crop="random-resized"))
+    assert auto_workers(sized, cores=4) == (4, 0)
     assert auto_workers(H5ImageDataset(pack, transform=lambda x: x), cores=4) == (4, 0)
     encoded = tmp_path / "encoded.h5"
     jpeg = io.BytesIO()

@@ -102,11 +102,11 @@ def advise(bottleneck: str, facts: PackFacts) -> str:
                 "the per-sample Python transform dominates: normalise on the GPU "
                 "(DevicePrefetcher(normalize=...)) or lighten the transform"
             )
-        if facts.workers and facts.mode == "raw":
+        if facts.workers and facts.mode == "raw" and facts.size is None:
             return (
                 "worker processes pay for every batch crossing a process boundary: read "
                 "this raw pack in the main process (--workers 0, which num_workers='auto' "
-                "picks for raw packs)"
+                "picks for raw packs read as stored)"
             )
         return (
             "the loader's own work (allocating and filling batches) is the limit, not the "

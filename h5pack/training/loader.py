@@ -57,7 +57,12 @@ RING_SPARE_SLOTS = 3
 #   and the codecs release the GIL), never slower than reading in-process; only per-sample
 #   work (decoding encoded packs, Python transforms) gets worker processes, one per core.
 #   lzf and bitshuffle packs, which only h5py reads, may gain from explicit workers on a
-#   quiet many-core machine.
+#   quiet many-core machine. A raw pack cut to a training size (``size=``) gets workers
+#   too: since the batch ring the hand-off is cheap, and the cut's per-sample Python no
+#   longer shares the main process's GIL with two threads and the training loop (raw 256
+#   RandomResizedCrop(224): 2 workers 1.42-1.57x FFCV per CPU-second and 1.35-1.59x per
+#   second in eight runs, the main process with 2 threads 1.40-1.53x and 1.19-1.34x;
+#   BENCHMARKS.md "FFCV side by side", run 9).
 # - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
 # - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
 # - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
@@ -194,17 +199,18 @@ def auto_workers(
 ) -> tuple[int, int]:
     """Return ``(num_workers, threads)`` for a loader over ``dataset`` (see "Loader defaults").
 
-    ``"auto"``: a raw pack without a per-sample transform is read in the main process,
-    ``cores`` threads decompressing (direct chunk path) or copying; worker processes, one per
-    core, only for per-sample work that holds the GIL: decoding an encoded pack, a
-    transform. An explicit ``num_workers`` gets ``cores`` threads when it is 0, else none.
+    ``"auto"``: a raw pack read as stored, without a per-sample transform, is read in the
+    main process, ``cores`` threads decompressing (direct chunk path) or copying; worker
+    processes, one per core, for per-sample work: decoding an encoded pack, cutting and
+    resizing a raw pack to a training size, a transform. An explicit ``num_workers`` gets
+    ``cores`` threads when it is 0, else none.
 
     Raises:
         OptionsError: ``num_workers`` is neither ``"auto"`` nor >= 0.
     """
     cores = cores or available_cores()
     if num_workers == "auto":
-        if dataset.meta.mode == "raw" and dataset.transform is None:
+        if dataset.meta.mode == "raw" and dataset.transform is None and dataset.crop is None:
             return 0, cores
         return cores, 0
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
