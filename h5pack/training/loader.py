@@ -60,9 +60,10 @@ RING_SPARE_SLOTS = 3
 #   quiet many-core machine. A raw pack cut to a training size (``size=``) gets workers
 #   too: since the batch ring the hand-off is cheap, and the cut's per-sample Python no
 #   longer shares the main process's GIL with two threads and the training loop (raw 256
-#   RandomResizedCrop(224): 2 workers 1.42-1.57x FFCV per CPU-second and 1.35-1.59x per
-#   second in eight runs, the main process with 2 threads 1.40-1.53x and 1.19-1.34x;
-#   BENCHMARKS.md "FFCV side by side", run 9).
+#   RandomResizedCrop(224), eleven runs: per CPU-second the two are within the runs' noise
+#   of each other, 1.42-1.57x FFCV with 2 workers against 1.40-1.64x in the main process,
+#   but per second 2 workers gave 1.35-1.59x against 1.19-1.37x; BENCHMARKS.md "FFCV side
+#   by side", run 9).
 # - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
 # - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
 # - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
