@@ -6,8 +6,8 @@ the other box names); this module moves the pixels:
 * :func:`crop_into` cuts a box out of an ``(H, W, C)`` array and resizes the box, and only
   the box, straight into an output buffer (a view of the batch), then flips it in place;
 * :func:`decode_crop_into` does the same from an image file's bytes, decoding JPEGs at a
-  reduced scale when the box allows it (``NOTE [ JPEG DCT scaling ]``), and otherwise only
-  as far as the box (``NOTE [ Decoding only the box ]``: the same pixels);
+  reduced scale when the box allows it (``NOTE [ JPEG DCT scaling ]``), and at either
+  scale only as far as the box (``NOTE [ Decoding only the box ]``: the same pixels);
 * :func:`crop_array` and :func:`decode_crop` are the same into a new array.
 
 The resizing kernel is a :data:`ResizeInto` argument. The reference kernels here are
@@ -308,8 +308,9 @@ def decode_crop_into(
     :func:`~h5pack.core.decode.decode_image`'s followed by :func:`crop_into`, except for
     JPEGs, which are decoded at a reduced scale when the box allows it (see
     ``NOTE [ JPEG DCT scaling ]``), and RGB and gray JPEGs by OpenCV (``NOTE [ JPEG
-    decoder ]``) or, at full scale without ``keep``, only as far as the box by the same
-    libjpeg-turbo code (``NOTE [ Decoding only the box ]``: the pixels of the whole decode).
+    decoder ]``) or, without ``keep``, only as far as the box, at full or reduced scale, by
+    the same libjpeg-turbo code (``NOTE [ Decoding only the box ]``: the pixels of the whole
+    decode).
 
     Args:
         data: The file's bytes, as stored in a pack.
