@@ -114,3 +114,12 @@ def test_the_compiled_outputs_are_numpys_generators(monkeypatch):
         native.raw_outputs(
             before, np.array([-1], dtype=np.int64), after, np.empty((1, 10), np.uint64)
         )
+
+
+def test_ci_builds_the_batch_streams_extension():
+    """CI tests the compiled streams, not only numpy's: its install builds the extension."""
+    import os
+
+    if not os.environ.get("CI"):
+        pytest.skip("outside CI the extension is optional (pyproject.toml: optional = true)")
+    assert batchplan._native() is not None
