@@ -132,23 +132,31 @@ def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
     if source.shape[2] != 3:
         pillow_resize_into(source, out)
         return
-    if ENLARGE_WITH_OPENCV and source.shape[0] <= out.shape[0] and source.shape[1] <= out.shape[1]:
-        import cv2  # here, as in _cut_batch
+    _resize_rgb_into(source, out)
 
-        cv2.resize(source, (out.shape[1], out.shape[0]), dst=out, interpolation=cv2.INTER_LINEAR)
+
+def _resize_rgb_into(box: np.ndarray, out: np.ndarray) -> None:
+    """Resize the RGB ``box`` to ``out``'s other size: ``torch_resize_into``'s filter.
+
+    The one place of its rule (``NOTE [ Pillow's filter, computed by torch ]``), for
+    ``torch_resize_into`` and the per-batch loops: enlarging, OpenCV's bilinear resize
+    (``ENLARGE_WITH_OPENCV``); else torch's kernel, on a C-contiguous, writable copy of a
+    ``box`` that is not one.
+    """
+    import cv2  # here, as in read.crop: importing the training layer stays lighter
+
+    height, width = out.shape[:2]
+    if ENLARGE_WITH_OPENCV and box.shape[0] <= height and box.shape[1] <= width:
+        cv2.resize(box, (width, height), dst=out, interpolation=cv2.INTER_LINEAR)
         return
-    if not (source.flags.c_contiguous and source.flags.writeable):
-        source = np.array(source, order="C")
-    _upsample_aa(
-        torch.from_numpy(source).permute(2, 0, 1).unsqueeze(0),
-        [out.shape[0], out.shape[1]],
+    if not (box.flags.c_contiguous and box.flags.writeable):
+        box = np.array(box)
+    _AA_OUT(
+        torch.from_numpy(box.transpose(2, 0, 1)[None]),
+        [height, width],
         False,
-        out=torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0),
+        out=torch.from_numpy(out.transpose(2, 0, 1)[None]),
     )
-
-
-def _upsample_aa(*args: object, out: torch.Tensor) -> torch.Tensor:
-    return _AA_OUT(*args, out=out)
 
 
 def _aten_upsample_aa(*args: object, out: torch.Tensor) -> torch.Tensor:
@@ -478,24 +486,8 @@ class FixedSizeReader:
                 return
             if box_h == size[0] and box_w == size[1]:
                 target[...] = image[top : top + box_h, left : left + box_w]
-            elif ENLARGE_WITH_OPENCV and box_h <= size[0] and box_w <= size[1]:
-                cv2.resize(  # NOTE [ Pillow's filter, computed by torch ]: enlarging
-                    image[top : top + box_h, left : left + box_w],
-                    (size[1], size[0]),
-                    dst=target,
-                    interpolation=cv2.INTER_LINEAR,
-                )
-            else:
-                # contiguous and writable for torch (NOTE [ Pillow's filter, computed by
-                # torch ]): a box decoded alone already is
-                view = image[top : top + box_h, left : left + box_w]
-                box = view if view.flags.c_contiguous and view.flags.writeable else np.array(view)
-                _AA_OUT(
-                    torch.from_numpy(box.transpose(2, 0, 1)[None]),
-                    size,
-                    False,
-                    out=torch.from_numpy(target.transpose(2, 0, 1)[None]),
-                )
+            else:  # a box decoded alone is already contiguous: not copied again
+                _resize_rgb_into(image[top : top + box_h, left : left + box_w], target)
             if flip:
                 cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
 
@@ -567,8 +559,7 @@ class FixedSizeReader:
         ).tolist()
         where, checks = indices.tolist(), reader.sample_checks(indices)
         digest, recorded = checks or (None, [])
-        size, kernel, resize = [height, width], self._kernel, _AA_OUT
-        from_numpy, flip_into, enlarge = torch.from_numpy, cv2.flip, ENLARGE_WITH_OPENCV
+        kernel, resize_rgb, flip_into = self._kernel, _resize_rgb_into, cv2.flip
         parts = max(1, min(reader.options.threads or 0, count))
 
         def run_part(part: int) -> None:
@@ -588,21 +579,8 @@ class FixedSizeReader:
                     continue
                 if box_h == height and box_w == width:
                     target[...] = image[top : top + box_h, left : left + box_w]
-                elif enlarge and box_h <= height and box_w <= width:  # as _cut_batch's
-                    cv2.resize(
-                        image[top : top + box_h, left : left + box_w],
-                        (width, height),
-                        dst=target,
-                        interpolation=cv2.INTER_LINEAR,
-                    )
-                else:  # contiguous and writable (NOTE [ Pillow's filter, computed by torch ])
-                    box = np.array(image[top : top + box_h, left : left + box_w])
-                    resize(
-                        from_numpy(box.transpose(2, 0, 1)[None]),
-                        size,
-                        False,
-                        out=from_numpy(target.transpose(2, 0, 1)[None]),
-                    )
+                else:
+                    resize_rgb(image[top : top + box_h, left : left + box_w], target)
                 if flip:
                     flip_into(target, 1, dst=target)  # in place (read.crop.flip_in_place)
             times.add("storage", checking)
