@@ -32,10 +32,28 @@ def random_arrays(num: int, shape: tuple[int, ...] = (8, 10, 3), seed: int = 0) 
     return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(num)]
 
 
-def jpeg(array: np.ndarray, quality: int = 90) -> bytes:
-    """Return ``array`` encoded as JPEG bytes."""
+def jpeg(
+    array: np.ndarray,
+    quality: int = 90,
+    *,
+    orientation: int = 1,
+    mode: str | None = None,
+    **options: object,
+) -> bytes:
+    """Return ``array`` encoded as JPEG bytes.
+
+    Converted to ``mode`` first when given, with an EXIF ``orientation`` when it is not 1,
+    and Pillow's other save ``options`` (``subsampling``, ``progressive``...).
+    """
+    image = Image.fromarray(array)
+    if mode is not None:
+        image = image.convert(mode)
+    if orientation != 1:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        options["exif"] = exif.tobytes()
     buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
+    image.save(buffer, format="JPEG", quality=quality, **options)
     return buffer.getvalue()
 
 

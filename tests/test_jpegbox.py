@@ -1,6 +1,5 @@
 """Decoding only a JPEG's box (NOTE [ Decoding only the box ]): a whole decode's pixels, exactly."""
 
-import io
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from h5pack.synthetic import synthesize_photo
 from h5pack.training.fixed_size import FixedSizeReader, resize_kernel
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
-from tests.helpers import shared_photos
+from tests.helpers import jpeg, shared_photos
 
 SHARED_PHOTOS = shared_photos()
 
@@ -36,12 +35,6 @@ def test_ci_builds_the_box_decoder_and_finds_a_libjpeg():
         pytest.skip("outside CI the extension is optional (pyproject.toml: optional = true)")
     assert jpegbox.library() is not None
     assert jpegbox.available()
-
-
-def _encode(pixels: np.ndarray, **options) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", **options)
-    return buffer.getvalue()
 
 
 def _whole(data: bytes) -> np.ndarray:
@@ -85,7 +78,7 @@ SIZES = [(375, 500), (53, 37), (17, 300), (1, 1), (16, 16), (129, 95)]
 def test_every_box_is_the_whole_decodes_box(kind, size):
     rng = np.random.default_rng(sum(size))
     pixels = synthesize_photo(rng, size)
-    data = _encode(pixels, **KINDS[kind])
+    data = jpeg(pixels, **KINDS[kind])
     whole = _whole(data)
     for top, left, h, w in _boxes(rng, *size):
         got = jpegbox.decode_box(data, size, (top, left, h, w), 3)
@@ -100,7 +93,7 @@ def test_a_reduced_box_is_the_reduced_whole_decodes_box(kind, reduction):
     """At 1/2, 1/4, 1/8 (libjpeg's DCT scaling): the box of the reduced whole decode."""
     rng = np.random.default_rng(reduction)
     size = (331, 517)
-    data = _encode(synthesize_photo(rng, size), **KINDS[kind])
+    data = jpeg(synthesize_photo(rng, size), **KINDS[kind])
     header = read_jpeg_header(data)
     assert header is not None
     whole = decode_jpeg(header, data, name="x.jpg", reduction=reduction)
@@ -117,7 +110,7 @@ def test_a_reduced_box_is_the_reduced_whole_decodes_box(kind, reduction):
 def test_a_gray_jpegs_box_is_its_whole_decodes_box():
     rng = np.random.default_rng(3)
     gray = synthesize_photo(rng, (90, 131))[:, :, 1]
-    data = _encode(gray, quality=90)
+    data = jpeg(gray, quality=90)
     whole = _whole(data)
     assert whole.shape == (90, 131, 1)
     for top, left, h, w in _boxes(rng, 90, 131):
@@ -150,7 +143,7 @@ def test_the_real_photos_boxes_are_their_whole_decodes_boxes():
 def test_what_it_cannot_decode_exactly_it_declines():
     rng = np.random.default_rng(5)
     pixels = synthesize_photo(rng, (64, 80))
-    data = _encode(pixels, quality=90)
+    data = jpeg(pixels, quality=90)
     size, box = (64, 80), (0, 0, 8, 8)
     assert jpegbox.decode_box(data, size, box, 3) is not None
     # a truncated file, even where the box ends above the cut: every epoch the same answer
@@ -168,19 +161,18 @@ def test_what_it_cannot_decode_exactly_it_declines():
     assert jpegbox.decode_box(data, size, (0, 0, 0, 8), 3) is None
     # not a JPEG at all, and a CMYK one (other colour spaces go to the whole decode)
     assert jpegbox.decode_box(b"\x00" * 100 + b"\xff\xd9", size, box, 3) is None
-    cmyk = io.BytesIO()
-    Image.fromarray(pixels).convert("CMYK").save(cmyk, format="JPEG")
-    assert jpegbox.decode_box(cmyk.getvalue(), size, box, 3) is None
-    header = read_jpeg_header(cmyk.getvalue())
+    cmyk = jpeg(pixels, mode="CMYK")
+    assert jpegbox.decode_box(cmyk, size, box, 3) is None
+    header = read_jpeg_header(cmyk)
     assert header is not None
     assert header.mode == "CMYK"
-    assert crop.decode_jpeg_box(header, cmyk.getvalue(), crop.Box(*box)) is None
+    assert crop.decode_jpeg_box(header, cmyk, crop.Box(*box)) is None
 
 
 @needs_decoder
 def test_a_truncated_jpeg_raises_the_whole_decodes_error_naming_the_file():
     """Declined, the sample goes to the whole decode, whose error names the file."""
-    data = _encode(synthesize_photo(np.random.default_rng(1), (64, 80)), quality=90)
+    data = jpeg(synthesize_photo(np.random.default_rng(1), (64, 80)), quality=90)
     out = np.empty((16, 16, 3), dtype=np.uint8)
     spec = CropSpec.of(16, crop="random-resized")
     with pytest.raises(DecodeError, match=r"^cut\.jpg: "):
@@ -230,20 +222,15 @@ def test_h5pack_libjpeg_none_turns_the_box_decoder_off():
 def _files() -> list[bytes]:
     """ImageNet-like JPEGs, EXIF-rotated ones, a gray, a progressive and a CMYK one."""
     rng = np.random.default_rng(11)
-    files = []
-    for i in range(10):
-        image = Image.fromarray(synthesize_photo(rng, (180 + 23 * i, 260 - 9 * i)))
-        exif = Image.Exif()
-        if i in (1, 6):
-            exif[0x0112] = 6 if i == 1 else 3
-        if i == 4:
-            image = image.convert("L")
-        if i == 8:
-            image = image.convert("CMYK")
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=90, progressive=i == 5, exif=exif.tobytes())
-        files.append(buffer.getvalue())
-    return files
+    return [
+        jpeg(
+            synthesize_photo(rng, (180 + 23 * i, 260 - 9 * i)),
+            orientation={1: 6, 6: 3}.get(i, 1),
+            mode={4: "L", 8: "CMYK"}.get(i),
+            progressive=i == 5,
+        )
+        for i in range(10)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -309,18 +296,16 @@ def test_the_pipeline_serves_the_same_pixels_with_and_without_box_decodes(
 def _large_files() -> list[bytes]:
     """Photos large enough for reduced decodes of 48x48 outputs, upright and rotated."""
     rng = np.random.default_rng(13)
-    files = []
-    for i in range(6):
-        image = Image.fromarray(synthesize_photo(rng, (700 + 97 * i, 1100 - 61 * i)))
-        exif = Image.Exif()
-        if i % 3 == 1:
-            exif[0x0112] = 6
-        if i == 4:
-            image = image.convert("L")
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=85, subsampling=i % 3, exif=exif.tobytes())
-        files.append(buffer.getvalue())
-    return files
+    return [
+        jpeg(
+            synthesize_photo(rng, (700 + 97 * i, 1100 - 61 * i)),
+            85,
+            orientation=6 if i % 3 == 1 else 1,
+            mode="L" if i == 4 else None,
+            subsampling=i % 3,
+        )
+        for i in range(6)
+    ]
 
 
 @needs_decoder
