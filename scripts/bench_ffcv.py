@@ -189,7 +189,7 @@ def first_epoch(make: Callable[[], Any]) -> tuple[Run, Run]:
 
 
 @contextlib.contextmanager
-def _whole(name: str) -> Iterator[None]:
+def _arm_switches(name: str) -> Iterator[None]:
     """Switch an arm's comparison on (in this process, and in the workers forked meanwhile).
 
     "..., whole decodes" decodes no box alone; "..., torch enlarges" sends enlarging boxes
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
         firsts = [n for n in makers if "cache" not in n]
         for number in range(args.first_rounds):
             for name in firsts[number % len(firsts) :] + firsts[: number % len(firsts)]:
-                with _whole(name):
+                with _arm_switches(name):
                     whole, rest = first_epoch(makers[name])
                 first.add(name, whole)
                 first_rest.add(name, rest)
@@ -296,13 +296,13 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
 
     kept = {name: make() for name, make in makers.items()}
     for name, loader in kept.items():  # the untimed epoch: compile, caches, page cache
-        with _whole(name):
+        with _arm_switches(name):
             epoch(loader, 0)
     later = Rounds()
     for number in range(args.rounds):
         names = list(kept)
         for name in names[number % len(names) :] + names[: number % len(names)]:
-            with _whole(name):
+            with _arm_switches(name):
                 run_ = epoch(kept[name], number + 1)
             later.add(name, run_)
             print(f"later {number} {name}: {run_}")
