@@ -6,6 +6,7 @@
     python scripts/bench_percore.py --data /tmp/ffbench/data --only phase --rounds 5
     python scripts/bench_percore.py --data /tmp/ffbench/data --only box --rounds 5
     python scripts/bench_percore.py --data /tmp/ffbench/data --only photos --rounds 5
+    python scripts/bench_percore.py --data /tmp/ffbench/data --only enlarge --rounds 3
 
 ``profile``: one epoch of ``make_loader(pack, 64, size=224, crop="random-resized",
 flip=True, num_workers=0, threads=1)`` (torch one thread) under cProfile with
@@ -42,6 +43,11 @@ mixed sizes, EXIF, large files), each cut to RandomResizedCrop(224) + flip by
 with whole decodes in turn (``jpegbox.disabled()``), a new epoch's boxes each round (most
 take a reduced decode, NOTE [ JPEG DCT scaling ]); process CPU per sample, medians, the
 ratio per round, and whether every output was the same.
+
+``enlarge``: 400 enlarging boxes (72-223 pixels a side) of a 256x256 synthetic photo
+resized to 224x224 on one thread, by torch's kernel and by OpenCV's bilinear resize in
+turn (``fixed_size.ENLARGE_WITH_OPENCV``), ``time.thread_time`` per output, medians of
+rounds, and the largest difference from Pillow's own resize.
 """
 
 from __future__ import annotations
@@ -369,12 +375,52 @@ def photos(folder: Path, rounds: int) -> None:
     )
 
 
+def enlarge(rounds: int) -> None:
+    """Enlarging boxes resized by torch's kernel and by OpenCV's bilinear resize, in turn."""
+    from h5pack.read.crop import pillow_resize_into
+    from h5pack.synthetic import synthesize_photo
+    from h5pack.training import fixed_size
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    image = synthesize_photo(rng, (256, 256))
+    boxes = []
+    for _ in range(400):
+        h, w = int(rng.integers(72, 224)), int(rng.integers(72, 224))
+        boxes.append((int(rng.integers(0, 256 - h)), int(rng.integers(0, 256 - w)), h, w))
+    out = np.empty((224, 224, 3), dtype=np.uint8)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    worst = {True: 0, False: 0}
+    for _ in range(rounds):
+        for switch in (False, True):
+            fixed_size.ENLARGE_WITH_OPENCV = switch
+            spent = 0.0
+            for top, left, h, w in boxes:
+                source = np.ascontiguousarray(image[top : top + h, left : left + w])
+                began = time.thread_time()
+                torch_resize_into(source, out)
+                spent += time.thread_time() - began
+            times[switch].append(spent / len(boxes) * 1e6)
+    reference = np.empty_like(out)
+    for switch in (False, True):
+        fixed_size.ENLARGE_WITH_OPENCV = switch
+        for top, left, h, w in boxes[:100]:
+            source = np.ascontiguousarray(image[top : top + h, left : left + w])
+            torch_resize_into(source, out)
+            pillow_resize_into(source, reference)
+            worst[switch] = max(worst[switch], int(np.abs(out.astype(int) - reference).max()))
+    fixed_size.ENLARGE_WITH_OPENCV = True
+    print(
+        f"enlarge: torch {np.median(times[False]):.0f} us per output (max {worst[False]} "
+        f"level from Pillow), OpenCV {np.median(times[True]):.0f} us (max {worst[True]})"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="bench_ffcv.py's --data")
-    parser.add_argument(
-        "--only", choices=("profile", "decode", "mapcopy", "phase", "box", "photos"), default=None
-    )
+    only = ("profile", "decode", "mapcopy", "phase", "box", "photos", "enlarge")
+    parser.add_argument("--only", choices=only, default=None)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3, help="phase's and box's rounds")
     parser.add_argument("--threads", type=int, default=2, help="phase's reader threads")
@@ -397,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
         box(args.data, args.rounds)
     if args.only in (None, "photos"):
         photos(args.photos, args.rounds)
+    if args.only in (None, "enlarge"):
+        enlarge(args.rounds)
 
 
 if __name__ == "__main__":

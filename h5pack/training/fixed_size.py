@@ -105,10 +105,11 @@ __all__ = [
 # fixed point without Pillow's 8-bit rounding between the two passes: within one grey
 # level of Pillow (3,000 random sizes from 1x1 to 300x300, noise and binary images; mean
 # difference 0.21 levels on photos, against torch's 0.001) and of torch's kernel, and
-# 64-66 us against 82-87 per 224x224 output (one thread). Raw 256 packs cut to 224 enlarge
-# three boxes in four: the loader's images per CPU-second 1.05-1.09x (side by side in five
-# runs, BENCHMARKS.md "FFCV side by side", run 9). OpenCV runs a 224x224 resize on one
-# thread (its stripes are 64 Ki pixels), so the busy-machine stall above does not arise.
+# 56-66 us against 66-87 per 224x224 output (one thread; scripts/bench_percore.py --only
+# enlarge). Raw 256 packs cut to 224 enlarge three boxes in four: the loader's images per
+# CPU-second 1.05-1.09x (side by side in five runs, BENCHMARKS.md "FFCV side by side", run
+# 9). OpenCV runs a 224x224 resize on one thread (its stripes are 64 Ki pixels), so the
+# busy-machine stall above does not arise.
 # ENLARGE_WITH_OPENCV = False sends every box to torch (benchmarks compare the two).
 _AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
 
