@@ -66,45 +66,74 @@ def handoff(pack: Path, rounds: int) -> None:
     print(f"2 workers / main per CPU-s: {statistics.median(a / b for a, b in pairs):.2f}")
 
 
-def memcpy(pack: Path, rounds: int, epochs: int = 4) -> None:
+def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None:
     """The raw pack read in-process against memcpy of the same images.
 
     Both in this process, so CPU is ``time.process_time`` (every thread, nanoseconds):
     ``tree_cpu_s`` counts 10 ms ticks, 11% of the ~90 ms one epoch of 2,000 images costs.
-    Each round is ``epochs`` epochs of the loader, then as many of the copies.
+    Each round is ``epochs`` epochs of each arm, in an order that turns by one each round
+    (the pack's 393 MB and the array's compete for the CPU's last-level cache, so the arm
+    after another is colder): the loader with the one-pass extension (where it was built),
+    the loader with its Python loop (the extension turned off), the copies, and the
+    loader with the copy left out (what it costs per image besides the copy).
     """
-    loader = make_loader(pack, BATCH, num_workers=0, threads=2)
+    import h5pack.read.reader as reader_module
+
+    native = reader_module._checked_copy
+    loader = make_loader(pack, batch, num_workers=0, threads=2)
     count = len(loader.dataset)
     shape = loader.dataset.meta.fixed_shape
     rng = np.random.default_rng(0)
     source = rng.integers(0, 255, (count, *shape), dtype=np.uint8)
-    target = np.empty((BATCH, *shape), dtype=np.uint8)
+    target = np.empty((batch, *shape), dtype=np.uint8)
     order = rng.permutation(count)
+    epoch = [0]
 
-    def reads(first_epoch: int) -> float:
-        images, start = 0, time.process_time()
-        for epoch in range(first_epoch, first_epoch + epochs):
-            loader.set_epoch(epoch)
-            for _, labels in loader:
-                images += len(labels)
-        return images / (time.process_time() - start)
+    copy_mapped = reader_module.PackReader._copy_mapped
+
+    def reads(extension: bool, copy: bool = True) -> float:
+        reader_module._checked_copy = native if extension else lambda: None  # type: ignore[assignment]
+        if not copy:  # the loader's own cost per batch: every step but the copy
+            reader_module.PackReader._copy_mapped = _nothing  # type: ignore[method-assign]
+        try:
+            images, start = 0, time.process_time()
+            for _ in range(epochs):
+                loader.set_epoch(epoch[0])
+                epoch[0] += 1
+                for _, labels in loader:
+                    images += len(labels)
+            return images / (time.process_time() - start)
+        finally:
+            reader_module._checked_copy = native  # type: ignore[assignment]
+            reader_module.PackReader._copy_mapped = copy_mapped  # type: ignore[method-assign]
 
     def copies() -> float:
         start = time.process_time()
         for _ in range(epochs):
-            for first in range(0, count, BATCH):
-                for j, i in enumerate(order[first : first + BATCH]):
+            for first in range(0, count, batch):
+                for j, i in enumerate(order[first : first + batch]):
                     target[j] = source[i]
         return epochs * count / (time.process_time() - start)
 
-    reads(0)
-    copies()
-    ratios = []
-    for number in range(rounds):
-        read, copied = reads(1 + number * epochs), copies()
-        ratios.append(read / copied)
-        print(f"read {1e6 / read:.1f} us per image, memcpy {1e6 / copied:.1f}")
-    print(f"read / memcpy per CPU-s: {statistics.median(ratios):.2f}")
+    arms: dict[str, Callable[[], float]] = {"memcpy": copies}
+    if native() is not None:
+        arms["read, one pass (extension)"] = lambda: reads(True)
+    arms["read, Python loop"] = lambda: reads(False)
+    arms["the loader with nothing copied"] = lambda: reads(True, copy=False)
+    found: dict[str, list[float]] = {name: [] for name in arms}
+    for number in range(rounds + 1):  # the first round untimed
+        names = list(arms)
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            value = arms[name]()
+            if number:
+                found[name].append(value)
+    print(f"batch {batch}; us CPU per image, each round:")
+    for name, values in found.items():
+        print(f"  {name}: {[round(1e6 / v, 1) for v in values]}")
+    for name, values in found.items():
+        if name.startswith("read"):
+            pairs = zip(values, found["memcpy"], strict=True)
+            print(f"{name} / memcpy per CPU-s: {statistics.median(a / b for a, b in pairs):.2f}")
 
 
 def plan(pack: Path, rounds: int) -> None:
@@ -324,6 +353,34 @@ def floor(pack: Path, rounds: int) -> None:
                 row.data[:] = anonymous[i].data
         return (time.process_time() - start) / count * 1e6
 
+    import h5pack.read.reader as reader_module
+
+    native = reader_module._checked_copy()
+    last = int(reader._sample_offsets(np.arange(len(dataset))).max())
+    whole = reader._raw_file.source.mapped(last + size)
+    batch_out = np.empty((BATCH, size), dtype=np.uint8)
+    native_work = []
+    for idx in batches:
+        starts = reader._sample_offsets(idx)
+        rows = np.argsort(starts, kind="stable")  # in file order, as the loader copies
+        native_work.append(
+            (starts[rows], rows.astype(np.int64), reader._recorded[idx[rows]].astype(np.uint64),
+             (idx[rows] * size).astype(np.int64))
+        )  # fmt: skip
+    flat = anonymous.reshape(-1)
+
+    def one_pass(kind: str) -> float:
+        assert native is not None
+        start = time.process_time()
+        for starts, rows, recorded, at in native_work:
+            if kind == "checked":
+                assert native.copy(whole, batch_out, starts, rows, size, recorded) == -1
+            elif kind == "mapped":
+                native.copy(whole, batch_out, starts, rows, size)
+            else:
+                native.copy(flat, batch_out, at, rows, size)
+        return (time.process_time() - start) / count * 1e6
+
     cases: dict[str, Callable[[int], float]] = {
         "loader's cut, 1 thread": lambda e: full(1, e),
         "kernels alone, 1 thread": lambda e: kernels(1, e),
@@ -335,6 +392,10 @@ def floor(pack: Path, rounds: int) -> None:
         "copy: XXH3 of the same bytes in anonymous memory": lambda e: copy_kernels("anonymous"),
         "copy: memcpy out of anonymous memory": lambda e: copy_kernels("memcpy"),
     }
+    if native is not None:  # the extension's loop over each batch: no Python per sample
+        cases["batch in C: one pass, checked, out of the mapping"] = lambda e: one_pass("checked")
+        cases["batch in C: memcpy out of the mapping"] = lambda e: one_pass("mapped")
+        cases["batch in C: memcpy out of anonymous memory"] = lambda e: one_pass("anonymous")
     found: dict[str, list[float]] = {name: [] for name in cases}
     for number in range(rounds + 1):  # the first round untimed
         names = list(cases)
@@ -355,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pack", type=Path, required=True, help="a raw pack (e.g. 256x256)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=BATCH, help="memcpy's batch size")
     parser.add_argument(
         "--only", choices=("handoff", "memcpy", "plan", "kernels", "floor"), default=None
     )
@@ -362,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "handoff"):
         handoff(args.pack, args.rounds)
     if args.only in (None, "memcpy"):
-        memcpy(args.pack, args.rounds)
+        memcpy(args.pack, args.rounds, batch=args.batch)
     if args.only in (None, "plan"):
         plan(args.pack, args.rounds)
     if args.only in (None, "kernels"):

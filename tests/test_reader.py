@@ -238,8 +238,32 @@ def test_mapped_views_are_the_stored_samples_and_are_checked(raw_pack):
         assert reader.stored_views([0]) is None  # only the direct path maps the file
 
 
+@pytest.fixture(params=["extension", "Python loop"])
+def copy_loop(request, monkeypatch):
+    """The uncropped copy of mapped samples by the one-pass extension, or by the Python loop."""
+    import h5pack.read.reader as reader_module
+
+    if request.param == "extension":
+        if reader_module._checked_copy() is None:
+            pytest.skip("h5pack.read._checkedcopy was not built")
+    else:
+        monkeypatch.setattr(reader_module, "_checked_copy", lambda: None)
+    return request.param
+
+
+def test_both_copy_loops_serve_the_stored_samples(raw_pack, copy_loop):
+    """NOTE [ Checked as copied ]: each batch's samples land in their rows, in batch order."""
+    path, images = raw_pack
+    with PackReader(path) as reader:
+        for indices in ([5, 0, 23], [23, 22, 1, 1, 9], list(range(24))[::-1]):
+            out = np.zeros((len(indices), 16, 16, 3), dtype=np.uint8)
+            reader.read_into(indices, out)
+            for row, index in zip(out, indices, strict=True):
+                np.testing.assert_array_equal(row, images[int(reader.meta.source_index[index])])
+
+
 @pytest.mark.parametrize("size", [8, None])  # the crop's cut, the uncropped copy
-def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, size):
+def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, size, copy_loop):
     path, images = raw_pack
     data = bytearray(path.read_bytes())
     at = data.find(images[7].tobytes())
@@ -249,7 +273,8 @@ def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, siz
     damaged.write_bytes(bytes(data))
     crop = {"size": size, "flip": True} if size else {}
     loader = make_loader(damaged, 4, num_workers=0, threads=2, **crop)
-    with pytest.raises(FormatError, match=r"sample \d+ \(.*\) does not match its checksum"):
+    sample = int(np.flatnonzero(loader.dataset.meta.source_index == 7)[0])
+    with pytest.raises(FormatError, match=rf"sample {sample} \(.*\) does not match its checksum"):
         for _ in loader:
             pass
     unchecked = make_loader(damaged, 4, size=size, num_workers=0, verify_checksums=False)

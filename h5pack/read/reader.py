@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, TypeVar
 
 import h5py
@@ -55,6 +55,15 @@ from h5pack.read.readahead import ReadAheadOptions
 T = TypeVar("T")
 _NOTHING = np.empty(0, dtype=np.uint8)  # a placeholder in lists about to be filled
 R = TypeVar("R")
+
+
+def _checked_copy() -> ModuleType | None:
+    """The extension that copies and checks mapped raw samples in one pass, if it was built."""
+    try:
+        from h5pack.read import _checkedcopy
+    except ImportError:  # built without a C compiler
+        return None
+    return _checkedcopy
 
 
 def _first_appearance(values: np.ndarray) -> np.ndarray:
@@ -666,21 +675,28 @@ class PackReader:
 
     # NOTE [ Checked as copied ]
     # A mapped raw sample (NOTE [ Mapped raw reads ] in core.source) is checked where its
-    # bytes are first touched: its XXH3 digest is computed on the mapping (the cold read of
-    # 196 KB from the page cache, ~21 us), then it is copied out of the CPU's cache (~8 us)
-    # or its box cut from it. Copying first and hashing the copy cost ~2 us more (the copy
-    # is then the cold read, ~24, and the hash ~7). The check is inline: the digest function
-    # itself on a memoryview slice, compared with the batch's recorded digests as a list
-    # (sample_checks), verify_one only on a mismatch, for its message; four Python calls
-    # per sample fewer than verify_sample. The uncropped copy runs in the calling thread:
-    # the copy is a memoryview slice assignment (~0.2 us of Python where np.copyto's
-    # dispatch costs ~1.5, but it holds the GIL), and a second thread cost 6% more CPU per
-    # image for no more images per second on 2 shared cores (BENCHMARKS.md "FFCV side by
-    # side", run 8). What remains against a memcpy of the same images out of an anonymous
-    # array (bench_handoff.py --only memcpy and --only floor): that array sits in 2 MB
-    # pages, the mapping in 4 KB ones (a cold 196 KB digest costs 17 us there against 21
-    # here; this kernel refuses file THPs for the mapping: THPeligible 0, MADV_COLLAPSE
-    # EINVAL, MADV_HUGEPAGE no change), and the loader's per-batch Python.
+    # bytes are first touched. The uncropped copy, by the extension _checkedcopy where it
+    # was built: one C call per batch, the GIL released, no Python per sample; each sample
+    # copied into its row in 16 KiB blocks, each block hashed (XXH3-64, xxHash's own code
+    # with its run-time choice of SSE2/AVX2/AVX-512) from the row just written, still in the
+    # first-level cache, so the page cache is read once. Only a mismatch comes back to
+    # Python, where verify_one names the sample. Without the extension: each sample's digest
+    # computed on the mapping by the xxhash package (the cold read, ~21 us for 196 KB), then
+    # the sample copied out of the CPU's cache with a memoryview slice assignment (~0.2 us of
+    # Python where np.copyto's dispatch costs ~1.5). The extension costs 0.94x the Python
+    # loop's CPU per image at batch 64 and 0.87x at 256 (bench_handoff.py --only memcpy);
+    # prefetching the next block, streaming (non-temporal) stores, pread instead of the
+    # mapping, whole samples or 4-64 KiB blocks, hashing before or after the copy: none was
+    # cheaper (BENCHMARKS.md "FFCV side by side", run 10). The crop path checks its views
+    # inline too (the digest on the mapping, then the box cut from the cache): sample_checks,
+    # the digest function itself on each view, compared with the batch's recorded digests.
+    # The floor against a memcpy of the same images out of an anonymous array (bench_handoff
+    # --only floor, the batch's loop in C either way): the checked copy out of the mapping
+    # costs ~1.4x the memcpy (the digest's ~8 us for 196 KB on top of the copy, and 4 KB file
+    # pages where the array may have 2 MB ones: this kernel refuses file THPs, THPeligible
+    # 0, MADV_COLLAPSE EINVAL, MADV_HUGEPAGE no change), so even a loader with no cost of its
+    # own reads at ~0.70x memcpy. A second thread for the copy cost 6% more CPU per image for
+    # no more images per second on 2 shared cores (run 8).
 
     def sample_checks(
         self, indices: Sequence[int] | np.ndarray
@@ -797,9 +813,28 @@ class PackReader:
         """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``, checked.
 
         See ``NOTE [ Checked as copied ]`` (and ``NOTE [ Mapped raw reads ]``): in this
-        thread, each sample's digest computed on the mapping, then the sample copied.
+        thread, by the extension where it was built (one pass, no Python per sample), else
+        each sample's digest computed on the mapping, then the sample copied.
+
+        Raises:
+            FormatError: a sample does not match its digest (named).
         """
         size = self._sample_bytes
+        native = _checked_copy()
+        if native is not None and (not self.verify_checksums or self._digest_name == "XXH3-64"):
+            recorded = (
+                np.ascontiguousarray(self._recorded[idx[order]], dtype=np.uint64)
+                if self.verify_checksums
+                else None
+            )
+            bad = native.copy(
+                mapped, out.reshape(-1), starts.astype(np.int64), order.astype(np.int64),
+                size, recorded,
+            )  # fmt: skip
+            if bad >= 0:  # raises, naming the sample
+                at = int(starts[bad])
+                self._verify_one(int(idx[order[bad]]), mapped[at : at + size])
+            return
         rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
         positions, offsets = order.tolist(), starts.tolist()
         checks = self.sample_checks(idx)
@@ -807,10 +842,10 @@ class PackReader:
             for pos, at in zip(positions, offsets, strict=True):
                 rows[pos * size : (pos + 1) * size] = source[at : at + size]
             return
-        digest, recorded = checks
+        digest, recorded_list = checks
         for pos, at in zip(positions, offsets, strict=True):
             sample = source[at : at + size]
-            if digest(sample) != recorded[pos]:  # the first touch of its bytes
+            if digest(sample) != recorded_list[pos]:  # the first touch of its bytes
                 self._verify_one(int(idx[pos]), np.frombuffer(sample, dtype=np.uint8))
             rows[pos * size : (pos + 1) * size] = sample  # out of the CPU's cache
 
