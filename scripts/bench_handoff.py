@@ -78,8 +78,9 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     loader with the copy left out (what it costs per image besides the copy).
     """
     import h5pack.read.reader as reader_module
+    from h5pack.read import checkedcopy
 
-    native = reader_module._checked_copy
+    available = checkedcopy.available
     loader = make_loader(pack, batch, num_workers=0, threads=2)
     count = len(loader.dataset)
     shape = loader.dataset.meta.fixed_shape
@@ -92,7 +93,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     copy_mapped = reader_module.PackReader._copy_mapped
 
     def reads(extension: bool, copy: bool = True) -> float:
-        reader_module._checked_copy = native if extension else lambda: None  # type: ignore[assignment]
+        checkedcopy.available = available if extension else lambda: False  # type: ignore[assignment]
         if not copy:  # the loader's own cost per batch: every step but the copy
             reader_module.PackReader._copy_mapped = _nothing  # type: ignore[method-assign]
         try:
@@ -104,7 +105,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
                     images += len(labels)
             return images / (time.process_time() - start)
         finally:
-            reader_module._checked_copy = native  # type: ignore[assignment]
+            checkedcopy.available = available  # type: ignore[assignment]
             reader_module.PackReader._copy_mapped = copy_mapped  # type: ignore[method-assign]
 
     def copies() -> float:
@@ -116,7 +117,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
         return epochs * count / (time.process_time() - start)
 
     arms: dict[str, Callable[[], float]] = {"memcpy": copies}
-    if native() is not None:
+    if available():
         arms["read, one pass (extension)"] = lambda: reads(True)
     arms["read, Python loop"] = lambda: reads(False)
     arms["the loader with nothing copied"] = lambda: reads(True, copy=False)
@@ -353,9 +354,9 @@ def floor(pack: Path, rounds: int) -> None:
                 row.data[:] = anonymous[i].data
         return (time.process_time() - start) / count * 1e6
 
-    import h5pack.read.reader as reader_module
+    from h5pack.read import checkedcopy
 
-    native = reader_module._checked_copy()
+    native = checkedcopy.available()
     last = int(reader._sample_offsets(np.arange(len(dataset))).max())
     whole = reader._raw_file.source.mapped(last + size)
     batch_out = np.empty((BATCH, size), dtype=np.uint8)
@@ -370,15 +371,14 @@ def floor(pack: Path, rounds: int) -> None:
     flat = anonymous.reshape(-1)
 
     def one_pass(kind: str) -> float:
-        assert native is not None
         start = time.process_time()
         for starts, rows, recorded, at in native_work:
             if kind == "checked":
-                assert native.copy(whole, batch_out, starts, rows, size, recorded) == -1
+                assert checkedcopy.copy(whole, batch_out, starts, rows, size, recorded) == -1
             elif kind == "mapped":
-                native.copy(whole, batch_out, starts, rows, size)
+                checkedcopy.copy(whole, batch_out, starts, rows, size, None)
             else:
-                native.copy(flat, batch_out, at, rows, size)
+                checkedcopy.copy(flat, batch_out, at, rows, size, None)
         return (time.process_time() - start) / count * 1e6
 
     cases: dict[str, Callable[[int], float]] = {
@@ -392,7 +392,7 @@ def floor(pack: Path, rounds: int) -> None:
         "copy: XXH3 of the same bytes in anonymous memory": lambda e: copy_kernels("anonymous"),
         "copy: memcpy out of anonymous memory": lambda e: copy_kernels("memcpy"),
     }
-    if native is not None:  # the extension's loop over each batch: no Python per sample
+    if native:  # the extension's loop over each batch: no Python per sample
         cases["batch in C: one pass, checked, out of the mapping"] = lambda e: one_pass("checked")
         cases["batch in C: memcpy out of the mapping"] = lambda e: one_pass("mapped")
         cases["batch in C: memcpy out of anonymous memory"] = lambda e: one_pass("anonymous")

@@ -1,4 +1,4 @@
-"""The one-pass copy of mapped samples (h5pack.read._checkedcopy, NOTE [ Checked as copied ])."""
+"""The one-pass copy of mapped samples (h5pack.read.checkedcopy, NOTE [ Checked as copied ])."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import xxhash
 
-from h5pack.read import reader as reader_module
+from h5pack.read import checkedcopy
 
-native: Any = reader_module._checked_copy()
+native: Any = checkedcopy._native()  # the compiled half itself, for its argument checks
 built = pytest.mark.skipif(native is None, reason="h5pack.read._checkedcopy was not built")
 
 # around the extension's 16 KiB blocks and XXH3's own size classes (16, 128, 240 bytes)
@@ -22,7 +22,7 @@ SIZES = [0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 16383, 16384, 16385, 32768, 
 @pytest.mark.parametrize("size", SIZES)
 def test_its_digest_is_xxhash_xxh3_64(size):
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    assert native.digest(data) == xxhash.xxh3_64_intdigest(data.tobytes())
+    assert checkedcopy.digest(data) == xxhash.xxh3_64_intdigest(data.tobytes())
 
 
 def _samples(size: int, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -43,11 +43,11 @@ def test_each_sample_lands_in_its_row_checked(size):
     source, starts, recorded = _samples(size, 9)
     rows = np.random.default_rng(1).permutation(9).astype(np.int64)
     out = np.zeros((9, size), dtype=np.uint8)
-    assert native.copy(source, out.reshape(-1), starts, rows, size, recorded) == -1
+    assert checkedcopy.copy(source, out, starts, rows, size, recorded) == -1
     for k in range(9):
         np.testing.assert_array_equal(out[rows[k]], source[starts[k] : starts[k] + size])
     again = np.zeros_like(out)
-    assert native.copy(source, again.reshape(-1), starts, rows, size) == -1  # unchecked
+    assert checkedcopy.copy(source, again, starts, rows, size, None) == -1  # unchecked
     np.testing.assert_array_equal(again, out)
 
 
@@ -61,10 +61,10 @@ def test_the_first_damaged_sample_is_named(where):
     damaged[starts[5]] ^= 1  # a later damaged sample is not the one reported
     out = np.zeros((6, size), dtype=np.uint8)
     rows = np.arange(6, dtype=np.int64)
-    assert native.copy(damaged, out.reshape(-1), starts, rows, size, recorded) == 4
+    assert checkedcopy.copy(damaged, out, starts, rows, size, recorded) == 4
     wrong = recorded.copy()
     wrong[2] ^= np.uint64(1)  # a recorded digest that is not the bytes'
-    assert native.copy(source, out.reshape(-1), starts, rows, size, wrong) == 2
+    assert checkedcopy.copy(source, out, starts, rows, size, wrong) == 2
 
 
 @built
@@ -91,4 +91,14 @@ def test_ci_builds_the_checked_copy_extension():
     """CI tests the one-pass copy, not only the Python loop: its install builds it."""
     if not os.environ.get("CI"):
         pytest.skip("outside CI the extension is optional (pyproject.toml: optional = true)")
-    assert reader_module._checked_copy() is not None
+    assert checkedcopy.available()
+
+
+def test_without_the_extension_copy_says_so(monkeypatch):
+    monkeypatch.setattr(checkedcopy, "_native", lambda: None)
+    assert not checkedcopy.available()
+    out = np.zeros(4, dtype=np.uint8)
+    with pytest.raises(RuntimeError, match="was not built"):
+        checkedcopy.copy(out, out, np.zeros(1, np.int64), np.zeros(1, np.int64), 4, None)
+    with pytest.raises(RuntimeError, match="was not built"):
+        checkedcopy.digest(out)

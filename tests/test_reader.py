@@ -241,13 +241,13 @@ def test_mapped_views_are_the_stored_samples_and_are_checked(raw_pack):
 @pytest.fixture(params=["extension", "Python loop"])
 def copy_loop(request, monkeypatch):
     """The uncropped copy of mapped samples by the one-pass extension, or by the Python loop."""
-    import h5pack.read.reader as reader_module
+    from h5pack.read import checkedcopy
 
     if request.param == "extension":
-        if reader_module._checked_copy() is None:
+        if not checkedcopy.available():
             pytest.skip("h5pack.read._checkedcopy was not built")
     else:
-        monkeypatch.setattr(reader_module, "_checked_copy", lambda: None)
+        monkeypatch.setattr(checkedcopy, "available", lambda: False)
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""The C half of ``PackReader._copy_mapped`` (``_checkedcopy.c``; NOTE [ Checked as copied ])."""
+"""The C half of :mod:`h5pack.read.checkedcopy` (``_checkedcopy.c``; NOTE [ Checked as copied ])."""
 
 import numpy as np
 from typing_extensions import Buffer

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any, TypeVar
 
 import h5py
@@ -39,6 +39,7 @@ from h5pack.core.layout import (
 from h5pack.core.packset import meta_digest
 from h5pack.core.source import LocalSource, is_url
 from h5pack.errors import FormatError, H5PackError, OptionsError, RemoteError
+from h5pack.read import checkedcopy
 from h5pack.read.chunkcache import ChunkCacheOptions
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 from h5pack.read.eviction import EvictionPolicy
@@ -55,15 +56,6 @@ from h5pack.read.readahead import ReadAheadOptions
 T = TypeVar("T")
 _NOTHING = np.empty(0, dtype=np.uint8)  # a placeholder in lists about to be filled
 R = TypeVar("R")
-
-
-def _checked_copy() -> ModuleType | None:
-    """The extension that copies and checks mapped raw samples in one pass, if it was built."""
-    try:
-        from h5pack.read import _checkedcopy
-    except ImportError:  # built without a C compiler
-        return None
-    return _checkedcopy
 
 
 def _first_appearance(values: np.ndarray) -> np.ndarray:
@@ -820,17 +812,11 @@ class PackReader:
             FormatError: a sample does not match its digest (named).
         """
         size = self._sample_bytes
-        native = _checked_copy()
-        if native is not None and (not self.verify_checksums or self._digest_name == "XXH3-64"):
-            recorded = (
-                np.ascontiguousarray(self._recorded[idx[order]], dtype=np.uint64)
-                if self.verify_checksums
-                else None
-            )
-            bad = native.copy(
-                mapped, out.reshape(-1), starts.astype(np.int64), order.astype(np.int64),
-                size, recorded,
-            )  # fmt: skip
+        if checkedcopy.available() and (
+            not self.verify_checksums or self._digest_name == "XXH3-64"
+        ):
+            recorded = self._recorded[idx[order]] if self.verify_checksums else None
+            bad = checkedcopy.copy(mapped, out, starts, order, size, recorded)
             if bad >= 0:  # raises, naming the sample
                 at = int(starts[bad])
                 self._verify_one(int(idx[order[bad]]), mapped[at : at + size])
