@@ -262,6 +262,28 @@ def test_both_copy_loops_serve_the_stored_samples(raw_pack, copy_loop):
                 np.testing.assert_array_equal(row, images[int(reader.meta.source_index[index])])
 
 
+def test_a_sample_that_changed_back_is_served_and_the_rest_of_the_batch_too(
+    raw_pack, copy_loop, monkeypatch
+):
+    """A digest that failed in the loop but passes verify_one (the file changed under the
+    read) serves the sample as it now is, and every later row of the batch is written."""
+    path, images = raw_pack
+    with PackReader(path) as reader:
+        indices = [5, 0, 23, 9]
+        recorded = reader._recorded.copy()
+        recorded[0] ^= 1  # the loop's check of sample 0 fails...
+        monkeypatch.setattr(reader, "_recorded", recorded)
+        checked: list[int] = []
+        monkeypatch.setattr(
+            reader, "_verify_one", lambda index, sample, group=None: checked.append(index)
+        )
+        out = np.zeros((4, 16, 16, 3), dtype=np.uint8)
+        reader.read_into(indices, out)  # ...and its second check (stubbed) passes
+        assert checked == [0]
+        for row, index in zip(out, indices, strict=True):
+            np.testing.assert_array_equal(row, images[int(reader.meta.source_index[index])])
+
+
 @pytest.mark.parametrize("size", [8, None])  # the crop's cut, the uncropped copy
 def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, size, copy_loop):
     path, images = raw_pack

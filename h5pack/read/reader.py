@@ -672,11 +672,14 @@ class PackReader:
     # copied into its row in 16 KiB blocks, each block hashed (XXH3-64, xxHash's own code
     # with its run-time choice of SSE2/AVX2/AVX-512) from the row just written, still in the
     # first-level cache, so the page cache is read once. Only a mismatch comes back to
-    # Python, where verify_one names the sample. Without the extension: each sample's digest
+    # Python, where verify_one names the sample (a sample whose bytes pass there, having
+    # changed under the read, is copied as checked and the batch goes on, as in the Python
+    # loop). Without the extension: each sample's digest
     # computed on the mapping by the xxhash package (the cold read, ~21 us for 196 KB), then
     # the sample copied out of the CPU's cache with a memoryview slice assignment (~0.2 us of
-    # Python where np.copyto's dispatch costs ~1.5). The extension costs 0.94x the Python
-    # loop's CPU per image at batch 64 and 0.87x at 256 (bench_handoff.py --only memcpy);
+    # Python where np.copyto's dispatch costs ~1.5). The extension costs 0.87-0.90x the
+    # Python loop's CPU per image at batch 256, the same within noise at 64 (bench_handoff.py
+    # --only memcpy);
     # prefetching the next block, streaming (non-temporal) stores, pread instead of the
     # mapping, whole samples or 4-64 KiB blocks, hashing before or after the copy: none was
     # cheaper (BENCHMARKS.md "FFCV side by side", run 10). The crop path checks its views
@@ -684,10 +687,10 @@ class PackReader:
     # the digest function itself on each view, compared with the batch's recorded digests.
     # The floor against a memcpy of the same images out of an anonymous array (bench_handoff
     # --only floor, the batch's loop in C either way): the checked copy out of the mapping
-    # costs ~1.4x the memcpy (the digest's ~8 us for 196 KB on top of the copy, and 4 KB file
+    # costs 1.4-1.7x the memcpy (the digest's ~8 us for 196 KB on top of the copy, and 4 KB file
     # pages where the array may have 2 MB ones: this kernel refuses file THPs, THPeligible
     # 0, MADV_COLLAPSE EINVAL, MADV_HUGEPAGE no change), so even a loader with no cost of its
-    # own reads at ~0.70x memcpy. A second thread for the copy cost 6% more CPU per image for
+    # own reads at 0.58-0.70x memcpy. A second thread for the copy cost 6% more CPU per image for
     # no more images per second on 2 shared cores (run 8).
 
     def sample_checks(
@@ -816,11 +819,21 @@ class PackReader:
             not self.verify_checksums or self._digest_name == "XXH3-64"
         ):
             recorded = self._recorded[idx[order]] if self.verify_checksums else None
-            bad = checkedcopy.copy(mapped, out, starts, order, size, recorded)
-            if bad >= 0:  # raises, naming the sample
-                at = int(starts[bad])
-                self._verify_one(int(idx[order[bad]]), mapped[at : at + size])
-            return
+            first = 0
+            while True:
+                bad = checkedcopy.copy(
+                    mapped, out, starts[first:], order[first:], size,
+                    None if recorded is None else recorded[first:],
+                )  # fmt: skip
+                if bad < 0:
+                    return
+                first += bad
+                at = int(starts[first])
+                # raises, naming the sample; if its bytes match now (they changed under the
+                # read), they are copied as checked and the rest follows, as in the loop below
+                self._verify_one(int(idx[order[first]]), mapped[at : at + size])
+                checkedcopy.copy(mapped, out, starts[first:][:1], order[first:][:1], size, None)
+                first += 1
         rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
         positions, offsets = order.tolist(), starts.tolist()
         checks = self.sample_checks(idx)
