@@ -10,6 +10,7 @@ from PIL import Image
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
+from h5pack.read.crop import CropSpec, ResizeInto, decode_crop_into
 from h5pack.read.packset import open_reader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
@@ -55,6 +56,27 @@ def jpeg(
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=quality, **options)
     return buffer.getvalue()
+
+
+def crops_one_by_one(
+    stored: list[np.ndarray],
+    spec: CropSpec,
+    out: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    resize: ResizeInto,
+) -> np.ndarray:
+    """Fill ``out[k]`` with ``decode_crop_into`` of ``stored[k]`` (index ``k``), and return it.
+
+    The sample-by-sample reference the per-batch loops are compared with.
+    """
+    for index, data in enumerate(stored):
+        decode_crop_into(
+            data.tobytes(), spec, out[index], seed=seed, epoch=epoch, index=index,
+            resize=resize,
+        )  # fmt: skip
+    return out
 
 
 def png(array: np.ndarray) -> bytes:

@@ -15,7 +15,6 @@ from h5pack.read.crop import (
     CropSpec,
     crop_array,
     crop_into,
-    decode_crop_into,
     opencv_resize_into,
     pillow_resize_into,
     plan_crop,
@@ -27,6 +26,7 @@ from h5pack.training.cache import DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader, resize_kernel, torch_resize_into
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
+from tests.helpers import crops_one_by_one
 
 SIZES = [(40, 60), (64, 48), (50, 50), (33, 90), (80, 36), (45, 70)]
 NUM = 24
@@ -536,16 +536,7 @@ def test_the_per_batch_loop_gives_decode_crop_into_s_pixels(
     with DecodedCache(count, 64 << 20) as cache:
         for epoch in range(3):  # epoch 0 fills the cache; 1, 2 cut its hits together
             want = np.empty((count, 48, 48, 3), dtype=np.uint8)
-            for index in range(count):
-                decode_crop_into(
-                    stored[index].tobytes(),
-                    spec,
-                    want[index],
-                    seed=3,
-                    epoch=epoch,
-                    index=index,
-                    resize=kernel,
-                )
+            crops_one_by_one(stored, spec, want, seed=3, epoch=epoch, resize=kernel)
             fixed = FixedSizeReader(reader, spec, None)
             out = np.zeros_like(want)
             fixed.read_into(np.arange(count), out, seed=3, epoch=epoch)

@@ -19,7 +19,7 @@ from h5pack.synthetic import synthesize_photo
 from h5pack.training.fixed_size import FixedSizeReader, resize_kernel
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
-from tests.helpers import jpeg, shared_photos
+from tests.helpers import crops_one_by_one, jpeg, shared_photos
 
 SHARED_PHOTOS = shared_photos()
 
@@ -269,16 +269,7 @@ def test_the_pipeline_serves_the_same_pixels_with_and_without_box_decodes(
         batch = np.zeros((count, 112, 112, 3), dtype=np.uint8)
         FixedSizeReader(reader, spec, None).read_into(np.arange(count), batch, seed=2, epoch=number)
         one_by_one = np.zeros_like(batch)
-        for index in range(count):
-            decode_crop_into(
-                stored[index].tobytes(),
-                spec,
-                one_by_one[index],
-                seed=2,
-                epoch=number,
-                index=index,
-                resize=kernel,
-            )
+        crops_one_by_one(stored, spec, one_by_one, seed=2, epoch=number, resize=kernel)
         return batch, one_by_one
 
     for number in range(3):
