@@ -73,16 +73,11 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     ``tree_cpu_s`` counts 10 ms ticks, 11% of the ~90 ms one epoch of 2,000 images costs.
     Each round is ``epochs`` epochs of each arm, in an order that turns by one each round
     (the pack's 393 MB and the array's compete for the CPU's last-level cache, so the arm
-    after another is colder): the loader with the one-pass extension (where it was built),
-    the loader with its Python loop (the extension turned off), the copies, the same
-    copies out of the pack's own mapping (the extension's loop, unchecked: the file's 4 KB
-    pages where numpy gives the array 2 MB ones), and the loader with the copy left out
+    after another is colder): the loader, the copies, and the loader with the copy left out
     (what it costs per image besides the copy).
     """
     import h5pack.read.reader as reader_module
-    from h5pack.read import checkedcopy
 
-    available = checkedcopy.available
     loader = make_loader(pack, batch, num_workers=0, threads=2)
     count = len(loader.dataset)
     shape = loader.dataset.meta.fixed_shape
@@ -94,8 +89,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
 
     copy_mapped = reader_module.PackReader._copy_mapped
 
-    def reads(extension: bool, copy: bool = True) -> float:
-        checkedcopy.available = available if extension else lambda: False  # type: ignore[assignment]
+    def reads(copy: bool = True) -> float:
         if not copy:  # the loader's own cost per batch: every step but the copy
             reader_module.PackReader._copy_mapped = _nothing  # type: ignore[method-assign]
         try:
@@ -107,7 +101,6 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
                     images += len(labels)
             return images / (time.process_time() - start)
         finally:
-            checkedcopy.available = available  # type: ignore[assignment]
             reader_module.PackReader._copy_mapped = copy_mapped  # type: ignore[method-assign]
 
     def copies() -> float:
@@ -118,24 +111,11 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
                     target[j] = source[i]
         return epochs * count / (time.process_time() - start)
 
-    def mapped_copies() -> float:
-        reader = loader.dataset.reader
-        starts = reader._sample_offsets(np.arange(count))
-        whole = reader._raw_file.source.mapped(int(starts.max()) + target[0].size)
-        rows = np.arange(batch, dtype=np.int64)
-        start = time.process_time()
-        for _ in range(epochs):
-            for first in range(0, count, batch):
-                at = starts[order[first : first + batch]]
-                checkedcopy.copy(whole, target, at, rows[: at.size], target[0].size, None)
-        return epochs * count / (time.process_time() - start)
-
-    arms: dict[str, Callable[[], float]] = {"memcpy": copies}
-    if available():
-        arms["memcpy out of the pack's mapping"] = mapped_copies
-        arms["read, one pass (extension)"] = lambda: reads(True)
-    arms["read, Python loop"] = lambda: reads(False)
-    arms["the loader with nothing copied"] = lambda: reads(True, copy=False)
+    arms: dict[str, Callable[[], float]] = {
+        "memcpy": copies,
+        "read": reads,
+        "the loader with nothing copied": lambda: reads(copy=False),
+    }
     found: dict[str, list[float]] = {name: [] for name in arms}
     for number in range(rounds + 1):  # the first round untimed
         names = list(arms)
@@ -147,11 +127,9 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     for name, values in found.items():
         print(f"  {name}: {[round(1e6 / v, 1) for v in values]}")
     for name, values in found.items():
-        for base in ("memcpy", "memcpy out of the pack's mapping"):
-            if name.startswith("read") and base in found:
-                pairs = zip(values, found[base], strict=True)
-                ratio = statistics.median(a / b for a, b in pairs)
-                print(f"{name} / {base} per CPU-s: {ratio:.2f}")
+        if name == "read":
+            pairs = zip(values, found["memcpy"], strict=True)
+            print(f"read / memcpy per CPU-s: {statistics.median(a / b for a, b in pairs):.2f}")
 
 
 def plan(pack: Path, rounds: int) -> None:
@@ -371,33 +349,6 @@ def floor(pack: Path, rounds: int) -> None:
                 row.data[:] = anonymous[i].data
         return (time.process_time() - start) / count * 1e6
 
-    from h5pack.read import checkedcopy
-
-    native = checkedcopy.available()
-    last = int(reader._sample_offsets(np.arange(len(dataset))).max())
-    whole = reader._raw_file.source.mapped(last + size)
-    batch_out = np.empty((BATCH, size), dtype=np.uint8)
-    native_work = []
-    for idx in batches:
-        starts = reader._sample_offsets(idx)
-        rows = np.argsort(starts, kind="stable")  # in file order, as the loader copies
-        native_work.append(
-            (starts[rows], rows.astype(np.int64), reader._recorded[idx[rows]].astype(np.uint64),
-             (idx[rows] * size).astype(np.int64))
-        )  # fmt: skip
-    flat = anonymous.reshape(-1)
-
-    def one_pass(kind: str) -> float:
-        start = time.process_time()
-        for starts, rows, recorded, at in native_work:
-            if kind == "checked":
-                assert checkedcopy.copy(whole, batch_out, starts, rows, size, recorded) == -1
-            elif kind == "mapped":
-                checkedcopy.copy(whole, batch_out, starts, rows, size, None)
-            else:
-                checkedcopy.copy(flat, batch_out, at, rows, size, None)
-        return (time.process_time() - start) / count * 1e6
-
     cases: dict[str, Callable[[int], float]] = {
         "loader's cut, 1 thread": lambda e: full(1, e),
         "kernels alone, 1 thread": lambda e: kernels(1, e),
@@ -409,10 +360,6 @@ def floor(pack: Path, rounds: int) -> None:
         "copy: XXH3 of the same bytes in anonymous memory": lambda e: copy_kernels("anonymous"),
         "copy: memcpy out of anonymous memory": lambda e: copy_kernels("memcpy"),
     }
-    if native:  # the extension's loop over each batch: no Python per sample
-        cases["batch in C: one pass, checked, out of the mapping"] = lambda e: one_pass("checked")
-        cases["batch in C: memcpy out of the mapping"] = lambda e: one_pass("mapped")
-        cases["batch in C: memcpy out of anonymous memory"] = lambda e: one_pass("anonymous")
     found: dict[str, list[float]] = {name: [] for name in cases}
     for number in range(rounds + 1):  # the first round untimed
         names = list(cases)

@@ -238,20 +238,7 @@ def test_mapped_views_are_the_stored_samples_and_are_checked(raw_pack):
         assert reader.stored_views([0]) is None  # only the direct path maps the file
 
 
-@pytest.fixture(params=["extension", "Python loop"])
-def copy_loop(request, monkeypatch):
-    """The uncropped copy of mapped samples by the one-pass extension, or by the Python loop."""
-    from h5pack.read import checkedcopy
-
-    if request.param == "extension":
-        if not checkedcopy.available():
-            pytest.skip("h5pack.read._checkedcopy was not built")
-    else:
-        monkeypatch.setattr(checkedcopy, "available", lambda: False)
-    return request.param
-
-
-def test_both_copy_loops_serve_the_stored_samples(raw_pack, copy_loop):
+def test_the_mapped_copy_serves_the_stored_samples(raw_pack):
     """NOTE [ Checked as copied ]: each batch's samples land in their rows, in batch order."""
     path, images = raw_pack
     with PackReader(path) as reader:
@@ -262,9 +249,7 @@ def test_both_copy_loops_serve_the_stored_samples(raw_pack, copy_loop):
                 np.testing.assert_array_equal(row, images[int(reader.meta.source_index[index])])
 
 
-def test_a_sample_that_changed_back_is_served_and_the_rest_of_the_batch_too(
-    raw_pack, copy_loop, monkeypatch
-):
+def test_a_sample_that_changed_back_is_served_and_the_rest_of_the_batch_too(raw_pack, monkeypatch):
     """A digest that failed in the loop but passes verify_one (the file changed under the
     read) serves the sample as it now is, and every later row of the batch is written."""
     path, images = raw_pack
@@ -285,7 +270,7 @@ def test_a_sample_that_changed_back_is_served_and_the_rest_of_the_batch_too(
 
 
 @pytest.mark.parametrize("size", [8, None])  # the crop's cut, the uncropped copy
-def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, size, copy_loop):
+def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, size):
     path, images = raw_pack
     data = bytearray(path.read_bytes())
     at = data.find(images[7].tobytes())

@@ -39,7 +39,6 @@ from h5pack.core.layout import (
 from h5pack.core.packset import meta_digest
 from h5pack.core.source import LocalSource, is_url
 from h5pack.errors import FormatError, H5PackError, OptionsError, RemoteError
-from h5pack.read import checkedcopy
 from h5pack.read.chunkcache import ChunkCacheOptions
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 from h5pack.read.eviction import EvictionPolicy
@@ -667,31 +666,12 @@ class PackReader:
 
     # NOTE [ Checked as copied ]
     # A mapped raw sample (NOTE [ Mapped raw reads ] in core.source) is checked where its
-    # bytes are first touched. The uncropped copy, by the extension _checkedcopy where it
-    # was built: one C call per batch, the GIL released, no Python per sample; each sample
-    # copied into its row in 16 KiB blocks, each block hashed (XXH3-64, xxHash's own code
-    # with its run-time choice of SSE2/AVX2/AVX-512) from the row just written, still in the
-    # first-level cache, so the page cache is read once. Only a mismatch comes back to
-    # Python, where verify_one names the sample (a sample whose bytes pass there, having
-    # changed under the read, is copied as checked and the batch goes on, as in the Python
-    # loop). Without the extension: each sample's digest
-    # computed on the mapping by the xxhash package (the cold read, ~21 us for 196 KB), then
-    # the sample copied out of the CPU's cache with a memoryview slice assignment (~0.2 us of
-    # Python where np.copyto's dispatch costs ~1.5). The extension costs 0.87-0.90x the
-    # Python loop's CPU per image at batch 256, the same within noise at 64 (bench_handoff.py
-    # --only memcpy);
-    # prefetching the next block, streaming (non-temporal) stores, pread instead of the
-    # mapping, whole samples or 4-64 KiB blocks, hashing before or after the copy: none was
-    # cheaper (BENCHMARKS.md "FFCV side by side", run 10). The crop path checks its views
-    # inline too (the digest on the mapping, then the box cut from the cache): sample_checks,
-    # the digest function itself on each view, compared with the batch's recorded digests.
-    # The floor against a memcpy of the same images out of an anonymous array (bench_handoff
-    # --only floor, the batch's loop in C either way): the checked copy out of the mapping
-    # costs 1.4-1.7x the memcpy (the digest's ~8 us for 196 KB on top of the copy, and 4 KB file
-    # pages where the array may have 2 MB ones: this kernel refuses file THPs, THPeligible
-    # 0, MADV_COLLAPSE EINVAL, MADV_HUGEPAGE no change), so even a loader with no cost of its
-    # own reads at 0.58-0.70x memcpy. A second thread for the copy cost 6% more CPU per image for
-    # no more images per second on 2 shared cores (run 8).
+    # bytes are first touched: its digest computed on the mapping by the xxhash package (the
+    # cold read), then the sample copied out of the CPU's cache with a memoryview slice
+    # assignment (cheaper in Python than np.copyto's dispatch). The crop path checks its
+    # views inline too (sample_checks: the digest on the mapping, then the box cut from the
+    # cache). A one-pass copy-and-hash in C was measured and retired
+    # (docs/decisions/0001-checked-copy-retired.md); the costs are in BENCHMARKS.md.
 
     def sample_checks(
         self, indices: Sequence[int] | np.ndarray
@@ -808,32 +788,12 @@ class PackReader:
         """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``, checked.
 
         See ``NOTE [ Checked as copied ]`` (and ``NOTE [ Mapped raw reads ]``): in this
-        thread, by the extension where it was built (one pass, no Python per sample), else
-        each sample's digest computed on the mapping, then the sample copied.
+        thread, each sample's digest computed on the mapping, then the sample copied.
 
         Raises:
             FormatError: a sample does not match its digest (named).
         """
         size = self._sample_bytes
-        if checkedcopy.available() and (
-            not self.verify_checksums or self._digest_name == "XXH3-64"
-        ):
-            recorded = self._recorded[idx[order]] if self.verify_checksums else None
-            first = 0
-            while True:
-                bad = checkedcopy.copy(
-                    mapped, out, starts[first:], order[first:], size,
-                    None if recorded is None else recorded[first:],
-                )  # fmt: skip
-                if bad < 0:
-                    return
-                first += bad
-                at = int(starts[first])
-                # raises, naming the sample; if its bytes match now (they changed under the
-                # read), they are copied as checked and the rest follows, as in the loop below
-                self._verify_one(int(idx[order[first]]), mapped[at : at + size])
-                checkedcopy.copy(mapped, out, starts[first:][:1], order[first:][:1], size, None)
-                first += 1
         rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
         positions, offsets = order.tolist(), starts.tolist()
         checks = self.sample_checks(idx)
