@@ -107,6 +107,7 @@ def test_a_new_pack_is_format_1_1_with_an_id_and_every_digest(tmp_path):
         fmt.SIZES,
         fmt.OPTIONS_KEY,
         fmt.SKIPPED_KEY,
+        fmt.FIELDS_KEY,
     }
     assert meta.damaged == ()
     assert (meta.sample_xxh3 is not None) == bool(with_xxh3)

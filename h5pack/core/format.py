@@ -24,6 +24,10 @@ Layout of a pack, version 1 (``[1.1]``: added in format 1.1, which readers of 1.
                                    packs its virtual ``/images`` maps; covered by
                                    metadata_crc32; a reader checks every source before
                                    serving a sample)
+                                   [1.1, optional] fields (JSON list of {name, kind[, dtype,
+                                   shape]}: the sample's fields, ``core.fields``; covered
+                                   by metadata_crc32; a pack without it holds ``image``,
+                                   ``label`` and ``key``, the datasets below)
     /images                 storage "array": uint8 (N, H, W, C), contiguous or chunked
                             storage "blob":  uint8 (total_bytes,), chunked by bytes
     /offsets                storage "blob" only: int64 (N + 1,), sample i's slot is
@@ -43,6 +47,11 @@ Layout of a pack, version 1 (``[1.1]``: added in format 1.1, which readers of 1.
     /source_index           int64 (N,): position of sample i in the sorted scan order
     /sample_xxh3            [1.1] uint64 (N,): XXH3-64 of the stored (uncompressed) bytes of
                             sample i (written when the writer has the xxhash package)
+/fields/NAME            [1.1, optional] every field besides image, label and key, as
+                            ``core.fields`` stores its kind: (N, *shape) for a fixed-size
+                            value; values back to back (total, *shape) with
+                            /fields/NAME.offsets int64 (N + 1,) for a variable one; each
+                            dataset's CRC32 in metadata_crc32
 
 Text attributes are variable-length strings in 1.0 and fixed-length UTF-8 strings in 1.1;
 readers accept both.
@@ -117,6 +126,8 @@ SHARD_KEY = "shard"
 # Optional (virtual packs only, ``merge --virtual``): the source packs, see NOTE
 # [ Virtual packs ] in write/merge.py.
 VIRTUAL_SOURCES_KEY = "virtual_sources"
+# Optional: the sample's fields (``core.fields``), JSON; absent: image, label and key.
+FIELDS_KEY = "fields"
 
 # Dataset names.
 IMAGES = "images"
@@ -131,6 +142,18 @@ SOURCE_INDEX = "source_index"
 SAMPLE_XXH3 = "sample_xxh3"
 
 PER_SAMPLE_DATASETS = (LABELS, PATHS, SHAPES, CHECKSUMS, SOURCE_INDEX)
+
+# The fields every pack holds (the root datasets above), and where the others live.
+IMAGE_FIELD = "image"
+LABEL_FIELD = "label"
+KEY_FIELD = "key"
+FIELDS_GROUP = "fields"
+FIELD_OFFSETS = "offsets"
+
+
+def field_dataset(name: str, part: str = "") -> str:
+    """Return the dataset of field ``name`` (``/fields/NAME``), or of its ``part``."""
+    return f"{FIELDS_GROUP}/{name}" + (f".{part}" if part else "")
 
 
 @dataclass(frozen=True)
@@ -400,6 +423,8 @@ class PackMeta:
         identity: Which file this was read from (None for a combined pack set).
         shard: A pack set's shard: its ``shard`` attribute (the split it belongs to, see
             ``core.packset.ShardIdentity``); empty for a pack that is no shard.
+        field_listing: The ``fields`` attribute's text, or None (a pack of image, label
+            and key); ``core.fields.fields_of`` reads it.
     """
 
     path: str
@@ -431,6 +456,7 @@ class PackMeta:
     damaged: tuple[str, ...] = ()
     identity: PackIdentity | None = None
     shard: Mapping[str, Any] = field(default_factory=dict)
+    field_listing: str | None = None
 
     @property
     def fixed_shape(self) -> tuple[int, int, int] | None:
@@ -728,6 +754,7 @@ def read_meta(
         options_text = _attr_str(attrs, OPTIONS_KEY, path) if OPTIONS_KEY in attrs else "{}"
         skipped_text = _attr_str(attrs, SKIPPED_KEY, path) if SKIPPED_KEY in attrs else "[]"
         shard_text = _attr_str(attrs, SHARD_KEY, path) if SHARD_KEY in attrs else None
+        listing = _attr_str(attrs, FIELDS_KEY, path) if FIELDS_KEY in attrs else None
         recorded = _digests(attrs, path, minor)
     mode = parse_choice(mode_text, MODES)
     storage = parse_choice(storage_text, STORAGES)
@@ -765,6 +792,8 @@ def read_meta(
     found[SKIPPED_KEY] = integrity.text_digest(skipped_text)
     if shard_text is not None:
         found[SHARD_KEY] = integrity.text_digest(shard_text)
+    if listing is not None:
+        found[FIELDS_KEY] = integrity.text_digest(listing)
     damaged = damaged_names(recorded, found)
     if damaged and (check_digests or {OFFSETS, SIZES} & set(damaged)):
         raise FormatError(_damage_message(path, damaged))
@@ -833,6 +862,7 @@ def read_meta(
         damaged=damaged,
         identity=identity_of(handle, path),
         shard=shard if isinstance(shard, dict) else {},
+        field_listing=listing,
     )
 
 

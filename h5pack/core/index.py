@@ -151,6 +151,16 @@ def build_index(handle: h5py.File, file_bytes: int) -> bytes | None:
         if name == IMAGES:
             continue
         dataset = handle[name]
+        if isinstance(dataset, h5py.Group):  # /fields (core.fields): listed, read from HDF5
+            for child in dataset:
+                found_field = dataset[child]
+                datasets[f"{name}/{child}"] = {
+                    "shape": list(found_field.shape),
+                    "dtype": found_field.dtype.str,
+                    "chunks": list(found_field.chunks) if found_field.chunks else None,
+                    "hdf5": True,
+                }
+            continue
         entry: dict[str, Any] = {"shape": list(dataset.shape), "dtype": dataset.dtype.str}
         if name == PATHS:
             paths = [_element_bytes(p) for p in dataset[()]]
@@ -305,7 +315,7 @@ class IndexDataset:
         return np.asarray(self.h5()[()])
 
     def __getitem__(self, key: Any) -> Any:
-        if self.name == IMAGES:
+        if self.name == IMAGES or "hdf5" in self.entry:
             return self.h5()[key]
         return self.value()[key] if key != () else self.value()
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import h5py
 import numpy as np
 
 from h5pack.core import format as fmt
 from h5pack.core import integrity
+from h5pack.core.fields import LEGACY_FIELDS, Field, fields_text, stored_fields
 from h5pack.errors import FormatError
 
 # Uncompressed bytes of one chunk of /paths (fixed-length strings, gzip); the paths are
@@ -42,6 +44,9 @@ class PackRecord:
         texts: Text attributes, each digested (options, skipped, and the optional ones).
         blob_chunk_bytes: Bytes per chunk of a blob (0 for array storage).
         tool_version: The h5pack version writing the pack.
+        fields: The sample's fields, listed in the pack (``core.fields``).
+        columns: Each stored field's values, in pack order, by name (``StoredField.column``).
+        field_rows: Samples per chunk of the stored fields' datasets (about an image chunk's).
     """
 
     mode: fmt.Mode
@@ -53,6 +58,9 @@ class PackRecord:
     texts: Mapping[str, str]
     blob_chunk_bytes: int
     tool_version: str
+    fields: tuple[Field, ...] = LEGACY_FIELDS
+    columns: Mapping[str, Any] = field(default_factory=dict)
+    field_rows: int = 1
 
 
 def write_record(handle: h5py.File, record: PackRecord) -> None:
@@ -98,6 +106,12 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
     digests[fmt.PATHS] = _write_paths(handle, record.paths)
     for spec in rest:
         numeric(spec)
+    for stored in stored_fields(record.fields):  # NOTE [ Stored fields ] in core.fields
+        if stored.name not in record.columns:
+            raise FormatError(f"field {stored.name!r} is listed, but has no values")
+        digests.update(
+            stored.write(handle, record.columns[stored.name], rows_per_chunk=record.field_rows)
+        )
     attrs = handle.attrs
     fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
     attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
@@ -109,7 +123,8 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
     attrs[fmt.CHANNELS_KEY] = record.channels
     fmt.set_text(attrs, fmt.TOOL_VERSION_KEY, record.tool_version)
     fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    for key, text in record.texts.items():
+    texts = {**record.texts, fmt.FIELDS_KEY: fields_text(record.fields)}
+    for key, text in texts.items():
         fmt.set_text(attrs, key, text)
         digests[key] = integrity.text_digest(text)
     attrs[fmt.CHUNK_BYTES_KEY] = record.blob_chunk_bytes

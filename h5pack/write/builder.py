@@ -12,8 +12,8 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,9 +23,10 @@ import numpy as np
 from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core import integrity
+from h5pack.core.fields import LEGACY_FIELDS, Field, MaskField, stored_fields
 from h5pack.core.format import SkippedFile
 from h5pack.core.record import PackRecord, write_record
-from h5pack.errors import H5PackError, SourceError
+from h5pack.errors import H5PackError, OptionsError, SourceError
 from h5pack.write.arena import Arena
 from h5pack.write.images import (
     ArrayAssembler,
@@ -78,12 +79,16 @@ class SampleTable:
         classes: Class names; labels index into them.
         paths: Relative source paths.
         source_index: int64 (N,): each sample's position in the sorted scan.
+        fields: The sample's fields (``core.fields``): image, label, key and any others.
+        columns: The values of each field besides image, label and key, by name.
     """
 
     labels: np.ndarray
     classes: tuple[str, ...]
     paths: Sequence[str]
     source_index: np.ndarray
+    fields: tuple[Field, ...] = LEGACY_FIELDS
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -261,16 +266,30 @@ class PackBuilder:
             self._rebuild(num)
         pos = self.record.positions[:num]
         blob = self.assembler if isinstance(self.assembler, BlobAssembler) else None
+        shapes = self.record.shapes[:num]
+        paths = [table.paths[p] for p in pos]
+        resized = options.size is not None
         packed = SampleTable(
             labels=table.labels[pos] if num else np.zeros(0, np.int64),
             classes=table.classes,
-            paths=[table.paths[p] for p in pos],
+            paths=paths,
             source_index=table.source_index[pos] if num else np.zeros(0, np.int64),
+            fields=table.fields,
+            columns={
+                stored.name: _fitted(
+                    stored,
+                    stored.take(table.columns[stored.name], pos),
+                    shapes,
+                    paths,
+                    resized=resized,
+                )
+                for stored in stored_fields(table.fields)
+            },
         )
         metadata = PackMetadata(
             plan=self.plan,
             samples=packed,
-            shapes=self.record.shapes[:num],
+            shapes=shapes,
             checksums=self.record.crcs[:num],
             sample_xxh3=self.record.digests[:num] if self.record.digests is not None else None,
             options=options,
@@ -306,6 +325,35 @@ class PackBuilder:
         self.images.abort()
         if self.handle.id.valid:
             self.handle.close()
+
+
+def _fitted(
+    stored: Field, column: Any, shapes: np.ndarray, paths: Sequence[str], *, resized: bool
+) -> Any:
+    """A mask column at its images' stored sizes (resized with them by ``size``).
+
+    Raises:
+        OptionsError: a mask whose size is not its image's (and no ``size`` resized them).
+    """
+    if not isinstance(stored, MaskField):
+        return column
+    for mask, shape, path in zip(column, shapes, paths, strict=True):
+        if not resized and mask.shape != tuple(shape[:2]):
+            raise OptionsError(
+                f"{path}: its {stored.name!r} mask is {mask.shape[1]}x{mask.shape[0]}, its "
+                f"image {shape[1]}x{shape[0]} (W x H): a mask has its image's size"
+            )
+    return [stored.fit(m, int(s[0]), int(s[1])) for m, s in zip(column, shapes, strict=True)]
+
+
+def _field_rows(metadata: PackMetadata) -> int:
+    """Samples per chunk of the stored fields: about one image chunk's (NOTE [ Stored fields ])."""
+    num = len(metadata.samples)
+    if metadata.offsets is None:
+        chunks = metadata.plan.spec.chunks
+        return int(chunks[0]) if chunks else max(1, num)
+    length = int(metadata.offsets[-1])
+    return max(1, num * metadata.blob_chunk_bytes // max(1, length)) if length else max(1, num)
 
 
 def _final_chunk_bytes(spec: ImagesSpec, plan: StoragePlan) -> int:
@@ -344,6 +392,9 @@ def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
             texts=texts,
             blob_chunk_bytes=metadata.blob_chunk_bytes,
             tool_version=__version__,
+            fields=samples.fields,
+            columns=samples.columns,
+            field_rows=_field_rows(metadata),
         ),
     )
 

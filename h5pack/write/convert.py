@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from h5pack._types import StrPath
+from h5pack.core.fields import LEGACY_FIELDS, Field, columns_of
 from h5pack.core.format import SkippedFile
 from h5pack.errors import DecodeError, H5PackError, OptionsError
 from h5pack.write.arena import Arena, attachable
@@ -597,6 +598,7 @@ def write_arrays(
     options: ConvertOptions | None = None,
     overwrite: bool = False,
     on_event: Callable[[ConvertEvent], None] | None = None,
+    fields: Mapping[str | Field, Any] | None = None,
 ) -> ConvertReport:
     """Pack in-memory samples through the same back end as ``convert``.
 
@@ -618,9 +620,13 @@ def write_arrays(
         options: Conversion options.
         overwrite: Replace an existing ``target``.
         on_event: Called with ``ConvertEvent``s (skipped samples, the mode chosen).
+        fields: More values per sample, by field (``core.fields``): keyed by a name, the
+            kind told from the values (numbers, equal-shape arrays, arrays of several
+            lengths, ``str``, ``bytes``), or by a field (``MaskField("mask")``: H x W
+            uint8, its image's size).
 
     Raises:
-        OptionsError: samples, labels, classes or paths do not fit together.
+        OptionsError: samples, labels, classes, paths or fields do not fit together.
         DecodeError: with ``strict``, bytes that do not decode.
     """
     started = time.perf_counter()
@@ -644,6 +650,7 @@ def write_arrays(
             f"labels should be -1 or index the {len(classes)} classes, but got labels in "
             f"{label_array.min()}..{label_array.max()}"
         )
+    extra, columns = columns_of(fields or {}, num)
     kinds = {isinstance(s, np.ndarray) for s in samples}
     if len(kinds) > 1:
         raise OptionsError("samples should be all arrays or all encoded bytes, not a mix")
@@ -690,6 +697,8 @@ def write_arrays(
             classes=tuple(classes),
             paths=[names[i] for i in order],
             source_index=order,
+            fields=(*LEGACY_FIELDS, *extra),
+            columns={f.name: f.take(columns[f.name], order) for f in extra},
         )
         try:
             published = build_pack(
