@@ -332,9 +332,10 @@ def test_compare_library_keeps_packs_and_skips_impossible_variants(
     report = compare(
         folder, options, work_dir=tmp_path / "packs", keep=True, on_event=events.append
     )
-    rates = [v.rate() for v in report.variants]
-    assert rates == sorted(rates, reverse=True)
-    assert {v.name for v in report.variants} == {"raw-c8", "encoded-64k"}
+    # raw pixels at 32x32 and the 256x256 files hold different pixels: ranked apart, the
+    # full-size images first
+    assert [v.name for v in report.variants] == ["encoded-64k", "raw-c8"]
+    assert [row[0] for row in table_rows(report)] == ["A1", "B1"]
     for variant in report.variants:
         assert variant.path is not None
         assert Path(variant.path).exists()
@@ -573,3 +574,43 @@ def test_the_front_runners_are_timed_again_side_by_side(monkeypatch) -> None:
     assert choice.name == "raw-4m"  # no longer too close: the settled runs do not overlap
     assert choice.too_close == ()
     assert any("were timed again side by side" in note for note in choice.notes)
+
+
+# -- issue 29.6: like with like ---------------------------------------------------------
+
+
+def test_packs_of_different_pixels_are_not_ranked_on_speed(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    small, full = tmp_path / "out.h5", tmp_path / "raw.h5"
+    for path, side in ((small, 8), (full, 32)):
+        images = list(rng.integers(0, 255, size=(16, side, side, 3), dtype=np.uint8))
+        write_arrays(path, images, np.arange(16) % 2, options=ConvertOptions())
+    argv = ["compare", str(small), str(full), "--repeats", "1", "--workers", "0"]
+    argv += ["--batch-size", "8", "--no-plots", "-q", "--out", str(tmp_path / "report")]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    assert "Not ranked: these packs hold different pixels (raw: 16 images, one size, 32x32" in (
+        result.output
+    )
+    assert "out: 16 images, one size, 8x8 (W x H)" in result.output
+    assert "--across-pixels" in result.output
+    assert "Use out" not in result.output
+    assert "Ranked apart, since they hold different pixels: A = 16 images" in result.output
+    # asked for, they are ranked together on speed, and the line still says they differ
+    result = CliRunner().invoke(cli, [*argv, "--across-pixels"])
+    assert result.exit_code == 0, result.output
+    assert "Use " in result.output
+    assert "These packs hold different pixels (" in result.output
+    assert "ranked on speed all the same (--across-pixels)" in result.output
+
+
+def test_like_packs_are_ranked_among_themselves() -> None:
+    full = [
+        dataclasses.replace(_result(n, r, b), pixels="full", image_bytes=100, num_samples=1)
+        for n, r, b in (("a", 1000, 10**8), ("b", 500, 10**6))
+    ]
+    thumbs = dataclasses.replace(_result("thumbs", 9000, 10**5), pixels="thumbs", image_bytes=1)
+    choice = recommend([*full, thumbs], available_bytes=10**12)
+    assert choice is not None
+    assert choice.name == "a"
+    assert "ranked among the packs of full only; not against thumbs" in choice.notes[0]

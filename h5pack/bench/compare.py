@@ -28,6 +28,7 @@ from h5pack.bench.ranking import (
     SkippedVariant,
     VariantResult,
     front_runners,
+    pixel_groups,
     rank_key,
     recommend,
 )
@@ -98,6 +99,8 @@ class CompareOptions:
         dataset_size: Samples of the training set the packs stand for: the report also
             projects each pack's chunk work per sample to that size (``bench.scale``);
             None: ImageNet-1k's 1,281,167, or the packs' own size when larger.
+        across_pixels: Rank packs holding different pixels (other sizes or images)
+            together, on speed alone (see "Like with like" in ``bench.ranking``).
     """
 
     variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
@@ -108,6 +111,7 @@ class CompareOptions:
     memory_bytes: int | None = None
     seed: int = 0
     dataset_size: int | None = None
+    across_pixels: bool = False
 
     def __post_init__(self) -> None:
         if self.dataset_size is not None and (
@@ -163,7 +167,9 @@ class CompareReport:
 
     Attributes:
         source: The image folder, or the packs given.
-        variants: Each measured variant, ranked by chunk-aware throughput (fastest first).
+        variants: Each measured variant, ranked by chunk-aware throughput (fastest first)
+            among the packs holding the same pixels (the largest images first; see "Like
+            with like" in ``bench.ranking``).
         skipped: Variants that could not be built.
         machine: Where it ran.
         options: The comparison's options (JSON-ready).
@@ -215,6 +221,7 @@ def _describe_pack(
     view = describe(path, storage_options=storage_options)
     meta = view.meta
     image_bytes = int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum())
+    sizes = SizeSurvey.of((int(h), int(w)) for h, w, *_ in meta.shapes)
     return VariantResult(
         name=name,
         path=path if keep else None,
@@ -232,6 +239,7 @@ def _describe_pack(
         patterns=patterns,
         problem=problem,
         cold=cold,
+        pixels=f"{meta.num_samples:,} images, {sizes.describe()}",
     )
 
 
@@ -408,7 +416,11 @@ def compare(
                 )
             )
         results = settle(results, options, plan.train, emit)
-    ranked = tuple(sorted(results, key=rank_key, reverse=True))
+    ranked = tuple(
+        result
+        for group in ([results] if options.across_pixels else pixel_groups(results))
+        for result in sorted(group, key=rank_key, reverse=True)
+    )
     projections = projections_of(ranked, options)
     train = {**plan.train.to_json(), "note": auto_note(plan.train, plan.survey)}
     return CompareReport(
@@ -419,7 +431,12 @@ def compare(
             local[0] if local and not folder else (work_dir or tempfile.gettempdir())
         ),
         options=options.to_json(),
-        recommendation=recommend(ranked, train=plan.train, available_bytes=plan.available_bytes),
+        recommendation=recommend(
+            ranked,
+            train=plan.train,
+            available_bytes=plan.available_bytes,
+            across_pixels=options.across_pixels,
+        ),
         work_dir=kept_dir,
         train=train,
         sizes=plan.survey.describe(),

@@ -16,6 +16,7 @@ than memory").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class VariantResult:
         problem: Why the loader cannot batch it as training reads it (then it is never
             recommended), else None.
         cold: Whether it was measured with a cold page cache (larger than the cache).
+        pixels: The images it holds, in words (their count and sizes): packs whose
+            ``pixels`` differ hold different data, and are ranked apart (see "Like with
+            like").
     """
 
     name: str
@@ -73,6 +77,7 @@ class VariantResult:
     patterns: dict[str, PatternResult]
     problem: str | None = None
     cold: bool = False
+    pixels: str = ""
 
     @property
     def pixels_per_file_byte(self) -> float:
@@ -252,12 +257,40 @@ def _memory_note(
     return note
 
 
+# NOTE [ Like with like ]
+#
+# A pack of 64x64 thumbnails reads faster than the full-resolution pack it was made from,
+# and a ranking on speed alone would recommend it, though it holds other pixels: a layout is
+# a way of storing one set of images, and only layouts of the same images compete. Packs
+# are grouped by the images they hold (``VariantResult.pixels``: their count and sizes);
+# the recommendation is made within the group of the largest images that has two packs or
+# more, and says which packs it left out and why. ``across_pixels`` (``compare
+# --across-pixels``) ranks every pack on speed all the same, and still says they differ.
+
+
+def pixel_groups(results: Sequence[VariantResult]) -> list[list[VariantResult]]:
+    """Return ``results`` grouped by the images they hold, the largest images first."""
+    groups: dict[str, list[VariantResult]] = {}
+    for result in results:
+        groups.setdefault(result.pixels, []).append(result)
+    return sorted(
+        groups.values(),
+        key=lambda group: -group[0].image_bytes / max(1, group[0].num_samples),
+    )
+
+
+def _pixels_note(groups: Sequence[Sequence[VariantResult]]) -> str:
+    kinds = "; ".join(f"{_names(group)}: {group[0].pixels}" for group in groups)
+    return f"These packs hold different pixels ({kinds})"
+
+
 def recommend(
     results: Sequence[VariantResult],
     *,
     train: TrainingRead | None = None,
     available_bytes: int | None = None,
     cache_share: float = CACHE_SHARE,
+    across_pixels: bool = False,
 ) -> Recommendation | None:
     """Pick the smallest pack among the candidates within ``AS_FAST`` of the fastest.
 
@@ -266,10 +299,47 @@ def recommend(
     fits is (see "Packs larger than memory"). Throughput is the h5pack loader's in its
     chunk-aware order; a pack nearly as fast but much smaller wins, because it also costs
     less disk and page cache, and its advantage grows when storage is slower than the
-    machine this ran on.
+    machine this ran on. Packs holding different pixels compete only with ``across_pixels``
+    (see "Like with like").
     """
     if not results:
         return None
+    groups = pixel_groups([r for r in results if r.batchable])
+    if len(groups) < 2:
+        return _recommend(results, train, available_bytes, cache_share)
+    note = _pixels_note(groups)
+    if across_pixels:
+        found = _recommend(results, train, available_bytes, cache_share)
+        assert found is not None
+        extra = f"{note}: ranked on speed all the same (--across-pixels)."
+        return dataclasses.replace(found, notes=(extra, *found.notes))
+    group = next((g for g in groups if len(g) > 1), None)
+    if group is None:
+        return Recommendation(
+            None,
+            f"Not ranked: {note[0].lower()}{note[1:]}, so the faster one is not a faster "
+            "layout of the same images. Compare layouts of one image folder, or give "
+            "--across-pixels to rank them on speed alone.",
+            None,
+        )
+    found = _recommend(
+        [*group, *(r for r in results if not r.batchable)], train, available_bytes, cache_share
+    )
+    assert found is not None
+    others = [r for r in results if r.batchable and r not in group]
+    extra = (
+        f"{note}: ranked among the packs of {group[0].pixels} only; not against "
+        f"{_names(others)} (--across-pixels ranks every pack on speed alone)."
+    )
+    return dataclasses.replace(found, notes=(extra, *found.notes))
+
+
+def _recommend(
+    results: Sequence[VariantResult],
+    train: TrainingRead | None,
+    available_bytes: int | None,
+    cache_share: float,
+) -> Recommendation | None:
     train = train or TrainingRead()
     notes: list[str] = []
     excluded = [r for r in results if not r.batchable]

@@ -15,7 +15,7 @@ from h5pack.bench.access import NAIVE, PATTERN_TITLES
 from h5pack.bench.compare import CompareReport
 from h5pack.bench.diagnose import SHARE_OF_STAGE, STAGE_TITLES, Diagnosis
 from h5pack.bench.measure import MEASURED, PatternResult
-from h5pack.bench.ranking import VariantResult
+from h5pack.bench.ranking import VariantResult, pixel_groups
 from h5pack.bench.throughput import BenchResult
 from h5pack.bench.timing import Timing
 from h5pack.bench.units import human_bytes
@@ -109,17 +109,50 @@ COLUMNS = (
 )
 
 
+def _groups(report: CompareReport) -> list[list[VariantResult]]:
+    """The table's groups: one, or one per kind of pixels (see "Like with like")."""
+    if report.options.get("across_pixels"):
+        return [list(report.variants)]
+    return pixel_groups(report.variants)
+
+
+def _ranks(report: CompareReport) -> list[str]:
+    groups = _groups(report)
+    if len(groups) == 1:
+        return [str(rank) for rank in range(1, len(report.variants) + 1)]
+    return [
+        f"{chr(65 + g)}{rank}"
+        for g, group in enumerate(groups)
+        for rank in range(1, len(group) + 1)
+    ]
+
+
+def pixels_line(report: CompareReport) -> str | None:
+    """Return, when the packs hold different pixels, the line that says so."""
+    groups = pixel_groups(report.variants)
+    if len(groups) < 2:
+        return None
+    if report.options.get("across_pixels"):
+        kinds = "; ".join(f"{', '.join(v.name for v in g)}: {g[0].pixels}" for g in groups)
+        return f"These packs hold different pixels ({kinds}): ranked together (--across-pixels)."
+    kinds = "; ".join(f"{chr(65 + k)} = {g[0].pixels}" for k, g in enumerate(groups))
+    return (
+        f"Ranked apart, since they hold different pixels: {kinds}. A smaller image reads "
+        "faster but is other data; --across-pixels ranks every pack together."
+    )
+
+
 def table_rows(report: CompareReport) -> list[list[str]]:
     """Return the ranked table's rows (strings), one per variant, columns ``COLUMNS``."""
     rows = []
-    for rank, variant in enumerate(report.variants, start=1):
+    for rank, variant in zip(_ranks(report), report.variants, strict=True):
         chunk = variant.patterns.get("chunk")
         name = variant.name + ("" if variant.batchable else f" {NOT_CANDIDATE}")
         if variant.cold:
             name += " (cold)"
         rows.append(
             [
-                str(rank),
+                rank,
                 name,
                 human_bytes(variant.file_bytes),
                 f"{variant.pixels_per_file_byte:.2f}x",
@@ -149,6 +182,9 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS)
 
 def _preamble(report: CompareReport) -> list[str]:
     lines = [report.read_note] if report.read_note else []
+    pixels = pixels_line(report)
+    if pixels is not None:
+        lines.append(pixels)
     if report.options.get("measure", {}).get("cache") == "decoded":
         lines.append(
             "Read through the decoded cache (--cache decoded, make_loader's cache='decoded'): "

@@ -264,6 +264,12 @@ def _local_exists(
     "the report projects each pack's chunks decompressed per sample to that size, where "
     "the chunk-aware order pays off [default: ImageNet-1k's 1.28M].",
 )
+@click.option(
+    "--across-pixels",
+    is_flag=True,
+    help="Rank packs that hold different pixels (other image sizes, other images) together, "
+    "on speed alone [default: each kind apart, since a smaller image reads faster].",
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
 @storage_option_flag
@@ -286,6 +292,7 @@ def compare(
     cache: str | None,
     cache_bytes: int | None,
     dataset_size: str | None,
+    across_pixels: bool,
     no_plots: bool,
     as_json: bool,
     storage_option: tuple[str, ...],
@@ -322,6 +329,7 @@ def compare(
         "convert_workers": convert_workers,
         "seed": seed,
         "dataset_size": parse_dataset_size(dataset_size) if dataset_size else None,
+        "across_pixels": across_pixels,
     }
     if variants:
         changes["variants"] = tuple(spec.name for spec in parse_variants(list(variants)))
