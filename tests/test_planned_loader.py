@@ -58,7 +58,7 @@ def test_a_planned_loader_serves_what_the_plain_one_does(
     reader = planned.dataset.reader
     if workers == 0:
         assert reader.plans_reads
-        ahead = reader._raw_file.source.ahead()
+        ahead = reader.source.ahead()
         assert ahead.stats.off_plan == 0  # every chunk read came from the plan
         assert ahead.stats.served == 30
         assert ahead.stats.cache_hits == 0  # a local file has no disk cache
@@ -298,7 +298,7 @@ def test_a_planned_mix_serves_what_the_plain_one_does(
         for part in planned.dataset.parts:
             reader = part.reader
             assert reader.plans_reads
-            stats = reader._raw_file.source.ahead().stats
+            stats = reader.source.ahead().stats
             assert stats.off_plan == 0  # every chunk a source read came from its plan
             assert stats.served > 0
 

@@ -109,7 +109,7 @@ def test_the_window_and_the_loads_are_those_of_reading_alone(packs) -> None:
         ahead.read_into(batch, out_ahead)
         assert np.array_equal(out_alone, out_ahead)
         assert alone.loads == ahead.loads
-        assert list(alone._window) == list(ahead._window)
+        assert list(alone._window.window) == list(ahead._window.window)
     alone.close()
     ahead.close()
     pool.close()

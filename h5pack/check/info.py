@@ -17,7 +17,7 @@ from h5pack.core import format as fmt
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
 from h5pack.core.source import is_url
 from h5pack.read.packset import PackSource, PackView, describe, is_remote, remote_manifest
-from h5pack.read.reader import check_virtual_sources
+from h5pack.read.virtual import check_virtual_sources
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,8 @@ import numpy as np
 from h5pack.errors import OptionsError
 
 if TYPE_CHECKING:
-    from h5pack.read.reader import GroupLoad, PackReader
+    from h5pack.read.groups import GroupLoad
+    from h5pack.read.reader import PackReader
 
 T = TypeVar("T")
 R = TypeVar("R")

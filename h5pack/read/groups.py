@@ -1,0 +1,161 @@
+"""A reader's window of decompressed chunk groups, first in, first out, and their buffers.
+
+Loaded groups enter the window in the order a request first names them and the oldest leave
+first (see sampler's note "Chunk-aware epoch order" for why a chunk-aware epoch then
+decompresses every chunk once). Output buffers are taken in the calling thread and recycled
+when their group leaves (see direct's note "Direct chunk path"). What is a group here is any
+per-sample dataset stored in the images' chunk grouping: the window holds bytes, not images.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from h5pack.read.stored import Plan, StoredImages
+
+if TYPE_CHECKING:
+    from h5pack.read.reader import PackReader
+
+# Loads group ``g`` whole into a buffer: ``load(g, plan, buffer)`` (checked, errors named).
+Load = Callable[[int, Plan, np.ndarray], np.ndarray]
+
+
+def first_appearance(values: np.ndarray) -> np.ndarray:
+    """Return the distinct ``values`` in order of first appearance."""
+    _, first = np.unique(values, return_index=True)
+    return values[np.sort(first)]
+
+
+class GroupLoad:
+    """A group a reader is about to decompress (``PackReader.pending_loads``).
+
+    Attributes:
+        reader: The reader whose group it is (``reader.hold`` takes the result).
+        group: The group (chunk group) to load.
+        plan: ``StoredImages.plan``'s ``(direct, buffer bytes)``.
+        buffer: Where it is decompressed to, taken from the reader's free buffers.
+        threaded: Whether ``run`` may run on another thread (the direct path; h5py's path
+            runs in the reader's thread).
+    """
+
+    __slots__ = ("buffer", "group", "plan", "reader", "threaded")
+
+    def __init__(
+        self, reader: PackReader, group: int, plan: Plan, buffer: np.ndarray, threaded: bool
+    ) -> None:
+        self.reader = reader
+        self.group = group
+        self.plan = plan
+        self.buffer = buffer
+        self.threaded = threaded
+
+    def run(self) -> np.ndarray:
+        """Read and decompress the group (and check it, with ``verify_checksums``)."""
+        return self.reader._load_group(self.group, self.plan, self.buffer)
+
+
+class GroupWindow:
+    """The decompressed groups one reader keeps, and the buffers of those that left.
+
+    Args:
+        stored: The pack's stored samples (plans and fetches a group's chunks).
+        window_chunks: Groups kept.
+    """
+
+    def __init__(self, stored: StoredImages, window_chunks: int) -> None:
+        self.stored = stored
+        self.window_chunks = window_chunks
+        self.threads = 0  # the reader's threads: how many spare buffers are worth keeping
+        # group -> (its data, the buffer it lives in)
+        self.window: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._free: list[np.ndarray] = []
+        # groups decompressed ahead for the next read, not yet in the window (``hold``)
+        self.held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
+
+    def groups(
+        self, wanted: np.ndarray, load: Load, executor: ThreadPoolExecutor | None
+    ) -> dict[int, np.ndarray]:
+        """Return the decompressed data of groups ``wanted``, loading those not in the window.
+
+        ``load`` runs on ``executor`` (when given and more than one group is missed on the
+        direct path), else in this thread.
+        """
+        found: dict[int, np.ndarray] = {}
+        fresh: list[int] = []  # groups entering the window, in the order wanted
+        missing: list[int] = []  # those not held already (``hold``): loaded here
+        for g in wanted.tolist():
+            if g in self.window:
+                found[g] = self.window[g][0]
+            else:
+                fresh.append(g)
+                if g not in self.held:
+                    missing.append(g)
+        if missing:
+            plans = [self.stored.plan(g) for g in missing]
+            self.stored.fetch(missing, plans)
+            jobs = list(zip(missing, plans, [self.take_buffer(n) for _, n in plans], strict=True))
+            if len(missing) > 1 and executor is not None and self.stored.table is not None:
+                # one wait for all, not one per result (Executor.map's): each wake-up of this
+                # thread took a core from a decompressing one (2 cores: ~10% per batch)
+                futures = [executor.submit(load, *job) for job in jobs]
+                wait(futures)
+                loaded = [future.result() for future in futures]
+            else:
+                loaded = [load(*job) for job in jobs]
+            self.loads += len(missing)
+            for (g, _, buffer), block in zip(jobs, loaded, strict=True):
+                self.held[g] = (block, buffer)
+        for g in fresh:
+            found[g] = self.held[g][0]
+            self.window[g] = self.held.pop(g)
+        while len(self.window) > self.window_chunks:
+            _, (_, buffer) = self.window.popitem(last=False)
+            self.recycle(buffer)
+        return found
+
+    def pending(self, order: np.ndarray) -> list[tuple[int, Plan, np.ndarray]]:
+        """Return ``(group, plan, buffer)`` of groups ``order`` not in the window, fetched.
+
+        What was held for a read that never came (an error) is dropped first.
+        """
+        for _, buffer in self.held.values():
+            self.recycle(buffer)
+        self.held.clear()
+        missing = [g for g in order.tolist() if g not in self.window]
+        plans = [self.stored.plan(g) for g in missing]
+        self.stored.fetch(missing, plans)
+        return [(g, p, self.take_buffer(p[1])) for g, p in zip(missing, plans, strict=True)]
+
+    def hold(self, group: int, block: np.ndarray, buffer: np.ndarray) -> None:
+        """Keep a group loaded ahead (``pending``) for the next read."""
+        self.held[group] = (block, buffer)
+        self.loads += 1
+
+    def evict(self, group: int) -> None:
+        """Drop group ``group`` from the window, if it is there."""
+        entry = self.window.pop(group, None)
+        if entry is not None:
+            self.recycle(entry[1])
+
+    def recycle(self, buffer: np.ndarray) -> None:
+        """Keep ``buffer`` for a later load (a few are worth keeping)."""
+        if len(self._free) < max(2, self.threads):
+            self._free.append(buffer)
+
+    def take_buffer(self, nbytes: int) -> np.ndarray:
+        """Return a free buffer of ``nbytes``, or a new one."""
+        for i, buffer in enumerate(self._free):
+            if buffer.size == nbytes:
+                return self._free.pop(i)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def clear(self) -> None:
+        """Drop every group."""
+        self.window.clear()
+        self.held.clear()

@@ -1,0 +1,102 @@
+"""How a process reads a pack: ``ReaderOptions``, validated once, handed to every reader."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from h5pack.core.decode import BACKENDS, Backend
+from h5pack.errors import OptionsError
+from h5pack.read.chunkcache import ChunkCacheOptions
+from h5pack.read.eviction import EvictionPolicy
+from h5pack.read.readahead import ReadAheadOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReaderOptions:
+    """How a process reads a pack: window of decompressed chunks, threads, checks, decoder.
+
+    Attributes:
+        window_chunks: Decompressed chunks kept, first in, first out: the sampler's window,
+            so that a chunk-aware epoch decompresses every chunk once. None: 1 for a bare
+            ``PackReader``; a dataset takes the sampler's (``make_loader`` sets it).
+        chunk_cache_bytes: Bytes of decompressed chunks kept instead (overrides
+            ``window_chunks``; at least one chunk is kept).
+        locking: HDF5 file locking; ``False`` for network file systems that do not support
+            it, or to read a pack that a writer still holds. None keeps HDF5's default.
+        backend: Decoder of encoded packs, ``"pillow"`` or ``"opencv"``.
+        direct: Use the direct chunk path where it applies (``h5pack.read.direct``);
+            ``False`` reads everything through h5py.
+        threads: Threads that decompress the chunks one request misses and decode encoded
+            samples (codecs and decoders that release the GIL); 0 or 1 works in the calling
+            thread. None: 0 for a bare reader; ``make_loader`` chooses (see "Loader defaults").
+        storage_options: Settings of the remote client for a URL beyond what the environment
+            says (``core.s3.S3Options``: endpoint, credentials, retries...); ignored for
+            local paths.
+        verify_checksums: Check every sample read against its recorded digest and raise
+            ``FormatError`` on a mismatch: damage that still decompresses (codecs without
+            their own checksum, uncompressed packs) is then never served. On by default.
+            Format 1.1 packs are checked with their XXH3-64 (``sample_xxh3``), which runs at
+            memory speed (~4 us per 256x256 image); 1.0 packs, or a process without the
+            xxhash package, with the CRC32 every pack has (~50 us per 256x256 image).
+            Compressed samples are checked once per decompression of their chunk,
+            uncompressed ones at every read.
+        read_ahead: How a remote pack's chunks are fetched ahead of use (NOTE [ Planned
+            read-ahead ]); None: ``ReadAheadOptions()`` for remote packs, none for local
+            ones (given: local packs read ahead too).
+        cache_dir: The machine's disk cache of remote chunks, shared by every worker, rank
+            and job on the machine (NOTE [ One disk cache per machine ]); None:
+            ``h5pack-chunks`` in the temporary directory.
+        cache_disk_bytes: Its budget in bytes, never exceeded; 0: no disk cache; None:
+            ``DEFAULT_CACHE_DISK_FRACTION`` (half) of the free space of its file system when
+            the directory is created (recorded there).
+        cache_eviction: ``"belady"`` (the chunk needed farthest in the future goes: the
+            default) or ``"lru"`` (least recently used, for comparison).
+
+    Raises:
+        OptionsError: a window, cache size or thread count is out of range.
+    """
+
+    window_chunks: int | None = None
+    chunk_cache_bytes: int | None = None
+    locking: bool | None = None
+    backend: Backend = "pillow"
+    direct: bool = True
+    threads: int | None = None
+    verify_checksums: bool = True
+    storage_options: Mapping[str, Any] | None = None
+    read_ahead: ReadAheadOptions | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_disk_bytes: int | None = None
+    cache_eviction: EvictionPolicy = "belady"
+
+    def __post_init__(self) -> None:
+        self.disk_cache  # noqa: B018  (validates the budget and the eviction policy)
+        if self.window_chunks is not None and self.window_chunks < 1:
+            raise OptionsError(
+                f"window_chunks should be >= 1, but got window_chunks={self.window_chunks}"
+            )
+        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
+            raise OptionsError(
+                "chunk_cache_bytes should be >= 0, but got "
+                f"chunk_cache_bytes={self.chunk_cache_bytes}"
+            )
+        if self.threads is not None and self.threads < 0:
+            raise OptionsError(f"threads should be >= 0, but got threads={self.threads}")
+        if self.backend not in BACKENDS:
+            raise OptionsError(
+                f"backend should be one of {', '.join(BACKENDS)}, but got backend={self.backend!r}"
+            )
+
+    @property
+    def disk_cache(self) -> ChunkCacheOptions | None:
+        """The disk cache of remote chunks these options ask for (None: none)."""
+        if self.cache_disk_bytes == 0:
+            return None
+        return ChunkCacheOptions(
+            cache_dir=self.cache_dir,
+            cache_disk_bytes=self.cache_disk_bytes,
+            eviction=self.cache_eviction,
+        )

@@ -1,0 +1,240 @@
+"""Where a pack's stored samples lie, and the one byte path that reads them.
+
+``StoredImages`` knows the images' layout (chunk table or contiguous offset: the direct chunk
+path, ``read.direct``) and reads a group of samples, or a run of uncompressed ones, from the
+pack's byte source; h5py reads only what the direct path cannot (a codec that needs HDF5, an
+unallocated chunk, a virtual pack). It keeps no window: ``read.groups`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5pack.core import format as fmt
+from h5pack.core.layout import ChunkMap
+from h5pack.errors import RemoteError
+from h5pack.read.direct import ChunkTable, DirectFile
+
+# How a group is loaded (``StoredImages.plan``): (through the direct path, buffer bytes).
+Plan = tuple[bool, int]
+
+
+class StoredImages:
+    """The stored samples of one pack: their layout and the reads of their bytes.
+
+    Args:
+        meta: The pack's metadata.
+        chunk_map: Its chunk groups.
+        table: The images' chunk table (the direct path of a chunked dataset), or None.
+        contiguous: The file offset of a contiguous, unfiltered images dataset, or None.
+        file: The pack's bytes (its byte source).
+        images: Opens the images' h5py dataset, for what the direct path cannot read.
+    """
+
+    def __init__(
+        self,
+        meta: fmt.PackMeta,
+        chunk_map: ChunkMap,
+        *,
+        table: ChunkTable | None,
+        contiguous: int | None,
+        file: DirectFile,
+        images: Callable[[], h5py.Dataset],
+    ) -> None:
+        self.meta, self.chunk_map, self.table, self.contiguous = meta, chunk_map, table, contiguous
+        self.file = file
+        self._images = images
+        self.sample_bytes = int(np.prod(meta.images_shape[1:]))
+        self._step = meta.chunks[0] if meta.chunks is not None else 1
+        self.all_allocated = table is None or bool(np.all(table.offsets >= 0))
+        # nanoseconds spent decompressing chunks (the loader's stall report reads it; an
+        # update racing another thread's may be lost: a statistic, not a count)
+        self.decompress_ns = 0
+        self._fetched: dict[int, Any] = {}  # stored chunks fetched for the groups being loaded
+
+    @property
+    def direct(self) -> bool:
+        """Whether the direct chunk path is in use."""
+        return self.table is not None or self.contiguous is not None
+
+    def bounds(self, group: int) -> tuple[int, int]:
+        """Return the ``[lo, hi)`` samples of group ``group``."""
+        return int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
+
+    def use_source(self, source: Any) -> None:
+        """Read the pack's bytes through ``source`` (a ``ByteSource``)."""
+        self.file.source = source
+        self._fetched.clear()
+
+    def plan(self, group: int) -> Plan:
+        """Return ``(direct, buffer bytes)`` for loading group ``group`` whole."""
+        lo, hi = self.bounds(group)
+        table = self.table
+        if self.meta.storage == "array":
+            if table is not None and table.offsets[group] >= 0:
+                return True, table.chunk_nbytes
+            return self.contiguous is not None, (hi - lo) * self.sample_bytes
+        begin, end = self.blob_span(lo, hi)
+        if self.contiguous is not None:
+            return True, end - begin
+        if table is not None:
+            first, last = begin // table.chunk_nbytes, (end - 1) // table.chunk_nbytes
+            if bool(np.all(table.offsets[first : last + 1] >= 0)):
+                return True, (last - first + 1) * table.chunk_nbytes
+        return False, end - begin
+
+    def load(self, group: int, plan: Plan, buffer: np.ndarray) -> np.ndarray:
+        """Read and decompress group ``group`` whole into ``buffer`` (unchecked).
+
+        Array storage: (n, H, W, C) samples of the group. Blob storage: the 1-D bytes from
+        the group's first slot to the end of its last sample.
+        """
+        direct, _ = plan
+        lo, hi = self.bounds(group)
+        shape = self.meta.images_shape[1:]
+        table = self.table
+        if direct and table is None:  # contiguous: the group's bytes at once
+            assert self.contiguous is not None  # planned direct
+            if self.meta.storage == "array":
+                view = buffer.reshape(hi - lo, *shape)
+                self.file.read_into(view, self.contiguous + lo * self.sample_bytes)
+                return view
+            self.file.read_into(buffer, self.contiguous + self.blob_span(lo, hi)[0])
+            return buffer
+        if self.meta.storage == "array":
+            if direct:
+                assert table is not None  # planned direct
+                self._read_chunk_into(table, group, buffer)
+                return buffer.reshape(-1, *shape)[: hi - lo]
+            view = buffer.reshape(hi - lo, *shape)
+            self._images().read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
+            return view
+        begin, end = self.blob_span(lo, hi)
+        if direct:
+            assert table is not None  # planned direct
+            step = table.chunk_nbytes
+            first = begin // step
+            for k in range(buffer.size // step):
+                self._read_chunk_into(table, first + k, buffer[k * step : (k + 1) * step])
+            return buffer[begin - first * step : end - first * step]
+        self._images().read_direct(buffer, np.s_[begin:end], np.s_[0 : end - begin])
+        return buffer
+
+    def _read_chunk_into(self, table: ChunkTable, chunk: int, out: np.ndarray) -> None:
+        fetched = self._fetched.pop(chunk, None)
+        if fetched is not None:
+            stored = np.frombuffer(fetched, dtype=np.uint8)
+            if stored.size != int(table.sizes[chunk]):
+                raise OSError(
+                    f"chunk {chunk}: {stored.size} bytes read, {table.sizes[chunk]} stored"
+                )
+        else:
+            stored = self.file.read_scratch(int(table.sizes[chunk]), int(table.offsets[chunk]))
+        start = time.perf_counter_ns()
+        table.decompress_into(chunk, stored, out)
+        self.decompress_ns += time.perf_counter_ns() - start
+
+    # NOTE [ One request per chunk ]: a remote pack's groups are read whole (never one
+    # request per sample), and the stored chunks of every group one call misses are fetched
+    # together by ``source.read_ranges`` (one ranged GET each, exactly the chunk's bytes,
+    # concurrently), before any is decompressed. ``use_source`` puts a wrapper there (the
+    # planned read-ahead and the disk cache, ``read.planned.PlannedSource``).
+
+    def fetch(self, groups: list[int], plans: list[Plan]) -> None:
+        """Fetch the stored chunks of ``groups`` in one ``read_ranges`` (a remote source)."""
+        table = self.table
+        if not self.file.source.remote or table is None:
+            return
+        chunks: list[int] = []
+        for group, (direct, nbytes) in zip(groups, plans, strict=True):
+            if not direct:
+                continue
+            if self.meta.storage == "array":
+                chunks.append(group)
+                continue
+            first = self.blob_span(*self.bounds(group))[0] // table.chunk_nbytes
+            chunks.extend(range(first, first + nbytes // table.chunk_nbytes))
+        chunks = [c for c in dict.fromkeys(chunks) if c not in self._fetched]
+        if not chunks:
+            return
+        ranges = [(int(table.offsets[c]), int(table.offsets[c] + table.sizes[c])) for c in chunks]
+        try:
+            fetched = self.file.source.read_ranges(ranges)
+        except RemoteError as err:
+            named = ", ".join(str(c) for c in chunks[:8]) + (", ..." if len(chunks) > 8 else "")
+            raise RemoteError(f"reading chunk(s) {named}: {err}") from err
+        self._fetched.update(zip(chunks, fetched, strict=True))
+
+    def blob_span(self, lo: int, hi: int) -> tuple[int, int]:
+        """Return the ``[begin, end)`` blob bytes of samples ``lo..hi-1``."""
+        offsets, sizes = self.meta.blob_slots()
+        return int(offsets[lo]), int(offsets[hi - 1]) + int(sizes[hi - 1])
+
+    def sample_of(self, group: int, block: np.ndarray, index: int) -> np.ndarray:
+        """Return sample ``index`` (a view) from its group's decompressed data."""
+        if self.meta.storage == "array":
+            sample: np.ndarray = block[index - int(self.chunk_map.starts[group])]
+            return sample
+        offsets, sizes = self.meta.blob_slots()
+        start = int(offsets[index]) - int(offsets[self.chunk_map.starts[group]])
+        return block[start : start + int(sizes[index])]
+
+    def sample_offsets(self, indices: np.ndarray) -> np.ndarray:
+        """Return the file offsets of uncompressed array samples ``indices`` (direct path)."""
+        within = indices * self.sample_bytes
+        if self.contiguous is not None:
+            return np.asarray(self.contiguous + within, dtype=np.int64)
+        assert self.table is not None  # direct is true
+        step = self._step
+        base = self.table.offsets[indices // step] - (indices // step) * step * self.sample_bytes
+        return np.asarray(base + within, dtype=np.int64)
+
+    def read_uncompressed(self, wanted: np.ndarray) -> list[np.ndarray]:
+        """Read sorted uncompressed indices of one group, run of consecutive indices by run."""
+        result: list[np.ndarray] = []
+        unique = np.unique(wanted)
+        breaks = np.flatnonzero(np.diff(unique) > 1) + 1
+        for run in np.split(unique, breaks):
+            lo, hi = int(run[0]), int(run[-1]) + 1
+            inside = wanted[(wanted >= lo) & (wanted < hi)]
+            if self.meta.storage == "array":
+                block = self._read_array_run(lo, hi)
+                result.extend(block[int(i) - lo] for i in inside)
+                continue
+            begin, end = self.blob_span(lo, hi)
+            data = self._read_blob_bytes(begin, end)
+            offsets, sizes = self.meta.blob_slots()
+            for i in inside.tolist():
+                start = int(offsets[i]) - begin
+                result.append(data[start : start + int(sizes[i])])
+        return result
+
+    def _read_array_run(self, lo: int, hi: int) -> np.ndarray:
+        block = np.empty((hi - lo, *self.meta.images_shape[1:]), dtype=np.uint8)
+        table = self.table
+        allocated = table is None or table.offsets[self.chunk_map.chunk_of(lo)] >= 0
+        if self.direct and allocated:
+            self.file.read_into(block, int(self.sample_offsets(np.array([lo]))[0]))
+        else:
+            self._images().read_direct(block, np.s_[lo:hi], np.s_[0 : hi - lo])
+        return block
+
+    def _read_blob_bytes(self, begin: int, end: int) -> np.ndarray:
+        data = np.empty(end - begin, dtype=np.uint8)
+        if self.contiguous is not None:
+            self.file.read_into(data, self.contiguous + begin)
+            return data
+        table = self.table
+        if table is not None:
+            step = table.chunk_nbytes
+            chunk = begin // step
+            if (end - 1) // step == chunk and table.offsets[chunk] >= 0:
+                self.file.read_into(data, int(table.offsets[chunk]) + begin - chunk * step)
+                return data
+        stored: np.ndarray = self._images()[begin:end]
+        return stored
