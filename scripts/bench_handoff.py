@@ -76,7 +76,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     after another is colder): the loader, the copies, and the loader with the copy left out
     (what it costs per image besides the copy).
     """
-    import h5pack.read.reader as reader_module
+    from h5pack.read.checks import SampleChecks
 
     loader = make_loader(pack, batch, num_workers=0, threads=2)
     count = len(loader.dataset)
@@ -87,11 +87,11 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     order = rng.permutation(count)
     epoch = [0]
 
-    copy_mapped = reader_module.PackReader._copy_mapped
+    copy_mapped = SampleChecks.copy_mapped
 
     def reads(copy: bool = True) -> float:
         if not copy:  # the loader's own cost per batch: every step but the copy
-            reader_module.PackReader._copy_mapped = _nothing  # type: ignore[method-assign]
+            SampleChecks.copy_mapped = _nothing  # type: ignore[method-assign]
         try:
             images, start = 0, time.process_time()
             for _ in range(epochs):
@@ -101,7 +101,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
                     images += len(labels)
             return images / (time.process_time() - start)
         finally:
-            reader_module.PackReader._copy_mapped = copy_mapped  # type: ignore[method-assign]
+            SampleChecks.copy_mapped = copy_mapped  # type: ignore[method-assign]
 
     def copies() -> float:
         start = time.process_time()
@@ -372,7 +372,7 @@ def floor(pack: Path, rounds: int) -> None:
               f"{[round(v, 1) for v in values]}")  # fmt: skip
 
 
-def _nothing(*args: object) -> None:
+def _nothing(*args: object, **kwargs: object) -> None:
     """No generators prepared: ``plan_crop`` builds each sample's own."""
 
 

@@ -264,7 +264,7 @@ def test_a_v1_pack_is_checked_with_its_crc32(tmp_path, pack):
     copy = tmp_path / "v1.h5"
     shutil.copyfile(pack, copy)
     with PackReader(copy) as reader:  # intact: reads, checked with CRC32
-        assert reader._digest_name == "CRC32"
+        assert reader.checks.digest_name == "CRC32"
         reader.read_stored(np.arange(len(reader)))
     _flip_bit(copy, chunk=0)
     with PackReader(copy) as reader, pytest.raises(FormatError, match=r"v1\.h5"):
@@ -275,7 +275,7 @@ def test_without_xxhash_readers_fall_back_on_crc32(tmp_path, monkeypatch):
     pack = _pack(tmp_path / "p.h5", num=64, chunk_samples=32, compression=Compression(codec="lz4"))
     monkeypatch.setattr(integrity, "has_sample_digest", lambda: False)
     with PackReader(pack) as reader:
-        assert reader._digest_name == "CRC32"
+        assert reader.checks.digest_name == "CRC32"
         reader.read_stored(np.arange(64))
     _flip_bit(pack, chunk=1)
     with PackReader(pack) as reader, pytest.raises(FormatError, match=r"CRC32|cannot be read"):

@@ -255,12 +255,12 @@ def test_a_sample_that_changed_back_is_served_and_the_rest_of_the_batch_too(raw_
     path, images = raw_pack
     with PackReader(path) as reader:
         indices = [5, 0, 23, 9]
-        recorded = reader._recorded.copy()
+        recorded = reader.checks.recorded.copy()
         recorded[0] ^= 1  # the loop's check of sample 0 fails...
-        monkeypatch.setattr(reader, "_recorded", recorded)
+        monkeypatch.setattr(reader.checks, "recorded", recorded)
         checked: list[int] = []
         monkeypatch.setattr(
-            reader, "_verify_one", lambda index, sample, group=None: checked.append(index)
+            reader.checks, "one", lambda index, sample, group=None: checked.append(index)
         )
         out = np.zeros((4, 16, 16, 3), dtype=np.uint8)
         reader.read_into(indices, out)  # ...and its second check (stubbed) passes

@@ -10,7 +10,6 @@ destination, without a window.
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,7 +21,6 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
-from h5pack.core import integrity
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import (
     cache_settings,
@@ -33,6 +31,7 @@ from h5pack.core.layout import (
 )
 from h5pack.core.source import LocalSource, is_url
 from h5pack.errors import FormatError, H5PackError, RemoteError
+from h5pack.read.checks import SampleChecks
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
 from h5pack.read.groups import GroupLoad, GroupWindow, first_appearance
 from h5pack.read.options import ReaderOptions
@@ -97,16 +96,7 @@ class PackReader:
                 meta = fmt.read_meta(probe, self.path)
         fmt.check_identity(self.path, expected, meta.identity)
         self.meta = meta
-        if meta.sample_xxh3 is not None and integrity.has_sample_digest():
-            self._recorded, self._digest_name = meta.sample_xxh3, "XXH3-64"
-            self._digest: Callable[[Any], int] = integrity.sample_digest
-            fast = integrity.contiguous_sample_digest()
-        else:
-            self._recorded, self._digest_name = meta.checksums, "CRC32"
-            self._digest = integrity.crc32
-            fast = zlib.crc32
-        # the same digest for C-contiguous samples, called inline (``sample_checks``)
-        self._contiguous_digest: Callable[[Any], int] = fast or self._digest
+        self.checks = SampleChecks(meta, self._name)
         self.chunk_map = chunk_map_of(meta)
         self.group_bytes = group_bytes(meta)
         self.compressed = is_compressed(meta)
@@ -314,7 +304,7 @@ class PackReader:
         with self._damage("samples"):
             stored = self._read_stored(idx, groups, wanted)
         if self.verify_checksums and not self.compressed:  # compressed: checked at load
-            self._verify(idx, stored)
+            self.checks.many(idx, stored)
         return stored
 
     @contextmanager
@@ -410,15 +400,6 @@ class PackReader:
             return [view.reshape(shape) for view in views]
         return views
 
-    # NOTE [ Checked as copied ]
-    # A mapped raw sample (NOTE [ Mapped raw reads ] in core.source) is checked where its
-    # bytes are first touched: its digest computed on the mapping by the xxhash package (the
-    # cold read), then the sample copied out of the CPU's cache with a memoryview slice
-    # assignment (cheaper in Python than np.copyto's dispatch). The crop path checks its
-    # views inline too (sample_checks: the digest on the mapping, then the box cut from the
-    # cache). A one-pass copy-and-hash in C was measured and retired
-    # (docs/decisions/0001-checked-copy-retired.md); the costs are in BENCHMARKS.md.
-
     def sample_checks(
         self, indices: Sequence[int] | np.ndarray
     ) -> tuple[Callable[[Any], int], list[int]] | None:
@@ -429,10 +410,7 @@ class PackReader:
         on a mismatch call :meth:`verify_sample`, which raises with the message. None
         without ``verify_checksums``. ``indices`` are checked already (``stored_views``).
         """
-        if not self.verify_checksums:
-            return None
-        recorded: list[int] = self._recorded[np.asarray(indices, dtype=np.int64)].tolist()
-        return self._contiguous_digest, recorded
+        return self.checks.inline(indices) if self.verify_checksums else None
 
     def verify_sample(self, index: int, sample: np.ndarray) -> None:
         """Check ``sample`` (stored form) against its recorded digest, with ``verify_checksums``.
@@ -441,38 +419,13 @@ class PackReader:
             FormatError: the bytes do not match their digest.
         """
         if self.verify_checksums:
-            self._verify_one(index, sample)
-
-    def _verify(
-        self,
-        idx: np.ndarray | Sequence[int],
-        samples: Sequence[np.ndarray] | np.ndarray,
-        group: int | None = None,
-    ) -> None:
-        """Raise ``FormatError`` naming the first sample whose digest is not the recorded one."""
-        for i, sample in zip(idx, samples, strict=True):
-            self._verify_one(int(i), sample, group)
-
-    def _verify_one(self, index: int, sample: np.ndarray, group: int | None = None) -> None:
-        got, recorded = self._digest(sample), int(self._recorded[index])
-        if got == recorded:
-            return
-        width = 16 if self._digest_name == "XXH3-64" else 8
-        where = f" in chunk group {group}" if group is not None else ""
-        raise FormatError(
-            f"{self.path}: sample {index} ({self._name(index)}){where} does not match its "
-            f"checksum ({self._digest_name} {got:0{width}x}, recorded {recorded:0{width}x}); "
-            f"the pack is damaged, run `h5pack verify {self.path}`"
-        )
+            self.checks.one(index, sample)
 
     def _verify_group(self, group: int, block: np.ndarray) -> None:
         """Check every sample of a freshly decompressed group (see ``_load_group``)."""
-        lo, hi = int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
-        if self.meta.storage == "array":
-            self._verify(range(lo, hi), block[: hi - lo], group)
-            return
-        for i in range(lo, hi):
-            self._verify_one(i, self.stored.sample_of(group, block, i), group)
+        lo, hi = self.stored.bounds(group)
+        samples = [self.stored.sample_of(group, block, i) for i in range(lo, hi)]
+        self.checks.many(range(lo, hi), samples, group)
 
     def _read_into(
         self, idx: np.ndarray, out: np.ndarray, groups: np.ndarray, wanted: np.ndarray | None
@@ -483,76 +436,24 @@ class PackReader:
                 where = np.flatnonzero(groups == g)
                 out[where] = block[idx[where] - int(self.chunk_map.starts[g])]
             return
-        if self.direct and self.stored.all_allocated:
+        if self.direct and self.stored.all_allocated:  # mapped: NOTE [ Mapped raw reads ]
             offsets = self.stored.sample_offsets(idx)
+            if not offsets.size:
+                return
             # in file order (measured ~15% faster than batch order), each to its place
             order = np.argsort(offsets, kind="stable")
-            source = self.source
-            if offsets.size and isinstance(source, LocalSource):
-                mapped = source.mapped(int(offsets.max()) + self.stored.sample_bytes)
-                into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-                self._copy_mapped(idx, order, offsets[order], mapped, into)
-                if into is not out:
-                    out[...] = into
-                return
-            jobs = list(zip(order.tolist(), offsets[order].tolist(), strict=True))
-            raw_read = self.stored.file.read_into
-            indices = idx.tolist()
-
-            def read(row: np.ndarray, offset: int, pos: int) -> None:
-                raw_read(row, offset)
-                if self.verify_checksums:  # while the sample is still in the CPU's cache
-                    self._verify_one(indices[pos], row)
-
-            parts = self._threads if self._threads > 1 and idx.size >= 2 * self._threads else 1
-            if parts == 1:
-                for pos, offset in jobs:
-                    read(out[pos], offset, pos)
-                return
-            # os.preadv releases the GIL: copies from the page cache run in parallel
-            bounds = np.linspace(0, idx.size, parts + 1).astype(int).tolist()
-
-            def read_part(part: int) -> None:
-                for pos, offset in jobs[bounds[part] : bounds[part + 1]]:
-                    read(out[pos], offset, pos)
-
-            list(self._executor().map(read_part, range(parts)))
+            mapped = self.source.mapped(int(offsets.max()) + self.stored.sample_bytes)
+            into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+            self.checks.copy_mapped(
+                idx, order, offsets[order], mapped, into, check=self.verify_checksums
+            )
+            if into is not out:
+                out[...] = into
             return
         for pos, i in enumerate(idx.tolist()):
             self._images.read_direct(out, np.s_[i : i + 1], np.s_[pos : pos + 1])
         if self.verify_checksums:
-            self._verify(idx, out)
-
-    def _copy_mapped(
-        self,
-        idx: np.ndarray,
-        order: np.ndarray,
-        starts: np.ndarray,
-        mapped: np.ndarray,
-        out: np.ndarray,
-    ) -> None:
-        """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``, checked.
-
-        See ``NOTE [ Checked as copied ]`` (and ``NOTE [ Mapped raw reads ]``): in this
-        thread, each sample's digest computed on the mapping, then the sample copied.
-
-        Raises:
-            FormatError: a sample does not match its digest (named).
-        """
-        size = self.stored.sample_bytes
-        rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
-        positions, offsets = order.tolist(), starts.tolist()
-        checks = self.sample_checks(idx)
-        if checks is None:
-            for pos, at in zip(positions, offsets, strict=True):
-                rows[pos * size : (pos + 1) * size] = source[at : at + size]
-            return
-        digest, recorded_list = checks
-        for pos, at in zip(positions, offsets, strict=True):
-            sample = source[at : at + size]
-            if digest(sample) != recorded_list[pos]:  # the first touch of its bytes
-                self._verify_one(int(idx[pos]), np.frombuffer(sample, dtype=np.uint8))
-            rows[pos * size : (pos + 1) * size] = sample  # out of the CPU's cache
+            self.checks.many(idx, out)
 
     def map_threads(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1.
@@ -652,10 +553,6 @@ class PackReader:
         """``(offsets, sizes)`` of the images' stored chunks, or None off the direct path."""
         table = self.stored.table
         return None if table is None else (table.offsets, table.sizes)
-
-    def use_source(self, source: Any) -> None:
-        """Read the pack's bytes through ``source`` (a ``ByteSource`` wrapping ``self.source``)."""
-        self.stored.use_source(source)
 
     def read_chunk(self, chunk: int) -> list[np.ndarray]:
         """Return the stored form of every sample in group ``chunk``."""

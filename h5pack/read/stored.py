@@ -66,11 +66,6 @@ class StoredImages:
         """Return the ``[lo, hi)`` samples of group ``group``."""
         return int(self.chunk_map.starts[group]), int(self.chunk_map.starts[group + 1])
 
-    def use_source(self, source: Any) -> None:
-        """Read the pack's bytes through ``source`` (a ``ByteSource``)."""
-        self.file.source = source
-        self._fetched.clear()
-
     def plan(self, group: int) -> Plan:
         """Return ``(direct, buffer bytes)`` for loading group ``group`` whole."""
         lo, hi = self.bounds(group)
@@ -142,8 +137,8 @@ class StoredImages:
     # NOTE [ One request per chunk ]: a remote pack's groups are read whole (never one
     # request per sample), and the stored chunks of every group one call misses are fetched
     # together by ``source.read_ranges`` (one ranged GET each, exactly the chunk's bytes,
-    # concurrently), before any is decompressed. ``use_source`` puts a wrapper there (the
-    # planned read-ahead and the disk cache, ``read.planned.PlannedSource``).
+    # concurrently), before any is decompressed; the source may be a wrapper (the planned
+    # read-ahead and the disk cache, ``read.planned.PlannedSource``).
 
     def fetch(self, groups: list[int], plans: list[Plan]) -> None:
         """Fetch the stored chunks of ``groups`` in one ``read_ranges`` (a remote source)."""
