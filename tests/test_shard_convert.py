@@ -160,9 +160,9 @@ from pathlib import Path
 import h5pack.write.shards as shards
 from h5pack import ConvertOptions, convert_set
 
-original = shards.write_files
+original = shards.write_samples
 
-def write_files(target, *args, step, **kwargs):
+def write_samples(target, *args, step, **kwargs):
     def hang(count):
         if target.name.startswith("shard-00001"):
             Path(sys.argv[3]).write_text("in shard 1")
@@ -170,7 +170,7 @@ def write_files(target, *args, step, **kwargs):
         step(count)
     return original(target, *args, step=hang, **kwargs)
 
-shards.write_files = write_files
+shards.write_samples = write_samples
 convert_set(sys.argv[1], sys.argv[2], ConvertOptions(workers=1), shards=3)
 """
 

@@ -1,12 +1,13 @@
-"""``verify --source``: a pack against the folder it was made from, file by file.
+"""``verify --source``: a pack against the source it was made from, sample by sample.
 
-Every file of the folder is accounted for, and each side named:
+Every sample of the source (``write.sources``: a folder...) is accounted for, by its key,
+and each side named:
 
-- *missing*: a sample of the pack whose file is no longer in the folder;
-- *extra*: a file of the folder that is not in the pack and that the conversion did not
-  skip (the pack records the files it skipped, with why);
-- *skipped*: a file of the folder the conversion skipped: accounted for, not a problem;
-- *another label*: the folder (or the labels CSV) gives the file another class;
+- *missing*: a sample of the pack whose key is no longer in the source;
+- *extra*: a sample of the source that is not in the pack and that the conversion did not
+  skip (the pack records the samples it skipped, with why);
+- *skipped*: a sample of the source the conversion skipped: accounted for, not a problem;
+- *another label*: the source (or the labels CSV) gives the sample another class;
 - *changed*: the content differs. Encoded packs compare the stored bytes with the file's
   (re-encoded samples, ``--max-side``, are encoded again the same way, then compared as
   pixels); raw packs decode (and resize, as the pack's options say) the file again and
@@ -25,12 +26,13 @@ import numpy as np
 from h5pack._types import StrPath, parse_choice
 from h5pack.check.report import Problem, VerifyReport
 from h5pack.core import format as fmt
-from h5pack.core.decode import BACKENDS, RESIZE_METHODS, decode_image, load_file
+from h5pack.core.decode import BACKENDS, RESIZE_METHODS, decode_image
 from h5pack.errors import DecodeError
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.write.options import DEFAULT_QUALITY
 from h5pack.write.pipeline import DecodeSpec, Prepared, prepare_sample
-from h5pack.write.scan import SourceFile, scan
+from h5pack.write.sources import Sample, SampleSource, sample_source
+from h5pack.write.sources.base import load
 
 
 @dataclass(frozen=True)
@@ -53,21 +55,21 @@ class SourceShard:
 def compare_source(
     report: VerifyReport,
     shards: Sequence[SourceShard],
-    source: StrPath,
+    source: StrPath | SampleSource,
     *,
     labels_csv: StrPath | None,
     sample: int | None,
     seed: int,
     tolerance: float,
 ) -> VerifyReport:
-    """Return ``report`` with the differences between the packs and their source folder.
+    """Return ``report`` with the differences between the packs and their source.
 
-    Every file of the folder must be in exactly one of ``shards`` (a path held by two is
+    Every sample of the source must be in exactly one of ``shards`` (a path held by two is
     reported by the pack set's own checks; the first holder is compared here). ``sample``
     content comparisons are drawn over all shards together.
     """
-    found = scan(source, labels_csv=labels_csv)
-    in_folder = {f.relative: f for f in found.files}
+    found = sample_source(source, labels_csv=labels_csv)
+    in_folder = {s.key: s for s in found.samples}
     unreadable = {p.path: p.reason for p in found.problems if p.path not in in_folder}
     in_pack: dict[str, tuple[int, int]] = {}
     for number, shard in enumerate(shards):
@@ -170,7 +172,7 @@ def _decode_spec(meta: fmt.PackMeta) -> DecodeSpec:
 
 def _compare_content(
     shard: SourceShard,
-    in_folder: dict[str, SourceFile],
+    in_folder: dict[str, Sample],
     indices: np.ndarray,
     tolerance: float,
 ) -> list[Problem]:
@@ -200,17 +202,17 @@ def _difference(
     spec: DecodeSpec,
     index: int,
     stored: np.ndarray,
-    file: SourceFile,
+    file: Sample,
     tolerance: float,
 ) -> str | None:
-    """Return how sample ``index`` differs from its source ``file``, or None."""
+    """Return how sample ``index`` differs from its source sample ``file``, or None."""
     try:
-        data = load_file(file.path)
+        data = load(file.image)
     except DecodeError as err:
         return f"the source file cannot be read ({err})"
-    if meta.mode == "encoded" and stored.tobytes() == data:
+    if meta.mode == "encoded" and isinstance(data, bytes) and stored.tobytes() == data:
         return None
-    again = prepare_sample(spec, data, file.relative, 0)
+    again = prepare_sample(spec, data, file.key, 0)
     if not isinstance(again, Prepared) or again.data is None:
         return f"the source file does not decode any more ({getattr(again, 'reason', '')})"
     if meta.mode == "encoded":
@@ -224,7 +226,7 @@ def _difference(
         name = f"{meta.path}[{index}]"
         try:
             ours = decode_image(stored.tobytes(), name=name, channels=meta.channels)
-            theirs = decode_image(again.data.tobytes(), name=file.relative, channels=meta.channels)
+            theirs = decode_image(again.data.tobytes(), name=file.key, channels=meta.channels)
         except DecodeError as err:
             return f"cannot be compared ({err})"
         return _pixel_difference(ours, theirs, tolerance)

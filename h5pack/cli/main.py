@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from h5pack.core.format import SkippedFile
     from h5pack.write.options import ConvertOptions
     from h5pack.write.shards import PackSetReport
+    from h5pack.write.sources import SampleSource
 
 __all__ = [
     "LAZY_COMMANDS",
@@ -145,7 +146,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("source", type=click.Path(file_okay=False))
+@click.argument("source", type=click.Path())
 @click.argument("target", type=click.Path())
 @convert_flags
 @click.option(
@@ -176,6 +177,14 @@ def cli() -> None:
     is_flag=True,
     help="Replace TARGET if it exists; for a pack set, replace shards that do not match.",
 )
+@click.option(
+    "--from",
+    "source_kind",
+    default="auto",
+    metavar="KIND",
+    help="What SOURCE is: folder, tar (an uncompressed .tar of a folder, read in place) "
+    "[default: detected from SOURCE].",
+)
 @staging_flag
 @storage_option_flag
 @quiet_flag
@@ -187,11 +196,12 @@ def convert(
     shards: int | None,
     shard: str | None,
     dask_address: str | None,
+    source_kind: str,
     staging_dir: str | None,
     storage_option: tuple[str, ...],
     **flags: Any,
 ) -> None:
-    """Pack the images under SOURCE into the HDF5 file TARGET (or a pack set: --shards).
+    """Pack the images of SOURCE (a folder, a .tar) into the HDF5 file TARGET (or a pack set).
 
     TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
     pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
@@ -200,8 +210,12 @@ def convert(
         "staging_dir": staging_dir,
         "storage_options": parse_storage_options(storage_option),
     }
+    from h5pack.write.sources import sample_source
+
     if shards is None and shard is None and dask_address is None:
-        _convert_one(source, target, overwrite, quiet, options_from_flags(flags), remote)
+        options = options_from_flags(flags)
+        found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
+        _convert_one(found, target, overwrite, quiet, options, remote)
         return
     only = None
     if shard is not None:
@@ -218,6 +232,7 @@ def convert(
     if shards is None:
         raise OptionsError("--dask runs the shards of --shards N: add --shards")
     options = options_from_flags(flags)
+    found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
     if dask_address is not None:
         from h5pack.write.dask import convert_on_dask, dask_client
 
@@ -226,7 +241,7 @@ def convert(
         with cluster as client, progress_for(quiet) as progress:
             report = convert_on_dask(
                 client,
-                source,
+                found,
                 target,
                 options,
                 shards=shards,
@@ -240,7 +255,7 @@ def convert(
 
         with progress_for(quiet) as progress:
             report = convert_set(
-                source,
+                found,
                 target,
                 options,
                 shards=shards,
@@ -254,7 +269,7 @@ def convert(
 
 
 def _convert_one(
-    source: str,
+    source: SampleSource,
     target: str,
     overwrite: bool,
     quiet: bool,

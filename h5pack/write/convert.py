@@ -1,11 +1,11 @@
-"""Streaming, parallel, crash-safe conversion of an image folder (or arrays) into a pack.
+"""Streaming, parallel, crash-safe conversion of a sample source into a pack.
 
-``convert`` scans a folder, chooses the storage (``plan``), decodes in a pool of processes
-(``pipeline``) and lays the samples into whole chunks written once and in order
-(``builder``, ``images``). Everything goes to a hidden temporary file beside the target
-that is renamed into place only when complete; an exception, Ctrl-C or SIGTERM removes
-it, and a SIGKILL leaves nothing under the target's name. ``write_arrays`` packs in-memory
-samples through the same back end.
+``convert`` lists a source (``sources``: a folder, arrays...), chooses the storage
+(``plan``), decodes in a pool of processes (``pipeline``) and lays the samples into whole
+chunks written once and in order (``builder``, ``images``). Everything goes to a hidden
+temporary file beside the target that is renamed into place only when complete; an
+exception, Ctrl-C or SIGTERM removes it, and a SIGKILL leaves nothing under the target's
+name. ``write_arrays`` packs in-memory samples as an ``ArraySource``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.core.fields import LEGACY_FIELDS, Field, columns_of
+from h5pack.core.fields import LEGACY_FIELDS, Field
 from h5pack.core.format import SkippedFile
-from h5pack.errors import DecodeError, H5PackError, OptionsError
+from h5pack.errors import DecodeError, H5PackError
 from h5pack.write.arena import Arena, attachable
 from h5pack.write.builder import (
     ConvertEvent,
@@ -37,7 +37,6 @@ from h5pack.write.builder import (
     Workers,
     build_pack,
     make_report,
-    write_order,
 )
 from h5pack.write.leftovers import describe_removed, remove_leftover_segments, remove_leftovers
 from h5pack.write.options import ConvertOptions
@@ -47,8 +46,6 @@ from h5pack.write.pipeline import (
     make_executor,
     ordered_map,
     prepare_batch,
-    prepare_pixels,
-    prepare_sample,
     probe_batch,
 )
 from h5pack.write.plan import (
@@ -65,14 +62,9 @@ from h5pack.write.publish import (
     check_target,
     sigterm_as_exit,
 )
-from h5pack.write.scan import (
-    ScanResult,
-    SourceFile,
-    file_sizes,
-    group_problems,
-    name_paths,
-    scan,
-)
+from h5pack.write.scan import group_problems, name_paths
+from h5pack.write.sources import ArraySource, Sample, SampleSource, sample_source
+from h5pack.write.sources.base import Image, image_bytes
 from h5pack.write.upload import is_url
 
 __all__ = ["ConvertEvent", "ConvertReport", "convert", "convert_file", "write_arrays"]
@@ -83,7 +75,7 @@ logger = logging.getLogger("h5pack")
 
 
 def convert(
-    source: StrPath,
+    source: StrPath | SampleSource,
     target: StrPath,
     options: ConvertOptions | None = None,
     *,
@@ -93,10 +85,11 @@ def convert(
     storage_options: Mapping[str, str] | None = None,
     staging_dir: StrPath | None = None,
 ) -> ConvertReport:
-    """Pack the image folder ``source`` into the HDF5 file ``target``.
+    """Pack the images of ``source`` into the HDF5 file ``target``.
 
     Args:
-        source: An ImageFolder tree, a flat folder, or any folder with ``labels_csv``.
+        source: A path whose kind is detected (``sources.sample_source``: an ImageFolder
+            tree, a flat folder, or any folder with ``labels_csv``), or a ``SampleSource``.
         target: The pack to write: a path, or a URL (``s3://bucket/key.h5``), where the
             pack is uploaded once complete (NOTE [ Publishing in a bucket ]).
         options: How to convert (default ``ConvertOptions()``).
@@ -138,7 +131,7 @@ def convert(
 
 
 def convert_file(
-    source: StrPath,
+    source: StrPath | SampleSource,
     target: StrPath,
     options: ConvertOptions | None = None,
     *,
@@ -164,7 +157,7 @@ def convert_file(
 
 
 def _convert(
-    source: StrPath,
+    source: StrPath | SampleSource,
     target_path: Path,
     options: ConvertOptions,
     temps: TempFiles,
@@ -174,29 +167,32 @@ def _convert(
     *,
     room: Callable[[int], None] | None = None,
 ) -> ConvertReport:
-    """Scan ``source`` and write the pack (``convert``, inside its lock and signal handler)."""
+    """List ``source`` and write the pack (``convert``, inside its lock and signal handler)."""
     started = time.perf_counter()
-    found, skipped = scan_source(source, options, emit)
-    check_not_a_source(target_path, (f.path for f in found.files))
-    num = len(found.files)
-    order = write_order(num, options)
-    files = [found.files[i] for i in order]
-    workers = options.effective_workers
+    found = sample_source(source, labels_csv=options.labels_csv)
+    skipped = list_source(found, options, emit)
+    check_not_a_source(target_path, found.files())
+    order = found.split(seed=options.seed, shuffle=options.shuffle_samples)
+    samples = [found.samples[i] for i in order]
+    workers = options.effective_workers if found.parallel else 1
     with worker_pool(workers) as executor:
-        sizes = probe_sizes(executor, files, workers, emit, step) if needs_probe(options) else None
+        sizes = (
+            probe_sizes(executor, samples, workers, emit, step) if needs_probe(options) else None
+        )
         plan = plan_storage(
             options,
             sizes,
-            num_samples=num,
-            sample_bytes=lambda limit: file_sizes(files[:limit]),
+            num_samples=len(samples),
+            can_encode=found.encoded,
+            sample_bytes=lambda limit: image_bytes(samples[:limit]),
         )
         emit(ConvertEvent("mode", plan.reason))
-        emit(ConvertEvent("phase", "converting", total=num))
-        published = write_files(
+        emit(ConvertEvent("phase", "converting", total=len(samples)))
+        published = write_samples(
             target_path,
             plan,
-            files,
-            sample_table(files, found.classes, order),
+            samples,
+            sample_table(samples, found.classes, order, found.listing.fields, found.columns(order)),
             options=options,
             executor=executor,
             workers=workers,
@@ -207,52 +203,40 @@ def _convert(
             overwrite=overwrite,
             room=room,
         )
-    return make_report(published, plan, num, skipped, started)
+    return make_report(published, plan, len(samples), skipped, started)
 
 
-def scan_source(
-    source: StrPath, options: ConvertOptions, emit: Callable[[ConvertEvent], None]
-) -> tuple[ScanResult, list[SkippedFile]]:
-    """Scan ``source``; return the scan and the files it left out (announced through ``emit``).
+def list_source(
+    source: SampleSource, options: ConvertOptions, emit: Callable[[ConvertEvent], None]
+) -> list[SkippedFile]:
+    """List ``source``; return the entries it left out (announced through ``emit``).
 
     Raises:
         SourceError: the source is missing or holds no image.
-        DecodeError: with ``strict``, the first file the scan left out.
+        DecodeError: with ``strict``, the first entry the listing left out.
+        OptionsError: the options do not fit the source's samples.
     """
-    found = scan(source, labels_csv=options.labels_csv)
-    labelled = f" in {len(found.classes)} classes" if found.classes else " (unlabelled)"
-    emit(
-        ConvertEvent(
-            "scanned",
-            f"found {len(found.files)} images{labelled} under {found.root}",
-            total=len(found.files),
-        )
-    )
-    if found.unlisted:
-        total = len(found.files) + len(found.unlisted)
-        emit(
-            ConvertEvent(
-                "skipped",
-                f"the labels CSV {options.labels_csv} lists {len(found.files)} of the {total} "
-                f"images under {found.root}: {len(found.unlisted)} left out "
-                f"({name_paths(found.unlisted)}); only listed images are packed",
-            )
-        )
+    num = len(source.samples)
+    source.check(options)
+    labelled = f" in {len(source.classes)} classes" if source.classes else " (unlabelled)"
+    emit(ConvertEvent("scanned", f"found {num} images{labelled} under {source.root}", total=num))
+    for note in source.notes:
+        emit(ConvertEvent("skipped", note))
     skipped: list[SkippedFile] = []
-    # One warning per kind of scan problem (a hundred stray files make one line), every
-    # file recorded.
-    for reason, paths in group_problems(found.problems):
+    # One warning per kind of problem (a hundred stray files make one line), every entry
+    # recorded.
+    for reason, paths in group_problems(source.problems):
         if options.strict:
             _rejecter(options, skipped, emit)(paths[0], reason)
         skipped.extend(SkippedFile(path, reason) for path in paths)
         emit(ConvertEvent("skipped", f"skipped {name_paths(paths)}: {reason}", path=paths[0]))
-    return found, skipped
+    return skipped
 
 
 def _rejecter(
     options: ConvertOptions, skipped: list[SkippedFile], emit: Callable[[ConvertEvent], None]
 ) -> Callable[[str, str], None]:
-    """Return what a conversion does with a file it cannot pack: record it, or stop."""
+    """Return what a conversion does with a sample it cannot pack: record it, or stop."""
 
     def reject(path: str, reason: str) -> None:
         if options.strict:
@@ -269,14 +253,24 @@ def needs_probe(options: ConvertOptions) -> bool:
 
 
 def sample_table(
-    files: Sequence[SourceFile], classes: Sequence[str], order: np.ndarray
+    samples: Sequence[Sample],
+    classes: Sequence[str],
+    order: np.ndarray,
+    fields: tuple[Field, ...] = (),
+    columns: Mapping[str, Any] | None = None,
 ) -> SampleTable:
-    """Return the table of ``files`` (in write order; ``order`` their scan positions)."""
+    """Return the table of ``samples`` in write order.
+
+    ``order`` are their source positions; ``fields`` the stored fields besides image, label
+    and key, with their ``columns`` in write order (``SampleSource.columns``).
+    """
     return SampleTable(
-        labels=np.asarray([f.label for f in files], dtype=np.int64),
+        labels=np.asarray([s.label for s in samples], dtype=np.int64),
         classes=tuple(classes),
-        paths=[f.relative for f in files],
+        paths=[s.key for s in samples],
         source_index=np.asarray(order, dtype=np.int64),
+        fields=(*LEGACY_FIELDS, *fields),
+        columns=dict(columns or {}),
     )
 
 
@@ -299,10 +293,10 @@ def worker_pool(workers: int) -> Iterator[Any]:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def write_files(
+def write_samples(
     target_path: Path,
     plan: StoragePlan,
-    files: Sequence[SourceFile],
+    samples: Sequence[Sample],
     table: SampleTable,
     *,
     options: ConvertOptions,
@@ -316,9 +310,9 @@ def write_files(
     shard: str | None = None,
     room: Callable[[int], None] | None = None,
 ) -> Path:
-    """Decode ``files`` (in write order) in ``executor`` and publish their pack as ``target_path``.
+    """Decode ``samples`` (in write order) in ``executor``; publish their pack as ``target_path``.
 
-    Files that cannot be packed are appended to ``skipped`` (or stop the conversion with
+    Samples that cannot be packed are appended to ``skipped`` (or stop the conversion with
     ``strict``); ``shard`` is the identity a pack set's shard records (JSON text); ``room``
     is called first with the fewest bytes the pack will take (``min_pack_bytes``).
 
@@ -326,7 +320,7 @@ def write_files(
         H5PackError: the pack cannot be written (one line for a full or read-only disk).
     """
     if room is not None:
-        room(min_pack_bytes(plan, files))
+        room(min_pack_bytes(plan, samples))
     reject = _rejecter(options, skipped, emit)
     arenas: list[Arena] = []
     try:
@@ -336,7 +330,7 @@ def write_files(
             if plan.spec.compressed:
                 blocks_arena = _open_arena(executor, workers + 1, block_slot_bytes(plan))
             arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
-        prepared = _prepared(executor, plan, files, samples_arena, workers, reject, step)
+        prepared = _prepared(executor, plan, samples, samples_arena, workers, reject, step)
         published = build_pack(
             target_path,
             plan,
@@ -411,19 +405,19 @@ def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
     return hdf5 + index
 
 
-def min_pack_bytes(plan: StoragePlan, files: Sequence[SourceFile]) -> int:
-    """Return the fewest bytes the pack of ``files`` can take (0 when nothing is sure).
+def min_pack_bytes(plan: StoragePlan, samples: Sequence[Sample]) -> int:
+    """Return the fewest bytes the pack of ``samples`` can take (0 when nothing is sure).
 
     Encoded samples are the files' own bytes; uncompressed fixed-size pixels are their
     array. Compressed pixels can shrink to almost nothing, so they promise no bytes: a
     disk that fills later stops the conversion with one error instead.
     """
     if plan.mode == "encoded":
-        return int(file_sizes(files).sum())
+        return int(image_bytes(samples).sum())
     if plan.spec.compressed:
         return 0
     if plan.spec.sample_shape is not None:
-        return len(files) * math.prod(plan.spec.sample_shape)
+        return len(samples) * math.prod(plan.spec.sample_shape)
     return plan.spec.blob_bytes or 0
 
 
@@ -523,7 +517,7 @@ def _logged(report: ConvertReport) -> ConvertReport:
 def _prepared(
     executor: Any,
     plan: StoragePlan,
-    files: Sequence[Any],
+    samples: Sequence[Sample],
     arena: Arena | None,
     workers: int,
     reject: Callable[[str, str], None],
@@ -534,14 +528,11 @@ def _prepared(
     slots: deque[int | None] = deque()
 
     def tasks() -> Iterator[tuple[Any, ...]]:
-        for lo in range(0, len(files), batch):
+        for lo in range(0, len(samples), batch):
             slot = arena.acquire() if arena is not None else None
             slots.append(slot)
             ref = arena.ref(slot) if arena is not None and slot is not None else None
-            items = [
-                (lo + i, os.fspath(f.path), f.relative)
-                for i, f in enumerate(files[lo : lo + batch])
-            ]
+            items = [(lo + i, s.image, s.key) for i, s in enumerate(samples[lo : lo + batch])]
             yield plan.decode, items, ref
 
     for results in ordered_map(executor, prepare_batch, tasks(), max_in_flight=2 * workers):
@@ -566,17 +557,17 @@ def _prepared(
 
 def probe_sizes(
     executor: Any,
-    files: Sequence[Any],
+    samples: Sequence[Sample],
     workers: int,
     emit: Callable[[ConvertEvent], None],
     step: Callable[[int], None],
 ) -> Counter[tuple[int, int]]:
     """Read every image's (H, W) from its header, in the pool."""
-    emit(ConvertEvent("phase", "reading image sizes", total=len(files)))
+    emit(ConvertEvent("phase", "reading image sizes", total=len(samples)))
     batch = 64
     tasks = (
-        ([(os.fspath(f.path), f.relative) for f in files[lo : lo + batch]],)
-        for lo in range(0, len(files), batch)
+        ([(s.image, s.key) for s in samples[lo : lo + batch]],)
+        for lo in range(0, len(samples), batch)
     )
     sizes: Counter[tuple[int, int]] = Counter()
     for results in ordered_map(executor, probe_batch, tasks, max_in_flight=2 * workers):
@@ -585,12 +576,9 @@ def probe_sizes(
     return sizes
 
 
-Sample = np.ndarray | bytes | bytearray | memoryview
-
-
 def write_arrays(
     target: StrPath,
-    samples: Sequence[Sample],
+    samples: Sequence[Image],
     labels: Sequence[int] | np.ndarray,
     *,
     classes: Sequence[str] = (),
@@ -600,7 +588,7 @@ def write_arrays(
     on_event: Callable[[ConvertEvent], None] | None = None,
     fields: Mapping[str | Field, Any] | None = None,
 ) -> ConvertReport:
-    """Pack in-memory samples through the same back end as ``convert``.
+    """Pack in-memory samples through the same back end as ``convert`` (``ArraySource``).
 
     Samples are HWC (or HW for one channel) uint8 arrays, or encoded image files as bytes.
     Arrays of one size become a raw (N, H, W, C) array (resized first when
@@ -629,143 +617,5 @@ def write_arrays(
         OptionsError: samples, labels, classes, paths or fields do not fit together.
         DecodeError: with ``strict``, bytes that do not decode.
     """
-    started = time.perf_counter()
-    options = options or ConvertOptions()
-    emit = on_event or (lambda event: None)
-    target_path = check_target(target, overwrite=overwrite)
-    remove_leftovers_beside(target_path, emit)
-    num = len(samples)
-    label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
-    names = list(paths) if paths is not None else [f"sample-{i:06d}" for i in range(num)]
-    if label_array.size != num or len(names) != num:
-        raise OptionsError(
-            f"samples, labels and paths should have one entry each, but got {num} samples, "
-            f"{label_array.size} labels and {len(names)} paths"
-        )
-    if num == 0:
-        raise OptionsError("samples should not be empty")
-    classes = tuple(classes) or tuple(str(i) for i in range(int(label_array.max()) + 1))
-    if label_array.min() < -1 or label_array.max() >= len(classes):
-        raise OptionsError(
-            f"labels should be -1 or index the {len(classes)} classes, but got labels in "
-            f"{label_array.min()}..{label_array.max()}"
-        )
-    extra, columns = columns_of(fields or {}, num)
-    kinds = {isinstance(s, np.ndarray) for s in samples}
-    if len(kinds) > 1:
-        raise OptionsError("samples should be all arrays or all encoded bytes, not a mix")
-    arrays = kinds == {True}
-    if arrays:
-        _check_arrays(samples, options.channels)
-        if options.mode == "encoded":
-            raise OptionsError("mode 'encoded' needs encoded bytes; these samples are arrays")
-    sizes = None
-    if options.mode != "encoded" and options.size is None:
-        sizes = _sizes_of(samples, names)
-    plan = plan_storage(
-        options,
-        sizes,
-        num_samples=num,
-        can_encode=not arrays,
-        sample_bytes=lambda limit: np.asarray(
-            [_nbytes(samples[i]) for i in write_order(num, options)[:limit]], dtype=np.int64
-        ),
-    )
-    emit(ConvertEvent("mode", plan.reason))
-    order = write_order(num, options)
-    skipped: list[SkippedFile] = []
-
-    def prepared() -> Iterator[Prepared]:
-        for pos, index in enumerate(order):
-            sample, name = samples[index], names[index]
-            if isinstance(sample, np.ndarray):
-                result = _prepare_array(plan, sample, name, pos)
-            else:
-                result = prepare_sample(plan.decode, bytes(sample), name, pos)
-            if isinstance(result, Rejected):
-                if options.strict:
-                    raise DecodeError(f"{name}: {result.reason}")
-                skipped.append(SkippedFile(name, result.reason))
-                emit(ConvertEvent("skipped", f"skipped {name}: {result.reason}", path=name))
-            else:
-                yield result
-
-    executor = make_executor(1)
-    with sigterm_as_exit(), TempFiles(target_path) as temps:
-        table = SampleTable(
-            labels=label_array[order],
-            classes=tuple(classes),
-            paths=[names[i] for i in order],
-            source_index=order,
-            fields=(*LEGACY_FIELDS, *extra),
-            columns={f.name: f.take(columns[f.name], order) for f in extra},
-        )
-        try:
-            published = build_pack(
-                target_path,
-                plan,
-                _room_checked(prepared(), table, plan, target_path, temps, in_flight=1),
-                table,
-                options=options,
-                workers=Workers(executor, 1),
-                temps=temps,
-                skipped=skipped,
-                emit=emit,
-                overwrite=overwrite,
-            )
-        except H5PackError as err:
-            clean = _disk_error(err, target_path)
-            if clean is None:
-                raise
-            raise clean from err
-        temps.release_reserved(published)
-        report = make_report(published, plan, num, skipped, started)
-    return _logged(report)
-
-
-def _nbytes(sample: Sample) -> int:
-    return sample.nbytes if isinstance(sample, np.ndarray | memoryview) else len(sample)
-
-
-def _check_arrays(samples: Sequence[Sample], channels: int) -> None:
-    for i, sample in enumerate(samples):
-        assert isinstance(sample, np.ndarray)
-        shape_ok = sample.ndim == 3 and sample.shape[2] == channels
-        shape_ok = shape_ok or (sample.ndim == 2 and channels == 1)
-        if sample.dtype != np.uint8 or not shape_ok or 0 in sample.shape:
-            raise OptionsError(
-                f"samples[{i}] should be an HWC uint8 array with {channels} channel(s), but "
-                f"got shape {sample.shape} and dtype {sample.dtype}"
-            )
-
-
-def _sizes_of(samples: Sequence[Sample], names: Sequence[str]) -> Counter[tuple[int, int]]:
-    from h5pack.core.decode import probe_size
-
-    sizes: Counter[tuple[int, int]] = Counter()
-    for sample, name in zip(samples, names, strict=True):
-        if isinstance(sample, np.ndarray):
-            sizes[(int(sample.shape[0]), int(sample.shape[1]))] += 1
-            continue
-        with contextlib.suppress(DecodeError):
-            h, w = probe_size(bytes(sample), name=name)
-            sizes[(int(h), int(w))] += 1
-    return sizes
-
-
-def _prepare_array(
-    plan: StoragePlan, sample: np.ndarray, name: str, pos: int
-) -> Prepared | Rejected:
-    image = sample if sample.ndim == 3 else sample[:, :, None]
-    if plan.decode.size is not None and image.shape[:2] != plan.decode.size:
-        from h5pack.core.decode import resize_image
-
-        image = resize_image(
-            image,
-            plan.decode.size,
-            method=plan.decode.resize,
-            backend=plan.decode.backend,
-        )
-        if image.ndim == 2:
-            image = image[:, :, None]
-    return prepare_pixels(plan.decode, image, name, pos)
+    source = ArraySource(samples, labels, classes=classes, paths=paths, fields=fields)
+    return convert_file(source, target, options, overwrite=overwrite, on_event=on_event)

@@ -1,11 +1,11 @@
 """Sharded conversion on a Dask cluster: one task per shard, the manifest on the client.
 
-The client scans the folder once and splits it (``shards.split_source``); image sizes, when
+The client lists the source once and splits it (``shards.split_source``); image sizes, when
 the plan needs them, are probed by one Dask task per shard. Each shard is then one task
-that receives everything it needs (its files in write order, their scan positions, the
+that receives everything it needs (its samples in write order, their source positions, the
 global classes, the options, the sizes: ``shards.ShardTask``) and writes its pack beside
 the others, with the same reuse check and atomic publish as ``convert_set``. The client
-writes the manifest once every task is done. Workers must see the source folder and the
+writes the manifest once every task is done. Workers must see the source's files and the
 output directory at the same paths as the client (a shared file system).
 
 NOTE [ One shard per Dask worker process ]: a task converts in its worker's process
@@ -48,6 +48,8 @@ from h5pack.write.shards import (
     split_source,
     write_shard,
 )
+from h5pack.write.sources import SampleSource
+from h5pack.write.sources.base import Image
 from h5pack.write.upload import is_url
 
 __all__ = ["convert_on_dask", "dask_client"]
@@ -105,8 +107,8 @@ def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
         yield client
 
 
-def probe_files(items: list[tuple[str, str]]) -> Counter[tuple[int, int]]:
-    """Return how many of the ``(path, relative path)`` images have each (H, W) (a Dask task)."""
+def probe_files(items: list[tuple[Image, str]]) -> Counter[tuple[int, int]]:
+    """Return how many of the ``(image, key)`` samples have each (H, W) (a Dask task)."""
     sizes: Counter[tuple[int, int]] = Counter()
     for lo in range(0, len(items), 64):
         sizes.update(size for size in probe_batch(items[lo : lo + 64]) if size is not None)
@@ -133,7 +135,7 @@ def _ignore(_: Any) -> None:
 
 def convert_on_dask(
     client: Any,
-    source: StrPath,
+    source: StrPath | SampleSource,
     out_dir: StrPath,
     options: ConvertOptions | None = None,
     *,
@@ -149,7 +151,7 @@ def convert_on_dask(
     Args:
         client: A ``distributed.Client``; its workers must see ``source`` and ``out_dir``
             at the same paths.
-        source: The image folder.
+        source: A path or a ``SampleSource``, as for ``convert``.
         out_dir: The pack set's directory, or a prefix in a bucket (``s3://bucket/set/``):
             each task then writes its shard in a staging directory of its own machine and
             uploads it; the client uploads the manifest.
@@ -184,14 +186,13 @@ def convert_on_dask(
         remove_leftovers_beside(out / shard_name(0, shards), emit)
     else:
         out = remote.prepare(shards, options, overwrite=overwrite)
-    split = split_source(os.path.abspath(source), options, shards, emit)
+    split = split_source(source, options, shards, emit)
     sizes: Counter[tuple[int, int]] | None = None
     if needs_probe(options):
         emit(ConvertEvent("note", f"reading image sizes in {shards} Dask tasks"))
         slices = []
         for i in range(shards):
-            lo, hi = split.bounds(i)
-            slices.append([(os.fspath(f.path), f.relative) for f in split.files[lo:hi]])
+            slices.append([(s.image, s.key) for s in split.samples(i)])
         sizes = sum(client.gather(client.map(probe_files, slices, pure=False)), Counter())
     estimate = split.estimate_bytes()
     tasks = [
@@ -205,9 +206,9 @@ def convert_on_dask(
         )
         for i in range(shards)
     ]
-    reason = plan_reason(tasks[0], len(split.files))
+    reason = plan_reason(tasks[0], len(split))
     emit(ConvertEvent("mode", reason))
-    emit(ConvertEvent("phase", f"converting {shards} shards on Dask", total=len(split.files)))
+    emit(ConvertEvent("phase", f"converting {shards} shards on Dask", total=len(split)))
     futures = client.map(run_shard, tasks, pure=False)
     reports: dict[int, ShardReport] = {}
     try:
@@ -223,7 +224,7 @@ def convert_on_dask(
     return PackSetReport(
         root=remote.prefix_url if remote is not None else os.fspath(out),
         num_shards=shards,
-        num_found=len(split.files),
+        num_found=len(split),
         shards=tuple(reports[i] for i in sorted(reports)),
         manifest=manifest,
         missing=missing,

@@ -34,6 +34,7 @@ from h5pack.core.format import Mode, checksum
 from h5pack.errors import DecodeError
 from h5pack.write.arena import SlotRef, slot_array
 from h5pack.write.images import ImagesSpec
+from h5pack.write.sources.base import Image, load
 
 # A stored chunk: (chunk offset, filter mask, its bytes or their (offset, size) in a slot).
 StoredChunk = tuple[tuple[int, ...], int, "bytes | tuple[int, int]"]
@@ -101,8 +102,10 @@ def _reason(err: Exception, name: str) -> str:
     return text
 
 
-def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepared | Rejected:
-    """Decode (and for raw mode resize) one image file's bytes into its stored form.
+def prepare_sample(
+    spec: DecodeSpec, data: bytes | np.ndarray, name: str, pos: int
+) -> Prepared | Rejected:
+    """Decode (and for raw mode resize) one image's bytes, or pixels, into its stored form.
 
     Encoded files are decoded in full too (a pack promises that every sample decodes);
     only those that ``max_side`` re-encodes keep their pixels.
@@ -113,10 +116,16 @@ def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepar
         decoded_size,
         probe_size,
         reencode_jpeg,
+        resize_image,
     )
 
     try:
-        if spec.mode == "encoded":
+        if isinstance(data, np.ndarray):
+            image = data if data.ndim == 3 else data[:, :, None]
+            if spec.size is not None and image.shape[:2] != spec.size:
+                image = resize_image(image, spec.size, method=spec.resize, backend=spec.backend)
+                image = image if image.ndim == 3 else image[:, :, None]
+        elif spec.mode == "encoded":
             h, w = decoded_size(data, name=name, backend=spec.backend, channels=spec.channels)
             shape = (h, w, spec.channels)
             if spec.max_side is not None and max(shape[:2]) > spec.max_side:
@@ -124,7 +133,7 @@ def prepare_sample(spec: DecodeSpec, data: bytes, name: str, pos: int) -> Prepar
                 data = reencode_jpeg(image, quality=spec.quality, max_side=spec.max_side)
                 shape = (*probe_size(data, name=name), spec.channels)
             return Prepared(pos, np.frombuffer(data, dtype=np.uint8), shape, checksum(data))
-        if spec.size is not None:
+        elif spec.size is not None:
             image = decode_resized(
                 data,
                 spec.size,
@@ -158,24 +167,22 @@ def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> 
 
 
 def prepare_batch(
-    spec: DecodeSpec, items: list[tuple[int, str, str]], slot: SlotRef | None = None
+    spec: DecodeSpec, items: list[tuple[int, Image, str]], slot: SlotRef | None = None
 ) -> list[Prepared | Rejected]:
-    """Stage 1: prepare ``(pos, file path, relative path)`` items, in order.
+    """Stage 1: prepare ``(pos, image, key)`` items (``sources.Sample``), in order.
 
     With a ``slot``, stored bytes go there (as long as they fit) instead of the pipe.
     """
-    from h5pack.core.decode import load_file
-
     room = slot_array(slot) if slot is not None else None
     cursor = 0
     out: list[Prepared | Rejected] = []
-    for pos, path, relative in items:
+    for pos, image, key in items:
         try:
-            data = load_file(path)
+            data = load(image)
         except DecodeError as err:
-            out.append(Rejected(pos, relative, _reason(err, path)))
+            out.append(Rejected(pos, key, _reason(err, getattr(image, "path", key))))
             continue
-        result = prepare_sample(spec, data, relative, pos)
+        result = prepare_sample(spec, data, key, pos)
         if room is not None and isinstance(result, Prepared) and result.data is not None:
             size = result.data.nbytes
             if cursor + size <= room.size:
@@ -186,14 +193,15 @@ def prepare_batch(
     return out
 
 
-def probe_batch(items: list[tuple[str, str]]) -> list[tuple[int, int] | None]:
-    """Return each ``(file path, relative path)``'s (H, W) from its header, None if unreadable."""
-    from h5pack.core.decode import load_file, probe_size
+def probe_batch(items: list[tuple[Image, str]]) -> list[tuple[int, int] | None]:
+    """Return each ``(image, key)``'s (H, W) from its header, None if unreadable."""
+    from h5pack.core.decode import probe_size
 
     out: list[tuple[int, int] | None] = []
-    for path, relative in items:
+    for image, key in items:
         try:
-            h, w = probe_size(load_file(path), name=relative)
+            data = load(image)
+            h, w = data.shape[:2] if isinstance(data, np.ndarray) else probe_size(data, name=key)
         except DecodeError:
             out.append(None)
         else:

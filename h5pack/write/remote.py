@@ -41,6 +41,7 @@ from h5pack.write.leftovers import describe_removed
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import meta_problems, set_manifest
 from h5pack.write.publish import sigterm_as_exit
+from h5pack.write.sources import SampleSource
 from h5pack.write.upload import Bucket, RemoteObject, Staging, describe_swept
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def check_pack_url(url: str) -> str:
 
 
 def convert_to_url(
-    source: StrPath,
+    source: StrPath | SampleSource,
     url: str,
     options: ConvertOptions | None = None,
     *,

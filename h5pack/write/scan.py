@@ -54,7 +54,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 import numpy as np
 
@@ -64,6 +64,8 @@ from h5pack.errors import OptionsError, SourceError
 
 FolderLayout = Literal["auto", "imagefolder", "flat"]
 FOLDER_LAYOUTS: tuple[FolderLayout, ...] = get_args(FolderLayout)
+
+T = TypeVar("T")
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
@@ -207,6 +209,29 @@ def scan(
         return _scan_csv(root, Path(labels_csv))
 
     found, problems = _walk(root)
+    labelled, classes = label_by_folder(root, found, problems, layout)
+    files = [SourceFile(path, rel, label) for rel, path, label in labelled]
+    return ScanResult(root=root, files=tuple(files), classes=classes, problems=tuple(problems))
+
+
+def label_by_folder(
+    root: object, found: list[tuple[str, T]], problems: list[SkippedFile], layout: FolderLayout
+) -> tuple[list[tuple[str, T, int]], tuple[str, ...]]:
+    """Label the images ``found`` under ``root`` by their top-level folder (the module's rules).
+
+    Args:
+        root: The folder (or archive) named in messages.
+        found: ``(relative path, where it is)`` of every image candidate.
+        problems: The listing's problems; loose images of an ImageFolder tree are added, and
+            the list is sorted.
+        layout: ``"auto"``, ``"imagefolder"`` or ``"flat"``.
+
+    Returns:
+        ``(relative, where, label)`` sorted by path, and the class names.
+
+    Raises:
+        SourceError: no images, no class folders, or as many loose images as nested ones.
+    """
     if not found:
         raise SourceError(_no_images_message(root, problems))
     loose = [rel for rel, _ in found if "/" not in rel]
@@ -220,7 +245,7 @@ def scan(
             layout = "imagefolder"
 
     if layout == "flat":
-        files = [SourceFile(path, rel, -1) for rel, path in found]
+        labelled = [(rel, where, -1) for rel, where in found]
         classes: tuple[str, ...] = ()
     else:
         problems.extend(SkippedFile(rel, LOOSE_REASON) for rel in loose)
@@ -231,15 +256,13 @@ def scan(
                 "class's images in a folder named after the class"
             )
         ids = {name: i for i, name in enumerate(classes)}
-        files = [
-            SourceFile(path, rel, ids[rel.split("/", 1)[0]]) for rel, path in found if "/" in rel
-        ]
-    files.sort(key=lambda f: path_sort_key(f.relative))
+        labelled = [(rel, where, ids[rel.split("/", 1)[0]]) for rel, where in found if "/" in rel]
+    labelled.sort(key=lambda item: path_sort_key(item[0]))
     problems.sort(key=lambda p: path_sort_key(p.path))
-    return ScanResult(root=root, files=tuple(files), classes=classes, problems=tuple(problems))
+    return labelled, classes
 
 
-def _ambiguous_message(root: Path, loose: list[str], nested: list[str]) -> str:
+def _ambiguous_message(root: object, loose: list[str], nested: list[str]) -> str:
     first_loose = min(loose, key=path_sort_key)
     first_nested = min(nested, key=path_sort_key)
     return (
@@ -289,7 +312,7 @@ def name_paths(paths: Sequence[str], *, limit: int = 5) -> str:
     return f"{shown} and {rest} more" if rest > 0 else shown
 
 
-def _no_images_message(root: Path, problems: list[SkippedFile]) -> str:
+def _no_images_message(root: object, problems: list[SkippedFile]) -> str:
     extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
     message = (
         f"no images found under {root} (looked for {extensions}, in any case; hidden files "

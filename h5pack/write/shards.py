@@ -1,12 +1,13 @@
-"""Sharded conversion: an image folder into a pack set (shard packs and a manifest).
+"""Sharded conversion: a sample source into a pack set (shard packs and a manifest).
 
-The split is a pure function of the sorted scan and the seed (``core.packset``): the write
-order of a plain conversion is cut into ``num_shards`` consecutive slices, shard ``i``
-taking ``shard_slice(N, i, num_shards)``. So processes that see the same folder (a
+The split is a pure function of the source's sorted samples and the seed
+(``SampleSource.split``): the write order of a plain conversion is cut into ``num_shards``
+consecutive slices, shard ``i`` taking ``shard_slice(N, i, num_shards)``. So processes
+that see the same source (a
 ``--shards N`` run here, ``--shard I/N`` tasks of a Slurm array or torchrun ranks, Dask
 tasks) build shards that together hold every image exactly once, shuffled globally, with
-the global class list in every shard and ``source_index`` in global scan positions. Files
-that the scan leaves out (stray files...) are recorded in shard 0 only, so the union of
+the global class list in every shard and ``source_index`` in global source positions.
+Entries that the listing leaves out (stray files...) are recorded in shard 0 only, so the union of
 the shards' skipped lists is the conversion's.
 
 Every shard is published like a pack of ``convert`` (a temporary file renamed into place
@@ -21,7 +22,7 @@ live in ``write/packset.py``.
 NOTE [ One plan for every shard ]: the storage (mode, array or blob, chunk shape, a blob's
 chunk bytes) is planned once from the whole folder, not per shard, so that every shard of
 a set has the same storage (readers and ``merge`` need it): image sizes are probed over all
-files (pass ``--size`` or ``--mode encoded`` to skip the probe), chunk rows are sized for
+samples (pass ``--size`` or ``--mode encoded`` to skip the probe), chunk rows are sized for
 the largest shard, and a blob's chunk from the first files of the global write order.
 """
 
@@ -47,22 +48,23 @@ from h5pack.core.packset import (
     slice_fingerprint,
 )
 from h5pack.errors import OptionsError, TargetExistsError
-from h5pack.write.builder import ConvertEvent, write_order
+from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import (
+    list_source,
     needs_probe,
     probe_sizes,
     remove_leftovers_beside,
     sample_table,
-    scan_source,
     worker_pool,
-    write_files,
+    write_samples,
 )
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import finish_set, prepare_out_dir, shard_problems
 from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
 from h5pack.write.remote import RemoteSet, RemoteShard
-from h5pack.write.scan import SourceFile, file_sizes
+from h5pack.write.sources import Sample, SampleSource, sample_source
+from h5pack.write.sources.base import FileRange, image_bytes
 from h5pack.write.upload import is_url
 
 __all__ = ["PackSetReport", "ShardReport", "ShardTask", "SourceSplit", "convert_set"]
@@ -80,10 +82,10 @@ class ShardReport:
         path: Its pack.
         status: ``"written"`` by this run, or ``"reused"`` (it was there and matched).
         num_samples: Samples it holds.
-        num_planned: Files of its slice.
+        num_planned: Samples of its slice.
         file_bytes: Its size.
         elapsed_s: Time spent on it in this run.
-        skipped: Files of its slice left out (shard 0: the scan's problems too).
+        skipped: Samples of its slice left out (shard 0: the listing's problems too).
     """
 
     index: int
@@ -103,7 +105,7 @@ class PackSetReport:
     Attributes:
         root: The pack set's directory.
         num_shards: Shards of the split.
-        num_found: Files found by the scan.
+        num_found: Samples found in the source.
         shards: The shards this run handled, in order.
         manifest: The manifest's path, or None while shards are missing.
         missing: Shards not (yet) there or not matching this split (none once complete).
@@ -144,15 +146,15 @@ class ShardTask:
     Attributes:
         target: The shard's pack.
         identity: Its place in the split.
-        files: Its files, in write order.
-        positions: Their positions in the global sorted scan.
+        samples: Its samples, in write order.
+        positions: Their positions in the source's order.
         classes: The global class list.
         options: The conversion options.
-        sizes: Image sizes over the whole folder (None when not needed).
-        estimate_bytes: File sizes of the first files of the global write order (a blob's
-            chunk is chosen from them), or None.
+        sizes: Image sizes over the whole source (None when not needed).
+        estimate_bytes: Image bytes of the first samples of the global write order (a
+            blob's chunk is chosen from them), or None.
         plan_samples: Samples of the largest shard (chunk rows are sized for it).
-        problems: The scan's problems (shard 0), else empty.
+        problems: The listing's problems (shard 0), else empty.
         overwrite: Replace a shard that does not match.
         remote: Where the shard is published when the set is in a bucket (``target`` then
             only gives its name), else None.
@@ -160,7 +162,7 @@ class ShardTask:
 
     target: Path
     identity: ShardIdentity
-    files: tuple[SourceFile, ...]
+    samples: tuple[Sample, ...]
     positions: np.ndarray
     classes: tuple[str, ...]
     options: ConvertOptions
@@ -171,15 +173,19 @@ class ShardTask:
     overwrite: bool
     remote: RemoteShard | None = None
 
+    def files(self) -> list[Path]:
+        """Return the local files its samples are read from (a target must be none of them)."""
+        return [Path(s.image.path) for s in self.samples if isinstance(s.image, FileRange)]
+
     def plan(self) -> StoragePlan:
         """Return the storage of the shard (the same for every shard of the set)."""
 
         def sample_bytes(limit: int | None) -> np.ndarray:
-            if limit is None:  # a contiguous blob's length: this shard's files
-                return file_sizes(self.files)
+            if limit is None:  # a contiguous blob's length: this shard's samples
+                return image_bytes(self.samples)
             if self.estimate_bytes is not None:
                 return self.estimate_bytes[:limit]
-            return file_sizes(self.files[:limit])
+            return image_bytes(self.samples[:limit])
 
         return plan_storage(
             self.options, self.sizes, num_samples=self.plan_samples, sample_bytes=sample_bytes
@@ -188,49 +194,52 @@ class ShardTask:
 
 @dataclass(frozen=True, kw_only=True)
 class SourceSplit:
-    """A scanned folder and its split into shards (what every shard is computed from).
+    """A listed source and its split into shards (what every shard is computed from).
 
     Attributes:
-        root: The scanned folder.
-        files: Every file, in the global write order.
-        order: Their positions in the sorted scan.
-        classes: The global class list.
-        problems: Files the scan left out.
+        source: The source, listed.
+        problems: Entries its listing left out.
         num_shards: Shards of the split.
         options: The conversion options.
     """
 
-    root: Path
-    files: tuple[SourceFile, ...]
-    order: np.ndarray
-    classes: tuple[str, ...]
+    source: SampleSource
     problems: tuple[SkippedFile, ...]
     num_shards: int
     options: ConvertOptions
 
-    def bounds(self, index: int) -> tuple[int, int]:
-        """Return the write-order positions ``[lo, hi)`` of shard ``index``."""
-        return shard_slice(len(self.files), index, self.num_shards)
+    def __len__(self) -> int:
+        return len(self.source.samples)
+
+    def positions(self, index: int = 0, num_shards: int = 1) -> np.ndarray:
+        """Return the source positions of shard ``index`` of ``num_shards``, in write order."""
+        seed, shuffle = self.options.seed, self.options.shuffle_samples
+        return self.source.split(index, num_shards, seed=seed, shuffle=shuffle)
+
+    def samples(self, index: int) -> tuple[Sample, ...]:
+        """Return shard ``index``'s samples, in write order."""
+        every = self.source.samples
+        return tuple(every[i] for i in self.positions(index, self.num_shards))
 
     def identity(self, index: int) -> ShardIdentity:
         """Return the identity shard ``index`` records."""
-        lo, hi = self.bounds(index)
-        files = self.files[lo:hi]
+        samples = self.samples(index)
         return ShardIdentity(
             index=index,
             num_shards=self.num_shards,
             seed=self.options.seed,
             shuffled=self.options.shuffle_samples,
-            num_found=len(self.files),
-            num_planned=hi - lo,
-            slice_crc32=slice_fingerprint((f.label for f in files), (f.relative for f in files)),
+            num_found=len(self),
+            num_planned=len(samples),
+            slice_crc32=slice_fingerprint((s.label for s in samples), (s.key for s in samples)),
         )
 
     def estimate_bytes(self) -> np.ndarray | None:
-        """Return the file sizes a blob's chunk is chosen from (NOTE [ One plan ... ])."""
+        """Return the image bytes a blob's chunk is chosen from (NOTE [ One plan ... ])."""
         if self.options.size is not None:
             return None  # an array: no blob
-        return file_sizes(self.files[:ESTIMATE_SAMPLES])
+        every = self.source.samples
+        return image_bytes(every[i] for i in self.positions()[:ESTIMATE_SAMPLES])
 
     def task(
         self,
@@ -243,17 +252,16 @@ class SourceSplit:
         remote: RemoteShard | None = None,
     ) -> ShardTask:
         """Return shard ``index``'s task."""
-        lo, hi = self.bounds(index)
         return ShardTask(
             target=out_dir / shard_name(index, self.num_shards),
             identity=self.identity(index),
-            files=self.files[lo:hi],
-            positions=self.order[lo:hi],
-            classes=self.classes,
+            samples=self.samples(index),
+            positions=self.positions(index, self.num_shards),
+            classes=self.source.classes,
             options=self.options,
             sizes=sizes,
             estimate_bytes=estimate_bytes,
-            plan_samples=-(-len(self.files) // self.num_shards),
+            plan_samples=-(-len(self) // self.num_shards),
             problems=self.problems if index == 0 else (),
             overwrite=overwrite,
             remote=remote,
@@ -261,35 +269,29 @@ class SourceSplit:
 
 
 def split_source(
-    source: StrPath, options: ConvertOptions, num_shards: int, emit: Emit
+    source: StrPath | SampleSource, options: ConvertOptions, num_shards: int, emit: Emit
 ) -> SourceSplit:
-    """Scan ``source`` and split its write order into ``num_shards`` shards.
+    """List ``source`` and split its write order into ``num_shards`` shards.
 
     Raises:
         OptionsError: more shards than images.
         SourceError: the source is missing or holds no image.
     """
-    found, skipped = scan_source(source, options, emit)
-    num = len(found.files)
+    found = sample_source(source, labels_csv=options.labels_csv)
+    skipped = list_source(found, options, emit)
+    num = len(found.samples)
     if num_shards > num:
         raise OptionsError(
             f"--shards {num_shards} is more than the {num} images found under {found.root}: "
             f"use at most {num} shards"
         )
-    order = write_order(num, options)
     return SourceSplit(
-        root=found.root,
-        files=tuple(found.files[i] for i in order),
-        order=order,
-        classes=tuple(found.classes),
-        problems=tuple(skipped),
-        num_shards=num_shards,
-        options=options,
+        source=found, problems=tuple(skipped), num_shards=num_shards, options=options
     )
 
 
 def convert_set(
-    source: StrPath,
+    source: StrPath | SampleSource,
     out_dir: StrPath,
     options: ConvertOptions | None = None,
     *,
@@ -301,10 +303,10 @@ def convert_set(
     storage_options: Mapping[str, str] | None = None,
     staging_dir: StrPath | None = None,
 ) -> PackSetReport:
-    """Pack the image folder ``source`` into a pack set of ``shards`` shards in ``out_dir``.
+    """Pack the images of ``source`` into a pack set of ``shards`` shards in ``out_dir``.
 
     Args:
-        source: An image folder, as for ``convert``.
+        source: A path or a ``SampleSource``, as for ``convert``.
         out_dir: The pack set's directory (created if missing; its parent must exist), or
             a prefix in a bucket (``s3://bucket/set/``): each shard is written locally,
             then uploaded, the manifest last (NOTE [ Publishing in a bucket ]).
@@ -348,7 +350,7 @@ def convert_set(
     with worker_pool(workers) as executor:
         sizes = None
         if needs_probe(options):
-            sizes = probe_sizes(executor, split.files, workers, emit, step)
+            sizes = probe_sizes(executor, split.source.samples, workers, emit, step)
         estimate = split.estimate_bytes()
         tasks = [
             split.task(
@@ -361,7 +363,7 @@ def convert_set(
             )
             for i in indices
         ]
-        reason = plan_reason(tasks[0], len(split.files))
+        reason = plan_reason(tasks[0], len(split))
         emit(ConvertEvent("mode", reason))
         for task in tasks:
             report, meta = write_shard(
@@ -381,7 +383,7 @@ def convert_set(
     return PackSetReport(
         root=remote.prefix_url if remote is not None else os.fspath(out),
         num_shards=shards,
-        num_found=len(split.files),
+        num_found=len(split),
         shards=tuple(reports),
         manifest=manifest,
         missing=missing,
@@ -455,19 +457,19 @@ def convert_shard_file(
 ) -> PackMeta:
     """Convert shard ``task`` into the local file ``target`` (replacing one); return its meta.
 
-    ``room`` is ``write_files``'s check of the space the pack needs.
+    ``room`` is ``write_samples``'s check of the space the pack needs.
     """
     identity = task.identity
     where = f"shard {identity.index}/{identity.num_shards}"
-    emit(ConvertEvent("phase", f"{where}: converting", total=len(task.files)))
+    emit(ConvertEvent("phase", f"{where}: converting", total=len(task.samples)))
     skipped = list(task.problems)
     with sigterm_as_exit(), TempFiles(target) as temps:
-        check_not_a_source(target, (f.path for f in task.files))
-        write_files(
+        check_not_a_source(target, task.files())
+        write_samples(
             target,
             task.plan(),
-            task.files,
-            sample_table(task.files, task.classes, task.positions),
+            task.samples,
+            sample_table(task.samples, task.classes, task.positions),
             options=task.options,
             executor=executor,
             workers=workers,
@@ -524,12 +526,17 @@ def finish_manifest(
         return remote.finish(
             identities=identities,
             options=options,
-            classes=split.classes,
+            classes=split.source.classes,
             metas=metas,
             sizes=sizes,
             emit=emit,
         )
     written, missing = finish_set(
-        out, identities=identities, options=options, classes=split.classes, metas=metas, emit=emit
+        out,
+        identities=identities,
+        options=options,
+        classes=split.source.classes,
+        metas=metas,
+        emit=emit,
     )
     return (os.fspath(written) if written is not None else None), missing

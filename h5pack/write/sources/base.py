@@ -1,0 +1,285 @@
+"""What a conversion reads: a ``SampleSource`` of keyed samples, whatever the input.
+
+NOTE [ Sample sources ]: convert, ``--shards``, ``--dask`` and ``verify --source`` see
+every input through this one interface (webdataset's ``tariterators`` and litdata's
+``readers`` are the models). A source lists its samples in a deterministic order, each a
+``Sample``: its ``key`` (its name in the source: a relative path, an archive member), the
+``image`` to decode (encoded bytes, decoded pixels, or a ``FileRange`` of a local file that
+a worker process reads itself, so that reading runs in parallel too) and its other
+``fields`` already parsed (``{"label": 3}``). Entries that cannot be samples are the
+source's ``problems``; the conversion's error policy skips them with a warning naming
+each key, or stops at the first with ``--strict``, as it does for images that do not
+decode. ``split`` cuts the write order into shards, the same way in every process.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from h5pack._types import StrPath
+from h5pack.core.fields import StoredField
+from h5pack.core.format import SkippedFile
+from h5pack.core.packset import shard_slice
+from h5pack.errors import DecodeError, OptionsError
+from h5pack.write.options import ConvertOptions
+
+
+@dataclass(frozen=True, slots=True)
+class FileRange:
+    """The bytes of a local file to decode: all of it, or ``size`` bytes at ``offset``.
+
+    Picklable and small, so a worker process reads the bytes itself.
+    """
+
+    path: str
+    offset: int = 0
+    size: int = -1  # -1: to the end of the file
+
+    def read(self) -> bytes:
+        """Return the bytes, refusing what is not a regular file without opening it.
+
+        Raises:
+            DecodeError: They cannot be read; the message names the path.
+        """
+        try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                # Opening a FIFO for reading would block until a writer comes.
+                raise DecodeError(f"{self.path}: not a regular file, cannot read it")
+            with open(self.path, "rb") as f:
+                if self.size < 0:
+                    return f.read()
+                data = os.pread(f.fileno(), self.size, self.offset)
+        except OSError as err:
+            raise DecodeError(f"{self.path}: cannot read: {err.strerror or err}") from err
+        if len(data) != self.size:
+            raise DecodeError(f"{self.path}: truncated: {len(data)} of {self.size} bytes")
+        return data
+
+    def nbytes(self) -> int:
+        """Return how many bytes ``read`` gives (0 for a file that cannot be stat'ed)."""
+        if self.size >= 0:
+            return self.size
+        try:
+            return os.stat(self.path).st_size
+        except OSError:
+            return 0
+
+
+Image = bytes | bytearray | memoryview | np.ndarray | FileRange
+"""What a sample gives to decode: encoded bytes, HWC uint8 pixels, or where the bytes lie."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sample of a source: its key, the image to decode, its other fields.
+
+    Attributes:
+        key: The sample's name in the source (stored as its source path).
+        image: What to decode (``Image``).
+        fields: The other fields, already parsed: ``{"label": 3}`` (absent: unlabelled).
+    """
+
+    key: str
+    image: Image
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> int:
+        """The class id, ``-1`` when unlabelled."""
+        return int(self.fields.get("label", -1))
+
+
+def load(image: Image) -> bytes | np.ndarray:
+    """Return the bytes (or pixels) of ``image``, reading a ``FileRange``.
+
+    Raises:
+        DecodeError: A file cannot be read.
+    """
+    if isinstance(image, FileRange):
+        return image.read()
+    if isinstance(image, np.ndarray):
+        return image
+    return bytes(image)
+
+
+def image_bytes(samples: Iterable[Sample]) -> np.ndarray:
+    """Return the stored bytes of each sample's image as it stands (int64; 0 if unknown)."""
+    sizes = []
+    for sample in samples:
+        image = sample.image
+        if isinstance(image, FileRange):
+            sizes.append(image.nbytes())
+        elif isinstance(image, np.ndarray | memoryview):
+            sizes.append(image.nbytes)
+        else:
+            sizes.append(len(image))
+    return np.asarray(sizes, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SizeHint:
+    """How big a source is: ``count`` samples, ``nbytes`` of images (None: not known)."""
+
+    count: int
+    nbytes: int | None = None
+    notes: tuple[str, ...] = ()
+    fields: tuple[StoredField, ...] = ()
+    columns: Mapping[str, Any] = field(default_factory=dict)
+
+
+class SampleSource(ABC):
+    """An input of a conversion (NOTE [ Sample sources ]).
+
+    A subclass sets ``kind`` (the name ``--from`` takes) and lists its samples, sorted,
+    in ``find``; everything else follows. Opening is cheap: the listing runs on first use,
+    so a missing source is reported where a conversion reads it.
+
+    Attributes:
+        kind: The name of this kind of source (``"folder"``, ``"arrays"``...).
+        root: Where the samples are, as messages name it.
+        parallel: Whether workers decode the samples (False: in this process).
+        encoded: Whether the samples hold encoded bytes (False: pixels, never stored
+            encoded).
+    """
+
+    kind: ClassVar[str]
+    root: str = ""
+    parallel: ClassVar[bool] = True
+    encoded: bool = True
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` looks like this kind of source (``sample_source``'s detection)."""
+        return False
+
+    @abstractmethod
+    def find(self) -> Listing:
+        """List the samples, in their deterministic order (called once)."""
+
+    @cached_property
+    def listing(self) -> Listing:
+        """The samples, classes and problems (``find``, once)."""
+        return self.find()
+
+    @property
+    def samples(self) -> Sequence[Sample]:
+        """The samples, in the source's order."""
+        return self.listing.samples
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names; a sample's ``label`` indexes them (empty when unlabelled)."""
+        return self.listing.classes
+
+    @property
+    def problems(self) -> tuple[SkippedFile, ...]:
+        """Entries that are not samples, and why (skipped, or refused with ``--strict``)."""
+        return self.listing.problems
+
+    def check(self, options: ConvertOptions) -> None:
+        """Refuse conversion options that do not fit these samples (by default all fit).
+
+        Raises:
+            OptionsError: They do not fit.
+        """
+        return
+
+    def columns(self, positions: np.ndarray) -> dict[str, Any]:
+        """Return the values of the stored fields at ``positions`` (``Listing.columns``)."""
+        columns = self.listing.columns
+        return {f.name: f.take(columns[f.name], positions) for f in self.listing.fields}
+
+    def size_hint(self) -> SizeHint:
+        """Return how many samples the source holds (and their bytes, when known cheaply)."""
+        return SizeHint(len(self.samples), self.listing.nbytes)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What a user should hear about the listing besides its problems."""
+        return self.listing.notes
+
+    def files(self) -> Iterable[Path]:
+        """Return the local files the samples are read from (a target must be none of them)."""
+        return (Path(s.image.path) for s in self.samples if isinstance(s.image, FileRange))
+
+    def split(
+        self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
+    ) -> np.ndarray:
+        """Return the positions (in ``samples``) of shard ``index``'s samples, in write order.
+
+        The write order is a permutation seeded by ``seed`` (or the source order), cut
+        into ``num_shards`` consecutive slices: every process computes the same split, and
+        the shards together hold every sample once. A plain conversion is shard 0 of 1.
+
+        Raises:
+            OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
+        """
+        num = len(self.samples)
+        lo, hi = shard_slice(num, index, num_shards)
+        return _write_order(num, seed, shuffle)[lo:hi]
+
+
+@lru_cache(maxsize=2)
+def _write_order(num: int, seed: int, shuffle: bool) -> np.ndarray:
+    """Return the source positions in write order (computed once for every shard's split)."""
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(num).astype(np.int64)
+    else:
+        order = np.arange(num, dtype=np.int64)
+    order.flags.writeable = False
+    return order
+
+
+class PathSource(SampleSource):
+    """A source that a path names (a folder, an archive...): what ``sample_source`` opens.
+
+    Args:
+        path: Where the samples are.
+        labels_csv: A labels CSV (only for kinds with ``takes_labels``).
+
+    Raises:
+        OptionsError: ``labels_csv`` is given to a kind that does not take one.
+    """
+
+    takes_labels: ClassVar[bool] = False
+
+    def __init__(self, path: StrPath, *, labels_csv: StrPath | None = None) -> None:
+        if labels_csv is not None and not self.takes_labels:
+            raise OptionsError(
+                f"--labels (labels_csv=) labels the images of a folder; a {self.kind} source "
+                "gives its own labels"
+            )
+        self.root = os.fspath(Path(path))
+        self.labels_csv = os.fspath(labels_csv) if labels_csv is not None else None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What ``SampleSource.find`` returns.
+
+    Attributes:
+        samples: The samples, in order.
+        classes: Class names.
+        problems: Entries that are not samples, and why.
+        nbytes: The images' bytes, when known without reading them.
+        notes: What a user should hear besides the problems (e.g. files a CSV leaves out).
+        fields: The stored fields besides image, label and key (``core.fields``).
+        columns: Their values, a column per field in the samples' order.
+    """
+
+    samples: Sequence[Sample]
+    classes: tuple[str, ...] = ()
+    problems: tuple[SkippedFile, ...] = ()
+    nbytes: int | None = None
+    notes: tuple[str, ...] = ()
+    fields: tuple[StoredField, ...] = ()
+    columns: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,40 @@
+"""A folder of images (ImageFolder, flat, or any layout with a labels CSV) as a source."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from h5pack.write.scan import name_paths, scan
+from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
+
+
+class FolderSource(PathSource):
+    """The images under a local folder, labelled by ``write.scan``'s rules (or a CSV)."""
+
+    kind = "folder"
+    takes_labels = True
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` is this kind of source: a folder."""
+        return path.is_dir()
+
+    def find(self) -> Listing:
+        """Scan the folder (``write.scan.scan``)."""
+        found = scan(self.root, labels_csv=self.labels_csv)
+        # Absolute, for workers started elsewhere (Dask) or in another directory.
+        cwd = os.getcwd()
+        samples = [
+            Sample(f.relative, FileRange(os.path.join(cwd, f.path)), {"label": f.label})
+            for f in found.files
+        ]
+        notes: tuple[str, ...] = ()
+        if found.unlisted:
+            listed, left = len(samples), found.unlisted
+            notes = (
+                f"the labels CSV {self.labels_csv} lists {listed} of the {listed + len(left)} "
+                f"images under {self.root}: {len(left)} left out ({name_paths(left)}); "
+                "only listed images are packed",
+            )
+        return Listing(samples, found.classes, found.problems, notes=notes)
