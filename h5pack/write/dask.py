@@ -31,26 +31,22 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
-from h5pack.core.packset import shard_name
 from h5pack.errors import H5PackError
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_pool
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packset import prepare_out_dir
 from h5pack.write.pipeline import keep_freed_memory, probe_batch
-from h5pack.write.remote import RemoteSet
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
     ShardTask,
-    finish_manifest,
+    open_set,
     plan_reason,
     split_source,
     write_shard,
 )
 from h5pack.write.sources import SampleSource
 from h5pack.write.sources.base import Image
-from h5pack.write.upload import is_url
 
 __all__ = ["convert_on_dask", "dask_client"]
 
@@ -177,15 +173,17 @@ def convert_on_dask(
     step = progress or _ignore
     started = time.perf_counter()
     distributed = _distributed()
-    remote = (
-        RemoteSet(os.fspath(out_dir), storage_options, staging_dir) if is_url(out_dir) else None
+    out, remote = open_set(
+        out_dir,
+        shards,
+        options,
+        overwrite=overwrite,
+        storage_options=storage_options,
+        staging_dir=staging_dir,
+        emit=emit,
     )
     if remote is None:
-        out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
         out = Path(os.path.abspath(out))  # the workers may run elsewhere
-        remove_leftovers_beside(out / shard_name(0, shards), emit)
-    else:
-        out = remote.prepare(shards, options, overwrite=overwrite)
     split = split_source(source, options, shards, emit)
     sizes: Counter[tuple[int, int]] | None = None
     if needs_probe(options):
@@ -194,18 +192,7 @@ def convert_on_dask(
         for i in range(shards):
             slices.append([(s.image, s.key) for s in split.samples(i)])
         sizes = sum(client.gather(client.map(probe_files, slices, pure=False)), Counter())
-    estimate = split.estimate_bytes()
-    tasks = [
-        split.task(
-            i,
-            out,
-            sizes=sizes,
-            estimate_bytes=estimate,
-            overwrite=overwrite,
-            remote=remote.shard(i, shards) if remote is not None else None,
-        )
-        for i in range(shards)
-    ]
+    tasks = split.tasks(list(range(shards)), out, remote, sizes=sizes, overwrite=overwrite)
     reason = plan_reason(tasks[0], len(split))
     emit(ConvertEvent("mode", reason))
     emit(ConvertEvent("phase", f"converting {shards} shards on Dask", total=len(split)))
@@ -218,16 +205,5 @@ def convert_on_dask(
             step(report.num_planned)
     finally:
         client.cancel([f for f in futures if not f.done()])
-    manifest, missing = finish_manifest(
-        out, remote, split=split, options=options, metas={}, sizes={}, emit=emit
-    )
-    return PackSetReport(
-        root=remote.prefix_url if remote is not None else os.fspath(out),
-        num_shards=shards,
-        num_found=len(split),
-        shards=tuple(reports[i] for i in sorted(reports)),
-        manifest=manifest,
-        missing=missing,
-        reason=reason,
-        elapsed_s=time.perf_counter() - started,
-    )
+    done = tuple(reports[i] for i in sorted(reports))
+    return split.report(out, remote, done, reason, started, metas={}, emit=emit)

@@ -40,6 +40,7 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
+from h5pack.core.fields import StoredField
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import (
     ShardIdentity,
@@ -149,6 +150,8 @@ class ShardTask:
         samples: Its samples, in write order.
         positions: Their positions in the source's order.
         classes: The global class list.
+        fields: The stored fields besides image, label and key.
+        columns: Their values, in the shard's write order.
         options: The conversion options.
         sizes: Image sizes over the whole source (None when not needed).
         estimate_bytes: Image bytes of the first samples of the global write order (a
@@ -165,6 +168,8 @@ class ShardTask:
     samples: tuple[Sample, ...]
     positions: np.ndarray
     classes: tuple[str, ...]
+    fields: tuple[StoredField, ...]
+    columns: dict[str, Any]
     options: ConvertOptions
     sizes: Counter[tuple[int, int]] | None
     estimate_bytes: np.ndarray | None
@@ -241,31 +246,87 @@ class SourceSplit:
         every = self.source.samples
         return image_bytes(every[i] for i in self.positions()[:ESTIMATE_SAMPLES])
 
-    def task(
+    def tasks(
         self,
-        index: int,
+        indices: list[int],
         out_dir: Path,
+        remote: RemoteSet | None,
         *,
         sizes: Counter[tuple[int, int]] | None,
-        estimate_bytes: np.ndarray | None,
         overwrite: bool,
-        remote: RemoteShard | None = None,
-    ) -> ShardTask:
-        """Return shard ``index``'s task."""
-        return ShardTask(
-            target=out_dir / shard_name(index, self.num_shards),
-            identity=self.identity(index),
-            samples=self.samples(index),
-            positions=self.positions(index, self.num_shards),
-            classes=self.source.classes,
-            options=self.options,
-            sizes=sizes,
-            estimate_bytes=estimate_bytes,
-            plan_samples=-(-len(self) // self.num_shards),
-            problems=self.problems if index == 0 else (),
-            overwrite=overwrite,
-            remote=remote,
+    ) -> list[ShardTask]:
+        """Return the tasks of shards ``indices`` (the set in ``out_dir``, or ``remote``'s)."""
+        estimate = self.estimate_bytes()
+        n = self.num_shards
+        return [
+            ShardTask(
+                target=out_dir / shard_name(index, n),
+                identity=self.identity(index),
+                samples=self.samples(index),
+                positions=self.positions(index, n),
+                classes=self.source.classes,
+                fields=self.source.listing.fields,
+                columns=self.source.columns(self.positions(index, n)),
+                options=self.options,
+                sizes=sizes,
+                estimate_bytes=estimate,
+                plan_samples=-(-len(self) // n),
+                problems=self.problems if index == 0 else (),
+                overwrite=overwrite,
+                remote=remote.shard(index, n) if remote is not None else None,
+            )
+            for index in indices
+        ]
+
+    def report(
+        self,
+        out: Path,
+        remote: RemoteSet | None,
+        shards: tuple[ShardReport, ...],
+        reason: str,
+        started: float,
+        *,
+        metas: dict[int, PackMeta],
+        emit: Emit,
+    ) -> PackSetReport:
+        """Write the manifest once every shard is there; return what the run did."""
+        sizes = {r.index: r.file_bytes for r in shards if r.index in metas}
+        manifest, missing = finish_manifest(
+            out, remote, split=self, options=self.options, metas=metas, sizes=sizes, emit=emit
         )
+        return PackSetReport(
+            root=remote.prefix_url if remote is not None else os.fspath(out),
+            num_shards=self.num_shards,
+            num_found=len(self),
+            shards=shards,
+            manifest=manifest,
+            missing=missing,
+            reason=reason,
+            elapsed_s=time.perf_counter() - started,
+        )
+
+
+def open_set(
+    out_dir: StrPath,
+    shards: int,
+    options: ConvertOptions,
+    *,
+    overwrite: bool,
+    storage_options: Mapping[str, str] | None,
+    staging_dir: StrPath | None,
+    emit: Emit,
+) -> tuple[Path, RemoteSet | None]:
+    """Prepare the set's directory (removing what killed runs left), or its bucket prefix.
+
+    Returns:
+        The directory the shards are named in, and the bucket's set (None for a local set).
+    """
+    if is_url(out_dir):
+        remote = RemoteSet(os.fspath(out_dir), storage_options, staging_dir)
+        return remote.prepare(shards, options, overwrite=overwrite), remote
+    out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
+    remove_leftovers_beside(out / shard_name(0, shards), emit)
+    return out, None
 
 
 def split_source(
@@ -335,14 +396,15 @@ def convert_set(
     step = progress or (lambda n: None)
     started = time.perf_counter()
     indices = _indices(shards, only)
-    remote = (
-        RemoteSet(os.fspath(out_dir), storage_options, staging_dir) if is_url(out_dir) else None
+    out, remote = open_set(
+        out_dir,
+        shards,
+        options,
+        overwrite=overwrite,
+        storage_options=storage_options,
+        staging_dir=staging_dir,
+        emit=emit,
     )
-    if remote is None:
-        out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
-        remove_leftovers_beside(out / shard_name(0, shards), emit)
-    else:
-        out = remote.prepare(shards, options, overwrite=overwrite)
     split = split_source(source, options, shards, emit)
     workers = options.effective_workers
     reports: list[ShardReport] = []
@@ -351,18 +413,7 @@ def convert_set(
         sizes = None
         if needs_probe(options):
             sizes = probe_sizes(executor, split.source.samples, workers, emit, step)
-        estimate = split.estimate_bytes()
-        tasks = [
-            split.task(
-                i,
-                out,
-                sizes=sizes,
-                estimate_bytes=estimate,
-                overwrite=overwrite,
-                remote=remote.shard(i, shards) if remote is not None else None,
-            )
-            for i in indices
-        ]
+        tasks = split.tasks(indices, out, remote, sizes=sizes, overwrite=overwrite)
         reason = plan_reason(tasks[0], len(split))
         emit(ConvertEvent("mode", reason))
         for task in tasks:
@@ -371,25 +422,7 @@ def convert_set(
             )
             reports.append(report)
             metas[task.identity.index] = meta
-    manifest, missing = finish_manifest(
-        out,
-        remote,
-        split=split,
-        options=options,
-        metas=metas,
-        sizes={r.index: r.file_bytes for r in reports},
-        emit=emit,
-    )
-    return PackSetReport(
-        root=remote.prefix_url if remote is not None else os.fspath(out),
-        num_shards=shards,
-        num_found=len(split),
-        shards=tuple(reports),
-        manifest=manifest,
-        missing=missing,
-        reason=reason,
-        elapsed_s=time.perf_counter() - started,
-    )
+    return split.report(out, remote, tuple(reports), reason, started, metas=metas, emit=emit)
 
 
 def plan_reason(task: ShardTask, num_files: int) -> str:
@@ -469,7 +502,7 @@ def convert_shard_file(
             target,
             task.plan(),
             task.samples,
-            sample_table(task.samples, task.classes, task.positions),
+            sample_table(task.samples, task.classes, task.positions, task.fields, task.columns),
             options=task.options,
             executor=executor,
             workers=workers,
