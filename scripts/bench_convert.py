@@ -1,66 +1,47 @@
-"""Conversion benchmark: the converter against a pure pool doing the same work (issues 2, 11).
+"""Conversion: the converter against a plain pool doing the same work; shards, Dask, merge.
 
-Every part runs, round by round (interleaved), the converter and a *peer*: a plain
-``multiprocessing.Pool`` of the same number of processes (fork) doing the work the
-converter cannot avoid, in the most direct way, on the same files; the ratio converter /
-peer of each round is reported (median of the rounds), with both rates and the load
-average (``os.getloadavg``) before and after the part. Both sides start their pool inside
-the timed region; the converter also scans the folder, shuffles, writes the pack file
-(into the page cache, after ``sync``) and its metadata, and checksums every sample. The
-peers write each result into one shared anonymous mapping (one ``memcpy``; the parent
-does nothing), so the pixels go "somewhere" without a pipe.
-
-Parts (``--parts``; all but ``variants`` and ``memory`` by default, ~4-5 min, 2 cores):
-
-- ``raw``: ``ConvertOptions(size=(256, 256), mode="raw")``, uncompressed, against the peer
-  ``Image.open(path).convert("RGB").resize((256, 256), BILINEAR)`` (the resize h5pack
-  uses), pixels copied into the mapping;
-- ``encoded``: ``mode="encoded"`` (the files' bytes, each file validated by a full decode,
-  which encoded packs promise), against the peer "read the file, decode it with Pillow
-  (``Image.open(BytesIO(data)).load()``), copy its bytes into the mapping"; the ratio to a
-  read-only peer (no decode) is printed too;
-- ``codecs``: the raw 256x256 pack with each codec at its default level (``--codecs``,
-  ``codec[:level][/shuffle]``), against the peer "decode, convert and resize one chunk's
-  images (the pack's chunk rows) into a block, compress the block with the same HDF5
-  filter, chunks and level" (an in-memory HDF5 file, ``driver="core"``, one per process:
-  the codec's own cost, nothing more);
-- ``levels``: one process compresses and decompresses the same pixels (``--level-images``
-  images: resized to 256x256 in the pack's chunks, then at their own sizes in 8 MiB chunks
-  of a blob) with each codec and level of ``--levels``: MB/s of pixels per core (CPU time)
-  both ways and the compression ratio, and from them and the measured decode(+resize) time
-  per image the images/s a 2-process conversion can reach at most with each (the basis of
-  the default levels, ``core.layout.LEVELS``);
-- ``variants`` / ``memory``: the issue-2 table (full-size pixels, 1 and 2 workers, against
-  ``decode_image``) and the parent's and workers' peak memory as the folder grows.
-
-Usage::
-
-    python scripts/bench_convert.py bench-data/imagenet2000            # raw encoded codecs levels
-    python scripts/bench_convert.py bench-data/imagenet2000 --parts raw --rounds 5
-    python scripts/bench_convert.py bench-data/imagenet2000 --parts codecs --codecs zstd:1 zstd
+    python scripts/bench_convert.py bench-data/imagenet2000 --make 2000 --rounds 3
+    python scripts/bench_convert.py bench-data/imagenet2000 --parts codecs --codecs zstd lz4
+    python scripts/bench_convert.py bench-data/imagenet2000 --parts shards merge --rounds 5
 
 Data: ``--make`` ImageNet-like JPEGs (``h5pack.synthetic.make_image_folder``, cut from
-``../shared/data/photos`` when present, 10 classes, around 500x375 with +-30% jitter on
-each side, quality 90) when the folder is absent. Prints markdown tables (for
-BENCHMARKS.md) and writes ``--json`` if given.
+../shared/data/photos when present, 10 classes, around 500x375 with +-30% jitter, quality 90)
+when the folder is absent. Parts (``--parts``), each run round by round, interleaved, so
+that load from elsewhere hits every side alike:
+
+- ``raw``: ``ConvertOptions(size=(256, 256), mode="raw")`` against a *peer*, a plain fork
+  ``multiprocessing.Pool`` of as many processes doing the unavoidable work most directly
+  (``Image.open().convert("RGB").resize((256, 256), BILINEAR)``, pixels copied into one
+  shared mapping); the converter also scans, shuffles, writes the pack and checksums;
+- ``encoded``: ``mode="encoded"`` (each file validated by a full decode) against "read the
+  file, decode it with Pillow, copy its bytes", and against a read-only peer;
+- ``codecs``: the raw 256x256 pack with each of ``--codecs`` (``codec[:level][/shuffle]``)
+  against "decode and resize one chunk's images, compress the block with the same HDF5
+  filter" (an in-memory HDF5 file per process);
+- ``shards``: ``convert`` into one pack against ``convert_set(..., shards=N)`` for each of
+  ``--shards``, and ``convert_on_dask`` on a 2-process ``LocalCluster`` (when distributed
+  imports; started outside the timed region, as a user's cluster);
+- ``merge``: ``merge_packs`` of a set of ``--merge-shards`` zstd shards against converting
+  the images again, encoded and raw 256x256; every merged sample is checked equal.
+
+Each row: the median images/s (or seconds) over the rounds, the median of per-round ratios,
+and CPU per image of the whole process tree (pools and Dask workers included,
+``h5pack.bench.tree_cpu_s``), with the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import mmap
 import os
-import platform
-import resource
+import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
@@ -70,8 +51,9 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from h5pack.core.decode import decode_image, load_file, resize_image
-from h5pack.core.layout import DEFAULT_CHUNK_BYTES, Compression
+import h5pack
+from h5pack.bench.system import machine_info, tree_cpu_s
+from h5pack.core.layout import Compression
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write.builder import write_order
 from h5pack.write.convert import convert
@@ -82,28 +64,9 @@ from h5pack.write.scan import scan
 # The project's real photographs, beside the checkout (see its README); synthetic without.
 SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
 PHOTOS = SHARED_PHOTOS if SHARED_PHOTOS.is_dir() else None
-
 SIZE = (256, 256)
-PARTS = ("raw", "encoded", "codecs", "levels", "variants", "memory")
-DEFAULT_PARTS = ("raw", "encoded", "codecs", "levels")
+PARTS = ("raw", "encoded", "codecs", "shards", "merge")
 DEFAULT_CODECS = ("gzip", "lzf", "lz4", "zstd", "blosc-lz4", "blosc-zstd")
-DEFAULT_LEVELS = (
-    "zstd:1",
-    "zstd:2",
-    "zstd:3",
-    "zstd:5",
-    "zstd/bit",
-    "gzip:1",
-    "gzip:2",
-    "gzip:4",
-    "blosc-zstd:1",
-    "blosc-zstd:3",
-    "blosc-zstd:5",
-    "blosc-lz4:5",
-    "blosc-lz4:9",
-    "lz4",
-    "lzf",
-)
 
 
 def parse_codec(text: str) -> Compression:
@@ -111,13 +74,6 @@ def parse_codec(text: str) -> Compression:
     text, _, shuffle = text.partition("/")
     codec, _, level = text.partition(":")
     return Compression(codec=codec, level=int(level) if level else None, shuffle=shuffle or "none")
-
-
-def codec_name(compression: Compression) -> str:
-    """Return e.g. ``zstd-3`` or ``blosc-lz4-5 bit`` (the level shown is the one used)."""
-    level = compression.effective_level
-    name = compression.codec + (f"-{level}" if level is not None else "")
-    return name + (f" {compression.shuffle}" if compression.shuffle != "none" else "")
 
 
 def load_text() -> str:
@@ -181,7 +137,7 @@ def _peer_compress(batch: list[int]) -> int:
     return len(batch)
 
 
-Measured = tuple[float, float]  # images/s, CPU seconds of the process tree
+Measured = tuple[float, float]  # images/s, CPU seconds of the process tree per image
 
 
 def _timed_pool(
@@ -191,13 +147,13 @@ def _timed_pool(
 
     The pool's start and end are included, as the converter's are.
     """
-    cpu = cpu_seconds()
+    cpu = tree_cpu_s()
     start = time.perf_counter()
     with _peer_pool(workers, state) as pool:
         done = int(sum(pool.imap_unordered(fn, batches)))
         pool.close()
         pool.join()  # reaped: their CPU time is counted
-    return done / (time.perf_counter() - start), cpu_seconds() - cpu
+    return done / (time.perf_counter() - start), (tree_cpu_s() - cpu) / max(1, done)
 
 
 def peer_resize(paths: list[str], workers: int) -> Measured:
@@ -227,455 +183,212 @@ def peer_compress(paths: list[str], workers: int, compression: Compression, rows
     return _timed_pool(workers, _peer_compress, batches, state)
 
 
-# -- the converter ---------------------------------------------------------------------------
+# -- timing, interleaved --------------------------------------------------------------------
+Measured = tuple[float, float]  # images/s, CPU seconds of the process tree per image
 
 
-def convert_once(source: Path, options: ConvertOptions, workdir: Path) -> dict[str, Any]:
-    """Convert ``source`` once; return images/s and sizes."""
-    target = workdir / "bench.h5"
-    target.unlink(missing_ok=True)  # replacing a file makes ext4 flush the new one first
+def timed(run: Callable[[], Any], images: int) -> Measured:
+    """Run once after ``sync``: images/s and CPU seconds of the process tree per image."""
     os.sync()  # the previous run's dirty pages are not this run's cost
-    cpu = cpu_seconds()
-    start = time.perf_counter()
-    report = convert(source, target, options, overwrite=True)
-    elapsed = time.perf_counter() - start
-    cpu = cpu_seconds() - cpu
-    from h5pack.check import pack_info
-
-    info = pack_info(target)
-    return {
-        "images_per_s": report.num_samples / elapsed,
-        "cpu_s": cpu,
-        "file_bytes": target.stat().st_size,
-        "ratio": info.compression_ratio,
-        "mode": info.mode,
-        "storage": info.storage,
-    }
+    cpu, start = tree_cpu_s(), time.perf_counter()
+    run()
+    return images / (time.perf_counter() - start), (tree_cpu_s() - cpu) / images
 
 
-def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and of its reaped children so far."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
-
-
-def side_by_side(
-    label: str,
-    rounds: int,
-    run: Callable[[], dict[str, Any]],
-    peers: dict[str, Callable[[], Measured]],
-) -> dict[str, Any]:
-    """Run the converter and each peer once per round, interleaved; return medians and ratios.
-
-    Besides images/s, each side's CPU seconds (the whole process tree) give a ratio of
-    CPU cost per image that moves less with other programs' load: peer CPU / converter CPU.
-    """
+def interleaved(label: str, rounds: int, arms: dict[str, Callable[[], Measured]]) -> dict:
+    """Run every arm once per round, rotated; print each against the first arm."""
     before = load_text()
-    runs: list[dict[str, Any]] = []
-    cpus: list[float] = []
-    rates: dict[str, list[float]] = {name: [] for name in peers}
-    peer_cpus: dict[str, list[float]] = {name: [] for name in peers}
-
-    def convert_side() -> None:
-        result = run()
-        runs.append(result)
-        cpus.append(result["cpu_s"])
-
-    for i in range(rounds):
-        # Alternate which side goes first: a drift in the machine's speed then evens out.
-        if i % 2:
-            convert_side()
-        for name, peer in peers.items():
-            rate, cpu = peer()
-            rates[name].append(rate)
-            peer_cpus[name].append(cpu)
-        if not i % 2:
-            convert_side()
-    converter = [r["images_per_s"] for r in runs]
-    row: dict[str, Any] = {
-        **runs[0],
-        "label": label,
-        "images_per_s": statistics.median(converter),
-        "rounds": converter,
-        "cpu_s": cpus,
-        "load_before": before,
-        "load_after": load_text(),
-        "peers": {},
-    }
-    for name, values in rates.items():
-        ratios = [c / p for c, p in zip(converter, values, strict=True)]
-        cpu_ratios = [p / c for c, p in zip(cpus, peer_cpus[name], strict=True)]
-        row["peers"][name] = {
-            "images_per_s": statistics.median(values),
-            "rounds": values,
-            "cpu_s": peer_cpus[name],
-            "ratio": statistics.median(ratios),
-            "ratios": ratios,
-            "cpu_ratio": statistics.median(cpu_ratios),
-        }
-    return row
-
-
-def print_row(row: dict[str, Any]) -> None:
-    for name, peer in row["peers"].items():
-        ratios = ", ".join(f"{r:.2f}" for r in peer["ratios"])
+    runs: dict[str, list[Measured]] = {name: [] for name in arms}
+    names = list(arms)
+    for number in range(rounds):
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            runs[name].append(arms[name]())
+    base = runs[names[0]]
+    rows = {}
+    for name, found in runs.items():
+        images = statistics.median(r[0] for r in found)
+        ratios = [r[0] / b[0] for r, b in zip(found, base, strict=True)]
+        cpu = 1e3 * statistics.median(r[1] for r in found)
+        rows[name] = {"images_per_s": images, "ratios": ratios, "cpu_ms_per_image": cpu}
+        shown = ", ".join(f"{r:.2f}" for r in ratios)
         print(
-            f"| {row['label']} | {row['images_per_s']:.0f} | {name} | {peer['images_per_s']:.0f} "
-            f"| **{peer['ratio']:.2f}** ({ratios}) | {peer['cpu_ratio']:.2f} | "
-            f"{row['file_bytes'] / 2**20:.0f} | {row['ratio']:.2f} | "
-            f"{row['load_before']} -> {row['load_after']} |",
+            f"| {label} | {name} | {images:,.0f} | **{statistics.median(ratios):.2f}** "
+            f"({shown}) | {cpu:.2f} | {before} -> {load_text()} |",
             flush=True,
         )
+    return rows
 
 
-# -- level sweep -----------------------------------------------------------------------------
+HEADER = (
+    "\n| part | arm | images/s | x first arm (rounds) | CPU ms/image | "
+    "load before -> after |\n|---|---|---|---|---|---|"
+)
 
 
-def _full_size(path: str) -> np.ndarray:
-    return decode_image(load_file(path), name=path).reshape(-1)
+def part_convert(args: argparse.Namespace, paths: list[str], tmp: Path) -> dict[str, Any]:
+    """The raw, encoded and codecs parts: the converter against its peers."""
+    workers, images, target = args.workers, len(paths), tmp / "bench.h5"
+    resized = ConvertOptions(workers=workers, mode="raw", size=SIZE)
+    rows = plan_storage(resized, None, num_samples=images).group_samples
 
+    def converter(options: ConvertOptions) -> Callable[[], Measured]:
+        def run() -> None:
+            target.unlink(missing_ok=True)  # replacing a file makes ext4 flush it first
+            convert(args.folder, target, options, overwrite=True)
 
-def level_sweep(
-    paths: list[str], levels: list[Compression], rows: int, rounds: int, *, full: bool = False
-) -> list[dict[str, Any]]:
-    """Compress and decompress the same pixels with each codec in this process.
+        return lambda: timed(run, images)
 
-    The pixels are ``paths`` decoded and resized to 256x256 in chunks of ``rows`` images, or
-    with ``full`` decoded at their own sizes, back to back in chunks of 8 MiB (a raw blob).
-    Times are this process's CPU time (``time.process_time``), which other programs' load
-    moves less than wall time, medians of ``rounds`` (the decode+resize time as well).
-    """
-    decode = _full_size if full else _resized
-    decodes = []
-    for _ in range(rounds):
-        start = time.process_time()
-        images = [decode(p) for p in paths]
-        decodes.append((time.process_time() - start) / len(paths))
-    decode_s = statistics.median(decodes)
-    if full:
-        flat = np.concatenate(images)
-        chunk = DEFAULT_CHUNK_BYTES
-        pixels = flat[: max(chunk, len(flat) // chunk * chunk)]
-        chunks: tuple[int, ...] = (min(chunk, len(pixels)),)
-    else:
-        stacked = np.stack(images)
-        pixels = stacked[: len(stacked) // rows * rows] if len(stacked) >= rows else stacked
-        chunks = (min(rows, len(pixels)), *SIZE, 3)
-    num_images = len(paths) * pixels.nbytes / sum(i.nbytes for i in images)
-    out_block = np.empty(chunks, dtype=np.uint8)
-    step = chunks[0]
-    times: dict[int, list[float]] = {i: [] for i in range(len(levels))}
-    reads: dict[int, list[float]] = {i: [] for i in range(len(levels))}
-    stored: dict[int, int] = {}
-    core = {"driver": "core", "backing_store": False, "rdcc_nbytes": 0}
-    with h5py.File("sweep", "w", **core) as handle:
-        for _ in range(rounds):
-            for i, compression in enumerate(levels):
-                name = f"d{i}"
-                if name in handle:
-                    del handle[name]
-                begin = time.process_time()
-                dataset = handle.create_dataset(
-                    name, data=pixels, chunks=chunks, **compression.h5py_kwargs()
-                )
-                handle.flush()
-                times[i].append(time.process_time() - begin)
-                stored[i] = sum(
-                    dataset.id.get_chunk_info(k).size for k in range(dataset.id.get_num_chunks())
-                )
-                begin = time.process_time()
-                for lo in range(0, len(pixels), step):
-                    dataset.read_direct(out_block, np.s_[lo : lo + step])
-                reads[i].append(time.process_time() - begin)
-    out = []
-    for i, compression in enumerate(levels):
-        seconds = statistics.median(times[i])
-        per_image = seconds / num_images
-        out.append(
+    found: dict[str, Any] = {}
+    if "raw" in args.parts:
+        found["raw"] = interleaved(
+            "raw 256x256",
+            args.rounds,
+            {"h5pack": converter(resized), "decode+resize": lambda: peer_resize(paths, workers)},
+        )
+    if "encoded" in args.parts:
+        found["encoded"] = interleaved(
+            "encoded",
+            args.rounds,
             {
-                "codec": codec_name(compression),
-                "mb_per_s": pixels.nbytes / seconds / 1e6,
-                "decompress_mb_per_s": pixels.nbytes / statistics.median(reads[i]) / 1e6,
-                "ratio": pixels.nbytes / stored[i],
-                "compress_ms_per_image": 1e3 * per_image,
-                "decode_ms_per_image": 1e3 * decode_s,
-                "bound_2_workers": 2 / (decode_s + per_image),
-            }
+                "h5pack": converter(ConvertOptions(workers=workers, mode="encoded")),
+                "read+decode": lambda: peer_read(paths, workers, decode=True),
+                "read only": lambda: peer_read(paths, workers, decode=False),
+            },
         )
-    return out
+    for text in args.codecs if "codecs" in args.parts else ():
+        codec = parse_codec(text)
+        options = ConvertOptions(workers=workers, mode="raw", size=SIZE, compression=codec)
+        found[text] = interleaved(
+            f"raw 256x256, {text}",
+            args.rounds,
+            {
+                "h5pack": converter(options),
+                "decode+resize+compress": partial(peer_compress, paths, workers, codec, rows),
+            },
+        )
+    return found
 
 
-# -- the issue-2 table (full-size pixels) and memory -------------------------------------------
+def part_shards(args: argparse.Namespace, images: int, tmp: Path) -> dict[str, Any]:
+    """One pack against pack sets of N shards, and against Dask."""
+    options = ConvertOptions(size=SIZE, workers=args.workers)
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "default (auto)": {},
-    "raw gzip-4": {"mode": "raw", "compression": Compression(codec="gzip")},
-    "raw lzf": {"mode": "raw", "compression": Compression(codec="lzf")},
-    "raw lz4": {"mode": "raw", "compression": Compression(codec="lz4")},
-    "raw zstd": {"mode": "raw", "compression": Compression(codec="zstd")},
-    "raw contiguous": {"mode": "raw", "layout": "contiguous"},
-    "raw 256x256": {"mode": "raw", "size": (256, 256)},
-    "encoded": {"mode": "encoded"},
-}
+    def fresh(run: Callable[[Path], Any]) -> Callable[[], Measured]:
+        def once() -> None:
+            out = Path(tempfile.mkdtemp(dir=tmp))
+            try:
+                run(out)
+            finally:
+                shutil.rmtree(out)
 
+        return lambda: timed(once, images)
 
-def _decode_batch(paths: list[str], size: tuple[int, int] | None, sink: str | None) -> int:
-    out = open(f"{sink}.{os.getpid()}", "ab") if sink else None  # noqa: SIM115
-    for path in paths:
-        image = decode_image(load_file(Path(path)), name=path)
-        if size is not None:
-            image = resize_image(image, size)
-        if out is not None:
-            out.write(image.data)
-    if out is not None:
-        out.close()
-    return len(paths)
-
-
-def decode_rate(
-    paths: list[str], workers: int, size: tuple[int, int] | None, sink: Path | None = None
-) -> float:
-    """Return images/s of ``decode_image`` (and resizing) ``paths`` with ``workers`` processes.
-
-    With ``sink``, every decoded image's pixels are also appended to a plain file per
-    process: the floor of any converter that stores raw pixels on this storage.
-    """
-    batches = [paths[i : i + 32] for i in range(0, len(paths), 32)]
-    where = str(sink) if sink else None
-    os.sync()
-    start = time.perf_counter()
-    if workers == 1:
-        done = sum(_decode_batch(batch, size, where) for batch in batches)
+    arms = {"convert": fresh(lambda out: convert(args.folder, out / "all.h5", options))}
+    for n in args.shards:
+        arms[f"shards-{n}"] = fresh(
+            lambda out, n=n: h5pack.convert_set(args.folder, out / "set", options, shards=n)
+        )
+    cluster = client = None
+    try:
+        import dask
+        import distributed
+    except ImportError:
+        print("# Dask left out: distributed does not import")
     else:
-        with ProcessPoolExecutor(workers) as pool:
-            done = sum(
-                pool.map(_decode_batch, batches, [size] * len(batches), [where] * len(batches))
+        # as `h5pack convert --dask local` starts it (NOTE [ Dask's profiler ] in write/dask.py)
+        with dask.config.set({"distributed.worker.profile.enabled": False}):
+            cluster = distributed.LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
             )
-    rate = done / (time.perf_counter() - start)
-    if sink is not None:
-        for leftover in sink.parent.glob(sink.name + ".*"):
-            leftover.unlink()
-    return rate
-
-
-def variants_table(args: argparse.Namespace, paths: list[str], tmp: Path) -> dict[str, Any]:
-    """The issue-2 table: each variant with 1 and 2 workers against ``decode_image``."""
-    results: dict[str, Any] = {}
-    sink = tmp / "decode-sink.bin"
-    print(
-        "\n| variant | workers | images/s | pure decode images/s | % of pure decode | "
-        "% of decode+write | file MiB | ratio |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for name in args.variants:
-        resized = VARIANTS[name].get("size")
-        for workers in (1, 2):
-            options = ConvertOptions(workers=workers, **VARIANTS[name])
-            runs, decodes, floors = [], [], []
-            for _ in range(args.rounds):
-                decodes.append(decode_rate(paths, workers, resized))
-                if not resized:
-                    floors.append(decode_rate(paths, workers, None, sink))
-                runs.append(convert_once(args.folder, options, tmp))
-            rates = [r["images_per_s"] for r in runs]
-            of_decode = statistics.median(r / d for r, d in zip(rates, decodes, strict=True))
-            of_floor = (
-                statistics.median(r / f for r, f in zip(rates, floors, strict=True))
-                if floors
-                else None
-            )
-            row = {
-                **runs[0],
-                "images_per_s": statistics.median(rates),
-                "decode_per_s": statistics.median(decodes),
-                "of_decode": of_decode,
-                "of_decode_write": of_floor,
-            }
-            results[f"{name} w{workers}"] = row
-            of_write = "" if of_floor is None else f"{100 * of_floor:.0f}%"
-            print(
-                f"| {name} ({row['mode']}/{row['storage']}) | {workers} | "
-                f"{row['images_per_s']:.0f} | {row['decode_per_s']:.0f} | "
-                f"{100 * of_decode:.0f}% | {of_write} | "
-                f"{row['file_bytes'] / 2**20:.1f} | {row['ratio']:.2f} |",
-                flush=True,
-            )
-    return results
-
-
-MEMORY_PROBE = """
-import resource, sys, json
-from h5pack.write.options import ConvertOptions
-from h5pack.write.builder import write_order
-from h5pack.write.convert import convert
-
-convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=int(sys.argv[3])), overwrite=True)
-# VmHWM is this process image's own peak: ru_maxrss also counts the benchmark process
-# that forked it before the exec (Linux keeps the old image's high-water mark).
-status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-print(json.dumps({
-    "parent_kib": int(status["VmHWM"].split()[0]),
-    "largest_worker_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-}))
-"""
-
-
-def peak_memory(source: Path, target: Path, workers: int) -> dict[str, int]:
-    """Return the peak RSS (KiB) of a default conversion's parent and largest worker."""
-    out = subprocess.run(
-        [sys.executable, "-c", MEMORY_PROBE, str(source), str(target), str(workers)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
-def memory_table(args: argparse.Namespace, paths: list[str], tmp: Path) -> dict[str, Any]:
-    """Peak memory of a default conversion with the folder and with a quarter of it."""
-    small = tmp / "small"
-    small.mkdir()
-    quarter = paths[: len(paths) // 4]
-    for p in quarter:
-        rel = Path(p).relative_to(args.folder)
-        (small / rel.parent).mkdir(parents=True, exist_ok=True)
-        os.symlink(p, small / rel)
-    print("\n| folder | images | parent peak MiB | largest worker peak MiB |")
-    print("|---|---|---|---|")
-    results = {}
-    for label, folder, count in (("1x", small, len(quarter)), ("4x", args.folder, len(paths))):
-        mem = peak_memory(folder, tmp / "mem.h5", args.workers)
-        results[f"memory {label}"] = mem
-        print(
-            f"| {label} | {count} | {mem['parent_kib'] / 1024:.0f} | "
-            f"{mem['largest_worker_kib'] / 1024:.0f} |"
+        client = distributed.Client(cluster)
+        arms["dask-2"] = fresh(
+            lambda out: h5pack.convert_on_dask(client, args.folder, out / "set", options, shards=4)
         )
-    return results
+    try:
+        for arm in arms.values():  # warm the page cache, imports, the Dask workers
+            arm()
+        return interleaved("shards", args.rounds, arms)
+    finally:
+        if client is not None and cluster is not None:
+            client.close()
+            cluster.close()
 
 
-# -- main --------------------------------------------------------------------------------------
+def same_samples(merged: Path, fresh: Path) -> None:
+    """Refuse a merged pack whose samples differ from a fresh conversion's (matched by path)."""
+    with h5pack.PackReader(merged) as a, h5pack.PackReader(fresh) as b:
+        where = {p: i for i, p in enumerate(b.paths)}
+        if sorted(a.paths) != sorted(b.paths):
+            raise SystemExit(f"{merged} and {fresh} do not hold the same files")
+        read = "read_images" if a.meta.mode == "raw" else "read_stored"
+        for lo in range(0, len(a), 256):
+            idx = np.arange(lo, min(len(a), lo + 256))
+            theirs = getattr(b, read)(np.array([where[a.paths[i]] for i in idx]))
+            for i, x, y in zip(idx, getattr(a, read)(idx), theirs, strict=True):
+                if not np.array_equal(x, y):
+                    raise SystemExit(f"sample {i} ({a.paths[i]}) differs between the packs")
+
+
+def part_merge(args: argparse.Namespace, images: int, tmp: Path) -> dict[str, Any]:
+    """Merging a set's shards against converting the images again."""
+    zstd = Compression(codec="zstd")
+    found = {}
+    shards, merged, fresh = tmp / "set", tmp / "merged.h5", tmp / "fresh.h5"
+    for label, options in (
+        # 1 MiB chunks: each small shard holds several, as real shards do
+        ("encoded", ConvertOptions(mode="encoded", compression=zstd, chunk_bytes=2**20)),
+        ("raw 256x256", ConvertOptions(mode="raw", size=SIZE, compression=zstd)),
+    ):
+        options = dataclasses.replace(options, workers=args.workers)
+        h5pack.convert_set(args.folder, shards, options, shards=args.merge_shards, overwrite=True)
+        found[label] = interleaved(
+            f"merge {args.merge_shards} shards, {label}",
+            args.rounds,
+            {
+                "convert": lambda o=options: timed(
+                    lambda: convert(args.folder, fresh, o, overwrite=True), images
+                ),
+                "merge": lambda: timed(
+                    lambda: h5pack.merge_packs(shards, merged, overwrite=True), images
+                ),
+            },
+        )
+        same_samples(merged, fresh)
+        shutil.rmtree(shards)
+    return found
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="image folder (made with --make if absent)")
     parser.add_argument("--make", type=int, default=2000, help="images to generate if absent")
-    parser.add_argument("--jitter", type=float, default=0.3, help="size jitter of --make")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--parts", nargs="+", default=list(DEFAULT_PARTS), choices=PARTS)
+    parser.add_argument("--parts", nargs="+", default=["raw", "encoded", "codecs"], choices=PARTS)
     parser.add_argument("--codecs", nargs="+", default=list(DEFAULT_CODECS))
-    parser.add_argument("--levels", nargs="+", default=list(DEFAULT_LEVELS))
-    parser.add_argument("--level-images", type=int, default=246, help="images of the sweep")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--merge-shards", type=int, default=8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-
     if not args.folder.exists():
-        spec = SampleSpec(
-            num_images=args.make, num_classes=10, size=(375, 500), size_jitter=args.jitter
-        )
+        spec = SampleSpec(num_images=args.make, num_classes=10, size=(375, 500), size_jitter=0.3)
         make_image_folder(args.folder, spec, photos=PHOTOS, workers=args.workers)
     # The converter's write order (a seeded shuffle): the peers' chunks mix the same images.
     files = scan(args.folder).files
     paths = [str(files[i].path) for i in write_order(len(files), ConvertOptions())]
     mean_kib = sum(os.path.getsize(p) for p in paths) / len(paths) / 1024
     print(f"# data: {len(paths)} JPEGs in {args.folder}, mean {mean_kib:.0f} KiB")
-    print(
-        f"# machine: {platform.platform()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, h5py {h5py.version.version} / HDF5 "
-        f"{h5py.version.hdf5_version}; {args.workers} workers; medians of {args.rounds} "
-        f"interleaved rounds; load average at start {load_text()}"
-    )
+    print(f"# {machine_info(args.folder).describe()}; {args.workers} workers; medians of "
+          f"{args.rounds} interleaved rounds")  # fmt: skip
+    print(HEADER)
     results: dict[str, Any] = {"images": len(paths), "workers": args.workers}
-    workers = args.workers
-    resized = ConvertOptions(workers=workers, mode="raw", size=SIZE)
-    rows = plan_storage(resized, None, num_samples=len(paths)).group_samples
-    header = (
-        "\n| converter | images/s | peer | peer images/s | converter / peer (rounds) "
-        "| CPU: peer / converter | file MiB | ratio | load 1/5/15 min before -> after |"
-        "\n|---|---|---|---|---|---|---|---|---|"
-    )
     with tempfile.TemporaryDirectory(dir=args.folder.parent) as name:
         tmp = Path(name)
-        rows_out: list[dict[str, Any]] = []
-
-        def part(
-            label: str, options: ConvertOptions, peers: dict[str, Callable[[], Measured]]
-        ) -> None:
-            row = side_by_side(
-                label, args.rounds, lambda: convert_once(args.folder, options, tmp), peers
-            )
-            rows_out.append(row)
-            print_row(row)
-
-        if {"raw", "encoded", "codecs"} & set(args.parts):
-            print(header)
-        if "raw" in args.parts:
-            part(
-                "raw 256x256, none",
-                resized,
-                {"decode+resize": lambda: peer_resize(paths, workers)},
-            )
-        if "encoded" in args.parts:
-            part(
-                "encoded",
-                ConvertOptions(workers=workers, mode="encoded"),
-                {
-                    "read+decode": lambda: peer_read(paths, workers, decode=True),
-                    "read only": lambda: peer_read(paths, workers, decode=False),
-                },
-            )
-        if "codecs" in args.parts:
-            for text in args.codecs:
-                compression = parse_codec(text)
-                options = ConvertOptions(
-                    workers=workers, mode="raw", size=SIZE, compression=compression
-                )
-                compress = partial(peer_compress, paths, workers, compression, rows)
-                part(
-                    f"raw 256x256, {codec_name(compression)}",
-                    options,
-                    {"decode+resize+compress": compress},
-                )
-        results["side_by_side"] = rows_out
-        if "levels" in args.parts:
-            results["levels"] = {}
-            codecs = [parse_codec(t) for t in args.levels]
-            for full in (False, True):
-                before = load_text()
-                sweep = level_sweep(
-                    paths[: args.level_images], codecs, rows, args.rounds, full=full
-                )
-                count = min(args.level_images, len(paths))
-                what = (
-                    f"{count} images at their own sizes, back to back in 8 MiB chunks"
-                    if full
-                    else f"{count // rows * rows} images of 256x256 in chunks of {rows}"
-                )
-                print(
-                    f"\n{what}, one process, CPU time, medians of {args.rounds}; load {before} -> "
-                    f"{load_text()}\n\n| codec | compress MB/s per core | ratio | decompress "
-                    "MB/s per core | compress ms/image | decode(+resize) ms/image | 2-process "
-                    "bound images/s |\n|---|---|---|---|---|---|---|"
-                )
-                for entry in sweep:
-                    print(
-                        f"| {entry['codec']} | {entry['mb_per_s']:.0f} | {entry['ratio']:.3f} | "
-                        f"{entry['decompress_mb_per_s']:.0f} | "
-                        f"{entry['compress_ms_per_image']:.2f} | "
-                        f"{entry['decode_ms_per_image']:.2f} | {entry['bound_2_workers']:.0f} |",
-                        flush=True,
-                    )
-                results["levels"]["full" if full else "256x256"] = sweep
-        if "variants" in args.parts:
-            results["variants"] = variants_table(args, paths, tmp)
-        if "memory" in args.parts:
-            results.update(memory_table(args, paths, tmp))
-    results["self_peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        results.update(part_convert(args, paths, tmp))
+        if "shards" in args.parts:
+            results["shards"] = part_shards(args, len(paths), tmp)
+        if "merge" in args.parts:
+            results["merge"] = part_merge(args, len(paths), tmp)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -6,7 +6,7 @@
 FFCV is measured only when it is importable (``import ffcv``; the install recipe is in
 BENCHMARKS.md, "FFCV side by side"); without it the script says so and measures h5pack alone.
 
-Data: the 2,000 ImageNet-like JPEGs of ``scripts/bench_photos.py`` (``prepare``: cut from
+Data: the 2,000 ImageNet-like JPEGs of ``scripts/bench_loaders.py`` (``prepare``: cut from
 ../shared/data/photos, ~500x375 with +-30% jitter, quality 90), as h5pack's encoded pack
 and its raw 256x256 pack, and as FFCV ``.beton`` files: ``RGBImageField(write_mode="jpg",
 jpeg_quality=90)`` of the decoded images (FFCV re-encodes them) and
@@ -52,8 +52,8 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_photos
-from bench_photos import SIZE, Rounds, Run, epoch, prepare, tree_cpu_s
+import bench_loaders as bench_photos
+from bench_loaders import SIZE, Rounds, Run, epoch, prepare, tree_cpu_s
 
 from h5pack import make_loader
 from h5pack.bench.system import machine_info, warm_page_cache

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_photos import tree_cpu_s
+from bench_loaders import tree_cpu_s
 
 from h5pack import make_loader
 

@@ -3,7 +3,7 @@
 NOTE [ The S3 client ]
 
 The client is botocore (through boto3, the ``s3`` extra), chosen by measurement
-(``scripts/bench_s3_clients.py``, docs/ARCHITECTURE.md "Remote packs"): obstore answered
+(the retired ``scripts/bench_s3_clients.py``, docs/ARCHITECTURE.md "Remote packs"): obstore answered
 small ranged GETs fastest, but its tokio runtime does not survive ``fork``: a DataLoader
 worker forked after the parent's first GET hung on its own first GET, even with a fresh
 store. botocore clients are created per process (keyed on the pid), read the configuration

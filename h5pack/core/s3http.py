@@ -5,7 +5,7 @@ NOTE [ The lean ranged GET ]
 A first remote epoch makes one ranged GET per chunk (MBs each), and botocore's
 ``get_object`` costs ~2 ms of CPU per 1.7 MiB GET here (event hooks, the request's
 serialisation and signing, the answer's parsing, the body read in pieces and joined into
-bytes): +30 us per image of a raw 96x96 pack (``python scripts/bench_s3_clients.py``,
+bytes): +30 us per image of a raw 96x96 pack (the retired ``scripts/bench_s3_clients.py``,
 docs/ARCHITECTURE.md "Remote packs"). The ranged GETs of chunks are therefore issued here:
 
 - **What botocore still does.** Everything but those GETs: the credentials (the whole AWS

@@ -51,7 +51,7 @@ RING_SPARE_SLOTS = 3
 #   own windows and each chunk is decompressed once per epoch.
 # - ``num_workers="auto"``: worker processes pay for every batch crossing a process
 #   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
-#   in-process; scripts/bench_loader.py: 2 workers were slower than the main process for
+#   in-process; scripts/bench_loaders.py: 2 workers were slower than the main process for
 #   every raw pack the direct path reads). A raw pack without a per-sample transform is
 #   read in the main process by ``threads`` = cores threads (direct chunk path: ``preadv``
 #   and the codecs release the GIL), never slower than reading in-process; only per-sample

@@ -115,7 +115,8 @@ def run_shard(task: ShardTask) -> ShardReport:
     """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
     with _ONE_SHARD, worker_pool(1) as executor:
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 for its workers: without this the
-        # tasks took 4.0 ms of CPU per image against 2.6 in the pool (scripts/bench_shards.py).
+        # tasks took 4.0 ms of CPU per image against 2.6 in the pool
+        # (scripts/bench_convert.py --parts shards).
         keep_freed_memory()
         # A task Dask runs again after its worker died finds what that worker left (a
         # shard bound for a bucket: its staging directory and upload, swept when written).
