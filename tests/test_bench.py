@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from dataclasses import replace as dataclass_replace
@@ -26,17 +25,15 @@ from h5pack.bench import (
     diagnose,
     drop_page_cache,
     measure_pack,
+    pack_shape,
     parse_variant,
     parse_variants,
     quick_variants,
-    replay_h5py,
-    replay_reader,
     resident_fraction,
-    storage_layout,
     time_interleaved,
     time_repeats,
 )
-from h5pack.bench.access import random_order, read_per_sample
+from h5pack.bench.access import NAIVE, read_per_sample
 from h5pack.bench.advice import PackFacts, advise, share_labels
 from h5pack.bench.loaders import open_dataset
 from h5pack.bench.reading import SizeSurvey, parse_train_size
@@ -45,7 +42,6 @@ from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.bench.timing import Count, Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED, variant_problem
 from h5pack.cli.main import cli
-from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
 from h5pack.read.reader import PackReader, ReaderOptions
@@ -81,55 +77,6 @@ def _pack(path: Path, num: int, **options: Any) -> Path:
 @pytest.fixture
 def gzip_pack(tmp_path: Path) -> Path:
     return _pack(tmp_path / "gzip.h5", 70, chunk_samples=8, compression=Compression(codec="gzip"))
-
-
-class _CountingFile(io.RawIOBase):
-    """A file object that records every read h5py makes."""
-
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115  (closed in close())
-        self.reads: list[tuple[int, int]] = []
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def readinto(self, buffer: Any) -> int:
-        position = self._file.tell()
-        count = self._file.readinto(buffer)
-        self.reads.append((position, count or 0))
-        return count or 0
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
-
-def _measured_h5py_reads(path: Path, order: np.ndarray, cache_bytes: int) -> tuple[int, int]:
-    """Chunk loads and bytes h5py really reads for per-sample access in ``order``."""
-    with h5py.File(path, "r") as handle:
-        chunks: dict[int, int] = {}
-        handle[fmt.IMAGES].id.chunk_iter(
-            lambda info: chunks.__setitem__(info.byte_offset, info.size)
-        )
-    counting = _CountingFile(path)
-    with h5py.File(counting, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=521) as handle:
-        images = handle[fmt.IMAGES]
-        counting.reads.clear()
-        for i in order.tolist():
-            images[i]
-        reads = list(counting.reads)
-    counting.close()
-    loads = sum(1 for offset, size in reads if chunks.get(offset) == size)
-    return loads, sum(size for _, size in reads)
 
 
 # -- timing ------------------------------------------------------------------------------
@@ -229,57 +176,28 @@ def test_consistent_rates_pool_a_faster_later_stage() -> None:
     assert consistent_rates([100.0, 100.0, 300.0]) == pytest.approx([3 / (2 / 100 + 1 / 300)] * 3)
 
 
-# -- replay against real reads -----------------------------------------------------------
+# -- chunk work per sample --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cache_kib", [64, 1024])
-def test_replay_h5py_matches_the_reads_h5py_makes(gzip_pack: Path, cache_kib: int) -> None:
-    layout = storage_layout(gzip_pack)
-    order = random_order(70, seed=3)
-    loads, nbytes = _measured_h5py_reads(gzip_pack, order, cache_kib * 1024)
-    replayed = replay_h5py(layout, order, cache_bytes=cache_kib * 1024, cache_slots=521)
-    assert replayed.chunk_loads == pytest.approx(loads, rel=0.1)
-    assert replayed.bytes_read == pytest.approx(nbytes, rel=0.1)
-
-
-def test_replay_h5py_uncompressed_chunk_larger_than_cache_reads_only_the_sample(
-    tmp_path: Path,
+def test_chunk_work_matches_the_reader_and_favours_the_chunk_aware_order(
+    gzip_pack: Path, tmp_path: Path
 ) -> None:
-    pack = _pack(tmp_path / "raw.h5", 40, chunk_samples=20)
-    order = random_order(40, seed=1)
-    loads, nbytes = _measured_h5py_reads(pack, order, 4096)
-    replayed = replay_h5py(storage_layout(pack), order, cache_bytes=4096, cache_slots=521)
-    assert loads == replayed.chunk_loads == 0
-    assert replayed.bytes_read == 40 * H * W * 3
-    assert nbytes == pytest.approx(replayed.bytes_read, rel=0.05)
-
-
-def test_replay_reader_matches_pack_reader_loads(gzip_pack: Path) -> None:
+    from h5pack.read.packset import describe
     from h5pack.training.sampler import plan_epoch
 
-    layout = storage_layout(gzip_pack)
-    batches = plan_epoch(layout.groups, EpochSpec(batch_size=16, seed=0, window_chunks=3), epoch=0)
+    shape = pack_shape(gzip_pack)
+    assert (shape.num_samples, shape.num_chunks) == (70, 9)
+    spec = EpochSpec(batch_size=16, seed=0, window_chunks=3)
     with PackReader(gzip_pack, ReaderOptions(window_chunks=3)) as reader:
-        for batch in batches:
+        for batch in plan_epoch(describe(gzip_pack).chunk_map, spec, epoch=0):
             reader.read_stored(batch)
         measured = reader.loads
-    replayed = replay_reader(layout, batches, window_chunks=3)
-    assert replayed.chunk_loads == measured == layout.groups.num_chunks  # once per epoch
-    assert replayed.samples == 70
-    assert replayed.bytes_read == int(layout.stored_sizes.sum())
-
-
-def test_chunk_aware_reads_fewer_chunks_than_random(gzip_pack: Path) -> None:
-    layout = storage_layout(gzip_pack)
-    from h5pack.training.sampler import plan_epoch
-
-    chunk = replay_reader(
-        layout,
-        plan_epoch(layout.groups, EpochSpec(batch_size=16, window_chunks=4), epoch=0),
-        window_chunks=4,
-    )
-    naive = replay_h5py(layout, random_order(70, seed=0), cache_bytes=8 * H * W * 3)
-    assert chunk.chunks_per_sample < naive.chunks_per_sample / 3
+    assert shape.reads("chunk", 70, window_chunks=3).chunk_loads == pytest.approx(measured)
+    assert shape.reads("random", 70, window_chunks=3).chunks_per_sample == pytest.approx(6 / 9)
+    assert shape.reads(NAIVE, 70).chunk_loads == pytest.approx(9)  # h5py's cache holds all
+    raw = pack_shape(_pack(tmp_path / "raw.h5", 40, chunk_samples=20))
+    assert raw.reads("random", 40, window_chunks=1).chunk_loads == 0  # read as runs
+    assert raw.reads("random", 40).bytes_per_sample == raw.file_bytes / 40
 
 
 def test_read_per_sample_stops_at_the_budget(gzip_pack: Path) -> None:
@@ -667,6 +585,7 @@ def test_cli_bench(gzip_pack: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "img/s" in result.output
+    assert "us CPU/image" in result.output.splitlines()[0]  # beside images/s
     assert "order chunk" in result.output
     assert "center crops of 16x16" in result.output
 

@@ -481,7 +481,7 @@ def test_the_gain_at_scale_is_projected_from_the_chunk_shape() -> None:
     work = projection.chunks_per_sample
     assert work["chunk"] == work["sequential"] == pytest.approx(1 / 64)
     assert work["random"] == pytest.approx(1 - 32 / 20_019)
-    assert work["naive"] == 1.0  # h5py's 1 MiB cache holds no 8 MiB chunk
+    assert work["naive"] == pytest.approx(1.0, abs=1e-3)  # h5py's cache: one 8 MiB chunk
     assert projection.gain == pytest.approx(64 * (1 - 32 / 20_019))
     # a small pack: everything in the window, no gain (what compare measured on it)
     small = project(big, 640, batch_size=64, workers=0, machine_bytes=2**36)

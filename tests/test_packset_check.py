@@ -442,38 +442,6 @@ def test_info_and_verify_on_convert_shards_output(tmp_path):
 # -- bench and compare on a set ----------------------------------------------------------------
 
 
-def test_replay_on_a_set_matches_the_set_reader_and_each_shard(tmp_path):
-    from h5pack.bench.access import random_order, replay_h5py, replay_reader, storage_layout
-    from h5pack.read.packset import PackSetReader
-    from h5pack.read.reader import ReaderOptions
-    from h5pack.training.sampler import EpochSpec, plan_epoch
-
-    root, shards = make_set(tmp_path / "set", compression=Compression(codec="zstd"))
-    layout = storage_layout(root)
-    parts = [storage_layout(s) for s in shards]
-    assert layout.groups.num_chunks == 8
-    assert layout.stored_sizes.sum() == sum(p.stored_sizes.sum() for p in parts)
-    batches = plan_epoch(layout.groups, EpochSpec(batch_size=4, seed=0, window_chunks=3), epoch=0)
-    with PackSetReader(root, ReaderOptions(window_chunks=3)) as reader:
-        for batch in batches:
-            reader.read_stored(batch)
-        measured = reader.loads
-    replayed = replay_reader(layout, batches, window_chunks=3)
-    assert replayed.chunk_loads == measured == 8  # every chunk of every shard once
-    assert replayed.samples == 21
-    assert replayed.bytes_read == int(layout.stored_sizes.sum())
-    # per-sample h5py reads: each shard file has its own chunk cache
-    order = random_order(21, seed=4)
-    starts = np.cumsum([0, *COUNTS])
-    expected = [
-        replay_h5py(part, order[(order >= lo) & (order < hi)] - lo, cache_bytes=600, cache_slots=7)
-        for part, lo, hi in zip(parts, starts[:-1], starts[1:], strict=True)
-    ]
-    got = replay_h5py(layout, order, cache_bytes=600, cache_slots=7)
-    assert got.chunk_loads == sum(e.chunk_loads for e in expected)
-    assert got.bytes_read == sum(e.bytes_read for e in expected)
-
-
 FAST = {"min_run_s": 0.0, "budget_s": 0.0}
 
 
@@ -486,7 +454,8 @@ def test_bench_on_a_set_and_a_list(tmp_path):
     result = bench_loader(root, options)
     assert result.timing.images == (21, 21)
     assert result.path == str(root)
-    assert (result.reads.samples, result.reads.chunk_loads) == (21, 8)  # each chunk once
+    assert result.reads.samples == 21
+    assert result.reads.chunk_loads == pytest.approx(8)  # each chunk once
     assert read_per_sample(root, np.arange(21)[::-1]).images == 21  # crosses every shard
     result = _run(
         "bench", *shards[:2], "--workers", "0", "--repeats", "1", "--warmup", "0", "--json", "-q"

@@ -15,14 +15,7 @@ Nothing here imports torch until a loader is measured.
 
 from __future__ import annotations
 
-from h5pack.bench.access import (
-    NAIVE,
-    PATTERNS,
-    ReadCount,
-    replay_h5py,
-    replay_reader,
-    storage_layout,
-)
+from h5pack.bench.access import NAIVE, PATTERNS, PackShape, ReadCount, pack_shape
 from h5pack.bench.compare import CompareEvent, CompareOptions, CompareReport, compare
 from h5pack.bench.diagnose import Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
@@ -69,6 +62,7 @@ __all__ = [
     "MeasureOptions",
     "MixBench",
     "MixPlan",
+    "PackShape",
     "PatternLoader",
     "PatternResult",
     "ReadCount",
@@ -88,14 +82,12 @@ __all__ = [
     "machine_info",
     "measure_pack",
     "mix_plan",
+    "pack_shape",
     "parse_variant",
     "parse_variants",
     "quick_variants",
     "recommend",
-    "replay_h5py",
-    "replay_reader",
     "resident_fraction",
-    "storage_layout",
     "survey_folder",
     "survey_pack",
     "time_interleaved",

@@ -11,26 +11,17 @@ A fourth figure, ``naive``, is a bare h5py read of one sample at a time in a ful
 (what a hand-written ``Dataset.__getitem__`` does); it is labelled as such and is not a
 basis of comparison.
 
-What each order costs is counted by replaying it against the pack's chunk map and the
-stored size of every HDF5 chunk (see the note "Replaying reads").
-
-# NOTE [ Replaying reads ]
+# NOTE [ Chunk work per sample ]
 #
-# Chunk loads (a chunk read whole, and decompressed when filtered) and bytes read are
-# counted by replaying the access order against the cache of the path that serves it, not
-# by sampling OS counters (which a warm page cache and other processes blur):
-# - h5py per-sample reads use HDF5's chunk cache: ``rdcc_nbytes`` (1 MiB by default up to
-#   HDF5 1.14, 8 MiB from 2.0) and ``rdcc_nslots`` hash slots (521, then 8191); a chunk
-#   hashed to ``index % nslots`` evicts the chunk in its slot, and the least recently
-#   used chunks leave when the bytes overflow.
-#   A filtered chunk is read and decompressed whole on every miss, kept only if it fits;
-#   an unfiltered chunk larger than the cache is bypassed (only the selection is read).
-# - h5pack's reader keeps a first-in-first-out window of ``window_chunks`` decompressed
-#   chunk groups per process and reads uncompressed samples as runs straight from the
-#   file (see ``h5pack.read.reader``); each DataLoader worker has its own window and gets the
-#   batches b with b mod W equal to its id.
-# tests/test_bench.py checks the replay against ``PackReader.loads`` and against the reads
-# h5py issues to a counting file object.
+# What an order costs the storage is counted from the pack's shape, not replayed: a chunk
+# of k samples read in the chunk-aware order or in pack order is loaded once an epoch (1/k
+# loads per sample); a full shuffle served from a window of W of the C chunks finds a
+# sample's chunk there with probability about W / C, so it loads ~max(1/k, 1 - W/C) chunks
+# per sample. The window is the loader's per-process window, or for a bare h5py read
+# h5py's chunk cache (the chunks of ``rdcc_nbytes`` or fewer it holds; none when one chunk
+# is larger). An uncompressed pack is read straight from the file, sample by sample: no
+# chunk is loaded whole (except by h5py, whose cache holds chunks that fit). The same
+# counts at a training set's size are ``compare``'s projection (``bench.scale``).
 """
 
 from __future__ import annotations
@@ -39,18 +30,16 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from h5pack._types import StrPath
 from h5pack.bench.timing import Count
 from h5pack.core import format as fmt
 from h5pack.core.decode import Backend
 from h5pack.core.format import ArrayStorage, SampleStorage
-from h5pack.core.layout import ChunkMap, chunk_map_of, is_compressed
 from h5pack.core.packset import is_packset
 from h5pack.core.vocabulary import PATTERNS as PATTERNS  # re-exported
 from h5pack.core.vocabulary import Pattern as Pattern
@@ -68,187 +57,29 @@ PATTERN_TITLES = {
 }
 
 
-def default_chunk_cache() -> tuple[int, int]:
-    """Return ``(bytes, slots)`` of the chunk cache h5py gives a file opened without one.
+def h5py_cache_bytes() -> int:
+    """Return the chunk cache h5py gives a dataset of a file opened without one.
 
-    HDF5's defaults: 1 MiB and 521 slots up to 1.14, 8 MiB and 8191 slots from 2.0.
+    HDF5's default: 1 MiB up to 1.14, 8 MiB from 2.0.
     """
     import h5py
 
-    _, slots, nbytes, _ = h5py.h5p.create(h5py.h5p.FILE_ACCESS).get_cache()
-    return int(nbytes), int(slots)
-
-
-@dataclass(frozen=True)
-class StorageLayout:
-    """Where every sample lives among a pack's HDF5 chunks, for replaying reads.
-
-    Attributes:
-        storage: ``"array"`` or ``"blob"``.
-        compressed: Whether the images pass through a filter.
-        sample_start: Byte offset of each sample in the images dataset, flattened.
-        sample_bytes: Stored (uncompressed) bytes of each sample.
-        chunk_nbytes: Uncompressed bytes of one HDF5 chunk; 0 for a contiguous layout.
-        row_nbytes: Bytes of the flattened images covered by one row of chunks (one chunk,
-            unless array chunks split H, W or C); 0 for a contiguous layout.
-        tiles: Chunks per row (array chunks that split H, W or C), else 1.
-        stored_sizes: Stored (compressed) bytes of each HDF5 chunk, in chunk order.
-        groups: The reader's chunk groups (``layout.chunk_map_of``).
-        shard_starts: For a pack set, the first sample of each shard and the total
-            (int64, shards + 1); None for a pack. A set's shards are laid end to end, each
-            starting on a chunk row of its own, so chunk numbers never cross shards.
-    """
-
-    storage: str
-    compressed: bool
-    sample_start: np.ndarray
-    sample_bytes: np.ndarray
-    chunk_nbytes: int
-    row_nbytes: int
-    tiles: int
-    stored_sizes: np.ndarray
-    groups: ChunkMap
-    shard_starts: np.ndarray | None = None
-
-    @property
-    def chunked(self) -> bool:
-        """Whether the images dataset is chunked."""
-        return self.chunk_nbytes > 0
-
-    def chunks_of_sample(self, index: int) -> range:
-        """Return the HDF5 chunks holding sample ``index`` (empty when contiguous)."""
-        if not self.chunked:
-            return range(0)
-        if self.storage == "array" and self.tiles > 1:
-            row = int(self.sample_start[index]) // self.row_nbytes
-            return range(row * self.tiles, (row + 1) * self.tiles)
-        return self.chunks_of_span(
-            int(self.sample_start[index]),
-            int(self.sample_start[index]) + int(self.sample_bytes[index]),
-        )
-
-    def chunks_of_span(self, begin: int, end: int) -> range:
-        """Return the chunks covering bytes ``[begin, end)`` of the flattened images."""
-        if end <= begin or not self.chunked:
-            return range(0)
-        return range(begin // self.row_nbytes, (end - 1) // self.row_nbytes + 1)
-
-
-def storage_layout(
-    source: PackSource, storage_options: Mapping[str, Any] | None = None
-) -> StorageLayout:
-    """Read the layout of a pack's (or a pack set's) images: sample offsets, chunk sizes.
-
-    A URL's is read with ``storage_options`` (beyond the environment's).
-
-    Raises:
-        FileNotFoundError: the pack, or a shard, does not exist.
-        FormatError: a file is not a pack, or a shard does not belong to the set.
-        OptionsError: the shards of a set are chunked differently (``convert --shards``
-            plans one layout for all).
-    """
-    if not is_packset(source):
-        assert isinstance(source, str | os.PathLike)  # is_packset: one path
-        return _file_layout(source, storage_options)
-    view = describe(source, storage_options=storage_options)
-    assert view.shards is not None  # a set's view
-    parts = [_file_layout(shard.path, storage_options) for shard in view.shards]
-    first = max(parts, key=lambda part: part.row_nbytes)
-    row = first.row_nbytes
-    for shard, part in zip(view.shards, parts, strict=True):
-        same = (part.storage, part.tiles, part.compressed) == (
-            first.storage,
-            first.tiles,
-            first.compressed,
-        )
-        # a shard of a single row of chunks (a blob shard shorter than one chunk has its
-        # chunk cut to its length) fits any row size
-        single_row = len(part.stored_sizes) <= part.tiles
-        if not same or (part.row_nbytes != row and not single_row):
-            raise OptionsError(
-                f"{shard.path} is stored in chunks unlike the other shards' "
-                f"({part.chunk_nbytes} bytes, not {first.chunk_nbytes}): the benchmarks "
-                "measure sets whose shards share one layout, as convert --shards writes them"
-            )
-    starts, stored, offset = [], [], 0
-    for part in parts:
-        starts.append(part.sample_start + offset)
-        stored.append(part.stored_sizes)
-        if row:
-            offset += max(1, len(part.stored_sizes) // max(1, part.tiles)) * row
-        elif part.sample_start.size:
-            offset += int(part.sample_start[-1] + part.sample_bytes[-1])
-    counts = [part.sample_start.size for part in parts]
-    return StorageLayout(
-        storage=first.storage,
-        compressed=first.compressed,
-        sample_start=np.concatenate(starts),
-        sample_bytes=np.concatenate([part.sample_bytes for part in parts]),
-        chunk_nbytes=first.chunk_nbytes,
-        row_nbytes=row,
-        tiles=first.tiles,
-        stored_sizes=np.concatenate(stored),
-        groups=view.chunk_map,
-        shard_starts=np.cumsum([0, *counts]).astype(np.int64),
-    )
-
-
-def _file_layout(path: StrPath, storage_options: Mapping[str, Any] | None) -> StorageLayout:
-    """Read the layout of one pack file's images."""
-    with fmt.open_h5(path, storage_options=storage_options) as handle:
-        meta = fmt.read_meta(handle, os.fspath(path))
-        images = handle[fmt.IMAGES]
-        if meta.storage == "array":
-            sample = int(np.prod(meta.images_shape[1:]))
-            starts = np.arange(meta.num_samples, dtype=np.int64) * sample
-            sizes = np.full(meta.num_samples, sample, dtype=np.int64)
-        else:
-            offsets, blob_sizes = meta.blob_slots()
-            starts, sizes = offsets[:-1].copy(), blob_sizes.copy()
-        chunk_nbytes = row_nbytes = 0
-        tiles, stored = 1, np.zeros(0, dtype=np.int64)
-        if meta.chunks is not None:
-            shape, chunks = meta.images_shape, meta.chunks
-            grid = [-(-s // c) for s, c in zip(shape, chunks, strict=True)]
-            tiles = int(np.prod(grid[1:]))
-            chunk_nbytes = int(np.prod(chunks))
-            row_nbytes = int(np.prod(shape[1:])) * chunks[0]
-            stored = np.zeros(int(np.prod(grid)), dtype=np.int64)
-
-            def visit(info: object) -> None:
-                offset = getattr(info, "chunk_offset")  # noqa: B009  (h5py StoreInfo)
-                linear = 0
-                for axis, start in enumerate(offset):
-                    linear = linear * grid[axis] + int(start) // chunks[axis]
-                stored[linear] = int(getattr(info, "size"))  # noqa: B009
-
-            images.id.chunk_iter(visit)
-    return StorageLayout(
-        storage=meta.storage,
-        compressed=is_compressed(meta),
-        sample_start=starts,
-        sample_bytes=sizes,
-        chunk_nbytes=chunk_nbytes,
-        row_nbytes=row_nbytes,
-        tiles=tiles,
-        stored_sizes=stored,
-        groups=chunk_map_of(meta),
-    )
+    return int(h5py.h5p.create(h5py.h5p.FILE_ACCESS).get_cache()[2])
 
 
 @dataclass(frozen=True)
 class ReadCount:
-    """What an access order costs the storage.
+    """What an access order costs the storage (see "Chunk work per sample").
 
     Attributes:
         samples: Samples delivered.
         chunk_loads: Chunks read whole (and decompressed, when filtered).
-        bytes_read: Bytes read from the file (stored, compressed sizes).
+        bytes_read: Bytes read from the file (stored sizes).
     """
 
     samples: int
-    chunk_loads: int
-    bytes_read: int
+    chunk_loads: float
+    bytes_read: float
 
     @property
     def chunks_per_sample(self) -> float:
@@ -260,162 +91,72 @@ class ReadCount:
         """Bytes read per delivered sample."""
         return self.bytes_read / self.samples if self.samples else 0.0
 
-    def __add__(self, other: ReadCount) -> ReadCount:
-        return ReadCount(
-            self.samples + other.samples,
-            self.chunk_loads + other.chunk_loads,
-            self.bytes_read + other.bytes_read,
-        )
 
+def loads_per_sample(pattern: str, num_chunks: int, per_chunk: float, window: int) -> float:
+    """Chunks loaded per sample by ``pattern`` with a window of ``window`` chunks.
 
-def replay_h5py(
-    layout: StorageLayout,
-    order: Sequence[int] | np.ndarray,
-    *,
-    cache_bytes: int | None = None,
-    cache_slots: int | None = None,
-) -> ReadCount:
-    """Count the reads of h5py per-sample access in ``order`` (see "Replaying reads").
-
-    ``cache_bytes`` and ``cache_slots`` default to h5py's (``default_chunk_cache``).
+    Example:
+        >>> loads_per_sample("random", 100, 10.0, 25), loads_per_sample("chunk", 100, 10.0, 25)
+        (0.75, 0.1)
     """
-    default_bytes, default_slots = default_chunk_cache()
-    cache_bytes = default_bytes if cache_bytes is None else cache_bytes
-    cache_slots = default_slots if cache_slots is None else cache_slots
-    indices = np.asarray(order, dtype=np.int64).reshape(-1)
-    if layout.shard_starts is not None:  # every shard file has a chunk cache of its own
-        shard = np.searchsorted(layout.shard_starts, indices, side="right") - 1
-        total = ReadCount(0, 0, 0)
-        for number in np.unique(shard).tolist():
-            part = replace(layout, shard_starts=None)
-            total = total + _replay_h5py_file(
-                part, indices[shard == number], cache_bytes, cache_slots
-            )
-        return total
-    return _replay_h5py_file(layout, indices, cache_bytes, cache_slots)
+    once = 1.0 / per_chunk if per_chunk > 0 else 1.0
+    if pattern in ("chunk", "sequential") or num_chunks <= 0:
+        return once
+    return max(once, 1.0 - min(window, num_chunks) / num_chunks)
 
 
-def _replay_h5py_file(
-    layout: StorageLayout, indices: np.ndarray, cache_bytes: int, cache_slots: int
-) -> ReadCount:
-    """``replay_h5py`` on one file (one chunk cache)."""
-    if not layout.chunked:
-        return ReadCount(indices.size, 0, int(layout.sample_bytes[indices].sum()))
-    fits = layout.chunk_nbytes <= cache_bytes
-    capacity = max(1, cache_bytes // layout.chunk_nbytes) if fits else 0
-    cache: OrderedDict[int, None] = OrderedDict()  # least recently used first
-    slots: dict[int, int] = {}
-    loads = read = 0
-    for i in indices.tolist():
-        for chunk in layout.chunks_of_sample(i):
-            if chunk in cache:
-                cache.move_to_end(chunk)
-                continue
-            if not layout.compressed and not fits:
-                # HDF5 reads the selection straight from the file, bypassing the cache.
-                read += _overlap(layout, i, chunk)
-                continue
-            loads += 1
-            read += int(layout.stored_sizes[chunk])
-            if not fits:
-                continue
-            slot = chunk % cache_slots
-            if slot in slots:
-                cache.pop(slots.pop(slot), None)
-            while len(cache) >= capacity:
-                evicted, _ = cache.popitem(last=False)
-                slots.pop(evicted % cache_slots, None)
-            cache[chunk] = None
-            slots[slot] = chunk
-    return ReadCount(indices.size, loads, read)
+@dataclass(frozen=True, kw_only=True)
+class PackShape:
+    """What the chunk work of a pack depends on (see "Chunk work per sample").
 
-
-def _overlap(layout: StorageLayout, index: int, chunk: int) -> int:
-    """Bytes of sample ``index`` inside ``chunk`` (uncompressed)."""
-    if layout.storage == "array" and layout.tiles > 1:
-        return int(layout.sample_bytes[index]) // layout.tiles
-    begin = int(layout.sample_start[index])
-    end = begin + int(layout.sample_bytes[index])
-    low, high = chunk * layout.row_nbytes, (chunk + 1) * layout.row_nbytes
-    return max(0, min(end, high) - max(begin, low))
-
-
-def replay_reader(
-    layout: StorageLayout,
-    batches: Sequence[np.ndarray],
-    *,
-    window_chunks: int,
-    num_workers: int = 0,
-) -> ReadCount:
-    """Count the reads of h5pack's reader serving ``batches`` (see "Replaying reads").
-
-    Args:
-        layout: The pack's layout.
-        batches: Batches in the order the DataLoader consumes them.
-        window_chunks: Chunk groups each process keeps decompressed.
-        num_workers: DataLoader workers; batch b is read by worker b mod W.
+    Attributes:
+        num_samples: Samples in the pack (a set: in all its shards).
+        num_chunks: Its chunk groups (0 when contiguous).
+        chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
+        compressed: Whether its images pass through a filter.
+        file_bytes: Its size (every shard's).
     """
-    workers = max(1, num_workers)
-    total = ReadCount(0, 0, 0)
-    for worker in range(workers):
-        total = total + _replay_one_reader(layout, batches[worker::workers], window_chunks)
-    return total
+
+    num_samples: int
+    num_chunks: int
+    chunk_bytes: int
+    compressed: bool
+    file_bytes: int
+
+    def reads(self, pattern: str, samples: int, *, window_chunks: int = 0) -> ReadCount:
+        """Return the cost of ``samples`` read by ``pattern`` (``naive``: h5py's cache)."""
+        sample_bytes = self.file_bytes / max(1, self.num_samples)
+        if self.num_chunks <= 0:
+            return ReadCount(samples, 0.0, samples * sample_bytes)
+        stored = self.file_bytes / self.num_chunks
+        window = window_chunks
+        if pattern == NAIVE:
+            window = h5py_cache_bytes() // max(1, self.chunk_bytes)
+            if not self.compressed and window == 0:  # HDF5 reads the selection alone
+                return ReadCount(samples, 0.0, samples * sample_bytes)
+        elif not self.compressed:  # the reader reads uncompressed samples as runs
+            return ReadCount(samples, 0.0, samples * sample_bytes)
+        per_chunk = self.num_samples / self.num_chunks
+        loads = samples * loads_per_sample(pattern, self.num_chunks, per_chunk, window)
+        return ReadCount(samples, loads, loads * stored)
 
 
-def _replay_one_reader(
-    layout: StorageLayout, batches: Sequence[np.ndarray], window_chunks: int
-) -> ReadCount:
-    groups = layout.groups
-    window: OrderedDict[int, None] = OrderedDict()
-    samples = loads = read = 0
-    for batch in batches:
-        idx = np.asarray(batch, dtype=np.int64)
-        samples += idx.size
-        if not layout.compressed:
-            read += _run_bytes(layout, idx)
-            continue
-        owners = groups.chunks_of(idx)
-        _, first = np.unique(owners, return_index=True)
-        for group in owners[np.sort(first)].tolist():
-            if group in window:
-                continue
-            lo, hi = int(groups.starts[group]), int(groups.starts[group + 1])
-            chunks = _group_chunks(layout, lo, hi)
-            loads += len(chunks)
-            read += int(layout.stored_sizes[list(chunks)].sum()) if len(chunks) else 0
-            window[group] = None
-        while len(window) > max(1, window_chunks):
-            window.popitem(last=False)
-    return ReadCount(samples, loads, read)
+def pack_shape(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> PackShape:
+    """Return the shape of a pack or pack set (a URL's: read with ``storage_options``)."""
+    from h5pack.bench.sources import pack_files, source_bytes
+    from h5pack.check import pack_info
 
-
-def _group_chunks(layout: StorageLayout, lo: int, hi: int) -> range:
-    """Return the HDF5 chunks read to load the samples ``lo .. hi - 1`` whole."""
-    if layout.storage == "array" and layout.tiles > 1:
-        first = layout.chunks_of_sample(lo)
-        last = layout.chunks_of_sample(hi - 1)
-        return range(first.start, last.stop)
-    begin = int(layout.sample_start[lo])
-    end = int(layout.sample_start[hi - 1]) + int(layout.sample_bytes[hi - 1])
-    return layout.chunks_of_span(begin, end)
-
-
-def _run_bytes(layout: StorageLayout, idx: np.ndarray) -> int:
-    """Bytes read for uncompressed samples ``idx``: runs of consecutive indices."""
-    unique = np.unique(idx)
-    if unique.size == 0:
-        return 0
-    gaps = np.diff(unique) > 1
-    if layout.shard_starts is not None:  # a run that crosses shards is two reads
-        shard = np.searchsorted(layout.shard_starts, unique, side="right")
-        gaps |= np.diff(shard) != 0
-    breaks = np.flatnonzero(gaps) + 1
-    total = 0
-    for run in np.split(unique, breaks):
-        lo, hi = int(run[0]), int(run[-1])
-        end = int(layout.sample_start[hi]) + int(layout.sample_bytes[hi])
-        total += end - int(layout.sample_start[lo])
-    return total
+    # a set's shards share one layout
+    info = pack_info(pack_files(source, storage_options)[0], storage_options=storage_options)
+    chunk_map = describe(source, storage_options=storage_options).chunk_map
+    chunked = info.layout != "contiguous"
+    return PackShape(
+        num_samples=chunk_map.num_samples,
+        num_chunks=chunk_map.num_chunks if chunked else 0,
+        chunk_bytes=info.chunk_bytes if chunked else 0,
+        compressed=info.codec != "none",
+        file_bytes=source_bytes(source, storage_options),
+    )
 
 
 def random_order(num_samples: int, *, seed: int, epoch: int = 0) -> np.ndarray:

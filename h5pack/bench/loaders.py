@@ -302,13 +302,6 @@ class PatternLoader:
         plan: list[np.ndarray] = self._probe.chunk_sampler.plan(epoch)
         return plan
 
-    def delivered(self) -> list[np.ndarray]:
-        """Return epoch 0's batches as far as an epoch was read (``budget_s``, ``max_batches``)."""
-        batches = self.plan(0)
-        sizes = np.cumsum([b.size for b in batches])
-        count = int(np.searchsorted(sizes, self.images_per_epoch, side="left")) + 1
-        return batches[: min(len(batches), count)] if self.images_per_epoch else []
-
     def _set_epoch(self, loader: Any, epoch: int) -> None:
         if self.pattern == "random":
             loader.batch_sampler.set_epoch(epoch)

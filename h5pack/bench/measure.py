@@ -16,14 +16,12 @@ import numpy as np
 from h5pack.bench.access import (
     NAIVE,
     PATTERNS,
+    PackShape,
     Pattern,
     ReadCount,
-    StorageLayout,
+    pack_shape,
     random_order,
     read_per_sample,
-    replay_h5py,
-    replay_reader,
-    storage_layout,
 )
 from h5pack.bench.loaders import PatternLoader, RemoteReading, check_cache, open_dataset
 from h5pack.bench.reading import TrainingRead, batch_problem, survey_pack
@@ -127,7 +125,8 @@ class PatternResult:
         timing: The timed repeats.
         workers: DataLoader workers used (0 for naive reads and in-process loading).
         window_chunks: Chunk groups each reader keeps decompressed (0 for naive reads).
-        reads: Chunk loads and bytes read, replayed over the samples delivered.
+        reads: Chunk loads and bytes read over the samples delivered (see "Chunk work per
+            sample").
         shuffle_bits: Jump entropy of the epoch order (``h5pack.training.shuffle_quality``).
         shuffle_vs_random: ``shuffle_bits`` over that of a full shuffle of the same size.
         pair_repeat: Of the pairs of samples sharing a batch after the first epoch, the
@@ -215,14 +214,14 @@ class _Cold:
 
 def measure_naive(
     path: PackSource,
-    layout: StorageLayout,
+    shape: PackShape,
     options: MeasureOptions,
     *,
     before: Callable[[], None] | None = None,
     step: Callable[[], None] | None = None,
 ) -> PatternResult:
     """Measure bare h5py per-sample reads in a full shuffle, h5py's default cache."""
-    num = layout.groups.num_samples
+    num = shape.num_samples
     epochs = iter(range(10**9))
     crop = options.train.crop_spec()
 
@@ -239,7 +238,7 @@ def measure_naive(
 
     timing = time_repeats(run, repeats=options.repeats, before=before, on_repeat=step)
     order = random_order(num, seed=options.seed, epoch=0)
-    reads = replay_h5py(layout, order[: max(timing.images)])
+    reads = shape.reads(NAIVE, max(timing.images))
     bits, relative = _shuffle(order, options.seed)
     return PatternResult(
         pattern=NAIVE,
@@ -279,7 +278,7 @@ def measure_pack(
         FormatError: the file is not a pack.
     """
     options = options or MeasureOptions()
-    layout = storage_layout(path, storage_options)
+    shape = pack_shape(path, storage_options)
     batchable = batch_problem(survey_pack(path, storage_options), options.train) is None
     remote = is_remote(path)
     cold = _Cold(path) if options.cold and not remote else None
@@ -324,8 +323,6 @@ def measure_pack(
     state = cold.state() if cold is not None else "warm"
     for pattern in wanted:
         loader = loaders[pattern]
-        batches = loader.delivered()
-        order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
         bits, relative = _shuffle(np.concatenate(loader.plan(0)), options.seed)
         repeat, expected = _pairs(loader, options.pair_epochs)
         results[pattern] = PatternResult(
@@ -333,17 +330,13 @@ def measure_pack(
             timing=timings[pattern],
             workers=loader.workers,
             window_chunks=loader.window_chunks,
-            reads=replay_reader(
-                layout, batches, window_chunks=loader.window_chunks, num_workers=loader.workers
-            )
-            if order.size
-            else ReadCount(0, 0, 0),
+            reads=shape.reads(pattern, loader.images_per_epoch, window_chunks=loader.window_chunks),
             shuffle_bits=bits,
             shuffle_vs_random=relative,
             pair_repeat=repeat,
             pair_repeat_shuffle=expected,
             page_cache=state,
-            epoch_fraction=epoch_fraction(timings[pattern], layout.groups.num_samples),
+            epoch_fraction=epoch_fraction(timings[pattern], shape.num_samples),
         )
     if NAIVE in options.patterns and not remote:
 
@@ -351,10 +344,10 @@ def measure_pack(
             if on_step is not None:
                 on_step(NAIVE)
 
-        naive = measure_naive(path, layout, options, before=cold, step=step)
+        naive = measure_naive(path, shape, options, before=cold, step=step)
         results[NAIVE] = replace(
             naive,
             page_cache=cold.state() if cold is not None else "warm",
-            epoch_fraction=epoch_fraction(naive.timing, layout.groups.num_samples),
+            epoch_fraction=epoch_fraction(naive.timing, shape.num_samples),
         )
     return results

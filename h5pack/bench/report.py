@@ -37,7 +37,8 @@ NOTES = (
     "over between epochs.",
     "chunks/sample: chunks read whole (and decompressed when compressed) per sample, full "
     "shuffle → chunk-aware; read/sample: bytes read from the file per sample, likewise; "
-    "both replayed from the access order and the stored chunk sizes.",
+    "both counted from the pack's chunks and the loader's window (see access.py's note "
+    "'Chunk work per sample').",
     "shuffle: jump entropy of the chunk-aware order relative to a full shuffle (1.00 = as "
     "random by this measure, MosaicML Streaming's). pair repeats: how often two samples "
     "that share a chunk-aware batch already shared one in an earlier epoch, relative to a "
@@ -324,6 +325,7 @@ def _jsonable(value: Any) -> Any:
                 low=value.low,
                 high=value.high,
                 spread=value.spread,
+                cpu_s_per_image=value.cpu_s_per_image,
             )
         if isinstance(value, PatternResult):
             data.update(

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from h5pack.bench.access import ReadCount, check_pattern, replay_reader, storage_layout
+from h5pack.bench.access import ReadCount, check_pattern, pack_shape
 from h5pack.bench.loaders import PatternLoader, RemoteReading, check_cache, open_dataset
 from h5pack.bench.reading import (
     SizeSurvey,
@@ -118,7 +118,7 @@ class BenchResult:
         workers: Worker processes used (``"auto"`` resolved).
         threads: Decompression threads of an in-process reader.
         window_chunks: Chunk groups each process keeps decompressed.
-        reads: Chunk loads and bytes read per epoch (replayed, see "Replaying reads").
+        reads: Chunk loads and bytes read per epoch (see "Chunk work per sample").
         shuffle_bits: Jump entropy of the epoch order.
         train: How the images were read (``TrainingRead.to_json``, with a ``note``).
     """
@@ -197,12 +197,8 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
 def bench_result(setup: Setup, timing: Timing) -> BenchResult:
     """Return ``bench``'s result of ``setup`` timed as ``timing``."""
     loader = setup.loader
-    batches = loader.delivered()
-    reads = replay_reader(
-        storage_layout(setup.source, setup.options.remote.storage_options),
-        batches,
-        window_chunks=max(1, loader.window_chunks),
-        num_workers=loader.workers,
+    reads = pack_shape(setup.source, setup.options.remote.storage_options).reads(
+        setup.options.order, loader.images_per_epoch, window_chunks=max(1, loader.window_chunks)
     )
     plan = loader.plan(0)
     order = np.concatenate(plan) if plan else np.zeros(0, dtype=np.int64)

@@ -10,7 +10,10 @@
 # its target and the time budget allows, its runs are made twice as long and timed again;
 # a spread still above target is reported as such (``Timing.stable``), never hidden.
 # Every duration is read from one injected ``clock`` (``time.perf_counter`` by default), so
-# the tests drive this logic with a fake clock and compare no measured rates.
+# the tests drive this logic with a fake clock and compare no measured rates. Beside each
+# run's seconds, the CPU seconds of the whole process tree are read (``cpu``: this process,
+# its threads, its DataLoader workers live or reaped), so that every figure comes with its
+# CPU per image, which moves less than the rate with the load of a shared machine.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from h5pack.bench.system import tree_cpu_s
 from h5pack.errors import OptionsError
 
 
@@ -45,6 +49,7 @@ class Timing:
         first_epoch_s: Seconds of the first warm-up epoch (None without warm-up): what a
             first epoch costs, e.g. while it fills a decoded cache that the timed ones use.
         first_epoch_images: Images that epoch delivered.
+        cpu_s: CPU seconds of the process tree in each repeat (``tree_cpu_s``).
     """
 
     elapsed_s: tuple[float, ...]
@@ -54,6 +59,13 @@ class Timing:
     target_spread: float | None = None
     first_epoch_s: float | None = None
     first_epoch_images: int = 0
+    cpu_s: tuple[float, ...] = ()
+
+    @property
+    def cpu_s_per_image(self) -> float | None:
+        """Median over the repeats of CPU seconds per image, or None when not measured."""
+        found = [c / n for c, n in zip(self.cpu_s, self.images, strict=False) if n > 0]
+        return float(statistics.median(found)) if found else None
 
     @property
     def first_epoch_per_s(self) -> float | None:
@@ -110,8 +122,10 @@ class Timing:
         return float(sum(self.elapsed_s))
 
     def describe(self) -> str:
-        """Return e.g. ``"1,234 img/s ±3%"`` (half the spread, as a plus-minus)."""
-        return f"{self.images_per_s:,.0f} img/s ±{50 * self.spread:.0f}%"
+        """Return e.g. ``"1,234 img/s ±3%, 812 us CPU/image"`` (± half the spread)."""
+        cpu = self.cpu_s_per_image
+        text = f"{self.images_per_s:,.0f} img/s ±{50 * self.spread:.0f}%"
+        return text if cpu is None else f"{text}, {1e6 * cpu:,.0f} us CPU/image"
 
 
 def time_repeats(
@@ -122,6 +136,7 @@ def time_repeats(
     before: Callable[[], None] | None = None,
     on_repeat: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    cpu: Callable[[], float] = tree_cpu_s,
 ) -> Timing:
     """Time ``run`` ``repeats`` times after ``warmup`` untimed runs.
 
@@ -133,6 +148,7 @@ def time_repeats(
             cache).
         on_repeat: Called after each run, warm-up included (progress).
         clock: Seconds, monotonic (injected by tests; see "Timing enough work").
+        cpu: CPU seconds of the process tree so far.
 
     Raises:
         OptionsError: ``repeats`` is below 1 or ``warmup`` negative.
@@ -148,17 +164,19 @@ def time_repeats(
     elapsed: list[float] = []
     images: list[int] = []
     nbytes: list[int] = []
+    used: list[float] = []
     for _ in range(repeats):
         if before is not None:
             before()
-        started = clock()
+        started, spent = clock(), cpu()
         count = run()
         elapsed.append(clock() - started)
+        used.append(cpu() - spent)
         images.append(count.images)
         nbytes.append(count.nbytes)
         if on_repeat is not None:
             on_repeat()
-    return Timing(tuple(elapsed), tuple(images), tuple(nbytes))
+    return Timing(tuple(elapsed), tuple(images), tuple(nbytes), cpu_s=tuple(used))
 
 
 class _Stage:
@@ -169,39 +187,43 @@ class _Stage:
         run: Callable[[], Count],
         before: Callable[[], None] | None,
         clock: Callable[[], float],
+        cpu: Callable[[], float],
     ) -> None:
         self.run = run
         self.before = before
         self.clock = clock
+        self.cpu = cpu
         self.epochs = 1
         self.epoch_s: float | None = None  # a typical epoch, from the warm-up
         self.first: tuple[float, int] | None = None  # the first warm-up epoch
-        self.runs: list[tuple[float, int, int]] = []
+        self.runs: list[tuple[float, int, int, float]] = []
 
-    def epoch(self) -> tuple[float, Count]:
+    def epoch(self) -> tuple[float, Count, float]:
         if self.before is not None:
             self.before()
-        started = self.clock()
+        started, spent = self.clock(), self.cpu()
         count = self.run()
-        return self.clock() - started, count
+        return self.clock() - started, count, self.cpu() - spent
 
-    def timed_run(self, min_run_s: float) -> tuple[float, int, int]:
+    def timed_run(self, min_run_s: float) -> tuple[float, int, int, float]:
         """Run ``epochs`` epochs (until ``min_run_s`` on the first run without a warm-up)."""
-        elapsed = 0.0
+        elapsed = used = 0.0
         images = nbytes = done = 0
         adaptive = self.epoch_s is None and not self.runs
         while done < self.epochs or (adaptive and elapsed < min_run_s):
-            seconds, count = self.epoch()
+            seconds, count, cpu_s = self.epoch()
             elapsed += seconds
+            used += cpu_s
             images += count.images
             nbytes += count.nbytes
             done += 1
         if adaptive:
             self.epochs = done
-        return elapsed, images, nbytes
+        return elapsed, images, nbytes, used
 
     def timing(self, target: float | None) -> Timing:
-        elapsed, images, nbytes = zip(*self.runs, strict=True) if self.runs else ((), (), ())
+        runs = list(zip(*self.runs, strict=True)) if self.runs else [(), (), (), ()]
+        elapsed, images, nbytes, used = runs
         first_s, first_images = self.first if self.first is not None else (None, 0)
         return Timing(
             tuple(elapsed),
@@ -211,6 +233,7 @@ class _Stage:
             target,
             first_epoch_s=first_s,
             first_epoch_images=first_images,
+            cpu_s=tuple(used),
         )
 
 
@@ -225,6 +248,7 @@ def time_interleaved(
     before: Mapping[str, Callable[[], None]] | None = None,
     on_run: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    cpu: Callable[[], float] = tree_cpu_s,
 ) -> dict[str, Timing]:
     """Time several measurements alike: interleaved, each run long enough, until steady.
 
@@ -243,6 +267,7 @@ def time_interleaved(
         on_run: Called with the measurement's name after each warm-up epoch and timed run.
         clock: Seconds, monotonic; every duration here (epochs, runs, the budget) is read
             from it, so that a test can drive the logic with a fake clock.
+        cpu: CPU seconds of the process tree so far (``tree_cpu_s``), read around each epoch.
 
     Returns:
         Each measurement's ``Timing``, keyed like ``runs``.
@@ -258,7 +283,7 @@ def time_interleaved(
         raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={min_run_s}")
     started = clock()
     hooks = before or {}
-    stages = {name: _Stage(run, hooks.get(name), clock) for name, run in runs.items()}
+    stages = {name: _Stage(run, hooks.get(name), clock, cpu) for name, run in runs.items()}
 
     def report(name: str) -> None:
         if on_run is not None:
@@ -266,7 +291,7 @@ def time_interleaved(
 
     for _ in range(warmup):
         for name, stage in stages.items():
-            stage.epoch_s, count = stage.epoch()
+            stage.epoch_s, count, _ = stage.epoch()
             if stage.first is None:
                 stage.first = (stage.epoch_s, count.images)
             report(name)
