@@ -2,6 +2,8 @@
 
     python scripts/bench_loaders.py --data bench-data/photos2000 --json loaders.json
     python scripts/bench_loaders.py --only pillow h5pack h5pack-raw --rounds 5
+    python scripts/bench_loaders.py --size 256 --codecs none gzip lz4 zstd --only pillow \
+        naive-h5py webdataset h5pack-raw h5pack-unchecked          # as stored, per codec
     python scripts/bench_loaders.py --quick                  # a smoke run (~1 min)
 
 Data (``prepare``): ``--images`` ImageNet-like JPEGs (``h5pack.synthetic.make_image_folder``,
@@ -10,7 +12,8 @@ quality 90), packed encoded (``h5pack convert``'s default for mixed sizes) and r
 ``--data DIR`` keeps them between runs; ``scripts/bench_ffcv.py`` reads the same data.
 
 Every arm (``--only``) delivers uint8 (B, 3, 224, 224) batches of RandomResizedCrop(224) and a
-horizontal flip, and int64 labels:
+horizontal flip, and int64 labels; with ``--size N`` the JPEGs are exactly N x N and every arm
+delivers them as stored, (B, 3, N, N), the raw packs storing the same pixels:
 
 - ``pillow``: an ImageFolder-style Dataset as users write it (``Image.open().convert("RGB")``,
   torchvision's box, ``crop().resize((224, 224), BILINEAR)``, flip), ``--workers`` workers;
@@ -23,7 +26,8 @@ horizontal flip, and int64 labels:
 - ``h5pack-inproc``: the same in the main process with ``--workers`` threads;
 - ``h5pack-cached``: the same with ``cache="decoded"`` and a budget over the decoded images
   (its first epoch fills the cache);
-- ``h5pack-raw``: the raw 256x256 pack; ``h5pack-unchecked``: the same with
+- ``h5pack-raw``: the raw 256x256 pack (with ``--codecs``: one pack per codec, 64 samples
+  per chunk, each its own arm); ``h5pack-unchecked``: the same with
   ``verify_checksums=False`` (what checking every sample costs).
 
 "first epoch": a loader made fresh each round (worker start-up included); "later epochs":
@@ -60,6 +64,7 @@ from torch.utils.data import DataLoader, Dataset
 from h5pack.bench.system import machine_info, tree_cpu_s, warm_page_cache
 from h5pack.core import format as fmt
 from h5pack.core.format import load_meta
+from h5pack.core.layout import Compression
 from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, random_resized_box
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.loader import make_loader
@@ -80,8 +85,9 @@ def to_chw(hwc: np.ndarray) -> torch.Tensor:
 
 
 class _Pipeline:
-    """RandomResizedCrop(224) + flip with Pillow, a generator per process."""
+    """RandomResizedCrop(224) + flip with Pillow, a generator per process (or as stored)."""
 
+    crop = True  # False: as stored (--size)
     _rng: np.random.Generator | None = None
     _pid = -1
 
@@ -91,6 +97,8 @@ class _Pipeline:
         return self._rng
 
     def augment(self, image: Image.Image) -> torch.Tensor:
+        if not self.crop:
+            return to_chw(np.asarray(image))
         rng = self.rng()
         top, left, height, width = random_resized_box(
             image.height, image.width, DEFAULT_SCALE, DEFAULT_RATIO, rng
@@ -131,13 +139,13 @@ class PillowPeer(_Pipeline, Dataset[tuple[torch.Tensor, int]]):
 
 
 class NaiveH5Peer(_Pipeline, Dataset[tuple[torch.Tensor, int]]):
-    """One h5py read per sample of an encoded pack (h5py's default cache), then as Pillow."""
+    """One h5py read per sample (h5py's default cache), decoded (encoded) and as Pillow."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         meta = load_meta(path)
         self.labels = meta.labels
-        self.slots = meta.blob_slots()
+        self.slots = meta.blob_slots() if meta.mode == "encoded" else None
         self._handle: Any = None
         self._opened = -1
 
@@ -147,10 +155,12 @@ class NaiveH5Peer(_Pipeline, Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if self._opened != os.getpid():
             self._handle, self._opened = h5py.File(self.path, "r"), os.getpid()
-        offsets, sizes = self.slots
-        start = int(offsets[index])
-        data = self._handle[fmt.IMAGES][start : start + int(sizes[index])].tobytes()
-        return self.augment(open_rgb(data)), int(self.labels[index])
+        images, label = self._handle[fmt.IMAGES], int(self.labels[index])
+        if self.slots is None:  # raw pixels
+            return self.augment(Image.fromarray(images[index])), label
+        start = int(self.slots[0][index])
+        data = images[start : start + int(self.slots[1][index])].tobytes()
+        return self.augment(open_rgb(data)), label
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_handle": None, "_opened": -1}
@@ -290,6 +300,29 @@ def prepare(data: Path, images: int) -> tuple[Path, Path, Path]:
     return folder, encoded, raw
 
 
+def prepare_stored(data: Path, images: int, size: int) -> tuple[Path, Path]:
+    """Make (or reuse) JPEGs of exactly ``size`` x ``size`` and their encoded pack."""
+    folder, encoded = data / f"images-{images}-{size}", data / f"encoded-{size}.h5"
+    if not folder.is_dir():
+        spec = SampleSpec(num_images=images, num_classes=10, size=(size, size), quality=90)
+        make_image_folder(folder, spec, photos=PHOTOS, workers=2)
+    if not encoded.exists():
+        convert(folder, encoded)
+    return folder, encoded
+
+
+def raw_packs(folder: Path, codecs: list[str], size: tuple[int, int] | None) -> dict[str, Path]:
+    """Make (or reuse) a raw pack of ``folder`` per codec, 64 samples per chunk."""
+    raws = {}
+    for codec in codecs:
+        raws[codec] = folder.parent / f"{folder.name}-raw-{codec}.h5"
+        if not raws[codec].exists():
+            compression = Compression(codec=codec)
+            options = ConvertOptions(size=size, chunk_samples=64, compression=compression)
+            convert(folder, raws[codec], options)
+    return raws
+
+
 ARMS = (
     "pillow",
     "pillow-manager",
@@ -304,7 +337,12 @@ ARMS = (
 
 
 def arms_of(
-    args: argparse.Namespace, data: Path, folder: Path, encoded: Path, raw: Path, manager: Any
+    args: argparse.Namespace,
+    data: Path,
+    folder: Path,
+    encoded: Path,
+    raws: dict[str, Path],
+    manager: Any,
 ) -> dict[str, tuple[Callable[[], Any], bool]]:
     """Return each chosen arm's loader factory, and whether its first epoch is timed too."""
     samples = image_samples(folder)
@@ -317,9 +355,9 @@ def arms_of(
         )
 
     def h5(pack: Path, **options: Any) -> Callable[[], Any]:
-        return lambda: make_loader(
-            pack, batch, size=SIZE, crop="random-resized", flip=True, **options
-        )
+        if _Pipeline.crop:
+            options = {"size": SIZE, "crop": "random-resized", "flip": True, **options}
+        return lambda: make_loader(pack, batch, **options)
 
     meta = load_meta(encoded)
     decoded = int(sum(int(h) * int(w) * 3 for h, w in meta.shapes[:, :2]))
@@ -330,9 +368,11 @@ def arms_of(
         "h5pack": (h5(encoded), True),
         "h5pack-inproc": (h5(encoded, num_workers=0, threads=workers), True),
         "h5pack-cached": (h5(encoded, cache="decoded", cache_bytes=2 * decoded + 2**24), True),
-        "h5pack-raw": (h5(raw), True),
-        "h5pack-unchecked": (h5(raw, verify_checksums=False), False),
     }
+    for codec, raw in raws.items():
+        named = "" if len(raws) == 1 else f"-{codec}"
+        arms[f"h5pack-raw{named}"] = (h5(raw), True)
+        arms[f"h5pack-unchecked{named}"] = (h5(raw, verify_checksums=False), False)
     if "webdataset" in args.only:
         try:
             import webdataset as wds
@@ -351,7 +391,9 @@ def arms_of(
                 return wds.WebLoader(pipeline, batch_size=None, num_workers=workers, **keep)
 
             arms["webdataset"] = (webdataset, True)
-    return {name: arm for name, arm in arms.items() if name in args.only}
+    return {
+        n: arm for n, arm in arms.items() if (n if n in ARMS else n.rsplit("-", 1)[0]) in args.only
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -361,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2, help="the peers' DataLoader workers")
     parser.add_argument("--only", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--size", type=int, help="JPEGs of exactly N x N, read as stored")
+    parser.add_argument("--codecs", nargs="+", help="a raw pack per codec (default: one)")
     parser.add_argument("--data", type=Path, help="keep the images and packs here (reused)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     parser.add_argument("--quick", action="store_true", help="120 images, 1 round: a smoke run")
@@ -370,12 +414,19 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp)
         data.mkdir(parents=True, exist_ok=True)
-        folder, encoded, raw = prepare(data, args.images)
-        for path in (*folder.rglob("*.jpg"), encoded, raw):
+        if args.size:
+            global SIZE  # every arm delivers the images as stored
+            SIZE, _Pipeline.crop = args.size, False
+            folder, encoded = prepare_stored(data, args.images, args.size)
+            raws = raw_packs(folder, args.codecs or ["none"], None)
+        else:
+            folder, encoded, raw = prepare(data, args.images)
+            raws = raw_packs(folder, args.codecs, (256, 256)) if args.codecs else {"": raw}
+        for path in (*folder.rglob("*.jpg"), encoded, *raws.values()):
             warm_page_cache(path)
         manager = multiprocessing.Manager()
         try:
-            figures = run(args, arms_of(args, data, folder, encoded, raw, manager))
+            figures = run(args, arms_of(args, data, folder, encoded, raws, manager))
         finally:
             manager.shutdown()
     if args.json:

@@ -4,6 +4,7 @@
     python scripts/bench_s3.py --only cache --json sweep.json
     python scripts/bench_s3.py --only peer --images 8000 --size 128 --workers 2
     python scripts/bench_s3.py --only upload --images 600 --size 128 --shards 4
+    python scripts/bench_s3.py --only mix --rounds 5 --latency-ms 20
 
 On ``rclone serve s3`` over a temporary folder (``h5pack.bench.s3local``), through its
 counting proxy where requests are counted, straight to rclone where rates are timed. Parts
@@ -26,7 +27,10 @@ counting proxy where requests are counted, straight to rclone where rates are ti
 - ``peer``: an encoded set converted into the bucket against WebDataset tar shards of the
   same JPEGs from the same server (``pipe:rclone cat``), local copies of both beside them;
 - ``upload``: converting into the bucket against converting locally (one pack, a set, the
-  set again): seconds and every request counted.
+  set again): seconds and every request counted;
+- ``mix``: a 3:1 mix of two raw 96x96 lz4 packs (3,072 + 1,024 images) in its first epoch,
+  local against remote read ahead by the mix's plan and remote without it
+  (``loader.dataset.planner = None``), every GET delayed ``--latency-ms`` (0: none).
 
 Every rate comes with the CPU microseconds per image of the loader's process tree (the
 server counted apart). No figure is asserted: the tests assert the counts.
@@ -64,7 +68,7 @@ from h5pack.write.shards import convert_set
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loaders import PHOTOS, jpeg_samples, stack, wds_tuple, write_shards
 
-PARTS = ("open", "first", "cache", "peer", "upload")
+PARTS = ("open", "first", "cache", "peer", "upload", "mix")
 SERVER_PID = [-1]  # the rclone process, left out of the loader's tree
 
 
@@ -248,6 +252,18 @@ def part_first(args: argparse.Namespace, work: Path, bucket: Bucket, server: S3S
         return time.perf_counter() - wall, tree_cpu_s(exclude=SERVER_PID) - cpu, args.samples
 
     placements = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
+    for name, storage in (("lean", direct), ("botocore", botocore)):  # the client's own cost
+        with PackReader(url, ReaderOptions(storage_options=direct, cache_disk_bytes=0)) as r:
+            offsets, sizes = r.chunk_index or ((), ())
+        source = S3Source(url, resolve_options({**storage, "max_in_flight": 8}))
+        wall, cpu = time.perf_counter(), time.process_time()
+        source.read_ranges([(int(o), int(o) + int(n)) for o, n in zip(offsets, sizes, strict=True)])
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        print(
+            f"{name} GETs: {1e3 * cpu / len(sizes):.2f} ms CPU per "
+            f"{sum(sizes) / len(sizes) / 2**20:.1f} MiB GET, {sum(sizes) / wall / 2**20:.0f} MiB/s "
+            "with 8 in flight"
+        )
     side_by_side(
         {
             f"raw{args.side} local copy": lambda: first_epoch(pack, None, **workers),
@@ -454,6 +470,42 @@ def part_upload(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: Fau
         print(f"{name:24s} {elapsed:6.2f}  {said} ({counts.body_bytes} B)")
 
 
+def part_mix(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: FaultProxy) -> None:
+    a, b = work / "mix-a.h5", work / "mix-b.h5"
+    build_pack(a, 3072, 96, 64, "lz4")
+    build_pack(b, 1024, 96, 64, "lz4")
+    urls = [bucket.put(a, "mix-a.h5"), bucket.put(b, "mix-b.h5")]
+    storage = dict(bucket.storage_options)  # through the proxy, which delays every GET
+
+    def mix(sources: list[Any], plan: bool) -> Callable[[], tuple]:
+        def run() -> tuple:
+            proxy.clear()
+            if args.latency_ms > 0:
+                proxy.inject(Fault("delay", delay_s=args.latency_ms / 1e3), times=100_000)
+            remote = {} if sources[0] == a else {"storage_options": storage, "cache_disk_bytes": 0}
+            loader = make_loader(
+                sources, 256, weights=[3, 1], num_workers=args.workers, seed=0, **remote
+            )
+            if not plan:
+                loader.dataset.planner = None
+            ((wall, cpu, images),) = epochs(loader, 1)
+            return wall, cpu, images
+
+        return run
+
+    side_by_side(
+        {
+            "local packs": mix([a, b], True),
+            "remote, read ahead by the plan": mix(urls, True),
+            "remote, no plan": mix(urls, False),
+        },
+        args.rounds,
+        [False],
+        bucket.server.pid,
+    )
+    proxy.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=PARTS, default=["open", "first", "cache"])
@@ -487,9 +539,8 @@ def main() -> None:
                     if args.json is not None:
                         args.json.write_text(json.dumps(found, indent=1))
                 else:
-                    {"open": part_open, "peer": part_peer, "upload": part_upload}[part](
-                        args, work, bucket, proxy
-                    )
+                    parts = {"open": part_open, "peer": part_peer, "upload": part_upload}
+                    {**parts, "mix": part_mix}[part](args, work, bucket, proxy)
 
 
 if __name__ == "__main__":
