@@ -1,6 +1,7 @@
 """The command line through CliRunner: exit codes, messages, no tracebacks."""
 
 import json
+import re
 
 import h5py
 import numpy as np
@@ -253,6 +254,15 @@ def test_demo_generates_packs_and_reads_a_batch(tmp_path):
     assert "packed 64 images" in result.stdout
     assert "read one batch back" in result.stdout
     assert (tmp_path / "demo" / "demo.h5").exists()
+
+
+def test_demo_says_each_message_once(tmp_path):
+    result = run("demo", "--out", tmp_path / "demo", "--workers", "1")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert sum("auto mode chose" in line for line in lines) == 1, result.output
+    messages = [re.sub(r"^\d\. ", "", line) for line in lines if "%|" not in line]
+    assert len(messages) == len(set(messages)), result.output
 
 
 @pytest.mark.parametrize(

@@ -378,7 +378,8 @@ def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
             options,
             overwrite=True,
             progress=progress.advance,
-            on_event=progress.event,
+            # step 2 says the chosen mode: its event would say it twice
+            on_event=lambda event: None if event.kind == "mode" else progress.event(event),
         )
     from h5pack.check import pack_info
 
