@@ -98,6 +98,33 @@ def test_a_loader_bound_step_waits_most_of_it(encoded):
     assert stats.advice  # said in words, with the remedy
 
 
+def test_the_report_is_one_short_line_and_the_full_one_on_request(encoded):
+    loader, clock = timed_loader(encoded, 1.0)
+    for _ in loader:
+        clock.advance(0.1)
+    stats = loader.stats()
+    short = str(stats)
+    assert short == stats.line()
+    assert len(short) <= 120, short
+    assert "\n" not in short
+    assert short.startswith(f"waited {stats.wait_share:.0%} for batches")
+    assert f"bottleneck: {stats.bottleneck}; fix: {stats.fix}" in short
+    full = stats.line(full=True)
+    assert len(full) > len(short)
+    assert stats.advice in full
+    assert f"{stats.steps} steps" in full
+    short_lines: list[str] = []
+    loader.report_every(1, short_lines.append)
+    for _ in loader:
+        clock.advance(0.1)
+    full_lines: list[str] = []
+    loader.report_every(1, full_lines.append, full=True)
+    for _ in loader:
+        clock.advance(0.1)
+    assert all(len(line) <= 120 and "; fix: " in line for line in short_lines)
+    assert all(stats.advice in line for line in full_lines)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stage_times_travel_with_the_batches(encoded, workers):
     loader = make_loader(encoded, 5, size=32, num_workers=workers)
@@ -119,7 +146,7 @@ def test_the_report_is_logged_every_n_steps(encoded):
     for _ in loader:
         pass
     assert len(lines) == NUM // 2 // 4
-    assert all("waited" in line and "steps" in line for line in lines)
+    assert all(line.startswith("waited") and len(line) <= 120 for line in lines)
     with pytest.raises(ValueError, match="steps should be"):
         loader.report_every(-1)
 

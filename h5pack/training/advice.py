@@ -124,6 +124,31 @@ def advise(bottleneck: str, facts: PackFacts) -> str:
     return _storage_advice(facts)
 
 
+def short_fix(bottleneck: str, facts: PackFacts) -> str:
+    """Return the first thing to try against ``bottleneck`` on this pack, in a few words."""
+    if bottleneck == "loader":
+        if facts.transforms:
+            return "normalise on the GPU (DevicePrefetcher(normalize=...))"
+        if facts.workers and facts.mode == "raw" and facts.size is None:
+            return "num_workers=0 (a raw pack reads fastest in the main process)"
+        return "larger batches"
+    if bottleneck == "storage":
+        if not facts.compressed and facts.mode == "raw":
+            return "convert with --compression lz4 (fewer bytes per image)"
+        return "a faster disk, or memory for the page cache"
+    if facts.mode == "encoded":
+        if facts.cached:
+            return "convert --mode raw --size N (no decoding at all)"
+        return "make_loader(cache='decoded', ...) (decode each image once)"
+    if facts.compressed:
+        if facts.codec.startswith(("lz4", "blosc")):
+            return "convert with --compression none"
+        return "convert with --compression lz4"
+    if facts.size is not None:
+        return "convert --size N near the training size"
+    return "fewer bytes per image"
+
+
 def _decode_advice(facts: PackFacts) -> str:
     """``advise``'s words for a loader bound by decoding or decompressing."""
     if facts.mode == "encoded" and facts.cached:

@@ -278,15 +278,11 @@ class H5Loader(DataLoader[Any]):
         """Start ``stats()`` again from zero (e.g. after a warm-up epoch)."""
         self.stall.reset()
 
-    def report_every(self, steps: int, log: Callable[[str], None] | None = None) -> None:
-        """Log ``stats().line()`` every ``steps`` batches (0: never); default logger ``h5pack``.
-
-        Raises:
-            OptionsError: ``steps`` is negative.
-        """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
-        self.stall.every, self.stall.log = steps, log
+    def report_every(
+        self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
+    ) -> None:
+        """Log ``stats()`` every ``steps`` batches (see ``StallMonitor.report_every``)."""
+        self.stall.report_every(steps, log, full=full)
 
     @property
     def chunk_sampler(self) -> ChunkBatchSampler:

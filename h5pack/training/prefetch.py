@@ -113,11 +113,11 @@ class DevicePrefetcher:
         self._collect_transfers()
         self.stall.reset()
 
-    def report_every(self, steps: int, log: Callable[[str], None] | None = None) -> None:
-        """Log ``stats().line()`` every ``steps`` batches (0: never); default logger ``h5pack``."""
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
-        self.stall.every, self.stall.log = steps, log
+    def report_every(
+        self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
+    ) -> None:
+        """Log ``stats()`` every ``steps`` batches (see ``StallMonitor.report_every``)."""
+        self.stall.report_every(steps, log, full=full)
 
     def _collect_transfers(self) -> None:
         """Add the finished CUDA copies' times to "transfer" (an event query, no sync)."""

@@ -2,22 +2,12 @@
 
 # NOTE [ Stall report ]
 #
-# ``bench --diagnose`` finds a loader's bottleneck offline, by running it three ways; this is
-# the same question asked while training runs, at the cost of a few clock readings per batch:
-# - wait: the time the training loop spends inside ``next()`` of the loader (or of the
-#   ``DevicePrefetcher``), against the time it spends on its step between two batches. A
-#   compute-bound loop waits ~0% of each step; a loader-bound one most of it.
-# - stages: every process that fills batches (the main process's threads, or each worker)
-#   adds the nanoseconds it spends per stage to its ``StageTimes`` (storage, decompression,
-#   decode, crop and resize, collation; the prefetcher adds transfer). The collate wrapper
-#   takes them with each batch, so they travel to the main process with it (two words per
-#   stage, no shared state between processes).
-# - the loader's own rate: images per second of stage time, times the processes or threads
-#   working in parallel; what the loader could deliver if training never held it up.
-# The dominant stage is the one with the most time; ``training.advice`` maps it onto the
-# three bottlenecks ``bench --diagnose`` names (storage, decode, loader) and says the same
-# words and remedy for this pack. Times are the process's ``perf_counter_ns`` (threads'
-# times add up: a stage's time is CPU-like, across threads), or an injected clock in tests.
+# The question ``bench --diagnose`` answers offline, asked while training runs, for a few
+# clock readings per batch: the loop's wait inside ``next()`` against its step; each
+# process's nanoseconds per stage (``StageTimes``), which ``TimedCollate`` sends along with
+# each batch; the loader's own rate (images per second of stage time, times the processes
+# or threads in parallel). The dominant stage maps onto ``bench --diagnose``'s bottlenecks
+# and words (``training.advice``). Design: ARCHITECTURE.md, "Stall report".
 """
 
 from __future__ import annotations
@@ -32,7 +22,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from h5pack.training.advice import PackFacts, advise, share_labels
+from h5pack.errors import OptionsError
+from h5pack.training.advice import PackFacts, advise, share_labels, short_fix
 
 STAGES: tuple[str, ...] = ("storage", "decompression", "decode", "crop", "collation", "transfer")
 STAGE_WORDS = {
@@ -180,6 +171,10 @@ class LoaderStats:
             steps, else the bottleneck of ``bench --diagnose`` the dominant stage belongs to
             (``"storage"``, ``"decode"`` or ``"loader"``).
         advice: What would help, in ``bench --diagnose``'s words for this pack.
+        fix: The first thing to try, in a few words ("" when compute-bound or unknown).
+
+    ``str()`` is one short line (the wait, the bottleneck, its fix); ``line(full=True)``
+    the whole report in words.
     """
 
     steps: int
@@ -193,9 +188,20 @@ class LoaderStats:
     dominant: str
     bottleneck: str
     advice: str
+    fix: str = ""
 
-    def line(self) -> str:
-        """Return the report in one line of words, with the remedy."""
+    def __str__(self) -> str:
+        return self.line()
+
+    def line(self, *, full: bool = False) -> str:
+        """Return the report in one line: short (wait, bottleneck, fix), or ``full``."""
+        if not full:
+            head = f"waited {self.wait_share:.0%} for batches"
+            if self.bottleneck == "compute":
+                return head + "; compute-bound: nothing to change"
+            if not self.fix:
+                return head + "; bottleneck: the loader (its stages are not timed)"
+            return head + f"; bottleneck: {self.bottleneck}; fix: {self.fix}"
         head = (
             f"{self.steps} steps, waited {self.wait_share:.0%} of the time for batches; "
             f"{self.images_per_s:,.0f} images/s taken"
@@ -224,6 +230,7 @@ class StallMonitor:
         clock: Seconds, for the waits and steps (tests inject one).
         every: Log ``stats().line()`` every this many steps; 0 never.
         log: Where the line goes; default the ``h5pack`` logger at INFO.
+        full: Log the full report (``line(full=True)``) rather than the short line.
     """
 
     parallel: int = 1
@@ -231,6 +238,7 @@ class StallMonitor:
     clock: Callable[[], float] = time.perf_counter
     every: int = 0
     log: Callable[[str], None] | None = None
+    full: bool = False
     steps: int = 0
     images: int = 0
     wait_s: float = 0.0
@@ -247,7 +255,21 @@ class StallMonitor:
         if stage_ns is not None:
             self.stage_ns += np.asarray(stage_ns, dtype=np.int64)
         if self.every and self.steps % self.every == 0:
-            (self.log or logging.getLogger("h5pack").info)(self.stats().line())
+            (self.log or logging.getLogger("h5pack").info)(self.stats().line(full=self.full))
+
+    def report_every(
+        self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
+    ) -> None:
+        """Log the short line (the full report with ``full``) every ``steps`` batches.
+
+        ``steps`` 0 logs never; ``log`` defaults to the ``h5pack`` logger at INFO.
+
+        Raises:
+            OptionsError: ``steps`` is not an int >= 0.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
+        self.every, self.log, self.full = steps, log, full
 
     def reset(self) -> None:
         """Forget what was counted (e.g. after a warm-up epoch)."""
@@ -320,9 +342,10 @@ def summarize(
             # a pack the page cache holds is read from memory: copying it is the loader's
             # work, as bench --diagnose counts it (its warm stage)
             bottleneck = "decode"
-    advice = ""
+    advice = fix = ""
     if bottleneck != "compute" and facts is not None:
         advice = f"{share_labels(facts)[bottleneck]}: {advise(bottleneck, facts)}"
+        fix = short_fix(bottleneck, facts)
     return LoaderStats(
         steps=steps,
         images=images,
@@ -335,4 +358,5 @@ def summarize(
         dominant=dominant,
         bottleneck=bottleneck,
         advice=advice,
+        fix=fix,
     )
