@@ -9,9 +9,6 @@ the whole process tree, and the median of per-round ratios (2 workers / main pro
 ``memcpy``: the same pack read without a crop (``num_workers=0, threads=2``) against copying
 the same number of images per batch out of an in-memory array in a shuffled order (CPU of
 this process, ``time.process_time``; 4 epochs of each per round).
-``plan``: the raw pack through the crop in the main process (one thread, CPU of this
-process), with the batch's sample generators prepared at once and without (each sample's
-``sample_rng`` built on its own), interleaved: the ratio of CPU per image.
 ``kernels``: one thread, ``time.thread_time``: a fresh shared-memory batch filled against a
 reused one; ``preadv`` of one stored image against a copy out of an ``mmap`` of the pack;
 torch's resize of a box copied contiguous against the strided box (pixels compared).
@@ -132,35 +129,6 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
             print(f"read / memcpy per CPU-s: {statistics.median(a / b for a, b in pairs):.2f}")
 
 
-def plan(pack: Path, rounds: int) -> None:
-    """Batch-prepared sample generators against one ``sample_rng`` per sample."""
-    import h5pack.training.fixed_size as fixed_size
-
-    prepare = fixed_size.prepare_sample_rngs
-    loader = make_loader(
-        pack, BATCH, size=224, crop="random-resized", flip=True, num_workers=0, threads=1
-    )
-
-    def us_per_image(epoch: int) -> float:
-        loader.set_epoch(epoch)
-        images, start = 0, time.process_time()
-        for _, labels in loader:
-            images += len(labels)
-        return (time.process_time() - start) / images * 1e6
-
-    us_per_image(0)
-    found: dict[str, list[float]] = {"per sample": [], "per batch": []}
-    for number in range(rounds):
-        for name in found:
-            fixed_size.prepare_sample_rngs = prepare if name == "per batch" else _nothing
-            found[name].append(us_per_image(number + 1))
-    fixed_size.prepare_sample_rngs = prepare
-    for name, values in found.items():
-        print(f"generators {name}: us CPU per image {[round(v) for v in values]}")
-    pairs = zip(found["per batch"], found["per sample"], strict=True)
-    print(f"per batch / per sample CPU: {statistics.median(a / b for a, b in pairs):.3f}")
-
-
 def kernels(pack: Path, repeats: int = 30) -> None:
     """The hand-off, read and resize kernels alone, microseconds of CPU per image."""
     import mmap
@@ -264,8 +232,7 @@ def floor(pack: Path, rounds: int) -> None:
     import torch
 
     from h5pack.core.integrity import contiguous_sample_digest
-    from h5pack.read.batchplan import plan_crops
-    from h5pack.training.fixed_size import _AA_OUT
+    from h5pack.read.boxes import plan_crops
 
     digest = contiguous_sample_digest()
     assert digest is not None, "the floors need xxhash"
@@ -301,8 +268,10 @@ def floor(pack: Path, rounds: int) -> None:
             (top, left, height, width), flip = plans[k]  # type: ignore[misc]
             box = np.array(view[top : top + height, left : left + width])
             target = out[k]
-            _AA_OUT(torch.from_numpy(box.transpose(2, 0, 1)[None]), [224, 224], False,
-                    out=torch.from_numpy(target.transpose(2, 0, 1)[None]))  # fmt: skip
+            torch.ops.aten._upsample_bilinear2d_aa.out(
+                torch.from_numpy(box.transpose(2, 0, 1)[None]), [224, 224], False,
+                out=torch.from_numpy(target.transpose(2, 0, 1)[None]),
+            )  # fmt: skip
             if flip:
                 cv2.flip(target, 1, dst=target)
 
@@ -373,7 +342,7 @@ def floor(pack: Path, rounds: int) -> None:
 
 
 def _nothing(*args: object, **kwargs: object) -> None:
-    """No generators prepared: ``plan_crop`` builds each sample's own."""
+    """The copy left out."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -381,16 +350,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pack", type=Path, required=True, help="a raw pack (e.g. 256x256)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=BATCH, help="memcpy's batch size")
-    parser.add_argument(
-        "--only", choices=("handoff", "memcpy", "plan", "kernels", "floor"), default=None
-    )
+    parser.add_argument("--only", choices=("handoff", "memcpy", "kernels", "floor"), default=None)
     args = parser.parse_args(argv)
     if args.only in (None, "handoff"):
         handoff(args.pack, args.rounds)
     if args.only in (None, "memcpy"):
         memcpy(args.pack, args.rounds, batch=args.batch)
-    if args.only in (None, "plan"):
-        plan(args.pack, args.rounds)
     if args.only in (None, "kernels"):
         kernels(args.pack)
     if args.only in (None, "floor"):

@@ -65,13 +65,15 @@ import numpy as np
 import torch
 
 from h5pack import make_loader
-from h5pack.read.batchplan import plan_crops
-from h5pack.read.boxes import CropSpec
+from h5pack.read.boxes import CropSpec, plan_crops
 from h5pack.read.crop import decode_jpeg, upright_jpeg_header
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.training.fixed_size import _AA_OUT, FixedSizeReader, torch_resize_into
+from h5pack.training.fixed_size import FixedSizeReader, torch_resize_into
 
 BATCH = 64
+
+# torch's in-place antialiased bilinear kernel (NOTE [ Pillow's filter, computed by torch ])
+AA_OUT = torch.ops.aten._upsample_bilinear2d_aa.out
 
 
 def profile(data: Path, top: int) -> None:
@@ -220,7 +222,7 @@ def phase(data: Path, rounds: int, threads: int) -> None:
                 began = time.thread_time()
                 (top, left, box_h, box_w), flip = plans[j]
                 box = np.array(image[top : top + box_h, left : left + box_w])
-                _AA_OUT(
+                AA_OUT(
                     torch.from_numpy(box.transpose(2, 0, 1)[None]),
                     size,
                     False,

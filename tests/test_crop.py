@@ -16,7 +16,7 @@ from PIL import Image, ImageOps
 from h5pack.core.decode import Backend, apply_orientation, decode_image, resize_image
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read import boxes
-from h5pack.read.boxes import stored_box
+from h5pack.read.boxes import plan_ahead, stored_box
 from h5pack.read.crop import (
     CROPS,
     DEFAULT_RATIO,
@@ -26,6 +26,7 @@ from h5pack.read.crop import (
     center_box,
     crop_array,
     crop_into,
+    crop_uniforms,
     decode_crop,
     decode_crop_into,
     decode_pixels,
@@ -33,9 +34,9 @@ from h5pack.read.crop import (
     opencv_resize_into,
     pillow_resize_into,
     plan_crop,
+    plan_crops,
     random_resized_box,
     reference_resize,
-    sample_rng,
     scale_box,
 )
 from h5pack.synthetic import synthesize_photo
@@ -334,19 +335,77 @@ def test_plan_is_a_pure_function_of_seed_epoch_index() -> None:
 
 def test_plan_stream_is_fixed() -> None:
     # The stream is part of the contract: a resumed run (or a new h5pack version) must cut
-    # the same boxes. Change these values only on purpose.
+    # the same boxes. Change these values only on purpose (and say so in CHANGELOG.md).
     spec = CropSpec.of(224, crop="random-resized", flip=True)
-    assert plan_crop(spec, 500, 375, seed=0, epoch=0, index=0) == (Box(96, 39, 283, 302), False)
-    assert plan_crop(spec, 500, 375, seed=7, epoch=3, index=11) == (Box(80, 46, 343, 325), True)
+    assert plan_crop(spec, 500, 375, seed=0, epoch=0, index=0) == (Box(280, 65, 137, 171), False)
+    assert plan_crop(spec, 500, 375, seed=7, epoch=3, index=11) == (Box(98, 47, 316, 306), True)
 
 
-def test_sample_rng_seed_modulo_and_validation() -> None:
-    a = sample_rng(-1, 0, 0).random(3)
-    np.testing.assert_array_equal(a, sample_rng(2**64 - 1, 0, 0).random(3))
+def test_uniforms_seed_modulo_and_validation() -> None:
+    a = crop_uniforms(-1, 0, [0, 5])
+    np.testing.assert_array_equal(a, crop_uniforms(2**64 - 1, 0, [0, 5]))
+    assert a.shape == (2, 23)
+    assert ((a >= 0) & (a < 1)).all()
     with pytest.raises(OptionsError, match="epoch and index should be non-negative"):
-        sample_rng(0, -1, 0)
+        crop_uniforms(0, -1, [0])
     with pytest.raises(OptionsError, match="index=-2"):
-        sample_rng(0, 0, -2)
+        crop_uniforms(0, 0, [3, -2])
+
+
+def test_uniforms_are_uniform_and_independent() -> None:
+    draws = crop_uniforms(3, 1, np.arange(20_000))
+    assert abs(draws.mean() - 0.5) < 0.005
+    assert abs(draws.var() - 1 / 12) < 0.002
+    counts = np.histogram(draws[:, 0], bins=10, range=(0, 1))[0]
+    assert 1800 < counts.min() <= counts.max() < 2200
+    correlations = np.corrcoef(draws.T)[np.triu_indices(draws.shape[1], 1)]
+    assert np.abs(correlations).max() < 0.04  # between draws of a sample
+    neighbours = np.corrcoef(draws[:-1, 0], draws[1:, 0])[0, 1]
+    assert abs(neighbours) < 0.04  # between samples
+    assert not np.array_equal(crop_uniforms(3, 2, [0]), crop_uniforms(3, 1, [0]))
+    assert not np.array_equal(crop_uniforms(4, 1, [0]), crop_uniforms(3, 1, [0]))
+
+
+@pytest.mark.parametrize("crop", ["random-resized", "center", "resize"])
+@pytest.mark.parametrize("flip", [True, False])
+def test_a_sample_s_plan_does_not_depend_on_its_batch(crop, flip) -> None:
+    rng = np.random.default_rng(7)
+    spec = CropSpec.of((224, 160), crop=crop, flip=flip)
+    for trial in range(6):
+        heights, widths = rng.integers(1, 700, 64), rng.integers(1, 700, 64)
+        if trial % 2:  # elongated: attempts fail, the central fallback
+            heights, widths = rng.integers(1, 20, 64), rng.integers(200, 4000, 64)
+        indices = rng.integers(0, 2**40, 64)
+        seed, epoch = int(rng.integers(-(2**63), 2**63)), int(rng.integers(0, 1000))
+        got = plan_crops(spec, heights, widths, seed=seed, epoch=epoch, indices=indices)
+        half = plan_crops(
+            spec, heights[32:], widths[32:], seed=seed, epoch=epoch, indices=indices[32:]
+        )
+        assert got[32:] == half
+        one = [
+            plan_crop(spec, int(h), int(w), seed=seed, epoch=epoch, index=int(i))
+            for h, w, i in zip(heights, widths, indices, strict=True)
+        ]
+        assert got == one
+        assert all(type(f) is bool for _, f in got)
+        plan_ahead(spec, np.stack([heights, widths], 1), seed=seed, epoch=epoch, indices=indices)
+        assert one == [
+            plan_crop(spec, int(h), int(w), seed=seed, epoch=epoch, index=int(i))
+            for h, w, i in zip(heights, widths, indices, strict=True)
+        ]
+
+
+def test_plan_crops_empty_and_refused() -> None:
+    spec = CropSpec.of(8, crop="random-resized", flip=True)
+    assert plan_crops(spec, [], [], seed=0, epoch=0, indices=[]) == []
+    with pytest.raises(OptionsError, match="at least 1x1"):
+        plan_crops(spec, [0], [4], seed=0, epoch=0, indices=[0])
+    with pytest.raises(OptionsError, match="non-negative"):
+        plan_crops(spec, [4], [4], seed=0, epoch=-1, indices=[0])
+    with pytest.raises(OptionsError, match="one entry per sample"):
+        plan_crops(spec, [4, 4], [4], seed=0, epoch=0, indices=[0])
+    with pytest.raises(OptionsError, match="non-negative"):
+        plan_crops(CropSpec.of(8, crop="center"), [4], [4], seed=0, epoch=0, indices=[-1])
 
 
 def test_flip_rate_is_one_half() -> None:
@@ -833,19 +892,3 @@ def test_decode_crop_real_photos(crop: str) -> None:
         out = decode_crop(data, spec, seed=0, epoch=0, index=index, name=path.name)
         check_output(out, (224, 224, 3))
         assert_close(out, full_path(data, spec, index))
-
-
-def test_the_batch_generators_are_sample_rng_s_streams():
-    from h5pack.read.boxes import _state_of, pcg64_states, prepare_sample_rngs
-
-    indices = [0, 1, 2, 7, 999, 123456, 2**32 - 1]
-    for seed in (0, 1, -5, 12345678901234567, 2**70 + 3):
-        for epoch in (0, 3, 2**33):
-            want = [_state_of(sample_rng(seed, epoch, i)) for i in indices]
-            assert pcg64_states(seed, epoch, indices) == want
-    assert pcg64_states(4, 1, [2**32 + 5]) == [_state_of(sample_rng(4, 1, 2**32 + 5))]
-    spec = CropSpec.of(24, crop="random-resized", flip=True)
-    plain = [plan_crop(spec, 50, 70, seed=9, epoch=2, index=i) for i in range(40)]
-    prepare_sample_rngs(9, 2, list(range(40)))
-    assert [plan_crop(spec, 50, 70, seed=9, epoch=2, index=i) for i in range(40)] == plain
-    assert [plan_crop(spec, 50, 70, seed=9, epoch=2, index=i) for i in range(40)] == plain

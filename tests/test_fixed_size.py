@@ -329,6 +329,23 @@ def test_the_per_batch_loop_enlarges_as_the_kernel_does(packs, kind, monkeypatch
     assert bool(mapped) == (kind == "fixed")
 
 
+def test_without_torch_s_in_place_op_the_public_call_gives_the_same_pixels(monkeypatch):
+    """NOTE [ Pillow's filter, computed by torch ]: the fallback, and its report."""
+    from h5pack.bench.system import machine_info
+    from h5pack.training import fixed_size
+
+    pixels = synthesize_photo(np.random.default_rng(2), (300, 260))
+    box = pixels[20:270, 10:250]
+    fast, public = np.empty((224, 224, 3), np.uint8), np.empty((224, 224, 3), np.uint8)
+    torch_resize_into(box, fast)
+    assert fixed_size.resize_route() == "torch, in-place ATen op"
+    monkeypatch.setattr(fixed_size, "_AA_OUT", fixed_size._interpolate_into)
+    torch_resize_into(box, public)
+    np.testing.assert_array_equal(public, fast)
+    assert "public interpolate" in fixed_size.resize_route()
+    assert "public interpolate" in machine_info().describe()
+
+
 def test_torch_kernel_hands_one_channel_to_pillow():
     pixels = np.random.default_rng(1).integers(0, 256, (40, 50, 1), dtype=np.uint8)
     got, want = np.empty((16, 20, 1), np.uint8), np.empty((16, 20, 1), np.uint8)

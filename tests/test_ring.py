@@ -172,6 +172,26 @@ def test_local_batches_reuse_a_buffer_only_once_nothing_references_it():
     assert pool.take((2, 2)).shape == (2, 2)
 
 
+def test_where_torch_cannot_count_references_every_batch_gets_a_fresh_buffer(packs, monkeypatch):
+    """The fallback of the use count (a torch internal), and its report."""
+    from h5pack.bench.system import machine_info
+
+    monkeypatch.setattr(ring_module, "_STORAGE_USE_COUNT", None)
+    pool = ring_module.LocalBatches()
+    first = pool.take((4, 5))
+    address = first.data_ptr()
+    del first
+    assert pool.take((4, 5)).data_ptr() != address  # never found unreferenced
+    assert "fresh buffers" in machine_info().describe()
+    loader = make_loader(packs["raw"], 4, size=16, flip=True, num_workers=2, seed=2)
+    plan = [list(batch) for batch in loader.batch_sampler]
+    got = [(images.clone(), labels) for images, labels in loader]  # each batch let go
+    for (images, labels), batch in zip(got, plan, strict=True):
+        want = loader.dataset.__getitems__(batch)
+        assert torch.equal(images, want.images)
+        assert torch.equal(labels, want.labels)
+
+
 def test_in_process_batches_kept_by_the_loop_are_never_overwritten(tmp_path):
     """Every batch of two epochs kept in a list: each still holds its own pixels."""
     rng = np.random.default_rng(5)

@@ -178,6 +178,7 @@ class Machine:
     h5py: str
     hdf5: str
     filesystem: str
+    native: str = ""  # native_routes(): the paths with a fallback this process takes
 
     def describe(self) -> str:
         """Return one line, e.g. ``"2 cores (Xeon...), 24 GiB, Linux, ext4"``."""
@@ -185,6 +186,7 @@ class Machine:
         return (
             f"{self.cores} cores ({self.cpu}){memory}, {self.system}, Python {self.python}, "
             f"h5py {self.h5py} / HDF5 {self.hdf5}, file system {self.filesystem}"
+            + (f"; {self.native}" if self.native else "")
         )
 
 
@@ -207,7 +209,18 @@ def machine_info(where: StrPath = ".") -> Machine:
         h5py=h5py.__version__,
         hdf5=h5py.version.hdf5_version,
         filesystem=_filesystem(os.fspath(where)),
+        native=native_routes(),
     )
+
+
+def native_routes() -> str:
+    """The compiled or torch-internal paths this process takes; each has a fallback."""
+    from h5pack.core import jpegbox
+    from h5pack.training.fixed_size import resize_route
+    from h5pack.training.ring import reuse_route
+
+    decoder = jpegbox.library() or "off, JPEGs decoded whole"
+    return f"JPEG box decoder: {decoder}; resize: {resize_route()}; batch buffers: {reuse_route()}"
 
 
 def tree_cpu_s(exclude: Collection[int] = ()) -> float:

@@ -8,11 +8,12 @@ cut out of one image and whether to flip the result, from the image's displayed 
 * ``"center"``: the largest centred box with the output's aspect ratio (:func:`center_box`);
 * ``"resize"``: the whole image.
 
-Randomness is a pure function of ``(seed, epoch, index)`` (:func:`sample_rng`), so an epoch
-gives the same boxes and flips in any process, with any number of workers, and a resumed
-epoch continues identically. The rest is box arithmetic the kernels of :mod:`h5pack.read.crop`
-share: a box through an EXIF orientation (:func:`stored_box`), onto a resized image
-(:func:`scale_box`), and how far a JPEG may be decoded at reduced scale (:func:`dct_reduction`).
+Randomness is a pure function of ``(seed, epoch, index)`` (:func:`crop_uniforms`), so an
+epoch gives the same boxes and flips in any process, with any number of workers, and a
+resumed epoch continues identically; :func:`plan_crops` plans a whole batch at once. The
+rest is box arithmetic the kernels of :mod:`h5pack.read.crop` share: a box through an EXIF
+orientation (:func:`stored_box`), onto a resized image (:func:`scale_box`), and how far a
+JPEG may be decoded at reduced scale (:func:`dct_reduction`).
 This module decodes and resizes nothing.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import math
 import operator
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, SupportsIndex
@@ -218,7 +218,7 @@ def random_resized_box(
         width: The image's width.
         scale: ``(low, high)`` area fractions; ``0 < low <= high <= 1``.
         ratio: ``(low, high)`` aspect ratios; ``0 < low <= high``.
-        rng: The source of randomness (see :func:`sample_rng`).
+        rng: The source of randomness.
 
     Returns:
         A box inside the image.
@@ -227,27 +227,46 @@ def random_resized_box(
         OptionsError: The image size, ``scale`` or ``ratio`` is invalid.
     """
     _check_image_size(height, width)
-    scale_low, scale_high = _check_range("scale", scale, upper=1.0)
-    ratio_low, ratio_high = _check_range("ratio", ratio, upper=math.inf)
-    area = height * width
-    log_low, log_high = math.log(ratio_low), math.log(ratio_high)
-    for _ in range(RANDOM_ATTEMPTS):
-        target_area = area * rng.uniform(scale_low, scale_high)
-        aspect = math.exp(rng.uniform(log_low, log_high))
-        box_w = round(math.sqrt(target_area * aspect))
-        box_h = round(math.sqrt(target_area / aspect))
-        if 0 < box_w <= width and 0 < box_h <= height:
-            top = int(rng.integers(0, height - box_h + 1))
-            left = int(rng.integers(0, width - box_w + 1))
-            return Box(top, left, box_h, box_w)
-    in_ratio = width / height
-    if in_ratio < ratio_low:
-        box_w, box_h = width, max(1, round(width / ratio_low))
-    elif in_ratio > ratio_high:
-        box_w, box_h = max(1, round(height * ratio_high)), height
-    else:
-        box_w, box_h = width, height
-    return Box((height - box_h) // 2, (width - box_w) // 2, box_h, box_w)
+    scale = _check_range("scale", scale, upper=1.0)
+    ratio = _check_range("ratio", ratio, upper=math.inf)
+    draws = rng.random((1, _DRAWS))
+    return Box(*_random_boxes(np.array([height]), np.array([width]), scale, ratio, draws)[0])
+
+
+def _random_boxes(
+    h: np.ndarray,
+    w: np.ndarray,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    draws: np.ndarray,
+) -> list[list[int]]:
+    """``random_resized_box`` on a batch: one row of ``_DRAWS`` uniforms per image."""
+    area = (h * w).astype(np.float64)[:, None]
+    tries = 2 * RANDOM_ATTEMPTS
+    target = area * (scale[0] + (scale[1] - scale[0]) * draws[:, 0:tries:2])
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(log_low + (log_high - log_low) * draws[:, 1:tries:2])
+    box_w = np.rint(np.sqrt(target * aspect)).astype(np.int64)
+    box_h = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+    fits = (box_w > 0) & (box_w <= w[:, None]) & (box_h > 0) & (box_h <= h[:, None])
+    rows, first = np.arange(h.size), np.argmax(fits, axis=1)
+    found = fits[rows, first]
+    # none fits: the central box, the whole image clamped to the nearest ratio
+    narrow, wide = w < h * ratio[0], w > h * ratio[1]
+    clamped_h = np.maximum(1, np.rint(w / ratio[0])).astype(np.int64)
+    clamped_w = np.maximum(1, np.rint(h * ratio[1])).astype(np.int64)
+    bw = np.where(found, box_w[rows, first], np.where(wide, clamped_w, w))
+    bh = np.where(found, box_h[rows, first], np.where(narrow, clamped_h, h))
+    top = np.where(found, _below(draws[:, tries], h - bh + 1), (h - bh) // 2)
+    left = np.where(found, _below(draws[:, tries + 1], w - bw + 1), (w - bw) // 2)
+    boxes: list[list[int]] = np.stack([top, left, bh, bw], axis=1).tolist()
+    return boxes
+
+
+def _below(draws: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Uniform ints in ``[0, count)`` from uniforms in ``[0, 1)``."""
+    below: np.ndarray = np.minimum((draws * count).astype(np.int64), count - 1)
+    return below
 
 
 def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
@@ -283,154 +302,134 @@ def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
     return Box((height - box_h) // 2, (width - box_w) // 2, box_h, box_w)
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """Return the random generator of sample ``index`` in ``epoch``.
+# NOTE [ Crop streams ]
+# A sample's draws are a pure function of (seed, epoch, index): uniforms from SplitMix64's
+# output function (Steele, Lea and Flood 2014) applied to a counter per draw, whose start is
+# the function of a key (seed, epoch and a tag) and the index. Plain numpy on uint64 arrays,
+# so a whole batch is planned in a few vectorised calls and nothing depends on how numpy's
+# own generators are seeded. Draws per sample: an area and a ratio per attempt, the top,
+# the left, the flip (_DRAWS).
 
-    It is a pure function of its arguments: the same triple gives the same stream in any
-    process, and streams of different triples are independent (``SeedSequence`` hashing).
+_DRAWS: Final[int] = 2 * RANDOM_ATTEMPTS + 3
+_GAMMA: Final = np.uint64(0x9E3779B97F4A7C15)
+_TO_DOUBLE: Final[float] = 2.0**-53
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
+
+
+def crop_uniforms(
+    seed: int, epoch: int, indices: Sequence[int] | np.ndarray, count: int = _DRAWS
+) -> np.ndarray:
+    """Return the first ``count`` uniforms in ``[0, 1)`` of each sample's crop stream.
+
+    A pure function of ``(seed, epoch, index)`` (``NOTE [ Crop streams ]``): the same in any
+    process, for any batch the index is in.
 
     Args:
         seed: The run's seed; any int (taken modulo 2**64).
         epoch: The epoch, from 0.
-        index: The sample's index in the pack, from 0.
+        indices: The samples' indices in the pack, from 0.
+        count: The uniforms per sample.
 
     Returns:
-        A fresh generator.
-
-    Raises:
-        OptionsError: ``epoch`` or ``index`` is negative.
-    """
-    if epoch < 0 or index < 0:
-        raise OptionsError(
-            f"epoch and index should be non-negative, but got epoch={epoch}, index={index}"
-        )
-    return np.random.default_rng([seed % 2**64, epoch, index, _CROP_TAG])
-
-
-# NOTE [ Sample generators of a batch ]
-#
-# ``sample_rng`` builds a ``SeedSequence`` and a ``PCG64`` per sample: 10-14 us of CPU,
-# more than half of ``plan_crop``. ``prepare_sample_rngs`` computes, for a whole batch at
-# once, the PCG64 states those generators start from: numpy's ``SeedSequence`` hashing
-# (its ``hashmix``/``mix`` on uint32 words, as in numpy/random/bit_generator.pyx) vectorised
-# over the batch's indices, then ``pcg64_set_seed``'s two LCG steps in Python ints. ``plan_crop``
-# takes a prepared state when there is one, on a generator of its thread whose state is set
-# (1 us), and otherwise builds ``sample_rng`` as before: the same stream either way
-# (tests/test_crop.py compares them), ~4 us per sample instead of 10-14.
-
-_M32: Final[int] = 0xFFFFFFFF
-_M128: Final[int] = (1 << 128) - 1
-_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
-_PCG_MULT: Final[int] = (2549297995355413924 << 64) + 4865540595714422341
-_PREPARED: dict[tuple[int, int, int], tuple[int, int]] = {}
-_PREPARED_MAX: Final[int] = 1 << 14  # prepared states nobody took are dropped past this
-_THREAD = threading.local()
-
-
-def entropy_words(seed: int, epoch: int) -> tuple[list[int], list[int]]:
-    """The 32-bit words around the index in ``sample_rng(seed, epoch, index)``'s entropy.
-
-    Its ``SeedSequence`` hashes ``before + [index] + after`` (for an index below 2**32),
-    numpy's conversion of ``[seed % 2**64, epoch, index, crop tag]`` into words.
-    """
-    return [*_words(seed % 2**64), *_words(epoch)], _words(_CROP_TAG)
-
-
-def _words(value: int) -> list[int]:
-    # numpy's _int_to_uint32_array: little-endian 32-bit words, [0] for 0
-    found = []
-    while value > 0:
-        found.append(value & _M32)
-        value >>= 32
-    return found or [0]
-
-
-def pcg64_states(seed: int, epoch: int, indices: Sequence[int]) -> list[tuple[int, int]]:
-    """The PCG64 ``(state, inc)`` that ``sample_rng(seed, epoch, i)`` starts from, per index.
-
-    See ``NOTE [ Sample generators of a batch ]``.
+        A ``(len(indices), count)`` float64 array.
 
     Raises:
         OptionsError: ``epoch`` or an index is negative.
     """
-    idx = np.asarray(indices, dtype=np.int64)
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     if epoch < 0 or (idx.size and int(idx.min()) < 0):
-        raise OptionsError(f"epoch and index should be non-negative, but got epoch={epoch}")
-    if idx.size and int(idx.max()) > _M32:  # an index of two words: the slow, general path
-        return [_state_of(sample_rng(seed, epoch, int(i))) for i in idx.tolist()]
-    u = np.uint64
-    shape = idx.shape
-    before, after = entropy_words(seed, epoch)
-    entropy = [np.full(shape, w, u) for w in before]
-    entropy += [idx.astype(u), *(np.full(shape, w, u) for w in after)]
-    mask, shift = u(_M32), u(16)
-    hash_const = _INIT_A
-
-    def hashmix(value: np.ndarray) -> np.ndarray:
-        nonlocal hash_const
-        value = value ^ u(hash_const)
-        hash_const = (hash_const * _MULT_A) & _M32
-        value = (value * u(hash_const)) & mask
-        return value ^ (value >> shift)
-
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        result = np.asarray(x * u(_MIX_L) - y * u(_MIX_R), dtype=u) & mask
-        return result ^ (result >> shift)
-
-    pool = [hashmix(entropy[i] if i < len(entropy) else np.zeros(shape, u)) for i in range(4)]
-    for src in range(4):
-        for dst in range(4):
-            if src != dst:
-                pool[dst] = mix(pool[dst], hashmix(pool[src]))
-    for src in range(4, len(entropy)):
-        for dst in range(4):
-            pool[dst] = mix(pool[dst], hashmix(entropy[src]))
-    state_words = []
-    hash_const = _INIT_B
-    for i in range(8):
-        value = pool[i % 4] ^ u(hash_const)
-        hash_const = (hash_const * _MULT_B) & _M32
-        value = (value * u(hash_const)) & mask
-        state_words.append((value ^ (value >> shift)).tolist())
-    found = []
-    for j in range(idx.size):
-        w = [state_words[2 * k][j] | (state_words[2 * k + 1][j] << 32) for k in range(4)]
-        inc = ((((w[2] << 64) | w[3]) << 1) | 1) & _M128
-        state = (inc + ((w[0] << 64) | w[1])) & _M128  # state 0, one step (0 * mult + inc)
-        found.append(((state * _PCG_MULT + inc) & _M128, inc))
-    return found
+        least = int(idx.min()) if idx.size else 0
+        raise OptionsError(
+            f"epoch and index should be non-negative, but got epoch={epoch}, index={least}"
+        )
+    key = _mix(np.array([(seed % 2**64) ^ _CROP_TAG], dtype=np.uint64))
+    key = _mix(key + np.array([epoch], dtype=np.uint64) * _GAMMA)
+    start = _mix(key + idx.astype(np.uint64) * _GAMMA)
+    steps = np.arange(1, count + 1, dtype=np.uint64) * _GAMMA
+    bits = _mix(start[:, None] + steps[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * _TO_DOUBLE
 
 
-def _state_of(rng: np.random.Generator) -> tuple[int, int]:
-    state = rng.bit_generator.state["state"]
-    return int(state["state"]), int(state["inc"])
+def plan_crops(
+    spec: CropSpec,
+    heights: Sequence[int] | np.ndarray,
+    widths: Sequence[int] | np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    indices: Sequence[int] | np.ndarray,
+) -> list[tuple[Box, bool]]:
+    """Choose the box and the flip of every sample of a batch, from their displayed sizes.
+
+    Sample ``k``'s plan is ``plan_crop``'s for ``indices[k]``: it depends on the sample,
+    never on the rest of the batch.
+
+    Args:
+        spec: What to do.
+        heights: Each image's displayed height (after EXIF orientation).
+        widths: Each image's displayed width.
+        seed: The run's seed.
+        epoch: The epoch.
+        indices: Each sample's index.
+
+    Returns:
+        ``[(box, flip), ...]``: the box to cut and whether to flip the result horizontally.
+
+    Raises:
+        OptionsError: An image size, ``epoch`` or an index is invalid.
+    """
+    h = np.asarray(heights, dtype=np.int64).reshape(-1)
+    w = np.asarray(widths, dtype=np.int64).reshape(-1)
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if not (h.size == w.size == idx.size):
+        raise OptionsError(
+            "heights, widths and indices should have one entry per sample, but got "
+            f"{h.size}, {w.size} and {idx.size}"
+        )
+    draws = crop_uniforms(seed, epoch, idx)  # checks epoch and indices
+    if idx.size == 0:
+        return []
+    if int(h.min()) < 1 or int(w.min()) < 1:
+        raise OptionsError(
+            f"the images should be at least 1x1, but got heights {h.min()}.., widths {w.min()}.."
+        )
+    if spec.crop == "random-resized":
+        boxes = [Box(*box) for box in _random_boxes(h, w, spec.scale, spec.ratio, draws)]
+    elif spec.crop == "center":
+        boxes = [center_box(a, b, *spec.size) for a, b in zip(h.tolist(), w.tolist(), strict=True)]
+    else:
+        boxes = [Box(0, 0, a, b) for a, b in zip(h.tolist(), w.tolist(), strict=True)]
+    flips = (draws[:, -1] < FLIP_PROBABILITY).tolist() if spec.flip else [False] * idx.size
+    return list(zip(boxes, flips, strict=True))
 
 
-def prepare_sample_rngs(seed: int, epoch: int, indices: Sequence[int]) -> None:
-    """Compute at once the generators ``plan_crop`` will draw for ``indices`` in this process."""
-    if len(_PREPARED) > _PREPARED_MAX:
-        _PREPARED.clear()
+# Plans made ahead for plan_crop (plan_ahead): one vectorised call for the samples a batch
+# cuts one by one, instead of one small call each. Keyed by every argument, so a plan is only
+# ever taken for exactly what it was made for; those nobody took are dropped past the bound.
+_AHEAD: dict[tuple[CropSpec, int, int, int, int, int], tuple[Box, bool]] = {}
+_AHEAD_MAX: Final[int] = 1 << 14
+
+
+def plan_ahead(
+    spec: CropSpec, shapes: np.ndarray, *, seed: int, epoch: int, indices: np.ndarray
+) -> None:
+    """Plan at once the samples ``plan_crop`` will be asked for one by one in this process.
+
+    ``shapes`` holds each sample's displayed ``(height, width[, ...])``.
+    """
+    if len(_AHEAD) > _AHEAD_MAX:
+        _AHEAD.clear()
+    heights, widths = shapes[:, 0].tolist(), shapes[:, 1].tolist()
+    plans = plan_crops(spec, heights, widths, seed=seed, epoch=epoch, indices=indices)
     key = seed % 2**64
-    for index, state in zip(indices, pcg64_states(seed, epoch, indices), strict=True):
-        _PREPARED[(key, epoch, int(index))] = state
-
-
-def _crop_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """``sample_rng(seed, epoch, index)``'s stream; from a prepared state when there is one."""
-    state = _PREPARED.pop((seed % 2**64, epoch, index), None)
-    if state is None or epoch < 0 or index < 0:
-        return sample_rng(seed, epoch, index)
-    rng = getattr(_THREAD, "rng", None)
-    if rng is None:
-        rng = _THREAD.rng = np.random.Generator(np.random.PCG64(0))
-    rng.bit_generator.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": state[0], "inc": state[1]},
-        "has_uint32": 0,
-        "uinteger": 0,
-    }
-    return rng
+    for h, w, i, plan in zip(heights, widths, indices.tolist(), plans, strict=True):
+        _AHEAD[(spec, key, epoch, i, h, w)] = plan
 
 
 def plan_crop(
@@ -453,14 +452,10 @@ def plan_crop(
         OptionsError: The image size, ``epoch`` or ``index`` is invalid.
     """
     _check_image_size(height, width)
-    rng = _crop_rng(seed, epoch, index)
-    if spec.crop == "random-resized":
-        box = random_resized_box(height, width, spec.scale, spec.ratio, rng)
-    elif spec.crop == "center":
-        box = center_box(height, width, *spec.size)
-    else:
-        box = Box(0, 0, height, width)
-    return box, spec.flip and bool(rng.random() < FLIP_PROBABILITY)
+    ahead = _AHEAD.pop((spec, seed % 2**64, epoch, index, height, width), None)
+    if ahead is not None:
+        return ahead
+    return plan_crops(spec, [height], [width], seed=seed, epoch=epoch, indices=[index])[0]
 
 
 def stored_box(box: Box, orientation: int, stored_h: int, stored_w: int) -> Box:

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from h5pack.core.decode import Backend
-from h5pack.read.batchplan import plan_crops
 from h5pack.read.boxes import (
     Box,
     CropSpec,
     dct_reduction,
+    plan_ahead,
     plan_crop,
-    prepare_sample_rngs,
+    plan_crops,
     scale_box,
 )
 from h5pack.read.crop import (
@@ -50,6 +50,7 @@ __all__ = [
     "ENLARGE_WITH_OPENCV",
     "FixedSizeReader",
     "resize_kernel",
+    "resize_route",
     "scale_box",
     "torch_resize_into",
 ]
@@ -59,7 +60,7 @@ __all__ = [
 # torch_resize_into: ~20 Python calls and ~10 small numpy/torch objects around the two
 # kernels, and with the reader's two threads each of those GIL hand-offs cost more (raw 256:
 # 270 us of CPU per image with two threads against 200 with one). Now a batch is planned at
-# once (read.batchplan.plan_crops: plan_crop's boxes and flips exactly) and each thread cuts
+# once (read.boxes.plan_crops: plan_crop's boxes and flips) and each thread cuts
 # its share in one loop (_cut_batch): per sample one slice, one contiguous copy of the box,
 # a torch.from_numpy of it and of the output's slot, the kernel's own binding writing into
 # the slot, cv2.flip in place, and the box checked against the image as crop_into checks it;
@@ -85,31 +86,19 @@ __all__ = [
 # less CPU per image, one thread or two: BENCHMARKS.md "FFCV side by side", run 8).
 
 # NOTE [ Pillow's filter, computed by torch ]
-# Pillow's antialiased BILINEAR resize cost 400-1,200 us per 224x224 output on the 2-core
-# development VM (more than decoding the JPEG); torch's uint8 kernel for the same filter
-# (interpolate(mode="bilinear", antialias=True), vectorised, written to match Pillow)
-# took 130-300 us and gave the same pixels within one grey level (mean difference < 0.01).
-# Called through the ``out=`` variant of its ATen op on a channels-last view of the batch
-# slot, it writes the result in place (the public F.interpolate returns a new NCHW tensor
-# whose transposing copy into the batch cost another ~100 us). The op releases the GIL, so
-# the reader's threads resize in parallel. Its input must be contiguous: torch makes a
-# row-strided box contiguous itself with a copy that runs on its intra-op threads, and with
-# more than one of those (the main process's default) on a busy machine each resize then
-# took 7-12 ms instead of 0.2 (the parallel copy waits for a descheduled thread), so the
-# kernel copies the box with numpy first (~25 us); torch.from_numpy also refuses read-only
-# arrays (the cached images), which the copy settles too.
-#
-# Enlarging a box (no side larger than the output's) goes to cv2.resize(INTER_LINEAR)
-# instead. Pillow's BILINEAR widens its support only when shrinking, so enlarging it is
-# plain bilinear interpolation with half-pixel centres, which OpenCV computes in 11-bit
-# fixed point without Pillow's 8-bit rounding between the two passes: within one grey
-# level of Pillow (3,000 random sizes from 1x1 to 300x300, noise and binary images; mean
-# difference 0.21 levels on photos, against torch's 0.001) and of torch's kernel, and
-# 56-66 us against 66-87 per 224x224 output (one thread; scripts/bench_percore.py --only
-# enlarge). Raw 256 packs cut to 224 enlarge three boxes in four: the loader's images per
-# CPU-second 1.05-1.09x (side by side in five runs, BENCHMARKS.md "FFCV side by side", run
-# 9). OpenCV runs a 224x224 resize on one thread (its stripes are 64 Ki pixels), so the
-# busy-machine stall above does not arise.
+# Pillow's antialiased BILINEAR resize costs several times torch's uint8 kernel for the same
+# filter (interpolate(mode="bilinear", antialias=True), written to match Pillow: within one
+# grey level). The kernel is called through the ``out=`` variant of its ATen op,
+# torch.ops.aten._upsample_bilinear2d_aa.out, on a channels-last view of the batch slot, so
+# it writes in place; the public F.interpolate returns a new NCHW tensor and costs ~4x more
+# with the copy into the batch. The op's name is torch's own, not a promise: where it is
+# missing the public call and a copy take its place (resize_route() says which runs, as
+# does the machine description of every benchmark). The op releases the GIL. Its input is
+# copied contiguous with numpy first: torch's own copy of a row-strided box runs on its
+# intra-op threads and stalls on a busy machine; torch.from_numpy also refuses read-only
+# arrays (the cached images). Enlarging boxes go to cv2.resize(INTER_LINEAR): Pillow's
+# BILINEAR does not widen its support when enlarging, so OpenCV's plain bilinear gives the
+# same filter within one grey level, for less CPU (BENCHMARKS.md, "FFCV side by side").
 # ENLARGE_WITH_OPENCV = False sends every box to torch (benchmarks compare the two).
 _AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
 
@@ -160,15 +149,32 @@ def _resize_rgb_into(box: np.ndarray, out: np.ndarray) -> None:
     )
 
 
-def _aten_upsample_aa(*args: object, out: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten._upsample_bilinear2d_aa.out(*args, out=out)  # type: ignore[no-any-return]
+def _interpolate_into(
+    box: torch.Tensor, size: list[int], align_corners: bool, *, out: torch.Tensor
+) -> torch.Tensor:
+    """The ATen op's work through the public API: a new tensor, then a copy into ``out``."""
+    result = torch.nn.functional.interpolate(
+        box, size=size, mode="bilinear", antialias=True, align_corners=align_corners
+    )
+    return out.copy_(result)
 
 
-# The op's own Python binding (torch._C._nn) skips the torch.ops dispatch layer: ~2 us less
-# per call, the same kernel; older torches without it go through torch.ops (and the probe).
-_AA_OUT: Callable[..., torch.Tensor] = getattr(
-    torch._C._nn, "_upsample_bilinear2d_aa", _aten_upsample_aa
-)
+def _aten_op() -> Callable[..., torch.Tensor] | None:
+    """The in-place antialiased bilinear op of this torch, or None where it lacks it."""
+    packet = getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None)
+    return getattr(packet, "out", None) if packet is not None else None
+
+
+_AA_OUT: Callable[..., torch.Tensor] = _aten_op() or _interpolate_into
+
+
+def resize_route() -> str:
+    """Which kernel resizes RGB boxes with Pillow's filter in this process (for reports)."""
+    if not _torch_resizes_like_pillow():
+        return "Pillow (torch has no uint8 antialiased kernel)"
+    if _AA_OUT is _interpolate_into:
+        return "torch, public interpolate + copy (the in-place op is missing)"
+    return "torch, in-place ATen op"
 
 
 @functools.cache
@@ -329,9 +335,9 @@ class FixedSizeReader:
         return views
 
     def _prepare(self, indices: np.ndarray, seed: int, epoch: int) -> None:
-        """Prepare the generators of the samples cut one by one (NOTE [ Sample generators ... ])."""
-        if self.spec.crop == "random-resized" or self.spec.flip:
-            prepare_sample_rngs(seed, epoch, indices.tolist())
+        """Plan at once the samples cut one by one (``read.boxes.plan_ahead``)."""
+        shapes = self.reader.meta.shapes[indices]
+        plan_ahead(self.spec, shapes, seed=seed, epoch=epoch, indices=indices)
 
     def _upright_jpegs(
         self,

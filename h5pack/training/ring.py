@@ -48,8 +48,27 @@ SMALL_TENSOR_BYTES = 1 << 16
 _RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
 
 
+# torch's count of a storage's references (every tensor and view of it holds one) is not a
+# public API: where it is missing, no buffer is ever found unreferenced, so every batch gets
+# a fresh one (the ring's own fallback) and reuse_route() says so.
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
 def _use_count(storage: torch.UntypedStorage) -> int:
-    return int(torch._C._storage_Use_Count(storage._cdata))
+    """The references to ``storage`` (0 where torch cannot count them)."""
+    return 0 if _STORAGE_USE_COUNT is None else int(_STORAGE_USE_COUNT(storage._cdata))
+
+
+def _unreferenced(storage: torch.UntypedStorage, own: int) -> bool:
+    """Whether only the ``own`` references counted when it was kept hold ``storage``."""
+    return _STORAGE_USE_COUNT is not None and _use_count(storage) <= own
+
+
+def reuse_route() -> str:
+    """Whether batch buffers are reused once unreferenced in this process (for reports)."""
+    if _STORAGE_USE_COUNT is None:
+        return "fresh buffers (this torch does not count a storage's references)"
+    return "reused once unreferenced"
 
 
 class BatchRing:
@@ -167,7 +186,7 @@ class BatchRing:
             return self._release_unused()
 
     def _release_unused(self) -> int:
-        freed = [i for i in self._held if _use_count(self._mapped[i][0]) <= self._mapped[i][1]]
+        freed = [i for i in self._held if _unreferenced(*self._mapped[i])]
         for index in freed:
             self._held.discard(index)
             if self.states is not None:
@@ -325,7 +344,7 @@ class LocalBatches:
                     del self._kept[next(iter(self._kept))]
                 kept = self._kept[key] = []
             for storage, own in kept:
-                if _use_count(storage) <= own:
+                if _unreferenced(storage, own):
                     return _view(storage, key)
             storage = torch.UntypedStorage(max(1, math.prod(key)))  # type: ignore[no-untyped-call]
             if len(kept) >= self.PER_SHAPE:  # all held (kept by the caller): forget the oldest
