@@ -169,3 +169,96 @@ def test_new_packs_list_their_fields_under_the_metadata_digest(tmp_path):
         fmt.set_text(handle.attrs, fmt.FIELDS_KEY, '[{"name": "image", "kind": "image"}]')
     with pytest.raises(FormatError, match="'fields' no longer match"):
         fmt.load_meta(report.path)
+
+
+def _pack_with_fields(path: Path) -> str:
+    images = random_arrays(6)
+    masks = [(image[:, :, 0] > 128).astype(np.uint8) for image in images]
+    report = write_arrays(path, images, [0, 1] * 3, fields={**_values(6), MaskField("mask"): masks})
+    return report.path
+
+
+def test_info_lists_the_fields(tmp_path):
+    from click.testing import CliRunner
+
+    from h5pack.check import pack_info
+    from h5pack.cli.main import cli
+
+    path = _pack_with_fields(tmp_path / "p.h5")
+    listed = {f["name"]: f for f in pack_info(path).to_dict()["fields"]}
+    assert listed["boxes"] == {"name": "boxes", "kind": "ragged", "dtype": "<f4", "shape": [4]}
+    assert listed["mask"] == {"name": "mask", "kind": "mask"}
+    assert list(listed)[:3] == ["image", "label", "key"]
+    result = CliRunner().invoke(cli, ["info", path])
+    assert result.exit_code == 0, result.output
+    assert "image, label, key, weight (scalar <f4)" in result.output
+    assert "boxes (ragged <f4 x 4)" in result.output
+
+
+@pytest.mark.parametrize("name", ["mask", "boxes.offsets", "caption", "weight"])
+def test_verify_detects_a_damaged_field(tmp_path, name):
+    from h5pack.check import verify_pack
+
+    path = _pack_with_fields(tmp_path / "p.h5")
+    assert verify_pack(path).ok
+    with h5py.File(path, "r+") as handle:
+        dataset = handle[fmt.field_dataset(*name.split("."))]
+        first = dataset[0]
+        dataset[0] = first + 1 if np.ndim(first) == 0 else np.asarray(first) + 1
+    report = verify_pack(path)
+    assert not report.ok
+    (problem,) = report.problems
+    field_name = name.split(".")[0]
+    assert f"field {field_name!r}: 'fields/{name}' does not match the CRC32" in problem.message
+
+
+@pytest.mark.parametrize("storage", ["array", "blob"])
+def test_merge_carries_every_field_and_refuses_packs_of_other_fields(tmp_path, storage):
+    from h5pack.write.merge import merge_packs
+
+    sizes = [(8, 10)] * 5 if storage == "array" else [(8 + i, 10) for i in range(5)]
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for size in sizes]
+    masks = [(image[:, :, 1] > 100).astype(np.uint8) for image in images]
+    values = {**_values(5), MaskField("mask"): masks}
+    chunking = {"chunk_samples": 2} if storage == "array" else {"chunk_bytes": 600}
+    halves = []
+    for k, part in enumerate((slice(0, 3), slice(3, 5))):
+        given = {key: column[part] for key, column in values.items()}
+        halves.append(
+            write_arrays(
+                tmp_path / f"{k}.h5",
+                images[part],
+                [0] * len(images[part]),
+                paths=[f"{k}-{i}" for i in range(len(images[part]))],
+                options=ConvertOptions(shuffle_samples=False, **chunking),
+                fields=given,
+            ).path
+        )
+    merged = merge_packs(halves, tmp_path / "m.h5", keep_order=True)
+    names = [*_values(5), "mask"]
+    stored = _stored(merged.path, names)
+    for name in names:
+        given = masks if name == "mask" else _values(5)[name]
+        for i in range(5):
+            _check_equal(stored[name][i], given[i])
+    write_arrays(tmp_path / "other.h5", images[:1], [0], paths=["x"], fields={"weight": [1.0]})
+    with pytest.raises(FormatError, match=r"fields image .* here"):
+        merge_packs([halves[0], tmp_path / "other.h5"], tmp_path / "n.h5")
+
+
+def test_a_mix_joins_fields_by_name_and_names_a_missing_one(tmp_path):
+    from h5pack.read.mixture import describe_mix
+
+    images = random_arrays(4)
+    a = write_arrays(tmp_path / "a.h5", images, [0] * 4, fields={"weight": np.ones(4)}).path
+    b = write_arrays(tmp_path / "b.h5", images, [0] * 4, fields={"weight": np.zeros(4)}).path
+    c = write_arrays(tmp_path / "c.h5", images, [0] * 4).path
+    assert [f.name for f in fields_of(describe_mix([a, b]).meta)] == [
+        "image",
+        "label",
+        "key",
+        "weight",
+    ]
+    with pytest.raises(OptionsError, match=r"field 'weight' of .*a\.h5 is missing from .*c\.h5"):
+        describe_mix([a, c])

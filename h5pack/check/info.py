@@ -14,6 +14,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
+from h5pack.core.fields import fields_of
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
 from h5pack.core.source import is_url
 from h5pack.read.packset import PackSource, PackView, describe, is_remote, remote_manifest
@@ -59,6 +60,8 @@ class PackInfo:
         shard: A shard's place in its split (``convert --shards``), else empty.
         virtual_sources: A virtual pack's source packs (each checked, see
             ``check_virtual_sources``); codec, ratio and bytes are then the sources'.
+        fields: The sample's fields as the pack lists them (``core.fields``): name, kind
+            and, for numbers, dtype and shape.
     """
 
     path: str
@@ -93,11 +96,13 @@ class PackInfo:
     options: dict[str, Any] = field(default_factory=dict)
     shard: dict[str, Any] = field(default_factory=dict)
     virtual_sources: tuple[str, ...] = ()
+    fields: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
         data = asdict(self)
         data["virtual_sources"] = list(self.virtual_sources)
+        data["fields"] = list(self.fields)
         data["classes"] = [{"name": name, "samples": count} for name, count in self.classes]
         data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
         for key in ("images_shape", "sample_shape", "chunk_shape", "filter_ids", "plugins"):
@@ -188,6 +193,7 @@ def pack_info(
         options=dict(meta.options),
         shard=dict(meta.shard),
         virtual_sources=tuple(source.path for source in sources),
+        fields=tuple(f.to_dict() for f in fields_of(meta)),
     )
 
 
@@ -254,6 +260,7 @@ class PackSetInfo:
         shuffled: Whether every shard was written shuffled (None: unknown for some).
         skipped: Files left out at conversion, over all shards.
         shards: One row per shard, in set order.
+        fields: The sample's fields, as every shard lists them (``PackInfo.fields``).
     """
 
     path: str
@@ -281,10 +288,12 @@ class PackSetInfo:
     shuffled: bool | None
     skipped: tuple[fmt.SkippedFile, ...]
     shards: tuple[ShardRow, ...]
+    fields: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
         data = asdict(self)
+        data["fields"] = list(self.fields)
         data["classes"] = [{"name": name, "samples": count} for name, count in self.classes]
         data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
         data["plugins"] = list(self.plugins)
@@ -387,5 +396,6 @@ def packset_summary(
             )
             for i in infos
         ),
+        fields=tuple(f.to_dict() for f in fields_of(view.meta)),
     )
     return summary, view

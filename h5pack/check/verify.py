@@ -20,6 +20,7 @@ from h5pack._types import StrPath
 from h5pack.check.report import Problem, VerifyReport
 from h5pack.core import format as fmt
 from h5pack.core import integrity
+from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.packset import meta_digest
 from h5pack.errors import DecodeError, FormatError, PackReplacedError
 
@@ -130,6 +131,7 @@ def check_pack(
             paths = [""] * meta.num_samples
             problems = _metadata_problems(meta, None)
             problems.append(Problem(None, "", str(err)))
+        problems.extend(_field_problems(handle, meta))
     problems.extend(index_problems)
     problems.extend(_structure_problems(meta, paths))
     checks = _sample_checks(meta)
@@ -171,6 +173,31 @@ def check_pack(
         path=text, num_samples=meta.num_samples, num_verified=verified, problems=tuple(problems)
     )
     return CheckedPack(report, meta, paths)
+
+
+def _field_problems(handle: Any, meta: fmt.PackMeta) -> list[Problem]:
+    """Report every dataset of the pack's stored fields that does not match its digest."""
+    try:
+        fields = stored_fields(fields_of(meta))
+    except FormatError as err:
+        return [Problem(None, "", str(err))]
+    problems = []
+    for stored in fields:
+        try:
+            found = stored.digests(handle)
+        except Exception as err:  # any failure to read damaged data is reported, not raised
+            problems.append(Problem(None, "", f"field {stored.name!r} cannot be read: {err}"))
+            continue
+        for name in fmt.damaged_names(meta.digests, found):
+            problems.append(
+                Problem(
+                    None,
+                    "",
+                    f"field {stored.name!r}: {name!r} does not match the CRC32 recorded at "
+                    "conversion: it is damaged",
+                )
+            )
+    return problems
 
 
 SampleCheck = tuple[str, np.ndarray, Callable[[np.ndarray], int], int]

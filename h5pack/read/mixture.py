@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from h5pack.core.fields import fields_of
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
@@ -135,6 +136,29 @@ def _plain(source: PackSource) -> str | tuple[str, ...]:
     return tuple(os.fspath(p) for p in source)
 
 
+def check_fields(metas: Sequence[PackMeta], names: Sequence[str]) -> None:
+    """Refuse sources whose fields differ: a mix joins its sources' fields by name.
+
+    Raises:
+        OptionsError: a field that one source holds and another lacks, or holds as another
+            kind or dtype (the message names the field and both sources).
+    """
+    listed = [{f.name: f for f in fields_of(m)} for m in metas]
+    for name in dict.fromkeys(n for fields in listed for n in fields):
+        holder = next(k for k, fields in enumerate(listed) if name in fields)
+        for k, fields in enumerate(listed):
+            if name not in fields:
+                raise OptionsError(
+                    f"field {name!r} of {names[holder]} is missing from {names[k]}: the "
+                    "sources of a mix should hold the same fields"
+                )
+            if fields[name] != listed[holder][name]:
+                raise OptionsError(
+                    f"field {name!r} is {fields[name]} in {names[k]} but "
+                    f"{listed[holder][name]} in {names[holder]}"
+                )
+
+
 def describe_mix(
     sources: Sequence[PackSource],
     *,
@@ -176,6 +200,7 @@ def describe_mix(
         labels.append(mapped)
     metas = [v.meta for v in views]
     first = metas[0]
+    check_fields(metas, names)
     num = sum(m.num_samples for m in metas)
     same_array = all(
         m.storage == "array" and m.images_shape[1:] == first.images_shape[1:] for m in metas

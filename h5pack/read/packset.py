@@ -157,6 +157,7 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
                 ("storage", "storage"),
                 ("channels", "channels"),
                 ("classes", "classes"),
+                ("fields", "field_listing"),
             )
             if getattr(meta, attr) != getattr(first, attr)
         ]
@@ -193,6 +194,7 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
         created_utc=first.created_utc,
         options=first.options,
         skipped=tuple(s for m in metas for s in m.skipped),
+        field_listing=first.field_listing,
     )
 
 

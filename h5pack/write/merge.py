@@ -47,6 +47,7 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack._version import __version__
 from h5pack.core import format as fmt
+from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.layout import FILTER_NAMES, ChunkMap
 from h5pack.core.packset import (
@@ -205,11 +206,16 @@ def _differences(shard: _Shard, first: _Shard) -> list[str]:
             b.chunks if b.chunks is not None else "none (contiguous)",
         )
     differ("filters", _filters_text(shard.filters), _filters_text(first.filters))
+    differ("fields", _fields_text(a), _fields_text(b))
     if a.classes != b.classes:
         only = sorted(set(a.classes) ^ set(b.classes))[:3]
         detail = f" (e.g. {', '.join(map(repr, only))} in one only)" if only else " (order)"
         found.append(f"classes: {len(a.classes)} here, {len(b.classes)} in {first.path}{detail}")
     return found
+
+
+def _fields_text(meta: PackMeta) -> str:
+    return ", ".join(f"{f.name} ({f.kind})" for f in fields_of(meta))
 
 
 def _check_distinct_paths(shards: Sequence[_Shard]) -> None:
@@ -276,10 +282,12 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
 class _Merged:
     """The merged metadata of the shards, with blob offsets shifted (see ``_plan_blob``).
 
-    ``arrays`` holds the per-sample arrays by dataset name (NOTE [ Per-sample arrays ]).
+    ``arrays`` holds the per-sample arrays by dataset name (NOTE [ Per-sample arrays ]),
+    ``columns`` every stored field's values (``core.fields``) by name.
     """
 
     arrays: dict[str, np.ndarray]
+    columns: dict[str, Any]
     paths: list[str]
     skipped: tuple[SkippedFile, ...]
     length: int  # rows of the merged images dataset
@@ -368,10 +376,25 @@ def _merge_meta(shards: Sequence[_Shard], blob: _BlobPlan | None) -> _Merged:
         arrays[fmt.OFFSETS], arrays[fmt.SIZES] = offsets, sizes
     return _Merged(
         arrays=arrays,
+        columns=_merged_columns(shards),
         paths=[p for s in shards for p in s.paths],
         skipped=tuple(skipped),
         length=length,
     )
+
+
+def _merged_columns(shards: Sequence[_Shard]) -> dict[str, Any]:
+    """Return every stored field's values, the shards' one after another (in memory)."""
+    fields = stored_fields(fields_of(shards[0].meta))
+    columns: dict[str, list[Any]] = {stored.name: [] for stored in fields}
+    for shard in shards:
+        text, meta = os.fspath(shard.path), shard.meta
+        with fmt.open_h5(text) as handle:
+            for stored in fields:
+                with fmt.reading(text, f"field {stored.name!r}"):
+                    values = stored.read(handle, np.arange(meta.num_samples), meta.shapes)
+                columns[stored.name].extend(values)
+    return {f.name: f.column(columns[f.name], len(columns[f.name])) for f in fields}
 
 
 def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
@@ -398,8 +421,13 @@ def _reordered(merged: _Merged, order: np.ndarray) -> _Merged:
     return replace(
         merged,
         arrays={name: array[order] for name, array in merged.arrays.items()},
+        columns={name: _taken(values, order) for name, values in merged.columns.items()},
         paths=[merged.paths[i] for i in order.tolist()],
     )
+
+
+def _taken(values: Any, order: np.ndarray) -> Any:
+    return values[order] if isinstance(values, np.ndarray) else [values[i] for i in order]
 
 
 def _write_metadata(
@@ -431,8 +459,19 @@ def _write_metadata(
             texts=texts,
             blob_chunk_bytes=blob_chunk_bytes,
             tool_version=__version__,
+            fields=fields_of(first),
+            columns=merged.columns,
+            field_rows=_field_rows(first, merged, blob_chunk_bytes),
         ),
     )
+
+
+def _field_rows(first: PackMeta, merged: _Merged, blob_chunk_bytes: int) -> int:
+    """Samples per chunk of the stored fields: about one image chunk's (``core.fields``)."""
+    num = len(merged.paths)
+    if first.storage == "array":
+        return first.chunks[0] if first.chunks else max(1, num)
+    return max(1, num * blob_chunk_bytes // max(1, merged.length))
 
 
 # -- images -----------------------------------------------------------------------------
