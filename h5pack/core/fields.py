@@ -121,6 +121,12 @@ class StoredField(Field):
         """Return the values of samples ``indices`` (``shapes``: their images' (H, W, C))."""
         raise NotImplementedError
 
+    def transform(
+        self, value: Any, box: Any, flip: bool, size: tuple[int, int]
+    ) -> Any:  # pragma: no cover - only spatial fields are transformed
+        """Return ``value`` after its image's crop ``box``, resize to ``size`` and ``flip``."""
+        raise NotImplementedError
+
     def digests(self, handle: Any) -> dict[str, str]:
         """Return the digest of each of this field's datasets as stored (``verify``)."""
         found = {}
@@ -581,3 +587,47 @@ def columns_of(
         columns[found.name] = found.column(values, num)
         fields.append(found)
     return tuple(fields), columns
+
+
+def read_values(
+    handle: Any, meta: fmt.PackMeta, indices: np.ndarray, names: Sequence[str]
+) -> dict[str, list[Any]]:
+    """Return the values of the stored fields ``names`` for samples ``indices``.
+
+    ``handle`` is the open pack (h5py, or a remote pack's index file); the image, label
+    and key are read by the reader (``PackReader``) and skipped here.
+
+    Raises:
+        FormatError: a field cannot be read (damage).
+    """
+    listed = {f.name: f for f in stored_fields(fields_of(meta))}
+    idx = np.asarray(indices, dtype=np.int64)
+    shapes = meta.shapes[idx] if len(meta.shapes) else np.zeros((idx.size, 3), np.int32)
+    found = {}
+    for name in names:
+        if name in listed:
+            with fmt.reading(meta.path, f"field {name!r}"):
+                found[name] = listed[name].read(handle, idx, shapes)
+    return found
+
+
+def selected(meta: fmt.PackMeta, names: Sequence[str] | None, *, key: bool) -> tuple[str, ...]:
+    """Return the fields a dataset delivers: ``names``, or every listed one (``key`` if asked).
+
+    Raises:
+        OptionsError: a name the pack does not list.
+    """
+    listed = [f.name for f in fields_of(meta)]
+    if names is None:
+        return tuple(n for n in listed if n != KEY or key)
+    unknown = [n for n in names if n not in listed]
+    if unknown or not names:
+        raise OptionsError(
+            f"fields should name some of {meta.path}'s fields {listed}, but got {list(names)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def spatial(meta: fmt.PackMeta, names: Sequence[str]) -> tuple[StoredField, ...]:
+    """Return the stored fields among ``names`` that follow the image's geometry."""
+    return tuple(f for f in stored_fields(fields_of(meta)) if f.spatial and f.name in names)

@@ -607,6 +607,19 @@ class PackSetReader:
             self._track(shard, reader, local)
         return out
 
+    def read_fields(
+        self, indices: Sequence[int] | np.ndarray, names: Sequence[str]
+    ) -> dict[str, list[Any]]:
+        """Return the values of the stored fields ``names`` (see ``PackReader``)."""
+        idx = self._check(indices)
+        out: dict[str, list[Any]] = {}
+        for shard, positions, local in self._split(idx):
+            for name, values in self.shard_reader(shard).read_fields(local, names).items():
+                found = out.setdefault(name, [None] * idx.size)
+                for position, value in zip(positions.tolist(), values, strict=True):
+                    found[position] = value
+        return out
+
     def read_into(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
         """Fill ``out`` (B, H, W, C) with the samples ``indices`` of an array set."""
         idx = self._check(indices)

@@ -21,6 +21,7 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
+from h5pack.core.fields import read_values
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import (
     cache_settings,
@@ -578,6 +579,17 @@ class PackReader:
             backend=self.options.backend,
             channels=self.meta.channels,
         )
+
+    def read_fields(
+        self, indices: Sequence[int] | np.ndarray, names: Sequence[str]
+    ) -> dict[str, list[Any]]:
+        """Return the values of the stored fields ``names`` of samples ``indices`` (by name).
+
+        Raises:
+            IndexError: an index is out of range.
+            FormatError: a field cannot be read (damage).
+        """
+        return read_values(self._file, self.meta, self._check(indices), names)
 
     def read_images(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Return each sample in ``indices`` as an HWC uint8 array."""

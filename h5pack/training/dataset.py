@@ -16,11 +16,22 @@ from PIL import Image
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from h5pack.core.arguments import check_seed
+from h5pack.core.fields import (
+    IMAGE,
+    KEY,
+    LABEL,
+    Field,
+    fields_of,
+    selected,
+    spatial,
+    stored_fields,
+)
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap, checked_indices
 from h5pack.core.vocabulary import OUTPUTS as OUTPUTS  # re-exported
 from h5pack.core.vocabulary import Output as Output
 from h5pack.errors import OptionsError
+from h5pack.read.boxes import plan_crops
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
 from h5pack.read.planned import ReadPlan
@@ -78,6 +89,19 @@ def source_of(source: PackSource) -> str | tuple[str, ...]:
     return tuple(os.fspath(p) for p in source)
 
 
+def fields_for(
+    meta: PackMeta, names: Sequence[str] | None, *, return_path: bool
+) -> tuple[str, ...] | None:
+    """The fields a dataset delivers as dicts, or None: image + label tuples.
+
+    Raises:
+        OptionsError: a name the pack does not list.
+    """
+    if names is None and not stored_fields(fields_of(meta)):
+        return None
+    return selected(meta, names, key=return_path)
+
+
 def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
     """Return an uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
 
@@ -102,6 +126,9 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         paths: Source paths with ``return_path``, else None.
         sources: ``(B,)`` int64 tensor: each sample's source in a mix, with
             ``return_source`` (training/mixed.py), else None.
+        fields: A dataset of fields (``H5ImageDataset.fields``): the names delivered, in
+            order; each sample is then a dict, and the batch too (``collate_batch``).
+        values: The values of each stored field delivered (``core.fields``), per sample.
     """
 
     def __init__(
@@ -113,8 +140,13 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         label_values: list[Any] | None = None,
         paths: list[str] | None = None,
         sources: torch.Tensor | None = None,
+        fields: tuple[str, ...] | None = None,
+        values: Mapping[str, list[Any]] | None = None,
     ) -> None:
         self._samples = samples
+        self.fields = fields
+        self.values = dict(values or {})
+        self.kinds: dict[str, Field] = {}  # the fields by name (their ``collate``)
         self.sources = sources
         self.images = images
         self.labels = labels
@@ -125,14 +157,19 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         return len(self._samples) if self._samples is not None else len(self._label_values)
 
     @overload
-    def __getitem__(self, j: int) -> tuple[Any, ...]: ...
+    def __getitem__(self, j: int) -> Any: ...  # a tuple, or a dict of fields
 
     @overload
     def __getitem__(self, j: slice) -> list[tuple[Any, ...]]: ...
 
-    def __getitem__(self, j: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+    def __getitem__(self, j: int | slice) -> Any:
         if isinstance(j, slice):
             return [self[k] for k in range(*j.indices(len(self)))]
+        if self.fields is not None:
+            return self._record(j)
+        return self._tuple(j)
+
+    def _tuple(self, j: int) -> tuple[Any, ...]:
         if self._samples is not None:
             return self._samples[j]
         label = self._label_values[j]
@@ -140,6 +177,19 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         if self.sources is not None:
             extra = (*extra, int(self.sources[j]))
         return (self.images[j], label, *extra)
+
+    def _record(self, j: int) -> dict[str, Any]:
+        """Sample ``j`` as a dict of its fields (image, label and key from the tuple)."""
+        image, label, *rest = self._tuple(j)
+        known = {IMAGE: image, LABEL: label, KEY: rest[0] if self.paths is not None else None}
+        assert self.fields is not None  # the caller checked
+        return {n: known[n] if n in known else self.values[n][j] for n in self.fields}
+
+    def without_fields(self) -> SampleBatch:
+        """This batch as image + label tuples (what ``collate_batch`` stacks)."""
+        plain = copy.copy(self)
+        plain.fields = None
+        return plain
 
 
 class _Epoch:
@@ -210,6 +260,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             pack sets, lists of packs) and the dataset an ``H5MixDataset``
             (training/mixed.py), which also takes ``classes=`` and ``return_source=``.
         crop: The older name of ``pipeline`` (give one of them).
+        fields: The fields to deliver (``core.fields``): each sample is then a dict of
+            them, as is each batch (``collate_batch``). Default: image + label packs give
+            tuples; a pack of more fields gives every field (``key`` with ``return_path``).
+            Spatial fields (masks) get the image's crop and flip.
 
     Raises:
         FileNotFoundError: the pack (a shard, a manifest) does not exist.
@@ -241,6 +295,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         seed: int = 0,
         weights: Sequence[float] | None = None,
         crop: CropSpec | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         if weights is not None:  # H5MixDataset's own __init__ takes them
             raise OptionsError("weights= makes an H5MixDataset (training/mixed.py)")
@@ -272,6 +327,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.target_transform = target_transform
         self.output: Output = output
         self.return_path = return_path
+        self.fields = fields_for(self.meta, fields, return_path=return_path)
         self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
         if pipeline is not None:
             # The pipeline's resize kernel, imported here, before DataLoader workers fork:
@@ -383,8 +439,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         """Every sample's label, in pack order."""
         return self.meta.labels
 
-    def __getitem__(self, index: int) -> tuple[Any, ...]:
+    def __getitem__(self, index: int) -> Any:
         sample = self.__getitems__([index])[0]
+        if isinstance(sample, dict):  # a pack of fields: one sample's record
+            return sample
         if self.output == "tensor" and self.transform is None:
             # one sample on its own: a plain contiguous (C, H, W) tensor
             return (sample[0].contiguous(), *sample[1:])
@@ -402,7 +460,16 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         idx = checked_indices(indices, self.meta.num_samples)
         reader = self.reader
         self._follow_plan(reader)
-        paths = [reader.paths[i] for i in idx.tolist()] if self.return_path else None
+        keyed = self.return_path or (self.fields is not None and KEY in self.fields)
+        paths = [reader.paths[i] for i in idx.tolist()] if keyed else None
+        if self.fields is not None:
+            return self._with_fields(idx, self._images(idx, paths, start), reader)
+        return self._images(idx, paths, start)
+
+    def _images(self, idx: np.ndarray, paths: list[str] | None, start: int) -> SampleBatch:
+        """The images and labels of samples ``idx`` (``__getitems__`` without the fields)."""
+        reader = self.reader
+        times = stage_times()
         raw_labels = self.meta.labels[idx]
         if self.target_transform is None:
             labels: list[Any] = raw_labels.tolist()
@@ -437,6 +504,44 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 image = self.transform(image)
             samples.append(self._tuple(image, labels[j], paths, j))
         return SampleBatch(samples, paths=paths)
+
+    def _with_fields(
+        self, idx: np.ndarray, batch: SampleBatch, reader: PackReader | PackSetReader
+    ) -> SampleBatch:
+        """``batch`` with the values of its stored fields (``fields``), spatial ones cropped."""
+        assert self.fields is not None  # the caller checked
+        batch.fields = self.fields
+        batch.values = self.field_values(idx, self.fields, reader)
+        batch.kinds = {f.name: f for f in fields_of(self.meta)}
+        return batch
+
+    def field_values(
+        self,
+        idx: np.ndarray,
+        names: Sequence[str],
+        reader: PackReader | PackSetReader | None = None,
+    ) -> dict[str, list[Any]]:
+        """The values of the stored fields ``names`` of samples ``idx``, cropped as the images.
+
+        The crop plan is the images' (``plan_crops``: a pure function of seed, epoch and
+        index), so each spatial field is cut, resized and flipped as its image was.
+        """
+        found = (reader or self.reader).read_fields(idx, names)
+        crop = self.crop
+        if crop is None:
+            return found
+        moved = spatial(self.meta, names)
+        if moved:
+            shapes = self.meta.shapes[idx]
+            plans = plan_crops(
+                crop, shapes[:, 0], shapes[:, 1], seed=self.seed, epoch=self.epoch, indices=idx
+            )
+            for stored in moved:
+                found[stored.name] = [
+                    stored.transform(value, box, flip, crop.size)
+                    for value, (box, flip) in zip(found[stored.name], plans, strict=True)
+                ]
+        return found
 
     def batch_shape(self) -> tuple[int, int, int] | None:
         """(H, W, C) of every image ``read_batch_into`` delivers, or None if it delivers none.

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, default_collate
 from typing_extensions import Unpack
 
 from h5pack.core.arguments import check_bool, check_optional_int
+from h5pack.core.fields import IMAGE, KEY, LABEL
 from h5pack.core.machine import available_cores
 from h5pack.core.vocabulary import COLLATES as COLLATES  # re-exported
 from h5pack.errors import H5PackError, OptionsError
@@ -101,8 +102,25 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)  # noqa: NPY002  (user augmentations use the global RNG)
 
 
+def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> dict[str, Any]:
+    """Collate a batch of fields into a dict: image, label and key as ``collate`` does them.
+
+    Every other field is collated by its kind (``core.fields``): numbers and fixed-shape
+    arrays stacked into tensors, masks of one shape too, variable-length values as lists.
+    """
+    image, label, *rest = collate(batch.without_fields())
+    known = {IMAGE: image, LABEL: label, KEY: rest[0] if batch.paths is not None else None}
+    assert batch.fields is not None  # the caller checked
+    return {
+        name: known[name] if name in known else batch.kinds[name].collate(batch.values[name])
+        for name in batch.fields
+    }
+
+
 def collate_list(batch: Sequence[Any]) -> Any:
     """Collate samples into ``(list of images, labels[, paths])``: images keep their sizes."""
+    if isinstance(batch, SampleBatch) and batch.fields is not None:
+        return collate_fields(batch, collate_list)
     images = [sample[0] for sample in batch]
     return (images, *_collate_rest(batch))
 
@@ -149,6 +167,8 @@ def collate_batch(batch: Sequence[Any]) -> Any:
     uint8 tensors are copied into one (B, ...) tensor (in shared memory inside a worker);
     anything else goes to ``torch.utils.data.default_collate``.
     """
+    if isinstance(batch, SampleBatch) and batch.fields is not None:
+        return collate_fields(batch, collate_batch)
     if isinstance(batch, SampleBatch) and batch.images is not None and batch.labels is not None:
         images = batch.images
         if isinstance(images, np.ndarray):
@@ -192,6 +212,8 @@ class ContiguousCollate:
         batch = self.collate(samples)
         if isinstance(batch, tuple) and batch and isinstance(batch[0], torch.Tensor):
             return (batch[0].contiguous(), *batch[1:])
+        if isinstance(batch, dict) and isinstance(batch.get(IMAGE), torch.Tensor):
+            return {**batch, IMAGE: batch[IMAGE].contiguous()}
         return batch
 
 
@@ -376,6 +398,7 @@ def make_loader(
     return_path: bool | None = None,
     classes: ClassJoin | None = None,
     return_source: bool | None = None,
+    fields: Sequence[str] | None = None,
     **keywords: Unpack[SpecKeywords],
 ) -> H5Loader:
     """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
@@ -426,6 +449,11 @@ def make_loader(
         classes: How a mix's classes become one list: ``"join"`` (default: by name, sorted),
             ``"separate"``, or the list of names (``read.mixture.joined_classes``).
         return_source: Also return each sample's source in a mix (an int tensor, last).
+        fields: The fields each batch holds, as a dict by name (``core.fields``); default:
+            every field of a pack that has more than image + label (``key`` with
+            ``return_path``), the ``(images, labels)`` tuple otherwise. Numbers and arrays
+            are stacked tensors, masks get the images' crop and flip, variable-length
+            fields are lists of tensors, text a list of ``str``.
         **keywords: Fields of the option objects (``training.options.SpecKeywords``):
             ``shuffle``, ``seed``, ``num_replicas``, ``rank``, ``drop_last``,
             ``window_chunks``, ``window_bytes``, and for a mix of several sources
@@ -469,6 +497,7 @@ def make_loader(
             "target_transform": target_transform,
             "output": output,
             "return_path": return_path,
+            "fields": fields,
             **mix_options,
         }
         routes = keyword_fields()
@@ -494,6 +523,7 @@ def make_loader(
             "pipeline": spec.pipeline,
             "cache": spec.cache,
             "seed": seed,
+            "fields": fields,
         }
         if weights is not None:
             if isinstance(path_or_dataset, str | os.PathLike):

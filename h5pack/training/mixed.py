@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from h5pack.core.fields import KEY, fields_of
 from h5pack.core.layout import checked_indices
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
@@ -24,7 +25,13 @@ from h5pack.read.packset import PackSource
 from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
-from h5pack.training.dataset import H5ImageDataset, Output, SampleBatch, SharedEpoch
+from h5pack.training.dataset import (
+    H5ImageDataset,
+    Output,
+    SampleBatch,
+    SharedEpoch,
+    fields_for,
+)
 from h5pack.training.mixing import label_mixing
 from h5pack.training.ring import batch_buffer
 from h5pack.training.weighted import check_weights
@@ -45,8 +52,9 @@ class H5MixDataset(H5ImageDataset):
             list of class names (``read.mixture.joined_classes``).
         return_source: Also return each sample's source (an int, the position in
             ``sources``), after the path when ``return_path``.
-        transform, target_transform, output, return_path, reader, pipeline, seed, crop: As
-            for ``H5ImageDataset``, applied to every source (labels are the joined ones).
+        transform, target_transform, output, return_path, reader, pipeline, seed, crop,
+            fields: As for ``H5ImageDataset``, applied to every source (labels are the
+            joined ones; the sources' fields are joined by name, ``check_fields``).
         cache: A ``CacheSpec``: each encoded source gets its own decoded cache, the budget
             split by sample counts (``attach_caches``).
 
@@ -72,6 +80,7 @@ class H5MixDataset(H5ImageDataset):
         cache: CacheSpec | DecodedCache | None = None,
         seed: int = 0,
         crop: CropSpec | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         if isinstance(cache, DecodedCache):
             raise OptionsError(
@@ -101,6 +110,7 @@ class H5MixDataset(H5ImageDataset):
         self.target_transform = target_transform
         self.output = output
         self.return_path = return_path
+        self.fields = fields_for(self.meta, fields, return_path=return_path)
         self.return_source = return_source
         self.crop = crop
         self.cache = None
@@ -250,12 +260,36 @@ class H5MixDataset(H5ImageDataset):
             # the next source's chunks decompress, took a core from them (2 cores: slower)
             loading.finish()
         paths: list[str] | None = None
-        if self.return_path:
+        if self.return_path or (self.fields is not None and KEY in self.fields):
             offsets = self.offsets
             paths = [
                 self.parts[s].reader.paths[int(i - offsets[s])]
                 for s, i in zip(src.tolist(), idx.tolist(), strict=True)
             ]
+        batch = self._mixed_images(idx, runs, labels, label_tensor, paths, sources, buffer)
+        if self.fields is not None:
+            batch.fields = self.fields
+            batch.kinds = {f.name: f for f in fields_of(self.meta)}
+            for s, where, local in runs:
+                for name, values in self.parts[s].field_values(local, self.fields).items():
+                    found = batch.values.setdefault(name, [None] * idx.size)
+                    positions = range(idx.size)[where] if isinstance(where, slice) else where
+                    for j, value in zip(list(positions), values, strict=True):
+                        found[int(j)] = value
+        return batch
+
+    def _mixed_images(
+        self,
+        idx: np.ndarray,
+        runs: list[tuple[int, slice | np.ndarray, np.ndarray]],
+        labels: list[Any],
+        label_tensor: torch.Tensor | None,
+        paths: list[str] | None,
+        sources: torch.Tensor | None,
+        buffer: torch.Tensor | None,
+    ) -> SampleBatch:
+        """The images of a mix's batch, each source's read by that source's dataset."""
+        shape = self._batch_shape()
         if buffer is not None:
             assert shape is not None  # the buffer is made for it
             target = buffer.numpy()

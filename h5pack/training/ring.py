@@ -262,7 +262,7 @@ class RingCollate:
     """Collate with ``collate``; a worker sends ring buffers by reference, small tensors by value.
 
     The outermost collate of a loader with a ``BatchRing`` (it sees ``TimedCollate``'s
-    ``(batch, StageNs)``): a top-level tensor (or one in a top-level tuple) viewing one of
+    ``(batch, StageNs)``): a top-level tensor (or one in a top-level tuple or dict) viewing one of
     this worker's slots crosses as a ``_RingTensor``; CPU tensors of at most
     ``SMALL_TENSOR_BYTES`` cross by value. In the main process it changes nothing.
     """
@@ -297,6 +297,8 @@ class RingCollate:
         if depth < 2 and type(value) in (tuple, list):
             wrapped = [self._wrap(v, depth + 1) for v in value]
             return tuple(wrapped) if type(value) is tuple else wrapped
+        if depth < 2 and type(value) is dict:  # a batch of fields (core.fields)
+            return {key: self._wrap(v, depth + 1) for key, v in value.items()}
         return value
 
 
