@@ -25,6 +25,15 @@ from h5pack.errors import (
 
 if TYPE_CHECKING:
     from h5pack.check import pack_info, packset_info, verify_pack, verify_packset
+    from h5pack.core.fields import (
+        ArrayField,
+        BoxesField,
+        BytesField,
+        MaskField,
+        RaggedField,
+        ScalarField,
+        TextField,
+    )
     from h5pack.core.format import PackMeta, load_meta
     from h5pack.core.layout import Compression
     from h5pack.read.boxes import CropSpec
@@ -72,11 +81,21 @@ _LAZY = {
     "PackReader": "h5pack.read.reader",
     "ReaderOptions": "h5pack.read.reader",
     "PackMeta": "h5pack.core.format",
+    "ArrayField": "h5pack.core.fields",
+    "BoxesField": "h5pack.core.fields",
+    "BytesField": "h5pack.core.fields",
+    "MaskField": "h5pack.core.fields",
+    "RaggedField": "h5pack.core.fields",
+    "ScalarField": "h5pack.core.fields",
+    "TextField": "h5pack.core.fields",
     "load_meta": "h5pack.core.format",
 }
 
 # Every public name; tests/test_api.py checks that each lazy one resolves.
 __all__ = [
+    "ArrayField",
+    "BoxesField",
+    "BytesField",
     "CacheClosedError",
     "CacheSpec",
     "ChunkBatchSampler",
@@ -92,16 +111,20 @@ __all__ = [
     "H5IterableDataset",
     "H5MixDataset",
     "H5PackError",
+    "MaskField",
     "MergeReport",
     "OptionsError",
     "PackMeta",
     "PackNotFoundError",
     "PackReader",
     "PackSetReport",
+    "RaggedField",
     "ReaderOptions",
+    "ScalarField",
     "ShardReport",
     "SourceError",
     "TargetExistsError",
+    "TextField",
     "VerifyError",
     "WeightedMix",
     "__version__",

@@ -6,18 +6,17 @@ import h5py
 import numpy as np
 import pytest
 
-from h5pack.core import format as fmt
-from h5pack.core.fields import (
-    LEGACY_FIELDS,
+from h5pack import (
     ArrayField,
+    BoxesField,
     BytesField,
     MaskField,
     RaggedField,
     ScalarField,
     TextField,
-    fields_of,
-    parse_fields,
 )
+from h5pack.core import format as fmt
+from h5pack.core.fields import LEGACY_FIELDS, fields_of, parse_fields
 from h5pack.core.layout import Compression
 from h5pack.errors import FormatError, OptionsError
 from h5pack.write.convert import write_arrays
@@ -148,6 +147,7 @@ def test_listing_round_trips_and_refuses_unknown_kinds():
         BytesField("r"),
         TextField("t"),
         MaskField("m"),
+        BoxesField("xyxy"),
     )
     from h5pack.core.fields import fields_text
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from h5pack.core.fields import MaskField
+from h5pack.core.fields import BoxesField, MaskField
 from h5pack.errors import OptionsError
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import write_arrays
@@ -121,3 +121,40 @@ def test_a_mask_cropped_with_its_image_stays_aligned(tmp_path, workers, encoded)
                     assert np.abs(pixels[where] - colour).max(initial=0) <= 12
                 with_disc += int(mask.any())
     assert with_disc > 0  # some crops hold part of the disc
+
+
+def _rectangles(num, size=(48, 64)):
+    """Images with a solid rectangle in SHAPE_COLOUR, and its box (x1, y1, x2, y2)."""
+    rng = np.random.default_rng(9)
+    images, boxes = [], []
+    for _ in range(num):
+        y1, x1 = rng.integers(4, 24), rng.integers(4, 32)
+        y2, x2 = y1 + rng.integers(10, 20), x1 + rng.integers(10, 28)
+        image = np.empty((*size, 3), np.uint8)
+        image[:] = BACKGROUND
+        image[y1:y2, x1:x2] = SHAPE_COLOUR
+        images.append(image)
+        boxes.append(np.array([[x1, y1, x2, y2]], np.float32))
+    return images, boxes
+
+
+@pytest.mark.parametrize("crop", ["random-resized", "center"])
+def test_boxes_frame_their_shape_after_the_crop_and_flip(tmp_path, crop):
+    images, boxes = _rectangles(12)
+    write_arrays(tmp_path / "p.h5", images, [0] * 12, fields={BoxesField("boxes"): boxes})
+    loader = make_loader(tmp_path / "p.h5", 4, num_workers=0, size=(24, 32), crop=crop,
+                         flip=True, seed=4)  # fmt: skip
+    framed = 0
+    for batch in loader:
+        for image, (box,) in zip(batch["image"], batch["boxes"], strict=True):
+            pixels = image.permute(1, 2, 0).numpy().astype(int)
+            shape = np.abs(pixels - SHAPE_COLOUR).max(axis=2) < 60
+            x1, y1, x2, y2 = box.tolist()
+            if not shape.any():
+                assert min(x2 - x1, y2 - y1) < 1.5  # the shape left the crop: so did its box
+                continue
+            rows, cols = np.flatnonzero(shape.any(axis=1)), np.flatnonzero(shape.any(axis=0))
+            found = (cols[0], rows[0], cols[-1] + 1, rows[-1] + 1)
+            np.testing.assert_allclose(box.numpy(), found, atol=1.5)
+            framed += 1
+    assert framed > 0

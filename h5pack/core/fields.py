@@ -18,6 +18,7 @@ read in one or two chunk reads per dataset. Each dataset's CRC32 is in ``metadat
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -366,6 +367,37 @@ class MaskField(BytesField):
         return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
 
 
+@dataclass(frozen=True)
+class BoxesField(RaggedField):
+    """Boxes per sample, n x 4 float32 ``(x1, y1, x2, y2)`` in image pixels: spatial.
+
+    Stored as a ragged field; a crop moves, scales and clips them, a flip mirrors them.
+    Every box stays (a box outside the crop keeps zero area), so that per-box fields
+    stored beside it stay aligned.
+    """
+
+    dims: tuple[int, ...] = (4,)
+    kind: ClassVar[str] = "boxes"
+    spatial: ClassVar[bool] = True
+
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"name": self.name, "kind": self.kind, "dtype": self.dtype}
+
+    def transform(
+        self, boxes: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
+    ) -> np.ndarray:
+        """Return ``boxes`` in the pixels of the image cut to ``box`` and resized to ``size``."""
+        top, left, height, width = (float(v) for v in box)
+        out_h, out_w = size
+        scale = np.array([out_w / width, out_h / height] * 2, dtype=np.float64)
+        shift = np.array([left, top] * 2, dtype=np.float64)
+        moved = (np.asarray(boxes, dtype=np.float64).reshape(-1, 4) - shift) * scale
+        moved = np.clip(moved, 0, [out_w, out_h, out_w, out_h])
+        if flip:
+            moved[:, [0, 2]] = out_w - moved[:, [2, 0]]
+        return moved.astype(self.dtype)
+
+
 def nearest(source: np.ndarray, box: tuple[int, ...], size: tuple[int, int]) -> np.ndarray:
     """Return the ``box`` (top, left, height, width) of ``source`` resized to ``size``.
 
@@ -391,6 +423,7 @@ KINDS: dict[str, type[Field]] = {
         BytesField,
         TextField,
         MaskField,
+        BoxesField,
     )
 }
 IMAGE, LABEL, KEY = fmt.IMAGE_FIELD, fmt.LABEL_FIELD, fmt.KEY_FIELD
@@ -418,6 +451,8 @@ def field_from_dict(data: Mapping[str, Any]) -> Field:
         return ScalarField(name, str(data["dtype"]))
     if cls is ArrayField:
         return ArrayField(name, str(data["dtype"]), shape)
+    if cls is BoxesField:
+        return BoxesField(name, str(data["dtype"]))
     return RaggedField(name, str(data["dtype"]), shape)
 
 
@@ -426,6 +461,7 @@ def fields_text(fields: Sequence[Field]) -> str:
     return json.dumps([f.to_dict() for f in fields])
 
 
+@functools.lru_cache(maxsize=64)  # read at every batch of a dataset of fields
 def parse_fields(text: str | None, path: str) -> tuple[Field, ...]:
     """Return a pack's fields from its listing; ``LEGACY_FIELDS`` when it has none.
 

@@ -297,8 +297,8 @@ class RingCollate:
         if depth < 2 and type(value) in (tuple, list):
             wrapped = [self._wrap(v, depth + 1) for v in value]
             return tuple(wrapped) if type(value) is tuple else wrapped
-        if depth < 2 and type(value) is dict:  # a batch of fields (core.fields)
-            return {key: self._wrap(v, depth + 1) for key, v in value.items()}
+        if depth < 2 and type(value) is dict:  # a batch of fields: each as a tuple's item
+            return {key: self._wrap(v, depth) for key, v in value.items()}
         return value
 
 
