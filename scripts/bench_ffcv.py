@@ -21,7 +21,7 @@ QUASI_RANDOM, drop_last=False)`` with ``RandomResizedCropRGBImageDecoder((224, 2
 pack cut to a size gets one per core, encoded or raw) and in the main process with 2 threads
 (``num_workers=0, threads=2``). Two arms measure a step against what it replaced, in the same
 rounds: "h5 jpeg in-process, whole decodes" (within ``jpegbox.disabled()``: no box decoded
-alone) and "h5 raw auto, torch enlarges" (``fixed_size.ENLARGE_WITH_OPENCV = False`` in
+alone) and "h5 raw auto, torch enlarges" (``resize.ENLARGE_WITH_OPENCV = False`` in
 the process that forks its workers).
 
 Measured: conversion (wall and CPU of the process tree); first epochs (a loader made in
@@ -58,7 +58,7 @@ from bench_loaders import SIZE, Rounds, Run, epoch, prepare, tree_cpu_s
 from h5pack import make_loader
 from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.core import jpegbox
-from h5pack.training import fixed_size
+from h5pack.training import resize
 
 BATCH = 64
 
@@ -199,12 +199,12 @@ def _arm_switches(name: str) -> Iterator[None]:
         if not name.endswith("torch enlarges"):
             yield
             return
-        before = fixed_size.ENLARGE_WITH_OPENCV
-        fixed_size.ENLARGE_WITH_OPENCV = False
+        before = resize.ENLARGE_WITH_OPENCV
+        resize.ENLARGE_WITH_OPENCV = False
         try:
             yield
         finally:
-            fixed_size.ENLARGE_WITH_OPENCV = before
+            resize.ENLARGE_WITH_OPENCV = before
 
 
 def main(argv: list[str] | None = None) -> None:

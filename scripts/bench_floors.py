@@ -30,8 +30,9 @@ import torch
 
 from h5pack.core.decode import exif_orientation, open_pillow
 from h5pack.core.jpeg import read_jpeg_header
-from h5pack.read.boxes import Box, CropSpec, plan_crop
-from h5pack.training.fixed_size import torch_resize_into
+from h5pack.read.boxes import Box, CropSpec
+from h5pack.read.cropplan import plan_crop
+from h5pack.training.resize import torch_resize_into
 
 _MCU = {0: (8, 8), 1: (16, 8), 2: (16, 16), 3: (8, 8), 4: (8, 16), 5: (32, 8)}
 

@@ -232,7 +232,7 @@ def floor(pack: Path, rounds: int) -> None:
     import torch
 
     from h5pack.core.integrity import contiguous_sample_digest
-    from h5pack.read.boxes import plan_crops
+    from h5pack.read.cropplan import plan_crops
 
     digest = contiguous_sample_digest()
     assert digest is not None, "the floors need xxhash"

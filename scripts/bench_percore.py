@@ -46,7 +46,7 @@ ratio per round, and whether every output was the same.
 
 ``enlarge``: 400 enlarging boxes (72-223 pixels a side) of a 256x256 synthetic photo
 resized to 224x224 on one thread, by torch's kernel and by OpenCV's bilinear resize in
-turn (``fixed_size.ENLARGE_WITH_OPENCV``), ``time.thread_time`` per output, medians of
+turn (``resize.ENLARGE_WITH_OPENCV``), ``time.thread_time`` per output, medians of
 rounds, and the largest difference from Pillow's own resize.
 """
 
@@ -65,10 +65,12 @@ import numpy as np
 import torch
 
 from h5pack import make_loader
-from h5pack.read.boxes import CropSpec, plan_crops
+from h5pack.read.boxes import CropSpec
 from h5pack.read.crop import decode_jpeg, upright_jpeg_header
+from h5pack.read.cropplan import plan_crops
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.training.fixed_size import FixedSizeReader, torch_resize_into
+from h5pack.training.fixed_size import FixedSizeReader
+from h5pack.training.resize import torch_resize_into
 
 BATCH = 64
 
@@ -381,7 +383,7 @@ def enlarge(rounds: int) -> None:
     """Enlarging boxes resized by torch's kernel and by OpenCV's bilinear resize, in turn."""
     from h5pack.read.crop import pillow_resize_into
     from h5pack.synthetic import synthesize_photo
-    from h5pack.training import fixed_size
+    from h5pack.training import resize
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -395,7 +397,7 @@ def enlarge(rounds: int) -> None:
     worst = {True: 0, False: 0}
     for _ in range(rounds):
         for switch in (False, True):
-            fixed_size.ENLARGE_WITH_OPENCV = switch
+            resize.ENLARGE_WITH_OPENCV = switch
             spent = 0.0
             for top, left, h, w in boxes:
                 source = np.ascontiguousarray(image[top : top + h, left : left + w])
@@ -405,13 +407,13 @@ def enlarge(rounds: int) -> None:
             times[switch].append(spent / len(boxes) * 1e6)
     reference = np.empty_like(out)
     for switch in (False, True):
-        fixed_size.ENLARGE_WITH_OPENCV = switch
+        resize.ENLARGE_WITH_OPENCV = switch
         for top, left, h, w in boxes[:100]:
             source = np.ascontiguousarray(image[top : top + h, left : left + w])
             torch_resize_into(source, out)
             pillow_resize_into(source, reference)
             worst[switch] = max(worst[switch], int(np.abs(out.astype(int) - reference).max()))
-    fixed_size.ENLARGE_WITH_OPENCV = True
+    resize.ENLARGE_WITH_OPENCV = True
     print(
         f"enlarge: torch {np.median(times[False]):.0f} us per output (max {worst[False]} "
         f"level from Pillow), OpenCV {np.median(times[True]):.0f} us (max {worst[True]})"

@@ -15,8 +15,8 @@ from PIL import Image, ImageOps
 
 from h5pack.core.decode import Backend, apply_orientation, decode_image, resize_image
 from h5pack.errors import DecodeError, OptionsError
-from h5pack.read import boxes
-from h5pack.read.boxes import plan_ahead, stored_box
+from h5pack.read import boxes, cropplan
+from h5pack.read.boxes import stored_box
 from h5pack.read.crop import (
     CROPS,
     DEFAULT_RATIO,
@@ -39,6 +39,7 @@ from h5pack.read.crop import (
     reference_resize,
     scale_box,
 )
+from h5pack.read.cropplan import plan_ahead
 from h5pack.synthetic import synthesize_photo
 from tests.helpers import shared_photos
 
@@ -500,7 +501,7 @@ def test_crop_array_rejects_bad_arrays_and_sizes() -> None:
 
 def test_the_box_names_are_re_exported_from_boxes() -> None:
     assert CropSpec is boxes.CropSpec
-    assert plan_crop is boxes.plan_crop
+    assert plan_crop is cropplan.plan_crop
     assert scale_box is boxes.scale_box
 
 

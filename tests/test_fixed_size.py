@@ -22,8 +22,10 @@ from h5pack.read.crop import (
 )
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.synthetic import synthesize_photo
+from h5pack.training import resize
 from h5pack.training.cache import DecodedCache
-from h5pack.training.fixed_size import FixedSizeReader, resize_kernel, torch_resize_into
+from h5pack.training.fixed_size import FixedSizeReader
+from h5pack.training.resize import resize_kernel, torch_resize_into
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 from tests.helpers import crops_one_by_one
@@ -269,8 +271,6 @@ def test_torch_kernel_is_pillows_filter_within_one_level(source, out):
 def test_enlarging_boxes_are_pillows_filter_within_one_level(monkeypatch):
     """Enlarging goes to OpenCV's bilinear resize (NOTE [ Pillow's filter, computed by
     torch ]): within one level of Pillow, and of torch's kernel, at every size."""
-    from h5pack.training import fixed_size
-
     rng = np.random.default_rng(8)
     for trial in range(300):
         out_h, out_w = int(rng.integers(1, 120)), int(rng.integers(1, 120))
@@ -281,10 +281,10 @@ def test_enlarging_boxes_are_pillows_filter_within_one_level(monkeypatch):
             source = synthesize_photo(rng, (height, width))
         pillow = np.empty((out_h, out_w, 3), dtype=np.uint8)
         pillow_resize_into(source, pillow)
-        monkeypatch.setattr(fixed_size, "ENLARGE_WITH_OPENCV", True)
+        monkeypatch.setattr(resize, "ENLARGE_WITH_OPENCV", True)
         opencv = np.empty_like(pillow)
         torch_resize_into(source, opencv)
-        monkeypatch.setattr(fixed_size, "ENLARGE_WITH_OPENCV", False)
+        monkeypatch.setattr(resize, "ENLARGE_WITH_OPENCV", False)
         by_torch = np.empty_like(pillow)
         torch_resize_into(source, by_torch)
         assert np.abs(opencv.astype(int) - pillow).max() <= 1, (source.shape, pillow.shape)
@@ -295,8 +295,6 @@ def test_enlarging_boxes_are_pillows_filter_within_one_level(monkeypatch):
 def test_the_per_batch_loop_enlarges_as_the_kernel_does(packs, kind, monkeypatch):
     """With or without OpenCV enlarging, the loops (_cut_batch for blobs, _cut_mapped for a
     mapped array pack) and the per-sample kernel agree exactly, boxes enlarged and shrunk."""
-    from h5pack.training import fixed_size
-
     mapped = []
     cut_mapped = FixedSizeReader._cut_mapped
 
@@ -311,7 +309,7 @@ def test_the_per_batch_loop_enlarges_as_the_kernel_does(packs, kind, monkeypatch
     images = reader.read_stored(np.arange(count))
     enlarged = shrunk = 0
     for switch in (True, False):
-        monkeypatch.setattr(fixed_size, "ENLARGE_WITH_OPENCV", switch)
+        monkeypatch.setattr(resize, "ENLARGE_WITH_OPENCV", switch)
         for epoch in range(3):
             out = np.zeros((count, 28, 28, 3), dtype=np.uint8)
             fixed = FixedSizeReader(reader, spec, None)
@@ -332,17 +330,16 @@ def test_the_per_batch_loop_enlarges_as_the_kernel_does(packs, kind, monkeypatch
 def test_without_torch_s_in_place_op_the_public_call_gives_the_same_pixels(monkeypatch):
     """NOTE [ Pillow's filter, computed by torch ]: the fallback, and its report."""
     from h5pack.bench.system import machine_info
-    from h5pack.training import fixed_size
 
     pixels = synthesize_photo(np.random.default_rng(2), (300, 260))
     box = pixels[20:270, 10:250]
     fast, public = np.empty((224, 224, 3), np.uint8), np.empty((224, 224, 3), np.uint8)
     torch_resize_into(box, fast)
-    assert fixed_size.resize_route() == "torch, in-place ATen op"
-    monkeypatch.setattr(fixed_size, "_AA_OUT", fixed_size._interpolate_into)
+    assert resize.resize_route() == "torch, in-place ATen op"
+    monkeypatch.setattr(resize, "_AA_OUT", resize._interpolate_into)
     torch_resize_into(box, public)
     np.testing.assert_array_equal(public, fast)
-    assert "public interpolate" in fixed_size.resize_route()
+    assert "public interpolate" in resize.resize_route()
     assert "public interpolate" in machine_info().describe()
 
 

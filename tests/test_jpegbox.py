@@ -12,11 +12,12 @@ from PIL import Image
 from h5pack.core import jpegbox
 from h5pack.core.jpeg import JpegHeader, read_jpeg_header
 from h5pack.errors import DecodeError
-from h5pack.read import crop
-from h5pack.read.crop import CropSpec, decode_crop_into, decode_jpeg
+from h5pack.read import jpegdecode
+from h5pack.read.crop import Box, CropSpec, decode_crop_into, decode_jpeg
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.synthetic import synthesize_photo
-from h5pack.training.fixed_size import FixedSizeReader, resize_kernel
+from h5pack.training.fixed_size import FixedSizeReader
+from h5pack.training.resize import resize_kernel
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 from tests.helpers import crops_one_by_one, jpeg, shared_photos
@@ -134,7 +135,7 @@ def test_the_real_photos_boxes_are_their_whole_decodes_boxes():
             header = JpegHeader(image.width, image.height, "RGB", 1)
         whole = decode_jpeg(header, data, name=path.name)
         for top, left, h, w in _boxes(rng, header.height, header.width)[::4]:
-            got = crop.decode_jpeg_box(header, data, crop.Box(top, left, h, w))
+            got = jpegdecode.decode_jpeg_box(header, data, Box(top, left, h, w))
             assert got is not None, path.name
             np.testing.assert_array_equal(got, whole[top : top + h, left : left + w], path.name)
 
@@ -166,7 +167,7 @@ def test_what_it_cannot_decode_exactly_it_declines():
     header = read_jpeg_header(cmyk)
     assert header is not None
     assert header.mode == "CMYK"
-    assert crop.decode_jpeg_box(header, cmyk, crop.Box(*box)) is None
+    assert jpegdecode.decode_jpeg_box(header, cmyk, Box(*box)) is None
 
 
 @needs_decoder
@@ -250,14 +251,14 @@ def test_the_pipeline_serves_the_same_pixels_with_and_without_box_decodes(
     """The per-batch loop (upright RGB JPEGs) and the one-by-one path (rotated, gray, CMYK):
     the same batches with box decodes as with whole ones, epoch after epoch."""
     decoded = []
-    real = crop.decode_box
+    real = jpegdecode.decode_box
 
     def counting(*args, **keywords):
         got = real(*args, **keywords)
         decoded.append(got is not None)
         return got
 
-    monkeypatch.setattr(crop, "decode_box", counting)
+    monkeypatch.setattr(jpegdecode, "decode_box", counting)
     # 112: no box of these ~200-px images allows a reduced decode (NOTE [ JPEG DCT scaling ])
     spec = CropSpec.of(112, crop=crop_name, flip=True)
     reader = PackReader(jpeg_pack, ReaderOptions(threads=threads))
@@ -306,7 +307,7 @@ def test_reduced_decodes_of_a_box_give_the_whole_reduced_decodes_pixels(backend,
     its resize reads (for Pillow's fractional box, the box widened by the filter's reach, on
     an image-sized canvas): the same output as the whole reduced image, epoch after epoch."""
     reductions = []
-    real = crop.decode_box
+    real = jpegdecode.decode_box
 
     def counting(data, size, box, channels, reduction=1, *, canvas=False):
         got = real(data, size, box, channels, reduction, canvas=canvas)
@@ -314,7 +315,7 @@ def test_reduced_decodes_of_a_box_give_the_whole_reduced_decodes_pixels(backend,
             reductions.append(reduction)
         return got
 
-    monkeypatch.setattr(crop, "decode_box", counting)
+    monkeypatch.setattr(jpegdecode, "decode_box", counting)
     spec = CropSpec.of(48, crop="random-resized", flip=True, backend=backend)
     files = _large_files()
     for epoch in range(4):

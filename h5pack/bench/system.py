@@ -216,7 +216,7 @@ def machine_info(where: StrPath = ".") -> Machine:
 def native_routes() -> str:
     """The compiled or torch-internal paths this process takes; each has a fallback."""
     from h5pack.core import jpegbox
-    from h5pack.training.fixed_size import resize_route
+    from h5pack.training.resize import resize_route
     from h5pack.training.ring import reuse_route
 
     decoder = jpegbox.library() or "off, JPEGs decoded whole"

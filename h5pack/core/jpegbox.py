@@ -1,54 +1,29 @@
 """Decode only a box of a JPEG: the rows and columns a crop needs, the pixels a whole decode has.
 
 # NOTE [ Decoding only the box ]
-#
-# A RandomResizedCrop of an ImageNet-sized photo keeps 8-100% of its area (40% on average),
-# but a whole decode pays for every pixel: the entropy decoding of every 8x8 block, then the
-# inverse DCT, the chroma upsampling and the colour conversion of each. libjpeg's scanline
-# API (libjpeg-turbo >= 1.5) decodes less: jpeg_crop_scanline restricts the last three to
-# the box's columns (widened to whole iMCUs), jpeg_skip_scanlines entropy-decodes the rows
-# above the box without the rest, and the decode stops at the box's last row, so nothing
-# below it is even entropy-decoded. The extension ``h5pack.core._jpegbox`` drives it from C
-# and copies the box out of each row; the GIL is released meanwhile.
-#
-# Same pixels: the box's pixels equal a whole decode's box, bit for bit. The upsampler treats
-# a cropped region's edges as the image's, so the region asked for is one pixel wider on
-# each side where the image goes on (and one row taller above), and those are dropped;
-# tests/test_jpegbox.py compares against cv2.imdecode's whole image on every chroma
-# subsampling, progressive and restart-marker files, gray, odd sizes, boxes on iMCU
-# boundaries and at the edges, and the real photos.
-#
-# Measured (scripts/bench_percore.py --only box): the RandomResizedCrop(224) boxes of
-# 500x375 JPEGs (41% of the image on average) decode in 0.70-0.71x the CPU of a whole
-# decode; decoding only the last row (the entropy decoding of the whole file, which no box
-# avoids above its last row) costs 0.51x, the floor under the gain. libjpeg writes each row
-# straight into the result: decoding every row into one small row buffer and copying it out
-# cost 0.80x (and a whole decode 1.25x a direct one, in a plain C program too), more than
-# the copy's bytes explain; where the stall comes from was not pinned down.
-#
-# At a reduced scale too (libjpeg's DCT scaling, NOTE [ JPEG DCT scaling ]: large photos):
-# the box's region of the reduced image equals the reduced whole decode's, bit for bit. The
-# pipeline decodes what its resize reads: the box, or for Pillow's resize of a fractional
-# box the box widened by the filter's reach, written at its place on an image-sized canvas
-# (``canvas=True``), because Pillow rounds differently when the same box sits elsewhere or
-# in an image of another size (measured: 1 grey level on ~3% of the pixels). On the shared
-# photos cut to 224 a sample then costs ~0.7x the CPU of the whole reduced decode.
-#
-# Which libjpeg: the extension is not linked against one. ``load`` opens, in this order, the
-# libjpeg-turbo bundled in Pillow's wheel (Pillow is a dependency; the same library family
-# OpenCV bundles), then the system's libjpeg.so.62, and keeps the first whose decompressor
-# takes this header's (libjpeg checks the version and the struct's size at
-# jpeg_CreateDecompress; libjpeg.so.8 builds refuse it). Without the extension (no C
-# compiler at install time) or a library, ``available()`` is False and callers decode the
-# whole image as before. ``H5PACK_LIBJPEG`` names the library to use instead, or ``none``.
-#
-# What it refuses, so that the caller's whole decode answers (and raises its errors): files
-# not ending in an EOI marker (a truncated file would otherwise be served whenever its box
-# ends above the cut, and refused in other epochs), colour spaces other than YCbCr/RGB for 3
-# channels and gray for 1, boxes outside the image, any error libjpeg reports, and any
-# warning: corrupt data libjpeg recovers from (grey blocks) goes to the whole decode, which
-# serves it as before and says so on stderr (NOTE [ JPEG decoder ]). Data that runs out
-# mid-decode is an error here, not padded as libjpeg's memory source does.
+# A random crop keeps a part of the photo, but a whole decode pays for every pixel. libjpeg's
+# scanline API (libjpeg-turbo >= 1.5) decodes less: jpeg_crop_scanline restricts the IDCT,
+# upsampling and colour conversion to the box's columns (whole iMCUs), jpeg_skip_scanlines
+# entropy-decodes the rows above without the rest, and the decode stops at the box's last
+# row. The extension ``h5pack.core._jpegbox`` drives it from C with the GIL released and
+# copies the box out of each row. Same pixels, bit for bit: the region asked for is one pixel
+# wider where the image goes on (the upsampler treats its edges as the image's), then cut;
+# tests/test_jpegbox.py compares against whole decodes on every subsampling, progressive and
+# restart files, gray, odd sizes and edges. At a reduced scale (NOTE [ JPEG DCT scaling ]) the
+# same holds; for Pillow's fractional box the region is written on an image-sized canvas
+# (``canvas=True``), where Pillow rounds as on the whole image. The gain: BENCHMARKS.md and
+# docs/decisions/0003-box-decoder-kept.md.
+
+# NOTE [ Which libjpeg ]
+# The extension links none: ``_load`` opens the libjpeg-turbo in Pillow's wheel, then the
+# system's libjpeg.so.62, and keeps the first whose decompressor takes this header's (libjpeg
+# checks the version and struct size). ``H5PACK_LIBJPEG`` names another, or ``none``.
+# Without the extension or a library ``available()`` is False and callers decode whole.
+# Refused, so that the whole decode answers (and raises): files not ending in EOI (a
+# truncated file would be served only in some epochs), colour spaces other than YCbCr/RGB or
+# gray, boxes outside the image, any libjpeg error or warning (corrupt data it recovers
+# from goes to the whole decode, which says so: NOTE [ JPEG decoder ]); data that runs out
+# mid-decode is an error here.
 """
 
 from __future__ import annotations
@@ -77,7 +52,7 @@ _DISABLED = [False]  # set by disabled(), for the whole process and the workers 
 
 
 def _candidates() -> list[str]:
-    """The libjpeg libraries to try, in order (see NOTE [ Decoding only the box ])."""
+    """The libjpeg libraries to try, in order (see NOTE [ Which libjpeg ])."""
     chosen = os.environ.get("H5PACK_LIBJPEG")
     if chosen:
         return [] if chosen.lower() == "none" else [chosen]

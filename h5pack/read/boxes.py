@@ -1,31 +1,21 @@
 """Where to cut each training image: the boxes and flips of the training image pipeline.
 
-A :class:`CropSpec` says what every image becomes; :func:`plan_crop` turns it into the box to
-cut out of one image and whether to flip the result, from the image's displayed size only:
-
-* ``"random-resized"``: the box of torchvision's ``RandomResizedCrop`` (same algorithm, see
-  :func:`random_resized_box`);
-* ``"center"``: the largest centred box with the output's aspect ratio (:func:`center_box`);
-* ``"resize"``: the whole image.
-
-Randomness is a pure function of ``(seed, epoch, index)`` (:func:`crop_uniforms`), so an
-epoch gives the same boxes and flips in any process, with any number of workers, and a
-resumed epoch continues identically; :func:`plan_crops` plans a whole batch at once. The
-rest is box arithmetic the kernels of :mod:`h5pack.read.crop` share: a box through an EXIF
-orientation (:func:`stored_box`), onto a resized image (:func:`scale_box`), and how far a
-JPEG may be decoded at reduced scale (:func:`dct_reduction`).
-This module decodes and resizes nothing.
+A :class:`CropSpec` says what every image becomes (``"random-resized"``: torchvision's
+``RandomResizedCrop`` box; ``"center"``: the largest centred box with the output's aspect
+ratio, :func:`center_box`; ``"resize"``: the whole image); :mod:`h5pack.read.cropplan` draws
+each sample's box and flip. The rest is box arithmetic the kernels of :mod:`h5pack.read.crop`
+share: a box through an EXIF orientation (:func:`stored_box`), onto a resized image
+(:func:`scale_box`), and how far a JPEG may be decoded at reduced scale
+(:func:`dct_reduction`). This module decodes and resizes nothing.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, NamedTuple, SupportsIndex
-
-import numpy as np
 
 from h5pack.core.decode import BACKENDS, Backend
 from h5pack.core.vocabulary import CROPS as CROPS  # re-exported
@@ -50,7 +40,6 @@ DCT_REDUCTIONS: Final[tuple[int, ...]] = (8, 4, 2)
 
 RANDOM_ATTEMPTS: Final[int] = 10
 """RandomResizedCrop's tries at a random box before its central fallback."""
-_CROP_TAG: Final[int] = 0x63726F70  # "crop": keeps these streams apart from other seeded ones
 
 
 class Box(NamedTuple):
@@ -191,82 +180,12 @@ def _check_range(name: str, pair: Iterable[float], *, upper: float) -> tuple[flo
     return low, high
 
 
-def _check_image_size(height: int, width: int) -> None:
+def check_image_size(height: int, width: int) -> None:
+    """Raise ``OptionsError`` unless the image is at least 1x1."""
     if height < 1 or width < 1:
         raise OptionsError(
             f"the image should be at least 1x1, but got height={height}, width={width}"
         )
-
-
-def random_resized_box(
-    height: int,
-    width: int,
-    scale: tuple[float, float],
-    ratio: tuple[float, float],
-    rng: np.random.Generator,
-) -> Box:
-    """Draw the box of torchvision's ``RandomResizedCrop.get_params``.
-
-    Up to 10 attempts draw an area fraction uniformly in ``scale`` and an aspect ratio
-    (width / height) log-uniformly in ``ratio``, round the box's sides, and keep the first
-    box that fits, at a uniformly drawn position. When none fits (e.g. a very elongated
-    image), the box is central: the whole image clamped to the nearest ratio in ``ratio``.
-    Unlike torchvision, that clamped side is never rounded down to 0.
-
-    Args:
-        height: The image's height.
-        width: The image's width.
-        scale: ``(low, high)`` area fractions; ``0 < low <= high <= 1``.
-        ratio: ``(low, high)`` aspect ratios; ``0 < low <= high``.
-        rng: The source of randomness.
-
-    Returns:
-        A box inside the image.
-
-    Raises:
-        OptionsError: The image size, ``scale`` or ``ratio`` is invalid.
-    """
-    _check_image_size(height, width)
-    scale = _check_range("scale", scale, upper=1.0)
-    ratio = _check_range("ratio", ratio, upper=math.inf)
-    draws = rng.random((1, _DRAWS))
-    return Box(*_random_boxes(np.array([height]), np.array([width]), scale, ratio, draws)[0])
-
-
-def _random_boxes(
-    h: np.ndarray,
-    w: np.ndarray,
-    scale: tuple[float, float],
-    ratio: tuple[float, float],
-    draws: np.ndarray,
-) -> list[list[int]]:
-    """``random_resized_box`` on a batch: one row of ``_DRAWS`` uniforms per image."""
-    area = (h * w).astype(np.float64)[:, None]
-    tries = 2 * RANDOM_ATTEMPTS
-    target = area * (scale[0] + (scale[1] - scale[0]) * draws[:, 0:tries:2])
-    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
-    aspect = np.exp(log_low + (log_high - log_low) * draws[:, 1:tries:2])
-    box_w = np.rint(np.sqrt(target * aspect)).astype(np.int64)
-    box_h = np.rint(np.sqrt(target / aspect)).astype(np.int64)
-    fits = (box_w > 0) & (box_w <= w[:, None]) & (box_h > 0) & (box_h <= h[:, None])
-    rows, first = np.arange(h.size), np.argmax(fits, axis=1)
-    found = fits[rows, first]
-    # none fits: the central box, the whole image clamped to the nearest ratio
-    narrow, wide = w < h * ratio[0], w > h * ratio[1]
-    clamped_h = np.maximum(1, np.rint(w / ratio[0])).astype(np.int64)
-    clamped_w = np.maximum(1, np.rint(h * ratio[1])).astype(np.int64)
-    bw = np.where(found, box_w[rows, first], np.where(wide, clamped_w, w))
-    bh = np.where(found, box_h[rows, first], np.where(narrow, clamped_h, h))
-    top = np.where(found, _below(draws[:, tries], h - bh + 1), (h - bh) // 2)
-    left = np.where(found, _below(draws[:, tries + 1], w - bw + 1), (w - bw) // 2)
-    boxes: list[list[int]] = np.stack([top, left, bh, bw], axis=1).tolist()
-    return boxes
-
-
-def _below(draws: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Uniform ints in ``[0, count)`` from uniforms in ``[0, 1)``."""
-    below: np.ndarray = np.minimum((draws * count).astype(np.int64), count - 1)
-    return below
 
 
 def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
@@ -293,169 +212,13 @@ def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
     Raises:
         OptionsError: A size is not positive.
     """
-    _check_image_size(height, width)
+    check_image_size(height, width)
     positive_size((out_h, out_w))
     if width * out_h > height * out_w:  # relatively wider than the output: keep the height
         box_h, box_w = height, min(width, max(1, round(height * out_w / out_h)))
     else:
         box_h, box_w = min(height, max(1, round(width * out_h / out_w))), width
     return Box((height - box_h) // 2, (width - box_w) // 2, box_h, box_w)
-
-
-# NOTE [ Crop streams ]
-# A sample's draws are a pure function of (seed, epoch, index): uniforms from SplitMix64's
-# output function (Steele, Lea and Flood 2014) applied to a counter per draw, whose start is
-# the function of a key (seed, epoch and a tag) and the index. Plain numpy on uint64 arrays,
-# so a whole batch is planned in a few vectorised calls and nothing depends on how numpy's
-# own generators are seeded. Draws per sample: an area and a ratio per attempt, the top,
-# the left, the flip (_DRAWS).
-
-_DRAWS: Final[int] = 2 * RANDOM_ATTEMPTS + 3
-_GAMMA: Final = np.uint64(0x9E3779B97F4A7C15)
-_TO_DOUBLE: Final[float] = 2.0**-53
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    mixed: np.ndarray = x ^ (x >> np.uint64(31))
-    return mixed
-
-
-def crop_uniforms(
-    seed: int, epoch: int, indices: Sequence[int] | np.ndarray, count: int = _DRAWS
-) -> np.ndarray:
-    """Return the first ``count`` uniforms in ``[0, 1)`` of each sample's crop stream.
-
-    A pure function of ``(seed, epoch, index)`` (``NOTE [ Crop streams ]``): the same in any
-    process, for any batch the index is in.
-
-    Args:
-        seed: The run's seed; any int (taken modulo 2**64).
-        epoch: The epoch, from 0.
-        indices: The samples' indices in the pack, from 0.
-        count: The uniforms per sample.
-
-    Returns:
-        A ``(len(indices), count)`` float64 array.
-
-    Raises:
-        OptionsError: ``epoch`` or an index is negative.
-    """
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if epoch < 0 or (idx.size and int(idx.min()) < 0):
-        least = int(idx.min()) if idx.size else 0
-        raise OptionsError(
-            f"epoch and index should be non-negative, but got epoch={epoch}, index={least}"
-        )
-    key = _mix(np.array([(seed % 2**64) ^ _CROP_TAG], dtype=np.uint64))
-    key = _mix(key + np.array([epoch], dtype=np.uint64) * _GAMMA)
-    start = _mix(key + idx.astype(np.uint64) * _GAMMA)
-    steps = np.arange(1, count + 1, dtype=np.uint64) * _GAMMA
-    bits = _mix(start[:, None] + steps[None, :])
-    return (bits >> np.uint64(11)).astype(np.float64) * _TO_DOUBLE
-
-
-def plan_crops(
-    spec: CropSpec,
-    heights: Sequence[int] | np.ndarray,
-    widths: Sequence[int] | np.ndarray,
-    *,
-    seed: int,
-    epoch: int,
-    indices: Sequence[int] | np.ndarray,
-) -> list[tuple[Box, bool]]:
-    """Choose the box and the flip of every sample of a batch, from their displayed sizes.
-
-    Sample ``k``'s plan is ``plan_crop``'s for ``indices[k]``: it depends on the sample,
-    never on the rest of the batch.
-
-    Args:
-        spec: What to do.
-        heights: Each image's displayed height (after EXIF orientation).
-        widths: Each image's displayed width.
-        seed: The run's seed.
-        epoch: The epoch.
-        indices: Each sample's index.
-
-    Returns:
-        ``[(box, flip), ...]``: the box to cut and whether to flip the result horizontally.
-
-    Raises:
-        OptionsError: An image size, ``epoch`` or an index is invalid.
-    """
-    h = np.asarray(heights, dtype=np.int64).reshape(-1)
-    w = np.asarray(widths, dtype=np.int64).reshape(-1)
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if not (h.size == w.size == idx.size):
-        raise OptionsError(
-            "heights, widths and indices should have one entry per sample, but got "
-            f"{h.size}, {w.size} and {idx.size}"
-        )
-    draws = crop_uniforms(seed, epoch, idx)  # checks epoch and indices
-    if idx.size == 0:
-        return []
-    if int(h.min()) < 1 or int(w.min()) < 1:
-        raise OptionsError(
-            f"the images should be at least 1x1, but got heights {h.min()}.., widths {w.min()}.."
-        )
-    if spec.crop == "random-resized":
-        boxes = [Box(*box) for box in _random_boxes(h, w, spec.scale, spec.ratio, draws)]
-    elif spec.crop == "center":
-        boxes = [center_box(a, b, *spec.size) for a, b in zip(h.tolist(), w.tolist(), strict=True)]
-    else:
-        boxes = [Box(0, 0, a, b) for a, b in zip(h.tolist(), w.tolist(), strict=True)]
-    flips = (draws[:, -1] < FLIP_PROBABILITY).tolist() if spec.flip else [False] * idx.size
-    return list(zip(boxes, flips, strict=True))
-
-
-# Plans made ahead for plan_crop (plan_ahead): one vectorised call for the samples a batch
-# cuts one by one, instead of one small call each. Keyed by every argument, so a plan is only
-# ever taken for exactly what it was made for; those nobody took are dropped past the bound.
-_AHEAD: dict[tuple[CropSpec, int, int, int, int, int], tuple[Box, bool]] = {}
-_AHEAD_MAX: Final[int] = 1 << 14
-
-
-def plan_ahead(
-    spec: CropSpec, shapes: np.ndarray, *, seed: int, epoch: int, indices: np.ndarray
-) -> None:
-    """Plan at once the samples ``plan_crop`` will be asked for one by one in this process.
-
-    ``shapes`` holds each sample's displayed ``(height, width[, ...])``.
-    """
-    if len(_AHEAD) > _AHEAD_MAX:
-        _AHEAD.clear()
-    heights, widths = shapes[:, 0].tolist(), shapes[:, 1].tolist()
-    plans = plan_crops(spec, heights, widths, seed=seed, epoch=epoch, indices=indices)
-    key = seed % 2**64
-    for h, w, i, plan in zip(heights, widths, indices.tolist(), plans, strict=True):
-        _AHEAD[(spec, key, epoch, i, h, w)] = plan
-
-
-def plan_crop(
-    spec: CropSpec, height: int, width: int, *, seed: int, epoch: int, index: int
-) -> tuple[Box, bool]:
-    """Choose the box and the flip of one sample, from its displayed size.
-
-    Args:
-        spec: What to do.
-        height: The image's height, as displayed (after EXIF orientation).
-        width: The image's width, as displayed.
-        seed: The run's seed.
-        epoch: The epoch.
-        index: The sample's index.
-
-    Returns:
-        The box to cut, and whether to flip the result horizontally.
-
-    Raises:
-        OptionsError: The image size, ``epoch`` or ``index`` is invalid.
-    """
-    _check_image_size(height, width)
-    ahead = _AHEAD.pop((spec, seed % 2**64, epoch, index, height, width), None)
-    if ahead is not None:
-        return ahead
-    return plan_crops(spec, [height], [width], seed=seed, epoch=epoch, indices=[index])[0]
 
 
 def stored_box(box: Box, orientation: int, stored_h: int, stored_w: int) -> Box:

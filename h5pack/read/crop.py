@@ -1,6 +1,6 @@
 """Decode, cut and resize training images to a fixed size: the kernels of the image pipeline.
 
-Where to cut is :mod:`h5pack.read.boxes`' business (:func:`plan_crop`, re-exported here with
+Where to cut is :mod:`h5pack.read.cropplan`'s business (:func:`plan_crop`, re-exported here with
 the other box names); this module moves the pixels:
 
 * :func:`crop_into` cuts a box out of an ``(H, W, C)`` array and resizes the box, and only
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 
 import numpy as np
-from PIL import Image, ImageFile
+from PIL import Image
 
 from h5pack.core.decode import (
     BACKENDS,
@@ -40,14 +40,10 @@ from h5pack.core.decode import (
     ImageArray,
     apply_orientation,
     decode_image,
-    exif_orientation,
     finish_pixels,
-    open_pillow,
-    pillow_pixels,
 )
-from h5pack.core.jpeg import JpegHeader, read_jpeg_header
-from h5pack.core.jpegbox import decode_box
-from h5pack.errors import DecodeError, OptionsError
+from h5pack.core.jpeg import JpegHeader
+from h5pack.errors import OptionsError
 from h5pack.read.boxes import (
     CROPS,
     DCT_REDUCTIONS,
@@ -59,14 +55,17 @@ from h5pack.read.boxes import (
     Crop,
     CropSpec,
     center_box,
-    crop_uniforms,
     dct_reduction,
-    plan_crop,
-    plan_crops,
     positive_size,
-    random_resized_box,
     scale_box,
     stored_box,
+)
+from h5pack.read.cropplan import crop_uniforms, plan_crop, plan_crops, random_resized_box
+from h5pack.read.jpegdecode import (
+    decode_jpeg,
+    decode_jpeg_box,
+    jpeg_header,
+    upright_jpeg_header,
 )
 
 __all__ = [  # the box names are re-exported: callers of the pipeline need only this module
@@ -121,9 +120,6 @@ KeepDecoded = Callable[[np.ndarray, int], None]
 # epoch allows a reduced decode is decoded again at that scale, cached or not: the reduced
 # IDCT gives other pixels than any resize of the full ones. (cache_max_side is the one
 # exception by design: then every sample is cut from the shrunk image, cached or not.)
-
-_DRAFT_FORMATS: Final[frozenset[str]] = frozenset({"JPEG", "MPO"})
-_DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
 
 
 def pillow_resize_into(source: np.ndarray, out: np.ndarray) -> None:
@@ -211,8 +207,8 @@ def crop_into(
 def flip_in_place(out: np.ndarray) -> None:
     """Flip the C-contiguous ``(H, W, C)`` uint8 ``out`` horizontally, in place.
 
-    ``cv2.flip`` swaps the pixels in place in 8 us for 224x224x3, where numpy's
-    ``out[...] = out[:, ::-1]`` (a buffered, 3-byte-strided copy) took 460 us.
+    ``cv2.flip`` swaps the pixels in place, far cheaper than numpy's 3-byte-strided
+    ``out[...] = out[:, ::-1]``.
     """
     import cv2
 
@@ -345,7 +341,7 @@ def decode_crop_into(
         raise OptionsError(f"max_pixels should be positive, but got max_pixels={max_pixels}")
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     kernel = resize or reference_resize(spec.backend)
-    header = _jpeg_of(data, name, limit) if spec.reducing_gap is not None else None
+    header = jpeg_header(data, name, limit) if spec.reducing_gap is not None else None
     if header is not None:
         _decode_crop_jpeg(header, data, spec, out, (seed, epoch, index), kernel, name, keep)
         return
@@ -379,9 +375,9 @@ def decode_pixels(
     if channels not in (1, 3):
         raise OptionsError(f"channels should be 1 or 3, but got channels={channels!r}")
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-    header = _jpeg_of(data, name, limit)
+    header = jpeg_header(data, name, limit)
     if header is not None and header.mode in ("RGB", "L") and header.orientation == 1:
-        pixels = _decode_jpeg(header, data, 1, name)
+        pixels = decode_jpeg(header, data, name=name)
         return pixels if pixels.shape[2] == channels else finish_pixels(pixels, channels)
     return decode_image(data, name=name, backend=backend, channels=channels, max_pixels=limit)
 
@@ -395,11 +391,10 @@ def decode_pixels(
 # and mapped to the reduced image rounded to whole pixels (boxes.scale_box: at most half a
 # reduced pixel off on each side). How far to reduce: the reduced IDCT is a cruder low-pass
 # filter than the antialiased resize of a full decode, so reducing all the way until the
-# box just covers the output loses detail on textured photos (sand, foliage: up to 6 dB
-# PSNR against a Lanczos reference, where the full path loses none). Keeping the reduced
-# box at least twice the output (Pillow's own `reducing_gap` in Image.thumbnail) brings
-# that within about 1 dB of the full path; CropSpec.reducing_gap chooses. For ImageNet-sized
-# photos (~500x375) cut to 224 the gap of 2 never reduces: the gain is on large photos.
+# box just covers the output loses detail on textured photos (sand, foliage). Keeping the
+# reduced box at least twice the output (Pillow's own `reducing_gap` in Image.thumbnail)
+# keeps it close to the full path; CropSpec.reducing_gap chooses. ImageNet-sized photos cut
+# to 224 never reduce with the gap of 2: the gain is on large photos.
 
 
 class _JpegPlan(NamedTuple):
@@ -426,85 +421,7 @@ def _plan_jpeg(
     return _JpegPlan(cut, flip, reduction, orientation, out_h, out_w)
 
 
-def _jpeg_of(data: bytes, name: str, limit: int) -> JpegHeader | None:
-    """The header of a JPEG the pipeline decodes itself; None for other files.
-
-    ``core.jpeg.read_jpeg_header`` first (``NOTE [ Fast JPEG header ]``), Pillow's header
-    for what it does not answer (which also raises the errors of a damaged or huge file).
-    """
-    header = read_jpeg_header(data)
-    pillow_limit = Image.MAX_IMAGE_PIXELS
-    if header is not None and header.width * header.height <= min(
-        limit, pillow_limit if pillow_limit else limit
-    ):
-        return header
-    image = open_pillow(data, name, limit)
-    try:
-        if (
-            isinstance(image, ImageFile.ImageFile)
-            and image.format in _DRAFT_FORMATS
-            and image.mode in _DRAFT_MODES
-            and len(image.tile) == 1
-        ):
-            width, height = image.size
-            return JpegHeader(width, height, image.mode, exif_orientation(image))
-    finally:
-        image.close()
-    return None
-
-
-def upright_jpeg_header(data: bytes, channels: int) -> JpegHeader | None:
-    """The header of a JPEG that :func:`decode_crop_into` decodes as stored, unconverted.
-
-    An upright (EXIF orientation 1) RGB JPEG for ``channels`` 3, or gray one for 1, whose
-    header ``core.jpeg.read_jpeg_header`` reads and whose size is within the pixel limits;
-    None for anything else (which ``decode_crop_into`` also takes, by its other paths).
-    """
-    header = read_jpeg_header(data)
-    if (
-        header is None
-        or header.orientation != 1
-        or header.mode != ("L" if channels == 1 else "RGB")
-    ):
-        return None
-    pillow_limit = Image.MAX_IMAGE_PIXELS
-    limit = min(MAX_IMAGE_PIXELS, pillow_limit) if pillow_limit else MAX_IMAGE_PIXELS
-    return header if header.width * header.height <= limit else None
-
-
-def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 1) -> np.ndarray:
-    """Decode the JPEG ``data`` whose header is ``header``, as stored: ``decode_crop_into``'s.
-
-    Raises:
-        DecodeError: the data does not decode; the message starts with ``name``.
-    """
-    return _decode_jpeg(header, data, reduction, name)
-
-
-_BOX_CHANNELS: Final = {"RGB": 3, "L": 1}  # the modes decode_box takes, as stored
 _BILINEAR_SUPPORT: Final = 1.0  # Pillow's BILINEAR filter reaches one pixel each way
-
-
-def decode_jpeg_box(
-    header: JpegHeader,
-    data: bytes | np.ndarray,
-    box: Box,
-    reduction: int = 1,
-    *,
-    canvas: bool = False,
-) -> np.ndarray | None:
-    """The ``box`` of the JPEG ``data`` as stored, decoded alone; None where it cannot be.
-
-    The pixels equal ``decode_jpeg(header, data, name=..., reduction=reduction)[box]``
-    (``NOTE [ Decoding only the box ]``; ``box`` in the reduced image's pixels); None for a
-    mode other than RGB and gray, or whatever :func:`h5pack.core.jpegbox.decode_box`
-    declines: the caller then decodes the whole image. ``canvas``: as ``decode_box``'s.
-    """
-    channels = _BOX_CHANNELS.get(header.mode)
-    if channels is None:
-        return None
-    size = (header.height, header.width)
-    return decode_box(data, size, box, channels, reduction, canvas=canvas)
 
 
 def _decode_crop_jpeg(
@@ -535,7 +452,7 @@ def _decode_crop_jpeg(
             origin = (0, 0) if canvas else (region.top, region.left)
             _resize_jpeg_into(boxed, plan, spec, out, resize, origin, reduced)
             return
-    pixels = _decode_jpeg(image, data, plan.reduction, name)
+    pixels = decode_jpeg(image, data, name=name, reduction=plan.reduction)
     if plan.reduction == 1 and keep is not None:
         keep(pixels, plan.orientation)
     _resize_jpeg_into(pixels, plan, spec, out, resize, (0, 0), reduced)
@@ -655,8 +572,8 @@ def _resize_fractional_box(
     """Resize ``box`` (stored coordinates) of the reduced ``pixels`` with Pillow's ``box=``.
 
     Reduced pixel j covers stored pixels [j * s, (j + 1) * s): the box maps to a fractional
-    one, which only Pillow's resize takes; rounding it to whole reduced pixels instead cost
-    up to 19 dB of PSNR against the full path on the shared photos (38 dB against 57).
+    one, which only Pillow's resize takes; rounding it to whole reduced pixels instead lost
+    much of the full path's fidelity.
     """
     top, left, height, width = (v / reduction for v in box)
     two_d = pixels[:, :, 0] if pixels.shape[2] == 1 else pixels
@@ -666,69 +583,3 @@ def _resize_fractional_box(
         box=(left, top, left + width, top + height),
     )
     return np.asarray(resized).reshape(*out_size, pixels.shape[2])
-
-
-# NOTE [ JPEG decoder ]
-# Pillow and OpenCV both decode JPEGs with libjpeg-turbo (same IDCT, same upsampling: the
-# pixels were identical on every JPEG measured), but through Pillow a 500x375 JPEG took
-# ~950 us (its loader decodes into 4-byte RGBX pixels that numpy then repacks) and through
-# cv2.imdecode ~530 us, straight into an RGB array (2-core development VM, BENCHMARKS.md).
-# So the pipeline decodes RGB and gray JPEGs with OpenCV whatever the backend, and the
-# backend chooses the other formats' decoder and the resize filter. One behaviour differs:
-# libjpeg recovers from corrupt entropy-coded data with a warning (printed on stderr by
-# OpenCV) and grey blocks, where Pillow raises; OpenCV, torchvision.io and DALI serve such
-# images. Truncated files are still refused (cv2 returns nothing, Pillow then raises), and
-# `h5pack verify` or verify_checksums find damage done to a pack after it was written. A
-# box decoded alone (core/jpegbox.py) is libjpeg-turbo too, with the same pixels; it
-# leaves every file it warns about or cannot take to this decode.
-
-
-def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> np.ndarray:
-    """Decode the JPEG at ``1 / reduction`` scale, as stored: (h, w, 1|3) uint8.
-
-    RGB and gray JPEGs go to ``cv2.imdecode`` (see ``NOTE [ JPEG decoder ]``); what it
-    refuses or sizes differently, and CMYK, go to Pillow, whose errors are raised.
-    """
-    stored_w, stored_h = header.size
-    if header.mode in ("RGB", "L"):
-        pixels = _decode_jpeg_opencv(data, reduction, header.mode == "RGB")
-        expected = (-(-stored_h // reduction), -(-stored_w // reduction))
-        if pixels is not None and pixels.shape[:2] == expected:
-            return pixels
-    image = open_pillow(data, name, None)
-    try:
-        if reduction > 1:
-            # Pillow's draft picks the largest of 8, 4, 2 not over min(W // w, H // h),
-            # which for these requested sizes is exactly `reduction`.
-            image.draft(image.mode, (stored_w // reduction, stored_h // reduction))
-        # JPEG loading does not re-check Pillow's decompression-bomb limit (the header
-        # did), so unlike decode._decode_pillow no warning needs silencing here.
-        image.load()
-        return pillow_pixels(image)
-    except Exception as err:  # truncated or corrupt data raises OSError, SyntaxError, ...
-        raise DecodeError(f"{name}: cannot decode {image.format} image: {err}") from err
-    finally:
-        image.close()
-
-
-def _decode_jpeg_opencv(data: bytes, reduction: int, rgb: bool) -> np.ndarray | None:
-    """``cv2.imdecode`` at ``1 / reduction``, EXIF orientation ignored; None if it fails."""
-    import cv2
-
-    reduced = {1: 0, 2: 16, 4: 32, 8: 64}[reduction]  # the IMREAD_REDUCED_* bits
-    rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.11
-    color = (rgb_flag if rgb_flag is not None else cv2.IMREAD_COLOR) if rgb else 0
-    try:
-        pixels = cv2.imdecode(
-            np.frombuffer(data, dtype=np.uint8),
-            color | reduced | cv2.IMREAD_IGNORE_ORIENTATION,
-        )
-    except cv2.error:
-        return None
-    if pixels is None or pixels.dtype != np.uint8:
-        return None
-    if pixels.ndim == 2:
-        return pixels[:, :, None]
-    if rgb_flag is None:
-        cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB, dst=pixels)
-    return pixels

@@ -1,7 +1,7 @@
 """Fixed-size training images from any pack: crop, resize and flip, through the decoded cache.
 
 The training image pipeline of ``H5ImageDataset(crop=...)``. Every sample's box and flip
-are ``read.boxes.plan_crop``'s, a pure function of (seed, epoch, sample) and of the image's
+are ``read.cropplan.plan_crop``'s, a pure function of (seed, epoch, sample) and of the image's
 displayed size as the pack records it (``meta.shapes``), so the same epoch gives the same
 images in any process, with or without the cache, and a resumed epoch continues
 identically. Each sample is resized straight into its place in the batch. See
@@ -11,195 +11,45 @@ takes and for the measurements behind the kernels.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import torch
 
-from h5pack.core.decode import Backend
-from h5pack.read.boxes import (
-    Box,
-    CropSpec,
-    dct_reduction,
-    plan_ahead,
-    plan_crop,
-    plan_crops,
-    scale_box,
-)
+from h5pack.read.boxes import Box, CropSpec, dct_reduction, scale_box
 from h5pack.read.crop import (
     KeepDecoded,
-    ResizeInto,
     crop_decoded_into,
     crop_into,
     decode_crop_into,
     decode_jpeg,
     decode_jpeg_box,
     decode_pixels,
-    opencv_resize_into,
-    pillow_resize_into,
     upright_jpeg_header,
 )
+from h5pack.read.cropplan import plan_ahead, plan_crop, plan_crops
 from h5pack.read.packset import PackSetReader
 from h5pack.read.reader import PackReader
 from h5pack.training.cache import DecodedCache, shrink
+from h5pack.training.resize import resize_kernel, resize_rgb_into, torch_resize_into
 from h5pack.training.stats import stage_times, timed_read
 
-__all__ = [
-    "ENLARGE_WITH_OPENCV",
-    "FixedSizeReader",
-    "resize_kernel",
-    "resize_route",
-    "scale_box",
-    "torch_resize_into",
-]
+__all__ = ["FixedSizeReader"]
 
 # NOTE [ The per-batch loop ]
-# A raw sample used to go through plan_crop, crop_into, the timed resize wrapper and
-# torch_resize_into: ~20 Python calls and ~10 small numpy/torch objects around the two
-# kernels, and with the reader's two threads each of those GIL hand-offs cost more (raw 256:
-# 270 us of CPU per image with two threads against 200 with one). Now a batch is planned at
-# once (read.boxes.plan_crops: plan_crop's boxes and flips) and each thread cuts
-# its share in one loop (_cut_batch): per sample one slice, one contiguous copy of the box,
-# a torch.from_numpy of it and of the output's slot, the kernel's own binding writing into
-# the slot, cv2.flip in place, and the box checked against the image as crop_into checks it;
-# the stage "crop" is timed once per thread. Raw packs and the decoded cache's plain hits
-# (tag 0, or an upright JPEG whose box needs no reduced decode) take it; everything else
-# (other orientations, other channels, misses, cache_max_side) goes sample by sample as
-# before. Same pixels (the kernels are the same; tests/test_fixed_size.py).
-# JPEGs are phased within a thread's share: it decodes up to FixedSizeReader.decode_phase
-# (4) of them, fewer once they hold decode_phase_bytes (4 MiB), then cuts those, so at most
-# ~4 decoded images (~560 KB each at ImageNet sizes; one, however large, past the bound)
-# are alive per thread. Measured (scripts/bench_percore.py --only phase: every batch cut
-# with each k in turn, process CPU per image, medians of rounds, 2 threads): k = 4 0.5-1.5%
-# less CPU per image than one after the other, k = 8 0-1.5%, k = 2 0-0.5%, k = 32 (the whole
-# share) 10-14% more (glibc returns the freed group's pages to the kernel and the next
-# group faults them in again: 48 minor faults per image against 22, and the penalty goes
-# with MALLOC_TRIM_THRESHOLD_ raised); one thread k = 4 0.6% less. The decodes inside a
-# phase still cost ~600 us against ~550 in a row, so most of the ~55 us a resize between
-# decodes costs is not the caches a phase keeps: the gain is small, and 4 was taken over
-# 8 (the same within noise) for half the memory. Raw and cached images are cut as they come:
-# a mapped raw sample's digest check is what brings its bytes into the cache for the cut.
-# A mapped array pack's RGB samples cut by torch's kernel take _cut_mapped: the same cut
-# with each sample's check and cut inline and the boxes checked once per batch (1.2-2.1%
-# less CPU per image, one thread or two: BENCHMARKS.md "FFCV side by side", run 8).
-
-# NOTE [ Pillow's filter, computed by torch ]
-# Pillow's antialiased BILINEAR resize costs several times torch's uint8 kernel for the same
-# filter (interpolate(mode="bilinear", antialias=True), written to match Pillow: within one
-# grey level). The kernel is called through the ``out=`` variant of its ATen op,
-# torch.ops.aten._upsample_bilinear2d_aa.out, on a channels-last view of the batch slot, so
-# it writes in place; the public F.interpolate returns a new NCHW tensor and costs ~4x more
-# with the copy into the batch. The op's name is torch's own, not a promise: where it is
-# missing the public call and a copy take its place (resize_route() says which runs, as
-# does the machine description of every benchmark). The op releases the GIL. Its input is
-# copied contiguous with numpy first: torch's own copy of a row-strided box runs on its
-# intra-op threads and stalls on a busy machine; torch.from_numpy also refuses read-only
-# arrays (the cached images). Enlarging boxes go to cv2.resize(INTER_LINEAR): Pillow's
-# BILINEAR does not widen its support when enlarging, so OpenCV's plain bilinear gives the
-# same filter within one grey level, for less CPU (BENCHMARKS.md, "FFCV side by side").
-# ENLARGE_WITH_OPENCV = False sends every box to torch (benchmarks compare the two).
-_AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
-
-
-# Enlarging boxes go to OpenCV's bilinear resize (NOTE [ Pillow's filter, computed by
-# torch ]); False sends them to torch's kernel too.
-ENLARGE_WITH_OPENCV = True
-
-
-def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
-    """Resize with Pillow's antialiased ``BILINEAR`` filter, computed by torch (a kernel).
-
-    See ``NOTE [ Pillow's filter, computed by torch ]``. Within one grey level of
-    ``read.crop.pillow_resize_into``. A ``source`` that is not C-contiguous and writable (a
-    box of a wider image, a cached image) is copied first; 1-channel images go to Pillow;
-    enlarging, OpenCV's bilinear resize computes the same filter (``ENLARGE_WITH_OPENCV``).
-    """
-    if source.shape[:2] == out.shape[:2]:
-        out[...] = source
-        return
-    if source.shape[2] != 3:
-        pillow_resize_into(source, out)
-        return
-    _resize_rgb_into(source, out)
-
-
-def _resize_rgb_into(box: np.ndarray, out: np.ndarray) -> None:
-    """Resize the RGB ``box`` to ``out``'s other size: ``torch_resize_into``'s filter.
-
-    The one place of its rule (``NOTE [ Pillow's filter, computed by torch ]``), for
-    ``torch_resize_into`` and the per-batch loops: enlarging, OpenCV's bilinear resize
-    (``ENLARGE_WITH_OPENCV``); else torch's kernel, on a C-contiguous, writable copy of a
-    ``box`` that is not one.
-    """
-    import cv2  # here, as in read.crop: importing the training layer stays lighter
-
-    height, width = out.shape[:2]
-    if ENLARGE_WITH_OPENCV and box.shape[0] <= height and box.shape[1] <= width:
-        cv2.resize(box, (width, height), dst=out, interpolation=cv2.INTER_LINEAR)
-        return
-    if not (box.flags.c_contiguous and box.flags.writeable):
-        box = np.array(box)
-    _AA_OUT(
-        torch.from_numpy(box.transpose(2, 0, 1)[None]),
-        [height, width],
-        False,
-        out=torch.from_numpy(out.transpose(2, 0, 1)[None]),
-    )
-
-
-def _interpolate_into(
-    box: torch.Tensor, size: list[int], align_corners: bool, *, out: torch.Tensor
-) -> torch.Tensor:
-    """The ATen op's work through the public API: a new tensor, then a copy into ``out``."""
-    result = torch.nn.functional.interpolate(
-        box, size=size, mode="bilinear", antialias=True, align_corners=align_corners
-    )
-    return out.copy_(result)
-
-
-def _aten_op() -> Callable[..., torch.Tensor] | None:
-    """The in-place antialiased bilinear op of this torch, or None where it lacks it."""
-    packet = getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None)
-    return getattr(packet, "out", None) if packet is not None else None
-
-
-_AA_OUT: Callable[..., torch.Tensor] = _aten_op() or _interpolate_into
-
-
-def resize_route() -> str:
-    """Which kernel resizes RGB boxes with Pillow's filter in this process (for reports)."""
-    if not _torch_resizes_like_pillow():
-        return "Pillow (torch has no uint8 antialiased kernel)"
-    if _AA_OUT is _interpolate_into:
-        return "torch, public interpolate + copy (the in-place op is missing)"
-    return "torch, in-place ATen op"
-
-
-@functools.cache
-def _torch_resizes_like_pillow() -> bool:
-    """Whether this torch has the uint8 kernel and it agrees with Pillow (once per process)."""
-    source = np.arange(np.prod(_AA_SIZES[0]), dtype=np.uint8).reshape(_AA_SIZES[0])
-    got = np.empty(_AA_SIZES[1], dtype=np.uint8)
-    want = np.empty(_AA_SIZES[1], dtype=np.uint8)
-    try:
-        torch_resize_into(source, got)
-    except (AttributeError, RuntimeError, NotImplementedError):  # older torch: no such kernel
-        return False
-    pillow_resize_into(source, want)
-    return bool(np.abs(got.astype(np.int16) - want).max() <= 1)
-
-
-def resize_kernel(backend: Backend) -> ResizeInto:
-    """Return the fastest kernel computing ``backend``'s filter.
-
-    ``"pillow"``: :func:`torch_resize_into` where torch has the kernel, else Pillow itself;
-    ``"opencv"``: ``read.crop.opencv_resize_into``.
-    """
-    if backend == "opencv":
-        return opencv_resize_into
-    return torch_resize_into if _torch_resizes_like_pillow() else pillow_resize_into
+# A batch is planned at once (read.cropplan.plan_crops) and each thread cuts its share in one
+# loop (_cut_batch): per sample one slice, one contiguous copy of the box, the kernel writing
+# into the output's slot, cv2.flip in place, the box checked as crop_into checks it; the
+# stage "crop" is timed once per thread. Per-sample calls and small objects around the
+# kernels cost more than the kernels on raw packs, the more so with two threads (GIL
+# hand-offs). Raw packs and the decoded cache's plain hits (tag 0, or an upright JPEG whose
+# box needs no reduced decode) take it; the rest (other orientations or channels, misses,
+# cache_max_side) goes sample by sample, with the same pixels. JPEGs are phased within a
+# thread's share: up to decode_phase (4) decodes, fewer past decode_phase_bytes, then their
+# cuts, so few decoded images are alive per thread (a whole share at once lets glibc return
+# and fault the pages again). A mapped array pack's RGB samples take _cut_mapped: each
+# sample's check and cut inline, the boxes checked once per batch. Measurements:
+# BENCHMARKS.md, "FFCV side by side".
 
 
 class FixedSizeReader:
@@ -335,7 +185,7 @@ class FixedSizeReader:
         return views
 
     def _prepare(self, indices: np.ndarray, seed: int, epoch: int) -> None:
-        """Plan at once the samples cut one by one (``read.boxes.plan_ahead``)."""
+        """Plan at once the samples cut one by one (``read.cropplan.plan_ahead``)."""
         shapes = self.reader.meta.shapes[indices]
         plan_ahead(self.spec, shapes, seed=seed, epoch=epoch, indices=indices)
 
@@ -494,7 +344,7 @@ class FixedSizeReader:
             if box_h == size[0] and box_w == size[1]:
                 target[...] = image[top : top + box_h, left : left + box_w]
             else:  # a box decoded alone is already contiguous: not copied again
-                _resize_rgb_into(image[top : top + box_h, left : left + box_w], target)
+                resize_rgb_into(image[top : top + box_h, left : left + box_w], target)
             if flip:
                 cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
 
@@ -566,7 +416,7 @@ class FixedSizeReader:
         ).tolist()
         where, checks = indices.tolist(), reader.sample_checks(indices)
         digest, recorded = checks or (None, [])
-        kernel, resize_rgb, flip_into = self._kernel, _resize_rgb_into, cv2.flip
+        kernel, resize_rgb, flip_into = self._kernel, resize_rgb_into, cv2.flip
         parts = max(1, min(reader.options.threads or 0, count))
 
         def run_part(part: int) -> None:

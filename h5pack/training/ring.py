@@ -16,31 +16,16 @@ import torch
 from torch.utils.data import get_worker_info
 
 # NOTE [ Batch ring ]
-#
-# A batch built in a worker used to cross to the main process in a fresh shared-memory
-# segment (``torch.UntypedStorage._new_shared``): a new file, new pages the worker faults in
-# and the kernel zeroes, an fd passed over a socket per tensor (the labels too), pages the
-# main process faults in again, and an unlink when the batch dies. For raw 256 crops that
-# was ~80 us of CPU per image in the worker (a fresh 9.6 MB segment per batch of 64) and
-# ~30 in the main process.
-#
-# ``BatchRing`` keeps ``slots`` buffers per worker instead, made by the worker the first
-# time it needs each one and sent to the main process once (torch's own storage pickling);
-# afterwards a batch in slot ``s`` crosses as ``(worker, slot, shape, strides)`` and the
-# main process rebuilds a view of the buffer it already maps (``_ring_tensor``).
-#
-# Who may write a slot is one byte per slot in a ``RawArray`` the main process makes
-# before the workers start (inherited or pickled with the dataset): 0 free, 1 taken. A
-# worker takes a free slot (sets 1) and fills it; only the main process sets it back to 0,
-# and only once nothing references the buffer: the storage's use count (every tensor and
-# view of it holds one) is back to the ring's own references. So a buffer the training loop
-# (or a list it keeps, or the pinning thread) still holds is never handed out again. When a
-# worker finds no free slot (every batch kept, say) it falls back to a fresh segment, the
-# old way, so the ring never blocks. The check runs as each batch arrives (in the thread
-# that unpickles it: the main thread, or the pinning thread under a lock).
-#
-# Small tensors of the batch (labels) cross by value (``_SmallTensor``), not in a fresh
-# segment with its own fd each.
+# A batch crossing from a worker in a fresh shared-memory segment costs a new file, pages
+# faulted in and zeroed on both sides, an fd per tensor and an unlink. ``BatchRing`` keeps
+# ``slots`` buffers per worker instead, sent to the main process once (torch's storage
+# pickling); afterwards a batch crosses as ``(worker, slot, shape, strides)`` and the main
+# process rebuilds a view of the buffer it maps (``_ring_tensor``). One byte per slot in a
+# ``RawArray`` made before the workers start says who may write it: 0 free, 1 taken. A
+# worker takes a free slot; only the main process frees it, once the storage's use count is
+# back to the ring's own references (so a batch the loop, a list or the pinning thread holds
+# is never overwritten). With no free slot a worker uses a fresh segment: the ring never
+# blocks. The check runs as each batch arrives. Small tensors (labels) cross by value.
 
 SMALL_TENSOR_BYTES = 1 << 16
 """Tensors of a batch up to this many bytes cross by value, not in shared memory."""
@@ -309,17 +294,10 @@ _NUMPY_DTYPES = {
 
 
 # NOTE [ Reused batches in the main process ]
-#
-# Without workers, each batch used to be a fresh torch.empty: for 64 raw 256 images, 12.5 MB
-# whose pages the allocator gets back from the kernel now and then, so writing a batch cost
-# page faults and cold memory (a copy of 196 KB into a fresh batch 33-41 us, into a reused
-# one 22-24: scripts/bench_percore.py --only mapcopy). ``LocalBatches`` keeps a few buffers
-# per batch shape and hands one out again only when nothing references it any more, by the
-# same test as the ring (the storage's use count back to the pool's own reference): the
-# batch the training loop holds while the next one is built, one it keeps in a list, one the
-# pinning thread holds, are never written. When every kept buffer is in use, a fresh one is
-# made (never blocks) and kept instead of the oldest, which is then the caller's alone (so a
-# loop that kept some batches for good does not leave the pool without free buffers).
+# Without workers a fresh torch.empty per batch costs page faults and cold memory.
+# ``LocalBatches`` keeps a few buffers per batch shape and hands one out again only when
+# nothing references it (the ring's test: the use count back to the pool's own reference).
+# When every kept buffer is in use, a fresh one is made and kept instead of the oldest.
 # Memory: at most ``PER_SHAPE`` unreferenced batches per shape, ``SHAPES`` shapes.
 
 

@@ -1,0 +1,136 @@
+"""Pillow's antialiased bilinear filter computed by torch: the training pipeline's resize."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from h5pack.core.decode import Backend
+from h5pack.read.crop import ResizeInto, opencv_resize_into, pillow_resize_into
+
+__all__ = [
+    "ENLARGE_WITH_OPENCV",
+    "resize_kernel",
+    "resize_rgb_into",
+    "resize_route",
+    "torch_resize_into",
+]
+
+# NOTE [ Pillow's filter, computed by torch ]
+# Pillow's antialiased BILINEAR resize costs several times torch's uint8 kernel for the same
+# filter (interpolate(mode="bilinear", antialias=True), written to match Pillow: within one
+# grey level). The kernel is called through the ``out=`` variant of its ATen op,
+# torch.ops.aten._upsample_bilinear2d_aa.out, on a channels-last view of the batch slot, so
+# it writes in place; the public F.interpolate returns a new NCHW tensor and costs ~4x more
+# with the copy into the batch. The op's name is torch's own, not a promise: where it is
+# missing the public call and a copy take its place (resize_route() says which runs, as
+# does the machine description of every benchmark). The op releases the GIL. Its input is
+# copied contiguous with numpy first: torch's own copy of a row-strided box runs on its
+# intra-op threads and stalls on a busy machine; torch.from_numpy also refuses read-only
+# arrays (the cached images). Enlarging boxes go to cv2.resize(INTER_LINEAR): Pillow's
+# BILINEAR does not widen its support when enlarging, so OpenCV's plain bilinear gives the
+# same filter within one grey level, for less CPU (BENCHMARKS.md, "FFCV side by side").
+# ENLARGE_WITH_OPENCV = False sends every box to torch (benchmarks compare the two).
+_AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
+
+
+# Enlarging boxes go to OpenCV's bilinear resize (NOTE [ Pillow's filter, computed by
+# torch ]); False sends them to torch's kernel too.
+ENLARGE_WITH_OPENCV = True
+
+
+def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
+    """Resize with Pillow's antialiased ``BILINEAR`` filter, computed by torch (a kernel).
+
+    See ``NOTE [ Pillow's filter, computed by torch ]``. Within one grey level of
+    ``read.crop.pillow_resize_into``. A ``source`` that is not C-contiguous and writable (a
+    box of a wider image, a cached image) is copied first; 1-channel images go to Pillow;
+    enlarging, OpenCV's bilinear resize computes the same filter (``ENLARGE_WITH_OPENCV``).
+    """
+    if source.shape[:2] == out.shape[:2]:
+        out[...] = source
+        return
+    if source.shape[2] != 3:
+        pillow_resize_into(source, out)
+        return
+    resize_rgb_into(source, out)
+
+
+def resize_rgb_into(box: np.ndarray, out: np.ndarray) -> None:
+    """Resize the RGB ``box`` to ``out``'s other size: ``torch_resize_into``'s filter.
+
+    The one place of its rule (``NOTE [ Pillow's filter, computed by torch ]``), for
+    ``torch_resize_into`` and the per-batch loops: enlarging, OpenCV's bilinear resize
+    (``ENLARGE_WITH_OPENCV``); else torch's kernel, on a C-contiguous, writable copy of a
+    ``box`` that is not one.
+    """
+    import cv2  # here, as in read.crop: importing the training layer stays lighter
+
+    height, width = out.shape[:2]
+    if ENLARGE_WITH_OPENCV and box.shape[0] <= height and box.shape[1] <= width:
+        cv2.resize(box, (width, height), dst=out, interpolation=cv2.INTER_LINEAR)
+        return
+    if not (box.flags.c_contiguous and box.flags.writeable):
+        box = np.array(box)
+    _AA_OUT(
+        torch.from_numpy(box.transpose(2, 0, 1)[None]),
+        [height, width],
+        False,
+        out=torch.from_numpy(out.transpose(2, 0, 1)[None]),
+    )
+
+
+def _interpolate_into(
+    box: torch.Tensor, size: list[int], align_corners: bool, *, out: torch.Tensor
+) -> torch.Tensor:
+    """The ATen op's work through the public API: a new tensor, then a copy into ``out``."""
+    result = torch.nn.functional.interpolate(
+        box, size=size, mode="bilinear", antialias=True, align_corners=align_corners
+    )
+    return out.copy_(result)
+
+
+def _aten_op() -> Callable[..., torch.Tensor] | None:
+    """The in-place antialiased bilinear op of this torch, or None where it lacks it."""
+    packet = getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None)
+    return getattr(packet, "out", None) if packet is not None else None
+
+
+_AA_OUT: Callable[..., torch.Tensor] = _aten_op() or _interpolate_into
+
+
+def resize_route() -> str:
+    """Which kernel resizes RGB boxes with Pillow's filter in this process (for reports)."""
+    if not _torch_resizes_like_pillow():
+        return "Pillow (torch has no uint8 antialiased kernel)"
+    if _AA_OUT is _interpolate_into:
+        return "torch, public interpolate + copy (the in-place op is missing)"
+    return "torch, in-place ATen op"
+
+
+@functools.cache
+def _torch_resizes_like_pillow() -> bool:
+    """Whether this torch has the uint8 kernel and it agrees with Pillow (once per process)."""
+    source = np.arange(np.prod(_AA_SIZES[0]), dtype=np.uint8).reshape(_AA_SIZES[0])
+    got = np.empty(_AA_SIZES[1], dtype=np.uint8)
+    want = np.empty(_AA_SIZES[1], dtype=np.uint8)
+    try:
+        torch_resize_into(source, got)
+    except (AttributeError, RuntimeError, NotImplementedError):  # older torch: no such kernel
+        return False
+    pillow_resize_into(source, want)
+    return bool(np.abs(got.astype(np.int16) - want).max() <= 1)
+
+
+def resize_kernel(backend: Backend) -> ResizeInto:
+    """Return the fastest kernel computing ``backend``'s filter.
+
+    ``"pillow"``: :func:`torch_resize_into` where torch has the kernel, else Pillow itself;
+    ``"opencv"``: ``read.crop.opencv_resize_into``.
+    """
+    if backend == "opencv":
+        return opencv_resize_into
+    return torch_resize_into if _torch_resizes_like_pillow() else pillow_resize_into
