@@ -31,8 +31,8 @@ from h5pack.core.layout import ChunkMap, checked_indices
 from h5pack.core.vocabulary import OUTPUTS as OUTPUTS  # re-exported
 from h5pack.core.vocabulary import Output as Output
 from h5pack.errors import OptionsError
-from h5pack.read.boxes import plan_crops
 from h5pack.read.crop import CropSpec
+from h5pack.read.cropplan import plan_crops
 from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
 from h5pack.read.planned import ReadPlan
 from h5pack.read.pool import ReadPool
