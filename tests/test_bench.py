@@ -31,10 +31,8 @@ from h5pack.bench import (
     quick_variants,
     resident_fraction,
     time_interleaved,
-    time_repeats,
 )
 from h5pack.bench.access import NAIVE, read_per_sample
-from h5pack.bench.advice import PackFacts, advise, share_labels
 from h5pack.bench.loaders import open_dataset
 from h5pack.bench.reading import SizeSurvey, parse_train_size
 from h5pack.bench.report import format_bench, format_diagnosis, to_json
@@ -45,6 +43,7 @@ from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.advice import PackFacts, advise, share_labels
 from h5pack.training.dataset import H5ImageDataset
 from h5pack.training.sampler import EpochSpec
 from h5pack.training.shuffle_quality import expected_pair_repetition, pair_repetition
@@ -82,11 +81,13 @@ def gzip_pack(tmp_path: Path) -> Path:
 # -- timing ------------------------------------------------------------------------------
 
 
-def test_time_repeats_median_and_spread() -> None:
-    calls = iter([0.0, 0.0, 0.0])
-    timing = time_repeats(lambda: Count(10, 100) if next(calls) == 0.0 else Count(0, 0), repeats=3)
-    assert timing.images == (10, 10, 10)
-    assert len(timing.elapsed_s) == 3
+def test_timing_median_spread_and_cpu_per_image() -> None:
+    cpu = iter([0.0, 0.5, 1.0, 1.75, 2.0, 2.5])  # 0.5, 0.75 and 0.5 s of CPU per run
+    timing = time_interleaved({"a": lambda: Count(10, 100)}, repeats=3, cpu=lambda: next(cpu))
+    assert timing["a"].images == (10, 10, 10)
+    assert len(timing["a"].elapsed_s) == 3
+    assert timing["a"].cpu_s_per_image == pytest.approx(0.05)  # the median run's
+    assert "50,000 us CPU/image" in timing["a"].describe()
     fixed = Timing((1.0, 2.0, 4.0), (100, 100, 100), (10**6, 10**6, 10**6))
     assert fixed.images_per_s == 50.0
     assert fixed.low == 25.0
@@ -96,9 +97,9 @@ def test_time_repeats_median_and_spread() -> None:
     assert "50 img/s" in fixed.describe()
 
 
-def test_time_repeats_rejects_no_repeats() -> None:
+def test_timing_rejects_no_repeats() -> None:
     with pytest.raises(OptionsError, match="repeats should be >= 1"):
-        time_repeats(lambda: Count(1, 1), repeats=0)
+        time_interleaved({"a": lambda: Count(1, 1)}, repeats=0)
 
 
 def test_time_interleaved_alternates_and_times_runs_of_enough_epochs() -> None:

@@ -556,15 +556,20 @@ def test_the_front_runners_are_timed_again_side_by_side(monkeypatch) -> None:
         rates = {"raw-contig": (800, 820, 810), "raw-4m": (1200, 1210, 1190)}
         return {name: _runs(name, rates[name], 1).patterns["chunk"].timing for name in runs}
 
-    monkeypatch.setattr(loaders, "open_dataset", lambda path, *args, **kwargs: path)
+    def dataset(path: str, *args: Any, remote: Any = None, **kwargs: Any) -> str:
+        asked.setdefault("storage", []).append(remote.storage_options)
+        return path
+
+    monkeypatch.setattr(loaders, "open_dataset", dataset)
     monkeypatch.setattr(loaders, "PatternLoader", Loader)
     monkeypatch.setattr(timing, "time_interleaved", interleaved)
     variants = [
         dataclasses.replace(_runs(name, rates, SIZES[name]), path=f"{name}.h5")
         for name, rates in RUN_B.items()
     ]
-    settled = settle(variants, CompareOptions(), TrainingRead())
+    settled = settle(variants, CompareOptions(), TrainingRead(), storage_options={"region": "x"})
     assert asked["runs"] == ["raw-4m", "raw-contig"]  # the front-runners, not zstd
+    assert asked["storage"] == [{"region": "x"}] * 2  # a remote pack's client settings kept
     assert asked["repeats"] >= 3
     by_name = {v.name: v for v in settled}
     assert by_name["raw-4m"].patterns["chunk"].side_by_side

@@ -14,8 +14,9 @@ import pytest
 from PIL import Image
 
 from h5pack import make_loader
-from h5pack.bench.advice import pack_facts
-from h5pack.bench.throughput import BenchOptions, open_bench
+from h5pack.bench.diagnose import pack_facts
+from h5pack.bench.options import BenchOptions
+from h5pack.bench.throughput import open_bench
 from h5pack.synthetic import synthesize_photo
 from h5pack.training.advice import BOTTLENECKS, advise, dataset_facts, share_labels
 from h5pack.training.prefetch import DevicePrefetcher

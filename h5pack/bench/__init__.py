@@ -16,11 +16,12 @@ Nothing here imports torch until a loader is measured.
 from __future__ import annotations
 
 from h5pack.bench.access import NAIVE, PATTERNS, PackShape, ReadCount, pack_shape
-from h5pack.bench.compare import CompareEvent, CompareOptions, CompareReport, compare
+from h5pack.bench.compare import CompareReport, compare
 from h5pack.bench.diagnose import Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
-from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
+from h5pack.bench.measure import MEASURED, PatternResult, measure_pack
 from h5pack.bench.mixture import MixBench, MixPlan, bench_mix, mix_plan
+from h5pack.bench.options import BenchOptions, CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import Recommendation, VariantResult, recommend
 from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
 from h5pack.bench.system import (
@@ -29,8 +30,8 @@ from h5pack.bench.system import (
     machine_info,
     resident_fraction,
 )
-from h5pack.bench.throughput import BenchOptions, BenchResult, bench_loader
-from h5pack.bench.timing import Timing, time_interleaved, time_repeats
+from h5pack.bench.throughput import BenchResult, bench_loader
+from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.bench.variants import (
     DEFAULT_VARIANTS,
     QUICK_VARIANTS,
@@ -91,5 +92,4 @@ __all__ = [
     "survey_folder",
     "survey_pack",
     "time_interleaved",
-    "time_repeats",
 ]

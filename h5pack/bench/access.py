@@ -49,6 +49,8 @@ from h5pack.read.packset import PackSource, describe
 
 NAIVE = "naive"
 """The bare h5py per-sample read, a labelled extra figure."""
+MEASURED: tuple[str, ...] = (*PATTERNS, NAIVE)
+"""Everything ``measure_pack`` can measure: the loader's patterns and the naive read."""
 PATTERN_TITLES = {
     "random": "full shuffle (h5pack loader)",
     "chunk": "chunk-aware (h5pack loader)",
@@ -143,7 +145,7 @@ class PackShape:
 
 def pack_shape(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> PackShape:
     """Return the shape of a pack or pack set (a URL's: read with ``storage_options``)."""
-    from h5pack.bench.sources import pack_files, source_bytes
+    from h5pack.bench.system import pack_files, source_bytes
     from h5pack.check import pack_info
 
     # a set's shards share one layout

@@ -16,25 +16,23 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.bench.access import NAIVE
-from h5pack.bench.measure import MEASURED, MeasureOptions, PatternResult, measure_pack
+from h5pack.bench.measure import MEASURED, PatternResult, measure_pack
+from h5pack.bench.options import CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import (
     Recommendation,
-    SkippedVariant,
     VariantResult,
-    front_runners,
     pixel_groups,
     rank_key,
     recommend,
 )
 from h5pack.bench.reading import (
     SizeSurvey,
-    TrainChoice,
     TrainingRead,
     auto_note,
     batch_problem,
@@ -42,123 +40,26 @@ from h5pack.bench.reading import (
     survey_folder,
     survey_pack,
 )
-from h5pack.bench.scale import IMAGENET_TRAIN, ScaleProjection, project
-from h5pack.bench.sources import is_set_path, pack_files, source_bytes
-from h5pack.bench.system import Machine, machine_info
+from h5pack.bench.scale import ScaleProjection, projections_of
+from h5pack.bench.settle import pruned, removed, settle
+from h5pack.bench.system import (
+    Machine,
+    is_set_path,
+    machine_info,
+    pack_files,
+    source_bytes,
+    unique_names,
+)
 from h5pack.bench.variants import (
-    DEFAULT_VARIANTS,
-    VariantChoice,
+    SkippedVariant,
     VariantSpec,
-    parse_variants,
-    quick_variants,
-    variant_problem,
+    choose_variants,
 )
 from h5pack.core.machine import available_memory_bytes
-from h5pack.core.packset import MANIFEST_NAME
 from h5pack.core.source import is_url
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
 from h5pack.training.advice import CACHE_SHARE
-
-EventKind = Literal["start", "step", "note"]
-
-
-@dataclass(frozen=True)
-class CompareEvent:
-    """Progress of a comparison (the CLI renders it as a progress bar).
-
-    Attributes:
-        kind: ``"start"`` (``total`` steps follow), ``"step"`` (one done; ``message``
-            says what runs next) or ``"note"`` (a variant skipped, a pack kept...).
-        message: One line.
-        total: Steps of the whole comparison (``"start"`` only).
-    """
-
-    kind: EventKind
-    message: str
-    total: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareOptions:
-    """What ``compare`` builds and how it measures.
-
-    Attributes:
-        variants: Variant names (``h5pack.bench.variants``) built from an image folder, or
-            ``"quick"``: four chosen from what the folder's images allow
-            (``variants.quick_variants``).
-        size: ``(H, W)`` raw variants are stored at (the conversion's ``--size``); None
-            keeps the images' size.
-        train: How training reads the images (``TrainingRead``: size, crop, flip), or
-            ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
-        measure: How each pack is measured (its ``train`` and ``cold`` are set per pack).
-        convert_workers: Conversion processes (None: every core).
-        memory_bytes: Memory available to the page cache; None reads it when the
-            comparison starts.
-        seed: Seed of the stored sample order.
-        dataset_size: Samples of the training set the packs stand for: the report also
-            projects each pack's chunk work per sample to that size (``bench.scale``);
-            None: ImageNet-1k's 1,281,167, or the packs' own size when larger.
-        across_pixels: Rank packs holding different pixels (other sizes or images)
-            together, on speed alone (see "Like with like" in ``bench.ranking``).
-    """
-
-    variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
-    size: tuple[int, int] | None = None
-    train: TrainChoice = "auto"
-    measure: MeasureOptions = field(default_factory=MeasureOptions)
-    convert_workers: int | None = None
-    memory_bytes: int | None = None
-    seed: int = 0
-    dataset_size: int | None = None
-    across_pixels: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dataset_size is not None and (
-            isinstance(self.dataset_size, bool)
-            or not isinstance(self.dataset_size, int)
-            or self.dataset_size < 1
-        ):
-            raise OptionsError(
-                "dataset_size should be a positive number of samples, but got "
-                f"dataset_size={self.dataset_size!r}"
-            )
-        if self.variants != "quick":
-            parse_variants(list(self.variants))  # refuse a bad name before any work
-        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
-            raise OptionsError(f"size should be two positive integers, but got size={self.size!r}")
-        if self.memory_bytes is not None and self.memory_bytes <= 0:
-            raise OptionsError(
-                f"memory_bytes should be positive, but got memory_bytes={self.memory_bytes}"
-            )
-        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
-            raise OptionsError(
-                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
-            )
-
-    @classmethod
-    def quick(cls, **changes: Any) -> CompareOptions:
-        """Return the ``--quick`` settings: four variants, two repeats, short budgets."""
-        measure = MeasureOptions(
-            repeats=2,
-            warmup=1,
-            min_run_s=0.1,
-            epoch_budget_s=2.0,
-            naive_budget_s=0.25,
-            naive_min_samples=8,
-            budget_s=5.0,
-        )
-        return cls(**{"variants": "quick", "measure": measure, **changes})
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the options as JSON-ready data."""
-        data = dataclasses.asdict(self)
-        data["variants"] = self.variants if self.variants == "quick" else list(self.variants)
-        data["size"] = list(self.size) if self.size else None
-        data["train"] = self.train if self.train == "auto" else self.train.to_json()
-        data["measure"]["patterns"] = list(self.measure.patterns)
-        data["measure"]["train"] = self.measure.train.to_json()
-        return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,25 +192,6 @@ def _plan(options: CompareOptions, survey: SizeSurvey) -> _Plan:
     )
 
 
-def _choose_variants(
-    options: CompareOptions, survey: SizeSurvey
-) -> tuple[list[VariantSpec], list[SkippedVariant], str]:
-    """Return the variants to build, those the images do not allow (and why), and the plan."""
-    if options.variants == "quick":
-        choice: VariantChoice = quick_variants(survey, options.size)
-        names, reason = list(choice.names), choice.reason
-    else:
-        names, reason = list(options.variants), ""
-    specs, skipped = [], []
-    for spec in parse_variants(names):
-        problem = variant_problem(spec, survey, options.size)
-        if problem is None:
-            specs.append(spec)
-        else:
-            skipped.append(SkippedVariant(spec.name, problem))
-    return specs, skipped, reason
-
-
 def compare(
     sources: StrPath | Sequence[StrPath],
     options: CompareOptions | None = None,
@@ -368,7 +250,7 @@ def compare(
         emit(CompareEvent("note", "reading the image sizes"))
         survey = survey_folder(paths[0])
         plan = _plan(options, survey)
-        specs, skipped, reason = _choose_variants(options, survey)
+        specs, skipped, reason = choose_variants(options.variants, survey, options.size)
         for skip in skipped:
             emit(CompareEvent("note", f"skipped {skip.name}: {skip.reason}"))
         emit(CompareEvent("start", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
@@ -381,10 +263,10 @@ def compare(
                     skipped.append(result)
                 else:
                     results.append(result)
-                    results = _pruned(results, keep)
+                    results = pruned(results, keep)
             results = settle(results, options, plan.train, emit)
             if not keep:
-                results = [_removed(r) for r in results]
+                results = [removed(r) for r in results]
             kept_dir = os.fspath(where) if keep else None
     else:
         surveys = [survey_pack(path, storage_options) for path in paths]
@@ -395,7 +277,7 @@ def compare(
         emit(CompareEvent("start", f"measuring {len(paths)} packs", steps))
         if any(remote) and NAIVE in options.measure.patterns:
             emit(CompareEvent("note", "a remote pack is measured through the loader only"))
-        names = _unique_names(paths)
+        names = unique_names(paths)
         for path, name, own in zip(paths, names, surveys, strict=True):
             emit(CompareEvent("note", f"measuring {name}"))
             measure = plan.measure(options.measure, source_bytes(path, storage_options))
@@ -415,7 +297,7 @@ def compare(
                     storage_options=storage_options,
                 )
             )
-        results = settle(results, options, plan.train, emit)
+        results = settle(results, options, plan.train, emit, storage_options)
     ranked = tuple(
         result
         for group in ([results] if options.across_pixels else pixel_groups(results))
@@ -446,25 +328,6 @@ def compare(
     )
 
 
-def projections_of(
-    ranked: Sequence[VariantResult], options: CompareOptions
-) -> tuple[ScaleProjection, ...]:
-    """Return each chunked variant's chunk work per sample at the dataset size.
-
-    See the note "Why the gain is invisible on small data" in ``bench.scale``.
-    """
-    largest = max((v.num_samples for v in ranked), default=0)
-    size = options.dataset_size or max(IMAGENET_TRAIN, largest)
-    found = []
-    for variant in ranked:
-        measured = variant.patterns.get("chunk")
-        workers = measured.workers if measured is not None else 0
-        projection = project(variant, size, batch_size=options.measure.batch_size, workers=workers)
-        if projection is not None:
-            found.append(projection)
-    return tuple(found)
-
-
 def _merged(surveys: Sequence[SizeSurvey]) -> SizeSurvey:
     counts: dict[tuple[int, int], int] = {}
     for survey in surveys:
@@ -479,24 +342,6 @@ def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str],
         emit(CompareEvent("step", f"{name}: {pattern}"))
 
     return step
-
-
-def _unique_names(paths: Sequence[Path | str]) -> list[str]:
-    names = [_short_name(p) for p in paths]
-    if len(set(names)) == len(names):
-        return names
-    return [os.fspath(p) for p in paths]
-
-
-def _short_name(path: Path | str) -> str:
-    """A pack's stem, a set's folder name; a URL's last key part likewise."""
-    if isinstance(path, str):  # a URL
-        parts = [part for part in path.split("/") if part]
-        last = parts[-1] if parts else path
-        if last == MANIFEST_NAME or path.endswith("/"):
-            return parts[-2] if last == MANIFEST_NAME and len(parts) > 1 else last
-        return Path(last).stem
-    return path.parent.name if is_set_path(path) and not path.is_dir() else path.stem
 
 
 def _build_and_measure(
@@ -539,98 +384,3 @@ def _build_and_measure(
     except BaseException:
         target.unlink(missing_ok=True)
         raise
-
-
-# A variant slower than this share of the fastest so far can no longer be a front-runner:
-# its pack is removed at once (unless kept), so the disk holds a few packs at a time.
-_SETTLE_SHARE = 0.5
-
-
-def _removed(result: VariantResult) -> VariantResult:
-    if result.path is not None:
-        Path(result.path).unlink(missing_ok=True)
-    return dataclasses.replace(result, path=None)
-
-
-def _pruned(results: list[VariantResult], keep: bool) -> list[VariantResult]:
-    """Remove the packs of variants that can no longer be front-runners (unless ``keep``)."""
-    if keep:
-        return results
-    best = max((rank_key(r) for r in results if r.batchable), default=0.0)
-    return [
-        _removed(r) if not r.batchable or rank_key(r) < _SETTLE_SHARE * best else r for r in results
-    ]
-
-
-def settle(
-    results: Sequence[VariantResult],
-    options: CompareOptions,
-    train: TrainingRead,
-    emit: Callable[[CompareEvent], None] | None = None,
-) -> list[VariantResult]:
-    """Time the front-runners again side by side, their epochs alternating; return all.
-
-    Each variant was measured on its own, minutes apart: a change in the machine's load in
-    between moves one against another (see "A recommendation stable run to run" in
-    ``bench.ranking``). The front-runners still on disk, measured warm, are read again in
-    the chunk-aware order through ``time_interleaved`` (A B A B ...), and their chunk-aware
-    timings are replaced by that round's.
-    """
-    from h5pack.bench.loaders import PatternLoader, open_dataset
-    from h5pack.bench.measure import epoch_fraction
-    from h5pack.bench.timing import time_interleaved
-
-    measure = options.measure
-    eligible = [
-        r
-        for r in results
-        if r.batchable and r.path is not None and not r.cold and "chunk" in r.patterns
-    ]
-    front = front_runners(eligible)
-    if len(front) < 2 or measure.repeats < 2 or "chunk" not in measure.patterns:
-        return list(results)
-    if emit is not None:
-        emit(CompareEvent("note", f"timing {', '.join(r.name for r in front)} side by side"))
-    loaders = {}
-    try:
-        for r in front:
-            assert r.path is not None
-            dataset = open_dataset(
-                r.path,
-                train,
-                seed=measure.seed,
-                cache=measure.cache,
-                cache_bytes=measure.cache_bytes,
-            )
-            loaders[r.name] = PatternLoader(
-                dataset,
-                "chunk",
-                batch_size=measure.batch_size,
-                workers=measure.workers,
-                seed=measure.seed,
-                budget_s=measure.epoch_budget_s,
-            )
-        timings = time_interleaved(
-            dict(loaders),
-            repeats=max(3, measure.repeats),
-            warmup=measure.warmup,
-            min_run_s=measure.min_run_s,
-            target_spread=measure.target_spread,
-            budget_s=measure.budget_s,
-        )
-    finally:
-        for loader in loaders.values():
-            loader.close()
-    settled = []
-    for r in results:
-        if r.name not in timings:
-            settled.append(r)
-            continue
-        chunk = dataclasses.replace(
-            r.patterns["chunk"],
-            timing=timings[r.name],
-            side_by_side=True,
-            epoch_fraction=epoch_fraction(timings[r.name], r.num_samples),
-        )
-        settled.append(dataclasses.replace(r, patterns={**r.patterns, "chunk": chunk}))
-    return settled

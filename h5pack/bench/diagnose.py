@@ -22,7 +22,8 @@
 # stage adds is the difference of consecutive stages (never negative). The bottleneck is
 # the stage that adds the most; storage counts only for a pack larger than the page cache
 # can hold (a smaller one is read from disk in the first epoch alone). The advice is
-# chosen for the pack measured (``h5pack.bench.advice``).
+# chosen for the pack measured (``pack_facts``; the words are ``h5pack.training.advice``'s,
+# which the loader's stall report shares).
 """
 
 from __future__ import annotations
@@ -32,20 +33,29 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from h5pack.bench.advice import advise, pack_facts, share_labels
-from h5pack.bench.loaders import InMemoryImages, PatternLoader, held_images
-from h5pack.bench.loading import run_epoch
-from h5pack.bench.sources import drop_source, warm_source
+from h5pack.bench.ceiling import CeilingRunner, InMemoryImages, held_images
+from h5pack.bench.options import BenchOptions
 from h5pack.bench.system import (
     CacheDrop,
+    drop_source,
+    pack_files,
+    source_bytes,
+    warm_source,
 )
-from h5pack.bench.throughput import BenchOptions, BenchResult, bench_result, open_bench
+from h5pack.bench.throughput import (
+    BenchResult,
+    Setup,
+    bench_result,
+    format_bench,
+    open_bench,
+)
 from h5pack.bench.timing import Count, Timing, time_interleaved
-from h5pack.bench.units import human_bytes
+from h5pack.core import jpegbox
+from h5pack.core.machine import available_memory_bytes
+from h5pack.core.units import human_bytes
 from h5pack.read.packset import PackSource
-from h5pack.training.advice import BOTTLENECKS
+from h5pack.training.advice import BOTTLENECKS, PackFacts, advise, share_labels
 
 STAGES: tuple[str, ...] = ("ceiling", "warm", "cold")
 SHARE_OF_STAGE = dict(zip(STAGES, BOTTLENECKS, strict=True))
@@ -133,6 +143,30 @@ def consistent_rates(rates: Sequence[float], weights: Sequence[float] | None = N
     return pooled
 
 
+def pack_facts(setup: Setup) -> PackFacts:
+    """Return the facts of the pack ``setup`` reads, with the memory available now."""
+    from h5pack.check import pack_info
+
+    storage = setup.options.remote.storage_options
+    # a set's shards share one layout
+    info = pack_info(pack_files(setup.source, storage)[0], storage_options=storage)
+    meta = setup.loader.dataset.meta
+    return PackFacts(
+        mode=meta.mode,
+        codec=info.codec,
+        layout=info.layout,
+        chunk_bytes=info.chunk_bytes,
+        file_bytes=source_bytes(setup.source, storage),
+        image_bytes=int(sum(int(h) * int(w) * int(c) for h, w, c in meta.shapes)),
+        available_bytes=available_memory_bytes(),
+        workers=setup.loader.workers,
+        transforms=setup.options.transforms,
+        size=setup.train.size,
+        cached=setup.options.cache is not None,
+        whole_jpegs=jpegbox.unavailable_reason() or "",
+    )
+
+
 class _PageCache:
     """Drop the pack before a cold epoch; read it back before the next warm one."""
 
@@ -151,29 +185,6 @@ class _PageCache:
         if self.dropped:
             warm_source(self.source)
             self.dropped = False
-
-
-class _CeilingRunner:
-    """Epochs of in-memory batches with the warm loader's settings (see "Diagnosing a loader")."""
-
-    def __init__(self, pattern: PatternLoader, memory: InMemoryImages) -> None:
-        self.pattern = pattern
-        self.memory = memory
-        self.loader: Any = None
-        self.epoch = 0
-
-    def __call__(self) -> Count:
-        loader = self.loader
-        if loader is None or self.pattern.fresh:  # alike: a fresh loader when the pack has one
-            loader = self.pattern.dataloader(self.memory, persistent=not self.pattern.fresh)
-            self.loader = None if self.pattern.fresh else loader
-        loader.batch_sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return run_epoch(loader, max_batches=self.pattern.max_batches)
-
-    def close(self) -> None:
-        self.loader = None
-        self.memory.close()
 
 
 def _consistent_stages(
@@ -258,7 +269,7 @@ def diagnose(
         threads=setup.loader.threads,
         transform=setup.loader.dataset.transform,
     )
-    ceiling = _CeilingRunner(setup.loader, memory)
+    ceiling = CeilingRunner(setup.loader, memory)
 
     def step(name: str) -> None:
         if on_step is not None:
@@ -342,3 +353,29 @@ def diagnose(
         explanation=explanation,
         warnings=tuple(warnings),
     )
+
+
+def format_diagnosis(diagnosis: Diagnosis) -> str:
+    """Return a diagnosis as lines of text: each stage, the time it adds, the bottleneck."""
+    lines = [format_bench(diagnosis.result, warn=False), ""]
+    finite = [v for v in diagnosis.shares.values() if math.isfinite(v)]
+    total = sum(finite) or 1.0
+    for stage in diagnosis.stages:
+        title = f"  {STAGE_TITLES[stage.name]:36s}"
+        if stage.timing is None:
+            lines.append(f"{title} not measured: {stage.note}")
+            continue
+        share_name = SHARE_OF_STAGE[stage.name]
+        share = diagnosis.shares[share_name]
+        rate = f"{stage.images_per_s:,.0f} img/s ±{50 * stage.timing.spread:.0f}%"
+        lines.append(
+            f"{title} {rate:>20s}   +{1e3 * share:.3f} ms/image ({share / total:.0%}, "
+            f"{diagnosis.labels[share_name]})"
+        )
+        if abs(stage.images_per_s - stage.measured_per_s) > 0.005 * stage.measured_per_s:
+            lines.append(f"  {'':36s} measured {stage.measured_per_s:,.0f} img/s; {stage.note}")
+        elif stage.note:
+            lines.append(f"  {'':36s} {stage.note}")
+    lines += [f"warning: {w}" for w in diagnosis.warnings]
+    lines += ["", diagnosis.explanation]
+    return "\n".join(lines)

@@ -27,19 +27,106 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from h5pack.bench.access import Pattern, random_order
-from h5pack.bench.loading import TrainTransform, collate_any, run_epoch
+from h5pack.bench.options import RemoteReading, check_cache
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.timing import Count
 from h5pack.errors import OptionsError
 from h5pack.read.packset import PackSource
+
+
+def collate_any(batch: Sequence[Any]) -> Any:
+    """Collate like ``h5pack.training.loader.collate_batch``; images of different sizes stay a list.
+
+    Encoded packs of images of several sizes have no common batch shape; a training
+    pipeline would resize them in a transform. The benchmark delivers them as decoded.
+    """
+    import torch
+
+    from h5pack.training.dataset import SampleBatch
+    from h5pack.training.loader import collate_batch as collate
+
+    if isinstance(batch, SampleBatch) and batch.images is not None:
+        return collate(batch)
+    shapes = {tuple(getattr(sample[0], "shape", ())) for sample in batch}
+    if len(shapes) <= 1:
+        return collate(batch)
+    labels = torch.as_tensor([int(sample[1]) for sample in batch], dtype=torch.int64)
+    return [sample[0] for sample in batch], labels
+
+
+def count_batch(batch: Any) -> Count:
+    """Return the images in a collated batch and their bytes."""
+    images = batch[0]
+    if isinstance(images, list):
+        return Count(len(images), sum(_nbytes(image) for image in images))
+    return Count(int(images.shape[0]), _nbytes(images))
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return int(value.numel() * value.element_size())
+
+
+def run_epoch(
+    loader: Iterable[Any], *, max_batches: int | None = None, budget_s: float | None = None
+) -> Count:
+    """Iterate ``loader`` once and count what it delivered.
+
+    Args:
+        loader: Anything yielding collated batches.
+        max_batches: Stop after this many batches.
+        budget_s: Stop after the first batch that ends past this many seconds (a prefix
+            of the epoch measures a steady rate).
+    """
+    images = nbytes = 0
+    started = time.perf_counter()
+    for number, batch in enumerate(loader):
+        counted = count_batch(batch)
+        images += counted.images
+        nbytes += counted.nbytes
+        if max_batches is not None and number + 1 >= max_batches:
+            break
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            break
+    return Count(images, nbytes)
+
+
+class TrainTransform:
+    """A typical training augmentation on a (C, H, W) uint8 tensor, for ``--transforms``.
+
+    A random crop of 7/8 of each side, a random horizontal flip, then conversion to
+    float32 normalised with the ImageNet mean and deviation: the per-sample work most
+    image classifiers do, with torch only (no torchvision). Uses torch's RNG, which the
+    loader seeds per worker.
+    """
+
+    MEAN = (0.485, 0.456, 0.406)
+    STD = (0.229, 0.224, 0.225)
+
+    def __call__(self, image: Any) -> Any:
+        """Return the augmented, normalised (C, h, w) float32 tensor of ``image``."""
+        import torch
+
+        if isinstance(image, np.ndarray):  # (H, W, C) arrays from output="hwc"
+            image = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+        channels, height, width = image.shape
+        crop_h, crop_w = max(1, height * 7 // 8), max(1, width * 7 // 8)
+        top = int(torch.randint(0, height - crop_h + 1, ()).item())
+        left = int(torch.randint(0, width - crop_w + 1, ()).item())
+        image = image[:, top : top + crop_h, left : left + crop_w]
+        if torch.rand(()) < 0.5:
+            image = image.flip(-1)
+        mean = torch.tensor(self.MEAN[:channels] if channels == 3 else self.MEAN[:1])
+        std = torch.tensor(self.STD[:channels] if channels == 3 else self.STD[:1])
+        return (image.float().div_(255.0) - mean[:, None, None]) / std[:, None, None]
 
 
 class FullShuffleBatchSampler:
@@ -83,57 +170,6 @@ class FullShuffleBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         yield from (batch.tolist() for batch in self.plan())
-
-
-def check_cache(cache: object, cache_bytes: int | None) -> None:
-    """Refuse a cache other than ``"decoded"``, or a decoded budget without the cache.
-
-    Raises:
-        OptionsError: ``cache`` is not None or ``"decoded"``; ``cache_bytes`` without it.
-    """
-    if cache not in (None, "decoded"):
-        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
-    if cache_bytes is not None and (cache is None or cache_bytes < 1):
-        raise OptionsError(
-            "cache_bytes (--cache-bytes) is the decoded cache's budget, as make_loader's: "
-            f"give it with cache='decoded' (--cache decoded), positive; got {cache_bytes}. "
-            "The decompressed chunks kept per process are chunk_cache_bytes "
-            "(--chunk-cache-bytes)"
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RemoteReading:
-    """How ``bench`` reads a remote pack: ``ReaderOptions``' read-ahead and disk cache.
-
-    Attributes:
-        requests_in_flight: Ranged requests each worker keeps in flight (None: measured).
-        cache_dir: The disk cache's directory (None: the default).
-        cache_disk_bytes: Its budget (None: the default; 0: no disk cache).
-        cache_eviction: ``"belady"`` or ``"lru"``.
-        storage_options: The remote client's settings beyond the environment's
-            (``--storage-option``; ``ReaderOptions.storage_options``).
-    """
-
-    requests_in_flight: int | None = None
-    cache_dir: str | None = None
-    cache_disk_bytes: int | None = None
-    cache_eviction: str = "belady"
-    storage_options: Mapping[str, Any] | None = None
-
-    def fields(self) -> dict[str, Any]:
-        """Return the ``ReaderOptions`` fields these settings stand for."""
-        from h5pack.read.eviction import parse_policy
-        from h5pack.read.readahead import ReadAheadOptions
-
-        ahead = self.requests_in_flight
-        return {
-            "read_ahead": None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
-            "cache_dir": self.cache_dir,
-            "cache_disk_bytes": self.cache_disk_bytes,
-            "cache_eviction": parse_policy(self.cache_eviction),
-            "storage_options": self.storage_options,
-        }
 
 
 def open_dataset(
@@ -343,111 +379,3 @@ class PatternLoader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class InMemoryImages:
-    """The pack's first images held in memory, served like ``H5ImageDataset``: the loader ceiling.
-
-    Batches come out exactly as the pack's dataset gives them (one preallocated
-    ``(B, C, H, W)`` uint8 batch, in shared memory inside a worker, filled by ``threads``
-    threads as the reader fills it; or per-sample tensors through a transform), so that the
-    ceiling does the same loader work as reading the pack, minus the reading itself.
-
-    Args:
-        images: ``(H, W, C)`` uint8 arrays as the loader delivers them (cropped already).
-        labels: Their labels.
-        length: The dataset's length (indices wrap around the images held).
-        threads: Threads filling a batch, as the pack's reader has them.
-        transform: A per-sample transform, as the pack's dataset has it.
-    """
-
-    def __init__(
-        self,
-        images: list[np.ndarray],
-        labels: np.ndarray,
-        length: int,
-        *,
-        threads: int = 0,
-        transform: Any = None,
-    ) -> None:
-        self.images = images
-        shapes = {image.shape for image in images}
-        self.stack = np.stack(images) if len(shapes) == 1 and images else None
-        self.labels = labels
-        self.length = length
-        self.threads = threads
-        self.transform = transform
-        self._pool: ThreadPoolExecutor | None = None
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"] = None
-        return state
-
-    def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
-
-    def close(self) -> None:
-        """Stop this process's filling threads (they restart on the next batch)."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def _fill(self, idx: np.ndarray, out: np.ndarray) -> None:
-        stack = self.stack
-        assert stack is not None  # the caller checked
-        if self.threads < 2 or idx.size < 2:
-            np.take(stack, idx, axis=0, out=out)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads)
-        bounds = np.linspace(0, idx.size, self.threads + 1).astype(np.int64)
-
-        def part(k: int) -> None:
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            np.take(stack, idx[lo:hi], axis=0, out=out[lo:hi])
-
-        list(self._pool.map(part, range(self.threads)))
-
-    def __getitems__(self, indices: list[int]) -> Any:
-        import torch
-
-        from h5pack.training.dataset import SampleBatch, empty_uint8
-
-        idx = np.asarray(indices, dtype=np.int64) % max(1, len(self.images))
-        labels = torch.from_numpy(self.labels[idx].copy())
-        if self.stack is not None and self.transform is None:
-            buffer = empty_uint8((idx.size, *self.stack.shape[1:]))
-            self._fill(idx, buffer.numpy())
-            return SampleBatch(
-                images=buffer.permute(0, 3, 1, 2), labels=labels, label_values=labels.tolist()
-            )
-        samples = []
-        for j, i in enumerate(idx.tolist()):
-            image: Any = torch.from_numpy(np.ascontiguousarray(self.images[i].transpose(2, 0, 1)))
-            if self.transform is not None:
-                image = self.transform(image)
-            samples.append((image, int(labels[j])))
-        return SampleBatch(samples)
-
-
-def held_images(dataset: Any, limit: int = 256) -> tuple[list[np.ndarray], np.ndarray]:
-    """Return the first ``limit`` images of ``dataset`` as the loader delivers them (HWC)."""
-    from h5pack.training.dataset import H5ImageDataset
-
-    held = min(len(dataset), limit)
-    twin = H5ImageDataset(dataset.source, output="hwc", reader=dataset.options, crop=dataset.crop)
-    try:
-        batch = twin.__getitems__(list(range(held))) if held else None
-    finally:
-        twin.close()
-    if batch is None:
-        return [], np.zeros(0, dtype=np.int64)
-    if batch.images is not None:
-        images = [np.ascontiguousarray(image) for image in batch.images]
-    else:
-        images = [np.ascontiguousarray(sample[0]) for sample in batch]
-    return images, np.asarray(dataset.labels[:held], dtype=np.int64)

@@ -8,11 +8,12 @@ interleaved and long enough to time (see "Timing enough work" in ``h5pack.bench.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
+from h5pack.bench.access import MEASURED as MEASURED  # re-exported
 from h5pack.bench.access import (
     NAIVE,
     PATTERNS,
@@ -23,97 +24,17 @@ from h5pack.bench.access import (
     random_order,
     read_per_sample,
 )
-from h5pack.bench.loaders import PatternLoader, RemoteReading, check_cache, open_dataset
-from h5pack.bench.reading import TrainingRead, batch_problem, survey_pack
-from h5pack.bench.sources import drop_source, warm_source
-from h5pack.bench.system import CacheDrop
-from h5pack.bench.timing import Count, Timing, time_interleaved, time_repeats
-from h5pack.errors import OptionsError
+from h5pack.bench.loaders import PatternLoader, open_dataset
+from h5pack.bench.options import MeasureOptions, RemoteReading
+from h5pack.bench.reading import batch_problem, survey_pack
+from h5pack.bench.system import CacheDrop, drop_source, warm_source
+from h5pack.bench.timing import Count, Timing, time_interleaved
 from h5pack.read.packset import PackSource, is_remote
 from h5pack.training.shuffle_quality import (
     expected_pair_repetition,
     jump_entropy,
     pair_repetition,
 )
-
-MEASURED: tuple[str, ...] = (*PATTERNS, NAIVE)
-"""Everything ``measure_pack`` can measure: the loader's patterns and the naive read."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasureOptions:
-    """How a pack is measured.
-
-    Attributes:
-        batch_size: Samples per batch of the h5pack loader.
-        workers: DataLoader workers of the h5pack loader, or ``"auto"`` (``make_loader``).
-        repeats: Timed runs per pattern (medians and spread are over these).
-        warmup: Untimed epochs first (worker start-up, lazy opens); they also size the runs.
-        min_run_s: Seconds a timed run lasts at least (whole epochs).
-        epoch_budget_s: Seconds of one loader epoch at most: a slow pattern (a full shuffle
-            of large compressed chunks) is timed on a prefix of its epoch, its rate being
-            steady.
-        naive_budget_s: Seconds per repeat of naive per-sample reads (a prefix of the epoch,
-            at least ``naive_min_samples``).
-        naive_min_samples: Samples per repeat of naive reads, whatever the budget.
-        patterns: What to measure, among ``MEASURED``.
-        train: How training reads the images (size, crop, flip).
-        cold: Drop the pack from the page cache before every timed epoch (a pack larger
-            than the page cache reads at disk speed).
-        pair_epochs: Epochs planned to count batch-pair repetition.
-        seed: Seed of every order.
-        target_spread: Runs of a pattern spread wider than this (fastest - slowest over
-            median) are lengthened and timed again while ``budget_s`` allows (see "Timing
-            enough work"); None times each run once.
-        budget_s: Seconds the timing of one pack may take while runs are lengthened.
-        cache: ``"decoded"``: every loader pattern reads through ``make_loader``'s decoded
-            cache, which the warm-up epoch fills: the figures are later epochs' (README's
-            training loop from its second epoch); None: every epoch as the first.
-        cache_bytes: The decoded cache's budget (``make_loader``'s ``cache_bytes``).
-    """
-
-    batch_size: int = 64
-    workers: int | Literal["auto"] = "auto"
-    repeats: int = 3
-    warmup: int = 1
-    min_run_s: float = 0.2
-    epoch_budget_s: float = 10.0
-    naive_budget_s: float = 2.0
-    naive_min_samples: int = 16
-    patterns: tuple[str, ...] = MEASURED
-    train: TrainingRead = field(default_factory=TrainingRead)
-    cold: bool = False
-    pair_epochs: int = 3
-    seed: int = 0
-    target_spread: float | None = 0.1
-    budget_s: float | None = 15.0
-    cache: Literal["decoded"] | None = None
-    cache_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        check_cache(self.cache, self.cache_bytes)
-        if self.batch_size < 1:
-            raise OptionsError(f"batch_size should be >= 1, but got batch_size={self.batch_size}")
-        if self.workers != "auto" and (not isinstance(self.workers, int) or self.workers < 0):
-            raise OptionsError(f"workers should be 'auto' or >= 0, but got {self.workers!r}")
-        if self.repeats < 1:
-            raise OptionsError(f"repeats should be >= 1, but got repeats={self.repeats}")
-        if self.min_run_s < 0:
-            raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={self.min_run_s}")
-        for name in ("epoch_budget_s", "naive_budget_s"):
-            if getattr(self, name) <= 0:
-                raise OptionsError(
-                    f"{name} should be positive, but got {name}={getattr(self, name)}"
-                )
-        if self.pair_epochs < 2:
-            raise OptionsError(
-                f"pair_epochs should be >= 2, but got pair_epochs={self.pair_epochs}"
-            )
-        unknown = [p for p in self.patterns if p not in MEASURED]
-        if unknown or not self.patterns:
-            raise OptionsError(
-                f"patterns should be among {', '.join(MEASURED)}, but got {self.patterns!r}"
-            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,7 +157,12 @@ def measure_naive(
             seed=options.seed,
         )
 
-    timing = time_repeats(run, repeats=options.repeats, before=before, on_repeat=step)
+    timing = time_interleaved(
+        {NAIVE: run},
+        repeats=options.repeats,
+        before={NAIVE: before} if before is not None else None,
+        on_run=(lambda name: step()) if step is not None else None,
+    )[NAIVE]
     order = random_order(num, seed=options.seed, epoch=0)
     reads = shape.reads(NAIVE, max(timing.images))
     bits, relative = _shuffle(order, options.seed)

@@ -23,15 +23,11 @@ from dataclasses import dataclass
 
 from h5pack.bench.measure import PatternResult
 from h5pack.bench.reading import TrainingRead
-from h5pack.bench.units import human_bytes
+from h5pack.core.units import human_bytes
 from h5pack.training.advice import CACHE_SHARE
 
-# A variant within this fraction of the fastest counts as "as fast" for the recommendation,
-# which then prefers the smallest file among them.
+# Within this fraction of the fastest counts as "as fast"; the smallest file of those wins.
 AS_FAST = 0.9
-
-# CACHE_SHARE: the share of the available memory a pack may take and still count as cached
-# while training runs (see "Packs larger than memory"); the loader's stall report uses it too.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,11 +77,7 @@ class VariantResult:
 
     @property
     def pixels_per_file_byte(self) -> float:
-        """Decoded image bytes over file bytes (how much smaller than raw pixels).
-
-        Not ``info``'s ratio, which is the stored bytes over the file's (the codec's
-        compression alone): an encoded pack stores JPEG bytes, small against its pixels.
-        """
+        """Decoded image bytes over file bytes (not ``info``'s ratio: the codec's alone)."""
         return self.image_bytes / self.file_bytes if self.file_bytes else 0.0
 
     def interval(self, pattern: str = "chunk") -> tuple[float, float]:
@@ -113,14 +105,6 @@ class VariantResult:
         """Median images per second of ``pattern`` (0 when not measured)."""
         result = self.patterns.get(pattern)
         return result.images_per_s if result else 0.0
-
-
-@dataclass(frozen=True)
-class SkippedVariant:
-    """A variant that could not be built, and why."""
-
-    name: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -161,22 +145,14 @@ def rank_key(result: VariantResult) -> float:
 # NOTE [ A recommendation stable run to run ]
 #
 # Medians of a few runs on a shared machine move by tens of percent from one comparison to
-# the next (issue 20: one folder, raw-contig at 1,308 images/s in one run and 248 ±30% in
-# the next), so a rule on medians alone ("the smallest within 10% of the fastest") flipped
-# between runs. Each variant is judged by its interval, the slowest to the fastest timed
-# run: a variant is a front-runner when its fastest run reaches ``AS_FAST`` of the
-# fastest variant's slowest run, and the smallest front-runner is chosen. Noise then widens
-# the set of front-runners rather than reordering it, so the same file size wins. When the
-# runs of the choice overlap those of a faster front-runner, the figures cannot tell them
-# apart: the line says "too close to call" and names both. Runs spread past
-# ``ROUGH_SPREAD`` carry bench's warning (the machine may be busy). The measurements are
-# lengthened until steady first (``MeasureOptions.target_spread``), and the front-runners
-# of a comparison are then timed again side by side (``compare``'s settling round: their
-# epochs alternate, A B A B, so that the machine's load, which moved a variant 2.5x from one
-# comparison to the next on the shared machine, falls on each alike).
-
-# Runs of one variant differing by more than this (fastest - slowest over median) make its
-# figures rough: the warning bench prints for an unsteady figure.
+# the next, so a rule on medians alone flipped between runs. Each variant is judged by its
+# interval, the slowest to the fastest timed run: it is a front-runner when its fastest run
+# reaches ``AS_FAST`` of the fastest variant's slowest run, and the smallest front-runner is
+# chosen; noise widens the set rather than reordering it. When the choice's runs overlap a
+# faster front-runner's, the line says "too close to call". Runs spread past
+# ``ROUGH_SPREAD`` (fastest - slowest over median) carry bench's warning. The front-runners
+# are timed again side by side, epochs alternating (``bench.settle``), so that the
+# machine's load falls on each alike.
 ROUGH_SPREAD = 0.2
 
 
@@ -259,13 +235,11 @@ def _memory_note(
 
 # NOTE [ Like with like ]
 #
-# A pack of 64x64 thumbnails reads faster than the full-resolution pack it was made from,
-# and a ranking on speed alone would recommend it, though it holds other pixels: a layout is
-# a way of storing one set of images, and only layouts of the same images compete. Packs
-# are grouped by the images they hold (``VariantResult.pixels``: their count and sizes);
-# the recommendation is made within the group of the largest images that has two packs or
-# more, and says which packs it left out and why. ``across_pixels`` (``compare
-# --across-pixels``) ranks every pack on speed all the same, and still says they differ.
+# A pack of 64x64 thumbnails reads faster than the full-resolution pack it came from, but
+# holds other pixels: only layouts of the same images compete. Packs are grouped by the
+# images they hold (``VariantResult.pixels``); the recommendation is made within the group
+# of the largest images that has two packs or more, and names those left out.
+# ``across_pixels`` (``--across-pixels``) ranks every pack together, still saying so.
 
 
 def pixel_groups(results: Sequence[VariantResult]) -> list[list[VariantResult]]:
@@ -294,13 +268,11 @@ def recommend(
 ) -> Recommendation | None:
     """Pick the smallest pack among the candidates within ``AS_FAST`` of the fastest.
 
-    Candidates are the packs the loader can batch as training reads them; a pack larger
-    than the page cache that was measured warm all the same is one only when no pack that
-    fits is (see "Packs larger than memory"). Throughput is the h5pack loader's in its
-    chunk-aware order; a pack nearly as fast but much smaller wins, because it also costs
-    less disk and page cache, and its advantage grows when storage is slower than the
-    machine this ran on. Packs holding different pixels compete only with ``across_pixels``
-    (see "Like with like").
+    Candidates are the packs the loader can batch as training reads them (a pack larger than
+    the page cache measured warm all the same only when no pack that fits is: "Packs larger
+    than memory"), ranked by the loader's chunk-aware throughput; a pack nearly as fast but
+    much smaller wins (less disk and page cache). Packs holding different pixels compete
+    only with ``across_pixels`` (see "Like with like").
     """
     if not results:
         return None

@@ -1,4 +1,8 @@
-"""Render benchmark results: a ranked table, report.json, report.md and PNG plots."""
+"""Render benchmark results: compare's ranked table, report.json, report.md (plots: ``plots``).
+
+``bench``'s and ``--diagnose``'s text are rendered next to their results (``format_bench``,
+``format_diagnosis``, re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.bench.access import NAIVE, PATTERN_TITLES
+from h5pack.bench.access import NAIVE
 from h5pack.bench.compare import CompareReport
-from h5pack.bench.diagnose import SHARE_OF_STAGE, STAGE_TITLES, Diagnosis
-from h5pack.bench.measure import MEASURED, PatternResult
+from h5pack.bench.diagnose import Diagnosis
+from h5pack.bench.diagnose import format_diagnosis as format_diagnosis  # re-exported
+from h5pack.bench.measure import PatternResult
+from h5pack.bench.plots import PLOT_HINT, plots_available, write_plots
 from h5pack.bench.ranking import VariantResult, pixel_groups
 from h5pack.bench.throughput import BenchResult
+from h5pack.bench.throughput import format_bench as format_bench  # re-exported
 from h5pack.bench.timing import Timing
-from h5pack.bench.units import human_bytes
+from h5pack.core.units import human_bytes
 
-PLOT_HINT = "PNG plots need matplotlib: pip install 'h5pack[plot]'"
 NOT_CANDIDATE = "*"
 PARTIAL = "†"
 NOTES = (
@@ -371,15 +377,6 @@ class ReportFiles:
     plot_message: str | None
 
 
-def plots_available() -> bool:
-    """Return whether matplotlib can be imported (the ``plot`` extra)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def write_report(report: CompareReport, out_dir: StrPath, *, plots: bool = True) -> ReportFiles:
     """Write report.json, report.md and (with matplotlib) PNG plots into ``out_dir``."""
     out = Path(out_dir)
@@ -396,153 +393,3 @@ def write_report(report: CompareReport, out_dir: StrPath, *, plots: bool = True)
     md_path = out / "report.md"
     md_path.write_text(to_markdown(report, [p.name for p in written]), encoding="utf-8")
     return ReportFiles(json_path, md_path, tuple(written), message)
-
-
-def _plot_order(variants: Sequence[VariantResult]) -> list[VariantResult]:
-    """Variants grouped by mode and codec, by chunk size inside a group."""
-    return sorted(variants, key=lambda v: (v.mode, v.codec, v.layout, v.samples_per_chunk))
-
-
-def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
-    """Write throughput.png and size_vs_throughput.png; needs matplotlib.
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'h5pack[plot]'``).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out_dir)
-    variants = _plot_order(report.variants)
-    names = [
-        f"{v.name}\n(contiguous)"
-        if v.layout == "contiguous"
-        else f"{v.name}\n({v.samples_per_chunk:.0f}/chunk)"
-        for v in variants
-    ]
-    patterns = [p for p in MEASURED if any(p in v.patterns for v in variants)]
-    figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(variants) + 2), 4.8))
-    width = 0.8 / max(1, len(patterns))
-    for k, pattern in enumerate(patterns):
-        rates = [v.rate(pattern) for v in variants]
-        errors = [
-            [
-                max(0.0, v.rate(pattern) - v.patterns[pattern].timing.low),
-                max(0.0, v.patterns[pattern].timing.high - v.rate(pattern)),
-            ]
-            if pattern in v.patterns
-            else [0.0, 0.0]
-            for v in variants
-        ]
-        positions = [i + (k - (len(patterns) - 1) / 2) * width for i in range(len(variants))]
-        axes.bar(
-            positions,
-            rates,
-            width,
-            yerr=list(zip(*errors, strict=True)) if errors else None,
-            label=PATTERN_TITLES[pattern],
-            capsize=2,
-        )
-    axes.set_yscale("log")
-    axes.set_ylabel("images/s (median, log scale)")
-    axes.set_xticks(range(len(variants)), names, rotation=45, ha="right", fontsize=8)
-    axes.set_title("Throughput by variant (chunk size) and access pattern")
-    axes.legend(fontsize=8)
-    axes.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    first = out / "throughput.png"
-    figure.savefig(first, dpi=110)
-    plt.close(figure)
-
-    figure, axes = plt.subplots(figsize=(7.0, 4.8))
-    for v in variants:
-        axes.scatter(v.file_bytes / 1e6, v.rate("chunk") or v.rate("sequential"), s=30)
-        axes.annotate(
-            v.name,
-            (v.file_bytes / 1e6, v.rate("chunk") or v.rate("sequential")),
-            fontsize=7,
-            xytext=(4, 3),
-            textcoords="offset points",
-        )
-    axes.set_xlabel("file size (MB)")
-    axes.set_ylabel("chunk-aware images/s (median)")
-    axes.set_title("File size vs throughput (up and left is better)")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    second = out / "size_vs_throughput.png"
-    figure.savefig(second, dpi=110)
-    plt.close(figure)
-    return [first, second]
-
-
-def _read_line(train: dict[str, Any]) -> str:
-    note = str(train.get("note", ""))
-    return note or f"Read: {train.get('description', 'images as stored')}."
-
-
-def format_bench(result: BenchResult, *, warn: bool = True) -> str:
-    """Return ``bench``'s result as lines of text (``warn``: say when it is unsteady)."""
-    options = result.options
-    timing = result.timing
-    threads = f", {result.threads} reader threads" if result.threads else ""
-    runs = (
-        f"{len(timing.rates)} runs of {timing.epochs_per_run} epoch(s)"
-        if timing.epochs_per_run > 1
-        else f"{len(timing.rates)} epochs"
-    )
-    lines = [
-        f"{result.path}: {timing.describe()}  ({timing.mb_per_s:,.0f} MB/s; "
-        f"slowest {timing.low:,.0f}, fastest {timing.high:,.0f} over {runs}; "
-        f"{max(timing.images, default=0) // max(1, timing.epochs_per_run)} images an epoch)",
-        f"  {_read_line(result.train)}",
-        f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
-        f"{threads}, window {result.window_chunks} chunks, transforms "
-        f"{'on' if options.transforms else 'off'}"
-        + (
-            ", decoded cache (the timed epochs come after the warm-up filled it)"
-            if options.cache == "decoded"
-            else ""
-        ),
-        *(
-            [f"  first epoch (filling the decoded cache): {timing.first_epoch_per_s:,.0f} img/s"]
-            if options.cache == "decoded" and timing.first_epoch_per_s is not None
-            else []
-        ),
-        f"  per sample: {result.reads.chunks_per_sample:.3g} chunk loads, "
-        f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
-        f"{result.shuffle_bits:.2f} bits",
-    ]
-    if warn and not timing.stable:
-        lines.append(
-            f"  warning: the runs still differ by ±{50 * timing.spread:.0f}% (the machine may "
-            "be busy): take the figure as rough"
-        )
-    return "\n".join(lines)
-
-
-def format_diagnosis(diagnosis: Diagnosis) -> str:
-    """Return a diagnosis as lines of text: each stage, the time it adds, the bottleneck."""
-    lines = [format_bench(diagnosis.result, warn=False), ""]
-    finite = [v for v in diagnosis.shares.values() if math.isfinite(v)]
-    total = sum(finite) or 1.0
-    for stage in diagnosis.stages:
-        title = f"  {STAGE_TITLES[stage.name]:36s}"
-        if stage.timing is None:
-            lines.append(f"{title} not measured: {stage.note}")
-            continue
-        share_name = SHARE_OF_STAGE[stage.name]
-        share = diagnosis.shares[share_name]
-        rate = f"{stage.images_per_s:,.0f} img/s ±{50 * stage.timing.spread:.0f}%"
-        lines.append(
-            f"{title} {rate:>20s}   +{1e3 * share:.3f} ms/image ({share / total:.0%}, "
-            f"{diagnosis.labels[share_name]})"
-        )
-        if abs(stage.images_per_s - stage.measured_per_s) > 0.005 * stage.measured_per_s:
-            lines.append(f"  {'':36s} measured {stage.measured_per_s:,.0f} img/s; {stage.note}")
-        elif stage.note:
-            lines.append(f"  {'':36s} {stage.note}")
-    lines += [f"warning: {w}" for w in diagnosis.warnings]
-    lines += ["", diagnosis.explanation]
-    return "\n".join(lines)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from h5pack.bench.access import h5py_cache_bytes, loads_per_sample
+from h5pack.bench.options import CompareOptions
 from h5pack.bench.ranking import VariantResult
 from h5pack.errors import OptionsError
 
@@ -121,3 +123,22 @@ def project(
             for pattern in ("random", "chunk", "sequential", "naive")
         },
     )
+
+
+def projections_of(
+    ranked: Sequence[VariantResult], options: CompareOptions
+) -> tuple[ScaleProjection, ...]:
+    """Return each chunked variant's chunk work per sample at the dataset size.
+
+    See the note "Why the gain is invisible on small data" in ``bench.scale``.
+    """
+    largest = max((v.num_samples for v in ranked), default=0)
+    size = options.dataset_size or max(IMAGENET_TRAIN, largest)
+    found = []
+    for variant in ranked:
+        measured = variant.patterns.get("chunk")
+        workers = measured.workers if measured is not None else 0
+        projection = project(variant, size, batch_size=options.measure.batch_size, workers=workers)
+        if projection is not None:
+            found.append(projection)
+    return tuple(found)

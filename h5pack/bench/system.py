@@ -1,4 +1,8 @@
-"""The machine under a benchmark: its description, the page cache of a pack file, CPU time.
+"""The machine under a benchmark: its description, the page cache of a pack's files, CPU time.
+
+What the benchmarks measure is a pack, or a pack set read as one pack (its directory or
+manifest, or a list of packs: ``read.packset.PackSource``); what they do to files (size,
+page cache) they do to every shard.
 
 # NOTE [ Dropping the page cache ]
 #
@@ -17,12 +21,16 @@ import mmap
 import os
 import platform
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.machine import memory_bytes
+from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
+from h5pack.core.source import is_url
+from h5pack.read.packset import PackSource, describe, is_remote
 
 _PROT_READ = 1
 _MAP_SHARED = 1
@@ -245,3 +253,90 @@ def tree_cpu_s(exclude: Collection[int] = ()) -> float:
             continue
         total += used.user + used.system + used.children_user + used.children_system
     return total
+
+
+def is_set_path(path: str | os.PathLike[str]) -> bool:
+    """Return whether ``path`` names a pack set (a directory holding a manifest, or one)."""
+    found = Path(path)
+    if found.is_dir():
+        return (found / MANIFEST_NAME).is_file()
+    return found.suffix == ".json" or found.name == MANIFEST_NAME
+
+
+def pack_files(
+    source: PackSource, storage_options: Mapping[str, Any] | None = None
+) -> list[Path | str]:
+    """Return the pack files of ``source`` (one for a pack, every shard of a set).
+
+    A remote source's are URLs (its shards' for a set, read with ``storage_options``).
+
+    Raises:
+        PackNotFoundError: a set without a manifest.
+        FormatError: a manifest that is not valid.
+    """
+    if not is_packset(source):
+        assert isinstance(source, str | os.PathLike)  # is_packset: one path
+        return [os.fspath(source) if is_url(source) else Path(source)]
+    if is_remote(source):
+        view = describe(source, storage_options=storage_options)
+        assert view.shards is not None  # a set
+        return [shard.path for shard in view.shards]
+    return list(pack_paths(source)[0])
+
+
+def source_name(source: PackSource) -> str:
+    """Return how reports name ``source``: its path, or its packs' paths for a list."""
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return ", ".join(os.fspath(p) for p in source)
+
+
+def source_bytes(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> int:
+    """Return the size of every file of ``source`` (a remote one's objects, as opened)."""
+    if is_remote(source):
+        view = describe(source, storage_options=storage_options)
+        metas = [view.meta] if view.shards is None else view.shards
+        return sum(m.identity.size for m in metas if m.identity is not None)
+    return sum(Path(path).stat().st_size for path in pack_files(source))
+
+
+def drop_source(source: PackSource) -> CacheDrop:
+    """Drop every file of ``source`` from the page cache (see ``drop_page_cache``)."""
+    if is_remote(source):
+        return CacheDrop(False, None, "a remote pack: its reads are requests, no page cache")
+    outcomes = [drop_page_cache(path) for path in pack_files(source)]
+    failed = [o for o in outcomes if not o.dropped]
+    if failed:
+        return failed[0]
+    if len(outcomes) == 1:
+        return outcomes[0]
+    return CacheDrop(True, None, f"{outcomes[0].message} ({len(outcomes)} shards)")
+
+
+def warm_source(source: PackSource) -> int:
+    """Read every file of ``source`` once so that its pages are cached; return the bytes.
+
+    A remote source has no local pages: nothing is read (0).
+    """
+    if is_remote(source):
+        return 0
+    return sum(warm_page_cache(path) for path in pack_files(source))
+
+
+def unique_names(paths: Sequence[Path | str]) -> list[str]:
+    """Return how reports name ``paths``: their short names, or their paths when those clash."""
+    names = [_short_name(p) for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [os.fspath(p) for p in paths]
+
+
+def _short_name(path: Path | str) -> str:
+    """A pack's stem, a set's folder name; a URL's last key part likewise."""
+    if isinstance(path, str):  # a URL
+        parts = [part for part in path.split("/") if part]
+        last = parts[-1] if parts else path
+        if last == MANIFEST_NAME or path.endswith("/"):
+            return parts[-2] if last == MANIFEST_NAME and len(parts) > 1 else last
+        return Path(last).stem
+    return path.parent.name if is_set_path(path) and not path.is_dir() else path.stem

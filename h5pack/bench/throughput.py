@@ -9,102 +9,27 @@ in runs long enough to time (see "Timing enough work" in ``h5pack.bench.timing``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from h5pack.bench.access import ReadCount, check_pattern, pack_shape
-from h5pack.bench.loaders import PatternLoader, RemoteReading, check_cache, open_dataset
+from h5pack.bench.loaders import PatternLoader, open_dataset
+from h5pack.bench.options import BenchOptions
 from h5pack.bench.reading import (
     SizeSurvey,
-    TrainChoice,
     TrainingRead,
     auto_note,
     batch_problem,
     resolve_training_read,
     survey_pack,
 )
-from h5pack.bench.sources import source_name, warm_source
+from h5pack.bench.system import source_name, warm_source
 from h5pack.bench.timing import Timing, time_interleaved
-from h5pack.errors import OptionsError
+from h5pack.core.units import human_bytes
 from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import jump_entropy
-
-
-@dataclass(frozen=True, kw_only=True)
-class BenchOptions:
-    """Loader settings of ``bench``.
-
-    Attributes:
-        batch_size: Samples per batch.
-        workers: DataLoader workers, or ``"auto"`` (``make_loader``'s choice).
-        order: ``"chunk"`` (h5pack's sampler), ``"random"`` (a full shuffle, batches read
-            through the same dataset) or ``"sequential"``.
-        chunk_cache_bytes: Bytes of decompressed chunks each process keeps (None: the
-            window; ``ReaderOptions.chunk_cache_bytes``).
-        cache: ``"decoded"``: read through ``make_loader``'s decoded cache (README's
-            training loop); the warm-up epochs fill it and the timed epochs are the later
-            ones; None reads without it (every epoch as the first).
-        cache_bytes: The decoded cache's budget, ``make_loader``'s ``cache_bytes`` (None:
-            its default); only with ``cache``.
-        transforms: Apply ``TrainTransform`` (a per-sample Python transform: crop, flip,
-            normalise) to every image.
-        train: How training reads the images (``TrainingRead``: size, crop, flip), or
-            ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
-        repeats: Timed runs (of one or more epochs each).
-        warmup: Untimed epochs first; they also size the runs.
-        max_batches: Stop each epoch after this many batches (None: whole epochs).
-        min_run_s: Seconds a timed run lasts at least (whole epochs).
-        target_spread: Lengthen the runs while the spread (fastest - slowest over median)
-            is above this and ``budget_s`` allows.
-        budget_s: Seconds the timing may take before runs stop being lengthened.
-        seed: Seed of the order.
-        remote: A remote pack's read-ahead and disk cache (``--cache-dir`` and the like).
-    """
-
-    batch_size: int = 64
-    workers: int | Literal["auto"] = "auto"
-    order: str = "chunk"
-    chunk_cache_bytes: int | None = None
-    cache: Literal["decoded"] | None = None
-    cache_bytes: int | None = None
-    transforms: bool = False
-    train: TrainChoice = "auto"
-    repeats: int = 3
-    warmup: int = 1
-    max_batches: int | None = None
-    min_run_s: float = 0.3
-    target_spread: float = 0.1
-    budget_s: float = 30.0
-    seed: int = 0
-    remote: RemoteReading = field(default_factory=RemoteReading)
-
-    def __post_init__(self) -> None:
-        check_pattern(self.order)
-        if self.batch_size < 1:
-            raise OptionsError(f"batch_size should be >= 1, but got batch_size={self.batch_size}")
-        if self.workers != "auto" and (not isinstance(self.workers, int) or self.workers < 0):
-            raise OptionsError(f"workers should be 'auto' or >= 0, but got {self.workers!r}")
-        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
-            raise OptionsError(
-                f"chunk_cache_bytes should be >= 0, but got {self.chunk_cache_bytes}"
-            )
-        check_cache(self.cache, self.cache_bytes)
-        if self.repeats < 1:
-            raise OptionsError(f"repeats should be >= 1, but got repeats={self.repeats}")
-        if self.max_batches is not None and self.max_batches < 1:
-            raise OptionsError(f"max_batches should be >= 1, but got {self.max_batches}")
-        if self.min_run_s < 0 or self.target_spread <= 0 or self.budget_s < 0:
-            raise OptionsError(
-                "min_run_s and budget_s should be >= 0 and target_spread positive, but got "
-                f"min_run_s={self.min_run_s}, target_spread={self.target_spread}, "
-                f"budget_s={self.budget_s}"
-            )
-        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
-            raise OptionsError(
-                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
-            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,3 +174,48 @@ def bench_loader(
         return bench_result(setup, timing)
     finally:
         setup.close()
+
+
+def _read_line(train: dict[str, Any]) -> str:
+    note = str(train.get("note", ""))
+    return note or f"Read: {train.get('description', 'images as stored')}."
+
+
+def format_bench(result: BenchResult, *, warn: bool = True) -> str:
+    """Return ``bench``'s result as lines of text (``warn``: say when it is unsteady)."""
+    options = result.options
+    timing = result.timing
+    threads = f", {result.threads} reader threads" if result.threads else ""
+    runs = (
+        f"{len(timing.rates)} runs of {timing.epochs_per_run} epoch(s)"
+        if timing.epochs_per_run > 1
+        else f"{len(timing.rates)} epochs"
+    )
+    lines = [
+        f"{result.path}: {timing.describe()}  ({timing.mb_per_s:,.0f} MB/s; "
+        f"slowest {timing.low:,.0f}, fastest {timing.high:,.0f} over {runs}; "
+        f"{max(timing.images, default=0) // max(1, timing.epochs_per_run)} images an epoch)",
+        f"  {_read_line(result.train)}",
+        f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
+        f"{threads}, window {result.window_chunks} chunks, transforms "
+        f"{'on' if options.transforms else 'off'}"
+        + (
+            ", decoded cache (the timed epochs come after the warm-up filled it)"
+            if options.cache == "decoded"
+            else ""
+        ),
+        *(
+            [f"  first epoch (filling the decoded cache): {timing.first_epoch_per_s:,.0f} img/s"]
+            if options.cache == "decoded" and timing.first_epoch_per_s is not None
+            else []
+        ),
+        f"  per sample: {result.reads.chunks_per_sample:.3g} chunk loads, "
+        f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
+        f"{result.shuffle_bits:.2f} bits",
+    ]
+    if warn and not timing.stable:
+        lines.append(
+            f"  warning: the runs still differ by ±{50 * timing.spread:.0f}% (the machine may "
+            "be busy): take the figure as rough"
+        )
+    return "\n".join(lines)

@@ -128,57 +128,6 @@ class Timing:
         return text if cpu is None else f"{text}, {1e6 * cpu:,.0f} us CPU/image"
 
 
-def time_repeats(
-    run: Callable[[], Count],
-    *,
-    repeats: int,
-    warmup: int = 0,
-    before: Callable[[], None] | None = None,
-    on_repeat: Callable[[], None] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-    cpu: Callable[[], float] = tree_cpu_s,
-) -> Timing:
-    """Time ``run`` ``repeats`` times after ``warmup`` untimed runs.
-
-    Args:
-        run: One measurement; returns what it delivered.
-        repeats: Timed runs (at least 1).
-        warmup: Untimed runs first (worker start-up, page cache, lazy imports).
-        before: Called before each timed run, outside the timing (e.g. drop the page
-            cache).
-        on_repeat: Called after each run, warm-up included (progress).
-        clock: Seconds, monotonic (injected by tests; see "Timing enough work").
-        cpu: CPU seconds of the process tree so far.
-
-    Raises:
-        OptionsError: ``repeats`` is below 1 or ``warmup`` negative.
-    """
-    if repeats < 1:
-        raise OptionsError(f"repeats should be >= 1, but got repeats={repeats}")
-    if warmup < 0:
-        raise OptionsError(f"warmup should be >= 0, but got warmup={warmup}")
-    for _ in range(warmup):
-        run()
-        if on_repeat is not None:
-            on_repeat()
-    elapsed: list[float] = []
-    images: list[int] = []
-    nbytes: list[int] = []
-    used: list[float] = []
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        started, spent = clock(), cpu()
-        count = run()
-        elapsed.append(clock() - started)
-        used.append(cpu() - spent)
-        images.append(count.images)
-        nbytes.append(count.nbytes)
-        if on_repeat is not None:
-            on_repeat()
-    return Timing(tuple(elapsed), tuple(images), tuple(nbytes), cpu_s=tuple(used))
-
-
 class _Stage:
     """One measurement of ``time_interleaved``: its epochs, their timings, its run length."""
 

@@ -285,3 +285,30 @@ def variant_problem(
             "(e.g. raw-1m-gzip)"
         )
     return None
+
+
+@dataclass(frozen=True)
+class SkippedVariant:
+    """A variant that could not be built, and why."""
+
+    name: str
+    reason: str
+
+
+def choose_variants(
+    variants: tuple[str, ...] | str, survey: SizeSurvey, size: tuple[int, int] | None
+) -> tuple[list[VariantSpec], list[SkippedVariant], str]:
+    """Return the variants to build, those the images do not allow (and why), and the plan."""
+    if variants == "quick":
+        choice = quick_variants(survey, size)
+        names, reason = list(choice.names), choice.reason
+    else:
+        names, reason = list(variants), ""
+    specs, skipped = [], []
+    for spec in parse_variants(names):
+        problem = variant_problem(spec, survey, size)
+        if problem is None:
+            specs.append(spec)
+        else:
+            skipped.append(SkippedVariant(spec.name, problem))
+    return specs, skipped, reason

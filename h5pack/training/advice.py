@@ -216,7 +216,7 @@ def _storage_advice(facts: PackFacts) -> str:
 def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:
     """Return the facts of ``dataset`` (an ``H5ImageDataset``) read with ``workers``.
 
-    The same facts ``bench --diagnose`` gathers for the pack (``bench.advice.pack_facts``),
+    The same facts ``bench --diagnose`` gathers for the pack (``bench.diagnose.pack_facts``),
     from what the loader already holds, with the memory available now.
     """
     from h5pack.errors import H5PackError

@@ -1,0 +1,325 @@
+"""The options of the benchmarks, each a frozen dataclass that checks itself.
+
+``MeasureOptions``: how ``compare`` measures one pack; ``BenchOptions``: ``bench``'s loader
+settings; ``CompareOptions``: what ``compare`` builds; ``RemoteReading``: a remote pack's
+read-ahead and disk cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from h5pack.bench.access import MEASURED, check_pattern
+from h5pack.bench.reading import TrainChoice, TrainingRead
+from h5pack.bench.variants import DEFAULT_VARIANTS, parse_variants
+from h5pack.errors import OptionsError
+
+
+def check_loader(batch_size: int, workers: object, repeats: int) -> None:
+    """Refuse a batch size or repeats below 1, or workers neither ``"auto"`` nor >= 0.
+
+    Raises:
+        OptionsError: one of them is out of range.
+    """
+    if batch_size < 1:
+        raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
+    if workers != "auto" and (not isinstance(workers, int) or workers < 0):
+        raise OptionsError(f"workers should be 'auto' or >= 0, but got {workers!r}")
+    if repeats < 1:
+        raise OptionsError(f"repeats should be >= 1, but got repeats={repeats}")
+
+
+def check_cache(cache: object, cache_bytes: int | None) -> None:
+    """Refuse a cache other than ``"decoded"``, or a decoded budget without the cache.
+
+    Raises:
+        OptionsError: ``cache`` is not None or ``"decoded"``; ``cache_bytes`` without it.
+    """
+    if cache not in (None, "decoded"):
+        raise OptionsError(f"cache should be 'decoded' or None, but got cache={cache!r}")
+    if cache_bytes is not None and (cache is None or cache_bytes < 1):
+        raise OptionsError(
+            "cache_bytes (--cache-bytes) is the decoded cache's budget, as make_loader's: "
+            f"give it with cache='decoded' (--cache decoded), positive; got {cache_bytes}. "
+            "The decompressed chunks kept per process are chunk_cache_bytes "
+            "(--chunk-cache-bytes)"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteReading:
+    """How ``bench`` reads a remote pack: ``ReaderOptions``' read-ahead and disk cache.
+
+    Attributes:
+        requests_in_flight: Ranged requests each worker keeps in flight (None: measured).
+        cache_dir: The disk cache's directory (None: the default).
+        cache_disk_bytes: Its budget (None: the default; 0: no disk cache).
+        cache_eviction: ``"belady"`` or ``"lru"``.
+        storage_options: The remote client's settings beyond the environment's
+            (``--storage-option``; ``ReaderOptions.storage_options``).
+    """
+
+    requests_in_flight: int | None = None
+    cache_dir: str | None = None
+    cache_disk_bytes: int | None = None
+    cache_eviction: str = "belady"
+    storage_options: Mapping[str, Any] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Return the ``ReaderOptions`` fields these settings stand for."""
+        from h5pack.read.eviction import parse_policy
+        from h5pack.read.readahead import ReadAheadOptions
+
+        ahead = self.requests_in_flight
+        return {
+            "read_ahead": None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
+            "cache_dir": self.cache_dir,
+            "cache_disk_bytes": self.cache_disk_bytes,
+            "cache_eviction": parse_policy(self.cache_eviction),
+            "storage_options": self.storage_options,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureOptions:
+    """How a pack is measured.
+
+    Attributes:
+        batch_size: Samples per batch of the h5pack loader.
+        workers: DataLoader workers of the h5pack loader, or ``"auto"`` (``make_loader``).
+        repeats: Timed runs per pattern (medians and spread are over these).
+        warmup: Untimed epochs first (worker start-up, lazy opens); they also size the runs.
+        min_run_s: Seconds a timed run lasts at least (whole epochs).
+        epoch_budget_s: Seconds of one loader epoch at most: a slow pattern (a full shuffle
+            of large compressed chunks) is timed on a prefix of its epoch, its rate being
+            steady.
+        naive_budget_s: Seconds per repeat of naive per-sample reads (a prefix of the epoch,
+            at least ``naive_min_samples``).
+        naive_min_samples: Samples per repeat of naive reads, whatever the budget.
+        patterns: What to measure, among ``MEASURED``.
+        train: How training reads the images (size, crop, flip).
+        cold: Drop the pack from the page cache before every timed epoch (a pack larger
+            than the page cache reads at disk speed).
+        pair_epochs: Epochs planned to count batch-pair repetition.
+        seed: Seed of every order.
+        target_spread: Runs of a pattern spread wider than this (fastest - slowest over
+            median) are lengthened and timed again while ``budget_s`` allows (see "Timing
+            enough work"); None times each run once.
+        budget_s: Seconds the timing of one pack may take while runs are lengthened.
+        cache: ``"decoded"``: every loader pattern reads through ``make_loader``'s decoded
+            cache, which the warm-up epoch fills: the figures are later epochs' (README's
+            training loop from its second epoch); None: every epoch as the first.
+        cache_bytes: The decoded cache's budget (``make_loader``'s ``cache_bytes``).
+    """
+
+    batch_size: int = 64
+    workers: int | Literal["auto"] = "auto"
+    repeats: int = 3
+    warmup: int = 1
+    min_run_s: float = 0.2
+    epoch_budget_s: float = 10.0
+    naive_budget_s: float = 2.0
+    naive_min_samples: int = 16
+    patterns: tuple[str, ...] = MEASURED
+    train: TrainingRead = field(default_factory=TrainingRead)
+    cold: bool = False
+    pair_epochs: int = 3
+    seed: int = 0
+    target_spread: float | None = 0.1
+    budget_s: float | None = 15.0
+    cache: Literal["decoded"] | None = None
+    cache_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        check_cache(self.cache, self.cache_bytes)
+        check_loader(self.batch_size, self.workers, self.repeats)
+        if self.min_run_s < 0:
+            raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={self.min_run_s}")
+        for name in ("epoch_budget_s", "naive_budget_s"):
+            if getattr(self, name) <= 0:
+                raise OptionsError(
+                    f"{name} should be positive, but got {name}={getattr(self, name)}"
+                )
+        if self.pair_epochs < 2:
+            raise OptionsError(
+                f"pair_epochs should be >= 2, but got pair_epochs={self.pair_epochs}"
+            )
+        unknown = [p for p in self.patterns if p not in MEASURED]
+        if unknown or not self.patterns:
+            raise OptionsError(
+                f"patterns should be among {', '.join(MEASURED)}, but got {self.patterns!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """Loader settings of ``bench``.
+
+    Attributes:
+        batch_size: Samples per batch.
+        workers: DataLoader workers, or ``"auto"`` (``make_loader``'s choice).
+        order: ``"chunk"`` (h5pack's sampler), ``"random"`` (a full shuffle, batches read
+            through the same dataset) or ``"sequential"``.
+        chunk_cache_bytes: Bytes of decompressed chunks each process keeps (None: the
+            window; ``ReaderOptions.chunk_cache_bytes``).
+        cache: ``"decoded"``: read through ``make_loader``'s decoded cache (README's
+            training loop); the warm-up epochs fill it and the timed epochs are the later
+            ones; None reads without it (every epoch as the first).
+        cache_bytes: The decoded cache's budget, ``make_loader``'s ``cache_bytes`` (None:
+            its default); only with ``cache``.
+        transforms: Apply ``TrainTransform`` (a per-sample Python transform: crop, flip,
+            normalise) to every image.
+        train: How training reads the images (``TrainingRead``: size, crop, flip), or
+            ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
+        repeats: Timed runs (of one or more epochs each).
+        warmup: Untimed epochs first; they also size the runs.
+        max_batches: Stop each epoch after this many batches (None: whole epochs).
+        min_run_s: Seconds a timed run lasts at least (whole epochs).
+        target_spread: Lengthen the runs while the spread (fastest - slowest over median)
+            is above this and ``budget_s`` allows.
+        budget_s: Seconds the timing may take before runs stop being lengthened.
+        seed: Seed of the order.
+        remote: A remote pack's read-ahead and disk cache (``--cache-dir`` and the like).
+    """
+
+    batch_size: int = 64
+    workers: int | Literal["auto"] = "auto"
+    order: str = "chunk"
+    chunk_cache_bytes: int | None = None
+    cache: Literal["decoded"] | None = None
+    cache_bytes: int | None = None
+    transforms: bool = False
+    train: TrainChoice = "auto"
+    repeats: int = 3
+    warmup: int = 1
+    max_batches: int | None = None
+    min_run_s: float = 0.3
+    target_spread: float = 0.1
+    budget_s: float = 30.0
+    seed: int = 0
+    remote: RemoteReading = field(default_factory=RemoteReading)
+
+    def __post_init__(self) -> None:
+        check_pattern(self.order)
+        check_loader(self.batch_size, self.workers, self.repeats)
+        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
+            raise OptionsError(
+                f"chunk_cache_bytes should be >= 0, but got {self.chunk_cache_bytes}"
+            )
+        check_cache(self.cache, self.cache_bytes)
+        if self.max_batches is not None and self.max_batches < 1:
+            raise OptionsError(f"max_batches should be >= 1, but got {self.max_batches}")
+        if self.min_run_s < 0 or self.target_spread <= 0 or self.budget_s < 0:
+            raise OptionsError(
+                "min_run_s and budget_s should be >= 0 and target_spread positive, but got "
+                f"min_run_s={self.min_run_s}, target_spread={self.target_spread}, "
+                f"budget_s={self.budget_s}"
+            )
+        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
+            raise OptionsError(
+                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
+            )
+
+
+EventKind = Literal["start", "step", "note"]
+
+
+@dataclass(frozen=True)
+class CompareEvent:
+    """Progress of a comparison (the CLI renders it as a progress bar).
+
+    Attributes:
+        kind: ``"start"`` (``total`` steps follow), ``"step"`` (one done; ``message``
+            says what runs next) or ``"note"`` (a variant skipped, a pack kept...).
+        message: One line.
+        total: Steps of the whole comparison (``"start"`` only).
+    """
+
+    kind: EventKind
+    message: str
+    total: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions:
+    """What ``compare`` builds and how it measures.
+
+    Attributes:
+        variants: Variant names (``h5pack.bench.variants``) built from an image folder, or
+            ``"quick"``: four chosen from what the folder's images allow
+            (``variants.quick_variants``).
+        size: ``(H, W)`` raw variants are stored at (the conversion's ``--size``); None
+            keeps the images' size.
+        train: How training reads the images (``TrainingRead``: size, crop, flip), or
+            ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
+        measure: How each pack is measured (its ``train`` and ``cold`` are set per pack).
+        convert_workers: Conversion processes (None: every core).
+        memory_bytes: Memory available to the page cache; None reads it when the
+            comparison starts.
+        seed: Seed of the stored sample order.
+        dataset_size: Samples of the training set the packs stand for: the report also
+            projects each pack's chunk work per sample to that size (``bench.scale``);
+            None: ImageNet-1k's 1,281,167, or the packs' own size when larger.
+        across_pixels: Rank packs holding different pixels (other sizes or images)
+            together, on speed alone (see "Like with like" in ``bench.ranking``).
+    """
+
+    variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
+    size: tuple[int, int] | None = None
+    train: TrainChoice = "auto"
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+    convert_workers: int | None = None
+    memory_bytes: int | None = None
+    seed: int = 0
+    dataset_size: int | None = None
+    across_pixels: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dataset_size is not None and (
+            isinstance(self.dataset_size, bool)
+            or not isinstance(self.dataset_size, int)
+            or self.dataset_size < 1
+        ):
+            raise OptionsError(
+                "dataset_size should be a positive number of samples, but got "
+                f"dataset_size={self.dataset_size!r}"
+            )
+        if self.variants != "quick":
+            parse_variants(list(self.variants))  # refuse a bad name before any work
+        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
+            raise OptionsError(f"size should be two positive integers, but got size={self.size!r}")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise OptionsError(
+                f"memory_bytes should be positive, but got memory_bytes={self.memory_bytes}"
+            )
+        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
+            raise OptionsError(
+                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
+            )
+
+    @classmethod
+    def quick(cls, **changes: Any) -> CompareOptions:
+        """Return the ``--quick`` settings: four variants, two repeats, short budgets."""
+        measure = MeasureOptions(
+            repeats=2,
+            warmup=1,
+            min_run_s=0.1,
+            epoch_budget_s=2.0,
+            naive_budget_s=0.25,
+            naive_min_samples=8,
+            budget_s=5.0,
+        )
+        return cls(**{"variants": "quick", "measure": measure, **changes})
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the options as JSON-ready data."""
+        data = dataclasses.asdict(self)
+        data["variants"] = self.variants if self.variants == "quick" else list(self.variants)
+        data["size"] = list(self.size) if self.size else None
+        data["train"] = self.train if self.train == "auto" else self.train.to_json()
+        data["measure"]["patterns"] = list(self.measure.patterns)
+        data["measure"]["train"] = self.measure.train.to_json()
+        return data
