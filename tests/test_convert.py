@@ -310,7 +310,7 @@ def test_a_target_that_is_one_of_the_images_is_refused_before_any_work(
     tmp_path, folder, monkeypatch, via
 ):
     """``h5pack convert imgs imgs/cat/000.jpg --overwrite`` once replaced a photo."""
-    from h5pack.write import convert as writer
+    from h5pack.write import packing as writer
 
     source = folder / "cat" / "000.jpg"
     photo = source.read_bytes()

@@ -21,8 +21,8 @@ from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
 from h5pack.read.reader import PackReader
 from h5pack.write import arena as arena_module
-from h5pack.write import convert as convert_module
 from h5pack.write import leftovers
+from h5pack.write import packing as packing_module
 from h5pack.write.arena import Arena
 from h5pack.write.convert import convert
 from h5pack.write.leftovers import (
@@ -307,7 +307,7 @@ def test_conversion_falls_back_to_named_segments_and_leaves_none(
     if reason == "no memfd":
         monkeypatch.setattr(arena_module, "_USE_MEMFD", False)
     else:
-        monkeypatch.setattr(convert_module, "attachable", _never)
+        monkeypatch.setattr(packing_module, "attachable", _never)
     seen = []
     real_named = Arena.named.__func__
 

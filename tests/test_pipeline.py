@@ -320,7 +320,7 @@ def test_a_dead_worker_is_a_clear_error(tmp_path, folder, monkeypatch):
 @pytest.mark.parametrize("arena", ["small slots", "no shared memory"])
 def test_pool_falls_back_to_pipes(tmp_path, monkeypatch, arena):
     """Samples or blocks that do not fit a slot, or no arena at all, travel through pipes."""
-    from h5pack.write import convert as writer
+    from h5pack.write import packing as writer
     from h5pack.write.arena import Arena
 
     if arena == "small slots":

@@ -15,8 +15,6 @@ from h5pack.write.scan import (
     LOOSE_REASON,
     ScanResult,
     SourceFile,
-    file_sizes,
-    find_classes,
     group_problems,
     has_image_extension,
     name_paths,
@@ -70,7 +68,6 @@ def test_imagefolder_sorted_classes_dense_labels_nested_files(imagefolder: Path)
     for f in result.files:
         assert f.path == imagefolder / f.relative
         assert f.path.is_file()
-    assert find_classes(imagefolder) == result.classes
 
 
 def test_scan_is_deterministic(imagefolder: Path) -> None:
@@ -125,12 +122,6 @@ def test_problems_are_grouped_by_reason_for_one_warning_each() -> None:
     ]
     assert name_paths(["a", "b"]) == "a, b"
     assert name_paths([str(i) for i in range(8)], limit=3) == "0, 1, 2 and 5 more"
-
-
-def test_file_sizes_of_sources(tmp_path: Path) -> None:
-    files = [SourceFile(touch(tmp_path, "a.png", b"x" * 7), "a.png", -1)]
-    files.append(SourceFile(tmp_path / "gone.png", "gone.png", -1))
-    assert file_sizes(files).tolist() == [7, 0]
 
 
 def test_explicit_flat_layout_takes_everything_unlabelled(tmp_path: Path) -> None:
@@ -420,11 +411,6 @@ def test_folder_of_litter_only_is_empty(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no images found") as info:
         scan(tmp_path)
     assert "gone.jpg: dangling symlink" in str(info.value)
-
-
-def test_find_classes_missing_root(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="does not exist"):
-        find_classes(tmp_path / "nope")
 
 
 # --- labels CSV --------------------------------------------------------------------------

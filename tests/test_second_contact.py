@@ -16,8 +16,9 @@ from h5pack.core.layout import Compression
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 from h5pack.training.dataset import H5ImageDataset
 from h5pack.training.loader import make_loader
-from h5pack.write.convert import convert, metadata_bytes, write_arrays
+from h5pack.write.convert import convert, write_arrays
 from h5pack.write.options import ConvertOptions
+from h5pack.write.packing import metadata_bytes
 from tests.helpers import make_folder, make_pack
 
 

@@ -306,10 +306,10 @@ def _mix_info(
 @click.argument("packs", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--source",
-    type=click.Path(file_okay=False),
+    type=click.Path(),
     default=None,
-    help="The image folder the pack (set) was made from: every image must be in it "
-    "(in exactly one shard of a set).",
+    help="The image folder (or .tar of one) the pack (set) was made from: every image must "
+    "be in it (in exactly one shard of a set).",
 )
 @click.option("--labels", "labels_csv", type=click.Path(dir_okay=False), default=None)
 @click.option(

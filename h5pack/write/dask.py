@@ -3,7 +3,7 @@
 The client lists the source once and splits it (``shards.split_source``); image sizes, when
 the plan needs them, are probed by one Dask task per shard. Each shard is then one task
 that receives everything it needs (its samples in write order, their source positions, the
-global classes, the options, the sizes: ``shards.ShardTask``) and writes its pack beside
+global classes, the options, the sizes: ``split.ShardTask``) and writes its pack beside
 the others, with the same reuse check and atomic publish as ``convert_set``. The client
 writes the manifest once every task is done. Workers must see the source's files and the
 output directory at the same paths as the client (a shared file system).
@@ -33,20 +33,21 @@ from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
 from h5pack.errors import H5PackError
 from h5pack.write.builder import ConvertEvent
-from h5pack.write.convert import needs_probe, remove_leftovers_beside, worker_pool
+from h5pack.write.convert import needs_probe, remove_leftovers_beside
 from h5pack.write.options import ConvertOptions
+from h5pack.write.packing import worker_pool
 from h5pack.write.pipeline import keep_freed_memory, probe_batch
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
-    ShardTask,
     open_set,
-    plan_reason,
+    set_report,
     split_source,
     write_shard,
 )
 from h5pack.write.sources import SampleSource
 from h5pack.write.sources.base import Image
+from h5pack.write.split import ShardTask, plan_reason
 
 __all__ = ["convert_on_dask", "dask_client"]
 
@@ -207,4 +208,4 @@ def convert_on_dask(
     finally:
         client.cancel([f for f in futures if not f.done()])
     done = tuple(reports[i] for i in sorted(reports))
-    return split.report(out, remote, done, reason, started, metas={}, emit=emit)
+    return set_report(split, out, remote, done, reason, started, metas={}, emit=emit)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h5pack._types import StrPath
 from h5pack._version import __version__
@@ -32,7 +32,11 @@ from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsEr
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.options import ConvertOptions
 
-__all__ = ["finish_set", "meta_problems", "prepare_out_dir", "shard_problems"]
+if TYPE_CHECKING:
+    from h5pack.write.remote import RemoteSet
+    from h5pack.write.split import SourceSplit
+
+__all__ = ["finish_manifest", "finish_set", "meta_problems", "prepare_out_dir", "shard_problems"]
 
 
 def prepare_out_dir(
@@ -171,3 +175,39 @@ def set_manifest(
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         tool_version=__version__,
     )
+
+
+def finish_manifest(
+    out: Path,
+    remote: RemoteSet | None,
+    *,
+    split: SourceSplit,
+    options: ConvertOptions,
+    metas: dict[int, PackMeta],
+    sizes: dict[int, int],
+    emit: Callable[[ConvertEvent], None],
+) -> tuple[str | None, tuple[int, ...]]:
+    """Write the set's manifest, in ``out`` or the bucket, once every shard is there.
+
+    Returns:
+        The manifest's path or URL (None while shards are missing) and the missing shards.
+    """
+    identities = [split.identity(i) for i in range(split.num_shards)]
+    if remote is not None:
+        return remote.finish(
+            identities=identities,
+            options=options,
+            classes=split.source.classes,
+            metas=metas,
+            sizes=sizes,
+            emit=emit,
+        )
+    written, missing = finish_set(
+        out,
+        identities=identities,
+        options=options,
+        classes=split.source.classes,
+        metas=metas,
+        emit=emit,
+    )
+    return (os.fspath(written) if written is not None else None), missing

@@ -46,7 +46,8 @@ from h5pack.write.upload import Bucket, RemoteObject, Staging, describe_swept
 
 if TYPE_CHECKING:
     from h5pack.write.merge import MergeReport
-    from h5pack.write.shards import ShardReport, ShardTask
+    from h5pack.write.shards import ShardReport
+    from h5pack.write.split import ShardTask
 
 __all__ = [
     "RemoteSet",

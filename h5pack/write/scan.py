@@ -47,7 +47,6 @@ original name back.
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import os
 import stat
@@ -56,30 +55,24 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, TypeVar, get_args
 
-import numpy as np
-
 from h5pack._types import StrPath
 from h5pack.core.format import SkippedFile
 from h5pack.errors import OptionsError, SourceError
+from h5pack.write.walk import IMAGE_EXTENSIONS as IMAGE_EXTENSIONS  # re-exported
+from h5pack.write.walk import check_root, walk
+from h5pack.write.walk import has_image_extension as has_image_extension
+from h5pack.write.walk import is_ignored_name as is_ignored_name
 
 FolderLayout = Literal["auto", "imagefolder", "flat"]
 FOLDER_LAYOUTS: tuple[FolderLayout, ...] = get_args(FolderLayout)
 
 T = TypeVar("T")
 
-IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
-)
-"""File extensions (lower case, with the dot) that make a file an image candidate."""
-
 LOOSE_REASON = (
     "image directly in the source folder, beside the class folders: it belongs to no class "
     "(move it into a class folder to pack it)"
 )
 """Why an image directly in an ImageFolder root is not a sample (see :func:`scan`)."""
-
-IGNORED_NAMES: frozenset[str] = frozenset({"thumbs.db", "desktop.ini", "__macosx"})
-"""Operating-system litter, compared in lower case; hidden names (``.*``) are ignored too."""
 
 
 @dataclass(frozen=True)
@@ -127,40 +120,9 @@ class ScanResult:
         return bool(self.classes)
 
 
-def has_image_extension(name: str) -> bool:
-    """Return whether a file name ends with one of :data:`IMAGE_EXTENSIONS` (any case)."""
-    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-
-
-def is_ignored_name(name: str) -> bool:
-    """Return whether a file or folder name is hidden or OS litter, never a sample."""
-    return name.startswith(".") or name.lower() in IGNORED_NAMES
-
-
 def path_sort_key(relative: str) -> bytes:
     """Return the key that orders relative paths (and class names): their file-system bytes."""
     return os.fsencode(relative)
-
-
-def find_classes(root: StrPath) -> tuple[str, ...]:
-    """Return the class names of an ImageFolder tree.
-
-    The classes are the top-level folders (symlinks followed) that hold at least one image,
-    at any depth, sorted by their bytes.
-
-    Args:
-        root: The root folder.
-
-    Returns:
-        The sorted class names; their positions are the class ids.
-
-    Raises:
-        SourceError: ``root`` does not exist or is not a folder.
-    """
-    root = Path(root)
-    _check_root(root)
-    found, _ = _walk(root)
-    return classes_of(rel for rel, _ in found)
 
 
 def classes_of(relatives: Iterable[str]) -> tuple[str, ...]:
@@ -199,7 +161,7 @@ def scan(
     if layout not in FOLDER_LAYOUTS:
         raise ValueError(f"layout should be one of {FOLDER_LAYOUTS}, but got layout={layout!r}")
     root = Path(root)
-    _check_root(root)
+    check_root(root)
     if labels_csv is not None:
         if layout != "auto":
             raise OptionsError(
@@ -208,7 +170,7 @@ def scan(
             )
         return _scan_csv(root, Path(labels_csv))
 
-    found, problems = _walk(root)
+    found, problems = walk(root)
     labelled, classes = label_by_folder(root, found, problems, layout)
     files = [SourceFile(path, rel, label) for rel, path, label in labelled]
     return ScanResult(root=root, files=tuple(files), classes=classes, problems=tuple(problems))
@@ -278,21 +240,6 @@ def _count(num: int, noun: str) -> str:
     return f"{num} {noun}" if num == 1 else f"{num} {noun}s"
 
 
-def file_sizes(files: Iterable[SourceFile]) -> np.ndarray:
-    """Return the byte size of each of ``files`` (0 for one that cannot be stat'ed).
-
-    A conversion stats a few thousand files of its shuffled write order to size an encoded
-    blob's chunks (``plan.blob_chunk_bytes``); scanning itself never stats regular files.
-    """
-    sizes = []
-    for source in files:
-        try:
-            sizes.append(os.stat(source.path).st_size)
-        except OSError:
-            sizes.append(0)
-    return np.asarray(sizes, dtype=np.int64)
-
-
 def group_problems(problems: Iterable[SkippedFile]) -> list[tuple[str, tuple[str, ...]]]:
     """Return ``(reason, paths)`` for each distinct reason, in order of first appearance.
 
@@ -323,93 +270,6 @@ def _no_images_message(root: object, problems: list[SkippedFile]) -> str:
         message += f"; {len(problems)} entries could not be scanned, e.g. {first.path}: "
         message += first.reason
     return message
-
-
-def _check_root(root: Path) -> None:
-    try:
-        mode = os.stat(root).st_mode
-    except FileNotFoundError as err:
-        raise SourceError(f"source folder {root} does not exist") from err
-    except OSError as err:
-        raise SourceError(f"cannot access source folder {root}: {err.strerror}") from err
-    if not stat.S_ISDIR(mode):
-        raise SourceError(f"source {root} is a file, not a folder of images")
-
-
-def _special_kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
-def _walk(root: Path) -> tuple[list[tuple[str, Path]], list[SkippedFile]]:
-    """Return every image candidate under ``root`` as ``(relative, path)``, and the problems.
-
-    Symlinks are followed. A folder whose ``(st_dev, st_ino)`` is one of its own ancestors'
-    is a loop and is not entered again; the same folder reached by two different routes
-    (two links to it) is walked under both names, as ``os.walk(followlinks=True)`` does.
-    """
-    found: list[tuple[str, Path]] = []
-    problems: list[SkippedFile] = []
-    root_stat = os.stat(root)
-    stack: list[tuple[str, str, frozenset[tuple[int, int]]]] = [
-        (os.fspath(root), "", frozenset({(root_stat.st_dev, root_stat.st_ino)}))
-    ]
-    while stack:
-        folder, prefix, ancestors = stack.pop()
-        try:
-            with os.scandir(folder) as it:
-                entries = list(it)
-        except OSError as err:
-            if not prefix:
-                raise SourceError(f"cannot list source folder {root}: {err.strerror}") from err
-            problems.append(SkippedFile(prefix[:-1], f"cannot list folder: {err.strerror}"))
-            continue
-        for entry in entries:
-            name = entry.name
-            if is_ignored_name(name):
-                continue
-            relative = prefix + name
-            try:
-                if entry.is_symlink():
-                    st = entry.stat()  # follows the link
-                    mode = st.st_mode
-                elif entry.is_file(follow_symlinks=False):
-                    # The common case: known from the directory entry, no stat call.
-                    if has_image_extension(name):
-                        found.append((relative, Path(entry.path)))
-                    continue
-                else:
-                    st = entry.stat(follow_symlinks=False)
-                    mode = st.st_mode
-            except FileNotFoundError:
-                if entry.is_symlink():
-                    problems.append(SkippedFile(relative, "dangling symlink"))
-                continue  # else it vanished while we looked: not a sample either
-            except OSError as err:
-                reason = (
-                    "symlink loop" if err.errno == errno.ELOOP else f"cannot stat: {err.strerror}"
-                )
-                problems.append(SkippedFile(relative, reason))
-                continue
-            if stat.S_ISDIR(mode):
-                key = (st.st_dev, st.st_ino)
-                if key in ancestors:
-                    problems.append(
-                        SkippedFile(relative, "symlink loop: leads back to an enclosing folder")
-                    )
-                else:
-                    stack.append((entry.path, relative + "/", ancestors | {key}))
-            elif stat.S_ISREG(mode):
-                if has_image_extension(name):
-                    found.append((relative, Path(entry.path)))
-            elif has_image_extension(name):
-                problems.append(SkippedFile(relative, f"{_special_kind(mode)}, not an image file"))
-    return found, problems
 
 
 def _scan_csv(root: Path, csv_path: Path) -> ScanResult:
@@ -454,7 +314,7 @@ def _scan_csv(root: Path, csv_path: Path) -> ScanResult:
     ]
     files.sort(key=lambda f: path_sort_key(f.relative))
     listed = {f.relative for f in files}
-    found, _ = _walk(root)
+    found, _ = walk(root)
     unlisted = tuple(sorted((rel for rel, _ in found if rel not in listed), key=path_sort_key))
     return ScanResult(root=root, files=tuple(files), classes=classes, unlisted=unlisted)
 

@@ -1,14 +1,12 @@
 """Sharded conversion: a sample source into a pack set (shard packs and a manifest).
 
-The split is a pure function of the source's sorted samples and the seed
-(``SampleSource.split``): the write order of a plain conversion is cut into ``num_shards``
-consecutive slices, shard ``i`` taking ``shard_slice(N, i, num_shards)``. So processes
-that see the same source (a
-``--shards N`` run here, ``--shard I/N`` tasks of a Slurm array or torchrun ranks, Dask
-tasks) build shards that together hold every image exactly once, shuffled globally, with
-the global class list in every shard and ``source_index`` in global source positions.
-Entries that the listing leaves out (stray files...) are recorded in shard 0 only, so the union of
-the shards' skipped lists is the conversion's.
+The split (``write/split.py``) is a pure function of the source's sorted samples and the
+seed, so processes that see the same source (a ``--shards N`` run here, ``--shard I/N``
+tasks of a Slurm array or torchrun ranks, Dask tasks) build shards that together hold
+every image exactly once, shuffled globally, with the global class list in every shard
+and ``source_index`` in global source positions. Entries that the listing leaves out
+(stray files...) are recorded in shard 0 only, so the union of the shards' skipped lists
+is the conversion's.
 
 Every shard is published like a pack of ``convert`` (a temporary file renamed into place
 when complete) and records its place in the split (``core.packset.ShardIdentity``). A
@@ -18,57 +16,34 @@ with ``overwrite``. The manifest is written last, atomically, once every shard i
 and matches: after a ``--shards N`` run, or by whichever ``--shard I/N`` process finds the
 set complete (several may: they write the same manifest). Those checks of the directory
 live in ``write/packset.py``.
-
-NOTE [ One plan for every shard ]: the storage (mode, array or blob, chunk shape, a blob's
-chunk bytes) is planned once from the whole folder, not per shard, so that every shard of
-a set has the same storage (readers and ``merge`` need it): image sizes are probed over all
-samples (pass ``--size`` or ``--mode encoded`` to skip the probe), chunk rows are sized for
-the largest shard, and a blob's chunk from the first files of the global write order.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
-from h5pack.core.fields import StoredField
 from h5pack.core.format import PackMeta, SkippedFile
-from h5pack.core.packset import (
-    ShardIdentity,
-    shard_name,
-    shard_slice,
-    slice_fingerprint,
-)
+from h5pack.core.packset import shard_name, shard_slice
 from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.builder import ConvertEvent
-from h5pack.write.convert import (
-    list_source,
-    needs_probe,
-    probe_sizes,
-    remove_leftovers_beside,
-    sample_table,
-    worker_pool,
-    write_samples,
-)
+from h5pack.write.convert import list_source, needs_probe, remove_leftovers_beside, sample_table
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packset import finish_set, prepare_out_dir, shard_problems
-from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
+from h5pack.write.packing import probe_sizes, worker_pool, write_samples
+from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
-from h5pack.write.remote import RemoteSet, RemoteShard
-from h5pack.write.sources import Sample, SampleSource, sample_source
-from h5pack.write.sources.base import FileRange, image_bytes
+from h5pack.write.remote import RemoteSet
+from h5pack.write.sources import SampleSource, sample_source
+from h5pack.write.split import ShardTask, SourceSplit, plan_reason
 from h5pack.write.upload import is_url
 
-__all__ = ["PackSetReport", "ShardReport", "ShardTask", "SourceSplit", "convert_set"]
+__all__ = ["PackSetReport", "ShardReport", "convert_set"]
 
 Emit = Callable[[ConvertEvent], None]
 Step = Callable[[int], None]
@@ -140,170 +115,32 @@ class PackSetReport:
         return done / self.elapsed_s if self.elapsed_s > 0 else float("inf")
 
 
-@dataclass(frozen=True, kw_only=True)
-class ShardTask:
-    """Everything one shard's conversion needs (picklable: Dask ships it to a worker).
-
-    Attributes:
-        target: The shard's pack.
-        identity: Its place in the split.
-        samples: Its samples, in write order.
-        positions: Their positions in the source's order.
-        classes: The global class list.
-        fields: The stored fields besides image, label and key.
-        columns: Their values, in the shard's write order.
-        options: The conversion options.
-        sizes: Image sizes over the whole source (None when not needed).
-        estimate_bytes: Image bytes of the first samples of the global write order (a
-            blob's chunk is chosen from them), or None.
-        plan_samples: Samples of the largest shard (chunk rows are sized for it).
-        problems: The listing's problems (shard 0), else empty.
-        overwrite: Replace a shard that does not match.
-        remote: Where the shard is published when the set is in a bucket (``target`` then
-            only gives its name), else None.
-    """
-
-    target: Path
-    identity: ShardIdentity
-    samples: tuple[Sample, ...]
-    positions: np.ndarray
-    classes: tuple[str, ...]
-    fields: tuple[StoredField, ...]
-    columns: dict[str, Any]
-    options: ConvertOptions
-    sizes: Counter[tuple[int, int]] | None
-    estimate_bytes: np.ndarray | None
-    plan_samples: int
-    problems: tuple[SkippedFile, ...]
-    overwrite: bool
-    remote: RemoteShard | None = None
-
-    def files(self) -> list[Path]:
-        """Return the local files its samples are read from (a target must be none of them)."""
-        return [Path(s.image.path) for s in self.samples if isinstance(s.image, FileRange)]
-
-    def plan(self) -> StoragePlan:
-        """Return the storage of the shard (the same for every shard of the set)."""
-
-        def sample_bytes(limit: int | None) -> np.ndarray:
-            if limit is None:  # a contiguous blob's length: this shard's samples
-                return image_bytes(self.samples)
-            if self.estimate_bytes is not None:
-                return self.estimate_bytes[:limit]
-            return image_bytes(self.samples[:limit])
-
-        return plan_storage(
-            self.options, self.sizes, num_samples=self.plan_samples, sample_bytes=sample_bytes
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SourceSplit:
-    """A listed source and its split into shards (what every shard is computed from).
-
-    Attributes:
-        source: The source, listed.
-        problems: Entries its listing left out.
-        num_shards: Shards of the split.
-        options: The conversion options.
-    """
-
-    source: SampleSource
-    problems: tuple[SkippedFile, ...]
-    num_shards: int
-    options: ConvertOptions
-
-    def __len__(self) -> int:
-        return len(self.source.samples)
-
-    def positions(self, index: int = 0, num_shards: int = 1) -> np.ndarray:
-        """Return the source positions of shard ``index`` of ``num_shards``, in write order."""
-        seed, shuffle = self.options.seed, self.options.shuffle_samples
-        return self.source.split(index, num_shards, seed=seed, shuffle=shuffle)
-
-    def samples(self, index: int) -> tuple[Sample, ...]:
-        """Return shard ``index``'s samples, in write order."""
-        every = self.source.samples
-        return tuple(every[i] for i in self.positions(index, self.num_shards))
-
-    def identity(self, index: int) -> ShardIdentity:
-        """Return the identity shard ``index`` records."""
-        samples = self.samples(index)
-        return ShardIdentity(
-            index=index,
-            num_shards=self.num_shards,
-            seed=self.options.seed,
-            shuffled=self.options.shuffle_samples,
-            num_found=len(self),
-            num_planned=len(samples),
-            slice_crc32=slice_fingerprint((s.label for s in samples), (s.key for s in samples)),
-        )
-
-    def estimate_bytes(self) -> np.ndarray | None:
-        """Return the image bytes a blob's chunk is chosen from (NOTE [ One plan ... ])."""
-        if self.options.size is not None:
-            return None  # an array: no blob
-        every = self.source.samples
-        return image_bytes(every[i] for i in self.positions()[:ESTIMATE_SAMPLES])
-
-    def tasks(
-        self,
-        indices: list[int],
-        out_dir: Path,
-        remote: RemoteSet | None,
-        *,
-        sizes: Counter[tuple[int, int]] | None,
-        overwrite: bool,
-    ) -> list[ShardTask]:
-        """Return the tasks of shards ``indices`` (the set in ``out_dir``, or ``remote``'s)."""
-        estimate = self.estimate_bytes()
-        n = self.num_shards
-        return [
-            ShardTask(
-                target=out_dir / shard_name(index, n),
-                identity=self.identity(index),
-                samples=self.samples(index),
-                positions=self.positions(index, n),
-                classes=self.source.classes,
-                fields=self.source.listing.fields,
-                columns=self.source.columns(self.positions(index, n)),
-                options=self.options,
-                sizes=sizes,
-                estimate_bytes=estimate,
-                plan_samples=-(-len(self) // n),
-                problems=self.problems if index == 0 else (),
-                overwrite=overwrite,
-                remote=remote.shard(index, n) if remote is not None else None,
-            )
-            for index in indices
-        ]
-
-    def report(
-        self,
-        out: Path,
-        remote: RemoteSet | None,
-        shards: tuple[ShardReport, ...],
-        reason: str,
-        started: float,
-        *,
-        metas: dict[int, PackMeta],
-        emit: Emit,
-    ) -> PackSetReport:
-        """Write the manifest once every shard is there; return what the run did."""
-        sizes = {r.index: r.file_bytes for r in shards if r.index in metas}
-        manifest, missing = finish_manifest(
-            out, remote, split=self, options=self.options, metas=metas, sizes=sizes, emit=emit
-        )
-        return PackSetReport(
-            root=remote.prefix_url if remote is not None else os.fspath(out),
-            num_shards=self.num_shards,
-            num_found=len(self),
-            shards=shards,
-            manifest=manifest,
-            missing=missing,
-            reason=reason,
-            elapsed_s=time.perf_counter() - started,
-        )
+def set_report(
+    split: SourceSplit,
+    out: Path,
+    remote: RemoteSet | None,
+    shards: tuple[ShardReport, ...],
+    reason: str,
+    started: float,
+    *,
+    metas: dict[int, PackMeta],
+    emit: Emit,
+) -> PackSetReport:
+    """Write the manifest once every shard is there; return what the run did."""
+    sizes = {r.index: r.file_bytes for r in shards if r.index in metas}
+    manifest, missing = finish_manifest(
+        out, remote, split=split, options=split.options, metas=metas, sizes=sizes, emit=emit
+    )
+    return PackSetReport(
+        root=remote.prefix_url if remote is not None else os.fspath(out),
+        num_shards=split.num_shards,
+        num_found=len(split),
+        shards=shards,
+        manifest=manifest,
+        missing=missing,
+        reason=reason,
+        elapsed_s=time.perf_counter() - started,
+    )
 
 
 def open_set(
@@ -422,16 +259,7 @@ def convert_set(
             )
             reports.append(report)
             metas[task.identity.index] = meta
-    return split.report(out, remote, tuple(reports), reason, started, metas=metas, emit=emit)
-
-
-def plan_reason(task: ShardTask, num_files: int) -> str:
-    """Return why the set is stored as it is, said of all ``num_files`` files.
-
-    The plan counts the largest shard's files (NOTE [ One plan for every shard ]).
-    """
-    said = task.plan().reason
-    return said.replace(f"all {task.plan_samples} images", f"all {num_files} images")
+    return set_report(split, out, remote, tuple(reports), reason, started, metas=metas, emit=emit)
 
 
 def _indices(shards: int, only: int | None) -> list[int]:
@@ -537,39 +365,3 @@ def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
         )
     emit(ConvertEvent("note", f"replacing {task.target}: {detail}"))
     return None
-
-
-def finish_manifest(
-    out: Path,
-    remote: RemoteSet | None,
-    *,
-    split: SourceSplit,
-    options: ConvertOptions,
-    metas: dict[int, PackMeta],
-    sizes: dict[int, int],
-    emit: Callable[[ConvertEvent], None],
-) -> tuple[str | None, tuple[int, ...]]:
-    """Write the set's manifest, in ``out`` or the bucket, once every shard is there.
-
-    Returns:
-        The manifest's path or URL (None while shards are missing) and the missing shards.
-    """
-    identities = [split.identity(i) for i in range(split.num_shards)]
-    if remote is not None:
-        return remote.finish(
-            identities=identities,
-            options=options,
-            classes=split.source.classes,
-            metas=metas,
-            sizes=sizes,
-            emit=emit,
-        )
-    written, missing = finish_set(
-        out,
-        identities=identities,
-        options=options,
-        classes=split.source.classes,
-        metas=metas,
-        emit=emit,
-    )
-    return (os.fspath(written) if written is not None else None), missing

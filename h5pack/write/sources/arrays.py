@@ -10,7 +10,7 @@ import numpy as np
 from h5pack.core.fields import Field, columns_of
 from h5pack.errors import OptionsError
 from h5pack.write.options import ConvertOptions
-from h5pack.write.sources.base import Image, Listing, Sample, SampleSource
+from h5pack.write.sources.base import Image, Listing, Sample, SampleSource, label_fields
 
 
 class ArraySource(SampleSource):
@@ -65,8 +65,10 @@ class ArraySource(SampleSource):
         self.root = "memory"
         self._listing = Listing(
             [
-                Sample(name, image, {"label": int(label)})
-                for image, name, label in zip(samples, names, label_array, strict=True)
+                Sample(name, image, fields)
+                for image, name, fields in zip(
+                    samples, names, label_fields(label_array.tolist()), strict=True
+                )
             ],
             classes,
             fields=extra,

@@ -85,17 +85,27 @@ class Sample:
     Attributes:
         key: The sample's name in the source (stored as its source path).
         image: What to decode (``Image``).
-        fields: The other fields, already parsed: ``{"label": 3}`` (absent: unlabelled).
+        fields: The other fields, already parsed: ``{"label": 3}`` (absent: unlabelled);
+            read-only, so that samples may share one (``label_fields``).
     """
 
     key: str
     image: Image
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> int:
         """The class id, ``-1`` when unlabelled."""
         return int(self.fields.get("label", -1))
+
+
+def label_fields(labels: Sequence[int]) -> list[Mapping[str, Any]]:
+    """Return ``{"label": label}`` for each of ``labels``, one shared mapping per class.
+
+    A million samples of a thousand classes hold a thousand mappings, not a million.
+    """
+    shared: dict[int, Mapping[str, Any]] = {}
+    return [shared.setdefault(label, {"label": label}) for label in labels]
 
 
 def load(image: Image) -> bytes | np.ndarray:

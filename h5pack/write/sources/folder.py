@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from h5pack.write.scan import name_paths, scan
-from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
+from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
 
 
 class FolderSource(PathSource):
@@ -25,9 +25,10 @@ class FolderSource(PathSource):
         found = scan(self.root, labels_csv=self.labels_csv)
         # Absolute, for workers started elsewhere (Dask) or in another directory.
         cwd = os.getcwd()
+        fields = label_fields([f.label for f in found.files])
         samples = [
-            Sample(f.relative, FileRange(os.path.join(cwd, f.path)), {"label": f.label})
-            for f in found.files
+            Sample(f.relative, FileRange(os.path.join(cwd, f.path)), fields[i])
+            for i, f in enumerate(found.files)
         ]
         notes: tuple[str, ...] = ()
         if found.unlisted:

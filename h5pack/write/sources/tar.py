@@ -19,8 +19,9 @@ from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
 from h5pack.errors import SourceError
-from h5pack.write.scan import has_image_extension, is_ignored_name, label_by_folder
-from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
+from h5pack.write.scan import label_by_folder
+from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
+from h5pack.write.walk import has_image_extension, is_ignored_name
 
 
 class TarSource(PathSource):
@@ -49,9 +50,10 @@ class TarSource(PathSource):
         except (OSError, tarfile.TarError) as err:
             raise SourceError(f"cannot read the tar archive {self.root}: {err}") from err
         found, problems = _strip_top_folder(found, problems)
-        labelled, classes = label_by_folder(self.root, found, problems, "auto")
-        samples = [Sample(rel, where, {"label": label}) for rel, where, label in labelled]
-        total = sum(where.size for _, where, _ in labelled)
+        found_labels, classes = label_by_folder(self.root, found, problems, "auto")
+        fields = label_fields([label for _, _, label in found_labels])
+        samples = [Sample(rel, where, fields[i]) for i, (rel, where, _) in enumerate(found_labels)]
+        total = sum(where.size for _, where, _ in found_labels)
         return Listing(samples, classes, tuple(problems), nbytes=total)
 
     @staticmethod

@@ -1,0 +1,329 @@
+"""Write a pack from samples in write order: decode them in the pool, check the room, publish.
+
+What ``convert``, ``write_arrays`` and each shard of ``convert_set`` share: stage 1 of
+the pipeline driven from the parent (``prepared_samples``), the room the pack needs on
+disk (``room_checked``), and one line for a full or read-only disk (``disk_error``).
+Samples that cannot be packed go through one policy (``rejecter``): recorded as skipped
+with a warning naming the key, or, with ``strict``, the conversion stops naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import BrokenExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from h5pack.core.format import SkippedFile
+from h5pack.errors import DecodeError, H5PackError
+from h5pack.write.arena import Arena, attachable
+from h5pack.write.builder import ConvertEvent, SampleTable, Workers, build_pack
+from h5pack.write.options import ConvertOptions
+from h5pack.write.pipeline import (
+    Prepared,
+    Rejected,
+    make_executor,
+    ordered_map,
+    prepare_batch,
+    probe_batch,
+)
+from h5pack.write.plan import StoragePlan, batch_size, block_slot_bytes, sample_slot_bytes
+from h5pack.write.publish import TempFiles, check_room
+from h5pack.write.sources import Sample
+from h5pack.write.sources.base import image_bytes
+
+
+def rejecter(
+    options: ConvertOptions, skipped: list[SkippedFile], emit: Callable[[ConvertEvent], None]
+) -> Callable[[str, str], None]:
+    """Return what a conversion does with a sample it cannot pack: record it, or stop."""
+
+    def reject(path: str, reason: str) -> None:
+        if options.strict:
+            raise DecodeError(f"{path}: {reason} (--strict stops at the first bad file)")
+        skipped.append(SkippedFile(path, reason))
+        emit(ConvertEvent("skipped", f"skipped {path}: {reason}", path=path))
+
+    return reject
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[Any]:
+    """Lend the pool that decodes and compresses (``workers`` processes; inline for 1).
+
+    Raises:
+        H5PackError: a worker process died.
+    """
+    executor = make_executor(workers)
+    try:
+        yield executor
+    except BrokenExecutor as err:
+        raise H5PackError(
+            "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
+            "memory); rerun with --workers 1 to see where"
+        ) from err
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def write_samples(
+    target_path: Path,
+    plan: StoragePlan,
+    samples: Sequence[Sample],
+    table: SampleTable,
+    *,
+    options: ConvertOptions,
+    executor: Any,
+    workers: int,
+    temps: TempFiles,
+    skipped: list[SkippedFile],
+    emit: Callable[[ConvertEvent], None],
+    step: Callable[[int], None],
+    overwrite: bool,
+    shard: str | None = None,
+    room: Callable[[int], None] | None = None,
+) -> Path:
+    """Decode ``samples`` (in write order) in ``executor``; publish their pack as ``target_path``.
+
+    Samples that cannot be packed are appended to ``skipped`` (or stop the conversion with
+    ``strict``); ``shard`` is the identity a pack set's shard records (JSON text); ``room``
+    is called first with the fewest bytes the pack will take (``min_pack_bytes``).
+
+    Raises:
+        H5PackError: the pack cannot be written (one line for a full or read-only disk).
+    """
+    if room is not None:
+        room(min_pack_bytes(plan, samples))
+    reject = rejecter(options, skipped, emit)
+    arenas: list[Arena] = []
+    try:
+        samples_arena = blocks_arena = None
+        if workers > 1:
+            samples_arena = open_arena(executor, 2 * workers, sample_slot_bytes(plan))
+            if plan.spec.compressed:
+                blocks_arena = open_arena(executor, workers + 1, block_slot_bytes(plan))
+            arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
+        prepared = prepared_samples(executor, plan, samples, samples_arena, workers, reject, step)
+        published = build_pack(
+            target_path,
+            plan,
+            room_checked(prepared, table, plan, target_path, temps, in_flight=workers + 1),
+            table,
+            options=options,
+            workers=Workers(executor, workers + 1, blocks_arena),
+            temps=temps,
+            skipped=skipped,
+            emit=emit,
+            overwrite=overwrite,
+            shard=shard,
+        )
+    except H5PackError as err:
+        clean = disk_error(err, target_path)
+        if clean is None:
+            raise
+        raise clean from err
+    finally:
+        for arena in arenas:
+            arena.close()
+    temps.release_reserved(published)
+    return published
+
+
+def open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
+    """Return an arena the workers can open (NOTE [ Memory that cannot leak ]), or None."""
+    arena = Arena.maybe(num_slots, slot_bytes)
+    if arena is None or not arena.anonymous:
+        return arena
+    if executor.submit(attachable, arena.ref(0)).result():
+        return arena
+    arena.close()
+    return Arena.named(num_slots, slot_bytes)
+
+
+# Bytes per sample of the metadata: labels (int64), shapes (3 x int32), checksums (uint32),
+# source order (int64), a digest (uint64); blobs add offsets and sizes (int64 each). The
+# paths count with their bytes, uncompressed; HDF5's object headers and chunk indexes with
+# 1/16 on top and a fixed slack.
+_SAMPLE_METADATA_BYTES = 8 + 12 + 4 + 8 + 8
+_BLOB_METADATA_BYTES = 16
+_METADATA_SLACK_BYTES = 2**15
+# The compact index appended at publish (NOTE [ Compact index ] in core/index) copies the
+# per-sample arrays and the paths once more, with a length per path and an entry per chunk:
+# at most one chunk a sample, its offsets (up to 4 x int64) and its byte offset, size and
+# filter mask (3 x int64); its JSON header (attributes, classes) counts in a second slack.
+_INDEX_SAMPLE_BYTES = 4 + 4 * 8 + 3 * 8
+
+
+def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
+    """Return about the bytes a pack's metadata and compact index take, erring on the large side.
+
+    Args:
+        num_samples: Samples in the pack.
+        path_bytes: The bytes of their paths.
+        blob: Whether the pack is a blob (offsets and sizes).
+    """
+    per_sample = _SAMPLE_METADATA_BYTES + (_BLOB_METADATA_BYTES if blob else 0)
+    data = num_samples * per_sample + path_bytes
+    hdf5 = data + data // 16 + _METADATA_SLACK_BYTES
+    index = data + num_samples * _INDEX_SAMPLE_BYTES + _METADATA_SLACK_BYTES
+    return hdf5 + index
+
+
+def min_pack_bytes(plan: StoragePlan, samples: Sequence[Sample]) -> int:
+    """Return the fewest bytes the pack of ``samples`` can take (0 when nothing is sure).
+
+    Encoded samples are the files' own bytes; uncompressed fixed-size pixels are their
+    array. Compressed pixels can shrink to almost nothing, so they promise no bytes: a
+    disk that fills later stops the conversion with one error instead.
+    """
+    if plan.mode == "encoded":
+        return int(image_bytes(samples).sum())
+    if plan.spec.compressed:
+        return 0
+    if plan.spec.sample_shape is not None:
+        return len(samples) * math.prod(plan.spec.sample_shape)
+    return plan.spec.blob_bytes or 0
+
+
+def images_left_bytes(
+    plan: StoragePlan, num_samples: int, sample_bytes: int, *, in_flight: int
+) -> int:
+    """Return the most bytes of images still to write once every sample is decoded.
+
+    Chunked: the partial last block and, when compressing, the blocks still in the pool
+    (at most ``in_flight``, the last one included), never more than all the samples'
+    bytes (``sample_bytes``, with a codec's worst expansion). A contiguous blob: all of it,
+    staged in a side file until then (``sample_bytes``, plus a chunk for the alignment).
+    """
+    if plan.spec.chunks is None and plan.storage == "blob":
+        return sample_bytes + plan.chunk_bytes
+    if plan.spec.sample_shape is not None:
+        sample = math.prod(plan.spec.sample_shape)
+        block = plan.group_samples * sample
+        partial = (num_samples % plan.group_samples) * sample
+    else:
+        block = partial = plan.chunk_bytes
+    if not plan.spec.compressed:
+        return partial
+    # The blocks in flight hold at most every sample: a small pack (or one compressed well)
+    # never needs room for whole blocks it does not have (issue 20 H: 6.4 MiB asked for a
+    # 2.5 MiB pack of 3.5 MiB of pixels). Codecs expand incompressible data by well under
+    # 1/64 (zstd, lz4: ~0.4%; blosc: 16 bytes a block).
+    bound = sample_bytes + sample_bytes // 64 + _METADATA_SLACK_BYTES
+    return min(partial + (in_flight - 1) * block, bound)
+
+
+def room_checked(
+    prepared: Iterable[Prepared],
+    table: SampleTable,
+    plan: StoragePlan,
+    target: Path,
+    temps: TempFiles,
+    *,
+    in_flight: int,
+) -> Iterator[Prepared]:
+    """Yield ``prepared``; once all are through, reserve the room that the rest needs.
+
+    The rest is the images not written yet and the metadata (NOTE [ Room for the metadata ]
+    in ``publish``). A contiguous array of which files were skipped is copied into a new
+    file (NOTE [ Contiguous packs and skipped files ]): the room is only checked then,
+    since a reservation in the old file would take the room the copy needs.
+    """
+    count = path_bytes = sample_bytes = 0
+    for item in prepared:
+        count += 1
+        path_bytes += len(os.fsencode(table.paths[item.pos]))
+        sample_bytes += item.data.nbytes if item.data is not None else 0
+        yield item
+    what = f"the rest of {target.name} (its last images and metadata)"
+    metadata = metadata_bytes(count, path_bytes, blob=plan.storage == "blob")
+    if plan.spec.chunks is None and plan.storage == "array" and count < len(table):
+        check_room(target.parent, sample_bytes + metadata, what=what)
+        return
+    images = images_left_bytes(plan, count, sample_bytes, in_flight=in_flight)
+    temps.reserve(images + metadata, what=what)
+
+
+# errno values of a target that cannot take the pack.
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
+def disk_error(err: H5PackError, target: Path) -> H5PackError | None:
+    """Return one line saying that the disk is full or read-only, if that is ``err``'s cause.
+
+    HDF5's messages carry a timestamp, addresses and line breaks.
+    """
+    cause = err.__cause__
+    if not isinstance(cause, OSError) or cause.errno not in _DISK_ERRORS:
+        return None
+    return H5PackError(
+        f"writing {target} failed: {os.strerror(cause.errno)} on the file system of {target.parent}"
+    )
+
+
+def prepared_samples(
+    executor: Any,
+    plan: StoragePlan,
+    samples: Sequence[Sample],
+    arena: Arena | None,
+    workers: int,
+    reject: Callable[[str, str], None],
+    step: Callable[[int], None],
+) -> Iterator[Prepared]:
+    """Yield the prepared samples in write order (stage 1), reporting rejected files."""
+    batch = batch_size(plan)
+    slots: deque[int | None] = deque()
+
+    def tasks() -> Iterator[tuple[Any, ...]]:
+        for lo in range(0, len(samples), batch):
+            slot = arena.acquire() if arena is not None else None
+            slots.append(slot)
+            ref = arena.ref(slot) if arena is not None and slot is not None else None
+            items = [(lo + i, s.image, s.key) for i, s in enumerate(samples[lo : lo + batch])]
+            yield plan.decode, items, ref
+
+    for results in ordered_map(executor, prepare_batch, tasks(), max_in_flight=2 * workers):
+        slot = slots.popleft()
+        for result in results:
+            if isinstance(result, Rejected):
+                reject(result.path, result.reason)
+                continue
+            if result.span is not None:
+                assert arena is not None
+                assert slot is not None
+                data = arena.take(slot, *result.span)
+                if plan.storage == "array":
+                    data = data.reshape(result.shape)
+                result = replace(result, data=data, span=None)
+            yield result
+        if slot is not None:
+            assert arena is not None
+            arena.release(slot)
+        step(len(results))
+
+
+def probe_sizes(
+    executor: Any,
+    samples: Sequence[Sample],
+    workers: int,
+    emit: Callable[[ConvertEvent], None],
+    step: Callable[[int], None],
+) -> Counter[tuple[int, int]]:
+    """Read every image's (H, W) from its header, in the pool."""
+    emit(ConvertEvent("phase", "reading image sizes", total=len(samples)))
+    batch = 64
+    tasks = (
+        ([(s.image, s.key) for s in samples[lo : lo + batch]],)
+        for lo in range(0, len(samples), batch)
+    )
+    sizes: Counter[tuple[int, int]] = Counter()
+    for results in ordered_map(executor, probe_batch, tasks, max_in_flight=2 * workers):
+        sizes.update(size for size in results if size is not None)
+        step(len(results))
+    return sizes

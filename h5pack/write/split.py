@@ -1,0 +1,182 @@
+"""A sharded conversion's split of its source, and the task of each shard.
+
+A ``SourceSplit`` cuts the write order of a listed source into shards
+(``SampleSource.split``) and gives each shard's ``ShardTask``: everything its conversion
+needs, picklable, so that Dask ships it to a worker (``write/shards.py`` runs them).
+
+NOTE [ One plan for every shard ]: the storage (mode, array or blob, chunk shape, a blob's
+chunk bytes) is planned once from the whole folder, not per shard, so that every shard of
+a set has the same storage (readers and ``merge`` need it): image sizes are probed over all
+samples (pass ``--size`` or ``--mode encoded`` to skip the probe), chunk rows are sized for
+the largest shard, and a blob's chunk from the first files of the global write order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from h5pack.core.fields import StoredField
+from h5pack.core.format import SkippedFile
+from h5pack.core.packset import ShardIdentity, shard_name, slice_fingerprint
+from h5pack.write.options import ConvertOptions
+from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
+from h5pack.write.sources import Sample, SampleSource
+from h5pack.write.sources.base import FileRange, image_bytes
+
+if TYPE_CHECKING:
+    from h5pack.write.remote import RemoteSet, RemoteShard
+
+__all__ = ["ShardTask", "SourceSplit", "plan_reason"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardTask:
+    """Everything one shard's conversion needs (picklable: Dask ships it to a worker).
+
+    Attributes:
+        target: The shard's pack.
+        identity: Its place in the split.
+        samples: Its samples, in write order.
+        positions: Their positions in the source's order.
+        classes: The global class list.
+        fields: The stored fields besides image, label and key.
+        columns: Their values, in the shard's write order.
+        options: The conversion options.
+        sizes: Image sizes over the whole source (None when not needed).
+        estimate_bytes: Image bytes of the first samples of the global write order (a
+            blob's chunk is chosen from them), or None.
+        plan_samples: Samples of the largest shard (chunk rows are sized for it).
+        problems: The listing's problems (shard 0), else empty.
+        overwrite: Replace a shard that does not match.
+        remote: Where the shard is published when the set is in a bucket (``target`` then
+            only gives its name), else None.
+    """
+
+    target: Path
+    identity: ShardIdentity
+    samples: tuple[Sample, ...]
+    positions: np.ndarray
+    classes: tuple[str, ...]
+    fields: tuple[StoredField, ...]
+    columns: dict[str, Any]
+    options: ConvertOptions
+    sizes: Counter[tuple[int, int]] | None
+    estimate_bytes: np.ndarray | None
+    plan_samples: int
+    problems: tuple[SkippedFile, ...]
+    overwrite: bool
+    remote: RemoteShard | None = None
+
+    def files(self) -> list[Path]:
+        """Return the local files its samples are read from (a target must be none of them)."""
+        return [Path(s.image.path) for s in self.samples if isinstance(s.image, FileRange)]
+
+    def plan(self) -> StoragePlan:
+        """Return the storage of the shard (the same for every shard of the set)."""
+
+        def sample_bytes(limit: int | None) -> np.ndarray:
+            if limit is None:  # a contiguous blob's length: this shard's samples
+                return image_bytes(self.samples)
+            if self.estimate_bytes is not None:
+                return self.estimate_bytes[:limit]
+            return image_bytes(self.samples[:limit])
+
+        return plan_storage(
+            self.options, self.sizes, num_samples=self.plan_samples, sample_bytes=sample_bytes
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSplit:
+    """A listed source and its split into shards (what every shard is computed from).
+
+    Attributes:
+        source: The source, listed.
+        problems: Entries its listing left out.
+        num_shards: Shards of the split.
+        options: The conversion options.
+    """
+
+    source: SampleSource
+    problems: tuple[SkippedFile, ...]
+    num_shards: int
+    options: ConvertOptions
+
+    def __len__(self) -> int:
+        return len(self.source.samples)
+
+    def positions(self, index: int = 0, num_shards: int = 1) -> np.ndarray:
+        """Return the source positions of shard ``index`` of ``num_shards``, in write order."""
+        seed, shuffle = self.options.seed, self.options.shuffle_samples
+        return self.source.split(index, num_shards, seed=seed, shuffle=shuffle)
+
+    def samples(self, index: int) -> tuple[Sample, ...]:
+        """Return shard ``index``'s samples, in write order."""
+        every = self.source.samples
+        return tuple(every[i] for i in self.positions(index, self.num_shards))
+
+    def identity(self, index: int) -> ShardIdentity:
+        """Return the identity shard ``index`` records."""
+        samples = self.samples(index)
+        return ShardIdentity(
+            index=index,
+            num_shards=self.num_shards,
+            seed=self.options.seed,
+            shuffled=self.options.shuffle_samples,
+            num_found=len(self),
+            num_planned=len(samples),
+            slice_crc32=slice_fingerprint((s.label for s in samples), (s.key for s in samples)),
+        )
+
+    def estimate_bytes(self) -> np.ndarray | None:
+        """Return the image bytes a blob's chunk is chosen from (NOTE [ One plan ... ])."""
+        if self.options.size is not None:
+            return None  # an array: no blob
+        every = self.source.samples
+        return image_bytes(every[i] for i in self.positions()[:ESTIMATE_SAMPLES])
+
+    def tasks(
+        self,
+        indices: list[int],
+        out_dir: Path,
+        remote: RemoteSet | None,
+        *,
+        sizes: Counter[tuple[int, int]] | None,
+        overwrite: bool,
+    ) -> list[ShardTask]:
+        """Return the tasks of shards ``indices`` (the set in ``out_dir``, or ``remote``'s)."""
+        estimate = self.estimate_bytes()
+        n = self.num_shards
+        return [
+            ShardTask(
+                target=out_dir / shard_name(index, n),
+                identity=self.identity(index),
+                samples=self.samples(index),
+                positions=self.positions(index, n),
+                classes=self.source.classes,
+                fields=self.source.listing.fields,
+                columns=self.source.columns(self.positions(index, n)),
+                options=self.options,
+                sizes=sizes,
+                estimate_bytes=estimate,
+                plan_samples=-(-len(self) // n),
+                problems=self.problems if index == 0 else (),
+                overwrite=overwrite,
+                remote=remote.shard(index, n) if remote is not None else None,
+            )
+            for index in indices
+        ]
+
+
+def plan_reason(task: ShardTask, num_files: int) -> str:
+    """Return why the set is stored as it is, said of all ``num_files`` files.
+
+    The plan counts the largest shard's files (NOTE [ One plan for every shard ]).
+    """
+    said = task.plan().reason
+    return said.replace(f"all {task.plan_samples} images", f"all {num_files} images")
