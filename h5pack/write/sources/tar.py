@@ -56,6 +56,10 @@ class TarSource(PathSource):
         total = sum(where.size for _, where, _ in found_labels)
         return Listing(samples, classes, tuple(problems), nbytes=total)
 
+    def files(self) -> tuple[Path, ...]:
+        """Return the archive: the one local file the samples are read from."""
+        return (Path(self.root),)
+
     @staticmethod
     def _take(
         member: tarfile.TarInfo,
