@@ -158,3 +158,31 @@ def test_boxes_frame_their_shape_after_the_crop_and_flip(tmp_path, crop):
             np.testing.assert_allclose(box.numpy(), found, atol=1.5)
             framed += 1
     assert framed > 0
+
+
+def _weighted(path, first, num=6):
+    images = random_arrays(num, seed=first)
+    paths = [f"{first + i}" for i in range(num)]
+    weights = np.arange(first, first + num, dtype=np.float32)
+    masks = [np.full((8, 10), (first + i) % 7, np.uint8) for i in range(num)]
+    write_arrays(path, images, [0] * num, paths=paths, options=ConvertOptions(chunk_samples=4),
+                 fields={"weight": weights, MaskField("mask"): masks})  # fmt: skip
+    return path
+
+
+def _check_weighted(batches):
+    seen = []
+    for batch in batches:
+        for key, weight, mask in zip(batch["key"], batch["weight"], batch["mask"], strict=True):
+            assert float(weight) == int(key)
+            assert set(np.unique(mask.numpy()).tolist()) == {int(key) % 7}
+            seen.append(int(key))
+    return sorted(seen)
+
+
+def test_a_pack_set_and_a_mix_deliver_their_fields(tmp_path):
+    a, b = _weighted(tmp_path / "a.h5", 0), _weighted(tmp_path / "b.h5", 100)
+    as_set = make_loader([a, b], 4, num_workers=0, return_path=True, size=6)
+    assert _check_weighted(as_set) == [*range(6), *range(100, 106)]
+    mixed = make_loader([a, b], 4, weights=[1, 1], num_workers=0, return_path=True, size=6)
+    assert len(_check_weighted(mixed)) == 12

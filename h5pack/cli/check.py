@@ -88,7 +88,7 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
 def _field_text(entry: dict[str, Any]) -> str:
     """Return one field of ``info``'s listing: ``boxes (ragged <f4 x 4)``, ``image``..."""
     kind = entry["kind"]
-    if kind == entry["name"]:
+    if kind == entry["name"] and "dtype" not in entry:
         return str(kind)
     detail = " ".join(str(v) for v in (kind, entry.get("dtype")) if v)
     shape = " x ".join(str(d) for d in entry.get("shape", ()))
