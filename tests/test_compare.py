@@ -93,6 +93,8 @@ def test_quick_compare_prints_a_ranked_table(quick_run: tuple[Any, Path]) -> Non
     assert "h5pack convert" in result.output
     assert "Read as stored: the images have one size, 256x256" in result.output
     assert "naive h5py img/s" in result.output
+    header = next(line for line in lines if line.startswith("#"))
+    assert header.split()[-1] == "CPU/image"  # beside the rates, every variant's
 
 
 def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:

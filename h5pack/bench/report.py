@@ -30,14 +30,15 @@ from h5pack.core.units import human_bytes
 NOT_CANDIDATE = "*"
 PARTIAL = "†"
 NOTES = (
-    "random, chunk-aware and sequential: the same dataset read through h5pack's loader "
-    "(make_loader's workers, threads and window), in a full shuffle, in ChunkBatchSampler's "
-    "order and in pack order, with the training read shown above. naive h5py: one bare "
-    "h5py read per sample in a full shuffle with h5py's default chunk cache, what a "
-    "hand-written Dataset does; shown for reference, not a basis of comparison.",
+    "random, chunk-aware and sequential: one dataset read through h5pack's loader in a "
+    "full shuffle, in ChunkBatchSampler's order and in pack order, as training reads it. "
+    "naive h5py: one h5py read per sample in a full shuffle (h5py's chunk cache), what a "
+    "hand-written Dataset does; a reference, not a basis of comparison.",
     "Throughput is the median of the timed runs (each of one or more whole epochs, or of "
     f"an epoch's first batches where marked {PARTIAL}), ± half the spread between the "
-    "slowest and fastest; MB/s counts the bytes delivered. Page cache "
+    "slowest and fastest; MB/s counts the bytes delivered; CPU/image is the chunk-aware "
+    "runs' CPU time of the whole process tree (the loader's workers included) per image. "
+    "Page cache "
     "warm unless a pack is larger than half the memory available (then cold). An epoch "
     "over a compressed pack starts from a fresh loader, so no decompressed chunk carries "
     "over between epochs.",
@@ -55,9 +56,8 @@ NOTES = (
     f"{PARTIAL}N%: the figure rests on the first N% of an epoch, not whole epochs (a slow "
     "pattern is cut at --quick's short epoch budget; naive h5py reads always are), and "
     "so do its chunks/sample and read/sample; run without --quick for whole epochs.",
-    "pixels/file: the decoded pixels' bytes over the file's (how much smaller than raw "
-    "pixels the pack is). h5pack info's ratio is another figure: the stored bytes over the "
-    "file's, the codec's compression alone.",
+    "pixels/file: the decoded pixels' bytes over the file's (h5pack info's ratio is the "
+    "stored bytes over the file's: the codec's compression alone).",
 )
 
 
@@ -92,6 +92,11 @@ def _pair(variant: VariantResult, attribute: str, fmt: str) -> str:
     return " → ".join(values)
 
 
+def _cpu(result: PatternResult | None) -> str:
+    cpu = result.timing.cpu_s_per_image if result is not None else None
+    return "-" if cpu is None else f"{1e6 * cpu:,.0f} us"
+
+
 def _pairs(result: PatternResult | None) -> str:
     if result is None or result.pair_repeat_shuffle <= 0:
         return "-"
@@ -113,6 +118,7 @@ COLUMNS = (
     "read/sample",
     "shuffle",
     "pair repeats",
+    "CPU/image",
 )
 
 
@@ -173,6 +179,7 @@ def table_rows(report: CompareReport) -> list[list[str]]:
                 _pair(variant, "bytes_per_sample", "bytes"),
                 f"{chunk.shuffle_vs_random:.2f}" if chunk else "-",
                 _pairs(chunk),
+                _cpu(chunk),
             ]
         )
     return rows
@@ -240,13 +247,10 @@ def first_epoch_lines(report: CompareReport) -> list[str]:
         if (chunk := v.patterns.get("chunk")) is not None
         and chunk.timing.first_epoch_per_s is not None
     ]
-    if not rates:
-        return []
-    return [
-        "First epochs, filling the decoded cache (chunk-aware, images/s): "
-        + ", ".join(rates)
-        + "; the table's figures are the later epochs'."
-    ]
+    text = "First epochs, filling the decoded cache (chunk-aware, images/s): "
+    return (
+        [f"{text}{', '.join(rates)}; the table's figures are the later epochs'."] if rates else []
+    )
 
 
 def scale_lines(report: CompareReport) -> list[str]:
