@@ -120,19 +120,7 @@ class CropSpec:
         backend: Backend = "pillow",
         reducing_gap: float | None = DEFAULT_REDUCING_GAP,
     ) -> CropSpec:
-        """Build a spec, reading an int ``size`` as a square ``(size, size)``.
-
-        Args:
-            size: The output's side, or its ``(height, width)``.
-            crop: See the class.
-            scale: See the class.
-            ratio: See the class.
-            flip: See the class.
-            backend: See the class.
-            reducing_gap: See the class.
-
-        Returns:
-            The validated spec.
+        """Build a spec, reading an int ``size`` as a square ``(size, size)``; see the class.
 
         Raises:
             OptionsError: A field is out of range.

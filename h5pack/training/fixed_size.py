@@ -47,9 +47,8 @@ __all__ = ["FixedSizeReader"]
 # cache_max_side) goes sample by sample, with the same pixels. JPEGs are phased within a
 # thread's share: up to decode_phase (4) decodes, fewer past decode_phase_bytes, then their
 # cuts, so few decoded images are alive per thread (a whole share at once lets glibc return
-# and fault the pages again). A mapped array pack's RGB samples take _cut_mapped: each
-# sample's check and cut inline, the boxes checked once per batch. Measurements:
-# BENCHMARKS.md, "FFCV side by side".
+# and fault the pages again). A mapped raw sample is checked as it is got (its digest
+# brings its bytes into the cache for the cut). Measurements: BENCHMARKS.md.
 
 
 class FixedSizeReader:
@@ -104,15 +103,10 @@ class FixedSizeReader:
                 if isinstance(reader, PackReader)
                 else None
             )
-            lean = self._kernel is torch_resize_into and out.shape[3] == meta.channels == 3
-            if views is not None and meta.storage == "array" and lean:
-                assert isinstance(reader, PackReader)  # only a PackReader maps
-                shapes = meta.shapes[indices]
-                plans = plan_crops(
-                    self.spec, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=indices
-                )
-                self._cut_mapped(reader, views, indices, plans, out)
-                return
+            shapes = meta.shapes[indices]
+            plans = plan_crops(
+                self.spec, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=indices
+            )
             if views is not None:  # each checked as it is cut (NOTE [ Checked as copied ])
                 assert isinstance(reader, PackReader)  # only a PackReader maps
                 where, checks = indices.tolist(), reader.sample_checks(indices)
@@ -140,10 +134,6 @@ class FixedSizeReader:
                 def image_of(k: int) -> np.ndarray:
                     return images[k]
 
-            shapes = meta.shapes[indices]
-            plans = plan_crops(
-                self.spec, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=indices
-            )
             self._cut_batch(image_of, plans, out, range(len(indices)))
             return
         unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
@@ -378,72 +368,6 @@ class FixedSizeReader:
             times.add("crop", times.clock() - start - getting)
 
         self.reader.map_threads(run_part, range(parts))
-
-    def _cut_mapped(
-        self,
-        reader: PackReader,
-        views: Sequence[np.ndarray],
-        indices: np.ndarray,
-        plans: Sequence[tuple[Box, bool]],
-        out: np.ndarray,
-    ) -> None:
-        """Cut each mapped sample's planned box into ``out[k]``: ``_cut_batch`` for raw arrays.
-
-        For the RGB views of an array pack (one shape) and torch's kernel; see ``NOTE [ The
-        per-batch loop ]``. The same cut as ``_cut_batch``'s, with each sample's check
-        (``NOTE [ Checked as copied ]``) and cut inline and the boxes checked against the
-        shape once per batch: fewer Python calls per sample while the other thread waits
-        for the GIL. Timed as ``_cut_batch`` is: the checks as "storage", the rest "crop".
-
-        Raises:
-            OptionsError: a box is outside its image.
-            FormatError: a sample does not match its digest.
-        """
-        import cv2  # here, as in read.crop: importing the training layer stays lighter
-
-        count = len(views)
-        height, width = out.shape[1], out.shape[2]
-        image_h, image_w = (int(v) for v in self.reader.meta.images_shape[1:3])
-        boxes = np.array([box for box, _ in plans], dtype=np.int64).reshape(count, 4)
-        tops, lefts, box_hs, box_ws = boxes.T
-        inside = (
-            (tops >= 0)
-            & (lefts >= 0)
-            & (box_hs >= 1)
-            & (box_ws >= 1)
-            & (tops + box_hs <= image_h)
-            & (lefts + box_ws <= image_w)
-        ).tolist()
-        where, checks = indices.tolist(), reader.sample_checks(indices)
-        digest, recorded = checks or (None, [])
-        kernel, resize_rgb, flip_into = self._kernel, resize_rgb_into, cv2.flip
-        parts = max(1, min(reader.options.threads or 0, count))
-
-        def run_part(part: int) -> None:
-            times = stage_times()
-            clock = times.clock
-            start, checking = clock(), 0
-            for k in range(part, count, parts):
-                image = views[k]
-                began = clock()
-                if digest is not None and digest(image) != recorded[k]:
-                    reader.verify_sample(where[k], image)  # raises
-                checking += clock() - began
-                (top, left, box_h, box_w), flip = plans[k]
-                target = out[k]
-                if not inside[k]:  # crop_into raises what is wrong
-                    crop_into(image, Box(top, left, box_h, box_w), target, flip=flip, resize=kernel)
-                    continue
-                if box_h == height and box_w == width:
-                    target[...] = image[top : top + box_h, left : left + box_w]
-                else:
-                    resize_rgb(image[top : top + box_h, left : left + box_w], target)
-                if flip:
-                    flip_into(target, 1, dst=target)  # in place (read.crop.flip_in_place)
-            times.add("storage", checking)
-            times.add("crop", clock() - start - checking)
-
-        reader.map_threads(run_part, range(parts))
 
     def _run(self, one: Callable[[int], None], count: int) -> None:
         """Call ``one(j)`` for j in 0..count-1 on the reader's threads."""
