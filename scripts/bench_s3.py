@@ -59,6 +59,7 @@ from h5pack.bench.system import tree_cpu_s
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.core.packset import PackSetManifest, ShardEntry, shard_name, write_manifest
+from h5pack.core.store import open_store
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert, write_arrays
@@ -210,7 +211,7 @@ def part_open(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: Fault
             chunks = reader.chunk_map.num_chunks
         one = (proxy.reset_counts().total, time.perf_counter() - started)
         started = time.perf_counter()
-        describe(set_url, storage_options=storage)
+        describe(set_url, store=open_store(set_url, storage))
         opens.append((*one, proxy.reset_counts().total, time.perf_counter() - started))
     requests, seconds, set_requests, set_seconds = (
         statistics.median(c) for c in zip(*opens, strict=True)

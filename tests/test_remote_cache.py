@@ -14,7 +14,7 @@ import pytest
 
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.layout import Compression
-from h5pack.core.source import open_source
+from h5pack.core.store import open_source
 from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
 from h5pack.read.direct import chunk_table
 from h5pack.read.eviction import Future

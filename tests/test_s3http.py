@@ -12,7 +12,8 @@ import pytest
 
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3, s3http
-from h5pack.core.source import SourceChangedError, open_source
+from h5pack.core.source import SourceChangedError
+from h5pack.core.store import open_source
 from h5pack.errors import OptionsError, RemoteError
 
 DATA = np.random.default_rng(1).integers(0, 255, 200_000, dtype=np.uint8).tobytes()

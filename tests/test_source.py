@@ -13,14 +13,8 @@ import pytest
 
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3
-from h5pack.core.source import (
-    LocalSource,
-    MissingExtraError,
-    SourceChangedError,
-    is_url,
-    open_source,
-    split_url,
-)
+from h5pack.core.source import LocalSource, SourceChangedError
+from h5pack.core.store import MissingExtraError, is_url, open_source, split_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError, RemoteError
 
 DATA = np.random.default_rng(0).integers(0, 255, 300_000, dtype=np.uint8).tobytes()

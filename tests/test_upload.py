@@ -22,14 +22,16 @@ from h5pack import ConvertOptions, TargetExistsError, convert, convert_set, merg
 from h5pack.bench.s3local import Bucket as ServerBucket
 from h5pack.bench.s3local import Fault
 from h5pack.cli.main import cli
+from h5pack.core import s3
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
+from h5pack.core.s3 import S3Store
 from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
 from h5pack.read.packset import open_reader
 from h5pack.read.reader import ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
-from h5pack.write import publish, upload
+from h5pack.write import publish
 from h5pack.write.builder import ConvertEvent
-from h5pack.write.upload import Bucket, Staging
+from h5pack.write.upload import Staging
 from tests.helpers import contents
 
 ONE = ConvertOptions(workers=1)
@@ -64,8 +66,8 @@ def options_of(bucket: ServerBucket) -> dict[str, Any]:
     return {**bucket.storage_options, "read_timeout_s": 30.0}
 
 
-def writer(bucket: ServerBucket) -> Bucket:
-    return Bucket(bucket.url(), options_of(bucket))
+def writer(bucket: ServerBucket) -> S3Store:
+    return S3Store.of(options_of(bucket))
 
 
 def stored(bucket: ServerBucket, key: str) -> Path:
@@ -100,7 +102,7 @@ def test_convert_to_a_bucket_reads_back_as_a_local_conversion(
         ]
     assert remote == contents(single)
     copy = tmp_path / "copy.h5"
-    assert writer(s3_bucket).download("packs/all.h5", copy) == report.file_bytes
+    assert writer(s3_bucket).download(s3_bucket.url("packs/all.h5"), copy) == report.file_bytes
     assert contents(copy) == contents(single)
     assert list(staging.iterdir()) == []  # the staging directory went with the run
     assert s3_bucket.proxy.counts.requests.get("PUT", 0) == 1  # one small pack, one PUT
@@ -133,7 +135,7 @@ def test_a_missing_bucket_is_said_before_converting(
 def test_a_large_pack_goes_up_in_parts(
     folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(upload, "PART_BYTES", 4096)  # the local server takes small parts
+    monkeypatch.setattr(s3, "PART_BYTES", 4096)  # the local server takes small parts
     url = s3_bucket.url("parts.h5")
     report = convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
     parts = -(-report.file_bytes // 4096)
@@ -142,7 +144,7 @@ def test_a_large_pack_goes_up_in_parts(
     assert counts.get("PUT", 0) == parts
     assert counts.get("POST", 0) == 2
     assert contents(stored(s3_bucket, "parts.h5")) == contents(single)
-    assert writer(s3_bucket).pending("") == []
+    assert writer(s3_bucket).pending(s3_bucket.url("")) == []
 
 
 def test_a_part_that_fails_is_retried_then_the_upload_is_aborted(
@@ -153,16 +155,16 @@ def test_a_part_that_fails_is_retried_then_the_upload_is_aborted(
     local.write_bytes(data)
     bucket = writer(s3_bucket)
     s3_bucket.proxy.inject(Fault("status", status=503, method="PUT"), times=2)
-    done = bucket.upload(local, "blob.bin", part_size=5000)
+    done = bucket.publish(local, s3_bucket.url("blob.bin"), if_absent=False, part_size=5000)
     assert done.size == len(data)
     assert stored(s3_bucket, "blob.bin").read_bytes() == data
     # A part that keeps failing: one error naming the URL, no object, no parts left.
     s3_bucket.proxy.inject(Fault("reset", method="PUT"), times=50)
     with pytest.raises(RemoteError, match=r"s3://bucket-\d+/other.bin: part \d of 4"):
-        bucket.upload(local, "other.bin", part_size=5000)
+        bucket.publish(local, s3_bucket.url("other.bin"), if_absent=False, part_size=5000)
     s3_bucket.proxy.clear()
-    assert bucket.info("other.bin") is None
-    assert bucket.pending("") == []
+    assert bucket.stat(s3_bucket.url("other.bin")) is None
+    assert bucket.pending(s3_bucket.url("")) == []
 
 
 def test_the_final_put_is_conditional_where_the_server_implements_it(
@@ -180,23 +182,25 @@ def test_the_final_put_is_conditional_where_the_server_implements_it(
     # a server that implements it, and an object that appeared after the HEAD: refused
     s3_bucket.proxy.inject(Fault("status", status=412, method="PUT", code="PreconditionFailed"))
     with pytest.raises(TargetExistsError, match=r"blob\.bin appeared during the conversion"):
-        bucket.upload(local, "blob.bin", if_absent=True)
-    assert bucket.info("blob.bin") is None  # the fault stood for the taken key: nothing put
+        bucket.publish(local, s3_bucket.url("blob.bin"), if_absent=True)
+    assert (
+        bucket.stat(s3_bucket.url("blob.bin")) is None
+    )  # the fault stood for the taken key: nothing put
     # the multipart upload's completion is the conditional one; refused, it is aborted
     s3_bucket.proxy.reset_counts()
     s3_bucket.proxy.inject(Fault("delay", method="POST"))  # the start passes (no delay)
     s3_bucket.proxy.inject(Fault("status", status=412, method="POST", code="PreconditionFailed"))
     with pytest.raises(TargetExistsError, match="appeared during the conversion"):
-        bucket.upload(local, "parts.bin", part_size=5000, if_absent=True)
-    assert bucket.pending("") == []
+        bucket.publish(local, s3_bucket.url("parts.bin"), part_size=5000, if_absent=True)
+    assert bucket.pending(s3_bucket.url("")) == []
     s3_bucket.proxy.clear()
     # a server that does not implement it (501): asked again without, then never with it
     s3_bucket.proxy.reset_counts()
     s3_bucket.proxy.inject(Fault("status", status=501, method="PUT", code="NotImplemented"))
-    assert bucket.upload(local, "blob.bin", if_absent=True).size == len(data)
+    assert bucket.publish(local, s3_bucket.url("blob.bin"), if_absent=True).size == len(data)
     assert stored(s3_bucket, "blob.bin").read_bytes() == data
     assert s3_bucket.proxy.counts.requests["PUT"] == 2
-    assert bucket.upload(local, "again.bin", if_absent=True).size == len(data)
+    assert bucket.publish(local, s3_bucket.url("again.bin"), if_absent=True).size == len(data)
     assert len(s3_bucket.proxy.counts.if_none_match) == 1  # the refused one only
 
 
@@ -214,7 +218,7 @@ def test_a_full_staging_directory_stops_before_decoding(
             staging_dir=staging,
         )
     assert "no space left" in str(caught.value)
-    assert writer(s3_bucket).info("big.h5") is None  # nothing uploaded
+    assert writer(s3_bucket).stat(s3_bucket.url("big.h5")) is None  # nothing uploaded
     assert list(staging.iterdir()) == []
 
 
@@ -223,20 +227,20 @@ def test_a_full_staging_directory_stops_before_decoding(
 _HANG = """
 import sys, time
 from pathlib import Path
-import h5pack.write.upload as upload
+import h5pack.core.s3 as s3
 from h5pack import ConvertOptions, convert
 
-upload.PART_BYTES = 4096
-upload.UPLOAD_CONCURRENCY = 1
-original = upload.Bucket._call
+s3.PART_BYTES = 4096
+s3.UPLOAD_CONCURRENCY = 1
+original = s3.S3Store._call
 
-def call(self, key, what, *args, **kwargs):
+def call(self, url, what, *args, **kwargs):
     if what.startswith("part 2 "):
         Path(sys.argv[3]).write_text("in the upload")
         time.sleep(120)
-    return original(self, key, what, *args, **kwargs)
+    return original(self, url, what, *args, **kwargs)
 
-upload.Bucket._call = call
+s3.S3Store._call = call
 convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=1), staging_dir=sys.argv[4])
 """
 
@@ -272,8 +276,8 @@ def test_kill_9_mid_upload_leaves_no_object_and_the_rerun_sweeps(
         child.kill()
         child.wait()
     bucket = writer(s3_bucket)
-    assert bucket.info("killed.h5") is None  # never part of a pack under its key
-    assert [u.key for u in bucket.pending("")] == ["killed.h5"]  # its parts are billed
+    assert bucket.stat(s3_bucket.url("killed.h5")) is None  # never part of a pack under its key
+    assert [u.url for u in bucket.pending(s3_bucket.url(""))] == [url]  # its parts are billed
     assert len(list(staging.iterdir())) == 1  # and its staging directory is left
     events: list[ConvertEvent] = []
     convert(
@@ -287,7 +291,7 @@ def test_kill_9_mid_upload_leaves_no_object_and_the_rerun_sweeps(
     said = notes(events)
     assert any("aborted 1 incomplete multipart upload" in n and "killed.h5" in n for n in said)
     assert any(n.startswith("removed 1 leftover") for n in said)
-    assert bucket.pending("") == []
+    assert bucket.pending(s3_bucket.url("")) == []
     assert list(staging.iterdir()) == []
     assert contents(stored(s3_bucket, "killed.h5")) == contents(single)
 
@@ -330,7 +334,9 @@ def test_a_restart_in_a_bucket_reuses_matching_shards_and_refuses_others(
     )
     assert first.manifest is None
     assert first.missing == (0,)
-    assert writer(s3_bucket).info("set/" + MANIFEST_NAME) is None  # the manifest comes last
+    assert (
+        writer(s3_bucket).stat(s3_bucket.url("set/" + MANIFEST_NAME)) is None
+    )  # the manifest comes last
     s3_bucket.proxy.reset_counts()
     done = convert_set(folder, url, ONE, shards=2, storage_options=store, staging_dir=staging)
     assert [s.status for s in done.shards] == ["written", "reused"]
@@ -340,7 +346,9 @@ def test_a_restart_in_a_bucket_reuses_matching_shards_and_refuses_others(
     with pytest.raises(TargetExistsError, match=rf"{url}{MANIFEST_NAME} describes a pack set"):
         convert_set(folder, url, ONE, shards=3, storage_options=store, staging_dir=staging)
     # A shard of another split under the same name: refused by its URL.
-    writer(s3_bucket).delete("set/" + MANIFEST_NAME)  # through S3: rclone caches listings
+    writer(s3_bucket).delete(
+        s3_bucket.url("set/" + MANIFEST_NAME)
+    )  # through S3: rclone caches listings
     other = ConvertOptions(workers=1, seed=1)
     name = url + shard_name(0, 2)
     with pytest.raises(TargetExistsError, match=rf"{name} exists but is not shard 0/2.*seed"):
@@ -363,7 +371,9 @@ def test_a_damaged_shard_in_a_bucket_is_refused_by_url(
     key = "set/" + shard_name(0, 2)
     damaged = staging.parent / "damaged.h5"
     damaged.write_bytes(stored(s3_bucket, key).read_bytes()[:-4096])  # an interrupted copy
-    writer(s3_bucket).upload(damaged, key)  # through S3: rclone caches what it serves
+    writer(s3_bucket).publish(
+        damaged, s3_bucket.url(key), if_absent=False
+    )  # through S3: rclone caches what it serves
     name = url + shard_name(0, 2)
     with pytest.raises(TargetExistsError, match=rf"{name} exists.*cannot be read"):
         convert_set(folder, url, ONE, shards=2, storage_options=store, staging_dir=staging)

@@ -41,6 +41,7 @@ from h5pack.core import format as fmt
 from h5pack.core.decode import Backend
 from h5pack.core.format import ArrayStorage, SampleStorage
 from h5pack.core.packset import is_packset
+from h5pack.core.store import open_store
 from h5pack.core.vocabulary import PATTERNS as PATTERNS  # re-exported
 from h5pack.core.vocabulary import Pattern as Pattern
 from h5pack.errors import OptionsError
@@ -150,7 +151,7 @@ def pack_shape(source: PackSource, storage_options: Mapping[str, Any] | None = N
 
     # a set's shards share one layout
     info = pack_info(pack_files(source, storage_options)[0], storage_options=storage_options)
-    chunk_map = describe(source, storage_options=storage_options).chunk_map
+    chunk_map = describe(source, store=open_store(source, storage_options)).chunk_map
     chunked = info.layout != "contiguous"
     return PackShape(
         num_samples=chunk_map.num_samples,

@@ -56,7 +56,7 @@ from h5pack.bench.variants import (
     choose_variants,
 )
 from h5pack.core.machine import available_memory_bytes
-from h5pack.core.source import is_url
+from h5pack.core.store import is_url, open_store
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
 from h5pack.training.advice import CACHE_SHARE
@@ -119,7 +119,7 @@ def _describe_pack(
 
     # a set's shards share one layout
     info = pack_info(pack_files(path, storage_options)[0], storage_options=storage_options)
-    view = describe(path, storage_options=storage_options)
+    view = describe(path, store=open_store(path, storage_options))
     meta = view.meta
     image_bytes = int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum())
     sizes = SizeSurvey.of((int(h), int(w)) for h, w, *_ in meta.shapes)

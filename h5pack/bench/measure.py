@@ -29,7 +29,8 @@ from h5pack.bench.options import MeasureOptions, RemoteReading
 from h5pack.bench.reading import batch_problem, survey_pack
 from h5pack.bench.system import CacheDrop, drop_source, warm_source
 from h5pack.bench.timing import Count, Timing, time_interleaved
-from h5pack.read.packset import PackSource, is_remote
+from h5pack.core.store import open_store
+from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import (
     expected_pair_repetition,
     jump_entropy,
@@ -206,7 +207,7 @@ def measure_pack(
     options = options or MeasureOptions()
     shape = pack_shape(path, storage_options)
     batchable = batch_problem(survey_pack(path, storage_options), options.train) is None
-    remote = is_remote(path)
+    remote = open_store(path).remote
     cold = _Cold(path) if options.cold and not remote else None
     if cold is None:
         warm_source(path)

@@ -27,6 +27,7 @@ import numpy as np
 
 from h5pack._types import StrPath, parse_choice
 from h5pack.core.decode import load_file, probe_size
+from h5pack.core.store import open_store
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read.crop import CROPS, Crop, CropSpec
 from h5pack.read.packset import PackSource, describe
@@ -261,7 +262,7 @@ def survey_pack(path: PackSource, storage_options: Mapping[str, Any] | None = No
         FileNotFoundError: the pack, or a shard, does not exist.
         FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    shapes = describe(path, storage_options=storage_options).meta.shapes
+    shapes = describe(path, store=open_store(path, storage_options)).meta.shapes
     return SizeSurvey.of((int(s[0]), int(s[1])) for s in shapes)
 
 

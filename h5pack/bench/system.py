@@ -29,8 +29,8 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.core.machine import memory_bytes
 from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
-from h5pack.core.source import is_url
-from h5pack.read.packset import PackSource, describe, is_remote
+from h5pack.core.store import is_url, open_store
+from h5pack.read.packset import PackSource, describe
 
 _PROT_READ = 1
 _MAP_SHARED = 1
@@ -277,8 +277,9 @@ def pack_files(
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: one path
         return [os.fspath(source) if is_url(source) else Path(source)]
-    if is_remote(source):
-        view = describe(source, storage_options=storage_options)
+    store = open_store(source, storage_options)
+    if store.remote:
+        view = describe(source, store=store)
         assert view.shards is not None  # a set
         return [shard.path for shard in view.shards]
     return list(pack_paths(source)[0])
@@ -293,8 +294,9 @@ def source_name(source: PackSource) -> str:
 
 def source_bytes(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> int:
     """Return the size of every file of ``source`` (a remote one's objects, as opened)."""
-    if is_remote(source):
-        view = describe(source, storage_options=storage_options)
+    store = open_store(source, storage_options)
+    if store.remote:
+        view = describe(source, store=store)
         metas = [view.meta] if view.shards is None else view.shards
         return sum(m.identity.size for m in metas if m.identity is not None)
     return sum(Path(path).stat().st_size for path in pack_files(source))
@@ -302,7 +304,7 @@ def source_bytes(source: PackSource, storage_options: Mapping[str, Any] | None =
 
 def drop_source(source: PackSource) -> CacheDrop:
     """Drop every file of ``source`` from the page cache (see ``drop_page_cache``)."""
-    if is_remote(source):
+    if open_store(source).remote:
         return CacheDrop(False, None, "a remote pack: its reads are requests, no page cache")
     outcomes = [drop_page_cache(path) for path in pack_files(source)]
     failed = [o for o in outcomes if not o.dropped]
@@ -318,7 +320,7 @@ def warm_source(source: PackSource) -> int:
 
     A remote source has no local pages: nothing is read (0).
     """
-    if is_remote(source):
+    if open_store(source).remote:
         return 0
     return sum(warm_page_cache(path) for path in pack_files(source))
 

@@ -19,7 +19,7 @@ from h5pack.check.report import DEFAULT_TOLERANCE, VerifyReport
 from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import check_pack
 from h5pack.core.packset import is_packset
-from h5pack.core.source import is_url
+from h5pack.core.store import Store, open_store
 from h5pack.read.packset import PackSource
 
 
@@ -34,6 +34,7 @@ def verify_pack(
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> VerifyReport:
     """Check a pack: its metadata digests, structure, every sample; optionally its source.
 
@@ -61,12 +62,14 @@ def verify_pack(
         storage_options: The remote client's settings for a URL. A remote pack's samples
             are read through HDF5 over ranged GETs (not from its compact index's chunk
             table), so verify also checks that HDF5's metadata and the index agree.
+        store: Where the pack is kept (default: ``open_store(path, storage_options)``).
 
     Raises:
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, or its metadata is too damaged to locate the
             samples.
     """
+    store = store or open_store(path, storage_options)
     if is_packset(path):
         return verify_packset(
             path,
@@ -77,13 +80,13 @@ def verify_pack(
             tolerance=tolerance,
             progress=progress,
             timeout_s=timeout_s,
-            storage_options=storage_options,
+            store=store,
         )
     assert isinstance(path, str | os.PathLike)  # is_packset: one path
     text = os.fspath(path)
-    if timeout_s is not None and not is_url(text):
+    if timeout_s is not None and not store.remote:
         probe_pack(text, timeout_s=timeout_s, strict=False)
-    checked = check_pack(text, progress=progress, storage_options=storage_options)
+    checked = check_pack(text, progress=progress, store=store)
     if source is None:
         return checked.report
     meta = checked.meta

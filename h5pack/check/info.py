@@ -16,8 +16,8 @@ from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
-from h5pack.core.source import is_url
-from h5pack.read.packset import PackSource, PackView, describe, is_remote, remote_manifest
+from h5pack.core.store import Store, open_store
+from h5pack.read.packset import PackSource, PackView, describe, remote_manifest
 from h5pack.read.virtual import check_virtual_sources
 
 
@@ -116,6 +116,7 @@ def pack_info(
     *,
     timeout_s: float | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> PackInfo:
     """Return a summary of the pack at ``path``.
 
@@ -126,17 +127,19 @@ def pack_info(
             reported as damaged instead of hanging this process. ``None`` reads it here.
             A URL's pack is read from its compact index (checked by CRC32) in this process.
         storage_options: The remote client's settings for a URL (``core.s3.S3Options``).
+        store: Where the pack is kept (default: ``open_store(path, storage_options)``).
 
     Raises:
         FileNotFoundError: the path does not exist.
         FormatError: the file is not a valid pack, or is damaged.
     """
     text = os.fspath(path)
-    remote = is_url(text)
+    store = store or open_store(text, storage_options)
+    remote = store.remote
     if timeout_s is not None and not remote:
         probe_pack(text, timeout_s=timeout_s)
     sources: list[PackInfo] = []
-    with fmt.open_h5(text, storage_options=storage_options) as handle:
+    with fmt.open_h5(text, store=store) as handle:
         meta = fmt.read_meta(handle, text)
         with fmt.reading(text, "the images' chunk index"):
             images = handle[fmt.IMAGES]
@@ -311,7 +314,7 @@ def packset_summary(
     source: PackSource,
     *,
     timeout_s: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> tuple[PackSetInfo, PackView]:
     """Return a summary of the pack set at ``source``, and the readers' view of it.
 
@@ -325,8 +328,8 @@ def packset_summary(
         source: The pack set's directory or manifest, or a list of packs.
         timeout_s: Read each shard's metadata in a child process first, under this time
             limit per shard (see ``probe_packs``); ``None`` reads it in this process.
-        storage_options: The remote client's settings for URLs (a remote set is described
-            from its shards' indexes, fetched concurrently).
+        store: Where the set is kept (a remote set is described from its shards' indexes,
+            fetched concurrently); None: the local file system.
 
     Raises:
         FileNotFoundError: the manifest or a shard does not exist.
@@ -335,13 +338,13 @@ def packset_summary(
     """
     from h5pack.core.packset import pack_paths
 
-    if is_remote(source):
-        view = describe(source, storage_options=storage_options)
+    if store is not None and store.remote:
+        view = describe(source, store=store)
         assert view.shards is not None  # a set
         members = [s.path for s in view.shards]
-        manifest = remote_manifest(source, storage_options)
+        manifest = remote_manifest(source, store)
         where = view.meta.path
-        infos = [pack_info(path, storage_options=storage_options) for path in members]
+        infos = [pack_info(path, store=store) for path in members]
     else:
         paths, manifest = pack_paths(source)
         if timeout_s is not None:

@@ -29,8 +29,9 @@ from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import check_pack
 from h5pack.core import format as fmt
 from h5pack.core.packset import PackSetManifest, check_shard, member_problems, pack_paths
+from h5pack.core.store import Store, open_store
 from h5pack.errors import FormatError, H5PackError
-from h5pack.read.packset import PackSource, describe, is_remote, load_pack_meta, remote_members
+from h5pack.read.packset import PackSource, describe, load_pack_meta, remote_members
 
 
 def _message(err: BaseException, name: str) -> str:
@@ -50,6 +51,7 @@ def verify_packset(
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> VerifyReport:
     """Check every shard of a pack set and the set as a whole; optionally its source folder.
 
@@ -73,16 +75,18 @@ def verify_packset(
         storage_options: The remote client's settings for a remote set (its prefix, its
             ``packset.json`` or a list of URLs): each shard is verified as ``verify_pack``
             verifies a URL.
+        store: Where the set is kept (default: ``open_store(packs, storage_options)``).
 
     Raises:
         PackNotFoundError: the set has no manifest.
         FormatError: the manifest is not a valid one.
         OptionsError: the list of packs is empty.
     """
-    remote = is_remote(packs)
+    store = store or open_store(packs, storage_options)
+    remote = store.remote
     paths: list[Path | str]
     if remote:  # a missing shard is named when its index is read
-        urls, manifest, manifest_url = remote_members(packs, storage_options)
+        urls, manifest, manifest_url = remote_members(packs, store)
         paths, timeout_s = list(urls), None
         where = manifest_url or urls[0]
     else:
@@ -118,7 +122,7 @@ def verify_packset(
         name = names[number]
         try:
             meta = (
-                load_pack_meta(path, storage_options=storage_options)
+                load_pack_meta(path, store=store)
                 if remote
                 else fmt.load_meta(path, check_digests=False)
             )
@@ -134,7 +138,7 @@ def verify_packset(
             except FormatError as err:
                 problems.append(Problem(None, "", _message(err, name), name))
         try:
-            result = check_pack(path, progress=progress, storage_options=storage_options)
+            result = check_pack(path, progress=progress, store=store)
         except (H5PackError, OSError) as err:
             problems.append(Problem(None, "", _message(err, name), name))
             total += meta.num_samples
@@ -154,7 +158,7 @@ def verify_packset(
         )
     if shards and len(shards) == len(paths) and not problems:
         try:  # whatever else the readers would refuse (they open the set this way)
-            describe(packs, storage_options=storage_options)
+            describe(packs, store=store)
         except (H5PackError, OSError) as err:
             problems.append(Problem(None, "", str(err), where))
     report = VerifyReport(

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.packset import meta_digest
+from h5pack.core.store import Store
 from h5pack.errors import DecodeError, FormatError, PackReplacedError
 
 
@@ -101,7 +101,7 @@ def check_pack(
     path: StrPath,
     *,
     progress: Callable[[int], None] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> CheckedPack:
     """Check one pack's metadata digests, structure and every sample (no source, no probe).
 
@@ -115,7 +115,7 @@ def check_pack(
     text = os.fspath(path)
     step = progress or (lambda n: None)
     index_problems: list[Problem] = []
-    with fmt.open_h5(text, storage_options=storage_options) as handle:
+    with fmt.open_h5(text, store=store) as handle:
         meta = fmt.read_meta(handle, text, check_digests=False)
         real = getattr(handle, "h5", None)  # a URL's compact index: HDF5's own metadata too
         if real is not None and meta_digest(fmt.read_meta(real(), text, check_digests=False)) != (
@@ -136,9 +136,9 @@ def check_pack(
     problems.extend(_structure_problems(meta, paths))
     checks = _sample_checks(meta)
     verified = 0
-    options = ReaderOptions(direct=False, verify_checksums=False, storage_options=storage_options)
+    options = ReaderOptions(direct=False, verify_checksums=False)
     try:
-        reader = PackReader(text, options, meta=meta)
+        reader = PackReader(text, options, meta=meta, store=store)
     except PackReplacedError as err:
         raise PackReplacedError(
             f"{text} was replaced while verify read it (another file took its path between "

@@ -17,10 +17,10 @@ import click
 from h5pack.cli.flags import (
     format_bytes,
     mix_flags,
-    parse_storage_options,
     progress_for,
     quiet_flag,
     storage_option_flag,
+    store_of,
 )
 
 __all__ = ["info", "verify"]
@@ -243,18 +243,18 @@ def info(
     from h5pack.core.packset import is_packset
     from h5pack.read.packset import load_pack_meta
 
-    storage = parse_storage_options(storage_option)
     source: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
+    store = store_of(source, storage_option)
     summary: Any
     if is_packset(source):
         summary, view = packset_summary(  # each local shard probed
-            source, timeout_s=PROBE_TIMEOUT_S, storage_options=storage
+            source, timeout_s=PROBE_TIMEOUT_S, store=store
         )
         meta, chunk_map = view.meta, view.chunk_map
         lines = _set_lines(summary)
     else:  # damaged metadata cannot hang it: probed in a child (a URL: its index's CRC32)
-        summary = pack_info(packs[0], timeout_s=PROBE_TIMEOUT_S, storage_options=storage)
-        meta, chunk_map = load_pack_meta(packs[0], storage_options=storage), None
+        summary = pack_info(packs[0], timeout_s=PROBE_TIMEOUT_S, store=store)
+        meta, chunk_map = load_pack_meta(packs[0], store=store), None
         lines = _info_lines(summary)
     contiguous = getattr(summary, "layout", "") == "contiguous"
     mixing, mixing_data = _mixing(meta, chunk_map, contiguous=contiguous)
@@ -337,12 +337,11 @@ def verify(
     from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset, load_manifest
-    from h5pack.read.packset import is_remote
 
-    storage = parse_storage_options(storage_option)
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
+    store = store_of(pack, storage_option)
     total: int | None = None
-    if is_remote(pack):
+    if store.remote:
         timeout = None  # its compact index is checked by CRC32; no HDF5 walk to hang on
     elif is_packset(pack):
         if isinstance(pack, str):
@@ -361,7 +360,7 @@ def verify(
             sample=sample,
             progress=progress.advance,
             timeout_s=timeout,
-            storage_options=storage,
+            store=store,
         )
     for problem in report.problems:
         click.echo(str(problem))

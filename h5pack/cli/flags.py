@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from h5pack.core.layout import CODECS, LEVELS, SHUFFLES, Compression
+from h5pack.core.store import Store, open_store
 from h5pack.core.units import binary_bytes
 from h5pack.core.vocabulary import BACKENDS, CHANNELS, LAYOUT_CHOICES, MODE_CHOICES, RESIZE_METHODS
 from h5pack.errors import OptionsError
@@ -335,6 +336,16 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, str] | None:
             )
         options[key.strip()] = value
     return options or None
+
+
+def store_of(path: str | Sequence[str], pairs: tuple[str, ...]) -> Store:
+    """Return the store of ``path`` with the ``--storage-option`` flags (NOTE [ Stores ]).
+
+    Raises:
+        click.BadParameter: a flag without ``=``.
+        OptionsError: an unknown setting (a one-line error, exit 1).
+    """
+    return open_store(path, parse_storage_options(pairs))
 
 
 storage_option_flag = click.option(

@@ -95,7 +95,6 @@ import numpy as np
 from h5pack._types import StrPath, parse_choice
 from h5pack.core import integrity
 from h5pack.core.integrity import PackIdentity
-from h5pack.core.source import is_url
 from h5pack.core.vocabulary import MODES as MODES  # re-exported
 from h5pack.core.vocabulary import STORAGES as STORAGES
 from h5pack.core.vocabulary import Mode as Mode
@@ -601,8 +600,8 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
         path: The file to open.
         locking: HDF5 file locking; ``False`` for network file systems or to read a file
             that a writer still holds. ``None`` keeps HDF5's default.
-        **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``); ``storage_options``, the
-            remote client's settings of a URL (``core.s3.S3Options``), is taken out first.
+        **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``); ``store``, the store of a
+            remote ``path`` (``core.store.open_store``), is taken out first.
 
     Raises:
         FileNotFoundError: the path does not exist.
@@ -611,11 +610,11 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
     import hdf5plugin  # noqa: F401  (registers the LZ4/Zstd/Blosc/Bitshuffle filters)
 
     text = os.fspath(path)
-    storage_options = kwargs.pop("storage_options", None)
-    if is_url(text):  # NOTE [ Compact index ]: its index, or HDF5 over a file object
+    store = kwargs.pop("store", None)
+    if store is not None and store.remote:  # NOTE [ Compact index ]: its index, or HDF5
         from h5pack.core.remote import open_remote
 
-        return open_remote(text, storage_options, **kwargs)
+        return open_remote(store.source(text), **kwargs)
     if not Path(text).exists():
         raise PackNotFoundError(f"{text}: no such pack")
     if Path(text).is_dir():

@@ -58,7 +58,6 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core.format import PackMeta
-from h5pack.core.source import is_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 
 PACKSET_VERSION = 1
@@ -294,9 +293,8 @@ def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
     """Return whether ``source`` is a pack set: a list of packs, a set's directory or manifest."""
     if not isinstance(source, str | os.PathLike):
         return True
-    text = os.fspath(source)
-    if is_url(text):  # a set's prefix (ending in /) or its manifest
-        return text.endswith(("/", ".json"))
+    if os.fspath(source).endswith(("/", ".json")):  # a directory, a prefix, a manifest
+        return True
     path = Path(source)
     if path.is_dir():
         return True

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any
 
 import h5py
@@ -24,7 +23,7 @@ from h5pack.core.index import (
     parse_footer,
 )
 from h5pack.core.integrity import PackIdentity
-from h5pack.core.source import ByteSource, open_source
+from h5pack.core.source import ByteSource
 from h5pack.errors import FormatError
 
 # Blocks the file object reads HDF5's small scattered metadata reads in, and how many it keeps.
@@ -116,14 +115,11 @@ def _identity_of(source: ByteSource) -> Any:
     return identity
 
 
-def open_remote(
-    url: str, storage_options: Mapping[str, Any] | None = None, **kwargs: Any
-) -> IndexFile | h5py.File:
-    """Open the pack at ``url`` read-only: its index (1-2 GETs), else h5py over a file object.
+def open_remote(source: ByteSource, **kwargs: Any) -> IndexFile | h5py.File:
+    """Open the pack ``source`` read-only: its index (1-2 GETs), else h5py over a file object.
 
     Args:
-        url: The pack's URL.
-        storage_options: The client's settings beyond the environment's.
+        source: The pack's bytes (``Store.source``).
         **kwargs: Passed to ``h5py.File`` when HDF5 opens the pack (the chunk cache).
 
     Raises:
@@ -131,7 +127,7 @@ def open_remote(
         RemoteError: the object cannot be read (credentials, network after retries).
         FormatError: not an HDF5 file, or a damaged index.
     """
-    source = open_source(url, storage_options=storage_options)
+    url = source.url
     tail, start = source.read_tail(TAIL_BYTES)
     size = source.size()
     seed = (start, tail)

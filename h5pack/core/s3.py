@@ -29,26 +29,31 @@ that reads the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from h5pack.core import s3http
-from h5pack.core.source import (
-    ByteSource,
-    SourceChangedError,
-    SourceIdentity,
-    missing_extra,
-    split_url,
+from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
+from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
+from h5pack.errors import (
+    H5PackError,
+    OptionsError,
+    PackNotFoundError,
+    RemoteError,
+    TargetExistsError,
+    UnsupportedRequestError,
 )
-from h5pack.errors import OptionsError, PackNotFoundError, RemoteError, UnsupportedRequestError
 
 # environment variable -> storage option (what the AWS CLI and boto3 read)
 ENVIRONMENT = {
@@ -251,11 +256,6 @@ class S3Source(ByteSource):
         self._lean_pid = -1
         self._lock = threading.Lock()
         self.requests = 0  # requests this process issued (tries included)
-
-    @classmethod
-    def open(cls, url: str, storage_options: Mapping[str, Any]) -> S3Source:
-        """Return the source of ``url``; the first request fixes its size and ETag."""
-        return cls(url, resolve_options(storage_options))
 
     @property
     def remote(self) -> bool:
@@ -499,32 +499,6 @@ class S3Source(ByteSource):
     def _where(self) -> str:
         return self.options.endpoint or "AWS S3"
 
-    # -- objects beside this one (a pack set's prefix) ------------------------------------
-    def list_keys(self, prefix: str) -> list[str]:
-        """Return the keys under ``prefix`` in this source's bucket (one request per 1,000)."""
-        keys: list[str] = []
-        token: str | None = None
-        while True:
-            arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-            if token:
-                arguments["ContinuationToken"] = token
-            page = self.with_retries(
-                f"the listing of {prefix!r}",
-                lambda a=arguments: self.client().list_objects_v2(**a),  # type: ignore[misc]
-            )
-            keys.extend(str(item["Key"]) for item in page.get("Contents", []))
-            if not page.get("IsTruncated"):
-                return keys
-            token = page.get("NextContinuationToken")
-
-    def sibling(self, url: str) -> S3Source:
-        """Return the source of another object, with the same options."""
-        return S3Source(url, self.options, sleep=self._sleep)
-
-    def read_object(self) -> bytes:
-        """Return the whole object (``read_all``, the name write.upload calls)."""
-        return self.read_all()
-
     def read_all(self) -> bytes:
         """Return the whole object (one GET): a manifest."""
 
@@ -548,12 +522,6 @@ class S3Source(ByteSource):
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown()
         self._pool = None
-
-    def with_identity(self, identity: SourceIdentity) -> S3Source:
-        """Return a source that refuses any object but the one ``identity`` names."""
-        return S3Source(
-            self.url, self.options, etag=identity.tag, size=identity.size, sleep=self._sleep
-        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -693,6 +661,264 @@ def _content_range(header: str | None, length: int) -> tuple[int, int]:
     return int(first), int(total)
 
 
-def with_options(options: S3Options, **changes: Any) -> S3Options:
-    """Return ``options`` with ``changes`` (tests set the backoff to zero)."""
-    return replace(options, **changes)
+# -- the store: the bucket's write side beside its sources ---------------------------------
+
+logger = logging.getLogger("h5pack")
+MIB = 2**20
+# Bytes of one part of a multipart upload (each part is one PUT; a file of at most one part
+# is one PUT). S3 allows 10,000 parts of 5 MiB to 5 GiB; 16 MiB parts reach 160 GB with few
+# requests, ``UPLOAD_CONCURRENCY`` of them in memory at once (the tests use smaller parts).
+PART_BYTES = 16 * MIB
+MAX_PARTS = 10_000
+UPLOAD_CONCURRENCY = 8
+
+
+def part_bytes(size: int) -> int:
+    """Return the part size of a multipart upload of ``size`` bytes (a whole number of MiB).
+
+    Example:
+        >>> part_bytes(10 * 2**20) // 2**20, part_bytes(400 * 2**30) // 2**20
+        (16, 41)
+    """
+    needed = -(-size // MAX_PARTS)
+    return PART_BYTES if needed <= PART_BYTES else -(-needed // MIB) * MIB
+
+
+@dataclass(frozen=True)
+class PendingUpload:
+    """An incomplete multipart upload (what ``ListMultipartUploads`` returns).
+
+    Attributes:
+        url: The object it would complete into.
+        upload_id: Its upload id.
+    """
+
+    url: str
+    upload_id: str
+
+
+class S3Store(Store):
+    """Objects in S3-compatible buckets, reached with ``options`` (NOTE [ The S3 client ]).
+
+    Every request goes through ``S3Source.with_retries`` (bounded backoff, one-line errors
+    naming the URL). NOTE [ Publishing in a bucket ] (``write/upload.py``) says why an
+    upload is the atomic publish of a pack.
+
+    Args:
+        options: How to reach the buckets.
+        sleep: The wait between tries (injected by tests).
+    """
+
+    def __init__(self, options: S3Options, *, sleep: Callable[[float], None] = time.sleep):
+        self.options = options
+        self._sleep = sleep
+        # whether the server may implement If-None-Match (NOTE [ Conditional final PUT ])
+        self._conditional = True
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> S3Store:
+        """Return the store of the environment's settings overridden by ``storage_options``."""
+        return cls(resolve_options(storage_options))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, S3Store) and other.options == self.options
+
+    def __hash__(self) -> int:
+        return hash(self.options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+
+    def source(self, path: str) -> S3Source:
+        """Return the object at the URL ``path``; its first answer fixes its size and ETag."""
+        return S3Source(path, self.options, sleep=self._sleep)
+
+    def _call(self, url: str, what: str, name: str, **arguments: Any) -> Any:
+        """Return the client's ``name(Bucket=..., Key=..., **arguments)``, with the retries.
+
+        Raises:
+            PackNotFoundError: no such object (or bucket).
+            RemoteError: denied, or failed after the retries (naming the URL and the cause).
+        """
+        source = self.source(url)
+        _, bucket, key = split_url(url)
+        call = getattr(source.client(), name)
+        return source.with_retries(what, lambda: call(Bucket=bucket, Key=key, **arguments))
+
+    def stat(self, path: str) -> ObjectInfo | None:
+        """Return the object at ``path`` (one HEAD), or None when there is none."""
+        try:
+            answer = self._call(path, "its size (HEAD)", "head_object")
+        except PackNotFoundError as err:
+            if "no bucket" in str(err):
+                raise
+            return None
+        return ObjectInfo(path, int(answer["ContentLength"]), str(answer["ETag"]))
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write the small object ``path`` (one PUT: it appears whole or not at all)."""
+        self._call(path, "the upload (PUT)", "put_object", Body=data)
+
+    def delete(self, path: str) -> None:
+        """Delete ``path`` (no error when it is gone)."""
+        with contextlib.suppress(PackNotFoundError):
+            self._call(path, "its removal (DELETE)", "delete_object")
+
+    def _put_final(
+        self, url: str, what: str, name: str, *, if_absent: bool, **arguments: Any
+    ) -> Any:
+        """Return the request that makes ``url`` appear, conditional when ``if_absent``.
+
+        NOTE [ Conditional final PUT ]: with ``if_absent``, the PUT (or the multipart
+        upload's completion) carries ``If-None-Match: *``, so a server that implements it
+        (AWS S3, MinIO...) refuses atomically to replace an object that appeared under the
+        key since the HEAD that checked it. A server that answers 501 NotImplemented is
+        asked again without the header (and not asked with it again); one that ignores the
+        header (rclone serve s3) cannot be told apart: the HEAD just before is the guard.
+
+        Raises:
+            TargetExistsError: the server refused: an object exists under ``url``.
+        """
+        if if_absent and self._conditional:
+            try:
+                return self._call(url, what, name, IfNoneMatch="*", **arguments)
+            except SourceChangedError:  # 412 Precondition Failed: the key is taken
+                raise TargetExistsError(
+                    f"{url} appeared during the conversion; not replaced"
+                ) from None
+            except UnsupportedRequestError:
+                self._conditional = False
+        return self._call(url, what, name, **arguments)
+
+    def publish(
+        self, local: Path, path: str, *, if_absent: bool, part_size: int | None = None
+    ) -> ObjectInfo:
+        """Upload the finished file ``local`` under ``path`` (NOTE [ Publishing in a bucket ]).
+
+        A file of at most one part is one PUT; a larger one a multipart upload of
+        ``part_bytes(size)`` parts, ``UPLOAD_CONCURRENCY`` in flight, each retried; any
+        error (Ctrl-C and SIGTERM too) aborts it before it is raised again.
+
+        Raises:
+            TargetExistsError: ``if_absent`` and the server refused: an object exists.
+            RemoteError: the upload failed; nothing is left under ``path``.
+        """
+        size = local.stat().st_size
+        part = part_size or part_bytes(size)
+        if size <= part:
+            what = f"the upload of {size} bytes (PUT)"
+            answer = self._put_final(
+                path, what, "put_object", if_absent=if_absent, Body=local.read_bytes()
+            )
+            return ObjectInfo(path, size, str(answer.get("ETag", "")))
+        created = self._call(path, "the start of a multipart upload", "create_multipart_upload")
+        upload = PendingUpload(path, str(created["UploadId"]))
+        count = -(-size // part)
+        pool = ThreadPoolExecutor(UPLOAD_CONCURRENCY, thread_name_prefix="h5pack-upload")
+        try:
+            with open(local, "rb", buffering=0) as file:
+
+                def send(number: int) -> dict[str, Any]:
+                    start = (number - 1) * part
+                    data = os.pread(file.fileno(), min(part, size - start), start)
+                    what = f"part {number} of {count} (bytes {start}..{start + len(data) - 1})"
+                    answer = self._call(
+                        path,
+                        what,
+                        "upload_part",
+                        UploadId=upload.upload_id,
+                        PartNumber=number,
+                        Body=data,
+                    )
+                    return {"ETag": answer["ETag"], "PartNumber": number}
+
+                parts = list(pool.map(send, range(1, count + 1)))
+            answer = self._put_final(
+                path,
+                "the completion of the multipart upload",
+                "complete_multipart_upload",
+                if_absent=if_absent,
+                UploadId=upload.upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.abort(upload)
+            raise
+        pool.shutdown()
+        return ObjectInfo(path, size, str(answer.get("ETag", "")))
+
+    def pending(self, prefix_url: str) -> list[PendingUpload]:
+        """Return the incomplete multipart uploads whose URL starts with ``prefix_url``.
+
+        Raises:
+            RemoteError: the listing failed.
+        """
+        scheme, bucket, prefix = split_url(prefix_url)
+        source = self.source(prefix_url)
+        found: list[PendingUpload] = []
+        markers: dict[str, str] = {}
+        while True:
+            try:
+                page = source.with_retries(
+                    f"the incomplete uploads under {prefix!r}",
+                    lambda m=markers: source.client().list_multipart_uploads(  # type: ignore[misc]
+                        Bucket=bucket, Prefix=prefix, **m
+                    ),
+                )
+            except PackNotFoundError as err:
+                # rclone serve s3 answers 404 NoSuchUpload for a bucket that never had an
+                # upload (S3 answers an empty list): none
+                if "no bucket" in str(err):
+                    raise
+                return found
+            found += [
+                PendingUpload(f"{scheme}://{bucket}/{item['Key']}", str(item["UploadId"]))
+                for item in page.get("Uploads", [])
+            ]
+            if not page.get("IsTruncated"):
+                return found
+            markers = {
+                "KeyMarker": str(page.get("NextKeyMarker", "")),
+                "UploadIdMarker": str(page.get("NextUploadIdMarker", "")),
+            }
+
+    def abort(self, upload: PendingUpload) -> None:
+        """Abort ``upload`` (its parts are deleted). Never raises: a failure is logged."""
+        try:
+            what = "the abort of an incomplete upload"
+            self._call(upload.url, what, "abort_multipart_upload", UploadId=upload.upload_id)
+        except PackNotFoundError:
+            return  # aborted or completed meanwhile
+        except H5PackError as err:
+            logger.warning(
+                "could not abort the upload %s of %s: %s", upload.upload_id, upload.url, err
+            )
+
+    def sweep(self, paths: Sequence[str]) -> list[str]:
+        """Abort the incomplete multipart uploads under ``paths``; return their URLs.
+
+        NOTE [ Publishing in a bucket ]. A sweep that fails is logged (the parts stay until
+        a later run, or the bucket's lifecycle rule, removes them).
+
+        Raises:
+            PackNotFoundError: the bucket does not exist.
+        """
+        if not paths:
+            return []
+        wanted = set(paths)
+        # a prefix of the keys' text, as S3 compares keys (not of path components)
+        prefix = os.path.commonprefix(sorted(wanted))  # noqa: RUF071
+        try:
+            pending = [u for u in self.pending(prefix) if u.url in wanted]
+        except PackNotFoundError:
+            raise  # no such bucket: said before anything is converted
+        except H5PackError as err:
+            logger.warning("could not list the incomplete uploads under %s: %s", prefix, err)
+            return []
+        for upload in pending:
+            self.abort(upload)
+        return [u.url for u in pending]

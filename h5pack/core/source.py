@@ -1,4 +1,4 @@
-"""Where a pack's bytes come from: one small class per kind of storage, chosen by URL scheme.
+"""The bytes of one pack: ``ByteSource``, and ``LocalSource`` for a local file.
 
 NOTE [ Byte sources ]
 
@@ -6,8 +6,7 @@ Everything that reads a pack's bytes outside HDF5 (the direct chunk path, the co
 the read-ahead file object that HDF5 reads old packs through) goes through a ``ByteSource``:
 the local file of today (``LocalSource``: ``os.preadv``, the inode is its identity) or an
 object in a bucket (``h5pack.core.s3.S3Source``: ranged GETs, its identity is its size and
-ETag). zarr v3's ``Store`` is the model: one abstract class, a few methods, one small class
-per backend; a GCS, Azure or HTTP source is one more class registered in ``SCHEMES``.
+ETag). A source comes from its store (``core.store.Store.source``: NOTE [ Stores ]).
 
 The methods a source must have are the few a reader needs:
 
@@ -25,24 +24,17 @@ never crosses ``fork``: NOTE [ h5py handles and fork ]).
 
 from __future__ import annotations
 
-import importlib
 import mmap
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from h5pack._types import StrPath
-from h5pack.errors import FormatError, H5PackError, PackNotFoundError
-
-# scheme -> (module, class) of its source, imported on first use (the client is an extra)
-SCHEMES: dict[str, tuple[str, str]] = {"s3": ("h5pack.core.s3", "S3Source")}
-# The extra that brings each scheme's client.
-EXTRAS: dict[str, str] = {"s3": "s3"}
+from h5pack.errors import FormatError, PackNotFoundError
 
 
 class SourceChangedError(FormatError):
@@ -62,68 +54,6 @@ class SourceIdentity:
     tag: str
 
 
-def is_url(path: StrPath | str) -> bool:
-    """Return whether ``path`` is a URL (``scheme://...``) rather than a local path."""
-    text = os.fspath(path)
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.isalnum() and len(scheme) > 1
-
-
-def split_url(url: str) -> tuple[str, str, str]:
-    """Return ``(scheme, bucket, key)`` of ``scheme://bucket/key``.
-
-    Raises:
-        FormatError: the URL names no bucket.
-    """
-    scheme, _, rest = url.partition("://")
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise FormatError(f"{url}: the URL names no bucket (expected {scheme}://BUCKET/KEY)")
-    return scheme.lower(), bucket, key
-
-
-def join_url(base: str, relative: str) -> str:
-    """Return the URL of ``relative`` (``/``-separated) under the prefix ``base``."""
-    return base.rstrip("/") + "/" + relative.lstrip("/")
-
-
-def source_class(scheme: str) -> type[ByteSource]:
-    """Return the source class of a URL scheme, importing its module.
-
-    Raises:
-        FormatError: no source reads this scheme.
-        MissingExtraError: the scheme's client is not installed.
-    """
-    if scheme not in SCHEMES:
-        known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
-        raise FormatError(f"h5pack reads {known} URLs and local paths, not {scheme}://")
-    module_name, class_name = SCHEMES[scheme]
-    module = importlib.import_module(module_name)
-    found: type[ByteSource] = getattr(module, class_name)
-    return found
-
-
-def open_source(path: StrPath, *, storage_options: Mapping[str, Any] | None = None) -> ByteSource:
-    """Return the byte source of a local path or a URL, checked to exist.
-
-    Args:
-        path: A local path, or a URL (``s3://bucket/key``).
-        storage_options: Settings of the remote client beyond what the environment says
-            (``h5pack.core.s3.S3Options`` for S3); ignored for local paths.
-
-    Raises:
-        PackNotFoundError: the file or object does not exist.
-        FormatError: an unknown scheme, or a directory.
-        MissingExtraError: the scheme's client is not installed.
-        RemoteError: the object cannot be reached (credentials, network).
-    """
-    text = os.fspath(path)
-    if not is_url(text):
-        return LocalSource(text)
-    scheme, _, _ = split_url(text)
-    return source_class(scheme).open(text, storage_options or {})
-
-
 class ByteSource(ABC):
     """The bytes of one pack: a local file or a remote object (NOTE [ Byte sources ]).
 
@@ -132,11 +62,6 @@ class ByteSource(ABC):
     """
 
     url: str
-
-    @classmethod
-    @abstractmethod
-    def open(cls, url: str, storage_options: Mapping[str, Any]) -> ByteSource:
-        """Return the source of ``url``, its identity taken now."""
 
     @abstractmethod
     def size(self) -> int:
@@ -225,11 +150,6 @@ class LocalSource(ByteSource):
         self._lock = threading.Lock()
         self._map: np.ndarray | None = None  # this process's read-only mapping of the file
         self._map_pid = -1
-
-    @classmethod
-    def open(cls, url: str, storage_options: Mapping[str, Any]) -> LocalSource:
-        """Return the source of the local file ``url``."""
-        return cls(url)
 
     def fd(self) -> int:
         """Return this process's descriptor.
@@ -321,16 +241,3 @@ class LocalSource(ByteSource):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], inode=state["inode"])  # type: ignore[misc]
-
-
-class MissingExtraError(H5PackError, ImportError):
-    """A URL's client library is not installed; the message names the extra to install."""
-
-
-def missing_extra(scheme: str, err: ImportError) -> MissingExtraError:
-    """Return the error for a ``scheme://`` URL read without its client installed."""
-    extra = EXTRAS.get(scheme, scheme)
-    return MissingExtraError(
-        f"reading {scheme}:// URLs needs h5pack's {extra!r} extra: "
-        f"pip install 'h5pack[{extra}]' ({err})"
-    )

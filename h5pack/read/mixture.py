@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 import numpy as np
 
 from h5pack.core.fields import fields_of
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
+from h5pack.core.store import Store
 from h5pack.errors import OptionsError
 from h5pack.read.packset import PackSource, PackView, describe
 
@@ -164,7 +165,7 @@ def describe_mix(
     *,
     classes: ClassJoin = "join",
     locking: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store_for: Callable[[PackSource], Store] | None = None,
 ) -> MixView:
     """Describe every source and fold them into one view (see the module docstring).
 
@@ -173,7 +174,7 @@ def describe_mix(
             packs (read as one set).
         classes: How the sources' classes become one list (``joined_classes``).
         locking: As ``ReaderOptions.locking``.
-        storage_options: As ``ReaderOptions.storage_options`` (sources given as URLs).
+        store_for: The store of each source (``ReaderOptions.store_for``); None: local.
 
     Raises:
         OptionsError: fewer than one source, a source given twice, classes that do not fit.
@@ -189,7 +190,9 @@ def describe_mix(
     for i, name in enumerate(names):
         if name in names[:i]:
             raise OptionsError(f"{name} is given twice as a source of the mix")
-    views = tuple(describe(s, locking=locking, storage_options=storage_options) for s in plain)
+    views = tuple(
+        describe(s, locking=locking, store=store_for(s) if store_for else None) for s in plain
+    )
     joined, maps = joined_classes([v.meta.classes for v in views], names, classes)
     labels = []
     for view, mapping in zip(views, maps, strict=True):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from h5pack._types import StrPath
 from h5pack.core.decode import BACKENDS, Backend
+from h5pack.core.store import Store, open_store
 from h5pack.errors import OptionsError
 from h5pack.read.chunkcache import ChunkCacheOptions
 from h5pack.read.eviction import EvictionPolicy
@@ -89,6 +91,10 @@ class ReaderOptions:
             raise OptionsError(
                 f"backend should be one of {', '.join(BACKENDS)}, but got backend={self.backend!r}"
             )
+
+    def store_for(self, path: StrPath | Sequence[StrPath]) -> Store:
+        """Return the store of ``path`` with these ``storage_options`` (NOTE [ Stores ])."""
+        return open_store(path, self.storage_options)
 
     @property
     def disk_cache(self) -> ChunkCacheOptions | None:

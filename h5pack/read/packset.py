@@ -27,8 +27,9 @@ import errno
 import os
 import resource
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -49,7 +50,7 @@ from h5pack.core.packset import (
     pack_paths,
     parse_manifest,
 )
-from h5pack.core.source import is_url, join_url, open_source
+from h5pack.core.store import Store, is_url, join_url
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.planned import ReadPlan
 from h5pack.read.reader import PackReader, ReaderOptions
@@ -239,28 +240,21 @@ def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
     return ChunkMap(np.concatenate(starts))
 
 
-def is_remote(source: PackSource) -> bool:
-    """Return whether ``source`` is a URL or a list holding one."""
-    if isinstance(source, str | os.PathLike):
-        return is_url(source)
-    return any(is_url(p) for p in source)
-
-
 def load_pack_meta(
     path: str | os.PathLike[str],
     *,
     locking: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> PackMeta:
-    """Return a pack's metadata: ``format.load_meta``, or a URL's from its index (1-2 GETs)."""
-    if not is_url(path):
+    """Return a pack's metadata: ``format.load_meta``, or a remote one's from its index."""
+    if store is None or not store.remote:
         return load_meta(path, locking=locking)
-    with open_h5(path, storage_options=storage_options) as handle:
+    with open_h5(path, store=store) as handle:
         return read_meta(handle, os.fspath(path))
 
 
 def remote_members(
-    source: PackSource, storage_options: Mapping[str, Any] | None
+    source: PackSource, store: Store
 ) -> tuple[list[str], PackSetManifest | None, str | None]:
     """Return a remote set's shard URLs, its manifest and the manifest's URL (one GET)."""
     if not isinstance(source, str | os.PathLike):
@@ -271,43 +265,37 @@ def remote_members(
         return urls, None, None
     text = os.fspath(source)
     where = text if text.endswith(".json") else join_url(text, MANIFEST_NAME)
-    manifest_source = open_source(where, storage_options=storage_options)
-    try:
-        body = manifest_source.read_all().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise FormatError(f"{where}: the pack set manifest cannot be read ({err})") from err
-    finally:
-        manifest_source.close()
+    with closing(store.source(where)) as manifest_source:
+        try:
+            body = manifest_source.read_all().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise FormatError(f"{where}: the pack set manifest cannot be read ({err})") from err
     manifest = parse_manifest(body, where=where, root=Path("."))
     prefix = where.rsplit("/", 1)[0]
     return [join_url(prefix, e.path) for e in manifest.shards], manifest, where
 
 
-def remote_manifest(
-    source: PackSource, storage_options: Mapping[str, Any] | None = None
-) -> PackSetManifest | None:
+def remote_manifest(source: PackSource, store: Store) -> PackSetManifest | None:
     """Return a remote set's manifest (one GET), or None for a list of URLs."""
-    return remote_members(source, storage_options)[1]
+    return remote_members(source, store)[1]
 
 
 def _describe_set(
     source: PackSource,
     locking: bool | None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> PackView:
     """Load and check every shard's metadata; fold them into one view.
 
     A remote set's shards are opened concurrently (NOTE [ Compact index ]: 1-2 GETs each).
     """
-    remote = is_remote(source)
+    remote = store is not None and store.remote
     paths: list[Path | str]
-    if remote:
-        urls, manifest, manifest_url = remote_members(source, storage_options)
+    if store is not None and store.remote:
+        urls, manifest, manifest_url = remote_members(source, store)
         paths, name = list(urls), manifest_url or urls[0]
         with ThreadPoolExecutor(max(1, min(OPEN_IN_FLIGHT, len(paths)))) as pool:
-            found = list(
-                pool.map(lambda u: load_pack_meta(u, storage_options=storage_options), paths)
-            )
+            found = list(pool.map(lambda u: load_pack_meta(u, store=store), paths))
     else:
         local, manifest = pack_paths(source)
         paths = list(local)
@@ -349,13 +337,13 @@ def describe(
     source: PackSource,
     *,
     locking: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> PackView:
     """Return the metadata and chunk map of a pack or a pack set (checking every shard).
 
     Opens no reader: each shard's file is opened, its metadata read and checked against the
     manifest, and closed. URLs (``s3://bucket/pack.h5``, a set's prefix ``s3://bucket/set/``
-    or its ``packset.json``, a list of URLs) are read with ``storage_options``.
+    or its ``packset.json``, a list of URLs) are read from their ``store``.
 
     Raises:
         FileNotFoundError: the pack, a shard or the manifest does not exist.
@@ -363,9 +351,9 @@ def describe(
     """
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: a single path
-        meta = load_pack_meta(source, locking=locking, storage_options=storage_options)
+        meta = load_pack_meta(source, locking=locking, store=store)
         return PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
-    return _describe_set(source, locking, storage_options)
+    return _describe_set(source, locking, store)
 
 
 def open_reader(
@@ -449,11 +437,12 @@ class PackSetReader:
         self.options = options or ReaderOptions()
         self.max_open = max_open
         if view is None:
-            view = _describe_set(source, self.options.locking, self.options.storage_options)
+            view = _describe_set(source, self.options.locking, self.options.store_for(source))
         if view.shards is None:
             raise OptionsError(f"{view.meta.path} is a single pack: read it with PackReader")
         self.view = view
         self.path = view.meta.path
+        self._remote = self.options.store_for(source).remote
         self._shards = view.shards
         self.meta = view.meta
         self.chunk_map = view.chunk_map
@@ -483,7 +472,7 @@ class PackSetReader:
     @property
     def plans_reads(self) -> bool:
         """Whether the shards fetch chunks ahead by a plan (remote, or ``read_ahead`` given)."""
-        return self.options.read_ahead is not None or is_url(str(self.path))
+        return self.options.read_ahead is not None or self._remote
 
     def plan_reads(self, plan: ReadPlan) -> None:
         """Fetch the chunks of ``plan`` ahead of use, shard by shard (as they open)."""
@@ -533,7 +522,7 @@ class PackSetReader:
             self._readers.move_to_end(shard)
             return reader
         entry = self._shards[shard]
-        local = not is_url(entry.path)  # a remote shard's reader checks its ETag instead
+        local = not self._remote  # a remote shard's reader checks its ETag instead
         if local and (
             not Path(entry.path).exists()
             or _status_or_none(Path(entry.path)) != self._status[shard]

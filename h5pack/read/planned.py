@@ -12,7 +12,7 @@ pack set can split it by shard.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,11 +220,6 @@ class PlannedSource(ByteSource):
         self._ahead: ReadAhead | None = None
         self._cache: ChunkCache | None = None
         self._pid = -1
-
-    @classmethod
-    def open(cls, url: str, storage_options: Mapping[str, Any]) -> PlannedSource:
-        """Not opened by URL: ``PlannedSource`` wraps a source opened already."""
-        raise TypeError("a PlannedSource wraps an open source; it is not opened by URL")
 
     def size(self) -> int:
         """Return the wrapped source's size."""

@@ -30,7 +30,8 @@ from h5pack.core.layout import (
     group_bytes,
     is_compressed,
 )
-from h5pack.core.source import LocalSource, is_url
+from h5pack.core.source import LocalSource
+from h5pack.core.store import Store
 from h5pack.errors import FormatError, H5PackError, RemoteError
 from h5pack.read.checks import SampleChecks
 from h5pack.read.direct import ChunkTable, DirectFile, chunk_table, contiguous_offset
@@ -58,6 +59,7 @@ class PackReader:
             the reader refuses any other file at ``path``.
         meta: Metadata the caller has read and checked itself from this file (``verify``
             reads damaged metadata to report it); its identity must match the file opened.
+        store: Where the pack is kept (default: ``options.store_for(path)``).
 
     Raises:
         FileNotFoundError: the pack does not exist.
@@ -74,6 +76,7 @@ class PackReader:
         *,
         expected: PackIdentity | None = None,
         meta: fmt.PackMeta | None = None,
+        store: Store | None = None,
     ) -> None:
         options = options or ReaderOptions()
         self.options = options
@@ -81,10 +84,11 @@ class PackReader:
         self.path = os.fspath(path)
         self.verify_checksums = options.verify_checksums
         # NOTE [ Compact index ]: a URL's pack is opened once (its index: 1-2 requests)
-        self.remote = is_url(self.path)
+        store = store or options.store_for(self.path)
+        self.remote = store.remote
         opened: Any = None
         if self.remote:
-            opened = fmt.open_h5(self.path, storage_options=options.storage_options)
+            opened = fmt.open_h5(self.path, store=store)
             try:
                 found = fmt.read_meta(opened, self.path)
             except BaseException:

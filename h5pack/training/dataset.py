@@ -315,7 +315,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.view: PackView = describe(
             self.source,
             locking=self.options.locking,
-            storage_options=self.options.storage_options,
+            store=self.options.store_for(self.source),
         )
         # the pack's path; a set's manifest (or a list's first pack), as its metadata says
         self.path = self.source if isinstance(self.source, str) else self.view.meta.path

@@ -95,7 +95,7 @@ class H5MixDataset(H5ImageDataset):
             sources,
             classes=classes or "join",
             locking=self.options.locking,
-            storage_options=self.options.storage_options,
+            store_for=self.options.store_for,
         )
         num = len(self.mix.views)
         self.weights = check_weights([1.0] * num if weights is None else weights, num)

@@ -104,15 +104,17 @@ def resolve_data(
             None,
         )
     if mixed and isinstance(source, Sequence) and not isinstance(source, str):
+        from h5pack.core.store import open_store
         from h5pack.read.mixture import describe_mix
 
-        view = describe_mix(source)
+        view = describe_mix(source, store_for=open_store)
         return view.chunk_map, view.group_bytes, view.meta, MixedSources(view.chunk_maps)
     if isinstance(source, str | os.PathLike | Sequence):
         # a pack, a pack set (directory or manifest) or a list of packs: one pool of chunks
+        from h5pack.core.store import open_store
         from h5pack.read.packset import describe
 
-        one = describe(source)
+        one = describe(source, store=open_store(source))  # a sampler is a public edge
         return one.chunk_map, one.group_bytes, one.meta, None
     raise OptionsError(
         "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, a "

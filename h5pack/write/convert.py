@@ -11,8 +11,10 @@ name. ``write_arrays`` packs in-memory samples as an ``ArraySource``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,17 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack.core.fields import LEGACY_FIELDS, Field
 from h5pack.core.format import SkippedFile
+from h5pack.core.store import open_store
 from h5pack.write.builder import ConvertEvent, ConvertReport, SampleTable, make_report
 from h5pack.write.leftovers import describe_removed, remove_leftover_segments, remove_leftovers
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, rejecter, worker_pool, write_samples
 from h5pack.write.plan import plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, check_target, sigterm_as_exit
+from h5pack.write.remote import publish_staged
 from h5pack.write.scan import group_problems, name_paths
 from h5pack.write.sources import ArraySource, Sample, SampleSource, sample_source
 from h5pack.write.sources.base import Image, image_bytes
-from h5pack.write.upload import is_url
 
 __all__ = ["ConvertEvent", "ConvertReport", "convert", "convert_file", "write_arrays"]
 
@@ -77,19 +80,19 @@ def convert(
         OptionsError: the options do not fit the images.
         H5PackError: for a URL, the staging directory is too small or the upload failed.
     """
-    if is_url(target):
-        from h5pack.write.remote import convert_to_url
-
-        return convert_to_url(
-            source,
-            str(target),
-            options,
+    store = open_store(target, storage_options)
+    if store.remote:  # NOTE [ Stores ]
+        report = publish_staged(
+            store,
+            os.fspath(target),
+            lambda local, room: convert_file(
+                source, local, options, progress=progress, on_event=on_event, room=room
+            ),
             overwrite=overwrite,
-            progress=progress,
-            on_event=on_event,
-            storage_options=storage_options,
             staging_dir=staging_dir,
+            emit=on_event or (lambda event: None),
         )
+        return replace(report, path=os.fspath(target))
     return convert_file(
         source, target, options, overwrite=overwrite, progress=progress, on_event=on_event
     )

@@ -58,6 +58,7 @@ from h5pack.core.packset import (
     pack_paths,
 )
 from h5pack.core.record import PackRecord, write_record
+from h5pack.core.store import open_store
 from h5pack.errors import FormatError, H5PackError
 from h5pack.write.builder import ConvertEvent, create_file, skipped_text
 from h5pack.write.images import COPY_BYTES, aligned_offsets, copy_array_rows
@@ -71,7 +72,7 @@ from h5pack.write.publish import (
     sigterm_as_exit,
     temp_path,
 )
-from h5pack.write.remote import has_url, merge_with_urls
+from h5pack.write.remote import merge_with_urls
 
 # NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
 # ``fmt.VIRTUAL_SOURCES_KEY`` (JSON list of {path, pack_id, file_bytes, num_samples,
@@ -783,18 +784,30 @@ def merge_packs(
             sample shape, dtype, chunks, filters or classes (the message names two files
             and what differs).
     """
-    if has_url(sources, target):
-        return merge_with_urls(
+    store = open_store(
+        [target, *([sources] if isinstance(sources, str | os.PathLike) else sources)],
+        storage_options,
+    )
+    if store.remote:  # NOTE [ Stores ]
+        report, said = merge_with_urls(
             sources,
-            target,
+            os.fspath(target),
+            store,
+            lambda found, local: merge_packs(
+                found,
+                local,
+                overwrite=overwrite,
+                keep_order=keep_order,
+                progress=progress,
+                on_event=on_event,
+            ),
+            staging_dir=staging_dir,
             overwrite=overwrite,
             virtual=virtual,
-            keep_order=keep_order,
-            progress=progress,
-            on_event=on_event,
-            storage_options=storage_options,
-            staging_dir=staging_dir,
+            emit=on_event or (lambda event: None),
         )
+        said = list(report.sources) if len(said) == 1 and len(report.sources) > 1 else said
+        return replace(report, path=os.fspath(target), sources=tuple(said))
     started = time.perf_counter()
     step_done = progress or (lambda n: None)
     target_path = check_target(target, overwrite=overwrite)

@@ -1,20 +1,21 @@
-"""Conversions and merges whose target is a URL: written locally, then published in a bucket.
+"""Conversions and merges whose target is in a remote store: written locally, then published.
 
-``convert_to_url`` converts into a private staging directory on local disk, exactly as into
-a local file, then uploads the finished pack under its final key (NOTE [ Publishing in a
-bucket ] in ``write/upload.py``). The pack set's side (``convert_set`` and
-``convert_on_dask`` into ``s3://bucket/set/``) is ``RemoteSet``; ``merge_with_urls`` fetches
-remote sources into the staging directory, merges there and uploads the merged pack.
+``publish_staged`` runs a local write (a conversion, a shard, a merge) into a private
+staging directory on local disk, exactly as into a local file, then publishes the finished
+pack under its final URL through the store (NOTE [ Publishing in a bucket ] in
+``write/upload.py``). A pack set under a prefix is ``RemoteSet``; ``merge_with_urls``
+fetches remote sources into the staging directory first. The local writers are passed in
+(``convert_file``, ``convert_shard_file``, ``merge_packs``), so nothing here imports them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal, TypeVar
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
@@ -28,7 +29,7 @@ from h5pack.core.packset import (
     parse_manifest,
     shard_name,
 )
-from h5pack.core.source import is_url, split_url
+from h5pack.core.store import ObjectInfo, Store, is_url, join_url, split_url
 from h5pack.errors import (
     FormatError,
     H5PackError,
@@ -36,29 +37,18 @@ from h5pack.errors import (
     PackNotFoundError,
     TargetExistsError,
 )
-from h5pack.write.builder import ConvertEvent, ConvertReport
+from h5pack.write.builder import ConvertEvent
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import meta_problems, set_manifest
 from h5pack.write.publish import sigterm_as_exit
-from h5pack.write.sources import SampleSource
-from h5pack.write.upload import Bucket, RemoteObject, Staging, describe_swept
+from h5pack.write.upload import Staging, describe_swept
 
-if TYPE_CHECKING:
-    from h5pack.write.merge import MergeReport
-    from h5pack.write.shards import ShardReport
-    from h5pack.write.split import ShardTask
-
-__all__ = [
-    "RemoteSet",
-    "RemoteShard",
-    "check_pack_url",
-    "convert_to_url",
-    "upload_whole",
-    "write_remote_shard",
-]
+__all__ = ["RemoteSet", "RemoteShard", "check_pack_url", "publish_shard", "publish_staged"]
 
 Emit = Callable[[ConvertEvent], None]
+Room = Callable[[int], None]
+R = TypeVar("R")
 
 
 def _ignore(_: object) -> None:
@@ -80,111 +70,74 @@ def check_pack_url(url: str) -> str:
     return key
 
 
-def convert_to_url(
-    source: StrPath | SampleSource,
-    url: str,
-    options: ConvertOptions | None = None,
-    *,
-    overwrite: bool = False,
-    progress: Callable[[int], None] | None = None,
-    on_event: Emit | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    staging_dir: StrPath | None = None,
-) -> ConvertReport:
-    """Pack ``source`` into the object ``url``: convert in a staging directory, then upload.
+def _sweep(store: Store, url: str, emit: Emit) -> None:
+    swept = store.sweep([url])
+    if swept:
+        emit(ConvertEvent("note", describe_swept(swept)))
 
-    See ``convert`` for the arguments.
+
+def publish_staged(
+    store: Store,
+    url: str,
+    write: Callable[[Path, Room], R],
+    *,
+    overwrite: bool,
+    staging_dir: StrPath | None,
+    emit: Emit = _ignore,
+    checked: bool = False,
+) -> R:
+    """Return ``write(local, room)`` run in a staging directory, its file then published at ``url``.
+
+    Args:
+        store: Where ``url`` is.
+        url: The pack's URL.
+        write: Writes the pack into the local path it is given; ``room`` checks the staging
+            directory's free space.
+        overwrite: Replace an object at ``url``.
+        staging_dir: Where to stage (default: the temporary directory).
+        emit: Notes (sweeps, the upload).
+        checked: ``url`` was already checked to be free (a shard being replaced).
 
     Raises:
-        TargetExistsError: an object exists under ``url`` and ``overwrite`` is False.
+        TargetExistsError: an object is at ``url`` (before or after the write) without
+            ``overwrite``.
         H5PackError: the staging directory is too small, or the upload failed (nothing is
             left under ``url``).
     """
-    from h5pack.write.convert import convert_file
-
-    emit = on_event or _ignore
     key = check_pack_url(url)
-    bucket = Bucket(url, storage_options)
-    refuse_existing(bucket, key, overwrite=overwrite)
-    swept = bucket.sweep([key])
-    if swept:
-        emit(ConvertEvent("note", describe_swept(bucket, swept)))
-    with sigterm_as_exit(), Staging(staging_dir, what=f"the pack for {url}") as staging:
+    if not checked and not overwrite and (found := store.stat(url)) is not None:
+        raise TargetExistsError(f"{found.url} already exists; pass --overwrite to replace it")
+    _sweep(store, url, emit)
+    with sigterm_as_exit(), Staging(staging_dir, what=url) as staging:
         if staging.removed:
             emit(ConvertEvent("note", describe_removed(staging.removed)))
         local = staging.file(PurePosixPath(key).name)
         try:
-            report = convert_file(
-                source,
-                local,
-                options,
-                progress=progress,
-                on_event=on_event,
-                room=lambda nbytes: staging.check_room(nbytes, what=f"the pack for {url}"),
-            )
+            result = write(local, lambda nbytes: staging.check_room(nbytes, what=url))
         except H5PackError as err:
-            _raise_with_staging_hint(err, staging)
+            text = str(err)
+            if "no space left" in text.lower() and "--staging-dir" not in text:
+                raise H5PackError(f"{text}; {staging.hint()}") from err
             raise
-        upload_whole(bucket, local, key, overwrite=overwrite, emit=emit)
-    return replace(report, path=url)
-
-
-def refuse_existing(bucket: Bucket, key: str, *, overwrite: bool) -> RemoteObject | None:
-    """Return the object under ``key``, refusing one unless ``overwrite``.
-
-    Raises:
-        TargetExistsError: it exists and ``overwrite`` is False.
-    """
-    found = bucket.info(key)
-    if found is not None and not overwrite:
-        raise TargetExistsError(f"{found.url} already exists; pass --overwrite to replace it")
-    return found
-
-
-def upload_whole(
-    bucket: Bucket, local: Path, key: str, *, overwrite: bool, emit: Emit = _ignore
-) -> RemoteObject:
-    """Upload the finished file ``local`` under ``key`` (``Bucket.upload``: aborted on error).
-
-    Raises:
-        TargetExistsError: without ``overwrite``, an object appeared under ``key``
-            meanwhile.
-        RemoteError: the upload failed; nothing is left under ``key``.
-    """
-    if not overwrite:
-        found = bucket.info(key)
-        if found is not None:
+        if not overwrite and (found := store.stat(url)) is not None:
             raise TargetExistsError(f"{found.url} appeared during the conversion; not replaced")
-    size = local.stat().st_size
-    emit(ConvertEvent("note", f"uploading {size / 2**20:.1f} MiB to {bucket.url(key)}"))
-    return bucket.upload(local, key, if_absent=not overwrite)
+        emit(ConvertEvent("note", f"uploading {local.stat().st_size / 2**20:.1f} MiB to {url}"))
+        store.publish(local, url, if_absent=not overwrite)
+    return result
 
 
-def shard_url(prefix_url: str, name: str) -> str:
-    """Return the URL of ``name`` under the pack set's prefix ``prefix_url``."""
-    return prefix_url.rstrip("/") + "/" + name
-
-
-def set_prefix(url: str) -> tuple[str, str]:
-    """Return a pack set's prefix URL (ending in ``/``) and its key prefix.
+def set_prefix(url: str) -> str:
+    """Return a pack set's prefix URL, ending in ``/``.
 
     ``s3://bucket/set``, ``s3://bucket/set/`` and ``s3://bucket/set/packset.json`` name the
     same set.
 
     Raises:
-        OptionsError: the URL names no bucket.
+        FormatError: the URL names no bucket.
     """
     scheme, bucket, key = split_url(url)
-    if key.endswith("/" + MANIFEST_NAME) or key == MANIFEST_NAME:
-        key = key[: -len(MANIFEST_NAME)]
-    key = key.strip("/")
-    prefix = key + "/" if key else ""
-    return f"{scheme}://{bucket}/{prefix}", prefix
-
-
-def staging_root(staging_dir: StrPath | None) -> str | None:
-    """Return ``staging_dir`` as text (a ShardTask carries it to a Dask worker)."""
-    return os.fspath(staging_dir) if staging_dir is not None else None
+    key = key.removesuffix(MANIFEST_NAME).strip("/")
+    return f"{scheme}://{bucket}/{key}/" if key else f"{scheme}://{bucket}/"
 
 
 # -- pack sets in a bucket --------------------------------------------------------------
@@ -196,13 +149,13 @@ class RemoteShard:
 
     Attributes:
         url: The shard's URL.
-        storage_options: The bucket's settings beyond the environment.
+        store: Its store.
         staging_dir: Where the shard is written before it is uploaded (None: the temporary
             directory of the process that writes it).
     """
 
     url: str
-    storage_options: dict[str, str] = field(default_factory=dict)
+    store: Store
     staging_dir: str | None = None
 
 
@@ -211,33 +164,20 @@ class RemoteSet:
 
     Args:
         url: The set's prefix (``s3://bucket/set/``) or its manifest's URL.
-        storage_options: The bucket's settings beyond the environment.
+        store: Its store.
         staging_dir: Where shards are written before they are uploaded.
     """
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: Mapping[str, str] | None,
-        staging_dir: StrPath | None,
-    ) -> None:
-        self.prefix_url, self.prefix = set_prefix(url)
-        self.storage_options = dict(storage_options or {})
-        self.staging_dir = staging_root(staging_dir)
-        self.bucket = Bucket(url, self.storage_options)
-
-    @property
-    def manifest_url(self) -> str:
-        """The URL of the set's manifest."""
-        return self.bucket.url(self.prefix + MANIFEST_NAME)
+    def __init__(self, url: str, store: Store, staging_dir: StrPath | None) -> None:
+        self.prefix_url = set_prefix(url)
+        self.store = store
+        self.staging_dir = os.fspath(staging_dir) if staging_dir is not None else None
+        self.manifest_url = self.prefix_url + MANIFEST_NAME
 
     def shard(self, index: int, num_shards: int) -> RemoteShard:
         """Return where shard ``index`` is published."""
-        return RemoteShard(
-            self.bucket.url(self.prefix + shard_name(index, num_shards)),
-            self.storage_options,
-            self.staging_dir,
-        )
+        url = self.prefix_url + shard_name(index, num_shards)
+        return RemoteShard(url, self.store, self.staging_dir)
 
     def prepare(self, num_shards: int, options: ConvertOptions, *, overwrite: bool) -> Path:
         """Refuse a manifest of another split under the prefix (deleted with ``overwrite``).
@@ -249,12 +189,14 @@ class RemoteSet:
             TargetExistsError: the prefix holds another split's manifest, without
                 ``overwrite``.
         """
-        key = self.prefix + MANIFEST_NAME
-        text = self.bucket.get_text(key)
-        if text is None:
-            return Path(self.prefix or ".")
+        root = Path(split_url(self.prefix_url)[2] or ".")
+        data = self.store.get(self.manifest_url)
+        if data is None:
+            return root
         try:
-            other = parse_manifest(text, where=self.manifest_url, root=Path(self.prefix or "."))
+            other = parse_manifest(
+                data.decode("utf-8", "replace"), where=self.manifest_url, root=root
+            )
             same = (other.num_shards, other.seed) == (num_shards, options.seed) and [
                 e.path for e in other.shards
             ] == [shard_name(i, num_shards) for i in range(num_shards)]
@@ -268,8 +210,8 @@ class RemoteSet:
                     f"{options.seed}; convert under another prefix, or pass --overwrite to "
                     "replace it"
                 )
-            self.bucket.delete(key)
-        return Path(self.prefix or ".")
+            self.store.delete(self.manifest_url)
+        return root
 
     def finish(
         self,
@@ -293,12 +235,12 @@ class RemoteSet:
             name = shard_name(i, n)
             meta, size = metas.get(i), sizes.get(i)
             if meta is None or size is None:
-                found = self.bucket.info(self.prefix + name)
+                found = self.store.stat(self.prefix_url + name)
                 if found is None:
                     missing += (i,)
                     continue
-                meta, problems = remote_shard_problems(
-                    found.url, identities[i], options, classes, self.storage_options
+                meta, problems = shard_problems(
+                    found.url, self.store, identities[i], options, classes
                 )
                 if problems or meta is None:
                     emit(ConvertEvent("note", f"{found.url} does not match: {'; '.join(problems)}"))
@@ -315,253 +257,179 @@ class RemoteSet:
             )
         if missing:
             return None, missing
-        manifest = set_manifest(Path(self.prefix or "."), entries, classes, options)
-        self.bucket.put_text(self.prefix + MANIFEST_NAME, manifest_text(manifest) + "\n")
+        root = Path(split_url(self.prefix_url)[2] or ".")
+        manifest = set_manifest(root, entries, classes, options)
+        self.store.put(self.manifest_url, (manifest_text(manifest) + "\n").encode("utf-8"))
         return self.manifest_url, ()
 
 
-def read_remote_meta(url: str, storage_options: Mapping[str, str]) -> PackMeta:
-    """Return the metadata of the pack at ``url`` (its paths read too, as a local check does).
-
-    Raises:
-        FormatError: the object is not a pack that can be read.
-    """
-    with fmt.open_h5(url, storage_options=storage_options) as handle:
-        meta = fmt.read_meta(handle, url)
-        fmt.read_paths(handle, meta)
-    return meta
-
-
-def remote_shard_problems(
-    url: str,
-    identity: ShardIdentity,
-    options: ConvertOptions,
-    classes: Sequence[str],
-    storage_options: Mapping[str, str],
+def shard_problems(
+    url: str, store: Store, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
 ) -> tuple[PackMeta | None, list[str]]:
     """Return the metadata of the shard at ``url`` and how it differs from this conversion's."""
     try:
-        meta = read_remote_meta(url, storage_options)
+        with fmt.open_h5(url, store=store) as handle:
+            meta = fmt.read_meta(handle, url)
+            fmt.read_paths(handle, meta)
     except FormatError as err:
         return None, [f"it cannot be read ({err})"]
     return meta, meta_problems(meta, identity, options, classes)
 
 
-def write_remote_shard(
-    task: ShardTask, *, executor: Any, workers: int, emit: Emit, step: Callable[[int], None]
-) -> tuple[ShardReport, PackMeta]:
-    """Reuse the shard of ``task`` in its bucket if it matches, else write it and upload it.
+def publish_shard(
+    remote: RemoteShard,
+    identity: ShardIdentity,
+    options: ConvertOptions,
+    classes: Sequence[str],
+    write: Callable[[Path, Room], PackMeta],
+    *,
+    overwrite: bool,
+    emit: Emit,
+) -> tuple[Literal["written", "reused"], int, PackMeta]:
+    """Reuse the shard at ``remote.url`` if it matches, else write it and publish it.
+
+    Returns:
+        Whether it was written or reused, its bytes and its metadata.
 
     Raises:
-        TargetExistsError: the shard exists, does not match and not ``task.overwrite`` (the
+        TargetExistsError: the shard exists, does not match and not ``overwrite`` (the
             message names its URL).
         H5PackError: the staging directory is too small, or the upload failed.
     """
-    from h5pack.write.shards import ShardReport, convert_shard_file
-
-    assert task.remote is not None  # write_shard sends only remote tasks here
-    started = time.perf_counter()
-    remote = task.remote
-    _, _, key = split_url(remote.url)
-    bucket = Bucket(remote.url, remote.storage_options)
-    identity = task.identity
-    where = f"shard {identity.index}/{identity.num_shards}"
-    meta: PackMeta | None = None
-    found = bucket.info(key)
+    url, store = remote.url, remote.store
+    found: ObjectInfo | None = store.stat(url)
     if found is not None:
-        meta, problems = remote_shard_problems(
-            remote.url, identity, task.options, task.classes, remote.storage_options
-        )
-        if problems:
-            detail = "; ".join(problems)
-            if not task.overwrite:
-                raise TargetExistsError(
-                    f"{remote.url} exists but is not {where} of this conversion ({detail}); "
-                    "pass --overwrite to rebuild it, or convert under another prefix"
-                )
-            emit(ConvertEvent("note", f"replacing {remote.url}: {detail}"))
-            meta = None
-    if meta is not None and found is not None:
-        status: Literal["written", "reused"] = "reused"
-        size = found.size
-    else:
-        swept = bucket.sweep([key])
-        if swept:
-            emit(ConvertEvent("note", describe_swept(bucket, swept)))
-        with sigterm_as_exit(), Staging(remote.staging_dir, what=remote.url) as staging:
-            if staging.removed:
-                emit(ConvertEvent("note", describe_removed(staging.removed)))
-            local = staging.file(task.target.name)
-            try:
-                meta = convert_shard_file(
-                    task,
-                    local,
-                    executor=executor,
-                    workers=workers,
-                    emit=emit,
-                    step=step,
-                    room=lambda nbytes: staging.check_room(nbytes, what=remote.url),
-                )
-            except H5PackError as err:
-                _raise_with_staging_hint(err, staging)
-                raise
-            size = local.stat().st_size
-            upload_whole(bucket, local, key, overwrite=True, emit=emit)
-        status = "written"
-    report = ShardReport(
-        index=identity.index,
-        path=remote.url,
-        status=status,
-        num_samples=meta.num_samples,
-        num_planned=identity.num_planned,
-        file_bytes=size,
-        elapsed_s=time.perf_counter() - started,
-        skipped=meta.skipped,
+        meta, problems = shard_problems(url, store, identity, options, classes)
+        if not problems and meta is not None:
+            return "reused", found.size, meta
+        detail = "; ".join(problems)
+        if not overwrite:
+            where = f"shard {identity.index}/{identity.num_shards}"
+            raise TargetExistsError(
+                f"{url} exists but is not {where} of this conversion ({detail}); "
+                "pass --overwrite to rebuild it, or convert under another prefix"
+            )
+        emit(ConvertEvent("note", f"replacing {url}: {detail}"))
+    sizes: list[int] = []
+
+    def staged(local: Path, room: Room) -> PackMeta:
+        meta = write(local, room)
+        sizes.append(local.stat().st_size)
+        return meta
+
+    meta = publish_staged(
+        store, url, staged, overwrite=True, staging_dir=remote.staging_dir, emit=emit, checked=True
     )
-    return report, meta
-
-
-def _raise_with_staging_hint(err: H5PackError, staging: Staging) -> None:
-    """When the staging disk filled, raise ``err`` again with what to do about it.
-
-    Raises:
-        H5PackError: ``err`` said no space was left (else nothing is raised here).
-    """
-    text = str(err)
-    if "no space left" in text.lower() and "--staging-dir" not in text:
-        raise H5PackError(f"{text}; {staging.hint()}") from err
+    return "written", sizes[0], meta
 
 
 # -- merging from and into a bucket -----------------------------------------------------
 
 
-def has_url(sources: StrPath | Sequence[StrPath], target: StrPath) -> bool:
-    """Return whether a merge reads or writes a bucket."""
-    items: list[StrPath] = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
-    return is_url(target) or any(is_url(item) for item in items)
-
-
 def merge_with_urls(
     sources: StrPath | Sequence[StrPath],
-    target: StrPath,
+    target: str,
+    store: Store,
+    merge: Callable[[StrPath | list[StrPath], Path], R],
     *,
-    overwrite: bool = False,
-    virtual: bool = False,
-    keep_order: bool = False,
-    progress: Callable[[int], None] | None = None,
-    on_event: Emit | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    staging_dir: StrPath | None = None,
-) -> MergeReport:
-    """Merge packs of which some are in a bucket, or into a bucket (``merge_packs``).
+    staging_dir: StrPath | None,
+    overwrite: bool,
+    virtual: bool,
+    emit: Emit,
+) -> tuple[R, list[str]]:
+    """Merge packs of which some are in a store, or into one, with the local ``merge``.
 
     The remote sources (packs, or a set's prefix or manifest, with all its shards) are
     downloaded into a staging directory, merged there as local packs are, and a remote
-    target is uploaded once complete (NOTE [ Publishing in a bucket ]): the merge copies
+    target is published once complete (NOTE [ Publishing in a bucket ]): the merge copies
     every stored chunk anyway, and whole objects take the fewest requests.
 
+    Returns:
+        What ``merge`` returned, and each source's shard URLs (a remote set's) or path.
+
     Raises:
-        OptionsError: ``virtual`` with a URL (a virtual pack reads its sources by path).
+        OptionsError: ``virtual`` (a virtual pack reads its sources by local path).
         TargetExistsError: the target exists and ``overwrite`` is False.
         H5PackError: the staging directory is too small, or a transfer failed.
     """
-    from h5pack.write.merge import merge_packs
-
-    emit = on_event or _ignore
     if virtual:
         raise OptionsError(
             f"--virtual writes a view that reads its sources by local path; it cannot read "
-            f"from or point into a bucket ({os.fspath(target)}): merge without --virtual"
+            f"from or point into a bucket ({target}): merge without --virtual"
         )
-    options = dict(storage_options or {})
-    target_text = os.fspath(target)
-    remote_target = is_url(target_text)
-    bucket = key = None
-    if remote_target:
-        key = check_pack_url(target_text)
-        bucket = Bucket(target_text, options)
-        refuse_existing(bucket, key, overwrite=overwrite)
     single = isinstance(sources, str | os.PathLike)
-    items: list[StrPath] = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
-    with sigterm_as_exit(), Staging(staging_dir, what=f"the merge into {target_text}") as staging:
+    listed: Sequence[StrPath] = [sources] if isinstance(sources, str | os.PathLike) else sources
+    items = [os.fspath(s) for s in listed]
+    said: list[str] = []
+
+    def merged(local_target: Path, room: Room, staging: Path) -> R:
+        fetched: list[StrPath] = []
+        for k, item in enumerate(items):
+            if is_url(item):
+                path, urls = _fetch_source(item, store, staging / f"source-{k:05d}", room, emit)
+                fetched.append(path)
+                said.extend(urls)
+            else:
+                fetched.append(Path(item))
+                said.append(item)
+        return merge(fetched[0] if single else fetched, local_target)
+
+    if is_url(target):
+        return publish_staged(
+            store,
+            target,
+            lambda local, room: merged(local, room, local.parent),
+            overwrite=overwrite,
+            staging_dir=staging_dir,
+            emit=emit,
+        ), said
+    what = f"the merge into {target}"
+    with sigterm_as_exit(), Staging(staging_dir, what=what) as staging:
         if staging.removed:
             emit(ConvertEvent("note", describe_removed(staging.removed)))
-        fetched = [
-            _fetch_source(os.fspath(item), staging, k, options, emit)
-            if is_url(os.fspath(item))
-            else Path(item)
-            for k, item in enumerate(items)
-        ]
-        local_target = staging.file(PurePosixPath(key).name) if key is not None else Path(target)
-        merge_sources: StrPath | list[StrPath] = fetched[0] if single else list(fetched)
-        try:
-            report = merge_packs(
-                merge_sources,
-                local_target,
-                overwrite=overwrite,
-                keep_order=keep_order,
-                progress=progress,
-                on_event=on_event,
-            )
-        except H5PackError as err:
-            _raise_with_staging_hint(err, staging)
-            raise
-        if bucket is not None and key is not None:
-            swept = bucket.sweep([key])
-            if swept:
-                emit(ConvertEvent("note", describe_swept(bucket, swept)))
-            upload_whole(bucket, local_target, key, overwrite=overwrite, emit=emit)
-    said = [os.fspath(item) for item in items]
-    if len(said) == 1 and len(report.sources) > 1:
-        said = (
-            [shard_url(said[0], Path(p).name) for p in report.sources]
-            if is_url(said[0])
-            else list(report.sources)
-        )
-    return replace(report, path=target_text, sources=tuple(said))
+        room = functools.partial(staging.check_room, what=what)
+        return merged(Path(target), room, staging.path), said
 
 
 def _fetch_source(
-    url: str, staging: Staging, index: int, options: Mapping[str, str], emit: Emit
-) -> Path:
-    """Download a remote pack, or a set's manifest and shards, into ``staging``; return it.
+    url: str, store: Store, folder: Path, room: Room, emit: Emit
+) -> tuple[Path, list[str]]:
+    """Download a remote pack, or a set's manifest and shards, into ``folder``.
+
+    Returns:
+        The local pack (or set's folder) and the URLs it came from.
 
     Raises:
         PackNotFoundError: no such object (or no manifest under a set's prefix).
         H5PackError: the staging directory is too small, or a GET failed.
     """
-    bucket = Bucket(url, options)
-    folder = staging.file(f"source-{index:05d}")
     folder.mkdir()
     _, _, key = split_url(url)
-    if not (key.endswith("/") or key.endswith(".json") or not key):
-        found = bucket.info(key)
+    if not (key.endswith(("/", ".json")) or not key):
+        found = store.stat(url)
         if found is None:
             raise PackNotFoundError(
                 f"{url}: no such object (a pack set: give its prefix, ending in /)"
             )
-        staging.check_room(2 * found.size, what=f"{url} and its merged copy")
+        room(2 * found.size)
         local = folder / PurePosixPath(key).name
         emit(ConvertEvent("note", f"downloading {url} ({found.size / 2**20:.1f} MiB)"))
-        bucket.download(key, local)
-        return local
-    prefix_url, prefix = set_prefix(url)
-    text = bucket.get_text(prefix + MANIFEST_NAME)
-    if text is None:
+        store.download(url, local)
+        return local, [url]
+    prefix_url = set_prefix(url)
+    data = store.get(prefix_url + MANIFEST_NAME)
+    if data is None:
         raise PackNotFoundError(
             f"{prefix_url} has no {MANIFEST_NAME}: no pack set manifest (a conversion with "
             "--shards writes it last; was it interrupted?)"
         )
+    text = data.decode("utf-8", "replace")
     manifest = parse_manifest(text, where=prefix_url + MANIFEST_NAME, root=folder)
     total = sum(e.file_bytes for e in manifest.shards)
-    staging.check_room(2 * total, what=f"the shards of {prefix_url} and their merged copy")
-    emit(
-        ConvertEvent(
-            "note",
-            f"downloading {len(manifest.shards)} shards of {prefix_url} ({total / 2**20:.1f} MiB)",
-        )
-    )
+    room(2 * total)
+    count, mib = len(manifest.shards), total / 2**20
+    emit(ConvertEvent("note", f"downloading {count} shards of {prefix_url} ({mib:.1f} MiB)"))
     (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
     for entry in manifest.shards:
-        bucket.download(prefix + entry.path, folder / entry.path)
-    return folder
+        store.download(join_url(prefix_url, entry.path), folder / entry.path)
+    return folder, [join_url(prefix_url, e.path) for e in manifest.shards]

@@ -31,6 +31,7 @@ from h5pack._types import StrPath
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
+from h5pack.core.store import open_store
 from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import list_source, needs_probe, remove_leftovers_beside, sample_table
@@ -38,10 +39,9 @@ from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, worker_pool, write_samples
 from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
-from h5pack.write.remote import RemoteSet
+from h5pack.write.remote import RemoteSet, publish_shard
 from h5pack.write.sources import SampleSource, sample_source
 from h5pack.write.split import ShardTask, SourceSplit, plan_reason
-from h5pack.write.upload import is_url
 
 __all__ = ["PackSetReport", "ShardReport", "convert_set"]
 
@@ -158,8 +158,9 @@ def open_set(
     Returns:
         The directory the shards are named in, and the bucket's set (None for a local set).
     """
-    if is_url(out_dir):
-        remote = RemoteSet(os.fspath(out_dir), storage_options, staging_dir)
+    store = open_store(out_dir, storage_options)
+    if store.remote:  # NOTE [ Stores ]
+        remote = RemoteSet(os.fspath(out_dir), store, staging_dir)
         return remote.prepare(shards, options, overwrite=overwrite), remote
     out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
     remove_leftovers_beside(out / shard_name(0, shards), emit)
@@ -279,27 +280,36 @@ def write_shard(
     Raises:
         TargetExistsError: the shard exists, does not match and not ``task.overwrite``.
     """
-    if task.remote is not None:
-        from h5pack.write.remote import write_remote_shard
-
-        return write_remote_shard(task, executor=executor, workers=workers, emit=emit, step=step)
     started = time.perf_counter()
     identity = task.identity
-    meta = reusable_shard(task, emit)
-    if meta is None:
-        meta = convert_shard_file(
+    status: Literal["written", "reused"]
+    if task.remote is not None:
+        status, size, meta = publish_shard(
+            task.remote,
+            identity,
+            task.options,
+            task.classes,
+            lambda local, room: convert_shard_file(
+                task, local, executor=executor, workers=workers, emit=emit, step=step, room=room
+            ),
+            overwrite=task.overwrite,
+            emit=emit,
+        )
+        path = task.remote.url
+    else:
+        found = reusable_shard(task, emit)
+        status = "reused" if found is not None else "written"
+        meta = found or convert_shard_file(
             task, task.target, executor=executor, workers=workers, emit=emit, step=step
         )
-        status: Literal["written", "reused"] = "written"
-    else:
-        status = "reused"
+        path, size = os.fspath(task.target), task.target.stat().st_size
     report = ShardReport(
         index=identity.index,
-        path=os.fspath(task.target),
+        path=path,
         status=status,
         num_samples=meta.num_samples,
         num_planned=identity.num_planned,
-        file_bytes=task.target.stat().st_size,
+        file_bytes=size,
         elapsed_s=time.perf_counter() - started,
         skipped=meta.skipped,
     )

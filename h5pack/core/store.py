@@ -1,0 +1,265 @@
+"""Where packs are kept: one ``Store`` per kind of storage, chosen once from a path or URL.
+
+NOTE [ Stores ]
+
+zarr v3's ``Store`` is the model. Each public entry (``make_loader``, ``convert``,
+``merge_packs``, ``pack_info``, ``verify_pack``, the benchmarks, the CLI) turns the path or
+URL it was given, plus the user's ``storage_options``, into one store with ``open_store``;
+below that edge only the store travels: no options mapping, no URL scheme tested. A store
+answers for every path or URL of its kind:
+
+- ``source(path)``: the object's bytes (``core.source.ByteSource``: ranged reads, its
+  identity, an ETag or an inode, checked on every answer); read-ahead and the disk cache
+  wrap a source (``read.planned``), so they work over any store;
+- ``stat``, ``get``, ``list``: size and identity, a small object whole (a manifest), names;
+- ``put``, ``publish``, ``delete``, ``sweep``: what the writers need, each appearing whole or
+  not at all (a pack is written locally, then ``publish``-ed; NOTE [ Publishing in a bucket ]).
+
+A new kind (GCS, Azure, HTTP) is one module with a ``Store`` subclass, registered in
+``SCHEMES`` with the extra that brings its client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from h5pack._types import StrPath
+from h5pack.core.source import ByteSource, LocalSource
+from h5pack.errors import FormatError, H5PackError, PackNotFoundError
+
+# scheme -> (module, class) of its store, imported on first use (its client is an extra)
+SCHEMES: dict[str, tuple[str, str]] = {"s3": ("h5pack.core.s3", "S3Store")}
+# The extra that brings each scheme's client.
+EXTRAS: dict[str, str] = {"s3": "s3"}
+
+
+class MissingExtraError(H5PackError, ImportError):
+    """A URL's client library is not installed; the message names the extra to install."""
+
+
+def missing_extra(scheme: str, err: ImportError) -> MissingExtraError:
+    """Return the error for a ``scheme://`` URL read without its client installed."""
+    extra = EXTRAS.get(scheme, scheme)
+    return MissingExtraError(
+        f"reading {scheme}:// URLs needs h5pack's {extra!r} extra: "
+        f"pip install 'h5pack[{extra}]' ({err})"
+    )
+
+
+def is_url(path: StrPath | str) -> bool:
+    """Return whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    scheme, sep, _ = os.fspath(path).partition("://")
+    return bool(sep) and scheme.isalnum() and len(scheme) > 1
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """Return ``(scheme, bucket, key)`` of ``scheme://bucket/key``.
+
+    Raises:
+        FormatError: the URL names no bucket.
+    """
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise FormatError(f"{url}: the URL names no bucket (expected {scheme}://BUCKET/KEY)")
+    return scheme.lower(), bucket, key
+
+
+def join_url(base: str, relative: str) -> str:
+    """Return the path or URL of ``relative`` (``/``-separated) under the prefix ``base``."""
+    return base.rstrip("/") + "/" + relative.lstrip("/")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """A stored object (or file), as its store saw it.
+
+    Attributes:
+        url: Its path or URL.
+        size: Its bytes.
+        etag: Its ETag or generation (remote), ``device:inode`` (local).
+    """
+
+    url: str
+    size: int
+    etag: str
+
+
+class Store(ABC):
+    """One kind of storage, reached with one set of settings (NOTE [ Stores ]).
+
+    Picklable: a DataLoader worker or a Dask task gets the settings and makes its own
+    clients and descriptors.
+    """
+
+    remote: ClassVar[bool] = True  # each request has a latency worth saving
+
+    @classmethod
+    @abstractmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> Store:
+        """Return the store the user's settings describe (the environment fills the rest).
+
+        Raises:
+            OptionsError: an unknown setting, or a value of the wrong kind.
+        """
+
+    @abstractmethod
+    def source(self, path: str) -> ByteSource:
+        """Return the bytes of the object at ``path`` (opened lazily; identity on first read)."""
+
+    @abstractmethod
+    def stat(self, path: str) -> ObjectInfo | None:
+        """Return the object at ``path``, or None when there is none.
+
+        Raises:
+            PackNotFoundError: its bucket (container, directory) does not exist.
+            RemoteError: the store cannot be reached, or refuses.
+        """
+
+    def get(self, path: str) -> bytes | None:
+        """Return the small object at ``path`` whole (a manifest), or None when there is none.
+
+        Raises:
+            PackNotFoundError: its bucket does not exist.
+        """
+        with contextlib.closing(self.source(path)) as source:
+            try:
+                return source.read_all()
+            except PackNotFoundError as err:
+                if "no bucket" in str(err):
+                    raise
+                return None
+
+    @abstractmethod
+    def put(self, path: str, data: bytes) -> None:
+        """Write the small object ``path`` (it appears whole or not at all)."""
+
+    @abstractmethod
+    def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
+        """Make the finished local file ``local`` appear whole under ``path``.
+
+        Raises:
+            TargetExistsError: ``if_absent`` and an object is there (checked atomically
+                where the store can).
+        """
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove ``path`` (no error when it is gone)."""
+
+    def download(self, path: str, local: Path, *, step_bytes: int = 64 * 2**20) -> int:
+        """Copy the object at ``path`` into the local file ``local``; return its size."""
+        with contextlib.closing(self.source(path)) as source, open(local, "wb") as out:
+            size = source.size()
+            for start in range(0, size, step_bytes):
+                out.write(source.read(start, min(size, start + step_bytes)))
+        return size
+
+    def sweep(self, paths: Sequence[str]) -> list[str]:
+        """Remove what killed writes left under ``paths``; return what was removed."""
+        return []
+
+
+class LocalStore(Store):
+    """The local file system: paths, ``os.preadv``, the inode as identity."""
+
+    remote = False
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> LocalStore:
+        """Return the local file system (it has no settings)."""
+        return cls()
+
+    def source(self, path: str) -> ByteSource:
+        """Return the file at ``path`` (``LocalSource``)."""
+        return LocalSource(os.fspath(path))
+
+    def stat(self, path: str) -> ObjectInfo | None:
+        """Return the file at ``path``, or None."""
+        try:
+            found = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(path, found.st_size, f"{found.st_dev}:{found.st_ino}")
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write ``path`` through a temporary file renamed over it."""
+        temp = Path(f"{path}.{os.getpid()}.tmp")
+        temp.write_bytes(data)
+        os.replace(temp, path)
+
+    def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
+        """Rename ``local`` to ``path`` (a hard link first with ``if_absent``: never clobbers)."""
+        from h5pack.errors import TargetExistsError
+
+        if if_absent:
+            try:
+                os.link(local, path)
+            except FileExistsError:
+                raise TargetExistsError(f"{path} appeared meanwhile; not replaced") from None
+            local.unlink()
+        else:
+            os.replace(local, path)
+        found = self.stat(path)
+        assert found is not None  # just written
+        return found
+
+    def delete(self, path: str) -> None:
+        """Remove the file ``path``."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalStore)
+
+    def __hash__(self) -> int:
+        return hash(LocalStore)
+
+
+def store_class(scheme: str) -> type[Store]:
+    """Return the store class of a URL scheme, importing its module.
+
+    Raises:
+        FormatError: no store reads this scheme.
+    """
+    if scheme not in SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
+        raise FormatError(f"h5pack reads {known} URLs and local paths, not {scheme}://")
+    module_name, class_name = SCHEMES[scheme]
+    found: type[Store] = getattr(importlib.import_module(module_name), class_name)
+    return found
+
+
+def open_store(
+    path: StrPath | Sequence[StrPath] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Store:
+    """Return the store of a path or URL (the first URL of a list): the public edges' call.
+
+    Args:
+        path: A local path, a URL (``s3://bucket/key``), or a list of them (a URL among
+            them chooses); None: the local file system.
+        storage_options: The client's settings beyond what the environment says (for S3,
+            ``core.s3.S3Options``); ignored for local paths.
+
+    Raises:
+        FormatError: an unknown scheme.
+        OptionsError: an unknown storage option.
+    """
+    paths = [path] if isinstance(path, str | os.PathLike) else list(path or ())
+    url = next((os.fspath(p) for p in paths if is_url(p)), None)
+    if url is None:
+        return LocalStore()
+    return store_class(url.partition("://")[0].lower()).of(storage_options or {})
+
+
+def open_source(path: StrPath, *, storage_options: Mapping[str, Any] | None = None) -> ByteSource:
+    """Return the bytes of a local path or a URL (``open_store(path).source(path)``)."""
+    return open_store(path, storage_options).source(os.fspath(path))
