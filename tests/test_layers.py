@@ -159,8 +159,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 KNOWN_CYCLES = {
     # H5ImageDataset(weights=...) builds an H5MixDataset, a subclass of it
     ("h5pack.training.dataset", "h5pack.training.mixed"),
-    # conversions and merges into a bucket (write/remote.py) call back the local ones
-    ("h5pack.write.convert", "h5pack.write.merge", "h5pack.write.remote", "h5pack.write.shards"),
 }
 
 

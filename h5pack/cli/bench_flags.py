@@ -192,7 +192,7 @@ def local_exists(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[str, ...]:
     """Refuse a local source that does not exist (a URL is checked when it is opened)."""
-    from h5pack.core.source import is_url
+    from h5pack.core.store import is_url
 
     for value in values:
         if not is_url(value) and not Path(value).exists():
