@@ -262,3 +262,14 @@ def test_a_mix_joins_fields_by_name_and_names_a_missing_one(tmp_path):
     ]
     with pytest.raises(OptionsError, match=r"field 'weight' of .*a\.h5 is missing from .*c\.h5"):
         describe_mix([a, c])
+
+
+def test_nearest_takes_each_output_pixel_from_the_source_pixel_under_its_centre():
+    from h5pack.core.fields import nearest
+
+    source = np.random.default_rng(0).integers(0, 255, (37, 53), dtype=np.uint8)
+    for top, left, height, width, out_h, out_w in [(0, 0, 37, 53, 11, 70), (5, 9, 20, 13, 64, 7)]:
+        rows = top + ((np.arange(out_h) + 0.5) * height / out_h).astype(int)
+        cols = left + ((np.arange(out_w) + 0.5) * width / out_w).astype(int)
+        found = nearest(source, (top, left, height, width), (out_h, out_w))
+        np.testing.assert_array_equal(found, source[np.ix_(rows, cols)])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -118,8 +119,11 @@ class StoredField(Field):
         """Write a column of every sample; return the digest of each dataset written."""
         raise NotImplementedError
 
-    def read(self, handle: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:
-        """Return the values of samples ``indices`` (``shapes``: their images' (H, W, C))."""
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:
+        """Return the values of samples ``indices`` (``shapes``: their images' (H, W, C)).
+
+        ``source`` is the open pack, or a reader's ``FieldBlocks`` over it.
+        """
         raise NotImplementedError
 
     def transform(
@@ -180,8 +184,8 @@ class ScalarField(StoredField):
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
         return {self.datasets()[0]: _write(handle, self.datasets()[0], column, rows_per_chunk)}
 
-    def read(self, handle: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
-        return list(_rows(handle[self.datasets()[0]], indices))
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
+        return list(blocks_of(source).rows(self.datasets()[0], indices))
 
     def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
         import torch
@@ -264,11 +268,18 @@ class RaggedField(StoredField):
             offsets: _write(handle, offsets, ends, rows_per_chunk),
         }
 
-    def read(self, handle: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
-        values, offsets = (handle[name] for name in self.datasets())
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
+        blocks = blocks_of(source)
+        values, offsets = self.datasets()
         idx = np.asarray(indices, dtype=np.int64)
-        starts, stops = _rows(offsets, idx), _rows(offsets, idx + 1)
-        return [self._shaped(v, shapes[k]) for k, v in enumerate(_spans(values, starts, stops))]
+        bounds = blocks.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
+        step = blocks.step(values)
+        return [
+            self._shaped(blocks.span(values, start, stop, step), shapes[k])
+            for k, (start, stop) in enumerate(
+                zip(bounds[: idx.size], bounds[idx.size :], strict=True)
+            )
+        ]
 
     def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
         return value
@@ -401,14 +412,13 @@ class BoxesField(RaggedField):
 def nearest(source: np.ndarray, box: tuple[int, ...], size: tuple[int, int]) -> np.ndarray:
     """Return the ``box`` (top, left, height, width) of ``source`` resized to ``size``.
 
-    Nearest neighbour by pixel centres, as OpenCV's and Pillow's: values are kept.
+    Nearest neighbour by pixel centres (OpenCV's exact mode, Pillow's rule): values kept.
     """
+    import cv2  # here: h5pack info and convert start without OpenCV
+
     top, left, height, width = box
-    out_h, out_w = size
-    rows = top + np.minimum((np.arange(out_h) + 0.5) * height // out_h, height - 1)
-    cols = left + np.minimum((np.arange(out_w) + 0.5) * width // out_w, width - 1)
-    rows, cols = rows.astype(np.int64), cols.astype(np.int64)
-    return np.ascontiguousarray(source[rows[:, None], cols[None, :]])
+    cut = source[top : top + height, left : left + width]
+    return np.asarray(cv2.resize(cut, (size[1], size[0]), interpolation=cv2.INTER_NEAREST_EXACT))
 
 
 KINDS: dict[str, type[Field]] = {
@@ -550,46 +560,59 @@ def _write(handle: h5py.File, name: str, data: np.ndarray, rows: int) -> str:
     return integrity.array_digest(data, data.dtype.newbyteorder("<").str)
 
 
-def _rows(dataset: Any, indices: np.ndarray) -> np.ndarray:
-    """Return rows ``indices`` of a dataset: each run of near rows read as one slice."""
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if not idx.size:
-        return np.zeros((0, *dataset.shape[1:]), dtype=dataset.dtype)
-    order = np.unique(idx)
-    gap = max(1, (dataset.chunks or (64,))[0])
-    breaks = np.flatnonzero(np.diff(order) > gap) + 1
-    found: dict[int, np.ndarray] = {}
-    for run in np.split(order, breaks):
-        lo, hi = int(run[0]), int(run[-1]) + 1
-        block = np.asarray(dataset[lo:hi])
-        for i in run.tolist():
-            found[i] = block[i - lo]
-    return np.stack([found[i] for i in idx.tolist()])
+class FieldBlocks:
+    """Chunks of the stored fields' datasets read whole and kept (NOTE [ Stored fields ]).
+
+    A batch's samples come from a few image chunks, each served over several batches: each
+    chunk of a field is read once while its samples are served, not once per batch.
+
+    Args:
+        handle: The open pack (h5py, or a remote pack's index file).
+        keep_bytes: Bytes of chunks kept, the least recently used dropped first.
+    """
+
+    def __init__(self, handle: Any, keep_bytes: int = 64 << 20) -> None:
+        self.handle, self.keep_bytes = handle, keep_bytes
+        self._held: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._bytes = 0
+
+    def _block(self, name: str, chunk: int, step: int) -> np.ndarray:
+        key = (name, chunk)
+        block = self._held.get(key)
+        if block is None:
+            block = np.asarray(self.handle[name][chunk * step : (chunk + 1) * step])
+            self._held[key] = block
+            self._bytes += block.nbytes
+            while self._bytes > self.keep_bytes and len(self._held) > 1:
+                self._bytes -= self._held.popitem(last=False)[1].nbytes
+        self._held.move_to_end(key)
+        return block
+
+    def step(self, name: str) -> int:
+        """Return the rows of one chunk of the dataset ``name``."""
+        dataset = self.handle[name]
+        return int(dataset.chunks[0]) if dataset.chunks else max(1, int(dataset.shape[0]))
+
+    def rows(self, name: str, indices: np.ndarray) -> np.ndarray:
+        """Return rows ``indices`` of the dataset ``name``."""
+        step = self.step(name)
+        found = [self._block(name, int(i) // step, step)[int(i) % step] for i in indices]
+        return np.stack(found) if found else np.zeros(0, dtype=np.int64)
+
+    def span(self, name: str, start: int, stop: int, step: int) -> np.ndarray:
+        """Return a copy of rows ``start:stop`` of the dataset ``name`` (``step``: ``step()``)."""
+        pieces = [
+            self._block(name, chunk, step)[
+                max(start - chunk * step, 0) : min(stop - chunk * step, step)
+            ]
+            for chunk in range(start // step, max(start, stop - 1) // step + 1)
+        ]
+        return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
 
 
-def _spans(dataset: Any, starts: np.ndarray, stops: np.ndarray) -> list[np.ndarray]:
-    """Return ``dataset[starts[k]:stops[k]]`` for each k, near spans read as one slice."""
-    if not len(starts):
-        return []
-    order = np.argsort(starts, kind="stable")
-    gap = max(1, (dataset.chunks or (1 << 16,))[0])
-    out: list[np.ndarray] = [np.empty(0)] * len(starts)
-    run: list[int] = []
-
-    def flush() -> None:
-        lo = int(starts[run[0]])
-        hi = max(int(stops[k]) for k in run)
-        block = np.asarray(dataset[lo:hi]) if hi > lo else np.zeros((0, *dataset.shape[1:]))
-        for k in run:
-            out[k] = block[int(starts[k]) - lo : int(stops[k]) - lo].astype(dataset.dtype)
-
-    for k in order.tolist():
-        if run and int(starts[k]) - max(int(stops[j]) for j in run) > gap:
-            flush()
-            run = []
-        run.append(k)
-    flush()
-    return out
+def blocks_of(source: Any) -> FieldBlocks:
+    """Return ``source`` as ``FieldBlocks``: a reader's own, or new ones over a handle."""
+    return source if isinstance(source, FieldBlocks) else FieldBlocks(source)
 
 
 def columns_of(
@@ -626,12 +649,13 @@ def columns_of(
 
 
 def read_values(
-    handle: Any, meta: fmt.PackMeta, indices: np.ndarray, names: Sequence[str]
+    source: Any, meta: fmt.PackMeta, indices: np.ndarray, names: Sequence[str]
 ) -> dict[str, list[Any]]:
     """Return the values of the stored fields ``names`` for samples ``indices``.
 
-    ``handle`` is the open pack (h5py, or a remote pack's index file); the image, label
-    and key are read by the reader (``PackReader``) and skipped here.
+    ``source`` is the open pack (h5py, or a remote pack's index file) or a reader's
+    ``FieldBlocks`` over it; the image, label and key are read by the reader
+    (``PackReader``) and skipped here.
 
     Raises:
         FormatError: a field cannot be read (damage).
@@ -643,7 +667,7 @@ def read_values(
     for name in names:
         if name in listed:
             with fmt.reading(meta.path, f"field {name!r}"):
-                found[name] = listed[name].read(handle, idx, shapes)
+                found[name] = listed[name].read(source, idx, shapes)
     return found
 
 

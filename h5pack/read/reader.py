@@ -21,7 +21,7 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
-from h5pack.core.fields import read_values
+from h5pack.core.fields import FieldBlocks, read_values
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import (
     cache_settings,
@@ -593,7 +593,8 @@ class PackReader:
             IndexError: an index is out of range.
             FormatError: a field cannot be read (damage).
         """
-        return read_values(self._file, self.meta, self._check(indices), names)
+        blocks = self.__dict__.setdefault("_field_blocks", FieldBlocks(self._file))
+        return read_values(blocks, self.meta, self._check(indices), names)
 
     def read_images(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Return each sample in ``indices`` as an HWC uint8 array."""
