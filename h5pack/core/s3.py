@@ -2,29 +2,17 @@
 
 NOTE [ The S3 client ]
 
-The client is botocore (through boto3, the ``s3`` extra), chosen by measurement
-(the retired ``scripts/bench_s3_clients.py``, docs/ARCHITECTURE.md "Remote packs"): obstore answered
-small ranged GETs fastest, but its tokio runtime does not survive ``fork``: a DataLoader
-worker forked after the parent's first GET hung on its own first GET, even with a fresh
-store. botocore clients are created per process (keyed on the pid), read the configuration
-the AWS CLI reads (profiles, SSO, instance roles), and leave the retries to us
-(``total_max_attempts=1``): ``S3Source`` retries timeouts, resets, 5xx and 503 SlowDown
-with bounded exponential backoff and then raises one ``RemoteError`` naming the URL, the
-bytes and the last cause. The chunks' ranged GETs (``read_ranges``, ``read_into``) do not go
-through ``get_object``: they are signed and sent by ``core.s3http`` and read straight into
-their buffers, 2.4x less CPU per GET (NOTE [ The lean ranged GET ]); the client still gives
-them their credentials, URL and region, and makes every other request.
+The client is botocore (the ``s3`` extra; docs/decisions/0017-s3-client-lean-get.md says
+why, and why not obstore: its runtime does not survive ``fork``). Clients are made once per
+process and options (keyed on the pid), read what the AWS CLI reads (profiles, SSO, roles),
+and leave retries to ``S3Source.with_retries``: timeouts, resets, 5xx and SlowDown with
+bounded exponential backoff, then one ``RemoteError`` naming the URL, the bytes and the
+cause. The chunks' ranged GETs go through ``core.s3http`` (NOTE [ The lean ranged GET ]).
 
-Trust (issue 17 item 6): every ranged GET after the first carries ``If-Match`` with the
-ETag seen at open, and the answer's ETag and total size are checked too (servers that
-ignore If-Match, like rclone's, are caught by the check); a body shorter than the range is
-never returned (retried, then an error).
-
-Configuration is read as the AWS CLI reads it: ``environment_options`` is the one place
-that reads the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
-``AWS_PROFILE``), called at the public edges; ``storage_options`` given in Python or with
-``--storage-option KEY=VALUE`` override it.
+Trust: every GET after the first carries ``If-Match`` with the ETag seen at open, and each
+answer's ETag and total size are checked (servers that ignore If-Match are caught too); a
+body shorter than its range is never returned. ``environment_options`` is the one place
+that reads the environment (``AWS_*``); ``storage_options`` override it.
 """
 
 from __future__ import annotations

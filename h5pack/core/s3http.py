@@ -2,34 +2,18 @@
 
 NOTE [ The lean ranged GET ]
 
-A first remote epoch makes one ranged GET per chunk (MBs each), and botocore's
-``get_object`` costs ~2 ms of CPU per 1.7 MiB GET here (event hooks, the request's
-serialisation and signing, the answer's parsing, the body read in pieces and joined into
-bytes): +30 us per image of a raw 96x96 pack (the retired ``scripts/bench_s3_clients.py``,
-docs/ARCHITECTURE.md "Remote packs"). The ranged GETs of chunks are therefore issued here:
+botocore's ``get_object`` spends most of a chunk's GET in its own machinery, so the
+chunks' ranged GETs are issued here (docs/decisions/0017-s3-client-lean-get.md):
 
-- **What botocore still does.** Everything but those GETs: the credentials (the whole AWS
-  chain: profiles, SSO, instance roles; refreshable credentials are asked for their frozen
-  value at every request, so they refresh as botocore's own requests would), the object's
-  URL and the signing region (``target_of``: one presigned URL made by the client tells
-  the scheme, host, path and region it would use, virtual-hosted or path style), the open's
-  suffix GET, HEAD, listings and uploads.
-- **Signing** (``Signer``): AWS Signature Version 4 in headers, with the empty payload's
-  hash, the day's signing key derived once per (secret, day, region) and kept.
-- **Sending** (``Connections``): ``http.client`` connections kept per process (a forked
-  DataLoader worker never touches its parent's sockets: the pool is keyed on the pid),
-  TCP_NODELAY, the connect and read timeouts of ``S3Options``; an idle connection the
-  server has closed (keep-alive dropped between epochs) is skipped, not reused and failed
-  on (``Connections.take``, as urllib3 checks). An HTTPS endpoint is
-  verified against botocore's CA bundle. An endpoint that an ``HTTP(S)_PROXY`` of the
-  environment would route through a proxy keeps botocore's path (``uses_proxy``).
-- **Reading** (``get_into``): the body goes straight from the socket into the caller's
-  buffer (``readinto``), no bytes object in between; the length and the Content-Range are
-  checked, and the answer's ETag and size are returned for the caller's identity check.
-
-Error answers become botocore's ``ClientError`` with the same code and status, so
-``S3Source``'s one mapping (retried, replaced, missing, denied) serves both paths; a
-connection reset, a timeout or a body cut short is an ``OSError``, retried by the caller.
+- botocore still gives the credentials (refreshable ones are frozen at every request), the
+  object's URL and signing region (``target_of``), and makes every other request;
+- ``Signer``: SigV4 in headers, the day's signing key kept per (secret, day, region);
+- ``Connections``: ``http.client`` connections per process (keyed on the pid), TCP_NODELAY,
+  the options' timeouts, a dropped keep-alive connection skipped; HTTPS verified against
+  botocore's CA bundle; an endpoint behind an ``HTTP(S)_PROXY`` keeps botocore's path;
+- ``get_into``: the body read straight into the caller's buffer, its length, Content-Range,
+  ETag and size checked. Error answers become botocore's ``ClientError`` (one mapping in
+  ``S3Source``); resets, timeouts and short bodies are ``OSError`` (retried by the caller).
 """
 
 from __future__ import annotations

@@ -114,19 +114,15 @@ class ByteSource(ABC):
 
 
 # NOTE [ Mapped raw reads ]
-# An uncompressed local pack's samples used to be copied into the batch with os.preadv:
-# 40 us of CPU per 196 KB (256x256x3) image from the page cache, where a copy out of an
-# mmap of the file costs 23-24 (bench_handoff.py --only kernels), and the crop path needs
-# no copy at all, only the box. So LocalSource.mapped maps the file read-only once per
-# process, PackReader.stored_views hands out views of the samples in it (checked with their
-# XXH3 digest before use, as every read is), and read_into copies out of it. What this
-# costs: a file truncated under a reader. preadv then returns a short read (an error);
-# touching a mapped page past the new end raises SIGBUS, which kills the process. mapped
-# compares the file's size with what the batch needs at every call, so a pack truncated
-# before a batch gives the short-read error as before; only a truncation during the few
-# milliseconds a batch is being cut remains a SIGBUS. Replacing a pack (a new file renamed
-# over it, h5pack's own way of writing) leaves the mapped inode alive and is refused at open
-# as before (the inode check). Remote and compressed packs are not mapped.
+# An uncompressed local pack's samples are copied out of a read-only mapping of the file
+# (``LocalSource.mapped``, once per process) rather than preadv'd, and the crop path needs
+# no copy at all (docs/decisions/0023-mapped-raw-reads.md); every view is checked with its
+# digest before use, as every read is. The cost is a file truncated under a reader: a page
+# past the new end raises SIGBUS. ``mapped`` compares the file's size with what the batch
+# needs at every call, so a truncation before a batch is a short-read error as with preadv;
+# only one while a batch is being cut remains a SIGBUS. A pack replaced by rename keeps the
+# mapped inode alive and is refused at open (the inode check). Remote and compressed packs
+# are not mapped.
 
 
 class LocalSource(ByteSource):

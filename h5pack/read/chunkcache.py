@@ -2,27 +2,18 @@
 
 NOTE [ One disk cache per machine ]
 
-Every worker of every rank (and a second job) that reads the same remote pack on a machine
-opens the same ``cache_dir``; a chunk is downloaded once there and read from disk by all.
+Every process of a machine that reads the same remote pack opens the same ``cache_dir``; a
+chunk is downloaded once and read from disk by all (docs/decisions/0018-belady-disk-cache.md).
 
-- **The ledger.** ``cache_dir/ledger.sqlite`` (SQLite in WAL mode: transactions across
-  processes, atomic, crash-safe) holds one row per chunk, *claimed* (a download under way,
-  its bytes already reserved against the budget) or *ready* (complete, on disk). The sum
-  of the rows' bytes never exceeds the budget, so neither do the files: a process reserves
-  before it downloads, and evicts (Belady or LRU, ``read/eviction.py``) in the same
-  transaction, or does not cache the chunk at all when nothing may go.
-- **Claims.** The first process to want a chunk claims it and downloads; another that
-  wants it meanwhile waits for the row to turn ready and then reads the file: no chunk is
-  downloaded twice at once on a machine.
-- **Atomic files.** A chunk is written to ``.<chunk>.<owner>.tmp`` and renamed to its final
-  name before its row turns ready; only ready rows are served, and a file shorter than its
-  row is dropped, never served.
-- **Dead owners.** Each process holds an ``flock`` on ``owners/<owner>.lock`` while it uses
-  the cache (the kernel drops it however the process dies, as for the conversions' temporary
-  files, ``write/leftovers.py``). A claim whose owner's lock can be taken belongs to a dead
-  process: its row, temporary file and future are removed and the chunk is claimed anew.
-- **Keys.** A pack's chunks live under a key derived from its identity (pack id, size,
-  ETag): a replaced object has another key and never serves the old bytes.
+- ``ledger.sqlite`` (WAL) holds one row per chunk, *claimed* (downloading, its bytes
+  reserved) or *ready*; the rows' sum never exceeds the budget: a process reserves and
+  evicts (``read/eviction.py``) in one transaction, or does not cache the chunk.
+- A second process that wants a claimed chunk waits for it: no chunk is downloaded twice.
+- Files are written to ``.<chunk>.<owner>.tmp`` and renamed before the row turns ready;
+  a file shorter than its row is dropped, never served.
+- Each process holds an ``flock`` on ``owners/<owner>.lock``; a claim whose lock can be
+  taken is a dead process's, removed and claimed anew.
+- A pack's chunks live under a key of its identity (pack id, size, ETag).
 """
 
 from __future__ import annotations

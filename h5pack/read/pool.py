@@ -2,32 +2,16 @@
 
 NOTE [ One pool for a mix's sources ]
 
-A batch of a mix (``training.mixed.H5MixDataset``) is read source by source, each source by
-its own ``PackReader``. With a pool per reader, a 3:1 batch of 256 samples decompressed the
-large source's three new chunks on two threads (two rounds) and then the small source's one
-chunk alone (a third round, the other thread idle): 0.85-0.89x one pack's images/s at the
-same CPU per image (BENCHMARKS.md, "Mixing packs by weight"). Reading the sources at once,
-each on its own reader's threads, ran four threads on two cores (1.135x CPU per image).
+A mix's batch is read source by source, each by its own ``PackReader``; with a pool per
+reader the sources' chunks were decompressed in rounds that left threads idle (BENCHMARKS.md,
+"Mixing packs by weight"). Here every reader of the mix uses the same threads
+(``PackReader.use_pool``): ``load_together`` asks each reader for the groups the batch will
+miss (``pending_loads``), submits them all at once, and ``Loading.finish`` waits once and
+hands each reader its groups (``hold``); each source then reads as it always does, so the
+window, the chunks decompressed and the pixels are unchanged.
 
-Here every reader of the mix uses the same threads (``PackReader.use_pool``), and before
-the sources are read, ``load_together`` asks each reader for the chunks the batch will miss
-(``PackReader.pending_loads``: the very groups its read would load, in the order it would
-load them) and submits them to the shared threads at once, source after source, while the
-batch thread goes on with the batch's own work (labels, the buffer); ``Loading.finish``
-then waits once for all of them and hands each reader its groups (``PackReader.hold``).
-Each source's read finds its groups and admits them to its window in the order it always
-does, so the window, the chunks decompressed and the pixels are those of the sources read
-one after another. (Handing each source its groups just before reading it, so that its
-copies ran while the next source's chunks still decompressed, was measured slower on 2
-cores: the copies took a core from the decompression.)
-
-No task on the pool waits on another task of the pool (a fixed-size pool whose tasks wait on
-its own tasks deadlocks once every thread waits): ``load_together`` and the readers submit
-from the thread that reads the batch, and the tasks (decompressing a chunk, copying or
-resizing samples) submit nothing.
-
-The threads are those of the process that made them: after ``fork`` (a DataLoader worker)
-the pool makes new ones, and a pickled pool travels without them.
+No task of the pool waits on another task of the pool (that deadlocks a fixed-size pool):
+only the batch's thread submits. After ``fork`` the pool makes new threads.
 """
 
 from __future__ import annotations

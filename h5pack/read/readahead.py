@@ -2,32 +2,15 @@
 
 NOTE [ Planned read-ahead ]
 
-A worker's chunk order for the epoch is known before the epoch starts (``plan_epoch``), so
-a remote source need not wait for the reader to ask: ``ReadAhead.plan`` takes the worker's
-chunks in order of use and keeps several requests in flight ahead of the reader, in
-threads (a request is I/O: it releases the GIL). The reader's ``get(chunk)`` then finds the
-bytes in memory and decompression does not wait on the network, as long as the bucket can
-keep up.
-
-- **One request per chunk**, or per run of chunks that follow each other both in the
-  plan and in the file (``merge_bytes``): with ``shuffle=False`` a worker reads a range
-  of the pack in order, in few large requests. Nothing outside the chunks is read, so the
-  bytes transferred are the chunks' stored bytes.
-- **How many in flight.** ``requests_in_flight`` fixes it; by default it follows the
-  measurements (Little's law): with requests taking ``T`` seconds for ``B`` bytes each and
-  the reader consuming ``D`` bytes per second, ``n`` requests in flight supply ``n B / T``,
-  so ``n = ceil(1.5 D T / B) + 1`` (the 1.5 absorbs jitter; the +1 covers the request being
-  consumed), between 2 and ``max_requests_in_flight``, starting at 4 before any request was
-  measured. ``T`` holds the latency and the transfer time, so both set the depth.
-- **Memory.** Fetched but unused bytes plus bytes in flight stay under ``ahead_bytes``,
-  and at most twice the depth of chunks are held ahead.
-- **Off plan.** A chunk the plan does not hold next (a resumed epoch, a reader's window
-  that dropped a chunk and wants it again) is found further on in the plan, where the
-  read-ahead jumps, or else read at once, alone; the reader is never served wrong bytes,
-  only later ones.
-- **The disk cache** (``read/chunkcache.py``): with one, every chunk is first claimed
-  there, so a chunk cached by any process of the machine is read from disk and one being
-  downloaded by another process is waited for; only the rest is requested.
+A worker's chunk order is known before the epoch (``plan_epoch``), so ``ReadAhead.plan``
+keeps requests in flight ahead of the reader, on threads, and ``get(chunk)`` finds the bytes
+in memory. One request per chunk, or per run adjacent in the plan and in the file
+(``merge_bytes``). The depth is fixed (``requests_in_flight``) or follows Little's law from
+the measured time and bytes per request and the reader's rate, ``ceil(1.5 D T / B) + 1``
+within ``[2, max_requests_in_flight]``. Fetched and in-flight bytes stay under
+``ahead_bytes``. A chunk off the plan is found further on (the read-ahead jumps there) or
+read at once; the reader is never served wrong bytes, only later ones. With a disk cache
+(``read/chunkcache.py``) every chunk is claimed there first.
 """
 
 from __future__ import annotations
@@ -137,12 +120,9 @@ class ReadAheadStats:
     most_in_flight: int = 0
 
 
-# NOTE [ One read-ahead pool per process ]: every ReadAhead of a process (one per remote
-# pack or shard, made anew by each loader) submits to one thread pool per size, made once per
-# process (keyed on the pid: a forked worker makes its own; the parent's threads do not
-# survive the fork). A pool per ReadAhead started up to 16 threads per loader and per shard:
-# ~6% of the main thread's time in a py-spy profile of bench_s3 epochs (s3gaps), and a set's
-# shards each with their own 16 threads contending.
+# NOTE [ One read-ahead pool per process ]: every ReadAhead of a process submits to one
+# thread pool per size, made once per process (keyed on the pid: a forked worker makes its
+# own); a pool per ReadAhead started 16 threads per loader and per shard, all contending.
 _POOLS: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 

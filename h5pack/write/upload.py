@@ -4,20 +4,14 @@ A conversion (or merge) into ``s3://bucket/key.h5`` writes the pack exactly as i
 local one, into a staging directory on local disk (``Staging``), then uploads the finished
 file under its final key (``Bucket.upload``); a pack set's manifest goes up last.
 
-NOTE [ Publishing in a bucket ]: S3 has no rename, but it has the same guarantee in
-another form: an object appears under its key only when its upload completes, a single PUT
-as a whole and a multipart upload on CompleteMultipartUpload. So a killed conversion never
-leaves part of a pack under the final key: either the local file was not finished (nothing
-was sent), or the upload was cut (no object). What a killed multipart upload does leave is
-its parts, stored (and billed) in the bucket until the upload is aborted, and listed by no
-ordinary listing. The client aborts the upload on any error, Ctrl-C and SIGTERM included;
-a SIGKILL runs nothing, so every run first lists the incomplete multipart uploads under
-the keys it is about to write and aborts them (``sweep_uploads``), as a local conversion
-removes the temporary files a killed one left beside its target (``write/leftovers.py``).
-Keys are the owners here: a bucket has no locks, and an upload in progress under a key
-that this run writes is another run's conversion into the same target, which cannot both
-win. A lifecycle rule (``AbortIncompleteMultipartUpload``) is still worth setting on the
-bucket for uploads no run comes back to (docs/object-storage.md).
+NOTE [ Publishing in a bucket ]: an object appears under its key only when its upload
+completes (a PUT whole; a multipart upload on CompleteMultipartUpload), so a killed
+conversion never leaves part of a pack under the final key. A killed multipart upload
+leaves its parts (billed, listed by no ordinary listing): the store aborts the upload on
+any error, Ctrl-C and SIGTERM included, and every run first sweeps the incomplete uploads
+under the keys it is about to write (``Store.sweep``), as a local conversion removes what a
+killed one left beside its target (``write/leftovers.py``). A lifecycle rule
+(``AbortIncompleteMultipartUpload``) is still worth setting (docs/object-storage.md).
 """
 
 from __future__ import annotations
