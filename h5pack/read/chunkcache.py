@@ -631,16 +631,6 @@ class ChunkCache:
             (total,) = db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()
         return int(total)
 
-    def cached_chunks(self, pack: str) -> set[int]:
-        """Return the chunks of ``pack`` ready in the cache."""
-        with self._lock:
-            rows = (
-                self._open()
-                .execute("SELECT chunk FROM entries WHERE pack = ? AND state = ?", (pack, _READY))
-                .fetchall()
-            )
-        return {int(c) for (c,) in rows}
-
 
 # NOTE [ The ledger and fork ]: SQLite forbids carrying a connection across fork, and more:
 # its unix VFS keeps, per process, the state of every open database file (the POSIX locks it

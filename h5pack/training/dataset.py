@@ -237,7 +237,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         path: The pack; or a pack set (its directory or ``packset.json``) or a list of packs,
             read as one pack: global indices run through the shards in order. URLs too:
             ``s3://bucket/pack.h5``, a set's prefix ``s3://bucket/set/`` or its
-            ``packset.json``, a list of URLs (``reader.storage_options`` for the client).
+            ``packset.json``, a list of URLs (``ReaderOptions.store_for`` reaches them).
         transform: Any callable applied to each image (torchvision v2 transforms work).
         target_transform: Any callable applied to each label (an int, -1 when unlabeled).
         output: ``"tensor"``: (C, H, W) uint8 tensor; ``"hwc"``: (H, W, C) uint8 array;
