@@ -1,19 +1,38 @@
-"""JPEG decoding for the crop pipeline: headers, whole decodes at a scale, boxes decoded alone."""
+"""JPEGs in the crop pipeline: headers, decodes at a scale, boxes decoded alone, and the cut."""
 
 from __future__ import annotations
 
-from typing import Final
+import math
+from typing import Final, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageFile
 
-from h5pack.core.decode import MAX_IMAGE_PIXELS, exif_orientation, open_pillow, pillow_pixels
+from h5pack.core.decode import (
+    MAX_IMAGE_PIXELS,
+    apply_orientation,
+    exif_orientation,
+    finish_pixels,
+    open_pillow,
+    pillow_pixels,
+)
 from h5pack.core.jpeg import JpegHeader, read_jpeg_header
 from h5pack.core.jpegbox import decode_box
 from h5pack.errors import DecodeError
-from h5pack.read.boxes import Box
+from h5pack.read.boxes import Box, CropSpec, dct_reduction, scale_box, stored_box
+from h5pack.read.cropplan import plan_crop
+from h5pack.read.kernels import KeepDecoded, ResizeInto, flip_in_place
 
-__all__ = ["decode_jpeg", "decode_jpeg_box", "jpeg_header", "upright_jpeg_header"]
+__all__ = [
+    "JpegPlan",
+    "decode_crop_jpeg",
+    "decode_jpeg",
+    "decode_jpeg_box",
+    "jpeg_header",
+    "plan_jpeg",
+    "resize_jpeg_into",
+    "upright_jpeg_header",
+]
 
 _DRAFT_FORMATS: Final[frozenset[str]] = frozenset({"JPEG", "MPO"})
 _DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
@@ -163,3 +182,161 @@ def _decode_jpeg_opencv(data: bytes, reduction: int, rgb: bool) -> np.ndarray | 
     if rgb_flag is None:
         cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB, dst=pixels)
     return pixels
+
+
+# NOTE [ JPEG DCT scaling ]
+# libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size for a fraction of the cost (it
+# runs a smaller inverse DCT per 8x8 block); Pillow exposes that as Image.draft, OpenCV as
+# the IMREAD_REDUCED_* flags (the same libjpeg-turbo code: identical pixels). The box is
+# planned on the full displayed size before reducing (so it does not depend on the
+# reduction, and is the box decode_image + crop_array would cut), cut in stored coordinates,
+# and mapped to the reduced image rounded to whole pixels (boxes.scale_box: at most half a
+# reduced pixel off on each side). How far to reduce: the reduced IDCT is a cruder low-pass
+# filter than the antialiased resize of a full decode, so reducing all the way until the
+# box just covers the output loses detail on textured photos (sand, foliage). Keeping the
+# reduced box at least twice the output (Pillow's own `reducing_gap` in Image.thumbnail)
+# keeps it close to the full path; CropSpec.reducing_gap chooses. ImageNet-sized photos cut
+# to 224 never reduce with the gap of 2: the gain is on large photos.
+
+
+class JpegPlan(NamedTuple):
+    """Where and how a JPEG is cut: the box as stored, the flip, the DCT reduction."""
+
+    cut: Box
+    flip: bool
+    reduction: int
+    orientation: int
+    out_h: int
+    out_w: int
+
+
+def plan_jpeg(
+    stored_h: int, stored_w: int, orientation: int, spec: CropSpec, where: tuple[int, int, int]
+) -> JpegPlan:
+    """Plan the box on the displayed size, then map it to the stored image and reduce."""
+    seed, epoch, index = where
+    height, width = (stored_w, stored_h) if orientation >= 5 else (stored_h, stored_w)
+    box, flip = plan_crop(spec, height, width, seed=seed, epoch=epoch, index=index)
+    out_h, out_w = spec.size[::-1] if orientation >= 5 else spec.size
+    cut = stored_box(box, orientation, stored_h, stored_w)
+    reduction = dct_reduction(cut, out_h, out_w, spec.reducing_gap)
+    return JpegPlan(cut, flip, reduction, orientation, out_h, out_w)
+
+
+_BILINEAR_SUPPORT: Final = 1.0  # Pillow's BILINEAR filter reaches one pixel each way
+
+
+def decode_crop_jpeg(
+    image: JpegHeader,
+    data: bytes,
+    spec: CropSpec,
+    out: np.ndarray,
+    where: tuple[int, int, int],
+    resize: ResizeInto,
+    name: str,
+    keep: KeepDecoded | None,
+) -> None:
+    """Decode the JPEG ``image`` (maybe at a reduced scale), resize the planned box into ``out``.
+
+    See ``NOTE [ JPEG DCT scaling ]``. Cuts and resizes as stored, then orients the small
+    result; the output's sides swap with the transposing orientations (5..8).
+    """
+    stored_w, stored_h = image.size
+    plan = plan_jpeg(stored_h, stored_w, image.orientation, spec, where)
+    reduced = (-(-stored_h // plan.reduction), -(-stored_w // plan.reduction))
+    if keep is None:  # only what the resize reads (NOTE [ Decoding only the box ])
+        region = _region_read(plan, spec, reduced)
+        # Pillow's resize of a fractional box gives other roundings on another image size
+        # or place (measured), so it gets the region on an image-sized canvas
+        canvas = plan.reduction > 1 and spec.backend == "pillow"
+        boxed = decode_jpeg_box(image, data, region, plan.reduction, canvas=canvas)
+        if boxed is not None:
+            origin = (0, 0) if canvas else (region.top, region.left)
+            resize_jpeg_into(boxed, plan, spec, out, resize, origin, reduced)
+            return
+    pixels = decode_jpeg(image, data, name=name, reduction=plan.reduction)
+    if plan.reduction == 1 and keep is not None:
+        keep(pixels, plan.orientation)
+    resize_jpeg_into(pixels, plan, spec, out, resize, (0, 0), reduced)
+
+
+def _region_read(plan: JpegPlan, spec: CropSpec, reduced: tuple[int, int]) -> Box:
+    """The part of the (reduced) image that resizing ``plan``'s box reads, as a box of it.
+
+    At full scale, and at a reduced one with a whole-pixel box, the box itself. Pillow's
+    resize of a fractional box (``_resize_fractional_box``) reads each output pixel's
+    filter support around it (BILINEAR: one input pixel, times the shrink factor), so the
+    region is the box widened by that support and two pixels, within the image.
+    """
+    cut, reduction = plan.cut, plan.reduction
+    if reduction == 1:
+        return cut
+    covered = (reduced[0] * reduction, reduced[1] * reduction)
+    if spec.backend != "pillow":
+        return scale_box(cut, covered, reduced)
+    top, left, height, width = (v / reduction for v in cut)
+    edges = []
+    for start, side, out_side, limit in (
+        (top, height, plan.out_h, reduced[0]),
+        (left, width, plan.out_w, reduced[1]),
+    ):
+        margin = math.ceil(_BILINEAR_SUPPORT * max(side / out_side, 1.0)) + 2
+        edges.append(
+            (max(0, math.floor(start) - margin), min(limit, math.ceil(start + side) + margin))
+        )
+    (y0, y1), (x0, x1) = edges
+    return Box(y0, x0, y1 - y0, x1 - x0)
+
+
+def resize_jpeg_into(
+    pixels: np.ndarray,
+    plan: JpegPlan,
+    spec: CropSpec,
+    out: np.ndarray,
+    resize: ResizeInto,
+    origin: tuple[int, int],
+    reduced: tuple[int, int],
+) -> None:
+    """Resize the planned box of the JPEG's ``pixels`` into ``out``.
+
+    ``pixels`` is the part of the image (as stored, at ``plan.reduction``, of size
+    ``reduced``) whose top left pixel is ``origin``: the whole image, or the region
+    ``_region_read`` chose (the same output either way).
+    """
+    cut, flip, reduction, orientation, out_h, out_w = plan
+    if reduction > 1 and spec.backend == "pillow":  # `pixels` the whole image or a canvas
+        small = _resize_fractional_box(pixels, cut, reduction, (out_h, out_w))
+    else:
+        # reduced pixel j covers stored pixels [j * r, (j + 1) * r): a scale of exactly 1/r
+        covered = (reduced[0] * reduction, reduced[1] * reduction)
+        top, left, box_h, box_w = scale_box(cut, covered, reduced)
+        top, left = top - origin[0], left - origin[1]
+        view = pixels[top : top + box_h, left : left + box_w]
+        if orientation == 1 and view.shape[2] == out.shape[2]:  # the common case: no copy
+            resize(view, out)
+            if flip:
+                flip_in_place(out)
+            return
+        small = np.empty((out_h, out_w, view.shape[2]), dtype=np.uint8)
+        resize(view, small)
+    oriented = apply_orientation(small, orientation)
+    out[...] = finish_pixels(oriented[:, ::-1] if flip else oriented, out.shape[2])
+
+
+def _resize_fractional_box(
+    pixels: np.ndarray, box: Box, reduction: int, out_size: tuple[int, int]
+) -> np.ndarray:
+    """Resize ``box`` (stored coordinates) of the reduced ``pixels`` with Pillow's ``box=``.
+
+    Reduced pixel j covers stored pixels [j * s, (j + 1) * s): the box maps to a fractional
+    one, which only Pillow's resize takes; rounding it to whole reduced pixels instead lost
+    much of the full path's fidelity.
+    """
+    top, left, height, width = (v / reduction for v in box)
+    two_d = pixels[:, :, 0] if pixels.shape[2] == 1 else pixels
+    resized = Image.fromarray(np.ascontiguousarray(two_d)).resize(
+        (out_size[1], out_size[0]),
+        Image.Resampling.BILINEAR,
+        box=(left, top, left + width, top + height),
+    )
+    return np.asarray(resized).reshape(*out_size, pixels.shape[2])
