@@ -186,3 +186,19 @@ def test_a_pack_set_and_a_mix_deliver_their_fields(tmp_path):
     assert _check_weighted(as_set) == [*range(6), *range(100, 106)]
     mixed = make_loader([a, b], 4, weights=[1, 1], num_workers=0, return_path=True, size=6)
     assert len(_check_weighted(mixed)) == 12
+
+
+def test_fields_without_the_image_read_no_image(tmp_path):
+    from h5pack.core.layout import Compression
+
+    images = random_arrays(8)
+    options = ConvertOptions(chunk_samples=4, compression=Compression(codec="gzip"))
+    write_arrays(tmp_path / "p.h5", images, [1] * 8, options=options,
+                 fields={"weight": np.ones(8)})  # fmt: skip
+    loader = make_loader(tmp_path / "p.h5", 4, num_workers=0, fields=["label", "weight"])
+    batches = list(loader)
+    assert [list(b) for b in batches] == [["label", "weight"]] * 2
+    assert torch.equal(batches[0]["label"], torch.ones(4, dtype=torch.int64))
+    assert loader.dataset.reader.loads == 0  # no chunk of images decompressed
+    with_image = make_loader(tmp_path / "p.h5", 4, num_workers=0, fields=["image"])
+    assert next(iter(with_image))["image"].shape == (4, 3, 8, 10)

@@ -176,7 +176,7 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         extra: tuple[Any, ...] = () if self.paths is None else (self.paths[j],)
         if self.sources is not None:
             extra = (*extra, int(self.sources[j]))
-        return (self.images[j], label, *extra)
+        return (None if self.images is None else self.images[j], label, *extra)
 
     def _record(self, j: int) -> dict[str, Any]:
         """Sample ``j`` as a dict of its fields (image, label and key from the tuple)."""
@@ -477,6 +477,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         else:
             labels = [self.target_transform(int(v)) for v in raw_labels]
             label_tensor = None
+        if self.fields is not None and IMAGE not in self.fields:  # none asked: none read
+            return SampleBatch(labels=label_tensor, label_values=labels, paths=paths)
         if self.crop is not None:
             return self._cropped(idx, labels, label_tensor, paths, start)
         fixed = self.meta.fixed_shape

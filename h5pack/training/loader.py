@@ -108,9 +108,14 @@ def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> dict[st
     Every other field is collated by its kind (``core.fields``): numbers and fixed-shape
     arrays stacked into tensors, masks of one shape too, variable-length values as lists.
     """
-    image, label, *rest = collate(batch.without_fields())
-    known = {IMAGE: image, LABEL: label, KEY: rest[0] if batch.paths is not None else None}
     assert batch.fields is not None  # the caller checked
+    if IMAGE in batch.fields:
+        image, label, *rest = collate(batch.without_fields())
+        known = {IMAGE: image, LABEL: label, KEY: rest[0] if batch.paths is not None else None}
+    else:  # no image was read (``H5ImageDataset.fields``)
+        plain = batch.without_fields()
+        label = plain.labels if plain.labels is not None else [s[1] for s in plain]
+        known = {LABEL: label, KEY: batch.paths}
     return {
         name: known[name] if name in known else batch.kinds[name].collate(batch.values[name])
         for name in batch.fields
