@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from h5pack import Compression, ConvertOptions, TargetExistsError, convert, convert_set, load_meta
-from h5pack.cli.flags import parse_shard
+from h5pack.cli.convert import parse_shard
 from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.errors import OptionsError

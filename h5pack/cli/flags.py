@@ -1,21 +1,20 @@
 """Building blocks of the command line: parameter types, conversion flags, progress.
 
 The conversion flags are defined once and turned into one ``ConvertOptions``; progress is
-rendered with tqdm. Commands in ``h5pack.cli.main`` and ``h5pack.cli.bench`` share them;
-``h5pack.cli.main`` re-exports them.
+rendered with tqdm (``cli/progress.py``, re-exported here). Every command module shares
+them; ``h5pack.cli.main`` re-exports them.
 """
 
 from __future__ import annotations
 
-import logging
 import re
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from h5pack.cli.progress import Progress as Progress
+from h5pack.cli.progress import progress_for as progress_for
 from h5pack.core.layout import CODECS, LEVELS, SHUFFLES, Compression
 from h5pack.core.store import Store, open_store
 from h5pack.core.units import binary_bytes
@@ -356,133 +355,6 @@ storage_option_flag = click.option(
     help="For s3:// URLs: a client setting the environment (AWS_*) does not give, e.g. "
     "endpoint=http://127.0.0.1:9000, region=..., profile=..., attempts=5; repeatable.",
 )
-
-# What ``--shard auto`` reads: torchrun's rank variables, else a Slurm array task's.
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
-SLURM_ARRAY_VARS = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
-
-
-def parse_shard(text: str, env: Mapping[str, str]) -> tuple[int, int]:
-    """Return ``(index, num_shards)`` of ``--shard I/N`` or ``--shard auto``.
-
-    ``auto`` reads ``RANK``/``WORLD_SIZE`` (set by torchrun), else ``SLURM_ARRAY_TASK_ID``
-    minus ``SLURM_ARRAY_TASK_MIN`` (0 when unset) and ``SLURM_ARRAY_TASK_COUNT`` (set by a
-    Slurm array job) from ``env``.
-
-    Example:
-        >>> parse_shard("3/8", {}), parse_shard("auto", {"RANK": "1", "WORLD_SIZE": "2"})
-        ((3, 8), (1, 2))
-
-    Raises:
-        OptionsError: the text is neither, or ``auto`` finds no (or bad) variables.
-    """
-    if text.strip().lower() == "auto":
-        return _shard_from_env(env)
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if match is None:
-        raise OptionsError(f"--shard should be I/N (e.g. 0/8) or auto, but got {text!r}")
-    index, count = int(match.group(1)), int(match.group(2))
-    _check_shard(index, count, f"--shard {text}")
-    return index, count
-
-
-def _shard_from_env(env: Mapping[str, str]) -> tuple[int, int]:
-    if all(name in env for name in TORCHRUN_VARS):
-        index, count = (_env_int(env, name) for name in TORCHRUN_VARS)
-        _check_shard(index, count, f"--shard auto (RANK={index}, WORLD_SIZE={count})")
-        return index, count
-    if all(name in env for name in SLURM_ARRAY_VARS):
-        task, count = (_env_int(env, name) for name in SLURM_ARRAY_VARS)
-        low = _env_int(env, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
-        _check_shard(
-            task - low,
-            count,
-            f"--shard auto (SLURM_ARRAY_TASK_ID={task} - SLURM_ARRAY_TASK_MIN={low}, "
-            f"SLURM_ARRAY_TASK_COUNT={count}; an array with a step, e.g. 0-15:2, cannot "
-            "number shards: use --array=0-N-1 or --shard I/N)",
-        )
-        return task - low, count
-    raise OptionsError(
-        "--shard auto reads RANK and WORLD_SIZE (set by torchrun) or SLURM_ARRAY_TASK_ID and "
-        "SLURM_ARRAY_TASK_COUNT (set in a Slurm array job, #SBATCH --array=0-7), but none "
-        "of them is set: give --shard I/N"
-    )
-
-
-def _env_int(env: Mapping[str, str], name: str) -> int:
-    try:
-        return int(env[name])
-    except ValueError:
-        raise OptionsError(
-            f"--shard auto: {name} should be an integer, but got {name}={env[name]!r}"
-        ) from None
-
-
-def _check_shard(index: int, count: int, what: str) -> None:
-    if count < 1:
-        raise OptionsError(f"{what}: the number of shards should be at least 1, but got {count}")
-    if not 0 <= index < count:
-        raise OptionsError(f"{what}: the shard index should be in 0..{count - 1}, but got {index}")
-
-
-class Progress:
-    """Render a conversion's events and progress with tqdm (on stderr)."""
-
-    def __init__(self, *, quiet: bool) -> None:
-        from tqdm import tqdm
-
-        tqdm.monitor_interval = 0  # no monitor thread (the writer forks its workers)
-        self._tqdm = tqdm
-        self.quiet = quiet
-        self.bar: Any = None
-
-    def note(self, message: str) -> None:
-        """Print a line without breaking the bar."""
-        self._tqdm.write(message, file=sys.stderr)
-
-    def event(self, event: Any) -> None:
-        """Handle a ``ConvertEvent``."""
-        if event.kind == "skipped":
-            self.note(f"Warning: {event.message}")
-            return
-        self.close()  # every other event comes between phases
-        if event.kind == "phase":
-            if not self.quiet:
-                self.bar = self._tqdm(
-                    total=event.total, desc=event.message, unit="img", file=sys.stderr
-                )
-        elif not self.quiet:
-            self.note(event.message)
-
-    def advance(self, count: int) -> None:
-        """Advance the bar."""
-        if self.bar is not None:
-            self.bar.update(count)
-
-    def close(self) -> None:
-        """Close the bar."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-@contextmanager
-def progress_for(quiet: bool) -> Iterator[Progress]:
-    """Lend a ``Progress`` (quiet or not) and close its bar at the end.
-
-    Meanwhile the library's log records are not printed: they repeat the events that the
-    ``Progress`` renders (``convert`` logs a summary of the files it skipped for callers
-    that do not watch its events).
-    """
-    progress = Progress(quiet=quiet)
-    library = logging.getLogger("h5pack")
-    silence = logging.NullHandler()
-    library.addHandler(silence)  # no last-resort handler printing them to stderr
-    try:
-        yield progress
-    finally:
-        library.removeHandler(silence)
-        progress.close()
 
 
 staging_flag = click.option(

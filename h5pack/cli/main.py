@@ -11,10 +11,8 @@ parameter types of ``h5pack.cli.flags`` (re-exported here).
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,22 +26,13 @@ from h5pack.cli.flags import (
     format_bytes,
     options_from_flags,
     parse_bytes,
-    parse_shard,
-    parse_storage_options,
     progress_for,
     quiet_flag,
-    staging_flag,
-    storage_option_flag,
 )
-from h5pack.core.machine import available_cores
-from h5pack.core.units import plural
 from h5pack.errors import H5PackError, OptionsError
 
 if TYPE_CHECKING:
-    from h5pack.core.format import SkippedFile
-    from h5pack.write.options import ConvertOptions
-    from h5pack.write.shards import PackSetReport
-    from h5pack.write.sources import SampleSource
+    pass
 
 __all__ = [
     "LAZY_COMMANDS",
@@ -61,13 +50,11 @@ __all__ = [
     "quiet_flag",
 ]
 
-# Skipped files listed after a conversion (all of them are in the pack).
-SKIPPED_SHOWN = 20
-
 # Commands that live in other modules, imported only when used (so that `h5pack convert`
 # does not import what `bench` needs): name -> "module:attribute". A module that is not
 # there yet simply adds no command.
 LAZY_COMMANDS: dict[str, str] = {
+    "convert": "h5pack.cli.convert:convert",
     "compare": "h5pack.cli.bench:compare",
     "bench": "h5pack.cli.bench:bench",
     "info": "h5pack.cli.check:info",
@@ -143,198 +130,6 @@ def cli() -> None:
 
 
 # -- commands ---------------------------------------------------------------------------
-
-
-@cli.command()
-@click.argument("source", type=click.Path())
-@click.argument("target", type=click.Path())
-@convert_flags
-@click.option(
-    "--shards",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Write a pack set: N shard packs and a manifest in the directory TARGET.",
-)
-@click.option(
-    "--shard",
-    default=None,
-    metavar="I/N|auto",
-    help="Write only shard I of N into TARGET (one process per shard); auto reads RANK/"
-    "WORLD_SIZE (torchrun) or SLURM_ARRAY_TASK_ID/COUNT (Slurm array). The last one "
-    "writes the manifest.",
-)
-@click.option(
-    "--dask",
-    "dask_address",
-    default=None,
-    metavar="ADDRESS|local",
-    help="Run the --shards as Dask tasks on the scheduler at ADDRESS (tcp://host:8786), or "
-    "on a LocalCluster of --workers processes (local; default one per core).",
-)
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    help="Replace TARGET if it exists; for a pack set, replace shards that do not match.",
-)
-@click.option(
-    "--from",
-    "source_kind",
-    default="auto",
-    metavar="KIND",
-    help="What SOURCE is: folder, tar (an uncompressed .tar of a folder, read in place) "
-    "[default: detected from SOURCE].",
-)
-@staging_flag
-@storage_option_flag
-@quiet_flag
-def convert(
-    source: str,
-    target: str,
-    overwrite: bool,
-    quiet: bool,
-    shards: int | None,
-    shard: str | None,
-    dask_address: str | None,
-    source_kind: str,
-    staging_dir: str | None,
-    storage_option: tuple[str, ...],
-    **flags: Any,
-) -> None:
-    """Pack the images of SOURCE (a folder, a .tar) into the HDF5 file TARGET (or a pack set).
-
-    TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
-    pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
-    """
-    remote: dict[str, Any] = {
-        "staging_dir": staging_dir,
-        "storage_options": parse_storage_options(storage_option),
-    }
-    from h5pack.write.sources import sample_source
-
-    if shards is None and shard is None and dask_address is None:
-        options = options_from_flags(flags)
-        found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
-        _convert_one(found, target, overwrite, quiet, options, remote)
-        return
-    only = None
-    if shard is not None:
-        only, count = parse_shard(shard, os.environ)
-        if shards is not None and shards != count:
-            raise OptionsError(f"--shards {shards} and --shard {shard} disagree: give one")
-        if dask_address is not None:
-            raise OptionsError("--dask runs every shard; it does not take --shard")
-        shards = count
-        if flags["workers"] is None and "LOCAL_WORLD_SIZE" in os.environ:
-            # torchrun starts LOCAL_WORLD_SIZE ranks per machine: they share its cores.
-            local = max(1, int(os.environ["LOCAL_WORLD_SIZE"] or 1))
-            flags["workers"] = max(1, available_cores() // local)
-    if shards is None:
-        raise OptionsError("--dask runs the shards of --shards N: add --shards")
-    options = options_from_flags(flags)
-    found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
-    if dask_address is not None:
-        from h5pack.write.dask import convert_on_dask, dask_client
-
-        # --dask local --workers N: a LocalCluster of N processes (each converts a shard).
-        cluster = dask_client(dask_address, workers=options.workers)
-        with cluster as client, progress_for(quiet) as progress:
-            report = convert_on_dask(
-                client,
-                found,
-                target,
-                options,
-                shards=shards,
-                overwrite=overwrite,
-                progress=progress.advance,
-                on_event=progress.event,
-                **remote,
-            )
-    else:
-        from h5pack.write.shards import convert_set
-
-        with progress_for(quiet) as progress:
-            report = convert_set(
-                found,
-                target,
-                options,
-                shards=shards,
-                only=only,
-                overwrite=overwrite,
-                progress=progress.advance,
-                on_event=progress.event,
-                **remote,
-            )
-    _render_set(report)
-
-
-def _convert_one(
-    source: SampleSource,
-    target: str,
-    overwrite: bool,
-    quiet: bool,
-    options: ConvertOptions,
-    remote: dict[str, Any],
-) -> None:
-    from h5pack.write.convert import convert as run_convert
-
-    with progress_for(quiet) as progress:
-        report = run_convert(
-            source,
-            target,
-            options,
-            overwrite=overwrite,
-            progress=progress.advance,
-            on_event=progress.event,
-            **remote,
-        )
-    click.echo(
-        f"packed {report.num_samples} of {report.num_found} images into {report.path} "
-        f"({format_bytes(report.file_bytes)}, {report.mode}/{report.storage}) "
-        f"in {report.elapsed_s:.1f} s, {report.images_per_s:.0f} images/s"
-    )
-    _render_skipped(report.skipped, f"`h5pack info --json {report.path}` lists all")
-
-
-def _render_skipped(skipped: Sequence[SkippedFile], more: str) -> None:
-    if not skipped:
-        return
-    count = len(skipped)
-    click.echo(f"skipped {plural(count, 'file')} (recorded in the pack):", err=True)
-    for item in skipped[:SKIPPED_SHOWN]:
-        click.echo(f"  {item.path}: {item.reason}", err=True)
-    if count > SKIPPED_SHOWN:
-        click.echo(f"  and {count - SKIPPED_SHOWN} more: {more}", err=True)
-
-
-def _render_set(report: PackSetReport) -> None:
-    """Print one line per shard and the pack set's summary."""
-    n = report.num_shards
-    for item in report.shards:
-        click.echo(
-            f"shard {item.index}/{n}: {item.status} {Path(item.path).name}, "
-            f"{item.num_samples} of {item.num_planned} images, {format_bytes(item.file_bytes)}"
-            f" ({item.elapsed_s:.1f} s)"
-        )
-    done = sum(s.num_planned for s in report.shards if s.status == "written")
-    speed = f", {report.images_per_s:.0f} images/s" if done else ""
-    if report.manifest is not None:
-        click.echo(
-            f"pack set {report.root}: {plural(n, 'shard')}, manifest {report.manifest} "
-            f"(this run: {report.num_samples} images in {report.elapsed_s:.1f} s{speed})"
-        )
-    else:
-        left = len(report.missing)
-        click.echo(
-            f"{left} of {n} shards still missing ({_list(report.missing)}): the last "
-            f"--shard I/{n} to finish writes the manifest (or rerun with --shards {n})"
-        )
-    _render_skipped(report.skipped, "`h5pack info --json SHARD` lists all")
-
-
-def _list(indices: Sequence[int], *, limit: int = 8) -> str:
-    shown = ", ".join(map(str, indices[:limit]))
-    return shown + (f" and {len(indices) - limit} more" if len(indices) > limit else "")
 
 
 @cli.command()

@@ -1,0 +1,300 @@
+"""``h5pack convert``: a source (a folder, a .tar...) into a pack, or into a pack set.
+
+The source is chosen once, here, from SOURCE and ``--from`` (``write.sources``); below,
+only the ``SampleSource`` travels.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from h5pack.cli.flags import (
+    convert_flags,
+    format_bytes,
+    options_from_flags,
+    parse_storage_options,
+    progress_for,
+    quiet_flag,
+    staging_flag,
+    storage_option_flag,
+)
+from h5pack.core.machine import available_cores
+from h5pack.core.units import plural
+from h5pack.errors import OptionsError
+
+if TYPE_CHECKING:
+    from h5pack.core.format import SkippedFile
+    from h5pack.write.options import ConvertOptions
+    from h5pack.write.shards import PackSetReport
+    from h5pack.write.sources import SampleSource
+
+__all__ = ["convert"]
+
+# Skipped files listed after a conversion (all of them are in the pack).
+SKIPPED_SHOWN = 20
+
+
+@click.command()
+@click.argument("source", type=click.Path())
+@click.argument("target", type=click.Path())
+@convert_flags
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Write a pack set: N shard packs and a manifest in the directory TARGET.",
+)
+@click.option(
+    "--shard",
+    default=None,
+    metavar="I/N|auto",
+    help="Write only shard I of N into TARGET (one process per shard); auto reads RANK/"
+    "WORLD_SIZE (torchrun) or SLURM_ARRAY_TASK_ID/COUNT (Slurm array). The last one "
+    "writes the manifest.",
+)
+@click.option(
+    "--dask",
+    "dask_address",
+    default=None,
+    metavar="ADDRESS|local",
+    help="Run the --shards as Dask tasks on the scheduler at ADDRESS (tcp://host:8786), or "
+    "on a LocalCluster of --workers processes (local; default one per core).",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace TARGET if it exists; for a pack set, replace shards that do not match.",
+)
+@click.option(
+    "--from",
+    "source_kind",
+    default="auto",
+    metavar="KIND",
+    help="What SOURCE is: folder, tar (an uncompressed .tar of a folder, read in place) "
+    "[default: detected from SOURCE].",
+)
+@staging_flag
+@storage_option_flag
+@quiet_flag
+def convert(
+    source: str,
+    target: str,
+    overwrite: bool,
+    quiet: bool,
+    shards: int | None,
+    shard: str | None,
+    dask_address: str | None,
+    source_kind: str,
+    staging_dir: str | None,
+    storage_option: tuple[str, ...],
+    **flags: Any,
+) -> None:
+    """Pack the images of SOURCE (a folder, a .tar) into the HDF5 file TARGET (or a pack set).
+
+    TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
+    pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
+    """
+    remote: dict[str, Any] = {
+        "staging_dir": staging_dir,
+        "storage_options": parse_storage_options(storage_option),
+    }
+    from h5pack.write.sources import sample_source
+
+    if shards is None and shard is None and dask_address is None:
+        options = options_from_flags(flags)
+        found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
+        _convert_one(found, target, overwrite, quiet, options, remote)
+        return
+    only = None
+    if shard is not None:
+        only, count = parse_shard(shard, os.environ)
+        if shards is not None and shards != count:
+            raise OptionsError(f"--shards {shards} and --shard {shard} disagree: give one")
+        if dask_address is not None:
+            raise OptionsError("--dask runs every shard; it does not take --shard")
+        shards = count
+        if flags["workers"] is None and "LOCAL_WORLD_SIZE" in os.environ:
+            # torchrun starts LOCAL_WORLD_SIZE ranks per machine: they share its cores.
+            local = max(1, int(os.environ["LOCAL_WORLD_SIZE"] or 1))
+            flags["workers"] = max(1, available_cores() // local)
+    if shards is None:
+        raise OptionsError("--dask runs the shards of --shards N: add --shards")
+    options = options_from_flags(flags)
+    found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
+    if dask_address is not None:
+        from h5pack.write.dask import convert_on_dask, dask_client
+
+        # --dask local --workers N: a LocalCluster of N processes (each converts a shard).
+        cluster = dask_client(dask_address, workers=options.workers)
+        with cluster as client, progress_for(quiet) as progress:
+            report = convert_on_dask(
+                client,
+                found,
+                target,
+                options,
+                shards=shards,
+                overwrite=overwrite,
+                progress=progress.advance,
+                on_event=progress.event,
+                **remote,
+            )
+    else:
+        from h5pack.write.shards import convert_set
+
+        with progress_for(quiet) as progress:
+            report = convert_set(
+                found,
+                target,
+                options,
+                shards=shards,
+                only=only,
+                overwrite=overwrite,
+                progress=progress.advance,
+                on_event=progress.event,
+                **remote,
+            )
+    _render_set(report)
+
+
+def _convert_one(
+    source: SampleSource,
+    target: str,
+    overwrite: bool,
+    quiet: bool,
+    options: ConvertOptions,
+    remote: dict[str, Any],
+) -> None:
+    from h5pack.write.convert import convert as run_convert
+
+    with progress_for(quiet) as progress:
+        report = run_convert(
+            source,
+            target,
+            options,
+            overwrite=overwrite,
+            progress=progress.advance,
+            on_event=progress.event,
+            **remote,
+        )
+    click.echo(
+        f"packed {report.num_samples} of {report.num_found} images into {report.path} "
+        f"({format_bytes(report.file_bytes)}, {report.mode}/{report.storage}) "
+        f"in {report.elapsed_s:.1f} s, {report.images_per_s:.0f} images/s"
+    )
+    _render_skipped(report.skipped, f"`h5pack info --json {report.path}` lists all")
+
+
+def _render_skipped(skipped: Sequence[SkippedFile], more: str) -> None:
+    if not skipped:
+        return
+    count = len(skipped)
+    click.echo(f"skipped {plural(count, 'file')} (recorded in the pack):", err=True)
+    for item in skipped[:SKIPPED_SHOWN]:
+        click.echo(f"  {item.path}: {item.reason}", err=True)
+    if count > SKIPPED_SHOWN:
+        click.echo(f"  and {count - SKIPPED_SHOWN} more: {more}", err=True)
+
+
+def _render_set(report: PackSetReport) -> None:
+    """Print one line per shard and the pack set's summary."""
+    n = report.num_shards
+    for item in report.shards:
+        click.echo(
+            f"shard {item.index}/{n}: {item.status} {Path(item.path).name}, "
+            f"{item.num_samples} of {item.num_planned} images, {format_bytes(item.file_bytes)}"
+            f" ({item.elapsed_s:.1f} s)"
+        )
+    done = sum(s.num_planned for s in report.shards if s.status == "written")
+    speed = f", {report.images_per_s:.0f} images/s" if done else ""
+    if report.manifest is not None:
+        click.echo(
+            f"pack set {report.root}: {plural(n, 'shard')}, manifest {report.manifest} "
+            f"(this run: {report.num_samples} images in {report.elapsed_s:.1f} s{speed})"
+        )
+    else:
+        left = len(report.missing)
+        click.echo(
+            f"{left} of {n} shards still missing ({_list(report.missing)}): the last "
+            f"--shard I/{n} to finish writes the manifest (or rerun with --shards {n})"
+        )
+    _render_skipped(report.skipped, "`h5pack info --json SHARD` lists all")
+
+
+def _list(indices: Sequence[int], *, limit: int = 8) -> str:
+    shown = ", ".join(map(str, indices[:limit]))
+    return shown + (f" and {len(indices) - limit} more" if len(indices) > limit else "")
+
+
+# What ``--shard auto`` reads: torchrun's rank variables, else a Slurm array task's.
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
+SLURM_ARRAY_VARS = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
+
+
+def parse_shard(text: str, env: Mapping[str, str]) -> tuple[int, int]:
+    """Return ``(index, num_shards)`` of ``--shard I/N`` or ``--shard auto``.
+
+    ``auto`` reads ``RANK``/``WORLD_SIZE`` (set by torchrun), else ``SLURM_ARRAY_TASK_ID``
+    minus ``SLURM_ARRAY_TASK_MIN`` (0 when unset) and ``SLURM_ARRAY_TASK_COUNT`` (set by a
+    Slurm array job) from ``env``.
+
+    Example:
+        >>> parse_shard("3/8", {}), parse_shard("auto", {"RANK": "1", "WORLD_SIZE": "2"})
+        ((3, 8), (1, 2))
+
+    Raises:
+        OptionsError: the text is neither, or ``auto`` finds no (or bad) variables.
+    """
+    if text.strip().lower() == "auto":
+        return _shard_from_env(env)
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None:
+        raise OptionsError(f"--shard should be I/N (e.g. 0/8) or auto, but got {text!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    _check_shard(index, count, f"--shard {text}")
+    return index, count
+
+
+def _shard_from_env(env: Mapping[str, str]) -> tuple[int, int]:
+    if all(name in env for name in TORCHRUN_VARS):
+        index, count = (_env_int(env, name) for name in TORCHRUN_VARS)
+        _check_shard(index, count, f"--shard auto (RANK={index}, WORLD_SIZE={count})")
+        return index, count
+    if all(name in env for name in SLURM_ARRAY_VARS):
+        task, count = (_env_int(env, name) for name in SLURM_ARRAY_VARS)
+        low = _env_int(env, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
+        _check_shard(
+            task - low,
+            count,
+            f"--shard auto (SLURM_ARRAY_TASK_ID={task} - SLURM_ARRAY_TASK_MIN={low}, "
+            f"SLURM_ARRAY_TASK_COUNT={count}; an array with a step, e.g. 0-15:2, cannot "
+            "number shards: use --array=0-N-1 or --shard I/N)",
+        )
+        return task - low, count
+    raise OptionsError(
+        "--shard auto reads RANK and WORLD_SIZE (set by torchrun) or SLURM_ARRAY_TASK_ID and "
+        "SLURM_ARRAY_TASK_COUNT (set in a Slurm array job, #SBATCH --array=0-7), but none "
+        "of them is set: give --shard I/N"
+    )
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise OptionsError(
+            f"--shard auto: {name} should be an integer, but got {name}={env[name]!r}"
+        ) from None
+
+
+def _check_shard(index: int, count: int, what: str) -> None:
+    if count < 1:
+        raise OptionsError(f"{what}: the number of shards should be at least 1, but got {count}")
+    if not 0 <= index < count:
+        raise OptionsError(f"{what}: the shard index should be in 0..{count - 1}, but got {index}")
