@@ -104,11 +104,14 @@ def test_bad_members_are_skipped_naming_them_or_stop_with_strict(
     (folder / "dog" / "broken.jpg").write_bytes(b"not a jpeg")
     os.symlink("000.jpg", folder / "cat" / "link.jpg")
     tar_of(folder, archive)
+    with tarfile.open(archive, "a") as appended:  # `tar -r`: a second eel/000.jpg
+        appended.add(folder / "eel" / "001.jpg", arcname="images/eel/000.jpg")
     report = convert(archive, tmp_path / "p.h5", ConvertOptions(workers=1))
     reasons = {s.path: s.reason for s in report.skipped}
-    assert set(reasons) == {"cat/link.jpg", "dog/broken.jpg"}
+    assert set(reasons) == {"cat/link.jpg", "dog/broken.jpg", "eel/000.jpg"}
     assert reasons["cat/link.jpg"] == "a link in the archive, not an image file"
-    assert report.num_samples == 15
+    assert reasons["eel/000.jpg"] == "2 members of the archive have this path"
+    assert report.num_samples == 14
     with pytest.raises(DecodeError, match=r"cat/link\.jpg"):
         convert(archive, tmp_path / "q.h5", ConvertOptions(workers=1, strict=True))
 

@@ -6,15 +6,16 @@ first folder of each path, or a flat folder); an archive made of the folder itse
 that folder's content. One pass over the member headers (``tarfile`` seeks past the
 data) lists the images with the offset and size of their bytes; workers then read each
 image with one ``pread``, in any order, so shuffling, ``--shards`` and ``--dask`` work as
-for a folder. Members that are links or special files, or have a path leaving the
-archive, are problems named by their path. Compressed archives (``.tar.gz``) cannot be
-read in place and are not taken.
+for a folder. Members that are links, special or sparse files, that share their path with
+another member, or whose path leaves the archive, are problems named by their path.
+Compressed archives (``.tar.gz``) cannot be read in place and are not taken.
 """
 
 from __future__ import annotations
 
 import os
 import tarfile
+from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
@@ -49,6 +50,14 @@ class TarSource(PathSource):
                     self._take(member, path, found, problems)
         except (OSError, tarfile.TarError) as err:
             raise SourceError(f"cannot read the tar archive {self.root}: {err}") from err
+        counts = Counter(rel for rel, _ in found)
+        twice = sorted(rel for rel, count in counts.items() if count > 1)
+        if twice:  # appended again (tar -r): which one was meant cannot be told
+            problems.extend(
+                SkippedFile(rel, f"{counts[rel]} members of the archive have this path")
+                for rel in twice
+            )
+            found = [item for item in found if counts[item[0]] == 1]
         found, problems = _strip_top_folder(found, problems)
         found_labels, classes = label_by_folder(self.root, found, problems, "auto")
         fields = label_fields([label for _, _, label in found_labels])
@@ -77,8 +86,9 @@ class TarSource(PathSource):
         relative = "/".join(parts)
         if pure.is_absolute() or ".." in parts:
             problems.append(SkippedFile(relative, "a path that leaves the archive"))
-        elif not member.isfile():
+        elif not member.isfile() or member.issparse():
             kind = "a link" if member.issym() or member.islnk() else "a special file"
+            kind = "a sparse file" if member.issparse() else kind
             problems.append(SkippedFile(relative, f"{kind} in the archive, not an image file"))
         else:
             found.append((relative, FileRange(path, member.offset_data, member.size)))
