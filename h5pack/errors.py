@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
+# ``h5pack`` on the package index is an unrelated audio tool (docs/decisions/0100).
+DISTRIBUTION = "h5pack-images"
+
+
+def install_line(extra: str) -> str:
+    """Return the command that installs ``extra`` into the environment running this h5pack.
+
+    From a checkout (the project is not on the package index yet), the checkout's own path.
+    """
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file():
+        return f"pip install -e {shlex.quote(f'{checkout}[{extra}]')}"
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
 
 class H5PackError(Exception):
     """Base class of every error h5pack raises on purpose."""

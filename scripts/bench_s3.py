@@ -60,6 +60,7 @@ from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
 from h5pack.core.packset import PackSetManifest, ShardEntry, shard_name, write_manifest
 from h5pack.core.store import open_store
+from h5pack.errors import install_line
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert, write_arrays
@@ -379,7 +380,7 @@ def part_peer(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: Fault
     try:
         import webdataset as wds
     except ImportError as err:
-        print(f"# the peer part needs webdataset (pip install 'h5pack[peers]'): {err}")
+        print(f"# the peer part needs webdataset ({install_line('peers')}): {err}")
         return
     folder = photos(work, args.images, (args.size, args.size))
     samples = jpeg_samples(folder)

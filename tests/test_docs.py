@@ -202,3 +202,51 @@ def test_readme_links_resolve() -> None:
         text = page.read_text(encoding="utf-8")
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", text):
             assert (page.parent / target).is_file(), f"{page.name} links to missing {target}"
+
+
+# `pip install h5pack` / 'h5pack[s3]' install an unrelated audio tool (docs/decisions/0100).
+_BARE = re.compile(r"(?<![\w./-])h5pack\[|pip install[^\n`#]*?(?<![\w./-])h5pack(?![\w-])")
+
+
+def test_every_install_line_names_this_project() -> None:
+    texts = [*PAGES, *(ROOT / "h5pack").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    texts += [*(ROOT / "notebooks").glob("*.ipynb"), ROOT / "pyproject.toml"]
+    bare = [
+        f"{path.relative_to(ROOT)}: {match[0]!r}"
+        for path in texts
+        for match in _BARE.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert bare == []
+
+
+def test_missing_extra_messages_name_the_checkout() -> None:
+    from h5pack.bench.plots import PLOT_HINT
+    from h5pack.core.store import missing_extra
+    from h5pack.errors import install_line
+    from h5pack.write.dask import INSTALL_HINT
+
+    line = install_line("s3")
+    assert line == f"pip install -e '{ROOT}[s3]'"  # this test runs from a checkout
+    assert line in str(missing_extra("s3", ImportError("No module named 'boto3'")))
+    assert install_line("plot") in PLOT_HINT
+    assert install_line("dask") in INSTALL_HINT
+    assert _BARE.search("pip install 'h5pack[s3]'")
+    assert _BARE.search("pip install h5pack")
+    assert not _BARE.search("pip install 'h5pack-images[s3]'")
+
+
+_SCRIPT = re.compile(r"python scripts/(\w+)\.py([^\n`#]*)")
+
+
+def test_every_script_command_names_a_driver_and_its_flags() -> None:
+    """BENCHMARKS.md's and the docs' commands run the drivers in scripts/ as they are."""
+    wrong = []
+    for page in [ROOT / "BENCHMARKS.md", *PAGES]:
+        for match in _SCRIPT.finditer(page.read_text(encoding="utf-8")):
+            script = ROOT / "scripts" / f"{match[1]}.py"
+            source = script.read_text(encoding="utf-8") if script.is_file() else ""
+            flags = re.findall(r"(?<!\S)(--[\w-]+)", match[2])
+            missing = [flag for flag in flags if f'"{flag}"' not in source]
+            if not source or missing:
+                wrong.append(f"{page.name}: {match[0].strip()} ({missing or 'no such script'})")
+    assert wrong == []

@@ -21,6 +21,7 @@ from h5pack.cli.main import cli
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.errors import OptionsError
 from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.write.dask import INSTALL_HINT
 from tests.helpers import contents
 
 ONE = ConvertOptions(workers=1)
@@ -274,4 +275,4 @@ def test_dask_without_distributed_says_what_to_install(
     args = ["convert", str(folder), str(tmp_path / "set"), "--shards", "2", "--dask", "local"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1
-    assert "pip install 'h5pack[dask]'" in result.output
+    assert INSTALL_HINT in result.output

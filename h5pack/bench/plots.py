@@ -10,8 +10,9 @@ from h5pack.bench.access import PATTERN_TITLES
 from h5pack.bench.compare import CompareReport
 from h5pack.bench.measure import MEASURED
 from h5pack.bench.ranking import VariantResult
+from h5pack.errors import install_line
 
-PLOT_HINT = "PNG plots need matplotlib: pip install 'h5pack[plot]'"
+PLOT_HINT = f"PNG plots need matplotlib: {install_line('plot')}"
 
 
 def plots_available() -> bool:
@@ -32,7 +33,7 @@ def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
     """Write throughput.png and size_vs_throughput.png; needs matplotlib.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'h5pack[plot]'``).
+        ImportError: matplotlib is not installed (the ``plot`` extra).
     """
     import matplotlib
 

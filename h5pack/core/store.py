@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from h5pack._types import StrPath
 from h5pack.core.source import ByteSource, LocalSource
-from h5pack.errors import FormatError, H5PackError, PackNotFoundError
+from h5pack.errors import FormatError, H5PackError, PackNotFoundError, install_line
 
 # scheme -> (module, class) of its store, imported on first use (its client is an extra)
 SCHEMES: dict[str, tuple[str, str]] = {"s3": ("h5pack.core.s3", "S3Store")}
@@ -48,8 +48,7 @@ def missing_extra(scheme: str, err: ImportError) -> MissingExtraError:
     """Return the error for a ``scheme://`` URL read without its client installed."""
     extra = EXTRAS.get(scheme, scheme)
     return MissingExtraError(
-        f"reading {scheme}:// URLs needs h5pack's {extra!r} extra: "
-        f"pip install 'h5pack[{extra}]' ({err})"
+        f"reading {scheme}:// URLs needs h5pack's {extra!r} extra: {install_line(extra)} ({err})"
     )
 
 

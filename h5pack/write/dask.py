@@ -15,7 +15,7 @@ the parallelism is Dask's own (one process per core: ``--nworkers N --nthreads 1
 time (the compression scratch file of ``pipeline`` is per process), so extra threads per
 worker add nothing.
 
-``distributed`` is imported when used: ``pip install 'h5pack[dask]'``.
+``distributed`` is imported when used: the ``dask`` extra.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
-from h5pack.errors import H5PackError
+from h5pack.errors import H5PackError, install_line
 from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import needs_probe, remove_leftovers_beside
 from h5pack.write.options import ConvertOptions
@@ -51,7 +51,7 @@ from h5pack.write.split import ShardTask, plan_reason
 
 __all__ = ["convert_on_dask", "dask_client"]
 
-INSTALL_HINT = "pip install 'h5pack[dask]'"
+INSTALL_HINT = install_line("dask")
 
 # One shard at a time per process (NOTE [ One shard per Dask worker process ]).
 _ONE_SHARD = threading.Lock()
