@@ -1,19 +1,19 @@
 """Every example in README.md and docs/*.md runs (docs/ARCHITECTURE.md, "Documentation").
 
-A page's fenced blocks run in order, in one fresh folder that holds ``images/`` (a small
-ImageFolder of mixed-size JPEGs), sharing one Python namespace, as a reader who pastes
-them one after the other would:
+A page's fenced blocks run in order, in one empty folder, sharing one Python namespace, as
+a reader who pastes them one after the other would: the data a page's examples read is made
+by its own visible blocks (h5pack.synthetic.make_image_folder), never by hidden set-up.
 
 - ```` ```python ```` blocks are executed;
 - ```` ```sh ```` / ```` ```bash ```` / ```` ```console ```` blocks: every ``h5pack ...``
   command (one a line; ``\\`` continues a line; ``;`` and ``&&`` separate commands;
   ``#`` starts a comment) runs through the CLI in this process and must exit 0, or with
   the code a trailing ``# exit N`` comment gives;
-- a block whose info string carries ``notest`` (```` ```sh notest ````) is shown, not
-  run: installs, clusters, GPUs, the test command itself. Any other line in a shell
-  block that is not ``notest`` fails the test, so nothing is silently left out;
-- a fenced block inside an HTML comment (``<!-- ... -->``) is run but not rendered:
-  the set-up a page needs that a reader does not (a second folder, a smaller budget).
+- a block whose info string carries ``notest`` and why (```` ```sh notest network: ... ````)
+  is shown, not run; the only reasons are a GPU, a cluster or the network (installs, a
+  bucket's server). Any other line in a shell block that is not ``notest`` fails the test,
+  so nothing is silently left out;
+- no fenced block hides inside an HTML comment (``<!-- ... -->``): what runs is what shows.
 
 Other languages (```` ```text ````, ```` ```json ````) are output shown to the reader.
 """
@@ -29,7 +29,6 @@ import pytest
 from click.testing import CliRunner
 
 from h5pack.cli.main import cli
-from h5pack.synthetic import SampleSpec, make_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -67,7 +66,7 @@ def blocks(page: Path) -> list[Block]:
         language = words[0] if words else ""
         line = text.count("\n", 0, match.start()) + 1
         body = "\n".join(row[len(match["indent"]) :] for row in match["body"].splitlines())
-        run = language in RUN and "notest" not in words[1:]
+        run = language in RUN and "notest" not in words[1:2]
         found.append(Block(page.name, line, language, run, body))
     return found
 
@@ -124,32 +123,21 @@ def run_block(block: Block, namespace: dict[str, object]) -> None:
             )
 
 
-@pytest.fixture(scope="session")
-def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small ImageFolder of mixed-size JPEGs in 3 classes, made once."""
-    root = tmp_path_factory.mktemp("docs") / "images"
-    spec = SampleSpec(num_images=48, num_classes=3, size=(48, 64), size_jitter=0.3)
-    make_image_folder(root, spec, photos=False)
-    return root
-
-
 def _example_pages() -> list[Path]:
     return [page for page in PAGES if page.name not in NOT_EXAMPLES]
 
 
 @pytest.mark.parametrize("page", _example_pages(), ids=lambda page: page.name)
 def test_page_examples_run(
-    page: Path, images: Path, tmp_path: Path, monkeypatch, request: pytest.FixtureRequest
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    import shutil
-
-    shutil.copytree(images, tmp_path / "images")
     monkeypatch.chdir(tmp_path)
     if "AWS_ENDPOINT_URL" in page.read_text(encoding="utf-8"):
         # A page about buckets talks to the tests' local S3 server (tests/conftest.py),
         # through the proxy that answers ranged GETs as S3 does, set as its shell would.
         server, proxy = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_proxy")
         settings = server.storage_options(proxy.endpoint)
+        server.bucket("demo")  # the page's `mkdir -p s3-data/demo`
         monkeypatch.setenv("AWS_ENDPOINT_URL", settings["endpoint"])
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", settings["access_key_id"])
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", settings["secret_access_key"])
@@ -250,3 +238,20 @@ def test_every_script_command_names_a_driver_and_its_flags() -> None:
             if not source or missing:
                 wrong.append(f"{page.name}: {match[0].strip()} ({missing or 'no such script'})")
     assert wrong == []
+
+
+_HIDDEN = re.compile(r"<!--(?:(?!-->).)*```(?:(?!-->).)*-->", re.S)
+NOTEST_REASONS = ("gpu", "cluster", "network")
+
+
+@pytest.mark.parametrize("page", _example_pages(), ids=lambda page: page.name)
+def test_no_example_is_hidden_or_skipped_without_reason(page: Path) -> None:
+    """Set-up a reader cannot see is not allowed; ``notest`` says GPU, cluster or network."""
+    text = page.read_text(encoding="utf-8")
+    assert not _HIDDEN.search(text), f"{page.name}: a fenced block inside <!-- -->"
+    for match in _FENCE.finditer(text):
+        words = match["info"].split()
+        if "notest" in words:
+            line = text.count("\n", 0, match.start()) + 1
+            reason = " ".join(words[words.index("notest") + 1 :]).lower()
+            assert reason.startswith(NOTEST_REASONS), f"{page.name}:{line}: notest without why"
