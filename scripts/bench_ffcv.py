@@ -19,7 +19,8 @@ QUASI_RANDOM, drop_last=False)`` with ``RandomResizedCropRGBImageDecoder((224, 2
 ``RandomHorizontalFlip()``, ``ToTensor()``, ``ToTorchImage()``; h5pack's
 ``make_loader(pack, 64, size=224, flip=True)`` with ``num_workers="auto"`` (2 workers: a
 pack cut to a size gets one per core, encoded or raw) and in the main process with 2 threads
-(``num_workers=0, threads=2``). Two arms measure a step against what it replaced, in the same
+(``num_workers=0, reader=ReaderOptions(threads=2)``).
+Two arms measure a step against what it replaced, in the same
 rounds: "h5 jpeg in-process, whole decodes" (within ``jpegbox.disabled()``: no box decoded
 alone) and "h5 raw auto, torch enlarges" (``resize.ENLARGE_WITH_OPENCV = False`` in
 the process that forks its workers).
@@ -58,6 +59,7 @@ from bench_loaders import SIZE, Rounds, Run, epoch, prepare, tree_cpu_s
 from h5pack import make_loader
 from h5pack.bench.system import machine_info, warm_page_cache
 from h5pack.core import jpegbox
+from h5pack.read.reader import ReaderOptions
 from h5pack.training import resize
 
 BATCH = 64
@@ -267,15 +269,21 @@ def run(args: argparse.Namespace, data: Path, *, ffcv: bool) -> dict[str, Any]:
 
     makers: dict[str, Callable[[], Any]] = {
         "h5 jpeg auto": lambda: h5_loader(encoded),
-        "h5 jpeg in-process": lambda: h5_loader(encoded, num_workers=0, threads=2),
+        "h5 jpeg in-process": lambda: h5_loader(
+            encoded, num_workers=0, reader=ReaderOptions(threads=2)
+        ),
         # the same with every JPEG decoded whole (NOTE [ Decoding only the box ])
-        "h5 jpeg in-process, whole decodes": lambda: h5_loader(encoded, num_workers=0, threads=2),
-        "h5 jpeg cache": lambda: h5_loader(encoded, num_workers=0, threads=2, cache="decoded"),
+        "h5 jpeg in-process, whole decodes": lambda: h5_loader(
+            encoded, num_workers=0, reader=ReaderOptions(threads=2)
+        ),
+        "h5 jpeg cache": lambda: h5_loader(
+            encoded, num_workers=0, reader=ReaderOptions(threads=2), cache="decoded"
+        ),
         "h5 raw auto": lambda: h5_loader(raw),
         # the same with enlarging boxes resized by torch (NOTE [ Pillow's filter, computed
         # by torch ]): its workers fork inside the arm's switch, and keep it
         "h5 raw auto, torch enlarges": lambda: h5_loader(raw),
-        "h5 raw in-process": lambda: h5_loader(raw, num_workers=0, threads=2),
+        "h5 raw in-process": lambda: h5_loader(raw, num_workers=0, reader=ReaderOptions(threads=2)),
     }
     if ffcv:
         for order in ("RANDOM", "QUASI_RANDOM"):

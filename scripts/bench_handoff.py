@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loaders import tree_cpu_s
 
 from h5pack import make_loader
+from h5pack.read.reader import ReaderOptions
 
 BATCH = 64
 
@@ -50,7 +51,10 @@ def handoff(pack: Path, rounds: int) -> None:
     def make(**kwargs: object) -> object:
         return make_loader(pack, BATCH, size=224, crop="random-resized", flip=True, **kwargs)
 
-    loaders = {"2 workers": make(num_workers=2), "main, 2 threads": make(num_workers=0, threads=2)}
+    loaders = {
+        "2 workers": make(num_workers=2),
+        "main, 2 threads": make(num_workers=0, reader=ReaderOptions(threads=2)),
+    }
     for loader in loaders.values():
         per_cpu_s(loader, 0)
     rates: dict[str, list[float]] = {name: [] for name in loaders}
@@ -75,7 +79,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     """
     from h5pack.read.checks import SampleChecks
 
-    loader = make_loader(pack, batch, num_workers=0, threads=2)
+    loader = make_loader(pack, batch, num_workers=0, reader=ReaderOptions(threads=2))
     count = len(loader.dataset)
     shape = loader.dataset.meta.fixed_shape
     rng = np.random.default_rng(0)
@@ -239,7 +243,13 @@ def floor(pack: Path, rounds: int) -> None:
     datasets = {}
     for threads in (1, 2):
         loader = make_loader(
-            pack, BATCH, size=224, crop="random-resized", flip=True, num_workers=0, threads=threads
+            pack,
+            BATCH,
+            size=224,
+            crop="random-resized",
+            flip=True,
+            num_workers=0,
+            reader=ReaderOptions(threads=threads),
         )
         for _ in loader:  # the reader opened, the file mapped, the pages touched once
             pass

@@ -28,7 +28,7 @@ delivers them as stored, (B, 3, N, N), the raw packs storing the same pixels:
   (its first epoch fills the cache);
 - ``h5pack-raw``: the raw 256x256 pack (with ``--codecs``: one pack per codec, 64 samples
   per chunk, each its own arm); ``h5pack-unchecked``: the same with
-  ``verify_checksums=False`` (what checking every sample costs).
+  ``reader=ReaderOptions(verify_checksums=False)`` (what checking every sample costs).
 
 "first epoch": a loader made fresh each round (worker start-up included); "later epochs":
 made once, one untimed epoch, then one timed epoch per round. Rounds interleave every arm,
@@ -66,7 +66,9 @@ from h5pack.core import format as fmt
 from h5pack.core.format import load_meta
 from h5pack.core.layout import Compression
 from h5pack.read.crop import DEFAULT_RATIO, DEFAULT_SCALE, random_resized_box
+from h5pack.read.reader import ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.cache import CacheSpec
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
@@ -366,13 +368,16 @@ def arms_of(
         "pillow-manager": (lambda: peer(PillowPeer(samples, manager.dict()))(), False),
         "naive-h5py": (peer(NaiveH5Peer(encoded)), True),
         "h5pack": (h5(encoded), True),
-        "h5pack-inproc": (h5(encoded, num_workers=0, threads=workers), True),
-        "h5pack-cached": (h5(encoded, cache="decoded", cache_bytes=2 * decoded + 2**24), True),
+        "h5pack-inproc": (h5(encoded, num_workers=0, reader=ReaderOptions(threads=workers)), True),
+        "h5pack-cached": (h5(encoded, cache=CacheSpec(cache_bytes=2 * decoded + 2**24)), True),
     }
     for codec, raw in raws.items():
         named = "" if len(raws) == 1 else f"-{codec}"
         arms[f"h5pack-raw{named}"] = (h5(raw), True)
-        arms[f"h5pack-unchecked{named}"] = (h5(raw, verify_checksums=False), False)
+        arms[f"h5pack-unchecked{named}"] = (
+            h5(raw, reader=ReaderOptions(verify_checksums=False)),
+            False,
+        )
     if "webdataset" in args.only:
         try:
             import webdataset as wds

@@ -39,7 +39,7 @@ import numpy as np
 from h5pack import Compression, ConvertOptions, make_loader, write_arrays
 from h5pack.core.layout import ChunkMap
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.training.sampler import ChunkBatchSampler, MixedSources
+from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, MixedSources
 from h5pack.training.weighted import WeightedMix, shares
 
 
@@ -177,10 +177,11 @@ def floor(rounds: int, folder: Path) -> list[str]:
     thread time is serial work that no pool thread can take, hence the floor of its rate.
     """
     a, b, one = cost_packs(folder)
-    settings: dict[str, Any] = {"num_workers": 0, "seed": 1, "window_chunks": 8}
+    settings: dict[str, Any] = {"num_workers": 0, "seed": 1}
+    batch = EpochSpec(batch_size=256, window_chunks=8)
     loaders = {
-        "one pack": make_loader(one, 256, **settings),
-        "3:1 mix of two packs": make_loader([a, b], 256, weights=[3, 1], **settings),
+        "one pack": make_loader(one, batch, **settings),
+        "3:1 mix of two packs": make_loader([a, b], batch, weights=[3, 1], **settings),
     }
     wall: dict[tuple[str, str], list[float]] = {}
     main: dict[tuple[str, str], list[float]] = {}
@@ -270,13 +271,18 @@ def cost(rounds: int, folder: Path, block: int, side: int = 64) -> list[str]:
     base: dict[str, str] = {}  # each loader's one-pack reference
     for threads in (None, 1):
         suffix = "" if threads is None else ", 1 thread"
-        settings: dict[str, Any] = {"num_workers": 0, "seed": 1, "window_chunks": 8}
-        loaders["one pack" + suffix] = make_loader(one, 256, threads=threads, **settings)
-        mixed = {"weights": [3, 1], "threads": threads, **settings}
-        loaders["3:1 mix of two packs" + suffix] = make_loader([a, b], 256, **mixed)
+        settings: dict[str, Any] = {
+            "num_workers": 0,
+            "seed": 1,
+            "reader": ReaderOptions(threads=threads),
+        }
+        batch = EpochSpec(batch_size=256, window_chunks=8)
+        loaders["one pack" + suffix] = make_loader(one, batch, **settings)
+        mixed = {"weights": [3, 1], **settings}
+        loaders["3:1 mix of two packs" + suffix] = make_loader([a, b], batch, **mixed)
         if threads is None:
             loaders["3:1 mix, a pool per source (before)"] = per_source_pools(
-                make_loader([a, b], 256, **mixed)
+                make_loader([a, b], batch, **mixed)
             )
         for name in loaders:
             base.setdefault(name, "one pack" + suffix)

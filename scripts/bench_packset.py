@@ -10,7 +10,7 @@ chunks: the chunk count of an ImageNet pack with 8 MiB chunks of ~110 KB photos)
 manifest (``core.packset.write_manifest``). The set is built once into ``--data`` and reused.
 
 Each simulated rank runs in a fresh process (``--rank`` is the per-rank entry point) and
-measures, for ``make_loader(set, batch_size=256, num_replicas=R, rank=r, num_workers=0)``:
+measures, for ``make_loader(set, EpochSpec(batch_size=256, num_replicas=R, rank=r))``:
 
 - open: ``describe`` of the set, and the whole ``make_loader`` construction (describe, the
   sampler with its label-mixing check, the dataset), seconds;
@@ -120,6 +120,7 @@ def measure_rank(data: Path, rank: int, ranks: int, batch_size: int) -> dict[str
     import torch  # noqa: F401  (imported before timing: every training process has it)
 
     from h5pack.read.packset import describe
+    from h5pack.training.epochs import EpochSpec
     from h5pack.training.loader import make_loader
 
     fds_start = open_fds()
@@ -131,7 +132,11 @@ def measure_rank(data: Path, rank: int, ranks: int, batch_size: int) -> dict[str
 
     def construct() -> Any:
         return make_loader(
-            data, batch_size, num_workers=0, num_replicas=ranks, rank=rank, seed=0, shuffle=True
+            data,
+            EpochSpec(batch_size=batch_size, num_replicas=ranks, rank=rank),
+            num_workers=0,
+            seed=0,
+            shuffle=True,
         )
 
     started = time.perf_counter()

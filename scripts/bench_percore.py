@@ -94,8 +94,8 @@ def profile(data: Path, top: int) -> None:
             crop="random-resized",
             flip=True,
             num_workers=0,
-            threads=1,
             **extra,
+            reader=ReaderOptions(threads=1),
         )
         images = 0
         for epoch in (0, 1):

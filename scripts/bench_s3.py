@@ -61,7 +61,9 @@ from h5pack.core.layout import Compression
 from h5pack.core.packset import PackSetManifest, ShardEntry, shard_name, write_manifest
 from h5pack.core.store import open_store
 from h5pack.errors import install_line
+from h5pack.read.reader import ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert, write_arrays
 from h5pack.write.options import ConvertOptions
@@ -116,7 +118,11 @@ def epochs(loader: Any, count: int = 1) -> list[tuple[float, float, int]]:
 
 def first_epoch(source: Any, storage: dict[str, Any] | None, **settings: Any) -> tuple:
     """A fresh loader's first epoch (no disk cache: every round is a first epoch)."""
-    remote = {} if storage is None else {"storage_options": storage, "cache_disk_bytes": 0}
+    remote = (
+        {}
+        if storage is None
+        else {"storage_options": storage, "reader": ReaderOptions(cache_disk_bytes=0)}
+    )
     wall, cpu = time.perf_counter(), tree_cpu_s(exclude=SERVER_PID)
     loader = make_loader(source, settings.pop("batch_size", 256), seed=0, **remote, **settings)
     images = sum(len(batch[1]) for batch in loader)
@@ -302,11 +308,19 @@ def part_cache(
     stored = build_pack(pack, args.samples, args.side, args.chunk_samples, "zstd")
     url = bucket.put(pack, "cache.h5")
     storage = bucket.storage_options
-    batch = {"batch_size": args.batch_size, "window_chunks": 4}
+    batch = EpochSpec(batch_size=args.batch_size, window_chunks=4)
 
-    def loader(source: Any, workers: int, **options: Any) -> Any:
+    def loader(source: Any, workers: int, storage_options: Any = None, **reader: Any) -> Any:
         persistent = {"persistent_workers": True} if workers else {}
-        return make_loader(source, num_workers=workers, seed=0, **batch, **persistent, **options)
+        return make_loader(
+            source,
+            batch,
+            num_workers=workers,
+            seed=0,
+            storage_options=storage_options,
+            reader=ReaderOptions(**reader),
+            **persistent,
+        )
 
     sweep: list[dict[str, Any]] = []
     print("| budget | bound MiB | Belady epoch 2 MiB (GETs) | LRU epoch 2 MiB (GETs) |")
@@ -416,7 +430,9 @@ def part_peer(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: Fault
 
     peers: dict[str, Callable[[], Any]] = {
         "h5pack, s3:// set": lambda: h5(
-            bucket.url("h5/"), storage_options=bucket.storage_options, cache_dir=work / "cache"
+            bucket.url("h5/"),
+            storage_options=bucket.storage_options,
+            reader=ReaderOptions(cache_dir=work / "cache"),
         ),
         "WebDataset, pipe:rclone cat": lambda: webdataset(
             [f"pipe:{rclone} cat {flags} :s3:{bucket.name}/{k}" for k in keys]
@@ -484,7 +500,11 @@ def part_mix(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: FaultP
             proxy.clear()
             if args.latency_ms > 0:
                 proxy.inject(Fault("delay", delay_s=args.latency_ms / 1e3), times=100_000)
-            remote = {} if sources[0] == a else {"storage_options": storage, "cache_disk_bytes": 0}
+            remote = (
+                {}
+                if sources[0] == a
+                else {"storage_options": storage, "reader": ReaderOptions(cache_disk_bytes=0)}
+            )
             loader = make_loader(
                 sources, 256, weights=[3, 1], num_workers=args.workers, seed=0, **remote
             )

@@ -195,12 +195,9 @@ def test_loader_state_moves_to_other_ranks_and_workers(sets, old, new) -> None:
     def loader(ranks: int, rank: int, workers: int):
         return make_loader(
             root,
-            3,
+            EpochSpec(batch_size=3, window_chunks=2, num_replicas=ranks, rank=rank),
             num_workers=workers,
-            num_replicas=ranks,
-            rank=rank,
             seed=6,
-            window_chunks=2,
             return_path=True,
         )
 
@@ -235,11 +232,17 @@ def test_loader_state_moves_to_other_ranks_and_workers(sets, old, new) -> None:
 
 def test_a_state_of_another_pack_is_refused(sets) -> None:
     root, other = sets
-    first = make_loader(root, 4, num_workers=0, seed=1, num_replicas=1, rank=0)
+    first = make_loader(
+        root, EpochSpec(batch_size=4, num_replicas=1, rank=0), num_workers=0, seed=1
+    )
     state = first.state_dict()
     # the same layout (samples, chunks) and labels: only the fingerprint tells them apart
-    wrong = make_loader(other, 4, num_workers=0, seed=1, num_replicas=1, rank=0)
+    wrong = make_loader(
+        other, EpochSpec(batch_size=4, num_replicas=1, rank=0), num_workers=0, seed=1
+    )
     assert wrong.chunk_sampler.state_dict()["num_chunks"] == state["num_chunks"]
     with pytest.raises(OptionsError, match=r"saved on other data \(fingerprint"):
         wrong.load_state_dict(state)
-    make_loader(root, 4, num_workers=0, seed=1, num_replicas=1, rank=0).load_state_dict(state)
+    make_loader(
+        root, EpochSpec(batch_size=4, num_replicas=1, rank=0), num_workers=0, seed=1
+    ).load_state_dict(state)

@@ -23,7 +23,7 @@ from h5pack.read.crop import (
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.synthetic import synthesize_photo
 from h5pack.training import resize
-from h5pack.training.cache import DecodedCache
+from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
 from h5pack.training.resize import resize_kernel, torch_resize_into
 from h5pack.write.convert import write_arrays
@@ -117,9 +117,8 @@ def test_raw_pixels_are_the_planned_crop_of_the_source(packs, images, backend, k
         size=(24, 20),
         flip=True,
         num_workers=0,
-        threads=threads,
         seed=5,
-        backend=backend,
+        reader=ReaderOptions(threads=threads, backend=backend),
     )
     assert fmt.load_meta(packs[kind]).storage == ("array" if kind == "fixed" else "blob")
     got, _ = epoch_of(loader, 2)
@@ -178,7 +177,7 @@ def test_a_resumed_epoch_continues_with_the_same_images(packs):
 
 def test_decoded_cache_serves_later_epochs_without_decoding(packs):
     with make_loader(
-        packs["encoded"], 4, size=16, num_workers=2, cache="decoded", cache_bytes=4 << 20
+        packs["encoded"], 4, size=16, num_workers=2, cache=CacheSpec(cache_bytes=4 << 20)
     ) as loader:
         first, _ = epoch_of(loader, 0)
         stats = loader.cache.stats()
@@ -192,7 +191,7 @@ def test_decoded_cache_serves_later_epochs_without_decoding(packs):
 def test_cache_within_a_tiny_budget_still_serves_every_sample(packs):
     budget = 64 * 1024  # the index and a few images
     with make_loader(
-        packs["encoded"], 4, size=16, num_workers=0, cache="decoded", cache_bytes=budget
+        packs["encoded"], 4, size=16, num_workers=0, cache=CacheSpec(cache_bytes=budget)
     ) as loader:
         first, labels = epoch_of(loader, 0)
         second, _ = epoch_of(loader, 0)
@@ -210,7 +209,7 @@ def test_cache_options_that_cannot_apply_are_refused(packs):
         make_loader(packs["encoded"], 4, cache="decoded")
     with pytest.raises(OptionsError, match="need size="):
         make_loader(packs["encoded"], 4, crop="center")
-    with pytest.raises(OptionsError, match="need cache='decoded'"):
+    with pytest.raises(OptionsError, match=r"cache_bytes= moved to cache=CacheSpec\("):
         make_loader(packs["encoded"], 4, size=16, cache_bytes=1 << 20)
 
 
@@ -470,7 +469,7 @@ def test_two_runs_with_a_partial_cache_serve_the_same_epochs(mixed_pack):
     runs = []
     for _ in range(2):
         with make_loader(
-            mixed_pack, 3, size=48, flip=True, num_workers=2, cache="decoded", cache_bytes=1 << 19
+            mixed_pack, 3, size=48, flip=True, num_workers=2, cache=CacheSpec(cache_bytes=1 << 19)
         ) as loader:
             runs.append([epoch_of(loader, epoch)[0] for epoch in range(2)])
             assert 0 < loader.cache.stats().entries < 12
@@ -486,7 +485,7 @@ def test_pipeline_and_cache_objects_whole_serve_what_the_keywords_serve(packs):
 
     with (
         make_loader(
-            packs["encoded"], 4, size=16, flip=True, cache="decoded", cache_bytes=4 << 20, seed=2
+            packs["encoded"], 4, size=16, flip=True, cache=CacheSpec(cache_bytes=4 << 20), seed=2
         ) as by_keywords,
         make_loader(
             packs["encoded"],

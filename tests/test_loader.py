@@ -19,6 +19,7 @@ from h5pack.core.machine import available_cores
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.reader import ReaderOptions
+from h5pack.training.cache import CacheSpec
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import (
     auto_workers,
@@ -58,7 +59,9 @@ def epoch_labels(loader: DataLoader) -> list[list[int]]:
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 on 2 cores
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
 def test_exactly_once_per_epoch_with_workers(pack, num_workers):
-    loader = make_loader(pack, 5, num_workers=num_workers, seed=1, window_chunks=2)
+    loader = make_loader(
+        pack, EpochSpec(batch_size=5, window_chunks=2), num_workers=num_workers, seed=1
+    )
     first = epoch_labels(loader)
     assert sorted(i for b in first for i in b) == list(range(NUM))
     assert [len(b) for b in first] == [5] * 5 + [4]
@@ -83,7 +86,14 @@ def test_spawn_workers(pack):
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 4])
 def test_simulated_ranks_split_the_epoch(pack, num_replicas):
     per_rank = [
-        epoch_labels(make_loader(pack, 3, num_workers=0, seed=5, num_replicas=num_replicas, rank=r))
+        epoch_labels(
+            make_loader(
+                pack,
+                EpochSpec(batch_size=3, num_replicas=num_replicas, rank=r),
+                num_workers=0,
+                seed=5,
+            )
+        )
         for r in range(num_replicas)
     ]
     counts = Counter(i for batches in per_rank for b in batches for i in b)
@@ -93,7 +103,11 @@ def test_simulated_ranks_split_the_epoch(pack, num_replicas):
     dropped = [
         epoch_labels(
             make_loader(
-                pack, 3, num_workers=0, seed=5, num_replicas=num_replicas, rank=r, drop_last=True
+                pack,
+                EpochSpec(batch_size=3, num_replicas=num_replicas, rank=r),
+                num_workers=0,
+                seed=5,
+                drop_last=True,
             )
         )
         for r in range(num_replicas)
@@ -106,7 +120,9 @@ def test_simulated_ranks_split_the_epoch(pack, num_replicas):
 
 def test_same_seed_same_order_and_resume_mid_epoch(pack):
     def loader(num_workers: int = 0) -> DataLoader:
-        return make_loader(pack, 4, num_workers=num_workers, seed=9, window_chunks=2)
+        return make_loader(
+            pack, EpochSpec(batch_size=4, window_chunks=2), num_workers=num_workers, seed=9
+        )
 
     a, b = loader(2), loader(2)
     a.set_epoch(3)
@@ -229,7 +245,10 @@ def test_make_loader_never_changes_the_dataset_it_was_given(pack):
     # a dataset without a thread setting gets the loader's: all cores in the main process
     in_process = make_loader(H5ImageDataset(pack), 4, num_workers=0)
     assert in_process.dataset.options.threads == available_cores()
-    assert make_loader(pack, 4, num_workers=0, threads=3).dataset.options.threads == 3
+    assert (
+        make_loader(pack, 4, num_workers=0, reader=ReaderOptions(threads=3)).dataset.options.threads
+        == 3
+    )
 
 
 def test_seed_everything_repeats_random_numbers():
@@ -298,7 +317,13 @@ def test_device_prefetcher_on_cuda(pack):
 
 @pytest.mark.parametrize("threads", [0, 2])
 def test_in_process_loader_decompresses_each_chunk_once_per_epoch(pack, threads):
-    loader = make_loader(pack, 3, num_workers=0, threads=threads, window_chunks=2, seed=4)
+    loader = make_loader(
+        pack,
+        EpochSpec(batch_size=3, window_chunks=2),
+        num_workers=0,
+        seed=4,
+        reader=ReaderOptions(threads=threads),
+    )
     chunks = loader.dataset.chunk_map.num_chunks
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -322,9 +347,14 @@ def test_in_process_loader_decompresses_each_chunk_once_per_epoch(pack, threads)
         ({"batch_size": None}, "batch_size should be an integer >= 1"),
         ({"seed": 2**70}, r"seed should be an integer in -2\*\*63 \.\. 2\*\*64 - 1"),
         ({"prefetch_factor": 0, "num_workers": 2}, "prefetch_factor should be an integer >= 1"),
-        ({"cache": "decoded", "size": 4, "cache_bytes": -1}, "cache_bytes should be an integer"),
-        ({"cache": "decoded", "size": 4, "cache_max_side": 0}, "cache_max_side should be an"),
-        ({"threads": -1}, "threads should be an integer >= 0"),
+        # a keyword of an older release names its new home
+        ({"locking": False}, r"locking= moved to reader=ReaderOptions\(locking=\.\.\.\)"),
+        ({"threads": 2}, r"threads= moved to reader=ReaderOptions\(threads=\.\.\.\)"),
+        ({"cache_dir": "c"}, r"cache_dir= moved to reader=ReaderOptions\(cache_dir="),
+        ({"window_chunks": 2}, r"window_chunks= moved to epoch=EpochSpec\(window_chunks="),
+        ({"stratify": True}, r"stratify= moved to epoch=EpochSpec\(stratify=\.\.\.\)"),
+        ({"scale": (0.5, 1.0)}, r"scale= moved to pipeline=CropSpec\(scale=\.\.\.\)"),
+        ({"cache_bytes": 1}, r"cache_bytes= moved to cache=CacheSpec\(cache_bytes=\.\.\.\)"),
         ({"pin_memory": "yes"}, "pin_memory should be True or False or None"),
         ({"shuffle": 1}, "shuffle should be True or False"),
     ],
@@ -349,14 +379,19 @@ def test_a_too_small_cache_budget_names_cache_bytes(pack, tmp_path):
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(jpeg, format="JPEG")
     write_arrays(encoded, [jpeg.getvalue()] * 3, [0, 0, 0], options=ConvertOptions(mode="encoded"))
     with pytest.raises(OptionsError, match="cache_bytes should be at least"):
-        make_loader(encoded, 4, size=4, cache="decoded", cache_bytes=100, num_workers=0)
+        make_loader(encoded, 4, size=4, cache=CacheSpec(cache_bytes=100), num_workers=0)
 
 
 def test_option_objects_whole_give_the_loader_the_keywords_give(pack):
     from h5pack.training.options import loader_spec
 
     by_keywords = make_loader(
-        pack, 5, shuffle=True, seed=3, window_chunks=2, verify_checksums=False, num_workers=0
+        pack,
+        EpochSpec(batch_size=5, window_chunks=2),
+        shuffle=True,
+        seed=3,
+        num_workers=0,
+        reader=ReaderOptions(verify_checksums=False),
     )
     whole = make_loader(
         pack,
@@ -373,10 +408,11 @@ def test_option_objects_whole_give_the_loader_the_keywords_give(pack):
     seven = make_loader(pack, 7, epoch=EpochSpec(batch_size=5), num_workers=0)
     assert seven.chunk_sampler.spec.batch_size == 7
     # the objects are what the keywords build, in one place
-    spec = loader_spec(5, seed=3, window_chunks=2, verify_checksums=False)
-    assert spec.epoch == EpochSpec(batch_size=5, seed=3, window_chunks=2)
-    assert spec.reader == ReaderOptions(verify_checksums=False)
-    assert spec.pipeline is None
+    spec = loader_spec(5, seed=3, size=8, storage_options={"anon": True})
+    assert spec.epoch == EpochSpec(batch_size=5, seed=3)
+    assert spec.reader == ReaderOptions(storage_options={"anon": True})
+    assert spec.pipeline is not None
+    assert spec.pipeline.size == (8, 8)
     assert spec.cache is None
     with pytest.raises(OptionsError, match="batch_size should be an integer >= 1, but none"):
         make_loader(pack)
@@ -384,14 +420,21 @@ def test_option_objects_whole_give_the_loader_the_keywords_give(pack):
         make_loader(pack, 4, shufle=True)  # type: ignore[call-arg]
 
 
-def test_spec_keywords_are_exactly_the_fields_routed_to_the_objects():
+def test_make_loader_takes_at_most_30_keywords_each_a_field_of_its_object():
+    import inspect
+    from dataclasses import fields
     from typing import get_type_hints
 
-    from h5pack.training.options import SpecKeywords, keyword_fields
+    from h5pack.training.options import KEYWORDS, SpecKeywords, moved_message
 
-    routed = keyword_fields()
-    assert set(get_type_hints(SpecKeywords)) == set().union(*routed.values())
-    assert sum(len(names) for names in routed.values()) == len(set().union(*routed.values()))
+    own = [p for p in inspect.signature(make_loader).parameters.values() if p.kind != p.VAR_KEYWORD]
+    convenient = set(get_type_hints(SpecKeywords))
+    assert len(own) + len(convenient) <= 30
+    assert convenient == set().union(*KEYWORDS.values())
+    homes = {"epoch": EpochSpec, "reader": ReaderOptions, "pipeline": CropSpec}
+    for home, names in KEYWORDS.items():
+        assert names <= {f.name for f in fields(homes[home])}
+        assert all(moved_message(name) is None for name in names)
 
 
 def test_a_dataset_refuses_the_objects_that_open_a_pack(pack):
@@ -400,7 +443,7 @@ def test_a_dataset_refuses_the_objects_that_open_a_pack(pack):
     dataset = H5ImageDataset(pack)
     for kwargs in (
         {"reader": ReaderOptions()},
-        {"locking": False},
+        {"storage_options": {"anon": True}},
         {"size": 4},
         {"cache": CacheSpec(), "size": 4},
     ):

@@ -75,9 +75,8 @@ def epoch_sources(loader, epoch: int) -> Counter[int]:
 def test_each_epoch_holds_exactly_the_shares(packs, workers) -> None:
     loader = make_loader(
         [packs["a"], packs["b"]],
-        10,
+        EpochSpec(batch_size=10, epoch_samples=100),
         weights=[3, 1],
-        epoch_samples=100,
         num_workers=workers,
         return_source=True,
         seed=3,
@@ -188,9 +187,8 @@ def test_loader_resume_equals_an_uninterrupted_run(packs, workers) -> None:
     def loader():
         return make_loader(
             [packs["a"], packs["b"]],
-            7,
+            EpochSpec(batch_size=7, epoch_samples=90),
             weights=[2, 1],
-            epoch_samples=90,
             num_workers=workers,
             return_path=True,
             seed=8,
@@ -214,10 +212,8 @@ def test_loader_elastic_resume_from_two_to_three_ranks(packs) -> None:
     def loader(ranks: int, rank: int, workers: int):
         return make_loader(
             [packs["a"], packs["c"]],
-            4,
+            EpochSpec(batch_size=4, num_replicas=ranks, rank=rank),
             weights=[1, 1],
-            num_replicas=ranks,
-            rank=rank,
             num_workers=workers,
             return_path=True,
             seed=2,

@@ -29,6 +29,7 @@ from h5pack.core.packset import (
     write_manifest,
 )
 from h5pack.errors import FormatError, PackNotFoundError
+from h5pack.training.cache import CacheSpec
 from h5pack.training.dataset import H5ImageDataset, H5IterableDataset
 from h5pack.training.loader import make_loader
 from h5pack.training.sampler import (
@@ -154,7 +155,11 @@ def test_make_loader_over_a_set_delivers_every_sample_once(packs, form, num_work
     }[form]
     want = reference(single)
     loader = make_loader(
-        source, 4, num_workers=num_workers, seed=3, window_chunks=2, return_path=True
+        source,
+        EpochSpec(batch_size=4, window_chunks=2),
+        num_workers=num_workers,
+        seed=3,
+        return_path=True,
     )
     assert len(loader.dataset) == sum(COUNTS)
     for epoch in (0, 1):
@@ -218,8 +223,7 @@ def test_decoded_cache_over_a_set(tmp_path) -> None:
         5,
         size=(4, 3),
         crop="center",
-        cache="decoded",
-        cache_bytes=1 << 20,
+        cache=CacheSpec(cache_bytes=1 << 20),
         num_workers=2,
         return_path=True,
     ) as loader:
@@ -287,7 +291,11 @@ def _rank_main(rank: int, world: int, root: str, out: str) -> None:
         result = {}
         for num_workers in (0, 2):
             loader = make_loader(
-                root, 3, num_workers=num_workers, seed=5, window_chunks=2, return_path=True
+                root,
+                EpochSpec(batch_size=3, window_chunks=2),
+                num_workers=num_workers,
+                seed=5,
+                return_path=True,
             )
             loader.set_epoch(1)
             batches = [paths for _, _, paths in loader]

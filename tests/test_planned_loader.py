@@ -9,6 +9,8 @@ import pytest
 from h5pack.bench.s3local import Bucket
 from h5pack.core.layout import Compression
 from h5pack.read.readahead import ReadAheadOptions
+from h5pack.read.reader import ReaderOptions
+from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from tests.helpers import arrays, make_pack
 
@@ -40,19 +42,20 @@ def test_a_planned_loader_serves_what_the_plain_one_does(
     pack: Path, tmp_path: Path, workers: int
 ) -> None:
     common = dict(
-        batch_size=8,
+        batch_size=EpochSpec(batch_size=8, window_chunks=2),  # windows keep no chunk across epochs
         num_workers=workers,
         seed=3,
-        window_chunks=2,  # the windows keep no chunk from one epoch to the next
         multiprocessing_context="fork" if workers else None,
     )
     plain = make_loader(pack, **common)
     planned = make_loader(
         pack,
-        read_ahead=ReadAheadOptions(requests_in_flight=3),
-        cache_dir=tmp_path / "cache",
-        cache_disk_bytes=10**7,
         **common,
+        reader=ReaderOptions(
+            read_ahead=ReadAheadOptions(requests_in_flight=3),
+            cache_dir=tmp_path / "cache",
+            cache_disk_bytes=10**7,
+        ),
     )
     assert epochs(planned, 2) == epochs(plain, 2)
     reader = planned.dataset.reader
@@ -69,8 +72,10 @@ def test_cache_keywords_are_refused_with_a_dataset(pack: Path) -> None:
     from h5pack.errors import OptionsError
     from h5pack.training.dataset import H5ImageDataset
 
-    with pytest.raises(OptionsError, match="cache_dir"):
-        make_loader(H5ImageDataset(pack), 4, cache_dir="/tmp/x", num_workers=0)
+    with pytest.raises(OptionsError, match=r"\['reader'\] apply only when make_loader opens"):
+        make_loader(
+            H5ImageDataset(pack), 4, num_workers=0, reader=ReaderOptions(cache_dir="/tmp/x")
+        )
 
 
 @pytest.fixture(scope="module")
@@ -86,19 +91,17 @@ def test_a_remote_loader_makes_no_get_in_epoch_two(
     pack = contiguous if kind == "contiguous" else pack
     url = s3_bucket.put(pack, "p.h5")
     common = dict(
-        batch_size=8,
+        batch_size=EpochSpec(batch_size=8, window_chunks=2),  # windows keep no chunk across epochs
         num_workers=workers,
         seed=3,
-        window_chunks=2,
         multiprocessing_context="fork" if workers else None,
     )
     local = epochs(make_loader(pack, **common), 3)
     loader = make_loader(
         url,
         storage_options=s3_bucket.storage_options,
-        cache_dir=tmp_path / "cache",
-        cache_disk_bytes=10**8,
         **common,
+        reader=ReaderOptions(cache_dir=tmp_path / "cache", cache_disk_bytes=10**8),
     )
     s3_bucket.proxy.reset_counts()
     found = []
@@ -139,13 +142,11 @@ def test_bench_takes_the_read_ahead_and_cache_flags(pack: Path, tmp_path: Path) 
 def _one_epoch(url: str, storage: dict[str, object], cache_dir: str, out: str) -> None:
     loader = make_loader(
         url,
-        batch_size=8,
+        epoch=EpochSpec(batch_size=8, window_chunks=2),
         num_workers=0,
         seed=3,
-        window_chunks=2,
         storage_options=storage,
-        cache_dir=cache_dir,
-        cache_disk_bytes=10**8,
+        reader=ReaderOptions(cache_dir=cache_dir, cache_disk_bytes=10**8),
     )
     with open(out, "wb") as sink:
         for images, _labels in loader:
@@ -237,7 +238,9 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
     _one_epoch(url, s3_bucket.storage_options, str(cache_dir), str(tmp_path / "after"))
     local = tmp_path / "local"
     with open(local, "wb") as sink:
-        loader = make_loader(pack, batch_size=8, num_workers=0, seed=3, window_chunks=2)
+        loader = make_loader(
+            pack, epoch=EpochSpec(batch_size=8, window_chunks=2), num_workers=0, seed=3
+        )
         for images, _labels in loader:
             sink.write(images.numpy().tobytes())
     assert (tmp_path / "after").read_bytes() == local.read_bytes()  # the same pixels
@@ -282,16 +285,17 @@ def test_a_planned_mix_serves_what_the_plain_one_does(
     pack: Path, second: Path, workers: int
 ) -> None:
     common = dict(
-        batch_size=8,
+        batch_size=EpochSpec(batch_size=8, window_chunks=2),  # windows keep no chunk across epochs
         weights=[3, 1],
         num_workers=workers,
         seed=3,
-        window_chunks=2,
         multiprocessing_context="fork" if workers else None,
     )
     plain = make_loader([pack, second], **common)
     planned = make_loader(
-        [pack, second], read_ahead=ReadAheadOptions(requests_in_flight=3), **common
+        [pack, second],
+        **common,
+        reader=ReaderOptions(read_ahead=ReadAheadOptions(requests_in_flight=3)),
     )
     assert epochs(planned, 2) == epochs(plain, 2)
     if workers == 0:
@@ -309,16 +313,18 @@ def test_a_remote_mix_reads_ahead_one_get_per_chunk(
 ) -> None:
     urls = [s3_bucket.put(pack, "mix/p.h5"), s3_bucket.put(second, "mix/q.h5")]
     common = dict(
-        batch_size=8,
+        batch_size=EpochSpec(batch_size=8, window_chunks=2),  # windows keep no chunk across epochs
         weights=[3, 1],  # 90 + 30 samples: every sample once an epoch
         num_workers=workers,
         seed=3,
-        window_chunks=2,
         multiprocessing_context="fork" if workers else None,
     )
     local = epochs(make_loader([pack, second], **common), 1)
     loader = make_loader(
-        urls, storage_options=s3_bucket.storage_options, cache_disk_bytes=0, **common
+        urls,
+        storage_options=s3_bucket.storage_options,
+        **common,
+        reader=ReaderOptions(cache_disk_bytes=0),
     )
     s3_bucket.proxy.reset_counts()
     assert epochs(loader, 1) == local

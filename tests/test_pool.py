@@ -14,6 +14,7 @@ from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
 from h5pack.read.pool import ReadPool, load_together, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from h5pack.training.mixed import H5MixDataset
 from h5pack.write.convert import write_arrays
@@ -141,13 +142,11 @@ def test_a_mix_decompresses_each_chunk_once_per_pass(
     """With the shared pool, each chunk of a source once per pass of that source."""
     loader = make_loader(
         [packs["a"], packs["b"]],
-        16,
+        EpochSpec(batch_size=16, epoch_samples=epoch_samples, window_chunks=2),
         weights=list(weights),
-        epoch_samples=epoch_samples,
         num_workers=0,
-        threads=2,
-        window_chunks=2,
         seed=5,
+        reader=ReaderOptions(threads=2),
     )
     dataset = loader.dataset
     assert isinstance(dataset, H5MixDataset)
@@ -177,7 +176,12 @@ def test_a_mix_decompresses_each_chunk_once_per_pass(
 def test_the_shared_pool_changes_no_pixel_and_no_load(packs, loaded_groups) -> None:
     def loader(pool: bool):
         built = make_loader(
-            [packs["a"], packs["b"]], 16, weights=[2, 1], num_workers=0, threads=2, seed=3
+            [packs["a"], packs["b"]],
+            16,
+            weights=[2, 1],
+            num_workers=0,
+            seed=3,
+            reader=ReaderOptions(threads=2),
         )
         if not pool:  # each source on its own threads, as before the shared pool
             built.dataset.pool = None
@@ -221,7 +225,9 @@ def _map_in_child(pool: ReadPool) -> list[int]:
 
 
 def test_one_thread_and_workers_need_no_shared_pool(packs) -> None:
-    one = make_loader([packs["a"], packs["b"]], 8, weights=[1, 1], num_workers=0, threads=1)
+    one = make_loader(
+        [packs["a"], packs["b"]], 8, weights=[1, 1], num_workers=0, reader=ReaderOptions(threads=1)
+    )
     assert one.dataset.pool is None
     workers = make_loader([packs["a"], packs["b"]], 8, weights=[1, 1], num_workers=2)
     assert workers.dataset.pool is None  # a worker reads on its own thread
@@ -233,7 +239,12 @@ def test_workers_with_threads_share_a_pool_each(packs) -> None:
 
     def batches(pool: bool) -> list[tuple[np.ndarray, np.ndarray]]:
         loader = make_loader(
-            [packs["a"], packs["b"]], 8, weights=[2, 1], num_workers=2, threads=2, seed=4
+            [packs["a"], packs["b"]],
+            8,
+            weights=[2, 1],
+            num_workers=2,
+            seed=4,
+            reader=ReaderOptions(threads=2),
         )
         assert loader.dataset.pool is not None
         if not pool:  # each source's reader on its own threads

@@ -111,7 +111,7 @@ def test_verify_checksums_refuses_a_sample_damaged_in_place(tmp_path, mode):
     ):
         reader.read_stored([0, 3])
     if mode == "raw":
-        loader = make_loader(path, 6, num_workers=0, verify_checksums=True)
+        loader = make_loader(path, 6, num_workers=0, reader=ReaderOptions(verify_checksums=True))
         with pytest.raises(FormatError, match="h5pack verify"):
             next(iter(loader))
 
@@ -279,12 +279,14 @@ def test_a_damaged_sample_is_refused_on_the_mapped_paths(raw_pack, tmp_path, siz
     damaged = tmp_path / "damaged-raw.h5"
     damaged.write_bytes(bytes(data))
     crop = {"size": size, "flip": True} if size else {}
-    loader = make_loader(damaged, 4, num_workers=0, threads=2, **crop)
+    loader = make_loader(damaged, 4, num_workers=0, **crop, reader=ReaderOptions(threads=2))
     sample = int(np.flatnonzero(loader.dataset.meta.source_index == 7)[0])
     with pytest.raises(FormatError, match=rf"sample {sample} \(.*\) does not match its checksum"):
         for _ in loader:
             pass
-    unchecked = make_loader(damaged, 4, size=size, num_workers=0, verify_checksums=False)
+    unchecked = make_loader(
+        damaged, 4, size=size, num_workers=0, reader=ReaderOptions(verify_checksums=False)
+    )
     assert sum(len(labels) for _, labels in unchecked) == 24  # served as stored
 
 

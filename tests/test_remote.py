@@ -14,6 +14,7 @@ from h5pack.core.layout import Compression
 from h5pack.core.source import SourceChangedError
 from h5pack.errors import FormatError, PackNotFoundError, RemoteError
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.epochs import EpochSpec
 from tests.helpers import arrays, jpeg, make_pack, random_arrays
 
 DATA = Path(__file__).parent / "data"
@@ -235,9 +236,10 @@ def test_loader_reads_a_remote_source_as_the_local_one(
         url = s3_bucket.put(local, "a.h5")
     else:
         local, url = remote_set(s3_bucket, tmp_path)
-    settings = {"num_workers": num_workers, "seed": 3, "window_chunks": 2, "return_path": True}
-    remote = make_loader(url, 5, storage_options=s3_bucket.storage_options, **settings)
-    expected = make_loader(local, 5, **settings)
+    settings = {"num_workers": num_workers, "seed": 3, "return_path": True}
+    batch = EpochSpec(batch_size=5, window_chunks=2)
+    remote = make_loader(url, batch, storage_options=s3_bucket.storage_options, **settings)
+    expected = make_loader(local, batch, **settings)
     for number in (0, 1):
         remote.set_epoch(number)
         expected.set_epoch(number)
@@ -350,11 +352,9 @@ def test_two_simulated_ranks_share_a_remote_set_exactly_once(
     for rank in (0, 1):
         loader = make_loader(
             url,
-            4,
+            EpochSpec(batch_size=4, num_replicas=2, rank=rank),
             num_workers=0,
             seed=5,
-            num_replicas=2,
-            rank=rank,
             drop_last=True,
             return_path=True,
             storage_options=s3_bucket.storage_options,

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from h5pack.bench.s3local import Bucket
+from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from tests.test_remote import remote_set
 
@@ -44,9 +45,10 @@ def _rank_main(rank: int, world: int, local: str, url: str, storage: Any, out: s
     try:
         result = {}
         for num_workers in (0, 2):
-            settings = {"num_workers": num_workers, "seed": 5, "window_chunks": 2}
-            remote = make_loader(url, 3, return_path=True, storage_options=storage, **settings)
-            copy = make_loader(local, 3, return_path=True, **settings)
+            settings = {"num_workers": num_workers, "seed": 5, "return_path": True}
+            batch = EpochSpec(batch_size=3, window_chunks=2)
+            remote = make_loader(url, batch, storage_options=storage, **settings)
+            copy = make_loader(local, batch, **settings)
             remote.set_epoch(1)
             copy.set_epoch(1)
             result[str(num_workers)] = {

@@ -149,15 +149,14 @@ def bench_mix(
     Raises:
         OptionsError: a bad setting; FileNotFoundError, FormatError: a bad source.
     """
+    from h5pack.training.epochs import EpochSpec
     from h5pack.training.loader import make_loader
     from h5pack.training.mixed import H5MixDataset
 
     loader = make_loader(
         list(sources),
-        batch_size,
+        EpochSpec(batch_size=batch_size, epoch_samples=epoch_samples, stratify=stratify),
         weights=list(weights),
-        epoch_samples=epoch_samples,
-        stratify=stratify,
         num_workers=workers,
         size=size,
         seed=seed,

@@ -36,7 +36,7 @@ from h5pack.training.dataset import (
 )
 from h5pack.training.mixed import H5MixDataset, unmixed_sources
 from h5pack.training.mixing import MixingWarning
-from h5pack.training.options import SpecKeywords, keyword_fields, loader_spec
+from h5pack.training.options import KEYWORDS, SpecKeywords, loader_spec
 from h5pack.training.ring import BatchRing, RingCollate
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
 from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
@@ -389,7 +389,6 @@ def make_loader(
     pipeline: CropSpec | None = None,
     cache: CacheSpec | Literal["decoded"] | None = None,
     num_workers: int | Literal["auto"] = "auto",
-    threads: int | None = None,
     pin_memory: bool | None = None,
     persistent_workers: bool | None = None,
     prefetch_factor: int | None = None,
@@ -408,31 +407,30 @@ def make_loader(
 ) -> H5Loader:
     """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
 
-    The public edge of the training side. Its settings are four option objects, each
-    checked once (see the note "Options at the public edge" in ``training.options``):
-    ``epoch`` (``EpochSpec``), ``reader`` (``ReaderOptions``), ``pipeline`` (``CropSpec``)
-    and ``cache`` (``CacheSpec``); the convenient keywords (``shuffle=``, ``seed=``,
-    ``size=``, ``cache_bytes=``...) are their fields under the same names, and replace
-    them. A dataset passed in is never changed: the loader reads with a configured copy of
-    it. Every default is explained in the module note "Loader defaults".
+    Its settings are four option objects, each checked once (see the note "Options at the
+    public edge" in ``training.options``): ``epoch`` (``EpochSpec``), ``reader``
+    (``ReaderOptions``), ``pipeline`` (``CropSpec``) and ``cache`` (``CacheSpec``); the
+    keywords ``shuffle``, ``seed``, ``drop_last``, ``weights``, ``storage_options``, ``size``,
+    ``crop`` and ``flip`` are their fields under the same names, and replace them. A dataset
+    passed in is never changed: the loader reads with a configured copy of it. Every default
+    is explained in the module note "Loader defaults".
 
     Args:
-        path_or_dataset: A pack path, a pack set (its directory or ``packset.json``), a
-            list of pack paths, or an ``H5ImageDataset``. The chunks of every shard of a set
-            form one pool: ranks and workers split chunks across files.
+        path_or_dataset: A pack path or URL, a pack set (its directory or
+            ``packset.json``), a list of packs (one pool), a list of sources with
+            ``weights`` (a mix, docs/mixing.md), or an ``H5ImageDataset``.
         batch_size: Samples per batch (or the whole ``EpochSpec``).
-        epoch: How epochs are cut (``EpochSpec``: shuffle, seed, window, ranks, drop_last);
-            its ``num_workers`` is the loader's.
-        reader: How each process reads the pack (``ReaderOptions``; only when given a path).
-        pipeline: The training image pipeline (``read.crop.CropSpec``: size, crop, scale,
-            ratio, flip; only when given a path). Needed for packs of mixed sizes unless
-            ``collate="list"``; ``size=`` builds it (see the note "Training images").
-        cache: ``"decoded"`` or a ``CacheSpec`` (only when given a path): keep decoded
-            images in shared memory seen by every worker, so epochs after the first skip
-            decoding (encoded packs; needs a pipeline).
+        epoch: How epochs are cut (``EpochSpec``: window, epoch_samples, stratify; ranks,
+            which default to ``torch.distributed``'s).
+        reader: How each process reads (``ReaderOptions``: locking, backend, threads, the
+            disk cache of remote chunks...; only when given a path).
+        pipeline: The training image pipeline (``CropSpec``: scale, ratio...; only when
+            given a path); ``size=`` builds one. Needed for packs of mixed sizes unless
+            ``collate="list"``.
+        cache: ``"decoded"`` or a ``CacheSpec`` (its ``cache_bytes``, ``cache_max_side``):
+            keep decoded images in shared memory seen by every worker, so epochs after the
+            first skip decoding (encoded packs; needs a pipeline).
         num_workers: Worker processes, or ``"auto"`` (see ``auto_workers``).
-        threads: Decompression threads of the dataset; default: the dataset's own setting,
-            else all cores when reading in the main process, else 0.
         pin_memory: Default: ``torch.cuda.is_available()``.
         persistent_workers: Default: on with workers.
         prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
@@ -441,12 +439,9 @@ def make_loader(
             their own sizes (detection, or any model that takes mixed sizes).
         collate_fn: Default: ``collate_batch`` (one preallocated uint8 tensor per batch), or
             ``collate_list`` with ``collate="list"``.
-        memory_format: The layout of the stacked image batches. ``torch.channels_last``
-            (the default): (B, C, H, W) views of (B, H, W, C) pixels, as packs store them,
-            with no copy (what convnets run fastest on; ``x.is_contiguous()`` is False and
-            ``x.view(B, -1)`` raises). ``torch.contiguous_format``: each batch copied to
-            a contiguous tensor where it is collated (in the worker), for models that
-            flatten or ``view`` their input.
+        memory_format: ``torch.channels_last`` (the default): (B, C, H, W) views of the
+            stored (B, H, W, C) pixels, no copy (``x.view(B, -1)`` raises);
+            ``torch.contiguous_format``: each batch copied contiguous in the worker.
         transform: As for ``H5ImageDataset`` (only when given a path).
         target_transform: As for ``H5ImageDataset`` (only when given a path).
         output: As for ``H5ImageDataset`` (only when given a path; default ``"tensor"``).
@@ -459,16 +454,9 @@ def make_loader(
             ``return_path``), the ``(images, labels)`` tuple otherwise. Numbers and arrays
             are stacked tensors, masks get the images' crop and flip, variable-length
             fields are lists of tensors, text a list of ``str``.
-        **keywords: Fields of the option objects (``training.options.SpecKeywords``):
-            ``shuffle``, ``seed``, ``num_replicas``, ``rank``, ``drop_last``,
-            ``window_chunks``, ``window_bytes``, and for a mix of several sources
-            ``weights`` (``path_or_dataset`` is then a list of sources, docs/mixing.md),
-            ``epoch_samples``, ``stratify`` (``EpochSpec``); ``locking``, ``backend``,
-            ``direct``, ``verify_checksums``, ``storage_options`` (the client's settings for
-            URLs, ``s3://bucket/pack.h5``) (``ReaderOptions``); ``size`` (one int for a
-            square), ``crop`` (``"random-resized"``, the default with ``size``, ``"center"``
-            or ``"resize"``), ``scale``, ``ratio``, ``flip`` (``CropSpec``);
-            ``cache_bytes``, ``cache_max_side`` (``CacheSpec``).
+        **keywords: The convenient fields (``training.options.SpecKeywords``); a keyword of
+            an older release raises ``OptionsError`` naming its object, e.g. "locking=
+            moved to reader=ReaderOptions(locking=...)".
 
     Returns:
         An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
@@ -488,7 +476,6 @@ def make_loader(
     )
     if collate not in COLLATES:
         raise OptionsError(f"collate should be one of {COLLATES}, but got collate={collate!r}")
-    check_optional_int("threads", threads, minimum=0)
     check_optional_int("prefetch_factor", prefetch_factor, minimum=1)
     check_bool("pin_memory", pin_memory, optional=True)
     check_bool("persistent_workers", persistent_workers, optional=True)
@@ -505,8 +492,7 @@ def make_loader(
             "fields": fields,
             **mix_options,
         }
-        routes = keyword_fields()
-        opening = routes["reader"] | routes["pipeline"] | routes["cache"]
+        opening = KEYWORDS["reader"] | KEYWORDS["pipeline"]
         objects = {"reader": reader, "pipeline": pipeline, "cache": cache}
         given = sorted(
             [name for name, value in {**own, **objects}.items() if value is not None]
@@ -566,8 +552,8 @@ def make_loader(
     options = dataset.options
     if options.window_chunks is None and options.chunk_cache_bytes is None:
         options = replace(options, window_chunks=sampler.window_chunks)
-    if threads is not None or options.threads is None:
-        options = replace(options, threads=auto_threads if threads is None else threads)
+    if options.threads is None:
+        options = replace(options, threads=auto_threads)
     generator = torch.Generator()
     generator.manual_seed(seed)
     workers_kwargs: dict[str, Any] = {}

@@ -3,26 +3,20 @@
 # NOTE [ Options at the public edge ]
 #
 # ``make_loader`` takes its settings as four frozen objects, each validated once in its own
-# ``__post_init__`` (a bad argument is one ``OptionsError`` naming the field, when the loader
-# is built):
+# ``__post_init__`` (a bad argument is one ``OptionsError`` naming the field):
 #
-#     epoch     EpochSpec      how epochs are cut: batch size, shuffle, seed, window, ranks,
-#                              a mix's weights
-#     reader    ReaderOptions  how each process reads: locking, decoder, direct path, checks
+#     epoch     EpochSpec      how epochs are cut: batch size, shuffle, seed, window, ranks, mix
+#     reader    ReaderOptions  how each process reads: locking, decoder, threads, the disk cache
 #     pipeline  CropSpec       the training image pipeline: size, crop, scale, ratio, flip
 #     cache     CacheSpec      the decoded cache shared by the loader's processes
 #
-# The convenient keywords (``make_loader(path, 64, shuffle=True, size=224, cache="decoded")``)
-# are those objects' fields under the same names; ``loader_spec`` routes each keyword to the
-# object that has a field of its name (the fields are read from the dataclasses, so nothing
-# here lists them again) and replaces it there; a keyword given as None is not given.
-# ``SpecKeywords`` types them for static checkers; tests/test_loader.py checks that it holds
-# exactly the routed fields.
+# A few fields users reach for every day are also keywords under the same names
+# (``KEYWORDS``); ``loader_spec`` replaces each in its object. Every other field is set on
+# its object; a keyword of an older release names that home (``moved_message``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, TypedDict
@@ -30,72 +24,55 @@ from typing import Any, Literal, TypedDict
 from h5pack.core.decode import Backend
 from h5pack.errors import OptionsError
 from h5pack.read.crop import Crop, CropSpec
-from h5pack.read.eviction import EvictionPolicy
-from h5pack.read.readahead import ReadAheadOptions
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec
 from h5pack.training.sampler import EpochSpec, epoch_spec
 
-# Fields of ReaderOptions that make_loader does not take as keywords: the window is the
-# sampler's (EpochSpec.window_chunks), the threads a loader setting (see "Loader defaults").
-_READER_NOT_KEYWORDS = frozenset({"window_chunks", "chunk_cache_bytes", "threads"})
-# Fields of EpochSpec that make_loader fills itself (workers) or from the labels (strata).
-_EPOCH_NOT_KEYWORDS = frozenset({"batch_size", "num_workers", "min_window_chunks", "chunk_strata"})
-_PIPELINE_NOT_KEYWORDS = frozenset({"backend", "reducing_gap"})  # the reader's; its default
+KEYWORDS: dict[str, frozenset[str]] = {
+    "epoch": frozenset({"shuffle", "seed", "drop_last", "weights"}),
+    "reader": frozenset({"storage_options"}),
+    "pipeline": frozenset({"size", "crop", "flip"}),
+}
+"""Per option object, the fields ``make_loader`` also takes as keywords."""
+
+_HOMES: dict[str, type] = {
+    "epoch": EpochSpec,
+    "reader": ReaderOptions,
+    "pipeline": CropSpec,
+    "cache": CacheSpec,
+}
 
 
 class SpecKeywords(TypedDict, total=False):
     """``make_loader``'s convenient keywords: fields of its option objects, same names.
 
-    See ``EpochSpec``, ``ReaderOptions``, ``CropSpec`` and ``CacheSpec`` for each one's
-    meaning; ``size`` also takes one int for a square, and ``crop`` defaults to
-    ``"random-resized"`` when ``size`` is given.
+    See ``EpochSpec``, ``ReaderOptions`` and ``CropSpec`` for each one's meaning; ``size``
+    also takes one int for a square, and ``crop`` defaults to ``"random-resized"`` when
+    ``size`` is given.
     """
 
-    # EpochSpec
     shuffle: bool | None
     seed: int | None
-    num_replicas: int | None
-    rank: int | None
     drop_last: bool | None
-    window_chunks: int | None
-    window_bytes: int | None
     weights: Sequence[float] | None
-    epoch_samples: int | None
-    stratify: bool | None
-    # ReaderOptions
-    locking: bool | None
-    backend: Backend | None
-    direct: bool | None
-    verify_checksums: bool | None
     storage_options: Mapping[str, Any] | None
-    read_ahead: ReadAheadOptions | None
-    cache_dir: str | os.PathLike[str] | None
-    cache_disk_bytes: int | None
-    cache_eviction: EvictionPolicy | None
-    # CropSpec
     size: int | tuple[int, int] | None
     crop: Crop | None
-    scale: tuple[float, float] | None
-    ratio: tuple[float, float] | None
     flip: bool | None
-    # CacheSpec
-    cache_bytes: int | None
-    cache_max_side: int | None
 
 
-def keyword_fields() -> dict[str, frozenset[str]]:
-    """Return, per option object, the fields ``make_loader`` takes as keywords."""
+def moved_message(name: str) -> str | None:
+    """Return where the option ``name``, no longer a keyword of ``make_loader``, is set now.
 
-    def names(cls: type, left_out: frozenset[str]) -> frozenset[str]:
-        return frozenset(f.name for f in fields(cls)) - left_out
-
-    return {
-        "epoch": names(EpochSpec, _EPOCH_NOT_KEYWORDS),
-        "reader": names(ReaderOptions, _READER_NOT_KEYWORDS),
-        "pipeline": names(CropSpec, _PIPELINE_NOT_KEYWORDS),
-        "cache": names(CacheSpec, frozenset()),
-    }
+    Example:
+        >>> moved_message("locking")
+        'locking= moved to reader=ReaderOptions(locking=...)'
+    """
+    for home, cls in _HOMES.items():
+        owned = {f.name for f in fields(cls)}
+        if name in owned and name not in KEYWORDS.get(home, frozenset()):
+            return f"{name}= moved to {home}={cls.__name__}({name}=...)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -140,15 +117,17 @@ def loader_spec(
         >>> spec.epoch.batch_size, spec.epoch.shuffle, spec.pipeline.size, spec.cache
         (64, False, (224, 224), CacheSpec(cache_bytes=None, cache_max_side=None))
     """
-    routes = keyword_fields()
-    # None means "not given", as it did for every keyword of the older signature
-    keywords = {k: v for k, v in keywords.items() if v is not None}
-    unknown = sorted(set(keywords) - set().union(*routes.values()))
+    unknown = sorted(set(keywords) - set().union(*KEYWORDS.values()))
+    moved = [message for name in unknown if (message := moved_message(name))]
+    if moved:
+        raise OptionsError("; ".join(moved))
     if unknown:
         raise TypeError(f"make_loader() got unexpected keyword arguments {unknown}")
+    # None means "not given", as it did for every keyword of the older signature
+    keywords = {k: v for k, v in keywords.items() if v is not None}
 
     def mine(name: str) -> dict[str, Any]:
-        return {k: v for k, v in keywords.items() if k in routes[name]}
+        return {k: v for k, v in keywords.items() if k in KEYWORDS.get(name, ())}
 
     if isinstance(batch_size, EpochSpec):
         epoch, batch_size = batch_size, None
@@ -161,7 +140,7 @@ def loader_spec(
         epoch=built_epoch,
         reader=built_reader,
         pipeline=built_pipeline,
-        cache=_cache(cache, mine("cache"), pipeline_given=built_pipeline is not None),
+        cache=_cache(cache, pipeline_given=built_pipeline is not None),
     )
 
 
@@ -189,11 +168,9 @@ def _pipeline(
 
 
 def _cache(
-    cache: CacheSpec | Literal["decoded"] | None, changes: dict[str, Any], *, pipeline_given: bool
+    cache: CacheSpec | Literal["decoded"] | None, *, pipeline_given: bool
 ) -> CacheSpec | None:
     if cache is None:
-        if changes:
-            raise OptionsError("cache_bytes= and cache_max_side= need cache='decoded'")
         return None
     if isinstance(cache, str) and cache != "decoded":
         raise OptionsError(
@@ -208,5 +185,4 @@ def _cache(
             "cache='decoded' keeps images before the random crop, so it needs size= (the "
             "size every image is cut to) or pipeline="
         )
-    spec = CacheSpec() if isinstance(cache, str) else cache
-    return replace(spec, **changes) if changes else spec
+    return CacheSpec() if isinstance(cache, str) else cache
