@@ -36,8 +36,7 @@ accuracy minus its reference's (a full shuffle with the same batch size). Arms:
 - ``mix-3to1``: the same crops as two packs, the first 3/4 and the last 1/4 (each shuffled
   at write time), read as ``make_loader([a, b], weights=[3, 1])``'s sampler (issue 18): a
   3:1 mix whose epoch holds every crop once, against the full shuffle of the same crops;
-  ``mix-3to1-k2``: the same at the large pack's window (2 chunks); ``mix-3to1-strat``:
-  with ``stratify=True`` (the shares in every batch).
+  ``mix-3to1-k2``: the same at the large pack's window (2 chunks).
 - ``unmixed-k4``, ``-k8``, ``-k16``: the class-ordered pack at windows of 4, 8, 16 chunks;
   ``unmixed-s2`` ... ``-s16``: the same in the stratified chunk order: the calibration of
   ``mixing.MIXING_THRESHOLD`` (not run unless named in ``--arms``).
@@ -137,7 +136,6 @@ ARMS = {
         Arm("unmixed", "chunks", pack="unmixed", window_chunks=2),
         Arm("mix-3to1", "weighted", pack="mix"),
         Arm("mix-3to1-k2", "weighted", pack="mix", window_chunks=2),
-        Arm("mix-3to1-strat", "weighted", pack="mix", stratified=True),
         Arm("unmixed-default", "labels", pack="unmixed", chunk_bytes=64 * MIB),
         Arm("unmixed-k4", "chunks", pack="unmixed", window_chunks=4),
         Arm("unmixed-k8", "chunks", pack="unmixed", window_chunks=8),
@@ -288,7 +286,6 @@ def chunk_sampler(arm: Arm, settings: Settings, *, seed: int) -> ChunkBatchSampl
             seed=seed,
             weights=(3, 1),
             window_chunks=arm.window_chunks,
-            stratify=arm.stratified,
         )
     path = settings.packs[arm.pack]
     if arm.order == "loader":

@@ -352,7 +352,7 @@ def test_in_process_loader_decompresses_each_chunk_once_per_epoch(pack, threads)
         ({"threads": 2}, r"threads= moved to reader=ReaderOptions\(threads=\.\.\.\)"),
         ({"cache_dir": "c"}, r"cache_dir= moved to reader=ReaderOptions\(cache_dir="),
         ({"window_chunks": 2}, r"window_chunks= moved to epoch=EpochSpec\(window_chunks="),
-        ({"stratify": True}, r"stratify= moved to epoch=EpochSpec\(stratify=\.\.\.\)"),
+        ({"stratify": True}, "stratify= is retired: every mix now holds its shares in every"),
         ({"scale": (0.5, 1.0)}, r"scale= moved to pipeline=CropSpec\(scale=\.\.\.\)"),
         ({"cache_bytes": 1}, r"cache_bytes= moved to cache=CacheSpec\(cache_bytes=\.\.\.\)"),
         ({"pin_memory": "yes"}, "pin_memory should be True or False or None"),

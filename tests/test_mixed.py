@@ -72,6 +72,28 @@ def epoch_sources(loader, epoch: int) -> Counter[int]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("weights", [(3, 1), (1, 3)])
+def test_a_mix_at_the_defaults_never_bunches(tmp_path, weights, workers) -> None:
+    """Issue 29.2: a = 300 images and b = 400, each one chunk, at 3:1 served up to 220
+    samples in a row without b, and with 2 workers every other batch had none of it."""
+    options = ConvertOptions(chunk_samples=400)
+    paths = []
+    for name, count in (("a", 300), ("b", 400)):
+        images = [np.full((4, 4, 3), i % 256, np.uint8) for i in range(count)]
+        paths.append(tmp_path / f"{name}.h5")
+        write_arrays(paths[-1], images, [0] * count, options=options)
+    loader = make_loader(paths, 16, weights=list(weights), num_workers=workers, return_source=True)
+    want = shares(list(weights), 700).tolist()
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        batches = [source.numpy() for *_, source in loader]
+        assert np.bincount(np.concatenate(batches)).tolist() == want  # exact shares
+        for batch in batches[:-1]:  # each source in every batch, within one of its share
+            counts = np.bincount(batch, minlength=2)
+            assert np.abs(counts - 16 * np.asarray(want) / 700).max() <= 1.0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_each_epoch_holds_exactly_the_shares(packs, workers) -> None:
     loader = make_loader(
         [packs["a"], packs["b"]],

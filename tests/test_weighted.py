@@ -179,32 +179,42 @@ def test_a_subsampled_source_is_covered_by_successive_epochs() -> None:
     assert len(set(sixth)) == 200  # the next cycle: a fresh permutation
 
 
-@pytest.mark.parametrize("workers", [0, 4])
-@pytest.mark.parametrize("weights", [(3, 1), (5, 3, 2)])
-def test_stratify_holds_the_shares_in_every_batch(weights, workers) -> None:
-    maps = tuple(ChunkMap.regular(n, 64) for n in (3000, 1800, 1200)[: len(weights)])
+def longest_run_without(batches: list[np.ndarray], mix: WeightedMix, source: int) -> int:
+    """The most batches in a row that hold no sample of ``source``."""
+    longest = run = 0
+    for batch in batches:
+        run = 0 if source_counts(mix, batch)[source] else run + 1
+        longest = max(longest, run)
+    return longest
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+@pytest.mark.parametrize(
+    ("weights", "sizes", "chunk"),
+    [
+        ((3, 1), (300, 400), 300),  # one chunk a source: a repeats, b is subsampled
+        ((3, 1), (300, 400), 16),
+        ((5, 3, 2), (3000, 1800, 1200), 64),
+        ((1, 1), (50, 5000), 100),
+        ((9, 1), (2000, 2000), 7),
+    ],
+)
+def test_a_mix_is_spread_through_the_epoch_and_every_batch(weights, sizes, chunk, workers):
+    """Issue 29.2: no bunching; each batch holds the shares to within one sample."""
+    maps = tuple(ChunkMap.regular(n, chunk) for n in sizes)
+    mix = WeightedMix(maps, tuple(float(w) for w in weights))
     share = np.asarray(weights) / sum(weights)
-    for stratify in (True, False):
-        mix = WeightedMix(maps, tuple(float(w) for w in weights), stratify=stratify)
-        spec = EpochSpec(batch_size=64, seed=0, window_chunks=4, num_workers=workers)
-        worst = 0.0
-        for batch in plan_epoch(mix, spec, epoch=0):
-            if len(batch) == 64:
-                counts = np.asarray(source_counts(mix, batch))
-                worst = max(worst, float(np.abs(counts - 64 * share).max()))
-        if stratify:
-            assert worst <= 1.0
-        else:
-            assert worst > 1.0  # without stratify a window's samples mix at random
-
-
-def test_the_interleaving_is_smooth() -> None:
-    mix = WeightedMix((ChunkMap.regular(3000, 30), ChunkMap.regular(1000, 30)), (3.0, 1.0))
-    pieces = mix.epoch(0, 0)
-    sources = pieces.sources[pieces.order]
-    sizes = pieces.sizes[pieces.order]
-    share = np.cumsum(sizes * (sources == 1)) / np.cumsum(sizes)
-    assert np.all(np.abs(share[len(share) // 10 :] - 0.25) < 0.05)  # never all A then all B
+    for epoch in range(3):
+        spec = EpochSpec(batch_size=16, seed=epoch, window_chunks=2, num_workers=workers)
+        batches = plan_epoch(mix, spec, epoch=epoch)
+        for w in range(max(1, workers)):  # each worker's batches, and so all of them
+            mine = batches[w :: max(1, workers)]
+            for source in np.flatnonzero(share * 16 >= 1).tolist():
+                assert longest_run_without(mine, mix, source) < 3
+        for batch in batches[:-1]:  # and so spread through the whole epoch
+            counts = np.asarray(source_counts(mix, batch))
+            assert np.abs(counts - 16 * share).max() <= 1.0
+        assert source_counts(mix, np.concatenate(batches)) == mix.takes.tolist()
 
 
 def test_the_rest_of_a_mixed_epoch_keeps_its_served_order() -> None:

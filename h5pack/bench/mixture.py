@@ -131,7 +131,6 @@ def bench_mix(
     weights: Sequence[float],
     *,
     epoch_samples: int | None = None,
-    stratify: bool = False,
     batch_size: int = 64,
     workers: int | Literal["auto"] = "auto",
     size: int | tuple[int, int] | None = None,
@@ -155,7 +154,7 @@ def bench_mix(
 
     loader = make_loader(
         list(sources),
-        EpochSpec(batch_size=batch_size, epoch_samples=epoch_samples, stratify=stratify),
+        EpochSpec(batch_size=batch_size, epoch_samples=epoch_samples),
         weights=list(weights),
         num_workers=workers,
         size=size,

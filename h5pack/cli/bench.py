@@ -250,7 +250,6 @@ def compare(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @mix_flags
-@click.option("--stratify", is_flag=True, help="With --weights: hold the shares in every batch.")
 @storage_option_flag
 @quiet_flag
 def bench(
@@ -278,7 +277,6 @@ def bench(
     as_json: bool,
     weights: tuple[float, ...] | None,
     epoch_samples: int | None,
-    stratify: bool,
     storage_option: tuple[str, ...],
     quiet: bool,
 ) -> None:
@@ -293,12 +291,12 @@ def bench(
     and coverage, the mix's images/s, CPU per image and chunks decompressed per sample.
     """
     storage = parse_storage_options(storage_option)
-    if weights is not None or epoch_samples is not None or stratify:
+    if weights is not None or epoch_samples is not None:
         from h5pack.bench import bench_mix
         from h5pack.bench.reading import parse_train_size
 
         if weights is None:
-            raise click.BadParameter("--epoch-samples and --stratify apply to a mix: add --weights")
+            raise click.BadParameter("--epoch-samples applies to a mix: add --weights")
         if len(weights) != len(packs):
             raise click.BadParameter(
                 f"should give one weight per source ({len(packs)}), but got {len(weights)}",
@@ -308,7 +306,6 @@ def bench(
             list(packs),
             weights,
             epoch_samples=epoch_samples,
-            stratify=stratify,
             batch_size=batch_size,
             workers=workers,
             size=parse_train_size(train_size) if train_size is not None else None,

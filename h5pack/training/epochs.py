@@ -208,8 +208,6 @@ class EpochSpec:
         weights: Mix several sources by weight (``training.weighted``): one positive weight
             per source; None: the weights the data carries, else each source's size.
         epoch_samples: Samples per epoch of a mix; None: all samples of all sources.
-        stratify: Hold a mix's shares in every batch, to within one sample (else only over
-            the epoch and smoothly through it).
 
     Raises:
         OptionsError: a size, rank or window is out of range.
@@ -228,7 +226,6 @@ class EpochSpec:
     chunk_strata: tuple[int, ...] | None = None
     weights: tuple[float, ...] | None = None
     epoch_samples: int | None = None
-    stratify: bool = False
 
     def __post_init__(self) -> None:
         # Each field checked once, here, in the user's name (issue 20 A, F): a float
@@ -246,7 +243,6 @@ class EpochSpec:
         if self.weights is not None:
             object.__setattr__(self, "weights", check_weights(self.weights))
         check_optional_int("epoch_samples", self.epoch_samples, minimum=1)
-        check_bool("stratify", self.stratify)
         if self.chunk_strata is not None and not isinstance(self.chunk_strata, tuple):
             strata = tuple(int(c) for c in self.chunk_strata)
             object.__setattr__(self, "chunk_strata", strata)
@@ -386,7 +382,7 @@ def _window_shuffle(
 def _balanced_layout(
     pieces: EpochPieces,
 ) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
-    """Return ``segment`` of a stratified epoch: its sequence with the sources balanced.
+    """Return ``segment`` of a mix's epoch: its sequence with the sources balanced.
 
     Each source's pieces keep their served order and are laid end to end; the sources are
     then interleaved sample by sample, the j-th of a source's n at (j + 1/2) / n of the
@@ -449,9 +445,8 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         chunk_seq = np.repeat(part, part_sizes)
         return seq[low - origin : high - origin], chunk_seq[low - origin : high - origin]
 
-    segment: Callable[[int, int], tuple[np.ndarray, np.ndarray]] = laid_out
-    if pieces.stratify and pieces.sources_of(starts[:1]) is not None:
-        segment = _balanced_layout(pieces)
+    mix = pieces.sources_of(starts[:1]) is not None
+    segment = _balanced_layout(pieces) if mix else laid_out
 
     if drop_last:
         per_rank = batch_count * batch_size
@@ -480,10 +475,10 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         high = low + int(own_sizes.sum())
         wseq, wchunks = rank_seq[low:high], rank_chunks[low:high]
         low = high
-        sources = pieces.sources_of(wseq) if pieces.stratify and len(wseq) else None
+        sources = pieces.sources_of(wseq) if mix and len(wseq) else None
         if sources is not None and shuffle:
-            # stratified: each source's samples shuffled in its own windows, then put back
-            # into that source's slots (the balanced layout, see the note "Weighted mix")
+            # a mix: each source's samples shuffled in its own windows, then put back into
+            # that source's slots (the balanced layout, see the note "Weighted mix")
             mixed = wseq.copy()
             for source in np.unique(sources).tolist():
                 slots = np.flatnonzero(sources == source)
@@ -495,7 +490,7 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
             wseq = _window_shuffle(wseq, wchunks, window_chunks, worker_rngs[w])
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
     batches = [streams[b % workers][b // workers] for b in range(batch_count)]
-    if pieces.sources_of(starts[:1]) is not None:
+    if mix:
         # a mix: each batch grouped by source (a batch is a set to SGD), so that the
         # dataset reads every source's run straight into its slice of the batch; one
         # stable sort of the rank's positions by (batch, source) for all batches

@@ -420,8 +420,8 @@ def make_loader(
             ``packset.json``), a list of packs (one pool), a list of sources with
             ``weights`` (a mix, docs/mixing.md), or an ``H5ImageDataset``.
         batch_size: Samples per batch (or the whole ``EpochSpec``).
-        epoch: How epochs are cut (``EpochSpec``: window, epoch_samples, stratify; ranks,
-            which default to ``torch.distributed``'s).
+        epoch: How epochs are cut (``EpochSpec``: window, epoch_samples; ranks, which
+            default to ``torch.distributed``'s).
         reader: How each process reads (``ReaderOptions``: locking, backend, threads, the
             disk cache of remote chunks...; only when given a path).
         pipeline: The training image pipeline (``CropSpec``: scale, ratio...; only when

@@ -61,6 +61,12 @@ class SpecKeywords(TypedDict, total=False):
     flip: bool | None
 
 
+RETIRED = {
+    "stratify": "stratify= is retired: every mix now holds its shares in every batch",
+}
+"""Keywords of older releases that no option replaces, and why."""
+
+
 def moved_message(name: str) -> str | None:
     """Return where the option ``name``, no longer a keyword of ``make_loader``, is set now.
 
@@ -68,6 +74,8 @@ def moved_message(name: str) -> str | None:
         >>> moved_message("locking")
         'locking= moved to reader=ReaderOptions(locking=...)'
     """
+    if name in RETIRED:
+        return RETIRED[name]
     for home, cls in _HOMES.items():
         owned = {f.name for f in fields(cls)}
         if name in owned and name not in KEYWORDS.get(home, frozenset()):

@@ -58,8 +58,6 @@ class EpochPieces:
         sources: The source of each piece (a weighted mix), or None.
         parent: For the rest of an epoch (``rest_of``), the whole epoch it is part of.
         top: For the rest of an epoch, the parent's position of each of its positions.
-        stratify: Re-interleave each worker's stream by source, so that every batch holds
-            the shares (a weighted mix's ``stratify``).
     """
 
     sizes: np.ndarray
@@ -69,7 +67,6 @@ class EpochPieces:
     sources: np.ndarray | None = None
     parent: EpochPieces | None = None
     top: np.ndarray | None = None
-    stratify: bool = False
 
     @property
     def num_samples(self) -> int:
@@ -278,15 +275,11 @@ def rest_of(order: Order, seed: int, epoch: int, delivered: np.ndarray) -> Epoch
     remaining = np.flatnonzero(~np.asarray(delivered, dtype=bool))
     if remaining.size == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return EpochPieces(
-            empty, empty, whole.shuffle, parent=whole, top=remaining, stratify=whole.stratify
-        )
+        return EpochPieces(empty, empty, whole.shuffle, parent=whole, top=remaining)
     ends = np.cumsum(whole.sizes)
     parents = np.searchsorted(ends, remaining, side="right")
     cuts = np.flatnonzero(np.diff(parents)) + 1
     first = np.concatenate([[0], cuts]).astype(np.int64)
     sizes = np.diff(np.concatenate([first, [remaining.size]])).astype(np.int64)
     arranged = order.arrange(seed, epoch, parents[first], whole)
-    return EpochPieces(
-        sizes, arranged, whole.shuffle, parent=whole, top=remaining, stratify=whole.stratify
-    )
+    return EpochPieces(sizes, arranged, whole.shuffle, parent=whole, top=remaining)

@@ -128,12 +128,12 @@ def order_for(chunk_map: ChunkMap, spec: EpochSpec, mix: MixedSources | None) ->
     The weights are ``spec.weights``, else those the data carries, else each source's size.
 
     Raises:
-        OptionsError: ``weights``, ``epoch_samples`` or ``stratify`` without several sources.
+        OptionsError: ``weights`` or ``epoch_samples`` without several sources.
     """
     if mix is None:
-        if spec.weights is not None or spec.epoch_samples is not None or spec.stratify:
+        if spec.weights is not None or spec.epoch_samples is not None:
             raise OptionsError(
-                "weights=, epoch_samples= and stratify= mix several sources: give a list of "
+                "weights= and epoch_samples= mix several sources: give a list of "
                 "sources (packs, pack sets) with weights=, or an H5MixDataset"
             )
         return order_of(chunk_map, spec)
@@ -144,7 +144,6 @@ def order_for(chunk_map: ChunkMap, spec: EpochSpec, mix: MixedSources | None) ->
         mix.chunk_maps,
         tuple(weights),
         epoch_samples=spec.epoch_samples,
-        stratify=spec.stratify,
         shuffle=spec.shuffle,
     )
 

@@ -20,38 +20,17 @@ from h5pack.training.orders import EpochPieces
 
 # NOTE [ Weighted mix ]
 #
-# Sources s = 0 .. k-1 of N_s samples, weights w_s, an epoch of E samples (default: all
-# samples of all sources). Each epoch holds exactly n_s = the largest-remainder rounding of
-# E * w_s / sum(w) samples of source s: within one sample of its share, summing to E.
-#
-# Which samples: n_s = q N_s + r (q whole passes and a part pass of r samples).
-# - Each whole pass is a fresh chunk-aware permutation of the source's chunks, seeded by
-#   (seed, source, epoch, pass): every chunk read once per pass.
-# - The part pass comes from a cycle of m = ceil(N_s / r) epochs that share one
-#   permutation (seeded by (seed, source, cycle)), laid out as a stream of N_s samples:
-#   epoch j of the cycle takes the stream's samples j r .. (j + 1) r - 1, and the cycle's
-#   last epoch, short of r, completes it from the stream's start (samples served in the
-#   cycle's first epoch, never twice in one epoch). So m successive epochs cover the whole
-#   source, and a source whose share is below its size serves no sample twice in an epoch.
-#   A piece is a chunk or the part of one the cut falls in (that chunk is read by both
-#   epochs it straddles).
-# - Interleaving: each source's pieces, in their stream order, are spread over the epoch
-#   by jittered systematic sampling on samples (the j-th sample of a source's n_s sits near
-#   j / n_s of the epoch; the jitter is one random fraction of a piece), so every stretch
-#   of the epoch holds the shares to within about a piece, never all of A then all of B.
-#   ``plan_epoch`` then mixes windows of K pieces as for one pack.
-# - ``stratify``: the epoch is laid out sample by sample with the sources balanced (each
-#   source's pieces in their served order, the j-th of a source's n samples at (j + 1/2) /
-#   n of the epoch), so that every rank's and worker's slice holds the shares to within a
-#   sample; each worker then shuffles each source's samples in that source's own windows of
-#   K pieces and puts them back in that source's slots. Every batch holds the shares to
-#   within one sample (measured: 0 for 3:1, 0.8 for 5:3:2 at batch 256, any workers); a
-#   reader keeps a window per source, as it does anyway. The layout costs O(N) per rank.
-# - ``shuffle=False``: passes in pack order, no jitter, windows not shuffled.
-#
-# Everything is a pure function of (seed, epoch) and the sources' sizes: the position of
-# every source (its pass, cycle, and where in it the epoch starts, ``positions``) follows
-# from the epoch, so a resumed or elastic epoch replays it exactly.
+# An epoch of E samples holds n_s = the largest-remainder rounding of E w_s / sum(w) samples
+# of source s (``shares``). n_s = q N_s + r: q whole passes, each a fresh chunk-aware
+# permutation seeded by (seed, source, epoch, pass); and a part pass of r samples from a
+# cycle of ceil(N_s / r) epochs sharing one permutation, so successive epochs cover the
+# whole source and a subsampled source serves no sample twice in an epoch. A piece is a
+# chunk, or the part of one a cut falls in. ``plan_pieces`` lays the sources out balanced
+# (the j-th of a source's n samples at (j + 1/2) / n of the epoch), so every rank's,
+# worker's and batch's samples hold the shares to within one sample, and each worker
+# shuffles each source in that source's own windows of K pieces (a reader keeps a window
+# per source). Everything is a pure function of (seed, epoch) and the sources' sizes, so a
+# resumed or elastic epoch replays it exactly. ``shuffle=False``: passes in pack order.
 
 # Mixed into every seed of the mix, so that its permutations are not the chunk order's.
 _KEY = 0x6D6978
@@ -135,8 +114,7 @@ class WeightedMix:
         chunk_maps: Each source's chunks, in its own indices.
         weights: One positive weight per source.
         epoch_samples: Samples per epoch; None: all samples of all sources.
-        stratify: Hold the shares in every batch (to within one sample), not only overall.
-        shuffle: Permute chunks, jitter the interleaving and shuffle windows.
+        shuffle: Permute chunks and shuffle windows.
 
     Raises:
         OptionsError: weights that are not one positive number per source, an empty source,
@@ -154,7 +132,6 @@ class WeightedMix:
     chunk_maps: tuple[ChunkMap, ...]
     weights: tuple[float, ...]
     epoch_samples: int | None = None
-    stratify: bool = False
     shuffle: bool = True
     name = "weighted"
 
@@ -242,28 +219,26 @@ class WeightedMix:
         return np.concatenate(starts), np.concatenate(sizes)
 
     def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the epoch's pieces (source by source) and their interleaved order."""
+        """Return the epoch's pieces, source by source, each source's in stream order.
+
+        ``plan_pieces`` interleaves the sources (see the note "Weighted mix").
+        """
         offsets = self.offsets
-        starts, sizes, sources, keys = [], [], [], []
-        rng = _rng(seed, _KEY, epoch, 3)
+        starts, sizes, sources = [], [], []
         for source, take in enumerate(self.takes.tolist()):
             if take == 0:
                 continue
             local, size = self.source_pieces(seed, epoch, source)
-            before = np.cumsum(size) - size
-            jitter = rng.random(len(size)) if self.shuffle else np.full(len(size), 0.5)
             starts.append(local + offsets[source])
             sizes.append(size)
             sources.append(np.full(len(size), source, dtype=np.int64))
-            keys.append((before + jitter * size) / take)
-        key = np.concatenate(keys)
+        sizes_all = np.concatenate(sizes).astype(np.int64)
         return EpochPieces(
-            np.concatenate(sizes).astype(np.int64),
-            np.argsort(key, kind="stable"),
+            sizes_all,
+            np.arange(len(sizes_all)),
             shuffle=self.shuffle,
             sample_starts=np.concatenate(starts).astype(np.int64),
             sources=np.concatenate(sources),
-            stratify=self.stratify,
         )
 
     def arrange(self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces) -> np.ndarray:
@@ -273,11 +248,11 @@ class WeightedMix:
         return np.argsort(served[parents], kind="stable")
 
     def settings(self) -> dict[str, Any]:
-        """The weights, the epoch's length, stratification and the sources' sizes."""
+        """The weights, the epoch's length, the layout and the sources' sizes."""
         return {
             "weights": list(self.weights),
             "epoch_samples": self.num_samples,
-            "stratify": self.stratify,
+            "layout": "balanced",  # states of the older jittered layout are another order
             "sizes": self.sizes.tolist(),
         }
 
