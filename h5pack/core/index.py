@@ -352,6 +352,7 @@ class IndexFile:
         paths: bytes | memoryview | None = None,
     ) -> None:
         self.source, self.footer, self.filename = source, footer, source.url
+        self.source_identity: object = None  # a remote source's (set by core.remote)
         if zlib.crc32(main) != footer.main_crc:
             raise FormatError(
                 f"{source.url}: its compact index does not match its CRC32; the pack is "

@@ -47,7 +47,7 @@ _EOI: Final[bytes] = b"\xff\xd9"
 # up to an iMCU (at most 32 columns: 4x horizontal chroma subsampling) less one on each side
 _WIDENING: Final[int] = 2 * 32
 _LOCK = threading.Lock()
-_STATE: dict[str, object] = {}  # "library": the path loaded, or None once none could be
+_STATE: dict[str, str | None] = {}  # "library": the path loaded, or None once none could be
 _DISABLED = [False]  # set by disabled(), for the whole process and the workers it forks
 
 
@@ -76,11 +76,11 @@ def _candidates() -> list[str]:
 def library() -> str | None:
     """The libjpeg the box decoder uses, loading it on first call; None if there is none."""
     if "library" in _STATE:
-        return _STATE["library"]  # type: ignore[return-value]
+        return _STATE["library"]
     with _LOCK:
         if "library" not in _STATE:
             _STATE["library"] = _load()
-    return _STATE["library"]  # type: ignore[return-value]
+    return _STATE["library"]
 
 
 def _load() -> str | None:

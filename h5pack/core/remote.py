@@ -162,5 +162,5 @@ def open_remote(source: ByteSource, **kwargs: Any) -> IndexFile | h5py.File:
         handle = IndexFile(source, footer, main, opener, paths)
     except UnknownIndexError:  # a newer writer's index: HDF5's own metadata, slower
         return opener()
-    handle.source_identity = _identity_of(source)  # type: ignore[attr-defined]
+    handle.source_identity = _identity_of(source)
     return handle

@@ -520,8 +520,8 @@ class S3Source(ByteSource):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(  # type: ignore[misc]
-            state["url"], state["options"], etag=state["etag"], size=state["size"]
+        type(self).__init__(
+            self, state["url"], state["options"], etag=state["etag"], size=state["size"]
         )
 
 
@@ -718,7 +718,7 @@ class S3Store(Store):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        type(self).__init__(self, state["options"])
 
     def source(self, path: str) -> S3Source:
         """Return the object at the URL ``path``; its first answer fixes its size and ETag."""
@@ -853,8 +853,10 @@ class S3Store(Store):
             try:
                 page = source.with_retries(
                     f"the incomplete uploads under {prefix!r}",
-                    lambda m=markers: source.client().list_multipart_uploads(  # type: ignore[misc]
-                        Bucket=bucket, Prefix=prefix, **m
+                    lambda: source.client().list_multipart_uploads(
+                        Bucket=bucket,
+                        Prefix=prefix,
+                        **markers,  # noqa: B023  (called at once)
                     ),
                 )
             except PackNotFoundError as err:

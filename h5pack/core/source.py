@@ -236,4 +236,4 @@ class LocalSource(ByteSource):
         return {"url": self.url, "path": self.path, "inode": self.inode}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], inode=state["inode"])  # type: ignore[misc]
+        type(self).__init__(self, state["path"], inode=state["inode"])

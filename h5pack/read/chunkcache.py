@@ -311,7 +311,7 @@ class ChunkCache:
     def __setstate__(self, state: dict[str, object]) -> None:
         options = state["options"]
         assert isinstance(options, ChunkCacheOptions)
-        self.__init__(options)  # type: ignore[misc]  # a fresh process state, lazily opened
+        type(self).__init__(self, options)  # a fresh process state, lazily opened
 
     # -- paths --------------------------------------------------------------------
 

@@ -245,8 +245,8 @@ def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:
     )
 
 
-def _size(path: object) -> int:
+def _size(path: Any) -> int:
     try:
-        return os.path.getsize(path)  # type: ignore[arg-type]
+        return os.path.getsize(path)
     except (OSError, TypeError):
         return 0

@@ -148,7 +148,11 @@ class _Attachment:
         self, block: mmap.mmap | shared_memory.SharedMemory, lock_fd: int, fds: list[int]
     ) -> None:
         # Views of a view of ``shm.buf``: SharedMemory.close can then release ``buf`` itself.
-        buffer = block if isinstance(block, mmap.mmap) else memoryview(block.buf)  # type: ignore[arg-type]
+        if isinstance(block, mmap.mmap):
+            buffer: mmap.mmap | memoryview = block
+        else:
+            assert block.buf is not None  # a block just attached is open
+            buffer = memoryview(block.buf)
         self.words = memoryview(buffer).cast("B").cast("q")
         self.pixels = np.frombuffer(buffer, dtype=np.uint8)
         self.readonly = np.frombuffer(memoryview(buffer).toreadonly(), dtype=np.uint8)

@@ -167,11 +167,10 @@ class FixedSizeReader:
         out of the page cache twice (into a buffer here, then by ``tobytes``).
         """
         reader = self.reader
-        views = reader.stored_views(indices) if isinstance(reader, PackReader) else None
-        if views is None:
+        if not isinstance(reader, PackReader) or (views := reader.stored_views(indices)) is None:
             return reader.read_stored(indices)
         for index, view in zip(indices.tolist(), views, strict=True):
-            reader.verify_sample(index, view)  # type: ignore[union-attr]
+            reader.verify_sample(index, view)
         return views
 
     def _prepare(self, indices: np.ndarray, seed: int, epoch: int) -> None:
@@ -199,13 +198,14 @@ class FixedSizeReader:
             return list(range(count))
         datas = [s.tobytes() for s in stored]
         headers = [upright_jpeg_header(data, out.shape[3]) for data in datas]
-        batched = [j for j, header in enumerate(headers) if header is not None]
+        plain = [(j, header) for j, header in enumerate(headers) if header is not None]
+        batched = [j for j, _ in plain]
         if not batched:
             return list(range(count))
         plans = plan_crops(
             spec,
-            [headers[j].height for j in batched],  # type: ignore[union-attr]
-            [headers[j].width for j in batched],  # type: ignore[union-attr]
+            [header.height for _, header in plain],
+            [header.width for _, header in plain],
             seed=seed,
             epoch=epoch,
             indices=indices[batched],
@@ -243,21 +243,22 @@ class FixedSizeReader:
         assert cache is not None  # read_into's branch
         entries = [cache.entry(int(i)) for i in indices]
         batched = self._batchable(entries, out.shape[3]) if cache.max_side is None else []
+        hits = [entry for j in batched if (entry := entries[j]) is not None]  # all of them
         plans: list[tuple[Box, bool]] = []
         if batched:
-            heights = [entries[j][0].shape[0] for j in batched]  # type: ignore[index]
-            widths = [entries[j][0].shape[1] for j in batched]  # type: ignore[index]
+            heights = [image.shape[0] for image, _ in hits]
+            widths = [image.shape[1] for image, _ in hits]
             plans = plan_crops(
                 self.spec, heights, widths, seed=seed, epoch=epoch, indices=indices[batched]
             )
             gap, (out_h, out_w) = self.spec.reducing_gap, self.spec.size
             keep = [
                 k
-                for k, (j, (box, _)) in enumerate(zip(batched, plans, strict=True))
-                if entries[j][1] == 0  # type: ignore[index]
-                or dct_reduction(box, out_h, out_w, gap) == 1
+                for k, ((_, tag), (box, _)) in enumerate(zip(hits, plans, strict=True))
+                if tag == 0 or dct_reduction(box, out_h, out_w, gap) == 1
             ]
             batched, plans = [batched[k] for k in keep], [plans[k] for k in keep]
+            hits = [hits[k] for k in keep]
         rest = sorted(set(range(len(indices))) - set(batched))
         missing = [j for j in rest if entries[j] is None]
         read = (
@@ -282,7 +283,7 @@ class FixedSizeReader:
             self._prepare(indices[rest], seed, epoch)
             self._run(one, len(rest))
         if batched:
-            images = [entries[j][0] for j in batched]  # type: ignore[index]
+            images = [image for image, _ in hits]
             self._cut_batch(images.__getitem__, plans, out, batched)
         return sorted(unserved)
 

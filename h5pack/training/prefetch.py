@@ -157,7 +157,7 @@ class DevicePrefetcher:
                     stages[STAGES.index("transfer")] += clock() - start
                 yield (moved, StageNs(stages)) if stages is not None else moved
             return
-        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream = torch.cuda.Stream(self.device)
         iterator = iter(self.loader)
 
         def fetch() -> Any:
@@ -165,7 +165,7 @@ class DevicePrefetcher:
                 batch = next(iterator)
             except StopIteration:
                 return None
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))  # type: ignore[no-untyped-call]
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             with torch.cuda.stream(stream):
                 start.record(stream)
                 moved = self._move(batch)

@@ -118,7 +118,7 @@ class BatchRing:
             return _fresh_shared(shape)
         storage = self._own.get(index)
         if storage is None or storage.nbytes() < nbytes:
-            storage = torch.UntypedStorage._new_shared(max(1, nbytes))  # type: ignore[no-untyped-call]
+            storage = torch.UntypedStorage._new_shared(max(1, nbytes))
             self._own[index] = storage
             self._sent.discard(index)
         return _view(storage, shape)
@@ -185,7 +185,7 @@ class BatchRing:
 
 
 def _fresh_shared(shape: Sequence[int]) -> torch.Tensor:
-    storage = torch.UntypedStorage._new_shared(max(1, math.prod(shape)))  # type: ignore[no-untyped-call]
+    storage = torch.UntypedStorage._new_shared(max(1, math.prod(shape)))
     return _view(storage, shape)
 
 
@@ -326,7 +326,7 @@ class LocalBatches:
             for storage, own in kept:
                 if _unreferenced(storage, own):
                     return _view(storage, key)
-            storage = torch.UntypedStorage(max(1, math.prod(key)))  # type: ignore[no-untyped-call]
+            storage = torch.UntypedStorage(max(1, math.prod(key)))
             if len(kept) >= self.PER_SHAPE:  # all held (kept by the caller): forget the oldest
                 del kept[0]
             kept.append((storage, _use_count(storage)))
