@@ -270,16 +270,24 @@ class PlannedSource(ByteSource):
             chunk_map: The pack's sample groups.
             pieces: Each group's first piece (a chunk of this source's table) and its
                 number of pieces (``group_chunks``; a contiguous pack: one piece a group).
-            held: Groups the reader holds decompressed now: those among the first
-                ``len(held)`` groups of the plan are served from there, not fetched again.
+            held: Groups the reader holds decompressed now, oldest first: those the plan uses
+                before its window (first in, first out) lets them go are served from there,
+                not fetched again.
         """
         first, count = pieces
         samples, times = plan.samples, plan.times
         if len(held):
             groups = chunk_map.chunks_of(samples)
             soon, _ = chunk_stream(groups, times)
-            kept = np.intersect1d(soon[: len(held)], np.asarray(held, dtype=np.int64))
-            keep = ~np.isin(groups, kept)
+            window, kept = [int(g) for g in held], []  # the reader's FIFO window, oldest first
+            for group in soon.tolist():
+                if group in window:
+                    kept.append(group)
+                    continue
+                window = [*window[1:], group]
+                if not set(held) & set(window):
+                    break
+            keep = ~np.isin(groups, np.asarray(kept, dtype=np.int64))
             samples, times = samples[keep], times[keep]
         chunks, times = chunk_uses(samples, times, chunk_map, first, count)
         later, later_times = chunk_uses(
