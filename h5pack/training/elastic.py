@@ -19,35 +19,18 @@ from h5pack.training.orders import Order, rest_of
 
 # NOTE [ Elastic resume ]
 #
-# Under DistributedDataParallel every rank takes the same number of steps (every rank
-# yields the same number of batches, and gradients are averaged in lock step), so the
-# state of any one rank says where all of them are: ``position`` batches (``unit``
-# "batches"; samples for ``ChunkSampler``) of the epoch ``epoch``, planned by ``plan_epoch``
-# with the recorded settings (``num_replicas``, ``num_workers``, ``batch_size``,
-# ``window_chunks``, ``drop_last``, ``shuffle``, ``seed``, and the chunk strata, which a
-# sampler over the same data derives again from its labels).
-#
-# 1. Delivered: replay the saved epoch's plan for each old rank r = 0 .. R - 1 and mark
-#    the positions of its first ``position`` batches (``delivered_mask``): positions of the
-#    epoch's sequence (training/orders.py, note "Orders"), which are the sample indices for
-#    the chunk orders; a weighted mix may hold a sample at several positions. Positions the
-#    old ranks repeated as padding are marked once; nothing is read from a file.
-# 2. Remaining: the unmarked positions, in canonical order. Each piece's remaining
-#    positions are contiguous there, so they form a sub-pool of "sub-pieces" (one per piece
-#    that still has positions, ``orders.rest_of``).
-# 3. Re-plan: ``plan_pieces`` of the sub-pool with the new spec (new ranks, workers, batch
-#    size and window; the same seed and epoch; the order arranges the sub-pieces: the chunk
-#    orders apply themselves again, each sub-chunk keeping its chunk's stratum; a mix keeps
-#    the served order of the pieces), mapped back to sample indices. Chunks are still
-#    split across ranks and workers and read once per epoch, every rank has the same
-#    number of batches, and padding or dropping follows the new ``drop_last`` over the
-#    remaining samples.
-#
-# Every rank computes steps 1-3 from the same state, with no communication, and gets the
-# same sub-pool: the re-plan is a pure function of (state, data, new spec). The state of a
-# re-planned epoch keeps the state it was re-planned from under ``base``, so a second change
-# of topology in the same epoch replays both plans (the recursion is as deep as the number
-# of changes). The next epoch is planned normally.
+# Under DDP every rank takes the same number of steps, so one rank's state says where all
+# are: ``position`` batches (samples for ``ChunkSampler``) of ``epoch``, planned with the
+# recorded settings. With another topology (ranks, workers, batch size, window):
+# 1. Delivered: replay the saved plan of each old rank and mark the positions of its first
+#    ``position`` batches (``delivered_mask``); nothing is read from a file.
+# 2. Remaining: each piece's unmarked positions form a sub-piece (``orders.rest_of``).
+# 3. Re-plan: ``plan_pieces`` of the sub-pieces with the new spec, mapped back to samples:
+#    chunks still split across ranks and workers and read once, every rank the same number
+#    of batches, padding or dropping by the new ``drop_last``.
+# Every rank computes this from the same state without communication. A re-planned
+# epoch's state keeps the one it came from under ``base``, so a second change in the same
+# epoch replays both. The next epoch is planned normally.
 
 # Settings that fix the order of an epoch: a state saved with others is refused, not
 # re-planned (it is another order, not another topology).

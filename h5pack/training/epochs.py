@@ -23,56 +23,29 @@ from h5pack.training.weighted import check_weights
 
 # NOTE [ Chunk-aware epoch order ]
 #
-# One epoch of one rank is planned by ``plan_epoch``, a pure function of
-# (seed, epoch, rank, ...):
-#
-# 1. The chunks are permuted by ``default_rng((seed, epoch))`` (identical on every rank;
-#    with ``chunk_strata``, a stratified permutation, see the note "Label mixing" in
-#    training/mixing.py), and their samples laid end to end: a sequence of N sample
-#    indices, chunk by chunk.
-# 2. Ranks take consecutive slices of that sequence (``r * N // R`` onwards), so ranks
-#    split chunks, not samples; only the at most R - 1 chunks on a boundary are read by
-#    two ranks. Every rank yields the same number of batches (see "Ranks" below).
-# 3. The DataLoader (``in_order=True``, the default) hands batch b to worker b mod W. The
-#    rank's slice is cut again into W consecutive slices, worker w's slice holding exactly
-#    the samples of the batches w, w + W, w + 2W, ...; so each worker reads its own chunks
-#    (at most W - 1 chunks sit on a worker boundary and are read by two workers).
-# 4. Each worker's slice is cut into the fewest windows of at most K consecutive chunks,
-#    of nearly equal sizes (an epoch does not end on a window of a few chunks); the
-#    samples of a window are shuffled together and cut into that worker's batches, a
-#    batch possibly straddling two windows. A reader that keeps the last K chunks it
-#    decompressed (first in, first out) therefore decompresses every chunk once per epoch.
-# 5. The worker batch streams are interleaved: batch b is worker (b mod W)'s next batch.
-#
-# Ranks: with ``drop_last=False`` every rank gets ceil(N / R) samples: a rank whose slice
-# is one short repeats one sample, the last of its own slice (its chunk is already in the
-# last window, so no extra read), like ``torch.utils.data.DistributedSampler``. Every
-# sample is seen at least once, and R * ceil(N / R) - N <= R - 1 samples are served again
-# per epoch: when R divides N, none; when N >= R, each a different sample, seen twice
-# (fewer than R samples twice). When N < R, R - N ranks have no sample of their own and
-# each repeats the first sample of the next rank's slice, so a sample is served up to
-# ceil(R / N) times (N = 1, R = 3: the one sample three times, once per rank; every rank
-# still yields one batch). With ``drop_last=True``
-# every rank takes T * B samples (T = N // R // B full batches) and the remaining
-# N - R * T * B samples, the tail of this epoch's chunk order, are skipped: every sample at
-# most once, all batches full.
+# ``plan_epoch`` plans one rank's epoch as a pure function of (seed, epoch, rank, ...):
+# 1. The order's pieces (chunks, permuted by ``(seed, epoch)``) laid end to end.
+# 2. Ranks take consecutive slices (``r * N // R`` on), so they split chunks, not samples.
+# 3. Batch b goes to worker b mod W; the rank's slice is cut into W consecutive slices, one
+#    per worker, so each worker reads its own chunks (boundary chunks by two).
+# 4. Each worker's slice is cut into the fewest windows of at most K pieces, of even sizes;
+#    a window's samples are shuffled together and cut into batches, so a reader keeping
+#    its last K chunks (first in, first out) decompresses each chunk once per epoch.
+# Ranks: ``drop_last=False`` gives every rank ceil(N / R) samples, a short rank repeating
+# the last sample of its slice (the first of the next one when it has none), as
+# ``DistributedSampler`` does; ``drop_last=True`` gives every rank N // R // B full batches
+# and skips the tail of the epoch's order.
 
 # NOTE [ Shuffle window ]
 #
 # K, the chunks one worker mixes at once (and its reader keeps decompressed), is
-# ``window_chunks`` when given. Otherwise it is the largest of three floors:
-# - bytes: ``window_bytes`` (default ``DEFAULT_WINDOW_BYTES``) shared by the workers; with
-#   small chunks that is the whole of a small pack, a full shuffle;
-# - pool: enough chunks for ``MIN_POOL_BATCHES`` batches in a worker's window;
-# - labels: ``min_window_chunks``, the window ``training.mixing.label_mixing`` asks for when
-#   the pack's chunks do not mix labels (see ``sampler_for_labels``);
-# capped, unless ``window_bytes`` is given (then it is the budget), by
-# ``WINDOW_MEMORY_FRACTION`` of the memory of the machine or container shared by the
-# workers, and at the pack's chunks. The cap uses the memory the machine has, not what is
-# free at the moment, so that K (and with it the order) is the same in every process that
-# plans an epoch (``H5IterableDataset`` plans in each worker) and in a run resumed on the
-# same machine. docs/ARCHITECTURE.md ("Shuffle window and training equivalence") has the
-# measurements behind each number.
+# ``window_chunks`` when given, else the largest of three floors: ``window_bytes`` (default
+# ``DEFAULT_WINDOW_BYTES``) shared by the workers; ``MIN_POOL_BATCHES`` batches per
+# window; ``min_window_chunks`` (asked by ``label_mixing`` for packs whose chunks do not mix
+# labels); capped, unless ``window_bytes`` is given, by ``WINDOW_MEMORY_FRACTION`` of the
+# machine's memory (not what is free now: K, and with it the order, is then the same in
+# every process and in a resumed run) and at the pack's chunks. Measurements:
+# docs/decisions/0022.
 
 # The bytes floor of all workers' windows together: 256 MiB keeps 32 chunks of 8 MiB (the
 # default chunk size) in one process, and every chunk of a pack of small images.

@@ -46,35 +46,19 @@ RING_SPARE_SLOTS = 3
 
 # NOTE [ Loader defaults ]
 #
-# Each default of ``make_loader`` and the reason for it (docs/ARCHITECTURE.md, "Loader
-# defaults", has the measurements):
-# - sampler: ``ChunkBatchSampler`` told the real ``num_workers``, so every worker reads its
-#   own windows and each chunk is decompressed once per epoch.
-# - ``num_workers="auto"``: worker processes pay for every batch crossing a process
-#   boundary (on 2 cores, ~6,700 raw 256x256 images/s through workers against ~15,000 read
-#   in-process; scripts/bench_loaders.py: 2 workers were slower than the main process for
-#   every raw pack the direct path reads). A raw pack without a per-sample transform is
-#   read in the main process by ``threads`` = cores threads (direct chunk path: ``preadv``
-#   and the codecs release the GIL), never slower than reading in-process; only per-sample
-#   work (decoding encoded packs, Python transforms) gets worker processes, one per core.
-#   lzf and bitshuffle packs, which only h5py reads, may gain from explicit workers on a
-#   quiet many-core machine. A raw pack cut to a training size (``size=``) gets workers
-#   too: since the batch ring the hand-off is cheap, and the cut's per-sample Python no
-#   longer shares the main process's GIL with two threads and the training loop (raw 256
-#   RandomResizedCrop(224), eleven runs: per CPU-second the two are within the runs' noise
-#   of each other, 1.42-1.57x FFCV with 2 workers against 1.40-1.64x in the main process,
-#   but per second 2 workers gave 1.35-1.59x against 1.19-1.37x; BENCHMARKS.md "FFCV side
-#   by side", run 9).
-# - ``pin_memory``: on when CUDA is available (faster, asynchronous host-to-device copies).
-# - ``persistent_workers``: on with workers, so each epoch does not re-fork and re-open.
-# - ``prefetch_factor``: 2 batches per worker, PyTorch's default: the window cache already
-#   keeps the disk busy and more batches only hold memory.
-# - seeding: a ``torch.Generator`` seeded with ``seed`` (reproducible base seeds for
-#   workers), and ``worker_init_fn`` seeding ``random`` and ``numpy`` in each worker from
-#   torch's per-worker seed (PyTorch seeds only torch itself), so random augmentations
-#   differ across workers and repeat across runs.
-# - ``collate_batch``: one preallocated (B, C, H, W) uint8 tensor, never ``torch.stack`` of B
-#   small tensors; the dataset usually hands over the finished batch.
+# Each default of ``make_loader`` and why (measurements: ARCHITECTURE.md "Loader defaults",
+# BENCHMARKS.md):
+# - sampler: ``ChunkBatchSampler`` told the real ``num_workers``: each worker reads its own
+#   windows, each chunk decompressed once per epoch.
+# - ``num_workers="auto"``: a raw pack read as stored, without a transform, is read in the
+#   main process by one thread per core (handing batches across processes costs more than
+#   it gains); per-sample work (decoding, cutting to ``size=``, transforms) gets one worker
+#   per core.
+# - ``pin_memory`` on with CUDA; ``persistent_workers`` on with workers; ``prefetch_factor``
+#   PyTorch's 2 (the window already keeps the disk busy).
+# - seeding: a ``torch.Generator`` seeded with ``seed``, and ``worker_init_fn`` seeding
+#   ``random`` and numpy from torch's per-worker seed, so augmentations differ across
+#   workers and repeat across runs; ``collate_batch`` fills one preallocated tensor.
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> None:

@@ -17,35 +17,18 @@ from h5pack.errors import OptionsError
 
 # NOTE [ Label mixing ]
 #
-# A chunk-aware epoch mixes only the samples of one window of K chunks at a time (see the
-# sampler's note "Chunk-aware epoch order"). When chunks are class-mixed (a write-time
-# shuffle, ``convert``'s default) a window of even one chunk is a random sample of the pack
-# and training matches a full shuffle; when they are not (``--no-shuffle`` over a
-# class-sorted tree, or a pack written by another tool in class order) a batch holds the
-# classes of K chunks only, and scripts/bench_training.py lost 26 points of accuracy at
-# K = 2 and still 10 at K = 16 of the pack's 40 chunks (docs/ARCHITECTURE.md, "Shuffle
-# window and training equivalence").
-#
-# The figure: the mean Shannon entropy of the labels of a window (weighted by its
-# samples), divided by the same mean when the pack's labels are spread over the same chunks
-# at random (what a write-time shuffle would have stored). Windows are cut as the sampler
-# cuts them: the fewest windows of at most K consecutive chunks, of even sizes, of the
-# epoch's chunk order, a seeded random permutation or ``stratified_order``. Normalising by
-# the shuffled expectation, not by the entropy of the whole pack's labels, keeps a shuffled
-# pack at ~1 whatever the classes and chunk sizes: a 55-sample chunk of a shuffled
-# 1,000-class pack holds at most 5.8 of the pack's 10 bits, so the entropy ratio alone
-# would read 0.55 for a perfectly shuffled ImageNet. 1 is as mixed as a shuffled pack, 0
-# one class per window. A figure below the threshold counts only when the deficit is beyond
-# what random spreads of the labels vary by (``MIN_Z`` standard deviations over
-# ``NULL_SHUFFLES`` of them), so that small shuffled packs do not warn by chance. Samples
-# labelled -1 are left out; a pack with fewer than two labels is exempt. The cost is a few
-# sorts of the labels (about 0.1 s per million samples and window size; at most
-# ``MAX_SAMPLED`` samples are measured per draw).
-#
-# Where chunks do not mix, the sampler orders them with ``stratified_order`` (chunks of
-# each dominant label spread evenly over the epoch, at random positions within their
-# share), so that a window holds as many labels as its K chunks can; and it widens a
-# default window to ``window_needed`` within its memory cap (``sampler_for_labels``).
+# A chunk-aware epoch mixes one window of K chunks at a time. Class-mixed chunks (a
+# write-time shuffle, ``convert``'s default) make any window a random sample; chunks in
+# class order make a batch hold the classes of K chunks only, which costs accuracy
+# (docs/decisions/0022). The figure: the mean label entropy of the sampler's windows over
+# the same mean with the labels spread over the chunks at random, so a shuffled pack reads
+# ~1 whatever its classes and chunk sizes, and 0 is one class per window. It counts below
+# the threshold only beyond ``MIN_Z`` standard deviations of ``NULL_SHUFFLES`` random
+# spreads (small shuffled packs do not warn by chance); labels -1 are left out, a pack of
+# under two labels is exempt, at most ``MAX_SAMPLED`` samples are measured per draw.
+# Where chunks do not mix, the sampler orders them with ``stratified_order`` (each
+# dominant label spread evenly over the epoch) and widens a default window to
+# ``window_needed`` within its memory cap (``sampler_for_labels``).
 
 # Below this window figure (significantly) the loader warns. Calibrated on the benchmark's
 # class-ordered pack (5 classes, 40 chunks): windows scoring 0.95 trained 10 points below a

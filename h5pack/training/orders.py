@@ -20,28 +20,16 @@ from h5pack.training.mixing import stratified_order
 
 # NOTE [ Orders ]
 #
-# An epoch is a sequence of ``num_samples`` positions (the epoch's length, which the order
-# decides: all samples once for the chunk orders, ``epoch_samples`` for a weighted mix).
-# The order cuts it into pieces, in a canonical order (piece p holds positions
-# ``starts[p] .. starts[p] + sizes[p] - 1`` and the samples ``sample_starts[p] ..`` of one
-# chunk), and says in which order the pieces are served (``EpochPieces.order``, a
-# permutation). ``plan_epoch`` lays the pieces out in that order, gives ranks consecutive
-# slices, workers consecutive slices of those, and shuffles windows of K pieces: each piece
-# is decompressed once, whatever the order.
-#
-# Orders today, each a small frozen class:
-# - ``ChunkPermutation``: the chunks of the pack, permuted by ``default_rng((seed, epoch))``.
-# - ``StratifiedChunks``: the chunks in ``mixing.stratified_order`` by their strata (packs
-#   whose chunks do not mix labels).
-# - ``SequentialChunks``: the chunks in pack order, windows not shuffled (``shuffle=False``).
-# - ``WeightedMix`` (training/weighted.py): several sources, each epoch exactly its share.
-#
-# Elastic resume (training/elastic.py) works on positions, not samples: what the saved
-# topology delivered is a mask over the epoch's positions (a source that repeats holds a
-# sample at two positions), the remaining positions of each piece become one sub-piece
-# (``rest_of``), and the order says how the sub-pieces are served (``Order.arrange``): the
-# chunk orders apply themselves again to the sub-pieces (what the elastic resume has always
-# done), a mix keeps the served order of the pieces they came from.
+# An epoch is a sequence of ``num_samples`` positions (all samples once for the chunk
+# orders, ``epoch_samples`` for a weighted mix). An order cuts it into pieces in a canonical
+# order (piece p: positions ``starts[p] ..``, samples ``sample_starts[p] ..`` of one chunk)
+# and says in which order they are served (``EpochPieces.order``). ``plan_epoch`` lays them
+# out, gives ranks and then workers consecutive slices and shuffles windows of K pieces:
+# each piece is decompressed once. Orders: ``ChunkPermutation``, ``StratifiedChunks``
+# (packs whose chunks do not mix labels), ``SequentialChunks`` (``shuffle=False``) and
+# ``WeightedMix`` (training/weighted.py). Elastic resume works on positions: the delivered
+# ones are a mask, the rest of each piece a sub-piece (``rest_of``), served as
+# ``Order.arrange`` says (chunk orders apply themselves again; a mix keeps its order).
 
 
 @dataclass(frozen=True, eq=False)
