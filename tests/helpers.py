@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from h5pack.bench.s3local import Counts
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
 from h5pack.read.crop import CropSpec, ResizeInto, decode_crop_into
@@ -194,3 +197,26 @@ def shared_photos() -> Path:
         if candidate.is_dir():
             return candidate
     return root / "shared" / "data" / "photos"
+
+
+def wait_for_a_chunk_get(
+    counts: Callable[[], Counts], pack: Path, alive: Callable[[], bool]
+) -> None:
+    """Wait until a proxy has seen a ranged GET of ``pack``'s chunks, or ``alive()`` is False.
+
+    A remote read claims a chunk in the disk cache's ledger before it asks for its bytes, so
+    then a claim is in the ledger: the event a kill test needs, however busy the machine.
+    """
+    from h5pack.read.direct import chunk_table
+
+    with fmt.open_h5(pack) as handle:
+        table = chunk_table(handle[fmt.IMAGES])
+    assert table is not None
+    first = int(table.offsets.min())
+
+    def seen() -> bool:
+        starts = [r.removeprefix("bytes=").split("-")[0] for _, r in counts().ranges]
+        return any(start.isdigit() and int(start) >= first for start in starts)
+
+    while alive() and not seen():
+        time.sleep(0.05)

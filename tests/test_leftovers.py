@@ -76,14 +76,12 @@ def test_a_conversion_after_a_kill_removes_its_leftovers_and_says_so(tmp_path, s
     segments_before = _segments()
     proc = _start(source, target, workers=2)
     try:
-        deadline = time.monotonic() + 30
         while not list(target.parent.glob(".p.h5.*.tmp")):
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the conversion never started writing"
             time.sleep(0.005)
         time.sleep(0.3)  # well into writing chunks, the arenas in use
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
+        proc.communicate()
         assert _group_gone(proc.pid)
     finally:
         if _live_members(proc.pid):
@@ -133,14 +131,14 @@ def test_write_arrays_removes_leftovers_too(tmp_path):
 
 
 HOLDER = """
-import sys, time
+import sys, threading
 from pathlib import Path
 from h5pack.write.publish import TempFiles, temp_path
 target = Path(sys.argv[1])
 with TempFiles(target) as temps:
     temps.add(temp_path(target)).write_bytes(b"being written")
     print("ready", flush=True)
-    time.sleep(60)
+    threading.Event().wait()  # until the test kills this process
 """
 
 

@@ -74,6 +74,7 @@ def test_exactly_once_per_epoch_with_workers(pack, num_workers):
     assert [pack_indices(pack, b) for b in second] == [b.tolist() for b in sampler.plan(1)]
 
 
+@pytest.mark.slow  # spawned workers import torch again
 def test_spawn_workers(pack):
     loader = make_loader(
         pack, 6, num_workers=1, seed=0, multiprocessing_context="spawn", persistent_workers=False

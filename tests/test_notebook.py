@@ -53,12 +53,19 @@ def test_notebook_is_committed_without_outputs() -> None:
     assert "parameters" in notebook.cells[1].metadata.get("tags", [])
 
 
+@pytest.mark.slow  # a kernel and the whole notebook
 def test_notebook_runs_on_tiny_data(kernel: str) -> None:
     before = NOTEBOOK.read_bytes()
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     notebook.cells[1].source = TINY_PARAMETERS.strip()
+    # no time limit of a cell's (the tests' own one guards against a hang); the kernel's
+    # start is an event waited for generously: a busy machine starts it slowly
     client = nbclient.NotebookClient(
-        notebook, kernel_name=kernel, timeout=180, resources={"metadata": {"path": "/tmp"}}
+        notebook,
+        kernel_name=kernel,
+        timeout=None,
+        startup_timeout=600,
+        resources={"metadata": {"path": "/tmp"}},
     )
     client.execute()
     outputs = [

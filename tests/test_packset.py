@@ -246,9 +246,10 @@ def many_shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _under_a_limit(root: Path, want: Path, limit: int) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-c", _UNDER_A_LOW_ULIMIT, str(root), str(want), str(limit)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=240)
+    return subprocess.run(command, capture_output=True, text=True)
 
 
+@pytest.mark.slow  # 250 shards
 def test_a_set_of_more_shards_than_open_files_allowed_trains(many_shards) -> None:
     # 250 shards need 500 descriptors if all stay open; the process may hold 200
     result = _under_a_limit(*many_shards, limit=200)
@@ -256,6 +257,7 @@ def test_a_set_of_more_shards_than_open_files_allowed_trains(many_shards) -> Non
     assert result.stdout.split() == ["ok", "500"]
 
 
+@pytest.mark.slow  # 250 shards
 def test_too_few_open_files_for_the_set_says_so(many_shards) -> None:
     # 64 open shards take 128 descriptors; a process allowed 60 runs out: one clear error
     result = _under_a_limit(*many_shards, limit=60)

@@ -12,7 +12,7 @@ from h5pack.read.readahead import ReadAheadOptions
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
-from tests.helpers import arrays, make_pack
+from tests.helpers import arrays, make_pack, wait_for_a_chunk_get
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,7 @@ def _one_epoch(url: str, storage: dict[str, object], cache_dir: str, out: str) -
             sink.write(images.numpy().tobytes())
 
 
+@pytest.mark.slow  # two spawned processes
 def test_two_loader_processes_on_one_cache_download_each_chunk_once(
     s3_bucket: Bucket, pack: Path, tmp_path: Path
 ) -> None:
@@ -176,7 +177,7 @@ def test_two_loader_processes_on_one_cache_download_each_chunk_once(
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(120)
+        proc.join()
         assert proc.exitcode == 0
     counts = s3_bucket.proxy.reset_counts()
     with h5py.File(pack, "r") as handle:
@@ -220,14 +221,12 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
         target=_one_epoch, args=(url, patient, str(cache_dir), str(tmp_path / "dead"))
     )
     proc.start()
-    while proc.is_alive() and not list(cache_dir.glob("owners/*.lock")):
-        time.sleep(0.05)
-    time.sleep(1.0)
+    wait_for_a_chunk_get(lambda: s3_bucket.proxy.counts, pack, proc.is_alive)
     started = time.monotonic()
     assert proc.pid is not None
     assert proc.is_alive()
     os.kill(proc.pid, signal.SIGKILL)
-    proc.join(30)
+    proc.join()
     s3_bucket.proxy.clear()
     from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
 

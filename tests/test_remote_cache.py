@@ -19,7 +19,7 @@ from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
 from h5pack.read.direct import chunk_table
 from h5pack.read.eviction import Future
 from h5pack.read.planned import PlannedSource, planned_source
-from tests.helpers import arrays, make_pack
+from tests.helpers import arrays, make_pack, wait_for_a_chunk_get
 
 NUM_CHUNKS = 24
 
@@ -164,7 +164,7 @@ def test_two_processes_on_one_cache_download_each_chunk_once(
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(120)
+        proc.join()
         assert proc.exitcode == 0
     counts = s3_bucket.proxy.reset_counts()
     ranged = [r for _, r in counts.ranges if r]
@@ -185,13 +185,11 @@ def test_kill_during_a_download_then_a_clean_restart(
     args = (url, patient, str(pack), str(cache_dir))
     proc = _context().Process(target=_read_all, args=args)
     proc.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(cache_dir.glob("owners/*.lock")):
-        time.sleep(0.05)
-    time.sleep(1.0)  # its claims are in the ledger, its GETs in flight
+    # its claims are in the ledger, its GETs in flight
+    wait_for_a_chunk_get(lambda: s3_bucket.proxy.counts, pack, proc.is_alive)
     assert proc.pid is not None
     os.kill(proc.pid, signal.SIGKILL)
-    proc.join(30)
+    proc.join()
     s3_bucket.proxy.clear()
     cache = ChunkCache(ChunkCacheOptions(cache_dir=cache_dir, cache_disk_bytes=10**9))
     assert cache.usage_bytes() == 0  # the dead claims were recovered at open

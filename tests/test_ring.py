@@ -142,6 +142,7 @@ def test_a_loader_s_dataset_pickled_outside_a_process_start_has_its_ring_off(pac
     assert copy.ring.slot_of(buffer) is None
 
 
+@pytest.mark.slow  # spawned workers import torch again
 def test_spawned_workers_share_the_ring(packs):
     loader = make_loader(
         packs["raw"], 4, size=16, num_workers=2, seed=2, multiprocessing_context="spawn"

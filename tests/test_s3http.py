@@ -139,8 +139,8 @@ def test_a_forked_child_makes_its_own_connections(remote: tuple[Bucket, str]) ->
     queue: multiprocessing.Queue[object] = context.Queue()
     child = context.Process(target=_read_in_child, args=(source, queue))
     child.start()
-    found = queue.get(timeout=60)
-    child.join(timeout=60)
+    found = queue.get()
+    child.join()
     assert isinstance(found, tuple), found
     assert found[1] == DATA[1000:2000]
     assert bytes(source.read(20, 30)) == DATA[20:30]  # the parent's connection still works
@@ -197,8 +197,8 @@ def test_a_forked_worker_with_keys_builds_no_botocore_client(remote: tuple[Bucke
         target=_open_and_read_without_botocore, args=(url, bucket.storage_options, queue)
     )
     child.start()
-    found = queue.get(timeout=60)
-    child.join(timeout=60)
+    found = queue.get()
+    child.join()
     assert found == (DATA[-1000:], len(DATA) - 1000, DATA[30:40])
 
 

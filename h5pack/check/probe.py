@@ -3,19 +3,17 @@
 NOTE [ Probing a pack in a child ]
 
 Some damage to HDF5's unchecksummed structures (the global heap of variable-length data,
-which format 1.0 packs hold) makes HDF5 loop forever inside one C call: ``h5pack info``
-and ``verify`` spun at 100% CPU on 4 of 20 damaged 1.0 packs. Such a loop cannot be
-interrupted from inside the process (no signal handler runs while the call holds the
-GIL), so ``info`` and ``verify`` first read everything a first open reads (attributes,
-every small dataset, the paths, the chunk index) in a fresh interpreter (``subprocess``:
-no HDF5 handle crosses a fork, and unlike multiprocessing's spawn the user's main module
-is not imported again) and kill it after ``timeout_s``. Whatever the child could not do
-(an error, a crash, the time limit) is reported as damage; when it succeeds, the same
-reads in this process take the same path through HDF5 and finish too. It costs one
-interpreter start (~0.4 s), so the CLI uses it and library calls choose it
-(``timeout_s=``). A pack set's shards are probed one after another in one child
-(``probe_packs``), each under the time limit; a shard that hangs or crashes it is reported
-and a fresh child takes the rest.
+which format 1.0 packs hold) makes HDF5 spin forever inside one C call, where no signal
+handler runs. So ``info`` and ``verify`` first read everything a first open reads
+(attributes, every small dataset, the paths, the chunk index) in a fresh interpreter
+(``subprocess``: no HDF5 handle crosses a fork, and the user's main module is not imported
+again) and kill it once it has spent ``timeout_s`` seconds of CPU time on one pack: CPU
+time, not the clock, so that a busy machine cannot make a good pack look damaged. Whatever
+the child could not do (an error, a crash, the limit) is reported as damage; when it
+succeeds, the same reads in this process finish too. It costs an interpreter start, so the
+CLI uses it and library calls choose it (``timeout_s=``). A pack set's shards are probed
+one after another in one child (``probe_packs``); a shard that hangs or crashes it is
+reported and a fresh child takes the rest.
 """
 
 from __future__ import annotations
@@ -26,16 +24,19 @@ import select
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import psutil
 
 from h5pack._types import StrPath
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
-# Seconds the CLI gives the child: reading the metadata of a pack of millions of samples
-# over a network file system takes seconds, not minutes.
+# CPU seconds the CLI gives the child on a pack: reading the metadata of a pack of millions
+# of samples takes seconds, not minutes.
 PROBE_TIMEOUT_S = 120.0
+# How often the parent looks at the child's CPU time while it waits for an answer.
+_POLL_S = 0.1
 
 # The child of ``probe_packs``: pack paths on stdin (JSON), one result line per pack.
 _CHILD_MANY = (
@@ -85,14 +86,14 @@ def probe_pack(path: StrPath, *, timeout_s: float = PROBE_TIMEOUT_S, strict: boo
 
     Args:
         path: The pack.
-        timeout_s: The child's time limit.
+        timeout_s: The child's limit, in seconds of its CPU time.
         strict: Raise what the child found wrong. ``False`` (``verify``, which reports
             damaged metadata itself) raises only when the child hung or crashed.
 
     Raises:
         FileNotFoundError: the pack does not exist.
         FormatError: the file is not a pack, or is damaged: the child reported an error,
-            crashed, or did not finish within ``timeout_s``.
+            crashed, or spent ``timeout_s`` of CPU time without finishing.
     """
     (error,) = probe_packs([path], timeout_s=timeout_s, strict=strict)
     if error is not None:
@@ -110,7 +111,8 @@ def probe_packs(
 
     Args:
         paths: The packs.
-        timeout_s: The time limit of each pack (the first one's includes the child's start).
+        timeout_s: The limit of each pack, in seconds of the child's CPU time (the first
+            pack's includes the child's start).
         strict: As for ``probe_pack``.
 
     Returns:
@@ -148,19 +150,20 @@ def _probe_in_child(texts: list[str], timeout_s: float, strict: bool) -> list[H5
                 stderr=stderr,
             )
         assert child.stdout is not None
+        process = psutil.Process(child.pid)
         buffer = b""
         try:
             for text in texts:
-                deadline = time.monotonic() + timeout_s
+                limit_s = _cpu_s(process) + timeout_s
                 while b"\n" not in buffer:
-                    remaining = deadline - time.monotonic()
-                    ready = select.select([child.stdout], [], [], max(0.0, remaining))[0]
-                    if not ready:
+                    if not select.select([child.stdout], [], [], _POLL_S)[0]:
+                        if _cpu_s(process) < limit_s:
+                            continue
                         results.append(
                             FormatError(
                                 f"{text}: reading the pack's metadata did not finish within "
-                                f"{timeout_s:g} s (HDF5 loops on some damaged metadata); "
-                                f"{_DAMAGED}"
+                                f"{timeout_s:g} s of CPU time (HDF5 loops on some damaged "
+                                f"metadata); {_DAMAGED}"
                             )
                         )
                         return results
@@ -185,6 +188,15 @@ def _probe_in_child(texts: list[str], timeout_s: float, strict: bool) -> list[H5
             child.wait()
             child.stdout.close()
     return results
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    """The CPU seconds ``process`` has spent; 0 once it has exited (its output says how)."""
+    try:
+        times = process.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
 
 
 def _error_of(text: str, line: bytes) -> H5PackError | None:
