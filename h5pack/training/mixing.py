@@ -30,16 +30,10 @@ from h5pack.errors import OptionsError
 # dominant label spread evenly over the epoch) and widens a default window to
 # ``window_needed`` within its memory cap (``sampler_for_labels``).
 
-# Below this window figure (significantly) the loader warns. Calibrated on the benchmark's
-# class-ordered pack (5 classes, 40 chunks): windows scoring 0.95 trained 10 points below a
-# full shuffle, 0.97 7.5 points, 0.996 (stratified, K = 16) 1.7 points.
-MIXING_THRESHOLD = 0.99
-
-# A deficit counts when it exceeds MIN_Z standard deviations of the mean entropy over
-# NULL_SHUFFLES random spreads of the labels (measured only below the threshold).
+MIXING_THRESHOLD = 0.99  # below it (significantly) the loader warns (decisions/0022)
+# A deficit counts beyond MIN_Z standard deviations over NULL_SHUFFLES random spreads.
 MIN_Z = 5.0
 NULL_SHUFFLES = 16
-
 # The cost bound: samples measured per window draw (whole windows, drawn at random), and
 # the draws averaged (while fewer than MIN_WINDOWS windows were measured).
 MAX_SAMPLED = 2**18
