@@ -266,7 +266,10 @@ class FaultProxy:
                 return
 
             def _serve(self) -> None:
-                proxy._handle(self)
+                try:
+                    proxy._handle(self)
+                except ConnectionError:  # the client left mid-answer (a timed read stops)
+                    self.close_connection = True  # not socketserver's traceback on stderr
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve
 
