@@ -77,7 +77,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     after another is colder): the loader, the copies, and the loader with the copy left out
     (what it costs per image besides the copy).
     """
-    from h5pack.read.checks import SampleChecks
+    from h5pack.read import stored as stored_module
 
     loader = make_loader(pack, batch, num_workers=0, reader=ReaderOptions(threads=2))
     count = len(loader.dataset)
@@ -88,11 +88,11 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
     order = rng.permutation(count)
     epoch = [0]
 
-    copy_mapped = SampleChecks.copy_mapped
+    copy_mapped = stored_module.copy_mapped
 
     def reads(copy: bool = True) -> float:
         if not copy:  # the loader's own cost per batch: every step but the copy
-            SampleChecks.copy_mapped = _nothing  # type: ignore[method-assign]
+            stored_module.copy_mapped = _nothing
         try:
             images, start = 0, time.process_time()
             for _ in range(epochs):
@@ -102,7 +102,7 @@ def memcpy(pack: Path, rounds: int, epochs: int = 4, batch: int = BATCH) -> None
                     images += len(labels)
             return images / (time.process_time() - start)
         finally:
-            SampleChecks.copy_mapped = copy_mapped  # type: ignore[method-assign]
+            stored_module.copy_mapped = copy_mapped
 
     def copies() -> float:
         start = time.process_time()

@@ -11,9 +11,11 @@ import hdf5plugin
 import numpy as np
 import pytest
 
+from h5pack.core.description import HDF5Index
 from h5pack.core.layout import FILTER_DEFLATE, Compression
+from h5pack.core.source import LocalSource
 from h5pack.read import direct as direct_module
-from h5pack.read.direct import DirectFile, chunk_table, contiguous_offset, decompressors
+from h5pack.read.direct import chunk_table, contiguous_offset, decompressors, read_scratch
 from h5pack.read.reader import PackReader, ReaderOptions
 from tests.helpers import NUM, SHAPE, arrays, expected, make_pack
 
@@ -99,10 +101,10 @@ def test_chunk_table_points_at_deflate_streams_of_each_chunk(tmp_path, shuffle):
     data = np.stack(arrays(ROWS))
     path = tmp_path / "gzip.h5"
     with h5py.File(path, "w") as f:
-        dataset = f.create_dataset(
+        f.create_dataset(
             "images", data=data, chunks=(STEP, *SHAPE), compression="gzip", shuffle=shuffle
         )
-        table = chunk_table(dataset)
+        table = chunk_table(HDF5Index(f, str(path)))
     assert table is not None
     assert table.chunk_nbytes == STEP * int(np.prod(SHAPE))
     assert len(table.offsets) == len(table.sizes) == 3
@@ -131,7 +133,7 @@ def test_chunk_table_marks_unallocated_chunks_and_reads_uncompressed_ones(tmp_pa
         )
         dataset[:STEP] = data[:STEP]
         dataset[2 * STEP :] = data[2 * STEP :]  # chunk 1 never written
-        table = chunk_table(dataset)
+        table = chunk_table(HDF5Index(f, str(path)))
     assert table is not None
     assert table.codec is None
     assert table.offsets[1] == -1
@@ -158,33 +160,37 @@ def test_chunk_table_declines_what_it_cannot_read(tmp_path, create):
     with h5py.File(tmp_path / "p.h5", "w") as f:
         dataset = f.create_dataset("images", shape=(ROWS, *SHAPE), **kwargs)
         dataset[...] = 1
-        assert chunk_table(dataset) is None
+        assert chunk_table(HDF5Index(f, "p.h5")) is None
 
 
 def test_contiguous_offset_reads_the_exact_bytes(tmp_path):
     data = np.stack(arrays(ROWS))
     path = tmp_path / "contiguous.h5"
     with h5py.File(path, "w") as f:
-        offset = contiguous_offset(f.create_dataset("images", data=data))
-        assert contiguous_offset(f.create_dataset("chunked", data=data, chunks=True)) is None
-        assert contiguous_offset(f.create_dataset("empty", shape=(4,), dtype=np.uint8)) is None
+        f.create_dataset("images", data=data)
+        offset = contiguous_offset(HDF5Index(f, str(path)))
+    others = {"chunked": {"data": data, "chunks": True}, "empty": {"shape": (4,), "dtype": "u1"}}
+    for name, kwargs in others.items():
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            f.create_dataset("images", **kwargs)
+            assert contiguous_offset(HDF5Index(f, name)) is None
     assert offset is not None
     fd = os.open(path, os.O_RDONLY)
     try:
         assert os.pread(fd, data.nbytes, offset) == data.tobytes()
     finally:
         os.close(fd)
-    reader = DirectFile(os.fspath(path))
+    source = LocalSource(os.fspath(path))
     try:
         out = np.empty(data.nbytes, np.uint8)
-        reader.read_into(out, offset)
+        source.read_into(out, offset)
         assert out.tobytes() == data.tobytes()
         one = int(np.prod(SHAPE))
-        assert reader.read_scratch(one, offset + 3 * one).tobytes() == data[3].tobytes()
-        clone = pickle.loads(pickle.dumps(reader))  # a copy holds no descriptor
-        assert clone.source._fd is None
+        assert read_scratch(source, one, offset + 3 * one).tobytes() == data[3].tobytes()
+        clone = pickle.loads(pickle.dumps(source))  # a copy holds no descriptor
+        assert clone._fd is None
     finally:
-        reader.close()
+        source.close()
 
 
 def test_decompressors_always_have_deflate(monkeypatch):
@@ -200,13 +206,13 @@ def test_decompressors_always_have_deflate(monkeypatch):
     assert out.tobytes() == payload
 
 
-def test_direct_file_refuses_a_path_that_names_another_file(tmp_path):
+def test_direct_reads_refuse_a_path_that_names_another_file(tmp_path):
     from h5pack.errors import FormatError
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"first")
     stat = path.stat()
-    direct = DirectFile(str(path), identity=(stat.st_dev, stat.st_ino))
+    direct = LocalSource(str(path), inode=(stat.st_dev, stat.st_ino))
     buffer = np.empty(5, dtype=np.uint8)
     direct.read_into(buffer, 0)
     assert buffer.tobytes() == b"first"
@@ -216,4 +222,4 @@ def test_direct_file_refuses_a_path_that_names_another_file(tmp_path):
     with pytest.raises(FormatError, match=r"f\.bin was replaced"):
         direct.read_into(buffer, 0)
     clone = pickle.loads(pickle.dumps(direct))
-    assert clone.source.inode == (stat.st_dev, stat.st_ino)
+    assert clone.inode == (stat.st_dev, stat.st_ino)

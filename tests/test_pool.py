@@ -169,8 +169,8 @@ def test_a_mix_decompresses_each_chunk_once_per_pass(
     for part in dataset.parts:
         reader = part.reader
         assert isinstance(reader, PackReader)
-        assert reader._shared is dataset.pool  # the sources' threads are the mix's
-        assert reader._pool is None  # and no reader started its own
+        assert reader._window.shared is dataset.pool  # the sources' threads are the mix's
+        assert reader._window.own is None  # and no reader started its own
 
 
 def test_the_shared_pool_changes_no_pixel_and_no_load(packs, loaded_groups) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from h5pack.bench.s3local import Bucket, Fault
+from h5pack.core.description import HDF5Index
 from h5pack.core.layout import Compression
 from h5pack.core.store import open_source
 from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
@@ -33,7 +34,7 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def table_of(pack: Path) -> tuple[np.ndarray, np.ndarray]:
     with h5py.File(pack, "r") as handle:
-        table = chunk_table(handle["images"])
+        table = chunk_table(HDF5Index(handle, str(pack)))
     assert table is not None
     return table.offsets, table.sizes
 

@@ -139,16 +139,19 @@ def pack_info(
     if timeout_s is not None and not remote:
         probe_pack(text, timeout_s=timeout_s)
     sources: list[PackInfo] = []
-    with fmt.open_h5(text, store=store) as handle:
-        meta = fmt.read_meta(handle, text)
+    with fmt.open_index(text, store=store) as index:
+        meta = fmt.read_meta(index, text)
         with fmt.reading(text, "the images' chunk index"):
-            images = handle[fmt.IMAGES]
-            virtual = bool(images.is_virtual)
-            disk_bytes = int(images.id.get_storage_size())
-            num_chunks = int(images.id.get_num_chunks()) if images.chunks else 0
-            dtype = str(images.dtype)
+            images = index.images()
+            virtual, dtype = images.virtual, str(images.dtype)
+            chunks = index.chunk_index() if images.chunks and not virtual else None
+        num_chunks = 0 if chunks is None else len(chunks.sizes)
+        disk_bytes = int(chunks.sizes.sum()) if chunks is not None else 0
+        if chunks is None and images.offset is not None:  # contiguous, allocated
+            disk_bytes = math.prod(images.shape) * images.dtype.itemsize
         if virtual:  # a missing or changed source is named here, as readers name it
-            check_virtual_sources(handle, images, text, meta)
+            handle = index.hdf5()
+            check_virtual_sources(handle, handle[fmt.IMAGES], text, meta)
             sources = [pack_info(path) for path in _virtual_source_paths(handle, text)]
     counts = Counter(int(label) for label in meta.labels)
     if meta.storage == "array":

@@ -21,6 +21,7 @@ from h5pack.check.report import Problem, VerifyReport
 from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.fields import fields_of, stored_fields
+from h5pack.core.index import CompactIndex
 from h5pack.core.packset import meta_digest
 from h5pack.core.store import Store
 from h5pack.errors import DecodeError, FormatError, PackReplacedError
@@ -116,12 +117,12 @@ def check_pack(
     text = os.fspath(path)
     step = progress or (lambda n: None)
     index_problems: list[Problem] = []
-    with fmt.open_h5(text, store=store) as handle:
+    with fmt.open_index(text, store=store) as handle:
         meta = fmt.read_meta(handle, text, check_digests=False)
-        real = getattr(handle, "h5", None)  # a URL's compact index: HDF5's own metadata too
-        if real is not None and meta_digest(fmt.read_meta(real(), text, check_digests=False)) != (
-            meta_digest(meta)
-        ):
+        # a URL's compact index: HDF5's own metadata must say the same
+        if isinstance(handle, CompactIndex) and meta_digest(
+            fmt.read_meta(handle.hdf5_index(), text, check_digests=False)
+        ) != meta_digest(meta):
             index_problems.append(
                 Problem(None, "", "its compact index does not say what HDF5's metadata says")
             )
@@ -132,7 +133,7 @@ def check_pack(
             paths = [""] * meta.num_samples
             problems = _metadata_problems(meta, None)
             problems.append(Problem(None, "", str(err)))
-        problems.extend(_field_problems(handle, meta))
+        problems.extend(_field_problems(handle.hdf5(), meta))
     problems.extend(index_problems)
     problems.extend(_structure_problems(meta, paths))
     checks = _sample_checks(meta)

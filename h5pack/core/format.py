@@ -87,19 +87,23 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import h5py
 import numpy as np
 
 from h5pack._types import StrPath, parse_choice
 from h5pack.core import integrity
+from h5pack.core.description import HDF5Index, PackIndex
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.vocabulary import MODES as MODES  # re-exported
 from h5pack.core.vocabulary import STORAGES as STORAGES
 from h5pack.core.vocabulary import Mode as Mode
 from h5pack.core.vocabulary import Storage as Storage
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError, PackReplacedError
+
+if TYPE_CHECKING:
+    from h5pack.core.store import Store
 
 FORMAT_MARKER = "h5pack"
 FORMAT_VERSION = 1
@@ -532,7 +536,7 @@ def _attr_str(attrs: Any, key: str, path: str) -> str:
     return _text(attrs[key])
 
 
-def check_is_pack(handle: h5py.File, path: str) -> int:
+def check_is_pack(handle: h5py.File | PackIndex, path: str) -> int:
     """Return the format version of an open file, or raise ``FormatError`` if it is no pack.
 
     Raises:
@@ -600,8 +604,7 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
         path: The file to open.
         locking: HDF5 file locking; ``False`` for network file systems or to read a file
             that a writer still holds. ``None`` keeps HDF5's default.
-        **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``); ``store``, the store of a
-            remote ``path`` (``core.store.open_store``), is taken out first.
+        **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``).
 
     Raises:
         FileNotFoundError: the path does not exist.
@@ -610,11 +613,6 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
     import hdf5plugin  # noqa: F401  (registers the LZ4/Zstd/Blosc/Bitshuffle filters)
 
     text = os.fspath(path)
-    store = kwargs.pop("store", None)
-    if store is not None and store.remote:  # NOTE [ Compact index ]: its index, or HDF5
-        from h5pack.core.remote import open_remote
-
-        return open_remote(store.source(text), **kwargs)
     if not Path(text).exists():
         raise PackNotFoundError(f"{text}: no such pack")
     if Path(text).is_dir():
@@ -636,24 +634,54 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
         raise FormatError(f"{text} is not a readable HDF5 file: {detail}") from err
 
 
-def identity_of(handle: h5py.File, path: str) -> PackIdentity:
+def open_index(
+    path: StrPath, *, store: Store | None = None, locking: bool | None = None, **kwargs: Any
+) -> PackIndex:
+    """Describe the pack at ``path`` (NOTE [ Compact index ]); close the description after.
+
+    Args:
+        path: A local path, or a URL of a remote ``store`` (its compact index: 1-2 requests).
+        store: The store ``path`` is in (``core.store.open_store``); None: a local path.
+        locking: HDF5 file locking of a local pack (see ``open_h5``).
+        **kwargs: Passed to ``h5py.File`` where HDF5 opens the pack (the chunk cache).
+
+    Raises:
+        FileNotFoundError: the path or object does not exist.
+        FormatError: the path is not an HDF5 file, or one too damaged to open.
+    """
+    text = os.fspath(path)
+    if store is not None and store.remote:
+        from h5pack.core.remote import open_remote
+
+        return open_remote(store.source(text), **kwargs)
+    return HDF5Index(open_h5(text, locking=locking, **kwargs), text)
+
+
+def _described(handle: h5py.File | PackIndex, path: str | None) -> PackIndex:
+    """Return ``handle``'s description (an open HDF5 file's, read as asked)."""
+    if isinstance(handle, PackIndex):
+        return handle
+    return HDF5Index(handle, path or handle.filename)
+
+
+def identity_of(handle: h5py.File | PackIndex, path: str) -> PackIdentity:
     """Return the identity of the file ``handle`` has open (its pack id and status).
 
     The status is taken from the open descriptor, so it names the file actually read even
-    if the path was replaced meanwhile.
+    if the path was replaced meanwhile (a URL's: the size and ETag its first answer told).
 
     Raises:
         FormatError: the pack id cannot be read (damage).
     """
+    index = _described(handle, path)
     with reading(path, f"the pack attribute {PACK_ID_KEY!r}"):
-        raw = handle.attrs.get(PACK_ID_KEY)
+        raw = index.attrs.get(PACK_ID_KEY)
     pack_id = _text(raw) if raw is not None else None
-    remote = getattr(handle, "source_identity", None)
-    if remote is not None:  # a URL's pack: its size and ETag (core.remote)
-        found: PackIdentity = remote(pack_id)
+    found = index.identity(pack_id)
+    if found is not None:
         return found
     try:
-        stat = os.fstat(int(handle.id.get_vfd_handle()))
+        stat = os.fstat(int(index.hdf5().id.get_vfd_handle()))
     except (OSError, ValueError, TypeError, RuntimeError):
         stat = os.stat(path)  # a driver without a descriptor
     return PackIdentity.of(stat, pack_id)
@@ -689,10 +717,9 @@ def _digests(attrs: Any, path: str, minor: int) -> dict[str, str]:
     return {str(k): str(v) for k, v in recorded.items()}
 
 
-def _read_array(handle: h5py.File, name: str, path: str) -> np.ndarray:
+def _read_array(index: PackIndex, name: str, path: str) -> np.ndarray:
     with reading(path, f"dataset {name!r}"):
-        array: np.ndarray = handle[name][()]
-    return array
+        return index.array(name)
 
 
 def _class_names(stored: np.ndarray) -> tuple[str, ...]:
@@ -723,12 +750,12 @@ def _damage_message(path: str, damaged: tuple[str, ...]) -> str:
 
 
 def read_meta(
-    handle: h5py.File, path: str | None = None, *, check_digests: bool = True
+    handle: h5py.File | PackIndex, path: str | None = None, *, check_digests: bool = True
 ) -> PackMeta:
-    """Read and validate a pack's metadata from an open file.
+    """Read and validate a pack's metadata from an open file or its description.
 
     Args:
-        handle: The open file.
+        handle: The open file, or its description (``open_index``).
         path: The pack's path, for messages (default: the handle's file name).
         check_digests: Raise when a dataset or attribute no longer matches its recorded
             digest (format 1.1). ``False`` records the names in ``PackMeta.damaged`` instead,
@@ -739,10 +766,11 @@ def read_meta(
         FormatError: the file is not a pack, is newer than supported, is malformed, or is
             damaged (HDF5 cannot read it, or a digest does not match).
     """
-    path = path or handle.filename
-    version = check_is_pack(handle, path)
+    index = _described(handle, path)
+    path = index.path
+    version = check_is_pack(index, path)
     with reading(path, "the pack's root attributes"):
-        attrs = handle.attrs
+        attrs = index.attrs
         minor = int(attrs.get(FORMAT_MINOR_KEY, 0))
         mode_text = _attr_str(attrs, MODE_KEY, path)
         storage_text = _attr_str(attrs, STORAGE_KEY, path)
@@ -762,29 +790,25 @@ def read_meta(
     if storage is None:
         raise FormatError(f"{path}: unknown storage {storage_text!r}")
     with reading(path, "the pack's datasets"):
-        present = set(handle.keys())
+        present = set(index.names())
     for name in (IMAGES, CLASSES, *PER_SAMPLE_DATASETS):
         if name not in present:
             raise FormatError(f"{path}: dataset {name!r} is missing")
     with reading(path, "the pack's datasets"):
-        rows = {name: handle[name].shape[0] for name in PER_SAMPLE_DATASETS}
+        rows = {name: index.shape(name)[0] for name in PER_SAMPLE_DATASETS}
     for name, count in rows.items():
         if count != num_samples:
             raise FormatError(
                 f"{path}: dataset {name!r} has {count} rows, but the pack has {num_samples} samples"
             )
     with reading(path, f"dataset {IMAGES!r}"):
-        images = handle[IMAGES]
-        images_shape = tuple(int(s) for s in images.shape)
-        chunks = tuple(int(c) for c in images.chunks) if images.chunks else None
-        compression, compression_opts = images.compression, images.compression_opts
-        filter_ids = tuple(_filter_ids(images))
+        images = index.images()
+    images_shape, chunks = images.shape, images.chunks
     arrays: dict[str, np.ndarray] = {}
     for spec in SAMPLE_ARRAYS:  # NOTE [ Per-sample arrays ]
         if spec.name in present and (storage == "blob" or not spec.blob_only):
-            arrays[spec.name] = _read_array(handle, spec.name, path)
-    with reading(path, f"dataset {CLASSES!r}"):
-        classes = _class_names(handle[CLASSES][()])
+            arrays[spec.name] = _read_array(index, spec.name, path)
+    classes = _class_names(_read_array(index, CLASSES, path))
     found = {name: integrity.array_digest(a, DIGESTED_ARRAYS[name]) for name, a in arrays.items()}
     found[CLASSES] = classes_digest(classes)
     found[OPTIONS_KEY] = integrity.text_digest(options_text)
@@ -847,9 +871,9 @@ def read_meta(
         sizes=sizes,
         images_shape=images_shape,
         chunks=chunks,
-        compression=compression,
-        compression_opts=compression_opts,
-        filter_ids=filter_ids,
+        compression=images.compression,
+        compression_opts=images.compression_opts,
+        filter_ids=tuple(f for f, _ in images.filters),
         blob_chunk_bytes=blob_chunk_bytes,
         tool_version=_text(texts[TOOL_VERSION_KEY]),
         created_utc=_text(texts[CREATED_KEY]),
@@ -859,17 +883,19 @@ def read_meta(
         sample_xxh3=sample_xxh3.astype(np.uint64) if sample_xxh3 is not None else None,
         digests=recorded,
         damaged=damaged,
-        identity=identity_of(handle, path),
+        identity=identity_of(index, path),
         shard=shard if isinstance(shard, dict) else {},
         field_listing=listing,
     )
 
 
-def read_paths(handle: h5py.File, meta: PackMeta | None = None, *, check: bool = True) -> list[str]:
+def read_paths(
+    handle: h5py.File | PackIndex, meta: PackMeta | None = None, *, check: bool = True
+) -> list[str]:
     """Return every sample's relative source path, in pack order.
 
     Args:
-        handle: The open pack.
+        handle: The open pack, or its description.
         meta: Its metadata: with ``check``, the paths are checked against the digest it
             recorded (format 1.1).
         check: Raise when the paths do not match their digest.
@@ -877,11 +903,12 @@ def read_paths(handle: h5py.File, meta: PackMeta | None = None, *, check: bool =
     Raises:
         FormatError: the paths cannot be read, or do not match their digest (damage).
     """
-    path = meta.path if meta is not None else handle.filename
+    index = _described(handle, meta.path if meta is not None else None)
+    path = index.path
     paths: list[str] = []
     with reading(path, f"dataset {PATHS!r}"):
-        stored = handle[PATHS]
-        for lo in range(0, stored.shape[0], PATH_SLAB):
+        stored = index.paths()
+        for lo in range(0, len(stored), PATH_SLAB):
             paths.extend(decode_path(p) for p in stored[lo : lo + PATH_SLAB])
     if check and meta is not None and not paths_match(meta, paths):
         raise FormatError(_damage_message(path, (PATHS,)))
@@ -892,11 +919,6 @@ def paths_match(meta: PackMeta, paths: list[str]) -> bool:
     """Return whether ``paths`` match the digest recorded for them (True when none was)."""
     recorded = meta.digests.get(PATHS)
     return recorded is None or recorded == paths_digest(paths)
-
-
-def _filter_ids(dataset: h5py.Dataset) -> list[int]:
-    plist = dataset.id.get_create_plist()
-    return [int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters())]
 
 
 def load_meta(

@@ -23,14 +23,11 @@ exactly as before)::
 A reader GETs the last ``TAIL_BYTES`` with one suffix range request (which needs neither
 the size nor a HEAD first: the answer carries both and the ETag), finds the footer, and
 only if the main section starts before the tail issues one more ranged GET: at most two
-requests to open, whatever the number of samples. ``IndexFile`` serves the index through
-the few h5py calls ``format.read_meta``, ``format.read_paths`` and ``read.direct``'s
-``chunk_table`` make, so the remote metadata is validated by the very code that validates
-it locally (digests, shapes, labels); anything else (a fallback read of data through
-HDF5) is delegated to h5py over a read-ahead file object, opened on first use. A pack
-without a footer (written before the index) is read by h5py over that file object from
-the start: slower, never different. The sections carry CRC32s: a damaged index is refused,
-never trusted.
+requests to open, whatever the number of samples. The sections carry CRC32s: a damaged
+index is refused, never trusted.
+
+``CompactIndex`` is the index parsed: a ``core.description.PackIndex``, the one read-side
+description of a pack.
 """
 
 from __future__ import annotations
@@ -38,13 +35,14 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import h5py
 import numpy as np
 
+from h5pack.core.description import IMAGES, PATHS, ChunkIndex, HDF5Index, ImagesLayout, PackIndex
 from h5pack.core.source import ByteSource
 from h5pack.errors import FormatError
 
@@ -55,8 +53,6 @@ FOOTER_BYTES = _FOOTER.size
 # The suffix read at open: footer and main section of packs up to ~4,000 samples at once.
 TAIL_BYTES = 256 * 1024
 INDEX_VERSION = 1
-IMAGES = "images"  # format.IMAGES (imported there from here would be a cycle)
-PATHS = "paths"
 
 
 class Footer(NamedTuple):
@@ -99,13 +95,13 @@ def _element_bytes(item: Any) -> bytes:
     return bytes(np.asarray(item, dtype=np.uint8))  # 1.0's variable-length uint8 paths
 
 
-def build_index(handle: h5py.File, file_bytes: int) -> bytes | None:
-    """Return the index of the open pack ``handle`` (``file_bytes`` long), or None.
+def build_index(index: PackIndex, file_bytes: int) -> bytes | None:
+    """Return the compact index of the pack ``index`` describes (``file_bytes`` long), or None.
 
     None for a pack the index does not describe: a virtual one (``merge --virtual``).
     """
-    images = handle[IMAGES]
-    if images.is_virtual:
+    images = index.images()
+    if images.virtual:
         return None
     arrays: list[bytes] = []
     where = 0
@@ -119,60 +115,42 @@ def build_index(handle: h5py.File, file_bytes: int) -> bytes | None:
         where += len(data)
         return entry
 
-    plist = images.id.get_create_plist()
-    filters = []
-    for i in range(plist.get_nfilters()):
-        filter_id, flags, values, name = plist.get_filter(i)
-        filters.append([int(filter_id), int(flags), [int(v) for v in values], _jsonable(name)])
     described: dict[str, Any] = {
         "shape": list(images.shape),
         "dtype": images.dtype.str,
         "chunks": list(images.chunks) if images.chunks else None,
         "compression": _jsonable(images.compression),
         "compression_opts": _jsonable(images.compression_opts),
-        "filters": filters,
-        "offset": None,
+        "filters": [[f, 0, list(values), ""] for f, values in images.filters],
+        "offset": images.offset,
     }
-    if images.chunks is None:
-        offset = images.id.get_offset()
-        described["offset"] = None if offset is None else int(offset)
-    else:
-        found: list[tuple[tuple[int, ...], int, int, int]] = []
-        images.id.chunk_iter(
-            lambda info: found.append(
-                (tuple(info.chunk_offset), info.byte_offset, info.size, info.filter_mask)
-            )
-        )
-        described["chunk_offsets"] = add(np.array([f[0] for f in found], dtype=np.int64))
-        described["chunk_index"] = add(np.array([f[1:] for f in found], dtype=np.int64))
+    if images.chunks is not None:
+        chunks = index.chunk_index()
+        described["chunk_offsets"] = add(chunks.positions)
+        described["chunk_index"] = add(np.stack([chunks.offsets, chunks.sizes, chunks.masks], 1))
     datasets: dict[str, Any] = {IMAGES: described}
     paths: list[bytes] = []
-    for name in handle:
+    for name in index.names():
         if name == IMAGES:
             continue
-        dataset = handle[name]
-        if isinstance(dataset, h5py.Group):  # /fields (core.fields): listed, read from HDF5
-            for child in dataset:
-                found_field = dataset[child]
-                datasets[f"{name}/{child}"] = {
-                    "shape": list(found_field.shape),
-                    "dtype": found_field.dtype.str,
-                    "chunks": list(found_field.chunks) if found_field.chunks else None,
-                    "hdf5": True,
-                }
+        if "/" in name:  # a field's dataset (/fields, core.fields): listed, read from HDF5
+            field = index.hdf5()[name]
+            datasets[name] = {"shape": list(field.shape), "dtype": field.dtype.str, "hdf5": True}
+            datasets[name]["chunks"] = list(field.chunks) if field.chunks else None
             continue
-        entry: dict[str, Any] = {"shape": list(dataset.shape), "dtype": dataset.dtype.str}
+        value = index.array(name)
+        entry: dict[str, Any] = {"shape": list(value.shape), "dtype": value.dtype.str}
         if name == PATHS:
-            paths = [_element_bytes(p) for p in dataset[()]]
-        elif dataset.dtype.kind in "biuf":
-            entry["array"] = add(dataset[()])
+            paths = [_element_bytes(p) for p in value]
+        elif value.dtype.kind in "biuf":
+            entry["array"] = add(value)
         else:
-            entry["strings"] = [_jsonable(_element_bytes(v)) for v in dataset[()]]
+            entry["strings"] = [_jsonable(_element_bytes(v)) for v in value]
         datasets[name] = entry
     header = {
         "version": INDEX_VERSION,
         "file_bytes": file_bytes,
-        "attrs": {key: _jsonable(handle.attrs[key]) for key in handle.attrs},
+        "attrs": {key: _jsonable(index.attrs[key]) for key in index.attrs},
         "datasets": datasets,
     }
     text = json.dumps(header).encode()
@@ -208,17 +186,17 @@ def append_index(path: Path) -> bool:
                 return True
     import hdf5plugin  # noqa: F401  (the plugins' filter ids in the pipeline)
 
-    with h5py.File(path, "r", locking=False) as handle:
-        index = build_index(handle, size)
-    if index is None:
+    with HDF5Index(h5py.File(path, "r", locking=False), str(path)) as index:
+        found = build_index(index, size)
+    if found is None:
         return False
     with open(path, "ab") as raw:
-        raw.write(index)
+        raw.write(found)
     return True
 
 
 # -- reading ---------------------------------------------------------------------------------
-def parse_footer(tail: bytes | memoryview, url: str) -> Footer | None:
+def parse_footer(tail: bytes | memoryview) -> Footer | None:
     """Return the footer at the end of ``tail``, or None when the pack has no index."""
     if len(tail) < FOOTER_BYTES:
         return None
@@ -232,115 +210,19 @@ class UnknownIndexError(Exception):
     """An index of a version this h5pack does not know: the pack is read through HDF5."""
 
 
-class _ChunkInfo(NamedTuple):
-    chunk_offset: tuple[int, ...]
-    byte_offset: int
-    size: int
-    filter_mask: int
-
-
-class _Plist:
-    def __init__(self, filters: list[list[Any]]) -> None:
-        self._filters = filters
-
-    def get_nfilters(self) -> int:
-        return len(self._filters)
-
-    def get_filter(self, i: int) -> tuple[int, int, tuple[int, ...], bytes]:
-        filter_id, flags, values, name = self._filters[i]
-        found = _unjson(name)
-        return int(filter_id), int(flags), tuple(values), found if isinstance(found, bytes) else b""
-
-
-class _DatasetId:
-    def __init__(self, dataset: IndexDataset) -> None:
-        self._dataset = dataset
-
-    def get_create_plist(self) -> _Plist:
-        return _Plist(self._dataset.entry.get("filters", []))
-
-    def get_offset(self) -> int | None:
-        offset = self._dataset.entry.get("offset")
-        return None if offset is None else int(offset)
-
-    def get_num_chunks(self) -> int:
-        """Return the number of stored chunks."""
-        return int(self._dataset.entry["chunk_index"]["shape"][0]) if self._dataset.chunks else 0
-
-    def get_storage_size(self) -> int:
-        """Return the stored bytes of the dataset (its chunks', or the contiguous run's)."""
-        if not self._dataset.chunks:
-            return int(np.prod(self._dataset.shape)) * int(self._dataset.dtype.itemsize)
-        index = self._dataset.file.array(self._dataset.entry["chunk_index"])
-        return int(index[:, 1].sum()) if index.size else 0
-
-    def chunk_iter(self, visit: Callable[[_ChunkInfo], None]) -> None:
-        offsets = self._dataset.file.array(self._dataset.entry["chunk_offsets"])
-        index = self._dataset.file.array(self._dataset.entry["chunk_index"])
-        for where, (byte_offset, size, mask) in zip(offsets, index, strict=True):
-            visit(_ChunkInfo(tuple(int(o) for o in where), int(byte_offset), int(size), int(mask)))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dataset.h5().id, name)
-
-
-class IndexDataset:
-    """One dataset as the index describes it; data reads go to h5py (opened on first use)."""
-
-    def __init__(self, file: IndexFile, name: str, entry: dict[str, Any]) -> None:
-        self.file, self.name, self.entry = file, name, entry
-        self.shape = tuple(int(s) for s in entry["shape"])
-        self.dtype = np.dtype(entry["dtype"])
-        chunks = entry.get("chunks")
-        self.chunks = tuple(int(c) for c in chunks) if chunks else None
-        self.compression = _unjson(entry.get("compression"))
-        self.compression_opts = _unjson(entry.get("compression_opts"))
-        self.is_virtual = False
-        self.id = _DatasetId(self)
-
-    def h5(self) -> h5py.Dataset:
-        """Return the real dataset (h5py over the read-ahead file object)."""
-        return self.file.h5()[self.name]
-
-    def value(self) -> np.ndarray:
-        """Return the whole dataset from the index (no request but for the paths)."""
-        if self.name == PATHS:
-            return self.file.paths()
-        if "array" in self.entry:
-            return self.file.array(self.entry["array"])
-        if "strings" in self.entry:
-            found = np.empty(len(self.entry["strings"]), dtype=object)
-            found[:] = [_unjson(s) for s in self.entry["strings"]]
-            return found
-        return np.asarray(self.h5()[()])
-
-    def __getitem__(self, key: Any) -> Any:
-        if self.name == IMAGES or "hdf5" in self.entry:
-            return self.h5()[key]
-        return self.value()[key] if key != () else self.value()
-
-    def read_direct(self, *args: Any, **kwargs: Any) -> None:
-        """Read through h5py (the fallback path of data the direct path does not read)."""
-        self.h5().read_direct(*args, **kwargs)
-
-    def virtual_sources(self) -> list[Any]:
-        """None: the index describes no virtual dataset."""
-        return []
-
-
-class IndexFile:
-    """A pack's HDF5 metadata served from its compact index (NOTE [ Compact index ]).
-
-    Quacks like the read-only ``h5py.File`` that ``format.read_meta``, ``read_paths`` and
-    ``chunk_table`` expect; ``h5()`` opens the real file (h5py over a read-ahead file object
-    on the source) for anything else.
+class CompactIndex(PackIndex):
+    """A pack described by its compact index (NOTE [ Compact index ]).
 
     Args:
         source: The pack's bytes.
         footer: Where the index lies.
         main: The main section's bytes.
-        opener: Returns the real file when first needed.
+        opener: Opens the pack with HDF5 when first needed (``hdf5``).
         paths: The paths section, when the open's reads already hold it.
+
+    Raises:
+        FormatError: the index does not match its CRC32, or cannot be parsed.
+        UnknownIndexError: the index is of a version this h5pack does not know.
     """
 
     def __init__(
@@ -351,8 +233,8 @@ class IndexFile:
         opener: Callable[[], h5py.File],
         paths: bytes | memoryview | None = None,
     ) -> None:
-        self.source, self.footer, self.filename = source, footer, source.url
-        self.source_identity: object = None  # a remote source's (set by core.remote)
+        self.source = self._source = source
+        self.footer, self.path = footer, source.url
         if zlib.crc32(main) != footer.main_crc:
             raise FormatError(
                 f"{source.url}: its compact index does not match its CRC32; the pack is "
@@ -370,26 +252,61 @@ class IndexFile:
         self._h5: h5py.File | None = None
         self._paths_bytes = paths
         self._paths: np.ndarray | None = None
-        self.attrs = {key: _unjson(value) for key, value in self.header["attrs"].items()}
-        self._datasets = {
-            name: IndexDataset(self, name, entry) for name, entry in self.header["datasets"].items()
-        }
-        self.id = self  # ``identity_of`` asks for a descriptor: there is none
-
-    def get_vfd_handle(self) -> int:
-        """Raise: no descriptor (``format.identity_of`` then asks ``source_identity``)."""
-        raise TypeError("a remote pack has no file descriptor")
+        self._attrs = {key: _unjson(value) for key, value in self.header["attrs"].items()}
+        self._datasets: dict[str, dict[str, Any]] = self.header["datasets"]
 
     @property
-    def valid(self) -> bool:
-        """Whether the file is open (h5py's ``id.valid``)."""
-        return True
+    def attrs(self) -> Mapping[str, Any]:
+        """The root attributes."""
+        return self._attrs
 
-    def array(self, entry: dict[str, Any]) -> np.ndarray:
-        """Return one array of the main section."""
+    def _stored(self, entry: dict[str, Any]) -> np.ndarray:
         at, nbytes = int(entry["at"]), int(entry["nbytes"])
         data = np.frombuffer(self._arrays[at : at + nbytes], dtype=np.dtype(entry["dtype"]))
         return data.reshape(tuple(entry["shape"])).copy()
+
+    def names(self) -> list[str]:
+        """Return the root's dataset names."""
+        return list(self._datasets)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Return dataset ``name``'s shape."""
+        return tuple(int(s) for s in self._datasets[name]["shape"])
+
+    def array(self, name: str) -> np.ndarray:
+        """Return dataset ``name`` from the index (no request but for the paths)."""
+        if name == PATHS:
+            return self.paths()
+        entry = self._datasets[name]
+        if "array" in entry:
+            return self._stored(entry["array"])
+        if "hdf5" in entry:  # a field's dataset: its data only in HDF5's file
+            return np.asarray(self.hdf5()[name][()])
+        found = np.empty(len(entry["strings"]), dtype=object)
+        found[:] = [_unjson(s) for s in entry["strings"]]
+        return found
+
+    def images(self) -> ImagesLayout:
+        """Return how the images are stored."""
+        entry = self._datasets[IMAGES]
+        chunks = entry.get("chunks")
+        offset = entry.get("offset")
+        return ImagesLayout(
+            shape=tuple(int(s) for s in entry["shape"]),
+            dtype=np.dtype(entry["dtype"]),
+            chunks=tuple(int(c) for c in chunks) if chunks else None,
+            compression=_unjson(entry.get("compression")),
+            compression_opts=_unjson(entry.get("compression_opts")),
+            filters=tuple((int(f[0]), tuple(int(v) for v in f[2])) for f in entry["filters"]),
+            offset=None if offset is None else int(offset),
+        )
+
+    def chunk_index(self) -> ChunkIndex:
+        """Return the images' stored chunks."""
+        entry = self._datasets[IMAGES]
+        rows = self._stored(entry["chunk_index"]).reshape(-1, 3)
+        positions = self._stored(entry["chunk_offsets"])
+        return ChunkIndex(positions, rows[:, 0], rows[:, 1], rows[:, 2])
 
     def paths(self) -> np.ndarray:
         """Return every path's bytes (one GET, unless the open's reads held them)."""
@@ -400,14 +317,14 @@ class IndexFile:
     def _read_paths(self) -> np.ndarray:
         if self._paths_bytes is None:
             offset, length = self.footer.paths_offset, self.footer.paths_length
-            self._paths_bytes = self.source.read(offset, offset + length) if length else b""
+            self._paths_bytes = self._source.read(offset, offset + length) if length else b""
         data = self._paths_bytes
         if zlib.crc32(data) != self.footer.paths_crc:
             raise FormatError(
-                f"{self.filename}: the paths of its compact index do not match their CRC32; "
+                f"{self.path}: the paths of its compact index do not match their CRC32; "
                 "the pack is damaged: re-create it, or restore it from a copy"
             )
-        count = int(self.header["datasets"][PATHS]["shape"][0])
+        count = self.shape(PATHS)[0]
         lengths = np.frombuffer(data[: 4 * count], dtype="<u4")
         ends = 4 * count + np.cumsum(lengths, dtype=np.int64)
         starts = ends - lengths
@@ -416,33 +333,18 @@ class IndexFile:
         found[:] = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
         return found
 
-    def h5(self) -> h5py.File:
-        """Return the real file, opened on first use."""
+    def hdf5(self) -> h5py.File:
+        """Return the pack opened by HDF5 (h5py over a read-ahead file object), on first use."""
         if self._h5 is None:
             self._h5 = self._opener()
         return self._h5
 
-    def keys(self) -> list[str]:
-        """The root's dataset names."""
-        return list(self._datasets)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._datasets)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._datasets
-
-    def __getitem__(self, name: str) -> IndexDataset:
-        return self._datasets[name]
+    def hdf5_index(self) -> HDF5Index:
+        """Return HDF5's own description of the same pack (``verify`` compares the two)."""
+        return HDF5Index(self.hdf5(), self.path, self.source)
 
     def close(self) -> None:
-        """Close the real file if it was opened."""
+        """Close HDF5's file if it was opened."""
         if self._h5 is not None:
             self._h5.close()
             self._h5 = None
-
-    def __enter__(self) -> IndexFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

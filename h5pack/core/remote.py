@@ -1,10 +1,10 @@
 """Opening a pack from a URL: its compact index in one or two GETs, else HDF5 over a file object.
 
-``open_remote`` is what ``format.open_h5`` does with a URL (NOTE [ Compact index ]): it
-returns an ``IndexFile`` for a pack that ends with an index, and a real ``h5py.File`` over
+``open_remote`` is what ``format.open_index`` does with a URL (NOTE [ Compact index ]): it
+returns a ``CompactIndex`` for a pack that ends with an index, and an ``HDF5Index`` over
 ``SourceFile`` (a read-ahead file object on the byte source) for one written before the
-index. Both carry ``source`` (the pack's ``ByteSource``, with the ETag and size the first
-answer told) and ``source_identity`` (what ``format.identity_of`` returns for them).
+index. Both carry ``source``, the pack's ``ByteSource``, with the ETag and size the first
+answer told.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 import h5py
 
+from h5pack.core.description import HDF5Index, PackIndex
 from h5pack.core.index import (
     FOOTER_BYTES,
     TAIL_BYTES,
-    IndexFile,
+    CompactIndex,
     UnknownIndexError,
     parse_footer,
 )
-from h5pack.core.integrity import PackIdentity
 from h5pack.core.source import ByteSource
 from h5pack.errors import FormatError
 
@@ -107,16 +107,8 @@ class SourceFile(io.RawIOBase):
         return end - start
 
 
-def _identity_of(source: ByteSource) -> Any:
-    def identity(pack_id: str | None) -> PackIdentity:
-        found = source.identity()
-        return PackIdentity.remote(pack_id, found.size, found.tag)
-
-    return identity
-
-
-def open_remote(source: ByteSource, **kwargs: Any) -> IndexFile | h5py.File:
-    """Open the pack ``source`` read-only: its index (1-2 GETs), else h5py over a file object.
+def open_remote(source: ByteSource, **kwargs: Any) -> PackIndex:
+    """Describe the pack ``source``: its index (1-2 GETs), else HDF5 over a file object.
 
     Args:
         source: The pack's bytes (``Store.source``).
@@ -139,13 +131,11 @@ def open_remote(source: ByteSource, **kwargs: Any) -> IndexFile | h5py.File:
             handle = h5py.File(SourceFile(source, seed), "r", **kwargs)
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise FormatError(f"{url} is not a readable HDF5 file ({err})") from err
-        handle.source = source
-        handle.source_identity = _identity_of(source)
         return handle
 
-    footer = parse_footer(tail, url)
+    footer = parse_footer(tail)
     if footer is None:
-        return opener()
+        return HDF5Index(opener(), url, source)
     main_end = footer.main_offset + footer.main_length
     if main_end + FOOTER_BYTES != size or footer.paths_offset + footer.paths_length > size:
         raise FormatError(f"{url}: its compact index's footer does not fit the object; damaged")
@@ -159,8 +149,6 @@ def open_remote(source: ByteSource, **kwargs: Any) -> IndexFile | h5py.File:
             footer.paths_offset - start : footer.paths_offset - start + footer.paths_length
         ]
     try:
-        handle = IndexFile(source, footer, main, opener, paths)
+        return CompactIndex(source, footer, main, opener, paths)
     except UnknownIndexError:  # a newer writer's index: HDF5's own metadata, slower
-        return opener()
-    handle.source_identity = _identity_of(source)
-    return handle
+        return HDF5Index(opener(), url, source)

@@ -75,34 +75,33 @@ class SampleChecks:
         for i, sample in zip(idx, samples, strict=True):
             self.one(int(i), sample, group)
 
-    def copy_mapped(
-        self,
-        idx: np.ndarray,
-        order: np.ndarray,
-        starts: np.ndarray,
-        mapped: np.ndarray,
-        out: np.ndarray,
-        *,
-        check: bool,
-    ) -> None:
-        """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``'s rows.
 
-        See ``NOTE [ Checked as copied ]``: with ``check``, each sample's digest computed on
-        the mapping, then the sample copied.
+def copy_mapped(
+    idx: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
+    mapped: np.ndarray,
+    out: np.ndarray,
+    checks: SampleChecks | None,
+) -> None:
+    """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``'s rows.
 
-        Raises:
-            FormatError: a sample does not match its digest (named).
-        """
-        size = out[0].nbytes if len(out) else 0
-        rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
-        positions, offsets = order.tolist(), starts.tolist()
-        if not check:
-            for pos, at in zip(positions, offsets, strict=True):
-                rows[pos * size : (pos + 1) * size] = source[at : at + size]
-            return
-        digest, recorded = self.inline(idx)
+    See ``NOTE [ Checked as copied ]``: with ``checks``, each sample's digest computed on
+    the mapping, then the sample copied.
+
+    Raises:
+        FormatError: a sample does not match its digest (named).
+    """
+    size = out[0].nbytes if len(out) else 0
+    rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
+    positions, offsets = order.tolist(), starts.tolist()
+    if checks is None:
         for pos, at in zip(positions, offsets, strict=True):
-            sample = source[at : at + size]
-            if digest(sample) != recorded[pos]:  # the first touch of its bytes
-                self.one(int(idx[pos]), np.frombuffer(sample, dtype=np.uint8))
-            rows[pos * size : (pos + 1) * size] = sample  # out of the CPU's cache
+            rows[pos * size : (pos + 1) * size] = source[at : at + size]
+        return
+    digest, recorded = checks.inline(idx)
+    for pos, at in zip(positions, offsets, strict=True):
+        sample = source[at : at + size]
+        if digest(sample) != recorded[pos]:  # the first touch of its bytes
+            checks.one(int(idx[pos]), np.frombuffer(sample, dtype=np.uint8))
+        rows[pos * size : (pos + 1) * size] = sample  # out of the CPU's cache

@@ -13,29 +13,30 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import h5py
 import numpy as np
 
+from h5pack.core.description import PackIndex
 from h5pack.core.layout import FILTER_BLOSC, FILTER_DEFLATE, FILTER_LZ4, FILTER_SHUFFLE, FILTER_ZSTD
-from h5pack.core.source import ByteSource, LocalSource
+from h5pack.core.source import ByteSource
 
 # NOTE [ Direct chunk path ]
 #
 # h5py serialises every call behind one global lock, so threads cannot read or decompress
-# two chunks at once through it. A chunk's file offset and size are looked up once
-# (``chunk_iter``); afterwards a chunk is ``os.preadv``'d at that offset into a per-thread
-# buffer and decompressed straight into a caller-owned output buffer by a codec that
-# releases the GIL, so several threads decompress in parallel and no HDF5 call is made per
-# chunk. Codecs: the system's zlib, liblz4 and libzstd through ctypes (ctypes releases the
-# GIL and writes into our buffer); else the Python packages zlib, lz4, zstandard (a copy
-# more); blosc through python-blosc's ``decompress_ptr``. Output buffers are allocated by
-# the reader in the calling thread and recycled: fresh multi-megabyte buffers allocated in
-# pool threads come from glibc's per-thread arenas as fresh mmaps, and their page faults
-# and unmapping cost more than LZ4 decompression itself (measured: 16 ms vs 4 ms per 12 MiB
-# chunk, BENCHMARKS.md). Uncompressed samples are read with ``os.preadv`` straight into the
-# batch. Anything this path does not understand (lzf, bitshuffle, two real filters, a
-# chunk shape that splits a sample, an unallocated chunk) is read through h5py instead;
-# tests check that both paths give identical pixels for every codec.
+# two chunks at once through it. A chunk's file offset and size are taken once from the
+# pack's description (``core.index.PackIndex``); afterwards a chunk is read at that offset
+# into a per-thread buffer and decompressed straight into a caller-owned output buffer by
+# a codec that releases the GIL, so several threads decompress in parallel and no HDF5
+# call is made per chunk. Codecs: the system's zlib, liblz4 and libzstd through ctypes
+# (ctypes releases the GIL and writes into our buffer); else the Python packages zlib,
+# lz4, zstandard (a copy more); blosc through python-blosc's ``decompress_ptr``. Output
+# buffers are allocated by the reader in the calling thread and recycled: fresh
+# multi-megabyte buffers allocated in pool threads come from glibc's per-thread arenas as
+# fresh mmaps, and their page faults and unmapping cost more than LZ4 decompression itself
+# (measured: 16 ms vs 4 ms per 12 MiB chunk, BENCHMARKS.md). Uncompressed samples are read
+# with ``os.preadv`` straight into the batch. Anything this path does not understand (lzf,
+# bitshuffle, two real filters, a chunk shape that splits a sample, an unallocated chunk)
+# is read through h5py instead; tests check that both paths give identical pixels for
+# every codec.
 
 # decompress(src, out): fill ``out`` (uint8, exactly the decompressed size) from ``src``.
 Decompressor = Callable[[np.ndarray, np.ndarray], None]
@@ -218,100 +219,59 @@ class ChunkTable:
         self.codec[1](src, out)
 
 
-def chunk_table(dataset: h5py.Dataset) -> ChunkTable | None:
-    """Return the direct-read table of a chunked uint8 dataset, or None if unsupported.
+def chunk_table(index: PackIndex) -> ChunkTable | None:
+    """Return the direct-read table of a chunked uint8 images dataset, or None if unsupported.
 
     Supported: chunks that span every axis but the first, uint8, and a filter pipeline of
     byte shuffle (a no-op on 1-byte items) and at most one of deflate, lz4, zstd, blosc.
     """
-    if dataset.chunks is None or dataset.dtype != np.uint8:
+    images = index.images()
+    if images.chunks is None or images.dtype != np.uint8 or images.virtual:
         return None
-    if tuple(dataset.chunks[1:]) != tuple(dataset.shape[1:]):
+    if tuple(images.chunks[1:]) != tuple(images.shape[1:]):
         return None
     available = decompressors()
-    plist = dataset.id.get_create_plist()
     codec: tuple[int, Decompressor] | None = None
-    for position in range(plist.get_nfilters()):
-        filter_id, _flags, values, _name = plist.get_filter(position)
+    for position, (filter_id, values) in enumerate(images.filters):
         if filter_id == FILTER_SHUFFLE and (not values or values[0] == 1):
             continue
         if filter_id not in available or codec is not None:
             return None
         codec = (position, available[filter_id])
-    step = int(dataset.chunks[0])
-    count = -(-int(dataset.shape[0]) // step) if dataset.shape[0] else 0
+    step = int(images.chunks[0])
+    count = -(-int(images.shape[0]) // step) if images.shape[0] else 0
     offsets = np.full(count, -1, dtype=np.int64)
     sizes = np.zeros(count, dtype=np.int64)
     masks = np.zeros(count, dtype=np.int64)
-
-    def visit(info: Any) -> None:
-        c = int(info.chunk_offset[0]) // step
-        offsets[c], sizes[c], masks[c] = info.byte_offset, info.size, info.filter_mask
-
-    dataset.id.chunk_iter(visit)
+    stored = index.chunk_index()
+    at = stored.positions[:, 0] // step if stored.positions.size else stored.offsets
+    offsets[at], sizes[at], masks[at] = stored.offsets, stored.sizes, stored.masks
     return ChunkTable(
         offsets=offsets,
         sizes=sizes,
         masks=masks,
         codec=codec,
-        chunk_nbytes=int(np.prod(dataset.chunks)),
+        chunk_nbytes=int(np.prod(images.chunks)),
     )
 
 
-def contiguous_offset(dataset: h5py.Dataset) -> int | None:
-    """Return the file offset of a contiguous, unfiltered dataset's data, or None."""
-    if dataset.chunks is not None or dataset.compression is not None:
-        return None
-    offset = dataset.id.get_offset()
-    return None if offset is None else int(offset)
+def contiguous_offset(index: PackIndex) -> int | None:
+    """Return the file offset of a contiguous, unfiltered images dataset's data, or None."""
+    images = index.images()
+    return None if images.chunks is not None or images.filters else images.offset
 
 
-class DirectFile:
-    """The direct chunk path's reads of a pack, through its byte source.
+def read_scratch(source: ByteSource, size: int, offset: int) -> np.ndarray:
+    """Return ``size`` bytes of ``source`` at ``offset`` in this thread's reusable buffer.
 
-    The source (NOTE [ Byte sources ]) is the local file by default (``os.preadv`` on a
-    descriptor opened lazily once per process, refused when ``identity``, the
-    ``(st_dev, st_ino)`` of the file HDF5 opened, names another file), or a remote one.
+    The array is valid until this thread's next call; one buffer per thread spares the
+    page faults of fresh memory for every compressed chunk.
     """
-
-    def __init__(
-        self,
-        path: str,
-        *,
-        identity: tuple[int, int] | None = None,
-        source: ByteSource | None = None,
-    ) -> None:
-        self.path = path
-        self.source = source if source is not None else LocalSource(path, inode=identity)
-
-    def pin(self) -> None:
-        """Open the local descriptor now (a descriptor opened later could name a replacing file).
-
-        Raises:
-            FormatError: the path now names another file than ``identity``.
-        """
-        if isinstance(self.source, LocalSource):
-            self.source.fd()
-
-    def read_into(self, buffer: np.ndarray, offset: int) -> None:
-        """Fill the contiguous uint8 ``buffer`` from ``offset``."""
-        self.source.read_into(buffer, offset)
-
-    def read_scratch(self, size: int, offset: int) -> np.ndarray:
-        """Return ``size`` bytes at ``offset`` in this thread's reusable buffer.
-
-        The array is valid until this thread's next call; one buffer per thread spares the
-        page faults of fresh memory for every compressed chunk.
-        """
-        scratch: np.ndarray | None = getattr(_local, "scratch", None)
-        if scratch is None or scratch.size < size:
-            scratch = _local.scratch = np.empty(
-                max(size, 2 * (0 if scratch is None else scratch.size)), dtype=np.uint8
-            )
-        view = scratch[:size]
-        self.read_into(view, offset)
-        return view
-
-    def close(self) -> None:
-        """Release what the source holds in this process."""
-        self.source.close()
+    scratch: np.ndarray | None = getattr(_local, "scratch", None)
+    if scratch is None or scratch.size < size:
+        scratch = _local.scratch = np.empty(
+            max(size, 2 * (0 if scratch is None else scratch.size)), dtype=np.uint8
+        )
+    view = scratch[:size]
+    source.read_into(view, offset)
+    return view

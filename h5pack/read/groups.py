@@ -10,16 +10,20 @@ per-sample dataset stored in the images' chunk grouping: the window holds bytes,
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from h5pack.read.stored import Plan, StoredImages
 
 if TYPE_CHECKING:
+    from h5pack.read.pool import ReadPool
     from h5pack.read.reader import PackReader
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # Loads group ``g`` whole into a buffer: ``load(g, plan, buffer)`` (checked, errors named).
 Load = Callable[[int, Plan, np.ndarray], np.ndarray]
@@ -62,15 +66,20 @@ class GroupLoad:
 class GroupWindow:
     """The decompressed groups one reader keeps, and the buffers of those that left.
 
+    And the threads they are loaded on: its own, or a pool shared with other readers.
+
     Args:
         stored: The pack's stored samples (plans and fetches a group's chunks).
         window_chunks: Groups kept.
+        threads: Threads that load groups (0 or 1: the calling thread).
     """
 
-    def __init__(self, stored: StoredImages, window_chunks: int) -> None:
+    def __init__(self, stored: StoredImages, window_chunks: int, threads: int) -> None:
         self.stored = stored
         self.window_chunks = window_chunks
-        self.threads = 0  # the reader's threads: how many spare buffers are worth keeping
+        self.threads = threads
+        self.own: ThreadPoolExecutor | None = None  # started on first use
+        self.shared: ReadPool | None = None  # threads shared with other readers (use_pool)
         # group -> (its data, the buffer it lives in)
         self.window: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._free: list[np.ndarray] = []
@@ -78,13 +87,37 @@ class GroupWindow:
         self.held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
 
-    def groups(
-        self, wanted: np.ndarray, load: Load, executor: ThreadPoolExecutor | None
-    ) -> dict[int, np.ndarray]:
+    def executor(self) -> ThreadPoolExecutor:
+        """The threads this window's work runs on: the shared pool's, else its own."""
+        if self.shared is not None:
+            return self.shared.executor()
+        if self.own is None:
+            self.own = ThreadPoolExecutor(self.threads, thread_name_prefix="h5pack")
+        return self.own
+
+    def map(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """Return ``[function(item) for item in items]``, on the threads if more than one."""
+        if self.threads <= 1 or len(items) < 2:
+            return [function(item) for item in items]
+        return list(self.executor().map(function, items))
+
+    def use_pool(self, pool: ReadPool | None) -> None:
+        """Run on ``pool``'s threads (None: this window's own); see ``PackReader.use_pool``."""
+        self.close_threads()
+        self.shared = pool
+        if pool is not None:
+            self.threads = pool.threads
+
+    def close_threads(self) -> None:
+        """Stop this window's own threads (a shared pool stays up for its other readers)."""
+        if self.own is not None:
+            self.own.shutdown()
+            self.own = None
+
+    def groups(self, wanted: np.ndarray, load: Load) -> dict[int, np.ndarray]:
         """Return the decompressed data of groups ``wanted``, loading those not in the window.
 
-        ``load`` runs on ``executor`` (when given and more than one group is missed on the
-        direct path), else in this thread.
+        ``load`` runs on the threads when more than one group is missed on the direct path.
         """
         found: dict[int, np.ndarray] = {}
         fresh: list[int] = []  # groups entering the window, in the order wanted
@@ -100,10 +133,10 @@ class GroupWindow:
             plans = [self.stored.plan(g) for g in missing]
             self.stored.fetch(missing, plans)
             jobs = list(zip(missing, plans, [self.take_buffer(n) for _, n in plans], strict=True))
-            if len(missing) > 1 and executor is not None and self.stored.table is not None:
+            if len(missing) > 1 and self.threads > 1 and self.stored.table is not None:
                 # one wait for all, not one per result (Executor.map's): each wake-up of this
                 # thread took a core from a decompressing one (2 cores: ~10% per batch)
-                futures = [executor.submit(load, *job) for job in jobs]
+                futures = [self.executor().submit(load, *job) for job in jobs]
                 wait(futures)
                 loaded = [future.result() for future in futures]
             else:
@@ -155,7 +188,8 @@ class GroupWindow:
                 return self._free.pop(i)
         return np.empty(nbytes, dtype=np.uint8)
 
-    def clear(self) -> None:
-        """Drop every group."""
+    def close(self) -> None:
+        """Drop every group and stop this window's own threads."""
+        self.close_threads()
         self.window.clear()
         self.held.clear()

@@ -96,6 +96,12 @@ class ReaderOptions:
         """Return the store of ``path`` with these ``storage_options`` (NOTE [ Stores ])."""
         return open_store(path, self.storage_options)
 
+    def window_for(self, group_bytes: int) -> int:
+        """Return the decompressed groups to keep, for groups of ``group_bytes``."""
+        if self.chunk_cache_bytes is not None:
+            return max(1, self.chunk_cache_bytes // max(1, group_bytes))
+        return self.window_chunks or 1
+
     @property
     def disk_cache(self) -> ChunkCacheOptions | None:
         """The disk cache of remote chunks these options ask for (None: none)."""

@@ -38,7 +38,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 import numpy as np
 
 from h5pack.core import format as fmt
-from h5pack.core.format import PackMeta, load_meta, open_h5, read_meta
+from h5pack.core.format import PackMeta, load_meta, open_index, read_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.packset import (
@@ -249,8 +249,8 @@ def load_pack_meta(
     """Return a pack's metadata: ``format.load_meta``, or a remote one's from its index."""
     if store is None or not store.remote:
         return load_meta(path, locking=locking)
-    with open_h5(path, store=store) as handle:
-        return read_meta(handle, os.fspath(path))
+    with open_index(path, store=store) as index:
+        return read_meta(index)
 
 
 def remote_members(

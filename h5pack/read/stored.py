@@ -17,8 +17,10 @@ import numpy as np
 
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
+from h5pack.core.source import ByteSource, LocalSource
 from h5pack.errors import RemoteError
-from h5pack.read.direct import ChunkTable, DirectFile
+from h5pack.read.checks import SampleChecks, copy_mapped
+from h5pack.read.direct import ChunkTable, read_scratch
 
 # How a group is loaded (``StoredImages.plan``): (through the direct path, buffer bytes).
 Plan = tuple[bool, int]
@@ -32,7 +34,7 @@ class StoredImages:
         chunk_map: Its chunk groups.
         table: The images' chunk table (the direct path of a chunked dataset), or None.
         contiguous: The file offset of a contiguous, unfiltered images dataset, or None.
-        file: The pack's bytes (its byte source).
+        source: The pack's bytes.
         images: Opens the images' h5py dataset, for what the direct path cannot read.
     """
 
@@ -43,12 +45,12 @@ class StoredImages:
         *,
         table: ChunkTable | None,
         contiguous: int | None,
-        file: DirectFile,
+        source: ByteSource,
         images: Callable[[], h5py.Dataset],
     ) -> None:
         self.meta, self.chunk_map, self.table, self.contiguous = meta, chunk_map, table, contiguous
-        self.file = file
-        self._images = images
+        self.source = source  # a wrapper's (``read.planned``) where the plan reads ahead
+        self.h5_images = images  # h5py's images dataset, opened on first call
         self.sample_bytes = int(np.prod(meta.images_shape[1:]))
         self._step = meta.chunks[0] if meta.chunks is not None else 1
         self.all_allocated = table is None or bool(np.all(table.offsets >= 0))
@@ -97,9 +99,9 @@ class StoredImages:
             assert self.contiguous is not None  # planned direct
             if self.meta.storage == "array":
                 view = buffer.reshape(hi - lo, *shape)
-                self.file.read_into(view, self.contiguous + lo * self.sample_bytes)
+                self.source.read_into(view, self.contiguous + lo * self.sample_bytes)
                 return view
-            self.file.read_into(buffer, self.contiguous + self.blob_span(lo, hi)[0])
+            self.source.read_into(buffer, self.contiguous + self.blob_span(lo, hi)[0])
             return buffer
         if self.meta.storage == "array":
             if direct:
@@ -107,7 +109,7 @@ class StoredImages:
                 self._read_chunk_into(table, group, buffer)
                 return buffer.reshape(-1, *shape)[: hi - lo]
             view = buffer.reshape(hi - lo, *shape)
-            self._images().read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
+            self.h5_images().read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
             return view
         begin, end = self.blob_span(lo, hi)
         if direct:
@@ -117,7 +119,7 @@ class StoredImages:
             for k in range(buffer.size // step):
                 self._read_chunk_into(table, first + k, buffer[k * step : (k + 1) * step])
             return buffer[begin - first * step : end - first * step]
-        self._images().read_direct(buffer, np.s_[begin:end], np.s_[0 : end - begin])
+        self.h5_images().read_direct(buffer, np.s_[begin:end], np.s_[0 : end - begin])
         return buffer
 
     def _read_chunk_into(self, table: ChunkTable, chunk: int, out: np.ndarray) -> None:
@@ -129,7 +131,7 @@ class StoredImages:
                     f"chunk {chunk}: {stored.size} bytes read, {table.sizes[chunk]} stored"
                 )
         else:
-            stored = self.file.read_scratch(int(table.sizes[chunk]), int(table.offsets[chunk]))
+            stored = read_scratch(self.source, int(table.sizes[chunk]), int(table.offsets[chunk]))
         start = time.perf_counter_ns()
         table.decompress_into(chunk, stored, out)
         self.decompress_ns += time.perf_counter_ns() - start
@@ -143,7 +145,7 @@ class StoredImages:
     def fetch(self, groups: list[int], plans: list[Plan]) -> None:
         """Fetch the stored chunks of ``groups`` in one ``read_ranges`` (a remote source)."""
         table = self.table
-        if not self.file.source.remote or table is None:
+        if not self.source.remote or table is None:
             return
         chunks: list[int] = []
         for group, (direct, nbytes) in zip(groups, plans, strict=True):
@@ -159,7 +161,7 @@ class StoredImages:
             return
         ranges = [(int(table.offsets[c]), int(table.offsets[c] + table.sizes[c])) for c in chunks]
         try:
-            fetched = self.file.source.read_ranges(ranges)
+            fetched = self.source.read_ranges(ranges)
         except RemoteError as err:
             named = ", ".join(str(c) for c in chunks[:8]) + (", ..." if len(chunks) > 8 else "")
             raise RemoteError(f"reading chunk(s) {named}: {err}") from err
@@ -189,47 +191,104 @@ class StoredImages:
         base = self.table.offsets[indices // step] - (indices // step) * step * self.sample_bytes
         return np.asarray(base + within, dtype=np.int64)
 
-    def read_uncompressed(self, wanted: np.ndarray) -> list[np.ndarray]:
-        """Read sorted uncompressed indices of one group, run of consecutive indices by run."""
-        result: list[np.ndarray] = []
-        unique = np.unique(wanted)
-        breaks = np.flatnonzero(np.diff(unique) > 1) + 1
-        for run in np.split(unique, breaks):
-            lo, hi = int(run[0]), int(run[-1]) + 1
-            inside = wanted[(wanted >= lo) & (wanted < hi)]
-            if self.meta.storage == "array":
-                block = self._read_array_run(lo, hi)
-                result.extend(block[int(i) - lo] for i in inside)
-                continue
-            begin, end = self.blob_span(lo, hi)
-            data = self._read_blob_bytes(begin, end)
-            offsets, sizes = self.meta.blob_slots()
-            for i in inside.tolist():
-                start = int(offsets[i]) - begin
-                result.append(data[start : start + int(sizes[i])])
-        return result
+    def read_uncompressed(self, idx: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:
+        """Read uncompressed samples ``idx`` (of ``groups``), runs of consecutive indices."""
+        out: list[np.ndarray] = [np.empty(0, np.uint8)] * idx.size  # each slot filled below
+        order = np.argsort(idx, kind="stable")
+        boundaries = np.flatnonzero(np.diff(groups[order])) + 1
+        for positions in np.split(order, boundaries):
+            wanted = idx[positions]  # sorted, one group's
+            unique = np.unique(wanted)
+            for run in np.split(unique, np.flatnonzero(np.diff(unique) > 1) + 1):
+                lo, hi = int(run[0]), int(run[-1]) + 1
+                inside = (wanted >= lo) & (wanted < hi)
+                samples = self._read_run(lo, hi, wanted[inside])
+                for pos, sample in zip(positions[inside].tolist(), samples, strict=True):
+                    out[pos] = sample
+        return out
+
+    def _read_run(self, lo: int, hi: int, wanted: np.ndarray) -> list[np.ndarray]:
+        """Read samples ``lo..hi-1`` at once; return those of ``wanted``, in its order."""
+        if self.meta.storage == "array":
+            block = self._read_array_run(lo, hi)
+            return [block[i - lo] for i in wanted.tolist()]
+        begin, end = self.blob_span(lo, hi)
+        data = self._read_blob_bytes(begin, end)
+        offsets, sizes = self.meta.blob_slots()
+        starts = offsets[wanted] - begin
+        ends = starts + sizes[wanted]
+        return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
     def _read_array_run(self, lo: int, hi: int) -> np.ndarray:
         block = np.empty((hi - lo, *self.meta.images_shape[1:]), dtype=np.uint8)
         table = self.table
         allocated = table is None or table.offsets[self.chunk_map.chunk_of(lo)] >= 0
         if self.direct and allocated:
-            self.file.read_into(block, int(self.sample_offsets(np.array([lo]))[0]))
+            self.source.read_into(block, int(self.sample_offsets(np.array([lo]))[0]))
         else:
-            self._images().read_direct(block, np.s_[lo:hi], np.s_[0 : hi - lo])
+            self.h5_images().read_direct(block, np.s_[lo:hi], np.s_[0 : hi - lo])
         return block
 
     def _read_blob_bytes(self, begin: int, end: int) -> np.ndarray:
         data = np.empty(end - begin, dtype=np.uint8)
         if self.contiguous is not None:
-            self.file.read_into(data, self.contiguous + begin)
+            self.source.read_into(data, self.contiguous + begin)
             return data
         table = self.table
         if table is not None:
             step = table.chunk_nbytes
             chunk = begin // step
             if (end - 1) // step == chunk and table.offsets[chunk] >= 0:
-                self.file.read_into(data, int(table.offsets[chunk]) + begin - chunk * step)
+                self.source.read_into(data, int(table.offsets[chunk]) + begin - chunk * step)
                 return data
-        stored: np.ndarray = self._images()[begin:end]
+        stored: np.ndarray = self.h5_images()[begin:end]
         return stored
+
+    def mapped_views(self, idx: np.ndarray) -> list[np.ndarray] | None:
+        """Views of uncompressed samples ``idx`` in a read-only mapping of the file, unchecked.
+
+        None unless the pack is local and read by the direct path, a blob pack's dataset
+        contiguous (``PackReader.stored_views``; NOTE [ Mapped raw reads ] in core.source).
+        """
+        source, array = self.source, self.meta.storage == "array"
+        usable = self.direct and self.all_allocated if array else self.contiguous is not None
+        if not (usable and isinstance(source, LocalSource)):
+            return None
+        if idx.size == 0:
+            return []
+        if array:
+            starts = self.sample_offsets(idx)
+            ends = starts + self.sample_bytes
+        else:  # a contiguous blob dataset: each sample's bytes in one piece of the file
+            offsets, sizes = self.meta.blob_slots()
+            assert self.contiguous is not None  # usable
+            starts = self.contiguous + offsets[idx].astype(np.int64)
+            ends = starts + sizes[idx]
+        mapped = source.mapped(int(ends.max()))
+        views = [mapped[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        if array:
+            return [view.reshape(self.meta.images_shape[1:]) for view in views]
+        return views
+
+    def read_uncompressed_into(
+        self, idx: np.ndarray, out: np.ndarray, checks: SampleChecks | None
+    ) -> None:
+        """Fill ``out`` with uncompressed array samples ``idx`` (checked with ``checks``)."""
+        if not (self.direct and self.all_allocated):  # HDF5 reads
+            for pos, i in enumerate(idx.tolist()):
+                self.h5_images().read_direct(out, np.s_[i : i + 1], np.s_[pos : pos + 1])
+            if checks is not None:
+                checks.many(idx, out)
+            return
+        offsets = self.sample_offsets(idx)  # mapped: NOTE [ Mapped raw reads ]
+        if not offsets.size:
+            return
+        # in file order (measured ~15% faster than batch order), each to its place
+        order = np.argsort(offsets, kind="stable")
+        source = self.source
+        assert isinstance(source, LocalSource)  # a local uncompressed pack's
+        mapped = source.mapped(int(offsets.max()) + self.sample_bytes)
+        into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        copy_mapped(idx, order, offsets[order], mapped, into, checks)
+        if into is not out:
+            out[...] = into

@@ -268,7 +268,7 @@ def shard_problems(
 ) -> tuple[PackMeta | None, list[str]]:
     """Return the metadata of the shard at ``url`` and how it differs from this conversion's."""
     try:
-        with fmt.open_h5(url, store=store) as handle:
+        with fmt.open_index(url, store=store) as handle:
             meta = fmt.read_meta(handle, url)
             fmt.read_paths(handle, meta)
     except FormatError as err:

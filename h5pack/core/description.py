@@ -1,0 +1,203 @@
+"""The one read-side description of a pack (``PackIndex``), and HDF5's of a pack without an index.
+
+``PackIndex``: a pack's root attributes, its datasets' names, shapes and arrays, how its
+images are stored (``ImagesLayout``) and their chunk index (``ChunkIndex``). Two kinds:
+``core.index.CompactIndex`` parses a pack's compact index (NOTE [ Compact index ]);
+``HDF5Index`` describes a pack without one (written before the index, or local) from HDF5's
+metadata, read as asked. ``format.read_meta`` validates either, the direct chunk path reads
+the chunk index either gives, and h5py is opened (``hdf5``) only for what HDF5 alone reads:
+a codec outside ``read.direct``, a virtual pack.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import h5py
+import numpy as np
+
+from h5pack.core.integrity import PackIdentity
+from h5pack.core.source import ByteSource
+
+IMAGES = "images"  # format.IMAGES (imported there from here would be a cycle)
+PATHS = "paths"
+
+
+@dataclass(frozen=True)
+class ImagesLayout:
+    """How the images dataset is stored: what the direct chunk path needs to know.
+
+    Attributes:
+        shape: The dataset's shape.
+        dtype: Its element type.
+        chunks: Its chunk shape, or None when contiguous.
+        compression: h5py's name of its compression filter (or the plugin's id), or None.
+        compression_opts: The filter's options as stored.
+        filters: ``(filter id, values)`` of each filter of its pipeline, in order.
+        offset: The file offset of a contiguous dataset's data (None: chunked, or none yet).
+        virtual: Whether it is an HDF5 virtual dataset (``merge --virtual``).
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    chunks: tuple[int, ...] | None
+    compression: Any
+    compression_opts: Any
+    filters: tuple[tuple[int, tuple[int, ...]], ...]
+    offset: int | None
+    virtual: bool = False
+
+
+class ChunkIndex(NamedTuple):
+    """Every stored chunk of the images: its position, file offset, size and filter mask."""
+
+    positions: np.ndarray  # (n, ndim) int64: the chunk's first element
+    offsets: np.ndarray  # (n,) int64
+    sizes: np.ndarray  # (n,) int64
+    masks: np.ndarray  # (n,) int64: bit i set, filter i was skipped
+
+
+class PackIndex(ABC):
+    """A pack's read-side description (NOTE [ Compact index ]); a context manager.
+
+    Attributes:
+        path: The pack's path or URL, for messages.
+        source: The pack's bytes where the description knows them (a URL's), else None.
+    """
+
+    path: str
+    source: ByteSource | None = None
+
+    @property
+    @abstractmethod
+    def attrs(self) -> Mapping[str, Any]:
+        """The root attributes."""
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """Return the root's dataset names."""
+
+    @abstractmethod
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Return dataset ``name``'s shape."""
+
+    @abstractmethod
+    def array(self, name: str) -> np.ndarray:
+        """Return dataset ``name`` whole (strings as an object array of bytes)."""
+
+    @abstractmethod
+    def images(self) -> ImagesLayout:
+        """Return how the images are stored."""
+
+    @abstractmethod
+    def chunk_index(self) -> ChunkIndex:
+        """Return the images' stored chunks (a chunked dataset)."""
+
+    @abstractmethod
+    def paths(self) -> Any:
+        """Return the paths dataset, sliceable (read slab by slab, never at open)."""
+
+    @abstractmethod
+    def hdf5(self) -> h5py.File:
+        """Return the pack opened by HDF5, for what only HDF5 reads (opened on first use)."""
+
+    def identity(self, pack_id: str | None) -> PackIdentity | None:
+        """Return the identity of what was opened (None: ask the HDF5 file's descriptor)."""
+        if self.source is None:
+            return None
+        found = self.source.identity()
+        return PackIdentity.remote(pack_id, found.size, found.tag)
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close what the description holds open."""
+
+    def __enter__(self) -> PackIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class HDF5Index(PackIndex):
+    """A pack described from HDF5's metadata, read as asked (a pack without an index).
+
+    Args:
+        handle: The open file (closed by ``close``).
+        path: Its path or URL.
+        source: Its bytes, where they are not the local file's.
+    """
+
+    def __init__(self, handle: h5py.File, path: str, source: ByteSource | None = None) -> None:
+        self.handle, self.path, self.source = handle, path, source
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        """The root attributes (read as asked: a damaged root is met inside a check)."""
+        found: Mapping[str, Any] = self.handle.attrs
+        return found
+
+    def names(self) -> list[str]:
+        """Return the dataset names (a group's as ``group/name``: ``/fields``)."""
+        found = []
+        for name, item in self.handle.items():
+            found += [f"{name}/{c}" for c in item] if isinstance(item, h5py.Group) else [name]
+        return found
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Return dataset ``name``'s shape."""
+        return tuple(int(s) for s in self.handle[name].shape)
+
+    def array(self, name: str) -> np.ndarray:
+        """Return dataset ``name`` whole."""
+        return np.asarray(self.handle[name][()])
+
+    def images(self) -> ImagesLayout:
+        """Return how the images are stored (from the dataset's creation properties)."""
+        images = self.handle[IMAGES]
+        plist = images.id.get_create_plist()
+        filters = []
+        for i in range(plist.get_nfilters()):
+            filter_id, _flags, values, _name = plist.get_filter(i)
+            filters.append((int(filter_id), tuple(int(v) for v in values)))
+        virtual = bool(images.is_virtual)
+        offset = images.id.get_offset() if images.chunks is None and not virtual else None
+        return ImagesLayout(
+            shape=tuple(int(s) for s in images.shape),
+            dtype=images.dtype,
+            chunks=tuple(int(c) for c in images.chunks) if images.chunks else None,
+            compression=images.compression,
+            compression_opts=images.compression_opts,
+            filters=tuple(filters),
+            offset=None if offset is None else int(offset),
+            virtual=virtual,
+        )
+
+    def chunk_index(self) -> ChunkIndex:
+        """Return the images' stored chunks (``chunk_iter``)."""
+        found: list[tuple[tuple[int, ...], int, int, int]] = []
+        self.handle[IMAGES].id.chunk_iter(
+            lambda info: found.append(
+                (tuple(info.chunk_offset), info.byte_offset, info.size, info.filter_mask)
+            )
+        )
+        ndim = len(self.handle[IMAGES].shape)
+        rows = np.array([f[1:] for f in found], dtype=np.int64).reshape(-1, 3)
+        positions = np.array([f[0] for f in found], dtype=np.int64).reshape(-1, ndim)
+        return ChunkIndex(positions, rows[:, 0], rows[:, 1], rows[:, 2])
+
+    def paths(self) -> Any:
+        """Return the paths dataset."""
+        return self.handle[PATHS]
+
+    def hdf5(self) -> h5py.File:
+        """Return the open file."""
+        return self.handle
+
+    def close(self) -> None:
+        """Close the file."""
+        if self.handle.id.valid:
+            self.handle.close()
