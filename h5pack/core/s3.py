@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,6 +105,8 @@ class S3Options:
     max_backoff_s: float = 5.0
     max_in_flight: int = 16
     ranged_gets: Literal["lean", "botocore"] = "lean"
+    # Where ``endpoint`` was set, for messages (resolve_options); not an option itself.
+    endpoint_source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ranged_gets not in ("lean", "botocore"):
@@ -129,7 +131,7 @@ class S3Options:
         Raises:
             OptionsError: an unknown key, or a value of the wrong kind.
         """
-        kinds = {f.name: f.type for f in fields(cls)}
+        kinds = {f.name: f.type for f in fields(cls) if f.compare}
         values: dict[str, Any] = {}
         for key, value in storage_options.items():
             name = ALIASES.get(key, key)
@@ -165,9 +167,16 @@ def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, s
 def resolve_options(storage_options: Mapping[str, Any] | None) -> S3Options:
     """Return the environment's options overridden by ``storage_options``."""
     merged: dict[str, Any] = environment_options()
+    source = "set by AWS_ENDPOINT_URL" if merged.get("endpoint") else ""
     for key, value in (storage_options or {}).items():
         merged[ALIASES.get(key, key)] = value
-    return S3Options.of(merged)
+        if ALIASES.get(key, key) == "endpoint" and value:
+            source = "set by the storage option endpoint (--storage-option endpoint=...)"
+    options = S3Options.of(merged)
+    if not options.endpoint:
+        profile = f"profile {options.profile!r}" if options.profile else "the default profile"
+        source = f"no AWS_ENDPOINT_URL or storage option endpoint: {profile}'s, else AWS's"
+    return replace(options, endpoint_source=source)
 
 
 _RETRIED_CODES = {
@@ -440,8 +449,8 @@ class S3Source(ByteSource):
                     raise
                 last = f"{type(err).__name__}: {err}"
         raise RemoteError(
-            f"{self.url}: {what} could not be read after {self.options.attempts} attempts; "
-            f"last cause: {last}"
+            f"{self.url}: {what} could not be read after {self.options.attempts} attempts "
+            f"from {self._where()}; last cause: {last}"
         )
 
     def _client_error(self, err: Any, what: str) -> str:
@@ -485,7 +494,10 @@ class S3Source(ByteSource):
         ) from None
 
     def _where(self) -> str:
-        return self.options.endpoint or "AWS S3"
+        """Return the endpoint requests go to and where it was set."""
+        endpoint = self.options.endpoint or str(self.client().meta.endpoint_url)
+        source = self.options.endpoint_source
+        return f"{endpoint} ({source})" if source else endpoint
 
     def read_all(self) -> bytes:
         """Return the whole object (one GET): a manifest."""
