@@ -516,7 +516,7 @@ def test_one_word_one_meaning_for_ratio() -> None:
 
     assert "ratio" not in COLUMNS
     assert "pixels/file" in COLUMNS
-    assert any("h5pack info's ratio is another figure" in note for note in NOTES)
+    assert any("h5pack info's ratio is the stored bytes over the file's" in note for note in NOTES)
 
 
 def test_compare_reads_through_the_decoded_cache(folder: Path, tmp_path: Path) -> None:
