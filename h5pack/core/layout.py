@@ -66,21 +66,16 @@ PLUGIN_FILTERS: dict[int, str] = {
 MAX_CHUNK_BYTES = 2**32 - 1
 
 # Default byte target of one chunk. See docs/ARCHITECTURE.md ("Chunk size") and
-# BENCHMARKS.md for the measurement behind it.
+# docs/decisions/0021 for the measurement behind it.
 DEFAULT_CHUNK_BYTES = 8 * 2**20
 
 # Level ranges per codec, and the level used when none is given.
 #
-# NOTE [ Default levels ]: chosen from the trade-off measured on ImageNet-like photos, as
-# 256x256 and as full-size pixels (scripts/bench_convert.py --parts levels; BENCHMARKS.md,
-# "Conversion speed"). A pack is written once and read every epoch, and decompression
-# barely depends on these levels (zstd 730-950 MB/s per core, lz4 2.1-3.1 GB/s), so a
-# level weighs a one-off conversion time against the file's size. zstd 3 (zstd's own): 2
-# is 1.6-1.9x faster but 3.4-3.7% larger, 5 is 1.8-1.9x slower for 0.1-3.6% less.
-# blosc-zstd 3: blosc's own 5 was 1.5-1.8x slower for 1.1-2.3% less. blosc-lz4 9: 5-8%
-# smaller than 5 for 1.5-1.6x its compression time (a 2-process conversion 4% slower at
-# 256x256, 17% at full size; it then matches plain lz4). gzip 4: a flat curve, 2 is
-# 1.2-1.3x faster for 0.8-1.4% more.
+# NOTE [ Default levels ]: a pack is written once and read every epoch, and decompression
+# barely depends on the level, so a level weighs a one-off conversion time against the
+# file's size: a step that buys a few percent of size for a modest slowdown is taken, one
+# that buys ~1% for a large one is not. The sweep, its figures and command:
+# docs/decisions/0021.
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),
     "zstd": (1, 22, 3),
@@ -365,9 +360,9 @@ def cache_settings(
     """Return ``h5py.File`` chunk-cache keyword arguments for reading a window of chunks.
 
     Uncompressed chunks get no cache: HDF5 then reads a selection straight from the file,
-    which measured ~6x faster than going through the default cache (docs/ARCHITECTURE.md,
-    "Chunk cache"). Compressed chunks get room for the whole window, so that a chunk is
-    decompressed once while its window is being consumed.
+    faster than through the default cache (docs/ARCHITECTURE.md, "Chunk cache"). Compressed
+    chunks get room for the whole window, so that a chunk is decompressed once while its
+    window is being consumed.
     """
     if not compressed:
         return {"rdcc_nbytes": 0, "rdcc_nslots": 1, "rdcc_w0": 1.0}

@@ -1,9 +1,9 @@
 """Opening a pack for reading: its description, its metadata checked, its one byte path.
 
 A URL's pack is described once (its compact index: 1-2 requests, NOTE [ Compact index ]); a
-local one is described from HDF5 (``core.index``), then opened again with the chunk cache its
-metadata asks for. The images' chunk index comes from the description; h5py's images
-dataset is opened only when HDF5 must read (``StoredImages.h5_images``).
+local one is described from HDF5 (``core.description``), then opened again with the chunk
+cache its metadata asks for. The images' chunk index comes from the description; h5py's
+images dataset is opened only when HDF5 must read (``StoredImages.h5_images``).
 """
 
 from __future__ import annotations

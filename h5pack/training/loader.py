@@ -46,8 +46,8 @@ RING_SPARE_SLOTS = 3
 
 # NOTE [ Loader defaults ]
 #
-# Each default of ``make_loader`` and why (measurements: ARCHITECTURE.md "Loader defaults",
-# BENCHMARKS.md):
+# Each default of ``make_loader`` and why (docs/ARCHITECTURE.md "Loader defaults"; the
+# measurements: docs/decisions/0014, 0015 and BENCHMARKS.md):
 # - sampler: ``ChunkBatchSampler`` told the real ``num_workers``: each worker reads its own
 #   windows, each chunk decompressed once per epoch.
 # - ``num_workers="auto"``: a raw pack read as stored, without a transform, is read in the

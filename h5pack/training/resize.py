@@ -24,16 +24,16 @@ __all__ = [
 # filter (interpolate(mode="bilinear", antialias=True), written to match Pillow: within one
 # grey level). The kernel is called through the ``out=`` variant of its ATen op,
 # torch.ops.aten._upsample_bilinear2d_aa.out, on a channels-last view of the batch slot, so
-# it writes in place; the public F.interpolate returns a new NCHW tensor and costs ~4x more
-# with the copy into the batch. The op's name is torch's own, not a promise: where it is
-# missing the public call and a copy take its place (resize_route() says which runs, as
-# does the machine description of every benchmark). The op releases the GIL. Its input is
-# copied contiguous with numpy first: torch's own copy of a row-strided box runs on its
-# intra-op threads and stalls on a busy machine; torch.from_numpy also refuses read-only
-# arrays (the cached images). Enlarging boxes go to cv2.resize(INTER_LINEAR): Pillow's
-# BILINEAR does not widen its support when enlarging, so OpenCV's plain bilinear gives the
-# same filter within one grey level, for less CPU (BENCHMARKS.md, "FFCV side by side").
-# ENLARGE_WITH_OPENCV = False sends every box to torch (benchmarks compare the two).
+# it writes in place; the public F.interpolate returns a new NCHW tensor and costs more
+# with the copy into the batch (docs/decisions/0004). The op's name is torch's own, not a
+# promise: where it is missing the public call and a copy take its place (resize_route()
+# says which runs, as does the machine description of every benchmark). The op releases the
+# GIL. Its input is copied contiguous with numpy first: torch's own copy of a row-strided
+# box runs on its intra-op threads and stalls on a busy machine; torch.from_numpy also
+# refuses read-only arrays (the cached images). Enlarging boxes go to
+# cv2.resize(INTER_LINEAR): Pillow's BILINEAR does not widen its support when enlarging, so
+# OpenCV's plain bilinear gives the same filter within one grey level, for less CPU
+# (docs/decisions/0019). ENLARGE_WITH_OPENCV = False sends every box to torch.
 _AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
 
 
