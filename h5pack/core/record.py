@@ -106,7 +106,7 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
     digests[fmt.PATHS] = _write_paths(handle, record.paths)
     for spec in rest:
         numeric(spec)
-    for stored in stored_fields(record.fields):  # NOTE [ Stored fields ] in core.fields
+    for stored in stored_fields(record.fields):  # NOTE [ Stored fields ] in core.fieldkinds
         if stored.name not in record.columns:
             raise FormatError(f"field {stored.name!r} is listed, but has no values")
         digests.update(

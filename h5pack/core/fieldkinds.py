@@ -1,0 +1,348 @@
+"""The kinds of field: one small frozen class per kind of value a pack stores.
+
+Each ``Field`` knows its datasets (``core.format`` spells their names), how to check and
+write a column of values (one per sample, in pack order), how to read the values of some
+samples back and how to collate a batch of them. The spatial kinds (a mask, boxes) are in
+``core.spatialfields``; the pack's listing and selection in ``core.fields``.
+
+NOTE [ Stored fields ]: the image, the label and the key keep the root datasets of format
+1.0 (the images pipeline writes and reads them). Every other field lives under the group
+``/fields``: a fixed-size value per sample as one ``(N, *shape)`` dataset, a variable one
+as its values back to back plus ``NAME.offsets`` (int64, N + 1), like an encoded image
+blob. Their chunks hold the samples of about one image chunk, so the samples of a group are
+read in one or two chunk reads per dataset. Each dataset's CRC32 is in ``metadata_crc32``
+(``h5pack verify`` checks it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import h5py
+import numpy as np
+
+from h5pack.core import format as fmt
+from h5pack.core import integrity
+from h5pack.core.fieldblocks import blocks_of
+from h5pack.errors import OptionsError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IMAGE, LABEL, KEY = fmt.IMAGE_FIELD, fmt.LABEL_FIELD, fmt.KEY_FIELD
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named value of every sample: the base of every kind.
+
+    Attributes:
+        name: The field's name (a Python identifier): the key of its batch entry.
+    """
+
+    name: str
+    kind: ClassVar[str] = ""
+    spatial: ClassVar[bool] = False  # transformed with the image's crop and flip
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the field's entry of the pack's listing (JSON-ready)."""
+        return {"name": self.name, "kind": self.kind}
+
+    def datasets(self) -> tuple[str, ...]:
+        """Return the names of the datasets that hold this field."""
+        return (fmt.field_dataset(self.name),)
+
+    def collate(self, values: Sequence[Any]) -> Any:
+        """Return a batch of values as the loader delivers it (a list unless overridden)."""
+        return list(values)
+
+
+@dataclass(frozen=True)
+class ImageField(Field):
+    """The image: encoded bytes or raw pixels in ``/images`` (``core.format``'s storages)."""
+
+    kind: ClassVar[str] = "image"
+    spatial: ClassVar[bool] = True
+
+    def datasets(self) -> tuple[str, ...]:  # noqa: D102
+        return (fmt.IMAGES, fmt.OFFSETS, fmt.SIZES, fmt.SHAPES, fmt.CHECKSUMS, fmt.SAMPLE_XXH3)
+
+
+@dataclass(frozen=True)
+class LabelField(Field):
+    """The class label: int64 in ``/labels`` (-1 unlabelled), its names in ``/classes``."""
+
+    kind: ClassVar[str] = "label"
+
+    def datasets(self) -> tuple[str, ...]:  # noqa: D102
+        return (fmt.LABELS, fmt.CLASSES)
+
+    def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
+        import torch
+
+        return torch.as_tensor(np.asarray(values, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class KeyField(Field):
+    """The sample's name in its source (its relative path) in ``/paths``."""
+
+    kind: ClassVar[str] = "key"
+
+    def datasets(self) -> tuple[str, ...]:  # noqa: D102
+        return (fmt.PATHS,)
+
+
+@dataclass(frozen=True)
+class StoredField(Field):
+    """A field of the group ``/fields``: checked, written and read by its own class."""
+
+    def column(self, values: Any, num: int) -> Any:
+        """Return ``values`` (one per sample) checked and in their stored form.
+
+        Raises:
+            OptionsError: not one value per sample, or a value of the wrong type or shape.
+        """
+        raise NotImplementedError
+
+    def take(self, column: Any, positions: np.ndarray) -> Any:
+        """Return the values at ``positions`` of a column (write order, skipped left out)."""
+        if isinstance(column, np.ndarray):
+            return column[positions]
+        return [column[int(p)] for p in positions]
+
+    def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:
+        """Write a column of every sample; return the digest of each dataset written."""
+        raise NotImplementedError
+
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:
+        """Return the values of samples ``indices`` (``shapes``: their images' (H, W, C)).
+
+        ``source`` is the open pack, or a reader's ``FieldBlocks`` over it.
+        """
+        raise NotImplementedError
+
+    def transform(
+        self, value: Any, box: Any, flip: bool, size: tuple[int, int]
+    ) -> Any:  # pragma: no cover - only spatial fields are transformed
+        """Return ``value`` after its image's crop ``box``, resize to ``size`` and ``flip``."""
+        raise NotImplementedError
+
+    def digests(self, handle: Any) -> dict[str, str]:
+        """Return the digest of each of this field's datasets as stored (``verify``)."""
+        found = {}
+        for name in self.datasets():
+            data = handle[name][()]
+            found[name] = integrity.array_digest(data, data.dtype.newbyteorder("<").str)
+        return found
+
+    def _count(self, values: Any, num: int) -> None:
+        if len(values) != num:
+            raise OptionsError(
+                f"field {self.name!r} should have one value per sample ({num}), but got "
+                f"{len(values)}"
+            )
+
+
+@dataclass(frozen=True)
+class ScalarField(StoredField):
+    """A number per sample (int or float): ``/fields/NAME``, shape (N,).
+
+    Attributes:
+        dtype: Its numpy dtype, little-endian (``"<f4"``, ``"<i8"``...).
+    """
+
+    dtype: str = "<i8"
+    kind: ClassVar[str] = "scalar"
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        object.__setattr__(self, "dtype", _numeric(self.dtype, self.name))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of one value."""
+        return ()
+
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {**super().to_dict(), "dtype": self.dtype, "shape": list(self.shape)}
+
+    def column(self, values: Any, num: int) -> Any:  # noqa: D102
+        data = np.asarray(values)
+        self._count(data, num)
+        if data.shape[1:] != self.shape:
+            raise OptionsError(
+                f"field {self.name!r} should hold values of shape {self.shape}, but got "
+                f"{data.shape[1:]}"
+            )
+        return np.ascontiguousarray(data.astype(np.dtype(self.dtype)))
+
+    def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
+        return {self.datasets()[0]: _write(handle, self.datasets()[0], column, rows_per_chunk)}
+
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
+        return list(blocks_of(source).rows(self.datasets()[0], indices))
+
+    def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
+        import torch
+
+        return torch.from_numpy(np.stack([np.asarray(v, dtype=self.dtype) for v in values]))
+
+
+@dataclass(frozen=True)
+class ArrayField(ScalarField):
+    """A fixed-shape array per sample: ``/fields/NAME``, shape (N, *shape).
+
+    Attributes:
+        dims: The shape of one value.
+    """
+
+    dims: tuple[int, ...] = ()
+    kind: ClassVar[str] = "array"
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # noqa: D102
+        return tuple(int(d) for d in self.dims)
+
+
+@dataclass(frozen=True)
+class RaggedField(StoredField):
+    """A variable number of rows per sample (boxes: n x 4 float32): values and offsets.
+
+    ``/fields/NAME`` holds every sample's rows back to back, shape (total, *dims);
+    ``/fields/NAME.offsets`` (int64, N + 1) where each sample's rows start.
+
+    Attributes:
+        dtype: The values' numpy dtype, little-endian.
+        dims: The shape of one row (``(4,)`` for boxes; ``()`` for a list of numbers).
+    """
+
+    dtype: str = "<f4"
+    dims: tuple[int, ...] = ()
+    kind: ClassVar[str] = "ragged"
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        object.__setattr__(self, "dtype", _numeric(self.dtype, self.name))
+        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {**super().to_dict(), "dtype": self.dtype, "shape": list(self.dims)}
+
+    def datasets(self) -> tuple[str, ...]:  # noqa: D102
+        return (fmt.field_dataset(self.name), fmt.field_dataset(self.name, fmt.FIELD_OFFSETS))
+
+    def column(self, values: Any, num: int) -> Any:  # noqa: D102
+        self._count(values, num)
+        found = []
+        for i, value in enumerate(values):
+            array = self._value(value)
+            if array.shape[1:] != self.dims:
+                raise OptionsError(
+                    f"field {self.name!r}: sample {i} should hold rows of shape {self.dims}, "
+                    f"but got an array of shape {array.shape}"
+                )
+            found.append(array)
+        return found
+
+    def _value(self, value: Any) -> np.ndarray:
+        return np.asarray(value, dtype=np.dtype(self.dtype)).reshape(-1, *self.dims)
+
+    def _flat(self, column: Sequence[Any]) -> np.ndarray:
+        if not column:
+            return np.zeros((0, *self.dims), dtype=self.dtype)
+        return np.concatenate([np.asarray(v).reshape(-1, *self.dims) for v in column])
+
+    def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
+        values, offsets = self.datasets()
+        counts = [len(np.asarray(v).reshape(-1, *self.dims)) for v in column]
+        ends = np.zeros(len(column) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ends[1:])
+        per_sample = max(1, int(ends[-1]) // max(1, len(column)))
+        return {
+            values: _write(handle, values, self._flat(column), rows_per_chunk * per_sample),
+            offsets: _write(handle, offsets, ends, rows_per_chunk),
+        }
+
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
+        blocks = blocks_of(source)
+        values, offsets = self.datasets()
+        idx = np.asarray(indices, dtype=np.int64)
+        bounds = blocks.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
+        step = blocks.step(values)
+        return [
+            self._shaped(blocks.span(values, start, stop, step), shapes[k])
+            for k, (start, stop) in enumerate(
+                zip(bounds[: idx.size], bounds[idx.size :], strict=True)
+            )
+        ]
+
+    def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
+        return value
+
+    def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
+        import torch
+
+        return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+
+
+@dataclass(frozen=True)
+class BytesField(RaggedField):
+    """Bytes per sample: ``/fields/NAME`` (uint8) and its offsets."""
+
+    dtype: str = "|u1"
+    kind: ClassVar[str] = "bytes"
+
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"name": self.name, "kind": self.kind}
+
+    def _value(self, value: Any) -> np.ndarray:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise OptionsError(f"field {self.name!r} holds bytes, but got {type(value).__name__}")
+        return np.frombuffer(bytes(value), dtype=np.uint8)
+
+    def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
+        return value.tobytes()
+
+    def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
+        return list(values)
+
+
+@dataclass(frozen=True)
+class TextField(BytesField):
+    """UTF-8 text per sample (a caption): stored as its bytes."""
+
+    kind: ClassVar[str] = "text"
+
+    def _value(self, value: Any) -> np.ndarray:
+        if not isinstance(value, str):
+            raise OptionsError(f"field {self.name!r} holds text, but got {type(value).__name__}")
+        return np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+
+    def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
+        return value.tobytes().decode("utf-8")
+
+
+def check_name(name: str) -> None:
+    """Raise ``OptionsError`` unless ``name`` is an identifier other than image, label, key."""
+    if not _NAME.match(name) or name in (IMAGE, LABEL, KEY):
+        raise OptionsError(
+            f"a field's name should be a Python identifier other than {IMAGE!r}, {LABEL!r} "
+            f"and {KEY!r}, but got {name!r}"
+        )
+
+
+def _numeric(dtype: str, name: str) -> str:
+    found = np.dtype(dtype)
+    if found.kind not in "biuf":
+        raise OptionsError(f"field {name!r} should hold numbers, but got dtype {found}")
+    return found.newbyteorder("<").str if found.itemsize > 1 else found.str
+
+
+def _write(handle: h5py.File, name: str, data: np.ndarray, rows: int) -> str:
+    """Write ``data`` as the dataset ``name`` in chunks of ``rows``; return its digest."""
+    data = np.ascontiguousarray(data)
+    chunks = (max(1, min(rows, len(data))), *data.shape[1:]) if len(data) else None
+    handle.create_dataset(name, data=data, chunks=chunks)
+    return integrity.array_digest(data, data.dtype.newbyteorder("<").str)
