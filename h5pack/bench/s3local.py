@@ -100,7 +100,7 @@ class S3Server:
                 os.devnull,
                 # NOTE [ rclone's caches ]: rclone keeps the folder's listing and each file's
                 # MD5 (its ETag) for --dir-cache-time; without that cache it hashes the
-                # whole file at every request (~130 ms per GET of a 30 MiB object). Writers
+                # whole file at every request (docs/decisions/0025). Writers
                 # into the folder call ``forget`` (its remote control's vfs/forget) instead.
                 "--rc",
                 "--rc-addr",
@@ -259,7 +259,7 @@ class FaultProxy:
             def setup(self) -> None:
                 super().setup()
                 # headers and body are two writes: without this, Nagle's algorithm and the
-                # client's delayed ACK add ~40 ms to every small answer
+                # client's delayed ACK delay every small answer (docs/decisions/0025)
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def log_message(self, format: str, *args: object) -> None:

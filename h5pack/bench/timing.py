@@ -3,7 +3,7 @@
 # NOTE [ Timing enough work ]
 #
 # An epoch of a small or fast pack lasts milliseconds, and a few milliseconds of scheduling
-# noise then swing its rate by half (epochs of 10-35 ms gave spreads of ±76%).
+# noise then swing its rate by half (docs/decisions/0025).
 # ``time_interleaved`` times runs of several epochs, at least ``min_run_s`` each, and
 # interleaves the measurements it compares (A B C A B C ...), so that a drift of the machine
 # (another job, the CPU clock) falls on each alike. While a measurement's spread stays above

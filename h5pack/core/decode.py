@@ -229,9 +229,8 @@ def _decode_pillow(image: Image.Image, name: str, *, pixels: bool = True) -> np.
 # transparency or EXIF rotation decoded by Pillow into 3 channels, the array is exactly
 # Pillow's own pixels, so ``decode_resized`` resizes the loaded Pillow image itself, and
 # ``decoded_size`` (encoded packs: the file must decode, its pixels are not kept) only loads
-# it. Every other image takes the general path. Same pixels, same errors; per 500x375 JPEG
-# on the development VM, decode+resize to 256x256 went from 2.19 to ~1.9 ms and an
-# encoded pack's check from 0.84 to ~0.64 ms (scripts/bench_convert.py).
+# it. Every other image takes the general path. Same pixels, same errors, less CPU
+# (docs/decisions/0025).
 
 
 def _plain_rgb(image: Image.Image) -> bool:

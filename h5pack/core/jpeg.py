@@ -4,8 +4,8 @@
 #
 # The training pipeline needs, before decoding a JPEG, what ``Image.open`` tells: the size
 # (to plan the box), the mode and the EXIF orientation. Pillow parses every marker in
-# Python (quantisation tables included) and builds an Exif object: ~200 us of CPU per
-# ImageNet-sized photo, a sixth of the whole sample. ``read_jpeg_header`` walks the markers
+# Python (quantisation tables included) and builds an Exif object: a sizeable share of a
+# sample's CPU (docs/decisions/0025). ``read_jpeg_header`` walks the markers
 # up to the first scan with ``struct`` and reads only SOFn and the first EXIF APP1. It
 # answers only for files it understands completely (8-bit, 1, 3 or 4 components, a
 # well-formed TIFF directory with at most one orientation tag of type SHORT, no XMP, which

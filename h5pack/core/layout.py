@@ -74,7 +74,7 @@ DEFAULT_CHUNK_BYTES = 8 * 2**20
 # NOTE [ Default levels ]: a pack is written once and read every epoch, and decompression
 # barely depends on the level, so a level weighs a one-off conversion time against the
 # file's size: a step that buys a few percent of size for a modest slowdown is taken, one
-# that buys ~1% for a large one is not. The sweep, its figures and command:
+# that buys little for a large one is not. The sweep, its figures and command:
 # docs/decisions/0021.
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),

@@ -135,7 +135,7 @@ class GroupWindow:
             jobs = list(zip(missing, plans, [self.take_buffer(n) for _, n in plans], strict=True))
             if len(missing) > 1 and self.threads > 1 and self.stored.table is not None:
                 # one wait for all, not one per result (Executor.map's): each wake-up of this
-                # thread took a core from a decompressing one (2 cores: ~10% per batch)
+                # thread took a core from a decompressing one (docs/decisions/0025)
                 futures = [self.executor().submit(load, *job) for job in jobs]
                 wait(futures)
                 loaded = [future.result() for future in futures]

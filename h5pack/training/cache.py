@@ -64,9 +64,9 @@ DEFAULT_CACHE_FRACTION = 0.25
 # NOTE [ writing pixels ]
 #
 # On the memfd, ``put`` writes the pixels with ``pwrite``: the kernel allocates and fills the
-# new pages, 220 us for a 500x375x3 image on the 2-core machine, against 480 us through the
-# mapping, where every new page is a write fault (fault-around maps 16 pages per fault for
-# reads only). Readers fault the pages in (read faults, 16 pages at a time), once per process.
+# new pages, faster than writing through the mapping, where every new page is a
+# write fault (fault-around maps 16 pages per fault for reads only; docs/decisions/0025).
+# Readers fault the pages in (read faults, 16 pages at a time), once per process.
 #
 # NOTE [ cache lock ]
 #

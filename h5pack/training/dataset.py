@@ -331,9 +331,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
         if pipeline is not None:
             # The pipeline's resize kernel, imported here, before DataLoader workers fork:
-            # imported by each worker at its first batch instead, it cost every worker of
-            # every epoch 0.02-0.15 s of CPU (a remote pack's workers the most: +500 us per
-            # image over 600 JPEGs, 2 workers; bench_s3.py's jpeg arm, s3fast)
+            # imported by each worker at its first batch instead, it cost every worker CPU
+            # every epoch, a remote pack's the most (docs/decisions/0025)
             import cv2  # noqa: F401
         if isinstance(cache, CacheSpec):
             if self.meta.mode == "raw":

@@ -178,8 +178,7 @@ def collate_batch(batch: Sequence[Any]) -> Any:
     images = empty_uint8((len(batch), *first.shape))
     # NOTE [ numpy copies ]: copying through numpy views keeps torch's intra-op thread pool
     # asleep; ``Tensor.copy_`` wakes it for every image, and on a small machine its
-    # spinning threads steal the cores that decode the next images (an in-process epoch of
-    # an encoded pack ran ~1.2x faster this way on 2 cores).
+    # spinning threads steal the cores that decode the next images (docs/decisions/0025).
     target = images.numpy()
     for j, sample in enumerate(batch):
         target[j] = sample[0].numpy()

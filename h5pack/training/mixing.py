@@ -384,7 +384,7 @@ def mean_entropy(groups: np.ndarray, labels: np.ndarray, span: int) -> float:
     """
     keys = groups.astype(np.int64) * span + labels
     if keys.size and int(keys.max()) < max(8 * keys.size, 2**20):
-        # few distinct keys possible: count them without sorting (O(n), ~10x faster)
+        # few distinct keys possible: count them without sorting (O(n); decisions/0025)
         every = np.bincount(keys)
         keys = np.flatnonzero(every)
         counts = every[keys]

@@ -143,7 +143,7 @@ class _Record:
         self.positions = np.zeros(max(1, capacity), dtype=np.int64)
         self.shapes = np.zeros((max(1, capacity), 3), dtype=np.int32)
         self.crcs = np.zeros(max(1, capacity), dtype=np.uint32)
-        # XXH3 at memory speed in the parent: ~4 ms per 200 MB of samples (core.integrity)
+        # XXH3 at memory speed in the parent (core.integrity; docs/decisions/0025)
         self.digests = (
             np.zeros(max(1, capacity), dtype=np.uint64) if integrity.has_sample_digest() else None
         )

@@ -83,9 +83,9 @@ def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
     if address == "local":
         import dask
 
-        # NOTE [ Dask's profiler ]: each worker samples its threads' stacks every 10 ms;
-        # measured here, that cost ~0.3 ms of CPU per image (~10% of a conversion on 2
-        # cores). The workers of a LocalCluster are started without it.
+        # NOTE [ Dask's profiler ]: each worker samples its threads' stacks every 10 ms, a
+        # cost per image a conversion notices (docs/decisions/0025). The workers of a
+        # LocalCluster are started without it.
         with dask.config.set({"distributed.worker.profile.enabled": False}):
             cluster = distributed.LocalCluster(
                 n_workers=workers or available_cores(),
@@ -116,8 +116,7 @@ def run_shard(task: ShardTask) -> ShardReport:
     """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
     with _ONE_SHARD, worker_pool(1) as executor:
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 for its workers: without this the
-        # tasks took 4.0 ms of CPU per image against 2.6 in the pool
-        # (scripts/bench_convert.py --parts shards).
+        # tasks took more CPU per image than the pool (docs/decisions/0025).
         keep_freed_memory()
         # A task Dask runs again after its worker died finds what that worker left (a
         # shard bound for a bucket: its staging directory and upload, swept when written).
