@@ -11,8 +11,10 @@ from tests.helpers import random_arrays
 
 def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
     from h5pack.core import format as fmt
+    from h5pack.core import names
 
-    monkeypatch.setattr(fmt, "PATH_SLAB", 4)  # the writer's slabs (core.record), and the reader's
+    monkeypatch.setattr(fmt, "PATH_SLAB", 4)  # the writer's slabs (core.record)
+    monkeypatch.setattr(names, "PATH_SLAB", 4)  # the reader's (core.readmeta)
     names = [f"dir/{'x' * (i % 3)}{i}.png" for i in range(10)]
     options = ConvertOptions(shuffle_samples=False)
     report = write_arrays(
