@@ -21,6 +21,7 @@ from h5pack.bench.timing import Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED
 from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
+from h5pack.core.store import LocalStore
 from h5pack.errors import OptionsError
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write.convert import write_arrays
@@ -559,7 +560,7 @@ def test_the_front_runners_are_timed_again_side_by_side(monkeypatch) -> None:
         return {name: _runs(name, rates[name], 1).patterns["chunk"].timing for name in runs}
 
     def dataset(path: str, *args: Any, remote: Any = None, **kwargs: Any) -> str:
-        asked.setdefault("storage", []).append(remote.storage_options)
+        asked.setdefault("stores", []).append(remote.store)
         return path
 
     monkeypatch.setattr(loaders, "open_dataset", dataset)
@@ -569,9 +570,10 @@ def test_the_front_runners_are_timed_again_side_by_side(monkeypatch) -> None:
         dataclasses.replace(_runs(name, rates, SIZES[name]), path=f"{name}.h5")
         for name, rates in RUN_B.items()
     ]
-    settled = settle(variants, CompareOptions(), TrainingRead(), storage_options={"region": "x"})
+    store = LocalStore()  # the one store compare chose for each pack at its edge
+    settled = settle(variants, CompareOptions(), TrainingRead(), store_for=lambda path: store)
     assert asked["runs"] == ["raw-4m", "raw-contig"]  # the front-runners, not zstd
-    assert asked["storage"] == [{"region": "x"}] * 2  # a remote pack's client settings kept
+    assert [s is store for s in asked["stores"]] == [True, True]  # each pack's store kept
     assert asked["repeats"] >= 3
     by_name = {v.name: v for v in settled}
     assert by_name["raw-4m"].patterns["chunk"].side_by_side

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from h5pack.core import format as fmt
 from h5pack.core.decode import Backend
 from h5pack.core.format import ArrayStorage, SampleStorage
 from h5pack.core.packset import is_packset
-from h5pack.core.store import open_store
+from h5pack.core.store import Store, open_store
 from h5pack.core.vocabulary import PATTERNS as PATTERNS  # re-exported
 from h5pack.core.vocabulary import Pattern as Pattern
 from h5pack.errors import OptionsError
@@ -144,21 +144,22 @@ class PackShape:
         return ReadCount(samples, loads, loads * stored)
 
 
-def pack_shape(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> PackShape:
-    """Return the shape of a pack or pack set (a URL's: read with ``storage_options``)."""
+def pack_shape(source: PackSource, store: Store | None = None) -> PackShape:
+    """Return the shape of a pack or pack set (read from ``store``; None: ``open_store``)."""
     from h5pack.bench.system import pack_files, source_bytes
     from h5pack.check import pack_info
 
     # a set's shards share one layout
-    info = pack_info(pack_files(source, storage_options)[0], storage_options=storage_options)
-    chunk_map = describe(source, store=open_store(source, storage_options)).chunk_map
+    store = store or open_store(source)
+    info = pack_info(pack_files(source, store)[0], store=store)
+    chunk_map = describe(source, store=store).chunk_map
     chunked = info.layout != "contiguous"
     return PackShape(
         num_samples=chunk_map.num_samples,
         num_chunks=chunk_map.num_chunks if chunked else 0,
         chunk_bytes=info.chunk_bytes if chunked else 0,
         compressed=info.codec != "none",
-        file_bytes=source_bytes(source, storage_options),
+        file_bytes=source_bytes(source, store),
     )
 
 

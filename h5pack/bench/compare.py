@@ -56,7 +56,7 @@ from h5pack.bench.variants import (
     choose_variants,
 )
 from h5pack.core.machine import available_memory_bytes
-from h5pack.core.store import is_url, open_store
+from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
 from h5pack.training.advice import CACHE_SHARE
@@ -113,13 +113,14 @@ def _describe_pack(
     keep: bool,
     problem: str | None,
     cold: bool,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> VariantResult:
     from h5pack.check import pack_info
 
     # a set's shards share one layout
-    info = pack_info(pack_files(path, storage_options)[0], storage_options=storage_options)
-    view = describe(path, store=open_store(path, storage_options))
+    store = store or open_store(path)
+    info = pack_info(pack_files(path, store)[0], store=store)
+    view = describe(path, store=store)
     meta = view.meta
     image_bytes = int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum())
     sizes = SizeSurvey.of((int(h), int(w)) for h, w, *_ in meta.shapes)
@@ -133,7 +134,7 @@ def _describe_pack(
         chunk_bytes=info.chunk_bytes,
         samples_per_chunk=float(np.mean(view.chunk_map.sizes())) if meta.num_samples else 0.0,
         num_samples=meta.num_samples,
-        file_bytes=source_bytes(path, storage_options),
+        file_bytes=source_bytes(path, store),
         image_bytes=image_bytes,
         convert_s=convert_s,
         command=command,
@@ -269,7 +270,8 @@ def compare(
                 results = [removed(r) for r in results]
             kept_dir = os.fspath(where) if keep else None
     else:
-        surveys = [survey_pack(path, storage_options) for path in paths]
+        stores = {os.fspath(p): open_store(p, storage_options) for p in paths}  # the edge
+        surveys = [survey_pack(path, stores[os.fspath(path)]) for path in paths]
         survey = _merged(surveys)
         plan = _plan(options, survey)
         remote = [is_url(p) for p in paths]
@@ -280,10 +282,9 @@ def compare(
         names = unique_names(paths)
         for path, name, own in zip(paths, names, surveys, strict=True):
             emit(CompareEvent("note", f"measuring {name}"))
-            measure = plan.measure(options.measure, source_bytes(path, storage_options))
-            patterns = measure_pack(
-                path, measure, on_step=_stepper(emit, name), storage_options=storage_options
-            )
+            store = stores[os.fspath(path)]
+            measure = plan.measure(options.measure, source_bytes(path, store))
+            patterns = measure_pack(path, measure, on_step=_stepper(emit, name), store=store)
             results.append(
                 _describe_pack(
                     os.fspath(path),
@@ -294,10 +295,10 @@ def compare(
                     keep=True,
                     problem=batch_problem(own, plan.train),
                     cold=measure.cold and not is_url(path),
-                    storage_options=storage_options,
+                    store=store,
                 )
             )
-        results = settle(results, options, plan.train, emit, storage_options)
+        results = settle(results, options, plan.train, emit, stores.__getitem__)
     ranked = tuple(
         result
         for group in ([results] if options.across_pixels else pixel_groups(results))

@@ -147,16 +147,16 @@ def pack_facts(setup: Setup) -> PackFacts:
     """Return the facts of the pack ``setup`` reads, with the memory available now."""
     from h5pack.check import pack_info
 
-    storage = setup.options.remote.storage_options
+    store = setup.options.remote.store
     # a set's shards share one layout
-    info = pack_info(pack_files(setup.source, storage)[0], storage_options=storage)
+    info = pack_info(pack_files(setup.source, store)[0], store=store)
     meta = setup.loader.dataset.meta
     return PackFacts(
         mode=meta.mode,
         codec=info.codec,
         layout=info.layout,
         chunk_bytes=info.chunk_bytes,
-        file_bytes=source_bytes(setup.source, storage),
+        file_bytes=source_bytes(setup.source, store),
         image_bytes=int(sum(int(h) * int(w) * int(c) for h, w, c in meta.shapes)),
         available_bytes=available_memory_bytes(),
         workers=setup.loader.workers,

@@ -29,7 +29,7 @@ from h5pack.bench.options import MeasureOptions, RemoteReading
 from h5pack.bench.reading import batch_problem, survey_pack
 from h5pack.bench.system import CacheDrop, drop_source, warm_source
 from h5pack.bench.timing import Count, Timing, time_interleaved
-from h5pack.core.store import open_store
+from h5pack.core.store import Store, open_store
 from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import (
     expected_pair_repetition,
@@ -184,6 +184,7 @@ def measure_pack(
     *,
     on_step: Callable[[str], None] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> dict[str, PatternResult]:
     """Measure ``path`` under each access pattern of ``options``.
 
@@ -196,6 +197,7 @@ def measure_pack(
         options: How to measure (default ``MeasureOptions()``).
         on_step: Called with the pattern's name after each warm-up epoch and timed run.
         storage_options: The remote client's settings for a URL, beyond the environment's.
+        store: Where the pack is kept (default: ``open_store(path, storage_options)``).
 
     Returns:
         The result of each pattern, keyed by pattern name.
@@ -205,9 +207,10 @@ def measure_pack(
         FormatError: the file is not a pack.
     """
     options = options or MeasureOptions()
-    shape = pack_shape(path, storage_options)
-    batchable = batch_problem(survey_pack(path, storage_options), options.train) is None
-    remote = open_store(path).remote
+    store = store or open_store(path, storage_options)
+    shape = pack_shape(path, store)
+    batchable = batch_problem(survey_pack(path, store), options.train) is None
+    remote = store.remote
     cold = _Cold(path) if options.cold and not remote else None
     if cold is None:
         warm_source(path)
@@ -218,7 +221,7 @@ def measure_pack(
         seed=options.seed,
         cache=options.cache,
         cache_bytes=options.cache_bytes,
-        remote=RemoteReading(storage_options=storage_options),
+        remote=RemoteReading(store=store),
     )
     loaders: dict[str, PatternLoader] = {
         pattern: PatternLoader(

@@ -8,13 +8,13 @@ read-ahead and disk cache.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from h5pack.bench.access import MEASURED, check_pattern
 from h5pack.bench.reading import TrainChoice, TrainingRead
 from h5pack.bench.variants import DEFAULT_VARIANTS, parse_variants
+from h5pack.core.store import Store
 from h5pack.errors import OptionsError
 
 
@@ -58,15 +58,15 @@ class RemoteReading:
         cache_dir: The disk cache's directory (None: the default).
         cache_disk_bytes: Its budget (None: the default; 0: no disk cache).
         cache_eviction: ``"belady"`` or ``"lru"``.
-        storage_options: The remote client's settings beyond the environment's
-            (``--storage-option``; ``ReaderOptions.storage_options``).
+        store: The store of the pack, chosen once from ``--storage-option`` (None: chosen
+            from the path with the environment's settings; ``ReaderOptions.store``).
     """
 
     requests_in_flight: int | None = None
     cache_dir: str | None = None
     cache_disk_bytes: int | None = None
     cache_eviction: str = "belady"
-    storage_options: Mapping[str, Any] | None = None
+    store: Store | None = None
 
     def fields(self) -> dict[str, Any]:
         """Return the ``ReaderOptions`` fields these settings stand for."""
@@ -79,7 +79,7 @@ class RemoteReading:
             "cache_dir": self.cache_dir,
             "cache_disk_bytes": self.cache_disk_bytes,
             "cache_eviction": parse_policy(self.cache_eviction),
-            "storage_options": self.storage_options,
+            "store": self.store,
         }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,7 +27,7 @@ import numpy as np
 
 from h5pack._types import StrPath, parse_choice
 from h5pack.core.decode import load_file, probe_size
-from h5pack.core.store import open_store
+from h5pack.core.store import Store, open_store
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read.crop import CROPS, Crop, CropSpec
 from h5pack.read.packset import PackSource, describe
@@ -255,14 +255,14 @@ def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurv
     return SizeSurvey.of(sizes, total=len(files))
 
 
-def survey_pack(path: PackSource, storage_options: Mapping[str, Any] | None = None) -> SizeSurvey:
-    """Return the image sizes a pack (or a pack set) records (a URL's: with ``storage_options``).
+def survey_pack(path: PackSource, store: Store | None = None) -> SizeSurvey:
+    """Return the image sizes a pack (or a pack set) records (read from ``store``).
 
     Raises:
         FileNotFoundError: the pack, or a shard, does not exist.
         FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    shapes = describe(path, store=open_store(path, storage_options)).meta.shapes
+    shapes = describe(path, store=store or open_store(path)).meta.shapes
     return SizeSurvey.of((int(s[0]), int(s[1])) for s in shapes)
 
 

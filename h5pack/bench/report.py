@@ -25,6 +25,7 @@ from h5pack.bench.ranking import VariantResult, pixel_groups
 from h5pack.bench.throughput import BenchResult
 from h5pack.bench.throughput import format_bench as format_bench  # re-exported
 from h5pack.bench.timing import Timing
+from h5pack.core.store import Store
 from h5pack.core.units import human_bytes
 
 NOT_CANDIDATE = "*"
@@ -347,6 +348,8 @@ def _jsonable(value: Any) -> Any:
         if isinstance(value, VariantResult):
             data["pixels_per_file_byte"] = value.pixels_per_file_byte
         return data
+    if isinstance(value, Store):  # its kind; its settings may hold credentials
+        return type(value).__name__
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -6,13 +6,13 @@ See the note "A recommendation stable run to run" in ``h5pack.bench.ranking``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from h5pack.bench.options import CompareEvent, CompareOptions, RemoteReading
 from h5pack.bench.ranking import VariantResult, front_runners, rank_key
 from h5pack.bench.reading import TrainingRead
+from h5pack.core.store import Store, open_store
 
 # A variant slower than this share of the fastest so far can no longer be a front-runner:
 # its pack is removed at once (unless kept), so the disk holds a few packs at a time.
@@ -41,7 +41,7 @@ def settle(
     options: CompareOptions,
     train: TrainingRead,
     emit: Callable[[CompareEvent], None] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store_for: Callable[[str], Store] | None = None,
 ) -> list[VariantResult]:
     """Time the front-runners again side by side, their epochs alternating; return all.
 
@@ -49,7 +49,8 @@ def settle(
     between moves one against another (see "A recommendation stable run to run" in
     ``bench.ranking``). The front-runners still on disk, measured warm, are read again in
     the chunk-aware order through ``time_interleaved`` (A B A B ...), and their chunk-aware
-    timings are replaced by that round's. URLs are read with ``storage_options``.
+    timings are replaced by that round's. Each pack is read from ``store_for(path)``
+    (None: ``open_store``).
     """
     from h5pack.bench.loaders import PatternLoader, open_dataset
     from h5pack.bench.measure import epoch_fraction
@@ -76,7 +77,7 @@ def settle(
                 seed=measure.seed,
                 cache=measure.cache,
                 cache_bytes=measure.cache_bytes,
-                remote=RemoteReading(storage_options=storage_options),
+                remote=RemoteReading(store=(store_for or open_store)(r.path)),
             )
             loaders[r.name] = PatternLoader(
                 dataset,

@@ -21,7 +21,7 @@ import mmap
 import os
 import platform
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.core.machine import memory_bytes
 from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
-from h5pack.core.store import is_url, open_store
+from h5pack.core.store import Store, is_url, open_store
 from h5pack.read.packset import PackSource, describe
 
 _PROT_READ = 1
@@ -263,12 +263,10 @@ def is_set_path(path: str | os.PathLike[str]) -> bool:
     return found.suffix == ".json" or found.name == MANIFEST_NAME
 
 
-def pack_files(
-    source: PackSource, storage_options: Mapping[str, Any] | None = None
-) -> list[Path | str]:
+def pack_files(source: PackSource, store: Store | None = None) -> list[Path | str]:
     """Return the pack files of ``source`` (one for a pack, every shard of a set).
 
-    A remote source's are URLs (its shards' for a set, read with ``storage_options``).
+    A remote source's are URLs (its shards' for a set, read from ``store``).
 
     Raises:
         PackNotFoundError: a set without a manifest.
@@ -277,7 +275,7 @@ def pack_files(
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: one path
         return [os.fspath(source) if is_url(source) else Path(source)]
-    store = open_store(source, storage_options)
+    store = store or open_store(source)
     if store.remote:
         view = describe(source, store=store)
         assert view.shards is not None  # a set
@@ -292,9 +290,9 @@ def source_name(source: PackSource) -> str:
     return ", ".join(os.fspath(p) for p in source)
 
 
-def source_bytes(source: PackSource, storage_options: Mapping[str, Any] | None = None) -> int:
+def source_bytes(source: PackSource, store: Store | None = None) -> int:
     """Return the size of every file of ``source`` (a remote one's objects, as opened)."""
-    store = open_store(source, storage_options)
+    store = store or open_store(source)
     if store.remote:
         view = describe(source, store=store)
         metas = [view.meta] if view.shards is None else view.shards

@@ -95,7 +95,7 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         FileNotFoundError: the pack, or a shard, does not exist.
         FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    survey = survey_pack(path, options.remote.storage_options)
+    survey = survey_pack(path, options.remote.store)
     train = resolve_training_read(options.train, survey)
     dataset = open_dataset(
         path,
@@ -122,7 +122,7 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
 def bench_result(setup: Setup, timing: Timing) -> BenchResult:
     """Return ``bench``'s result of ``setup`` timed as ``timing``."""
     loader = setup.loader
-    reads = pack_shape(setup.source, setup.options.remote.storage_options).reads(
+    reads = pack_shape(setup.source, setup.options.remote.store).reads(
         setup.options.order, loader.images_per_epoch, window_chunks=max(1, loader.window_chunks)
     )
     plan = loader.plan(0)

@@ -321,9 +321,11 @@ def bench(
     from h5pack.bench.options import BenchOptions, RemoteReading
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
     from h5pack.bench.throughput import bench_loader
+    from h5pack.core.store import open_store
     from h5pack.errors import OptionsError
 
     train = training_read(train_size, crop, flip)
+    store = open_store(list(packs), storage)  # the one store of the packs read
     try:
         options = BenchOptions(
             batch_size=batch_size,
@@ -344,7 +346,7 @@ def bench(
                 cache_dir=cache_dir,
                 cache_disk_bytes=cache_disk_bytes,
                 cache_eviction=cache_eviction,
-                storage_options=storage,
+                store=store,
             ),
         )
     except OptionsError as err:

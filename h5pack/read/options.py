@@ -37,6 +37,8 @@ class ReaderOptions:
         storage_options: Settings of the remote client for a URL beyond what the environment
             says (``core.s3.S3Options``: endpoint, credentials, retries...); ignored for
             local paths.
+        store: The store the pack is kept in, chosen once at a public edge with
+            ``open_store`` (it then stands for ``storage_options``); None: chosen per path.
         verify_checksums: Check every sample read against its recorded digest and raise
             ``FormatError`` on a mismatch: damage that still decompresses (codecs without
             their own checksum, uncompressed packs) is then never served. On by default.
@@ -69,6 +71,7 @@ class ReaderOptions:
     threads: int | None = None
     verify_checksums: bool = True
     storage_options: Mapping[str, Any] | None = None
+    store: Store | None = None
     read_ahead: ReadAheadOptions | None = None
     cache_dir: str | os.PathLike[str] | None = None
     cache_disk_bytes: int | None = None
@@ -93,8 +96,8 @@ class ReaderOptions:
             )
 
     def store_for(self, path: StrPath | Sequence[StrPath]) -> Store:
-        """Return the store of ``path`` with these ``storage_options`` (NOTE [ Stores ])."""
-        return open_store(path, self.storage_options)
+        """Return ``store``, or the store of ``path`` with ``storage_options`` (NOTE [ Stores ])."""
+        return self.store or open_store(path, self.storage_options)
 
     def window_for(self, group_bytes: int) -> int:
         """Return the decompressed groups to keep, for groups of ``group_bytes``."""
