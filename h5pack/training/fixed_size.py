@@ -6,7 +6,7 @@ displayed size as the pack records it (``meta.shapes``), so the same epoch gives
 images in any process, with or without the cache, and a resumed epoch continues
 identically. Each sample is resized straight into its place in the batch. See
 docs/ARCHITECTURE.md, "Training image pipeline", for why each kind of pack takes the path it
-takes and for the measurements behind the kernels.
+takes, and docs/decisions/0019 and 0020 for the measurements behind the kernels.
 """
 
 from __future__ import annotations
