@@ -1,0 +1,277 @@
+"""How h5pack reaches a bucket: ``S3Options``, the environment, and botocore's clients.
+
+Import these from ``core.s3`` (NOTE [ The S3 client ] is there).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from h5pack.core import s3http
+from h5pack.core.store import missing_extra
+from h5pack.errors import OptionsError, RemoteError
+
+# environment variable -> storage option (what the AWS CLI and boto3 read)
+ENVIRONMENT = {
+    "AWS_ENDPOINT_URL": "endpoint",
+    "AWS_ACCESS_KEY_ID": "access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_DEFAULT_REGION": "region",
+    "AWS_REGION": "region",  # after AWS_DEFAULT_REGION: it wins, as in the AWS CLI
+    "AWS_PROFILE": "profile",
+}
+# Other spellings accepted in storage_options (fsspec's and boto3's names).
+ALIASES = {
+    "endpoint_url": "endpoint",
+    "key": "access_key_id",
+    "aws_access_key_id": "access_key_id",
+    "secret": "secret_access_key",
+    "aws_secret_access_key": "secret_access_key",
+    "token": "session_token",
+    "aws_session_token": "session_token",
+    "region_name": "region",
+    "profile_name": "profile",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Options:
+    """How to reach a bucket; every field may come from ``storage_options`` or the environment.
+
+    Attributes:
+        endpoint: An S3-compatible server (``http://127.0.0.1:9000``); None: AWS.
+        region: The bucket's region (None: the profile's, else us-east-1).
+        access_key_id: Credentials (None: the profile's or the AWS default chain's).
+        secret_access_key: Its secret.
+        session_token: A temporary credential's token.
+        profile: A profile of ``~/.aws/config`` / ``~/.aws/credentials``.
+        connect_timeout_s: Seconds to connect before the attempt counts as failed.
+        read_timeout_s: Seconds without a byte before the attempt counts as failed.
+        attempts: Tries of one request (timeouts, resets, 5xx, 503 SlowDown, short bodies).
+        backoff_s: The first wait between tries; doubled each time (with jitter).
+        max_backoff_s: The longest wait between tries.
+        max_in_flight: Requests one process issues at once (``read_ranges``).
+        ranged_gets: ``"lean"``: the chunks' ranged GETs are signed and sent by h5pack and
+            read straight into their buffers (NOTE [ The lean ranged GET ]); ``"botocore"``:
+            through botocore's ``get_object``, as every other request (for comparison).
+
+    Raises:
+        OptionsError: a count or duration is out of range.
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    profile: str | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    attempts: int = 5
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    max_in_flight: int = 16
+    ranged_gets: Literal["lean", "botocore"] = "lean"
+    # Where ``endpoint`` was set, for messages (resolve_options); not an option itself.
+    endpoint_source: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.ranged_gets not in ("lean", "botocore"):
+            raise OptionsError(
+                "ranged_gets should be 'lean' or 'botocore', but got "
+                f"ranged_gets={self.ranged_gets!r}"
+            )
+        if self.attempts < 1:
+            raise OptionsError(f"attempts should be >= 1, but got attempts={self.attempts}")
+        if self.max_in_flight < 1:
+            raise OptionsError(
+                f"max_in_flight should be >= 1, but got max_in_flight={self.max_in_flight}"
+            )
+        for name in ("connect_timeout_s", "read_timeout_s", "backoff_s", "max_backoff_s"):
+            if getattr(self, name) < 0:
+                raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> S3Options:
+        """Return the options of a ``storage_options`` mapping (values may be strings).
+
+        Raises:
+            OptionsError: an unknown key, or a value of the wrong kind.
+        """
+        kinds = {f.name: f.type for f in fields(cls) if f.compare}
+        values: dict[str, Any] = {}
+        for key, value in storage_options.items():
+            name = ALIASES.get(key, key)
+            if name not in kinds:
+                known = ", ".join(sorted(kinds))
+                raise OptionsError(f"unknown storage option {key!r}; known: {known}")
+            if value is None or value == "":
+                continue
+            kind = str(kinds[name])
+            try:
+                if kind.startswith("int"):
+                    values[name] = int(value)
+                elif kind.startswith("float"):
+                    values[name] = float(value)
+                else:
+                    values[name] = str(value)
+            except ValueError as err:
+                raise OptionsError(f"storage option {key}={value!r}: {err}") from err
+        return cls(**values)
+
+
+def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the storage options the environment sets (the one place it is read)."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, str] = {}
+    for variable, name in ENVIRONMENT.items():
+        value = environ.get(variable)
+        if value:
+            found[name] = value
+    return found
+
+
+def resolve_options(storage_options: Mapping[str, Any] | None) -> S3Options:
+    """Return the environment's options overridden by ``storage_options``."""
+    merged: dict[str, Any] = environment_options()
+    source = "set by AWS_ENDPOINT_URL" if merged.get("endpoint") else ""
+    for key, value in (storage_options or {}).items():
+        merged[ALIASES.get(key, key)] = value
+        if ALIASES.get(key, key) == "endpoint" and value:
+            source = "set by the storage option endpoint (--storage-option endpoint=...)"
+    options = S3Options.of(merged)
+    if not options.endpoint:
+        profile = f"profile {options.profile!r}" if options.profile else "the default profile"
+        source = f"no AWS_ENDPOINT_URL or storage option endpoint: {profile}'s, else AWS's"
+    return replace(options, endpoint_source=source)
+
+
+def boto_modules() -> Any:
+    """Return boto3, botocore.config and botocore.exceptions (the ``s3`` extra)."""
+    try:
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+    except ImportError as err:
+        raise missing_extra("s3", err) from err
+    return boto3, botocore.config, botocore.exceptions
+
+
+# One client per process and options: creating one loads botocore's service model, and a
+# client is thread-safe. Keyed on the pid: a forked child makes its own.
+_CLIENTS: dict[tuple[int, S3Options], tuple[Any, Any]] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(options: S3Options) -> Any:
+    """Return this process's client for ``options`` (made once, see ``make_client``)."""
+    return _shared(options)[0]
+
+
+def shared_credentials(options: S3Options) -> Any:
+    """Return the botocore credentials this process's client signs with (None: none found)."""
+    return _shared(options)[1]
+
+
+def _shared(options: S3Options) -> tuple[Any, Any]:
+    key = (os.getpid(), options)
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            found = _CLIENTS[key] = make_client(options)
+        return found
+
+
+def make_client(options: S3Options) -> tuple[Any, Any]:
+    """Return a botocore S3 client for ``options`` (no retries of its own) and its credentials.
+
+    The credentials are the options' keys, else the session's chain (profiles, SSO,
+    instance roles: possibly refreshable), the very object the client signs with.
+    """
+    boto3, config, errors = boto_modules()
+    try:
+        session = boto3.session.Session(profile_name=options.profile)
+    except errors.ProfileNotFound as err:
+        raise RemoteError(
+            f"{err}: check AWS_PROFILE (or the storage option profile) against the profiles "
+            "of ~/.aws/config and ~/.aws/credentials"
+        ) from None
+    settings = config.Config(
+        connect_timeout=options.connect_timeout_s,
+        read_timeout=options.read_timeout_s,
+        retries={"total_max_attempts": 1},
+        max_pool_connections=max(10, options.max_in_flight),
+        s3={"addressing_style": "path"} if options.endpoint else None,
+        # A ranged GET has no whole-object checksum to check; rclone sends the one stored
+        # with an upload's checksum anyway and botocore would refuse every range of it.
+        response_checksum_validation="when_required",
+    )
+    client = session.client(
+        "s3",
+        endpoint_url=options.endpoint,
+        region_name=options.region or session.region_name or "us-east-1",
+        aws_access_key_id=options.access_key_id,
+        aws_secret_access_key=options.secret_access_key,
+        aws_session_token=options.session_token,
+        config=settings,
+    )
+    if options.access_key_id and options.secret_access_key:
+        from botocore.credentials import Credentials
+
+        return client, Credentials(
+            options.access_key_id, options.secret_access_key, options.session_token
+        )
+    return client, session.get_credentials()
+
+
+@dataclass(frozen=True)
+class LeanGet:
+    """One object's lean ranged GET in this process (NOTE [ The lean ranged GET ])."""
+
+    target: s3http.Target
+    signer: s3http.Signer
+    pool: s3http.Connections
+
+
+# Where each object's GETs go (scheme, host, path, region: data, the same in every process):
+# kept across fork, so a forked DataLoader worker given explicit keys never builds a botocore
+# client to read its chunks.
+_TARGETS: dict[tuple[S3Options, str, str], s3http.Target] = {}
+
+
+def lean_get(options: S3Options, bucket: str, key: str) -> LeanGet | None:
+    """Return the lean GET of ``bucket/key``, or None where a proxy would carry it.
+
+    Raises:
+        botocore.exceptions.NoCredentialsError: no credentials (``with_retries`` says so).
+    """
+    _, _, errors = boto_modules()
+    target = _TARGETS.get((options, bucket, key))
+    if target is None:
+        target = _TARGETS[(options, bucket, key)] = s3http.target_of(
+            shared_client(options), bucket, key
+        )
+    if s3http.uses_proxy(target):
+        return None
+    if options.access_key_id and options.secret_access_key:
+        from botocore.credentials import Credentials
+
+        credentials = Credentials(
+            options.access_key_id, options.secret_access_key, options.session_token
+        )
+    else:
+        credentials = shared_credentials(options)
+    if credentials is None:
+        raise errors.NoCredentialsError()
+
+    def frozen() -> tuple[str, str, str | None]:
+        now = credentials.get_frozen_credentials()  # refreshed by botocore when due
+        return str(now.access_key), str(now.secret_key), now.token
+
+    pool = s3http.connections(target, options.connect_timeout_s, options.read_timeout_s)
+    return LeanGet(target, s3http.Signer(frozen), pool)
