@@ -18,20 +18,16 @@ import torch
 
 from h5pack.core.fields import KEY, fields_of
 from h5pack.core.layout import checked_indices
+from h5pack.core.vocabulary import Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.mixture import ClassJoin, MixView, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.training.batch import SampleBatch, SharedEpoch, batch_labels, fields_for, pipeline_of
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
-from h5pack.training.dataset import (
-    H5ImageDataset,
-    Output,
-    SampleBatch,
-    SharedEpoch,
-    fields_for,
-)
+from h5pack.training.mapstyle import H5ImageDataset
 from h5pack.training.mixing import label_mixing
 from h5pack.training.ring import batch_buffer
 from h5pack.training.weighted import check_weights
@@ -87,9 +83,7 @@ class H5MixDataset(H5ImageDataset):
                 "a mix keeps one decoded cache per source: give a CacheSpec "
                 "(make_loader(cache='decoded')), or use attach_caches()"
             )
-        if crop is not None and pipeline is not None:
-            raise OptionsError("give pipeline= (or its older name crop=), not both")
-        crop = pipeline if pipeline is not None else crop
+        crop = pipeline_of(pipeline, crop)
         self.options = reader or ReaderOptions()
         self.mix: MixView = describe_mix(
             sources,
@@ -199,7 +193,6 @@ class H5MixDataset(H5ImageDataset):
             for s, part in enumerate(self.parts)
         ]
         twin._share_pool()
-        twin._planned = None
         return twin
 
     def set_epoch(self, epoch: int) -> None:
@@ -241,13 +234,7 @@ class H5MixDataset(H5ImageDataset):
             if self.pool is not None
             else None
         )
-        raw_labels = self.meta.labels[idx]
-        if self.target_transform is None:
-            labels: list[Any] = raw_labels.tolist()
-            label_tensor: torch.Tensor | None = torch.from_numpy(raw_labels.copy())
-        else:
-            labels = [self.target_transform(int(v)) for v in raw_labels]
-            label_tensor = None
+        labels, label_tensor = batch_labels(self.meta.labels[idx], self.target_transform)
         sources = torch.from_numpy(src.astype(np.int64)) if self.return_source else None
         shape = self._batch_shape()
         buffer = (
@@ -350,6 +337,9 @@ class H5MixDataset(H5ImageDataset):
         if len(shapes) != 1:
             return None
         return shapes.pop()
+
+
+H5ImageDataset.mix_class = H5MixDataset  # what H5ImageDataset(weights=...) builds
 
 
 def unmixed_sources(dataset: H5MixDataset, window_chunks: int) -> list[str]:

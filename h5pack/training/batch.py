@@ -1,0 +1,227 @@
+"""What the datasets share: the source check, ``SampleBatch`` and the shared epoch."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.context import get_spawning_popen
+from typing import Any, overload
+
+import numpy as np
+import torch
+from PIL import Image
+
+from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, spatial, stored_fields
+from h5pack.core.format import PackMeta
+from h5pack.core.vocabulary import Output
+from h5pack.errors import OptionsError
+from h5pack.read.crop import CropSpec
+from h5pack.read.cropplan import plan_crops
+from h5pack.read.packset import PackSource
+from h5pack.training.ring import batch_buffer
+
+
+def check_source(name: str, source: object) -> PackSource:
+    """Return ``source`` if it can name a pack or a set, else raise ``OptionsError`` naming it.
+
+    A path (``str`` or ``os.PathLike``), or a list or tuple of them (issue 20 F: a path of
+    None or 5 raised a bare ``TypeError`` from deep inside).
+    """
+    if isinstance(source, str | os.PathLike):
+        return source
+    if isinstance(source, list | tuple) and all(isinstance(p, str | os.PathLike) for p in source):
+        return source
+    raise OptionsError(
+        f"{name} should be a pack path, a pack set (its directory or packset.json) or a "
+        f"list of pack paths, but got {name}={source!r}"
+    )
+
+
+def source_of(source: PackSource) -> str | tuple[str, ...]:
+    """Return ``source`` as plain strings: a path, or a tuple of pack paths."""
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return tuple(os.fspath(p) for p in source)
+
+
+def fields_for(
+    meta: PackMeta, names: Sequence[str] | None, *, return_path: bool
+) -> tuple[str, ...] | None:
+    """The fields a dataset delivers as dicts, or None: image + label tuples.
+
+    Raises:
+        OptionsError: a name the pack does not list.
+    """
+    if names is None and not stored_fields(fields_of(meta)):
+        return None
+    return selected(meta, names, key=return_path)
+
+
+def batch_labels(
+    raw: np.ndarray, target_transform: Callable[[int], Any] | None
+) -> tuple[list[Any], torch.Tensor | None]:
+    """A batch's labels one by one, and as a tensor when no ``target_transform`` maps them."""
+    if target_transform is None:
+        return raw.tolist(), torch.from_numpy(raw.copy())
+    return [target_transform(int(v)) for v in raw], None
+
+
+def as_output(hwc: np.ndarray, output: Output) -> Any:
+    """One (H, W, C) image as ``output`` asks: the array, a PIL image, a (C, H, W) tensor."""
+    if output == "hwc":
+        return hwc
+    if output == "pil":
+        return Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc)
+    return torch.from_numpy(np.ascontiguousarray(hwc.transpose(2, 0, 1)))
+
+
+def pipeline_of(pipeline: CropSpec | None, crop: CropSpec | None) -> CropSpec | None:
+    """The training image pipeline given as ``pipeline=`` or by its older name ``crop=``."""
+    if crop is not None and pipeline is not None:
+        raise OptionsError("give pipeline= (or its older name crop=), not both")
+    return pipeline if pipeline is not None else crop
+
+
+def crop_fields(
+    found: dict[str, list[Any]],
+    meta: PackMeta,
+    idx: np.ndarray,
+    crop: CropSpec,
+    *,
+    seed: int,
+    epoch: int,
+) -> None:
+    """Cut, resize and flip each spatial field in ``found`` as its image was (``plan_crops``)."""
+    moved = spatial(meta, list(found))
+    if moved:
+        shapes = meta.shapes[idx]
+        plans = plan_crops(crop, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=idx)
+        for stored in moved:
+            found[stored.name] = [
+                stored.transform(value, box, flip, crop.size)
+                for value, (box, flip) in zip(found[stored.name], plans, strict=True)
+            ]
+
+
+def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
+    """Return an uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
+
+    A batch built in shared memory crosses to the main process without the extra copy
+    the worker's pickler would otherwise make (``default_collate`` does the same).
+    """
+    return batch_buffer(None, shape)
+
+
+class SampleBatch(Sequence[tuple[Any, ...]]):
+    """The samples of one ``__getitems__`` call, and the whole batch when already built.
+
+    A sequence of ``(image, label[, path])`` like any PyTorch dataset's batch, so any
+    collate function works; ``h5pack.training.loader.collate_batch`` takes ``images`` and ``labels``
+    directly instead of stacking the samples again. When the batch was built at once the
+    per-sample tuples are views made on access, not before.
+
+    Attributes:
+        images: ``(B, C, H, W)`` uint8 tensor (channels-last memory) or ``(B, H, W, C)``
+            array, or None when the samples were produced one by one.
+        labels: ``(B,)`` int64 tensor, or None (with a ``target_transform``).
+        paths: Source paths with ``return_path``, else None.
+        sources: ``(B,)`` int64 tensor: each sample's source in a mix, with
+            ``return_source`` (training/mixed.py), else None.
+        fields: A dataset of fields (``H5ImageDataset.fields``): the names delivered, in
+            order; each sample is then a dict, and the batch too (``collate_batch``).
+        values: The values of each stored field delivered (``core.fields``), per sample.
+    """
+
+    def __init__(
+        self,
+        samples: list[tuple[Any, ...]] | None = None,
+        *,
+        images: Any = None,
+        labels: torch.Tensor | None = None,
+        label_values: list[Any] | None = None,
+        paths: list[str] | None = None,
+        sources: torch.Tensor | None = None,
+        fields: tuple[str, ...] | None = None,
+        values: Mapping[str, list[Any]] | None = None,
+    ) -> None:
+        self._samples = samples
+        self.fields = fields
+        self.values = dict(values or {})
+        self.kinds: dict[str, Field] = {}  # the fields by name (their ``collate``)
+        self.sources = sources
+        self.images = images
+        self.labels = labels
+        self._label_values = label_values or []
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self._samples) if self._samples is not None else len(self._label_values)
+
+    @overload
+    def __getitem__(self, j: int) -> Any: ...  # a tuple, or a dict of fields
+
+    @overload
+    def __getitem__(self, j: slice) -> list[tuple[Any, ...]]: ...
+
+    def __getitem__(self, j: int | slice) -> Any:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        if self.fields is not None:
+            return self._record(j)
+        return self._tuple(j)
+
+    def _tuple(self, j: int) -> tuple[Any, ...]:
+        if self._samples is not None:
+            return self._samples[j]
+        label = self._label_values[j]
+        extra: tuple[Any, ...] = () if self.paths is None else (self.paths[j],)
+        if self.sources is not None:
+            extra = (*extra, int(self.sources[j]))
+        return (None if self.images is None else self.images[j], label, *extra)
+
+    def _record(self, j: int) -> dict[str, Any]:
+        """Sample ``j`` as a dict of its fields (image, label and key from the tuple)."""
+        image, label, *rest = self._tuple(j)
+        known = {IMAGE: image, LABEL: label, KEY: rest[0] if self.paths is not None else None}
+        assert self.fields is not None  # the caller checked
+        return {n: known[n] if n in known else self.values[n][j] for n in self.fields}
+
+    def without_fields(self) -> SampleBatch:
+        """This batch as image + label tuples (what ``collate_batch`` stacks)."""
+        plain = copy.copy(self)
+        plain.fields = None
+        return plain
+
+
+class _Epoch:
+    """A stand-in for the shared epoch value once the dataset leaves its process tree."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+class SharedEpoch:
+    """An epoch number that DataLoader workers already running see change (shared memory).
+
+    It travels as shared memory only to processes being started (fork, spawn, forkserver);
+    a copy or a pickle made elsewhere keeps the value.
+    """
+
+    def __init__(self, value: int = 0) -> None:
+        self._value: Any = multiprocessing.get_context().RawValue("q", value)
+
+    @property
+    def value(self) -> int:
+        """The epoch."""
+        return int(self._value.value)
+
+    @value.setter
+    def value(self, epoch: int) -> None:
+        self._value.value = int(epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_spawning_popen() is None:
+            return {"_value": _Epoch(self.value)}
+        return {"_value": self._value}
