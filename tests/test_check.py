@@ -266,6 +266,6 @@ def test_cli_verify_source_says_which_side_is_which(tmp_path):
     assert result.exit_code == 1
     assert "sample " in result.output
     assert "(cat/00.png): missing: in the pack, not in the source folder" in result.output
-    assert "1 missing (in the pack, not in the folder)" in result.output
-    assert "0 extra (in the folder, not in the pack)" in result.output
+    assert "1 missing (in the pack, not in the source)" in result.output
+    assert "0 extra (in the source, not in the pack)" in result.output
     assert "of 9 compared" in result.output

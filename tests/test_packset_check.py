@@ -366,8 +366,8 @@ def test_verify_source_across_shards(tmp_path):
     assert "changed: the pixels differ" in found["fox/20.png"][1]
     code, lines = _verify_cli(root, "--source", folder)
     assert code == 1
-    assert "1 missing (in the set, not in the folder)" in lines[-1]
-    assert "1 extra (in the folder, not in the set)" in lines[-1]
+    assert "1 missing (in the set, not in the source)" in lines[-1]
+    assert "1 extra (in the source, not in the set)" in lines[-1]
 
 
 def test_verify_source_samples_over_the_whole_set(tmp_path):
@@ -429,7 +429,7 @@ def test_info_and_verify_on_convert_shards_output(tmp_path):
     assert sum(s["skipped"] for s in data["shards"]) == 1
     code, lines = _verify_cli(out, "--source", folder)
     assert code == 0, lines
-    assert lines[-1].startswith("ok: 15 of 15 samples verified in 3 shards; source: 16 files")
+    assert lines[-1].startswith("ok: 15 of 15 samples verified in 3 shards; source: 16 images")
     assert "1 skipped at conversion" in lines[-1]
     (folder / "fox" / "00.png").unlink()
     code, lines = _verify_cli(out, "--source", folder)

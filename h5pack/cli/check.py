@@ -370,8 +370,8 @@ def verify(
     where = "the set" if report.num_shards else "the pack"
     if report.num_source is not None:
         summary += (
-            f"; source: {report.num_source} files in the folder, {report.missing} missing "
-            f"(in {where}, not in the folder), {report.extra} extra (in the folder, not in "
+            f"; source: {report.num_source} images in the source, {report.missing} missing "
+            f"(in {where}, not in the source), {report.extra} extra (in the source, not in "
             f"{where}), {report.skipped} skipped at conversion, {report.mismatched} with "
             f"another label, {report.changed} changed of {report.num_compared} compared"
         )
