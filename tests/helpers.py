@@ -207,10 +207,11 @@ def wait_for_a_chunk_get(
     A remote read claims a chunk in the disk cache's ledger before it asks for its bytes, so
     then a claim is in the ledger: the event a kill test needs, however busy the machine.
     """
+    from h5pack.core.description import HDF5Index
     from h5pack.read.direct import chunk_table
 
     with fmt.open_h5(pack) as handle:
-        table = chunk_table(handle[fmt.IMAGES])
+        table = chunk_table(HDF5Index(handle, str(pack)))
     assert table is not None
     first = int(table.offsets.min())
 
