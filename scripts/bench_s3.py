@@ -14,7 +14,7 @@ counting proxy where requests are counted, straight to rclone where rates are ti
   squared, smooth noise, lz4, ``--chunk-samples`` per chunk) and a ``--shards``-shard set;
   then one epoch through ``make_loader`` (batch 256, in process): GETs per chunk and bytes
   over the chunks' stored bytes;
-- ``first``: first epochs (``cache_disk_bytes=0``) remote against the local copy, side by
+- ``first``: first epochs (``disk_cache_bytes=0``) remote against the local copy, side by
   side in each round: the raw pack above (lean ranged GETs, botocore's, and every chunk
   fetched once with nothing decompressed: the transport's ceiling) and ``--jpeg-images``
   photos in an encoded pack read as training reads them (``size=224, flip=True``);
@@ -121,7 +121,7 @@ def first_epoch(source: Any, storage: dict[str, Any] | None, **settings: Any) ->
     remote = (
         {}
         if storage is None
-        else {"storage_options": storage, "reader": ReaderOptions(cache_disk_bytes=0)}
+        else {"storage_options": storage, "reader": ReaderOptions(disk_cache_bytes=0)}
     )
     wall, cpu = time.perf_counter(), tree_cpu_s(exclude=SERVER_PID)
     loader = make_loader(source, settings.pop("batch_size", 256), seed=0, **remote, **settings)
@@ -250,7 +250,7 @@ def part_first(args: argparse.Namespace, work: Path, bucket: Bucket, server: S3S
     workers = {"num_workers": args.workers}
 
     def fetch() -> tuple[float, float, int]:
-        with PackReader(url, ReaderOptions(storage_options=direct, cache_disk_bytes=0)) as r:
+        with PackReader(url, ReaderOptions(storage_options=direct, disk_cache_bytes=0)) as r:
             index = r.chunk_index
         assert index is not None  # a chunked pack on the direct path
         ranges = [(int(o), int(o) + int(n)) for o, n in zip(*index, strict=True)]
@@ -261,7 +261,7 @@ def part_first(args: argparse.Namespace, work: Path, bucket: Bucket, server: S3S
 
     placements = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
     for name, storage in (("lean", direct), ("botocore", botocore)):  # the client's own cost
-        with PackReader(url, ReaderOptions(storage_options=direct, cache_disk_bytes=0)) as r:
+        with PackReader(url, ReaderOptions(storage_options=direct, disk_cache_bytes=0)) as r:
             offsets, sizes = r.chunk_index or ((), ())
         source = S3Source(url, resolve_options({**storage, "max_in_flight": 8}))
         wall, cpu = time.perf_counter(), time.process_time()
@@ -332,9 +332,9 @@ def part_cache(
                 url,
                 args.workers,
                 storage_options=storage,
-                cache_eviction=policy,
-                cache_dir=work / f"c-{fraction}-{policy}",
-                cache_disk_bytes=int(fraction * stored),
+                disk_cache_eviction=policy,
+                disk_cache_dir=work / f"c-{fraction}-{policy}",
+                disk_cache_bytes=int(fraction * stored),
             )
             epochs(reading, 1)
             proxy.reset_counts()
@@ -355,8 +355,8 @@ def part_cache(
             url,
             0,
             storage_options=storage,
-            cache_dir=work / f"rate-{index}",
-            cache_disk_bytes=2 * stored,
+            disk_cache_dir=work / f"rate-{index}",
+            disk_cache_bytes=2 * stored,
         )
         rates["remote"].append(tuple(epochs(remote, 2)))
         rates["local"].append(tuple(epochs(loader(pack, 0), 2)))
@@ -377,7 +377,7 @@ def part_cache(
         proxy.clear()
         proxy.inject(Fault("delay", delay_s=args.latency_ms / 1000), times=10**6)
         ahead = None if depth is None else ReadAheadOptions(requests_in_flight=depth)
-        reading = loader(url, 0, storage_options=storage, cache_disk_bytes=0, read_ahead=ahead)
+        reading = loader(url, 0, storage_options=storage, disk_cache_bytes=0, read_ahead=ahead)
         ((wall, _, images),) = epochs(reading, 1)
         stats = reading.dataset.reader.source.ahead().stats
         reading.close()
@@ -432,7 +432,7 @@ def part_peer(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: Fault
         "h5pack, s3:// set": lambda: h5(
             bucket.url("h5/"),
             storage_options=bucket.storage_options,
-            reader=ReaderOptions(cache_dir=work / "cache"),
+            reader=ReaderOptions(disk_cache_dir=work / "cache"),
         ),
         "WebDataset, pipe:rclone cat": lambda: webdataset(
             [f"pipe:{rclone} cat {flags} :s3:{bucket.name}/{k}" for k in keys]
@@ -503,7 +503,7 @@ def part_mix(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: FaultP
             remote = (
                 {}
                 if sources[0] == a
-                else {"storage_options": storage, "reader": ReaderOptions(cache_disk_bytes=0)}
+                else {"storage_options": storage, "reader": ReaderOptions(disk_cache_bytes=0)}
             )
             loader = make_loader(
                 sources, 256, weights=[3, 1], num_workers=args.workers, seed=0, **remote

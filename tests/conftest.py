@@ -8,7 +8,7 @@
   (``h5pack.bench.s3local.Bucket``: ``url(key)``, ``put(file, key)``, ``put_tree``,
   ``storage_options`` with no backoff between retries, ``proxy``).
 - ``chunk_cache_in_tmp`` (session, autouse): the default disk cache of remote chunks
-  (``read.chunkcache.default_cache_dir``) in the session's temporary folder, not in the
+  (``read.diskcache.default_cache_dir``) in the session's temporary folder, not in the
   machine's temporary directory, where every test run would add to it.
 """
 
@@ -28,7 +28,7 @@ _buckets = itertools.count()
 def chunk_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     folder = tmp_path_factory.mktemp("chunk-cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("h5pack.read.chunkcache.default_cache_dir", lambda: folder)
+        patch.setattr("h5pack.read.diskcache.default_cache_dir", lambda: folder)
         yield
 
 

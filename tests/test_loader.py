@@ -351,7 +351,8 @@ def test_in_process_loader_decompresses_each_chunk_once_per_epoch(pack, threads)
         # a keyword of an older release names its new home
         ({"locking": False}, r"locking= moved to reader=ReaderOptions\(locking=\.\.\.\)"),
         ({"threads": 2}, r"threads= moved to reader=ReaderOptions\(threads=\.\.\.\)"),
-        ({"cache_dir": "c"}, r"cache_dir= moved to reader=ReaderOptions\(cache_dir="),
+        ({"cache_dir": "c"}, r"cache_dir= moved to reader=ReaderOptions\(disk_cache_dir="),
+        ({"disk_cache_bytes": 0}, r"disk_cache_bytes= moved to reader=ReaderOptions\(disk_cache_"),
         ({"window_chunks": 2}, r"window_chunks= moved to epoch=EpochSpec\(window_chunks="),
         ({"stratify": True}, "stratify= is retired: every mix now holds its shares in every"),
         ({"scale": (0.5, 1.0)}, r"scale= moved to pipeline=CropSpec\(scale=\.\.\.\)"),

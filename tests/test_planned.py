@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from h5pack.core.layout import ChunkMap
-from h5pack.read.chunkcache import ChunkCacheOptions, pack_key
+from h5pack.read.diskcache import DiskCacheOptions, pack_key
 from h5pack.read.eviction import Future
 from h5pack.read.planned import PlannedSource, ReadPlan, chunk_stream, chunk_uses
 from h5pack.training.readplan import read_plan
@@ -48,7 +48,7 @@ def test_read_plan_splits_batches_by_worker() -> None:
 def test_whole_chunks_go_through_the_read_ahead_and_the_cache(tmp_path: Path) -> None:
     data, offsets, sizes = layout(20)
     source = FakeSource(data)
-    cache = ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10**6)
+    cache = DiskCacheOptions(directory=tmp_path, budget_bytes=10**6)
     key = pack_key("a" * 32, len(data), '"e"')
     for _ in range(2):
         planned = PlannedSource(source, offsets, sizes, pack=key, cache=cache)

@@ -53,8 +53,8 @@ def test_a_planned_loader_serves_what_the_plain_one_does(
         **common,
         reader=ReaderOptions(
             read_ahead=ReadAheadOptions(requests_in_flight=3),
-            cache_dir=tmp_path / "cache",
-            cache_disk_bytes=10**7,
+            disk_cache_dir=tmp_path / "cache",
+            disk_cache_bytes=10**7,
         ),
     )
     assert epochs(planned, 2) == epochs(plain, 2)
@@ -74,7 +74,7 @@ def test_cache_keywords_are_refused_with_a_dataset(pack: Path) -> None:
 
     with pytest.raises(OptionsError, match=r"\['reader'\] apply only when make_loader opens"):
         make_loader(
-            H5ImageDataset(pack), 4, num_workers=0, reader=ReaderOptions(cache_dir="/tmp/x")
+            H5ImageDataset(pack), 4, num_workers=0, reader=ReaderOptions(disk_cache_dir="/tmp/x")
         )
 
 
@@ -101,7 +101,7 @@ def test_a_remote_loader_makes_no_get_in_epoch_two(
         url,
         storage_options=s3_bucket.storage_options,
         **common,
-        reader=ReaderOptions(cache_dir=tmp_path / "cache", cache_disk_bytes=10**8),
+        reader=ReaderOptions(disk_cache_dir=tmp_path / "cache", disk_cache_bytes=10**8),
     )
     s3_bucket.proxy.reset_counts()
     found = []
@@ -131,22 +131,34 @@ def test_bench_takes_the_read_ahead_and_cache_flags(pack: Path, tmp_path: Path) 
 
     args = ["bench", str(pack), "--workers", "0", "--repeats", "1", "--warmup", "0"]
     args += ["--time-budget", "0", "--train-size", "none", "--json", "-q"]
-    args += ["--cache-dir", str(tmp_path / "c"), "--cache-disk-bytes", "1MiB"]
-    args += ["--cache-eviction", "lru", "--requests-in-flight", "2"]
+    args += ["--disk-cache-dir", str(tmp_path / "c"), "--disk-cache-bytes", "1MiB"]
+    args += ["--disk-cache-eviction", "lru", "--requests-in-flight", "2"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     bad = CliRunner().invoke(cli, [*args[:2], "--requests-in-flight", "0"])
     assert bad.exit_code == 2
+    old = CliRunner().invoke(cli, [*args[:2], "--cache-dir", str(tmp_path / "c")])
+    assert old.exit_code == 2
+    assert "--cache-dir moved to --disk-cache-dir" in old.output
 
 
-def _one_epoch(url: str, storage: dict[str, object], cache_dir: str, out: str) -> None:
+def test_the_disk_cache_s_old_names_say_where_they_moved() -> None:
+    from h5pack.errors import OptionsError
+
+    with pytest.raises(
+        OptionsError, match=r"cache_disk_bytes= moved to reader=ReaderOptions\(disk_cache_bytes="
+    ):
+        ReaderOptions(cache_disk_bytes=0)
+
+
+def _one_epoch(url: str, storage: dict[str, object], disk_cache_dir: str, out: str) -> None:
     loader = make_loader(
         url,
         epoch=EpochSpec(batch_size=8, window_chunks=2),
         num_workers=0,
         seed=3,
         storage_options=storage,
-        reader=ReaderOptions(cache_dir=cache_dir, cache_disk_bytes=10**8),
+        reader=ReaderOptions(disk_cache_dir=disk_cache_dir, disk_cache_bytes=10**8),
     )
     with open(out, "wb") as sink:
         for images, _labels in loader:
@@ -212,14 +224,14 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
     from h5pack.bench.s3local import Fault
 
     url = s3_bucket.put(pack, "p.h5")
-    cache_dir = tmp_path / "c"
+    disk_cache_dir = tmp_path / "c"
     delay_s = 3.0
     # every GET waits: the child's first chunk GETs are in flight, its claims in the ledger,
     # when it is killed
     s3_bucket.proxy.inject(Fault("delay", delay_s=delay_s), times=1000)
     patient = {**s3_bucket.storage_options, "read_timeout_s": 60.0}
     proc = multiprocessing.get_context("spawn").Process(
-        target=_one_epoch, args=(url, patient, str(cache_dir), str(tmp_path / "dead"))
+        target=_one_epoch, args=(url, patient, str(disk_cache_dir), str(tmp_path / "dead"))
     )
     proc.start()
     wait_for_a_chunk_get(lambda: s3_bucket.proxy.counts, pack, proc.is_alive)
@@ -229,13 +241,13 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
     s3_bucket.proxy.clear()
-    from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
+    from h5pack.read.diskcache import DiskCache, DiskCacheOptions
 
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=cache_dir, cache_disk_bytes=10**8))
+    cache = DiskCache(DiskCacheOptions(directory=disk_cache_dir, budget_bytes=10**8))
     assert cache.usage_bytes() == 0  # opening it recovered the dead loader's claims
     assert cache.stats.recovered >= 1
     cache.close()
-    _one_epoch(url, s3_bucket.storage_options, str(cache_dir), str(tmp_path / "after"))
+    _one_epoch(url, s3_bucket.storage_options, str(disk_cache_dir), str(tmp_path / "after"))
     local = tmp_path / "local"
     with open(local, "wb") as sink:
         loader = make_loader(
@@ -244,7 +256,7 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
         for images, _labels in loader:
             sink.write(images.numpy().tobytes())
     assert (tmp_path / "after").read_bytes() == local.read_bytes()  # the same pixels
-    assert not list(cache_dir.rglob("*.tmp"))
+    assert not list(disk_cache_dir.rglob("*.tmp"))
     # the proxy's delayed answers to the dead process end here, not in another test
     time.sleep(max(0.0, started + delay_s + 2.0 - time.monotonic()))
 
@@ -324,7 +336,7 @@ def test_a_remote_mix_reads_ahead_one_get_per_chunk(
         urls,
         storage_options=s3_bucket.storage_options,
         **common,
-        reader=ReaderOptions(cache_disk_bytes=0),
+        reader=ReaderOptions(disk_cache_bytes=0),
     )
     s3_bucket.proxy.reset_counts()
     assert epochs(loader, 1) == local

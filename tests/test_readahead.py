@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from h5pack.errors import OptionsError
-from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions, pack_key
+from h5pack.read.diskcache import DiskCache, DiskCacheOptions, pack_key
 from h5pack.read.readahead import ReadAhead, ReadAheadOptions
 
 KEY = pack_key("x" * 32, 1, None)
@@ -186,7 +186,7 @@ def test_a_short_read_is_never_served() -> None:
 
 def test_the_disk_cache_serves_the_second_pass(tmp_path: Path) -> None:
     data, offsets, sizes = layout(30)
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10**6))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10**6))
     source = FakeSource(data)
     for _ in range(2):
         ahead = ReadAhead(source, offsets, sizes, cache=cache, pack=KEY)
@@ -205,7 +205,7 @@ def test_a_failed_download_releases_its_claim(tmp_path: Path) -> None:
             raise OSError("reset")
 
     data, offsets, sizes = layout(2)
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10**6))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10**6))
     ahead = ReadAhead(Broken(data), offsets, sizes, cache=cache, pack=KEY)
     ahead.plan([0])
     with pytest.raises(OSError, match="reset"):

@@ -16,8 +16,8 @@ from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.description import HDF5Index
 from h5pack.core.layout import Compression
 from h5pack.core.store import open_source
-from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions
 from h5pack.read.direct import chunk_table
+from h5pack.read.diskcache import DiskCache, DiskCacheOptions
 from h5pack.read.eviction import Future
 from h5pack.read.planned import PlannedSource, planned_source
 from tests.helpers import arrays, make_pack, wait_for_a_chunk_get
@@ -44,7 +44,7 @@ def orders(epochs: int) -> list[np.ndarray]:
 
 
 def source_for(
-    bucket: Bucket, url: str, pack: Path, cache: ChunkCacheOptions, **ahead: object
+    bucket: Bucket, url: str, pack: Path, cache: DiskCacheOptions, **ahead: object
 ) -> PlannedSource:
     offsets, sizes = table_of(pack)
     remote = open_source(url, storage_options=bucket.storage_options)
@@ -86,7 +86,7 @@ def test_budget_that_fits_makes_epoch_two_free(
 ) -> None:
     url = s3_bucket.put(pack, "p.h5")
     data = pack.read_bytes()
-    cache = ChunkCacheOptions(cache_dir=tmp_path / "cache", cache_disk_bytes=len(data))
+    cache = DiskCacheOptions(directory=tmp_path / "cache", budget_bytes=len(data))
     planned = source_for(s3_bucket, url, pack, cache)
     plans = orders(3)
     s3_bucket.proxy.reset_counts()
@@ -112,8 +112,8 @@ def test_belady_bound_and_lru_against_the_server(
     plans = orders(3)
     downloaded = {}
     for policy in ("belady", "lru"):
-        options = ChunkCacheOptions(
-            cache_dir=tmp_path / policy, cache_disk_bytes=budget, eviction=policy
+        options = DiskCacheOptions(
+            directory=tmp_path / policy, budget_bytes=budget, eviction=policy
         )
         planned = source_for(s3_bucket, url, pack, options)
         read_epoch(planned, plans, 0, data)
@@ -130,15 +130,15 @@ def test_belady_bound_and_lru_against_the_server(
     assert downloaded["lru"] > downloaded["belady"]
 
 
-def _read_all(url: str, options: dict[str, object], pack: str, cache_dir: str) -> None:
-    planned = source_for_child(url, options, Path(pack), cache_dir)
+def _read_all(url: str, options: dict[str, object], pack: str, disk_cache_dir: str) -> None:
+    planned = source_for_child(url, options, Path(pack), disk_cache_dir)
     data = Path(pack).read_bytes()
     read_epoch(planned, orders(1), 0, data)
     planned.close()
 
 
 def source_for_child(
-    url: str, storage: dict[str, object], pack: Path, cache_dir: str
+    url: str, storage: dict[str, object], pack: Path, disk_cache_dir: str
 ) -> PlannedSource:
     class Holder:
         storage_options = storage
@@ -147,7 +147,7 @@ def source_for_child(
         Holder(),  # type: ignore[arg-type]
         url,
         pack,
-        ChunkCacheOptions(cache_dir=cache_dir, cache_disk_bytes=10**9),
+        DiskCacheOptions(directory=disk_cache_dir, budget_bytes=10**9),
     )
 
 
@@ -177,13 +177,13 @@ def test_kill_during_a_download_then_a_clean_restart(
     s3_bucket: Bucket, pack: Path, tmp_path: Path
 ) -> None:
     url = s3_bucket.put(pack, "p.h5")
-    cache_dir = tmp_path / "cache"
+    disk_cache_dir = tmp_path / "cache"
     # every GET hangs: the child is killed with its claims (and maybe files) half done
     delay_s = 5.0
     started = time.monotonic()
     s3_bucket.proxy.inject(Fault("delay", delay_s=delay_s), times=100)
     patient = {**s3_bucket.storage_options, "read_timeout_s": 60.0}
-    args = (url, patient, str(pack), str(cache_dir))
+    args = (url, patient, str(pack), str(disk_cache_dir))
     proc = _context().Process(target=_read_all, args=args)
     proc.start()
     # its claims are in the ledger, its GETs in flight
@@ -192,14 +192,14 @@ def test_kill_during_a_download_then_a_clean_restart(
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
     s3_bucket.proxy.clear()
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=cache_dir, cache_disk_bytes=10**9))
+    cache = DiskCache(DiskCacheOptions(directory=disk_cache_dir, budget_bytes=10**9))
     assert cache.usage_bytes() == 0  # the dead claims were recovered at open
     cache.close()
     planned = source_for(
-        s3_bucket, url, pack, ChunkCacheOptions(cache_dir=cache_dir, cache_disk_bytes=10**9)
+        s3_bucket, url, pack, DiskCacheOptions(directory=disk_cache_dir, budget_bytes=10**9)
     )
     read_epoch(planned, orders(1), 0, pack.read_bytes())  # every chunk's bytes checked
-    assert not list(cache_dir.rglob("*.tmp"))
+    assert not list(disk_cache_dir.rglob("*.tmp"))
     planned.close()
     # The proxy's delayed answers to the dead process fail when their wait ends: let them
     # fail during this test, not in the output of the next one.

@@ -55,17 +55,17 @@ class RemoteReading:
 
     Attributes:
         requests_in_flight: Ranged requests each worker keeps in flight (None: measured).
-        cache_dir: The disk cache's directory (None: the default).
-        cache_disk_bytes: Its budget (None: the default; 0: no disk cache).
-        cache_eviction: ``"belady"`` or ``"lru"``.
+        disk_cache_dir: The disk cache's directory (None: the default).
+        disk_cache_bytes: Its budget (None: the default; 0: no disk cache).
+        disk_cache_eviction: ``"belady"`` or ``"lru"``.
         store: The store of the pack, chosen once from ``--storage-option`` (None: chosen
             from the path with the environment's settings; ``ReaderOptions.store``).
     """
 
     requests_in_flight: int | None = None
-    cache_dir: str | None = None
-    cache_disk_bytes: int | None = None
-    cache_eviction: str = "belady"
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int | None = None
+    disk_cache_eviction: str = "belady"
     store: Store | None = None
 
     def fields(self) -> dict[str, Any]:
@@ -76,9 +76,9 @@ class RemoteReading:
         ahead = self.requests_in_flight
         return {
             "read_ahead": None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
-            "cache_dir": self.cache_dir,
-            "cache_disk_bytes": self.cache_disk_bytes,
-            "cache_eviction": parse_policy(self.cache_eviction),
+            "disk_cache_dir": self.disk_cache_dir,
+            "disk_cache_bytes": self.disk_cache_bytes,
+            "disk_cache_eviction": parse_policy(self.disk_cache_eviction),
             "store": self.store,
         }
 
@@ -182,7 +182,7 @@ class BenchOptions:
             is above this and ``budget_s`` allows.
         budget_s: Seconds the timing may take before runs stop being lengthened.
         seed: Seed of the order.
-        remote: A remote pack's read-ahead and disk cache (``--cache-dir`` and the like).
+        remote: A remote pack's read-ahead and disk cache (``--disk-cache-dir`` and the like).
     """
 
     batch_size: int = 64

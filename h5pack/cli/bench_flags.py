@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,8 +156,28 @@ def cache_flags(function: Any) -> Any:
     )(function)
 
 
+RENAMED_FLAGS = {
+    "--cache-dir": "--disk-cache-dir",
+    "--cache-disk-bytes": "--disk-cache-bytes",
+    "--cache-eviction": "--disk-cache-eviction",
+}
+"""Flags of older releases for the disk cache, and their names now (issue 26: one word a cache)."""
+
+
+def _moved(old: str, new: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            raise click.UsageError(f"{old} moved to {new}", ctx)
+
+    return refuse
+
+
 def remote_flags(function: Any) -> Any:
-    """A remote pack's read-ahead and disk cache: make_loader's ``cache_dir=`` and the like."""
+    """A remote pack's read-ahead and disk cache: ``ReaderOptions(disk_cache_dir=...)`` etc."""
+    for old, new in RENAMED_FLAGS.items():
+        function = click.option(
+            old, hidden=True, expose_value=False, is_eager=True, callback=_moved(old, new)
+        )(function)
     function = click.option(
         "--requests-in-flight",
         type=click.IntRange(min=1),
@@ -165,7 +186,7 @@ def remote_flags(function: Any) -> Any:
         "pack) [default: sized from the measured latency and rate].",
     )(function)
     function = click.option(
-        "--cache-eviction",
+        "--disk-cache-eviction",
         type=click.Choice(["belady", "lru"]),
         default="belady",
         show_default=True,
@@ -173,14 +194,14 @@ def remote_flags(function: Any) -> Any:
         "recently used (for comparison).",
     )(function)
     function = click.option(
-        "--cache-disk-bytes",
+        "--disk-cache-bytes",
         type=ByteSize(),
         default=None,
         help="The disk cache's budget, e.g. 20GiB; 0: none [default: half the free space "
         "where it lies].",
     )(function)
     return click.option(
-        "--cache-dir",
+        "--disk-cache-dir",
         type=click.Path(file_okay=False),
         default=None,
         help="The machine's disk cache of a remote pack's chunks, shared by every process "

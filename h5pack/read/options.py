@@ -11,9 +11,22 @@ from h5pack._types import StrPath
 from h5pack.core.decode import BACKENDS, Backend
 from h5pack.core.store import Store, open_store
 from h5pack.errors import OptionsError
-from h5pack.read.chunkcache import ChunkCacheOptions
+from h5pack.read.diskcache import DiskCacheOptions
 from h5pack.read.eviction import EvictionPolicy
 from h5pack.read.readahead import ReadAheadOptions
+
+RENAMED = {
+    "cache_dir": "disk_cache_dir",
+    "cache_disk_bytes": "disk_cache_bytes",
+    "cache_eviction": "disk_cache_eviction",
+}
+"""Fields of older releases and their names now: one word for the disk cache (issue 26)."""
+
+
+def renamed_message(name: str) -> str | None:
+    """Return what the field ``name`` of an older release is called now, or None."""
+    new = RENAMED.get(name)
+    return None if new is None else f"{name}= moved to reader=ReaderOptions({new}=...)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,13 +63,13 @@ class ReaderOptions:
         read_ahead: How a remote pack's chunks are fetched ahead of use (NOTE [ Planned
             read-ahead ]); None: ``ReadAheadOptions()`` for remote packs, none for local
             ones (given: local packs read ahead too).
-        cache_dir: The machine's disk cache of remote chunks, shared by every worker, rank
+        disk_cache_dir: The machine's disk cache of remote chunks, shared by every worker, rank
             and job on the machine (NOTE [ One disk cache per machine ]); None:
             ``h5pack-chunks`` in the temporary directory.
-        cache_disk_bytes: Its budget in bytes, never exceeded; 0: no disk cache; None:
+        disk_cache_bytes: Its budget in bytes, never exceeded; 0: no disk cache; None:
             ``DEFAULT_CACHE_DISK_FRACTION`` (half) of the free space of its file system when
             the directory is created (recorded there).
-        cache_eviction: ``"belady"`` (the chunk needed farthest in the future goes: the
+        disk_cache_eviction: ``"belady"`` (the chunk needed farthest in the future goes: the
             default) or ``"lru"`` (least recently used, for comparison).
 
     Raises:
@@ -73,9 +86,15 @@ class ReaderOptions:
     storage_options: Mapping[str, Any] | None = None
     store: Store | None = None
     read_ahead: ReadAheadOptions | None = None
-    cache_dir: str | os.PathLike[str] | None = None
-    cache_disk_bytes: int | None = None
-    cache_eviction: EvictionPolicy = "belady"
+    disk_cache_dir: str | os.PathLike[str] | None = None
+    disk_cache_bytes: int | None = None
+    disk_cache_eviction: EvictionPolicy = "belady"
+
+    def __new__(cls, **fields: Any) -> ReaderOptions:  # noqa: D102  (refuses renamed fields)
+        moved = [message for name in fields if (message := renamed_message(name))]
+        if moved:
+            raise OptionsError("; ".join(moved))
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self.disk_cache  # noqa: B018  (validates the budget and the eviction policy)
@@ -106,12 +125,12 @@ class ReaderOptions:
         return self.window_chunks or 1
 
     @property
-    def disk_cache(self) -> ChunkCacheOptions | None:
+    def disk_cache(self) -> DiskCacheOptions | None:
         """The disk cache of remote chunks these options ask for (None: none)."""
-        if self.cache_disk_bytes == 0:
+        if self.disk_cache_bytes == 0:
             return None
-        return ChunkCacheOptions(
-            cache_dir=self.cache_dir,
-            cache_disk_bytes=self.cache_disk_bytes,
-            eviction=self.cache_eviction,
+        return DiskCacheOptions(
+            directory=self.disk_cache_dir,
+            budget_bytes=self.disk_cache_bytes,
+            eviction=self.disk_cache_eviction,
         )

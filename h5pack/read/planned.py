@@ -2,7 +2,7 @@
 
 ``PlannedSource`` wraps a source's ``read_ranges`` (``core.source``, NOTE [ Byte sources ]):
 a range that is exactly one of the pack's chunks is served by the ``ReadAhead`` (NOTE
-[ Planned read-ahead ]) and the machine's ``ChunkCache`` (NOTE [ One disk cache per
+[ Planned read-ahead ]) and the machine's ``DiskCache`` (NOTE [ One disk cache per
 machine ]); any other range (metadata, a contiguous run) goes to the source as before.
 A reader learns which chunks come next from a ``ReadPlan``, which the training side builds
 from the sampler's plan (``training.readplan``), in sample indices so that a reader of a
@@ -21,7 +21,7 @@ import numpy as np
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.core.source import ByteSource, SourceIdentity
-from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions, pack_key
+from h5pack.read.diskcache import DiskCache, DiskCacheOptions, pack_key
 from h5pack.read.eviction import Future
 from h5pack.read.readahead import ReadAhead, ReadAheadOptions
 
@@ -160,7 +160,7 @@ def planned_source(
     *,
     pack_id: str | None,
     read_ahead: ReadAheadOptions | None,
-    disk_cache: ChunkCacheOptions | None,
+    disk_cache: DiskCacheOptions | None,
 ) -> ByteSource:
     """Return ``source`` wrapped to read ahead (remote, or ``read_ahead`` given), else itself.
 
@@ -194,7 +194,7 @@ class PlannedSource(ByteSource):
         source: The object (thread-safe ``read_ranges``).
         offsets: Byte offset of each chunk (the pack's chunk table).
         sizes: Stored bytes of each chunk.
-        pack: The pack's cache key (``chunkcache.pack_key`` of its id, size and ETag).
+        pack: The pack's cache key (``diskcache.pack_key`` of its id, size and ETag).
         read_ahead: Depth, memory, merging of the read-ahead.
         cache: Directory, budget and eviction of the disk cache; None: no disk cache.
     """
@@ -207,7 +207,7 @@ class PlannedSource(ByteSource):
         *,
         pack: str,
         read_ahead: ReadAheadOptions | None = None,
-        cache: ChunkCacheOptions | None = None,
+        cache: DiskCacheOptions | None = None,
     ) -> None:
         self.source = source
         self.url = source.url
@@ -218,7 +218,7 @@ class PlannedSource(ByteSource):
         self.cache_options = cache
         self._by_offset = {int(o): c for c, o in enumerate(self.offsets.tolist()) if o >= 0}
         self._ahead: ReadAhead | None = None
-        self._cache: ChunkCache | None = None
+        self._cache: DiskCache | None = None
         self._pid = -1
 
     def size(self) -> int:
@@ -237,7 +237,7 @@ class PlannedSource(ByteSource):
     def ahead(self) -> ReadAhead:
         """Return this process's read-ahead (made on first use after a fork)."""
         if self._ahead is None or self._pid != os.getpid():
-            self._cache = ChunkCache(self.cache_options) if self.cache_options else None
+            self._cache = DiskCache(self.cache_options) if self.cache_options else None
             self._ahead = ReadAhead(
                 self.source,
                 self.offsets,
@@ -250,7 +250,7 @@ class PlannedSource(ByteSource):
         return self._ahead
 
     @property
-    def cache(self) -> ChunkCache | None:
+    def cache(self) -> DiskCache | None:
         """This process's disk cache, if any."""
         self.ahead()
         return self._cache

@@ -10,7 +10,7 @@ the measured time and bytes per request and the reader's rate, ``ceil(1.5 D T / 
 within ``[2, max_requests_in_flight]``. Fetched and in-flight bytes stay under
 ``ahead_bytes``. A chunk off the plan is found further on (the read-ahead jumps there) or
 read at once; the reader is never served wrong bytes, only later ones. With a disk cache
-(``read/chunkcache.py``) every chunk is claimed there first.
+(``read/diskcache.py``) every chunk is claimed there first.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from h5pack.errors import OptionsError
-from h5pack.read.chunkcache import ChunkCache
+from h5pack.read.diskcache import DiskCache
 
 __all__ = ["RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
 
@@ -148,7 +148,7 @@ class ReadAhead:
         sizes: Stored bytes of each chunk.
         options: Depth, memory and merging.
         cache: The machine's disk cache, or None.
-        pack: The pack's cache key (``chunkcache.pack_key``); needed with a cache.
+        pack: The pack's cache key (``diskcache.pack_key``); needed with a cache.
         clock: Seconds, for the measured depth (injected by tests).
     """
 
@@ -159,7 +159,7 @@ class ReadAhead:
         sizes: np.ndarray,
         *,
         options: ReadAheadOptions | None = None,
-        cache: ChunkCache | None = None,
+        cache: DiskCache | None = None,
         pack: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypedDict
 from h5pack.core.decode import Backend
 from h5pack.errors import OptionsError
 from h5pack.read.crop import Crop, CropSpec
+from h5pack.read.options import renamed_message
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec
 from h5pack.training.sampler import EpochSpec, epoch_spec
@@ -76,6 +77,8 @@ def moved_message(name: str) -> str | None:
     """
     if name in RETIRED:
         return RETIRED[name]
+    if renamed := renamed_message(name):
+        return renamed
     for home, cls in _HOMES.items():
         owned = {f.name for f in fields(cls)}
         if name in owned and name not in KEYWORDS.get(home, frozenset()):

@@ -2,7 +2,7 @@
 
 NOTE [ One disk cache per machine ]
 
-Every process of a machine that reads the same remote pack opens the same ``cache_dir``; a
+Every process of a machine that reads the same remote pack opens the same directory; a
 chunk is downloaded once and read from disk by all (docs/decisions/0018-belady-disk-cache.md).
 
 - ``ledger.sqlite`` (WAL) holds one row per chunk, *claimed* (downloading, its bytes
@@ -49,10 +49,10 @@ from h5pack.read.eviction import (
 
 __all__ = [
     "DEFAULT_CACHE_DISK_FRACTION",
-    "CacheStats",
-    "ChunkCache",
-    "ChunkCacheOptions",
     "Claim",
+    "DiskCache",
+    "DiskCacheOptions",
+    "DiskCacheStats",
     "default_cache_dir",
     "pack_key",
 ]
@@ -62,7 +62,7 @@ __all__ = [
 DEFAULT_CACHE_DISK_FRACTION = 0.5
 _READY, _CLAIMED = 1, 0
 _POLL_S = 0.005
-_INHERITED: list[sqlite3.Connection] = []  # see ChunkCache._connect
+_INHERITED: list[sqlite3.Connection] = []  # see DiskCache._connect
 # How long opening the ledger retries SQLite's immediate "database is locked" answers.
 _CONNECT_WAIT_S = 60.0
 _SAME_USE = 1e-9  # epochs: two futures' uses this close are one use
@@ -81,13 +81,13 @@ def pack_key(pack_id: str | None, size: int, etag: str | None) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkCacheOptions:
+class DiskCacheOptions:
     """Where remote chunks are kept on this machine and how much disk they may take.
 
     Attributes:
-        cache_dir: The directory (shared by every process of the machine that reads the
+        directory: The directory (shared by every process of the machine that reads the
             same packs); None: ``default_cache_dir()``.
-        cache_disk_bytes: The budget of the whole directory in bytes; None:
+        budget_bytes: The budget of the whole directory in bytes; None:
             ``DEFAULT_CACHE_DISK_FRACTION`` of the free space of its file system when the
             directory was created (recorded there).
         eviction: ``belady`` (the chunk needed farthest in the future goes; the default)
@@ -97,25 +97,25 @@ class ChunkCacheOptions:
         OptionsError: a negative budget or an unknown policy.
     """
 
-    cache_dir: StrPath | None = None
-    cache_disk_bytes: int | None = None
+    directory: StrPath | None = None
+    budget_bytes: int | None = None
     eviction: EvictionPolicy = "belady"
 
     def __post_init__(self) -> None:
-        if self.cache_disk_bytes is not None and self.cache_disk_bytes < 0:
+        if self.budget_bytes is not None and self.budget_bytes < 0:
             raise OptionsError(
-                f"cache_disk_bytes should be >= 0, but got cache_disk_bytes={self.cache_disk_bytes}"
+                f"disk_cache_bytes should be >= 0, but got disk_cache_bytes={self.budget_bytes}"
             )
         parse_policy(self.eviction)
 
     @property
-    def directory(self) -> Path:
+    def path(self) -> Path:
         """Return the cache directory."""
-        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        return Path(self.directory) if self.directory is not None else default_cache_dir()
 
 
 @dataclass
-class CacheStats:
+class DiskCacheStats:
     """What one process's cache did (counts, not times).
 
     Attributes:
@@ -164,7 +164,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class ChunkCache:
+class DiskCache:
     """The disk cache of remote chunks in one directory (see the NOTE above).
 
     Opened lazily once per process (a DataLoader worker opens its own after the fork);
@@ -174,10 +174,10 @@ class ChunkCache:
         options: Directory, budget and eviction policy.
     """
 
-    def __init__(self, options: ChunkCacheOptions) -> None:
+    def __init__(self, options: DiskCacheOptions) -> None:
         self.options = options
-        self.directory = options.directory
-        self.stats = CacheStats()
+        self.directory = options.path
+        self.stats = DiskCacheStats()
         self._pid = -1
         self._db: sqlite3.Connection | None = None
         self._owner = ""
@@ -221,7 +221,7 @@ class ChunkCache:
                 os.close(self._owner_fd)
             self._owner_fd = -1
         self._db = None
-        self.stats = CacheStats()
+        self.stats = DiskCacheStats()
         try:
             (self.directory / "owners").mkdir(parents=True, exist_ok=True)
             (self.directory / "chunks").mkdir(exist_ok=True)
@@ -275,8 +275,8 @@ class ChunkCache:
             return db
 
     def _read_budget(self, db: sqlite3.Connection) -> int:
-        if self.options.cache_disk_bytes is not None:
-            return self.options.cache_disk_bytes
+        if self.options.budget_bytes is not None:
+            return self.options.budget_bytes
         row = db.execute("SELECT value FROM meta WHERE key = 'default_budget'").fetchone()
         if row is not None:
             return int(row[0])
@@ -310,7 +310,7 @@ class ChunkCache:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         options = state["options"]
-        assert isinstance(options, ChunkCacheOptions)
+        assert isinstance(options, DiskCacheOptions)
         type(self).__init__(self, options)  # a fresh process state, lazily opened
 
     # -- paths --------------------------------------------------------------------
@@ -642,8 +642,8 @@ class ChunkCache:
 # (the transactions under way finish first) and closes its connection; after the fork the
 # locks are released in both processes, the parent reopens its connection at its next use
 # (same owner, same flock) and the child opens its own, from a clean SQLite state.
-_OPEN: weakref.WeakSet[ChunkCache] = weakref.WeakSet()
-_HELD: list[ChunkCache] = []
+_OPEN: weakref.WeakSet[DiskCache] = weakref.WeakSet()
+_HELD: list[DiskCache] = []
 
 
 def _before_fork() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from h5pack.errors import H5PackError, OptionsError
-from h5pack.read.chunkcache import ChunkCache, ChunkCacheOptions, pack_key
+from h5pack.read.diskcache import DiskCache, DiskCacheOptions, pack_key
 from h5pack.read.eviction import Candidate, Future, choose_victims, next_uses
 
 CHUNK = 1000
@@ -38,9 +38,7 @@ def future_of(plans: list[np.ndarray], epoch: int) -> Future:
     return Future.of(chunks, times)
 
 
-def run_epochs(
-    cache: ChunkCache, num_chunks: int, epochs: int, *, sizes: bool = False
-) -> list[int]:
+def run_epochs(cache: DiskCache, num_chunks: int, epochs: int, *, sizes: bool = False) -> list[int]:
     """Read every chunk once per epoch through the cache; return the bytes downloaded."""
     plans = orders(num_chunks, epochs)
     downloaded = []
@@ -69,10 +67,10 @@ def files_bytes(directory: Path) -> int:
 
 
 def test_options_refuse_bad_values() -> None:
-    with pytest.raises(OptionsError, match="cache_disk_bytes"):
-        ChunkCacheOptions(cache_disk_bytes=-1)
+    with pytest.raises(OptionsError, match="disk_cache_bytes"):
+        DiskCacheOptions(budget_bytes=-1)
     with pytest.raises(OptionsError, match="eviction"):
-        ChunkCacheOptions(eviction="fifo")  # type: ignore[arg-type]
+        DiskCacheOptions(eviction="fifo")  # type: ignore[arg-type]
 
 
 def test_pack_key_changes_with_the_etag() -> None:
@@ -81,7 +79,7 @@ def test_pack_key_changes_with_the_etag() -> None:
 
 
 def test_a_budget_that_fits_the_pack_makes_epoch_two_free(tmp_path: Path) -> None:
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=40 * CHUNK))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=40 * CHUNK))
     downloaded = run_epochs(cache, 40, 3)
     assert downloaded == [40 * CHUNK, 0, 0]
     assert cache.stats.hits == 80
@@ -91,10 +89,8 @@ def test_a_budget_that_fits_the_pack_makes_epoch_two_free(tmp_path: Path) -> Non
 def test_belady_downloads_only_what_does_not_fit(tmp_path: Path, fraction: float) -> None:
     num = 80
     budget = int(fraction * num * CHUNK)
-    belady = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "b", cache_disk_bytes=budget))
-    lru = ChunkCache(
-        ChunkCacheOptions(cache_dir=tmp_path / "l", cache_disk_bytes=budget, eviction="lru")
-    )
+    belady = DiskCache(DiskCacheOptions(directory=tmp_path / "b", budget_bytes=budget))
+    lru = DiskCache(DiskCacheOptions(directory=tmp_path / "l", budget_bytes=budget, eviction="lru"))
     size = num * CHUNK
     for epoch_bytes in run_epochs(belady, num, 4)[1:]:
         assert epoch_bytes <= (1 - fraction) * size + 0.05 * size
@@ -107,21 +103,21 @@ def test_belady_bound_with_uneven_chunk_sizes(tmp_path: Path) -> None:
     num = 60
     size = sum(CHUNK + (c % 7) * 100 for c in range(num))
     budget = size // 2
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=budget))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=budget))
     for epoch_bytes in run_epochs(cache, num, 3, sizes=True)[1:]:
         assert epoch_bytes <= (1 - budget / size) * size + 0.05 * size
 
 
 def test_a_zero_budget_caches_nothing(tmp_path: Path) -> None:
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=0))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=0))
     assert run_epochs(cache, 5, 2) == [5 * CHUNK, 5 * CHUNK]
     assert cache.stats.bypassed == 10
 
 
 def test_the_default_budget_is_recorded_once(tmp_path: Path) -> None:
-    first = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path))
+    first = DiskCache(DiskCacheOptions(directory=tmp_path))
     assert first.budget_bytes > 0
-    assert ChunkCache(ChunkCacheOptions(cache_dir=tmp_path)).budget_bytes == first.budget_bytes
+    assert DiskCache(DiskCacheOptions(directory=tmp_path)).budget_bytes == first.budget_bytes
 
 
 def test_next_uses_take_the_nearest_over_futures() -> None:
@@ -147,7 +143,7 @@ def test_victims_rank_above_the_new_chunk_or_none() -> None:
 
 
 def test_a_replaced_pack_has_its_own_chunks(tmp_path: Path) -> None:
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10 * CHUNK))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10 * CHUNK))
     assert cache.claim(PACK, 0, CHUNK).kind == "claimed"
     cache.store(PACK, 0, chunk_bytes(0))
     other = pack_key("p" * 32, 10**6, '"new"')
@@ -155,7 +151,7 @@ def test_a_replaced_pack_has_its_own_chunks(tmp_path: Path) -> None:
 
 
 def test_a_short_file_is_never_served(tmp_path: Path) -> None:
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10 * CHUNK))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10 * CHUNK))
     assert cache.claim(PACK, 3, CHUNK).kind == "claimed"
     cache.store(PACK, 3, chunk_bytes(3))
     path = tmp_path / "chunks" / PACK / "3"
@@ -168,7 +164,7 @@ def test_a_short_file_is_never_served(tmp_path: Path) -> None:
 
 
 def _reader(directory: str, num: int, counts: str, seed: int) -> None:
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=directory, cache_disk_bytes=10**9))
+    cache = DiskCache(DiskCacheOptions(directory=directory, budget_bytes=10**9))
     for chunk in np.random.default_rng(seed).permutation(num).tolist():
         claim = cache.claim(PACK, chunk, CHUNK)
         while claim.kind == "busy":
@@ -205,7 +201,7 @@ def test_processes_download_each_chunk_once(tmp_path: Path) -> None:
 
 
 def _killed_while_storing(directory: str, renamed: bool) -> None:
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=directory, cache_disk_bytes=10**6))
+    cache = DiskCache(DiskCacheOptions(directory=directory, budget_bytes=10**6))
     assert cache.claim(PACK, 5, CHUNK).kind == "claimed"
     temp = Path(directory) / "chunks" / PACK / f".5.{cache._owner}.tmp"
     temp.parent.mkdir(parents=True, exist_ok=True)
@@ -221,13 +217,13 @@ def test_a_killed_download_is_claimed_again(tmp_path: Path, renamed: bool) -> No
     proc.start()
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10**6))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10**6))
     assert cache.claim(PACK, 5, CHUNK).kind == "claimed"  # the dead claim was recovered
     assert cache.stats.recovered == 1
     left = [p.name for p in (tmp_path / "chunks" / PACK).iterdir()]
     assert left == []  # neither the half temporary file nor a half final one
     cache.store(PACK, 5, chunk_bytes(5))
-    again = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10**6))
+    again = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10**6))
     hit = again.claim(PACK, 5, CHUNK)
     assert hit.kind == "hit"
     assert hit.data is not None
@@ -238,7 +234,7 @@ def test_a_wait_on_a_dead_claim_takes_it_over(tmp_path: Path) -> None:
     proc = _context().Process(target=_killed_while_storing, args=(str(tmp_path), False))
     proc.start()
     proc.join(30)
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10**6))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10**6))
     cache._open()  # recovery at open already removed it
     assert cache.wait(PACK, 5, CHUNK).kind == "claimed"
 
@@ -246,7 +242,7 @@ def test_a_wait_on_a_dead_claim_takes_it_over(tmp_path: Path) -> None:
 def test_a_cache_pickles_as_its_options(tmp_path: Path) -> None:
     import pickle
 
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path, cache_disk_bytes=10))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=10))
     cache._open()
     copy = pickle.loads(pickle.dumps(cache))
     assert copy.options == cache.options
@@ -271,7 +267,7 @@ def test_opening_retries_sqlites_immediate_database_is_locked(tmp_path, monkeypa
         return Locked() if len(refused) < 2 else real_connect(*args, **kwargs)
 
     monkeypatch.setattr(sqlite3, "connect", connect)
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=1000))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path / "c", budget_bytes=1000))
     assert cache.budget_bytes == 1000
     assert len(refused) == 2
     cache.close()
@@ -286,12 +282,12 @@ def test_opening_does_not_retry_other_sqlite_errors(tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: Broken())
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=1000))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path / "c", budget_bytes=1000))
     with pytest.raises(H5PackError, match=r"cannot use the chunk cache .*: disk I/O error"):
         cache.usage_bytes()
 
 
-def _claim_and_store(cache: ChunkCache, chunk: int, queue: multiprocessing.Queue[object]) -> None:
+def _claim_and_store(cache: DiskCache, chunk: int, queue: multiprocessing.Queue[object]) -> None:
     try:
         claim = cache.claim(PACK, chunk, CHUNK)
         if claim.kind == "claimed":
@@ -304,7 +300,7 @@ def _claim_and_store(cache: ChunkCache, chunk: int, queue: multiprocessing.Queue
 def test_a_fork_while_a_thread_is_in_a_transaction(tmp_path: Path) -> None:
     # NOTE [ The ledger and fork ]: a parent thread holds the cache (a transaction under way)
     # when a worker is forked; the child inherited a held lock and hung on its first claim
-    cache = ChunkCache(ChunkCacheOptions(cache_dir=tmp_path / "c", cache_disk_bytes=10**6))
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path / "c", budget_bytes=10**6))
     assert cache.claim(PACK, 0, CHUNK).kind == "claimed"
     cache.store(PACK, 0, chunk_bytes(0))
     inside, leave = threading.Event(), threading.Event()
