@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     )
     from h5pack.core.format import PackMeta, load_meta
     from h5pack.core.layout import Compression
+    from h5pack.read.access import Pack
+    from h5pack.read.access import Pack as open
     from h5pack.read.boxes import CropSpec
     from h5pack.read.reader import PackReader, ReaderOptions
     from h5pack.training.cache import CacheSpec
@@ -81,6 +83,7 @@ _LAZY = {
     "PackReader": "h5pack.read.reader",
     "ReaderOptions": "h5pack.read.reader",
     "PackMeta": "h5pack.core.format",
+    "Pack": "h5pack.read.access",
     "ArrayField": "h5pack.core.fields",
     "BoxesField": "h5pack.core.fields",
     "BytesField": "h5pack.core.fields",
@@ -114,6 +117,7 @@ __all__ = [
     "MaskField",
     "MergeReport",
     "OptionsError",
+    "Pack",
     "PackMeta",
     "PackNotFoundError",
     "PackReader",
@@ -134,6 +138,7 @@ __all__ = [
     "load_meta",
     "make_loader",
     "merge_packs",
+    "open",
     "pack_info",
     "packset_info",
     "seed_everything",
@@ -144,6 +149,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "open":  # h5pack.open(path) -> Pack, as zarr.open and h5py.File
+        name = "Pack"
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'h5pack' has no attribute {name!r}")

@@ -1,0 +1,199 @@
+"""Random access to a pack's samples by index or key: ``h5pack.open`` (decision 0041).
+
+For evaluation, inspection and debugging, as users read a Hugging Face dataset or a wids
+one: ``pack[i]`` is one sample's fields as a dict, ``pack[a:b]`` (or a list of indices) a
+list of them, read a chunk group at a time; ``pack.find(key)`` the index of a key. Images
+are decoded by the reader's decode path and checked against their recorded digests as the
+loader checks them. The object holds a path, not a handle: it pickles into a DataLoader
+worker, which opens the pack again on first use (refusing a file replaced since).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, overload
+
+import numpy as np
+
+from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, stored_fields
+from h5pack.core.layout import checked_indices, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.store import Store
+from h5pack.read.mixture import source_name
+from h5pack.read.packset import PackSetReader, PackSource, PackView, open_reader
+from h5pack.read.reader import PackReader, ReaderOptions
+
+__all__ = ["Pack"]
+
+Sample = dict[str, Any]
+
+
+class Pack:
+    """A pack (or a pack set) read sample by sample; a context manager, read-only.
+
+    Args:
+        source: A pack's path or URL (``s3://bucket/a.h5``), a pack set's directory,
+            prefix or ``packset.json``, or a list of packs.
+        fields: The fields each sample holds (default: every field the pack lists, with
+            ``key``); leaving ``image`` out reads no image at all.
+        storage_options: The remote client's settings for a URL (as ``make_loader``'s).
+        store: The store the pack is kept in (instead of ``storage_options``).
+        options: How to read (``ReaderOptions``; ``storage_options`` and ``store`` replace
+            its own).
+
+    Raises:
+        FileNotFoundError: the pack does not exist.
+        FormatError: the file is not a pack, or is damaged.
+        OptionsError: ``fields`` names a field the pack does not list.
+
+    Example:
+        >>> pack = h5pack.open("train.h5")  # doctest: +SKIP
+        >>> pack[0]["image"].shape, pack.classes[pack[0]["label"]]  # doctest: +SKIP
+        ((375, 500, 3), 'cat')
+    """
+
+    def __init__(
+        self,
+        source: PackSource,
+        *,
+        fields: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        store: Store | None = None,
+        options: ReaderOptions | None = None,
+    ) -> None:
+        options = options or ReaderOptions()
+        if store is None:
+            store = options.store_for(source) if storage_options is None else None
+        self._options = replace(options, store=store, storage_options=storage_options)
+        self._source = source if isinstance(source, str | os.PathLike) else list(source)
+        self._reader: PackReader | PackSetReader | None = open_reader(source, self._options)
+        meta = self._reader.meta
+        self._view = (
+            self._reader.view
+            if isinstance(self._reader, PackSetReader)
+            else PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
+        )
+        self._names = selected(meta, fields, key=True)
+        self._keys: dict[str, int] | None = None
+
+    # -- what the pack holds -------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._view.meta.num_samples
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        """The fields each sample holds, by name (their kind, dtype and shape)."""
+        listed = {f.name: f for f in fields_of(self._view.meta)}
+        return {name: listed[name] for name in self._names}
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names: ``label`` ``k`` is ``classes[k]``."""
+        return list(self._view.meta.classes)
+
+    @property
+    def keys(self) -> Sequence[str]:
+        """Every sample's key (its name in the source), in pack order."""
+        return self._open().paths
+
+    def find(self, key: str) -> int:
+        """Return the index of the sample whose key is ``key``.
+
+        The first call maps every key to its index (one read of the keys); later ones are
+        a dictionary lookup.
+
+        Raises:
+            KeyError: no sample has that key (the message names the pack).
+        """
+        if self._keys is None:
+            self._keys = {}
+            for index, name in enumerate(self.keys):
+                self._keys.setdefault(name, index)
+        try:
+            return self._keys[key]
+        except KeyError:
+            raise KeyError(f"no sample of {self.name} has the key {key!r}") from None
+
+    @property
+    def name(self) -> str:
+        """How messages name the pack: its path or URL."""
+        return source_name(self._source)
+
+    # -- samples -------------------------------------------------------------------------
+    @overload
+    def __getitem__(self, index: int | np.integer) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice | Sequence[int] | np.ndarray) -> list[Sample]: ...
+
+    def __getitem__(
+        self, index: int | np.integer | slice | Sequence[int] | np.ndarray
+    ) -> Sample | list[Sample]:
+        """Return sample ``index`` (negative: from the end), or a list for a slice or list.
+
+        Raises:
+            IndexError: an index is out of range.
+            TypeError: ``index`` is not an int, a slice or a sequence of ints.
+            FormatError: a sample is damaged (its image does not match its digest).
+        """
+        if isinstance(index, int | np.integer):
+            return self._read(np.array([int(index)]))[0]
+        if isinstance(index, slice):
+            return self._read(np.arange(*index.indices(len(self))))
+        idx = np.asarray(index)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise TypeError(
+                "a pack is indexed by an int, a slice or a list of ints, but got "
+                f"{type(index).__name__}"
+            )
+        return self._read(idx)
+
+    def __iter__(self) -> Iterator[Sample]:
+        """Yield every sample in pack order, read a chunk group at a time."""
+        starts = self._view.chunk_map.starts.tolist()
+        for lo, hi in itertools.pairwise(starts):
+            yield from self._read(np.arange(lo, hi))
+
+    def _read(self, indices: np.ndarray) -> list[Sample]:
+        reader = self._open()
+        meta = self._view.meta
+        idx = checked_indices(indices, meta.num_samples, self.name)
+        if not idx.size:
+            return []
+        columns: dict[str, Sequence[Any]] = {}
+        if IMAGE in self._names:
+            columns[IMAGE] = reader.read_images(idx)
+        if LABEL in self._names:
+            columns[LABEL] = meta.labels[idx].tolist()
+        if KEY in self._names:
+            columns[KEY] = [reader.paths[i] for i in idx.tolist()]
+        others = [f.name for f in stored_fields(fields_of(meta)) if f.name in self._names]
+        if others:
+            columns.update(reader.read_fields(idx, others))
+        return [{name: columns[name][k] for name in self._names} for k in range(idx.size)]
+
+    # -- the file ------------------------------------------------------------------------
+    def _open(self) -> PackReader | PackSetReader:
+        if self._reader is None:
+            self._reader = open_reader(self._source, self._options, view=self._view)
+        return self._reader
+
+    def close(self) -> None:
+        """Close the pack (a later read opens it again)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> Pack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_reader": None, "_keys": None}
+
+    def __repr__(self) -> str:
+        return f"Pack({self.name!r}, {len(self)} samples, fields: {', '.join(self._names)})"
