@@ -6,7 +6,7 @@
   (``FaultProxy``: ``counts``, ``inject``, ``reset_counts``).
 - ``s3_bucket``: a fresh bucket per test reached through ``s3_proxy``
   (``h5pack.bench.s3local.Bucket``: ``url(key)``, ``put(file, key)``, ``put_tree``,
-  ``storage_options`` with no backoff between retries, ``proxy``).
+  ``storage_options`` with no backoff between retries and 5 tries, ``proxy``).
 - ``chunk_cache_in_tmp`` (session, autouse): the default disk cache of remote chunks
   (``read.diskcache.default_cache_dir``) in the session's temporary folder, not in the
   machine's temporary directory, where every test run would add to it.
@@ -59,5 +59,13 @@ def s3_bucket(s3_server: S3Server, s3_proxy: FaultProxy) -> Bucket:
         s3_server,
         s3_proxy,
         f"bucket-{next(_buckets)}",
-        {"backoff_s": 0.0, "read_timeout_s": 15.0, "connect_timeout_s": 15.0},
+        # no waits between retries, and the count of tries the tests were written for
+        # (tests of retries by time set their own: tests/test_retry.py)
+        {
+            "backoff_s": 0.0,
+            "throttle_backoff_s": 0.0,
+            "max_attempts": 5,
+            "read_timeout_s": 15.0,
+            "connect_timeout_s": 15.0,
+        },
     )

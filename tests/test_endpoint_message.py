@@ -21,7 +21,7 @@ def nowhere(no_aws_environment: None, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _info(*options: str) -> str:
     args = ["info", "s3://demo/pack.h5"]
-    for option in ("attempts=2", "backoff_s=0", *options):
+    for option in ("attempts=2", "backoff_s=0", "throttle_backoff_s=0", *options):
         args += ["--storage-option", option]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0
@@ -32,7 +32,7 @@ def test_an_endpoint_from_the_environment_is_named_with_its_variable(
     nowhere: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", nowhere)
-    assert f"after 2 attempts from {nowhere} (set by AWS_ENDPOINT_URL)" in _info()
+    assert f"from {nowhere} (set by AWS_ENDPOINT_URL): gave up after 2 attempts" in _info()
 
 
 def test_an_endpoint_from_a_storage_option_is_named_with_the_flag(

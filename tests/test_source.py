@@ -126,8 +126,8 @@ def test_s3_faults_past_the_retries_are_one_error(remote: tuple[Bucket, str]) ->
     bucket.proxy.inject(Fault("status", status=503), times=3)
     with pytest.raises(
         RemoteError,
-        match=r"after 3 attempts from http://\S+ \(set by the storage option endpoint .*\); "
-        r"last cause: HTTP 503 SlowDown",
+        match=r"from http://\S+ \(set by the storage option endpoint .*\): gave up after 3 "
+        r"attempts over \d+\.\d s .*; last cause: HTTP 503 SlowDown",
     ) as e:
         source.read(0, 10)
     assert url in str(e.value)
@@ -203,12 +203,12 @@ def test_options_from_the_environment_and_storage_options(
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://from-env:1")
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
     options = s3.resolve_options({"endpoint_url": "http://given:2", "attempts": "2"})
-    assert (options.endpoint, options.region, options.attempts) == (
+    assert (options.endpoint, options.region, options.max_attempts) == (
         "http://given:2",
         "eu-west-3",
         2,
     )
     with pytest.raises(OptionsError, match="unknown storage option 'colour'"):
         s3.S3Options.of({"colour": "red"})
-    with pytest.raises(OptionsError, match="attempts should be >= 1"):
+    with pytest.raises(OptionsError, match="max_attempts should be >= 1"):
         s3.S3Options.of({"attempts": "0"})

@@ -353,7 +353,7 @@ storage_option_flag = click.option(
     multiple=True,
     metavar="KEY=VALUE",
     help="For s3:// URLs: a client setting the environment (AWS_*) does not give, e.g. "
-    "endpoint=http://127.0.0.1:9000, region=..., profile=..., attempts=5; repeatable.",
+    "endpoint=http://127.0.0.1:9000, region=..., profile=..., retry_timeout_s=60; repeatable.",
 )
 
 

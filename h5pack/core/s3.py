@@ -5,9 +5,10 @@ NOTE [ The S3 client ]
 The client is botocore (the ``s3`` extra; docs/decisions/0017-s3-client-lean-get.md says
 why, and why not obstore: its runtime does not survive ``fork``). Clients are made once per
 process and options (keyed on the pid), read what the AWS CLI reads (profiles, SSO, roles),
-and leave retries to ``S3Source.with_retries``: timeouts, resets, 5xx and SlowDown with
-bounded exponential backoff, then one ``RemoteError`` naming the URL, the bytes and the
-cause. The chunks' ranged GETs go through ``core.s3http`` (NOTE [ The lean ranged GET ]).
+and leave retries to ``S3Source.with_retries``: timeouts, resets, 5xx and SlowDown are
+tried again until ``retry_timeout_s`` (NOTE [ Retries by time ]), then one ``RemoteError``
+names the URL, the bytes, the attempts and the cause. The chunks' ranged GETs go through
+``core.s3http`` (NOTE [ The lean ranged GET ]).
 
 Trust: every GET after the first carries ``If-Match`` with the ETag seen at open, and each
 answer's ETag and total size are checked (servers that ignore If-Match are caught too); a
@@ -79,18 +80,25 @@ class PendingUpload:
 class S3Store(Store):
     """Objects in S3-compatible buckets, reached with ``options`` (NOTE [ The S3 client ]).
 
-    Every request goes through ``S3Source.with_retries`` (bounded backoff, one-line errors
+    Every request goes through ``S3Source.with_retries`` (retries by time, one-line errors
     naming the URL). NOTE [ Publishing in a bucket ] (``write/upload.py``) says why an
     upload is the atomic publish of a pack.
 
     Args:
         options: How to reach the buckets.
         sleep: The wait between tries (injected by tests).
+        clock: Seconds, monotonic: the retries' deadline (injected by tests with ``sleep``).
     """
 
-    def __init__(self, options: S3Options, *, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        options: S3Options,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.options = options
-        self._sleep = sleep
+        self._sleep, self._clock = sleep, clock
         # whether the server may implement If-None-Match (NOTE [ Conditional final PUT ])
         self._conditional = True
 
@@ -113,7 +121,7 @@ class S3Store(Store):
 
     def source(self, path: str) -> S3Source:
         """Return the object at the URL ``path``; its first answer fixes its size and ETag."""
-        return S3Source(path, self.options, sleep=self._sleep)
+        return S3Source(path, self.options, sleep=self._sleep, clock=self._clock)
 
     def _call(self, url: str, what: str, name: str, **arguments: Any) -> Any:
         """Return the client's ``name(Bucket=..., Key=..., **arguments)``, with the retries.

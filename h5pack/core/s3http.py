@@ -373,7 +373,14 @@ def _client_error(response: http.client.HTTPResponse, body: bytes) -> Exception:
                 "Code": code.group(1) if code else str(response.status),
                 "Message": message.group(1) if message else response.reason,
             },
-            "ResponseMetadata": {"HTTPStatusCode": response.status},
+            "ResponseMetadata": {
+                "HTTPStatusCode": response.status,
+                "HTTPHeaders": {
+                    name: value
+                    for name in ("retry-after", "x-amz-retry-after")
+                    if (value := response.getheader(name)) is not None
+                },
+            },
         },
         "GetObject",
     )

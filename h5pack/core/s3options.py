@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from h5pack.core import s3http
+from h5pack.core.retry import RetryPolicy
 from h5pack.core.store import missing_extra
 from h5pack.errors import OptionsError, RemoteError
 
@@ -36,12 +37,19 @@ ALIASES = {
     "aws_session_token": "session_token",
     "region_name": "region",
     "profile_name": "profile",
+    "attempts": "max_attempts",
+    "retries": "max_attempts",
+    "retry_timeout": "retry_timeout_s",
 }
 
 
 @dataclass(frozen=True, kw_only=True)
-class S3Options:
+class S3Options(RetryPolicy):
     """How to reach a bucket; every field may come from ``storage_options`` or the environment.
+
+    The retry fields (``retry_timeout_s``, ``max_attempts``...) are ``RetryPolicy``'s
+    (NOTE [ Retries by time ]). ``repr`` and ``str`` show no secret (``secret_access_key``,
+    ``session_token``: ``'***'``).
 
     Attributes:
         endpoint: An S3-compatible server (``http://127.0.0.1:9000``); None: AWS.
@@ -52,9 +60,6 @@ class S3Options:
         profile: A profile of ``~/.aws/config`` / ``~/.aws/credentials``.
         connect_timeout_s: Seconds to connect before the attempt counts as failed.
         read_timeout_s: Seconds without a byte before the attempt counts as failed.
-        attempts: Tries of one request (timeouts, resets, 5xx, 503 SlowDown, short bodies).
-        backoff_s: The first wait between tries; doubled each time (with jitter).
-        max_backoff_s: The longest wait between tries.
         max_in_flight: Requests one process issues at once (``read_ranges``).
         ranged_gets: ``"lean"``: the chunks' ranged GETs are signed and sent by h5pack and
             read straight into their buffers (NOTE [ The lean ranged GET ]); ``"botocore"``:
@@ -72,27 +77,23 @@ class S3Options:
     profile: str | None = None
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
-    attempts: int = 5
-    backoff_s: float = 0.1
-    max_backoff_s: float = 5.0
     max_in_flight: int = 16
     ranged_gets: Literal["lean", "botocore"] = "lean"
     # Where ``endpoint`` was set, for messages (resolve_options); not an option itself.
     endpoint_source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.ranged_gets not in ("lean", "botocore"):
             raise OptionsError(
                 "ranged_gets should be 'lean' or 'botocore', but got "
                 f"ranged_gets={self.ranged_gets!r}"
             )
-        if self.attempts < 1:
-            raise OptionsError(f"attempts should be >= 1, but got attempts={self.attempts}")
         if self.max_in_flight < 1:
             raise OptionsError(
                 f"max_in_flight should be >= 1, but got max_in_flight={self.max_in_flight}"
             )
-        for name in ("connect_timeout_s", "read_timeout_s", "backoff_s", "max_backoff_s"):
+        for name in ("connect_timeout_s", "read_timeout_s"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
 

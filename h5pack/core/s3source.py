@@ -6,7 +6,6 @@ Import it from ``core.s3`` (NOTE [ The S3 client ] is there).
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,20 +15,17 @@ from typing import Any
 import numpy as np
 
 from h5pack.core import s3http
+from h5pack.core.retry import THROTTLING_CODES, Transient, retry_after_s, retrying
 from h5pack.core.s3options import LeanGet, S3Options, boto_modules, lean_get, shared_client
 from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
 from h5pack.core.store import split_url
 from h5pack.errors import PackNotFoundError, RemoteError, UnsupportedRequestError
 
 _RETRIED_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
     "RequestTimeout",
     "RequestTimeTooSkewed",
     "InternalError",
     "ServiceUnavailable",
-    "503",
     "500",
 }
 _DENIED_CODES = {
@@ -61,6 +57,7 @@ class S3Source(ByteSource):
             pickled): reads of another object under the key are refused.
         size: The object's size when it was first opened.
         sleep: The wait between tries (injected by tests).
+        clock: Seconds, monotonic: the retries' deadline (injected by tests with ``sleep``).
     """
 
     def __init__(
@@ -71,12 +68,13 @@ class S3Source(ByteSource):
         etag: str | None = None,
         size: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _, self.bucket, self.key = split_url(url)
         self.url = url
         self.options = options
         self.etag, self._size = etag, size
-        self._sleep = sleep
+        self._sleep, self._clock = sleep, clock
         self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1  # of the request threads
@@ -256,36 +254,48 @@ class S3Source(ByteSource):
         return memoryview(data), start
 
     def with_retries(self, what: str, attempt: Callable[[], Any]) -> Any:
-        """Return ``attempt()``, tried up to ``options.attempts`` times (NOTE [ The S3 client ])."""
+        """Return ``attempt()``, tried again under the options' ``RetryPolicy``.
+
+        NOTE [ Retries by time ] (``core.retry``): resets, timeouts, 5xx, throttling and
+        short bodies are tried again until ``retry_timeout_s``; the final errors (no such
+        object, denied, replaced) at once.
+
+        Raises:
+            RetriesExhaustedError: still failing when the time ran out.
+        """
         _, _, errors = boto_modules()
-        last = ""
-        for number in range(self.options.attempts):
-            if number:
-                wait = min(self.options.max_backoff_s, self.options.backoff_s * 2 ** (number - 1))
-                self._sleep(wait * (0.5 + random.random() / 2))
+
+        def counted() -> Any:
             self.requests += 1
-            try:
-                return attempt()
-            except _Retry as err:
-                last = str(err)
-            except errors.ClientError as err:
-                last = self._client_error(err, what)
-            except (errors.NoCredentialsError, errors.PartialCredentialsError) as err:
+            return attempt()
+
+        def classify(err: Exception) -> Transient | None:
+            if isinstance(err, _Retry):
+                return Transient(str(err))
+            if isinstance(err, errors.ClientError):
+                return self._client_error(err, what)
+            if isinstance(err, (errors.NoCredentialsError, errors.PartialCredentialsError)):
                 raise RemoteError(
                     f"{self.url}: no credentials ({err}); set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or give the storage options "
                     "access_key_id and secret_access_key"
                 ) from None
-            except (errors.BotoCoreError, OSError) as err:
-                if isinstance(err, RemoteError):
-                    raise
-                last = f"{type(err).__name__}: {err}"
-        raise RemoteError(
-            f"{self.url}: {what} could not be read after {self.options.attempts} attempts "
-            f"from {self._where()}; last cause: {last}"
+            if isinstance(err, (errors.BotoCoreError, OSError)) and not isinstance(
+                err, RemoteError
+            ):
+                return Transient(f"{type(err).__name__}: {err}")
+            return None
+
+        return retrying(
+            self.options,
+            counted,
+            classify,
+            what=lambda: f"{self.url}: {what} from {self._where()}",
+            clock=self._clock,
+            sleep=self._sleep,
         )
 
-    def _client_error(self, err: Any, what: str) -> str:
+    def _client_error(self, err: Any, what: str) -> Transient:
         """Return the cause of a retried error answer; raise the final ones."""
         info = err.response.get("Error", {})
         code = str(info.get("Code", ""))
@@ -318,8 +328,15 @@ class S3Source(ByteSource):
             raise UnsupportedRequestError(
                 f"{self.url}: {what}: the server does not implement it (HTTP {status} {code})"
             ) from None
-        if code in _RETRIED_CODES or status >= 500 or status == 429:
-            return f"HTTP {status} {code}".strip()
+        if code in _RETRIED_CODES or code in THROTTLING_CODES or status >= 500 or status == 429:
+            headers = err.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            return Transient(
+                f"HTTP {status} {code}".strip(),
+                throttled=code in THROTTLING_CODES or status == 429,
+                retry_after_s=retry_after_s(
+                    headers.get("retry-after"), milliseconds=headers.get("x-amz-retry-after")
+                ),
+            )
         raise RemoteError(
             f"{self.url}: {what}: the server answered HTTP {status} {code} "
             f"({info.get('Message', '')})"
