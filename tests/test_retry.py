@@ -243,7 +243,7 @@ def test_a_10_s_slowdown_burst_ends_with_the_right_pixels(
     url = s3_bucket.put(local, "a.h5")
     options = {**s3_bucket.storage_options, "max_attempts": None}
     options.update(backoff_s=0.05, throttle_backoff_s=1.0)  # the defaults
-    reader = ReaderOptions(storage_options=options, cache_dir=tmp_path / "cache")
+    reader = ReaderOptions(storage_options=options, disk_cache_dir=tmp_path / "cache")
     settings = {"num_workers": 0, "seed": 3, "return_path": True}
     batch = EpochSpec(batch_size=2, window_chunks=1)
     remote = make_loader(url, batch, reader=reader, **settings)  # type: ignore[arg-type]
