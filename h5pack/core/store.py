@@ -35,9 +35,17 @@ from h5pack.core.source import ByteSource, LocalSource
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError, install_line
 
 # scheme -> (module, class) of its store, imported on first use (its client is an extra)
-SCHEMES: dict[str, tuple[str, str]] = {"s3": ("h5pack.core.s3", "S3Store")}
-# The extra that brings each scheme's client.
-EXTRAS: dict[str, str] = {"s3": "s3"}
+SCHEMES: dict[str, tuple[str, str]] = {
+    "s3": ("h5pack.core.s3", "S3Store"),
+    "gs": ("h5pack.core.gcs", "GCSStore"),
+    "gcs": ("h5pack.core.gcs", "GCSStore"),
+    "az": ("h5pack.core.azure", "AzureStore"),
+    "abfs": ("h5pack.core.azure", "AzureStore"),
+    "http": ("h5pack.core.http", "HTTPStore"),
+    "https": ("h5pack.core.http", "HTTPStore"),
+}
+# The extra that brings each scheme's client (HTTP needs none).
+EXTRAS: dict[str, str] = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
 
 
 class MissingExtraError(H5PackError, ImportError):

@@ -1,0 +1,315 @@
+"""Packs in Azure Blob Storage (``az://container/key``, ``abfs://``): ``AzureStore``.
+
+NOTE [ The Azure client ]
+
+The client is azure-storage-blob (the ``azure`` extra; docs/decisions/0031-gcs-azure-http-
+stores.md says why), made once per process and options with no retries of its own (ours:
+NOTE [ Ranged sources ]) and no split of one read into several GETs. A chunk is one ranged
+GET carrying ``If-Match`` (the ETag seen at open); each answer's ETag and total size are
+checked. Settings are named as adlfs names them (``account_name``, ``account_key``,
+``connection_string``, ``sas_token``, ``anon``); ``environment_options`` is the one place
+that reads the environment (``AZURE_STORAGE_*``); without a key, token or connection
+string, azure-identity's default credential is asked. A publish is one upload (blocks,
+each with its Content-MD5, committed at once) with ``If-None-Match: *`` when it must not
+replace: Azure refuses atomically (409); uncommitted blocks are never an object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from h5pack.core.ranged import RangedSource, options_of
+from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
+from h5pack.errors import FormatError, PackNotFoundError, RemoteError, TargetExistsError
+
+ENVIRONMENT = {
+    "AZURE_STORAGE_CONNECTION_STRING": "connection_string",
+    "AZURE_STORAGE_ACCOUNT_NAME": "account_name",
+    "AZURE_STORAGE_ACCOUNT_KEY": "account_key",
+    "AZURE_STORAGE_SAS_TOKEN": "sas_token",
+}
+ONE_GET = 2**40  # the SDK splits a read above its max_single_get_size into several GETs
+_SECRETS = re.compile(r"((?:sig|AccountKey|SharedAccessSignature)=)[^&;\s'\"]+", re.IGNORECASE)
+
+
+def redacted(text: str) -> str:
+    """Return ``text`` with SAS signatures and account keys replaced by ``***``."""
+    return _SECRETS.sub(r"\1***", text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AzureOptions:
+    """How to reach Azure Blob Storage (names as adlfs's; secrets never in a repr).
+
+    Attributes:
+        account_name: The storage account (``https://NAME.blob.core.windows.net``).
+        account_key: Its shared key.
+        connection_string: A connection string (Azurite's, or a real account's).
+        sas_token: A shared access signature.
+        anon: Public containers: no credentials.
+        connect_timeout_s: Seconds to connect.
+        read_timeout_s: Seconds without a byte.
+        attempts: Tries of one request (timeouts, resets, 429, 5xx, short bodies).
+        backoff_s: The first wait between tries (doubled, with jitter).
+        max_in_flight: Requests one process issues at once.
+    """
+
+    account_name: str | None = None
+    account_key: str | None = field(default=None, repr=False)
+    connection_string: str | None = field(default=None, repr=False)
+    sas_token: str | None = field(default=None, repr=False)
+    anon: bool = False
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    attempts: int = 5
+    backoff_s: float = 0.1
+    max_in_flight: int = 16
+
+    def account_url(self) -> str:
+        """Return the account's blob endpoint (for messages when a connection string sets it)."""
+        if self.connection_string:
+            found = re.search(r"BlobEndpoint=([^;]+)", self.connection_string)
+            if found:
+                return found.group(1)
+            name = re.search(r"AccountName=([^;]+)", self.connection_string)
+            return f"https://{name.group(1) if name else '?'}.blob.core.windows.net"
+        return f"https://{self.account_name}.blob.core.windows.net"
+
+
+def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the storage options the environment sets (the one place it is read)."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[v] for v, name in ENVIRONMENT.items() if environ.get(v)}
+
+
+def blob_modules() -> Any:
+    """Return ``azure.storage.blob`` (the ``azure`` extra)."""
+    try:
+        from azure.storage import blob
+    except ImportError as err:
+        raise missing_extra("az", err) from err
+    return blob
+
+
+_CLIENTS: dict[tuple[int, AzureOptions], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(options: AzureOptions) -> Any:
+    """Return this process's client for ``options`` (made once; a forked child makes its own)."""
+    key = (os.getpid(), options)
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = make_client(options)
+        return _CLIENTS[key]
+
+
+def make_client(options: AzureOptions) -> Any:
+    """Return a ``BlobServiceClient`` of ``options``.
+
+    Raises:
+        RemoteError: no account is named.
+    """
+    blob = blob_modules()
+    settings = {
+        "retry_total": 0,
+        "connection_timeout": options.connect_timeout_s,
+        "read_timeout": options.read_timeout_s,
+        "max_single_get_size": ONE_GET,
+        "max_chunk_get_size": ONE_GET,
+    }
+    if options.connection_string:
+        return blob.BlobServiceClient.from_connection_string(
+            options.connection_string, **settings
+        )
+    if not options.account_name:
+        raise RemoteError(
+            "az:// URLs need an account: set AZURE_STORAGE_ACCOUNT_NAME or "
+            "AZURE_STORAGE_CONNECTION_STRING, or give the storage option account_name or "
+            "connection_string"
+        )
+    credential: Any = None
+    if options.account_key:
+        credential = {"account_name": options.account_name, "account_key": options.account_key}
+    elif options.sas_token:
+        from azure.core.credentials import AzureSasCredential
+
+        credential = AzureSasCredential(options.sas_token.lstrip("?"))
+    elif not options.anon:
+        try:
+            from azure.identity import DefaultAzureCredential
+        except ImportError as err:
+            raise missing_extra("az", err) from err
+        credential = DefaultAzureCredential()
+    return blob.BlobServiceClient(options.account_url(), credential=credential, **settings)
+
+
+def _container_key(url: str) -> tuple[str, str]:
+    _, container, key = split_url(url)
+    if "@" in container:
+        raise FormatError(
+            f"{url}: name the account with the storage option account_name (or "
+            f"AZURE_STORAGE_ACCOUNT_NAME) and write the URL az://{container.partition('@')[0]}/"
+            f"{key}"
+        )
+    return container, key
+
+
+class AzureSource(RangedSource):
+    """One blob (NOTE [ The Azure client ]); its ETag is its identity."""
+
+    def __init__(self, url: str, options: AzureOptions, **identity: Any) -> None:
+        super().__init__(
+            url,
+            max_in_flight=options.max_in_flight,
+            attempts=options.attempts,
+            backoff_s=options.backoff_s,
+            **identity,
+        )
+        self.container, self.key = _container_key(url)
+        self.options = options
+
+    def blob(self) -> Any:
+        """Return this process's client of the blob."""
+        return shared_client(self.options).get_blob_client(self.container, self.key)
+
+    def _stat(self) -> tuple[str, int]:
+        found = self.blob().get_blob_properties()
+        return str(found.etag), int(found.size)
+
+    def _fetch(self, start: int, end: int) -> tuple[bytes, str, int]:
+        from azure.core import MatchConditions
+
+        condition = {"etag": self.tag, "match_condition": MatchConditions.IfNotModified}
+        answer = self.blob().download_blob(
+            offset=start, length=end - start, max_concurrency=1, **(condition if self.tag else {})
+        )
+        data: bytes = answer.readall()
+        total = str(answer.properties.content_range or "").rpartition("/")[2]
+        return data, str(answer.properties.etag or ""), int(total) if total.isdigit() else -1
+
+    def cause(self, err: Exception, what: str) -> str:
+        """Return why ``err`` is worth a retry, or raise the final error it means."""
+        from azure.core import exceptions as azure
+
+        code = str(getattr(err, "error_code", "") or "")
+        status = int(getattr(err, "status_code", 0) or 0)
+        if code == "ContainerNotFound":
+            raise PackNotFoundError(
+                f"{self.url}: no bucket (container) {self.container!r} at {self.where()}; "
+                "check its name and the account (AZURE_STORAGE_CONNECTION_STRING, "
+                "AZURE_STORAGE_ACCOUNT_NAME, or storage options)"
+            ) from None
+        if isinstance(err, azure.ResourceNotFoundError):
+            raise PackNotFoundError(
+                f"{self.url}: no such object in container {self.container!r} at "
+                f"{self.where()}; check the key (a pack set: its prefix, ending in /)"
+            ) from None
+        if isinstance(err, azure.ResourceModifiedError) or status == 412:
+            raise self.replaced() from None
+        if isinstance(err, azure.ClientAuthenticationError) or status in (401, 403):
+            raise RemoteError(
+                f"{self.url}: access denied ({code or status}) at {self.where()}; check the "
+                "credentials (account_key, sas_token or connection_string) and the "
+                "container's permissions"
+            ) from None
+        text = redacted(f"{type(err).__name__}: {err}".splitlines()[0])
+        if isinstance(err, azure.ServiceRequestError | azure.ServiceResponseError | OSError):
+            return text
+        if isinstance(err, azure.HttpResponseError) and (status >= 500 or status in (0, 429)):
+            return text
+        raise RemoteError(f"{self.url}: {what}: {text}") from None
+
+    def where(self) -> str:
+        """Return the account's endpoint."""
+        return redacted(self.options.account_url())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options, "tag": self.tag, "size": self._size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(
+            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
+        )
+
+
+class AzureStore(Store):
+    """Blobs in Azure Storage containers (NOTE [ The Azure client ])."""
+
+    def __init__(self, options: AzureOptions) -> None:
+        self.options = options
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> AzureStore:
+        """Return the store of the environment's settings overridden by ``storage_options``."""
+        merged = {**environment_options(), **storage_options}
+        return cls(options_of(AzureOptions, merged, {}))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AzureStore) and other.options == self.options
+
+    def __hash__(self) -> int:
+        return hash(self.options)
+
+    def source(self, path: str) -> AzureSource:
+        """Return the blob at the URL ``path`` (its ETag fixed at the first answer)."""
+        return AzureSource(path, self.options)
+
+    def _call(self, path: str, what: str, call: Any) -> Any:
+        source = self.source(path)
+        return source.with_retries(what, lambda: call(source.blob()))
+
+    def stat(self, path: str) -> ObjectInfo | None:
+        """Return the blob at ``path`` (one HEAD), or None when there is none."""
+        try:
+            found = self._call(path, "its size", lambda b: b.get_blob_properties())
+        except PackNotFoundError as err:
+            if "no bucket" in str(err):
+                raise
+            return None
+        return ObjectInfo(path, int(found.size), str(found.etag))
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write the small blob ``path`` (one PUT: whole or not at all)."""
+        self._call(
+            path, "the upload", lambda b: b.upload_blob(data, overwrite=True, validate_content=True)
+        )
+
+    def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
+        """Upload the finished file ``local`` under ``path`` (``If-None-Match: *``: if absent).
+
+        Raises:
+            TargetExistsError: ``if_absent`` and a blob is there.
+            RemoteError: the upload failed; nothing is left under ``path``.
+        """
+        from azure.core.exceptions import ResourceExistsError
+
+        size = local.stat().st_size
+
+        def upload(blob: Any) -> Any:
+            with open(local, "rb") as file:
+                try:
+                    return blob.upload_blob(
+                        file,
+                        length=size,
+                        overwrite=not if_absent,
+                        validate_content=True,
+                        max_concurrency=8,
+                    )
+                except ResourceExistsError:
+                    raise TargetExistsError(f"{path} appeared meanwhile; not replaced") from None
+
+        answer = self._call(path, f"the upload of {size} bytes", upload)
+        return ObjectInfo(path, size, str(answer.get("etag", "")))
+
+    def delete(self, path: str) -> None:
+        """Delete ``path`` (no error when it is gone)."""
+        with contextlib.suppress(PackNotFoundError):
+            self._call(path, "its removal", lambda b: b.delete_blob())

@@ -1,0 +1,280 @@
+"""Packs in Google Cloud Storage (``gs://bucket/key``): ``GCSStore``, ``GCSOptions``, ``GCSSource``.
+
+NOTE [ The GCS client ]
+
+The client is google-cloud-storage (the ``gcs`` extra; docs/decisions/0031-gcs-azure-http-
+stores.md says why), made once per process and options, with no retries of its own (ours:
+NOTE [ Ranged sources ]). A chunk is one ranged media GET carrying ``ifGenerationMatch``
+(the generation seen at open), and the answer's generation is checked where the server
+says it. Settings are named as gcsfs names them: ``project``, ``token`` (``"anon"``,
+``"google_default"``, ``"cloud"``, or a credentials file), ``endpoint_url``;
+``environment_options`` is the one place that reads the environment
+(``STORAGE_EMULATOR_HOST``, ``GOOGLE_CLOUD_PROJECT``; the default credentials read
+``GOOGLE_APPLICATION_CREDENTIALS`` themselves). A publish is one upload with
+``ifGenerationMatch=0`` when it must not replace (GCS refuses atomically: 412), its CRC32C
+checked by the server; an interrupted upload leaves no object (nothing to sweep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from h5pack.core.ranged import RangedSource, options_of
+from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
+from h5pack.errors import PackNotFoundError, RemoteError, TargetExistsError
+
+ENVIRONMENT = {"STORAGE_EMULATOR_HOST": "endpoint_url", "GOOGLE_CLOUD_PROJECT": "project"}
+ALIASES = {"endpoint": "endpoint_url"}
+SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GCSOptions:
+    """How to reach Google Cloud Storage (names as gcsfs's).
+
+    Attributes:
+        project: The project (listings and bucket creation need one).
+        token: ``None`` or ``"google_default"``: the default credentials (anonymous on an
+            emulator); ``"anon"``; ``"cloud"``: the metadata server; else a JSON file of
+            credentials (service account or user).
+        endpoint_url: Another server than Google's (an emulator: ``http://127.0.0.1:9023``).
+        connect_timeout_s: Seconds to connect.
+        read_timeout_s: Seconds without a byte.
+        attempts: Tries of one request (timeouts, resets, 429, 5xx, short bodies).
+        backoff_s: The first wait between tries (doubled, with jitter).
+        max_in_flight: Requests one process issues at once.
+    """
+
+    project: str | None = None
+    token: str | None = None
+    endpoint_url: str | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    attempts: int = 5
+    backoff_s: float = 0.1
+    max_in_flight: int = 16
+
+
+def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the storage options the environment sets (the one place it is read)."""
+    environ = os.environ if environ is None else environ
+    found = {name: environ[v] for v, name in ENVIRONMENT.items() if environ.get(v)}
+    if "endpoint_url" in found and "://" not in found["endpoint_url"]:
+        found["endpoint_url"] = "http://" + found["endpoint_url"]  # as the SDK reads it
+    return found
+
+
+def storage_modules() -> Any:
+    """Return ``google.cloud.storage`` (the ``gcs`` extra)."""
+    try:
+        from google.cloud import storage
+    except ImportError as err:
+        raise missing_extra("gs", err) from err
+    return storage
+
+
+_CLIENTS: dict[tuple[int, GCSOptions], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(options: GCSOptions) -> Any:
+    """Return this process's client for ``options`` (made once; a forked child makes its own)."""
+    key = (os.getpid(), options)
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = make_client(options)
+        return _CLIENTS[key]
+
+
+def make_client(options: GCSOptions) -> Any:
+    """Return a ``google.cloud.storage.Client`` of ``options``."""
+    storage = storage_modules()
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+
+    token = options.token
+    project = options.project
+    if token == "anon" or (token is None and options.endpoint_url):
+        credentials: Any = AnonymousCredentials()
+        project = project or "h5pack"  # an emulator wants one, and checks none
+    elif token in (None, "google_default"):
+        credentials, found = google.auth.default(scopes=[SCOPE])
+        project = project or found
+    elif token == "cloud":
+        from google.auth import compute_engine
+
+        credentials = compute_engine.Credentials()
+    else:
+        credentials, found = google.auth.load_credentials_from_file(token, scopes=[SCOPE])
+        project = project or found
+    client_options = {"api_endpoint": options.endpoint_url} if options.endpoint_url else None
+    return storage.Client(project=project, credentials=credentials, client_options=client_options)
+
+
+class GCSSource(RangedSource):
+    """One object in a GCS bucket (NOTE [ The GCS client ]); its generation is its identity."""
+
+    def __init__(self, url: str, options: GCSOptions, **identity: Any) -> None:
+        super().__init__(
+            url,
+            max_in_flight=options.max_in_flight,
+            attempts=options.attempts,
+            backoff_s=options.backoff_s,
+            **identity,
+        )
+        _, self.bucket, self.key = split_url(url)
+        self.options = options
+        self._timeout = (options.connect_timeout_s, options.read_timeout_s)
+
+    def blob(self) -> Any:
+        """Return a new handle of the object (a handle holds one answer's properties)."""
+        return shared_client(self.options).bucket(self.bucket).blob(self.key)
+
+    def _stat(self) -> tuple[str, int]:
+        blob = self.blob()
+        blob.reload(retry=None, timeout=self._timeout)
+        return str(blob.generation), int(blob.size)
+
+    def _fetch(self, start: int, end: int) -> tuple[bytes, str, int]:
+        blob = self.blob()
+        data: bytes = blob.download_as_bytes(
+            start=start,
+            end=end - 1,
+            raw_download=True,
+            checksum=None,
+            retry=None,
+            timeout=self._timeout,
+            if_generation_match=int(self.tag) if self.tag else None,
+        )
+        return data, str(blob.generation or ""), -1
+
+    def cause(self, err: Exception, what: str) -> str:
+        """Return why ``err`` is worth a retry, or raise the final error it means."""
+        from google.api_core import exceptions as api
+        from google.auth import exceptions as auth
+
+        if isinstance(err, api.NotFound):
+            bucket = shared_client(self.options).bucket(self.bucket)
+            if not self.with_retries("its bucket", lambda: bucket.exists(retry=None)):
+                raise PackNotFoundError(
+                    f"{self.url}: no bucket {self.bucket!r} at {self.where()}; check the "
+                    "bucket's name and the endpoint (STORAGE_EMULATOR_HOST or storage option "
+                    "endpoint_url)"
+                ) from None
+            raise PackNotFoundError(
+                f"{self.url}: no such object in bucket {self.bucket!r} at {self.where()}; "
+                "check the key (a pack set: its prefix, ending in /)"
+            ) from None
+        if isinstance(err, api.PreconditionFailed):
+            raise self.replaced() from None
+        if isinstance(err, api.Forbidden | api.Unauthorized | auth.RefreshError):
+            raise RemoteError(
+                f"{self.url}: access denied ({err.__class__.__name__}) at {self.where()}; "
+                "check the credentials (GOOGLE_APPLICATION_CREDENTIALS, or storage option "
+                "token) and the bucket's permissions"
+            ) from None
+        if isinstance(err, auth.DefaultCredentialsError):
+            raise RemoteError(
+                f"{self.url}: no credentials ({err}); set GOOGLE_APPLICATION_CREDENTIALS, or "
+                "give the storage option token (a credentials file, or 'anon')"
+            ) from None
+        if isinstance(err, api.TooManyRequests | api.ServerError | auth.TransportError | OSError):
+            return f"{type(err).__name__}: {err}"
+        raise RemoteError(f"{self.url}: {what}: {type(err).__name__}: {err}") from None
+
+    def where(self) -> str:
+        """Return the endpoint requests go to."""
+        return self.options.endpoint_url or "https://storage.googleapis.com"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options, "tag": self.tag, "size": self._size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(
+            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
+        )
+
+
+class GCSStore(Store):
+    """Objects in Google Cloud Storage buckets (NOTE [ The GCS client ])."""
+
+    def __init__(self, options: GCSOptions) -> None:
+        self.options = options
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> GCSStore:
+        """Return the store of the environment's settings overridden by ``storage_options``."""
+        merged = {**environment_options(), **storage_options}
+        return cls(options_of(GCSOptions, merged, ALIASES))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GCSStore) and other.options == self.options
+
+    def __hash__(self) -> int:
+        return hash(self.options)
+
+    def source(self, path: str) -> GCSSource:
+        """Return the object at the URL ``path`` (its generation fixed at the first answer)."""
+        return GCSSource(path, self.options)
+
+    def _call(self, path: str, what: str, call: Any) -> Any:
+        source = self.source(path)
+        return source.with_retries(what, lambda: call(source.blob(), source._timeout))
+
+    def stat(self, path: str) -> ObjectInfo | None:
+        """Return the object at ``path`` (one metadata GET), or None when there is none."""
+        try:
+            blob = self._call(
+                path, "its size", lambda b, t: b.reload(retry=None, timeout=t) or b
+            )
+        except PackNotFoundError as err:
+            if "no bucket" in str(err):
+                raise
+            return None
+        return ObjectInfo(path, int(blob.size), str(blob.generation))
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write the small object ``path`` (one upload: whole or not at all)."""
+        self._call(
+            path,
+            "the upload",
+            lambda b, t: b.upload_from_string(data, retry=None, timeout=t, checksum="crc32c"),
+        )
+
+    def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
+        """Upload the finished file ``local`` under ``path`` (``ifGenerationMatch=0``: if absent).
+
+        Raises:
+            TargetExistsError: ``if_absent`` and an object is there.
+            RemoteError: the upload failed; nothing is left under ``path``.
+        """
+        from google.api_core import exceptions as api
+
+        size = local.stat().st_size
+
+        def upload(blob: Any, timeout: Any) -> Any:
+            try:
+                blob.upload_from_filename(
+                    str(local),
+                    if_generation_match=0 if if_absent else None,
+                    checksum="crc32c",
+                    retry=None,
+                    timeout=timeout,
+                )
+            except api.PreconditionFailed:
+                raise TargetExistsError(f"{path} appeared meanwhile; not replaced") from None
+            return blob
+
+        blob = self._call(path, f"the upload of {size} bytes", upload)
+        return ObjectInfo(path, size, str(blob.generation or ""))
+
+    def delete(self, path: str) -> None:
+        """Delete ``path`` (no error when it is gone)."""
+        with contextlib.suppress(PackNotFoundError):
+            self._call(path, "its removal", lambda b, t: b.delete(retry=None, timeout=t))

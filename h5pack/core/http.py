@@ -1,0 +1,233 @@
+"""Packs served over plain HTTP(S) (``https://host/p.h5``), read-only: ``HTTPStore``.
+
+NOTE [ The HTTP store ]
+
+Any server that answers ``Range`` requests (nginx, a CDN, S3/GCS/Azure public URLs) serves
+a pack: a HEAD gives its size and its identity (the ETag, else Last-Modified), each chunk is
+one ranged GET carrying ``If-Match`` (``If-Unmodified-Since`` without an ETag), and every
+answer must be 206 with the asked range and the same ETag and total size. ``http.client``
+of the standard library, one keep-alive connection per thread and process (no extra to
+install). The storage option ``headers`` (fsspec's name) is sent with every request (an
+``Authorization``, say; never in a repr or message). Nothing is written: convert or merge
+into a local path or a bucket, then serve it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from h5pack.core.ranged import RangedSource, options_of
+from h5pack.core.store import ObjectInfo, Store
+from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
+
+
+@dataclass(frozen=True, kw_only=True)
+class HTTPOptions:
+    """How to reach an HTTP(S) server.
+
+    Attributes:
+        headers: Sent with every request, as ``((name, value), ...)`` (``storage_options``
+            takes a mapping).
+        connect_timeout_s: Seconds to connect.
+        read_timeout_s: Seconds without a byte.
+        attempts: Tries of one request (timeouts, resets, 429, 5xx, short bodies).
+        backoff_s: The first wait between tries (doubled, with jitter).
+        max_in_flight: Requests one process issues at once.
+    """
+
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    attempts: int = 5
+    backoff_s: float = 0.1
+    max_in_flight: int = 16
+
+
+class _Answer(Exception):
+    """An answer other than the one asked for (its status)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+
+
+_CONTEXT: list[ssl.SSLContext] = []
+
+
+class HTTPSource(RangedSource):
+    """One file on an HTTP(S) server (NOTE [ The HTTP store ])."""
+
+    def __init__(self, url: str, options: HTTPOptions, **identity: Any) -> None:
+        super().__init__(
+            url,
+            max_in_flight=options.max_in_flight,
+            attempts=options.attempts,
+            backoff_s=options.backoff_s,
+            **identity,
+        )
+        parts = urlsplit(url)
+        self.scheme, self.netloc = parts.scheme.lower(), parts.netloc
+        self.target = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.options = options
+        self._local = threading.local()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid() or local.connection is None:
+            timeout = self.options.connect_timeout_s
+            if self.scheme == "https":
+                if not _CONTEXT:
+                    _CONTEXT.append(ssl.create_default_context())
+                local.connection = http.client.HTTPSConnection(
+                    self.netloc, timeout=timeout, context=_CONTEXT[0]
+                )
+            else:
+                local.connection = http.client.HTTPConnection(self.netloc, timeout=timeout)
+            local.pid = os.getpid()
+        connection: http.client.HTTPConnection = local.connection
+        return connection
+
+    def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
+        """Return one answer and its body; the connection is dropped on any failure."""
+        connection = self._connection()
+        try:
+            if connection.sock is None:
+                connection.connect()
+                assert connection.sock is not None  # connected just now
+                connection.sock.settimeout(self.options.read_timeout_s)
+            connection.request(method, self.target, headers={**dict(self.options.headers), **headers})
+            answer = connection.getresponse()
+            body = answer.read() if method != "HEAD" else b""
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            self._local.connection = None
+            raise
+        if answer.will_close:
+            connection.close()
+        return answer, body
+
+    def _identity(self, answer: Any) -> str:
+        etag = answer.getheader("ETag") or ""
+        return etag or f"modified {answer.getheader('Last-Modified') or ''}"
+
+    def _stat(self) -> tuple[str, int]:
+        answer, _ = self._request("HEAD", {})
+        if answer.status != 200:
+            raise _Answer(answer.status, answer.reason)
+        length = answer.getheader("Content-Length")
+        if length is None:
+            raise RemoteError(f"{self.url}: the server does not say the file's size (HEAD)")
+        return self._identity(answer), int(length)
+
+    def _fetch(self, start: int, end: int) -> tuple[bytes, str, int]:
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if self.tag and self.tag.startswith("modified "):
+            headers["If-Unmodified-Since"] = self.tag.removeprefix("modified ")
+        elif self.tag and not self.tag.startswith("W/"):
+            headers["If-Match"] = self.tag
+        answer, body = self._request("GET", headers)
+        if answer.status == 200:
+            raise RemoteError(
+                f"{self.url}: the server answered a Range request with the whole file (HTTP "
+                "200): it does not serve byte ranges, which remote packs need"
+            )
+        if answer.status != 206:
+            raise _Answer(answer.status, answer.reason)
+        span, _, total = (answer.getheader("Content-Range") or "").partition("/")
+        first = span.removeprefix("bytes ").partition("-")[0]
+        if first != str(start):
+            raise RemoteError(
+                f"{self.url}: asked for bytes {start}..{end - 1}, got Content-Range "
+                f"{answer.getheader('Content-Range')!r}"
+            )
+        return body, self._identity(answer), int(total) if total.isdigit() else -1
+
+    def cause(self, err: Exception, what: str) -> str:
+        """Return why ``err`` is worth a retry, or raise the final error it means."""
+        status = err.status if isinstance(err, _Answer) else 0
+        if status in (404, 410):
+            raise PackNotFoundError(f"{self.url}: no such file on the server (HTTP {status})")
+        if status == 412:
+            raise self.replaced()
+        if status in (401, 403):
+            raise RemoteError(
+                f"{self.url}: access denied (HTTP {status}); check the storage option headers"
+            )
+        if status >= 500 or status == 429 or isinstance(err, OSError | http.client.HTTPException):
+            return f"{type(err).__name__}: {err}" if not status else str(err)
+        raise RemoteError(f"{self.url}: {what}: {err}")
+
+    def where(self) -> str:
+        """Return the server."""
+        return f"{self.scheme}://{self.netloc}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options, "tag": self.tag, "size": self._size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(
+            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
+        )
+
+
+class HTTPStore(Store):
+    """Files on HTTP(S) servers, read-only (NOTE [ The HTTP store ])."""
+
+    def __init__(self, options: HTTPOptions) -> None:
+        self.options = options
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any]) -> HTTPStore:
+        """Return the store of ``storage_options`` (``headers``: a mapping)."""
+        given = dict(storage_options)
+        headers = tuple(sorted(dict(given.pop("headers", None) or {}).items()))
+        return cls(replace(options_of(HTTPOptions, given, {}), headers=headers))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HTTPStore) and other.options == self.options
+
+    def __hash__(self) -> int:
+        return hash(self.options)
+
+    def source(self, path: str) -> HTTPSource:
+        """Return the file at the URL ``path`` (its ETag fixed at the first answer)."""
+        return HTTPSource(path, self.options)
+
+    def stat(self, path: str) -> ObjectInfo | None:
+        """Return the file at ``path`` (one HEAD), or None when there is none."""
+        source = self.source(path)
+        try:
+            tag, size = source.with_retries("its size (HEAD)", source._stat)
+        except PackNotFoundError:
+            return None
+        return ObjectInfo(path, size, tag)
+
+    def _read_only(self, path: str) -> H5PackError:
+        return H5PackError(
+            f"{path}: HTTP(S) URLs are read-only; write into a local path or a bucket "
+            "(s3://, gs://, az://) and serve that"
+        )
+
+    def put(self, path: str, data: bytes) -> None:
+        """Refuse: HTTP(S) is read-only."""
+        raise self._read_only(path)
+
+    def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
+        """Refuse: HTTP(S) is read-only."""
+        raise self._read_only(path)
+
+    def delete(self, path: str) -> None:
+        """Refuse: HTTP(S) is read-only."""
+        raise self._read_only(path)
+
+    def sweep(self, paths: Sequence[str]) -> list[str]:
+        """Refuse: HTTP(S) is read-only (a writer sweeps before it writes: it stops there)."""
+        raise self._read_only(paths[0] if paths else "http(s)://")

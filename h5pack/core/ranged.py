@@ -1,0 +1,217 @@
+"""What the GCS, Azure and HTTP stores share: ``RangedSource`` and their options' parsing.
+
+NOTE [ Ranged sources ]
+
+A remote object read by ranged GETs (``core.gcs``, ``core.azure``, ``core.http``): its size
+and identity (a generation, an ETag) come from the first answer or one metadata request,
+and every later answer is checked against them (``learn``); each read is one request,
+several in flight at once on this process's threads; a client is made once per process
+(keyed on the pid: a forked DataLoader worker makes its own, never uses its parent's).
+Every request goes through ``with_retries``: ``cause`` turns a client's exception into
+the final error (not found, denied, replaced) or the cause of a retry (5xx, 429, resets).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
+from typing import Any, TypeVar
+
+import numpy as np
+
+from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
+from h5pack.errors import H5PackError, OptionsError, RemoteError
+
+T = TypeVar("T")
+
+
+def options_of(
+    cls: Callable[..., T], storage_options: Mapping[str, Any], aliases: Mapping[str, str]
+) -> T:
+    """Return ``cls(**storage_options)``, values converted to the fields' types.
+
+    Raises:
+        OptionsError: an unknown key, or a value of the wrong kind.
+    """
+    kinds = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, value in storage_options.items():
+        name = aliases.get(key, key)
+        if name not in kinds:
+            known = ", ".join(sorted(kinds))
+            raise OptionsError(f"unknown storage option {key!r}; known: {known}")
+        if value is None or value == "":
+            continue
+        try:
+            if kinds[name].startswith("int"):
+                value = int(value)
+            elif kinds[name].startswith("float"):
+                value = float(value)
+            elif kinds[name].startswith("bool") and isinstance(value, str):
+                value = value.lower() in ("1", "true", "yes")
+        except ValueError as err:
+            raise OptionsError(f"storage option {key}={value!r}: {err}") from err
+        values[name] = value
+    return cls(**values)
+
+
+class Retry(Exception):
+    """An attempt that failed in a way worth trying again (its cause)."""
+
+
+class RangedSource(ByteSource):
+    """One remote object read by ranged requests (NOTE [ Ranged sources ]).
+
+    Args:
+        url: The object's URL.
+        tag: Its identity (generation, ETag) when it was first opened; None: learned.
+        size: Its size when it was first opened.
+        max_in_flight: Requests issued at once by ``read_ranges``.
+        attempts: Tries of one request.
+        backoff_s: The first wait between tries (doubled, with jitter, up to 5 s).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tag: str | None = None,
+        size: int | None = None,
+        max_in_flight: int = 16,
+        attempts: int = 5,
+        backoff_s: float = 0.1,
+    ) -> None:
+        self.url = url
+        self.tag, self._size = tag, size
+        self.max_in_flight, self.attempts, self.backoff_s = max_in_flight, attempts, backoff_s
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = -1
+        self._lock = threading.Lock()
+        self.requests = 0  # requests this process issued (tries included)
+
+    @property
+    def remote(self) -> bool:
+        """True: every read is a request."""
+        return True
+
+    # -- what a store's source says ---------------------------------------------------------
+    @abstractmethod
+    def _stat(self) -> tuple[str, int]:
+        """Return the object's identity and size (one metadata request)."""
+
+    @abstractmethod
+    def _fetch(self, start: int, end: int) -> tuple[bytes | memoryview, str, int]:
+        """Return the bytes ``[start, end)`` with the answer's identity and object size.
+
+        An empty identity or a size of -1: the answer did not say (not checked).
+        """
+
+    @abstractmethod
+    def cause(self, err: Exception, what: str) -> str:
+        """Return why ``err`` is worth a retry, or raise the final error it means."""
+
+    @abstractmethod
+    def where(self) -> str:
+        """Return the endpoint requests go to (for messages)."""
+
+    # -- identity ---------------------------------------------------------------------------
+    def size(self) -> int:
+        """Return the object's size (one metadata request if no answer told it yet)."""
+        if self._size is None:
+            self.learn(*self.with_retries("its size", self._stat))
+        assert self._size is not None  # set by learn
+        return self._size
+
+    def identity(self) -> SourceIdentity:
+        """Return the object's size and generation or ETag."""
+        size = self.size()
+        return SourceIdentity(size, self.tag or "")
+
+    def learn(self, tag: str, size: int) -> None:
+        """Record or check the identity and size seen in an answer."""
+        if self.tag is None:
+            self.tag, self._size = tag, size
+            return
+        if (tag and tag != self.tag) or (size >= 0 and self._size is not None and size != self._size):
+            raise SourceChangedError(
+                f"{self.url} was replaced since it was opened ({self.tag}, {self._size} bytes "
+                f"then; {tag}, {size} bytes now); rebuild the loader (a dataset never mixes "
+                "the labels of one object with the images of another)"
+            )
+
+    def replaced(self) -> SourceChangedError:
+        """Return the error of a refused conditional read (HTTP 412)."""
+        return SourceChangedError(
+            f"{self.url} was replaced since it was opened (it is no longer {self.tag}); "
+            "rebuild the loader"
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="h5pack-get")
+            return self._pool
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
+        """Return the bytes of each ``[start, end)`` range: one request each, concurrently."""
+        if self.tag is None and ranges:
+            self.size()  # the identity the answers are checked against
+        if len(ranges) <= 1 or self.max_in_flight == 1:
+            return [self._range(start, end) for start, end in ranges]
+        return list(self._executor().map(lambda r: self._range(*r), ranges))
+
+    def _range(self, start: int, end: int) -> memoryview:
+        if end <= start:
+            return memoryview(b"")
+        what = f"bytes {start}..{end - 1}"
+
+        def attempt() -> memoryview:
+            data, tag, total = self._fetch(start, end)
+            self.learn(tag, total)
+            if len(data) != end - start:
+                raise Retry(f"a body of {len(data)} bytes for {end - start} (cut short)")
+            return memoryview(data).cast("B")
+
+        found: memoryview = self.with_retries(what, attempt)
+        return found
+
+    def read_into(self, buffer: np.ndarray, offset: int) -> None:
+        """Fill the contiguous uint8 ``buffer`` with the bytes at ``offset`` (one request)."""
+        if buffer.nbytes:
+            data = self._range(offset, offset + buffer.nbytes)
+            buffer.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+
+    def with_retries(self, what: str, attempt: Callable[[], T]) -> T:
+        """Return ``attempt()``, tried up to ``attempts`` times (NOTE [ Ranged sources ])."""
+        last = ""
+        for number in range(self.attempts):
+            if number:
+                wait = min(5.0, self.backoff_s * 2 ** (number - 1))
+                time.sleep(wait * random.random())
+            self.requests += 1
+            try:
+                return attempt()
+            except Retry as err:
+                last = str(err)
+            except H5PackError:
+                raise
+            except Exception as err:  # noqa: BLE001  (cause() raises what is final)
+                last = self.cause(err, what)
+        raise RemoteError(
+            f"{self.url}: {what} could not be read after {self.attempts} attempts from "
+            f"{self.where()}; last cause: {last}"
+        )
+
+    def close(self) -> None:
+        """Stop this process's request threads."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown()
+        self._pool = None
