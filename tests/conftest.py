@@ -10,6 +10,9 @@
 - ``chunk_cache_in_tmp`` (session, autouse): the default disk cache of remote chunks
   (``read.diskcache.default_cache_dir``) in the session's temporary folder, not in the
   machine's temporary directory, where every test run would add to it.
+- ``place`` (parametrised ``s3``, ``gs``, ``az``, ``http``): a fresh bucket of one store's
+  local server behind a fresh counting proxy (``tests.servers.Place``, the API of
+  ``Bucket``); ``gcs_server``, ``azurite_server``, ``range_server`` (session) run them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
+from tests.servers import AzuriteServer, GCSServer, Place, RangeServer
 
 _buckets = itertools.count()
 
@@ -69,3 +73,35 @@ def s3_bucket(s3_server: S3Server, s3_proxy: FaultProxy) -> Bucket:
             "connect_timeout_s": 15.0,
         },
     )
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
+    with GCSServer(tmp_path_factory.mktemp("gcs")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    with AzuriteServer(tmp_path_factory.mktemp("azurite")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def range_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeServer]:
+    with RangeServer(tmp_path_factory.mktemp("http")) as server:
+        yield server
+
+
+@pytest.fixture(params=["s3", "gs", "az", "http"])
+def place(request: pytest.FixtureRequest) -> Iterator[Bucket | Place]:
+    """A fresh bucket of each store's local server, behind a fresh counting proxy."""
+    scheme = request.param
+    if scheme == "s3":
+        yield request.getfixturevalue("s3_bucket")
+        return
+    server = request.getfixturevalue(
+        {"gs": "gcs_server", "az": "azurite_server", "http": "range_server"}[scheme]
+    )
+    with FaultProxy(server.endpoint) as proxy:
+        yield Place(server, f"bucket-{next(_buckets)}", proxy)

@@ -24,9 +24,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from h5pack.bench.s3local import FaultProxy, free_port
+from h5pack.core import azure, gcs
 from h5pack.core.store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +62,7 @@ class Server:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 err = self._process.stderr.read().decode() if self._process.stderr else ""
+                self.close()
                 raise RuntimeError(f"{command[0]} exited: {err.strip()}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -116,7 +117,7 @@ class AzuriteServer(Server):
         port = free_port()
         command = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port)]
         command += ["--disableTelemetry", "--inMemoryPersistence", "--skipApiVersionCheck"]
-        super().__init__([*command, "--loose", "--location", str(cwd)], port, cwd)
+        super().__init__([*command, "--loose"], port, cwd)
 
     def connection_string(self, endpoint: str | None = None) -> str:
         """Return the connection string of the development account at ``endpoint``."""
@@ -199,29 +200,37 @@ class RangeServer:
 
 
 class Place:
-    """One bucket of a local server of ``scheme`` through ``proxy`` (``s3local.Bucket``'s API).
+    """A fresh bucket of ``server`` reached through ``proxy`` (``s3local.Bucket``'s API).
 
     Objects are put through a store that goes straight to the server: the proxy counts
     only what the code under test asks.
     """
 
     def __init__(
-        self,
-        scheme: str,
-        name: str,
-        proxy: FaultProxy,
-        storage_options: dict[str, Any],
-        direct: dict[str, Any],
-        root: Path | None = None,
+        self, server: GCSServer | AzuriteServer | RangeServer, name: str, proxy: FaultProxy
     ) -> None:
-        self.scheme, self.name, self.proxy = scheme, name, proxy
+        self.name, self.proxy = name, proxy
+        self._root: Path | None = None
+        options: dict[str, object]
+        if isinstance(server, GCSServer):
+            self.scheme = "gs"
+            options, direct = {"endpoint_url": proxy.endpoint}, {"endpoint_url": server.endpoint}
+            self._direct = open_store("gs://x", direct)
+            gcs.shared_client(gcs.GCSStore.of(direct).options).create_bucket(name)
+        elif isinstance(server, AzuriteServer):
+            self.scheme = "az"
+            options = {"connection_string": server.connection_string(proxy.endpoint)}
+            direct = {"connection_string": server.connection_string()}
+            self._direct = open_store("az://x", direct)
+            azure.shared_client(azure.AzureStore.of(direct).options).create_container(name)
+        else:
+            self.scheme, options, self._root = "http", {}, server.root
+            self._direct = open_store("http://x/y")
         self.storage_options: dict[str, object] = {
-            **storage_options,
+            **options,
             "backoff_s": 0.0,
             "read_timeout_s": 15.0,
         }
-        self._direct = open_store(f"{scheme}://x/y", direct)
-        self._root = root
 
     def url(self, key: str = "") -> str:
         """Return ``scheme://NAME/key`` (``http://proxy/NAME/key``)."""

@@ -126,9 +126,7 @@ def make_client(options: AzureOptions) -> Any:
         "max_chunk_get_size": ONE_GET,
     }
     if options.connection_string:
-        return blob.BlobServiceClient.from_connection_string(
-            options.connection_string, **settings
-        )
+        return blob.BlobServiceClient.from_connection_string(options.connection_string, **settings)
     if not options.account_name:
         raise RemoteError(
             "az:// URLs need an account: set AZURE_STORAGE_ACCOUNT_NAME or "

@@ -101,7 +101,7 @@ def make_client(options: GCSOptions) -> Any:
     token = options.token
     project = options.project
     if token == "anon" or (token is None and options.endpoint_url):
-        credentials: Any = AnonymousCredentials()
+        credentials: Any = AnonymousCredentials()  # type: ignore[no-untyped-call]
         project = project or "h5pack"  # an emulator wants one, and checks none
     elif token in (None, "google_default"):
         credentials, found = google.auth.default(scopes=[SCOPE])
@@ -109,9 +109,11 @@ def make_client(options: GCSOptions) -> Any:
     elif token == "cloud":
         from google.auth import compute_engine
 
-        credentials = compute_engine.Credentials()
+        credentials = compute_engine.Credentials()  # type: ignore[no-untyped-call]
     else:
-        credentials, found = google.auth.load_credentials_from_file(token, scopes=[SCOPE])
+        credentials, found = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
+            token, scopes=[SCOPE]
+        )
         project = project or found
     client_options = {"api_endpoint": options.endpoint_url} if options.endpoint_url else None
     return storage.Client(project=project, credentials=credentials, client_options=client_options)
@@ -230,9 +232,7 @@ class GCSStore(Store):
     def stat(self, path: str) -> ObjectInfo | None:
         """Return the object at ``path`` (one metadata GET), or None when there is none."""
         try:
-            blob = self._call(
-                path, "its size", lambda b, t: b.reload(retry=None, timeout=t) or b
-            )
+            blob = self._call(path, "its size", lambda b, t: b.reload(retry=None, timeout=t) or b)
         except PackNotFoundError as err:
             if "no bucket" in str(err):
                 raise

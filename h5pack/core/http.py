@@ -78,6 +78,7 @@ class HTTPSource(RangedSource):
         self.target = parts.path + (f"?{parts.query}" if parts.query else "")
         self.options = options
         self._local = threading.local()
+        self._made: tuple[int, list[http.client.HTTPConnection]] = (os.getpid(), [])
 
     def _connection(self) -> http.client.HTTPConnection:
         local = self._local
@@ -92,6 +93,10 @@ class HTTPSource(RangedSource):
             else:
                 local.connection = http.client.HTTPConnection(self.netloc, timeout=timeout)
             local.pid = os.getpid()
+            with self._lock:
+                if self._made[0] != os.getpid():
+                    self._made = (os.getpid(), [])
+                self._made[1].append(local.connection)
         connection: http.client.HTTPConnection = local.connection
         return connection
 
@@ -103,7 +108,9 @@ class HTTPSource(RangedSource):
                 connection.connect()
                 assert connection.sock is not None  # connected just now
                 connection.sock.settimeout(self.options.read_timeout_s)
-            connection.request(method, self.target, headers={**dict(self.options.headers), **headers})
+            connection.request(
+                method, self.target, headers={**dict(self.options.headers), **headers}
+            )
             answer = connection.getresponse()
             body = answer.read() if method != "HEAD" else b""
         except (OSError, http.client.HTTPException):
@@ -164,6 +171,15 @@ class HTTPSource(RangedSource):
         if status >= 500 or status == 429 or isinstance(err, OSError | http.client.HTTPException):
             return f"{type(err).__name__}: {err}" if not status else str(err)
         raise RemoteError(f"{self.url}: {what}: {err}")
+
+    def close(self) -> None:
+        """Close this process's connections and request threads."""
+        super().close()
+        with self._lock:
+            pid, made = self._made
+            self._made = (os.getpid(), [])
+        for connection in made if pid == os.getpid() else []:
+            connection.close()
 
     def where(self) -> str:
         """Return the server."""

@@ -138,7 +138,9 @@ class RangedSource(ByteSource):
         if self.tag is None:
             self.tag, self._size = tag, size
             return
-        if (tag and tag != self.tag) or (size >= 0 and self._size is not None and size != self._size):
+        if (tag and tag != self.tag) or (
+            size >= 0 and self._size is not None and size != self._size
+        ):
             raise SourceChangedError(
                 f"{self.url} was replaced since it was opened ({self.tag}, {self._size} bytes "
                 f"then; {tag}, {size} bytes now); rebuild the loader (a dataset never mixes "
@@ -203,7 +205,7 @@ class RangedSource(ByteSource):
                 last = str(err)
             except H5PackError:
                 raise
-            except Exception as err:  # noqa: BLE001  (cause() raises what is final)
+            except Exception as err:
                 last = self.cause(err, what)
         raise RemoteError(
             f"{self.url}: {what} could not be read after {self.attempts} attempts from "
