@@ -59,7 +59,7 @@ def test_split_is_deterministic_and_holds_every_sample_once(folder: Path, num_sh
 
 def test_unknown_kind_and_labels_for_a_tar_are_refused(folder: Path, tmp_path: Path) -> None:
     with pytest.raises(OptionsError, match="--from should be one of auto, folder, tar"):
-        sample_source(folder, kind="zip")
+        sample_source(folder, kind="rar")
     archive = tar_of(folder, tmp_path / "images.tar")
     with pytest.raises(OptionsError, match="--labels"):
         sample_source(archive, labels_csv=tmp_path / "labels.csv")

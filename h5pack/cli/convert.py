@@ -77,7 +77,8 @@ SKIPPED_SHOWN = 20
     "source_kind",
     default="auto",
     metavar="KIND",
-    help="What SOURCE is: folder, tar (an uncompressed .tar of a folder, read in place) "
+    help="What SOURCE is: folder, tar, tgz, zip (an archive of a folder, never extracted), "
+    "imagenet (a tar of class tars), webdataset (shards, or a brace pattern) "
     "[default: detected from SOURCE].",
 )
 @staging_flag
@@ -96,7 +97,7 @@ def convert(
     storage_option: tuple[str, ...],
     **flags: Any,
 ) -> None:
-    """Pack the images of SOURCE (a folder, a .tar) into the HDF5 file TARGET (or a pack set).
+    """Pack the images of SOURCE (a folder, an archive, shards) into TARGET (or a pack set).
 
     TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
     pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).

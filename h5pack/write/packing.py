@@ -36,7 +36,7 @@ from h5pack.write.pipeline import (
 from h5pack.write.plan import StoragePlan, batch_size, block_slot_bytes, sample_slot_bytes
 from h5pack.write.publish import TempFiles, check_room
 from h5pack.write.sources import Sample
-from h5pack.write.sources.base import image_bytes
+from h5pack.write.sources.base import image_bytes, ship
 
 
 def rejecter(
@@ -285,7 +285,7 @@ def prepared_samples(
             slot = arena.acquire() if arena is not None else None
             slots.append(slot)
             ref = arena.ref(slot) if arena is not None and slot is not None else None
-            items = [(lo + i, s.image, s.key) for i, s in enumerate(samples[lo : lo + batch])]
+            items = [(lo + i, ship(s.image), s.key) for i, s in enumerate(samples[lo : lo + batch])]
             yield plan.decode, items, ref
 
     for results in ordered_map(executor, prepare_batch, tasks(), max_in_flight=2 * workers):
@@ -319,7 +319,7 @@ def probe_sizes(
     emit(ConvertEvent("phase", "reading image sizes", total=len(samples)))
     batch = 64
     tasks = (
-        ([(s.image, s.key) for s in samples[lo : lo + batch]],)
+        ([(ship(s.image), s.key) for s in samples[lo : lo + batch]],)
         for lo in range(0, len(samples), batch)
     )
     sizes: Counter[tuple[int, int]] = Counter()

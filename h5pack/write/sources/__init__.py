@@ -20,27 +20,40 @@ from h5pack.write.sources.base import (
     SizeHint,
 )
 from h5pack.write.sources.folder import FolderSource
+from h5pack.write.sources.imagenet import ImageNetTarSource
 from h5pack.write.sources.tar import TarSource
+from h5pack.write.sources.tgz import GzipTarSource
+from h5pack.write.sources.webdataset import WebDatasetSource
+from h5pack.write.sources.zip import ZipSource
 
 __all__ = [
     "KINDS",
     "ArraySource",
     "FileRange",
     "FolderSource",
+    "GzipTarSource",
+    "ImageNetTarSource",
     "Listing",
     "PathSource",
     "Sample",
     "SampleSource",
     "SizeHint",
     "TarSource",
+    "WebDatasetSource",
+    "ZipSource",
     "sample_source",
 ]
 
 KINDS: dict[str, type[PathSource]] = {
     "folder": FolderSource,
     "tar": TarSource,
+    "tgz": GzipTarSource,
+    "zip": ZipSource,
+    "imagenet": ImageNetTarSource,
+    "webdataset": WebDatasetSource,
 }
-"""The sources a path can name, by ``--from`` name; detection tries them in this order."""
+"""The sources a path can name, by ``--from`` name; detection tries them in this order,
+those with ``detect_first`` (a tar of tars before a tar) first."""
 
 
 def sample_source(
@@ -61,7 +74,8 @@ def sample_source(
         return source
     if kind == "auto":
         path = Path(source)
-        kind = next((name for name, cls in KINDS.items() if cls.matches(path)), "folder")
+        order = sorted(KINDS, key=lambda name: not KINDS[name].detect_first)
+        kind = next((name for name in order if KINDS[name].matches(path)), "folder")
     if kind not in KINDS:
         raise OptionsError(f"--from should be one of auto, {', '.join(KINDS)}, but got {kind!r}")
     return KINDS[kind](source, labels_csv=labels_csv)

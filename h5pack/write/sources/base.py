@@ -37,12 +37,15 @@ from h5pack.write.options import ConvertOptions
 class FileRange:
     """The bytes of a local file to decode: all of it, or ``size`` bytes at ``offset``.
 
-    Picklable and small, so a worker process reads the bytes itself.
+    Picklable and small, so a worker process reads the bytes itself. Archive sources
+    subclass it for members stored otherwise (``read`` and ``nbytes`` overridden); one
+    with ``in_parent`` is read by the conversion's process, in write order (``ship``).
     """
 
     path: str
     offset: int = 0
     size: int = -1  # -1: to the end of the file
+    in_parent: ClassVar[bool] = False
 
     def read(self) -> bytes:
         """Return the bytes, refusing what is not a regular file without opening it.
@@ -74,8 +77,33 @@ class FileRange:
             return 0
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable(FileRange):
+    """An image that could not be read where it was shipped from: ``read`` says why."""
+
+    reason: str = ""
+
+    def read(self) -> bytes:
+        """Raise the error met when the image was read.
+
+        Raises:
+            DecodeError: Always.
+        """
+        raise DecodeError(self.reason)
+
+
 Image = bytes | bytearray | memoryview | np.ndarray | FileRange
 """What a sample gives to decode: encoded bytes, HWC uint8 pixels, or where the bytes lie."""
+
+
+def ship(image: Image) -> Image:
+    """Return what a worker gets for ``image``: its bytes if only this process reads it."""
+    if not isinstance(image, FileRange) or not image.in_parent:
+        return image
+    try:
+        return image.read()
+    except DecodeError as err:
+        return Unreadable(image.path, reason=str(err))
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +289,7 @@ class PathSource(SampleSource):
     """
 
     takes_labels: ClassVar[bool] = False
+    detect_first: ClassVar[bool] = False  # detection tries it before the other kinds
 
     def __init__(self, path: StrPath, *, labels_csv: StrPath | None = None) -> None:
         if labels_csv is not None and not self.takes_labels:

@@ -1,0 +1,294 @@
+"""A gzip-compressed tar (``.tar.gz``, ``.tgz``) of an image folder, read as a stream.
+
+NOTE [ Reading a gzip tar ]: gzip has no random access, so the archive is never read at
+random nor extracted. Listing inflates it once, in this process, parsing the member
+headers and keeping a copy of the inflater's state (``zlib``'s ``copy``: its window and
+position) every few MiB of output, at most ``_POINTS`` of them. The write order
+(``GzipTarSource.split``) is a seeded random interleaving of ``RUNS`` consecutive runs of
+the archive: each run is read front to back by its own inflater, started from the
+checkpoint before it, so the conversion inflates the archive once more and holds at most
+``RUNS`` inflaters and the batches in flight; every chunk mixes samples of every run.
+Samples are ``GzipMember``s that this process reads in write order (``ship``) and sends
+to the workers as bytes. A process that did not list the archive (a Dask worker, ``verify
+--source``) reads them all the same, making its own checkpoints as it goes
+(decision 0051).
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import sys
+import tarfile
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from h5pack.core.format import SkippedFile
+from h5pack.core.packset import shard_slice
+from h5pack.errors import DecodeError, SourceError
+from h5pack.write.sources.archive import CUT_SHORT, Found, archive_listing, take_tar_member
+from h5pack.write.sources.base import FileRange, Listing, PathSource
+
+RUNS = 64
+"""Runs of the archive that the write order interleaves (inflaters open at once)."""
+_READ = 1 << 16  # compressed bytes read at a time
+_OUT = 1 << 18  # the most uncompressed bytes one inflate call gives
+_SPACING = 4 << 20  # uncompressed bytes between checkpoints, doubled when thinned
+_POINTS = 512  # the most checkpoints kept per archive
+_CURSORS = RUNS + 16  # the most inflaters open per archive
+_GZIP = 31  # zlib's wbits for a gzip header
+
+
+@dataclass(frozen=True, slots=True)
+class GzipMember(FileRange):
+    """``size`` bytes at ``offset`` of the inflated stream of the gzip file ``path``."""
+
+    in_parent: ClassVar[bool] = True
+
+    def read(self) -> bytes:
+        """Return the member's bytes (NOTE [ Reading a gzip tar ]).
+
+        Raises:
+            DecodeError: The archive is corrupt or cut short before their end.
+        """
+        return _archive(self.path).read(self.offset, self.size)
+
+
+@dataclass(frozen=True, slots=True)
+class _Point:
+    """Where inflating can resume: a state, its unread input, the file and output positions."""
+
+    state: Any
+    tail: bytes
+    file_pos: int
+    out_pos: int
+
+
+class _Cursor:
+    """One inflater moving forward through the archive; ``pos`` is where ``buffer`` starts."""
+
+    def __init__(self, archive: _Archive, point: _Point) -> None:
+        self.archive = archive
+        self.fd = os.open(archive.path, os.O_RDONLY)
+        self.file_pos, self.pos = point.file_pos, point.out_pos
+        self.state, self.tail = point.state.copy(), point.tail
+        self.buffer = bytearray()
+
+    def read(self, offset: int, size: int, *, exact: bool = True) -> bytes:
+        """Return ``size`` bytes at ``offset`` (not before ``pos``); fewer only at the end.
+
+        Raises:
+            DecodeError: ``exact``, and the archive ends before them; or it is corrupt.
+        """
+        while self.pos + len(self.buffer) < offset + size:
+            self._drop(offset)
+            if not self._inflate():
+                if exact:
+                    raise DecodeError(
+                        f"{self.archive.path}: cut short: the archive ends inside the member "
+                        f"at {offset} of its inflated bytes"
+                    )
+                break
+        self._drop(offset)
+        data = bytes(self.buffer[:size]) if self.pos == offset else b""
+        del self.buffer[: len(data)]
+        self.pos += len(data)
+        return data
+
+    def _drop(self, offset: int) -> None:
+        """Drop the buffered bytes before ``offset``."""
+        skip = min(len(self.buffer), offset - self.pos)
+        if skip > 0:
+            del self.buffer[:skip]
+            self.pos += skip
+
+    def _inflate(self) -> bool:
+        """Inflate more output into ``buffer``; return False at the end of the archive."""
+        while True:
+            if self.state.eof:  # one gzip member ends; another may follow (pigz, cat)
+                rest = self.state.unused_data or self._read()
+                if not rest.startswith(b"\x1f\x8b"):
+                    return False  # the end, or padding after it
+                self.state, self.tail = zlib.decompressobj(_GZIP), rest
+            data = self.tail or self._read()
+            if not data:
+                return False
+            try:
+                out = self.state.decompress(data, _OUT)
+            except zlib.error as err:
+                raise DecodeError(f"{self.archive.path}: corrupt gzip data: {err}") from err
+            self.tail = self.state.unconsumed_tail
+            if out:
+                self.buffer += out
+                self.archive.passed(self)
+                return True
+
+    def _read(self) -> bytes:
+        data = os.pread(self.fd, _READ, self.file_pos)
+        self.file_pos += len(data)
+        return data
+
+    def close(self) -> None:
+        """Close the archive's file (once)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    __del__ = close
+
+    def point(self) -> _Point:
+        """Return where this inflater stands (after its buffer), to resume from later."""
+        end = self.pos + len(self.buffer)
+        return _Point(self.state.copy(), self.tail, self.file_pos, end)
+
+
+class _Archive:
+    """The checkpoints and open inflaters of one gzip file, in this process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.points = [_Point(zlib.decompressobj(_GZIP), b"", 0, 0)]
+        self.spacing = _SPACING
+        self.cursors: list[_Cursor] = []
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Return ``size`` inflated bytes at ``offset`` from the nearest inflater or point."""
+        point = self.points[bisect.bisect_right([p.out_pos for p in self.points], offset) - 1]
+        behind = [c for c in self.cursors if point.out_pos <= c.pos <= offset]
+        cursor = max(behind, key=lambda c: c.pos) if behind else self.open(point)
+        self.cursors.remove(cursor)
+        self.cursors.append(cursor)  # the most recently used last
+        return cursor.read(offset, size)
+
+    def open(self, point: _Point) -> _Cursor:
+        """Return a new inflater at ``point``, closing the least recently used past the cap."""
+        cursor = _Cursor(self, point)
+        self.cursors.append(cursor)
+        if len(self.cursors) > _CURSORS:
+            self.cursors.pop(0).close()
+        return cursor
+
+    def passed(self, cursor: _Cursor) -> None:
+        """Keep a checkpoint where ``cursor`` is, if it went a spacing past the last one."""
+        if cursor.pos + len(cursor.buffer) < self.points[-1].out_pos + self.spacing:
+            return
+        self.points.append(cursor.point())
+        if len(self.points) > _POINTS:
+            self.points = self.points[::2]
+            self.spacing *= 2
+
+
+_ARCHIVES: dict[str, _Archive] = {}
+
+
+def _archive(path: str, *, new: bool = False) -> _Archive:
+    """Return this process's reader of the gzip file ``path`` (a fresh one if ``new``)."""
+    found = _ARCHIVES.pop(path, None)
+    if found is not None and new:
+        for cursor in found.cursors:
+            cursor.close()
+        found = None
+    _ARCHIVES[path] = found or _Archive(path)
+    while len(_ARCHIVES) > 4:  # the least recently used first
+        for cursor in _ARCHIVES.pop(next(iter(_ARCHIVES))).cursors:
+            cursor.close()
+    return _ARCHIVES[path]
+
+
+class _Inflated(io.RawIOBase):
+    """The inflated archive as a file read front to back (``tarfile``'s stream mode)."""
+
+    def __init__(self, archive: _Archive) -> None:
+        self.cursor = archive.open(archive.points[0])
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.cursor.read(self.cursor.pos, len(buffer), exact=False)
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class GzipTarSource(PathSource):
+    """The images of a gzip-compressed tar of an image folder (NOTE [ Reading a gzip tar ])."""
+
+    kind = "tgz"
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` is this kind of source: a file named ``*.tar.gz`` or ``*.tgz``."""
+        name = path.name.lower()
+        return name.endswith((".tar.gz", ".tgz")) and path.is_file()
+
+    def find(self) -> Listing:
+        """Inflate the archive once, listing its images in archive order.
+
+        Raises:
+            SourceError: The archive cannot be opened, is no gzip tar, or holds no images.
+        """
+        path = os.path.abspath(self.root)
+        found: Found = []
+        problems: list[SkippedFile] = []
+        whole: list[SkippedFile] = []
+        stream = _Inflated(_archive(path, new=True))  # the archive may have changed
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                for member in archive:
+                    where = GzipMember(path, member.offset_data, member.size)
+                    take_tar_member(member, where, sys.maxsize, found, problems)
+        except (OSError, tarfile.TarError, DecodeError) as err:
+            if not found:
+                raise SourceError(f"cannot read the gzip tar archive {self.root}: {err}") from err
+            whole.append(
+                SkippedFile(Path(self.root).name, f"unreadable after {found[-1][0]}: {err}")
+            )
+        end = stream.cursor.pos + len(stream.cursor.buffer)  # all that inflates
+        problems.extend(SkippedFile(rel, CUT_SHORT) for rel, w in found if w.offset + w.size > end)
+        found = [(rel, where) for rel, where in found if where.offset + where.size <= end]
+        listing = archive_listing(self.root, found, problems, whole)
+        order = sorted(range(len(listing.samples)), key=lambda i: _offset(listing, i))
+        samples = [listing.samples[i] for i in order]
+        return Listing(samples, listing.classes, listing.problems, nbytes=listing.nbytes)
+
+    def files(self) -> tuple[Path, ...]:
+        """Return the archive: the one local file the samples are read from."""
+        return (Path(self.root),)
+
+    def split(
+        self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
+    ) -> np.ndarray:
+        """Return shard ``index``'s positions: its slice of the interleaved runs' order."""
+        num = len(self.samples)
+        lo, hi = shard_slice(num, index, num_shards)
+        return interleaved(num, seed, shuffle)[lo:hi]
+
+
+def _offset(listing: Listing, i: int) -> int:
+    image = listing.samples[i].image
+    assert isinstance(image, FileRange)
+    return image.offset
+
+
+@lru_cache(maxsize=2)
+def interleaved(num: int, seed: int, shuffle: bool) -> np.ndarray:
+    """Return a seeded random interleaving of ``RUNS`` consecutive runs of ``0..num-1``.
+
+    Each run keeps its order, so that one inflater reads it front to back.
+    """
+    if not shuffle:
+        return np.arange(num, dtype=np.int64)
+    runs = min(RUNS, num)
+    starts = np.arange(runs + 1, dtype=np.int64) * num // runs
+    run_of = np.repeat(np.arange(runs), np.diff(starts))
+    turns = np.random.default_rng(seed).permutation(run_of)
+    order = np.empty(num, dtype=np.int64)
+    order[np.argsort(turns, kind="stable")] = np.arange(num, dtype=np.int64)
+    order.flags.writeable = False
+    return order
