@@ -81,6 +81,18 @@ SKIPPED_SHOWN = 20
     "imagenet (a tar of class tars), webdataset (shards, or a brace pattern) "
     "[default: detected from SOURCE].",
 )
+@click.option(
+    "--annotations",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A COCO instances JSON for the images of SOURCE: boxes, labels, iscrowd, masks.",
+)
+@click.option(
+    "--masks",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="A folder of masks (palette or grey PNG) with the stems of SOURCE's images.",
+)
 @staging_flag
 @storage_option_flag
 @quiet_flag
@@ -93,6 +105,8 @@ def convert(
     shard: str | None,
     dask_address: str | None,
     source_kind: str,
+    annotations: str | None,
+    masks: str | None,
     staging_dir: str | None,
     storage_option: tuple[str, ...],
     **flags: Any,
@@ -108,9 +122,10 @@ def convert(
     }
     from h5pack.write.sources import sample_source
 
+    extra = {"annotations": annotations, "masks": masks}
     if shards is None and shard is None and dask_address is None:
         options = options_from_flags(flags)
-        found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
+        found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv, **extra)
         _convert_one(found, target, overwrite, quiet, options, remote)
         return
     only = None
@@ -128,7 +143,7 @@ def convert(
     if shards is None:
         raise OptionsError("--dask runs the shards of --shards N: add --shards")
     options = options_from_flags(flags)
-    found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv)
+    found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv, **extra)
     if dask_address is not None:
         from h5pack.write.dask import convert_on_dask, dask_client
 

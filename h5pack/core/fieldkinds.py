@@ -17,7 +17,7 @@ read in one or two chunk reads per dataset. Each dataset's CRC32 is in ``metadat
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -94,6 +94,26 @@ class KeyField(Field):
         return (fmt.PATHS,)
 
 
+class LazyColumn:
+    """A column whose values are made when read: ``make(items[i])``.
+
+    Masks are decoded one at a time while the pack is written, never all at once.
+    """
+
+    def __init__(self, items: Sequence[Any], make: Callable[[Any], Any]) -> None:
+        self.items, self.make = items, make
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.make(self.items[index])
+
+    def take(self, positions: np.ndarray) -> LazyColumn:
+        """Return the column of the values at ``positions``, still unmade."""
+        return LazyColumn([self.items[int(p)] for p in positions], self.make)
+
+
 @dataclass(frozen=True)
 class StoredField(Field):
     """A field of the group ``/fields``: checked, written and read by its own class."""
@@ -110,6 +130,8 @@ class StoredField(Field):
         """Return the values at ``positions`` of a column (write order, skipped left out)."""
         if isinstance(column, np.ndarray):
             return column[positions]
+        if isinstance(column, LazyColumn):
+            return column.take(positions)
         return [column[int(p)] for p in positions]
 
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:
@@ -285,6 +307,25 @@ class RaggedField(StoredField):
         import torch
 
         return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+
+
+@dataclass(frozen=True)
+class CategoryField(RaggedField):
+    """A class id per row (each box's category), int64, named by ``categories``.
+
+    The ids are kept as the source gives them (COCO's 1..90 with gaps); the listing entry
+    holds the names as ``"categories": [[id, name], ...]``.
+
+    Attributes:
+        categories: ``(id, name)`` of every category, by id.
+    """
+
+    dtype: str = "<i8"
+    categories: tuple[tuple[int, str], ...] = ()
+    kind: ClassVar[str] = "category"
+
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"name": self.name, "kind": self.kind, "categories": list(self.categories)}
 
 
 @dataclass(frozen=True)

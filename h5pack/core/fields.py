@@ -24,17 +24,19 @@ from h5pack.core.fieldkinds import (
     LABEL,
     ArrayField,
     BytesField,
+    CategoryField,
     Field,
     ImageField,
     KeyField,
     LabelField,
+    LazyColumn,
     RaggedField,
     ScalarField,
     StoredField,
     TextField,
     check_name,
 )
-from h5pack.core.spatialfields import BoxesField, MaskField, nearest
+from h5pack.core.spatialfields import BoxesField, InstanceMasksField, MaskField, nearest
 from h5pack.errors import FormatError, OptionsError
 
 __all__ = [
@@ -46,11 +48,14 @@ __all__ = [
     "ArrayField",
     "BoxesField",
     "BytesField",
+    "CategoryField",
     "Field",
     "FieldBlocks",
     "ImageField",
+    "InstanceMasksField",
     "KeyField",
     "LabelField",
+    "LazyColumn",
     "MaskField",
     "RaggedField",
     "ScalarField",
@@ -83,6 +88,8 @@ KINDS: dict[str, type[Field]] = {
         TextField,
         MaskField,
         BoxesField,
+        InstanceMasksField,
+        CategoryField,
     )
 }
 # What a pack written before the listing holds (every format 1.0 and 1.1 pack until now).
@@ -104,6 +111,11 @@ def field_from_dict(data: Mapping[str, Any]) -> Field:
         )
     if cls in (ImageField, LabelField, KeyField, BytesField, TextField, MaskField):
         return cls(name)
+    if cls is InstanceMasksField:
+        return InstanceMasksField(name)
+    if cls is CategoryField:
+        named = tuple((int(i), str(n)) for i, n in data.get("categories", ()))
+        return CategoryField(name, categories=named)
     shape = tuple(int(d) for d in data.get("shape", ()))
     if cls is ScalarField:
         return ScalarField(name, str(data["dtype"]))

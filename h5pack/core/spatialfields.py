@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import h5py
 import numpy as np
 
-from h5pack.core.fieldkinds import BytesField, RaggedField
+from h5pack.core import integrity
+from h5pack.core.fieldkinds import BytesField, LazyColumn, RaggedField, _write
 from h5pack.errors import OptionsError
+
+# Bytes of one chunk of a mask field when its first chunk's samples hold none, and the most.
+MASK_CHUNK_BYTES, MAX_MASK_CHUNK_BYTES = 1 << 20, 1 << 30
+MASK_GZIP_LEVEL = 1  # decision 0055
 
 
 @dataclass(frozen=True)
@@ -23,21 +30,44 @@ class MaskField(BytesField):
 
     kind: ClassVar[str] = "mask"
     spatial: ClassVar[bool] = True
+    axes: ClassVar[str] = "H x W"  # a value's dimensions, as messages name them
 
     def _value(self, value: Any) -> np.ndarray:
         mask = np.asarray(value)
-        if mask.ndim != 2 or mask.dtype != np.uint8:
+        if mask.ndim != len(self.axes.split(" x ")) or mask.dtype != np.uint8:
             raise OptionsError(
-                f"field {self.name!r} holds H x W uint8 masks, but got shape {mask.shape} "
+                f"field {self.name!r} holds {self.axes} uint8 masks, but got shape {mask.shape} "
                 f"and dtype {mask.dtype}"
             )
         return np.ascontiguousarray(mask).reshape(-1)
 
     def column(self, values: Any, num: int) -> Any:  # noqa: D102
         self._count(values, num)
+        if isinstance(values, LazyColumn):
+            return values
         for value in values:
             self._value(value)
         return [np.asarray(v) for v in values]
+
+    def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
+        name, offsets = self.datasets()
+        ends, crc, pending = [0], 0, []
+        dataset: h5py.Dataset | None = None
+        for i in range(len(column)):
+            pending.append(self._value(column[i]))
+            ends.append(ends[-1] + pending[-1].size)
+            if len(pending) < rows_per_chunk and i + 1 < len(column):
+                continue
+            block = np.concatenate(pending)
+            pending, crc = [], zlib.crc32(block.data, crc)
+            if dataset is None:  # a chunk: the first rows_per_chunk samples' bytes
+                dataset = _mask_dataset(handle, name, block.size)
+            dataset.resize((ends[-1],))
+            dataset[ends[-1] - block.size : ends[-1]] = block
+        if dataset is None:
+            _mask_dataset(handle, name, 0)
+        digest = _write(handle, offsets, np.asarray(ends, dtype=np.int64), rows_per_chunk)
+        return {name: integrity.hex32(crc), offsets: digest}
 
     def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
         return value.reshape(int(shape[0]), int(shape[1]))
@@ -60,6 +90,43 @@ class MaskField(BytesField):
 
         if values and all(v.shape == values[0].shape for v in values):
             return torch.from_numpy(np.stack(values))
+        return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+
+
+@dataclass(frozen=True)
+class InstanceMasksField(MaskField):
+    """An n x H x W uint8 stack of instance masks per sample (n may be 0), spatial.
+
+    Stored as a mask field (each sample's n * H * W bytes); row ``k`` is the mask of the
+    sample's ``k``-th box, so a crop, resize and flip apply to each.
+    """
+
+    kind: ClassVar[str] = "masks"
+    axes: ClassVar[str] = "n x H x W"
+
+    def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
+        return value.reshape(-1, int(shape[0]), int(shape[1]))
+
+    def fit(self, mask: np.ndarray, height: int, width: int) -> np.ndarray:  # noqa: D102
+        if mask.shape[1:] == (height, width):
+            return mask
+        out = np.empty((len(mask), height, width), dtype=np.uint8)
+        for k, one in enumerate(mask):
+            out[k] = nearest(one, (0, 0, *one.shape), (height, width))
+        return out
+
+    def transform(
+        self, mask: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
+    ) -> np.ndarray:
+        """Return each of ``mask`` cut to ``box`` (top, left, height, width), resized, flipped."""
+        out = np.empty((len(mask), *size), dtype=np.uint8)
+        for k, one in enumerate(mask):
+            out[k] = MaskField.transform(self, one, box, flip, size)
+        return out
+
+    def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
+        import torch
+
         return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
 
 
@@ -92,6 +159,20 @@ class BoxesField(RaggedField):
         if flip:
             moved[:, [0, 2]] = out_w - moved[:, [2, 0]]
         return moved.astype(self.dtype)
+
+
+def _mask_dataset(handle: h5py.File, name: str, chunk: int) -> h5py.Dataset:
+    """Create the growing, gzip-compressed uint8 dataset of a mask field."""
+    chunk = min(chunk or MASK_CHUNK_BYTES, MAX_MASK_CHUNK_BYTES)
+    return handle.create_dataset(
+        name,
+        shape=(0,),
+        maxshape=(None,),
+        dtype=np.uint8,
+        chunks=(chunk,),
+        compression="gzip",
+        compression_opts=MASK_GZIP_LEVEL,
+    )
 
 
 def nearest(source: np.ndarray, box: tuple[int, ...], size: tuple[int, int]) -> np.ndarray:

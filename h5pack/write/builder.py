@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ import numpy as np
 from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core import integrity
-from h5pack.core.fields import LEGACY_FIELDS, Field, MaskField, stored_fields
+from h5pack.core.fields import LEGACY_FIELDS, Field, LazyColumn, MaskField, stored_fields
 from h5pack.core.format import SkippedFile
 from h5pack.core.record import PackRecord, write_record
 from h5pack.errors import H5PackError, OptionsError, SourceError
@@ -333,17 +334,30 @@ def _fitted(
     """A mask column at its images' stored sizes (resized with them by ``size``).
 
     Raises:
-        OptionsError: a mask whose size is not its image's (and no ``size`` resized them).
+        OptionsError: a mask whose size is not its image's (and no ``size`` resized them);
+            for a ``LazyColumn``, when the mask is made (while the pack is written).
     """
     if not isinstance(stored, MaskField):
         return column
-    for mask, shape, path in zip(column, shapes, paths, strict=True):
-        if not resized and mask.shape != tuple(shape[:2]):
-            raise OptionsError(
-                f"{path}: its {stored.name!r} mask is {mask.shape[1]}x{mask.shape[0]}, its "
-                f"image {shape[1]}x{shape[0]} (W x H): a mask has its image's size"
-            )
-    return [stored.fit(m, int(s[0]), int(s[1])) for m, s in zip(column, shapes, strict=True)]
+    items = list(zip(range(len(column)), shapes.tolist(), paths, strict=True))
+    if isinstance(column, LazyColumn):
+        items = list(zip(column.items, shapes.tolist(), paths, strict=True))
+        return LazyColumn(items, partial(_fit_mask, stored, column.make, resized))
+    return [_fit_mask(stored, column.__getitem__, resized, item) for item in items]
+
+
+def _fit_mask(
+    stored: MaskField, make: Callable[[Any], Any], resized: bool, item: tuple[Any, Any, str]
+) -> np.ndarray:
+    what, shape, path = item
+    mask = np.asarray(make(what))
+    height, width = int(shape[0]), int(shape[1])
+    if not resized and mask.shape[-2:] != (height, width):
+        raise OptionsError(
+            f"{path}: its {stored.name!r} mask is {mask.shape[-1]}x{mask.shape[-2]}, its "
+            f"image {width}x{height} (W x H): a mask has its image's size"
+        )
+    return stored.fit(mask, height, width)
 
 
 def _field_rows(metadata: PackMetadata) -> int:

@@ -19,8 +19,10 @@ from h5pack.write.sources.base import (
     SampleSource,
     SizeHint,
 )
+from h5pack.write.sources.coco import CocoSource
 from h5pack.write.sources.folder import FolderSource
 from h5pack.write.sources.imagenet import ImageNetTarSource
+from h5pack.write.sources.masks import MaskSource
 from h5pack.write.sources.tar import TarSource
 from h5pack.write.sources.tgz import GzipTarSource
 from h5pack.write.sources.webdataset import WebDatasetSource
@@ -29,11 +31,13 @@ from h5pack.write.sources.zip import ZipSource
 __all__ = [
     "KINDS",
     "ArraySource",
+    "CocoSource",
     "FileRange",
     "FolderSource",
     "GzipTarSource",
     "ImageNetTarSource",
     "Listing",
+    "MaskSource",
     "PathSource",
     "Sample",
     "SampleSource",
@@ -57,7 +61,12 @@ those with ``detect_first`` (a tar of tars before a tar) first."""
 
 
 def sample_source(
-    source: StrPath | SampleSource, *, kind: str = "auto", labels_csv: StrPath | None = None
+    source: StrPath | SampleSource,
+    *,
+    kind: str = "auto",
+    labels_csv: StrPath | None = None,
+    annotations: StrPath | None = None,
+    masks: StrPath | None = None,
 ) -> SampleSource:
     """Return the source that ``source`` names (a ``SampleSource`` is returned as it is).
 
@@ -66,12 +75,24 @@ def sample_source(
         kind: One of ``KINDS``, or ``"auto"``: the first kind that ``matches`` the path
             (a folder when none does, which then says what is wrong with the path).
         labels_csv: A labels CSV for the source's samples.
+        annotations: A COCO instances file for the image folder ``source`` (``CocoSource``).
+        masks: A folder of masks for the image folder ``source`` (``MaskSource``).
 
     Raises:
-        OptionsError: ``kind`` is not known.
+        OptionsError: ``kind`` is not known, or the extra inputs do not go together.
     """
     if isinstance(source, SampleSource):
         return source
+    given = [n for n, v in (("--annotations", annotations), ("--masks", masks)) if v]
+    if given and (len(given) > 1 or labels_csv is not None or kind not in ("auto", "folder")):
+        raise OptionsError(
+            "--annotations and --masks each describe the images of a folder SOURCE: give one, "
+            f"without --labels or --from {kind}"
+        )
+    if annotations is not None:
+        return CocoSource(source, annotations)
+    if masks is not None:
+        return MaskSource(source, masks)
     if kind == "auto":
         path = Path(source)
         order = sorted(KINDS, key=lambda name: not KINDS[name].detect_first)
