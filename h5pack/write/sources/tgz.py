@@ -39,8 +39,8 @@ RUNS = 64
 """Runs of the archive that the write order interleaves (inflaters open at once)."""
 _READ = 1 << 16  # compressed bytes read at a time
 _OUT = 1 << 18  # the most uncompressed bytes one inflate call gives
-_SPACING = 4 << 20  # uncompressed bytes between checkpoints, doubled when thinned
-_POINTS = 512  # the most checkpoints kept per archive
+_SPACING = 1 << 18  # uncompressed bytes between checkpoints, doubled when thinned
+_POINTS = 1024  # the most checkpoints kept per archive (about 40 KiB each)
 _CURSORS = RUNS + 16  # the most inflaters open per archive
 _GZIP = 31  # zlib's wbits for a gzip header
 
@@ -71,14 +71,22 @@ class _Point:
 
 
 class _Cursor:
-    """One inflater moving forward through the archive; ``pos`` is where ``buffer`` starts."""
+    """One inflater moving forward through the archive.
+
+    ``buffer[start:]`` is its inflated output not read yet, which begins at ``pos``.
+    """
 
     def __init__(self, archive: _Archive, point: _Point) -> None:
         self.archive = archive
         self.fd = os.open(archive.path, os.O_RDONLY)
         self.file_pos, self.pos = point.file_pos, point.out_pos
         self.state, self.tail = point.state.copy(), point.tail
-        self.buffer = bytearray()
+        self.buffer, self.start = b"", 0
+
+    @property
+    def end(self) -> int:
+        """Where its inflated output ends."""
+        return self.pos + len(self.buffer) - self.start
 
     def read(self, offset: int, size: int, *, exact: bool = True) -> bytes:
         """Return ``size`` bytes at ``offset`` (not before ``pos``); fewer only at the end.
@@ -86,27 +94,22 @@ class _Cursor:
         Raises:
             DecodeError: ``exact``, and the archive ends before them; or it is corrupt.
         """
-        while self.pos + len(self.buffer) < offset + size:
-            self._drop(offset)
-            if not self._inflate():
+        pieces = []
+        while self.pos < offset + size:
+            if self.start == len(self.buffer) and not self._inflate():
                 if exact:
                     raise DecodeError(
                         f"{self.archive.path}: cut short: the archive ends inside the member "
                         f"at {offset} of its inflated bytes"
                     )
                 break
-        self._drop(offset)
-        data = bytes(self.buffer[:size]) if self.pos == offset else b""
-        del self.buffer[: len(data)]
-        self.pos += len(data)
-        return data
-
-    def _drop(self, offset: int) -> None:
-        """Drop the buffered bytes before ``offset``."""
-        skip = min(len(self.buffer), offset - self.pos)
-        if skip > 0:
-            del self.buffer[:skip]
-            self.pos += skip
+            skip = min(offset - self.pos, len(self.buffer) - self.start)
+            take = 0 if skip > 0 else min(offset + size - self.pos, len(self.buffer) - self.start)
+            if take:
+                pieces.append(self.buffer[self.start : self.start + take])
+            self.start += max(skip, 0) + take
+            self.pos += max(skip, 0) + take
+        return b"".join(pieces)
 
     def _inflate(self) -> bool:
         """Inflate more output into ``buffer``; return False at the end of the archive."""
@@ -125,7 +128,7 @@ class _Cursor:
                 raise DecodeError(f"{self.archive.path}: corrupt gzip data: {err}") from err
             self.tail = self.state.unconsumed_tail
             if out:
-                self.buffer += out
+                self.buffer, self.start = out, 0
                 self.archive.passed(self)
                 return True
 
@@ -144,8 +147,7 @@ class _Cursor:
 
     def point(self) -> _Point:
         """Return where this inflater stands (after its buffer), to resume from later."""
-        end = self.pos + len(self.buffer)
-        return _Point(self.state.copy(), self.tail, self.file_pos, end)
+        return _Point(self.state.copy(), self.tail, self.file_pos, self.end)
 
 
 class _Archive:
@@ -176,7 +178,7 @@ class _Archive:
 
     def passed(self, cursor: _Cursor) -> None:
         """Keep a checkpoint where ``cursor`` is, if it went a spacing past the last one."""
-        if cursor.pos + len(cursor.buffer) < self.points[-1].out_pos + self.spacing:
+        if cursor.end < self.points[-1].out_pos + self.spacing:
             return
         self.points.append(cursor.point())
         if len(self.points) > _POINTS:
@@ -249,7 +251,7 @@ class GzipTarSource(PathSource):
             whole.append(
                 SkippedFile(Path(self.root).name, f"unreadable after {found[-1][0]}: {err}")
             )
-        end = stream.cursor.pos + len(stream.cursor.buffer)  # all that inflates
+        end = stream.cursor.end  # all that inflates
         problems.extend(SkippedFile(rel, CUT_SHORT) for rel, w in found if w.offset + w.size > end)
         found = [(rel, where) for rel, where in found if where.offset + where.size <= end]
         listing = archive_listing(self.root, found, problems, whole)
