@@ -221,3 +221,19 @@ def wait_for_a_chunk_get(
 
     while alive() and not seen():
         time.sleep(0.05)
+
+
+def disk_cache_reserve(tmp_path: Path) -> int:
+    """Return what a disk cache's directory takes besides its chunks, some growth in.
+
+    A test's budget of ``n`` chunks is this plus their bytes (the budget bounds the whole
+    directory: the ledger, its WAL, the folders).
+    """
+    from h5pack.read import ledger
+    from h5pack.read.diskcache import DiskCache, DiskCacheOptions
+    from h5pack.read.eviction import Future
+
+    probe = DiskCache(DiskCacheOptions(directory=tmp_path / "probe", budget_bytes=1 << 20))
+    probe.set_future("p", Future.of(list(range(80)) * 2, np.arange(160) / 80), now=0.0)
+    probe.close()
+    return ledger.overhead_bytes(tmp_path / "probe") + ledger.GROWTH + 16 * ledger.BLOCK

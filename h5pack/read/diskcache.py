@@ -1,19 +1,26 @@
-"""A machine's disk cache of remote chunks, shared by every process, under a byte budget.
+"""A user's disk cache of remote chunks, shared by their processes, under a byte budget.
 
 NOTE [ One disk cache per machine ]
 
-Every process of a machine that reads the same remote pack opens the same directory; a
-chunk is downloaded once and read from disk by all (docs/decisions/0018-belady-disk-cache.md).
+Every process of a user that reads the same remote pack opens the same private directory
+(NOTE [ Private directories ]); a chunk is downloaded once and read from disk by all
+(docs/decisions/0018-belady-disk-cache.md, 0110-a-cache-that-heals.md).
 
-- ``ledger.sqlite`` (WAL) holds one row per chunk, *claimed* (downloading, its bytes
-  reserved) or *ready*; the rows' sum never exceeds the budget: a process reserves and
-  evicts (``read/eviction.py``) in one transaction, or does not cache the chunk.
+- ``ledger.sqlite`` (WAL, ``read/ledger.py``) holds one row per chunk, *claimed*
+  (downloading, its bytes reserved) or *ready*; the rows' blocks plus the ledger and the
+  rest of the directory never exceed the budget: a process reserves and evicts
+  (``read/eviction.py``) in one transaction, or does not cache the chunk.
 - A second process that wants a claimed chunk waits for it: no chunk is downloaded twice.
 - Files are written to ``.<chunk>.<owner>.tmp`` and renamed before the row turns ready;
   a file shorter than its row is dropped, never served.
 - Each process holds an ``flock`` on ``owners/<owner>.lock``; a claim whose lock can be
   taken is a dead process's, removed and claimed anew.
 - A pack's chunks live under a key of its identity (pack id, size, ETag).
+- A row records the digest of its file (checked bytes: NOTE [ Checked downloads ]); a hit
+  whose file no longer matches is evicted with a warning naming it, and fetched again.
+- Opening sweeps what exited processes left (claims, temporaries, locks, futures, files
+  without a row). A cache that cannot be written (full, read-only) warns once and is read
+  around; a directory removed under a running process is made again once.
 """
 
 from __future__ import annotations
@@ -25,9 +32,9 @@ import os
 import secrets
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,7 +44,10 @@ from typing import Literal
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.errors import H5PackError, OptionsError
+from h5pack.core import integrity
+from h5pack.core.private import UnsafeDirectoryError, private_directory, user_cache_dir
+from h5pack.errors import OptionsError
+from h5pack.read import ledger
 from h5pack.read.eviction import (
     Candidate,
     EvictionPolicy,
@@ -46,6 +56,7 @@ from h5pack.read.eviction import (
     next_uses,
     parse_policy,
 )
+from h5pack.read.ledger import transaction
 
 __all__ = [
     "DEFAULT_CACHE_DISK_FRACTION",
@@ -53,6 +64,7 @@ __all__ = [
     "DiskCache",
     "DiskCacheOptions",
     "DiskCacheStats",
+    "DiskCacheWarning",
     "default_cache_dir",
     "pack_key",
 ]
@@ -63,15 +75,26 @@ DEFAULT_CACHE_DISK_FRACTION = 0.5
 _READY, _CLAIMED = 1, 0
 _POLL_S = 0.005
 _INHERITED: list[sqlite3.Connection] = []  # see DiskCache._connect
-# How long opening the ledger retries SQLite's immediate "database is locked" answers.
-_CONNECT_WAIT_S = 60.0
+_HINT = "give another with ReaderOptions(disk_cache_dir=...) or --disk-cache-dir"
+_COST = f"((nbytes + {ledger.BLOCK - 1}) / {ledger.BLOCK}) * {ledger.BLOCK}"  # ledger.cost
 _SAME_USE = 1e-9  # epochs: two futures' uses this close are one use
 _OWNER_CHECK_S = 0.25
 
 
+class DiskCacheWarning(UserWarning):
+    """The disk cache was damaged, removed or cannot be written; the run goes on."""
+
+
 def default_cache_dir() -> Path:
-    """Return the default cache directory: ``h5pack-chunks`` in the temporary directory."""
-    return Path(tempfile.gettempdir()) / "h5pack-chunks"
+    """Return the default cache directory: ``h5pack`` in the user's cache directory."""
+    return user_cache_dir()
+
+
+def chunk_digest(data: memoryview | np.ndarray) -> str:
+    """Return the digest a cache row records of its file's bytes (XXH3-64, else CRC32)."""
+    if integrity.has_sample_digest():
+        return f"xxh3:{integrity.sample_digest(data):016x}"
+    return f"crc32:{integrity.crc32(data):08x}"
 
 
 def pack_key(pack_id: str | None, size: int, etag: str | None) -> str:
@@ -126,6 +149,8 @@ class DiskCacheStats:
         evicted_bytes: Bytes this process evicted.
         bypassed: Chunks not cached (nothing that may go was needed later than them).
         recovered: Claims of dead processes removed.
+        damaged: Cached files that no longer matched their digest (evicted, fetched again).
+        swept: Leftover files of exited processes removed at open.
     """
 
     hits: int = 0
@@ -135,6 +160,8 @@ class DiskCacheStats:
     evicted_bytes: int = 0
     bypassed: int = 0
     recovered: int = 0
+    damaged: int = 0
+    swept: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,23 +179,12 @@ class Claim:
     data: np.ndarray | None = field(default=None, repr=False)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    pack TEXT NOT NULL, chunk INTEGER NOT NULL, nbytes INTEGER NOT NULL,
-    state INTEGER NOT NULL, owner TEXT NOT NULL, used INTEGER NOT NULL,
-    PRIMARY KEY (pack, chunk));
-CREATE TABLE IF NOT EXISTS futures (
-    owner TEXT NOT NULL, pack TEXT NOT NULL, now REAL NOT NULL, future BLOB NOT NULL,
-    PRIMARY KEY (owner, pack));
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-
-
 class DiskCache:
     """The disk cache of remote chunks in one directory (see the NOTE above).
 
     Opened lazily once per process (a DataLoader worker opens its own after the fork);
-    pickles as its options.
+    pickles as its options. A failure of its disk never ends a run (see the NOTE): each
+    public method then answers as a cache that keeps nothing.
 
     Args:
         options: Directory, budget and eviction policy.
@@ -185,6 +201,9 @@ class DiskCache:
         self._budget = 0
         self._futures: dict[str, tuple[Future, float]] = {}
         self._lock = threading.RLock()  # one connection per process, shared by its threads
+        self.disabled = ""  # why this process reads on without the cache ("": it does not)
+        self._recreated = False
+        self._inode = -1  # of the directory opened
 
     # -- process state ------------------------------------------------------------
 
@@ -192,12 +211,7 @@ class DiskCache:
         with self._lock:
             if self._pid == os.getpid():
                 if self._db is None and self._owner_fd >= 0:  # closed for a fork: reopen
-                    try:
-                        self._db = self._connect_ledger()
-                    except (OSError, sqlite3.Error) as err:
-                        raise H5PackError(
-                            f"cannot use the chunk cache {self.directory}: {err}"
-                        ) from err
+                    self._db = self._connect_ledger()
                 if self._db is not None:
                     return self._db
             return self._connect()
@@ -222,57 +236,30 @@ class DiskCache:
             self._owner_fd = -1
         self._db = None
         self.stats = DiskCacheStats()
-        try:
-            (self.directory / "owners").mkdir(parents=True, exist_ok=True)
-            (self.directory / "chunks").mkdir(exist_ok=True)
-            self._owner = f"{os.getpid()}-{secrets.token_hex(4)}"
-            lock = self.directory / "owners" / f"{self._owner}.lock"
-            self._owner_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
-            db = self._connect_ledger()
-        except (OSError, sqlite3.Error) as err:
-            raise H5PackError(f"cannot use the chunk cache {self.directory}: {err}") from err
+        private_directory(self.directory, what="the disk cache", hint=_HINT)
+        self._inode = os.stat(self.directory).st_ino
+        for sub in ("owners", "chunks"):
+            (self.directory / sub).mkdir(mode=0o700, exist_ok=True)
+        self._owner = f"{os.getpid()}-{secrets.token_hex(4)}"
+        lock = self.directory / "owners" / f"{self._owner}.lock"
+        self._owner_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+        db = self._connect_ledger()
         self._db, self._pid = db, os.getpid()
         _OPEN.add(self)
         self.recover()
         return db
 
     def _connect_ledger(self) -> sqlite3.Connection:
-        """Return a new connection to the ledger, its schema made and the budget read.
-
-        SQLite answers "database is locked" at once, without waiting out its busy timeout,
-        in a few states of a WAL database that another process is opening or recovering
-        (switching a new ledger to WAL takes an exclusive lock; a connection that finds
-        another one recovering the WAL index is refused): those answers are tried again for
-        up to ``_CONNECT_WAIT_S``, then raised. It was first seen in a DataLoader worker
-        opening the ledger beside its sibling; the fork-inherited SQLite state, the likely
-        cause there, is gone (NOTE [ The ledger and fork ]), but independent processes (two
-        jobs on one cache directory, sibling workers on a new one) still meet those states.
-        """
-        deadline = time.monotonic() + _CONNECT_WAIT_S
-        wait = 0.01
-        while True:
-            db = sqlite3.connect(
-                self.directory / "ledger.sqlite",
-                timeout=120,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            try:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.executescript(_SCHEMA)
-                with self._lock, _transaction(db):
-                    self._budget = self._read_budget(db)
-            except sqlite3.OperationalError as err:
-                db.close()  # this process's own new connection, not an inherited one
-                text = str(err).lower()
-                if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
-                    raise
-                time.sleep(wait)
-                wait = min(0.5, wait * 2)
-                continue
-            return db
+        """Return a new connection to the ledger (``ledger.connect``), the budget read."""
+        db = ledger.connect(self.directory)
+        try:
+            with self._lock, transaction(db):
+                self._budget = self._read_budget(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def _read_budget(self, db: sqlite3.Connection) -> int:
         if self.options.budget_bytes is not None:
@@ -295,15 +282,57 @@ class DiskCache:
         if self._db is None or self._pid != os.getpid():
             self._db = None
             return
-        with self._lock, contextlib.suppress(sqlite3.Error), _transaction(self._db):
+        with self._lock, contextlib.suppress(sqlite3.Error, OSError), transaction(self._db):
             self._db.execute("DELETE FROM futures WHERE owner = ?", (self._owner,))
             self._drop_claims(self._db, self._owner)
-        self._db.close()
-        self._db = None
         with contextlib.suppress(OSError):
             (self.directory / "owners" / f"{self._owner}.lock").unlink()
-        os.close(self._owner_fd)
-        self._owner_fd = -1
+        self._drop()
+
+    def _drop(self) -> None:
+        """Close this process's connection and owner lock (its claims then look dead)."""
+        mine = self._pid == os.getpid()
+        if self._db is not None and mine:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+        if self._owner_fd >= 0 and mine:
+            with contextlib.suppress(OSError):
+                os.close(self._owner_fd)
+        self._db, self._owner_fd, self._pid = None, -1, -1
+
+    # -- a disk that fails ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn a failure of the cache's disk into one warning (see the NOTE)."""
+        try:
+            yield
+        except UnsafeDirectoryError:
+            raise
+        except (OSError, sqlite3.Error) as err:
+            with self._lock:
+                self._failed(err)
+
+    def _failed(self, err: OSError | sqlite3.Error) -> None:
+        self._drop()
+        if not self._same_directory() and not self._recreated:
+            self._recreated = True
+            _warn(
+                f"the disk cache {self.directory} was removed or replaced while in use "
+                f"({err}): it is made again and its chunks are fetched again"
+            )
+            return
+        self.disabled = str(err)
+        _warn(
+            f"the disk cache {self.directory} cannot be used ({err}): reading on without "
+            "it, every chunk from the store"
+        )
+
+    def _same_directory(self) -> bool:
+        try:
+            return os.stat(self.directory).st_ino == self._inode
+        except OSError:
+            return False
 
     def __getstate__(self) -> dict[str, object]:
         return {"options": self.options}
@@ -326,7 +355,9 @@ class DiskCache:
     def set_future(self, pack: str, future: Future, *, now: float) -> None:
         """Record when this process will use the chunks of ``pack`` (``Future``, epochs)."""
         self._futures[pack] = (future, now)
-        with self._lock, _transaction(self._open()) as db:
+        if self.disabled:
+            return
+        with self._guard(), self._lock, transaction(self._open()) as db:
             db.execute(
                 "INSERT OR REPLACE INTO futures VALUES (?, ?, ?, ?)",
                 (self._owner, pack, now, future.to_bytes()),
@@ -383,31 +414,46 @@ class DiskCache:
             at: The time of this use (``now`` or later: a read-ahead runs ahead); the
                 new chunk's next use is its first use after this one. None: ``now``.
         """
+        if not self.disabled:
+            with self._guard():
+                return self._claim_read(pack, chunk, nbytes, now, now if at is None else at)
+        return Claim("bypass")
+
+    def _claim_read(
+        self, pack: str, chunk: int, nbytes: int, now: float | None, at: float | None
+    ) -> Claim:
         for _ in range(3):
-            kind, stored = self._claim(pack, chunk, nbytes, now, now if at is None else at)
+            kind, stored, digest = self._claim(pack, chunk, nbytes, now, at)
             if kind != "hit":
                 return Claim(kind)
             # Read outside the transaction: a file evicted meanwhile stays readable once
             # open; one gone before it was opened (or short) is claimed again.
             data = self._read(pack, chunk, stored)
-            if data is not None:
+            if data is not None and _matches(digest, data):
                 self.stats.hits += 1
                 return Claim("hit", data)
-            with self._lock, _transaction(self._open()) as db:
+            if data is not None:
+                self.stats.damaged += 1
+                _warn(
+                    f"the disk cache's file {self._final(pack, chunk)} does not match the "
+                    "digest recorded when it was written (damaged on disk): evicted, its "
+                    "chunk is fetched again"
+                )
+            with self._lock, transaction(self._open()) as db:
                 with contextlib.suppress(FileNotFoundError):
-                    self._final(pack, chunk).unlink()  # short: never served
+                    self._final(pack, chunk).unlink()  # short or damaged: never served
                 db.execute(
                     "DELETE FROM entries WHERE pack = ? AND chunk = ? AND state = ?",
                     (pack, chunk, _READY),
                 )
-        raise H5PackError(f"the chunk cache {self.directory} keeps losing chunk {chunk} of {pack}")
+        return Claim("bypass")
 
     def _claim(
         self, pack: str, chunk: int, nbytes: int, now: float | None, at: float | None
-    ) -> tuple[Literal["hit", "claimed", "busy", "bypass"], int]:
-        with self._lock, _transaction(self._open()) as db:
+    ) -> tuple[Literal["hit", "claimed", "busy", "bypass"], int, str]:
+        with self._lock, transaction(self._open()) as db:
             row = db.execute(
-                "SELECT state, owner, nbytes FROM entries WHERE pack = ? AND chunk = ?",
+                "SELECT state, owner, nbytes, digest FROM entries WHERE pack = ? AND chunk = ?",
                 (pack, chunk),
             ).fetchone()
             clock = self._tick(db)
@@ -416,11 +462,11 @@ class DiskCache:
                     "UPDATE entries SET used = ? WHERE pack = ? AND chunk = ?",
                     (clock, pack, chunk),
                 )
-                return "hit", int(row[2])
+                return "hit", int(row[2]), str(row[3] or "")
             if row is not None:
                 # Another thread of this process, or a live process, downloads it.
                 if row[1] == self._owner or self._owner_alive(row[1]):
-                    return "busy", 0
+                    return "busy", 0, ""
                 self._recover_owner(db, row[1])
             if now is not None and pack in self._futures and now > self._futures[pack][1]:
                 self._futures[pack] = (self._futures[pack][0], now)
@@ -431,12 +477,12 @@ class DiskCache:
             self.stats.misses += 1
             if not self._make_room(db, pack, chunk, nbytes, clock, at):
                 self.stats.bypassed += 1
-                return "bypass", 0
+                return "bypass", 0, ""
             db.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, NULL)",
                 (pack, chunk, nbytes, _CLAIMED, self._owner, clock),
             )
-            return "claimed", 0
+            return "claimed", 0, ""
 
     def _tick(self, db: sqlite3.Connection) -> int:
         row = db.execute("SELECT value FROM meta WHERE key = 'clock'").fetchone()
@@ -453,16 +499,19 @@ class DiskCache:
         clock: int,
         at: float | None,
     ) -> bool:
-        if nbytes > self._budget:
+        cost = ledger.cost(nbytes) + ledger.overhead_bytes(self.directory) + ledger.GROWTH
+        if cost > self._budget:
             return False
-        (total,) = db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()
-        need = int(total) + nbytes - self._budget
+        (total,) = db.execute(f"SELECT COALESCE(SUM({_COST}), 0) FROM entries").fetchone()
+        need = int(total) + cost - self._budget
         if need <= 0:
             return True
         rows = db.execute(
             "SELECT pack, chunk, nbytes, used FROM entries WHERE state = ?", (_READY,)
         )
-        candidates = [Candidate(p, int(c), int(n), int(u)) for p, c, n, u in rows.fetchall()]
+        candidates = [
+            Candidate(p, int(c), ledger.cost(int(n)), int(u)) for p, c, n, u in rows.fetchall()
+        ]
         policy = self.options.eviction
         distances: dict[str, dict[int, float]] = {}
         new_distance = None
@@ -493,7 +542,14 @@ class DiskCache:
 
     def store(self, pack: str, chunk: int, data: np.ndarray | bytes | memoryview) -> None:
         """Write a claimed chunk (temporary file, rename) and mark it ready."""
+        if not self.disabled:
+            with self._guard():
+                self._store(pack, chunk, data)
+
+    def _store(self, pack: str, chunk: int, data: np.ndarray | bytes | memoryview) -> None:
         self._open()  # this process's owner names the temporary file
+        if not self._same_directory():  # removed (a cleaner) or replaced under us
+            raise FileNotFoundError(f"{self.directory} is not the directory opened")
         final = self._final(pack, chunk)
         temp = self._temp(pack, chunk, self._owner)
         view = (
@@ -502,18 +558,20 @@ class DiskCache:
             else memoryview(data)
         ).cast("B")
         try:
-            final.parent.mkdir(exist_ok=True)
-            with open(temp, "wb") as out:
+            final.parent.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as out:
                 out.write(view)
             os.replace(temp, final)
-        except OSError as err:
-            self.release(pack, chunk)
-            raise H5PackError(f"cannot write into the chunk cache {self.directory}: {err}") from err
-        with self._lock, _transaction(self._open()) as db:
+        except OSError:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
+        with self._lock, transaction(self._open()) as db:
             updated = db.execute(
-                "UPDATE entries SET state = ?, nbytes = ? WHERE pack = ? AND chunk = ? "
-                "AND owner = ? AND state = ?",
-                (_READY, len(view), pack, chunk, self._owner, _CLAIMED),
+                "UPDATE entries SET state = ?, nbytes = ?, digest = ? WHERE pack = ? "
+                "AND chunk = ? AND owner = ? AND state = ?",
+                (_READY, len(view), chunk_digest(view), pack, chunk, self._owner, _CLAIMED),
             ).rowcount
             if not updated:  # taken from us meanwhile (we were thought dead): not ours
                 with contextlib.suppress(FileNotFoundError):
@@ -523,13 +581,15 @@ class DiskCache:
 
     def release(self, pack: str, chunk: int) -> None:
         """Give up a claim (the download failed): the chunk may be claimed again."""
-        with self._lock, _transaction(self._open()) as db:
+        if self.disabled:
+            return
+        with self._guard(), self._lock, transaction(self._open()) as db:
             row = db.execute(
                 "SELECT owner, state FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk)
             ).fetchone()
             if row is not None and row[0] == self._owner and row[1] == _CLAIMED:
                 db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             self._temp(pack, chunk, self._owner).unlink()
 
     def wait(
@@ -545,15 +605,17 @@ class DiskCache:
         self.stats.waits += 1
         checked = time.monotonic()
         while True:
-            with self._lock:
-                row = (
-                    self._open()
-                    .execute(
-                        "SELECT state, owner FROM entries WHERE pack = ? AND chunk = ?",
-                        (pack, chunk),
+            row = None
+            if not self.disabled:
+                with self._guard(), self._lock:
+                    row = (
+                        self._open()
+                        .execute(
+                            "SELECT state, owner FROM entries WHERE pack = ? AND chunk = ?",
+                            (pack, chunk),
+                        )
+                        .fetchone()
                     )
-                    .fetchone()
-                )
             if row is None or row[0] == _READY:
                 return self.claim(pack, chunk, nbytes, now=now, at=at)
             if time.monotonic() - checked > _OWNER_CHECK_S:
@@ -609,8 +671,12 @@ class DiskCache:
             (self.directory / "owners" / f"{owner}.lock").unlink()
 
     def recover(self) -> None:
-        """Remove the claims, temporary files and futures of processes that are gone."""
-        with self._lock, _transaction(self._open()) as db:
+        """Remove what processes that are gone left: claims, futures, locks, files.
+
+        Also files without a row (a crash between a rename and its commit) and rows
+        without a file, so that the directory holds what the ledger counts.
+        """
+        with self._lock, transaction(self._open()) as db:
             owners = {
                 o
                 for (o,) in db.execute(
@@ -618,18 +684,48 @@ class DiskCache:
                 )
             }
             owners |= {o for (o,) in db.execute("SELECT DISTINCT owner FROM futures")}
+            owners |= {n.removesuffix(".lock") for n in os.listdir(self.directory / "owners")}
             for owner in owners:
                 if not self._owner_alive(owner):
                     self._recover_owner(db, owner)
+            self._sweep(db)
+
+    def _sweep(self, db: sqlite3.Connection) -> None:
+        rows = {
+            (p, int(c)): int(s) for p, c, s in db.execute("SELECT pack, chunk, state FROM entries")
+        }
+        present: set[tuple[str, int]] = set()
+        chunks = self.directory / "chunks"
+        for pack in os.listdir(chunks):
+            for name in os.listdir(chunks / pack):
+                parts = name.split(".")  # "<chunk>", or ".<chunk>.<owner>.tmp"
+                if name.isdigit() and (pack, int(name)) in rows:
+                    present.add((pack, int(name)))
+                    continue
+                if len(parts) == 4 and self._owner_alive(parts[2]):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    (chunks / pack / name).unlink()
+                self.stats.swept += 1
+            with contextlib.suppress(OSError):
+                (chunks / pack).rmdir()  # only when empty
+        for (pack, chunk), state in rows.items():
+            if state == _READY and (pack, chunk) not in present:
+                db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
 
     # -- inspection -------------------------------------------------------------------
 
-    def usage_bytes(self) -> int:
-        """Return the bytes the ledger holds (ready and claimed chunks)."""
+    def usage_bytes(self, *, on_disk: bool = False) -> int:
+        """Return the bytes of the chunks (claimed too) the ledger holds.
+
+        Args:
+            on_disk: Count whole blocks, and what the directory holds besides (``du``).
+        """
         with self._lock:
             db = self._open()
-            (total,) = db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()
-        return int(total)
+            summed = _COST if on_disk else "nbytes"
+            (total,) = db.execute(f"SELECT COALESCE(SUM({summed}), 0) FROM entries").fetchone()
+        return int(total) + (ledger.overhead_bytes(self.directory) if on_disk else 0)
 
 
 # NOTE [ The ledger and fork ]: SQLite forbids carrying a connection across fork, and more:
@@ -661,13 +757,15 @@ def _after_fork() -> None:
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
-@contextlib.contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """Run the block in one write transaction (``BEGIN IMMEDIATE``: the writers queue)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+def _matches(digest: str, data: np.ndarray) -> bool:
+    """Return whether ``data`` has the recorded ``digest`` (True when it cannot be told)."""
+    kind, _, value = digest.partition(":")
+    if kind == "crc32":
+        return f"{integrity.crc32(data):08x}" == value
+    if kind == "xxh3" and integrity.has_sample_digest():
+        return f"{integrity.sample_digest(data):016x}" == value
+    return True
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, DiskCacheWarning, stacklevel=3)

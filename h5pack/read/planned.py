@@ -23,7 +23,7 @@ from h5pack.core.layout import ChunkMap
 from h5pack.core.source import ByteSource, SourceIdentity
 from h5pack.read.diskcache import DiskCache, DiskCacheOptions, pack_key
 from h5pack.read.eviction import Future
-from h5pack.read.readahead import ReadAhead, ReadAheadOptions
+from h5pack.read.readahead import Check, ReadAhead, ReadAheadOptions
 
 __all__ = [
     "PlannedSource",
@@ -161,6 +161,7 @@ def planned_source(
     pack_id: str | None,
     read_ahead: ReadAheadOptions | None,
     disk_cache: DiskCacheOptions | None,
+    check: Check | None = None,
 ) -> ByteSource:
     """Return ``source`` wrapped to read ahead (remote, or ``read_ahead`` given), else itself.
 
@@ -171,6 +172,7 @@ def planned_source(
         pack_id: The pack's id (with the source's size and ETag: its cache key).
         read_ahead: As ``ReaderOptions.read_ahead``.
         disk_cache: The disk cache (``ReaderOptions.disk_cache``), for remote sources.
+        check: Checks each fetched chunk (``read.piececheck.PieceCheck``), or None.
     """
     if isinstance(source, PlannedSource) or not (source.remote or read_ahead is not None):
         return source
@@ -184,6 +186,7 @@ def planned_source(
         pack=pack_key(pack_id, identity.size, identity.tag),
         read_ahead=read_ahead,
         cache=disk_cache,
+        check=check,
     )
 
 
@@ -197,6 +200,7 @@ class PlannedSource(ByteSource):
         pack: The pack's cache key (``diskcache.pack_key`` of its id, size and ETag).
         read_ahead: Depth, memory, merging of the read-ahead.
         cache: Directory, budget and eviction of the disk cache; None: no disk cache.
+        check: Checks each fetched chunk before it is cached or served (None: none).
     """
 
     def __init__(
@@ -208,8 +212,10 @@ class PlannedSource(ByteSource):
         pack: str,
         read_ahead: ReadAheadOptions | None = None,
         cache: DiskCacheOptions | None = None,
+        check: Check | None = None,
     ) -> None:
         self.source = source
+        self.check = check
         self.url = source.url
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
@@ -245,6 +251,8 @@ class PlannedSource(ByteSource):
                 options=self.read_ahead_options,
                 cache=self._cache,
                 pack=self.pack,
+                check=self.check,
+                name=self.url,
             )
             self._pid = os.getpid()
         return self._ahead

@@ -10,7 +10,9 @@ the measured time and bytes per request and the reader's rate, ``ceil(1.5 D T / 
 within ``[2, max_requests_in_flight]``. Fetched and in-flight bytes stay under
 ``ahead_bytes``. A chunk off the plan is found further on (the read-ahead jumps there) or
 read at once; the reader is never served wrong bytes, only later ones. With a disk cache
-(``read/diskcache.py``) every chunk is claimed there first.
+(``read/diskcache.py``) every chunk is claimed there first. A fetched chunk is checked
+(NOTE [ Checked downloads ]) before it is cached or served; one that fails is fetched again,
+``REFETCHES`` times at most, then refused with one error naming the object, its bytes and why.
 """
 
 from __future__ import annotations
@@ -27,10 +29,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from h5pack.errors import OptionsError
+from h5pack.errors import FormatError, OptionsError
 from h5pack.read.diskcache import DiskCache
 
-__all__ = ["RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
+__all__ = ["REFETCHES", "RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
+
+REFETCHES = 2  # a chunk that fails its check is fetched this many more times
+# check(chunk, stored bytes): None, or what is wrong with them (``read.piececheck``)
+Check = Callable[[int, np.ndarray], "str | None"]
 
 MIB = 1 << 20
 # Pending chunks this many plan positions (at least) behind the chunk just served are
@@ -105,6 +111,7 @@ class ReadAheadStats:
         requests: Ranged requests sent to the source.
         fetched_bytes: Bytes those requests returned.
         cache_hits: Chunks read from the disk cache instead.
+        refetched: Chunks fetched again because their bytes failed the check.
         served: Chunks handed to the reader.
         waited: Chunks the reader asked for before they had arrived.
         off_plan: Chunks read at once because the plan did not hold them.
@@ -114,6 +121,7 @@ class ReadAheadStats:
     requests: int = 0
     fetched_bytes: int = 0
     cache_hits: int = 0
+    refetched: int = 0
     served: int = 0
     waited: int = 0
     off_plan: int = 0
@@ -149,6 +157,7 @@ class ReadAhead:
         options: Depth, memory and merging.
         cache: The machine's disk cache, or None.
         pack: The pack's cache key (``diskcache.pack_key``); needed with a cache.
+        check: Checks each fetched chunk (None: none); ``name`` names the object in errors.
         clock: Seconds, for the measured depth (injected by tests).
     """
 
@@ -161,6 +170,8 @@ class ReadAhead:
         options: ReadAheadOptions | None = None,
         cache: DiskCache | None = None,
         pack: str | None = None,
+        check: Check | None = None,
+        name: str = "the pack",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if cache is not None and pack is None:
@@ -171,6 +182,7 @@ class ReadAhead:
         self.options = options or ReadAheadOptions()
         self.cache = cache
         self.pack = pack
+        self.check, self.name = check, name
         self.clock = clock
         self.stats = ReadAheadStats()
         self._lock = threading.Lock()
@@ -369,6 +381,8 @@ class ReadAhead:
                 ):
                     found.update(self._request(wanted[start:stop]))
                     start = stop
+            for chunk in wanted:
+                found[chunk] = self._checked(chunk, found[chunk])
         except BaseException:
             if self.cache is not None:
                 assert self.pack is not None
@@ -380,6 +394,30 @@ class ReadAhead:
             for chunk in claimed:
                 self.cache.store(self.pack, chunk, found[chunk])
         return [found[c] for c in run]
+
+    def _checked(self, chunk: int, data: np.ndarray) -> np.ndarray:
+        """Return ``chunk``'s bytes once they pass the check, fetching them again if needed.
+
+        Raises:
+            FormatError: they failed it ``1 + REFETCHES`` times (named: object, bytes, why).
+        """
+        if self.check is None:
+            return data
+        for attempt in range(REFETCHES + 1):
+            if attempt:
+                with self._lock:
+                    self.stats.refetched += 1
+                data = self._request([chunk])[chunk]
+            problem = self.check(chunk, data)
+            if problem is None:
+                return data
+        begin = int(self.offsets[chunk])
+        end = begin + int(self.sizes[chunk]) - 1
+        raise FormatError(
+            f"{self.name}: bytes {begin}-{end} (chunk {chunk}) {problem} in each of "
+            f"{REFETCHES + 1} reads: the object in the store is damaged, run "
+            f"`h5pack verify {self.name}`"
+        )
 
     def _request(self, chunks: list[int]) -> dict[int, np.ndarray]:
         begin = int(self.offsets[chunks[0]])

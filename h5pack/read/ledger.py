@@ -1,0 +1,115 @@
+"""The disk cache's ledger and its directory: SQLite opened safely, what it costs on disk.
+
+``read.diskcache`` keeps its rows here (NOTE [ One disk cache per machine ]). This module
+opens the ledger (retrying SQLite's immediate "locked" answers), runs transactions, keeps
+connections from crossing fork (see ``read.diskcache``), and measures what the directory
+holds besides chunk files (``overhead_bytes``: the budget bounds the whole directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["BLOCK", "GROWTH", "LEDGER", "connect", "cost", "overhead_bytes", "transaction"]
+
+LEDGER = "ledger.sqlite"
+BLOCK = 4096  # a file takes whole blocks on disk (what ``du`` counts)
+GROWTH = 8 * BLOCK  # kept free besides: the ledger's new pages, a new pack's folder
+_WAL_PAGES = 64  # checkpoint the WAL at this many pages, and truncate it to this size
+_WAL_RESERVE = 2 * _WAL_PAGES * BLOCK  # a checkpoint may lag the limit
+# How long opening the ledger retries SQLite's immediate "database is locked" answers.
+CONNECT_WAIT_S = 60.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    pack TEXT NOT NULL, chunk INTEGER NOT NULL, nbytes INTEGER NOT NULL,
+    state INTEGER NOT NULL, owner TEXT NOT NULL, used INTEGER NOT NULL, digest TEXT,
+    PRIMARY KEY (pack, chunk));
+CREATE TABLE IF NOT EXISTS futures (
+    owner TEXT NOT NULL, pack TEXT NOT NULL, now REAL NOT NULL, future BLOB NOT NULL,
+    PRIMARY KEY (owner, pack));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def cost(nbytes: int) -> int:
+    """Return the bytes a file of ``nbytes`` takes on disk (whole blocks)."""
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+def connect(directory: Path) -> sqlite3.Connection:
+    """Return a new connection to ``directory``'s ledger (created 0600), its schema made.
+
+    SQLite answers "database is locked" at once, without waiting out its busy timeout, in a
+    few states of a WAL database that another process is opening or recovering (switching a
+    new ledger to WAL takes an exclusive lock; a connection that finds another one
+    recovering the WAL index is refused): those answers are tried again for up to
+    ``CONNECT_WAIT_S``, then raised. Two jobs on one directory, or sibling workers on a new
+    one, meet those states. A ledger of an older layout (no digests) is emptied.
+    """
+    path = directory / LEDGER
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))  # SQLite: same mode
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    wait = 0.01
+    while True:
+        db = sqlite3.connect(path, timeout=120, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+            db.execute(f"PRAGMA journal_size_limit={_WAL_RESERVE}")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(entries)")}
+            if columns and "digest" not in columns:
+                db.executescript("DROP TABLE entries; DROP TABLE futures;")
+            db.executescript(SCHEMA)
+        except sqlite3.OperationalError as err:
+            db.close()  # this process's own new connection, not an inherited one
+            text = str(err).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
+                raise
+            time.sleep(wait)
+            wait = min(0.5, wait * 2)
+            continue
+        return db
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Run the block in one write transaction (``BEGIN IMMEDIATE``: the writers queue)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back itself
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _blocks(path: Path) -> int:
+    try:
+        return os.lstat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def overhead_bytes(directory: Path) -> int:
+    """Return what ``directory`` holds besides chunk files, as ``du`` counts it.
+
+    The ledger, its shared-memory index and its WAL (counted at its limit at least: it
+    grows between two checkpoints), the owners' lock files and every directory.
+    """
+    total = _blocks(directory) + _blocks(directory / LEDGER) + _blocks(directory / f"{LEDGER}-shm")
+    total += max(_blocks(directory / f"{LEDGER}-wal"), _WAL_RESERVE)
+    for folder in (directory / "owners", directory / "chunks"):  # lock files, packs' folders
+        total += _blocks(folder)
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
