@@ -237,3 +237,52 @@ def disk_cache_reserve(tmp_path: Path) -> int:
     probe.set_future("p", Future.of(list(range(80)) * 2, np.arange(160) / 80), now=0.0)
     probe.close()
     return ledger.overhead_bytes(tmp_path / "probe") + ledger.GROWTH + 16 * ledger.BLOCK
+
+
+def photo_folder(
+    root: Path, classes: tuple[str, ...], *, per_class: int = 3, seed: int = 0
+) -> Path:
+    """Write an ImageFolder tree of real photos (``shared_photos``), downsized, as JPEGs.
+
+    Each image has a size of its own (about 40-70 pixels a side); skips when the photos
+    are not there.
+    """
+    import pytest
+
+    photos = sorted(shared_photos().glob("*.jpg"))
+    if len(photos) < len(classes) * per_class:
+        pytest.skip(f"needs {len(classes) * per_class} photos in {shared_photos()}")
+    rng = np.random.default_rng(seed)
+    for i, photo in enumerate(photos[: len(classes) * per_class]):
+        folder = root / classes[i % len(classes)]
+        folder.mkdir(parents=True, exist_ok=True)
+        with Image.open(photo) as image:
+            size = (int(rng.integers(40, 70)), int(rng.integers(40, 70)))
+            image.convert("RGB").resize(size).save(folder / f"{photo.stem}.jpg", quality=90)
+    return root
+
+
+def pack_samples(path: Path, fields: list[str] | tuple[str, ...] = ()) -> dict[str, dict]:
+    """Every sample of a pack by key: its pixels, class name (None) and ``fields``.
+
+    A multi-label field is given as its class names.
+    """
+    from h5pack.core.fields import MultiLabelField, fields_of
+    from h5pack.read.reader import PackReader
+
+    with PackReader(path) as reader:
+        meta, indices = reader.meta, np.arange(len(reader))
+        images = reader.read_images(indices)
+        values = reader.read_fields(indices, list(fields))
+        keys = reader.paths
+    kinds = {f.name: f for f in fields_of(meta)}
+    found = {}
+    for i, key in enumerate(keys):
+        label = int(meta.labels[i])
+        sample: dict = {"image": images[i], "label": meta.classes[label] if label >= 0 else None}
+        for name in fields:
+            value = values[name][i]
+            kind = kinds[name]
+            sample[name] = kind.names(value) if isinstance(kind, MultiLabelField) else value
+        found[key] = sample
+    return found

@@ -1,4 +1,4 @@
-"""Tests for h5pack.write.scan: layouts, labels, hostile file trees and labels CSVs."""
+"""Tests for h5pack.write.scan: layouts, labels, hostile file trees (manifests: elsewhere)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from h5pack.core.format import SkippedFile
-from h5pack.errors import OptionsError, SourceError
+from h5pack.errors import SourceError
 from h5pack.write.scan import (
     IMAGE_EXTENSIONS,
     LOOSE_REASON,
@@ -409,109 +409,6 @@ def test_folder_of_litter_only_is_empty(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no images found") as info:
         scan(tmp_path)
     assert "gone.jpg: dangling symlink" in str(info.value)
-
-
-# --- labels CSV --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def loose_tree(tmp_path: Path) -> Path:
-    root = tmp_path / "src"
-    for rel in ["x/1.jpg", "x/2.jpg", "y/deep/3.png", "4.png", "unlisted.jpg"]:
-        touch(root, rel)
-    return root
-
-
-def write_csv(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "labels.csv"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def test_csv_integer_labels_with_header(tmp_path: Path, loose_tree: Path) -> None:
-    csv_path = write_csv(tmp_path, "path,label\nx/2.jpg,3\n4.png,0\ny/deep/3.png, 1\n\n")
-    result = scan(loose_tree, labels_csv=csv_path)
-    assert [(f.relative, f.label) for f in result.files] == [
-        ("4.png", 0),
-        ("x/2.jpg", 3),
-        ("y/deep/3.png", 1),
-    ]
-    assert result.classes == ("0", "1", "2", "3")
-    assert result.files[0].path == loose_tree / "4.png"
-
-
-def test_csv_class_names_without_header(tmp_path: Path, loose_tree: Path) -> None:
-    csv_path = write_csv(tmp_path, "x/1.jpg,zebra\n./4.png,ant\ny/deep/3.png,zebra\n")
-    result = scan(loose_tree, labels_csv=csv_path)
-    assert result.classes == ("ant", "zebra")
-    assert labelled(result) == {"4.png": "ant", "x/1.jpg": "zebra", "y/deep/3.png": "zebra"}
-
-
-def test_csv_mixed_labels_are_all_names(tmp_path: Path, loose_tree: Path) -> None:
-    csv_path = write_csv(tmp_path, "x/1.jpg,7\n4.png,cat\n")
-    result = scan(loose_tree, labels_csv=csv_path)
-    assert result.classes == ("7", "cat")
-    assert labelled(result) == {"4.png": "cat", "x/1.jpg": "7"}
-
-
-def test_csv_with_bom_and_quotes(tmp_path: Path, loose_tree: Path) -> None:
-    touch(loose_tree, "with, comma.jpg")
-    csv_path = tmp_path / "labels.csv"
-    csv_path.write_bytes('\ufeffpath,label\n"with, comma.jpg",a\n'.encode())
-    result = scan(loose_tree, labels_csv=csv_path)
-    assert labelled(result) == {"with, comma.jpg": "a"}
-
-
-@pytest.mark.parametrize(
-    ("text", "line", "message"),
-    [
-        ("path,label\nx/1.jpg,0\nmissing.jpg,1\n", 3, "does not exist"),
-        ("x/1.jpg,0\nx/notes.txt,1\n", 2, "is not an image"),
-        ("x/1.jpg,0\nx,1\n", 2, "is not a regular file"),
-        ("x/1.jpg,0,extra\n", 1, "expected 2 columns"),
-        ("x/1.jpg\n", 1, "expected 2 columns"),
-        ("x/1.jpg,\n", 1, "non-empty"),
-        ("x/1.jpg,0\nx/2.jpg,-1\n", 2, "should be >= 0"),
-        ("x/1.jpg,0\n./x/1.jpg,1\n", 2, "already listed on line 1"),
-        ("../outside.jpg,0\n", 1, "stay inside it"),
-        ("/etc/passwd.jpg,0\n", 1, "stay inside it"),
-    ],
-)
-def test_csv_bad_line_is_named(
-    tmp_path: Path, loose_tree: Path, text: str, line: int, message: str
-) -> None:
-    touch(loose_tree, "x/notes.txt")
-    touch(tmp_path, "outside.jpg")
-    csv_path = write_csv(tmp_path, text)
-    with pytest.raises(SourceError, match=message) as info:
-        scan(loose_tree, labels_csv=csv_path)
-    assert f"{csv_path}, line {line}" in str(info.value)
-
-
-def test_csv_empty(tmp_path: Path, loose_tree: Path) -> None:
-    with pytest.raises(SourceError, match="lists no images"):
-        scan(loose_tree, labels_csv=write_csv(tmp_path, "path,label\n"))
-
-
-def test_csv_missing(tmp_path: Path, loose_tree: Path) -> None:
-    with pytest.raises(SourceError, match="cannot read labels CSV"):
-        scan(loose_tree, labels_csv=tmp_path / "nope.csv")
-
-
-def test_csv_with_explicit_layout_is_refused(tmp_path: Path, loose_tree: Path) -> None:
-    with pytest.raises(OptionsError, match="layout should be 'auto'"):
-        scan(loose_tree, labels_csv=write_csv(tmp_path, "4.png,0\n"), layout="flat")
-
-
-def test_csv_non_utf8_path(tmp_path: Path) -> None:
-    raw = b"\xff\xfe.png"
-    with open(os.path.join(os.fsencode(tmp_path), raw), "wb") as f:
-        f.write(PNG_BYTES)
-    csv_path = tmp_path / "labels.csv"
-    csv_path.write_bytes(raw + b",odd\n")
-    result = scan(tmp_path, labels_csv=csv_path)
-    assert [os.fsencode(f.relative) for f in result.files] == [raw]
-    assert result.files[0].path.read_bytes() == PNG_BYTES
 
 
 def test_source_file_is_frozen() -> None:

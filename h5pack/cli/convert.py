@@ -78,7 +78,8 @@ SKIPPED_SHOWN = 20
     default="auto",
     metavar="KIND",
     help="What SOURCE is: folder, tar, tgz, zip (an archive of a folder, never extracted), "
-    "imagenet (a tar of class tars), webdataset (shards, or a brace pattern) "
+    "imagenet (a tar of class tars), webdataset (shards, or a brace pattern), "
+    "parquet (Hugging Face datasets' files: one, a folder or a glob) "
     "[default: detected from SOURCE].",
 )
 @click.option(

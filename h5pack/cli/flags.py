@@ -255,7 +255,8 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
         "labels_csv",
         type=click.Path(dir_okay=False),
         default=None,
-        help="A path,label CSV for any folder layout.",
+        help="A manifest of the folder's images: a CSV (path,label; with a header, more "
+        "columns) or JSONL file; columns become fields (docs/converting.md).",
     ),
     click.option("--strict", is_flag=True, help="Stop at the first file that cannot be packed."),
 ]

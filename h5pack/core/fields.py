@@ -36,6 +36,7 @@ from h5pack.core.fieldkinds import (
     TextField,
     check_name,
 )
+from h5pack.core.recordfields import JSONField, MultiLabelField
 from h5pack.core.spatialfields import BoxesField, InstanceMasksField, MaskField, nearest
 from h5pack.errors import FormatError, OptionsError
 
@@ -53,10 +54,12 @@ __all__ = [
     "FieldBlocks",
     "ImageField",
     "InstanceMasksField",
+    "JSONField",
     "KeyField",
     "LabelField",
     "LazyColumn",
     "MaskField",
+    "MultiLabelField",
     "RaggedField",
     "ScalarField",
     "StoredField",
@@ -90,6 +93,8 @@ KINDS: dict[str, type[Field]] = {
         BoxesField,
         InstanceMasksField,
         CategoryField,
+        MultiLabelField,
+        JSONField,
     )
 }
 # What a pack written before the listing holds (every format 1.0 and 1.1 pack until now).
@@ -109,13 +114,15 @@ def field_from_dict(data: Mapping[str, Any]) -> Field:
             f"field {name!r} is of kind {kind!r}, which this h5pack does not read (it reads "
             f"{', '.join(KINDS)}); upgrade h5pack"
         )
-    if cls in (ImageField, LabelField, KeyField, BytesField, TextField, MaskField):
+    if cls in (ImageField, LabelField, KeyField, BytesField, TextField, MaskField, JSONField):
         return cls(name)
     if cls is InstanceMasksField:
         return InstanceMasksField(name)
     if cls is CategoryField:
         named = tuple((int(i), str(n)) for i, n in data.get("categories", ()))
         return CategoryField(name, categories=named)
+    if cls is MultiLabelField:
+        return MultiLabelField(name, classes=tuple(data.get("classes", ())))
     shape = tuple(int(d) for d in data.get("shape", ()))
     if cls is ScalarField:
         return ScalarField(name, str(data["dtype"]))

@@ -103,7 +103,8 @@ class ConvertOptions:
         quality: JPEG quality of those re-encoded images (default 90).
         workers: Worker processes; ``None`` uses every core, 1 runs in this process.
         strict: Stop at the first file that cannot be packed instead of skipping it.
-        labels_csv: A ``path,label`` CSV giving labels for any folder layout.
+        labels_csv: A manifest of the folder's images (``write.manifest``): a CSV
+            (``path,label``, or a header naming more columns) or JSONL file.
     """
 
     mode: ModeChoice = "auto"

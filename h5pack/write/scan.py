@@ -1,6 +1,6 @@
 """Find the images under a source folder, with their labels and class names.
 
-Two folder layouts are recognised, and a labels CSV covers any other::
+Two folder layouts are recognised, and a manifest (``write.manifest``) covers any other::
 
     ImageFolder (labelled)                    flat (unlabelled)
 
@@ -19,7 +19,7 @@ files when the loose images are fewer than those in class folders (a ``preview.p
 a million class images): the loose ones are reported in :attr:`ScanResult.problems`, so a
 conversion skips and records them (and refuses them under ``--strict``). When loose images
 are as many as the others or more, which layout was meant cannot be guessed and the scan
-refuses (pass a labels CSV, or move the images).
+refuses (pass a manifest, or move the images).
 ``layout="flat"`` packs every image of the tree, nested or not, unlabelled;
 ``layout="imagefolder"`` ignores (and reports) images directly in the root, as torchvision's
 ``ImageFolder`` does.
@@ -46,18 +46,16 @@ original name back.
 
 from __future__ import annotations
 
-import csv
-import io
 import os
-import stat
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Literal, TypeVar, get_args
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args
 
 from h5pack._types import StrPath
+from h5pack.core.fields import StoredField
 from h5pack.core.format import SkippedFile
-from h5pack.errors import OptionsError, SourceError
+from h5pack.errors import SourceError
 from h5pack.write.walk import IMAGE_EXTENSIONS as IMAGE_EXTENSIONS  # re-exported
 from h5pack.write.walk import check_root, walk
 from h5pack.write.walk import has_image_extension as has_image_extension
@@ -103,9 +101,11 @@ class ScanResult:
         problems: Entries that could not be scanned (dangling symlinks, symlink loops,
             unreadable folders, special files named like images, images outside any class
             folder), sorted by path. Reported, not fatal.
-        unlisted: With a labels CSV, the images under the root that it does not list
-            (sorted): not samples, and not problems either (a CSV may pick a split), but
-            a user should hear how many were left out.
+        unlisted: With a manifest, the images under the root that it does not list
+            (sorted): not samples, and not problems either (a manifest may pick a split),
+            but a user should hear how many were left out.
+        fields: With a manifest, the stored fields its columns give (``core.fields``).
+        columns: Their values, a column per field in the order of ``files``.
     """
 
     root: Path
@@ -113,6 +113,8 @@ class ScanResult:
     classes: tuple[str, ...]
     problems: tuple[SkippedFile, ...] = ()
     unlisted: tuple[str, ...] = ()
+    fields: tuple[StoredField, ...] = ()
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def labelled(self) -> bool:
@@ -131,45 +133,25 @@ def classes_of(relatives: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(names, key=path_sort_key))
 
 
-def scan(
-    root: StrPath,
-    *,
-    labels_csv: StrPath | None = None,
-    layout: FolderLayout = "auto",
-) -> ScanResult:
+def scan(root: StrPath, *, layout: FolderLayout = "auto") -> ScanResult:
     """Find the images under ``root`` and label them (see the module docstring for the rules).
 
     Args:
         root: The source folder.
-        labels_csv: A CSV of ``path,label`` rows (header optional) for any other layout:
-            paths relative to ``root``; labels are class ids when every label is an integer
-            (``classes`` are then ``"0"..str(max)``), else class names (numbered in sorted
-            order). Only the listed files are samples.
-        layout: ``"auto"``, ``"imagefolder"`` or ``"flat"``; must be ``"auto"`` with
-            ``labels_csv``.
+        layout: ``"auto"``, ``"imagefolder"`` or ``"flat"``.
 
     Returns:
         The samples, classes and scan problems.
 
     Raises:
         SourceError: ``root`` is missing, is a file, holds no images, holds as many loose
-            images as images in subfolders under ``layout="auto"`` or more, or
-            ``labels_csv`` has a bad line.
-        OptionsError: ``layout`` is not ``"auto"`` while ``labels_csv`` is given.
+            images as images in subfolders under ``layout="auto"`` or more.
         ValueError: ``layout`` is not one of :data:`FOLDER_LAYOUTS`.
     """
     if layout not in FOLDER_LAYOUTS:
         raise ValueError(f"layout should be one of {FOLDER_LAYOUTS}, but got layout={layout!r}")
     root = Path(root)
     check_root(root)
-    if labels_csv is not None:
-        if layout != "auto":
-            raise OptionsError(
-                f"a labels CSV sets the labels itself: layout should be 'auto' with "
-                f"labels_csv, but got layout={layout!r}"
-            )
-        return _scan_csv(root, Path(labels_csv))
-
     found, problems = walk(root)
     labelled, classes = label_by_folder(root, found, problems, layout)
     files = [SourceFile(path, rel, label) for rel, path, label in labelled]
@@ -270,90 +252,3 @@ def _no_images_message(root: object, problems: list[SkippedFile]) -> str:
         message += f"; {len(problems)} entries could not be scanned, e.g. {first.path}: "
         message += first.reason
     return message
-
-
-def _scan_csv(root: Path, csv_path: Path) -> ScanResult:
-    """Build the samples from a ``path,label`` CSV (see :func:`scan`)."""
-    try:
-        # utf-8-sig drops the byte-order mark spreadsheets write; surrogateescape keeps
-        # file names that are not UTF-8 as os.fsdecode would.
-        text = csv_path.read_text(encoding="utf-8-sig", errors="surrogateescape")
-    except OSError as err:
-        raise SourceError(f"cannot read labels CSV {csv_path}: {err.strerror}") from err
-
-    rows: list[tuple[int, str, str]] = []
-    seen: dict[str, int] = {}
-    first = True
-    reader = csv.reader(io.StringIO(text))
-    for row in reader:
-        line = reader.line_num
-        if not any(cell.strip() for cell in row):
-            continue
-        where = f"{csv_path}, line {line} ({','.join(row)!r})"
-        if len(row) != 2:
-            raise SourceError(f"{where}: expected 2 columns 'path,label', but got {len(row)}")
-        path_text, label_text = row[0].strip(), row[1].strip()
-        is_header = first and (path_text.lower(), label_text.lower()) == ("path", "label")
-        first = False
-        if is_header:
-            continue
-        if not path_text or not label_text:
-            raise SourceError(f"{where}: the path and the label should both be non-empty")
-        relative = _check_listed_file(root, path_text, where)
-        if relative in seen:
-            raise SourceError(f"{where}: {relative!r} is already listed on line {seen[relative]}")
-        seen[relative] = line
-        rows.append((line, relative, label_text))
-    if not rows:
-        raise SourceError(f"labels CSV {csv_path} lists no images")
-
-    classes, labels = _labels_from_text(csv_path, rows)
-    files = [
-        SourceFile(root / relative, relative, label)
-        for (_, relative, _), label in zip(rows, labels, strict=True)
-    ]
-    files.sort(key=lambda f: path_sort_key(f.relative))
-    listed = {f.relative for f in files}
-    found, _ = walk(root)
-    unlisted = tuple(sorted((rel for rel, _ in found if rel not in listed), key=path_sort_key))
-    return ScanResult(root=root, files=tuple(files), classes=classes, unlisted=unlisted)
-
-
-def _check_listed_file(root: Path, path_text: str, where: str) -> str:
-    """Return the normalised relative path of a CSV row, or raise naming the row."""
-    pure = PurePosixPath(path_text)
-    if pure.is_absolute() or ".." in pure.parts:
-        raise SourceError(f"{where}: the path should be relative to {root} and stay inside it")
-    relative = "/".join(pure.parts)
-    if not relative or relative == ".":
-        raise SourceError(f"{where}: the path names no file")
-    try:
-        mode = os.stat(root / relative).st_mode
-    except FileNotFoundError as err:
-        raise SourceError(f"{where}: {relative!r} does not exist under {root}") from err
-    except OSError as err:
-        raise SourceError(f"{where}: cannot access {relative!r}: {err.strerror}") from err
-    if not stat.S_ISREG(mode):
-        raise SourceError(f"{where}: {relative!r} is not a regular file")
-    if not has_image_extension(relative):
-        extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
-        raise SourceError(f"{where}: {relative!r} is not an image file ({extensions})")
-    return relative
-
-
-def _labels_from_text(
-    csv_path: Path, rows: list[tuple[int, str, str]]
-) -> tuple[tuple[str, ...], list[int]]:
-    """Return ``(classes, labels)``: integer ids when every label is an integer, else names."""
-    try:
-        ids = [int(text) for _, _, text in rows]
-    except ValueError:
-        names = tuple(sorted({text for _, _, text in rows}, key=path_sort_key))
-        index = {name: i for i, name in enumerate(names)}
-        return names, [index[text] for _, _, text in rows]
-    for (line, _, text), label in zip(rows, ids, strict=True):
-        if label < 0:
-            raise SourceError(
-                f"{csv_path}, line {line}: a class id should be >= 0, but got label={text}"
-            )
-    return tuple(str(i) for i in range(max(ids) + 1)), ids

@@ -23,6 +23,7 @@ from h5pack.write.sources.coco import CocoSource
 from h5pack.write.sources.folder import FolderSource
 from h5pack.write.sources.imagenet import ImageNetTarSource
 from h5pack.write.sources.masks import MaskSource
+from h5pack.write.sources.parquet import ParquetSource
 from h5pack.write.sources.tar import TarSource
 from h5pack.write.sources.tgz import GzipTarSource
 from h5pack.write.sources.webdataset import WebDatasetSource
@@ -38,6 +39,7 @@ __all__ = [
     "ImageNetTarSource",
     "Listing",
     "MaskSource",
+    "ParquetSource",
     "PathSource",
     "Sample",
     "SampleSource",
@@ -55,6 +57,7 @@ KINDS: dict[str, type[PathSource]] = {
     "zip": ZipSource,
     "imagenet": ImageNetTarSource,
     "webdataset": WebDatasetSource,
+    "parquet": ParquetSource,
 }
 """The sources a path can name, by ``--from`` name; detection tries them in this order,
 those with ``detect_first`` (a tar of tars before a tar) first."""

@@ -1,16 +1,21 @@
-"""A folder of images (ImageFolder, flat, or any layout with a labels CSV) as a source."""
+"""A folder of images (ImageFolder, flat, or any layout with a manifest) as a source."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from h5pack.write.manifest import describe, read_manifest
 from h5pack.write.scan import name_paths, scan
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
 
 
 class FolderSource(PathSource):
-    """The images under a local folder, labelled by ``write.scan``'s rules (or a CSV)."""
+    """The images under a local folder, labelled by ``write.scan``'s rules (or a manifest).
+
+    A manifest (``--labels``, ``labels_csv=``: a CSV or JSONL file, ``write.manifest``)
+    picks the images, labels them and gives their other fields.
+    """
 
     kind = "folder"
     takes_labels = True
@@ -21,8 +26,11 @@ class FolderSource(PathSource):
         return path.is_dir()
 
     def find(self) -> Listing:
-        """Scan the folder (``write.scan.scan``)."""
-        found = scan(self.root, labels_csv=self.labels_csv)
+        """Scan the folder (``write.scan.scan``), or read its manifest."""
+        if self.labels_csv is None:
+            found = scan(self.root)
+        else:
+            found = read_manifest(self.root, self.labels_csv)
         # Absolute, for workers started elsewhere (Dask) or in another directory.
         cwd = os.getcwd()
         fields = label_fields([f.label for f in found.files])
@@ -31,11 +39,18 @@ class FolderSource(PathSource):
             for i, f in enumerate(found.files)
         ]
         notes: tuple[str, ...] = ()
-        if found.unlisted:
+        if found.unlisted and self.labels_csv is not None:
             listed, left = len(samples), found.unlisted
             notes = (
-                f"the labels CSV {self.labels_csv} lists {listed} of the {listed + len(left)} "
+                f"the {describe(self.labels_csv)} lists {listed} of the {listed + len(left)} "
                 f"images under {self.root}: {len(left)} left out ({name_paths(left)}); "
                 "only listed images are packed",
             )
-        return Listing(samples, found.classes, found.problems, notes=notes)
+        return Listing(
+            samples,
+            found.classes,
+            found.problems,
+            notes=notes,
+            fields=found.fields,
+            columns=found.columns,
+        )

@@ -1,0 +1,322 @@
+"""Parquet in Hugging Face datasets' layout as a source: a file, a folder or a glob of them.
+
+::
+
+    data/                                  columns of each file
+    ├── train-00000-of-00002.parquet       image: struct<bytes: binary, path: string>
+    └── train-00001-of-00002.parquet       label: int64 (a ClassLabel: names in the metadata)
+                                           caption: string, score: double, tags: list<int64>
+
+The image column is the one the schema metadata (key ``huggingface``: ``{"info":
+{"features": ...}}``) types ``Image`` (``image`` when several are), else the one struct of
+``bytes`` and ``path``. ``label`` is the class: a ``ClassLabel``'s names are the classes
+(-1: unlabelled), other integers are ids (classes ``"0" .. max``), strings are names
+(sorted). A list of a ``ClassLabel`` is a multi-label field with its names; the other
+columns are fields under their names: numbers as scalars, strings as text, lists of numbers
+as variable-length arrays (fixed-size lists as arrays); columns of other types are left
+out, and a note says so. A sample's key is its image's ``path`` when it has one, else
+``FILE:ROW`` (the file relative to the source, the row within it).
+
+Listing reads the other columns and the images' paths, one row group at a time; the
+images are read by the workers (NOTE [ Parquet row groups ]). A row whose key an earlier
+row has (the first is kept), whose label is no class or whose field is null is a problem
+naming its file and row; a row without image bytes is rejected when read, naming them too.
+Files of several splits (``train-*``, ``test-*``) or in several folders are refused: name
+one, e.g. ``'data/train-*.parquet'``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from h5pack.core.fields import StoredField
+from h5pack.core.format import SkippedFile
+from h5pack.core.packset import shard_slice
+from h5pack.errors import H5PackError, SourceError
+from h5pack.write.sources.base import Listing, PathSource, Sample, label_fields
+from h5pack.write.sources.hfschema import (
+    features_of,
+    field_for,
+    image_bytes,
+    image_column,
+    is_label,
+    values_of,
+)
+from h5pack.write.sources.parquetrows import WINDOW_BYTES, ParquetRow, pyarrow_parquet
+from h5pack.write.walk import has_image_extension, is_ignored_name
+
+_SHARD = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
+
+
+class ParquetSource(PathSource):
+    """The rows of Parquet files in Hugging Face datasets' layout (the module docstring)."""
+
+    kind = "parquet"
+    detect_first = True  # a folder of Parquet files is a folder too
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` is a ``.parquet`` file, a glob of them, or a folder of them."""
+        return bool(_parquet_files(path, detect=True))
+
+    def find(self) -> Listing:
+        """List the rows of every file (see the module docstring).
+
+        Raises:
+            SourceError: No Parquet files, files of several splits or schemas, no image
+                column, or a file that cannot be read.
+        """
+        files = _parquet_files(Path(self.root), detect=False)
+        if not files:
+            raise SourceError(f"no Parquet files under {self.root}")
+        _check_one_split(self.root, [rel for _, rel in files])
+        self._files = [Path(path) for path, _ in files]
+        table = _Table(self.root)
+        for path, rel in files:
+            table.add(path, rel)
+        self._groups = table.groups
+        return table.listing()
+
+    def files(self) -> list[Path]:
+        """Return the Parquet files (a target must be none of them)."""
+        self.listing  # noqa: B018 - lists the files
+        return list(self._files)
+
+    def split(
+        self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
+    ) -> np.ndarray:
+        """Return shard ``index``'s positions in write order (NOTE [ Parquet row groups ]).
+
+        Raises:
+            OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
+        """
+        lo, hi = shard_slice(len(self.samples), index, num_shards)
+        return self._order(seed, shuffle)[lo:hi]
+
+    def _order(self, seed: int, shuffle: bool) -> np.ndarray:
+        orders: dict[tuple[int, bool], np.ndarray] = self.__dict__.setdefault("_orders", {})
+        if (seed, shuffle) in orders:
+            return orders[(seed, shuffle)]
+        if not shuffle:
+            order = np.arange(len(self.samples), dtype=np.int64)
+        else:
+            rng = np.random.default_rng(seed)
+            windows: list[np.ndarray] = []
+            window: list[np.ndarray] = []
+            size = 0
+            for g in rng.permutation(len(self._groups)):
+                positions, nbytes = self._groups[g]
+                window.append(positions)
+                size += nbytes
+                if size >= WINDOW_BYTES:
+                    windows.append(rng.permutation(np.concatenate(window)))
+                    window, size = [], 0
+            windows.append(rng.permutation(np.concatenate([*window, np.zeros(0, np.int64)])))
+            order = np.concatenate(windows).astype(np.int64)
+        order.flags.writeable = False
+        orders[(seed, shuffle)] = order
+        return order
+
+
+def _parquet_files(path: Path, *, detect: bool) -> list[tuple[str, str]]:
+    """Return ``(absolute, relative)`` of the Parquet files ``path`` names, sorted.
+
+    With ``detect``, a folder that holds an image file names none (it is an image folder).
+    """
+    text = os.fspath(path)
+    magic = re.search(r"[*?\[]", text)
+    if magic and not path.exists():
+        base = os.path.dirname(text[: magic.start()])
+        matched = [p for p in glob.glob(text, recursive=True) if p.endswith(".parquet")]
+        return sorted((os.path.abspath(p), os.path.relpath(p, base or ".")) for p in matched)
+    if path.suffix.lower() == ".parquet" and path.is_file():
+        return [(os.path.abspath(path), path.name)]
+    if not path.is_dir():
+        return []
+    found: list[tuple[str, str]] = []
+    for folder, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not is_ignored_name(d))
+        for name in names:
+            if detect and has_image_extension(name):
+                return []
+            if name.endswith(".parquet") and not is_ignored_name(name):
+                full = os.path.join(folder, name)
+                found.append((os.path.abspath(full), os.path.relpath(full, path)))
+    return sorted(found)
+
+
+def _check_one_split(root: str, relatives: list[str]) -> None:
+    """Refuse files of several splits or folders, naming them (SourceError)."""
+    folders = sorted({os.path.dirname(rel) for rel in relatives})
+    splits = sorted({m["split"] for rel in relatives if (m := _SHARD.match(os.path.basename(rel)))})
+    if len(folders) > 1 or len(splits) > 1:
+        kinds = f"the splits {splits}" if len(splits) > 1 else f"the folders {folders}"
+        example = os.path.join(root, folders[0], f"{splits[0]}-*.parquet" if splits else "")
+        raise SourceError(f"{root} holds Parquet files of {kinds}: convert one, e.g. {example!r}")
+
+
+class _Table:
+    """The rows of a source's Parquet files as they are listed, file by file."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.schema: Any = None
+        self.samples: list[Sample] = []
+        self.labels: list[Any] = []
+        self.values: dict[str, list[Any]] = {}
+        self.problems: list[SkippedFile] = []
+        self.notes: list[str] = []
+        self.groups: list[tuple[np.ndarray, int]] = []
+        self.seen: dict[str, str] = {}
+
+    def add(self, path: str, rel: str) -> None:
+        """List the rows of one file.
+
+        Raises:
+            SourceError: It cannot be read, or its schema is not the first file's.
+        """
+        try:
+            handle = pyarrow_parquet().ParquetFile(path)
+        except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
+            raise SourceError(f"cannot read the Parquet file {path}: {err}") from err
+        with handle:
+            if self.schema is None:
+                self._plan(handle.schema_arrow, rel)
+            elif not handle.schema_arrow.equals(self.schema, check_metadata=True):
+                raise SourceError(
+                    f"{path}: its columns differ from those of the first file "
+                    f"({self.schema.names}); convert the files of one dataset together"
+                )
+            start = 0
+            for group in range(handle.metadata.num_row_groups):
+                try:
+                    table = handle.read_row_group(group, columns=self.columns)
+                except (OSError, ValueError) as err:
+                    raise SourceError(f"{path}: cannot read row group {group}: {err}") from err
+                self._add_group(path, rel, group, start, table, handle.metadata.row_group(group))
+                start += table.num_rows
+
+    def _plan(self, schema: Any, rel: str) -> None:
+        """Choose the image column, the label and the fields from the first file's schema."""
+        self.schema = schema
+        features = features_of(schema)
+        self.image = image_column(schema, features, os.path.join(self.root, rel))
+        self.label_names: tuple[str, ...] | None = None
+        self.labelled = "label" in schema.names and is_label(schema.field("label").type)
+        if self.labelled:
+            names = features.get("label", {}).get("names")
+            self.label_names = tuple(str(n) for n in names) if names is not None else None
+        elif "label" in schema.names:
+            self.notes.append(
+                f"the column 'label' of {self.root} holds neither class ids nor names "
+                f"({schema.field('label').type}): it is left out"
+            )
+        self.fields: dict[str, StoredField] = {}
+        for column in schema:
+            if column.name in (self.image, "label"):
+                continue
+            found = field_for(column.name, column.type, features.get(column.name, {}))
+            if found is None:
+                self.notes.append(
+                    f"the column {column.name!r} ({column.type}) of {self.root} is left out: "
+                    "h5pack keeps numbers, strings, lists of numbers and class labels"
+                )
+            else:
+                self.fields[column.name] = found
+                self.values[column.name] = []
+        self.columns = [f"{self.image}.path", *(["label"] if self.labelled else []), *self.fields]
+
+    def _add_group(
+        self, path: str, rel: str, group: int, start: int, table: Any, meta: Any
+    ) -> None:
+        images = table.column(0).combine_chunks().flatten()[0].to_pylist()
+        bad = np.zeros(table.num_rows, dtype=bool)
+        for name in self.fields:
+            nulls = table.column(name).is_null().to_numpy(zero_copy_only=False)
+            for row in np.flatnonzero(nulls & ~bad).tolist():
+                self._problem(images[row], rel, start + row, f"the column {name!r} is null")
+            bad |= nulls
+        labels = table.column("label").to_pylist() if self.labelled else [None] * len(bad)
+        first = len(self.samples)
+        nbytes = image_bytes(meta, self.image)
+        for row, (name, label) in enumerate(zip(images, labels, strict=True)):
+            if bad[row]:
+                continue
+            key = name or f"{rel}:{start + row}"
+            where = f"{rel}, row {start + row}"
+            if key in self.seen:
+                bad[row] = self._problem(key, rel, start + row, f"the key {key!r} is already "
+                                         f"that of {self.seen[key]}")  # fmt: skip
+            elif not self._label_fits(label):
+                bad[row] = self._problem(key, rel, start + row, f"the label {label!r} is no "
+                                         f"class of {self.label_names}")  # fmt: skip
+            else:
+                self.seen[key] = where
+                image = ParquetRow(path, row_group=group, row=row, column=self.image, name=where)
+                self.samples.append(Sample(key, image))
+                self.labels.append(label)
+        keep = np.flatnonzero(~bad)
+        for name in self.fields:
+            self.values[name].append(table.column(name).take(keep))
+        positions = np.arange(first, len(self.samples), dtype=np.int64)
+        self.groups.append((positions, nbytes))
+
+    def _problem(self, key: str | None, rel: str, row: int, reason: str) -> bool:
+        self.problems.append(SkippedFile(key or f"{rel}:{row}", f"{rel}, row {row}: {reason}"))
+        return True
+
+    def _label_fits(self, label: Any) -> bool:
+        if label is None or isinstance(label, str):
+            return True  # unlabelled, or a class name
+        if self.label_names is not None:
+            return bool(-1 <= label < len(self.label_names))
+        return bool(label >= -1)
+
+    def listing(self) -> Listing:
+        """Return the listing of every row added.
+
+        Raises:
+            SourceError: No row is a sample, or a column does not fit its field.
+        """
+        if not self.samples:
+            first = f" (e.g. {self.problems[0].reason})" if self.problems else ""
+            raise SourceError(f"no rows with images in {self.root}{first}")
+        labels, classes = self._classes()
+        samples = [
+            Sample(s.key, s.image, fields)
+            for s, fields in zip(self.samples, label_fields(labels), strict=True)
+        ]
+        columns = {}
+        try:
+            for name, found in self.fields.items():
+                columns[name] = found.column(values_of(found, self.values[name]), len(samples))
+        except H5PackError as err:
+            raise SourceError(f"{self.root}: the column {name!r} cannot be kept: {err}") from err
+        nbytes = sum(n for _, n in self.groups)
+        return Listing(
+            samples,
+            classes,
+            tuple(self.problems),
+            nbytes=nbytes,
+            notes=tuple(self.notes),
+            fields=tuple(self.fields.values()),
+            columns=columns,
+        )
+
+    def _classes(self) -> tuple[list[int], tuple[str, ...]]:
+        """Return each sample's class id and the classes (see the module docstring)."""
+        given = [-1 if label is None else label for label in self.labels]
+        if self.label_names is not None:
+            return [int(label) for label in given], self.label_names
+        if any(isinstance(label, str) for label in given):
+            names = tuple(sorted({str(label) for label in given if label != -1}))
+            index = {name: i for i, name in enumerate(names)}
+            return [index.get(str(label), -1) for label in given], names
+        top = max((int(label) for label in given), default=-1)
+        return [int(label) for label in given], tuple(str(i) for i in range(top + 1))
