@@ -315,5 +315,5 @@ def _pycocotools() -> None:
         import pycocotools.mask  # noqa: F401
     except ImportError as err:
         raise OptionsError(
-            "COCO polygons are rasterised by pycocotools: pip install 'h5pack[coco]'"
+            "COCO polygons are rasterised by pycocotools: pip install 'h5pack-images[coco]'"
         ) from err
