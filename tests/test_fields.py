@@ -242,26 +242,37 @@ def test_merge_carries_every_field_and_refuses_packs_of_other_fields(tmp_path, s
         given = masks if name == "mask" else _values(5)[name]
         for i in range(5):
             _check_equal(stored[name][i], given[i])
-    write_arrays(tmp_path / "other.h5", images[:1], [0], paths=["x"], fields={"weight": [1.0]})
-    with pytest.raises(FormatError, match=r"fields image .* here"):
+    weight = {"weight": np.ones(1, np.float32)}
+    write_arrays(tmp_path / "other.h5", images[:1], [0], paths=["x"], fields=weight)
+    pattern = r"field 'count' \(scalar <i8\) is in .*0\.h5, not in .*other\.h5"
+    with pytest.raises(FormatError, match=pattern):
         merge_packs([halves[0], tmp_path / "other.h5"], tmp_path / "n.h5")
 
 
 def test_a_mix_joins_fields_by_name_and_names_a_missing_one(tmp_path):
-    from h5pack.read.mixture import describe_mix
+    from h5pack.training.mixed import H5MixDataset
 
     images = random_arrays(4)
     a = write_arrays(tmp_path / "a.h5", images, [0] * 4, fields={"weight": np.ones(4)}).path
     b = write_arrays(tmp_path / "b.h5", images, [0] * 4, fields={"weight": np.zeros(4)}).path
     c = write_arrays(tmp_path / "c.h5", images, [0] * 4).path
-    assert [f.name for f in fields_of(describe_mix([a, b]).meta)] == [
-        "image",
-        "label",
-        "key",
-        "weight",
-    ]
-    with pytest.raises(OptionsError, match=r"field 'weight' of .*a\.h5 is missing from .*c\.h5"):
-        describe_mix([a, c])
+    d = write_arrays(tmp_path / "d.h5", images, [0] * 4, fields={"weight": ["x"] * 4}).path
+    assert H5MixDataset([a, b]).fields == ("image", "label", "weight")
+    missing = r"field 'weight' \(scalar <f8\) is in .*a\.h5, not in .*c\.h5: .* pass fields="
+    with pytest.raises(OptionsError, match=missing):
+        H5MixDataset([a, c])
+    with pytest.raises(OptionsError, match=missing):
+        H5MixDataset([a, c], fields=["image", "weight"])
+    with pytest.raises(OptionsError, match=r"field 'weight' is scalar <f8 in .*a\.h5 but text"):
+        H5MixDataset([a, d])
+    dropped = H5MixDataset([a, c], fields=["image", "label"])  # the field left out
+    assert dropped.fields == ("image", "label")
+    assert [f.name for f in fields_of(dropped.meta)] == ["image", "label", "key"]
+    assert H5MixDataset([c, a], fields=["label"]).fields == ("label",)
+    from h5pack.training.loader import make_loader
+
+    loader = make_loader([a, c], 4, weights=[1, 1], fields=["label"], num_workers=0)
+    assert [sorted(batch) for batch in loader] == [["label"], ["label"]]
 
 
 def test_nearest_takes_each_output_pixel_from_the_source_pixel_under_its_centre():

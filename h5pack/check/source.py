@@ -8,7 +8,8 @@ and each side named:
   skip (the pack records the samples it skipped, with why);
 - *skipped*: a sample of the source the conversion skipped: accounted for, not a problem;
 - *another label*: the source (or the labels CSV) gives the sample another class;
-- *changed*: the content differs. Encoded packs compare the stored bytes with the file's
+- *changed*: the content differs: a stored field the source gives (``Sample.fields``)
+  differs, or the image does. Encoded packs compare the stored bytes with the file's
   (re-encoded samples, ``--max-side``, are encoded again the same way, then compared as
   pixels); raw packs decode (and resize, as the pack's options say) the file again and
   compare the pixels within a tolerance.
@@ -27,12 +28,22 @@ from h5pack._types import StrPath, parse_choice
 from h5pack.check.report import Problem, VerifyReport
 from h5pack.core import format as fmt
 from h5pack.core.decode import BACKENDS, RESIZE_METHODS, decode_image
-from h5pack.errors import DecodeError
+from h5pack.core.fields import (
+    BytesField,
+    MaskField,
+    StoredField,
+    TextField,
+    fields_of,
+    stored_fields,
+)
+from h5pack.errors import DecodeError, H5PackError
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.write.options import DEFAULT_QUALITY
 from h5pack.write.pipeline import DecodeSpec, Prepared, prepare_sample
 from h5pack.write.sources import Sample, SampleSource, sample_source
 from h5pack.write.sources.base import load
+
+FIELD_TOLERANCE = 0.01  # float fields (box coordinates in pixels) may differ by this much
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,7 @@ def compare_source(
     for number, shard in enumerate(shards):
         indices = candidates[candidates[:, 0] == number, 1]
         if indices.size:
-            found_here = _compare_content(shard, in_folder, indices, tolerance)
+            found_here = _compare_content(shard, found, in_folder, indices, tolerance)
             differences.extend(replace(d, shard=shard.name) for d in found_here)
     problems.extend(differences)
     return replace(
@@ -172,6 +183,7 @@ def _decode_spec(meta: fmt.PackMeta) -> DecodeSpec:
 
 def _compare_content(
     shard: SourceShard,
+    found: SampleSource,
     in_folder: dict[str, Sample],
     indices: np.ndarray,
     tolerance: float,
@@ -180,21 +192,72 @@ def _compare_content(
     spec = _decode_spec(shard.meta)
     problems: list[Problem] = []
     options = ReaderOptions(direct=False, verify_checksums=False)
+    fields = {f.name: f for f in stored_fields(fields_of(shard.meta))}
+    listed = {f.name for f in found.listing.fields} & set(fields)
+    position = {s.key: k for k, s in enumerate(found.samples)} if listed else {}
     with PackReader(shard.path, options, meta=shard.meta) as reader:
         groups = reader.chunk_map.chunks_of(indices)
         for group in np.unique(groups).tolist():
             batch = indices[groups == group]
             try:
                 stored = reader.read_stored(batch)
+                values = reader.read_fields(batch, list(fields))
             except Exception:  # damaged chunks are reported by the sample checks already
                 continue
-            for index, data in zip(batch.tolist(), stored, strict=True):
-                relative = shard.paths[index]
-                file = in_folder[relative]
-                message = _difference(shard.meta, spec, index, data, file, tolerance)
-                if message is not None:
-                    problems.append(Problem(index, relative, f"changed: {message}"))
+            keys = [shard.paths[i] for i in batch.tolist()]
+            columns = found.columns(np.array([position[r] for r in keys])) if listed else {}
+            for k, (index, data) in enumerate(zip(batch.tolist(), stored, strict=True)):
+                file = in_folder[keys[k]]
+                messages = [_difference(shard.meta, spec, index, data, file, tolerance)]
+                height, width = (int(v) for v in shard.meta.shapes[index][:2])
+                for name, field in fields.items():
+                    if name in listed or name in file.fields:
+                        given = columns[name][k] if name in listed else file.fields[name]
+                        ours = values[name][k]
+                        messages.append(
+                            _field_difference(field, ours, given, (height, width), name in listed)
+                        )
+                problems.extend(
+                    Problem(index, keys[k], f"changed: {m}") for m in messages if m is not None
+                )
     return problems
+
+
+def _field_difference(
+    field: StoredField, stored: Any, given: Any, shape: tuple[int, int], stored_form: bool
+) -> str | None:
+    """Return how a stored field's value differs from the source's, or None.
+
+    Both are compared as the field stores them (``Field.column``; ``given`` is already when
+    ``stored_form``): exactly, floats (box coordinates) within ``FIELD_TOLERANCE``; a mask
+    at its image's stored size (``MaskField.fit``, as it was written).
+    """
+    name = field.name
+    ours = np.asarray(field.column([stored], 1)[0])
+    try:
+        theirs = np.asarray(given if stored_form else field.column([given], 1)[0])
+    except (H5PackError, ValueError, TypeError) as err:
+        return f"field {name!r}: the source's value is no {field.kind} value ({err})"
+    if isinstance(field, MaskField) and theirs.ndim == 2:
+        theirs = field.fit(theirs.astype(np.uint8), *shape)
+    elif isinstance(field, TextField | BytesField):  # compared whole
+        if ours.tobytes() == theirs.tobytes():
+            return None
+        mine, source = ours.tobytes(), theirs.tobytes()
+        if isinstance(field, TextField):
+            return f"field {name!r} is {mine.decode()!r:.60}, {source.decode()!r:.60} in the source"
+        return f"field {name!r} is {mine!r:.60}, {source!r:.60} in the source"
+    if ours.shape != theirs.shape:
+        return f"field {name!r} has shape {ours.shape}, {theirs.shape} in the source"
+    if ours.size and ours.dtype.kind == "f":
+        worst = float(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)).max())
+        if worst <= FIELD_TOLERANCE:
+            return None
+        return f"field {name!r} differs from the source's by up to {worst:g}"
+    if np.array_equal(ours, theirs):
+        return None
+    changed = int(np.count_nonzero(ours.reshape(-1) != theirs.reshape(-1)))
+    return f"field {name!r} differs from the source's in {changed} of {ours.size} values"
 
 
 def _difference(

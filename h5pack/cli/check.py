@@ -22,6 +22,7 @@ from h5pack.cli.flags import (
     storage_option_flag,
     store_of,
 )
+from h5pack.core.fields import field_text
 
 __all__ = ["info", "verify"]
 
@@ -73,7 +74,7 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
     return [
         ("samples", f"{info.num_samples} in {len(info.classes)} classes"),
         ("classes", _classes_text(info)),
-        ("fields", ", ".join(_field_text(f) for f in info.fields)),
+        ("fields", ", ".join(field_text(f) for f in info.fields)),
         ("mode", f"{info.mode} ({info.storage} storage)"),
         ("images", images),
         ("layout", layout),
@@ -83,16 +84,6 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
         ("shuffled", {True: "yes", False: "no", None: "unknown"}[info.shuffled]),
         ("skipped", _skipped_text(info)),
     ]
-
-
-def _field_text(entry: dict[str, Any]) -> str:
-    """Return one field of ``info``'s listing: ``boxes (ragged <f4 x 4)``, ``image``..."""
-    kind = entry["kind"]
-    if kind == entry["name"] and "dtype" not in entry:
-        return str(kind)
-    detail = " ".join(str(v) for v in (kind, entry.get("dtype")) if v)
-    shape = " x ".join(str(d) for d in entry.get("shape", ()))
-    return f"{entry['name']} ({detail}{' x ' + shape if shape else ''})"
 
 
 def _chunk_count(info: Any) -> str:

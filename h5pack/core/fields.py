@@ -66,7 +66,10 @@ __all__ = [
     "TextField",
     "blocks_of",
     "columns_of",
+    "field_difference",
     "field_from_dict",
+    "field_text",
+    "kind_text",
     "fields_of",
     "fields_text",
     "make_field",
@@ -131,6 +134,39 @@ def field_from_dict(data: Mapping[str, Any]) -> Field:
     if cls is BoxesField:
         return BoxesField(name, str(data["dtype"]))
     return RaggedField(name, str(data["dtype"]), shape)
+
+
+def kind_text(entry: Mapping[str, Any]) -> str:
+    """Return a listing entry's kind, dtype and shape: ``ragged <f4 x 4``, ``text``..."""
+    detail = " ".join(str(v) for v in (entry["kind"], entry.get("dtype")) if v)
+    shape = " x ".join(str(d) for d in entry.get("shape", ()))
+    return f"{detail}{' x ' + shape if shape else ''}"
+
+
+def field_text(entry: Mapping[str, Any]) -> str:
+    """Return a listing entry as ``info`` shows it: ``boxes (boxes <f4)``, ``image``..."""
+    if entry["kind"] == entry["name"] and "dtype" not in entry:
+        return str(entry["kind"])
+    return f"{entry['name']} ({kind_text(entry)})"
+
+
+def field_difference(
+    mine: Sequence[Field], theirs: Sequence[Field], here: str, there: str
+) -> str | None:
+    """Return how two listings differ, naming the first field that does (None: alike).
+
+    Fields are joined by name: the order of the listings does not matter.
+    """
+    a, b = {f.name: f for f in mine}, {f.name: f for f in theirs}
+    for name in dict.fromkeys([*a, *b]):
+        if name not in b or name not in a:
+            held, holder, lacking = (a, here, there) if name in a else (b, there, here)
+            text = kind_text(held[name].to_dict())
+            return f"field {name!r} ({text}) is in {holder}, not in {lacking}"
+        if a[name] != b[name]:
+            mine_text, theirs_text = kind_text(a[name].to_dict()), kind_text(b[name].to_dict())
+            return f"field {name!r} is {mine_text} in {here} but {theirs_text} in {there}"
+    return None
 
 
 def fields_text(fields: Sequence[Field]) -> str:

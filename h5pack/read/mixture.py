@@ -17,7 +17,7 @@ from typing import Literal, TypeAlias
 
 import numpy as np
 
-from h5pack.core.fields import fields_of
+from h5pack.core.fields import field_difference, fields_of, fields_text
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.core.store import Store
@@ -137,27 +137,32 @@ def _plain(source: PackSource) -> str | tuple[str, ...]:
     return tuple(os.fspath(p) for p in source)
 
 
-def check_fields(metas: Sequence[PackMeta], names: Sequence[str]) -> None:
-    """Refuse sources whose fields differ: a mix joins its sources' fields by name.
+def check_fields(view: MixView, names: Sequence[str] | None) -> None:
+    """Refuse a field the mix delivers that some source lacks (fields are joined by name).
+
+    Args:
+        view: The mix.
+        names: The fields delivered (``fields=``); None: every field of every source.
 
     Raises:
-        OptionsError: a field that one source holds and another lacks, or holds as another
-            kind or dtype (the message names the field and both sources).
+        OptionsError: a field one source holds and another lacks, or holds as another kind
+            or dtype: the message names the field and both sources, and the fields every
+            source holds (pass ``fields=`` naming some to leave the others out).
     """
-    listed = [{f.name: f for f in fields_of(m)} for m in metas]
-    for name in dict.fromkeys(n for fields in listed for n in fields):
-        holder = next(k for k, fields in enumerate(listed) if name in fields)
-        for k, fields in enumerate(listed):
-            if name not in fields:
-                raise OptionsError(
-                    f"field {name!r} of {names[holder]} is missing from {names[k]}: the "
-                    "sources of a mix should hold the same fields"
-                )
-            if fields[name] != listed[holder][name]:
-                raise OptionsError(
-                    f"field {name!r} is {fields[name]} in {names[k]} but "
-                    f"{listed[holder][name]} in {names[holder]}"
-                )
+    common = [f.name for f in fields_of(view.meta)]
+    listings = [fields_of(v.meta) for v in view.views]
+    wanted = set(common) | {f.name for fields in listings for f in fields}
+    if names is not None:
+        wanted = set(names)
+    for k, fields in enumerate(listings[1:], start=1):
+        here = [f for f in listings[0] if f.name in wanted]
+        there = [f for f in fields if f.name in wanted]
+        difference = field_difference(here, there, view.names[0], view.names[k])
+        if difference is not None:
+            raise OptionsError(
+                f"{difference}: the sources of a mix are joined by field name; pass fields= "
+                f"naming the fields to keep, some of those every source holds {common}"
+            )
 
 
 def describe_mix(
@@ -203,7 +208,8 @@ def describe_mix(
         labels.append(mapped)
     metas = [v.meta for v in views]
     first = metas[0]
-    check_fields(metas, names)
+    listings = [fields_of(m) for m in metas]
+    common = [f for f in listings[0] if all(f in fields for fields in listings[1:])]
     num = sum(m.num_samples for m in metas)
     same_array = all(
         m.storage == "array" and m.images_shape[1:] == first.images_shape[1:] for m in metas
@@ -225,6 +231,9 @@ def describe_mix(
         skipped=tuple(s for m in metas for s in m.skipped),
         identity=None,
         sample_xxh3=None,
+        field_listing=(
+            first.field_listing if len(common) == len(listings[0]) else fields_text(common)
+        ),
     )
     starts = [np.zeros(1, dtype=np.int64)]
     at = 0

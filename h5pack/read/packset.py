@@ -38,6 +38,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 import numpy as np
 
 from h5pack.core import format as fmt
+from h5pack.core.fields import field_difference, fields_of
 from h5pack.core.format import PackMeta, load_meta, open_index, read_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, checked_indices, chunk_map_of, group_bytes, is_compressed
@@ -158,10 +159,11 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
                 ("storage", "storage"),
                 ("channels", "channels"),
                 ("classes", "classes"),
-                ("fields", "field_listing"),
             )
             if getattr(meta, attr) != getattr(first, attr)
         ]
+        fields = field_difference(fields_of(meta), fields_of(first), meta.path, first.path)
+        differences.extend([fields] if fields else [])
         if first.storage == "array" and meta.images_shape[1:] != first.images_shape[1:]:
             differences.append(
                 f"image shape {meta.images_shape[1:]} here, {first.images_shape[1:]} in "

@@ -21,7 +21,7 @@ from h5pack.core.layout import checked_indices
 from h5pack.core.vocabulary import Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
-from h5pack.read.mixture import ClassJoin, MixView, describe_mix
+from h5pack.read.mixture import ClassJoin, MixView, check_fields, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
@@ -50,7 +50,8 @@ class H5MixDataset(H5ImageDataset):
             ``sources``), after the path when ``return_path``.
         transform, target_transform, output, return_path, reader, pipeline, seed, crop,
             fields: As for ``H5ImageDataset``, applied to every source (labels are the
-            joined ones; the sources' fields are joined by name, ``check_fields``).
+            joined ones; the sources' fields are joined by name: a field one source
+            lacks is refused unless ``fields`` leaves it out, ``check_fields``).
         cache: A ``CacheSpec``: each encoded source gets its own decoded cache, the budget
             split by sample counts (``attach_caches``).
 
@@ -104,6 +105,7 @@ class H5MixDataset(H5ImageDataset):
         self.target_transform = target_transform
         self.output = output
         self.return_path = return_path
+        check_fields(self.mix, fields)
         self.fields = fields_for(self.meta, fields, return_path=return_path)
         self.return_source = return_source
         self.crop = crop

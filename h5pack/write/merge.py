@@ -47,7 +47,7 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack._version import __version__
 from h5pack.core import format as fmt
-from h5pack.core.fields import fields_of, stored_fields
+from h5pack.core.fields import field_difference, fields_of, stored_fields
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.layout import FILTER_NAMES, ChunkMap
 from h5pack.core.packset import (
@@ -207,16 +207,13 @@ def _differences(shard: _Shard, first: _Shard) -> list[str]:
             b.chunks if b.chunks is not None else "none (contiguous)",
         )
     differ("filters", _filters_text(shard.filters), _filters_text(first.filters))
-    differ("fields", _fields_text(a), _fields_text(b))
+    fields = field_difference(fields_of(a), fields_of(b), str(shard.path), str(first.path))
+    found.extend([fields] if fields else [])
     if a.classes != b.classes:
         only = sorted(set(a.classes) ^ set(b.classes))[:3]
         detail = f" (e.g. {', '.join(map(repr, only))} in one only)" if only else " (order)"
         found.append(f"classes: {len(a.classes)} here, {len(b.classes)} in {first.path}{detail}")
     return found
-
-
-def _fields_text(meta: PackMeta) -> str:
-    return ", ".join(f"{f.name} ({f.kind})" for f in fields_of(meta))
 
 
 def _check_distinct_paths(shards: Sequence[_Shard]) -> None:

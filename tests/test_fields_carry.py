@@ -1,0 +1,113 @@
+"""Fields carried beyond one pack: verify --source, pack sets, merges and their messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import h5pack
+from h5pack import BoxesField, MaskField
+from h5pack.check import verify_pack
+from h5pack.errors import FormatError
+from h5pack.write.merge import merge_packs
+from h5pack.write.options import ConvertOptions
+from h5pack.write.sources.arrays import ArraySource
+from tests.helpers import random_arrays
+
+NUM = 9
+
+
+def _source(seed: int = 0, num: int = NUM) -> dict:
+    """Images, labels, keys and fields of a detection-like source."""
+    rng = np.random.default_rng(seed)
+    images = random_arrays(num, (12, 10, 3), seed=seed)
+    return {
+        "samples": images,
+        "labels": [i % 3 for i in range(num)],
+        "paths": [f"s{seed}/img-{i}.png" for i in range(num)],
+        "fields": {
+            "caption": [f"a photo {i}" for i in range(num)],
+            "labels": [np.arange(i % 3, dtype=np.int64) for i in range(num)],
+            "weight": rng.random(num).astype(np.float32),
+            BoxesField("boxes"): [
+                rng.random((i % 3, 4)).astype(np.float32) * 9 for i in range(num)
+            ],
+            MaskField("mask"): [(im[:, :, 0] > 99).astype(np.uint8) for im in images],
+        },
+    }
+
+
+def _write(path: Path, given: dict) -> Path:
+    options = ConvertOptions(chunk_samples=4)
+    return h5pack.write_arrays(path, **given, classes=("a", "b", "c"), options=options).path
+
+
+def _origin(sample: dict, *sources: dict) -> tuple[dict, int]:
+    """Return the fields given for ``sample`` (by its key ``sN/img-I.png``) and its I."""
+    seed, number = sample["key"].removesuffix(".png").split("/img-")
+    return sources[int(seed[1:])]["fields"], int(number)
+
+
+def _changed(report) -> dict[str, str]:
+    return {p.path: p.message for p in report.problems}
+
+
+def test_verify_source_compares_every_field(tmp_path):
+    given = _source()
+    path = _write(tmp_path / "a.h5", given)
+    report = verify_pack(path, source=ArraySource(**given, classes=("a", "b", "c")))
+    assert report.problems == ()
+    assert report.num_compared == NUM
+    fields = given["fields"]
+    fields["caption"] = [*fields["caption"][:1], "another caption", *fields["caption"][2:]]
+    boxes = [b.copy() for b in fields[BoxesField("boxes")]]
+    boxes[2][0, 1] += 0.005  # within the tolerance of box coordinates
+    boxes[5][1, 3] += 0.5
+    fields[BoxesField("boxes")] = boxes
+    masks = [m.copy() for m in fields[MaskField("mask")]]
+    masks[4][3, 3] ^= 1
+    fields[MaskField("mask")] = masks
+    fields["labels"] = [*fields["labels"][:7], np.array([5], np.int64), fields["labels"][8]]
+    report = verify_pack(path, source=ArraySource(**given, classes=("a", "b", "c")))
+    assert _changed(report) == {
+        "s0/img-1.png": "changed: field 'caption' is 'a photo 1', 'another caption' in the source",
+        "s0/img-5.png": "changed: field 'boxes' differs from the source's by up to 0.5",
+        "s0/img-4.png": "changed: field 'mask' differs from the source's in 1 of 120 values",
+        "s0/img-7.png": "changed: field 'labels' differs from the source's in 1 of 1 values",
+    }
+    assert report.changed == 4
+
+
+def test_a_pack_set_of_packs_with_fields_reads_each_field_across_them(tmp_path):
+    first, second = _source(0), _source(1, num=5)
+    paths = [_write(tmp_path / "a.h5", first), _write(tmp_path / "b.h5", second)]
+    with h5pack.open(paths) as pack:
+        assert len(pack) == NUM + 5
+        for sample in pack:
+            given, number = _origin(sample, first, second)
+            np.testing.assert_array_equal(sample["boxes"], given[BoxesField("boxes")][number])
+            assert sample["caption"] == given["caption"][number]
+    plain = _write(tmp_path / "c.h5", {**_source(2), "fields": {}})
+    message = r"field 'caption' \(text\) is in .*a\.h5, not in .*c\.h5"
+    with pytest.raises(FormatError, match=message):
+        h5pack.open([paths[0], plain])
+
+
+def test_merge_carries_fields_and_names_the_one_that_differs(tmp_path):
+    first, second = _source(0), _source(1, num=5)
+    paths = [_write(tmp_path / "a.h5", first), _write(tmp_path / "b.h5", second)]
+    merged = merge_packs(paths, tmp_path / "m.h5").path
+    with h5pack.open(merged) as pack:
+        for sample in pack:
+            given, number = _origin(sample, first, second)
+            np.testing.assert_array_equal(sample["mask"], given[MaskField("mask")][number])
+            np.testing.assert_array_equal(sample["labels"], given["labels"][number])
+    other = _source(3)
+    other["fields"]["weight"] = other["fields"]["weight"].astype(np.float64)
+    _write(tmp_path / "d.h5", other)
+    with pytest.raises(
+        FormatError, match=r"field 'weight' is scalar <f8 in .*d\.h5 but scalar <f4"
+    ):
+        merge_packs([paths[0], tmp_path / "d.h5"], tmp_path / "n.h5")
