@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import h5pack
 from h5pack import BoxesField, MaskField
@@ -15,6 +17,7 @@ from h5pack.core import format as fmt
 from h5pack.errors import FormatError, OptionsError
 from h5pack.read.packset import open_reader
 from h5pack.write.options import ConvertOptions
+from h5pack.write.sources import sample_source
 from tests.helpers import make_folder, pil_rgb, random_arrays
 
 DATA = Path(__file__).parent / "data"
@@ -97,6 +100,39 @@ def test_an_image_folder_reads_back_its_pixels_labels_and_keys(tmp_path):
             assert pack.classes[sample["label"]] == file.parent.name
             np.testing.assert_array_equal(sample["image"], pil_rgb(file))
             assert sample["image"].dtype == np.uint8
+
+
+def test_a_coco_pack_gives_boxes_masks_and_categories_by_id(tmp_path):
+    pytest.importorskip("pycocotools")
+    from pycocotools.coco import COCO
+
+    from tests.test_coco_source import CATEGORIES, _ann_to_mask, make_coco
+
+    images, annotations = make_coco(tmp_path / "coco")
+    source = sample_source(images, annotations=annotations)
+    h5pack.convert(source, tmp_path / "coco.h5", ConvertOptions(mode="raw"))
+    data, reference = json.loads(annotations.read_text()), COCO(str(annotations))
+    with h5pack.open(tmp_path / "coco.h5") as pack:
+        assert pack.classes == dict(CATEGORIES)  # ids with gaps: {1: 'person', 3: 'car'...}
+        assert len(pack) == len(data["images"])
+        for image in data["images"]:
+            sample = pack[pack.find(image["file_name"])]
+            assert sample["key"] == image["file_name"]
+            assert sample["image"].shape == (image["height"], image["width"], 3)
+            with Image.open(images / image["file_name"]) as file:
+                np.testing.assert_array_equal(sample["image"], np.asarray(file.convert("RGB")))
+            anns = [a for a in data["annotations"] if a["image_id"] == image["id"]]
+            xywh = np.array([a["bbox"] for a in anns], np.float64).reshape(-1, 4)
+            xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+            np.testing.assert_allclose(sample["boxes"], xyxy, atol=0.01)
+            assert sample["labels"].tolist() == [a["category_id"] for a in anns]
+            assert [pack.classes[c] for c in sample["labels"].tolist()] == [
+                dict(CATEGORIES)[a["category_id"]] for a in anns
+            ]
+            assert sample["iscrowd"].tolist() == [a["iscrowd"] for a in anns]
+            assert sample["masks"].shape == (len(anns), image["height"], image["width"])
+            for mask, ann in zip(sample["masks"], anns, strict=True):  # pycocotools' masks
+                np.testing.assert_array_equal(mask, _ann_to_mask(reference, ann))
 
 
 def test_bad_indices_and_keys_are_named(tmp_path):

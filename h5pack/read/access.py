@@ -18,7 +18,16 @@ from typing import Any, overload
 
 import numpy as np
 
-from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, stored_fields
+from h5pack.core.fields import (
+    IMAGE,
+    KEY,
+    LABEL,
+    CategoryField,
+    Field,
+    fields_of,
+    selected,
+    stored_fields,
+)
 from h5pack.core.layout import checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.store import Store
 from h5pack.read.mixture import source_name
@@ -89,9 +98,15 @@ class Pack:
         return {name: listed[name] for name in self._names}
 
     @property
-    def classes(self) -> list[str]:
-        """The class names: ``label`` ``k`` is ``classes[k]``."""
-        return list(self._view.meta.classes)
+    def classes(self) -> list[str] | dict[int, str]:
+        """The class names: ``label`` ``k`` is ``classes[k]``.
+
+        A pack of category ids (COCO's, 1..90 with gaps: a ``CategoryField`` such as
+        ``labels``) gives ``{id: name}`` of its first such field's categories instead.
+        """
+        meta = self._view.meta
+        named = next((f for f in fields_of(meta) if isinstance(f, CategoryField)), None)
+        return list(meta.classes) if named is None else dict(named.categories)
 
     @property
     def keys(self) -> Sequence[str]:
