@@ -6,17 +6,28 @@ what S3 meets (tests/test_remote*.py, test_upload.py) is asserted of each store 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from h5pack.bench.s3local import Bucket
+from h5pack import ConvertOptions, TargetExistsError, convert, convert_set, merge_packs
+from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.layout import Compression
+from h5pack.core.source import SourceChangedError
+from h5pack.core.store import open_store
+from h5pack.errors import H5PackError, PackNotFoundError
+from h5pack.read.packset import open_reader
 from h5pack.read.reader import PackReader, ReaderOptions
-from tests.helpers import make_pack, random_arrays
+from h5pack.synthetic import SampleSpec, make_image_folder
+from h5pack.training.epochs import EpochSpec
+from h5pack.training.loader import make_loader
+from tests.helpers import arrays, contents, make_pack, random_arrays
 from tests.servers import Place
 
 Somewhere = Bucket | Place
+ONE = ConvertOptions(workers=1)
 
 
 def everything(pack: PackReader) -> tuple[list[bytes], list[int], list[str]]:
@@ -40,3 +51,165 @@ def test_a_pack_opens_in_few_requests_and_reads_one_get_per_chunk(
             remote.read_stored(list(remote.chunk_map.samples(chunk)))
         assert place.proxy.counts.gets == remote.chunk_map.num_chunks
         assert everything(remote) == everything(local)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 small JPEGs in 4 classes."""
+    root = tmp_path_factory.mktemp("stores") / "images"
+    make_image_folder(root, SampleSpec(num_images=40, num_classes=4, size=(12, 16)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_set(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder converted into a local set of 3 packs: the reference."""
+    target = tmp_path_factory.mktemp("set") / "set"
+    convert_set(folder, target, ONE, shards=3)
+    return target
+
+
+def epochs(loader: object, count: int, place: Somewhere | None = None) -> list[list[object]]:
+    """Return each epoch's (label, pixels); with ``place``, check its GETs epoch by epoch."""
+    found = []
+    for epoch in range(count):
+        loader.set_epoch(epoch)  # type: ignore[attr-defined]
+        seen = []
+        for images, labels in loader:  # type: ignore[attr-defined]
+            seen.extend(zip(labels.tolist(), [i.numpy().tobytes() for i in images], strict=True))
+        found.append(seen)
+        if place is not None:
+            gets = place.proxy.reset_counts().gets
+            assert gets == 0 if epoch else gets > 0  # epoch 2 and on: all from the disk cache
+    return found
+
+
+def loaders(source: Path, url: str, place: Somewhere, cache: Path, workers: int) -> list[object]:
+    common = dict(
+        batch_size=EpochSpec(batch_size=8, window_chunks=2),
+        num_workers=workers,
+        seed=3,
+        multiprocessing_context="fork" if workers else None,
+    )
+    local = make_loader(source, **common)
+    remote = make_loader(
+        url,
+        storage_options=place.storage_options,
+        reader=ReaderOptions(disk_cache_dir=cache, disk_cache_bytes=10**8),
+        **common,
+    )
+    return [local, remote]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pack_trains_with_one_get_per_chunk_then_none(
+    place: Somewhere, tmp_path: Path, workers: int
+) -> None:
+    path = make_pack(
+        tmp_path / "p.h5",
+        samples=arrays(90, shape=(16, 16, 3)),
+        chunk_samples=6,
+        compression=Compression(codec="zstd"),
+    )
+    url = place.put(path, "p.h5")
+    local, remote = loaders(path, url, place, tmp_path / "cache", workers)
+    place.proxy.reset_counts()
+    assert epochs(remote, 3, place) == epochs(local, 3)
+
+
+def test_a_pack_set_trains_from_the_cache_in_epoch_two(
+    place: Somewhere, local_set: Path, tmp_path: Path
+) -> None:
+    url = place.put_tree(local_set, "set")
+    local, remote = loaders(local_set, url, place, tmp_path / "cache", 0)
+    place.proxy.reset_counts()
+    assert epochs(remote, 3, place) == epochs(local, 3)
+    with open_reader(url, ReaderOptions(storage_options=place.storage_options)) as reader:
+        assert place.proxy.reset_counts().total <= 2 + 4 * 3  # the manifest, then each pack
+        images = reader.read_images(range(reader.meta.num_samples))
+        assert [i.tobytes() for i in images] == [c[3] for c in contents(local_set)]
+
+
+def test_convert_and_merge_write_into_the_store(
+    place: Somewhere, folder: Path, local_set: Path, tmp_path: Path
+) -> None:
+    options = place.storage_options
+    if isinstance(place, Place) and place.scheme == "http":
+        with pytest.raises(H5PackError, match=r"http://.*/one\.h5: HTTP\(S\) URLs are read-only"):
+            convert(folder, place.url("one.h5"), ONE, storage_options=options)
+        return
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    report = convert(folder, place.url("one.h5"), ONE, storage_options=options, staging_dir=staging)
+    assert report.path == place.url("one.h5")
+    convert_set(
+        folder, place.url("set/"), ONE, shards=3, storage_options=options, staging_dir=staging
+    )
+    merged = merge_packs(
+        place.url("set/"), place.url("merged.h5"), storage_options=options, staging_dir=staging
+    )
+    assert merged.path == place.url("merged.h5")
+    store = open_store(place.url(), options)
+    merge_packs(local_set, tmp_path / "reference.h5")
+    for key, reference in (("one.h5", local_set), ("merged.h5", tmp_path / "reference.h5")):
+        store.download(place.url(key), tmp_path / key)
+        assert contents(tmp_path / key) == contents(reference)
+    with pytest.raises(TargetExistsError, match=rf"{place.url('one.h5')} already exists"):
+        convert(folder, place.url("one.h5"), ONE, storage_options=options, staging_dir=staging)
+    assert list(staging.iterdir()) == []
+
+
+# rclone and gcp-storage-emulator ignore the condition (AWS and GCS honour it); HTTP is read-only
+@pytest.mark.parametrize("place", ["az"], indirect=True)
+def test_a_publish_that_must_not_replace_is_conditional(place: Somewhere, tmp_path: Path) -> None:
+    """The upload itself refuses an object that appeared after the check (If-None-Match)."""
+    store = open_store(place.url(), place.storage_options)
+    (tmp_path / "a").write_bytes(b"first")
+    (tmp_path / "b").write_bytes(b"second")
+    store.publish(tmp_path / "a", place.url("k"), if_absent=True)
+    with pytest.raises(TargetExistsError, match="appeared meanwhile"):
+        store.publish(tmp_path / "b", place.url("k"), if_absent=True)
+    assert store.get(place.url("k")) == b"first"
+    store.publish(tmp_path / "b", place.url("k"), if_absent=False)
+    assert store.get(place.url("k")) == b"second"
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [Fault("reset"), Fault("status", status=503), Fault("truncate", keep_bytes=10)],
+    ids=["reset", "503", "truncated"],
+)
+def test_chunk_faults_are_recovered(place: Somewhere, fault: Fault, tmp_path: Path) -> None:
+    path = make_pack(tmp_path / "a.h5", chunk_samples=8, compression=Compression(codec="zstd"))
+    url = place.put(path, "a.h5")
+    options = ReaderOptions(storage_options=place.storage_options, window_chunks=64)
+    with PackReader(url, options) as remote, PackReader(path) as local:
+        place.proxy.reset_counts()
+        place.proxy.inject(fault, times=2)
+        assert everything(remote) == everything(local)
+        assert place.proxy.counts.faults == 2
+        assert place.proxy.counts.gets == remote.chunk_map.num_chunks + 2
+
+
+# gcp-storage-emulator ignores ifGenerationMatch and names no generation in its answers
+@pytest.mark.parametrize("place", ["s3", "az", "http"], indirect=True)
+def test_a_replaced_object_is_refused(place: Somewhere, tmp_path: Path) -> None:
+    first = make_pack(tmp_path / "a.h5", chunk_samples=8)
+    second = make_pack(tmp_path / "b.h5", samples=arrays(seed=1), chunk_samples=8)
+    url = place.put(first, "a.h5")
+    options = ReaderOptions(storage_options=place.storage_options)
+    with PackReader(url, options) as remote:
+        place.put(second, "a.h5")
+        with pytest.raises(SourceChangedError, match=r"a\.h5 was replaced"):
+            remote.read_stored([0])
+
+
+def test_missing_objects_and_buckets_are_named(place: Somewhere) -> None:
+    options = ReaderOptions(storage_options=place.storage_options)
+    with pytest.raises(PackNotFoundError, match=rf"{re.escape(place.url('nope.h5'))}: no such"):
+        PackReader(place.url("nope.h5"), options)
+    if isinstance(place, Place) and place.scheme == "http":
+        return
+    url = place.url("x.h5").replace(place.name, "no-such-bucket")
+    with pytest.raises(PackNotFoundError, match=rf"{re.escape(url)}: no bucket"):
+        PackReader(url, options)

@@ -158,6 +158,7 @@ class GCSSource(RangedSource):
 
     def cause(self, err: Exception, what: str) -> str:
         """Return why ``err`` is worth a retry, or raise the final error it means."""
+        import urllib3
         from google.api_core import exceptions as api
         from google.auth import exceptions as auth
 
@@ -186,7 +187,8 @@ class GCSSource(RangedSource):
                 f"{self.url}: no credentials ({err}); set GOOGLE_APPLICATION_CREDENTIALS, or "
                 "give the storage option token (a credentials file, or 'anon')"
             ) from None
-        if isinstance(err, api.TooManyRequests | api.ServerError | auth.TransportError | OSError):
+        transient = api.TooManyRequests | api.ServerError | auth.TransportError | OSError
+        if isinstance(err, transient | urllib3.exceptions.HTTPError):
             return f"{type(err).__name__}: {err}"
         raise RemoteError(f"{self.url}: {what}: {type(err).__name__}: {err}") from None
 

@@ -14,6 +14,7 @@ into a local path or a bucket, then serve it.
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import os
 import ssl
@@ -60,6 +61,19 @@ class _Answer(Exception):
 
 
 _CONTEXT: list[ssl.SSLContext] = []
+# Idle keep-alive connections per (process, scheme, host): a forked child never uses its
+# parent's sockets; closed at exit.
+_IDLE: dict[tuple[int, str, str], list[http.client.HTTPConnection]] = {}
+_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_idle() -> None:
+    with _LOCK:
+        mine = [c for key, idle in _IDLE.items() if key[0] == os.getpid() for c in idle]
+        _IDLE.clear()
+    for connection in mine:
+        connection.close()
 
 
 class HTTPSource(RangedSource):
@@ -77,48 +91,40 @@ class HTTPSource(RangedSource):
         self.scheme, self.netloc = parts.scheme.lower(), parts.netloc
         self.target = parts.path + (f"?{parts.query}" if parts.query else "")
         self.options = options
-        self._local = threading.local()
-        self._made: tuple[int, list[http.client.HTTPConnection]] = (os.getpid(), [])
 
-    def _connection(self) -> http.client.HTTPConnection:
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid() or local.connection is None:
+    def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
+        """Return one answer and its body, on an idle keep-alive connection of this process."""
+        key = (os.getpid(), self.scheme, self.netloc)
+        with _LOCK:
+            idle = _IDLE.setdefault(key, [])
+            connection = idle.pop() if idle else None
+        if connection is None:
             timeout = self.options.connect_timeout_s
             if self.scheme == "https":
                 if not _CONTEXT:
                     _CONTEXT.append(ssl.create_default_context())
-                local.connection = http.client.HTTPSConnection(
+                connection = http.client.HTTPSConnection(
                     self.netloc, timeout=timeout, context=_CONTEXT[0]
                 )
             else:
-                local.connection = http.client.HTTPConnection(self.netloc, timeout=timeout)
-            local.pid = os.getpid()
-            with self._lock:
-                if self._made[0] != os.getpid():
-                    self._made = (os.getpid(), [])
-                self._made[1].append(local.connection)
-        connection: http.client.HTTPConnection = local.connection
-        return connection
-
-    def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
-        """Return one answer and its body; the connection is dropped on any failure."""
-        connection = self._connection()
+                connection = http.client.HTTPConnection(self.netloc, timeout=timeout)
         try:
             if connection.sock is None:
                 connection.connect()
                 assert connection.sock is not None  # connected just now
                 connection.sock.settimeout(self.options.read_timeout_s)
-            connection.request(
-                method, self.target, headers={**dict(self.options.headers), **headers}
-            )
+            every = {**dict(self.options.headers), **headers}
+            connection.request(method, self.target, headers=every)
             answer = connection.getresponse()
             body = answer.read() if method != "HEAD" else b""
         except (OSError, http.client.HTTPException):
-            connection.close()
-            self._local.connection = None
+            connection.close()  # a dropped keep-alive connection costs one try
             raise
         if answer.will_close:
             connection.close()
+        else:
+            with _LOCK:
+                _IDLE[key].append(connection)
         return answer, body
 
     def _identity(self, answer: Any) -> str:
@@ -171,15 +177,6 @@ class HTTPSource(RangedSource):
         if status >= 500 or status == 429 or isinstance(err, OSError | http.client.HTTPException):
             return f"{type(err).__name__}: {err}" if not status else str(err)
         raise RemoteError(f"{self.url}: {what}: {err}")
-
-    def close(self) -> None:
-        """Close this process's connections and request threads."""
-        super().close()
-        with self._lock:
-            pid, made = self._made
-            self._made = (os.getpid(), [])
-        for connection in made if pid == os.getpid() else []:
-            connection.close()
 
     def where(self) -> str:
         """Return the server."""
