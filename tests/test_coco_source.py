@@ -12,7 +12,9 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from h5pack import ConvertOptions, PackReader, convert, make_loader
+import h5pack
+from h5pack import ConvertOptions, PackReader, convert, convert_set, make_loader, merge_packs
+from h5pack.check import verify_pack
 from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 from h5pack.core.fields import CategoryField, fields_of
@@ -249,3 +251,20 @@ def test_cli_converts_coco_and_warns_naming_the_annotation(coco, tmp_path):
     result = runner.invoke(cli, [*args, "--masks", str(images), "-q"])
     assert result.exit_code == 2
     assert "give one" in result.output
+
+
+def test_shards_and_their_merge_hold_every_sample_with_its_fields(coco, tmp_path):
+    images, annotations = coco
+    source = CocoSource(images, annotations)
+    convert(source, tmp_path / "one.h5", ConvertOptions(workers=1))
+    report = convert_set(source, tmp_path / "set", ConvertOptions(workers=1), shards=2)
+    assert [s.num_samples for s in report.shards] == [2, 2]
+    merge_packs(sorted((tmp_path / "set").glob("*.h5")), tmp_path / "merged.h5")
+    assert not verify_pack(tmp_path / "merged.h5").problems
+    one, merged = h5pack.open(tmp_path / "one.h5"), h5pack.open(tmp_path / "merged.h5")
+    assert sorted(merged.keys) == sorted(one.keys)
+    for key in one.keys:
+        mine, theirs = one[one.find(key)], merged[merged.find(key)]
+        assert mine.keys() == theirs.keys()
+        for name, value in mine.items():
+            np.testing.assert_array_equal(value, theirs[name], err_msg=f"{key}: {name}")
