@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from h5pack.errors import FormatError
 from h5pack.write.merge import merge_packs
 from h5pack.write.options import ConvertOptions
 from h5pack.write.sources.arrays import ArraySource
-from tests.helpers import random_arrays
+from tests.helpers import make_folder, random_arrays
 
 NUM = 9
 
@@ -78,6 +79,35 @@ def test_verify_source_compares_every_field(tmp_path):
         "s0/img-7.png": "changed: field 'labels' differs from the source's in 1 of 1 values",
     }
     assert report.changed == 4
+
+
+def test_a_manifests_fields_open_by_key_and_verify_against_it(tmp_path):
+    files = make_folder(tmp_path / "src", classes=("cat", "dog"), per_class=3)
+    keys = [f.relative_to(tmp_path / "src").as_posix() for f in files]
+    rows = [
+        {"path": key, "labels": ["indoor", "cat"][: i % 3], "caption": f"photo {i}"}
+        | {"meta": {"n": i, "tags": ["a"] * i}}
+        for i, key in enumerate(keys)
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    options = ConvertOptions(labels_csv=manifest)
+    path = h5pack.convert(tmp_path / "src", tmp_path / "p.h5", options).path
+    with h5pack.open(path) as pack:
+        assert pack.classes == ["cat", "indoor"]  # the multi-label field's names
+        for row in rows:
+            sample = pack[pack.find(row["path"])]
+            assert [pack.classes[i] for i in sample["labels"]] == row["labels"]
+            assert (sample["caption"], sample["meta"]) == (row["caption"], row["meta"])
+    assert verify_pack(path, source=tmp_path / "src", labels_csv=manifest).problems == ()
+    rows[4]["caption"], rows[2]["meta"]["n"] = "another", 7
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    report = verify_pack(path, source=tmp_path / "src", labels_csv=manifest)
+    assert _changed(report) == {
+        rows[4]["path"]: "changed: field 'caption' is 'photo 4', 'another' in the source",
+        rows[2]["path"]: 'changed: field \'meta\' is \'{"n":2,"tags":["a","a"]}\', '
+        '\'{"n":7,"tags":["a","a"]}\' in the source',
+    }
 
 
 def test_a_pack_set_of_packs_with_fields_reads_each_field_across_them(tmp_path):

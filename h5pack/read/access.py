@@ -24,6 +24,7 @@ from h5pack.core.fields import (
     LABEL,
     CategoryField,
     Field,
+    MultiLabelField,
     fields_of,
     selected,
     stored_fields,
@@ -102,11 +103,16 @@ class Pack:
         """The class names: ``label`` ``k`` is ``classes[k]``.
 
         A pack of category ids (COCO's, 1..90 with gaps: a ``CategoryField`` such as
-        ``labels``) gives ``{id: name}`` of its first such field's categories instead.
+        ``labels``) gives ``{id: name}`` of its first such field's categories instead; a
+        multi-label pack without classes of its own, its ``MultiLabelField``'s names.
         """
         meta = self._view.meta
-        named = next((f for f in fields_of(meta) if isinstance(f, CategoryField)), None)
-        return list(meta.classes) if named is None else dict(named.categories)
+        listed = fields_of(meta)
+        named = next((f for f in listed if isinstance(f, CategoryField)), None)
+        if named is not None:
+            return dict(named.categories)
+        multi = next((f for f in listed if isinstance(f, MultiLabelField)), None)
+        return list(multi.classes if multi is not None and not meta.classes else meta.classes)
 
     @property
     def keys(self) -> Sequence[str]:
