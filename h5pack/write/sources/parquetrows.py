@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from h5pack.errors import DecodeError, SourceError
+from h5pack.errors import DecodeError, SourceError, install_line
 from h5pack.write.sources.base import FileRange
 
 WINDOW_BYTES = 64 * 2**20
@@ -39,7 +39,7 @@ def pyarrow_parquet() -> Any:
         import pyarrow.parquet as pq
     except ImportError as err:
         raise SourceError(
-            "Parquet sources are read with pyarrow: pip install 'h5pack-images[parquet]'"
+            f"Parquet sources are read with pyarrow: {install_line('parquet')}"
         ) from err
     return pq
 
@@ -92,30 +92,39 @@ def _open(path: str) -> Any:
 
 
 def _images(path: str, row_group: int, column: str, name: str) -> Any:
-    """Return the image bytes of a row group (a pyarrow binary array), from the cache."""
+    """Return the image bytes of a row group (a pyarrow binary array), through the cache."""
     groups: OrderedDict[tuple[str, int, str], Any] = _state()["groups"]
     key = (path, row_group, column)
     if key in groups:
         groups.move_to_end(key)
         return groups[key]
-    try:
-        table = _open(path).read_row_group(row_group, columns=[f"{column}.bytes"])
-        images = table.column(0).combine_chunks().flatten()[0]
-    except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
-        raise DecodeError(f"{name}: cannot read row group {row_group}: {err}") from err
-    groups[key] = images
+    groups[key] = images = _read(path, row_group, column, name)
     while len(groups) > 1 and sum(g.nbytes for g in groups.values()) > CACHE_BYTES:
         groups.popitem(last=False)
     return images
 
 
+def _read(path: str, row_group: int, column: str, name: str) -> Any:
+    try:
+        table = _open(path).read_row_group(row_group, columns=[f"{column}.bytes"])
+        return table.column(0).combine_chunks().flatten()[0]
+    except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
+        raise DecodeError(f"{name}: cannot read row group {row_group}: {err}") from err
+
+
 def lengths(path: str, row_group: int, column: str, name: str = "") -> np.ndarray:
-    """Return the byte length of each row's image in a row group (0 where none)."""
+    """Return the byte length of each row's image in a row group (0 where none).
+
+    Read once per process and kept (8 bytes a row); the images read are not kept, so
+    planning in the parent holds one row group at a time.
+    """
+    import pyarrow.compute as pc
+
     found: dict[tuple[str, int, str], np.ndarray] = _state()["lengths"]
     key = (path, row_group, column)
     if key not in found:
-        import pyarrow.compute as pc
-
-        images = _images(path, row_group, column, name or path)
+        images = _state()["groups"].get(key)
+        if images is None:
+            images = _read(path, row_group, column, name or path)
         found[key] = pc.binary_length(images).fill_null(0).to_numpy().astype(np.int64)
     return found[key]
