@@ -229,6 +229,8 @@ class Place:
         self.storage_options: dict[str, object] = {
             **options,
             "backoff_s": 0.0,
+            "throttle_backoff_s": 0.0,
+            "max_attempts": 5,
             "read_timeout_s": 15.0,
         }
 

@@ -17,14 +17,14 @@ from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.layout import Compression
 from h5pack.core.source import SourceChangedError
 from h5pack.core.store import open_store
-from h5pack.errors import H5PackError, PackNotFoundError
+from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
 from h5pack.read.packset import open_reader
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from tests.helpers import arrays, contents, make_pack, random_arrays
-from tests.servers import Place
+from tests.servers import AZURITE_KEY, Place
 
 Somewhere = Bucket | Place
 ONE = ConvertOptions(workers=1)
@@ -213,3 +213,28 @@ def test_missing_objects_and_buckets_are_named(place: Somewhere) -> None:
     url = place.url("x.h5").replace(place.name, "no-such-bucket")
     with pytest.raises(PackNotFoundError, match=rf"{re.escape(url)}: no bucket"):
         PackReader(url, options)
+
+
+def test_a_fault_that_persists_is_one_error_naming_the_request(
+    place: Somewhere, tmp_path: Path
+) -> None:
+    url = place.put(make_pack(tmp_path / "a.h5", chunk_samples=8), "a.h5")
+    options = {**place.storage_options, "max_attempts": 3}
+    with PackReader(url, ReaderOptions(storage_options=options)) as remote:
+        place.proxy.reset_counts()
+        place.proxy.inject(Fault("status", status=500), times=3)
+        with pytest.raises(RemoteError, match=rf"{re.escape(url)}.*gave up after 3 attempts"):
+            remote.read_stored([0])
+        assert place.proxy.counts.gets == 3
+
+
+@pytest.mark.parametrize("place", ["az"], indirect=True)
+def test_no_account_key_in_a_repr_or_an_error(place: Somewhere) -> None:
+    store = open_store(place.url(), place.storage_options)
+    options = {**place.storage_options, "max_attempts": 2}
+    place.proxy.inject(Fault("status", status=500, method=None), times=2)
+    with pytest.raises(RemoteError) as failed:
+        PackReader(place.url("a.h5"), ReaderOptions(storage_options=options))
+    for text in (repr(store.options), str(store.options), str(failed.value)):
+        assert AZURITE_KEY not in text
+        assert "AccountKey" not in text

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from h5pack.core.ranged import RangedSource, options_of
+from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
+from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import FormatError, PackNotFoundError, RemoteError, TargetExistsError
 
@@ -45,7 +46,7 @@ def redacted(text: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AzureOptions:
+class AzureOptions(RetryPolicy):
     """How to reach Azure Blob Storage (names as adlfs's; secrets never in a repr).
 
     Attributes:
@@ -56,8 +57,6 @@ class AzureOptions:
         anon: Public containers: no credentials.
         connect_timeout_s: Seconds to connect.
         read_timeout_s: Seconds without a byte.
-        attempts: Tries of one request (timeouts, resets, 429, 5xx, short bodies).
-        backoff_s: The first wait between tries (doubled, with jitter).
         max_in_flight: Requests one process issues at once.
     """
 
@@ -68,8 +67,6 @@ class AzureOptions:
     anon: bool = False
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
-    attempts: int = 5
-    backoff_s: float = 0.1
     max_in_flight: int = 16
 
     def account_url(self) -> str:
@@ -164,13 +161,7 @@ class AzureSource(RangedSource):
     """One blob (NOTE [ The Azure client ]); its ETag is its identity."""
 
     def __init__(self, url: str, options: AzureOptions, **identity: Any) -> None:
-        super().__init__(
-            url,
-            max_in_flight=options.max_in_flight,
-            attempts=options.attempts,
-            backoff_s=options.backoff_s,
-            **identity,
-        )
+        super().__init__(url, options, options.max_in_flight, **identity)
         self.container, self.key = _container_key(url)
         self.options = options
 
@@ -193,7 +184,7 @@ class AzureSource(RangedSource):
         total = str(answer.properties.content_range or "").rpartition("/")[2]
         return data, str(answer.properties.etag or ""), int(total) if total.isdigit() else -1
 
-    def cause(self, err: Exception, what: str) -> str:
+    def cause(self, err: Exception, what: str) -> Transient:
         """Return why ``err`` is worth a retry, or raise the final error it means."""
         from azure.core import exceptions as azure
 
@@ -220,9 +211,9 @@ class AzureSource(RangedSource):
             ) from None
         text = redacted(f"{type(err).__name__}: {err}".splitlines()[0])
         if isinstance(err, azure.ServiceRequestError | azure.ServiceResponseError | OSError):
-            return text
+            return Transient(text)
         if isinstance(err, azure.HttpResponseError) and (status >= 500 or status in (0, 429)):
-            return text
+            return throttled_or_not(text, status, getattr(err.response, "headers", None))
         raise RemoteError(f"{self.url}: {what}: {text}") from None
 
     def where(self) -> str:

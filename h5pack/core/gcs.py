@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from h5pack.core.ranged import RangedSource, options_of
+from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
+from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import PackNotFoundError, RemoteError, TargetExistsError
 
@@ -35,7 +36,7 @@ SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 
 @dataclass(frozen=True, kw_only=True)
-class GCSOptions:
+class GCSOptions(RetryPolicy):
     """How to reach Google Cloud Storage (names as gcsfs's).
 
     Attributes:
@@ -46,8 +47,6 @@ class GCSOptions:
         endpoint_url: Another server than Google's (an emulator: ``http://127.0.0.1:9023``).
         connect_timeout_s: Seconds to connect.
         read_timeout_s: Seconds without a byte.
-        attempts: Tries of one request (timeouts, resets, 429, 5xx, short bodies).
-        backoff_s: The first wait between tries (doubled, with jitter).
         max_in_flight: Requests one process issues at once.
     """
 
@@ -56,8 +55,6 @@ class GCSOptions:
     endpoint_url: str | None = None
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
-    attempts: int = 5
-    backoff_s: float = 0.1
     max_in_flight: int = 16
 
 
@@ -123,13 +120,7 @@ class GCSSource(RangedSource):
     """One object in a GCS bucket (NOTE [ The GCS client ]); its generation is its identity."""
 
     def __init__(self, url: str, options: GCSOptions, **identity: Any) -> None:
-        super().__init__(
-            url,
-            max_in_flight=options.max_in_flight,
-            attempts=options.attempts,
-            backoff_s=options.backoff_s,
-            **identity,
-        )
+        super().__init__(url, options, options.max_in_flight, **identity)
         _, self.bucket, self.key = split_url(url)
         self.options = options
         self._timeout = (options.connect_timeout_s, options.read_timeout_s)
@@ -156,7 +147,7 @@ class GCSSource(RangedSource):
         )
         return data, str(blob.generation or ""), -1
 
-    def cause(self, err: Exception, what: str) -> str:
+    def cause(self, err: Exception, what: str) -> Transient:
         """Return why ``err`` is worth a retry, or raise the final error it means."""
         import urllib3
         from google.api_core import exceptions as api
@@ -187,9 +178,12 @@ class GCSSource(RangedSource):
                 f"{self.url}: no credentials ({err}); set GOOGLE_APPLICATION_CREDENTIALS, or "
                 "give the storage option token (a credentials file, or 'anon')"
             ) from None
-        transient = api.TooManyRequests | api.ServerError | auth.TransportError | OSError
-        if isinstance(err, transient | urllib3.exceptions.HTTPError):
-            return f"{type(err).__name__}: {err}"
+        cause = f"{type(err).__name__}: {err}"
+        if isinstance(err, api.TooManyRequests | api.ServerError):
+            headers = getattr(getattr(err, "response", None), "headers", None)
+            return throttled_or_not(cause, int(err.code or 0), headers)
+        if isinstance(err, auth.TransportError | OSError | urllib3.exceptions.HTTPError):
+            return Transient(cause)
         raise RemoteError(f"{self.url}: {what}: {type(err).__name__}: {err}") from None
 
     def where(self) -> str:

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from h5pack.core.ranged import RangedSource, options_of
+from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
+from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.store import ObjectInfo, Store
 from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
 
 
 @dataclass(frozen=True, kw_only=True)
-class HTTPOptions:
+class HTTPOptions(RetryPolicy):
     """How to reach an HTTP(S) server.
 
     Attributes:
@@ -39,25 +40,21 @@ class HTTPOptions:
             takes a mapping).
         connect_timeout_s: Seconds to connect.
         read_timeout_s: Seconds without a byte.
-        attempts: Tries of one request (timeouts, resets, 429, 5xx, short bodies).
-        backoff_s: The first wait between tries (doubled, with jitter).
         max_in_flight: Requests one process issues at once.
     """
 
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
-    attempts: int = 5
-    backoff_s: float = 0.1
     max_in_flight: int = 16
 
 
 class _Answer(Exception):
     """An answer other than the one asked for (its status)."""
 
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"HTTP {status} {reason}")
-        self.status = status
+    def __init__(self, answer: Any) -> None:
+        super().__init__(f"HTTP {answer.status} {answer.reason}")
+        self.status, self.headers = int(answer.status), answer.headers
 
 
 _CONTEXT: list[ssl.SSLContext] = []
@@ -80,13 +77,7 @@ class HTTPSource(RangedSource):
     """One file on an HTTP(S) server (NOTE [ The HTTP store ])."""
 
     def __init__(self, url: str, options: HTTPOptions, **identity: Any) -> None:
-        super().__init__(
-            url,
-            max_in_flight=options.max_in_flight,
-            attempts=options.attempts,
-            backoff_s=options.backoff_s,
-            **identity,
-        )
+        super().__init__(url, options, options.max_in_flight, **identity)
         parts = urlsplit(url)
         self.scheme, self.netloc = parts.scheme.lower(), parts.netloc
         self.target = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -134,7 +125,7 @@ class HTTPSource(RangedSource):
     def _stat(self) -> tuple[str, int]:
         answer, _ = self._request("HEAD", {})
         if answer.status != 200:
-            raise _Answer(answer.status, answer.reason)
+            raise _Answer(answer)
         length = answer.getheader("Content-Length")
         if length is None:
             raise RemoteError(f"{self.url}: the server does not say the file's size (HEAD)")
@@ -153,7 +144,7 @@ class HTTPSource(RangedSource):
                 "200): it does not serve byte ranges, which remote packs need"
             )
         if answer.status != 206:
-            raise _Answer(answer.status, answer.reason)
+            raise _Answer(answer)
         span, _, total = (answer.getheader("Content-Range") or "").partition("/")
         first = span.removeprefix("bytes ").partition("-")[0]
         if first != str(start):
@@ -163,7 +154,7 @@ class HTTPSource(RangedSource):
             )
         return body, self._identity(answer), int(total) if total.isdigit() else -1
 
-    def cause(self, err: Exception, what: str) -> str:
+    def cause(self, err: Exception, what: str) -> Transient:
         """Return why ``err`` is worth a retry, or raise the final error it means."""
         status = err.status if isinstance(err, _Answer) else 0
         if status in (404, 410):
@@ -174,8 +165,10 @@ class HTTPSource(RangedSource):
             raise RemoteError(
                 f"{self.url}: access denied (HTTP {status}); check the storage option headers"
             )
-        if status >= 500 or status == 429 or isinstance(err, OSError | http.client.HTTPException):
-            return f"{type(err).__name__}: {err}" if not status else str(err)
+        if isinstance(err, _Answer) and (status >= 500 or status == 429):
+            return throttled_or_not(str(err), status, err.headers)
+        if isinstance(err, OSError | http.client.HTTPException):
+            return Transient(f"{type(err).__name__}: {err}")
         raise RemoteError(f"{self.url}: {what}: {err}")
 
     def where(self) -> str:

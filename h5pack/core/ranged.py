@@ -7,16 +7,15 @@ and identity (a generation, an ETag) come from the first answer or one metadata 
 and every later answer is checked against them (``learn``); each read is one request,
 several in flight at once on this process's threads; a client is made once per process
 (keyed on the pid: a forked DataLoader worker makes its own, never uses its parent's).
-Every request goes through ``with_retries``: ``cause`` turns a client's exception into
-the final error (not found, denied, replaced) or the cause of a retry (5xx, 429, resets).
+Every request goes through ``with_retries`` (``core.retry``: NOTE [ Retries by time ]):
+``cause`` turns a client's exception into the final error (not found, denied, replaced)
+or a ``Transient`` (5xx, 429 and 503 throttling with their Retry-After, resets).
 """
 
 from __future__ import annotations
 
 import os
-import random
 import threading
-import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +24,19 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from h5pack.core.retry import RetryPolicy, Transient, retry_after_s, retrying
 from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
-from h5pack.errors import H5PackError, OptionsError, RemoteError
+from h5pack.errors import H5PackError, OptionsError
 
 T = TypeVar("T")
+
+
+# Other spellings of the retry fields in storage_options (as S3's).
+RETRY_ALIASES = {
+    "attempts": "max_attempts",
+    "retries": "max_attempts",
+    "retry_timeout": "retry_timeout_s",
+}
 
 
 def options_of(
@@ -42,7 +50,7 @@ def options_of(
     kinds = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
     for key, value in storage_options.items():
-        name = aliases.get(key, key)
+        name = aliases.get(key, RETRY_ALIASES.get(key, key))
         if name not in kinds:
             known = ", ".join(sorted(kinds))
             raise OptionsError(f"unknown storage option {key!r}; known: {known}")
@@ -65,31 +73,35 @@ class Retry(Exception):
     """An attempt that failed in a way worth trying again (its cause)."""
 
 
+def throttled_or_not(cause: str, status: int, headers: Any) -> Transient:
+    """Return the ``Transient`` of an answer of ``status`` (429, 503: throttled)."""
+    wait = retry_after_s(headers.get("Retry-After") if headers is not None else None)
+    return Transient(cause, throttled=status in (429, 503), retry_after_s=wait)
+
+
 class RangedSource(ByteSource):
     """One remote object read by ranged requests (NOTE [ Ranged sources ]).
 
     Args:
         url: The object's URL.
+        policy: How its requests are retried (the store's options).
+        max_in_flight: Requests issued at once by ``read_ranges``.
         tag: Its identity (generation, ETag) when it was first opened; None: learned.
         size: Its size when it was first opened.
-        max_in_flight: Requests issued at once by ``read_ranges``.
-        attempts: Tries of one request.
-        backoff_s: The first wait between tries (doubled, with jitter, up to 5 s).
     """
 
     def __init__(
         self,
         url: str,
+        policy: RetryPolicy,
+        max_in_flight: int,
         *,
         tag: str | None = None,
         size: int | None = None,
-        max_in_flight: int = 16,
-        attempts: int = 5,
-        backoff_s: float = 0.1,
     ) -> None:
         self.url = url
+        self.policy, self.max_in_flight = policy, max_in_flight
         self.tag, self._size = tag, size
-        self.max_in_flight, self.attempts, self.backoff_s = max_in_flight, attempts, backoff_s
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -113,7 +125,7 @@ class RangedSource(ByteSource):
         """
 
     @abstractmethod
-    def cause(self, err: Exception, what: str) -> str:
+    def cause(self, err: Exception, what: str) -> Transient:
         """Return why ``err`` is worth a retry, or raise the final error it means."""
 
     @abstractmethod
@@ -192,24 +204,21 @@ class RangedSource(ByteSource):
             buffer.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
     def with_retries(self, what: str, attempt: Callable[[], T]) -> T:
-        """Return ``attempt()``, tried up to ``attempts`` times (NOTE [ Ranged sources ])."""
-        last = ""
-        for number in range(self.attempts):
-            if number:
-                wait = min(5.0, self.backoff_s * 2 ** (number - 1))
-                time.sleep(wait * random.random())
+        """Return ``attempt()``, tried again by time (NOTE [ Retries by time ])."""
+
+        def counted() -> T:
             self.requests += 1
-            try:
-                return attempt()
-            except Retry as err:
-                last = str(err)
-            except H5PackError:
-                raise
-            except Exception as err:
-                last = self.cause(err, what)
-        raise RemoteError(
-            f"{self.url}: {what} could not be read after {self.attempts} attempts from "
-            f"{self.where()}; last cause: {last}"
+            return attempt()
+
+        def classify(err: Exception) -> Transient | None:
+            if isinstance(err, H5PackError):
+                return None
+            if isinstance(err, Retry):
+                return Transient(str(err))
+            return self.cause(err, what)
+
+        return retrying(
+            self.policy, counted, classify, what=lambda: f"{self.url}: {what} from {self.where()}"
         )
 
     def close(self) -> None:
