@@ -35,11 +35,11 @@ from h5pack.errors import DecodeError, SourceError
 from h5pack.write.sources.archive import CUT_SHORT, Found, archive_listing, take_tar_member
 from h5pack.write.sources.base import FileRange, Listing, PathSource
 
-RUNS = 64
+RUNS = 256
 """Runs of the archive that the write order interleaves (inflaters open at once)."""
-_READ = 1 << 16  # compressed bytes read at a time
-_OUT = 1 << 18  # the most uncompressed bytes one inflate call gives
-_SPACING = 1 << 18  # uncompressed bytes between checkpoints, doubled when thinned
+_READ = 1 << 14  # compressed bytes read at a time
+_OUT = 1 << 16  # the most uncompressed bytes one inflate call gives
+_SPACING = 1 << 15  # uncompressed bytes between checkpoints, doubled when thinned
 _POINTS = 1024  # the most checkpoints kept per archive (about 40 KiB each)
 _CURSORS = RUNS + 16  # the most inflaters open per archive
 _GZIP = 31  # zlib's wbits for a gzip header
@@ -78,7 +78,6 @@ class _Cursor:
 
     def __init__(self, archive: _Archive, point: _Point) -> None:
         self.archive = archive
-        self.fd = os.open(archive.path, os.O_RDONLY)
         self.file_pos, self.pos = point.file_pos, point.out_pos
         self.state, self.tail = point.state.copy(), point.tail
         self.buffer, self.start = b"", 0
@@ -133,17 +132,9 @@ class _Cursor:
                 return True
 
     def _read(self) -> bytes:
-        data = os.pread(self.fd, _READ, self.file_pos)
+        data = os.pread(self.archive.fd, _READ, self.file_pos)
         self.file_pos += len(data)
         return data
-
-    def close(self) -> None:
-        """Close the archive's file (once)."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    __del__ = close
 
     def point(self) -> _Point:
         """Return where this inflater stands (after its buffer), to resume from later."""
@@ -156,12 +147,22 @@ class _Archive:
     def __init__(self, path: str) -> None:
         self.path = path
         self.points = [_Point(zlib.decompressobj(_GZIP), b"", 0, 0)]
+        self.starts = [0]  # each point's out_pos, for bisect
         self.spacing = _SPACING
         self.cursors: list[_Cursor] = []
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def close(self) -> None:
+        """Close the archive's file (once)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    __del__ = close
 
     def read(self, offset: int, size: int) -> bytes:
         """Return ``size`` inflated bytes at ``offset`` from the nearest inflater or point."""
-        point = self.points[bisect.bisect_right([p.out_pos for p in self.points], offset) - 1]
+        point = self.points[bisect.bisect_right(self.starts, offset) - 1]
         behind = [c for c in self.cursors if point.out_pos <= c.pos <= offset]
         cursor = max(behind, key=lambda c: c.pos) if behind else self.open(point)
         self.cursors.remove(cursor)
@@ -173,7 +174,7 @@ class _Archive:
         cursor = _Cursor(self, point)
         self.cursors.append(cursor)
         if len(self.cursors) > _CURSORS:
-            self.cursors.pop(0).close()
+            self.cursors.pop(0)
         return cursor
 
     def passed(self, cursor: _Cursor) -> None:
@@ -184,6 +185,7 @@ class _Archive:
         if len(self.points) > _POINTS:
             self.points = self.points[::2]
             self.spacing *= 2
+        self.starts = [p.out_pos for p in self.points]
 
 
 _ARCHIVES: dict[str, _Archive] = {}
@@ -193,13 +195,11 @@ def _archive(path: str, *, new: bool = False) -> _Archive:
     """Return this process's reader of the gzip file ``path`` (a fresh one if ``new``)."""
     found = _ARCHIVES.pop(path, None)
     if found is not None and new:
-        for cursor in found.cursors:
-            cursor.close()
+        found.close()
         found = None
     _ARCHIVES[path] = found or _Archive(path)
     while len(_ARCHIVES) > 4:  # the least recently used first
-        for cursor in _ARCHIVES.pop(next(iter(_ARCHIVES))).cursors:
-            cursor.close()
+        _ARCHIVES.pop(next(iter(_ARCHIVES))).close()
     return _ARCHIVES[path]
 
 
