@@ -22,7 +22,7 @@ from h5pack import ConvertOptions, TargetExistsError, convert, convert_set, merg
 from h5pack.bench.s3local import Bucket as ServerBucket
 from h5pack.bench.s3local import Fault
 from h5pack.cli.main import cli
-from h5pack.core import s3
+from h5pack.core import s3upload
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.core.s3 import S3Store
 from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
@@ -135,7 +135,7 @@ def test_a_missing_bucket_is_said_before_converting(
 def test_a_large_pack_goes_up_in_parts(
     folder: Path, single: Path, s3_bucket: ServerBucket, staging: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(s3, "PART_BYTES", 4096)  # the local server takes small parts
+    monkeypatch.setattr(s3upload, "PART_BYTES", 4096)  # the local server takes small parts
     url = s3_bucket.url("parts.h5")
     report = convert(folder, url, ONE, storage_options=options_of(s3_bucket), staging_dir=staging)
     parts = -(-report.file_bytes // 4096)
@@ -228,11 +228,12 @@ _HANG = """
 import sys, threading
 from pathlib import Path
 import h5pack.core.s3 as s3
+import h5pack.core.s3upload as s3upload
 from h5pack import ConvertOptions, convert
 
-s3.PART_BYTES = 4096
-s3.UPLOAD_CONCURRENCY = 1
-original = s3.S3Store._call
+s3upload.PART_BYTES = 4096
+s3upload.UPLOAD_CONCURRENCY = 1
+original = s3.S3Store.call
 
 def call(self, url, what, *args, **kwargs):
     if what.startswith("part 2 "):
@@ -240,7 +241,7 @@ def call(self, url, what, *args, **kwargs):
         threading.Event().wait()  # until the test kills this process
     return original(self, url, what, *args, **kwargs)
 
-s3.S3Store._call = call
+s3.S3Store.call = call
 convert(sys.argv[1], sys.argv[2], ConvertOptions(workers=1), staging_dir=sys.argv[4])
 """
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import shutil
 import socket
 import struct
@@ -185,7 +186,7 @@ class S3Server:
         self.close()
 
 
-FaultKind = Literal["reset", "status", "delay", "truncate"]
+FaultKind = Literal["reset", "status", "delay", "truncate", "flip", "etag"]
 
 
 @dataclass(frozen=True)
@@ -196,13 +197,19 @@ class Fault:
         kind: ``"reset"`` (the connection is reset before any answer), ``"status"`` (an
             error answer with ``status``, e.g. 500 or 503 SlowDown), ``"delay"`` (the answer
             waits ``delay_s``, then is served), ``"truncate"`` (the headers announce the
-            whole body, ``keep_bytes`` of it are sent, then the connection is closed).
+            whole body, ``keep_bytes`` of it are sent, then the connection is closed),
+            ``"flip"`` (one byte of the request's body, at ``keep_bytes`` modulo its length,
+            is flipped before it is forwarded: an upload damaged on the way), ``"etag"``
+            (the answer's ETag, header or XML, is replaced by another MD5's: a server that
+            stored other bytes than it was sent).
         status: The HTTP status of a ``"status"`` fault.
         delay_s: The wait of a ``"delay"`` fault.
         keep_bytes: The body bytes a ``"truncate"`` fault sends.
         method: Only requests of this method (``"GET"``, ``"HEAD"``...) are hit; None: any.
         code: The S3 error code of a ``"status"`` fault's body (None: SlowDown for 503,
             InternalError otherwise), e.g. ``PreconditionFailed`` or ``NotImplemented``.
+        echo: The ``"status"`` fault's message repeats the request's line and headers
+            (signature included), as some servers and proxies do.
     """
 
     kind: FaultKind
@@ -211,6 +218,7 @@ class Fault:
     keep_bytes: int = 0
     method: str | None = "GET"
     code: str | None = None
+    echo: bool = False
 
 
 @dataclass
@@ -325,7 +333,12 @@ class FaultProxy:
             return
         if fault is not None and fault.kind == "status":
             code = fault.code or ("SlowDown" if fault.status == 503 else "InternalError")
-            message = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+            said = "injected"
+            if fault.echo:
+                said = f"{method} {request.path} " + " ".join(
+                    f"{k}: {v}\n" for k, v in request.headers.items()
+                )
+            message = f"<Error><Code>{code}</Code><Message>{said}</Message></Error>".encode()
             request.send_response(fault.status)
             request.send_header("Content-Type", "application/xml")
             request.send_header("Content-Length", str(len(message)))
@@ -334,6 +347,9 @@ class FaultProxy:
             return
         if fault is not None and fault.kind == "delay":
             time.sleep(fault.delay_s)
+        if fault is not None and fault.kind == "flip" and body:
+            at = fault.keep_bytes % len(body)
+            body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         connection = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
@@ -346,6 +362,10 @@ class FaultProxy:
         finally:
             connection.close()
         status, reason = answer.status, answer.reason
+        if fault is not None and fault.kind == "etag":
+            data = re.sub(
+                rb"<ETag>[^<]*</ETag>", b"<ETag>&quot;" + b"0" * 32 + b"&quot;</ETag>", data
+            )
         if status == 200 and answer.getheader("Content-Range"):
             # NOTE [ rclone's ranged answers ]: rclone serve s3 answers a ranged GET with
             # 200 and a Content-Range; S3 answers 206 Partial Content, and strict clients
@@ -353,6 +373,8 @@ class FaultProxy:
             status, reason = 206, "Partial Content"
         request.send_response(status, reason)
         for key, value in answer.getheaders():
+            if fault is not None and fault.kind == "etag" and key.lower() == "etag":
+                value = '"' + "0" * 32 + '"'
             if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
                 request.send_header(key, value)
         size = answer.getheader("Content-Length") if method == "HEAD" else None

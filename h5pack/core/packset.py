@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
+import re
 import secrets
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -349,6 +350,9 @@ def load_manifest(source: StrPath) -> PackSetManifest:
             h5pack reads, or inconsistent.
     """
     path = _manifest_file(Path(source))
+    if path.exists() and not path.is_file():  # a FIFO or a device: never opened
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise FormatError(f"{path} is {kind}; a pack set manifest ({MANIFEST_NAME}) is a JSON file")
     if not path.is_file():
         if Path(source).is_dir() and holds_images(Path(source)):
             raise PackNotFoundError(
@@ -417,6 +421,12 @@ def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
     # The entries' counts against the total are checked once the shards are read
     # (``member_problems``): only then can a wrong count be pinned on a shard.
     for entry in shards:
+        if re.match(r"[a-zA-Z][\w+.-]+:/", entry.path):  # s3://..., https://...
+            raise FormatError(
+                f"{path}: shard path {entry.path!r} is a URL; a pack set's shard paths are "
+                "relative to its manifest (to read packs kept in several places, give "
+                "their URLs as a list)"
+            )
         if Path(entry.path).is_absolute() or ".." in Path(entry.path).parts:
             raise FormatError(f"{path}: shard path {entry.path!r} leaves the pack set")
     return manifest

@@ -23,8 +23,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,48 +31,26 @@ from h5pack.core.s3options import S3Options as S3Options
 from h5pack.core.s3options import environment_options as environment_options
 from h5pack.core.s3options import make_client as make_client
 from h5pack.core.s3options import resolve_options as resolve_options
+from h5pack.core.s3source import RetryableAnswer
 from h5pack.core.s3source import S3Source as S3Source
+from h5pack.core.s3upload import (
+    PendingUpload,
+    digest,
+    part_bytes,
+    stored_other_bytes,
+    upload_in_parts,
+)
 from h5pack.core.source import SourceChangedError
 from h5pack.core.store import ObjectInfo, Store, split_url
 from h5pack.errors import (
     H5PackError,
     PackNotFoundError,
+    RemoteError,
     TargetExistsError,
     UnsupportedRequestError,
 )
 
 logger = logging.getLogger("h5pack")
-MIB = 2**20
-# Bytes of one part of a multipart upload (each part is one PUT; a file of at most one part
-# is one PUT). S3 allows 10,000 parts of 5 MiB to 5 GiB; 16 MiB parts reach 160 GB with few
-# requests, ``UPLOAD_CONCURRENCY`` of them in memory at once (the tests use smaller parts).
-PART_BYTES = 16 * MIB
-MAX_PARTS = 10_000
-UPLOAD_CONCURRENCY = 8
-
-
-def part_bytes(size: int) -> int:
-    """Return the part size of a multipart upload of ``size`` bytes (a whole number of MiB).
-
-    Example:
-        >>> part_bytes(10 * 2**20) // 2**20, part_bytes(400 * 2**30) // 2**20
-        (16, 41)
-    """
-    needed = -(-size // MAX_PARTS)
-    return PART_BYTES if needed <= PART_BYTES else -(-needed // MIB) * MIB
-
-
-@dataclass(frozen=True)
-class PendingUpload:
-    """An incomplete multipart upload (what ``ListMultipartUploads`` returns).
-
-    Attributes:
-        url: The object it would complete into.
-        upload_id: Its upload id.
-    """
-
-    url: str
-    upload_id: str
 
 
 class S3Store(Store):
@@ -123,8 +99,18 @@ class S3Store(Store):
         """Return the object at the URL ``path``; its first answer fixes its size and ETag."""
         return S3Source(path, self.options, sleep=self._sleep, clock=self._clock)
 
-    def _call(self, url: str, what: str, name: str, **arguments: Any) -> Any:
+    def call(
+        self,
+        url: str,
+        what: str,
+        name: str,
+        *,
+        check: Callable[[Any], None] | None = None,
+        **arguments: Any,
+    ) -> Any:
         """Return the client's ``name(Bucket=..., Key=..., **arguments)``, with the retries.
+
+        ``check(answer)`` may raise ``RetryableAnswer``: the request is then tried again.
 
         Raises:
             PackNotFoundError: no such object (or bucket).
@@ -132,13 +118,20 @@ class S3Store(Store):
         """
         source = self.source(url)
         _, bucket, key = split_url(url)
-        call = getattr(source.client(), name)
-        return source.with_retries(what, lambda: call(Bucket=bucket, Key=key, **arguments))
+        method = getattr(source.client(), name)
+
+        def attempt() -> Any:
+            answer = method(Bucket=bucket, Key=key, **arguments)
+            if check is not None:
+                check(answer)
+            return answer
+
+        return source.with_retries(what, attempt)
 
     def stat(self, path: str) -> ObjectInfo | None:
         """Return the object at ``path`` (one HEAD), or None when there is none."""
         try:
-            answer = self._call(path, "its size (HEAD)", "head_object")
+            answer = self.call(path, "its size (HEAD)", "head_object")
         except PackNotFoundError as err:
             if "no bucket" in str(err):
                 raise
@@ -146,18 +139,30 @@ class S3Store(Store):
         return ObjectInfo(path, int(answer["ContentLength"]), str(answer["ETag"]))
 
     def put(self, path: str, data: bytes) -> None:
-        """Write the small object ``path`` (one PUT: it appears whole or not at all)."""
-        self._call(path, "the upload (PUT)", "put_object", Body=data)
+        """Write the small object ``path`` (one checked PUT: it appears whole or not at all)."""
+        self.put_final(path, "the upload (PUT)", "put_object", if_absent=False, Body=data)
 
     def delete(self, path: str) -> None:
         """Delete ``path`` (no error when it is gone)."""
         with contextlib.suppress(PackNotFoundError):
-            self._call(path, "its removal (DELETE)", "delete_object")
+            self.call(path, "its removal (DELETE)", "delete_object")
 
-    def _put_final(
-        self, url: str, what: str, name: str, *, if_absent: bool, **arguments: Any
+    def put_final(
+        self,
+        url: str,
+        what: str,
+        name: str,
+        *,
+        if_absent: bool,
+        parts: int = 0,
+        md5: str = "",
+        **arguments: Any,
     ) -> Any:
         """Return the request that makes ``url`` appear, conditional when ``if_absent``.
+
+        Checked (NOTE [ Checked uploads ]): a ``Body`` goes with its ``Content-MD5``; an
+        answer whose ETag is not the bytes' MD5 (``md5`` of ``parts``, for a completion)
+        is refused: the object is deleted, and a PUT tried again, a completion not.
 
         NOTE [ Conditional final PUT ]: with ``if_absent``, the PUT (or the multipart
         upload's completion) carries ``If-None-Match: *``, so a server that implements it
@@ -169,25 +174,35 @@ class S3Store(Store):
         Raises:
             TargetExistsError: the server refused: an object exists under ``url``.
         """
+        if "Body" in arguments:
+            md5, arguments["ContentMD5"] = digest(arguments["Body"])
+
+        def check(answer: Any) -> None:
+            if why := stored_other_bytes(answer, md5, parts):
+                self.delete(url)
+                if not parts:
+                    raise RetryableAnswer(why)
+                raise RemoteError(f"{url}: {what}: {why}; the object was deleted")
+
+        arguments["check"] = check
         if if_absent and self._conditional:
             try:
-                return self._call(url, what, name, IfNoneMatch="*", **arguments)
+                return self.call(url, what, name, IfNoneMatch="*", **arguments)
             except SourceChangedError:  # 412 Precondition Failed: the key is taken
                 raise TargetExistsError(
                     f"{url} appeared during the conversion; not replaced"
                 ) from None
             except UnsupportedRequestError:
                 self._conditional = False
-        return self._call(url, what, name, **arguments)
+        return self.call(url, what, name, **arguments)
 
     def publish(
         self, local: Path, path: str, *, if_absent: bool, part_size: int | None = None
     ) -> ObjectInfo:
         """Upload the finished file ``local`` under ``path`` (NOTE [ Publishing in a bucket ]).
 
-        A file of at most one part is one PUT; a larger one a multipart upload of
-        ``part_bytes(size)`` parts, ``UPLOAD_CONCURRENCY`` in flight, each retried; any
-        error (Ctrl-C and SIGTERM too) aborts it before it is raised again.
+        A file of at most one part is one PUT; a larger one a multipart upload
+        (``core.s3upload.upload_in_parts``). Every PUT is checked (NOTE [ Checked uploads ]).
 
         Raises:
             TargetExistsError: ``if_absent`` and the server refused: an object exists.
@@ -197,45 +212,11 @@ class S3Store(Store):
         part = part_size or part_bytes(size)
         if size <= part:
             what = f"the upload of {size} bytes (PUT)"
-            answer = self._put_final(
+            answer = self.put_final(
                 path, what, "put_object", if_absent=if_absent, Body=local.read_bytes()
             )
             return ObjectInfo(path, size, str(answer.get("ETag", "")))
-        created = self._call(path, "the start of a multipart upload", "create_multipart_upload")
-        upload = PendingUpload(path, str(created["UploadId"]))
-        count = -(-size // part)
-        pool = ThreadPoolExecutor(UPLOAD_CONCURRENCY, thread_name_prefix="h5pack-upload")
-        try:
-            with open(local, "rb", buffering=0) as file:
-
-                def send(number: int) -> dict[str, Any]:
-                    start = (number - 1) * part
-                    data = os.pread(file.fileno(), min(part, size - start), start)
-                    what = f"part {number} of {count} (bytes {start}..{start + len(data) - 1})"
-                    answer = self._call(
-                        path,
-                        what,
-                        "upload_part",
-                        UploadId=upload.upload_id,
-                        PartNumber=number,
-                        Body=data,
-                    )
-                    return {"ETag": answer["ETag"], "PartNumber": number}
-
-                parts = list(pool.map(send, range(1, count + 1)))
-            answer = self._put_final(
-                path,
-                "the completion of the multipart upload",
-                "complete_multipart_upload",
-                if_absent=if_absent,
-                UploadId=upload.upload_id,
-                MultipartUpload={"Parts": parts},
-            )
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            self.abort(upload)
-            raise
-        pool.shutdown()
+        answer = upload_in_parts(self, local, path, part=part, if_absent=if_absent)
         return ObjectInfo(path, size, str(answer.get("ETag", "")))
 
     def pending(self, prefix_url: str) -> list[PendingUpload]:
@@ -279,7 +260,7 @@ class S3Store(Store):
         """Abort ``upload`` (its parts are deleted). Never raises: a failure is logged."""
         try:
             what = "the abort of an incomplete upload"
-            self._call(upload.url, what, "abort_multipart_upload", UploadId=upload.upload_id)
+            self.call(upload.url, what, "abort_multipart_upload", UploadId=upload.upload_id)
         except PackNotFoundError:
             return  # aborted or completed meanwhile
         except H5PackError as err:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from h5pack.core import s3http
 from h5pack.core.retry import RetryPolicy
+from h5pack.core.secrets import masked_repr, redacted
 from h5pack.core.store import missing_extra
 from h5pack.errors import OptionsError, RemoteError
 
@@ -48,8 +49,8 @@ class S3Options(RetryPolicy):
     """How to reach a bucket; every field may come from ``storage_options`` or the environment.
 
     The retry fields (``retry_timeout_s``, ``max_attempts``...) are ``RetryPolicy``'s
-    (NOTE [ Retries by time ]). ``repr`` and ``str`` show no secret (``secret_access_key``,
-    ``session_token``: ``'***'``).
+    (NOTE [ Retries by time ]). ``repr`` and ``str`` show no credential (``'***'``:
+    NOTE [ No secret in any message ]).
 
     Attributes:
         endpoint: An S3-compatible server (``http://127.0.0.1:9000``); None: AWS.
@@ -97,6 +98,9 @@ class S3Options(RetryPolicy):
             if getattr(self, name) < 0:
                 raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
 
+    def __repr__(self) -> str:
+        return masked_repr(self)
+
     @classmethod
     def of(cls, storage_options: Mapping[str, Any]) -> S3Options:
         """Return the options of a ``storage_options`` mapping (values may be strings).
@@ -122,7 +126,8 @@ class S3Options(RetryPolicy):
                 else:
                     values[name] = str(value)
             except ValueError as err:
-                raise OptionsError(f"storage option {key}={value!r}: {err}") from err
+                shown = redacted({key: value}) or {}
+                raise OptionsError(f"storage option {key}={shown[key]!r}: {err}") from None
         return cls(**values)
 
 

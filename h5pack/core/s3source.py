@@ -17,30 +17,24 @@ import numpy as np
 from h5pack.core import s3http
 from h5pack.core.retry import THROTTLING_CODES, Transient, retry_after_s, retrying
 from h5pack.core.s3options import LeanGet, S3Options, boto_modules, lean_get, shared_client
+from h5pack.core.secrets import scrub
 from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
 from h5pack.core.store import split_url
 from h5pack.errors import PackNotFoundError, RemoteError, UnsupportedRequestError
 
-_RETRIED_CODES = {
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "InternalError",
-    "ServiceUnavailable",
-    "500",
-}
-_DENIED_CODES = {
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "InvalidToken",
-    "ExpiredToken",
-    "403",
-    "401",
-}
+# BadDigest, XAmzContentSHA256Mismatch: a body arrived other than it was sent (retried)
+_RETRIED_CODES = {"BadDigest", "XAmzContentSHA256Mismatch", "RequestTimeout"}
+_RETRIED_CODES |= {"RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "500"}
+_DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
+_DENIED_CODES |= {"ExpiredToken", "403", "401"}
 
 
-class _Retry(Exception):
-    """An attempt that failed in a way worth trying again."""
+class RetryableAnswer(Exception):
+    """An answer that was wrong in a way worth trying again (a short body, a damaged upload)."""
+
+
+class UploadVanishedError(PackNotFoundError):
+    """The server no longer has a multipart upload (NoSuchUpload): aborted, or dropped."""
 
 
 class _Unsatisfiable(Exception):
@@ -250,7 +244,7 @@ class S3Source(ByteSource):
         if span is not None and start != span[0]:
             raise RemoteError(f"{self.url}: asked for {what}, got bytes from {start}")
         if len(data) != expected:
-            raise _Retry(f"a body of {len(data)} bytes for {expected} (cut short)")
+            raise RetryableAnswer(f"a body of {len(data)} bytes for {expected} (cut short)")
         return memoryview(data), start
 
     def with_retries(self, what: str, attempt: Callable[[], Any]) -> Any:
@@ -270,20 +264,20 @@ class S3Source(ByteSource):
             return attempt()
 
         def classify(err: Exception) -> Transient | None:
-            if isinstance(err, _Retry):
+            if isinstance(err, RetryableAnswer):
                 return Transient(str(err))
             if isinstance(err, errors.ClientError):
                 return self._client_error(err, what)
             if isinstance(err, (errors.NoCredentialsError, errors.PartialCredentialsError)):
                 raise RemoteError(
-                    f"{self.url}: no credentials ({err}); set AWS_ACCESS_KEY_ID and "
+                    f"{self.url}: no credentials ({scrub(str(err))}); set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or give the storage options "
                     "access_key_id and secret_access_key"
                 ) from None
             if isinstance(err, (errors.BotoCoreError, OSError)) and not isinstance(
                 err, RemoteError
             ):
-                return Transient(f"{type(err).__name__}: {err}")
+                return Transient(scrub(f"{type(err).__name__}: {err}"))
             return None
 
         return retrying(
@@ -309,6 +303,10 @@ class S3Source(ByteSource):
             raise PackNotFoundError(
                 f"{self.url}: no bucket {self.bucket!r} at {self._where()}; check the "
                 "bucket's name and the endpoint (AWS_ENDPOINT_URL or storage option endpoint)"
+            ) from None
+        if code == "NoSuchUpload":
+            raise UploadVanishedError(
+                f"{self.url}: {what}: the server no longer has the multipart upload (NoSuchUpload)"
             ) from None
         if code in ("NoSuchKey", "NotFound", "404") or status == 404:
             raise PackNotFoundError(
@@ -339,7 +337,7 @@ class S3Source(ByteSource):
             )
         raise RemoteError(
             f"{self.url}: {what}: the server answered HTTP {status} {code} "
-            f"({info.get('Message', '')})"
+            f"({scrub(str(info.get('Message', '')))})"
         ) from None
 
     def _where(self) -> str:
@@ -359,7 +357,7 @@ class S3Source(ByteSource):
             finally:
                 body.close()
             if len(data) != int(answer.get("ContentLength", len(data))):
-                raise _Retry("a body cut short")
+                raise RetryableAnswer("a body cut short")
             self._learn(str(answer.get("ETag", "")), len(data))
             return data
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from h5pack._types import StrPath
@@ -83,7 +83,8 @@ class ReaderOptions:
     direct: bool = True
     threads: int | None = None
     verify_checksums: bool = True
-    storage_options: Mapping[str, Any] | None = None
+    # not in the repr: it may hold credentials (NOTE [ No secret in any message ])
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
     store: Store | None = None
     read_ahead: ReadAheadOptions | None = None
     disk_cache_dir: str | os.PathLike[str] | None = None
