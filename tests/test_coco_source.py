@@ -14,7 +14,7 @@ from PIL import Image
 
 import h5pack
 from h5pack import ConvertOptions, PackReader, convert, convert_set, make_loader, merge_packs
-from h5pack.check import verify_pack
+from h5pack.check import pack_info, verify_pack
 from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 from h5pack.core.fields import CategoryField, fields_of
@@ -173,6 +173,7 @@ def test_masks_are_compressed_in_the_images_chunk_grouping(coco, tmp_path):
         assert masks.chunks[0] == offsets[2]  # the masks of the first image chunk's samples
         assert masks.id.get_create_plist().get_filter(0)[0] == 32015  # Zstandard
         assert masks.id.get_storage_size() < masks.size / 4
+    assert pack_info(tmp_path / "c.h5").plugins == ("Zstd (hdf5plugin)",)  # plain h5py: say so
     loader = make_loader(tmp_path / "c.h5", 2, num_workers=0, fields=["image", "masks", "boxes"])
     batch = next(iter(loader))
     assert len(batch["masks"]) == 2

@@ -14,7 +14,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
-from h5pack.core.fields import fields_of
+from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
 from h5pack.core.store import Store, open_store
 from h5pack.read.packset import PackSource, PackView, describe, remote_manifest
@@ -153,6 +153,8 @@ def pack_info(
             handle = index.hdf5()
             check_virtual_sources(handle, handle[fmt.IMAGES], text, meta)
             sources = [pack_info(path) for path in _virtual_source_paths(handle, text)]
+        with fmt.reading(text, "the fields' filters"):
+            fields_filters = _field_filters(index, meta)
     counts = Counter(int(label) for label in meta.labels)
     if meta.storage == "array":
         stored_bytes = meta.num_samples * math.prod(meta.images_shape[1:])
@@ -190,7 +192,11 @@ def pack_info(
         samples_per_chunk=meta.num_samples / max(1, chunk_map.num_chunks),
         codec=codec,
         filter_ids=filter_ids,
-        plugins=tuple(PLUGIN_FILTERS[i] for i in filter_ids if i in PLUGIN_FILTERS),
+        plugins=tuple(
+            dict.fromkeys(
+                PLUGIN_FILTERS[i] for i in (*filter_ids, *fields_filters) if i in PLUGIN_FILTERS
+            )
+        ),
         stored_bytes=stored_bytes,
         disk_bytes=disk_bytes,
         compression_ratio=stored_bytes / disk_bytes if disk_bytes else 0.0,
@@ -405,3 +411,13 @@ def packset_summary(
         fields=tuple(f.to_dict() for f in fields_of(view.meta)),
     )
     return summary, view
+
+
+def _field_filters(index: Any, meta: fmt.PackMeta) -> tuple[int, ...]:
+    """Return the HDF5 filter ids of the stored fields' datasets (masks: Zstandard)."""
+    names = [name for f in stored_fields(fields_of(meta)) for name in f.datasets()]
+    if not names:
+        return ()
+    handle = index.hdf5()
+    plists = [handle[name].id.get_create_plist() for name in names]
+    return tuple(p.get_filter(k)[0] for p in plists for k in range(p.get_nfilters()))
