@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import h5pack
 from h5pack import BoxesField, MaskField
 from h5pack.check import verify_pack
+from h5pack.cli.main import cli
 from h5pack.errors import FormatError
 from h5pack.write.merge import merge_packs
 from h5pack.write.options import ConvertOptions
@@ -141,3 +143,32 @@ def test_merge_carries_fields_and_names_the_one_that_differs(tmp_path):
         FormatError, match=r"field 'weight' is scalar <f8 in .*d\.h5 but scalar <f4"
     ):
         merge_packs([paths[0], tmp_path / "d.h5"], tmp_path / "n.h5")
+
+
+def test_verify_source_with_coco_annotations_names_a_moved_box(tmp_path):
+    pytest.importorskip("pycocotools")
+    from tests.test_coco_source import make_coco
+
+    images, annotations = make_coco(tmp_path / "coco")
+    args = ["convert", str(images), str(tmp_path / "c.h5"), "--annotations", str(annotations)]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    verify = ["verify", str(tmp_path / "c.h5"), "--source", str(images)]
+    result = CliRunner().invoke(cli, [*verify, "--annotations", str(annotations), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "4 images in the source" in result.output
+    assert "0 changed of 4 compared" in result.output
+    data = json.loads(annotations.read_text())
+    data["annotations"][0]["bbox"][0] += 3.0  # image 139's first box, 3 px to the right
+    data["annotations"][1]["category_id"] = 3  # its second: a car, not a person
+    annotations.write_text(json.dumps(data))
+    result = CliRunner().invoke(cli, [*verify, "--annotations", str(annotations), "-q"])
+    assert result.exit_code == 1
+    problems = [line.split(": ", 1)[1] for line in result.output.splitlines() if "(0000" in line]
+    assert problems == [
+        "changed: field 'boxes' differs from the source's by up to 3",
+        "changed: field 'labels' differs from the source's in 1 of 3 values",
+    ]
+    assert "1 changed of 4 compared" in result.output  # one sample, two fields
+    result = CliRunner().invoke(cli, [*verify[:2], "--annotations", str(annotations)])
+    assert result.exit_code == 2
+    assert "needs --source" in result.output

@@ -21,12 +21,13 @@ from h5pack.check.verify import check_pack
 from h5pack.core.packset import is_packset
 from h5pack.core.store import Store, open_store
 from h5pack.read.packset import PackSource
+from h5pack.write.sources import SampleSource
 
 
 def verify_pack(
     path: PackSource,
     *,
-    source: StrPath | None = None,
+    source: StrPath | SampleSource | None = None,
     labels_csv: StrPath | None = None,
     sample: int | None = None,
     seed: int = 0,
@@ -46,8 +47,9 @@ def verify_pack(
 
     Args:
         path: The pack.
-        source: The image folder it was made from: every image there must be in the pack
-            (or recorded as skipped) with the same class and content, and nothing else.
+        source: The image folder it was made from (or its ``SampleSource``, e.g. a COCO
+            one): every image there must be in the pack (or recorded as skipped) with the
+            same class, content and fields, and nothing else.
         labels_csv: Labels CSV of the source (default: the one recorded in the pack, if it
             still exists).
         sample: Compare the content of this many samples, chosen at random with ``seed``,

@@ -32,6 +32,7 @@ from h5pack.core.packset import PackSetManifest, check_shard, member_problems, p
 from h5pack.core.store import Store, open_store
 from h5pack.errors import FormatError, H5PackError
 from h5pack.read.packset import PackSource, describe, load_pack_meta, remote_members
+from h5pack.write.sources import SampleSource
 
 
 def _message(err: BaseException, name: str) -> str:
@@ -43,7 +44,7 @@ def _message(err: BaseException, name: str) -> str:
 def verify_packset(
     packs: PackSource,
     *,
-    source: StrPath | None = None,
+    source: StrPath | SampleSource | None = None,
     labels_csv: StrPath | None = None,
     sample: int | None = None,
     seed: int = 0,
@@ -60,9 +61,9 @@ def verify_packset(
 
     Args:
         packs: The pack set's directory or manifest, or a list of packs.
-        source: The image folder the set was made from: every image there must be in
-            exactly one shard (or recorded as skipped by one), with the same class and
-            content, and nothing else.
+        source: The image folder the set was made from (or its ``SampleSource``): every
+            image there must be in exactly one shard (or recorded as skipped by one), with
+            the same class, content and fields, and nothing else.
         labels_csv: Labels CSV of the source (default: the one recorded in the first shard,
             if it still exists).
         sample: Compare the content of this many samples, drawn at random over the whole

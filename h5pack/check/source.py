@@ -160,7 +160,7 @@ def compare_source(
         extra=counts["extra"],
         skipped=counts["skipped"],
         mismatched=counts["mismatched"],
-        changed=counts["changed"] + len(differences),
+        changed=counts["changed"] + len({(d.shard, d.index) for d in differences}),
         num_compared=len(candidates),
     )
 
@@ -238,8 +238,9 @@ def _field_difference(
         theirs = np.asarray(given if stored_form else field.column([given], 1)[0])
     except (H5PackError, ValueError, TypeError) as err:
         return f"field {name!r}: the source's value is no {field.kind} value ({err})"
-    if isinstance(field, MaskField) and theirs.ndim == 2:
-        theirs = field.fit(theirs.astype(np.uint8), *shape)
+    if isinstance(field, MaskField):  # H x W, or n x H x W instance masks
+        if theirs.ndim >= 2:
+            theirs = field.fit(theirs.astype(np.uint8), *shape)
     elif isinstance(field, TextField | BytesField):  # compared whole
         if ours.tobytes() == theirs.tobytes():
             return None

@@ -304,6 +304,18 @@ def _mix_info(
 )
 @click.option("--labels", "labels_csv", type=click.Path(dir_okay=False), default=None)
 @click.option(
+    "--annotations",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --source: the COCO instances JSON the pack's boxes, labels and masks came from.",
+)
+@click.option(
+    "--masks",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="With --source: the folder of masks the pack's masks came from.",
+)
+@click.option(
     "--sample",
     type=click.IntRange(min=1),
     default=None,
@@ -316,6 +328,8 @@ def verify(
     packs: tuple[str, ...],
     source: str | None,
     labels_csv: str | None,
+    annotations: str | None,
+    masks: str | None,
     sample: int | None,
     quiet: bool,
     storage_option: tuple[str, ...],
@@ -323,11 +337,19 @@ def verify(
     """Check PACKS (a pack, a pack set or several packs): metadata, checksums, decoding.
 
     Every sample of every shard is checked; a set's manifest too (every shard present and
-    unchanged, one class list, no image in two shards). Exit 1 on a problem.
+    unchanged, one class list, no image in two shards); with --source, every sample and
+    field against the source. Exit 1 on a problem.
     """
     from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset, load_manifest
+    from h5pack.write.sources import SampleSource, sample_source
+
+    given: str | SampleSource | None = source
+    if annotations or masks:
+        if source is None:
+            raise click.BadParameter("needs --source: the images they describe")
+        given = sample_source(source, annotations=annotations, masks=masks, labels_csv=labels_csv)
 
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     store = store_of(pack, storage_option)
@@ -346,7 +368,7 @@ def verify(
         progress.event(_Phase("verifying", total))
         report = verify_pack(
             pack,
-            source=source,
+            source=given,
             labels_csv=labels_csv,
             sample=sample,
             progress=progress.advance,
