@@ -150,7 +150,6 @@ def _scenarios(folder: Path) -> list[tuple[str, Fault | None, Run]]:
     ]
 
 
-@pytest.mark.slow
 def test_fifty_failing_runs_show_no_secret(
     s3_bucket: Bucket,
     tmp_path: Path,

@@ -31,6 +31,9 @@ from typing import TypeVar
 from h5pack.errors import OptionsError, RemoteError
 
 T = TypeVar("T")
+# The jitter's draws: from the system, so no process's random state is touched and forked
+# workers never wait in step.
+_JITTER = random.SystemRandom()
 
 # Error codes and statuses that mean "too many requests: slow down" (S3, GCS, Azure, HTTP).
 THROTTLING_CODES = frozenset(
@@ -140,7 +143,7 @@ def retrying(
     what: str | Callable[[], str],
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    draw: Callable[[], float] = random.random,
+    draw: Callable[[], float] = _JITTER.random,
 ) -> T:
     """Return ``attempt()``, tried again under ``policy`` while ``classify`` says transient.
 
