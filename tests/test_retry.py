@@ -183,6 +183,7 @@ def test_the_policy_is_storage_options_under_the_names_users_know() -> None:
     assert s3.S3Options.of({"attempts": "3"}).max_attempts == 3
     assert s3.S3Options().retry_timeout_s >= 30
     assert s3.S3Options().max_attempts is None
+    assert s3.environment_options({"AWS_MAX_ATTEMPTS": "4"}) == {"max_attempts": "4"}
     with pytest.raises(OptionsError, match="retry_timeout_s should be >= 0"):
         s3.S3Options.of({"retry_timeout_s": "-1"})
 

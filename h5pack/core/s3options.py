@@ -26,6 +26,7 @@ ENVIRONMENT = {
     "AWS_DEFAULT_REGION": "region",
     "AWS_REGION": "region",  # after AWS_DEFAULT_REGION: it wins, as in the AWS CLI
     "AWS_PROFILE": "profile",
+    "AWS_MAX_ATTEMPTS": "max_attempts",
 }
 # Other spellings accepted in storage_options (fsspec's and boto3's names).
 ALIASES = {
