@@ -286,3 +286,13 @@ def pack_samples(path: Path, fields: list[str] | tuple[str, ...] = ()) -> dict[s
             sample[name] = kind.names(value) if isinstance(kind, MultiLabelField) else value
         found[key] = sample
     return found
+
+
+def interior(mask: np.ndarray, margin: int = 2) -> np.ndarray:
+    """Pixels whose whole (2 * margin + 1) square has the same mask value (away from edges)."""
+    padded = np.pad(mask, margin, mode="edge")
+    same = np.ones(mask.shape, bool)
+    for dy in range(2 * margin + 1):
+        for dx in range(2 * margin + 1):
+            same &= padded[dy : dy + mask.shape[0], dx : dx + mask.shape[1]] == mask
+    return same

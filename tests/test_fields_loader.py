@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from h5pack.core.fields import BoxesField, MaskField
+from h5pack.core.fields import MaskField
 from h5pack.errors import OptionsError
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
-from tests.helpers import png, random_arrays
+from tests.helpers import interior, png, random_arrays
 
 SHAPE_COLOUR = (200, 30, 60)
 BACKGROUND = (10, 120, 220)
@@ -88,16 +88,6 @@ def _shapes(num, size=(48, 64)):
     return images, masks
 
 
-def _interior(mask, margin=2):
-    """Pixels whose whole (2 * margin + 1) square has the same mask value."""
-    padded = np.pad(mask, margin, mode="edge")
-    same = np.ones(mask.shape, bool)
-    for dy in range(2 * margin + 1):
-        for dx in range(2 * margin + 1):
-            same &= padded[dy : dy + mask.shape[0], dx : dx + mask.shape[1]] == mask
-    return same
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("encoded", [False, True])
 def test_a_mask_cropped_with_its_image_stays_aligned(tmp_path, workers, encoded):
@@ -115,49 +105,12 @@ def test_a_mask_cropped_with_its_image_stays_aligned(tmp_path, workers, encoded)
             for image, mask in zip(batch["image"], batch["mask"], strict=True):
                 pixels, mask = image.permute(1, 2, 0).numpy().astype(int), mask.numpy()
                 assert set(np.unique(mask).tolist()) <= {0, 3}
-                inside = _interior(mask)
+                inside = interior(mask)
                 for value, colour in ((3, SHAPE_COLOUR), (0, BACKGROUND)):
                     where = inside & (mask == value)
                     assert np.abs(pixels[where] - colour).max(initial=0) <= 12
                 with_disc += int(mask.any())
     assert with_disc > 0  # some crops hold part of the disc
-
-
-def _rectangles(num, size=(48, 64)):
-    """Images with a solid rectangle in SHAPE_COLOUR, and its box (x1, y1, x2, y2)."""
-    rng = np.random.default_rng(9)
-    images, boxes = [], []
-    for _ in range(num):
-        y1, x1 = rng.integers(4, 24), rng.integers(4, 32)
-        y2, x2 = y1 + rng.integers(10, 20), x1 + rng.integers(10, 28)
-        image = np.empty((*size, 3), np.uint8)
-        image[:] = BACKGROUND
-        image[y1:y2, x1:x2] = SHAPE_COLOUR
-        images.append(image)
-        boxes.append(np.array([[x1, y1, x2, y2]], np.float32))
-    return images, boxes
-
-
-@pytest.mark.parametrize("crop", ["random-resized", "center"])
-def test_boxes_frame_their_shape_after_the_crop_and_flip(tmp_path, crop):
-    images, boxes = _rectangles(12)
-    write_arrays(tmp_path / "p.h5", images, [0] * 12, fields={BoxesField("boxes"): boxes})
-    loader = make_loader(tmp_path / "p.h5", 4, num_workers=0, size=(24, 32), crop=crop,
-                         flip=True, seed=4)  # fmt: skip
-    framed = 0
-    for batch in loader:
-        for image, (box,) in zip(batch["image"], batch["boxes"], strict=True):
-            pixels = image.permute(1, 2, 0).numpy().astype(int)
-            shape = np.abs(pixels - SHAPE_COLOUR).max(axis=2) < 60
-            x1, y1, x2, y2 = box.tolist()
-            if not shape.any():
-                assert min(x2 - x1, y2 - y1) < 1.5  # the shape left the crop: so did its box
-                continue
-            rows, cols = np.flatnonzero(shape.any(axis=1)), np.flatnonzero(shape.any(axis=0))
-            found = (cols[0], rows[0], cols[-1] + 1, rows[-1] + 1)
-            np.testing.assert_allclose(box.numpy(), found, atol=1.5)
-            framed += 1
-    assert framed > 0
 
 
 def _weighted(path, first, num=6):

@@ -37,7 +37,13 @@ from h5pack.core.fieldkinds import (
     check_name,
 )
 from h5pack.core.recordfields import JSONField, MultiLabelField
-from h5pack.core.spatialfields import BoxesField, InstanceMasksField, MaskField, nearest
+from h5pack.core.spatialfields import (
+    BoxesField,
+    InstanceMasksField,
+    MaskField,
+    check_per_box,
+    nearest,
+)
 from h5pack.errors import FormatError, OptionsError
 
 __all__ = [
@@ -132,7 +138,8 @@ def field_from_dict(data: Mapping[str, Any]) -> Field:
     if cls is ArrayField:
         return ArrayField(name, str(data["dtype"]), shape)
     if cls is BoxesField:
-        return BoxesField(name, str(data["dtype"]))
+        per_box = tuple(str(n) for n in data["per_box"]) if "per_box" in data else None
+        return BoxesField(name, str(data["dtype"]), per_box=per_box)
     return RaggedField(name, str(data["dtype"]), shape)
 
 
@@ -270,17 +277,23 @@ def columns_of(
             raise OptionsError(f"field {found.name!r} is given twice")
         columns[found.name] = found.column(values, num)
         fields.append(found)
-    return tuple(fields), columns
+    return check_per_box(fields, columns, num), columns
 
 
 def read_values(
-    source: Any, meta: fmt.PackMeta, indices: np.ndarray, names: Sequence[str]
+    source: Any,
+    meta: fmt.PackMeta,
+    indices: np.ndarray,
+    names: Sequence[str],
+    *,
+    packed: bool = False,
 ) -> dict[str, list[Any]]:
     """Return the values of the stored fields ``names`` for samples ``indices``.
 
     ``source`` is the open pack (h5py, or a remote pack's index file) or a reader's
     ``FieldBlocks`` over it; the image, label and key are read by the reader
-    (``PackReader``) and skipped here.
+    (``PackReader``) and skipped here. ``packed``: instance masks as stored, for the
+    loader's crop (``InstanceMasksField.read_packed``).
 
     Raises:
         FormatError: a field cannot be read (damage).
@@ -292,7 +305,11 @@ def read_values(
     for name in names:
         if name in listed:
             with fmt.reading(meta.path, f"field {name!r}"):
-                found[name] = listed[name].read(source, idx, shapes)
+                field = listed[name]
+                if packed and isinstance(field, InstanceMasksField):
+                    found[name] = field.read_packed(source, idx, shapes)
+                else:
+                    found[name] = field.read(source, idx, shapes)
     return found
 
 

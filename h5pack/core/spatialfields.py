@@ -1,4 +1,10 @@
-"""The fields that follow their image's geometry: a crop, resize and flip apply to them."""
+"""The fields that follow their image's geometry: a crop, resize and flip apply to them.
+
+Every one uses the same pixel rule (``grid``): output pixel ``i`` takes the source pixel
+under its centre, ``top + floor((i + 0.5) * height / out_height)`` (Pillow's and OpenCV's
+exact nearest neighbour), and a box's corners move by the same scale, so a mask, boxes and
+the image's resampling agree.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +17,30 @@ import h5py
 import numpy as np
 
 from h5pack.core import integrity
-from h5pack.core.fieldkinds import BytesField, LazyColumn, RaggedField, _write
+from h5pack.core.fieldblocks import blocks_of
+from h5pack.core.fieldkinds import ArrayField, BytesField, LazyColumn, RaggedField, _write
 from h5pack.errors import OptionsError
 
 # Bytes of one chunk of a mask field when its first chunk's samples hold none, and the most.
 MASK_CHUNK_BYTES, MAX_MASK_CHUNK_BYTES = 1 << 20, 1 << 30
 MASK_ZSTD_LEVEL = 3  # decision 0055
+
+
+def grid(box: Sequence[int], size: tuple[int, int], flip: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Return the source rows and columns of each output pixel of ``box`` resized to ``size``.
+
+    ``box`` is (top, left, height, width); the columns run right to left with ``flip``.
+    """
+    top, left, height, width = (int(v) for v in box)
+    rows = top + ((np.arange(size[0]) + 0.5) * (height / size[0])).astype(np.int64)
+    cols = left + ((np.arange(size[1]) + 0.5) * (width / size[1])).astype(np.int64)
+    return rows, cols[::-1] if flip else cols
+
+
+def nearest(source: np.ndarray, box: tuple[int, ...], size: tuple[int, int]) -> np.ndarray:
+    """Return the ``box`` (top, left, height, width) of ``source`` resized to ``size``."""
+    rows, cols = grid(box, size, False)
+    return np.ascontiguousarray(source.take(rows, axis=-2).take(cols, axis=-1))
 
 
 @dataclass(frozen=True)
@@ -76,16 +100,16 @@ class MaskField(BytesField):
 
     def fit(self, mask: np.ndarray, height: int, width: int) -> np.ndarray:
         """Return ``mask`` at its image's stored size (the image may be resized at writing)."""
-        if mask.shape == (height, width):
+        if mask.shape[-2:] == (height, width):
             return mask
-        return nearest(mask, (0, 0, *mask.shape), (height, width))
+        return nearest(mask, (0, 0, *mask.shape[-2:]), (height, width))
 
     def transform(
         self, mask: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
     ) -> np.ndarray:
         """Return ``mask`` cut to ``box`` (top, left, height, width), resized and flipped."""
-        out = nearest(mask, tuple(int(v) for v in box), size)
-        return out[:, ::-1] if flip else out
+        rows, cols = grid(box, size, flip)
+        return np.ascontiguousarray(mask.take(rows, axis=0).take(cols, axis=1))
 
     def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
         import torch
@@ -95,35 +119,70 @@ class MaskField(BytesField):
         return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
 
 
+# NOTE [ Instance masks on disk ]
+# A sample's n masks are one blob of ``/fields/NAME`` (offsets and Zstandard as any mask
+# field): int32 little-endian ``n`` then ``top, left, height, width`` of each mask's window
+# (the smallest box holding its ones; 0 x 0 when empty), then each window's rows packed 8
+# pixels a byte (``np.packbits(window, axis=1)``). An object covers a small part of its
+# image, so a blob is a small fraction of n x H x W bytes, and a crop unpacks only the rows
+# of the windows it keeps (``InstanceMasksField.transform``), never the image's n x H x W.
+
+
 @dataclass(frozen=True)
 class InstanceMasksField(MaskField):
-    """An n x H x W uint8 stack of instance masks per sample (n may be 0), spatial.
+    """n x H x W masks of 0 and 1 per sample (n may be 0): row ``k`` the ``k``-th box's.
 
-    Stored as a mask field (each sample's n * H * W bytes); row ``k`` is the mask of the
-    sample's ``k``-th box, so a crop, resize and flip apply to each.
+    Stored as each mask's window, bit-packed (NOTE [ Instance masks on disk ]). A crop
+    cuts, resizes (nearest neighbour) and flips each as its image; a ``BoxesField`` that
+    lists it in ``per_box`` drops a mask with its box when a crop leaves the box without
+    area.
     """
 
     kind: ClassVar[str] = "masks"
     axes: ClassVar[str] = "n x H x W"
 
-    def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
-        return value.reshape(-1, int(shape[0]), int(shape[1]))
+    def _value(self, value: Any) -> np.ndarray:
+        masks = np.asarray(value)
+        if masks.ndim != 3 or masks.dtype not in (np.uint8, np.bool_) or masks.max(initial=0) > 1:
+            raise OptionsError(
+                f"field {self.name!r} holds n x H x W masks of 0 and 1 (uint8 or bool), but "
+                f"got shape {masks.shape} and dtype {masks.dtype}"
+            )
+        return pack_masks(masks.astype(np.uint8, copy=False))
 
-    def fit(self, mask: np.ndarray, height: int, width: int) -> np.ndarray:  # noqa: D102
-        if mask.shape[1:] == (height, width):
-            return mask
-        out = np.empty((len(mask), height, width), dtype=np.uint8)
-        for k, one in enumerate(mask):
-            out[k] = nearest(one, (0, 0, *one.shape), (height, width))
-        return out
+    def read_packed(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:
+        """Return each sample's blob as stored (``transform`` takes it)."""
+        blocks = blocks_of(source)
+        values, offsets = self.datasets()
+        idx = np.asarray(indices, dtype=np.int64)
+        bounds = blocks.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
+        step = blocks.step(values)
+        spans = zip(bounds[: idx.size], bounds[idx.size :], strict=True)
+        return [blocks.span(values, start, stop, step) for start, stop in spans]
+
+    def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
+        blobs = self.read_packed(source, indices, shapes)
+        return [unpack_masks(b, (int(s[0]), int(s[1]))) for b, s in zip(blobs, shapes, strict=True)]
 
     def transform(
-        self, mask: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
+        self, value: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
     ) -> np.ndarray:
-        """Return each of ``mask`` cut to ``box`` (top, left, height, width), resized, flipped."""
-        out = np.empty((len(mask), *size), dtype=np.uint8)
-        for k, one in enumerate(mask):
-            out[k] = MaskField.transform(self, one, box, flip, size)
+        """Return the masks of ``value`` (n x H x W, or a blob) cut to ``box``, resized, flipped."""
+        blob = value if value.ndim == 1 else pack_masks(value)
+        windows, rows_of = _windows(blob)
+        rows, cols = grid(box, size, False)
+        out = np.zeros((len(windows), *size), dtype=np.uint8)
+        for k, (top, left, height, width) in enumerate(windows.tolist()):
+            r0, r1 = np.searchsorted(rows, (top, top + height))
+            c0, c1 = np.searchsorted(cols, (left, left + width))
+            if r0 == r1 or c0 == c1:
+                continue
+            packed = rows_of(k).take(rows[r0:r1] - top, axis=0)
+            cut = np.unpackbits(packed, axis=1, count=width).take(cols[c0:c1] - left, axis=1)
+            if flip:
+                out[k, r0:r1, size[1] - c1 : size[1] - c0] = cut[:, ::-1]
+            else:
+                out[k, r0:r1, c0:c1] = cut
         return out
 
     def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
@@ -132,35 +191,43 @@ class InstanceMasksField(MaskField):
         return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
 
 
-@dataclass(frozen=True)
-class BoxesField(RaggedField):
-    """Boxes per sample, n x 4 float32 ``(x1, y1, x2, y2)`` in image pixels: spatial.
+def pack_masks(masks: np.ndarray) -> np.ndarray:
+    """Return n x H x W masks of 0 and 1 as one blob (NOTE [ Instance masks on disk ])."""
+    header, pieces = [masks.shape[0]], []
+    for mask in masks:
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        if rows.size == 0:
+            header += [0, 0, 0, 0]
+            continue
+        top, left, bottom, right = rows[0], cols[0], rows[-1] + 1, cols[-1] + 1
+        header += [top, left, bottom - top, right - left]
+        pieces.append(np.packbits(mask[top:bottom, left:right], axis=1).reshape(-1))
+    head = np.asarray(header, dtype="<i4").view(np.uint8)
+    return np.concatenate([head, *pieces]) if pieces else head
 
-    Stored as a ragged field; a crop moves, scales and clips them, a flip mirrors them.
-    Every box stays (a box outside the crop keeps zero area), so that per-box fields
-    stored beside it stay aligned.
-    """
 
-    dims: tuple[int, ...] = (4,)
-    kind: ClassVar[str] = "boxes"
-    spatial: ClassVar[bool] = True
+def _windows(blob: np.ndarray) -> tuple[np.ndarray, Any]:
+    """A blob's windows (n x 4) and a function giving mask ``k``'s packed rows."""
+    count = int(np.frombuffer(blob[:4].tobytes(), "<i4")[0])
+    windows = np.frombuffer(blob[4 : 4 + 16 * count].tobytes(), "<i4").reshape(count, 4)
+    widths = (windows[:, 3] + 7) // 8
+    starts = 4 + 16 * count + np.concatenate([[0], np.cumsum(windows[:, 2] * widths)])
 
-    def to_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"name": self.name, "kind": self.kind, "dtype": self.dtype}
+    def rows_of(k: int) -> np.ndarray:
+        return blob[starts[k] : starts[k + 1]].reshape(int(windows[k, 2]), int(widths[k]))
 
-    def transform(
-        self, boxes: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
-    ) -> np.ndarray:
-        """Return ``boxes`` in the pixels of the image cut to ``box`` and resized to ``size``."""
-        top, left, height, width = (float(v) for v in box)
-        out_h, out_w = size
-        scale = np.array([out_w / width, out_h / height] * 2, dtype=np.float64)
-        shift = np.array([left, top] * 2, dtype=np.float64)
-        moved = (np.asarray(boxes, dtype=np.float64).reshape(-1, 4) - shift) * scale
-        moved = np.clip(moved, 0, [out_w, out_h, out_w, out_h])
-        if flip:
-            moved[:, [0, 2]] = out_w - moved[:, [2, 0]]
-        return moved.astype(self.dtype)
+    return windows, rows_of
+
+
+def unpack_masks(blob: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Return the n x H x W masks of a blob (``size``: its image's (H, W))."""
+    windows, rows_of = _windows(blob)
+    out = np.zeros((len(windows), *size), dtype=np.uint8)
+    for k, (top, left, height, width) in enumerate(windows.tolist()):
+        if height:
+            window = np.unpackbits(rows_of(k), axis=1, count=width)
+            out[k, top : top + height, left : left + width] = window
+    return out
 
 
 def _mask_dataset(handle: h5py.File, name: str, chunk: int) -> h5py.Dataset:
@@ -178,13 +245,103 @@ def _mask_dataset(handle: h5py.File, name: str, chunk: int) -> h5py.Dataset:
     )
 
 
-def nearest(source: np.ndarray, box: tuple[int, ...], size: tuple[int, int]) -> np.ndarray:
-    """Return the ``box`` (top, left, height, width) of ``source`` resized to ``size``.
+@dataclass(frozen=True)
+class BoxesField(RaggedField):
+    """Boxes per sample, n x 4 float32 ``(x1, y1, x2, y2)`` in image pixels: spatial.
 
-    Nearest neighbour by pixel centres (OpenCV's exact mode, Pillow's rule): values kept.
+    Stored as a ragged field; a crop moves, scales and clips them, a flip mirrors them
+    (``move_boxes``), and a box left less than one pixel wide or high is dropped with
+    the rows of the fields it names in ``per_box`` (torchvision's
+    ``SanitizeBoundingBoxes``). ``per_box`` None (when writing) takes every ragged field
+    and instance masks with as many rows as boxes in every sample (``check_per_box``).
     """
-    import cv2  # here: h5pack info and convert start without OpenCV
 
-    top, left, height, width = box
-    cut = source[top : top + height, left : left + width]
-    return np.asarray(cv2.resize(cut, (size[1], size[0]), interpolation=cv2.INTER_NEAREST_EXACT))
+    dims: tuple[int, ...] = (4,)
+    per_box: tuple[str, ...] | None = None
+    kind: ClassVar[str] = "boxes"
+    spatial: ClassVar[bool] = True
+
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
+        entry = {"name": self.name, "kind": self.kind, "dtype": self.dtype}
+        return {**entry, "per_box": list(self.per_box)} if self.per_box else entry
+
+
+def move_boxes(
+    boxes: np.ndarray, crops: np.ndarray, flips: np.ndarray, size: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Move a batch's boxes into their cut, resized and flipped images, all at once.
+
+    Args:
+        boxes: Every sample's boxes back to back, (M, 4) ``x1, y1, x2, y2``.
+        crops: Each box's image's crop (top, left, height, width), (M, 4).
+        flips: Whether each box's image is flipped, (M,).
+        size: The output (height, width).
+
+    Returns:
+        The boxes in output pixels, clipped to it, and which keep at least one pixel of
+        width and height.
+    """
+    out_h, out_w = size
+    scale = np.stack([out_w / crops[:, 3], out_h / crops[:, 2]] * 2, axis=1)
+    shift = crops[:, [1, 0, 1, 0]].astype(np.float64)
+    moved = np.clip((boxes.astype(np.float64) - shift) * scale, 0, [out_w, out_h, out_w, out_h])
+    moved[flips] = moved[flips][:, [2, 1, 0, 3]] * [-1, 1, -1, 1] + [out_w, 0, out_w, 0]
+    keep = (moved[:, 2] - moved[:, 0] >= 1) & (moved[:, 3] - moved[:, 1] >= 1)
+    return moved, keep
+
+
+def check_per_box(fields: Sequence[Any], columns: dict[str, Any], num: int) -> tuple[Any, ...]:
+    """Return ``fields`` with each ``BoxesField``'s ``per_box`` found or checked.
+
+    Found (``per_box`` None): the ragged fields and instance masks with as many rows as
+    boxes in every sample. An array field told from equal-length values (every sample
+    with as many boxes) and rows to match becomes ragged, so that a crop can drop rows.
+
+    Raises:
+        OptionsError: a ``per_box`` name that is no ragged field or instance masks, or whose
+            rows differ from the boxes' in a sample (named).
+    """
+    boxes = [f for f in fields if isinstance(f, BoxesField)]
+    if not boxes:
+        return tuple(fields)
+    counts = [len(b) for b in columns[boxes[0].name]]
+    fields = [_ragged(f, columns, counts) if isinstance(f, ArrayField) else f for f in fields]
+    lazy = {n for n, column in columns.items() if isinstance(column, LazyColumn)}
+    rowed = [  # a lazy column's masks are made as they are written: not counted here
+        f.name
+        for f in fields
+        if isinstance(f, InstanceMasksField)
+        or (isinstance(f, RaggedField) and not isinstance(f, BoxesField | BytesField))
+        and f.kind != "multilabel"  # a set of the image's classes, never a box's
+    ]
+    found = []
+    for field in fields:
+        if isinstance(field, BoxesField):
+            counts = [len(b) for b in columns[field.name]]
+            if field.per_box is None:
+                names = [
+                    n for n in rowed if n not in lazy and [len(v) for v in columns[n]] == counts
+                ]
+                field = BoxesField(field.name, field.dtype, field.dims, tuple(names))
+            for name in set(field.per_box or ()) - lazy:
+                if name not in rowed:
+                    raise OptionsError(
+                        f"field {field.name!r}: per_box names {name!r}, which is no ragged "
+                        f"field or instance masks of this pack ({rowed})"
+                    )
+                wrong = next((i for i in range(num) if len(columns[name][i]) != counts[i]), None)
+                if wrong is not None:
+                    raise OptionsError(
+                        f"field {name!r} of sample {wrong} holds {len(columns[name][wrong])} "
+                        f"rows, but its {counts[wrong]} boxes in {field.name!r} (per_box)"
+                    )
+        found.append(field)
+    return tuple(found)
+
+
+def _ragged(field: ArrayField, columns: dict[str, Any], counts: list[int]) -> Any:
+    """An array field with a row per box in every sample, as a ragged field (``columns`` too)."""
+    if not field.shape or any(c != field.shape[0] for c in counts):
+        return field
+    columns[field.name] = list(columns[field.name])
+    return RaggedField(field.name, field.dtype, field.shape[1:])

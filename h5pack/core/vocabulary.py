@@ -51,7 +51,7 @@ Crop = Literal["random-resized", "center", "resize"]
 CROPS: tuple[str, ...] = get_args(Crop)
 Output = Literal["tensor", "hwc", "pil"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
-Collate = Literal["stack", "list"]
+Collate = Literal["stack", "list", "padded"]
 COLLATES: tuple[str, ...] = get_args(Collate)
 
 # -- benchmarks (bench.access) -------------------------------------------------------------

@@ -599,13 +599,15 @@ class PackSetReader:
         return out
 
     def read_fields(
-        self, indices: Sequence[int] | np.ndarray, names: Sequence[str]
+        self, indices: Sequence[int] | np.ndarray, names: Sequence[str], *, packed: bool = False
     ) -> dict[str, list[Any]]:
         """Return the values of the stored fields ``names`` (see ``PackReader``)."""
         idx = self._check(indices)
         out: dict[str, list[Any]] = {}
         for shard, positions, local in self._split(idx):
-            for name, values in self.shard_reader(shard).read_fields(local, names).items():
+            for name, values in (
+                self.shard_reader(shard).read_fields(local, names, packed=packed).items()
+            ):
                 found = out.setdefault(name, [None] * idx.size)
                 for position, value in zip(positions.tolist(), values, strict=True):
                     found[position] = value

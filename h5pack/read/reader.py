@@ -378,16 +378,18 @@ class PackReader:
         )
 
     def read_fields(
-        self, indices: Sequence[int] | np.ndarray, names: Sequence[str]
+        self, indices: Sequence[int] | np.ndarray, names: Sequence[str], *, packed: bool = False
     ) -> dict[str, list[Any]]:
         """Return the values of the stored fields ``names`` of samples ``indices`` (by name).
+
+        ``packed``: instance masks as stored (``core.fields.read_values``).
 
         Raises:
             IndexError: an index is out of range.
             FormatError: a field cannot be read (damage).
         """
         blocks = self.__dict__.setdefault("_field_blocks", FieldBlocks(self._pack.index.hdf5()))
-        return read_values(blocks, self.meta, self._check(indices), names)
+        return read_values(blocks, self.meta, self._check(indices), names, packed=packed)
 
     def read_images(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Return each sample in ``indices`` as an HWC uint8 array."""

@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, spatial, stored_fields
+from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, stored_fields
 from h5pack.core.format import PackMeta
 from h5pack.core.vocabulary import Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
-from h5pack.read.cropplan import plan_crops
 from h5pack.read.packset import PackSource
+from h5pack.training.geometry import as_value
 from h5pack.training.ring import batch_buffer
 
 
@@ -84,27 +84,6 @@ def pipeline_of(pipeline: CropSpec | None, crop: CropSpec | None) -> CropSpec | 
     return pipeline if pipeline is not None else crop
 
 
-def crop_fields(
-    found: dict[str, list[Any]],
-    meta: PackMeta,
-    idx: np.ndarray,
-    crop: CropSpec,
-    *,
-    seed: int,
-    epoch: int,
-) -> None:
-    """Cut, resize and flip each spatial field in ``found`` as its image was (``plan_crops``)."""
-    moved = spatial(meta, list(found))
-    if moved:
-        shapes = meta.shapes[idx]
-        plans = plan_crops(crop, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=idx)
-        for stored in moved:
-            found[stored.name] = [
-                stored.transform(value, box, flip, crop.size)
-                for value, (box, flip) in zip(found[stored.name], plans, strict=True)
-            ]
-
-
 def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
     """Return an uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
 
@@ -132,6 +111,8 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         fields: A dataset of fields (``H5ImageDataset.fields``): the names delivered, in
             order; each sample is then a dict, and the batch too (``collate_batch``).
         values: The values of each stored field delivered (``core.fields``), per sample.
+        records: What a ``transform=`` returned for each sample's dict (``records_of``),
+            batched by ``training.geometry.collate_records``; None without one.
     """
 
     def __init__(
@@ -150,6 +131,7 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         self.fields = fields
         self.values = dict(values or {})
         self.kinds: dict[str, Field] = {}  # the fields by name (their ``collate``)
+        self.records: list[Any] | None = None
         self.sources = sources
         self.images = images
         self.labels = labels
@@ -168,6 +150,8 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
     def __getitem__(self, j: int | slice) -> Any:
         if isinstance(j, slice):
             return [self[k] for k in range(*j.indices(len(self)))]
+        if self.records is not None:
+            return self.records[j]
         if self.fields is not None:
             return self._record(j)
         return self._tuple(j)
@@ -187,6 +171,15 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         known = {IMAGE: image, LABEL: label, KEY: rest[0] if self.paths is not None else None}
         assert self.fields is not None  # the caller checked
         return {n: known[n] if n in known else self.values[n][j] for n in self.fields}
+
+    def records_of(self, transform: Callable[[Any], Any] | None) -> list[Any] | None:
+        """``transform`` of each sample's dict: arrays as tensors, numbers plain (``as_value``)."""
+        if transform is None:
+            return None
+        return [
+            transform({n: as_value(v) for n, v in self._record(j).items()})
+            for j in range(len(self))
+        ]
 
     def without_fields(self) -> SampleBatch:
         """This batch as image + label tuples (what ``collate_batch`` stacks)."""

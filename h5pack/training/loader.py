@@ -34,6 +34,7 @@ from h5pack.training.dataset import (
     check_source,
     empty_uint8,
 )
+from h5pack.training.geometry import collate_records, pad_batch
 from h5pack.training.mixed import H5MixDataset, unmixed_sources
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.options import KEYWORDS, SpecKeywords, loader_spec
@@ -86,13 +87,16 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)  # noqa: NPY002  (user augmentations use the global RNG)
 
 
-def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> dict[str, Any]:
+def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> Any:
     """Collate a batch of fields into a dict: image, label and key as ``collate`` does them.
 
     Every other field is collated by its kind (``core.fields``): numbers and fixed-shape
     arrays stacked into tensors, masks of one shape too, variable-length values as lists.
+    After a ``transform=``, its dicts are batched by ``collate_records``.
     """
     assert batch.fields is not None  # the caller checked
+    if batch.records is not None:  # what transform= returned for each sample
+        return collate_records(batch.records)
     if IMAGE in batch.fields:
         image, label, *rest = collate(batch.without_fields())
         known = {IMAGE: image, LABEL: label, KEY: rest[0] if batch.paths is not None else None}
@@ -121,6 +125,11 @@ def _collate_rest(batch: Sequence[Any]) -> list[Any]:
         values = [s[k] for s in batch]
         rest.append(values if isinstance(values[0], str) else default_collate(values))
     return rest
+
+
+def collate_padded(batch: Sequence[Any]) -> Any:
+    """``collate_batch``, then each variable-length field zero-padded with ``NAME_lengths``."""
+    return pad_batch(collate_batch(batch))
 
 
 def _check_batchable(dataset: H5ImageDataset) -> None:
@@ -419,7 +428,9 @@ def make_loader(
         prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
         collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: a list of (C, H, W) tensors of
-            their own sizes (detection, or any model that takes mixed sizes).
+            their own sizes (detection, or any model that takes mixed sizes); ``"padded"``:
+            as ``"stack"``, and each variable-length field (boxes, instance masks) one
+            zero-padded tensor beside ``NAME_lengths`` (``training.geometry.pad_batch``).
         collate_fn: Default: ``collate_batch`` (one preallocated uint8 tensor per batch), or
             ``collate_list`` with ``collate="list"``.
         memory_format: ``torch.channels_last`` (the default): (B, C, H, W) views of the
@@ -435,8 +446,8 @@ def make_loader(
         fields: The fields each batch holds, as a dict by name (``core.fields``); default:
             every field of a pack that has more than image + label (``key`` with
             ``return_path``), the ``(images, labels)`` tuple otherwise. Numbers and arrays
-            are stacked tensors, masks get the images' crop and flip, variable-length
-            fields are lists of tensors, text a list of ``str``.
+            are stacked tensors, masks and boxes get the images' crop and flip (docs/
+            fields.md), variable-length fields are lists of tensors, text a list of ``str``.
         **keywords: The convenient fields (``training.options.SpecKeywords``); a keyword of
             an older release raises ``OptionsError`` naming its object, e.g. "locking=
             moved to reader=ReaderOptions(locking=...)".
@@ -521,7 +532,7 @@ def make_loader(
         else:
             # without weights a list is one pool of packs (a list of lists is refused there)
             dataset = H5ImageDataset(check_source("path_or_dataset", path_or_dataset), **common)
-    if collate == "stack":
+    if collate != "list":
         _check_batchable(dataset)
     num_workers, auto_threads = auto_workers(dataset, num_workers)
     sampler, mixing = sampler_for_labels(
@@ -548,7 +559,7 @@ def make_loader(
             "multiprocessing_context": multiprocessing_context,
         }
     if collate_fn is None:
-        collate_fn = collate_list if collate == "list" else collate_batch
+        collate_fn = {"list": collate_list, "padded": collate_padded}.get(collate, collate_batch)
     if memory_format == torch.contiguous_format:
         collate_fn = ContiguousCollate(collate_fn)
     elif memory_format != torch.channels_last:

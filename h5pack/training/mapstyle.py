@@ -29,13 +29,13 @@ from h5pack.training.batch import (
     as_output,
     batch_labels,
     check_source,
-    crop_fields,
     fields_for,
     pipeline_of,
     source_of,
 )
 from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.fixed_size import FixedSizeReader
+from h5pack.training.geometry import crop_fields
 from h5pack.training.readplan import read_plan
 from h5pack.training.ring import BatchRing, batch_buffer
 from h5pack.training.sampler import window_for
@@ -58,7 +58,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     Args:
         path: The pack; or a pack set (its directory or ``packset.json``) or a list of packs,
             read as one pack. URLs too (``s3://bucket/pack.h5``, ``s3://bucket/set/``).
-        transform: Any callable applied to each image (torchvision v2 transforms work).
+        transform: Applied to each image, or to each sample's dict with ``fields`` (docs/fields.md).
         target_transform: Any callable applied to each label (an int, -1 when unlabeled).
         output: ``"tensor"``: (C, H, W) uint8 tensor; ``"hwc"``: (H, W, C) uint8 array;
             ``"pil"``: a PIL image.
@@ -76,8 +76,8 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         crop: The older name of ``pipeline`` (give one of them).
         fields: The fields to deliver (``core.fields``): each sample is then a dict of
             them, as is each batch (``collate_batch``). Default: image + label packs give
-            tuples; a pack of more fields gives every field (``key`` with ``return_path``).
-            Spatial fields (masks) get the image's crop and flip.
+            tuples; a pack of more fields gives every field (``key`` with ``return_path``),
+            masks and boxes cut and flipped with their image (``training.geometry``).
 
     Raises:
         FileNotFoundError: the pack (a shard, a manifest) does not exist.
@@ -260,6 +260,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             batch.fields = self.fields
             batch.values = self.field_values(idx, self.fields, reader)
             batch.kinds = {f.name: f for f in fields_of(self.meta)}
+            batch.records = batch.records_of(self.transform)  # in this thread, as below
         return batch
 
     def _images(self, idx: np.ndarray, paths: list[str] | None, start: int) -> SampleBatch:
@@ -298,7 +299,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         reader: PackReader | PackSetReader | None = None,
     ) -> dict[str, list[Any]]:
         """The values of the stored fields ``names`` of samples ``idx``, cropped as the images."""
-        found = (reader or self.reader).read_fields(idx, names)
+        found = (reader or self.reader).read_fields(idx, names, packed=self.crop is not None)
         if self.crop is not None:
             crop_fields(found, self.meta, idx, self.crop, seed=self.seed, epoch=self.epoch)
         return found
@@ -390,10 +391,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self, hwc: list[np.ndarray], labels: list[Any], paths: list[str] | None
     ) -> SampleBatch:
         """One sample at a time: converted to ``output``, then ``transform`` (this thread)."""
-        samples = []
+        samples, transform = [], self.transform if self.fields is None else None
         for j, array in enumerate(hwc):
             image = as_output(array, self.output)
-            if self.transform is not None:  # in this thread: user transforms may share state
-                image = self.transform(image)
+            if transform is not None:  # in this thread: user transforms may share state
+                image = transform(image)
             samples.append((image, labels[j]) if paths is None else (image, labels[j], paths[j]))
         return SampleBatch(samples, paths=paths)

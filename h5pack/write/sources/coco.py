@@ -150,7 +150,7 @@ class CocoSource(PathSource):
             masks.append((height, width, tuple(a.get("segmentation") for a in anns)))
         named = tuple(sorted(categories.items()))
         fields: list[StoredField] = [
-            BoxesField("boxes"),
+            BoxesField("boxes", per_box=("labels", "iscrowd")),  # a crop drops their rows
             CategoryField("labels", categories=named),
             RaggedField("iscrowd", "|u1"),
             ScalarField("image_id", "<i8"),
@@ -164,6 +164,7 @@ class CocoSource(PathSource):
         if any(seg for _, _, segs in masks for seg in segs):
             if any(isinstance(seg, list) and seg for _, _, segs in masks for seg in segs):
                 _pycocotools()
+            fields[0] = BoxesField("boxes", per_box=("labels", "iscrowd", "masks"))
             fields.append(InstanceMasksField("masks"))
             columns["masks"] = LazyColumn(masks, coco_masks)
         samples = [Sample(images[i][0], images[i][1]) for i in order]

@@ -1,0 +1,154 @@
+"""One geometry per sample: the image's crop, resize and flip applied to its spatial fields.
+
+``crop_fields`` moves a batch's masks and boxes as ``plan_crops`` cut their images (the same
+pure function of seed, epoch and sample); ``sample_records`` and ``collate_records`` give a
+user's ``transform=`` one sample's dict and batch what it returns; ``pad_batch`` is
+``collate="padded"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from h5pack.core.fields import BoxesField, StoredField, fields_of, stored_fields
+from h5pack.core.format import PackMeta
+from h5pack.core.spatialfields import move_boxes
+from h5pack.errors import FormatError
+from h5pack.read.crop import CropSpec
+from h5pack.read.cropplan import plan_crops
+
+LENGTHS = "_lengths"
+"""The suffix of a padded field's lengths: ``boxes`` beside ``boxes_lengths``."""
+
+
+def crop_fields(
+    found: dict[str, list[Any]],
+    meta: PackMeta,
+    idx: np.ndarray,
+    crop: CropSpec,
+    *,
+    seed: int,
+    epoch: int,
+) -> None:
+    """Cut, resize and flip each spatial field in ``found`` as its image was (``plan_crops``).
+
+    Masks are cut sample by sample; every box of the batch is moved at once, and a box
+    left less than one pixel wide or high is dropped with the rows of its ``per_box``
+    fields in ``found``.
+
+    Raises:
+        FormatError: a ``per_box`` field whose rows differ from its sample's boxes (named).
+    """
+    listed = {f.name: f for f in stored_fields(fields_of(meta))}
+    moved = [listed[n] for n in found if n in listed and listed[n].spatial]
+    if not moved:
+        return
+    shapes = meta.shapes[idx]
+    plans = plan_crops(crop, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=idx)
+    crops = np.array([box for box, _ in plans], dtype=np.int64).reshape(-1, 4)
+    flips = np.array([flip for _, flip in plans], dtype=bool)
+    for field in moved:
+        if not isinstance(field, BoxesField):
+            found[field.name] = [
+                field.transform(value, box, flip, crop.size)
+                for value, (box, flip) in zip(found[field.name], plans, strict=True)
+            ]
+    for field in moved:
+        if isinstance(field, BoxesField):
+            _move(found, field, listed, idx, (crops, flips, crop.size))
+
+
+def _move(
+    found: dict[str, list[Any]],
+    boxes: BoxesField,
+    listed: Mapping[str, StoredField],
+    idx: np.ndarray,
+    geometry: tuple[np.ndarray, np.ndarray, tuple[int, int]],
+) -> None:
+    """Move one boxes field's batch at once; drop the boxes left without area, and their rows."""
+    crops, flips, size = geometry
+    values = found[boxes.name]
+    counts = np.array([len(v) for v in values], dtype=np.int64)
+    ends = np.cumsum(counts)
+    flat = np.concatenate(values) if int(ends[-1]) else np.zeros((0, 4), boxes.dtype)
+    owner = np.repeat(np.arange(len(values)), counts)
+    placed, keep = move_boxes(flat, crops[owner], flips[owner], size)
+    placed = placed.astype(boxes.dtype)
+    spans = list(zip((ends - counts).tolist(), ends.tolist(), strict=True))
+    found[boxes.name] = [placed[a:b][keep[a:b]] for a, b in spans]
+    if bool(keep.all()):
+        return
+    for name in boxes.per_box or ():
+        if name not in found:
+            continue
+        rows = found[name]
+        wrong = next((j for j, v in enumerate(rows) if len(v) != counts[j]), None)
+        if wrong is not None:
+            raise FormatError(
+                f"{listed[name].name!r} of sample {int(idx[wrong])} holds {len(rows[wrong])} "
+                f"rows, but {int(counts[wrong])} boxes in {boxes.name!r} (per_box): damaged"
+            )
+        found[name] = [v[keep[a:b]] for v, (a, b) in zip(rows, spans, strict=True)]
+
+
+def as_value(value: Any) -> Any:
+    """A stored field's value as ``transform=`` gets it: arrays as tensors, numbers plain."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def collate_records(records: Sequence[Any]) -> Any:
+    """Batch what ``transform=`` returned: a dict by key, or the list of records as they are.
+
+    Per key: tensors of one shape and dtype stacked, numbers as a tensor, anything else
+    (tensors of several shapes: boxes, instance masks; text) a list.
+    """
+    if not records or not all(isinstance(r, Mapping) for r in records):
+        return list(records)
+    return {key: _stacked([r[key] for r in records]) for key in records[0]}
+
+
+def _stacked(values: list[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, torch.Tensor) and all(
+        isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype
+        for v in values
+    ):
+        return torch.stack(values)
+    if all(isinstance(v, bool | int | float) for v in values):
+        return torch.tensor(values)
+    return values
+
+
+def pad_batch(batch: Any) -> Any:
+    """``collate="padded"``: each list of tensors in a dict batch as one zero-padded tensor.
+
+    Each dimension is padded to the batch's largest; ``NAME_lengths`` (int64, (B,)) holds
+    each sample's rows (its first dimension). Anything else is left as it is.
+    """
+    if not isinstance(batch, dict):
+        return batch
+    out: dict[str, Any] = {}
+    for name, values in batch.items():
+        out[name] = values
+        if not isinstance(values, list) or not values:
+            continue
+        if not all(isinstance(v, torch.Tensor) and v.ndim for v in values):
+            continue
+        if len({(v.ndim, v.dtype) for v in values}) != 1:
+            continue
+        shape = np.max([tuple(v.shape) for v in values], axis=0).tolist()
+        padded = values[0].new_zeros((len(values), *shape))
+        target = padded.numpy()  # NOTE [ numpy copies ] (training.loader)
+        for j, value in enumerate(values):
+            target[(j, *(slice(0, d) for d in value.shape))] = value.numpy()
+        out[name] = padded
+        out[name + LENGTHS] = torch.tensor([len(v) for v in values], dtype=torch.int64)
+    return out
