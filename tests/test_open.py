@@ -60,7 +60,7 @@ def test_every_sample_of_a_pack_of_fields_by_index_key_slice_and_iteration(tmp_p
         assert len(pack) == NUM
         listed = ["image", "label", "key", "weight", "caption", "labels", "boxes", "mask"]
         assert list(pack.fields) == listed
-        assert pack.fields["boxes"] == BoxesField("boxes")
+        assert pack.fields["boxes"] == BoxesField("boxes", per_box=("labels",))  # one per box
         assert pack.classes == ["0", "1"]
         for i in range(NUM):
             sample = pack[i]
