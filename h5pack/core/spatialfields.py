@@ -311,8 +311,10 @@ def check_per_box(fields: Sequence[Any], columns: dict[str, Any], num: int) -> t
         f.name
         for f in fields
         if isinstance(f, InstanceMasksField)
-        or ((isinstance(f, RaggedField) and not isinstance(f, BoxesField | BytesField))
-        and f.kind != "multilabel")  # a set of the image's classes, never a box's
+        or (
+            (isinstance(f, RaggedField) and not isinstance(f, BoxesField | BytesField))
+            and f.kind != "multilabel"
+        )  # a set of the image's classes, never a box's
     ]
     found = []
     for field in fields:
