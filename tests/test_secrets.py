@@ -82,6 +82,25 @@ def test_no_repr_or_str_shows_a_secret(s3_bucket: Bucket, tmp_path: Path) -> Non
     assert_clean(text)
 
 
+def test_no_store_options_repr_shows_a_secret() -> None:
+    """Every store's options, given secrets under each name it takes."""
+    from h5pack.core.azure import AzureStore
+    from h5pack.core.http import HTTPStore
+
+    azure = AzureStore.of(
+        {
+            "account_name": "devstoreaccount1",
+            "account_key": FAKE_SECRET,
+            "sas_token": f"sv=2024&sig={TOKEN}",
+            "connection_string": f"AccountName=a;AccountKey={FAKE_SECRET}",
+        }
+    )
+    web = HTTPStore.of({"headers": {"Authorization": f"Bearer {TOKEN}"}})
+    s3_store = s3.S3Store.of({"key": FAKE_ID, "secret": FAKE_SECRET, "token": TOKEN})
+    for store in (azure, web, s3_store):
+        assert_clean(f"{store!r} {store} {store.options!r} {store.options}")  # type: ignore[attr-defined]
+
+
 def _flags(options: dict[str, object]) -> list[str]:
     return [f for k, v in options.items() for f in ("--storage-option", f"{k}={v}")]
 
