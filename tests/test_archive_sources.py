@@ -112,6 +112,21 @@ def imagenet_of(folder: Path, target: Path) -> Path:
     return target
 
 
+def parquet_of(folder: Path, target: Path) -> Path:
+    """One Parquet file in Hugging Face's layout: an image struct, a ClassLabel's names."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = _images(folder)
+    images = [{"bytes": p.read_bytes(), "path": p.relative_to(folder).as_posix()} for p in paths]
+    labels = pa.array([CLASSES.index(p.parent.name) for p in paths], pa.int64())
+    features = {"image": {"_type": "Image"}, "label": {"names": CLASSES, "_type": "ClassLabel"}}
+    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    table = pa.table({"image": images, "label": labels}).replace_schema_metadata(meta)
+    pq.write_table(table, target, row_group_size=8)
+    return target
+
+
 def by_key(pack: Path | list[Path]) -> dict[str, tuple[int, bytes]]:
     """Each sample's label and pixels, by its key with the extension dropped."""
     return {path.rsplit(".", 1)[0]: (label, pixels) for path, label, _, pixels in contents(pack)}
@@ -137,13 +152,13 @@ def reference(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return by_key(pack)
 
 
-@pytest.mark.parametrize("kind", ["tgz", "zip", "webdataset"])
+@pytest.mark.parametrize("kind", ["tgz", "zip", "webdataset", "parquet"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_archive_packs_the_same_samples_as_its_folder(
     folder: Path, tmp_path: Path, reference: dict, kind: str, workers: int
 ) -> None:
-    make = {"tgz": tgz_of, "zip": zip_of, "webdataset": shards_of}[kind]
-    name = {"tgz": "images.tar.gz", "zip": "images.zip", "webdataset": "shards"}[kind]
+    make = {"tgz": tgz_of, "zip": zip_of, "webdataset": shards_of, "parquet": parquet_of}[kind]
+    name = {"tgz": "x.tar.gz", "zip": "x.zip", "webdataset": "shards", "parquet": "x.parquet"}[kind]
     source = make(folder, tmp_path / name)
     found = sample_source(source)
     assert found.kind == kind
