@@ -296,3 +296,14 @@ def interior(mask: np.ndarray, margin: int = 2) -> np.ndarray:
         for dx in range(2 * margin + 1):
             same &= padded[dy : dy + mask.shape[0], dx : dx + mask.shape[1]] == mask
     return same
+
+
+def table_of_pack(pack: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(offsets, sizes)`` of a local pack's stored image chunks (direct path)."""
+    from h5pack.core.description import HDF5Index
+    from h5pack.read.direct import chunk_table
+
+    with fmt.open_h5(pack) as handle:
+        table = chunk_table(HDF5Index(handle, str(pack)))
+    assert table is not None
+    return table.offsets, table.sizes
