@@ -577,6 +577,8 @@ class DiskCache:
                 with contextlib.suppress(FileNotFoundError):
                     final.unlink()
                 return
+        with self._lock:
+            ledger.trim(self._open(), self.directory)
         self.stats.stored_bytes += len(view)
 
     def release(self, pack: str, chunk: int) -> None:

@@ -15,7 +15,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["BLOCK", "GROWTH", "LEDGER", "connect", "cost", "overhead_bytes", "transaction"]
+__all__ = [
+    "BLOCK",
+    "GROWTH",
+    "LEDGER",
+    "connect",
+    "cost",
+    "overhead_bytes",
+    "transaction",
+    "trim",
+]
 
 LEDGER = "ledger.sqlite"
 BLOCK = 4096  # a file takes whole blocks on disk (what ``du`` counts)
@@ -89,6 +98,16 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def trim(db: sqlite3.Connection, directory: Path) -> None:
+    """Checkpoint and truncate the WAL once it outgrows its reserve (outside transactions).
+
+    With several processes writing, SQLite's own checkpoints rarely find a moment when no
+    reader uses the WAL, and the file grows past ``journal_size_limit``.
+    """
+    if _blocks(directory / f"{LEDGER}-wal") > _WAL_RESERVE:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def _blocks(path: Path) -> int:
