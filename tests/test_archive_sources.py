@@ -210,7 +210,9 @@ def test_imagenet_tar_of_tars_labels_by_synset_and_shards_hold_every_sample_once
         f"{CLASSES[int(k[2])]}/{k.split('_', 1)[1].rsplit('.', 1)[0]}": v
         for k, v in by_key(packs).items()
     }
-    assert found == {k: v for k, v in reference.items()}
+    assert found == reference
+    convert(archive, tmp_path / "one.h5", options)
+    assert verify_pack(tmp_path / "one.h5", source=archive).ok
 
 
 def test_a_gzip_tar_streams_in_runs_and_its_shards_hold_every_sample_once(
@@ -352,3 +354,37 @@ def test_cli_takes_each_kind(folder: Path, tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "cannot read the gzip tar archive" in result.output
+    shards = shards_of(folder, tmp_path / "shards")
+    count = len(list(shards.glob("*.tar")))
+    pattern = f"{shards}/train-{{000000..{count - 1:06d}}}.tar"
+    for given in ([pattern], [str(shards), "--from", "webdataset"]):
+        result = runner.invoke(
+            cli, ["convert", *given, str(tmp_path / "w.h5"), "-q", "--overwrite"]
+        )
+        assert result.exit_code == 0, result.output
+        assert f"packed {n} of {n} images" in result.output
+
+
+@pytest.mark.parametrize("kind", ["imagenet", "tgz"])
+def test_dask_workers_read_an_archive_they_did_not_list(
+    folder: Path, tmp_path: Path, reference: dict, kind: str
+) -> None:
+    distributed = pytest.importorskip("distributed")
+    from h5pack import convert_on_dask
+
+    if kind == "imagenet":
+        archive = imagenet_of(folder, tmp_path / "train.tar")
+    else:
+        archive = tgz_of(folder, tmp_path / "images.tgz")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    )
+    with cluster, distributed.Client(cluster) as client:
+        options = ConvertOptions(mode="raw", workers=1)
+        report = convert_on_dask(client, archive, tmp_path / "set", options, shards=2)
+    assert report.manifest is not None
+    packs = sorted((tmp_path / "set").glob("*.h5"))
+    keys = [path for pack in packs for path, *_ in contents(pack)]
+    assert sorted(keys) == sorted(s.key for s in sample_source(archive).samples)
+    if kind == "tgz":
+        assert by_key(packs) == reference
