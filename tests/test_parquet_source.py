@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from h5pack import ConvertOptions, convert, convert_set
+from h5pack.check import verify_pack
 from h5pack.cli.main import cli
 from h5pack.errors import DecodeError, SourceError
 from h5pack.write.sources import ParquetSource, parquetrows, sample_source
@@ -123,6 +123,7 @@ def test_rows_convert_to_samples_equal_to_their_source(
         assert sample["score"] == np.float32(row["score"])
         assert sample["tags"] == [TAGS[t] for t in row["tags"]]
         np.testing.assert_array_equal(sample["boxes"], np.asarray(row["boxes"], np.float64))
+    assert verify_pack(tmp_path / "p.h5", source=dataset).ok
 
 
 @pytest.mark.parametrize("mode", ["encoded", "raw"])
@@ -140,43 +141,49 @@ def test_a_folder_and_its_parquet_give_the_same_samples(
         np.testing.assert_array_equal(from_parquet[key]["image"], sample["image"])
 
 
-def test_write_order_keeps_each_row_group_in_one_window(
-    dataset: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("runs", [1, 2, 5])
+def test_write_order_interleaves_runs_each_read_front_to_back(
+    dataset: Path, monkeypatch: pytest.MonkeyPatch, runs: int
 ) -> None:
-    monkeypatch.setattr("h5pack.write.sources.parquet.WINDOW_BYTES", 1)  # a window per group
+    monkeypatch.setattr(parquetrows, "RUNS", runs)
     source = ParquetSource(dataset)
     order = source.split(seed=5)
     assert sorted(order.tolist()) == list(range(9))
-    images = [source.samples[i].image for i in order]
-    groups = [(image.path, image.row_group) for image in images]  # type: ignore[union-attr]
-    assert len(set(groups)) == 5  # 5 rows in groups of 2, then 4
-    changes = sum(a != b for a, b in itertools.pairwise(groups))
-    assert changes == 4  # each group read in one stretch
+    # 5 groups (5 rows in groups of 2, then 4) in `runs` runs of consecutive groups
+    starts = np.arange(runs + 1) * 5 // runs
+    group_starts = np.array([0, 2, 4, 5, 7, 9])[starts]
+    run_of = np.searchsorted(group_starts, order, side="right") - 1
+    for run in range(runs):
+        assert (np.diff(order[run_of == run]) > 0).all()  # front to back
     assert (ParquetSource(dataset).split(seed=5) == order).all()
-    shards = [source.split(i, 4, seed=5) for i in range(4)]
-    assert (np.concatenate(shards) == order).all()
+    assert (np.concatenate([source.split(i, 4, seed=5) for i in range(4)]) == order).all()
     assert (source.split(shuffle=False) == np.arange(9)).all()
 
 
-def test_a_process_reads_each_row_group_once(
+def test_the_converting_process_reads_each_row_group_once_holding_one_per_run(
     dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(parquetrows, "RUNS", 2)
     source = ParquetSource(dataset)
     reads: list[tuple[str, int]] = []
-    original = parquetrows._images
+    held: list[int] = []
+    original = parquetrows._read
 
     def counted(path: str, row_group: int, column: str, name: str) -> Any:
-        if (path, row_group, column) not in parquetrows._state()["groups"]:
-            reads.append((path, row_group))
+        reads.append((path, row_group))
+        held.append(len(parquetrows._state()["groups"]))
         return original(path, row_group, column, name)
 
-    monkeypatch.setattr(parquetrows, "_images", counted)
+    monkeypatch.setattr(parquetrows, "_read", counted)
     parquetrows._STATE.clear()
-    images = [source.samples[i].image.read() for i in source.split(seed=1)]
+    order = source.split(seed=1)
+    images = [source.samples[i].image.read() for i in order]
     assert len(reads) == len(set(reads)) == 5
-    assert sorted(images) == sorted(
-        r["image"]["bytes"] for r in rows_of(dataset.parents[1] / "images")
-    )
+    assert max(held) <= 2  # one group a run
+    assert parquetrows._state()["groups"] == {}  # each dropped after its last row
+    given = [r["image"]["bytes"] for r in rows_of(dataset.parents[1] / "images")]
+    assert images == [given[i] for i in order]
+    assert [source.samples[i].image.read() for i in order[::-1]] == images[::-1]
 
 
 def test_a_row_without_image_bytes_is_skipped_naming_its_file_and_row(
@@ -193,7 +200,7 @@ def test_a_row_without_image_bytes_is_skipped_naming_its_file_and_row(
         "one.parquet:3": "one.parquet, row 3: no image bytes in its 'image' column",
         rows[6]["image"]["path"]: "one.parquet, row 6: no image bytes in its 'image' column",
     }
-    with pytest.raises(DecodeError, match=r"one\.parquet, row 3: no image bytes"):
+    with pytest.raises(DecodeError, match=r"one\.parquet, row [36]: no image bytes"):
         convert(data, tmp_path / "q.h5", ConvertOptions(workers=1, strict=True))
     assert not (tmp_path / "q.h5").exists()
 

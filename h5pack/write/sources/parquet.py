@@ -18,9 +18,10 @@ out, and a note says so. A sample's key is its image's ``path`` when it has one,
 ``FILE:ROW`` (the file relative to the source, the row within it).
 
 Listing reads the other columns and the images' paths, one row group at a time; the
-images are read by the workers (NOTE [ Parquet row groups ]). A row whose key an earlier
-row has (the first is kept), whose label is no class or whose field is null is a problem
-naming its file and row; a row without image bytes is rejected when read, naming them too.
+converting process streams the images in write order (NOTE [ Parquet runs ]). A row whose
+key an earlier row has (the first is kept), whose label is no class or whose field is null
+is a problem naming its file and row; a row without image bytes is rejected when read,
+naming them too.
 Files of several splits (``train-*``, ``test-*``) or in several folders are refused: name
 one, e.g. ``'data/train-*.parquet'``.
 """
@@ -48,7 +49,7 @@ from h5pack.write.sources.hfschema import (
     is_label,
     values_of,
 )
-from h5pack.write.sources.parquetrows import WINDOW_BYTES, ParquetRow, pyarrow_parquet
+from h5pack.write.sources.parquetrows import ParquetRow, pyarrow_parquet, runs_for
 from h5pack.write.walk import has_image_extension, is_ignored_name
 
 _SHARD = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
@@ -91,7 +92,7 @@ class ParquetSource(PathSource):
     def split(
         self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
     ) -> np.ndarray:
-        """Return shard ``index``'s positions in write order (NOTE [ Parquet row groups ]).
+        """Return shard ``index``'s positions in write order (NOTE [ Parquet runs ]).
 
         Raises:
             OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
@@ -101,27 +102,30 @@ class ParquetSource(PathSource):
 
     def _order(self, seed: int, shuffle: bool) -> np.ndarray:
         orders: dict[tuple[int, bool], np.ndarray] = self.__dict__.setdefault("_orders", {})
-        if (seed, shuffle) in orders:
-            return orders[(seed, shuffle)]
-        if not shuffle:
-            order = np.arange(len(self.samples), dtype=np.int64)
-        else:
-            rng = np.random.default_rng(seed)
-            windows: list[np.ndarray] = []
-            window: list[np.ndarray] = []
-            size = 0
-            for g in rng.permutation(len(self._groups)):
-                positions, nbytes = self._groups[g]
-                window.append(positions)
-                size += nbytes
-                if size >= WINDOW_BYTES:
-                    windows.append(rng.permutation(np.concatenate(window)))
-                    window, size = [], 0
-            windows.append(rng.permutation(np.concatenate([*window, np.zeros(0, np.int64)])))
-            order = np.concatenate(windows).astype(np.int64)
-        order.flags.writeable = False
-        orders[(seed, shuffle)] = order
-        return order
+        if (seed, shuffle) not in orders:
+            sizes = [len(positions) for positions, _ in self._groups]
+            runs = runs_for(max((n for _, n in self._groups), default=0))
+            orders[(seed, shuffle)] = interleaved_runs(sizes, runs, seed, shuffle)
+        return orders[(seed, shuffle)]
+
+
+def interleaved_runs(group_rows: list[int], runs: int, seed: int, shuffle: bool) -> np.ndarray:
+    """Return the write order of rows in row groups of ``group_rows`` (NOTE [ Parquet runs ]).
+
+    The groups are cut into ``runs`` runs of consecutive groups; each write position draws
+    a run at random (every run as often as it has rows) and takes its next row.
+    """
+    num = sum(group_rows)
+    if not shuffle or not num:
+        return np.arange(num, dtype=np.int64)
+    runs = min(runs, len(group_rows))
+    cuts = np.arange(runs + 1) * len(group_rows) // runs
+    ends = np.concatenate([[0], np.cumsum(group_rows)])[cuts]
+    turns = np.random.default_rng(seed).permutation(np.repeat(np.arange(runs), np.diff(ends)))
+    order = np.empty(num, dtype=np.int64)
+    order[np.argsort(turns, kind="stable")] = np.arange(num, dtype=np.int64)
+    order.flags.writeable = False
+    return order
 
 
 def _parquet_files(path: Path, *, detect: bool) -> list[tuple[str, str]]:
@@ -182,7 +186,7 @@ class _Table:
             SourceError: It cannot be read, or its schema is not the first file's.
         """
         try:
-            handle = pyarrow_parquet().ParquetFile(path)
+            handle = pyarrow_parquet().ParquetFile(path, memory_map=True)
         except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
             raise SourceError(f"cannot read the Parquet file {path}: {err}") from err
         with handle:

@@ -1,13 +1,17 @@
-"""Where a Parquet row's image lies, and the reads of its row group in each process.
+"""Where a Parquet row's image lies, and how the converting process reads the rows.
 
-NOTE [ Parquet row groups ]: a Parquet file is read by row group (a column of a row group
-is compressed as a whole), so an image is named by ``(file, row group, row)``: a
-``ParquetRow``, picklable and small like a ``FileRange``. Each process (a worker, or the
-parent for planning) reads the image column of a row group once into a small cache
-(``CACHE_BYTES``, at least one group), and takes its rows from there. So that a worker
-meets each group in one stretch, the write order of a Parquet source keeps each row group
-in one window of a few groups (``ParquetSource.split``): the groups shuffled, then the
-samples of each window (``WINDOW_BYTES`` of images) shuffled among themselves.
+NOTE [ Parquet runs ]: a column of a Parquet row group is stored in compressed pages, and
+pyarrow's writer (Hugging Face's) puts most of a group's values in one dictionary page, so
+a row group is read whole: reading one per image would cost a group per image. A Parquet
+source's write order is therefore a seeded random interleaving of runs of consecutive row
+groups (``ParquetSource.split``, as a gzip tar's runs), each run read front to back, so
+that chunks mix rows of every part of the files (a class-sorted dataset comes out mixed)
+while only each run's current group is held: ``runs`` is as many groups as
+``CACHE_BYTES`` holds, at most ``RUNS``. Its images are ``ParquetRow``s (``file, row
+group, row``) with ``in_parent``: the converting process reads them in write order
+(``ship``), each group once, dropped after its last row, and sends the bytes to the
+workers. A read out of that order (``verify --source``) reads a group again if it was
+dropped.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from h5pack.errors import DecodeError, SourceError, install_line
 from h5pack.write.sources.base import FileRange
 
-WINDOW_BYTES = 64 * 2**20
-CACHE_BYTES = 2 * WINDOW_BYTES
+RUNS = 64
+CACHE_BYTES = 2**30  # the row groups held at once, by their images' bytes
 
-# This process's open files, image columns and image lengths (reset in a forked child).
+# This process's open files, row groups and image lengths (reset in a forked child).
 _STATE: dict[str, Any] = {}
 
 
@@ -46,7 +50,7 @@ def pyarrow_parquet() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ParquetRow(FileRange):
-    """One row's image of a Parquet file (NOTE [ Parquet row groups ]).
+    """One row's image of a Parquet file (NOTE [ Parquet runs ]).
 
     Attributes:
         path: The Parquet file (absolute).
@@ -60,6 +64,7 @@ class ParquetRow(FileRange):
     row: int = 0
     column: str = "image"
     name: str = ""
+    in_parent: ClassVar[bool] = True
 
     def read(self) -> bytes:
         """Return the image's bytes.
@@ -67,7 +72,7 @@ class ParquetRow(FileRange):
         Raises:
             DecodeError: The row has no image bytes, or the file cannot be read.
         """
-        data = _images(self.path, self.row_group, self.column, self.name)[self.row].as_py()
+        data = _take(self)
         if not data:
             raise DecodeError(f"{self.name}: no image bytes in its {self.column!r} column")
         return bytes(data)
@@ -75,6 +80,37 @@ class ParquetRow(FileRange):
     def nbytes(self) -> int:
         """Return how many bytes ``read`` gives (0 for none), reading the row group once."""
         return int(lengths(self.path, self.row_group, self.column, self.name)[self.row])
+
+
+def runs_for(group_bytes: int) -> int:
+    """Return how many runs to interleave when the largest row group holds ``group_bytes``."""
+    return max(1, min(RUNS, CACHE_BYTES // max(1, group_bytes)))
+
+
+def _take(image: ParquetRow) -> Any:
+    """Return a row's image bytes (None when null), reading its row group if not held."""
+    groups: OrderedDict[tuple[str, int, str], Any] = _state()["groups"]
+    key = (image.path, image.row_group, image.column)
+    images = groups.pop(key, None)
+    if images is None:
+        images = _read(image.path, image.row_group, image.column, image.name)
+    if image.row + 1 < len(images):  # the group's last row drops it
+        groups[key] = images
+        while len(groups) > 1 and sum(g.nbytes for g in groups.values()) > CACHE_BYTES:
+            groups.popitem(last=False)
+    return images[image.row].as_py()
+
+
+def _read(path: str, row_group: int, column: str, name: str) -> Any:
+    """Return the image bytes of a row group, a pyarrow binary array (null: none)."""
+    try:
+        table = _open(path).read_row_group(
+            row_group, columns=[f"{column}.bytes"], use_threads=False
+        )
+    except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
+        message = f"{name or path}: cannot read row group {row_group}: {err}"
+        raise DecodeError(message) from err
+    return table.column(0).combine_chunks().flatten()[0]
 
 
 def _state() -> dict[str, Any]:
@@ -87,36 +123,14 @@ def _state() -> dict[str, Any]:
 def _open(path: str) -> Any:
     files: dict[str, Any] = _state()["files"]
     if path not in files:
-        files[path] = pyarrow_parquet().ParquetFile(path)
+        files[path] = pyarrow_parquet().ParquetFile(path, memory_map=True)
     return files[path]
-
-
-def _images(path: str, row_group: int, column: str, name: str) -> Any:
-    """Return the image bytes of a row group (a pyarrow binary array), through the cache."""
-    groups: OrderedDict[tuple[str, int, str], Any] = _state()["groups"]
-    key = (path, row_group, column)
-    if key in groups:
-        groups.move_to_end(key)
-        return groups[key]
-    groups[key] = images = _read(path, row_group, column, name)
-    while len(groups) > 1 and sum(g.nbytes for g in groups.values()) > CACHE_BYTES:
-        groups.popitem(last=False)
-    return images
-
-
-def _read(path: str, row_group: int, column: str, name: str) -> Any:
-    try:
-        table = _open(path).read_row_group(row_group, columns=[f"{column}.bytes"])
-        return table.column(0).combine_chunks().flatten()[0]
-    except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
-        raise DecodeError(f"{name}: cannot read row group {row_group}: {err}") from err
 
 
 def lengths(path: str, row_group: int, column: str, name: str = "") -> np.ndarray:
     """Return the byte length of each row's image in a row group (0 where none).
 
-    Read once per process and kept (8 bytes a row); the images read are not kept, so
-    planning in the parent holds one row group at a time.
+    Read once per process and kept (8 bytes a row); the images read are not kept.
     """
     import pyarrow.compute as pc
 
@@ -125,6 +139,6 @@ def lengths(path: str, row_group: int, column: str, name: str = "") -> np.ndarra
     if key not in found:
         images = _state()["groups"].get(key)
         if images is None:
-            images = _read(path, row_group, column, name or path)
+            images = _read(path, row_group, column, name)
         found[key] = pc.binary_length(images).fill_null(0).to_numpy().astype(np.int64)
     return found[key]
