@@ -314,3 +314,26 @@ def test_two_processes_keep_the_whole_directory_within_the_budget(
     assert len(sizes) == 2 * 2 * 30  # a figure after every batch of both
     assert max(sizes) <= budget * 1.05, max(sizes)
     assert max(sizes) > budget // 2  # it was used
+
+
+# -- the other directories h5pack reuses --------------------------------------------------
+
+
+def test_a_sweep_of_dead_staging_touches_only_this_user_s(tmp_path: Path) -> None:
+    from h5pack.write.upload import Staging
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (tmp_path / "h5pack-staging-2-planted").symlink_to(outside)
+    theirs = tmp_path / "h5pack-staging-3-theirs"
+    theirs.mkdir()
+    if ROOT:
+        os.chown(theirs, NOBODY, NOBODY)
+    dead = tmp_path / "h5pack-staging-1-dead"
+    dead.mkdir()  # this user's, no lock: killed before it made one
+    with Staging(tmp_path, what="a pack") as staging:
+        assert staging.removed == [dead]
+        assert stat.S_IMODE(staging.path.stat().st_mode) == 0o700
+    assert (outside / "keep.txt").read_text() == "mine"
+    assert theirs.is_dir() == ROOT  # as root, another uid's stays (as a user: it was ours)

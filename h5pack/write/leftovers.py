@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h5pack.core.machine import process_exists
+from h5pack.core.private import owned_by_me
 from h5pack.errors import H5PackError
 
 __all__ = [
@@ -306,6 +307,8 @@ def remove_leftover_segments() -> list[Path]:
         if process_start_ticks(pid) == ticks and ticks:
             continue  # its owner runs
         path = SEGMENT_DIR / name
+        if not owned_by_me(path):  # another user's: never touched
+            continue
         fd = _try_lock(path)
         if fd is None:
             continue  # locked: in use (by a process of another pid namespace)

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from h5pack._types import StrPath
+from h5pack.core.private import owned_by_me
 from h5pack.errors import (
     H5PackError,
     OptionsError,
@@ -130,7 +131,7 @@ class Staging:
 
 
 def remove_dead_staging(root: Path) -> list[Path]:
-    """Remove the staging directories under ``root`` whose run is gone; return them.
+    """Remove this user's staging directories under ``root`` whose run is gone; return them.
 
     Never raises: a directory that cannot be removed is left for the next run.
     """
@@ -141,6 +142,8 @@ def remove_dead_staging(root: Path) -> list[Path]:
     removed = []
     for name in sorted(names):
         directory = root / name
+        if not owned_by_me(directory):  # another user's (or a planted link): never touched
+            continue
         try:
             fd = os.open(directory / _LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
