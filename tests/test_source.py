@@ -35,8 +35,8 @@ def test_urls_are_told_from_paths() -> None:
     assert split_url("s3://bucket/set/a.h5") == ("s3", "bucket", "set/a.h5")
     with pytest.raises(FormatError, match="names no bucket"):
         split_url("s3:///key")
-    with pytest.raises(FormatError, match="not gs://"):
-        open_source("gs://bucket/key")
+    with pytest.raises(FormatError, match="not hdfs://"):
+        open_source("hdfs://bucket/key")
 
 
 def test_local_source_reads_ranges(tmp_path: Path) -> None:

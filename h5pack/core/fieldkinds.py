@@ -210,7 +210,9 @@ class ScalarField(StoredField):
         return np.ascontiguousarray(data.astype(np.dtype(self.dtype)))
 
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
-        return {self.datasets()[0]: _write(handle, self.datasets()[0], column, rows_per_chunk)}
+        return {
+            self.datasets()[0]: write_column(handle, self.datasets()[0], column, rows_per_chunk)
+        }
 
     def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
         return list(blocks_of(source).rows(self.datasets()[0], indices))
@@ -292,8 +294,8 @@ class RaggedField(StoredField):
         np.cumsum(counts, out=ends[1:])
         per_sample = max(1, int(ends[-1]) // max(1, len(column)))
         return {
-            values: _write(handle, values, self._flat(column), rows_per_chunk * per_sample),
-            offsets: _write(handle, offsets, ends, rows_per_chunk),
+            values: write_column(handle, values, self._flat(column), rows_per_chunk * per_sample),
+            offsets: write_column(handle, offsets, ends, rows_per_chunk),
         }
 
     def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
@@ -390,7 +392,7 @@ def _numeric(dtype: str, name: str) -> str:
     return found.newbyteorder("<").str if found.itemsize > 1 else found.str
 
 
-def _write(handle: h5py.File, name: str, data: np.ndarray, rows: int) -> str:
+def write_column(handle: h5py.File, name: str, data: np.ndarray, rows: int) -> str:
     """Write ``data`` as the dataset ``name`` in chunks of ``rows``; return its digest."""
     data = np.ascontiguousarray(data)
     chunks = (max(1, min(rows, len(data))), *data.shape[1:]) if len(data) else None

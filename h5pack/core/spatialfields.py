@@ -18,7 +18,7 @@ import numpy as np
 
 from h5pack.core import integrity
 from h5pack.core.fieldblocks import blocks_of
-from h5pack.core.fieldkinds import ArrayField, BytesField, LazyColumn, RaggedField, _write
+from h5pack.core.fieldkinds import ArrayField, BytesField, LazyColumn, RaggedField, write_column
 from h5pack.errors import OptionsError
 
 # Bytes of one chunk of a mask field when its first chunk's samples hold none, and the most.
@@ -92,7 +92,7 @@ class MaskField(BytesField):
             dataset[ends[-1] - block.size : ends[-1]] = block
         if dataset is None:
             _mask_dataset(handle, name, 0)
-        digest = _write(handle, offsets, np.asarray(ends, dtype=np.int64), rows_per_chunk)
+        digest = write_column(handle, offsets, np.asarray(ends, dtype=np.int64), rows_per_chunk)
         return {name: integrity.hex32(crc), offsets: digest}
 
     def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
