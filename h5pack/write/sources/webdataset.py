@@ -4,10 +4,10 @@ A sample is the consecutive members of a shard that share a key (webdataset's ru
 member's path up to the first dot of its name); the rest of the name, lower-cased, says
 what the member is: ``jpg``, ``jpeg``, ``png`` or ``webp`` the image (read in place, as a
 ``FileRange``, by the workers), ``cls`` the label (an integer: classes are ``"0"`` to the
-largest), ``txt`` the text field ``txt``, ``json`` the text field ``json`` (its JSON,
-checked). Other members are ignored. A key without an image, seen twice, or whose ``cls``
-or ``json`` does not parse, is a problem named by its key. The stored key is the
-WebDataset key.
+largest), ``txt`` the text field ``txt``, ``json`` the JSON field ``json`` (its object);
+missing ones are "" and null. Other members are ignored. A key without an image, seen
+twice, or whose ``cls`` or ``json`` does not parse, is a problem named by its key. The
+stored key is the WebDataset key.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from h5pack.core.fieldkinds import TextField
+from h5pack.core.fieldkinds import StoredField, TextField
 from h5pack.core.format import SkippedFile
+from h5pack.core.recordfields import JSONField
 from h5pack.errors import SourceError
 from h5pack.write.sources.archive import CUT_SHORT, tar_members, unread_tail
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
@@ -29,6 +31,7 @@ from h5pack.write.walk import has_image_extension, is_ignored_name
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 TEXT_FIELDS = ("txt", "json")
+_EMPTY = {"txt": "", "json": None}  # a sample without the member
 _KEY = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 _BRACES = re.compile(r"\{([^{}]*)\}")
 
@@ -104,9 +107,13 @@ class WebDatasetSource(PathSource):
         top = max(labels)
         fields = label_fields(labels)
         samples = [Sample(s.key, s.image, fields[i]) for i, (s, _, _) in enumerate(found)]
-        texts = [TextField(name) for name in TEXT_FIELDS if any(name in v for _, _, v in found)]
+        kinds = {"txt": TextField("txt"), "json": JSONField("json")}
+        texts: list[StoredField] = [
+            kinds[name] for name in TEXT_FIELDS if any(name in v for _, _, v in found)
+        ]
         columns = {
-            f.name: f.column([v.get(f.name, "") for _, _, v in found], len(found)) for f in texts
+            f.name: f.column([v.get(f.name, _EMPTY[f.name]) for _, _, v in found], len(found))
+            for f in texts
         }
         return Listing(
             samples,
@@ -152,9 +159,10 @@ def _groups(shard: str, problems: list[SkippedFile]) -> list[_Group]:
 
 def _sample(
     group: _Group, problems: list[SkippedFile]
-) -> tuple[Sample, int, dict[str, str]] | None:
+) -> tuple[Sample, int, dict[str, Any]] | None:
     """Return a group's sample, label and text fields; None (a problem) when it has none."""
-    key, members, values = group.key, group.members, dict(group.values)
+    key, members = group.key, group.members
+    values: dict[str, Any] = dict(group.values)
     image = next((members[e] for e in IMAGE_EXTENSIONS if e in members), None)
     if image is None:
         problems.append(SkippedFile(key, "a WebDataset sample without an image (jpg, png...)"))
@@ -167,7 +175,7 @@ def _sample(
         if "cls" in values:
             label = max(-1, int(values.pop("cls").strip()))
         if "json" in values:
-            json.loads(values["json"])
+            values["json"] = json.loads(values["json"])
     except ValueError as err:
         problems.append(SkippedFile(key, f"its cls or json does not parse: {err}"))
         return None
