@@ -32,7 +32,6 @@ from h5pack.bench import (
     resident_fraction,
     time_interleaved,
 )
-from h5pack.bench.access import NAIVE, read_per_sample
 from h5pack.bench.loaders import open_dataset
 from h5pack.bench.reading import SizeSurvey, parse_train_size
 from h5pack.bench.report import format_bench, format_diagnosis, to_json
@@ -46,7 +45,6 @@ from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.advice import PackFacts, advise, share_labels
 from h5pack.training.dataset import H5ImageDataset
 from h5pack.training.sampler import EpochSpec
-from h5pack.training.shuffle_quality import expected_pair_repetition, pair_repetition
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 from tests.helpers import FakeClock
@@ -195,21 +193,9 @@ def test_chunk_work_matches_the_reader_and_favours_the_chunk_aware_order(
         measured = reader.loads
     assert shape.reads("chunk", 70, window_chunks=3).chunk_loads == pytest.approx(measured)
     assert shape.reads("random", 70, window_chunks=3).chunks_per_sample == pytest.approx(6 / 9)
-    assert shape.reads(NAIVE, 70).chunk_loads == pytest.approx(9)  # h5py's cache holds all
     raw = pack_shape(_pack(tmp_path / "raw.h5", 40, chunk_samples=20))
     assert raw.reads("random", 40, window_chunks=1).chunk_loads == 0  # read as runs
     assert raw.reads("random", 40).bytes_per_sample == raw.file_bytes / 40
-
-
-def test_read_per_sample_stops_at_the_budget(gzip_pack: Path) -> None:
-    count = read_per_sample(gzip_pack, np.arange(70), budget_s=1e-9, min_samples=5)
-    assert count.images == 5
-    assert count.nbytes == 5 * H * W * 3
-    assert read_per_sample(gzip_pack, np.arange(70)).images == 70
-    from h5pack.read.crop import CropSpec
-
-    cropped = read_per_sample(gzip_pack, np.arange(4), crop=CropSpec.of(16, crop="center"))
-    assert cropped.nbytes == 4 * 16 * 16 * 3
 
 
 # -- variants ---------------------------------------------------------------------------
@@ -319,54 +305,28 @@ def test_every_pattern_reads_through_the_same_dataset(
         assert planned == [b.tolist() for b in FullShuffleBatchSampler(70, 16).plan(0)]
 
 
-def test_pair_repetition_of_a_full_shuffle_and_of_pack_order() -> None:
-    sampler = FullShuffleBatchSampler(600, 24, seed=3)
-    epochs = [sampler.plan(e) for e in range(4)]
-    expected = expected_pair_repetition([b.size for b in epochs[0]], 4)
-    assert pair_repetition(epochs) == pytest.approx(expected, rel=0.2)
-    assert pair_repetition(epochs, max_pairs=20_000) == pytest.approx(expected, rel=0.5)
-    ordered = [np.arange(600)[i : i + 24] for i in range(0, 600, 24)]
-    assert pair_repetition([ordered] * 3) == 1.0
-
-
 def test_measure_pack_reports_every_pattern(gzip_pack: Path) -> None:
     options = MeasureOptions(
         batch_size=16,
         workers=0,
         repeats=2,
         min_run_s=0.0,
-        naive_budget_s=0.05,
         target_spread=None,  # runs of one epoch each, never lengthened: counts below
     )
     steps: list[str] = []
     results = measure_pack(gzip_pack, options, on_step=steps.append)
-    assert set(results) == {"random", "chunk", "sequential", "naive"}
-    assert steps.count("naive") == 2
+    assert set(results) == {"random", "chunk", "sequential"}
     assert steps.count("chunk") == 3  # warm-up and two runs
     for result in results.values():
         assert result.images_per_s > 0
         assert len(result.timing.rates) == 2
         assert result.timing.low <= result.images_per_s <= result.timing.high
-        assert result.page_cache == "warm"
     assert results["chunk"].timing.images == (70, 70)
     assert results["random"].timing.images == (70, 70)  # a whole epoch, through the loader
     assert results["chunk"].reads.chunks_per_sample == pytest.approx(9 / 70)
     assert results["sequential"].shuffle_vs_random == pytest.approx(0.0)
     assert results["chunk"].shuffle_vs_random > 0.5
     assert results["random"].shuffle_vs_random > 0.9
-    assert results["sequential"].pair_repeat == 1.0
-    assert results["random"].pair_repeat_ratio == pytest.approx(1.0, abs=0.6)
-    assert results["chunk"].pair_repeat_shuffle == pytest.approx(
-        results["random"].pair_repeat_shuffle
-    )
-
-
-def test_measure_pack_cold(gzip_pack: Path) -> None:
-    options = MeasureOptions(
-        batch_size=16, workers=0, repeats=1, warmup=0, patterns=("chunk",), cold=True
-    )
-    result = measure_pack(gzip_pack, options)["chunk"]
-    assert result.page_cache == "cold" or result.page_cache.startswith("warm: ")
 
 
 # -- bench and diagnose ------------------------------------------------------------------

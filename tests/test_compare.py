@@ -21,15 +21,11 @@ from h5pack.bench.timing import Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED
 from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
-from h5pack.core.store import LocalStore
-from h5pack.errors import OptionsError
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 
-# 48 images of 256 x 256: 9.4 MB of pixels, so raw-16m-gzip is one chunk larger than h5py's
-# default chunk cache (1 MiB before HDF5 2.0, 8 MiB since) and naive random reads
-# decompress it for every sample.
+# 48 images of 256 x 256: 9.4 MB of pixels, raw-16m-gzip in one chunk.
 NUM_IMAGES = 48
 PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
 # Short measurements: what the tests check does not depend on a steady figure.
@@ -39,8 +35,6 @@ TINY = MeasureOptions(
     repeats=1,
     warmup=0,
     min_run_s=0.0,
-    naive_budget_s=0.01,
-    naive_min_samples=2,
 )
 
 
@@ -93,7 +87,7 @@ def test_quick_compare_prints_a_ranked_table(quick_run: tuple[Any, Path]) -> Non
     assert "Use " in result.output
     assert "h5pack convert" in result.output
     assert "Read as stored: the images have one size, 256x256" in result.output
-    assert "naive h5py img/s" in result.output
+    assert "naive h5py" not in result.output  # retired (ARCHITECTURE.md)
     header = next(line for line in lines if line.startswith("#"))
     assert header.split()[-1] == "CPU/image"  # beside the rates, every variant's
 
@@ -112,7 +106,8 @@ def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
         assert variant["convert_s"] > 0
         assert variant["num_samples"] == NUM_IMAGES
         assert variant["path"] is None  # not kept
-        for pattern in ("random", "chunk", "sequential", "naive"):
+        assert set(variant["patterns"]) == {"random", "chunk", "sequential"}
+        for pattern in ("random", "chunk", "sequential"):
             result = variant["patterns"][pattern]
             assert result["images_per_s"] > 0
             assert result["mb_per_s"] > 0
@@ -122,14 +117,10 @@ def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
             assert 0 <= result["shuffle_vs_random"] < 1.5
         assert variant["patterns"]["sequential"]["shuffle_vs_random"] < 0.2
         assert variant["patterns"]["chunk"]["shuffle_vs_random"] > 0.5
-        assert variant["patterns"]["sequential"]["pair_repeat"] == 1.0
         assert variant["problem"] is None
-        assert not variant["cold"]
     by_name = {v["name"]: v for v in data["variants"]}
     big = by_name["raw-16m-gzip"]["patterns"]
-    # one 16 MiB chunk: the loader's window keeps it whatever the order; a bare h5py read
-    # decompresses it for every sample
-    assert big["naive"]["chunks_per_sample"] == pytest.approx(1.0)
+    # one 16 MiB chunk: the loader's window keeps it whatever the order
     assert big["random"]["chunks_per_sample"] == pytest.approx(1 / NUM_IMAGES)
     assert big["chunk"]["chunks_per_sample"] == pytest.approx(1 / NUM_IMAGES)
     assert by_name["raw-contig"]["patterns"]["random"]["chunks_per_sample"] == 0
@@ -250,28 +241,6 @@ def test_compare_never_recommends_what_the_loader_cannot_batch(mixed_folder: Pat
     assert "several sizes" in auto.read_note
 
 
-def test_compare_measures_a_pack_larger_than_memory_cold(folder: Path) -> None:
-    options = CompareOptions(
-        variants=("raw-c8", "encoded-64k"),
-        measure=TINY,
-        convert_workers=1,
-        memory_bytes=2 * 10**5,  # every pack is larger than half of it
-    )
-    report = compare(folder, options)
-    assert all(v.cold for v in report.variants)
-    recommendation = report.recommendation
-    assert recommendation is not None
-    assert recommendation.name is not None
-    notes = " ".join(recommendation.notes)
-    assert "larger than 50% of the memory available" in notes
-    if all(v.page_cache == "cold" for v in report.variants):
-        assert "measured with a cold page cache" in notes
-        assert "from disk" in recommendation.line
-    else:
-        assert "kept" in notes
-    assert all(row[1].endswith("(cold)") for row in table_rows(report))
-
-
 def _result(name: str, rate: float, file_bytes: int, problem: str | None = None) -> VariantResult:
     timing = Timing((1.0,), (int(rate),), (int(rate) * 3,))
     pattern = PatternResult(
@@ -318,6 +287,19 @@ def test_recommend_weighs_speed_size_and_batchability() -> None:
     assert choice is not None
     assert choice.name == "fast"
     assert any("Not candidates: fastest" in note for note in choice.notes)
+
+
+def test_recommend_says_when_a_pack_is_larger_than_the_page_cache() -> None:
+    choice = recommend(
+        [_result("big", 1000, 10**9), _result("small", 990, 10**6)], available_bytes=10**8
+    )
+    assert choice is not None
+    note = " ".join(choice.notes)
+    assert "big is larger than 50% of the memory available" in note
+    assert "h5pack bench --diagnose PACK times a cold page cache" in note
+    fits = recommend([_result("small", 990, 10**6)], available_bytes=10**8)
+    assert fits is not None
+    assert any("Every pack fits in the page cache" in note for note in fits.notes)
 
 
 def test_compare_library_keeps_packs_and_skips_impossible_variants(
@@ -440,7 +422,7 @@ def test_compare_errors(
     assert "Traceback" not in result.output
 
 
-# -- issue 20: partial epochs, the gain at scale, the decoded cache, one "ratio" -----------
+# -- issue 20: partial epochs, one "ratio" -------------------------------------------------
 
 
 def test_a_figure_from_part_of_an_epoch_is_marked(tmp_path: Path) -> None:
@@ -465,51 +447,10 @@ def test_a_figure_from_part_of_an_epoch_is_marked(tmp_path: Path) -> None:
     )
     rows = {row[1]: row for row in table_rows(report)}
     assert rows["cut"][6].endswith("†32%")  # chunk-aware img/s
-    assert "†" in rows["cut"][10]  # chunks/sample rests on the same prefix
+    assert "†" in rows["cut"][9]  # chunks/sample rests on the same prefix
     assert "†" not in rows["whole"][6]
     text = format_compare(report)
     assert "†N%: timed on the first N% of an epoch, not whole epochs: cut (chunk)" in text
-
-
-def test_the_gain_at_scale_is_projected_from_the_chunk_shape() -> None:
-    from h5pack.bench.scale import parse_dataset_size, project
-
-    big = dataclasses.replace(
-        _result("zstd-8m", 100, 10**6), samples_per_chunk=64.0, chunk_bytes=8 * 2**20
-    )
-    projection = project(big, 1_281_167, batch_size=64, workers=0, machine_bytes=2**36)
-    assert projection is not None
-    assert projection.num_chunks == 20_019
-    assert projection.window_chunks == 32  # 256 MiB of 8 MiB chunks, one process
-    work = projection.chunks_per_sample
-    assert work["chunk"] == work["sequential"] == pytest.approx(1 / 64)
-    assert work["random"] == pytest.approx(1 - 32 / 20_019)
-    assert work["naive"] == pytest.approx(1.0, abs=1e-3)  # h5py's cache: one 8 MiB chunk
-    assert projection.gain == pytest.approx(64 * (1 - 32 / 20_019))
-    # a small pack: everything in the window, no gain (what compare measured on it)
-    small = project(big, 640, batch_size=64, workers=0, machine_bytes=2**36)
-    assert small is not None
-    assert small.chunks_per_sample["random"] == pytest.approx(1 / 64)
-    contiguous = dataclasses.replace(big, layout="contiguous", chunk_bytes=0)
-    assert project(contiguous, 10**6, batch_size=64, workers=0) is None
-    assert parse_dataset_size("1.28M") == 1_280_000
-    assert parse_dataset_size("500k") == 500_000
-    with pytest.raises(OptionsError, match=r"--dataset-size \(dataset_size=\) should be"):
-        parse_dataset_size("lots")
-
-
-def test_compare_shows_the_gain_at_the_dataset_size(packs: list[Path], tmp_path: Path) -> None:
-    out = tmp_path / "report"
-    args = ["compare", *map(str, packs), "--out", str(out), "-q", "--no-plots"]
-    args += ["--repeats", "1", "--workers", "0", "--dataset-size", "1M"]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    assert "At 1,000,000 samples, as training at scale meets a pack" in result.output
-    data = json.loads((out / "report.json").read_text())
-    assert data["projections"]
-    assert data["projections"][0]["num_samples"] == 1_000_000
-    assert "pixels_per_file_byte" in data["variants"][0]
-    assert "ratio" not in data["variants"][0]  # one word, one meaning: info's
 
 
 def test_one_word_one_meaning_for_ratio() -> None:
@@ -518,71 +459,6 @@ def test_one_word_one_meaning_for_ratio() -> None:
     assert "ratio" not in COLUMNS
     assert "pixels/file" in COLUMNS
     assert any("h5pack info's ratio is the stored bytes over the file's" in note for note in NOTES)
-
-
-def test_compare_reads_through_the_decoded_cache(folder: Path, tmp_path: Path) -> None:
-    from h5pack.write.convert import convert
-
-    pack = tmp_path / "encoded.h5"
-    convert(folder, pack, ConvertOptions(mode="encoded", workers=1))
-    out = tmp_path / "report"
-    args = ["compare", str(pack), "--out", str(out), "-q", "--no-plots", "--repeats", "1"]
-    args += ["--workers", "0", "--train-size", "32", "--cache", "decoded"]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    assert "Read through the decoded cache (--cache decoded" in result.output
-    assert "First epochs, filling the decoded cache (chunk-aware, images/s): encoded" in (
-        result.output
-    )
-    data = json.loads((out / "report.json").read_text())
-    assert data["options"]["measure"]["cache"] == "decoded"
-
-
-def test_the_front_runners_are_timed_again_side_by_side(monkeypatch) -> None:
-    import h5pack.bench.loaders as loaders
-    import h5pack.bench.timing as timing
-    from h5pack.bench.compare import settle
-
-    asked: dict[str, Any] = {}
-
-    class Loader:
-        def __init__(self, dataset: str, pattern: str, **kwargs: Any) -> None:
-            assert pattern == "chunk"
-            self.dataset = dataset
-
-        def close(self) -> None:
-            pass
-
-    def interleaved(runs: dict[str, Any], **kwargs: Any) -> dict[str, Timing]:
-        asked.update(runs=sorted(runs), **kwargs)
-        # side by side the drift cancels: raw-4m is clearly ahead now
-        rates = {"raw-contig": (800, 820, 810), "raw-4m": (1200, 1210, 1190)}
-        return {name: _runs(name, rates[name], 1).patterns["chunk"].timing for name in runs}
-
-    def dataset(path: str, *args: Any, remote: Any = None, **kwargs: Any) -> str:
-        asked.setdefault("stores", []).append(remote.store)
-        return path
-
-    monkeypatch.setattr(loaders, "open_dataset", dataset)
-    monkeypatch.setattr(loaders, "PatternLoader", Loader)
-    monkeypatch.setattr(timing, "time_interleaved", interleaved)
-    variants = [
-        dataclasses.replace(_runs(name, rates, SIZES[name]), path=f"{name}.h5")
-        for name, rates in RUN_B.items()
-    ]
-    store = LocalStore()  # the one store compare chose for each pack at its edge
-    settled = settle(variants, CompareOptions(), TrainingRead(), store_for=lambda path: store)
-    assert asked["runs"] == ["raw-4m", "raw-contig"]  # the front-runners, not zstd
-    assert [s is store for s in asked["stores"]] == [True, True]  # each pack's store kept
-    assert asked["repeats"] >= 3
-    by_name = {v.name: v for v in settled}
-    assert by_name["raw-4m"].patterns["chunk"].side_by_side
-    assert not by_name["zstd"].patterns["chunk"].side_by_side
-    choice = recommend(settled, available_bytes=10**12)
-    assert choice is not None
-    assert choice.name == "raw-4m"  # no longer too close: the settled runs do not overlap
-    assert choice.too_close == ()
-    assert any("were timed again side by side" in note for note in choice.notes)
 
 
 # -- issue 29.6: like with like ---------------------------------------------------------

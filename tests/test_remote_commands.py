@@ -70,9 +70,7 @@ def test_cli_compare_measures_a_remote_pack_beside_the_local_one(
     remote, local = variants["remote"], variants["a"]
     for key in ("num_samples", "file_bytes", "chunk_bytes", "codec", "layout", "mode"):
         assert remote[key] == local[key], key
-    # the loader's patterns on both; the naive h5py read is a local file's reference only
-    assert "naive" not in remote["patterns"]
-    assert set(remote["patterns"]) == set(local["patterns"]) - {"naive"}
+    assert set(remote["patterns"]) == set(local["patterns"]) == {"random", "chunk", "sequential"}
     assert s3_bucket.proxy.counts.gets >= 5  # 37 samples in 5 chunks, read remotely
     # the client's settings (a secret among them) never land in the report
     secret = str(s3_bucket.storage_options["secret_access_key"])

@@ -15,11 +15,11 @@ Nothing here imports torch until a loader is measured.
 
 from __future__ import annotations
 
-from h5pack.bench.access import NAIVE, PATTERNS, PackShape, ReadCount, pack_shape
+from h5pack.bench.access import PATTERNS, PackShape, ReadCount, pack_shape
 from h5pack.bench.compare import CompareReport, compare
 from h5pack.bench.diagnose import Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
-from h5pack.bench.measure import MEASURED, PatternResult, measure_pack
+from h5pack.bench.measure import PatternResult, measure_pack
 from h5pack.bench.mixture import MixBench, MixPlan, bench_mix, mix_plan
 from h5pack.bench.options import BenchOptions, CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import Recommendation, VariantResult, recommend
@@ -47,8 +47,6 @@ from h5pack.training.advice import BOTTLENECKS
 __all__ = [
     "BOTTLENECKS",
     "DEFAULT_VARIANTS",
-    "MEASURED",
-    "NAIVE",
     "PATTERNS",
     "QUICK_VARIANTS",
     "QUICK_VARIANTS_MIXED",

@@ -2,27 +2,24 @@
 
 Every variant is read as training will read it (``TrainingRead``: the loader's size, crop
 and flip) under each access pattern through one loader, and a variant is recommended only
-when the loader can batch it (``h5pack.bench.ranking``). A pack larger than the page cache
-is measured with a cold cache (see the note "Packs larger than memory" there).
+when the loader can batch it (``h5pack.bench.ranking``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.bench.access import NAIVE
-from h5pack.bench.measure import MEASURED, PatternResult, measure_pack
+from h5pack.bench.measure import PatternResult, measure_pack
 from h5pack.bench.options import CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import (
     Recommendation,
@@ -40,8 +37,6 @@ from h5pack.bench.reading import (
     survey_folder,
     survey_pack,
 )
-from h5pack.bench.scale import ScaleProjection, projections_of
-from h5pack.bench.settle import pruned, removed, settle
 from h5pack.bench.system import (
     Machine,
     is_set_path,
@@ -59,7 +54,6 @@ from h5pack.core.machine import available_memory_bytes
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
-from h5pack.training.advice import CACHE_SHARE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +74,6 @@ class CompareReport:
         sizes: The images' sizes, in words.
         plan: Why these variants were built, or "" for given packs and named variants.
         available_bytes: Memory available when the comparison started (None: unknown).
-        projections: Each chunked variant's chunk work per sample at the dataset size
-            (``bench.scale``), in the ranking's order.
     """
 
     source: str
@@ -95,7 +87,6 @@ class CompareReport:
     sizes: str = ""
     plan: str = ""
     available_bytes: int | None = None
-    projections: tuple[ScaleProjection, ...] = ()
 
     @property
     def read_note(self) -> str:
@@ -112,7 +103,6 @@ def _describe_pack(
     patterns: dict[str, PatternResult],
     keep: bool,
     problem: str | None,
-    cold: bool,
     store: Store | None = None,
 ) -> VariantResult:
     from h5pack.check import pack_info
@@ -140,18 +130,13 @@ def _describe_pack(
         command=command,
         patterns=patterns,
         problem=problem,
-        cold=cold,
         pixels=f"{meta.num_samples:,} images, {sizes.describe()}",
     )
 
 
-def steps_per_pack(measure: MeasureOptions, *, remote: bool = False) -> int:
-    """Progress steps of measuring one pack (a remote one: no naive read)."""
-    steps = 0
-    for pattern in MEASURED:
-        if pattern in measure.patterns and not (remote and pattern == "naive"):
-            steps += measure.repeats + (0 if pattern == "naive" else measure.warmup)
-    return steps
+def steps_per_pack(measure: MeasureOptions) -> int:
+    """Progress steps of measuring one pack."""
+    return len(measure.patterns) * (measure.repeats + measure.warmup)
 
 
 @contextlib.contextmanager
@@ -176,21 +161,13 @@ class _Plan:
     train: TrainingRead
     survey: SizeSurvey
     available_bytes: int | None
-    cache_bytes: float | None
-
-    def measure(self, options: MeasureOptions, file_bytes: int) -> MeasureOptions:
-        cold = self.cache_bytes is not None and file_bytes > self.cache_bytes
-        return dataclasses.replace(options, train=self.train, cold=cold)
+    measure: MeasureOptions
 
 
 def _plan(options: CompareOptions, survey: SizeSurvey) -> _Plan:
+    train = resolve_training_read(options.train, survey)
     available = options.memory_bytes or available_memory_bytes()
-    return _Plan(
-        train=resolve_training_read(options.train, survey),
-        survey=survey,
-        available_bytes=available,
-        cache_bytes=CACHE_SHARE * available if available else None,
-    )
+    return _Plan(train, survey, available, replace(options.measure, train=train))
 
 
 def compare(
@@ -200,7 +177,7 @@ def compare(
     work_dir: StrPath | None = None,
     keep: bool = False,
     on_event: Callable[[CompareEvent], None] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> CompareReport:
     """Measure pack layouts side by side on one image folder, or measure given packs.
 
@@ -214,8 +191,8 @@ def compare(
         work_dir: Where variants are written (default: a temporary folder).
         keep: Keep the variants built (else each is deleted once measured).
         on_event: Called with progress events.
-        storage_options: The remote client's settings for URLs, beyond the environment's
-            (never written into the report).
+        store: The store of the URLs among ``sources`` (``open_store(url,
+            storage_options)``; None: the environment's settings).
 
     Returns:
         The measurements, ranked, with a recommendation.
@@ -249,42 +226,34 @@ def compare(
     reason = ""
     if folder:
         emit(CompareEvent("note", "reading the image sizes"))
-        survey = survey_folder(paths[0])
-        plan = _plan(options, survey)
-        specs, skipped, reason = choose_variants(options.variants, survey, options.size)
+        plan = _plan(options, survey_folder(paths[0]))
+        specs, skipped, reason = choose_variants(options.variants, plan.survey, options.size)
         for skip in skipped:
             emit(CompareEvent("note", f"skipped {skip.name}: {skip.reason}"))
         emit(CompareEvent("start", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
         with _work_dir(work_dir, keep) as where:
             for spec in specs:
-                result = _build_and_measure(paths[0], spec, where, options, plan, emit)
+                result = _build_and_measure(paths[0], spec, where, options, plan, emit, keep)
                 if isinstance(result, SkippedVariant):
                     for _ in range(per_pack):
                         emit(CompareEvent("step", f"{spec.name}: skipped"))
                     skipped.append(result)
                 else:
                     results.append(result)
-                    results = pruned(results, keep)
-            results = settle(results, options, plan.train, emit)
-            if not keep:
-                results = [removed(r) for r in results]
             kept_dir = os.fspath(where) if keep else None
     else:
-        stores = {os.fspath(p): open_store(p, storage_options) for p in paths}  # the edge
+        stores = {
+            os.fspath(p): store if store is not None and is_url(p) else open_store(p) for p in paths
+        }
         surveys = [survey_pack(path, stores[os.fspath(path)]) for path in paths]
-        survey = _merged(surveys)
-        plan = _plan(options, survey)
-        remote = [is_url(p) for p in paths]
-        steps = sum(steps_per_pack(options.measure, remote=r) for r in remote)
-        emit(CompareEvent("start", f"measuring {len(paths)} packs", steps))
-        if any(remote) and NAIVE in options.measure.patterns:
-            emit(CompareEvent("note", "a remote pack is measured through the loader only"))
-        names = unique_names(paths)
-        for path, name, own in zip(paths, names, surveys, strict=True):
+        plan = _plan(options, _merged(surveys))
+        emit(CompareEvent("start", f"measuring {len(paths)} packs", per_pack * len(paths)))
+        for path, name, own in zip(paths, unique_names(paths), surveys, strict=True):
             emit(CompareEvent("note", f"measuring {name}"))
-            store = stores[os.fspath(path)]
-            measure = plan.measure(options.measure, source_bytes(path, store))
-            patterns = measure_pack(path, measure, on_step=_stepper(emit, name), store=store)
+            where_kept = stores[os.fspath(path)]
+            patterns = measure_pack(
+                path, plan.measure, on_step=_stepper(emit, name), store=where_kept
+            )
             results.append(
                 _describe_pack(
                     os.fspath(path),
@@ -294,17 +263,14 @@ def compare(
                     patterns=patterns,
                     keep=True,
                     problem=batch_problem(own, plan.train),
-                    cold=measure.cold and not is_url(path),
-                    store=store,
+                    store=where_kept,
                 )
             )
-        results = settle(results, options, plan.train, emit, stores.__getitem__)
     ranked = tuple(
         result
         for group in ([results] if options.across_pixels else pixel_groups(results))
         for result in sorted(group, key=rank_key, reverse=True)
     )
-    projections = projections_of(ranked, options)
     train = {**plan.train.to_json(), "note": auto_note(plan.train, plan.survey)}
     return CompareReport(
         source=os.fspath(paths[0]) if folder else ", ".join(map(os.fspath, paths)),
@@ -325,7 +291,6 @@ def compare(
         sizes=plan.survey.describe(),
         plan=reason,
         available_bytes=plan.available_bytes,
-        projections=projections,
     )
 
 
@@ -352,6 +317,7 @@ def _build_and_measure(
     options: CompareOptions,
     plan: _Plan,
     emit: Callable[[CompareEvent], None],
+    keep: bool,
 ) -> VariantResult | SkippedVariant:
     from h5pack.write.convert import convert
 
@@ -370,18 +336,16 @@ def _build_and_measure(
         return SkippedVariant(spec.name, str(err))
     emit(CompareEvent("step", f"{spec.name}: converted"))
     try:
-        measure = plan.measure(options.measure, os.path.getsize(target))
-        patterns = measure_pack(target, measure, on_step=_stepper(emit, spec.name))
+        patterns = measure_pack(target, plan.measure, on_step=_stepper(emit, spec.name))
         return _describe_pack(
             os.fspath(target),
             spec.name,
             convert_s=report.elapsed_s,
             command=spec.command(os.fspath(source), target.name, size=options.size),
             patterns=patterns,
-            keep=True,  # until the settling round; compare removes it unless kept
+            keep=keep,
             problem=batch_problem(survey_pack(target), plan.train),
-            cold=measure.cold,
         )
-    except BaseException:
-        target.unlink(missing_ok=True)
-        raise
+    finally:
+        if not keep:
+            target.unlink(missing_ok=True)

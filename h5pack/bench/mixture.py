@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from h5pack.bench.timing import Count, Timing, time_interleaved
+from h5pack.core.store import Store
 from h5pack.read.mixture import MixView, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.training.weighted import SourceShare, WeightedMix, check_weights, source_shares
@@ -139,15 +140,16 @@ def bench_mix(
     budget_s: float = 30.0,
     seed: int = 0,
     on_step: Callable[[], None] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> MixBench:
     """Time ``make_loader(sources, batch_size, weights=weights, ...)`` over whole epochs.
 
-    URLs among ``sources`` are read with ``storage_options`` (beyond the environment's).
+    URLs among ``sources`` are read from ``store`` (None: chosen per path).
 
     Raises:
         OptionsError: a bad setting; FileNotFoundError, FormatError: a bad source.
     """
+    from h5pack.read.options import ReaderOptions
     from h5pack.training.epochs import EpochSpec
     from h5pack.training.loader import make_loader
     from h5pack.training.mixed import H5MixDataset
@@ -160,7 +162,7 @@ def bench_mix(
         size=size,
         seed=seed,
         return_source=True,
-        storage_options=storage_options,
+        reader=ReaderOptions(store=store),
     )
     dataset = loader.dataset
     assert isinstance(dataset, H5MixDataset)  # make_loader with weights= builds one

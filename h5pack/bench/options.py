@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from h5pack.bench.access import MEASURED, check_pattern
+from h5pack.bench.access import PATTERNS, check_pattern
 from h5pack.bench.reading import TrainChoice, TrainingRead
 from h5pack.bench.variants import DEFAULT_VARIANTS, parse_variants
 from h5pack.core.store import Store
@@ -96,23 +96,13 @@ class MeasureOptions:
         epoch_budget_s: Seconds of one loader epoch at most: a slow pattern (a full shuffle
             of large compressed chunks) is timed on a prefix of its epoch, its rate being
             steady.
-        naive_budget_s: Seconds per repeat of naive per-sample reads (a prefix of the epoch,
-            at least ``naive_min_samples``).
-        naive_min_samples: Samples per repeat of naive reads, whatever the budget.
-        patterns: What to measure, among ``MEASURED``.
+        patterns: What to measure, among ``PATTERNS``.
         train: How training reads the images (size, crop, flip).
-        cold: Drop the pack from the page cache before every timed epoch (a pack larger
-            than the page cache reads at disk speed).
-        pair_epochs: Epochs planned to count batch-pair repetition.
         seed: Seed of every order.
         target_spread: Runs of a pattern spread wider than this (fastest - slowest over
             median) are lengthened and timed again while ``budget_s`` allows (see "Timing
             enough work"); None times each run once.
         budget_s: Seconds the timing of one pack may take while runs are lengthened.
-        cache: ``"decoded"``: every loader pattern reads through ``make_loader``'s decoded
-            cache, which the warm-up epoch fills: the figures are later epochs' (README's
-            training loop from its second epoch); None: every epoch as the first.
-        cache_bytes: The decoded cache's budget (``make_loader``'s ``cache_bytes``).
     """
 
     batch_size: int = 64
@@ -121,36 +111,24 @@ class MeasureOptions:
     warmup: int = 1
     min_run_s: float = 0.2
     epoch_budget_s: float = 10.0
-    naive_budget_s: float = 2.0
-    naive_min_samples: int = 16
-    patterns: tuple[str, ...] = MEASURED
+    patterns: tuple[str, ...] = PATTERNS
     train: TrainingRead = field(default_factory=TrainingRead)
-    cold: bool = False
-    pair_epochs: int = 3
     seed: int = 0
     target_spread: float | None = 0.1
     budget_s: float | None = 15.0
-    cache: Literal["decoded"] | None = None
-    cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        check_cache(self.cache, self.cache_bytes)
         check_loader(self.batch_size, self.workers, self.repeats)
         if self.min_run_s < 0:
             raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={self.min_run_s}")
-        for name in ("epoch_budget_s", "naive_budget_s"):
-            if getattr(self, name) <= 0:
-                raise OptionsError(
-                    f"{name} should be positive, but got {name}={getattr(self, name)}"
-                )
-        if self.pair_epochs < 2:
+        if self.epoch_budget_s <= 0:
             raise OptionsError(
-                f"pair_epochs should be >= 2, but got pair_epochs={self.pair_epochs}"
+                f"epoch_budget_s should be positive, but got epoch_budget_s={self.epoch_budget_s}"
             )
-        unknown = [p for p in self.patterns if p not in MEASURED]
+        unknown = [p for p in self.patterns if p not in PATTERNS]
         if unknown or not self.patterns:
             raise OptionsError(
-                f"patterns should be among {', '.join(MEASURED)}, but got {self.patterns!r}"
+                f"patterns should be among {', '.join(PATTERNS)}, but got {self.patterns!r}"
             )
 
 
@@ -255,14 +233,11 @@ class CompareOptions:
             keeps the images' size.
         train: How training reads the images (``TrainingRead``: size, crop, flip), or
             ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
-        measure: How each pack is measured (its ``train`` and ``cold`` are set per pack).
+        measure: How each pack is measured (its ``train`` is set by ``compare``).
         convert_workers: Conversion processes (None: every core).
         memory_bytes: Memory available to the page cache; None reads it when the
             comparison starts.
         seed: Seed of the stored sample order.
-        dataset_size: Samples of the training set the packs stand for: the report also
-            projects each pack's chunk work per sample to that size (``bench.scale``);
-            None: ImageNet-1k's 1,281,167, or the packs' own size when larger.
         across_pixels: Rank packs holding different pixels (other sizes or images)
             together, on speed alone (see "Like with like" in ``bench.ranking``).
     """
@@ -274,19 +249,9 @@ class CompareOptions:
     convert_workers: int | None = None
     memory_bytes: int | None = None
     seed: int = 0
-    dataset_size: int | None = None
     across_pixels: bool = False
 
     def __post_init__(self) -> None:
-        if self.dataset_size is not None and (
-            isinstance(self.dataset_size, bool)
-            or not isinstance(self.dataset_size, int)
-            or self.dataset_size < 1
-        ):
-            raise OptionsError(
-                "dataset_size should be a positive number of samples, but got "
-                f"dataset_size={self.dataset_size!r}"
-            )
         if self.variants != "quick":
             parse_variants(list(self.variants))  # refuse a bad name before any work
         if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
@@ -308,8 +273,6 @@ class CompareOptions:
             warmup=1,
             min_run_s=0.1,
             epoch_budget_s=2.0,
-            naive_budget_s=0.25,
-            naive_min_samples=8,
             budget_s=5.0,
         )
         return cls(**{"variants": "quick", "measure": measure, **changes})

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from h5pack._types import StrPath
-from h5pack.bench.access import PATTERN_TITLES
+from h5pack.bench.access import PATTERN_TITLES, PATTERNS
 from h5pack.bench.compare import CompareReport
-from h5pack.bench.measure import MEASURED
 from h5pack.bench.ranking import VariantResult
 from h5pack.errors import install_line
 
@@ -48,7 +47,7 @@ def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
         else f"{v.name}\n({v.samples_per_chunk:.0f}/chunk)"
         for v in variants
     ]
-    patterns = [p for p in MEASURED if any(p in v.patterns for v in variants)]
+    patterns = [p for p in PATTERNS if any(p in v.patterns for v in variants)]
     figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(variants) + 2), 4.8))
     width = 0.8 / max(1, len(patterns))
     for k, pattern in enumerate(patterns):

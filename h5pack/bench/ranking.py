@@ -1,17 +1,6 @@
 """Which measured variant to use: each variant's results, and the recommendation.
 
-A variant is recommended only when the loader can batch it as training reads it, and a
-pack larger than the page cache is judged by its cold figures (see the note "Packs larger
-than memory").
-
-# NOTE [ Packs larger than memory ]
-#
-# The page cache holds what memory the training process leaves. A pack larger than
-# ``CACHE_SHARE`` of the memory available when the comparison starts cannot stay cached
-# next to training, so every epoch reads it from disk: it is measured with the page cache
-# dropped before every timed epoch (``MeasureOptions.cold``), as ``bench --diagnose`` does.
-# Where the OS keeps it cached anyway (tmpfs), its warm figures would overstate it: it is
-# then recommended only when no pack that fits is a candidate, and the report says why.
+A variant is recommended only when the loader can batch it as training reads it.
 """
 
 from __future__ import annotations
@@ -51,7 +40,6 @@ class VariantResult:
         patterns: Each access pattern's result.
         problem: Why the loader cannot batch it as training reads it (then it is never
             recommended), else None.
-        cold: Whether it was measured with a cold page cache (larger than the cache).
         pixels: The images it holds, in words (their count and sizes): packs whose
             ``pixels`` differ hold different data, and are ranked apart (see "Like with
             like").
@@ -72,7 +60,6 @@ class VariantResult:
     command: str | None
     patterns: dict[str, PatternResult]
     problem: str | None = None
-    cold: bool = False
     pixels: str = ""
 
     @property
@@ -89,17 +76,6 @@ class VariantResult:
     def batchable(self) -> bool:
         """Whether the loader can stack its images into batches as training reads them."""
         return self.problem is None
-
-    @property
-    def page_cache(self) -> str:
-        """``"warm"``, ``"cold"``, or why a cold measurement stayed warm."""
-        states = [r.page_cache for r in self.patterns.values()]
-        return next((s for s in states if s.startswith("warm:")), states[0] if states else "warm")
-
-    @property
-    def overstated(self) -> bool:
-        """Larger than the page cache, but measured warm (the OS kept it cached)."""
-        return self.cold and self.page_cache != "cold"
 
     def rate(self, pattern: str = "chunk") -> float:
         """Median images per second of ``pattern`` (0 when not measured)."""
@@ -150,9 +126,7 @@ def rank_key(result: VariantResult) -> float:
 # reaches ``AS_FAST`` of the fastest variant's slowest run, and the smallest front-runner is
 # chosen; noise widens the set rather than reordering it. When the choice's runs overlap a
 # faster front-runner's, the line says "too close to call". Runs spread past
-# ``ROUGH_SPREAD`` (fastest - slowest over median) carry bench's warning. The front-runners
-# are timed again side by side, epochs alternating (``bench.settle``), so that the
-# machine's load falls on each alike.
+# ``ROUGH_SPREAD`` (fastest - slowest over median) carry bench's warning.
 ROUGH_SPREAD = 0.2
 
 
@@ -184,8 +158,7 @@ def _rough_note(results: Sequence[VariantResult]) -> str | None:
         (r.name, p, t.timing.spread)
         for r in results
         for p, t in r.patterns.items()
-        if p != "naive"  # a reference, cut at a budget: never a basis of the choice
-        and (t.timing.spread > ROUGH_SPREAD or not t.timing.stable)
+        if t.timing.spread > ROUGH_SPREAD or not t.timing.stable
     ]
     if not rough:
         return None
@@ -208,29 +181,20 @@ def _memory_note(
 ) -> str:
     if available_bytes is None:
         return "The memory available is unknown here: every pack was measured warm."
-    cold = [r for r in results if r.cold]
-    largest = max(results, key=lambda r: r.file_bytes)
-    if not cold:
+    large = [r for r in results if r.file_bytes > cache_share * available_bytes]
+    if not large:
+        largest = max(results, key=lambda r: r.file_bytes)
         return (
             f"Every pack fits in the page cache ({human_bytes(largest.file_bytes)} at most, with "
             f"{human_bytes(available_bytes)} of memory available), so each was read from memory: "
             "here a smaller file saves disk and cache room, not time."
         )
-    verb = "is" if len(cold) == 1 else "are"
-    them = "it" if len(cold) == 1 else "them"
-    note = (
-        f"{_names(cold)} {verb} larger than {cache_share:.0%} of the memory available "
-        f"({human_bytes(available_bytes)}), so training would read {them} from disk: measured "
-        "with a cold page cache."
+    verb = "is" if len(large) == 1 else "are"
+    return (
+        f"{_names(large)} {verb} larger than {cache_share:.0%} of the memory available "
+        f"({human_bytes(available_bytes)}): training would read from disk what this warm "
+        "measurement read from memory; h5pack bench --diagnose PACK times a cold page cache."
     )
-    overstated = [r for r in cold if r.overstated]
-    if overstated:
-        note += (
-            f" The OS kept {_names(overstated)} cached all the same "
-            f"({overstated[0].page_cache.removeprefix('warm: ')}): their figures are warm and "
-            "overstate them, so packs that fit are preferred."
-        )
-    return note
 
 
 # NOTE [ Like with like ]
@@ -268,9 +232,8 @@ def recommend(
 ) -> Recommendation | None:
     """Pick the smallest pack among the candidates within ``AS_FAST`` of the fastest.
 
-    Candidates are the packs the loader can batch as training reads them (a pack larger than
-    the page cache measured warm all the same only when no pack that fits is: "Packs larger
-    than memory"), ranked by the loader's chunk-aware throughput; a pack nearly as fast but
+    Candidates are the packs the loader can batch as training reads them, ranked by the
+    loader's chunk-aware throughput; a pack nearly as fast but
     much smaller wins (less disk and page cache). Packs holding different pixels compete
     only with ``across_pixels`` (see "Like with like").
     """
@@ -325,10 +288,9 @@ def _recommend(
             "e.g. --train-size 224), or store raw pixels at one size (--size N (or H,W))."
         )
         return Recommendation(None, line, None, tuple(notes))
-    trusted = [r for r in candidates if not r.overstated] or candidates
-    best = max(rank_key(r) for r in trusted)
-    fastest = max(trusted, key=rank_key)
-    close = front_runners(trusted)
+    best = max(rank_key(r) for r in candidates)
+    fastest = max(candidates, key=rank_key)
+    close = front_runners(candidates)
     choice = min(close, key=lambda r: (r.file_bytes, -rank_key(r)))
     span = choice.interval(rank_pattern(choice))
     tied = [
@@ -360,8 +322,6 @@ def _recommend(
         )
     else:
         why += f", the fastest ({human_bytes(choice.file_bytes)})"
-    if choice.cold:
-        why += "; measured from disk, as training will read a pack this large"
     others = [
         f"{choice.rate(p):,.0f} images/s {where}"
         for p, where in (("random", "in a full shuffle"), ("sequential", "in pack order"))
@@ -369,7 +329,7 @@ def _recommend(
     ]
     if others:
         notes.insert(0, f"Through the same loader, {choice.name} reads {' and '.join(others)}.")
-    smallest = min(trusted, key=lambda r: r.file_bytes)
+    smallest = min(candidates, key=lambda r: r.file_bytes)
     if smallest is not choice and choice.file_bytes >= 2 * smallest.file_bytes:
         slower = rank_key(choice) / rank_key(smallest) if rank_key(smallest) else math.inf
         notes.append(
@@ -379,15 +339,7 @@ def _recommend(
             "disk space or memory for the page cache is short."
         )
     notes.insert(1 if others else 0, _memory_note(results, available_bytes, cache_share))
-    rough = _rough_note(trusted)
-    side = [r.name for r in trusted if any(p.side_by_side for p in r.patterns.values())]
-    if len(side) > 1:
-        notes.insert(
-            0,
-            f"The front-runners {_names([r for r in trusted if r.name in side])} were timed "
-            "again side by side, their epochs alternating, so that a change in the machine's "
-            "load falls on each alike: their chunk-aware figures are from that round.",
-        )
+    rough = _rough_note(candidates)
     if rough is not None:
         notes.insert(0, rough)
     return Recommendation(

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.bench.access import NAIVE
 from h5pack.bench.compare import CompareReport
 from h5pack.bench.diagnose import Diagnosis
 from h5pack.bench.diagnose import format_diagnosis as format_diagnosis  # re-exported
@@ -32,31 +31,24 @@ NOT_CANDIDATE = "*"
 PARTIAL = "†"
 NOTES = (
     "random, chunk-aware and sequential: one dataset read through h5pack's loader in a "
-    "full shuffle, in ChunkBatchSampler's order and in pack order, as training reads it. "
-    "naive h5py: one h5py read per sample in a full shuffle (h5py's chunk cache), what a "
-    "hand-written Dataset does; a reference, not a basis of comparison.",
+    "full shuffle, in ChunkBatchSampler's order and in pack order, as training reads it.",
     "Throughput is the median of the timed runs (each of one or more whole epochs, or of "
     f"an epoch's first batches where marked {PARTIAL}), ± half the spread between the "
     "slowest and fastest; MB/s counts the bytes delivered; CPU/image is the chunk-aware "
     "runs' CPU time of the whole process tree (the loader's workers included) per image. "
-    "Page cache "
-    "warm unless a pack is larger than half the memory available (then cold). An epoch "
-    "over a compressed pack starts from a fresh loader, so no decompressed chunk carries "
-    "over between epochs.",
+    "Page cache warm. An epoch over a compressed pack starts from a fresh loader, so no "
+    "decompressed chunk carries over between epochs.",
     "chunks/sample: chunks read whole (and decompressed when compressed) per sample, full "
     "shuffle → chunk-aware; read/sample: bytes read from the file per sample, likewise; "
     "both counted from the pack's chunks and the loader's window (see access.py's note "
     "'Chunk work per sample').",
     "shuffle: jump entropy of the chunk-aware order relative to a full shuffle (1.00 = as "
-    "random by this measure, MosaicML Streaming's). pair repeats: how often two samples "
-    "that share a chunk-aware batch already shared one in an earlier epoch, relative to a "
-    "full shuffle (1.0x = as a full shuffle; pack order repeats every pair). Neither "
-    "replaces checking accuracy.",
+    "random by this measure, MosaicML Streaming's); it does not replace checking accuracy.",
     f"{NOT_CANDIDATE} after a name: the loader cannot batch this pack as read, so it is "
     "never recommended (see below the table).",
     f"{PARTIAL}N%: the figure rests on the first N% of an epoch, not whole epochs (a slow "
-    "pattern is cut at --quick's short epoch budget; naive h5py reads always are), and "
-    "so do its chunks/sample and read/sample; run without --quick for whole epochs.",
+    "pattern is cut at --quick's short epoch budget), and so do its chunks/sample and "
+    "read/sample; run without --quick for whole epochs.",
     "pixels/file: the decoded pixels' bytes over the file's (h5pack info's ratio is the "
     "stored bytes over the file's: the codec's compression alone).",
 )
@@ -98,12 +90,6 @@ def _cpu(result: PatternResult | None) -> str:
     return "-" if cpu is None else f"{1e6 * cpu:,.0f} us"
 
 
-def _pairs(result: PatternResult | None) -> str:
-    if result is None or result.pair_repeat_shuffle <= 0:
-        return "-"
-    return f"{result.pair_repeat_ratio:.1f}x"
-
-
 COLUMNS = (
     "#",
     "variant",
@@ -113,12 +99,10 @@ COLUMNS = (
     "random img/s",
     "chunk-aware img/s",
     "sequential img/s",
-    "naive h5py img/s",
     "MB/s",
     "chunks/sample",
     "read/sample",
     "shuffle",
-    "pair repeats",
     "CPU/image",
 )
 
@@ -162,8 +146,6 @@ def table_rows(report: CompareReport) -> list[list[str]]:
     for rank, variant in zip(_ranks(report), report.variants, strict=True):
         chunk = variant.patterns.get("chunk")
         name = variant.name + ("" if variant.batchable else f" {NOT_CANDIDATE}")
-        if variant.cold:
-            name += " (cold)"
         rows.append(
             [
                 rank,
@@ -174,12 +156,10 @@ def table_rows(report: CompareReport) -> list[list[str]]:
                 _rate(variant.patterns.get("random")),
                 _rate(chunk, spread=True),
                 _rate(variant.patterns.get("sequential")),
-                _rate(variant.patterns.get(NAIVE)),
                 f"{chunk.mb_per_s:,.0f}" if chunk else "-",
                 _pair(variant, "chunks_per_sample", "number"),
                 _pair(variant, "bytes_per_sample", "bytes"),
                 f"{chunk.shuffle_vs_random:.2f}" if chunk else "-",
-                _pairs(chunk),
                 _cpu(chunk),
             ]
         )
@@ -200,12 +180,6 @@ def _preamble(report: CompareReport) -> list[str]:
     pixels = pixels_line(report)
     if pixels is not None:
         lines.append(pixels)
-    if report.options.get("measure", {}).get("cache") == "decoded":
-        lines.append(
-            "Read through the decoded cache (--cache decoded, make_loader's cache='decoded'): "
-            "the warm-up epoch filled it; the table's figures are the later epochs' (the "
-            "first epochs' are under the table)."
-        )
     if report.plan:
         lines.append(report.plan)
     return lines
@@ -224,10 +198,7 @@ def _recommendation(report: CompareReport) -> list[str]:
 
 def _partial_legend(report: CompareReport) -> list[str]:
     partial = [
-        f"{v.name} ({p})"
-        for v in report.variants
-        for p, r in v.patterns.items()
-        if r.partial and p != NAIVE
+        f"{v.name} ({p})" for v in report.variants for p, r in v.patterns.items() if r.partial
     ]
     if not partial:
         return []
@@ -238,50 +209,10 @@ def _partial_legend(report: CompareReport) -> list[str]:
     ]
 
 
-def first_epoch_lines(report: CompareReport) -> list[str]:
-    """Return, with the decoded cache, each variant's first (cache-filling) epoch rate."""
-    if report.options.get("measure", {}).get("cache") != "decoded":
-        return []
-    rates = [
-        f"{v.name} {chunk.timing.first_epoch_per_s:,.0f}"
-        for v in report.variants
-        if (chunk := v.patterns.get("chunk")) is not None
-        and chunk.timing.first_epoch_per_s is not None
-    ]
-    text = "First epochs, filling the decoded cache (chunk-aware, images/s): "
-    return (
-        [f"{text}{', '.join(rates)}; the table's figures are the later epochs'."] if rates else []
-    )
-
-
-def scale_lines(report: CompareReport) -> list[str]:
-    """Return the lines on chunk work at the dataset size (``bench.scale``)."""
-    if not report.projections:
-        return []
-    size = report.projections[0].num_samples
-    default = report.options.get("dataset_size") is None
-    where = " (ImageNet-1k's size; --dataset-size N for yours)" if default else ""
-    lines = [
-        f"At {size:,} samples{where}, as training at scale meets a pack, chunks decompressed "
-        "per sample in a full shuffle -> chunk-aware order (naive h5py), with the window "
-        "make_loader gives each worker by default:"
-    ]
-    for p in report.projections:
-        c = p.chunks_per_sample
-        gain = f"{p.gain:,.1f}" if p.gain < 10 else f"{p.gain:,.0f}"
-        lines.append(
-            f"  {p.name}: {c['random']:.3g} -> {c['chunk']:.3g} ({gain}x fewer; naive "
-            f"{c['naive']:.3g}), window {p.window_chunks:,} of {p.num_chunks:,} chunks"
-        )
-    return lines
-
-
 def format_compare(report: CompareReport) -> str:
     """Return the comparison as a terminal would show it: how read, table, recommendation."""
     parts = [*_preamble(report), format_table(table_rows(report)), *_partial_legend(report)]
-    parts += first_epoch_lines(report)
     parts += [f"skipped {s.name}: {s.reason}" for s in report.skipped]
-    parts += scale_lines(report)
     parts += _recommendation(report)
     return "\n".join(parts)
 
@@ -313,9 +244,6 @@ def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
         if report.recommendation.command:
             lines += ["```", report.recommendation.command, "```", ""]
     lines += [markdown_table(table_rows(report)), ""]
-    scale = scale_lines(report)
-    if scale:
-        lines += [scale[0], ""] + [f"- {line.strip()}" for line in scale[1:]] + [""]
     if report.skipped:
         lines += ["Skipped:", ""] + [f"- {s.name}: {s.reason}" for s in report.skipped] + [""]
     lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]

@@ -300,9 +300,9 @@ def source_bytes(source: PackSource, store: Store | None = None) -> int:
     return sum(Path(path).stat().st_size for path in pack_files(source))
 
 
-def drop_source(source: PackSource) -> CacheDrop:
+def drop_source(source: PackSource, store: Store | None = None) -> CacheDrop:
     """Drop every file of ``source`` from the page cache (see ``drop_page_cache``)."""
-    if open_store(source).remote:
+    if (store or open_store(source)).remote:
         return CacheDrop(False, None, "a remote pack: its reads are requests, no page cache")
     outcomes = [drop_page_cache(path) for path in pack_files(source)]
     failed = [o for o in outcomes if not o.dropped]
@@ -313,12 +313,12 @@ def drop_source(source: PackSource) -> CacheDrop:
     return CacheDrop(True, None, f"{outcomes[0].message} ({len(outcomes)} shards)")
 
 
-def warm_source(source: PackSource) -> int:
+def warm_source(source: PackSource, store: Store | None = None) -> int:
     """Read every file of ``source`` once so that its pages are cached; return the bytes.
 
     A remote source has no local pages: nothing is read (0).
     """
-    if open_store(source).remote:
+    if (store or open_store(source)).remote:
         return 0
     return sum(warm_page_cache(path) for path in pack_files(source))
 

@@ -27,8 +27,8 @@ from h5pack.cli.flags import (
     ImageSize,
     ImageSizeOption,
     mix_flags,
-    parse_storage_options,
     storage_option_flag,
+    store_of,
 )
 from h5pack.cli.main import ByteSize, quiet_flag
 from h5pack.core.vocabulary import PATTERNS
@@ -78,15 +78,6 @@ from h5pack.core.vocabulary import PATTERNS
 )
 @click.option("--convert-workers", type=int, default=None, help="Conversion processes.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@cache_flags
-@click.option(
-    "--dataset-size",
-    default=None,
-    metavar="N",
-    help="Samples of the training set these packs stand for (e.g. 1281167, 500k, 1.28M): "
-    "the report projects each pack's chunks decompressed per sample to that size, where "
-    "the chunk-aware order pays off [default: ImageNet-1k's 1.28M].",
-)
 @click.option(
     "--across-pixels",
     is_flag=True,
@@ -112,9 +103,6 @@ def compare(
     repeats: int | None,
     convert_workers: int | None,
     seed: int,
-    cache: str | None,
-    cache_bytes: int | None,
-    dataset_size: str | None,
     across_pixels: bool,
     no_plots: bool,
     as_json: bool,
@@ -130,7 +118,7 @@ def compare(
     From a folder, every variant is converted into a temporary folder (--keep keeps
     them), then read as training will read it (--train-size, --crop, --flip) through
     h5pack's loader under three access patterns: a full shuffle, the chunk-aware order and
-    pack order (plus a bare h5py per-sample read, for reference). Prints a table ranked by
+    pack order. Prints a table ranked by
     throughput and a recommendation among the packs the loader can batch, weighing file
     size against the memory available, and writes report.json, report.md and plots into
     OUT.
@@ -140,18 +128,16 @@ def compare(
     from h5pack.bench.compare import compare as run_compare
     from h5pack.bench.options import CompareOptions
     from h5pack.bench.report import format_compare, to_json, write_report
-    from h5pack.bench.scale import parse_dataset_size
     from h5pack.bench.variants import parse_variants
 
     train = training_read(train_size, crop, flip)
-    storage = parse_storage_options(storage_option)
+    store = store_of(list(sources), storage_option)
     base = CompareOptions.quick() if quick else CompareOptions()
     changes: dict[str, Any] = {
         "size": size,
         "train": train,
         "convert_workers": convert_workers,
         "seed": seed,
-        "dataset_size": parse_dataset_size(dataset_size) if dataset_size else None,
         "across_pixels": across_pixels,
     }
     if variants:
@@ -162,8 +148,6 @@ def compare(
         workers=workers,
         repeats=repeats or base.measure.repeats,
         seed=seed,
-        cache="decoded" if cache else None,
-        cache_bytes=cache_bytes,
     )
     options = dataclasses.replace(base, **changes)
     out_dir = Path(out)
@@ -177,7 +161,7 @@ def compare(
             work_dir=work_dir,
             keep=keep,
             on_event=bar.event,
-            storage_options=storage,
+            store=store,
         )
     finally:
         bar.close()
@@ -290,7 +274,7 @@ def bench(
     are the sources of a mix (each a pack or a set): each source's share, passes per epoch
     and coverage, the mix's images/s, CPU per image and chunks decompressed per sample.
     """
-    storage = parse_storage_options(storage_option)
+    store = store_of(list(packs), storage_option)  # the one store of the packs read
     if weights is not None or epoch_samples is not None:
         from h5pack.bench import bench_mix
         from h5pack.bench.reading import parse_train_size
@@ -313,7 +297,7 @@ def bench(
             warmup=warmup,
             budget_s=time_budget,
             seed=seed,
-            storage_options=storage,
+            store=store,
         )
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
@@ -321,11 +305,9 @@ def bench(
     from h5pack.bench.options import BenchOptions, RemoteReading
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
     from h5pack.bench.throughput import bench_loader
-    from h5pack.core.store import open_store
     from h5pack.errors import OptionsError
 
     train = training_read(train_size, crop, flip)
-    store = open_store(list(packs), storage)  # the one store of the packs read
     try:
         options = BenchOptions(
             batch_size=batch_size,
