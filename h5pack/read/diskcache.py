@@ -424,6 +424,8 @@ class DiskCache:
     ) -> Claim:
         for _ in range(3):
             kind, stored, digest = self._claim(pack, chunk, nbytes, now, at)
+            with self._lock:
+                ledger.trim(self._open(), self.directory)  # every claim writes the ledger
             if kind != "hit":
                 return Claim(kind)
             # Read outside the transaction: a file evicted meanwhile stays readable once
@@ -577,8 +579,6 @@ class DiskCache:
                 with contextlib.suppress(FileNotFoundError):
                     final.unlink()
                 return
-        with self._lock:
-            ledger.trim(self._open(), self.directory)
         self.stats.stored_bytes += len(view)
 
     def release(self, pack: str, chunk: int) -> None:
