@@ -228,10 +228,19 @@ def test_a_gzip_tar_streams_in_runs_and_its_shards_hold_every_sample_once(
     convert_set(archive, tmp_path / "set", options, shards=4)
     packs = sorted((tmp_path / "set").glob("*.h5"))
     convert(folder, tmp_path / "folder.h5", options)
-    assert sorted(contents(packs))[0][0] == sorted(contents(tmp_path / "folder.h5"))[0][0]
-    assert sorted(p for p, *_ in contents(packs)) == sorted(
-        p for p, *_ in contents(tmp_path / "folder.h5")
-    )
+    assert sorted(contents(packs)) == sorted(contents(tmp_path / "folder.h5"))
+
+
+def test_a_gzip_tar_of_several_gzip_members_reads_across_them(folder: Path, tmp_path: Path) -> None:
+    whole = gzip.decompress(tgz_of(folder, tmp_path / "one.tgz").read_bytes())
+    cut = len(whole) // 3 + 7  # inside a member's bytes: `cat a.gz b.gz c.gz`, pigz -i
+    parts = (whole[:cut], whole[cut : 2 * cut], whole[2 * cut :])
+    archive = tmp_path / "many.tgz"
+    archive.write_bytes(b"".join(gzip.compress(part) for part in parts))
+    source = GzipTarSource(archive)
+    assert len(source.samples) == len(_images(folder))
+    for sample in reversed(list(source.samples)):
+        assert sample.image.read() == (folder / sample.key).read_bytes()
 
 
 def test_a_gzip_tar_member_is_read_in_a_process_that_did_not_list_it(
@@ -327,6 +336,16 @@ def test_corrupt_and_cut_archives_are_named(folder: Path, tmp_path: Path) -> Non
     assert 0 < report.num_samples < len(_images(folder))
     assert any("cut short" in s.reason or "unreadable" in s.reason for s in report.skipped)
     assert len(whole) > 0
+
+    bad = bytearray(tgz.read_bytes())  # corrupt deflate data halfway: the rest unreadable
+    bad[len(bad) // 2 : len(bad) // 2 + 64] = bytes(64)
+    (tmp_path / "bad.tgz").write_bytes(bytes(bad))
+    report = convert(tmp_path / "bad.tgz", tmp_path / "b.h5", ConvertOptions(workers=1))
+    assert 0 < report.num_samples < len(_images(folder))
+    assert any(s.path == "bad.tgz" and "unreadable after" in s.reason for s in report.skipped)
+    with pytest.raises(DecodeError, match=r"bad\.tgz"):
+        convert(tmp_path / "bad.tgz", tmp_path / "bb.h5", ConvertOptions(workers=1, strict=True))
+    assert not (tmp_path / "bb.h5").exists()
 
     plain = tmp_path / "cut.tar"  # an ImageNet tar cut inside its last class tar's last image
     full = imagenet_of(folder, tmp_path / "full.tar")

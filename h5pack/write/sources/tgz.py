@@ -160,14 +160,18 @@ class _Archive:
 
     __del__ = close
 
-    def read(self, offset: int, size: int) -> bytes:
-        """Return ``size`` inflated bytes at ``offset`` from the nearest inflater or point."""
+    def read(self, offset: int, size: int, *, exact: bool = True) -> bytes:
+        """Return ``size`` inflated bytes at ``offset`` from the nearest inflater or point.
+
+        Raises:
+            DecodeError: The archive is corrupt, or (``exact``) ends before their end.
+        """
         point = self.points[bisect.bisect_right(self.starts, offset) - 1]
         behind = [c for c in self.cursors if point.out_pos <= c.pos <= offset]
         cursor = max(behind, key=lambda c: c.pos) if behind else self.open(point)
         self.cursors.remove(cursor)
         self.cursors.append(cursor)  # the most recently used last
-        return cursor.read(offset, size)
+        return cursor.read(offset, size, exact=exact)
 
     def open(self, point: _Point) -> _Cursor:
         """Return a new inflater at ``point``, closing the least recently used past the cap."""
@@ -245,6 +249,10 @@ class GzipTarSource(PathSource):
                 for member in archive:
                     where = GzipMember(path, member.offset_data, member.size)
                     take_tar_member(member, where, sys.maxsize, found, problems)
+            # tarfile ends at a bad header as at the end: what lies there?
+            block = stream.cursor.archive.read(archive.offset, tarfile.BLOCKSIZE, exact=False)
+            if block.strip(b"\0"):
+                raise tarfile.HeaderError(f"a corrupt member header at byte {archive.offset}")
         except (OSError, tarfile.TarError, DecodeError) as err:
             if not found:
                 raise SourceError(f"cannot read the gzip tar archive {self.root}: {err}") from err
