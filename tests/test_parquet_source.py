@@ -221,6 +221,10 @@ def test_duplicate_keys_bad_labels_and_nulls_are_problems_naming_the_row(
         f"d.parquet, row 5: the label 7 is no class of {CLASSES}",
         "d.parquet, row 7: the column 'caption' is null",
     }
+    parquetrows._STATE.clear()
+    for i in source.split(seed=0):
+        source.samples[i].image.read()
+    assert parquetrows._state()["groups"] == {}  # dropped at their last sample, row 6's too
     report = convert(data, tmp_path / "p.h5", ConvertOptions(workers=1))
     assert report.num_samples == 6
     stored = pack_samples(tmp_path / "p.h5", ["caption"])
@@ -274,3 +278,51 @@ def test_cli_converts_a_parquet_folder_and_takes_from(dataset: Path, tmp_path: P
         cli, ["convert", str(dataset.parent), str(tmp_path / "q.h5"), "--from", "parquet", "-q"]
     )
     assert result.exit_code == 0, result.output
+
+
+def test_other_shapes_of_hf_columns(folder: Path, tmp_path: Path) -> None:
+    """An ``img`` column (as CIFAR's), string labels, fixed-size lists, booleans, datasets 4's
+    ``List`` of a ClassLabel, a struct column left out with a note, a null label unlabelled."""
+    files = sorted(folder.rglob("*.jpg"))
+    features = {
+        "img": {"_type": "Image"},
+        "labels": {"feature": {"names": list(TAGS), "_type": "ClassLabel"}, "_type": "List"},
+    }
+    schema = pa.schema(
+        [
+            ("img", IMAGE),
+            ("label", pa.string()),
+            ("xy", pa.list_(pa.float32(), 2)),
+            ("flag", pa.bool_()),
+            ("labels", pa.list_(pa.int32())),
+            ("meta", pa.struct([("a", pa.int64())])),
+        ],
+        metadata={"huggingface": json.dumps({"info": {"features": features}})},
+    )
+    rows = [
+        {
+            "img": {"bytes": p.read_bytes(), "path": None},
+            "label": None if i == 2 else p.parent.name,
+            "xy": [i, -i],
+            "flag": i % 2 == 0,
+            "labels": [2, 0][: i % 3],
+            "meta": {"a": i},
+        }
+        for i, p in enumerate(files)
+    ]
+    data = tmp_path / "cifar.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), data, row_group_size=4)
+    source = ParquetSource(data)
+    assert source.notes == (
+        f"the column 'meta' (struct<a: int64>) of {data} is left out: h5pack keeps numbers, "
+        "strings, lists of numbers and class labels",
+    )
+    convert(data, tmp_path / "p.h5", ConvertOptions(workers=1))
+    stored = pack_samples(tmp_path / "p.h5", ["xy", "flag", "labels"])
+    for i, p in enumerate(files):
+        sample = stored[f"cifar.parquet:{i}"]
+        np.testing.assert_array_equal(sample["image"], decoded(p.read_bytes()))
+        assert sample["label"] == (None if i == 2 else p.parent.name)
+        np.testing.assert_array_equal(sample["xy"], np.float32([i, -i]))
+        assert sample["flag"] == (i % 2 == 0)
+        assert sample["labels"] == [TAGS[t] for t in [2, 0][: i % 3]]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,9 @@ class _Table:
         for name in self.fields:
             self.values[name].append(table.column(name).take(keep))
         positions = np.arange(first, len(self.samples), dtype=np.int64)
+        last = self.samples[-1] if positions.size else None
+        if last is not None and isinstance(last.image, ParquetRow):  # its read drops the group
+            self.samples[-1] = Sample(last.key, replace(last.image, last=True))
         self.groups.append((positions, nbytes))
 
     def _problem(self, key: str | None, rel: str, row: int, reason: str) -> bool:

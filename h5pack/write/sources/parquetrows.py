@@ -9,7 +9,7 @@ that chunks mix rows of every part of the files (a class-sorted dataset comes ou
 while only each run's current group is held: ``runs`` is as many groups as
 ``CACHE_BYTES`` holds, at most ``RUNS``. Its images are ``ParquetRow``s (``file, row
 group, row``) with ``in_parent``: the converting process reads them in write order
-(``ship``), each group once, dropped after its last row, and sends the bytes to the
+(``ship``), each group once, dropped after its last sample, and sends the bytes to the
 workers. A read out of that order (``verify --source``) reads a group again if it was
 dropped.
 """
@@ -58,12 +58,14 @@ class ParquetRow(FileRange):
         row: The row within the group.
         column: The image column (a struct of ``bytes`` and ``path``).
         name: The file and row as messages name them (``train-00000.parquet, row 12``).
+        last: Whether it is the last sample of its group (reading it drops the group).
     """
 
     row_group: int = 0
     row: int = 0
     column: str = "image"
     name: str = ""
+    last: bool = False
     in_parent: ClassVar[bool] = True
 
     def read(self) -> bytes:
@@ -94,7 +96,7 @@ def _take(image: ParquetRow) -> Any:
     images = groups.pop(key, None)
     if images is None:
         images = _read(image.path, image.row_group, image.column, image.name)
-    if image.row + 1 < len(images):  # the group's last row drops it
+    if not image.last:  # the group's last sample drops it
         groups[key] = images
         while len(groups) > 1 and sum(g.nbytes for g in groups.values()) > CACHE_BYTES:
             groups.popitem(last=False)
