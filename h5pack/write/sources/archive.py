@@ -137,12 +137,14 @@ def unread_tail(archive: tarfile.TarFile, end: int) -> str | None:
 
 
 def tar_members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    """Yield a tar's members, up to where a cut archive ends.
+    """Yield a tar's members, up to where a cut archive ends, holding none of them.
 
     ``take_tar_member`` names the member it cuts.
     """
     try:
-        yield from archive
+        while (member := archive.next()) is not None:
+            yield member
+            del archive.members[:-1]  # type: ignore[attr-defined]  # the last kept, not a million
     except tarfile.ReadError as err:
         if str(err) != "unexpected end of data":
             raise

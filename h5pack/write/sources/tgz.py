@@ -32,7 +32,13 @@ import numpy as np
 from h5pack.core.format import SkippedFile
 from h5pack.core.packset import shard_slice
 from h5pack.errors import DecodeError, SourceError
-from h5pack.write.sources.archive import CUT_SHORT, Found, archive_listing, take_tar_member
+from h5pack.write.sources.archive import (
+    CUT_SHORT,
+    Found,
+    archive_listing,
+    take_tar_member,
+    tar_members,
+)
 from h5pack.write.sources.base import FileRange, Listing, PathSource
 
 RUNS = 256
@@ -246,7 +252,7 @@ class GzipTarSource(PathSource):
         stream = _Inflated(_archive(path, new=True))  # the archive may have changed
         try:
             with tarfile.open(fileobj=stream, mode="r|") as archive:
-                for member in archive:
+                for member in tar_members(archive):
                     where = GzipMember(path, member.offset_data, member.size)
                     take_tar_member(member, where, sys.maxsize, found, problems)
             # tarfile ends at a bad header as at the end: what lies there?

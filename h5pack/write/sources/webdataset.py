@@ -42,7 +42,7 @@ class _Group:
 
     key: str
     shard: str
-    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+    members: dict[str, FileRange | None] = field(default_factory=dict)  # None: no file
     values: dict[str, str] = field(default_factory=dict)
 
 
@@ -145,7 +145,8 @@ def _groups(shard: str, problems: list[SkippedFile]) -> list[_Group]:
                     continue
                 if not groups or groups[-1].key != key or extension in groups[-1].members:
                     groups.append(_Group(key, shard))
-                groups[-1].members[extension] = member
+                where = FileRange(shard, member.offset_data, member.size)
+                groups[-1].members[extension] = where if member.isfile() else None
                 if extension in ("cls", *TEXT_FIELDS):
                     data = os.pread(raw.fileno(), member.size, member.offset_data)
                     groups[-1].values[extension] = data.decode("utf-8", errors="replace")
@@ -163,11 +164,12 @@ def _sample(
     """Return a group's sample, label and text fields; None (a problem) when it has none."""
     key, members = group.key, group.members
     values: dict[str, Any] = dict(group.values)
-    image = next((members[e] for e in IMAGE_EXTENSIONS if e in members), None)
-    if image is None:
+    found = [e for e in IMAGE_EXTENSIONS if e in members]
+    if not found:
         problems.append(SkippedFile(key, "a WebDataset sample without an image (jpg, png...)"))
         return None
-    if not image.isfile():
+    image = members[found[0]]
+    if image is None:
         problems.append(SkippedFile(key, "its image is a link or special file in the shard"))
         return None
     label = -1
@@ -179,7 +181,7 @@ def _sample(
     except ValueError as err:
         problems.append(SkippedFile(key, f"its cls or json does not parse: {err}"))
         return None
-    return Sample(key, FileRange(group.shard, image.offset_data, image.size)), label, values
+    return Sample(key, image), label, values
 
 
 def expand_braces(pattern: str) -> list[str]:
