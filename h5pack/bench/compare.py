@@ -191,8 +191,8 @@ def compare(
         work_dir: Where variants are written (default: a temporary folder).
         keep: Keep the variants built (else each is deleted once measured).
         on_event: Called with progress events.
-        store: The store of the URLs among ``sources`` (``open_store(url,
-            storage_options)``; None: the environment's settings).
+        store: The store of the URLs among ``sources`` (``open_store`` with the client's
+            settings; None: the environment's settings).
 
     Returns:
         The measurements, ranked, with a recommendation.

@@ -20,7 +20,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -28,7 +28,11 @@ from h5pack.core.retry import RetryPolicy, Transient, retry_after_s, retrying
 from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
 from h5pack.errors import H5PackError, OptionsError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 # Other spellings of the retry fields in storage_options (as S3's).
@@ -39,15 +43,13 @@ RETRY_ALIASES = {
 }
 
 
-def options_of(
-    cls: Callable[..., T], storage_options: Mapping[str, Any], aliases: Mapping[str, str]
-) -> T:
+def options_of(cls: type[D], storage_options: Mapping[str, Any], aliases: Mapping[str, str]) -> D:
     """Return ``cls(**storage_options)``, values converted to the fields' types.
 
     Raises:
         OptionsError: an unknown key, or a value of the wrong kind.
     """
-    kinds = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]
+    kinds = {f.name: str(f.type) for f in fields(cls)}
     values: dict[str, Any] = {}
     for key, value in storage_options.items():
         name = aliases.get(key, RETRY_ALIASES.get(key, key))

@@ -14,12 +14,15 @@ import io
 import os
 import tarfile
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from h5pack.core.format import SkippedFile
 from h5pack.errors import SourceError
 from h5pack.write.sources.archive import Found, take_tar_member, tar_members, unread_tail
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 
 class ImageNetTarSource(PathSource):
@@ -128,9 +131,10 @@ class _Window(io.RawIOBase):
         self.pos = base[whence] + offset
         return self.pos
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        size = max(0, min(len(buffer), self.end - self.start - self.pos))
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        size = max(0, min(view.nbytes, self.end - self.start - self.pos))
         data = os.pread(self.raw.fileno(), size, self.start + self.pos)
-        buffer[: len(data)] = data
+        view[: len(data)] = data
         self.pos += len(data)
         return len(data)
