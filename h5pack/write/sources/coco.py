@@ -216,9 +216,10 @@ def _annotation_problem(
     """Return why ``ann`` cannot be packed; None when it can, "" when its image is dropped."""
     if not isinstance(ann, dict) or not _numbers(ann.get("bbox"), 4):
         return "not a COCO annotation (id, image_id, category_id, bbox)"
-    image = images.get(ann.get("image_id"))  # type: ignore[arg-type]
+    image_id = ann.get("image_id")
+    image = images.get(image_id) if isinstance(image_id, int) else None
     if image is None:
-        return "" if ann.get("image_id") in dropped else "its image_id names no image"
+        return "" if image_id in dropped else "its image_id names no image"
     if ann.get("category_id") not in categories:
         return "its category_id names no category of the annotations"
     _, _, height, width = image
