@@ -50,8 +50,8 @@ class PieceCheck:
         self.sample_bytes = int(np.prod(meta.images_shape[1:]))
         self.blob = meta.storage != "array"
         if self.blob:
-            offsets, sizes = meta.blob_slots()
-            self.offsets = np.asarray(offsets, dtype=np.int64)
+            slots, sizes = meta.blob_slots()  # N + 1 slot boundaries, N sizes
+            self.offsets = np.asarray(slots, dtype=np.int64)[: len(sizes)]
             self.ends = self.offsets + np.asarray(sizes, dtype=np.int64)
 
     def samples(self, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
