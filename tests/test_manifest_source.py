@@ -107,6 +107,10 @@ def test_an_empty_or_missing_manifest_is_an_error(tmp_path: Path, loose_tree: Pa
         read_manifest(loose_tree, write_csv(tmp_path, "path,label\n"))
     with pytest.raises(SourceError, match=r"lists no images \(e\.g\. .*does not exist"):
         read_manifest(loose_tree, write_csv(tmp_path, "gone.jpg,1\n"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"path": "4.png",\n', encoding="utf-8")
+    with pytest.raises(SourceError, match=r"lists no images \(e\.g\. .*line 1: not a JSON"):
+        read_manifest(loose_tree, broken)
     with pytest.raises(SourceError, match="cannot read labels CSV"):
         read_manifest(loose_tree, tmp_path / "nope.csv")
     with pytest.raises(SourceError, match="cannot read labels JSONL"):

@@ -177,6 +177,8 @@ def _jsonl_records(path: Path, text: str, problems: _Problems) -> list[Record]:
             problems.add(line, "", f"not a JSON object, but {type(value).__name__}")
             continue
         objects.append((line, value))
+    if not objects:
+        return []
     keys = list(dict.fromkeys(key for _, value in objects for key in value))
     names = _column_names(path, keys)
     records: list[Record] = []
