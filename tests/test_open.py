@@ -243,3 +243,18 @@ def test_a_pack_in_a_bucket_reads_only_what_it_needs(s3_bucket: Bucket, tmp_path
         assert read.body_bytes < path.stat().st_size // 2
         again = pickle.loads(pickle.dumps(pack))
         assert again[-1]["caption"] == given["caption"][order[-1]]
+
+
+def test_a_pack_set_in_a_bucket_reads_as_the_local_one(s3_bucket: Bucket):
+    url = s3_bucket.put_tree(DATA / "v1_1_set", "set")
+    with (
+        h5pack.open(url, storage_options=s3_bucket.storage_options) as remote,
+        h5pack.open(DATA / "v1_1_set") as local,
+    ):
+        assert len(remote) == len(local)
+        assert remote.classes == local.classes
+        for i, sample in enumerate(remote):
+            assert remote.find(sample["key"]) == i
+            expected = local[i]
+            assert (sample["key"], sample["label"]) == (expected["key"], expected["label"])
+            np.testing.assert_array_equal(sample["image"], expected["image"])
