@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from h5pack.check import verify_pack
 from h5pack.cli.main import cli
 from h5pack.errors import DecodeError, SourceError
 from h5pack.write.sources import ParquetSource, parquetrows, sample_source
+from h5pack.write.sources.parquetrows import ParquetRow
 from tests.helpers import pack_samples, photo_folder
 
 pa = pytest.importorskip("pyarrow")
@@ -326,3 +329,17 @@ def test_other_shapes_of_hf_columns(folder: Path, tmp_path: Path) -> None:
         np.testing.assert_array_equal(sample["xy"], np.float32([i, -i]))
         assert sample["flag"] == (i % 2 == 0)
         assert sample["labels"] == [TAGS[t] for t in [2, 0][: i % 3]]
+
+
+def _read_all(images: list[ParquetRow]) -> list[bytes]:
+    return [image.read() for image in images]
+
+
+def test_a_process_that_did_not_list_reads_the_rows(dataset: Path) -> None:
+    """As a Dask worker does: the rows pickle, and a fresh process opens the files itself."""
+    source = ParquetSource(dataset)
+    images = [source.samples[i].image for i in source.split(seed=2)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        found = pool.submit(_read_all, images).result()
+    assert found == _read_all(images)  # type: ignore[arg-type]
