@@ -302,3 +302,17 @@ def test_lazy_commands_come_from_their_module(monkeypatch):
     listing = run("--help").stdout
     assert "hello" in listing
     assert "ghost" not in listing
+
+
+@pytest.mark.parametrize("command", ["info", "bench"])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epoch-samples", "8"], "--epoch-samples applies to a mix: add --weights"),
+        (["--weights", "1,2,3"], "should give one weight per source (2), but got 3"),
+    ],
+)
+def test_a_mix_needs_one_weight_per_source(command, flags, message):
+    result = CliRunner().invoke(cli, [command, "a.h5", "b.h5", *flags])
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -26,6 +26,7 @@ from h5pack.cli.bench_flags import (
 from h5pack.cli.flags import (
     ImageSize,
     ImageSizeOption,
+    checked_mix,
     mix_flags,
     storage_option_flag,
     store_of,
@@ -275,20 +276,14 @@ def bench(
     and coverage, the mix's images/s, CPU per image and chunks decompressed per sample.
     """
     store = store_of(list(packs), storage_option)  # the one store of the packs read
-    if weights is not None or epoch_samples is not None:
+    mix = checked_mix(packs, weights, epoch_samples)
+    if mix is not None:
         from h5pack.bench import bench_mix
         from h5pack.bench.reading import parse_train_size
 
-        if weights is None:
-            raise click.BadParameter("--epoch-samples applies to a mix: add --weights")
-        if len(weights) != len(packs):
-            raise click.BadParameter(
-                f"should give one weight per source ({len(packs)}), but got {len(weights)}",
-                param_hint="--weights",
-            )
         mixed = bench_mix(
             list(packs),
-            weights,
+            mix,
             epoch_samples=epoch_samples,
             batch_size=batch_size,
             workers=workers,

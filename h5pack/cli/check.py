@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from h5pack.cli.flags import (
+    checked_mix,
     format_bytes,
     mix_flags,
     progress_for,
@@ -227,8 +228,9 @@ def info(
     set): each source's share of an epoch, passes per epoch and how much of it an epoch
     covers.
     """
-    if weights is not None or epoch_samples is not None:
-        _mix_info(packs, weights, epoch_samples, as_json)
+    mixed = checked_mix(packs, weights, epoch_samples)
+    if mixed is not None:
+        _mix_info(packs, mixed, epoch_samples, as_json)
         return
     from h5pack.check import PROBE_TIMEOUT_S, pack_info, packset_summary
     from h5pack.core.packset import is_packset
@@ -264,21 +266,11 @@ def info(
 
 
 def _mix_info(
-    packs: tuple[str, ...],
-    weights: tuple[float, ...] | None,
-    epoch_samples: int | None,
-    as_json: bool,
+    packs: tuple[str, ...], weights: tuple[float, ...], epoch_samples: int | None, as_json: bool
 ) -> None:
     """``info --weights``: what every epoch of the mix takes of each source."""
     from h5pack.bench import mix_plan
 
-    if weights is None:
-        raise click.BadParameter("--epoch-samples applies to a mix: add --weights")
-    if len(weights) != len(packs):
-        raise click.BadParameter(
-            f"should give one weight per source ({len(packs)}), but got {len(weights)}",
-            param_hint="--weights",
-        )
     plan = mix_plan(list(packs), weights, epoch_samples=epoch_samples)
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2, sort_keys=True))

@@ -166,6 +166,20 @@ def mix_flags(function: F) -> F:
     )(function)
 
 
+def checked_mix(
+    packs: tuple[str, ...], weights: tuple[float, ...] | None, epoch_samples: int | None
+) -> tuple[float, ...] | None:
+    """Return ``--weights`` (None: no mix), one per source, or fail with a usage error."""
+    if weights is None and epoch_samples is not None:
+        raise click.BadParameter("--epoch-samples applies to a mix: add --weights")
+    if weights is not None and len(weights) != len(packs):
+        raise click.BadParameter(
+            f"should give one weight per source ({len(packs)}), but got {len(weights)}",
+            param_hint="--weights",
+        )
+    return weights
+
+
 class ChunkShape(_ShapeParam):
     """A click parameter for a chunk shape ``k,H,W,C`` (or ``kxHxWxC``)."""
 
