@@ -27,7 +27,7 @@ from h5pack.read.diskcache import DiskCacheWarning
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
-from tests.helpers import make_pack, random_arrays, table_of_pack
+from tests.helpers import jpeg, make_pack, random_arrays, table_of_pack
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -178,6 +178,52 @@ def test_one_flipped_get_body_is_fetched_again_never_cached(
         assert chunk_gets(s3_bucket, pack, nbytes=True) == int(sizes.sum()) + again
         assert epoch(remote(s3_bucket, url, tmp_path / "c")) == local  # the next run
     assert chunk_gets(s3_bucket, pack) == 0  # every chunk from a healthy cache
+
+
+def other_pack(tmp_path: Path, kind: str) -> Path:
+    """An encoded (JPEG blob) pack, or a contiguous uncompressed one: other piece shapes."""
+    if kind == "contiguous":
+        samples = random_arrays(300, shape=(32, 32, 3), seed=2)  # 0.9 MB
+        return make_pack(tmp_path / "c.h5", samples=samples, layout="contiguous")
+    from h5pack.write.convert import convert
+    from h5pack.write.options import ConvertOptions
+
+    folder = tmp_path / "images"
+    for i, image in enumerate(random_arrays(120, shape=(64, 48, 3), seed=3)):  # ~1 MB
+        (folder / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (folder / f"c{i % 2}" / f"{i}.jpg").write_bytes(jpeg(image))
+    convert(folder, tmp_path / "e.h5", ConvertOptions(mode="encoded", chunk_bytes=16384))
+    return tmp_path / "e.h5"
+
+
+@pytest.mark.parametrize("kind", ["encoded", "contiguous"])
+def test_a_flipped_body_of_other_layouts_is_fetched_again(
+    s3_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    path = other_pack(tmp_path, kind)
+    want = epoch(make_loader(path, batch_size=16, num_workers=0, shuffle=False))
+    real = S3Source.read_ranges
+    flipped: list[int] = []
+
+    def read_ranges(self: S3Source, ranges: list[tuple[int, int]]) -> list[memoryview]:
+        answers = real(self, ranges)
+        if not flipped and answers and len(answers[0]) > 1000:  # data, not the index
+            damaged = bytearray(answers[0])
+            damaged[len(damaged) // 2] ^= 0x10
+            answers[0] = memoryview(bytes(damaged))
+            flipped.append(ranges[0][0])
+        return answers
+
+    monkeypatch.setattr(S3Source, "read_ranges", read_ranges)
+    url = s3_bucket.put(path, "p.h5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiskCacheWarning)
+        assert epoch(remote(s3_bucket, url, tmp_path / "cache")) == want
+        assert flipped
+        s3_bucket.proxy.reset_counts()
+        assert epoch(remote(s3_bucket, url, tmp_path / "cache")) == want
+    opening = {"bytes=-262144", "bytes=0-262143"}  # the index (rclone: no suffix ranges)
+    assert {r for _, r in s3_bucket.proxy.reset_counts().ranges} <= opening  # pieces: cached
 
 
 def test_a_body_wrong_every_time_is_one_error_naming_object_bytes_and_cause(
