@@ -267,6 +267,18 @@ def test_zip_members_are_read_at_random(folder: Path, tmp_path: Path) -> None:
         assert sample.image.read() == (folder / sample.key).read_bytes()
 
 
+def test_webdataset_shards_split_into_a_pack_set_keep_every_caption(
+    folder: Path, tmp_path: Path
+) -> None:
+    shards = shards_of(folder, tmp_path / "shards")
+    convert_set(shards, tmp_path / "set", ConvertOptions(mode="encoded", workers=1), shards=3)
+    captions: dict[str, str] = {}
+    for pack in sorted((tmp_path / "set").glob("*.h5")):
+        captions.update(stored_text(pack, "txt"))
+    keys = [p.relative_to(folder).with_suffix("").as_posix() for p in _images(folder)]
+    assert captions == {key: caption(key) for key in keys}
+
+
 def test_brace_patterns_and_detection(folder: Path, tmp_path: Path) -> None:
     assert expand_braces("s/train-{000008..000011}.tar") == [
         f"s/train-{i:06d}.tar" for i in range(8, 12)

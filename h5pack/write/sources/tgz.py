@@ -21,6 +21,7 @@ import io
 import os
 import sys
 import tarfile
+import threading
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,9 +62,13 @@ class GzipMember(FileRange):
         """Return the member's bytes (NOTE [ Reading a gzip tar ]).
 
         Raises:
-            DecodeError: The archive is corrupt or cut short before their end.
+            DecodeError: The archive cannot be read, is corrupt or ends before their end.
         """
-        return _archive(self.path).read(self.offset, self.size)
+        try:
+            with _LOCK:  # one reader of the archive's inflaters at a time (Dask threads)
+                return _archive(self.path).read(self.offset, self.size)
+        except OSError as err:
+            raise DecodeError(f"{self.path}: cannot read: {err.strerror or err}") from err
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,7 @@ class _Archive:
 
 
 _ARCHIVES: dict[str, _Archive] = {}
+_LOCK = threading.Lock()
 
 
 def _archive(path: str, *, new: bool = False) -> _Archive:
