@@ -1,4 +1,3 @@
-import json
 import os
 from dataclasses import replace as dataclass_replace
 
@@ -221,31 +220,6 @@ def test_sample_arrays_are_the_ones_every_half_reads_and_writes(tmp_path) -> Non
             assert set(held) == on_disk  # what is written is what is read, and no more
             for name, array_read in held.items():
                 np.testing.assert_array_equal(handle[name][()], array_read)
-        stored = meta.sample_storage
-        assert stored.kind == storage
-        assert fmt.storage_from_dict(json.loads(json.dumps(stored.to_dict()))) == stored
-
-
-def test_blob_storage_locates_each_sample(tmp_path) -> None:
-    from h5pack.core.format import BlobStorage, load_meta
-    from h5pack.read.reader import PackReader
-    from h5pack.write.convert import write_arrays
-    from h5pack.write.options import ConvertOptions
-
-    images = [np.full((2 + i, 3, 3), i, np.uint8) for i in range(4)]
-    path = write_arrays(tmp_path / "b.h5", images, [0] * 4, options=ConvertOptions()).path
-    meta = load_meta(path)
-    stored = meta.sample_storage
-    assert isinstance(stored, BlobStorage)
-    with h5py.File(path, "r") as handle, PackReader(path) as reader:
-        for i in range(4):
-            begin, size = stored.slot(i)
-            got = handle[fmt.IMAGES][begin : begin + size]
-            np.testing.assert_array_equal(got, reader.read_stored([i])[0].reshape(-1))
-    with pytest.raises(FormatError, match="unknown storage kind"):
-        fmt.storage_from_dict({"kind": "zarr"})
-    with pytest.raises(FormatError, match="each shard's offsets"):
-        BlobStorage(length=0).slot(0)
 
 
 def test_write_record_refuses_what_the_format_does_not_hold(tmp_path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from h5pack.core.layout import Compression
 from h5pack.errors import OptionsError
-from h5pack.read.pool import ReadPool, load_together, start_loads
+from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
@@ -88,7 +88,7 @@ def test_loading_together_serves_the_next_read_without_a_load(packs) -> None:
         assert np.array_equal(out_b, np.stack(fresh_b.read_images(picks_b)))
     # groups already in the window are not loaded again; nothing for an uncompressed pack
     with _reader(packs["plain"]) as plain:
-        assert load_together(pool, [(a, picks_a), (plain, np.arange(10))]) == 0
+        assert start_loads(pool, [(a, picks_a), (plain, np.arange(10))]).finish() == 0
     a.close()
     b.close()
     assert pool.map(abs, [-1, -2]) == [1, 2]  # the readers left the shared threads up
@@ -106,7 +106,7 @@ def test_the_window_and_the_loads_are_those_of_reading_alone(packs) -> None:
         out_alone = np.empty((batch.size, 6, 6, 3), dtype=np.uint8)
         out_ahead = np.empty_like(out_alone)
         alone.read_into(batch, out_alone)
-        load_together(pool, [(ahead, batch)])
+        start_loads(pool, [(ahead, batch)]).finish()
         ahead.read_into(batch, out_ahead)
         assert np.array_equal(out_alone, out_ahead)
         assert alone.loads == ahead.loads
@@ -120,8 +120,8 @@ def test_a_held_group_that_no_read_took_is_dropped_at_the_next_loads(packs) -> N
     pool = ReadPool(2)
     reader = _reader(packs["a"])
     reader.use_pool(pool)
-    assert load_together(pool, [(reader, np.array([0, 8]))]) == 2  # held, never read
-    assert load_together(pool, [(reader, np.array([0, 16]))]) == 2  # 0 again: not held now
+    assert start_loads(pool, [(reader, np.array([0, 8]))]).finish() == 2  # held, never read
+    assert start_loads(pool, [(reader, np.array([0, 16]))]).finish() == 2  # 0 again: not held now
     out = np.empty((2, 6, 6, 3), dtype=np.uint8)
     reader.read_into(np.array([0, 16]), out)
     assert reader.loads == 4

@@ -1,4 +1,4 @@
-"""A pack's metadata as a reader holds it: ``PackMeta`` and how its samples are stored.
+"""A pack's metadata as a reader holds it: ``PackMeta``.
 
 Import these from ``core.format``.
 """
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any
 
 import numpy as np
 
 from h5pack.core.integrity import PackIdentity
-from h5pack.core.names import SAMPLE_ARRAYS, STORAGES, Mode, Storage
+from h5pack.core.names import SAMPLE_ARRAYS, Mode, Storage
 from h5pack.errors import FormatError
 
 
@@ -22,130 +22,6 @@ class SkippedFile:
 
     path: str
     reason: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class ArrayStorage:
-    """Storage ``"array"``: the samples as one uint8 ``(N, H, W, C)`` array.
-
-    One variant of ``SampleStorage`` (a tagged union, as zarr v3's metadata classes:
-    frozen, with symmetric ``to_dict`` / ``from_dict``; ``kind`` is the tag).
-
-    Attributes:
-        image_shape: ``(H, W, C)`` of every sample.
-        chunks: The images dataset's chunk shape, or None when contiguous.
-
-    Example:
-        >>> layout = ArrayStorage(image_shape=(32, 32, 3), chunks=(64, 32, 32, 3))
-        >>> storage_from_dict(layout.to_dict()) == layout
-        True
-    """
-
-    kind: ClassVar[Literal["array"]] = "array"
-    image_shape: tuple[int, int, int]
-    chunks: tuple[int, ...] | None = None
-
-    def slot(self, index: int) -> tuple[int, int]:
-        """Return the rows of sample ``index`` in the images dataset: ``(index, 1)``."""
-        return index, 1
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return this layout as JSON-ready data, tagged with ``kind``."""
-        return {
-            "kind": self.kind,
-            "image_shape": list(self.image_shape),
-            "chunks": None if self.chunks is None else list(self.chunks),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ArrayStorage:
-        """Return the layout ``to_dict`` gave."""
-        h, w, c = (int(v) for v in data["image_shape"])
-        chunks = data.get("chunks")
-        return cls(image_shape=(h, w, c), chunks=None if chunks is None else tuple(chunks))
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class BlobStorage:
-    """Storage ``"blob"``: the samples' bytes in one flat uint8 blob, located by offsets.
-
-    Carries what locates every sample (see the module docstring, ``/offsets`` and
-    ``/sizes``): sample i's bytes are ``blob[offsets[i] : offsets[i] + sizes[i]]``.
-
-    Attributes:
-        length: Bytes in the blob.
-        chunks: The blob's chunk shape, or None when contiguous.
-        chunk_bytes: Bytes per chunk as the pack records it (attribute ``chunk_bytes``).
-        offsets: int64 ``(N + 1,)`` slot boundaries; None in a pack set's combined metadata
-            (byte offsets are each shard's).
-        sizes: int64 ``(N,)`` bytes of each sample.
-
-    Example:
-        >>> blob = BlobStorage(length=10, chunk_bytes=8, offsets=np.array([0, 4, 10]),
-        ...                    sizes=np.array([3, 6]))
-        >>> blob.slot(1), storage_from_dict(blob.to_dict()) == blob
-        ((4, 6), True)
-    """
-
-    kind: ClassVar[Literal["blob"]] = "blob"
-    length: int
-    chunks: tuple[int, ...] | None = None
-    chunk_bytes: int = 0
-    offsets: np.ndarray | None = None
-    sizes: np.ndarray | None = None
-
-    def slot(self, index: int) -> tuple[int, int]:
-        """Return ``(first byte, size)`` of sample ``index`` in the blob.
-
-        Raises:
-            FormatError: the offsets are not held here (a pack set's combined metadata).
-        """
-        if self.offsets is None or self.sizes is None:
-            raise FormatError("a pack set's samples are located by each shard's offsets")
-        return int(self.offsets[index]), int(self.sizes[index])
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return this layout as JSON-ready data, tagged with ``kind``."""
-        return {
-            "kind": self.kind,
-            "length": self.length,
-            "chunks": None if self.chunks is None else list(self.chunks),
-            "chunk_bytes": self.chunk_bytes,
-            "offsets": None if self.offsets is None else self.offsets.tolist(),
-            "sizes": None if self.sizes is None else self.sizes.tolist(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BlobStorage:
-        """Return the layout ``to_dict`` gave."""
-        chunks, offsets, sizes = data.get("chunks"), data.get("offsets"), data.get("sizes")
-        return cls(
-            length=int(data["length"]),
-            chunks=None if chunks is None else tuple(chunks),
-            chunk_bytes=int(data.get("chunk_bytes", 0)),
-            offsets=None if offsets is None else np.asarray(offsets, dtype=np.int64),
-            sizes=None if sizes is None else np.asarray(sizes, dtype=np.int64),
-        )
-
-    def __eq__(self, other: object) -> bool:  # by value (holds arrays; so, unhashable)
-        return isinstance(other, BlobStorage) and self.to_dict() == other.to_dict()
-
-
-SampleStorage: TypeAlias = "ArrayStorage | BlobStorage"
-
-
-def storage_from_dict(data: Mapping[str, Any]) -> SampleStorage:
-    """Return the ``ArrayStorage`` or ``BlobStorage`` that ``to_dict`` gave, by its ``kind``.
-
-    Raises:
-        FormatError: an unknown kind.
-    """
-    kind = data.get("kind")
-    if kind == ArrayStorage.kind:
-        return ArrayStorage.from_dict(data)
-    if kind == BlobStorage.kind:
-        return BlobStorage.from_dict(data)
-    raise FormatError(f"unknown storage kind {kind!r}: expected one of {STORAGES}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,17 +125,3 @@ class PackMeta:
         """Return the per-sample arrays this metadata holds, by dataset name (``SAMPLE_ARRAYS``)."""
         found = {a.name: getattr(self, a.attribute) for a in SAMPLE_ARRAYS}
         return {name: array for name, array in found.items() if array is not None}
-
-    @property
-    def sample_storage(self) -> SampleStorage:
-        """How the images dataset holds the samples: an ``ArrayStorage`` or a ``BlobStorage``."""
-        if self.storage == "array":
-            h, w, c = self.images_shape[1:]
-            return ArrayStorage(image_shape=(h, w, c), chunks=self.chunks)
-        return BlobStorage(
-            length=self.images_shape[0],
-            chunks=self.chunks,
-            chunk_bytes=self.blob_chunk_bytes,
-            offsets=self.offsets,
-            sizes=self.sizes,
-        )

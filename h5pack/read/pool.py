@@ -5,7 +5,7 @@ NOTE [ One pool for a mix's sources ]
 A mix's batch is read source by source, each by its own ``PackReader``; with a pool per
 reader the sources' chunks were decompressed in rounds that left threads idle (BENCHMARKS.md,
 "Mixing packs by weight"). Here every reader of the mix uses the same threads
-(``PackReader.use_pool``): ``load_together`` asks each reader for the groups the batch will
+(``PackReader.use_pool``): ``start_loads`` asks each reader for the groups the batch will
 miss (``pending_loads``), submits them all at once, and ``Loading.finish`` waits once and
 hands each reader its groups (``hold``); each source then reads as it always does, so the
 window, the chunks decompressed and the pixels are unchanged.
@@ -125,11 +125,3 @@ def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]
     work meanwhile, but must not read with these readers before ``finish``.
     """
     return Loading(pool, requests)
-
-
-def load_together(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> int:
-    """Decompress the chunks that reading each ``(reader, indices)`` will miss, all at once.
-
-    ``start_loads(pool, requests).finish()``: returns the groups decompressed.
-    """
-    return start_loads(pool, requests).finish()
