@@ -220,13 +220,25 @@ def _archive(path: str, *, new: bool = False) -> _Archive:
 
 
 class _Inflated(io.RawIOBase):
-    """The inflated archive as a file read front to back (``tarfile``'s stream mode)."""
+    """The inflated archive as a file that seeks forward only: member data is skipped."""
 
     def __init__(self, archive: _Archive) -> None:
         self.cursor = archive.open(archive.points[0])
 
     def readable(self) -> bool:
         return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.cursor.pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence != os.SEEK_SET or offset < self.cursor.pos:
+            raise io.UnsupportedOperation("a gzip stream seeks forward only")
+        self.cursor.read(offset, 0, exact=False)
+        return self.cursor.pos
 
     def readinto(self, buffer: Any) -> int:
         data = self.cursor.read(self.cursor.pos, len(buffer), exact=False)
@@ -257,7 +269,7 @@ class GzipTarSource(PathSource):
         whole: list[SkippedFile] = []
         stream = _Inflated(_archive(path, new=True))  # the archive may have changed
         try:
-            with tarfile.open(fileobj=stream, mode="r|") as archive:
+            with tarfile.open(fileobj=stream, mode="r:") as archive:
                 for member in tar_members(archive):
                     where = GzipMember(path, member.offset_data, member.size)
                     take_tar_member(member, where, sys.maxsize, found, problems)
