@@ -326,7 +326,7 @@ def test_compare_library_keeps_packs_and_skips_impossible_variants(
         assert Path(variant.path).exists()
         assert set(variant.patterns) == {"chunk"}
     assert report.work_dir == str(tmp_path / "packs")
-    starts = [e for e in events if e.kind == "start"]
+    starts = [e for e in events if e.kind == "phase"]
     steps = [e for e in events if e.kind == "step"]
     assert len(starts) == 1
     assert len(steps) == starts[0].total

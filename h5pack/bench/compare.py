@@ -225,12 +225,12 @@ def compare(
     kept_dir: str | None = None
     reason = ""
     if folder:
-        emit(CompareEvent("note", "reading the image sizes"))
+        emit(CompareEvent("status", "reading the image sizes"))
         plan = _plan(options, survey_folder(paths[0]))
         specs, skipped, reason = choose_variants(options.variants, plan.survey, options.size)
         for skip in skipped:
-            emit(CompareEvent("note", f"skipped {skip.name}: {skip.reason}"))
-        emit(CompareEvent("start", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
+            emit(CompareEvent("skipped", f"skipped {skip.name}: {skip.reason}"))
+        emit(CompareEvent("phase", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
         with _work_dir(work_dir, keep) as where:
             for spec in specs:
                 result = _build_and_measure(paths[0], spec, where, options, plan, emit, keep)
@@ -247,9 +247,9 @@ def compare(
         }
         surveys = [survey_pack(path, stores[os.fspath(path)]) for path in paths]
         plan = _plan(options, _merged(surveys))
-        emit(CompareEvent("start", f"measuring {len(paths)} packs", per_pack * len(paths)))
+        emit(CompareEvent("phase", f"measuring {len(paths)} packs", per_pack * len(paths)))
         for path, name, own in zip(paths, unique_names(paths), surveys, strict=True):
-            emit(CompareEvent("note", f"measuring {name}"))
+            emit(CompareEvent("status", f"measuring {name}"))
             where_kept = stores[os.fspath(path)]
             patterns = measure_pack(
                 path, plan.measure, on_step=_stepper(emit, name), store=where_kept
@@ -322,7 +322,7 @@ def _build_and_measure(
     from h5pack.write.convert import convert
 
     target = where / f"{spec.name.replace(':', '_')}.h5"
-    emit(CompareEvent("note", f"converting {spec.name}"))
+    emit(CompareEvent("status", f"converting {spec.name}"))
     try:
         report = convert(
             source,
@@ -331,7 +331,7 @@ def _build_and_measure(
             overwrite=True,
         )
     except OptionsError as err:
-        emit(CompareEvent("note", f"skipped {spec.name}: {err}"))
+        emit(CompareEvent("skipped", f"skipped {spec.name}: {err}"))
         emit(CompareEvent("step", f"{spec.name}: skipped"))
         return SkippedVariant(spec.name, str(err))
     emit(CompareEvent("step", f"{spec.name}: converted"))

@@ -202,7 +202,7 @@ class BenchOptions:
             )
 
 
-EventKind = Literal["start", "step", "note"]
+EventKind = Literal["phase", "step", "status", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -210,15 +210,17 @@ class CompareEvent:
     """Progress of a comparison (the CLI renders it as a progress bar).
 
     Attributes:
-        kind: ``"start"`` (``total`` steps follow), ``"step"`` (one done; ``message``
-            says what runs next) or ``"note"`` (a variant skipped, a pack kept...).
+        kind: ``"phase"`` (``total`` steps follow), ``"step"`` (one done, ``message`` says
+            which), ``"status"`` (what runs now) or ``"skipped"`` (a variant left out).
         message: One line.
-        total: Steps of the whole comparison (``"start"`` only).
+        total: Steps of the whole comparison (``"phase"`` only).
+        unit: What a step is, for the bar.
     """
 
     kind: EventKind
     message: str
     total: int | None = None
+    unit: str = "step"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,6 @@ from typing import Any, Literal
 import click
 
 from h5pack.cli.bench_flags import (
-    ProgressBar,
     Workers,
     cache_flags,
     local_exists,
@@ -28,6 +27,7 @@ from h5pack.cli.flags import (
     ImageSizeOption,
     checked_mix,
     mix_flags,
+    progress_for,
     storage_option_flag,
     store_of,
 )
@@ -154,18 +154,13 @@ def compare(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = out_dir / "packs" if keep else Path(tempfile.mkdtemp(prefix=".packs-", dir=out_dir))
-    bar = ProgressBar(quiet)
     try:
-        report = run_compare(
-            list(sources),
-            options,
-            work_dir=work_dir,
-            keep=keep,
-            on_event=bar.event,
-            store=store,
-        )
+        with progress_for(quiet) as progress:
+            events = progress.event
+            report = run_compare(
+                list(sources), options, work_dir=work_dir, keep=keep, on_event=events, store=store
+            )
     finally:
-        bar.close()
         if not keep:
             shutil.rmtree(work_dir, ignore_errors=True)
     files = write_report(report, out_dir, plots=not no_plots)
@@ -297,7 +292,7 @@ def bench(
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
     from h5pack.bench.diagnose import diagnose as run_diagnose
-    from h5pack.bench.options import BenchOptions, RemoteReading
+    from h5pack.bench.options import BenchOptions, CompareEvent, RemoteReading
     from h5pack.bench.report import format_bench, format_diagnosis, to_json
     from h5pack.bench.throughput import bench_loader
     from h5pack.errors import OptionsError
@@ -328,17 +323,12 @@ def bench(
         )
     except OptionsError as err:
         raise click.UsageError(str(err)) from err
-    bar = ProgressBar(quiet)
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     name = Path(packs[0]).name + (f" and {len(packs) - 1} more" if len(packs) > 1 else "")
-    bar.start(None, f"bench {name}")
-    try:
-        if diagnose:
-            result: Any = run_diagnose(pack, options, on_step=bar.step)
-        else:
-            result = bench_loader(pack, options, on_step=bar.step)
-    finally:
-        bar.close()
+    with progress_for(quiet) as progress:
+        progress.event(CompareEvent("phase", f"bench {name}", unit="run"))
+        run = run_diagnose if diagnose else bench_loader
+        result: Any = run(pack, options, on_step=lambda: progress.advance(1))
     if as_json:
         click.echo(json.dumps(to_json(result), indent=2))
     elif diagnose:

@@ -1,8 +1,7 @@
-"""The click flags and progress bar of ``h5pack compare`` and ``h5pack bench``."""
+"""The click flags of ``h5pack compare`` and ``h5pack bench``."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,48 +36,6 @@ class Workers(_WorkersParam):
         if number < 0:
             self.fail(f"workers should be >= 0, but got {number}", param, ctx)
         return number
-
-
-class ProgressBar:
-    """Render ``CompareEvent`` progress with tqdm on stderr."""
-
-    def __init__(self, quiet: bool) -> None:
-        from tqdm import tqdm
-
-        tqdm.monitor_interval = 0  # no monitor thread (conversions and loaders fork)
-        self._tqdm = tqdm
-        self.quiet = quiet
-        self.bar: Any = None
-
-    def event(self, event: Any) -> None:
-        """Show a ``CompareEvent``: start a bar, step it, or print a note."""
-        if event.kind == "start":
-            if not self.quiet:
-                self.bar = self._tqdm(total=event.total, desc=event.message, file=sys.stderr)
-        elif event.kind == "step":
-            if self.bar is not None:
-                self.bar.set_description_str(event.message, refresh=False)
-                self.bar.update(1)
-        elif event.message.startswith("skipped"):
-            self._tqdm.write(f"warning: {event.message}", file=sys.stderr)
-        elif self.bar is not None:
-            self.bar.set_description_str(event.message)
-
-    def step(self) -> None:
-        """Advance the bar by one."""
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def start(self, total: int | None, message: str) -> None:
-        """Start a bar of ``total`` steps (None: unknown) unless quiet."""
-        if not self.quiet:
-            self.bar = self._tqdm(total=total, desc=message, file=sys.stderr)
-
-    def close(self) -> None:
-        """Close the bar."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 TRAIN_SIZE_HELP = (

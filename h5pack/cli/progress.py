@@ -25,15 +25,21 @@ class Progress:
         self._tqdm.write(message, file=sys.stderr)
 
     def event(self, event: Any) -> None:
-        """Handle a ``ConvertEvent``."""
+        """Handle a ``ConvertEvent`` or a ``CompareEvent``."""
         if event.kind == "skipped":
             self.note(f"Warning: {event.message}")
+            return
+        if event.kind in ("step", "status"):  # on the bar: a step done, or what runs now
+            if self.bar is not None:
+                self.bar.set_description_str(event.message)
+                self.bar.update(int(event.kind == "step"))
             return
         self.close()  # every other event comes between phases
         if event.kind == "phase":
             if not self.quiet:
+                unit = getattr(event, "unit", "img")
                 self.bar = self._tqdm(
-                    total=event.total, desc=event.message, unit="img", file=sys.stderr
+                    total=event.total, desc=event.message, unit=unit, file=sys.stderr
                 )
         elif not self.quiet:
             self.note(event.message)
