@@ -383,3 +383,25 @@ def test_a_sweep_of_dead_staging_touches_only_this_user_s(tmp_path: Path) -> Non
         assert stat.S_IMODE(staging.path.stat().st_mode) == 0o700
     assert (outside / "keep.txt").read_text() == "mine"
     assert theirs.is_dir() == ROOT  # as root, another uid's stays (as a user: it was ours)
+
+
+def test_a_read_only_cache_warns_once_and_the_epoch_completes(
+    s3_bucket: Bucket, pack: Path, local: list, small_disk: Path
+) -> None:
+    url = s3_bucket.put(pack, "p.h5")
+    budget = 2**20
+    filling = multiprocessing.get_context("fork").Process(
+        target=_read_and_measure,
+        args=(url, s3_bucket.storage_options, str(small_disk / "c"), budget, str(small_disk / "0")),
+    )
+    filling.start()  # in a process of its own: once it exits, nothing holds the disk open
+    filling.join(300)
+    assert filling.exitcode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    with pytest.warns(DiskCacheWarning) as caught:
+        assert epoch(remote(s3_bucket, url, small_disk / "c")) == local
+    said = [str(w.message) for w in caught if w.category is DiskCacheWarning]
+    assert len(said) == 1, said
+    assert "cannot be used" in said[0]
+    with pytest.warns(DiskCacheWarning, match=r"new cannot be used \(.*Read-only file system"):
+        assert epoch(remote(s3_bucket, url, small_disk / "new")) == local  # cannot be made

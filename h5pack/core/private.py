@@ -53,13 +53,10 @@ def private_directory(path: Path, *, what: str, hint: str) -> Path:
     Raises:
         UnsafeDirectoryError: it is a symbolic link, not a directory, another user's, or
             writable by group or others (the message names it and why).
-        H5PackError: it cannot be created.
+        OSError: it cannot be created (the caller may read on without it).
     """
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        found = os.lstat(path)
-    except OSError as err:
-        raise H5PackError(f"cannot create {what} {path}: {err.strerror or err}; {hint}") from err
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = os.lstat(path)
     me = os.geteuid()
     problem = ""
     if stat.S_ISLNK(found.st_mode):

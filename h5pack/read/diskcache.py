@@ -291,11 +291,12 @@ class DiskCache:
 
     def _drop(self) -> None:
         """Close this process's connection and owner lock (its claims then look dead)."""
-        mine = self._pid == os.getpid()
-        if self._db is not None and mine:
+        if self._db is not None and self._pid == os.getpid():
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
-        if self._owner_fd >= 0 and mine:
+        elif self._db is not None:  # inherited across fork: never closed (see _connect)
+            _INHERITED.append(self._db)
+        if self._owner_fd >= 0:  # a parent's copy too: its lock stays the parent's
             with contextlib.suppress(OSError):
                 os.close(self._owner_fd)
         self._db, self._owner_fd, self._pid = None, -1, -1
@@ -315,7 +316,7 @@ class DiskCache:
 
     def _failed(self, err: OSError | sqlite3.Error) -> None:
         self._drop()
-        if not self._same_directory() and not self._recreated:
+        if self._inode >= 0 and not self._same_directory() and not self._recreated:
             self._recreated = True
             _warn(
                 f"the disk cache {self.directory} was removed or replaced while in use "
