@@ -60,6 +60,12 @@ def _images(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*.jpg"))
 
 
+def tar_of(folder: Path, target: Path) -> Path:
+    with tarfile.open(target, "w") as archive:
+        archive.add(folder, arcname="images")
+    return target
+
+
 def tgz_of(folder: Path, target: Path) -> Path:
     with tarfile.open(target, "w:gz") as archive:
         archive.add(folder, arcname="images")
@@ -97,15 +103,19 @@ def shards_of(folder: Path, target: Path) -> Path:
     return target
 
 
-def imagenet_of(folder: Path, target: Path) -> Path:
+def imagenet_of(folder: Path, target: Path, top: str = "") -> Path:
     """ImageNet's train tar: one uncompressed tar per class, named by a synset."""
     with tarfile.open(target, "w") as outer:
+        if top:  # `tar -cf train.tar train/`: a folder's entry first
+            info = tarfile.TarInfo(top)
+            info.type = tarfile.DIRTYPE
+            outer.addfile(info)
         for c, name in enumerate(CLASSES):
             inner_bytes = io.BytesIO()
             with tarfile.open(fileobj=inner_bytes, mode="w") as inner:
                 for path in sorted((folder / name).glob("*.jpg")):
                     inner.add(path, arcname=f"n0{c}_{path.stem}.JPEG")
-            info = tarfile.TarInfo(f"n0{c}.tar")
+            info = tarfile.TarInfo(f"{top}n0{c}.tar")
             info.size = inner_bytes.tell()
             inner_bytes.seek(0)
             outer.addfile(info, inner_bytes)
@@ -152,13 +162,15 @@ def reference(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return by_key(pack)
 
 
-@pytest.mark.parametrize("kind", ["tgz", "zip", "webdataset", "parquet"])
+@pytest.mark.parametrize("kind", ["tar", "tgz", "zip", "webdataset", "parquet"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_archive_packs_the_same_samples_as_its_folder(
     folder: Path, tmp_path: Path, reference: dict, kind: str, workers: int
 ) -> None:
-    make = {"tgz": tgz_of, "zip": zip_of, "webdataset": shards_of, "parquet": parquet_of}[kind]
-    name = {"tgz": "x.tar.gz", "zip": "x.zip", "webdataset": "shards", "parquet": "x.parquet"}[kind]
+    make = {"tar": tar_of, "tgz": tgz_of, "zip": zip_of, "webdataset": shards_of}.get(
+        kind, parquet_of
+    )
+    name = {"webdataset": "shards", "parquet": "x.parquet"}.get(kind, f"x.{kind}")
     source = make(folder, tmp_path / name)
     found = sample_source(source)
     assert found.kind == kind
@@ -211,6 +223,8 @@ def test_imagenet_tar_of_tars_labels_by_synset_and_shards_hold_every_sample_once
     assert found == reference
     convert(archive, tmp_path / "one.h5", options)
     assert verify_pack(tmp_path / "one.h5", source=archive).ok
+    in_folder = imagenet_of(folder, tmp_path / "train.tar", top="train/")
+    assert [s.key for s in sample_source(in_folder).samples] == [s.key for s in source.samples]
 
 
 def test_a_gzip_tar_streams_in_runs_and_its_shards_hold_every_sample_once(

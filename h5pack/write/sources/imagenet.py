@@ -33,12 +33,14 @@ class ImageNetTarSource(PathSource):
 
     @staticmethod
     def matches(path: Path) -> bool:
-        """Whether ``path`` is this kind of source: a ``*.tar`` whose first member is a tar."""
+        """Whether ``path`` is this kind of source: a ``*.tar`` whose first file is a tar."""
         if path.suffix.lower() != ".tar" or not path.is_file():
             return False
         try:
             with tarfile.open(path, "r:") as archive:
                 first = archive.next()
+                while first is not None and first.isdir():  # `tar -cf x.tar train/`
+                    first = archive.next()
         except (OSError, tarfile.TarError):
             return False
         return first is not None and first.isfile() and first.name.lower().endswith(".tar")
