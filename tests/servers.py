@@ -120,11 +120,15 @@ class AzuriteServer(Server):
         super().__init__([*command, "--loose"], port, cwd)
 
     def connection_string(self, endpoint: str | None = None) -> str:
-        """Return the connection string of the development account at ``endpoint``."""
-        where = endpoint or self.endpoint
+        """Return the connection string of the development account here (or at ``endpoint``)."""
+        return self.connection_string_at(endpoint or self.endpoint)
+
+    @staticmethod
+    def connection_string_at(endpoint: str) -> str:
+        """Return the connection string of Azurite's development account at ``endpoint``."""
         return (
             f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-            f"AccountKey={AZURITE_KEY};BlobEndpoint={where}/{AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
         )
 
 

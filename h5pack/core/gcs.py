@@ -113,7 +113,11 @@ def make_client(options: GCSOptions) -> Any:
         )
         project = project or found
     client_options = {"api_endpoint": options.endpoint_url} if options.endpoint_url else None
-    return storage.Client(project=project, credentials=credentials, client_options=client_options)
+    client = storage.Client(project=project, credentials=credentials, client_options=client_options)
+    # Since 3.x the client fetches each bucket's metadata for its traces on a background
+    # thread: one more request per bucket, and a thread that may hold a lock at a fork.
+    client._bucket_metadata_cache = None
+    return client
 
 
 class GCSSource(RangedSource):
