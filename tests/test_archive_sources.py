@@ -338,6 +338,14 @@ def test_bad_webdataset_samples_are_named_by_key_or_stop_with_strict(
     with pytest.raises(DecodeError, match=r"bad-cls|no-image|twice"):
         convert(shards, tmp_path / "q.h5", ConvertOptions(workers=1, strict=True))
     assert not (tmp_path / "q.h5").exists()
+    runner = CliRunner()  # the command line says the same, rc 1 with --strict
+    result = runner.invoke(cli, ["convert", str(shards), str(tmp_path / "c.h5")])
+    assert result.exit_code == 0, result.output
+    assert "no-image" in result.output
+    result = runner.invoke(cli, ["convert", str(shards), str(tmp_path / "s.h5"), "--strict"])
+    assert result.exit_code == 1
+    assert "Error: twice: 2 samples of the shards have this key" in result.output
+    assert not (tmp_path / "s.h5").exists()
 
 
 def test_corrupt_and_cut_archives_are_named(folder: Path, tmp_path: Path) -> None:
