@@ -27,7 +27,7 @@ from h5pack.core.layout import Compression, chunk_map_of
 from h5pack.core.packset import PackSetManifest, ShardEntry, meta_digest, write_manifest
 from h5pack.read.reader import PackReader
 from h5pack.write.convert import write_arrays
-from h5pack.write.merge import tails_last_order
+from h5pack.write.mergecopy import tails_last_order
 from h5pack.write.options import ConvertOptions
 from tests.compat_pack import V1_ARRAY, v1_samples
 from tests.helpers import png

@@ -3,14 +3,12 @@
 ``publish_staged`` runs a local write (a conversion, a shard, a merge) into a private
 staging directory on local disk, exactly as into a local file, then publishes the finished
 pack under its final URL through the store (NOTE [ Publishing in a bucket ] in
-``write/upload.py``). A pack set under a prefix is ``RemoteSet``; ``merge_with_urls``
-fetches remote sources into the staging directory first. The local writers are passed in
-(``convert_file``, ``convert_shard_file``, ``merge_packs``), so nothing here imports them.
+``write/upload.py``). A pack set under a prefix is ``RemoteSet``. The local writers are passed in
+(``convert_file``, ``convert_shard_file``), so nothing here imports them.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,12 +27,11 @@ from h5pack.core.packset import (
     parse_manifest,
     shard_name,
 )
-from h5pack.core.store import ObjectInfo, Store, is_url, join_url, split_url
+from h5pack.core.store import ObjectInfo, Store, split_url
 from h5pack.errors import (
     FormatError,
     H5PackError,
     OptionsError,
-    PackNotFoundError,
     TargetExistsError,
 )
 from h5pack.write.builder import ConvertEvent
@@ -324,112 +321,3 @@ def publish_shard(
 
 
 # -- merging from and into a bucket -----------------------------------------------------
-
-
-def merge_with_urls(
-    sources: StrPath | Sequence[StrPath],
-    target: str,
-    store: Store,
-    merge: Callable[[StrPath | list[StrPath], Path], R],
-    *,
-    staging_dir: StrPath | None,
-    overwrite: bool,
-    virtual: bool,
-    emit: Emit,
-) -> tuple[R, list[str]]:
-    """Merge packs of which some are in a store, or into one, with the local ``merge``.
-
-    The remote sources (packs, or a set's prefix or manifest, with all its shards) are
-    downloaded into a staging directory, merged there as local packs are, and a remote
-    target is published once complete (NOTE [ Publishing in a bucket ]): the merge copies
-    every stored chunk anyway, and whole objects take the fewest requests.
-
-    Returns:
-        What ``merge`` returned, and each source's shard URLs (a remote set's) or path.
-
-    Raises:
-        OptionsError: ``virtual`` (a virtual pack reads its sources by local path).
-        TargetExistsError: the target exists and ``overwrite`` is False.
-        H5PackError: the staging directory is too small, or a transfer failed.
-    """
-    if virtual:
-        raise OptionsError(
-            f"--virtual writes a view that reads its sources by local path; it cannot read "
-            f"from or point into a bucket ({target}): merge without --virtual"
-        )
-    single = isinstance(sources, str | os.PathLike)
-    listed: Sequence[StrPath] = [sources] if isinstance(sources, str | os.PathLike) else sources
-    items = [os.fspath(s) for s in listed]
-    said: list[str] = []
-
-    def merged(local_target: Path, room: Room, staging: Path) -> R:
-        fetched: list[StrPath] = []
-        for k, item in enumerate(items):
-            if is_url(item):
-                path, urls = _fetch_source(item, store, staging / f"source-{k:05d}", room, emit)
-                fetched.append(path)
-                said.extend(urls)
-            else:
-                fetched.append(Path(item))
-                said.append(item)
-        return merge(fetched[0] if single else fetched, local_target)
-
-    if is_url(target):
-        return publish_staged(
-            store,
-            target,
-            lambda local, room: merged(local, room, local.parent),
-            overwrite=overwrite,
-            staging_dir=staging_dir,
-            emit=emit,
-        ), said
-    what = f"the merge into {target}"
-    with sigterm_as_exit(), Staging(staging_dir, what=what) as staging:
-        if staging.removed:
-            emit(ConvertEvent("note", describe_removed(staging.removed)))
-        room = functools.partial(staging.check_room, what=what)
-        return merged(Path(target), room, staging.path), said
-
-
-def _fetch_source(
-    url: str, store: Store, folder: Path, room: Room, emit: Emit
-) -> tuple[Path, list[str]]:
-    """Download a remote pack, or a set's manifest and shards, into ``folder``.
-
-    Returns:
-        The local pack (or set's folder) and the URLs it came from.
-
-    Raises:
-        PackNotFoundError: no such object (or no manifest under a set's prefix).
-        H5PackError: the staging directory is too small, or a GET failed.
-    """
-    folder.mkdir()
-    _, _, key = split_url(url)
-    if not (key.endswith(("/", ".json")) or not key):
-        found = store.stat(url)
-        if found is None:
-            raise PackNotFoundError(
-                f"{url}: no such object (a pack set: give its prefix, ending in /)"
-            )
-        room(2 * found.size)
-        local = folder / PurePosixPath(key).name
-        emit(ConvertEvent("note", f"downloading {url} ({found.size / 2**20:.1f} MiB)"))
-        store.download(url, local)
-        return local, [url]
-    prefix_url = set_prefix(url)
-    data = store.get(prefix_url + MANIFEST_NAME)
-    if data is None:
-        raise PackNotFoundError(
-            f"{prefix_url} has no {MANIFEST_NAME}: no pack set manifest (a conversion with "
-            "--shards writes it last; was it interrupted?)"
-        )
-    text = data.decode("utf-8", "replace")
-    manifest = parse_manifest(text, where=prefix_url + MANIFEST_NAME, root=folder)
-    total = sum(e.file_bytes for e in manifest.shards)
-    room(2 * total)
-    count, mib = len(manifest.shards), total / 2**20
-    emit(ConvertEvent("note", f"downloading {count} shards of {prefix_url} ({mib:.1f} MiB)"))
-    (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
-    for entry in manifest.shards:
-        store.download(join_url(prefix_url, entry.path), folder / entry.path)
-    return folder, [join_url(prefix_url, e.path) for e in manifest.shards]
