@@ -369,6 +369,11 @@ def test_corrupt_and_cut_archives_are_named(folder: Path, tmp_path: Path) -> Non
     report = convert(cut, tmp_path / "c.h5", ConvertOptions(workers=1))
     assert 0 < report.num_samples < len(_images(folder))
     assert any("cut short" in s.reason or "unreadable" in s.reason for s in report.skipped)
+    cut.write_bytes(tgz.read_bytes()[:-4])  # only the gzip trailer's size field missing
+    report = convert(cut, tmp_path / "t.h5", ConvertOptions(workers=1))
+    assert report.num_samples == len(_images(folder))  # every image is there, and yet:
+    assert [s.path for s in report.skipped] == ["cut.tar.gz"]
+    assert report.skipped[0].reason.endswith("cut short: the gzip stream ends before its trailer")
     assert len(whole) > 0
 
     bad = bytearray(tgz.read_bytes())  # corrupt deflate data halfway: the rest unreadable

@@ -3,7 +3,7 @@
 NOTE [ Reading a gzip tar ]: gzip has no random access, so the archive is never read at
 random nor extracted. Listing inflates it once, in this process, parsing the member
 headers and keeping a copy of the inflater's state (``zlib``'s ``copy``: its window and
-position) every few MiB of output, at most ``_POINTS`` of them. The write order
+position) every ``_SPACING`` bytes of output, at most ``_POINTS`` of them. The write order
 (``GzipTarSource.split``) is a seeded random interleaving of ``RUNS`` consecutive runs of
 the archive: each run is read front to back by its own inflater, started from the
 checkpoint before it, so the conversion inflates the archive once more and holds at most
@@ -277,6 +277,9 @@ class GzipTarSource(PathSource):
             block = stream.cursor.archive.read(archive.offset, tarfile.BLOCKSIZE, exact=False)
             if block.strip(b"\0"):
                 raise tarfile.HeaderError(f"a corrupt member header at byte {archive.offset}")
+            stream.cursor.read(sys.maxsize, 0, exact=False)  # to the end: is the gzip whole?
+            if not stream.cursor.state.eof:
+                raise DecodeError("cut short: the gzip stream ends before its trailer")
         except (OSError, tarfile.TarError, DecodeError) as err:
             if not found:
                 raise SourceError(f"cannot read the gzip tar archive {self.root}: {err}") from err
