@@ -263,3 +263,14 @@ class Place:
             if path.is_file():
                 self.put(path, f"{prefix.rstrip('/')}/{path.relative_to(root).as_posix()}")
         return self.url(prefix.rstrip("/") + "/")
+
+
+def demo_bucket(gcs_server: GCSServer, azurite_server: AzuriteServer, name: str = "demo") -> None:
+    """Make the bucket and the container ``name`` (docs/object-storage.md's), if absent."""
+    client = gcs.shared_client(gcs.GCSStore.of({"endpoint_url": gcs_server.endpoint}).options)
+    if client.lookup_bucket(name) is None:
+        client.create_bucket(name)
+    options = azure.AzureStore.of({"connection_string": azurite_server.connection_string()})
+    container = azure.shared_client(options.options).get_container_client(name)
+    if not container.exists():
+        container.create_container()

@@ -29,6 +29,7 @@ import pytest
 from click.testing import CliRunner
 
 from h5pack.cli.main import cli
+from tests.servers import demo_bucket
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -142,6 +143,13 @@ def test_page_examples_run(
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", settings["access_key_id"])
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", settings["secret_access_key"])
         monkeypatch.setenv("AWS_REGION", settings["region"])
+    if "STORAGE_EMULATOR_HOST" in page.read_text(encoding="utf-8"):
+        # and to the tests' GCS and Azure servers, each with the page's "demo" bucket
+        gcs = request.getfixturevalue("gcs_server")
+        azurite = request.getfixturevalue("azurite_server")
+        demo_bucket(gcs, azurite)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string())
     namespace: dict[str, object] = {"__name__": "__docs__"}
     for block in blocks(page):
         if block.run:

@@ -17,7 +17,7 @@ from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.layout import Compression
 from h5pack.core.source import SourceChangedError
 from h5pack.core.store import open_store
-from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
+from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
 from h5pack.read.packset import open_reader
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
@@ -238,3 +238,9 @@ def test_no_account_key_in_a_repr_or_an_error(place: Somewhere) -> None:
     for text in (repr(store.options), str(store.options), str(failed.value)):
         assert AZURITE_KEY not in text
         assert "AccountKey" not in text
+
+
+def test_one_call_reads_one_kind_of_storage() -> None:
+    with pytest.raises(OptionsError, match=r"az://, gs:// URLs in one call"):
+        open_store(["gs://a/b.h5", "az://c/d.h5"])
+    assert open_store(["http://h/a.h5", "https://h/b.h5"]) == open_store("https://h/c.h5")

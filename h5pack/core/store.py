@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from h5pack._types import StrPath
 from h5pack.core.source import ByteSource, LocalSource
-from h5pack.errors import FormatError, H5PackError, PackNotFoundError, install_line
+from h5pack.errors import FormatError, H5PackError, OptionsError, PackNotFoundError, install_line
 
 # scheme -> (module, class) of its store, imported on first use (its client is an extra)
 SCHEMES: dict[str, tuple[str, str]] = {
@@ -258,13 +258,19 @@ def open_store(
 
     Raises:
         FormatError: an unknown scheme.
-        OptionsError: an unknown storage option.
+        OptionsError: an unknown storage option, or URLs of two kinds of storage.
     """
     paths = [path] if isinstance(path, str | os.PathLike) else list(path or ())
-    url = next((os.fspath(p) for p in paths if is_url(p)), None)
-    if url is None:
+    urls = [os.fspath(p) for p in paths if is_url(p)]
+    if not urls:
         return LocalStore()
-    return store_class(url.partition("://")[0].lower()).of(storage_options or {})
+    schemes = {u.partition("://")[0].lower() for u in urls}
+    if len({SCHEMES.get(s, s) for s in schemes}) > 1:
+        raise OptionsError(
+            f"{', '.join(sorted(s + '://' for s in schemes))} URLs in one call: each call "
+            "reads and writes one kind of storage (copy through a local path)"
+        )
+    return store_class(urls[0].partition("://")[0].lower()).of(storage_options or {})
 
 
 def open_source(path: StrPath, *, storage_options: Mapping[str, Any] | None = None) -> ByteSource:
