@@ -339,3 +339,23 @@ def test_a_fork_while_a_thread_is_in_a_transaction(tmp_path: Path) -> None:
     assert cache._owner == owner  # the same owner, its lock still held
     assert cache.usage_bytes() == 2 * CHUNK
     cache.close()
+
+
+def test_opening_sweeps_what_exited_processes_left(tmp_path: Path) -> None:
+    cache = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=ROOM + 10 * CHUNK))
+    for chunk in (1, 2):
+        assert cache.claim(PACK, chunk, CHUNK).kind == "claimed"
+        cache.store(PACK, chunk, chunk_bytes(chunk))
+    cache.close()
+    folder = tmp_path / "chunks" / PACK
+    (folder / "2").unlink()  # a row without its file
+    (folder / "7").write_bytes(b"x" * 10)  # a file without a row
+    (folder / ".8.123-dead.tmp").write_bytes(b"y")  # a dead process's temporary
+    (tmp_path / "owners" / "123-dead.lock").touch()  # and its lock file
+    again = DiskCache(DiskCacheOptions(directory=tmp_path, budget_bytes=ROOM + 10 * CHUNK))
+    assert again.usage_bytes() == CHUNK  # chunk 1 alone
+    assert sorted(p.name for p in folder.iterdir()) == ["1"]
+    assert [p.name for p in (tmp_path / "owners").iterdir()] == [f"{again._owner}.lock"]
+    assert again.stats.swept == 2
+    assert again.claim(PACK, 1, CHUNK).kind == "hit"
+    assert again.claim(PACK, 2, CHUNK).kind == "claimed"

@@ -676,8 +676,10 @@ class DiskCache:
     def recover(self) -> None:
         """Remove what processes that are gone left: claims, futures, locks, files.
 
-        Also files without a row (a crash between a rename and its commit) and rows
-        without a file, so that the directory holds what the ledger counts.
+        Also, when no other live process uses the directory (the files of a large cache
+        are listed once, not by every worker), files without a row (a crash between a
+        rename and its commit) and rows without a file: the directory holds what the
+        ledger counts.
         """
         with self._lock, transaction(self._open()) as db:
             owners = {
@@ -688,10 +690,14 @@ class DiskCache:
             }
             owners |= {o for (o,) in db.execute("SELECT DISTINCT owner FROM futures")}
             owners |= {n.removesuffix(".lock") for n in os.listdir(self.directory / "owners")}
-            for owner in owners:
-                if not self._owner_alive(owner):
+            alone = True
+            for owner in owners - {self._owner}:
+                if self._owner_alive(owner):
+                    alone = False
+                else:
                     self._recover_owner(db, owner)
-            self._sweep(db)
+            if alone:
+                self._sweep(db)
 
     def _sweep(self, db: sqlite3.Connection) -> None:
         rows = {
