@@ -5,6 +5,7 @@
     python scripts/bench_loaders.py --size 256 --codecs none gzip lz4 zstd --only pillow \
         naive-h5py webdataset h5pack-raw h5pack-unchecked          # as stored, per codec
     python scripts/bench_loaders.py --quick                  # a smoke run (~1 min)
+    python scripts/bench_loaders.py --images 500 --rounds 3 --only h5pack h5pack-coco
 
 Data (``prepare``): ``--images`` ImageNet-like JPEGs (``h5pack.synthetic.make_image_folder``,
 cut from ../shared/data/photos when present, 10 classes, around 500x375 with +-30% jitter,
@@ -26,6 +27,9 @@ delivers them as stored, (B, 3, N, N), the raw packs storing the same pixels:
 - ``h5pack-inproc``: the same in the main process with ``--workers`` threads;
 - ``h5pack-cached``: the same with ``cache="decoded"`` and a budget over the decoded images
   (its first epoch fills the cache);
+- ``h5pack-coco``: the same images converted with a COCO instances file (1-8 rectangles and
+  ellipses per image as polygons: boxes, category ids, iscrowd, instance masks), every
+  field through the same crop and flip; printed beside ``h5pack``: the CPU per image ratio;
 - ``h5pack-raw``: the raw 256x256 pack (with ``--codecs``: one pack per codec, 64 samples
   per chunk, each its own arm); ``h5pack-unchecked``: the same with
   ``reader=ReaderOptions(verify_checksums=False)`` (what checking every sample costs).
@@ -72,6 +76,7 @@ from h5pack.training.cache import CacheSpec
 from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
+from h5pack.write.sources import sample_source
 
 # The project's real photographs, beside the checkout (see its README); synthetic without.
 SHARED_PHOTOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "photos"
@@ -238,7 +243,8 @@ def epoch(loader: Any, number: int = 0, *, build_s: float = 0.0, build_cpu_s: fl
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(number)
     images, cpu, start = 0, tree_cpu_s(), time.perf_counter()
-    for batch, labels in loader:
+    for found in loader:
+        batch, labels = (found["image"], found["label"]) if isinstance(found, dict) else found
         assert batch.shape[1:] == (3, SIZE, SIZE), batch.shape
         assert batch.dtype == torch.uint8, batch.dtype
         images += len(labels)
@@ -313,6 +319,36 @@ def prepare_stored(data: Path, images: int, size: int) -> tuple[Path, Path]:
     return folder, encoded
 
 
+def coco_pack(data: Path, folder: Path, seed: int = 0) -> Path:
+    """Make (or reuse) the COCO pack of ``folder``: 1-8 rectangles and ellipses per image."""
+    pack, annotations = data / f"{folder.name}-coco.h5", data / f"{folder.name}-coco.json"
+    if pack.exists():
+        return pack
+    rng = np.random.default_rng(seed)
+    images, objects = [], []
+    for image_id, path in enumerate(sorted(folder.rglob("*.jpg")), start=1):
+        width, height = Image.open(path).size
+        name = path.relative_to(folder).as_posix()
+        images.append({"id": image_id, "file_name": name, "width": width, "height": height})
+        for _ in range(int(rng.integers(1, 9))):
+            w, h = rng.uniform(0.08, 0.5) * width, rng.uniform(0.08, 0.5) * height
+            x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
+            angles = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+            round_ = [x + w / 2 * (1 + np.cos(angles)), y + h / 2 * (1 + np.sin(angles))]
+            xs, ys = round_ if rng.random() < 0.5 else ([x, x + w, x + w, x], [y, y, y + h, y + h])
+            polygon = np.stack([xs, ys], axis=1).reshape(-1).round(2).tolist()
+            objects.append({
+                "id": len(objects) + 1, "image_id": image_id, "iscrowd": 0,
+                "category_id": int(rng.integers(1, 11)), "bbox": [x, y, w, h],
+                "area": w * h, "segmentation": [polygon],
+            })  # fmt: skip
+    categories = [{"id": i, "name": f"class{i}"} for i in range(1, 11)]
+    document = {"images": images, "annotations": objects, "categories": categories}
+    annotations.write_text(json.dumps(document))
+    convert(sample_source(folder, annotations=annotations), pack)
+    return pack
+
+
 def raw_packs(folder: Path, codecs: list[str], size: tuple[int, int] | None) -> dict[str, Path]:
     """Make (or reuse) a raw pack of ``folder`` per codec, 64 samples per chunk."""
     raws = {}
@@ -333,6 +369,7 @@ ARMS = (
     "h5pack",
     "h5pack-inproc",
     "h5pack-cached",
+    "h5pack-coco",
     "h5pack-raw",
     "h5pack-unchecked",
 )
@@ -371,6 +408,8 @@ def arms_of(
         "h5pack-inproc": (h5(encoded, num_workers=0, reader=ReaderOptions(threads=workers)), True),
         "h5pack-cached": (h5(encoded, cache=CacheSpec(cache_bytes=2 * decoded + 2**24)), True),
     }
+    if "h5pack-coco" in args.only:
+        arms["h5pack-coco"] = (h5(coco_pack(data, folder)), True)
     for codec, raw in raws.items():
         named = "" if len(raws) == 1 else f"-{codec}"
         arms[f"h5pack-raw{named}"] = (h5(raw), True)
@@ -478,6 +517,12 @@ def run(
             f" {figures[name]['cpu_us_per_image']:,.0f} |"
             f" {'' if ratio is None else f'{ratio:.2f}x'} | {shown} |"
         )
+    for which in (FIRST, LATER):
+        coco, plain = f"h5pack-coco / {which}", f"h5pack / {which}"
+        if coco in rounds.runs and plain in rounds.runs:
+            ratio = 1 / rounds.ratio(coco, plain, cpu=True)  # images per CPU-second, inverted
+            figures[f"coco CPU per image / {which}"] = ratio
+            print(f"\nh5pack-coco / h5pack, CPU per image, {which}: {ratio:.2f}x")
     print(f"\n# load average: {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     return figures
 

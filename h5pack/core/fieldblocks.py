@@ -44,8 +44,16 @@ class FieldBlocks:
     def rows(self, name: str, indices: np.ndarray) -> np.ndarray:
         """Return rows ``indices`` of the dataset ``name``."""
         step = self.step(name)
-        found = [self._block(name, int(i) // step, step)[int(i) % step] for i in indices]
-        return np.stack(found) if found else np.zeros(0, dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64)
+        chunks = idx // step
+        found: np.ndarray | None = None
+        for chunk in np.unique(chunks).tolist():  # a batch's rows lie in a few chunks
+            block = self._block(name, chunk, step)
+            if found is None:
+                found = np.empty((idx.size, *block.shape[1:]), dtype=block.dtype)
+            here = chunks == chunk
+            found[here] = block[idx[here] - chunk * step]
+        return found if found is not None else np.zeros(0, dtype=np.int64)
 
     def span(self, name: str, start: int, stop: int, step: int) -> np.ndarray:
         """Return a copy of rows ``start:stop`` of the dataset ``name`` (``step``: ``step()``)."""

@@ -169,26 +169,12 @@ class InstanceMasksField(MaskField):
     ) -> np.ndarray:
         """Return the masks of ``value`` (n x H x W, or a blob) cut to ``box``, resized, flipped."""
         blob = value if value.ndim == 1 else pack_masks(value)
-        windows, rows_of = _windows(blob)
-        rows, cols = grid(box, size, False)
-        out = np.zeros((len(windows), *size), dtype=np.uint8)
-        for k, (top, left, height, width) in enumerate(windows.tolist()):
-            r0, r1 = np.searchsorted(rows, (top, top + height))
-            c0, c1 = np.searchsorted(cols, (left, left + width))
-            if r0 == r1 or c0 == c1:
-                continue
-            packed = rows_of(k).take(rows[r0:r1] - top, axis=0)
-            cut = np.unpackbits(packed, axis=1, count=width).take(cols[c0:c1] - left, axis=1)
-            if flip:
-                out[k, r0:r1, size[1] - c1 : size[1] - c0] = cut[:, ::-1]
-            else:
-                out[k, r0:r1, c0:c1] = cut
-        return out
+        return cut_masks([blob], np.asarray([box]), np.asarray([flip]), size)[0]
 
     def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
         import torch
 
-        return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+        return [v if torch.is_tensor(v) else torch.from_numpy(v) for v in values]
 
 
 def pack_masks(masks: np.ndarray) -> np.ndarray:
@@ -217,6 +203,52 @@ def _windows(blob: np.ndarray) -> tuple[np.ndarray, Any]:
         return blob[starts[k] : starts[k + 1]].reshape(int(windows[k, 2]), int(widths[k]))
 
     return windows, rows_of
+
+
+def cut_masks(
+    blobs: Sequence[np.ndarray],
+    crops: np.ndarray,
+    flips: np.ndarray,
+    size: tuple[int, int],
+    alloc: Any = None,
+) -> list[np.ndarray]:
+    """Cut a batch's masks (blobs) to their crops (top, left, height, width), resized, flipped.
+
+    Every mask lands in one ``(sum of n, *size)`` array (``alloc(shape)``'s, zeroed here; a
+    new one by default), each sample's masks a view of it: only the rows of each window
+    under the output are unpacked.
+    """
+    parsed = [_windows(blob) for blob in blobs]
+    ends = np.cumsum([len(windows) for windows, _ in parsed], dtype=np.int64)
+    shape = (int(ends[-1]) if ends.size else 0, *size)
+    out = np.zeros(shape, np.uint8) if alloc is None else alloc(shape)
+    if alloc is not None:
+        out.fill(0)
+    width = size[1]
+    for (windows, rows_of), crop, flip, end in zip(
+        parsed, crops, flips, ends.tolist(), strict=True
+    ):
+        if not len(windows):
+            continue
+        rows, cols = grid(crop, size, False)
+        tops, lefts = windows[:, 0], windows[:, 1]
+        n = len(windows)
+        r0 = np.searchsorted(rows, np.concatenate([tops, tops + windows[:, 2]])).tolist()
+        c0 = np.searchsorted(cols, np.concatenate([lefts, lefts + windows[:, 3]])).tolist()
+        r1, c1 = r0[n:], c0[n:]
+        for k, mask in enumerate(out[end - n : end]):
+            if r0[k] == r1[k] or c0[k] == c1[k]:
+                continue
+            packed = rows_of(k).take(rows[r0[k] : r1[k]] - tops[k], axis=0)
+            bits = np.unpackbits(packed, axis=1, count=int(windows[k, 3]))
+            picked = cols[c0[k] : c1[k]] - lefts[k]
+            if flip:  # the columns taken right to left, into the mirrored place
+                target = mask[r0[k] : r1[k], width - c1[k] : width - c0[k]]
+                picked = picked[::-1]
+            else:
+                target = mask[r0[k] : r1[k], c0[k] : c1[k]]
+            bits.take(picked, axis=1, out=target, mode="clip")  # in place: no copy
+    return np.split(out, ends[:-1])
 
 
 def unpack_masks(blob: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -9,50 +9,68 @@ user's ``transform=`` one sample's dict and batch what it returns; ``pad_batch``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from h5pack.core.fields import BoxesField, StoredField, fields_of, stored_fields
+from h5pack.core.fields import (
+    BoxesField,
+    InstanceMasksField,
+    StoredField,
+    fields_of,
+    stored_fields,
+)
 from h5pack.core.format import PackMeta
-from h5pack.core.spatialfields import move_boxes
+from h5pack.core.spatialfields import cut_masks, move_boxes
 from h5pack.errors import FormatError
 from h5pack.read.crop import CropSpec
 from h5pack.read.cropplan import plan_crops
+from h5pack.training.ring import BatchRing, batch_buffer
 
 LENGTHS = "_lengths"
 """The suffix of a padded field's lengths: ``boxes`` beside ``boxes_lengths``."""
 
 
-def crop_fields(
-    found: dict[str, list[Any]],
-    meta: PackMeta,
-    idx: np.ndarray,
-    crop: CropSpec,
-    *,
-    seed: int,
-    epoch: int,
-) -> None:
+class Cropping(Protocol):
+    """What ``crop_fields`` reads of a dataset: its pack, pipeline, seed, epoch and ring."""
+
+    meta: PackMeta
+    crop: CropSpec | None
+    seed: int
+    ring: BatchRing | None
+
+    @property
+    def epoch(self) -> int: ...  # noqa: D102
+
+
+def crop_fields(found: dict[str, list[Any]], idx: np.ndarray, dataset: Cropping) -> None:
     """Cut, resize and flip each spatial field in ``found`` as its image was (``plan_crops``).
 
-    Masks are cut sample by sample; every box of the batch is moved at once, and a box
-    left less than one pixel wide or high is dropped with the rows of its ``per_box``
-    fields in ``found``.
+    Instance masks are cut a batch at once into one batch buffer (a ring slot in a worker:
+    NOTE [ Batch ring ]), other masks sample by sample; every box of the batch is moved at
+    once, and a box left less than one pixel wide or high is dropped with the rows of its
+    ``per_box`` fields in ``found``.
 
     Raises:
         FormatError: a ``per_box`` field whose rows differ from its sample's boxes (named).
     """
+    meta, crop, ring = dataset.meta, dataset.crop, dataset.ring
+    if crop is None:
+        return
     listed = {f.name: f for f in stored_fields(fields_of(meta))}
     moved = [listed[n] for n in found if n in listed and listed[n].spatial]
     if not moved:
         return
     shapes = meta.shapes[idx]
+    seed, epoch = dataset.seed, dataset.epoch
     plans = plan_crops(crop, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=idx)
     crops = np.array([box for box, _ in plans], dtype=np.int64).reshape(-1, 4)
     flips = np.array([flip for _, flip in plans], dtype=bool)
     for field in moved:
-        if not isinstance(field, BoxesField):
+        if isinstance(field, InstanceMasksField):  # a batch at once, in one buffer
+            found[field.name] = _masks(found[field.name], (crops, flips, crop.size), ring)
+        elif not isinstance(field, BoxesField):
             found[field.name] = [
                 field.transform(value, box, flip, crop.size)
                 for value, (box, flip) in zip(found[field.name], plans, strict=True)
@@ -60,6 +78,24 @@ def crop_fields(
     for field in moved:
         if isinstance(field, BoxesField):
             _move(found, field, listed, idx, (crops, flips, crop.size))
+
+
+def _masks(
+    blobs: list[Any],
+    geometry: tuple[np.ndarray, np.ndarray, tuple[int, int]],
+    ring: BatchRing | None,
+) -> list[torch.Tensor]:
+    """A batch's instance masks cut into one batch buffer: each sample's a view of it."""
+    held: list[torch.Tensor] = []
+
+    def alloc(shape: tuple[int, ...]) -> np.ndarray:
+        # a power of two of masks: a few sizes of buffer, each reused (NOTE [ Batch ring ])
+        room = 1 << max(0, shape[0] - 1).bit_length()
+        held.append(batch_buffer(ring, (room, *shape[1:]))[: shape[0]])
+        return held[0].numpy()
+
+    cut = cut_masks(blobs, *geometry, alloc)
+    return list(held[0].split([len(v) for v in cut]))
 
 
 def _move(
@@ -80,7 +116,8 @@ def _move(
     placed = placed.astype(boxes.dtype)
     spans = list(zip((ends - counts).tolist(), ends.tolist(), strict=True))
     found[boxes.name] = [placed[a:b][keep[a:b]] for a, b in spans]
-    if bool(keep.all()):
+    dropping = [j for j, (a, b) in enumerate(spans) if not keep[a:b].all()]
+    if not dropping:
         return
     for name in boxes.per_box or ():
         if name not in found:
@@ -92,7 +129,10 @@ def _move(
                 f"{listed[name].name!r} of sample {int(idx[wrong])} holds {len(rows[wrong])} "
                 f"rows, but {int(counts[wrong])} boxes in {boxes.name!r} (per_box): damaged"
             )
-        found[name] = [v[keep[a:b]] for v, (a, b) in zip(rows, spans, strict=True)]
+        for j in dropping:  # the other samples keep their rows as they are (views)
+            a, b = spans[j]
+            kept = rows[j].numpy()[keep[a:b]] if torch.is_tensor(rows[j]) else rows[j][keep[a:b]]
+            rows[j] = torch.from_numpy(kept) if torch.is_tensor(rows[j]) else kept
 
 
 def as_value(value: Any) -> Any:

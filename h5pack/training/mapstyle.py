@@ -300,8 +300,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     ) -> dict[str, list[Any]]:
         """The values of the stored fields ``names`` of samples ``idx``, cropped as the images."""
         found = (reader or self.reader).read_fields(idx, names, packed=self.crop is not None)
-        if self.crop is not None:
-            crop_fields(found, self.meta, idx, self.crop, seed=self.seed, epoch=self.epoch)
+        crop_fields(found, idx, self)
         return found
 
     def batch_shape(self) -> tuple[int, int, int] | None:

@@ -26,6 +26,7 @@ from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.fields import LEGACY_FIELDS, Field, LazyColumn, MaskField, stored_fields
 from h5pack.core.format import SkippedFile
+from h5pack.core.layout import DEFAULT_CHUNK_BYTES
 from h5pack.core.record import PackRecord, write_record
 from h5pack.errors import H5PackError, OptionsError, SourceError
 from h5pack.write.arena import Arena
@@ -367,7 +368,8 @@ def _field_rows(metadata: PackMetadata) -> int:
         chunks = metadata.plan.spec.chunks
         return int(chunks[0]) if chunks else max(1, num)
     length = int(metadata.offsets[-1])
-    return max(1, num * metadata.blob_chunk_bytes // max(1, length)) if length else max(1, num)
+    chunk = metadata.blob_chunk_bytes or DEFAULT_CHUNK_BYTES  # a contiguous blob: as by default
+    return max(1, num * chunk // max(1, length)) if length else max(1, num)
 
 
 def _final_chunk_bytes(spec: ImagesSpec, plan: StoragePlan) -> int:

@@ -38,6 +38,7 @@ from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.format import PackMeta, SkippedFile
+from h5pack.core.layout import DEFAULT_CHUNK_BYTES
 from h5pack.core.record import PackRecord, write_record
 from h5pack.core.store import open_store
 from h5pack.errors import H5PackError
@@ -246,7 +247,8 @@ def _field_rows(first: PackMeta, merged: _Merged, blob_chunk_bytes: int) -> int:
     num = len(merged.paths)
     if first.storage == "array":
         return first.chunks[0] if first.chunks else max(1, num)
-    return max(1, num * blob_chunk_bytes // max(1, merged.length))
+    chunk = blob_chunk_bytes or DEFAULT_CHUNK_BYTES  # a contiguous blob: as by default
+    return max(1, num * chunk // max(1, merged.length))
 
 
 # -- images -----------------------------------------------------------------------------
