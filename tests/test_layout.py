@@ -7,6 +7,7 @@ from h5pack.core.layout import (
     CODECS,
     DEFAULT_CHUNK_BYTES,
     MAX_CHUNK_BYTES,
+    PLUGIN_FILTERS,
     ChunkMap,
     Compression,
     array_chunk_shape,
@@ -105,8 +106,11 @@ def test_every_codec_builds_h5py_arguments(codec, tmp_path):
     with h5py.File(tmp_path / "c.h5", "w") as f:
         ds = f.create_dataset("x", data=data, chunks=(2, 8, 8, 3), **compression.h5py_kwargs())
         assert (ds[()] == data).all()
-        assert bool(ds.id.get_create_plist().get_nfilters()) == (codec != "none")
-    assert compression.needs_plugin == (codec in {"lz4", "zstd", "blosc-lz4", "blosc-zstd"})
+        plist = ds.id.get_create_plist()
+        assert bool(plist.get_nfilters()) == (codec != "none")
+        filters = {plist.get_filter(i)[0] for i in range(plist.get_nfilters())}
+    plugin = codec in {"lz4", "zstd", "blosc-lz4", "blosc-zstd"}
+    assert bool(filters & set(PLUGIN_FILTERS)) == plugin  # info names hdf5plugin's filters
 
 
 @pytest.mark.parametrize(

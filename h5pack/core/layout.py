@@ -28,8 +28,6 @@ from h5pack.core.vocabulary import Layout as Layout
 from h5pack.core.vocabulary import Shuffle as Shuffle
 from h5pack.errors import FormatError, OptionsError
 
-PLUGIN_CODECS = frozenset({"lz4", "zstd", "blosc-lz4", "blosc-zstd"})
-
 # HDF5 filter ids, as registered with The HDF Group (the plugin ones come from hdf5plugin),
 # and what h5pack calls each; the direct chunk path and ``info`` both read this table.
 FILTER_DEFLATE = 1
@@ -131,11 +129,6 @@ class Compression:
             return None
         return self.level if self.level is not None else LEVELS[self.codec][2]
 
-    @property
-    def needs_plugin(self) -> bool:
-        """Whether reading data written with this needs hdf5plugin."""
-        return self.codec in PLUGIN_CODECS
-
     def h5py_kwargs(self) -> dict[str, Any]:
         """Return the ``create_dataset`` keyword arguments for this compression."""
         if self.codec == "none":
@@ -148,19 +141,15 @@ class Compression:
             return {"compression": "gzip", "compression_opts": level, "shuffle": byte_shuffle}
         if self.codec == "lzf":
             return {"compression": "lzf", "shuffle": byte_shuffle}
+        cname: Any = self.codec.removeprefix("blosc-")
         if self.codec in ("lz4", "zstd"):
             if self.shuffle == "bit":
-                cname: Any = self.codec
                 return dict(hdf5plugin.Bitshuffle(cname=cname, clevel=level or 3))
             plugin = hdf5plugin.LZ4() if self.codec == "lz4" else hdf5plugin.Zstd(clevel=level or 3)
             return {**dict(plugin), "shuffle": byte_shuffle}
-        blosc_shuffle = {
-            "none": hdf5plugin.Blosc.NOSHUFFLE,
-            "byte": hdf5plugin.Blosc.SHUFFLE,
-            "bit": hdf5plugin.Blosc.BITSHUFFLE,
-        }[self.shuffle]
-        blosc_cname: Any = self.codec.removeprefix("blosc-")
-        return dict(hdf5plugin.Blosc(cname=blosc_cname, clevel=level or 0, shuffle=blosc_shuffle))
+        blosc = hdf5plugin.Blosc
+        shuffle = {"none": blosc.NOSHUFFLE, "byte": blosc.SHUFFLE, "bit": blosc.BITSHUFFLE}
+        return dict(blosc(cname=cname, clevel=level or 0, shuffle=shuffle[self.shuffle]))
 
     def describe(self) -> str:
         """Return a short human description, e.g. ``"zstd level 3, bit shuffle"``."""
