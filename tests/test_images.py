@@ -6,15 +6,10 @@ import pytest
 
 from h5pack.core.layout import Compression
 from h5pack.read.reader import PackReader
-from h5pack.write import images as images_module
+from h5pack.write import blocks as blocks_module
+from h5pack.write.blocks import ArrayAssembler, BlobAssembler, aligned_offsets
 from h5pack.write.convert import write_arrays
-from h5pack.write.images import (
-    ArrayAssembler,
-    BlobAssembler,
-    ImagesSpec,
-    ImagesWriter,
-    aligned_offsets,
-)
+from h5pack.write.images import ImagesSpec, ImagesWriter
 from h5pack.write.options import ConvertOptions
 from tests.helpers import assert_aligned, jpeg, random_arrays
 
@@ -98,7 +93,7 @@ def test_aligned_offsets_is_the_assemblers_rule(chunk_bytes):
 @pytest.mark.parametrize("reuse", [False, True])
 def test_unaligned_blob_packs_samples_back_to_back(monkeypatch, reuse):
     """chunk_bytes=0 (contiguous): no padding, blocks of a fixed size, samples straddle."""
-    monkeypatch.setattr(images_module, "UNALIGNED_BLOCK_BYTES", 8)
+    monkeypatch.setattr(blocks_module, "UNALIGNED_BLOCK_BYTES", 8)
     assembler = BlobAssembler(0, capacity=1, reuse=reuse)
     sizes = (3, 4, 2, 20, 1, 8, 0, 5)
     data = np.zeros(sum(sizes), np.uint8)
@@ -144,7 +139,7 @@ def _write_blob(path, spec, samples, *, staging=True):
     ],
 )
 def test_contiguous_blob_written_in_place_or_staged(tmp_path, monkeypatch, known, expected_length):
-    monkeypatch.setattr(images_module, "UNALIGNED_BLOCK_BYTES", 16)
+    monkeypatch.setattr(blocks_module, "UNALIGNED_BLOCK_BYTES", 16)
     samples = [np.full(n, i + 1, np.uint8) for i, n in enumerate((5, 30, 1, 24))]
     spec = ImagesSpec("blob", None, None, blob_bytes=known)
     stored, offsets = _write_blob(tmp_path / "p.h5", spec, samples)

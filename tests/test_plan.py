@@ -7,7 +7,7 @@ import pytest
 
 from h5pack.core.layout import DEFAULT_CHUNK_BYTES, Compression
 from h5pack.errors import OptionsError
-from h5pack.write.images import aligned_offsets
+from h5pack.write.blocks import aligned_offsets
 from h5pack.write.options import ConvertOptions
 from h5pack.write.plan import (
     BLOB_SLOT_BYTES,

@@ -30,7 +30,7 @@ from h5pack.read.packset import open_reader
 from h5pack.read.reader import ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write import publish
-from h5pack.write.builder import ConvertEvent
+from h5pack.write.report import ConvertEvent
 from h5pack.write.upload import Staging
 from tests.helpers import contents
 

@@ -22,6 +22,8 @@ import numpy as np
 from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.fields import LEGACY_FIELDS, Field, fields_text, stored_fields
+from h5pack.core.format import SkippedFile
+from h5pack.core.layout import DEFAULT_CHUNK_BYTES
 from h5pack.errors import FormatError
 
 # Uncompressed bytes of one chunk of /paths (fixed-length strings, gzip); the paths are
@@ -46,7 +48,8 @@ class PackRecord:
         tool_version: The h5pack version writing the pack.
         fields: The sample's fields, listed in the pack (``core.fields``).
         columns: Each stored field's values, in pack order, by name (``StoredField.column``).
-        field_rows: Samples per chunk of the stored fields' datasets (about an image chunk's).
+        field_rows: Samples per chunk of the stored fields' datasets (None: about one chunk
+            of the images dataset already in the file, NOTE [ Stored fields ]).
     """
 
     mode: fmt.Mode
@@ -60,7 +63,7 @@ class PackRecord:
     tool_version: str
     fields: tuple[Field, ...] = LEGACY_FIELDS
     columns: Mapping[str, Any] = field(default_factory=dict)
-    field_rows: int = 1
+    field_rows: int | None = None
 
 
 def write_record(handle: h5py.File, record: PackRecord) -> None:
@@ -106,12 +109,11 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
     digests[fmt.PATHS] = _write_paths(handle, record.paths)
     for spec in rest:
         numeric(spec)
+    rows = record.field_rows or _field_rows(handle, record)
     for stored in stored_fields(record.fields):  # NOTE [ Stored fields ] in core.fieldkinds
         if stored.name not in record.columns:
             raise FormatError(f"field {stored.name!r} is listed, but has no values")
-        digests.update(
-            stored.write(handle, record.columns[stored.name], rows_per_chunk=record.field_rows)
-        )
+        digests.update(stored.write(handle, record.columns[stored.name], rows_per_chunk=rows))
     attrs = handle.attrs
     fmt.set_text(attrs, fmt.FORMAT_MARKER_KEY, fmt.FORMAT_MARKER)
     attrs[fmt.FORMAT_VERSION_KEY] = fmt.FORMAT_VERSION
@@ -129,6 +131,18 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
         digests[key] = integrity.text_digest(text)
     attrs[fmt.CHUNK_BYTES_KEY] = record.blob_chunk_bytes
     fmt.set_text(attrs, fmt.METADATA_DIGESTS_KEY, json.dumps(digests, sort_keys=True))
+
+
+def _field_rows(handle: h5py.File, record: PackRecord) -> int:
+    """Samples per chunk of the stored fields: about one chunk of the images' (or all)."""
+    num = len(record.paths)
+    images = handle.get(fmt.IMAGES)
+    if images is None:
+        return max(1, num)
+    if record.storage == "blob":  # a contiguous blob: as the default chunk
+        chunk = record.blob_chunk_bytes or DEFAULT_CHUNK_BYTES
+        return max(1, num * chunk // max(1, int(images.shape[0])))
+    return int(images.chunks[0]) if images.chunks else max(1, num)
 
 
 def _write_paths(handle: h5py.File, paths: Sequence[str]) -> str:
@@ -151,3 +165,8 @@ def _write_paths(handle: h5py.File, paths: Sequence[str]) -> str:
         values = np.array(encoded, dtype=f"S{width}")
         fmt.write_fixed_strings(stored, lo, values)
     return integrity.hex32(crc)
+
+
+def skipped_text(skipped: Sequence[SkippedFile]) -> str:
+    """Return the ``skipped`` attribute's text (JSON list of {path, reason})."""
+    return json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])

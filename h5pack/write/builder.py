@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import h5py
 import numpy as np
@@ -26,18 +25,11 @@ from h5pack.core import format as fmt
 from h5pack.core import integrity
 from h5pack.core.fields import LEGACY_FIELDS, Field, LazyColumn, MaskField, stored_fields
 from h5pack.core.format import SkippedFile
-from h5pack.core.layout import DEFAULT_CHUNK_BYTES
-from h5pack.core.record import PackRecord, write_record
+from h5pack.core.record import PackRecord, skipped_text, write_record
 from h5pack.errors import H5PackError, OptionsError, SourceError
 from h5pack.write.arena import Arena
-from h5pack.write.images import (
-    ArrayAssembler,
-    BlobAssembler,
-    Block,
-    ImagesSpec,
-    ImagesWriter,
-    copy_array_rows,
-)
+from h5pack.write.blocks import ArrayAssembler, BlobAssembler, Block
+from h5pack.write.images import ImagesWriter, copy_array_rows
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import (
     InlineExecutor,
@@ -48,6 +40,7 @@ from h5pack.write.pipeline import (
 )
 from h5pack.write.plan import StoragePlan
 from h5pack.write.publish import TempFiles, publish, temp_path
+from h5pack.write.report import ConvertEvent
 
 # Attributes kept inside the root's object header (checksummed) rather than moved to dense
 # storage after HDF5's default of 8: a pack has about 15.
@@ -94,38 +87,6 @@ class SampleTable:
 
     def __len__(self) -> int:
         return len(self.paths)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackMetadata:
-    """Everything a pack records besides its images: what ``write_metadata`` writes.
-
-    Attributes:
-        plan: The storage (mode and storage written as attributes).
-        samples: The packed samples' table (skipped files left out), in pack order.
-        shapes: int32 (N, 3) decoded shapes.
-        checksums: uint32 (N,) CRC32 of each sample's stored bytes.
-        sample_xxh3: uint64 (N,) XXH3-64 of each sample's stored bytes, or None when
-            this process has no xxhash (the pack then goes without).
-        options: The conversion options (written as JSON).
-        skipped: Files left out, sorted by path.
-        offsets: Blob storage: int64 (N + 1,) slot boundaries, else None.
-        sizes: Blob storage: int64 (N,) bytes of each sample, else None.
-        blob_chunk_bytes: Bytes per chunk of a blob (0 for array storage).
-        shard: A pack set's shard: its identity as JSON text (``core.packset``), else None.
-    """
-
-    plan: StoragePlan
-    samples: SampleTable
-    shapes: np.ndarray
-    checksums: np.ndarray
-    sample_xxh3: np.ndarray | None
-    options: ConvertOptions
-    skipped: tuple[SkippedFile, ...]
-    offsets: np.ndarray | None
-    sizes: np.ndarray | None
-    blob_chunk_bytes: int
-    shard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,41 +228,51 @@ class PackBuilder:
         if self.images.needs_rebuild:
             self._rebuild(num)
         pos = self.record.positions[:num]
-        blob = self.assembler if isinstance(self.assembler, BlobAssembler) else None
         shapes = self.record.shapes[:num]
         paths = [table.paths[p] for p in pos]
-        resized = options.size is not None
-        packed = SampleTable(
-            labels=table.labels[pos] if num else np.zeros(0, np.int64),
-            classes=table.classes,
+        columns = {
+            stored.name: _fitted(
+                stored,
+                stored.take(table.columns[stored.name], pos),
+                shapes,
+                paths,
+                resized=options.size is not None,
+            )
+            for stored in stored_fields(table.fields)
+        }
+        texts = {
+            fmt.OPTIONS_KEY: json.dumps(options.to_json(), sort_keys=True),
+            fmt.SKIPPED_KEY: skipped_text(skipped),
+            **({fmt.SHARD_KEY: shard} if shard is not None else {}),
+        }
+        arrays = {
+            fmt.LABELS: table.labels[pos],
+            fmt.SHAPES: shapes,
+            fmt.CHECKSUMS: self.record.crcs[:num],
+            fmt.SOURCE_INDEX: table.source_index[pos],
+        }
+        if self.record.digests is not None:
+            arrays[fmt.SAMPLE_XXH3] = self.record.digests[:num]
+        chunk_bytes = 0
+        if isinstance(self.assembler, BlobAssembler):
+            arrays[fmt.OFFSETS] = self.assembler.final_offsets()
+            arrays[fmt.SIZES] = np.asarray(self.assembler.sizes, dtype=np.int64)
+            chunks = self.images.spec.chunks
+            chunk_bytes = int(chunks[0]) if chunks is not None else self.plan.chunk_bytes
+        record = PackRecord(
+            mode=self.plan.mode,
+            storage=self.plan.storage,
+            channels=options.channels,
+            classes=tuple(table.classes),
             paths=paths,
-            source_index=table.source_index[pos] if num else np.zeros(0, np.int64),
+            arrays=arrays,
+            texts=texts,
+            blob_chunk_bytes=chunk_bytes,
+            tool_version=__version__,
             fields=table.fields,
-            columns={
-                stored.name: _fitted(
-                    stored,
-                    stored.take(table.columns[stored.name], pos),
-                    shapes,
-                    paths,
-                    resized=resized,
-                )
-                for stored in stored_fields(table.fields)
-            },
+            columns=columns,
         )
-        metadata = PackMetadata(
-            plan=self.plan,
-            samples=packed,
-            shapes=shapes,
-            checksums=self.record.crcs[:num],
-            sample_xxh3=self.record.digests[:num] if self.record.digests is not None else None,
-            options=options,
-            skipped=tuple(skipped),
-            offsets=blob.final_offsets() if blob is not None else None,
-            sizes=np.asarray(blob.sizes, dtype=np.int64) if blob is not None else None,
-            blob_chunk_bytes=_final_chunk_bytes(self.images.spec, self.plan),
-            shard=shard,
-        )
-        write_metadata(self.handle, metadata)
+        write_record(self.handle, record)
         self.handle.close()
         return self.path
 
@@ -361,122 +332,7 @@ def _fit_mask(
     return stored.fit(mask, height, width)
 
 
-def _field_rows(metadata: PackMetadata) -> int:
-    """Samples per chunk of the stored fields: about one image chunk's (NOTE [ Stored fields ])."""
-    num = len(metadata.samples)
-    if metadata.offsets is None:
-        chunks = metadata.plan.spec.chunks
-        return int(chunks[0]) if chunks else max(1, num)
-    length = int(metadata.offsets[-1])
-    chunk = metadata.blob_chunk_bytes or DEFAULT_CHUNK_BYTES  # a contiguous blob: as by default
-    return max(1, num * chunk // max(1, length)) if length else max(1, num)
-
-
-def _final_chunk_bytes(spec: ImagesSpec, plan: StoragePlan) -> int:
-    if spec.storage != "blob":
-        return 0
-    return int(spec.chunks[0]) if spec.chunks is not None else plan.chunk_bytes
-
-
-def write_metadata(handle: h5py.File, metadata: PackMetadata) -> None:
-    """Write every dataset and attribute of a converted pack but its images."""
-    samples = metadata.samples
-    texts = {
-        fmt.OPTIONS_KEY: json.dumps(metadata.options.to_json(), sort_keys=True),
-        fmt.SKIPPED_KEY: skipped_text(metadata.skipped),
-    }
-    if metadata.shard is not None:
-        texts[fmt.SHARD_KEY] = metadata.shard
-    arrays = {
-        fmt.LABELS: np.asarray(samples.labels),
-        fmt.SHAPES: metadata.shapes,
-        fmt.CHECKSUMS: metadata.checksums,
-        fmt.SOURCE_INDEX: np.asarray(samples.source_index),
-        fmt.SAMPLE_XXH3: metadata.sample_xxh3,
-        fmt.OFFSETS: metadata.offsets,
-        fmt.SIZES: metadata.sizes,
-    }
-    write_record(
-        handle,
-        PackRecord(
-            mode=metadata.plan.mode,
-            storage=metadata.plan.storage,
-            channels=metadata.options.channels,
-            classes=tuple(samples.classes),
-            paths=samples.paths,
-            arrays={name: array for name, array in arrays.items() if array is not None},
-            texts=texts,
-            blob_chunk_bytes=metadata.blob_chunk_bytes,
-            tool_version=__version__,
-            fields=samples.fields,
-            columns=samples.columns,
-            field_rows=_field_rows(metadata),
-        ),
-    )
-
-
-def skipped_text(skipped: Sequence[SkippedFile]) -> str:
-    """Return the ``skipped`` attribute's text (JSON list of {path, reason})."""
-    return json.dumps([{"path": s.path, "reason": s.reason} for s in skipped])
-
-
 # -- conversions ------------------------------------------------------------------------
-
-
-EventKind = Literal["scanned", "phase", "mode", "skipped", "note"]
-
-
-@dataclass(frozen=True)
-class ConvertEvent:
-    """Something a user should hear about during a conversion (the CLI renders it).
-
-    Attributes:
-        kind: ``"scanned"`` (the source was scanned), ``"phase"`` (a stage with ``total``
-            steps starts; ``progress`` then counts them), ``"mode"`` (the storage chosen
-            and why), ``"skipped"`` (a file left out; ``path`` names it), ``"note"``.
-        message: One line of text.
-        total: Steps of a phase.
-        path: The file concerned.
-    """
-
-    kind: EventKind
-    message: str
-    total: int | None = None
-    path: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConvertReport:
-    """What a conversion did.
-
-    Attributes:
-        path: The pack written.
-        meta: Its metadata, as a reader sees it.
-        num_samples: Samples packed.
-        num_found: Files found by the scan (or samples given).
-        skipped: Files left out, and why (sorted by path).
-        mode: ``"raw"`` or ``"encoded"``.
-        storage: ``"array"`` or ``"blob"``.
-        reason: Why this mode and storage.
-        elapsed_s: Wall time of the whole conversion.
-        file_bytes: Size of the pack.
-    """
-
-    path: str
-    meta: fmt.PackMeta
-    num_samples: int
-    num_found: int
-    skipped: tuple[SkippedFile, ...]
-    mode: str
-    storage: str
-    reason: str
-    elapsed_s: float
-    file_bytes: int
-
-    @property
-    def images_per_s(self) -> float:
-        """Files processed per second, over the whole conversion."""
-        return self.num_found / self.elapsed_s if self.elapsed_s > 0 else float("inf")
 
 
 def _no_samples(num_found: int, skipped: Sequence[SkippedFile]) -> SourceError:
@@ -535,22 +391,3 @@ def build_pack(
         release_core()
     publish(finished, target, overwrite=overwrite)
     return target
-
-
-def make_report(
-    path: Path, plan: StoragePlan, num_found: int, skipped: Sequence[SkippedFile], started: float
-) -> ConvertReport:
-    """Return the report of a finished conversion."""
-    meta = fmt.load_meta(path)
-    return ConvertReport(
-        path=os.fspath(path),
-        meta=meta,
-        num_samples=meta.num_samples,
-        num_found=num_found,
-        skipped=tuple(skipped),
-        mode=plan.mode,
-        storage=plan.storage,
-        reason=plan.reason,
-        elapsed_s=time.perf_counter() - started,
-        file_bytes=path.stat().st_size,
-    )

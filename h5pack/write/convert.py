@@ -24,13 +24,14 @@ from h5pack._types import StrPath
 from h5pack.core.fields import LEGACY_FIELDS, Field
 from h5pack.core.format import SkippedFile
 from h5pack.core.store import open_store
-from h5pack.write.builder import ConvertEvent, ConvertReport, SampleTable, make_report
+from h5pack.write.builder import SampleTable
 from h5pack.write.leftovers import describe_removed, remove_leftover_segments, remove_leftovers
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, rejecter, worker_pool, write_samples
 from h5pack.write.plan import plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, check_target, sigterm_as_exit
 from h5pack.write.remote import publish_staged
+from h5pack.write.report import ConvertEvent, ConvertReport, make_report
 from h5pack.write.scan import group_problems, name_paths
 from h5pack.write.sources import ArraySource, Sample, SampleSource, sample_source
 from h5pack.write.sources.base import Image, image_bytes

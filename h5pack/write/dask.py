@@ -32,11 +32,11 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
 from h5pack.errors import H5PackError, install_line
-from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import needs_probe, remove_leftovers_beside
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import worker_pool
 from h5pack.write.pipeline import keep_freed_memory, probe_batch
+from h5pack.write.report import ConvertEvent
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,

@@ -38,11 +38,10 @@ from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.format import PackMeta, SkippedFile
-from h5pack.core.layout import DEFAULT_CHUNK_BYTES
-from h5pack.core.record import PackRecord, write_record
+from h5pack.core.record import PackRecord, skipped_text, write_record
 from h5pack.core.store import open_store
 from h5pack.errors import H5PackError
-from h5pack.write.builder import ConvertEvent, create_file, skipped_text
+from h5pack.write.builder import create_file
 from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.mergecopy import (
     BlobPlan,
@@ -63,6 +62,7 @@ from h5pack.write.publish import (
     sigterm_as_exit,
     temp_path,
 )
+from h5pack.write.report import ConvertEvent
 
 # NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
 # ``fmt.VIRTUAL_SOURCES_KEY`` (JSON list of {path, pack_id, file_bytes, num_samples,
@@ -237,21 +237,8 @@ def _write_metadata(
             tool_version=__version__,
             fields=fields_of(first),
             columns=merged.columns,
-            field_rows=_field_rows(first, merged, blob_chunk_bytes),
         ),
     )
-
-
-def _field_rows(first: PackMeta, merged: _Merged, blob_chunk_bytes: int) -> int:
-    """Samples per chunk of the stored fields: about one image chunk's (``core.fields``)."""
-    num = len(merged.paths)
-    if first.storage == "array":
-        return first.chunks[0] if first.chunks else max(1, num)
-    chunk = blob_chunk_bytes or DEFAULT_CHUNK_BYTES  # a contiguous blob: as by default
-    return max(1, num * chunk // max(1, merged.length))
-
-
-# -- images -----------------------------------------------------------------------------
 
 
 # -- the merge --------------------------------------------------------------------------

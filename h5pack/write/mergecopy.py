@@ -18,7 +18,8 @@ from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.core.packset import meta_digest
-from h5pack.write.images import COPY_BYTES, aligned_offsets, copy_array_rows
+from h5pack.write.blocks import aligned_offsets
+from h5pack.write.images import COPY_BYTES, copy_array_rows
 from h5pack.write.mergesources import Shard, blob_step
 
 

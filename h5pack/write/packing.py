@@ -23,7 +23,7 @@ from typing import Any
 from h5pack.core.format import SkippedFile
 from h5pack.errors import DecodeError, H5PackError
 from h5pack.write.arena import Arena, attachable
-from h5pack.write.builder import ConvertEvent, SampleTable, Workers, build_pack
+from h5pack.write.builder import SampleTable, Workers, build_pack
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import (
     Prepared,
@@ -35,6 +35,7 @@ from h5pack.write.pipeline import (
 )
 from h5pack.write.plan import StoragePlan, batch_size, block_slot_bytes, sample_slot_bytes
 from h5pack.write.publish import TempFiles, check_room
+from h5pack.write.report import ConvertEvent
 from h5pack.write.sources import Sample
 from h5pack.write.sources.base import image_bytes, ship
 

@@ -29,8 +29,8 @@ from h5pack.core.packset import (
     write_manifest,
 )
 from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsError
-from h5pack.write.builder import ConvertEvent
 from h5pack.write.options import ConvertOptions
+from h5pack.write.report import ConvertEvent
 
 if TYPE_CHECKING:
     from h5pack.write.remote import RemoteSet

@@ -31,7 +31,8 @@ import numpy as np
 from h5pack.core.format import Mode, Storage
 from h5pack.core.layout import DEFAULT_CHUNK_BYTES, array_chunk_shape, chunk_samples_for
 from h5pack.errors import OptionsError
-from h5pack.write.images import ImagesSpec, aligned_offsets
+from h5pack.write.blocks import aligned_offsets
+from h5pack.write.images import ImagesSpec
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import DecodeSpec
 

@@ -34,11 +34,11 @@ from h5pack.errors import (
     OptionsError,
     TargetExistsError,
 )
-from h5pack.write.builder import ConvertEvent
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packset import meta_problems, set_manifest
 from h5pack.write.publish import sigterm_as_exit
+from h5pack.write.report import ConvertEvent
 from h5pack.write.upload import Staging, describe_swept
 
 __all__ = ["RemoteSet", "RemoteShard", "check_pack_url", "publish_shard", "publish_staged"]

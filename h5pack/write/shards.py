@@ -33,13 +33,13 @@ from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
 from h5pack.core.store import open_store
 from h5pack.errors import OptionsError, TargetExistsError
-from h5pack.write.builder import ConvertEvent
 from h5pack.write.convert import list_source, needs_probe, remove_leftovers_beside, sample_table
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, worker_pool, write_samples
 from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
 from h5pack.write.remote import RemoteSet, publish_shard
+from h5pack.write.report import ConvertEvent
 from h5pack.write.sources import SampleSource, sample_source
 from h5pack.write.split import ShardTask, SourceSplit, plan_reason
 
