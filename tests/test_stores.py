@@ -244,3 +244,16 @@ def test_one_call_reads_one_kind_of_storage() -> None:
     with pytest.raises(OptionsError, match=r"az://, gs:// URLs in one call"):
         open_store(["gs://a/b.h5", "az://c/d.h5"])
     assert open_store(["http://h/a.h5", "https://h/b.h5"]) == open_store("https://h/c.h5")
+
+
+@pytest.mark.parametrize("place", ["gs", "az"], indirect=True)
+def test_an_upload_damaged_on_the_way_is_sent_again(place: Somewhere, tmp_path: Path) -> None:
+    local = tmp_path / "p.bin"
+    local.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, np.uint8).tobytes())
+    store = open_store(place.url(), place.storage_options)
+    method = "POST" if isinstance(place, Place) and place.scheme == "gs" else "PUT"
+    place.proxy.inject(Fault("flip", keep_bytes=20_000, method=method))
+    store.publish(local, place.url("p.bin"), if_absent=False)
+    assert place.proxy.counts.faults == 1
+    assert place.proxy.counts.requests[method] == 2  # the damaged upload, then a good one
+    assert store.get(place.url("p.bin")) == local.read_bytes()

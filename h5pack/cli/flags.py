@@ -367,8 +367,9 @@ storage_option_flag = click.option(
     "storage_option",
     multiple=True,
     metavar="KEY=VALUE",
-    help="For s3:// URLs: a client setting the environment (AWS_*) does not give, e.g. "
-    "endpoint=http://127.0.0.1:9000, region=..., profile=..., retry_timeout_s=60; repeatable.",
+    help="For URLs (s3://, gs://, az://, https://): a client setting the environment does not "
+    "give, e.g. endpoint=http://127.0.0.1:9000, region=..., project=..., account_name=..., "
+    "retry_timeout_s=60 (docs/object-storage.md); repeatable.",
 )
 
 

@@ -190,6 +190,8 @@ class AzureSource(RangedSource):
 
         code = str(getattr(err, "error_code", "") or "")
         status = int(getattr(err, "status_code", 0) or 0)
+        if code == "Md5Mismatch" or (status == 400 and "contentMD5 doesn't match" in str(err)):
+            return Transient(f"HTTP {status} {code}: a body damaged on the way, refused")
         if code == "ContainerNotFound":
             raise PackNotFoundError(
                 f"{self.url}: no bucket (container) {self.container!r} at {self.where()}; "

@@ -12,20 +12,23 @@ says it. Settings are named as gcsfs names them: ``project``, ``token`` (``"anon
 (``STORAGE_EMULATOR_HOST``, ``GOOGLE_CLOUD_PROJECT``; the default credentials read
 ``GOOGLE_APPLICATION_CREDENTIALS`` themselves). A publish is one upload with
 ``ifGenerationMatch=0`` when it must not replace (GCS refuses atomically: 412), its CRC32C
-checked by the server; an interrupted upload leaves no object (nothing to sweep).
+sent for the server to check and compared with the stored object's (one that differs is
+removed and sent again); an interrupted upload leaves no object (nothing to sweep).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
+from h5pack.core.ranged import RangedSource, Retry, options_of, throttled_or_not
 from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import PackNotFoundError, RemoteError, TargetExistsError
@@ -120,6 +123,17 @@ def make_client(options: GCSOptions) -> Any:
     return client
 
 
+def file_crc32c(path: Path) -> str:
+    """Return the CRC32C of the file at ``path`` as GCS writes it (base64, big-endian)."""
+    import google_crc32c
+
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as file:
+        while block := file.read(8 * 2**20):
+            checksum.update(block)
+    return base64.b64encode(checksum.digest()).decode()
+
+
 class GCSSource(RangedSource):
     """One object in a GCS bucket (NOTE [ The GCS client ]); its generation is its identity."""
 
@@ -171,6 +185,8 @@ class GCSSource(RangedSource):
             ) from None
         if isinstance(err, api.PreconditionFailed):
             raise self.replaced() from None
+        if isinstance(err, api.BadRequest) and re.search(r"(CRC32C|MD5).*match", str(err)):
+            return Transient(f"{err.code}: a body damaged on the way, refused")
         if isinstance(err, api.Forbidden | api.Unauthorized | auth.RefreshError):
             raise RemoteError(
                 f"{self.url}: access denied ({err.__class__.__name__}) at {self.where()}; "
@@ -257,6 +273,7 @@ class GCSStore(Store):
         from google.api_core import exceptions as api
 
         size = local.stat().st_size
+        crc32c = file_crc32c(local)
 
         def upload(blob: Any, timeout: Any) -> Any:
             try:
@@ -269,6 +286,9 @@ class GCSStore(Store):
                 )
             except api.PreconditionFailed:
                 raise TargetExistsError(f"{path} appeared meanwhile; not replaced") from None
+            if blob.crc32c and blob.crc32c != crc32c:  # stored other than sent: removed, resent
+                blob.delete(if_generation_match=blob.generation, retry=None, timeout=timeout)
+                raise Retry(f"the stored object's CRC32C {blob.crc32c} is not the file's {crc32c}")
             return blob
 
         blob = self._call(path, f"the upload of {size} bytes", upload)
