@@ -55,13 +55,14 @@ def epoch(loader: object, after_batch: object = None) -> list[tuple[int, bytes]]
     return seen
 
 
-def remote(bucket: Bucket, url: str, cache: Path, **reader: object) -> object:
+def remote(bucket: Bucket, url: str, cache: Path, workers: int = 0, **reader: object) -> object:
     options = ReaderOptions(disk_cache_dir=cache, **reader)  # type: ignore[arg-type]
     return make_loader(
         url,
         batch_size=EpochSpec(batch_size=16, window_chunks=1),
         shuffle=False,
-        num_workers=0,
+        num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
         storage_options=bucket.storage_options,
         reader=options,
     )
@@ -296,6 +297,12 @@ def test_a_full_file_system_warns_once_and_the_epoch_completes(
     assert f"the disk cache {small_disk / 'c'} cannot be used" in said[0]
     assert "reading on without it" in said[0]
     assert not list((small_disk / "c").rglob("*.tmp"))
+    shutil.rmtree(small_disk / "c")
+    # DataLoader workers: each its own cache, each warns once in its process; the run goes on
+    with warnings.catch_warnings():  # the forked workers' filters: a warning, not an error
+        warnings.simplefilter("default", DiskCacheWarning)
+        loader = remote(s3_bucket, url, small_disk / "c", workers=2, disk_cache_bytes=10**9)
+        assert sorted(epoch(loader)) == sorted(local)
 
 
 def test_a_cache_removed_during_the_run_is_made_again(

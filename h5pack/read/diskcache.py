@@ -209,6 +209,8 @@ class DiskCache:
 
     def _open(self) -> sqlite3.Connection:
         with self._lock:
+            if self.disabled:  # a thread that was under way when the disk failed
+                raise OSError(f"the disk cache is off in this process ({self.disabled})")
             if self._pid == os.getpid():
                 if self._db is None and self._owner_fd >= 0:  # closed for a fork: reopen
                     self._db = self._connect_ledger()
@@ -316,6 +318,8 @@ class DiskCache:
 
     def _failed(self, err: OSError | sqlite3.Error) -> None:
         self._drop()
+        if self.disabled:  # another thread's use met it first: warned once
+            return
         if self._inode >= 0 and not self._same_directory() and not self._recreated:
             self._recreated = True
             _warn(
