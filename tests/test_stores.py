@@ -257,3 +257,43 @@ def test_an_upload_damaged_on_the_way_is_sent_again(place: Somewhere, tmp_path: 
     assert place.proxy.counts.faults == 1
     assert place.proxy.counts.requests[method] == 2  # the damaged upload, then a good one
     assert store.get(place.url("p.bin")) == local.read_bytes()
+
+
+def test_settings_come_from_the_environment_and_the_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from h5pack.core.azure import AzureStore
+    from h5pack.core.gcs import GCSStore
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:9023")  # as the SDK takes it
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p")
+    gcs = GCSStore.of({"attempts": "3", "retry_timeout_s": "2"}).options
+    assert (gcs.endpoint_url, gcs.project, gcs.max_attempts, gcs.retry_timeout_s) == (
+        "http://localhost:9023",
+        "p",
+        3,
+        2.0,
+    )
+    assert GCSStore.of({"endpoint_url": "http://h:1"}).options.endpoint_url == "http://h:1"
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "c2VjcmV0")
+    azure = AzureStore.of({"anon": "false"}).options
+    assert (azure.account_name, azure.account_key, azure.anon) == ("acct", "c2VjcmV0", False)
+    assert "c2VjcmV0" not in repr(azure)
+    with pytest.raises(OptionsError, match=r"unknown storage option 'acount_name'; known: .*"):
+        AzureStore.of({"acount_name": "x"})
+
+
+def test_a_web_server_without_ranges_is_refused_by_name(tmp_path: Path) -> None:
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    make_pack(tmp_path / "a.h5", chunk_samples=8)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:  # http.server: no ranges
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.h5"
+        with pytest.raises(RemoteError, match=rf"{url}: .* does not serve byte ranges"):
+            PackReader(url)
+        server.shutdown()
