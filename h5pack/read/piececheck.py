@@ -72,15 +72,16 @@ class PieceCheck:
 
     def __call__(self, piece: int, data: np.ndarray) -> str | None:
         """Return None when every sample wholly inside ``piece`` is as recorded, else why not."""
-        block = data
-        if self.table is not None:
-            size = self.table.chunk_nbytes
+        block, table = data, self.table
+        codec = None if table is None else table.codec
+        if table is not None and codec is not None and not int(table.masks[piece]) >> codec[0] & 1:
+            size = table.chunk_nbytes
             scratch: np.ndarray | None = getattr(_local, "scratch", None)
             if scratch is None or scratch.size < size:
                 scratch = _local.scratch = np.empty(size, dtype=np.uint8)
             block = scratch[:size]
             try:
-                self.table.decompress_into(piece, data, block)
+                table.decompress_into(piece, data, block)
             except (OSError, RuntimeError, ValueError) as err:
                 return f"does not decompress ({err})"
         digest, recorded = self.checks.contiguous_digest, self.checks.recorded
