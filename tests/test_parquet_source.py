@@ -172,10 +172,10 @@ def test_the_converting_process_reads_each_row_group_once_holding_one_per_run(
     held: list[int] = []
     original = parquetrows._read
 
-    def counted(path: str, row_group: int, column: str, name: str) -> Any:
-        reads.append((path, row_group))
+    def counted(image: parquetrows.ParquetRow) -> Any:
+        reads.append((image.path, image.row_group))
         held.append(len(parquetrows._state()["groups"]))
-        return original(path, row_group, column, name)
+        return original(image)
 
     monkeypatch.setattr(parquetrows, "_read", counted)
     parquetrows._STATE.clear()

@@ -123,7 +123,8 @@ def convert(
     }
     from h5pack.write.sources import sample_source
 
-    extra = {"annotations": annotations, "masks": masks}
+    extra = {"annotations": annotations, "masks": masks, **remote}
+    extra.pop("staging_dir")
     if shards is None and shard is None and dask_address is None:
         options = options_from_flags(flags)
         found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv, **extra)

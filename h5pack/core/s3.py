@@ -138,6 +138,29 @@ class S3Store(Store):
             return None
         return ObjectInfo(path, int(answer["ContentLength"]), str(answer["ETag"]))
 
+    def objects(self, prefix: str) -> list[ObjectInfo]:
+        """Return the objects under the URL ``prefix``, sorted (one ListObjectsV2 a page)."""
+        source = self.source(prefix)
+        scheme, bucket, key = split_url(prefix)
+        found: list[ObjectInfo] = []
+        token = ""
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+            page = source.with_retries(
+                "the listing (ListObjectsV2)",
+                lambda more=more: source.client().list_objects_v2(  # type: ignore[misc]
+                    Bucket=bucket, Prefix=key, **more
+                ),
+            )
+            found.extend(
+                ObjectInfo(f"{scheme}://{bucket}/{o['Key']}", int(o["Size"]), str(o["ETag"]))
+                for o in page.get("Contents", ())
+            )
+            token = page.get("NextContinuationToken", "")
+            if not page.get("IsTruncated") or not token:
+                break
+        return sorted(found, key=lambda o: o.url)
+
     def put(self, path: str, data: bytes) -> None:
         """Write the small object ``path`` (one checked PUT: it appears whole or not at all)."""
         self.put_final(path, "the upload (PUT)", "put_object", if_absent=False, Body=data)

@@ -11,7 +11,8 @@ answers for every path or URL of its kind:
 - ``source(path)``: the object's bytes (``core.source.ByteSource``: ranged reads, its
   identity, an ETag or an inode, checked on every answer); read-ahead and the disk cache
   wrap a source (``read.planned``), so they work over any store;
-- ``stat``, ``get``, ``list``: size and identity, a small object whole (a manifest), names;
+- ``stat``, ``get``, ``objects``: size and identity, a small object whole (a manifest), the
+  objects under a prefix (a source in a bucket: NOTE [ Sources in a bucket ]);
 - ``put``, ``publish``, ``delete``, ``sweep``: what the writers need, each appearing whole or
   not at all (a pack is written locally, then ``publish``-ed; NOTE [ Publishing in a bucket ]).
 
@@ -143,6 +144,15 @@ class Store(ABC):
                 if "no bucket" in str(err):
                     raise
                 return None
+
+    def objects(self, prefix: str) -> list[ObjectInfo]:
+        """Return the objects whose URL starts with ``prefix``, sorted (a request per page).
+
+        Raises:
+            FormatError: this store cannot list (an HTTP server).
+            PackNotFoundError: the bucket does not exist.
+        """
+        raise FormatError(f"{prefix}: {type(self).__name__} cannot list objects; name each one")
 
     @abstractmethod
     def put(self, path: str, data: bytes) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from h5pack._types import StrPath
 from h5pack.core.fields import LEGACY_FIELDS, Field
 from h5pack.core.format import SkippedFile
-from h5pack.core.store import open_store
+from h5pack.core.store import is_url, open_store
 from h5pack.write.builder import SampleTable
 from h5pack.write.leftovers import describe_removed, remove_leftover_segments, remove_leftovers
 from h5pack.write.options import ConvertOptions
@@ -66,8 +66,8 @@ def convert(
         progress: Called with the number of steps just done in the current phase (see the
             ``"phase"`` event).
         on_event: Called with each ``ConvertEvent`` (skipped files, the mode chosen...).
-        storage_options: For a URL: the bucket's settings that the environment does not
-            give (docs/object-storage.md).
+        storage_options: For URLs (``target``, or a ``source`` in a bucket): the bucket's
+            settings that the environment does not give (docs/object-storage.md).
         staging_dir: For a URL: where the pack is written before it is uploaded (default:
             the system's temporary directory).
 
@@ -81,6 +81,9 @@ def convert(
         OptionsError: the options do not fit the images.
         H5PackError: for a URL, the staging directory is too small or the upload failed.
     """
+    if not isinstance(source, SampleSource) and is_url(source):  # NOTE [ Sources in a bucket ]
+        labels = (options or ConvertOptions()).labels_csv
+        source = sample_source(source, labels_csv=labels, storage_options=storage_options)
     store = open_store(target, storage_options)
     if store.remote:  # NOTE [ Stores ]
         report = publish_staged(

@@ -6,9 +6,13 @@ Adding a kind of input is one module (a ``SampleSource`` subclass with ``kind``,
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from h5pack._types import StrPath
+from h5pack.core.store import is_url, open_store
 from h5pack.errors import OptionsError
 from h5pack.write.sources.arrays import ArraySource
 from h5pack.write.sources.base import (
@@ -23,6 +27,7 @@ from h5pack.write.sources.coco import CocoSource
 from h5pack.write.sources.folder import FolderSource
 from h5pack.write.sources.imagenet import ImageNetTarSource
 from h5pack.write.sources.masks import MaskSource
+from h5pack.write.sources.objects import url_kind
 from h5pack.write.sources.parquet import ParquetSource
 from h5pack.write.sources.tar import TarSource
 from h5pack.write.sources.tgz import GzipTarSource
@@ -70,6 +75,7 @@ def sample_source(
     labels_csv: StrPath | None = None,
     annotations: StrPath | None = None,
     masks: StrPath | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> SampleSource:
     """Return the source that ``source`` names (a ``SampleSource`` is returned as it is).
 
@@ -80,6 +86,8 @@ def sample_source(
         labels_csv: A labels CSV for the source's samples.
         annotations: A COCO instances file for the image folder ``source`` (``CocoSource``).
         masks: A folder of masks for the image folder ``source`` (``MaskSource``).
+        storage_options: For URLs (``s3://bucket/train.tar``): the bucket's settings that
+            the environment does not give (NOTE [ Sources in a bucket ]).
 
     Raises:
         OptionsError: ``kind`` is not known, or the extra inputs do not go together.
@@ -92,14 +100,18 @@ def sample_source(
             "--annotations and --masks each describe the images of a folder SOURCE: give one, "
             f"without --labels or --from {kind}"
         )
+    named = [p for p in (source, annotations, masks, labels_csv) if p is not None]
+    store = open_store(named, storage_options)
     if annotations is not None:
-        return CocoSource(source, annotations)
+        return CocoSource(source, annotations, store=store)
     if masks is not None:
-        return MaskSource(source, masks)
+        return MaskSource(source, masks, store=store)
+    if kind == "auto" and is_url(source):
+        kind = url_kind(os.fspath(source), store)
     if kind == "auto":
         path = Path(source)
         order = sorted(KINDS, key=lambda name: not KINDS[name].detect_first)
         kind = next((name for name in order if KINDS[name].matches(path)), "folder")
     if kind not in KINDS:
         raise OptionsError(f"--from should be one of auto, {', '.join(KINDS)}, but got {kind!r}")
-    return KINDS[kind](source, labels_csv=labels_csv)
+    return KINDS[kind](source, labels_csv=labels_csv, store=store)

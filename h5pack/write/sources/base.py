@@ -29,15 +29,17 @@ from h5pack._types import StrPath
 from h5pack.core.fields import StoredField
 from h5pack.core.format import SkippedFile
 from h5pack.core.packset import shard_slice
+from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.write.options import ConvertOptions
 
 
 @dataclass(frozen=True, slots=True)
 class FileRange:
-    """The bytes of a local file to decode: all of it, or ``size`` bytes at ``offset``.
+    """The bytes of a file to decode: all of it, or ``size`` bytes at ``offset``.
 
-    Picklable and small, so a worker process reads the bytes itself. Archive sources
+    Picklable and small, so a worker process reads the bytes itself: a local file, or an
+    object of ``store`` (its URL the ``path``: NOTE [ Sources in a bucket ]). Archive sources
     subclass it for members stored otherwise (``read`` and ``nbytes`` overridden); one
     with ``in_parent`` is read by the conversion's process, in write order (``ship``).
     """
@@ -45,14 +47,19 @@ class FileRange:
     path: str
     offset: int = 0
     size: int = -1  # -1: to the end of the file
+    store: Store | None = None  # None: a local file
     in_parent: ClassVar[bool] = False
 
     def read(self) -> bytes:
         """Return the bytes, refusing what is not a regular file without opening it.
 
         Raises:
-            DecodeError: They cannot be read; the message names the path.
+            DecodeError: They cannot be read; the message names the path (or URL).
         """
+        if self.store is not None:
+            from h5pack.write.sources.objects import read_object
+
+            return read_object(self.store, self.path, self.offset, self.size)
         try:
             if not stat.S_ISREG(os.stat(self.path).st_mode):
                 # Opening a FIFO for reading would block until a writer comes.
@@ -247,7 +254,8 @@ class SampleSource(ABC):
 
     def files(self) -> Iterable[Path]:
         """Return the local files the samples are read from (a target must be none of them)."""
-        return (Path(s.image.path) for s in self.samples if isinstance(s.image, FileRange))
+        images = (s.image for s in self.samples)
+        return (Path(i.path) for i in images if isinstance(i, FileRange) and i.store is None)
 
     def split(
         self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
@@ -283,6 +291,8 @@ class PathSource(SampleSource):
     Args:
         path: Where the samples are.
         labels_csv: A labels CSV (only for kinds with ``takes_labels``).
+        store: The store of a URL ``path`` (default: ``open_store(path)``, from the
+            environment: NOTE [ Sources in a bucket ]).
 
     Raises:
         OptionsError: ``labels_csv`` is given to a kind that does not take one.
@@ -291,13 +301,16 @@ class PathSource(SampleSource):
     takes_labels: ClassVar[bool] = False
     detect_first: ClassVar[bool] = False  # detection tries it before the other kinds
 
-    def __init__(self, path: StrPath, *, labels_csv: StrPath | None = None) -> None:
+    def __init__(
+        self, path: StrPath, *, labels_csv: StrPath | None = None, store: Store | None = None
+    ) -> None:
         if labels_csv is not None and not self.takes_labels:
             raise OptionsError(
                 f"--labels (labels_csv=) labels the images of a folder; a {self.kind} source "
                 "gives its own labels"
             )
-        self.root = os.fspath(Path(path))
+        self.root = os.fspath(path) if is_url(path) else os.fspath(Path(path))
+        self.store = store if store is not None else open_store(path)
         self.labels_csv = os.fspath(labels_csv) if labels_csv is not None else None
 
 

@@ -45,6 +45,7 @@ from h5pack.core.fields import (
     StoredField,
 )
 from h5pack.core.format import SkippedFile
+from h5pack.core.store import Store
 from h5pack.errors import OptionsError, SourceError
 from h5pack.write.scan import path_sort_key
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
@@ -65,8 +66,8 @@ class CocoSource(PathSource):
 
     kind = "coco"
 
-    def __init__(self, path: StrPath, annotations: StrPath) -> None:
-        super().__init__(path)
+    def __init__(self, path: StrPath, annotations: StrPath, *, store: Store | None = None) -> None:
+        super().__init__(path, store=store)
         self.annotations = os.fspath(annotations)
 
     def find(self) -> Listing:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from h5pack.core.format import SkippedFile
 from h5pack.write.manifest import describe, read_manifest
-from h5pack.write.scan import name_paths, scan
+from h5pack.write.scan import label_by_folder, name_paths, scan
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
+from h5pack.write.sources.objects import folder_url, listed, under
+from h5pack.write.walk import has_image_extension, is_ignored_name
 
 
 class FolderSource(PathSource):
@@ -27,6 +30,8 @@ class FolderSource(PathSource):
 
     def find(self) -> Listing:
         """Scan the folder (``write.scan.scan``), or read its manifest."""
+        if self.store.remote and self.labels_csv is None:
+            return self._objects()
         if self.labels_csv is None:
             found = scan(self.root)
         else:
@@ -54,3 +59,19 @@ class FolderSource(PathSource):
             fields=found.fields,
             columns=found.columns,
         )
+
+    def _objects(self) -> Listing:
+        """List the images under a prefix of a bucket (NOTE [ Sources in a bucket ])."""
+        prefix = folder_url(self.root)
+        found: list[tuple[str, FileRange]] = []
+        for item in listed(self.store, prefix):
+            relative = under(prefix, item.url)
+            parts = relative.split("/")
+            if has_image_extension(parts[-1]) and not any(is_ignored_name(p) for p in parts):
+                found.append((relative, FileRange(item.url, 0, item.size, self.store)))
+        problems: list[SkippedFile] = []
+        labelled, classes = label_by_folder(self.root, found, problems, "auto")
+        fields = label_fields([label for _, _, label in labelled])
+        samples = [Sample(rel, where, fields[i]) for i, (rel, where, _) in enumerate(labelled)]
+        nbytes = sum(where.size for _, where, _ in labelled)
+        return Listing(samples, classes, tuple(problems), nbytes=nbytes)

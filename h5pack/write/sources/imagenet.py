@@ -4,25 +4,23 @@
 (``n01440764.tar``), of that class's images. Inner tars are uncompressed inside an
 uncompressed tar, so each image's bytes lie at an absolute offset of the outer file: one
 pass over the outer and inner member headers lists them as ``FileRange``s, and workers
-read them with one ``pread`` each, at random (shuffling, ``--shards``, ``--dask``), as for a
-plain tar. Classes are the synsets, sorted; a key is ``SYNSET/MEMBER``.
+read them with one ``pread`` (in a bucket, a ranged GET) each, at random (shuffling,
+``--shards``, ``--dask``), as for a plain tar. Classes are the synsets, sorted; a key is
+``SYNSET/MEMBER``.
 """
 
 from __future__ import annotations
 
-import io
-import os
+import contextlib
 import tarfile
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO
 
 from h5pack.core.format import SkippedFile
-from h5pack.errors import SourceError
+from h5pack.core.store import Store
+from h5pack.errors import H5PackError, SourceError
 from h5pack.write.sources.archive import Found, take_tar_member, tar_members, unread_tail
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
-
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+from h5pack.write.sources.objects import ObjectFile, located, member_range
 
 
 class ImageNetTarSource(PathSource):
@@ -51,25 +49,27 @@ class ImageNetTarSource(PathSource):
         Raises:
             SourceError: The outer archive cannot be read, or holds no images.
         """
-        path = os.path.abspath(self.root)
+        path = located(self.store, self.root)
         found: dict[str, Found] = {}
         problems: list[SkippedFile] = []
         try:
-            end = os.path.getsize(path)
-            with tarfile.open(path, "r:") as archive, open(path, "rb") as raw:
-                for member in tar_members(archive):
-                    name = PurePosixPath(member.name).name
-                    if not member.isfile() or not name.lower().endswith(".tar"):
-                        if not member.isdir():
-                            problems.append(SkippedFile(member.name, "not a class's tar"))
-                        continue
-                    synset = name[: -len(".tar")]
-                    inner = _Window(
-                        raw, member.offset_data, min(member.size, end - member.offset_data)
-                    )
-                    found[synset] = _inner_images(path, synset, inner, end, problems)
-                tail = unread_tail(archive, end)
-        except (OSError, tarfile.TarError) as err:
+            with contextlib.closing(self.store.source(path)) as source:
+                end = source.size()
+                with tarfile.open(fileobj=ObjectFile(source), mode="r:") as archive:
+                    for member in tar_members(archive):
+                        name = PurePosixPath(member.name).name
+                        if not member.isfile() or not name.lower().endswith(".tar"):
+                            if not member.isdir():
+                                problems.append(SkippedFile(member.name, "not a class's tar"))
+                            continue
+                        synset = name[: -len(".tar")]
+                        size = min(member.size, end - member.offset_data)
+                        inner = ObjectFile(source, member.offset_data, size)
+                        found[synset] = _inner_images(
+                            self.store, path, synset, inner, end, problems
+                        )
+                    tail = unread_tail(archive, end)
+        except (OSError, H5PackError, tarfile.TarError) as err:
             raise SourceError(f"cannot read the tar of tars {self.root}: {err}") from err
         if tail:
             problems.append(SkippedFile(Path(self.root).name, tail))
@@ -92,18 +92,18 @@ class ImageNetTarSource(PathSource):
 
     def files(self) -> tuple[Path, ...]:
         """Return the archive: the one local file the samples are read from."""
-        return (Path(self.root),)
+        return () if self.store.remote else (Path(self.root),)
 
 
 def _inner_images(
-    path: str, synset: str, inner: _Window, end: int, problems: list[SkippedFile]
+    store: Store, path: str, synset: str, inner: ObjectFile, end: int, problems: list[SkippedFile]
 ) -> Found:
-    """Return the images of one class's tar (absolute ``FileRange``s of the outer file)."""
+    """Return the images of one class's tar (absolute ranges of the outer file)."""
     found: Found = []
     try:
         with tarfile.open(fileobj=inner, mode="r:") as archive:
             for member in tar_members(archive):
-                where = FileRange(path, inner.start + member.offset_data, member.size)
+                where = member_range(store, path, inner.start + member.offset_data, member.size)
                 take_tar_member(member, where, min(end, inner.end), found, problems, synset + "/")
             tail = unread_tail(archive, inner.end - inner.start)
     except tarfile.TarError as err:
@@ -111,32 +111,3 @@ def _inner_images(
     if tail:
         problems.append(SkippedFile(f"{synset}.tar", tail))
     return found
-
-
-class _Window(io.RawIOBase):
-    """``size`` bytes of an open file from ``start``: an inner tar, read as a file."""
-
-    def __init__(self, raw: BinaryIO, start: int, size: int) -> None:
-        self.raw, self.start, self.end, self.pos = raw, start, start + size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.end - self.start}
-        self.pos = base[whence] + offset
-        return self.pos
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        view = memoryview(buffer).cast("B")
-        size = max(0, min(view.nbytes, self.end - self.start - self.pos))
-        data = os.pread(self.raw.fileno(), size, self.start + self.pos)
-        view[: len(data)] = data
-        self.pos += len(data)
-        return len(data)

@@ -22,6 +22,7 @@ from h5pack._types import StrPath
 from h5pack.core.decode import probe_size
 from h5pack.core.fields import LazyColumn, MaskField
 from h5pack.core.format import SkippedFile
+from h5pack.core.store import Store
 from h5pack.errors import DecodeError, SourceError
 from h5pack.write.scan import name_paths, scan
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
@@ -41,8 +42,8 @@ class MaskSource(PathSource):
 
     kind = "masks"
 
-    def __init__(self, path: StrPath, masks: StrPath) -> None:
-        super().__init__(path)
+    def __init__(self, path: StrPath, masks: StrPath, *, store: Store | None = None) -> None:
+        super().__init__(path, store=store)
         self.masks = os.fspath(masks)
 
     def find(self) -> Listing:

@@ -28,6 +28,7 @@ one, e.g. ``'data/train-*.parquet'``.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -40,6 +41,7 @@ import numpy as np
 from h5pack.core.fields import StoredField
 from h5pack.core.format import SkippedFile
 from h5pack.core.packset import shard_slice
+from h5pack.core.store import Store
 from h5pack.errors import H5PackError, SourceError
 from h5pack.write.sources.base import Listing, PathSource, Sample, label_fields
 from h5pack.write.sources.hfschema import (
@@ -50,7 +52,8 @@ from h5pack.write.sources.hfschema import (
     is_label,
     values_of,
 )
-from h5pack.write.sources.parquetrows import ParquetRow, pyarrow_parquet, runs_for
+from h5pack.write.sources.objects import folder_url, listed, under
+from h5pack.write.sources.parquetrows import ParquetRow, parquet_file, runs_for
 from h5pack.write.walk import has_image_extension, is_ignored_name
 
 _SHARD = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
@@ -74,12 +77,15 @@ class ParquetSource(PathSource):
             SourceError: No Parquet files, files of several splits or schemas, no image
                 column, or a file that cannot be read.
         """
-        files = _parquet_files(Path(self.root), detect=False)
+        if self.store.remote:
+            files = _parquet_objects(self.store, self.root)
+        else:
+            files = _parquet_files(Path(self.root), detect=False)
         if not files:
             raise SourceError(f"no Parquet files under {self.root}")
         _check_one_split(self.root, [rel for _, rel in files])
-        self._files = [Path(path) for path, _ in files]
-        table = _Table(self.root)
+        self._files = [] if self.store.remote else [Path(path) for path, _ in files]
+        table = _Table(self.root, self.store if self.store.remote else None)
         for path, rel in files:
             table.add(path, rel)
         self._groups = table.groups
@@ -166,11 +172,23 @@ def _check_one_split(root: str, relatives: list[str]) -> None:
         raise SourceError(f"{root} holds Parquet files of {kinds}: convert one, e.g. {example!r}")
 
 
+def _parquet_objects(store: Store, url: str) -> list[tuple[str, str]]:
+    """Return ``(URL, relative)`` of the Parquet objects a URL names: one, a glob, a prefix."""
+    magic = re.search(r"[*?\[]", url)
+    if magic is None and url.lower().endswith(".parquet"):
+        return [(url, url.rsplit("/", 1)[1])]
+    base = url[: magic.start()].rsplit("/", 1)[0] + "/" if magic else folder_url(url)
+    found = [o.url for o in listed(store, base) if o.url.lower().endswith(".parquet")]
+    if magic:
+        found = [u for u in found if fnmatch.fnmatchcase(u, url)]
+    return [(u, under(base, u)) for u in found]
+
+
 class _Table:
     """The rows of a source's Parquet files as they are listed, file by file."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, store: Store | None) -> None:
+        self.root, self.store = root, store
         self.schema: Any = None
         self.samples: list[Sample] = []
         self.labels: list[Any] = []
@@ -187,8 +205,8 @@ class _Table:
             SourceError: It cannot be read, or its schema is not the first file's.
         """
         try:
-            handle = pyarrow_parquet().ParquetFile(path, memory_map=True)
-        except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
+            handle = parquet_file(path, self.store)
+        except (OSError, ValueError, H5PackError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
             raise SourceError(f"cannot read the Parquet file {path}: {err}") from err
         with handle:
             if self.schema is None:
@@ -263,7 +281,9 @@ class _Table:
                                          f"class of {self.label_names}")  # fmt: skip
             else:
                 self.seen[key] = where
-                image = ParquetRow(path, row_group=group, row=row, column=self.image, name=where)
+                image = ParquetRow(
+                    path, store=self.store, row_group=group, row=row, column=self.image, name=where
+                )
                 self.samples.append(Sample(key, image))
                 self.labels.append(label)
         keep = np.flatnonzero(~bad)

@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from h5pack.errors import DecodeError, SourceError, install_line
+from h5pack.core.store import Store
+from h5pack.errors import DecodeError, H5PackError, SourceError, install_line
 from h5pack.write.sources.base import FileRange
 
 RUNS = 64
@@ -81,7 +82,7 @@ class ParquetRow(FileRange):
 
     def nbytes(self) -> int:
         """Return how many bytes ``read`` gives (0 for none), reading the row group once."""
-        return int(lengths(self.path, self.row_group, self.column, self.name)[self.row])
+        return int(lengths(self)[self.row])
 
 
 def runs_for(group_bytes: int) -> int:
@@ -95,22 +96,28 @@ def _take(image: ParquetRow) -> Any:
     key = (image.path, image.row_group, image.column)
     images = groups.pop(key, None)
     if images is None:
-        images = _read(image.path, image.row_group, image.column, image.name)
+        images = _read(image)
     if not image.last:  # the group's last sample drops it
-        groups[key] = images
-        while len(groups) > 1 and sum(g.nbytes for g in groups.values()) > CACHE_BYTES:
-            groups.popitem(last=False)
+        _hold(key, images)
     return images[image.row].as_py()
 
 
-def _read(path: str, row_group: int, column: str, name: str) -> Any:
-    """Return the image bytes of a row group, a pyarrow binary array (null: none)."""
+def _hold(key: tuple[str, int, str], images: Any) -> None:
+    """Keep a row group's images, dropping the least recently used past ``CACHE_BYTES``."""
+    groups: OrderedDict[tuple[str, int, str], Any] = _state()["groups"]
+    groups[key] = images
+    while len(groups) > 1 and sum(g.nbytes for g in groups.values()) > CACHE_BYTES:
+        groups.popitem(last=False)
+
+
+def _read(image: ParquetRow) -> Any:
+    """Return the image bytes of a row's group, a pyarrow binary array (null: none)."""
     try:
-        table = _open(path).read_row_group(
-            row_group, columns=[f"{column}.bytes"], use_threads=False
+        table = _open(image.path, image.store).read_row_group(
+            image.row_group, columns=[f"{image.column}.bytes"], use_threads=False
         )
-    except (OSError, ValueError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
-        message = f"{name or path}: cannot read row group {row_group}: {err}"
+    except (OSError, ValueError, H5PackError) as err:  # pyarrow's ArrowIOError, ArrowInvalid
+        message = f"{image.name or image.path}: cannot read row group {image.row_group}: {err}"
         raise DecodeError(message) from err
     return table.column(0).combine_chunks().flatten()[0]
 
@@ -122,25 +129,39 @@ def _state() -> dict[str, Any]:
     return _STATE
 
 
-def _open(path: str) -> Any:
+def parquet_file(path: str, store: Store | None) -> Any:
+    """Return a ``pyarrow.parquet.ParquetFile`` of a local file (mapped) or of an object.
+
+    An object is read through its store in exact ranges (NOTE [ Sources in a bucket ]): its
+    footer, then the column chunks of the row groups read.
+    """
+    if store is None:
+        return pyarrow_parquet().ParquetFile(path, memory_map=True)
+    from h5pack.write.sources.objects import ObjectFile, opened
+
+    return pyarrow_parquet().ParquetFile(ObjectFile(opened(store, path), readahead=0))
+
+
+def _open(path: str, store: Store | None) -> Any:
     files: dict[str, Any] = _state()["files"]
     if path not in files:
-        files[path] = pyarrow_parquet().ParquetFile(path, memory_map=True)
+        files[path] = parquet_file(path, store)
     return files[path]
 
 
-def lengths(path: str, row_group: int, column: str, name: str = "") -> np.ndarray:
-    """Return the byte length of each row's image in a row group (0 where none).
+def lengths(image: ParquetRow) -> np.ndarray:
+    """Return the byte length of each row's image in ``image``'s row group (0 where none).
 
     Read once per process and kept (8 bytes a row); the images read are not kept.
     """
     import pyarrow.compute as pc
 
     found: dict[tuple[str, int, str], np.ndarray] = _state()["lengths"]
-    key = (path, row_group, column)
+    key = (image.path, image.row_group, image.column)
     if key not in found:
         images = _state()["groups"].get(key)
-        if images is None:
-            images = _read(path, row_group, column, name)
+        if images is None:  # kept: the rows are read next (a remote group is not fetched twice)
+            images = _read(image)
+            _hold(key, images)
         found[key] = pc.binary_length(images).fill_null(0).to_numpy().astype(np.int64)
     return found[key]

@@ -9,12 +9,12 @@ hold, and which members are problems: ``sources.archive``. Compressed archives a
 
 from __future__ import annotations
 
-import os
+import contextlib
 import tarfile
 from pathlib import Path
 
 from h5pack.core.format import SkippedFile
-from h5pack.errors import SourceError
+from h5pack.errors import H5PackError, SourceError
 from h5pack.write.sources.archive import (
     Found,
     archive_listing,
@@ -22,7 +22,8 @@ from h5pack.write.sources.archive import (
     tar_members,
     unread_tail,
 )
-from h5pack.write.sources.base import FileRange, Listing, PathSource
+from h5pack.write.sources.base import Listing, PathSource
+from h5pack.write.sources.objects import ObjectFile, located, member_range
 
 
 class TarSource(PathSource):
@@ -41,21 +42,22 @@ class TarSource(PathSource):
         Raises:
             SourceError: The archive cannot be read, is compressed, or holds no images.
         """
-        path = os.path.abspath(self.root)
+        path = located(self.store, self.root)
         found: Found = []
         problems: list[SkippedFile] = []
         try:
-            end = os.path.getsize(path)
-            with tarfile.open(path, "r:") as archive:
-                for member in tar_members(archive):
-                    where = FileRange(path, member.offset_data, member.size)
-                    take_tar_member(member, where, end, found, problems)
-                tail = unread_tail(archive, end)
-        except (OSError, tarfile.TarError) as err:
+            with contextlib.closing(self.store.source(path)) as source:
+                end = source.size()
+                with tarfile.open(fileobj=ObjectFile(source), mode="r:") as archive:
+                    for member in tar_members(archive):
+                        where = member_range(self.store, path, member.offset_data, member.size)
+                        take_tar_member(member, where, end, found, problems)
+                    tail = unread_tail(archive, end)
+        except (OSError, H5PackError, tarfile.TarError) as err:
             raise SourceError(f"cannot read the tar archive {self.root}: {err}") from err
         whole = [SkippedFile(Path(self.root).name, tail)] if tail else []
         return archive_listing(self.root, found, problems, whole)
 
     def files(self) -> tuple[Path, ...]:
         """Return the archive: the one local file the samples are read from."""
-        return (Path(self.root),)
+        return () if self.store.remote else (Path(self.root),)

@@ -12,6 +12,7 @@ stored key is the WebDataset key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,9 +25,18 @@ from typing import Any
 from h5pack.core.fieldkinds import StoredField, TextField
 from h5pack.core.format import SkippedFile
 from h5pack.core.recordfields import JSONField
-from h5pack.errors import SourceError
+from h5pack.core.store import Store
+from h5pack.errors import H5PackError, SourceError
 from h5pack.write.sources.archive import CUT_SHORT, tar_members, unread_tail
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
+from h5pack.write.sources.objects import (
+    ObjectFile,
+    folder_url,
+    listed,
+    located,
+    member_range,
+    under,
+)
 from h5pack.write.walk import has_image_extension, is_ignored_name
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -64,24 +74,34 @@ class WebDatasetSource(PathSource):
         return bool(tars) and not any(e.is_dir() or has_image_extension(e.name) for e in entries)
 
     def shards(self) -> list[str]:
-        """Return the shards' paths, in order.
+        """Return the shards' paths (or URLs), in order.
 
         Raises:
             SourceError: A shard the pattern names is missing, or the folder holds none.
         """
+        remote = self.store.remote
         if _BRACES.search(self.root):
             paths = expand_braces(self.root)
-            missing = [p for p in paths if not os.path.isfile(p)]
+            if remote:  # one listing of the pattern's folder, not a request per shard
+                head = self.root[: _BRACES.search(self.root).start()]  # type: ignore[union-attr]
+                there = {o.url for o in listed(self.store, head.rsplit("/", 1)[0] + "/")}
+                missing = [p for p in paths if p not in there]
+            else:
+                missing = [p for p in paths if not os.path.isfile(p)]
             if missing:
                 raise SourceError(
                     f"{len(missing)} of the {len(paths)} shards of {self.root} are missing, "
                     f"the first {missing[0]}"
                 )
+        elif remote:
+            prefix = folder_url(self.root)
+            found = (o.url for o in listed(self.store, prefix))
+            paths = [u for u in found if u.lower().endswith(".tar") and "/" not in under(prefix, u)]
         else:
             paths = sorted(os.fspath(p) for p in Path(self.root).glob("*.tar"))
         if not paths:
             raise SourceError(f"no WebDataset shards (.tar) in {self.root}")
-        return [os.path.abspath(p) for p in paths]
+        return [located(self.store, p) for p in paths]
 
     def find(self) -> Listing:
         """List every shard's samples, in shard and member order.
@@ -92,7 +112,7 @@ class WebDatasetSource(PathSource):
         groups: list[_Group] = []
         problems: list[SkippedFile] = []
         for shard in self.shards():
-            groups.extend(_groups(shard, problems))
+            groups.extend(_groups(self.store, shard, problems))
         counts = Counter(group.key for group in groups)
         problems.extend(
             SkippedFile(key, f"{count} samples of the shards have this key")
@@ -126,32 +146,34 @@ class WebDatasetSource(PathSource):
 
     def files(self) -> list[Path]:
         """Return the shards: the local files the samples are read from."""
-        return [Path(p) for p in self.shards()]
+        return [] if self.store.remote else [Path(p) for p in self.shards()]
 
 
-def _groups(shard: str, problems: list[SkippedFile]) -> list[_Group]:
+def _groups(store: Store, shard: str, problems: list[SkippedFile]) -> list[_Group]:
     """Return the samples' members of one shard, in order."""
     groups: list[_Group] = []
     try:
-        end = os.path.getsize(shard)
-        with tarfile.open(shard, "r:") as archive, open(shard, "rb") as raw:
-            for member in tar_members(archive):
-                match = _KEY.match(member.name)
-                if member.isdir() or match is None:
-                    continue
-                key, extension = match.group(1), match.group(2).lower()
-                if member.offset_data + member.size > end:
-                    problems.append(SkippedFile(key, f"{extension}: {CUT_SHORT}"))
-                    continue
-                if not groups or groups[-1].key != key or extension in groups[-1].members:
-                    groups.append(_Group(key, shard))
-                where = FileRange(shard, member.offset_data, member.size)
-                groups[-1].members[extension] = where if member.isfile() else None
-                if extension in ("cls", *TEXT_FIELDS):
-                    data = os.pread(raw.fileno(), member.size, member.offset_data)
-                    groups[-1].values[extension] = data.decode("utf-8", errors="replace")
-            tail = unread_tail(archive, end)
-    except (OSError, tarfile.TarError) as err:
+        with contextlib.closing(store.source(shard)) as source:
+            end = source.size()
+            raw = ObjectFile(source)
+            with tarfile.open(fileobj=raw, mode="r:") as archive:
+                for member in tar_members(archive):
+                    match = _KEY.match(member.name)
+                    if member.isdir() or match is None:
+                        continue
+                    key, extension = match.group(1), match.group(2).lower()
+                    if member.offset_data + member.size > end:
+                        problems.append(SkippedFile(key, f"{extension}: {CUT_SHORT}"))
+                        continue
+                    if not groups or groups[-1].key != key or extension in groups[-1].members:
+                        groups.append(_Group(key, shard))
+                    where = member_range(store, shard, member.offset_data, member.size)
+                    groups[-1].members[extension] = where if member.isfile() else None
+                    if extension in ("cls", *TEXT_FIELDS):
+                        data = bytes(raw.pread(member.offset_data, member.size))
+                        groups[-1].values[extension] = data.decode("utf-8", errors="replace")
+                tail = unread_tail(archive, end)
+    except (OSError, H5PackError, tarfile.TarError) as err:
         raise SourceError(f"cannot read the WebDataset shard {shard}: {err}") from err
     if tail:
         problems.append(SkippedFile(Path(shard).name, tail))

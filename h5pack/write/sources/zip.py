@@ -115,5 +115,12 @@ class ZipSource(PathSource):
             problems.append(SkippedFile(relative, CUT_SHORT))
         else:
             deflated = info.compress_type == zipfile.ZIP_DEFLATED
-            member = ZipMember(path, offset, info.compress_size, info.file_size, info.CRC, deflated)
+            member = ZipMember(
+                path,
+                offset,
+                info.compress_size,
+                length=info.file_size,
+                crc=info.CRC,
+                deflated=deflated,
+            )
             found.append((relative, member))

@@ -1,0 +1,178 @@
+"""Sources in a bucket: each kind read where it lies, through the store, in ranges.
+
+The images of tests/test_archive_sources.py (real photos and synthetic ones), written by the
+tools users use, are put in a bucket of the local S3 server (and of the GCS emulator): each
+source converts to the samples of the same images from the local folder, and the counting
+proxy shows what was fetched (listings, ranged GETs, bytes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from h5pack import ConvertOptions, convert
+from h5pack.bench.s3local import Bucket
+from h5pack.write.sources import sample_source
+from h5pack.write.sources.objects import READAHEAD
+from tests.helpers import make_folder
+from tests.servers import Place
+from tests.test_archive_sources import (
+    CLASSES,
+    PHOTOS,
+    by_key,
+    caption,
+    imagenet_of,
+    parquet_of,
+    shards_of,
+    stored_text,
+)
+from tests.test_sources import tar_of
+
+Where = Bucket | Place
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three classes of synthetic images (tests.helpers) and downsized real photos."""
+    root = tmp_path_factory.mktemp("src") / "images"
+    make_folder(root, classes=CLASSES, per_class=4, vary=True)
+    for i, photo in enumerate(sorted(PHOTOS.glob("*.jpg"))[:6] if PHOTOS.is_dir() else []):
+        with Image.open(photo) as image:
+            image.thumbnail((48, 48))
+            image.convert("RGB").save(root / CLASSES[i % 3] / f"photo-{photo.stem}.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    pack = tmp_path_factory.mktemp("ref") / "folder.h5"
+    convert(folder, pack, ConvertOptions(mode="raw", workers=1))
+    return by_key(pack)
+
+
+def _convert(
+    where: Where, url: str, out: Path, workers: int = 1, mode: str = "encoded", **given: object
+) -> object:
+    """Convert ``url`` through the store of ``where``; return the source it was read as."""
+    found = sample_source(url, storage_options=where.storage_options, **given)  # type: ignore[arg-type]
+    where.proxy.reset_counts()
+    convert(found, out, ConvertOptions(mode=mode, workers=workers))  # type: ignore[arg-type]
+    return found
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_folder_prefix_packs_the_folders_samples_each_image_fetched_once(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict, workers: int
+) -> None:
+    url = s3_bucket.put_tree(folder, "data/images")
+    s3_bucket.proxy.reset_counts()
+    found = sample_source(url, storage_options=s3_bucket.storage_options)
+    assert found.kind == "folder"
+    assert len(found.samples) == len(reference)
+    listing = s3_bucket.proxy.reset_counts()
+    assert listing.gets == 1  # one page of ListObjectsV2: detection's listing serves the source
+    # encoded: raw mode reads each image once more first, to plan its storage (as locally)
+    convert(found, tmp_path / "p.h5", ConvertOptions(mode="encoded", workers=workers))
+    counts = s3_bucket.proxy.reset_counts()
+    assert by_key(tmp_path / "p.h5") == reference
+    sizes = sorted(p.stat().st_size for p in folder.rglob("*.jpg"))
+    assert counts.ranged_gets == counts.gets == len(reference)  # one ranged GET per image
+    assert counts.body_bytes == sum(sizes)
+
+
+def test_a_tar_is_listed_with_few_ranged_gets_and_packs_the_folders_samples(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict
+) -> None:
+    archive = tar_of(folder, tmp_path / "train.tar")
+    url = s3_bucket.put(archive, "train.tar")
+    s3_bucket.proxy.reset_counts()
+    found = sample_source(url, storage_options=s3_bucket.storage_options)
+    assert found.kind == "tar"
+    found.listing  # noqa: B018
+    listing = s3_bucket.proxy.reset_counts()
+    size = archive.stat().st_size
+    # the header walk: a GET per READAHEAD of the archive (and the detection's first), not
+    # one per member
+    assert listing.gets <= 2 + size // READAHEAD < len(reference)
+    convert(found, tmp_path / "p.h5", ConvertOptions(mode="encoded", workers=2))
+    counts = s3_bucket.proxy.reset_counts()
+    assert by_key(tmp_path / "p.h5") == reference
+    assert counts.ranged_gets == len(reference)  # each image's bytes once, by the workers
+    assert counts.body_bytes == sum(p.stat().st_size for p in folder.rglob("*.jpg"))
+
+
+def test_a_tar_of_tars_in_a_bucket_labels_by_synset(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path
+) -> None:
+    local = imagenet_of(folder, tmp_path / "ILSVRC2012_img_train.tar")
+    url = s3_bucket.put(local, "ILSVRC2012_img_train.tar")
+    remote = _convert(s3_bucket, url, tmp_path / "remote.h5", workers=2)
+    assert remote.kind == "imagenet"  # type: ignore[attr-defined]
+    convert(local, tmp_path / "local.h5", ConvertOptions(mode="raw", workers=1))
+    assert by_key(tmp_path / "remote.h5") == by_key(tmp_path / "local.h5")
+
+
+@pytest.mark.parametrize("how", ["prefix", "braces"])
+def test_webdataset_shards_in_a_bucket_keep_labels_captions_and_json(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict, how: str
+) -> None:
+    shards = shards_of(folder, tmp_path / "shards")
+    s3_bucket.put_tree(shards, "wds")
+    names = sorted(p.name for p in shards.glob("*.tar"))
+    url = s3_bucket.url("wds/")
+    if how == "braces":
+        url = s3_bucket.url(f"wds/train-{{000000..{len(names) - 1:06d}}}.tar")
+    remote = _convert(s3_bucket, url, tmp_path / "p.h5", workers=2)
+    assert remote.kind == "webdataset"  # type: ignore[attr-defined]
+    assert by_key(tmp_path / "p.h5") == reference
+    assert stored_text(tmp_path / "p.h5", "txt") == {key: caption(key) for key in reference}
+    assert stored_text(tmp_path / "p.h5", "json") == {key: {"key": key} for key in reference}
+
+
+@pytest.mark.parametrize("how", ["object", "glob", "prefix"])
+def test_parquet_in_a_bucket_reads_its_footer_and_row_groups_only(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict, how: str
+) -> None:
+
+    local = parquet_of(folder, tmp_path / "train-00000-of-00001.parquet")
+    s3_bucket.put(local, "data/train-00000-of-00001.parquet")
+    s3_bucket.put(folder / "cat" / "000.jpg", "other/000.jpg")  # not under the prefix
+    url = {
+        "object": s3_bucket.url("data/train-00000-of-00001.parquet"),
+        "glob": s3_bucket.url("data/train-*.parquet"),
+        "prefix": s3_bucket.url("data/"),
+    }[how]
+    remote = _convert(s3_bucket, url, tmp_path / "p.h5", workers=2)
+    assert remote.kind == "parquet"  # type: ignore[attr-defined]
+    assert by_key(tmp_path / "p.h5") == reference
+
+
+def test_parquet_in_a_bucket_fetches_its_footer_and_each_row_groups_images_once(
+    s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(240):
+        encoded = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(encoded, "PNG")
+        images.append({"bytes": encoded.getvalue(), "path": f"{i:04d}.png"})
+    local = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"image": images, "n": list(range(240))}), local, row_group_size=30)
+    url = s3_bucket.put(local, "train.parquet")
+    _convert(s3_bucket, url, tmp_path / "p.h5", workers=2)  # encoded: no size probe
+    counts = s3_bucket.proxy.counts
+    groups, size = 8, local.stat().st_size
+    footers = 2 * 64 * 1024  # the listing's and the converting process's pyarrow footer reads
+    # the listing reads the small columns of each group, the conversion each group's images
+    assert counts.ranged_gets <= 2 + 2 * groups + groups
+    assert size < counts.body_bytes <= size + footers  # image bytes once, never the whole file
+    assert len(by_key(tmp_path / "p.h5")) == 240
