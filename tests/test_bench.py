@@ -32,10 +32,12 @@ from h5pack.bench import (
     resident_fraction,
     time_interleaved,
 )
+from h5pack.bench.diagnose import format_diagnosis
 from h5pack.bench.loaders import open_dataset
 from h5pack.bench.reading import SizeSurvey, parse_train_size
-from h5pack.bench.report import format_bench, format_diagnosis, to_json
+from h5pack.bench.report import to_json
 from h5pack.bench.system import machine_info, warm_page_cache
+from h5pack.bench.throughput import format_bench
 from h5pack.bench.timing import Count, Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED, variant_problem
 from h5pack.cli.main import cli
@@ -672,7 +674,7 @@ def test_bench_reads_through_the_decoded_cache_after_the_first_epoch(encoded_pac
 def test_bench_cache_bytes_is_the_decoded_caches_budget(encoded_pack: Path) -> None:
     with pytest.raises(OptionsError, match=r"--chunk-cache-bytes"):
         BenchOptions(cache_bytes=2**20)  # the old meaning: refused, never reinterpreted
-    BenchOptions(chunk_cache_bytes=2**20)
+    BenchOptions(reader=ReaderOptions(chunk_cache_bytes=2**20))
     BenchOptions(cache="decoded", cache_bytes=2**20)
     result = CliRunner().invoke(cli, ["bench", str(encoded_pack), "--cache-bytes", "1MiB"])
     assert result.exit_code == 2
@@ -708,3 +710,12 @@ def test_tree_cpu_s_counts_a_child_unless_it_is_excluded() -> None:
     finally:
         child.communicate("")
     assert tree_cpu_s() - before >= 0.3  # reaped: through this process's children times
+
+
+def test_bench_json_holds_no_storage_options(gzip_pack: Path) -> None:
+    secret = {"secret_access_key": "s3cr3t-never-printed"}
+    reader = ReaderOptions(storage_options=secret)
+    options = BenchOptions(batch_size=16, workers=0, repeats=1, warmup=0, reader=reader, **FAST)
+    text = json.dumps(to_json(bench_loader(gzip_pack, options)))
+    assert "s3cr3t" not in text
+    assert "storage_options" not in json.loads(text)["options"]["reader"]

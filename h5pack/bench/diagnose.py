@@ -147,7 +147,7 @@ def pack_facts(setup: Setup) -> PackFacts:
     """Return the facts of the pack ``setup`` reads, with the memory available now."""
     from h5pack.check import pack_info
 
-    store = setup.options.remote.store
+    store = setup.options.reader.store
     # a set's shards share one layout
     info = pack_info(pack_files(setup.source, store)[0], store=store)
     meta = setup.loader.dataset.meta

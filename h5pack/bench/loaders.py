@@ -34,10 +34,11 @@ from typing import Any, Literal
 import numpy as np
 
 from h5pack.bench.access import Pattern, random_order
-from h5pack.bench.options import RemoteReading, check_cache
+from h5pack.bench.options import check_cache
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.timing import Count
 from h5pack.errors import OptionsError
+from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
 
 
@@ -177,11 +178,10 @@ def open_dataset(
     train: TrainingRead,
     *,
     transform: bool = False,
-    chunk_cache_bytes: int | None = None,
     seed: int = 0,
     cache: Literal["decoded"] | None = None,
     cache_bytes: int | None = None,
-    remote: RemoteReading | None = None,
+    reader: ReaderOptions | None = None,
 ) -> Any:
     """Return the ``H5ImageDataset`` every pattern of a measurement reads.
 
@@ -189,8 +189,6 @@ def open_dataset(
         path: The pack, or a pack set (its directory or manifest, or a list of packs).
         train: The training read (its crop and flip).
         transform: Apply ``TrainTransform`` (a per-sample Python transform) to every image.
-        chunk_cache_bytes: Decompressed chunks each process keeps (None: the sampler's
-            window); not the decoded cache (``PatternLoader``'s ``cache``).
         seed: Seed of the crops and flips.
         cache: ``"decoded"``: the dataset reads through a decoded cache, as
             ``make_loader(cache="decoded")`` gives it (README's training loop), for an
@@ -198,9 +196,9 @@ def open_dataset(
             the cache) and is read without. The cache lives as long as the dataset, so the
             epochs after the first (the warm-up) are served from it.
         cache_bytes: The decoded cache's budget (default ``default_cache_bytes()``).
-        remote: How a remote pack is read: read-ahead and disk cache (None: defaults).
+        reader: How each process reads (its decompressed chunks, a remote pack's store,
+            read-ahead and disk cache; None: ``ReaderOptions()``). Not the decoded cache.
     """
-    from h5pack.read.reader import ReaderOptions
     from h5pack.training.cache import DecodedCache, default_cache_bytes
     from h5pack.training.dataset import H5ImageDataset
 
@@ -211,9 +209,7 @@ def open_dataset(
         return H5ImageDataset(
             path,
             transform=TrainTransform() if transform else None,
-            reader=ReaderOptions(
-                chunk_cache_bytes=chunk_cache_bytes, **(remote or RemoteReading()).fields()
-            ),
+            reader=reader,
             crop=crop,
             cache=decoded,
             seed=seed,

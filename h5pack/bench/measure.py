@@ -14,11 +14,12 @@ import numpy as np
 
 from h5pack.bench.access import PATTERNS, Pattern, ReadCount, pack_shape, random_order
 from h5pack.bench.loaders import PatternLoader, open_dataset
-from h5pack.bench.options import MeasureOptions, RemoteReading
+from h5pack.bench.options import MeasureOptions
 from h5pack.bench.reading import batch_problem, survey_pack
 from h5pack.bench.system import warm_source
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.core.store import Store, open_store
+from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import jump_entropy
 
@@ -108,8 +109,8 @@ def measure_pack(
     batchable = batch_problem(survey_pack(path, store), options.train) is None
     warm_source(path, store)
     wanted: list[Pattern] = [p for p in PATTERNS if p in options.patterns]
-    remote = RemoteReading(store=store)
-    dataset = open_dataset(path, options.train, seed=options.seed, remote=remote)
+    reader = ReaderOptions(store=store)
+    dataset = open_dataset(path, options.train, seed=options.seed, reader=reader)
     loaders: dict[str, PatternLoader] = {
         pattern: PatternLoader(
             dataset,

@@ -1,8 +1,7 @@
 """The options of the benchmarks, each a frozen dataclass that checks itself.
 
 ``MeasureOptions``: how ``compare`` measures one pack; ``BenchOptions``: ``bench``'s loader
-settings; ``CompareOptions``: what ``compare`` builds; ``RemoteReading``: a remote pack's
-read-ahead and disk cache.
+settings (its reader's: ``ReaderOptions``); ``CompareOptions``: what ``compare`` builds.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from typing import Any, Literal
 from h5pack.bench.access import PATTERNS, check_pattern
 from h5pack.bench.reading import TrainChoice, TrainingRead
 from h5pack.bench.variants import DEFAULT_VARIANTS, parse_variants
-from h5pack.core.store import Store
 from h5pack.errors import OptionsError
+from h5pack.read.options import ReaderOptions
 
 
 def check_loader(batch_size: int, workers: object, repeats: int) -> None:
@@ -47,40 +46,6 @@ def check_cache(cache: object, cache_bytes: int | None) -> None:
             "The decompressed chunks kept per process are chunk_cache_bytes "
             "(--chunk-cache-bytes)"
         )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RemoteReading:
-    """How ``bench`` reads a remote pack: ``ReaderOptions``' read-ahead and disk cache.
-
-    Attributes:
-        requests_in_flight: Ranged requests each worker keeps in flight (None: measured).
-        disk_cache_dir: The disk cache's directory (None: the default).
-        disk_cache_bytes: Its budget (None: the default; 0: no disk cache).
-        disk_cache_eviction: ``"belady"`` or ``"lru"``.
-        store: The store of the pack, chosen once from ``--storage-option`` (None: chosen
-            from the path with the environment's settings; ``ReaderOptions.store``).
-    """
-
-    requests_in_flight: int | None = None
-    disk_cache_dir: str | None = None
-    disk_cache_bytes: int | None = None
-    disk_cache_eviction: str = "belady"
-    store: Store | None = None
-
-    def fields(self) -> dict[str, Any]:
-        """Return the ``ReaderOptions`` fields these settings stand for."""
-        from h5pack.read.eviction import parse_policy
-        from h5pack.read.readahead import ReadAheadOptions
-
-        ahead = self.requests_in_flight
-        return {
-            "read_ahead": None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
-            "disk_cache_dir": self.disk_cache_dir,
-            "disk_cache_bytes": self.disk_cache_bytes,
-            "disk_cache_eviction": parse_policy(self.disk_cache_eviction),
-            "store": self.store,
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,8 +106,6 @@ class BenchOptions:
         workers: DataLoader workers, or ``"auto"`` (``make_loader``'s choice).
         order: ``"chunk"`` (h5pack's sampler), ``"random"`` (a full shuffle, batches read
             through the same dataset) or ``"sequential"``.
-        chunk_cache_bytes: Bytes of decompressed chunks each process keeps (None: the
-            window; ``ReaderOptions.chunk_cache_bytes``).
         cache: ``"decoded"``: read through ``make_loader``'s decoded cache (README's
             training loop); the warm-up epochs fill it and the timed epochs are the later
             ones; None reads without it (every epoch as the first).
@@ -160,13 +123,13 @@ class BenchOptions:
             is above this and ``budget_s`` allows.
         budget_s: Seconds the timing may take before runs stop being lengthened.
         seed: Seed of the order.
-        remote: A remote pack's read-ahead and disk cache (``--disk-cache-dir`` and the like).
+        reader: How each process reads: decompressed chunks kept (``chunk_cache_bytes``),
+            a remote pack's store, read-ahead and disk cache (``--disk-cache-dir``...).
     """
 
     batch_size: int = 64
     workers: int | Literal["auto"] = "auto"
     order: str = "chunk"
-    chunk_cache_bytes: int | None = None
     cache: Literal["decoded"] | None = None
     cache_bytes: int | None = None
     transforms: bool = False
@@ -178,15 +141,11 @@ class BenchOptions:
     target_spread: float = 0.1
     budget_s: float = 30.0
     seed: int = 0
-    remote: RemoteReading = field(default_factory=RemoteReading)
+    reader: ReaderOptions = field(default_factory=ReaderOptions)
 
     def __post_init__(self) -> None:
         check_pattern(self.order)
         check_loader(self.batch_size, self.workers, self.repeats)
-        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
-            raise OptionsError(
-                f"chunk_cache_bytes should be >= 0, but got {self.chunk_cache_bytes}"
-            )
         check_cache(self.cache, self.cache_bytes)
         if self.max_batches is not None and self.max_batches < 1:
             raise OptionsError(f"max_batches should be >= 1, but got {self.max_batches}")

@@ -1,7 +1,7 @@
 """Render benchmark results: compare's ranked table, report.json and report.md.
 
-``bench``'s and ``--diagnose``'s text are rendered next to their results (``format_bench``,
-``format_diagnosis``, re-exported here).
+``bench``'s and ``--diagnose``'s text are rendered next to their results
+(``throughput.format_bench``, ``diagnose.format_diagnosis``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.bench.compare import CompareReport
 from h5pack.bench.diagnose import Diagnosis
-from h5pack.bench.diagnose import format_diagnosis as format_diagnosis  # re-exported
 from h5pack.bench.measure import PatternResult
 from h5pack.bench.ranking import VariantResult, pixel_groups
 from h5pack.bench.throughput import BenchResult
-from h5pack.bench.throughput import format_bench as format_bench  # re-exported
 from h5pack.bench.timing import Timing
 from h5pack.core.store import Store
 from h5pack.core.units import human_bytes
@@ -250,7 +248,8 @@ def to_markdown(report: CompareReport) -> str:
 
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        data = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = [f for f in dataclasses.fields(value) if f.repr]  # repr=False: settings, secrets
+        data = {f.name: _jsonable(getattr(value, f.name)) for f in fields}
         if isinstance(value, Timing):
             data.update(
                 images_per_s=value.images_per_s,

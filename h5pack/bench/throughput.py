@@ -95,17 +95,16 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         FileNotFoundError: the pack, or a shard, does not exist.
         FormatError: a file is not a pack, or a shard does not belong to the set.
     """
-    survey = survey_pack(path, options.remote.store)
+    survey = survey_pack(path, options.reader.store)
     train = resolve_training_read(options.train, survey)
     dataset = open_dataset(
         path,
         train,
         transform=options.transforms,
-        chunk_cache_bytes=options.chunk_cache_bytes,
         seed=options.seed,
         cache=options.cache,
         cache_bytes=options.cache_bytes,
-        remote=options.remote,
+        reader=options.reader,
     )
     loader = PatternLoader(
         dataset,
@@ -122,7 +121,7 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
 def bench_result(setup: Setup, timing: Timing) -> BenchResult:
     """Return ``bench``'s result of ``setup`` timed as ``timing``."""
     loader = setup.loader
-    reads = pack_shape(setup.source, setup.options.remote.store).reads(
+    reads = pack_shape(setup.source, setup.options.reader.store).reads(
         setup.options.order, loader.images_per_epoch, window_chunks=max(1, loader.window_chunks)
     )
     plan = loader.plan(0)

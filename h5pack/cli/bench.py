@@ -286,18 +286,22 @@ def bench(
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
     from h5pack.bench.diagnose import diagnose as run_diagnose
-    from h5pack.bench.options import BenchOptions, CompareEvent, RemoteReading
-    from h5pack.bench.report import format_bench, format_diagnosis, to_json
-    from h5pack.bench.throughput import bench_loader
+    from h5pack.bench.diagnose import format_diagnosis
+    from h5pack.bench.options import BenchOptions, CompareEvent
+    from h5pack.bench.report import to_json
+    from h5pack.bench.throughput import bench_loader, format_bench
     from h5pack.errors import OptionsError
+    from h5pack.read.eviction import parse_policy
+    from h5pack.read.options import ReaderOptions
+    from h5pack.read.readahead import ReadAheadOptions
 
     train = training_read(train_size, crop, flip)
+    ahead = requests_in_flight
     try:
         options = BenchOptions(
             batch_size=batch_size,
             workers=workers,
             order=order,
-            chunk_cache_bytes=chunk_cache_bytes,
             cache="decoded" if cache else None,
             cache_bytes=cache_bytes,
             transforms=transforms,
@@ -307,11 +311,12 @@ def bench(
             max_batches=max_batches,
             budget_s=time_budget,
             seed=seed,
-            remote=RemoteReading(
-                requests_in_flight=requests_in_flight,
+            reader=ReaderOptions(
+                chunk_cache_bytes=chunk_cache_bytes,
+                read_ahead=None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
                 disk_cache_dir=disk_cache_dir,
                 disk_cache_bytes=disk_cache_bytes,
-                disk_cache_eviction=disk_cache_eviction,
+                disk_cache_eviction=parse_policy(disk_cache_eviction),
                 store=store,
             ),
         )
