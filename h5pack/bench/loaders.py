@@ -10,8 +10,6 @@
 #   ``RandomSampler`` gives; the dataset still reads each batch's chunks once;
 # - ``chunk``: ``make_loader``'s ``ChunkBatchSampler``;
 # - ``sequential``: ``make_loader(shuffle=False)``, pack order.
-# The bare h5py per-sample read (``access.read_per_sample``) is a separate, labelled
-# figure ("naive h5py"), never the basis of a comparison.
 #
 # NOTE [ Fresh epochs ]
 #

@@ -22,7 +22,7 @@ from h5pack.core.units import human_bytes
 BOTTLENECKS: tuple[str, ...] = ("loader", "decode", "storage")
 
 # Share of the available memory a pack may take and still count as cached while training
-# runs (see "Packs larger than memory" in h5pack.bench.ranking).
+# runs (``bench --diagnose``; the memory note of ``compare``'s recommendation).
 CACHE_SHARE = 0.5
 
 # Below this size, chunks are worth enlarging (fewer, larger reads from disk).
