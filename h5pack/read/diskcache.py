@@ -44,7 +44,6 @@ from typing import Literal
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.core import integrity
 from h5pack.core.private import UnsafeDirectoryError, private_directory, user_cache_dir
 from h5pack.errors import OptionsError
 from h5pack.read import ledger
@@ -56,7 +55,7 @@ from h5pack.read.eviction import (
     next_uses,
     parse_policy,
 )
-from h5pack.read.ledger import transaction
+from h5pack.read.ledger import CLAIMED, READY, transaction
 
 __all__ = [
     "DEFAULT_CACHE_DISK_FRACTION",
@@ -72,7 +71,6 @@ __all__ = [
 # The default budget: this share of the free space of the cache's file system, measured
 # when the cache directory is first created and recorded there, so every process agrees.
 DEFAULT_CACHE_DISK_FRACTION = 0.5
-_READY, _CLAIMED = 1, 0
 _POLL_S = 0.005
 _INHERITED: list[sqlite3.Connection] = []  # see DiskCache._connect
 _HINT = "give another with ReaderOptions(disk_cache_dir=...) or --disk-cache-dir"
@@ -88,13 +86,6 @@ class DiskCacheWarning(UserWarning):
 def default_cache_dir() -> Path:
     """Return the default cache directory: ``h5pack`` in the user's cache directory."""
     return user_cache_dir()
-
-
-def chunk_digest(data: memoryview | np.ndarray) -> str:
-    """Return the digest a cache row records of its file's bytes (XXH3-64, else CRC32)."""
-    if integrity.has_sample_digest():
-        return f"xxh3:{integrity.sample_digest(data):016x}"
-    return f"crc32:{integrity.crc32(data):08x}"
 
 
 def pack_key(pack_id: str | None, size: int, etag: str | None) -> str:
@@ -436,7 +427,7 @@ class DiskCache:
             # Read outside the transaction: a file evicted meanwhile stays readable once
             # open; one gone before it was opened (or short) is claimed again.
             data = self._read(pack, chunk, stored)
-            if data is not None and _matches(digest, data):
+            if data is not None and ledger.digest_matches(digest, data):
                 self.stats.hits += 1
                 return Claim("hit", data)
             if data is not None:
@@ -451,7 +442,7 @@ class DiskCache:
                     self._final(pack, chunk).unlink()  # short or damaged: never served
                 db.execute(
                     "DELETE FROM entries WHERE pack = ? AND chunk = ? AND state = ?",
-                    (pack, chunk, _READY),
+                    (pack, chunk, READY),
                 )
         return Claim("bypass")
 
@@ -464,7 +455,7 @@ class DiskCache:
                 (pack, chunk),
             ).fetchone()
             clock = self._tick(db)
-            if row is not None and row[0] == _READY:
+            if row is not None and row[0] == READY:
                 db.execute(
                     "UPDATE entries SET used = ? WHERE pack = ? AND chunk = ?",
                     (clock, pack, chunk),
@@ -487,7 +478,7 @@ class DiskCache:
                 return "bypass", 0, ""
             db.execute(
                 "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                (pack, chunk, nbytes, _CLAIMED, self._owner, clock),
+                (pack, chunk, nbytes, CLAIMED, self._owner, clock),
             )
             return "claimed", 0, ""
 
@@ -513,9 +504,7 @@ class DiskCache:
         need = int(total) + cost - self._budget
         if need <= 0:
             return True
-        rows = db.execute(
-            "SELECT pack, chunk, nbytes, used FROM entries WHERE state = ?", (_READY,)
-        )
+        rows = db.execute("SELECT pack, chunk, nbytes, used FROM entries WHERE state = ?", (READY,))
         candidates = [
             Candidate(p, int(c), ledger.cost(int(n)), int(u)) for p, c, n, u in rows.fetchall()
         ]
@@ -578,7 +567,7 @@ class DiskCache:
             updated = db.execute(
                 "UPDATE entries SET state = ?, nbytes = ?, digest = ? WHERE pack = ? "
                 "AND chunk = ? AND owner = ? AND state = ?",
-                (_READY, len(view), chunk_digest(view), pack, chunk, self._owner, _CLAIMED),
+                (READY, len(view), ledger.file_digest(view), pack, chunk, self._owner, CLAIMED),
             ).rowcount
             if not updated:  # taken from us meanwhile (we were thought dead): not ours
                 with contextlib.suppress(FileNotFoundError):
@@ -594,7 +583,7 @@ class DiskCache:
             row = db.execute(
                 "SELECT owner, state FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk)
             ).fetchone()
-            if row is not None and row[0] == self._owner and row[1] == _CLAIMED:
+            if row is not None and row[0] == self._owner and row[1] == CLAIMED:
                 db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
         with contextlib.suppress(OSError):
             self._temp(pack, chunk, self._owner).unlink()
@@ -623,7 +612,7 @@ class DiskCache:
                         )
                         .fetchone()
                     )
-            if row is None or row[0] == _READY:
+            if row is None or row[0] == READY:
                 return self.claim(pack, chunk, nbytes, now=now, at=at)
             if time.monotonic() - checked > _OWNER_CHECK_S:
                 checked = time.monotonic()
@@ -645,24 +634,11 @@ class DiskCache:
     # -- dead owners ------------------------------------------------------------------
 
     def _owner_alive(self, owner: str) -> bool:
-        if owner == self._owner:
-            return True
-        path = self.directory / "owners" / f"{owner}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return owner == self._owner or ledger.owner_alive(self.directory, owner)
 
     def _drop_claims(self, db: sqlite3.Connection, owner: str) -> int:
         rows = db.execute(
-            "SELECT pack, chunk FROM entries WHERE owner = ? AND state = ?", (owner, _CLAIMED)
+            "SELECT pack, chunk FROM entries WHERE owner = ? AND state = ?", (owner, CLAIMED)
         ).fetchall()
         for pack, chunk in rows:
             for path in (self._temp(pack, chunk, owner), self._final(pack, chunk)):
@@ -689,7 +665,7 @@ class DiskCache:
             owners = {
                 o
                 for (o,) in db.execute(
-                    "SELECT DISTINCT owner FROM entries WHERE state = ?", (_CLAIMED,)
+                    "SELECT DISTINCT owner FROM entries WHERE state = ?", (CLAIMED,)
                 )
             }
             owners |= {o for (o,) in db.execute("SELECT DISTINCT owner FROM futures")}
@@ -701,30 +677,7 @@ class DiskCache:
                 else:
                     self._recover_owner(db, owner)
             if alone:
-                self._sweep(db)
-
-    def _sweep(self, db: sqlite3.Connection) -> None:
-        rows = {
-            (p, int(c)): int(s) for p, c, s in db.execute("SELECT pack, chunk, state FROM entries")
-        }
-        present: set[tuple[str, int]] = set()
-        chunks = self.directory / "chunks"
-        for pack in os.listdir(chunks):
-            for name in os.listdir(chunks / pack):
-                parts = name.split(".")  # "<chunk>", or ".<chunk>.<owner>.tmp"
-                if name.isdigit() and (pack, int(name)) in rows:
-                    present.add((pack, int(name)))
-                    continue
-                if len(parts) == 4 and self._owner_alive(parts[2]):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    (chunks / pack / name).unlink()
-                self.stats.swept += 1
-            with contextlib.suppress(OSError):
-                (chunks / pack).rmdir()  # only when empty
-        for (pack, chunk), state in rows.items():
-            if state == _READY and (pack, chunk) not in present:
-                db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
+                self.stats.swept += ledger.sweep(db, self.directory, self._owner_alive)
 
     # -- inspection -------------------------------------------------------------------
 
@@ -768,16 +721,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
-
-
-def _matches(digest: str, data: np.ndarray) -> bool:
-    """Return whether ``data`` has the recorded ``digest`` (True when it cannot be told)."""
-    kind, _, value = digest.partition(":")
-    if kind == "crc32":
-        return f"{integrity.crc32(data):08x}" == value
-    if kind == "xxh3" and integrity.has_sample_digest():
-        return f"{integrity.sample_digest(data):016x}" == value
-    return True
 
 
 def _warn(message: str) -> None:

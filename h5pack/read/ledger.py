@@ -2,31 +2,44 @@
 
 ``read.diskcache`` keeps its rows here (NOTE [ One disk cache per machine ]). This module
 opens the ledger (retrying SQLite's immediate "locked" answers), runs transactions, keeps
-connections from crossing fork (see ``read.diskcache``), and measures what the directory
-holds besides chunk files (``overhead_bytes``: the budget bounds the whole directory).
+connections from crossing fork (see ``read.diskcache``), measures what the directory
+holds besides chunk files (``overhead_bytes``: the budget bounds the whole directory), and
+keeps the directory honest: the files' digests, the owners' locks, the leftovers' sweep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import numpy as np
+
+from h5pack.core import integrity
 
 __all__ = [
     "BLOCK",
+    "CLAIMED",
     "GROWTH",
     "LEDGER",
+    "READY",
     "connect",
     "cost",
+    "digest_matches",
+    "file_digest",
     "overhead_bytes",
+    "owner_alive",
+    "sweep",
     "transaction",
     "trim",
 ]
 
 LEDGER = "ledger.sqlite"
+READY, CLAIMED = 1, 0  # a row's state: its file is there, or a process downloads it
 BLOCK = 4096  # a file takes whole blocks on disk (what ``du`` counts)
 GROWTH = 8 * BLOCK  # kept free besides: the ledger's new pages, a new pack's folder
 _WAL_PAGES = 64  # checkpoint the WAL at this many pages, and truncate it to this size
@@ -132,3 +145,62 @@ def overhead_bytes(directory: Path) -> int:
                 with contextlib.suppress(OSError):
                     total += entry.stat(follow_symlinks=False).st_blocks * 512
     return total
+
+
+def file_digest(data: memoryview | np.ndarray) -> str:
+    """Return the digest a row records of its file's bytes (XXH3-64, else CRC32)."""
+    if integrity.has_sample_digest():
+        return f"xxh3:{integrity.sample_digest(data):016x}"
+    return f"crc32:{integrity.crc32(data):08x}"
+
+
+def digest_matches(digest: str, data: np.ndarray) -> bool:
+    """Return whether ``data`` has the recorded ``digest`` (True when it cannot be told)."""
+    kind, _, value = digest.partition(":")
+    if kind == "crc32":
+        return f"{integrity.crc32(data):08x}" == value
+    if kind == "xxh3" and integrity.has_sample_digest():
+        return f"{integrity.sample_digest(data):016x}" == value
+    return True
+
+
+def owner_alive(directory: Path, owner: str) -> bool:
+    """Return whether the process ``owner`` holds its lock in ``directory`` (lives)."""
+    try:
+        fd = os.open(directory / "owners" / f"{owner}.lock", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def sweep(db: sqlite3.Connection, directory: Path, alive: Callable[[str], bool]) -> int:
+    """Remove files without a row, dead owners' temporaries, rows without a file.
+
+    In the caller's transaction; returns the files removed.
+    """
+    rows = {(p, int(c)): int(s) for p, c, s in db.execute("SELECT pack, chunk, state FROM entries")}
+    present: set[tuple[str, int]] = set()
+    chunks, removed = directory / "chunks", 0
+    for pack in os.listdir(chunks):
+        for name in os.listdir(chunks / pack):
+            parts = name.split(".")  # "<chunk>", or ".<chunk>.<owner>.tmp"
+            if name.isdigit() and (pack, int(name)) in rows:
+                present.add((pack, int(name)))
+                continue
+            if len(parts) == 4 and alive(parts[2]):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                (chunks / pack / name).unlink()
+            removed += 1
+        with contextlib.suppress(OSError):
+            (chunks / pack).rmdir()  # only when empty
+    for (pack, chunk), state in rows.items():
+        if state == READY and (pack, chunk) not in present:
+            db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
+    return removed
