@@ -161,8 +161,8 @@ def remote_flags(function: Any) -> Any:
         "--disk-cache-dir",
         type=click.Path(file_okay=False),
         default=None,
-        help="The machine's disk cache of a remote pack's chunks, shared by every process "
-        "[default: h5pack-chunks in the temporary directory].",
+        help="The disk cache of a remote pack's chunks, shared by the user's processes "
+        "[default: $XDG_CACHE_HOME/h5pack, else ~/.cache/h5pack].",
     )(function)
 
 

@@ -63,12 +63,13 @@ class ReaderOptions:
         read_ahead: How a remote pack's chunks are fetched ahead of use (NOTE [ Planned
             read-ahead ]); None: ``ReadAheadOptions()`` for remote packs, none for local
             ones (given: local packs read ahead too).
-        disk_cache_dir: The machine's disk cache of remote chunks, shared by every worker, rank
-            and job on the machine (NOTE [ One disk cache per machine ]); None:
-            ``h5pack-chunks`` in the temporary directory.
-        disk_cache_bytes: Its budget in bytes, never exceeded; 0: no disk cache; None:
-            ``DEFAULT_CACHE_DISK_FRACTION`` (half) of the free space of its file system when
-            the directory is created (recorded there).
+        disk_cache_dir: The user's disk cache of remote chunks, shared by every worker, rank
+            and job (NOTE [ One disk cache per machine ]), private to the user (NOTE
+            [ Private directories ]); None: ``$XDG_CACHE_HOME/h5pack``, else
+            ``~/.cache/h5pack``.
+        disk_cache_bytes: Its budget in bytes (the whole directory's), never exceeded; 0:
+            no disk cache; None: ``DEFAULT_CACHE_DISK_FRACTION`` (half) of the free space
+            of its file system when the directory is created (recorded there).
         disk_cache_eviction: ``"belady"`` (the chunk needed farthest in the future goes: the
             default) or ``"lru"`` (least recently used, for comparison).
 
