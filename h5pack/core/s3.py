@@ -146,12 +146,11 @@ class S3Store(Store):
         token = ""
         while True:
             more = {"ContinuationToken": token} if token else {}
-            page = source.with_retries(
-                "the listing (ListObjectsV2)",
-                lambda more=more: source.client().list_objects_v2(  # type: ignore[misc]
-                    Bucket=bucket, Prefix=key, **more
-                ),
-            )
+
+            def listing(more: dict[str, str] = more) -> Any:
+                return source.client().list_objects_v2(Bucket=bucket, Prefix=key, **more)
+
+            page = source.with_retries("the listing (ListObjectsV2)", listing)
             found.extend(
                 ObjectInfo(f"{scheme}://{bucket}/{o['Key']}", int(o["Size"]), str(o["ETag"]))
                 for o in page.get("Contents", ())

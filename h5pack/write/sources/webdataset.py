@@ -80,10 +80,11 @@ class WebDatasetSource(PathSource):
             SourceError: A shard the pattern names is missing, or the folder holds none.
         """
         remote = self.store.remote
-        if _BRACES.search(self.root):
+        braces = _BRACES.search(self.root)
+        if braces:
             paths = expand_braces(self.root)
             if remote:  # one listing of the pattern's folder, not a request per shard
-                head = self.root[: _BRACES.search(self.root).start()]  # type: ignore[union-attr]
+                head = self.root[: braces.start()]
                 there = {o.url for o in listed(self.store, head.rsplit("/", 1)[0] + "/")}
                 missing = [p for p in paths if p not in there]
             else:
