@@ -14,7 +14,7 @@ from h5pack.bench.s3local import Counts
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
 from h5pack.read.crop import CropSpec, ResizeInto, decode_crop_into
-from h5pack.read.packset import open_reader
+from h5pack.read.setreader import open_reader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 

@@ -25,7 +25,7 @@ from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of
 from h5pack.errors import DecodeError, SourceError
-from h5pack.read.packset import open_reader
+from h5pack.read.setreader import open_reader
 from h5pack.write.sources import (
     FileRange,
     GzipTarSource,

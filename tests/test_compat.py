@@ -79,7 +79,8 @@ def test_frozen_v1_1_pack_reads_the_same(pack, storage, mode):
 
 def test_frozen_v1_1_set_reads_the_same():
     from h5pack import verify_packset
-    from h5pack.read.packset import describe, open_reader
+    from h5pack.read.packset import describe
+    from h5pack.read.setreader import open_reader
 
     images, labels, paths = v11_samples()
     view = describe(V11_SET)

@@ -15,7 +15,7 @@ from h5pack import BoxesField, MaskField
 from h5pack.bench.s3local import Bucket
 from h5pack.core import format as fmt
 from h5pack.errors import FormatError, OptionsError
-from h5pack.read.packset import open_reader
+from h5pack.read.setreader import open_reader
 from h5pack.write.options import ConvertOptions
 from h5pack.write.sources import sample_source
 from tests.helpers import make_folder, pil_rgb, random_arrays

@@ -21,8 +21,9 @@ from h5pack.core.packset import (
     write_manifest,
 )
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
-from h5pack.read.packset import PackSetReader, describe, open_reader
+from h5pack.read.packset import describe
 from h5pack.read.reader import ReaderOptions
+from h5pack.read.setreader import PackSetReader, open_reader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 

@@ -195,7 +195,7 @@ def remote_set(
 
 
 def test_the_frozen_set_reads_remotely(s3_bucket: Bucket) -> None:
-    from h5pack.read.packset import open_reader
+    from h5pack.read.setreader import open_reader
 
     url = s3_bucket.put_tree(DATA / "v1_1_set", "frozen")
     options = ReaderOptions(storage_options=s3_bucket.storage_options, window_chunks=64)
@@ -204,7 +204,7 @@ def test_the_frozen_set_reads_remotely(s3_bucket: Bucket) -> None:
 
 
 def test_remote_set_opens_in_two_requests_per_shard(s3_bucket: Bucket, tmp_path: Path) -> None:
-    from h5pack.read.packset import open_reader
+    from h5pack.read.setreader import open_reader
 
     local, url = remote_set(s3_bucket, tmp_path, shards=4)
     for given in (url, url + "packset.json"):

@@ -18,8 +18,8 @@ from h5pack.core.layout import Compression
 from h5pack.core.source import SourceChangedError
 from h5pack.core.store import open_store
 from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
-from h5pack.read.packset import open_reader
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.read.setreader import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader

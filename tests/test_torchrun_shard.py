@@ -11,7 +11,7 @@ import pytest
 
 from h5pack import ConvertOptions, convert
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
-from h5pack.read.packset import open_reader
+from h5pack.read.setreader import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
 
 pytest.importorskip("torch.distributed.run")

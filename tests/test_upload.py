@@ -26,8 +26,8 @@ from h5pack.core import s3upload
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
 from h5pack.core.s3 import S3Store
 from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
-from h5pack.read.packset import open_reader
 from h5pack.read.reader import ReaderOptions
+from h5pack.read.setreader import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write import publish
 from h5pack.write.report import ConvertEvent

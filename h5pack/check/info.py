@@ -17,7 +17,7 @@ from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
 from h5pack.core.store import Store, open_store
-from h5pack.read.packset import PackSource, PackView, describe, remote_manifest
+from h5pack.read.packset import PackSource, PackView, describe, remote_members
 from h5pack.read.virtual import check_virtual_sources
 
 
@@ -351,7 +351,7 @@ def packset_summary(
         view = describe(source, store=store)
         assert view.shards is not None  # a set
         members = [s.path for s in view.shards]
-        manifest = remote_manifest(source, store)
+        manifest = remote_members(source, store)[1]
         where = view.meta.path
         infos = [pack_info(path, store=store) for path in members]
     else:

@@ -4,7 +4,7 @@ Every shard is checked as a pack is (``check_pack``: metadata digests, structure
 sample's digests and decoding), and the set as a whole:
 
 - the manifest: every shard it lists is present and is the file it recorded (size, sample
-  count, class list and metadata digest, ``core.packset.check_shard``);
+  count, class list and metadata digest, ``core.setmembers.check_shard``);
 - across shards: one class list (and one mode, storage, channel count and image shape,
   as the readers require); no source image in two shards: the same ``source_index`` (a
   position in the one global scan, see the note "Source positions across shards") or, in a
@@ -28,7 +28,8 @@ from h5pack.check.report import DEFAULT_TOLERANCE, Problem, VerifyReport
 from h5pack.check.source import SourceShard, compare_source
 from h5pack.check.verify import check_pack
 from h5pack.core import format as fmt
-from h5pack.core.packset import PackSetManifest, check_shard, member_problems, pack_paths
+from h5pack.core.packset import PackSetManifest, pack_paths
+from h5pack.core.setmembers import check_shard, member_problems
 from h5pack.core.store import Store, open_store
 from h5pack.errors import FormatError, H5PackError
 from h5pack.read.packset import PackSource, describe, load_pack_meta, remote_members

@@ -21,12 +21,10 @@ Manifest, version 1 (JSON, UTF-8)::
       ]
     }
 
-The split is a pure function of the sorted scan and the seed: the conversion's write order
-(a seeded permutation of the N sorted files) is cut into ``num_shards`` consecutive slices,
-shard ``i`` taking positions ``shard_slice(N, i, num_shards)``. Machines that see the same
-folder therefore build shards that together hold every image exactly once, and the
-write-time shuffle is global across shards. A shard's ``source_index`` holds positions in
-the global sorted scan.
+The split is a pure function of the sorted scan and the seed: the write order (a seeded
+permutation of the N sorted files) is cut into ``num_shards`` consecutive slices
+(``shard_slice``), so machines that see the same folder build shards that together hold
+every image once, shuffled globally. A shard's ``source_index`` holds global positions.
 
 Every shard records which slice of which split it holds, in the optional root attribute
 ``format.SHARD_KEY`` (JSON, a format-1.1-compatible addition that other readers ignore,
@@ -51,7 +49,7 @@ import re
 import secrets
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,15 +131,7 @@ class ShardIdentity:
 
     def to_json(self) -> dict[str, Any]:
         """Return the identity as JSON-ready data."""
-        return {
-            "index": self.index,
-            "num_shards": self.num_shards,
-            "seed": self.seed,
-            "shuffled": self.shuffled,
-            "num_found": self.num_found,
-            "num_planned": self.num_planned,
-            "slice_crc32": self.slice_crc32,
-        }
+        return asdict(self)
 
     def to_text(self) -> str:
         """Return the attribute's text (JSON with sorted keys)."""
@@ -169,14 +159,7 @@ class ShardIdentity:
 
 @dataclass(frozen=True, kw_only=True)
 class ShardEntry:
-    """One shard of a pack set, as the manifest records it.
-
-    Attributes:
-        path: The shard's path, relative to the manifest's directory.
-        num_samples: Its samples.
-        file_bytes: Its size in bytes when the manifest was written.
-        digest: ``meta_digest`` of its metadata.
-    """
+    """One shard of a pack set, as the manifest records it (the module docstring's fields)."""
 
     path: str
     num_samples: int
@@ -237,15 +220,7 @@ class PackSetManifest:
             "num_shards": self.num_shards,
             "created_utc": self.created_utc,
             "tool_version": self.tool_version,
-            "shards": [
-                {
-                    "path": e.path,
-                    "num_samples": e.num_samples,
-                    "file_bytes": e.file_bytes,
-                    "digest": e.digest,
-                }
-                for e in self.shards
-            ],
+            "shards": [asdict(e) for e in self.shards],
         }
 
 
@@ -286,20 +261,13 @@ def write_manifest(manifest: PackSetManifest) -> Path:
 _MANIFEST_ATTEMPTS = 3
 
 
-def _manifest_file(source: Path) -> Path:
-    return source / MANIFEST_NAME if source.is_dir() else source
-
-
 def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
     """Return whether ``source`` is a pack set: a list of packs, a set's directory or manifest."""
     if not isinstance(source, str | os.PathLike):
         return True
     if os.fspath(source).endswith(("/", ".json")):  # a directory, a prefix, a manifest
         return True
-    path = Path(source)
-    if path.is_dir():
-        return True
-    return path.suffix == ".json" or path.name == MANIFEST_NAME
+    return Path(source).is_dir()
 
 
 def pack_paths(
@@ -349,7 +317,7 @@ def load_manifest(source: StrPath) -> PackSetManifest:
         FormatError: the manifest is not valid JSON, not a pack set's, newer than this
             h5pack reads, or inconsistent.
     """
-    path = _manifest_file(Path(source))
+    path = Path(source) / MANIFEST_NAME if Path(source).is_dir() else Path(source)
     if path.exists() and not path.is_file():  # a FIFO or a device: never opened
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise FormatError(f"{path} is {kind}; a pack set manifest ({MANIFEST_NAME}) is a JSON file")
@@ -383,17 +351,16 @@ def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
         FormatError: the text is not valid JSON, not a pack set's manifest, newer than
             this h5pack reads, or inconsistent.
     """
-    path = where
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise FormatError(f"{path}: the pack set manifest cannot be read ({err})") from err
+        raise FormatError(f"{where}: the pack set manifest cannot be read ({err})") from err
     if not isinstance(data, dict) or PACKSET_MARKER_KEY not in data:
-        raise FormatError(f"{path} is not an h5pack pack set manifest")
+        raise FormatError(f"{where} is not an h5pack pack set manifest")
     version = data[PACKSET_MARKER_KEY]
     if not isinstance(version, int) or version > PACKSET_VERSION or version < 1:
         raise FormatError(
-            f"{path} is a pack set of version {version!r}, but this h5pack reads versions "
+            f"{where} is a pack set of version {version!r}, but this h5pack reads versions "
             f"1..{PACKSET_VERSION}; upgrade h5pack"
         )
     try:
@@ -417,168 +384,16 @@ def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
             tool_version=str(data.get("tool_version", "")),
         )
     except (KeyError, TypeError, ValueError) as err:
-        raise FormatError(f"{path}: the pack set manifest is malformed ({err})") from err
+        raise FormatError(f"{where}: the pack set manifest is malformed ({err})") from err
     # The entries' counts against the total are checked once the shards are read
     # (``member_problems``): only then can a wrong count be pinned on a shard.
     for entry in shards:
         if re.match(r"[a-zA-Z][\w+.-]+:/", entry.path):  # s3://..., https://...
             raise FormatError(
-                f"{path}: shard path {entry.path!r} is a URL; a pack set's shard paths are "
+                f"{where}: shard path {entry.path!r} is a URL; a pack set's shard paths are "
                 "relative to its manifest (to read packs kept in several places, give "
                 "their URLs as a list)"
             )
         if Path(entry.path).is_absolute() or ".." in Path(entry.path).parts:
-            raise FormatError(f"{path}: shard path {entry.path!r} leaves the pack set")
+            raise FormatError(f"{where}: shard path {entry.path!r} leaves the pack set")
     return manifest
-
-
-def check_shard(
-    manifest: PackSetManifest,
-    entry: ShardEntry,
-    meta: PackMeta,
-    *,
-    remote: tuple[str, str] | None = None,
-) -> None:
-    """Raise ``FormatError`` unless ``meta`` is the shard the manifest recorded.
-
-    Args:
-        manifest: The set's manifest.
-        entry: The shard's entry.
-        meta: The shard's metadata, as read.
-        remote: ``(shard URL, manifest URL)`` of a remote set (the size is the identity's).
-
-    Raises:
-        FormatError: the shard's size, sample count, classes or metadata digest changed.
-    """
-    path: Path | str = manifest.root / entry.path
-    where: Path | str = manifest.manifest_path
-    if remote is not None and meta.identity is not None:
-        (path, where), size = remote, meta.identity.size
-    else:
-        size = Path(path).stat().st_size
-    problems = []
-    if size != entry.file_bytes:
-        problems.append(f"{size} bytes, the manifest recorded {entry.file_bytes}")
-    if meta.num_samples != entry.num_samples:
-        problems.append(f"{meta.num_samples} samples, the manifest recorded {entry.num_samples}")
-    if meta.classes != manifest.classes:
-        problems.append("another class list than the pack set's")
-    if not problems and meta_digest(meta) != entry.digest:
-        problems.append("metadata that differs from what the manifest recorded")
-    if problems:
-        raise FormatError(
-            f"{path}: the shard changed since {where} was written ("
-            + "; ".join(problems)
-            + "); rebuild it with the same --shards and --seed, or restore it"
-        )
-
-
-def member_problems(
-    paths: Sequence[Path], metas: Sequence[PackMeta], manifest: PackSetManifest | None
-) -> list[tuple[Path, str]]:
-    """Return what makes packs unfit to be read as one set, each with the file it names.
-
-    Found here: a pack given twice (the same file, or a copy: the same pack id), which
-    would be served twice an epoch; for a manifest, shards of its split that it does not
-    list, and a total that its entries do not add up to. A list of packs may be any
-    subset of a split (shards 0-6 to train on, shard 7 to validate): only duplicates count.
-    ``check_shard`` has already compared each listed shard with its entry.
-
-    Args:
-        paths: The packs, in order.
-        metas: Their metadata, in the same order.
-        manifest: The set's manifest; None for a list of packs.
-    """
-    problems: list[tuple[Path, str]] = []
-    seen: dict[object, tuple[int, Path]] = {}
-    for number, (path, meta) in enumerate(zip(paths, metas, strict=True)):
-        keys: list[object] = [("file", _file_key(path))]
-        if meta.pack_id is not None:
-            keys.append(("id", meta.pack_id))
-        earlier = next((seen[key] for key in keys if key in seen), None)
-        if earlier is not None:
-            at, first = earlier
-            if ("file", _file_key(path)) not in seen:
-                what = f"the same pack as {first} (pack id {meta.pack_id}: a copy)"
-            elif first == path:
-                what = "given twice"
-            else:
-                what = f"the same file as {first}"
-            problems.append(
-                (
-                    path,
-                    f"{path}: {what}, entries {at} and {number} of the set: a pack given twice is "
-                    "served twice every epoch; give each pack once (a mix weights a pack up "
-                    "on purpose)",
-                )
-            )
-        for key in keys:
-            seen.setdefault(key, (number, path))
-    if manifest is None:
-        return problems
-    where = manifest.manifest_path
-    splits = {_split_key(meta.shard) for meta in metas if meta.shard}
-    if len(splits) == 1 and all(meta.shard for meta in metas):
-        ((num_shards, *_),) = splits
-        held = {int(meta.shard["index"]) for meta in metas}
-        missing = sorted(set(range(num_shards)) - held)
-        if missing:
-            shown = ", ".join(shard_name(i, num_shards) for i in missing[:4])
-            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-            problems.append(
-                (
-                    where,
-                    f"{where}: lists {len(metas)} of the {num_shards} shards its shards say "
-                    f"the set has: {shown}{more} not listed (an incomplete set would be "
-                    "read as a smaller one); restore the manifest, or rerun the conversion "
-                    "with --shards to write it again",
-                )
-            )
-    elif manifest.num_shards != len(manifest.shards):
-        problems.append(
-            (
-                where,
-                f"{where}: lists {len(manifest.shards)} shards but says the set has "
-                f"{manifest.num_shards} (num_shards): restore the manifest",
-            )
-        )
-    listed = sum(entry.num_samples for entry in manifest.shards)
-    if not problems and listed != manifest.num_samples:
-        problems.append(
-            (
-                where,
-                f"{where}: says the set holds {manifest.num_samples} samples (num_samples), but "
-                f"its shard entries add up to {listed}: restore the manifest",
-            )
-        )
-    return problems
-
-
-def check_members(
-    paths: Sequence[Path], metas: Sequence[PackMeta], manifest: PackSetManifest | None
-) -> None:
-    """Raise ``FormatError`` with the first of ``member_problems``, if any.
-
-    Raises:
-        FormatError: a pack is given twice, or the manifest's set is incomplete.
-    """
-    problems = member_problems(paths, metas, manifest)
-    if problems:
-        raise FormatError(problems[0][1])
-
-
-def _file_key(path: Path) -> tuple[int, int] | str:
-    try:
-        stat = path.stat()
-    except OSError:
-        return os.fspath(path.resolve())
-    return (stat.st_dev, stat.st_ino)
-
-
-def _split_key(shard: Mapping[str, Any]) -> tuple[int, object, object, object]:
-    return (
-        int(shard.get("num_shards", 0)),
-        shard.get("seed"),
-        shard.get("shuffled"),
-        shard.get("num_found"),
-    )

@@ -32,8 +32,9 @@ from h5pack.core.fields import (
 from h5pack.core.layout import checked_indices, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.store import Store
 from h5pack.read.mixture import source_name
-from h5pack.read.packset import PackSetReader, PackSource, PackView, open_reader
+from h5pack.read.packset import PackSource, PackView
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.read.setreader import PackSetReader, open_reader
 
 __all__ = ["Pack"]
 

@@ -28,8 +28,8 @@ from h5pack.read.crop import (
     upright_jpeg_header,
 )
 from h5pack.read.cropplan import plan_ahead, plan_crop, plan_crops
-from h5pack.read.packset import PackSetReader
 from h5pack.read.reader import PackReader
+from h5pack.read.setreader import PackSetReader
 from h5pack.training.cache import DecodedCache, shrink
 from h5pack.training.resize import resize_kernel, resize_rgb_into, torch_resize_into
 from h5pack.training.stats import stage_times, timed_read

@@ -19,10 +19,11 @@ from h5pack.core.layout import ChunkMap, checked_indices
 from h5pack.core.vocabulary import OUTPUTS, Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
-from h5pack.read.packset import PackSetReader, PackSource, PackView, describe, open_reader
+from h5pack.read.packset import PackSource, PackView, describe
 from h5pack.read.planned import ReadPlan
 from h5pack.read.pool import ReadPool
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.read.setreader import PackSetReader, open_reader
 from h5pack.training.batch import (
     SampleBatch,
     SharedEpoch,

@@ -20,11 +20,11 @@ from h5pack.core.layout import FILTER_NAMES
 from h5pack.core.packset import (
     MANIFEST_NAME,
     PackSetManifest,
-    check_shard,
     is_packset,
     pack_paths,
     parse_manifest,
 )
+from h5pack.core.setmembers import check_shard
 from h5pack.core.store import Store, is_url, join_url, split_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 from h5pack.write.leftovers import describe_removed
