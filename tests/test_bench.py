@@ -263,7 +263,6 @@ def test_training_read_and_its_flag() -> None:
         parse_train_size("big")
     train = TrainingRead.of(224, crop="center", flip=True)
     assert train.describe() == "center crops of 224x224, flipped"
-    assert train.loader_code() == "size=224, crop='center', flip=True"
     assert TrainingRead().describe() == "images as stored"
     with pytest.raises(OptionsError, match="--train-size"):
         TrainingRead(flip=True)

@@ -62,8 +62,9 @@ def test_missing_dataset_named(tmp_path):
 
 @pytest.mark.parametrize("name", ["cat/a.jpg", "ünï/çødé.png", os.fsdecode(b"bad\xffname.jpg")])
 def test_paths_round_trip_including_non_utf8(name):
-    assert fmt.decode_path(fmt.encode_path(name)) == name
-    assert os.fsencode(fmt.decode_path(fmt.encode_path(name))) == os.fsencode(name)
+    stored = np.frombuffer(os.fsencode(name), dtype=np.uint8)  # as the writer stores it
+    assert fmt.decode_path(stored) == name
+    assert os.fsencode(fmt.decode_path(stored)) == os.fsencode(name)
 
 
 # -- format 1.1: identity, digests, no variable-length data ----------------------------------

@@ -131,18 +131,6 @@ class TrainingRead:
         }[self.crop]
         return text + (", flipped" if self.flip else "")
 
-    def loader_code(self) -> str:
-        """Return the ``make_loader`` keywords that read this way, e.g. ``size=224, flip=True``."""
-        if self.size is None:
-            return ""
-        height, width = self.size
-        words = [f"size={height}" if height == width else f"size=({height}, {width})"]
-        if self.crop != "random-resized":
-            words.append(f"crop={self.crop!r}")
-        if self.flip:
-            words.append("flip=True")
-        return ", ".join(words)
-
     def to_json(self) -> dict[str, Any]:
         """Return it as JSON-ready data, with its description."""
         return {

@@ -133,11 +133,6 @@ def checksum(data: bytes | bytearray | memoryview | np.ndarray) -> int:
     return integrity.crc32(data)
 
 
-def encode_path(relative: str) -> np.ndarray:
-    """Return the stored form of a relative source path (its file-system bytes)."""
-    return np.frombuffer(os.fsencode(relative), dtype=np.uint8)
-
-
 def decode_path(stored: np.ndarray | bytes) -> str:
     """Return the relative source path from its stored bytes (undecodable bytes round-trip)."""
     return os.fsdecode(bytes(stored))
