@@ -9,7 +9,7 @@
   ``storage_options`` with no backoff between retries and 5 tries, ``proxy``).
 - ``chunk_cache_in_tmp`` (session, autouse): the default disk cache of remote chunks
   (``read.diskcache.default_cache_dir``) in the session's temporary folder, not in the
-  machine's temporary directory, where every test run would add to it.
+  user's cache directory (~/.cache/h5pack), where every test run would add to it.
 - ``place`` (parametrised ``s3``, ``gs``, ``az``, ``http``): a fresh bucket of one store's
   local server behind a fresh counting proxy (``tests.servers.Place``, the API of
   ``Bucket``); ``gcs_server``, ``azurite_server``, ``range_server`` (session) run them.
