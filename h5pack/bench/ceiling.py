@@ -19,7 +19,7 @@ class InMemoryImages:
 
     Batches come out exactly as the pack's dataset gives them (one preallocated
     ``(B, C, H, W)`` uint8 batch, in shared memory inside a worker, filled by ``threads``
-    threads as the reader fills it; or per-sample tensors through a transform), so that the
+    threads as the reader fills it; or per-sample tensors), so that the
     ceiling does the same loader work as reading the pack, minus the reading itself.
 
     Args:
@@ -27,7 +27,6 @@ class InMemoryImages:
         labels: Their labels.
         length: The dataset's length (indices wrap around the images held).
         threads: Threads filling a batch, as the pack's reader has them.
-        transform: A per-sample transform, as the pack's dataset has it.
     """
 
     def __init__(
@@ -37,7 +36,6 @@ class InMemoryImages:
         length: int,
         *,
         threads: int = 0,
-        transform: Any = None,
     ) -> None:
         self.images = images
         shapes = {image.shape for image in images}
@@ -45,7 +43,6 @@ class InMemoryImages:
         self.labels = labels
         self.length = length
         self.threads = threads
-        self.transform = transform
         self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
@@ -88,7 +85,7 @@ class InMemoryImages:
 
         idx = np.asarray(indices, dtype=np.int64) % max(1, len(self.images))
         labels = torch.from_numpy(self.labels[idx].copy())
-        if self.stack is not None and self.transform is None:
+        if self.stack is not None:
             buffer = empty_uint8((idx.size, *self.stack.shape[1:]))
             self._fill(idx, buffer.numpy())
             return SampleBatch(
@@ -96,9 +93,7 @@ class InMemoryImages:
             )
         samples = []
         for j, i in enumerate(idx.tolist()):
-            image: Any = torch.from_numpy(np.ascontiguousarray(self.images[i].transpose(2, 0, 1)))
-            if self.transform is not None:
-                image = self.transform(image)
+            image = torch.from_numpy(np.ascontiguousarray(self.images[i].transpose(2, 0, 1)))
             samples.append((image, int(labels[j])))
         return SampleBatch(samples)
 

@@ -5,7 +5,7 @@
 # After DS-Analyzer (Mohan et al., "Analyzing and Mitigating Data Stalls in DNN
 # Training", VLDB 2021), the same loader settings run three ways:
 # 1. ceiling: the pack's own images, already as the loader delivers them (cropped), held in
-#    memory and served by the same DataLoader, sampler, workers, collation and transform,
+#    memory and served by the same DataLoader, sampler, workers and collation,
 #    each batch allocated and filled by as many threads as the reader has: the loader's
 #    own cost, everything but reading;
 # 2. warm: the pack with its pages in the OS page cache: adds reading, decompression,
@@ -160,7 +160,7 @@ def pack_facts(setup: Setup) -> PackFacts:
         image_bytes=int(sum(int(h) * int(w) * int(c) for h, w, c in meta.shapes)),
         available_bytes=available_memory_bytes(),
         workers=setup.loader.workers,
-        transforms=setup.options.transforms,
+        transforms=False,
         size=setup.train.size,
         cached=setup.options.cache is not None,
         whole_jpegs=jpegbox.unavailable_reason() or "",
@@ -267,7 +267,6 @@ def diagnose(
         labels,
         len(setup.loader.dataset),
         threads=setup.loader.threads,
-        transform=setup.loader.dataset.transform,
     )
     ceiling = CeilingRunner(setup.loader, memory)
 

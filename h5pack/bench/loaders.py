@@ -98,36 +98,6 @@ def run_epoch(
     return Count(images, nbytes)
 
 
-class TrainTransform:
-    """A typical training augmentation on a (C, H, W) uint8 tensor, for ``--transforms``.
-
-    A random crop of 7/8 of each side, a random horizontal flip, then conversion to
-    float32 normalised with the ImageNet mean and deviation: the per-sample work most
-    image classifiers do, with torch only (no torchvision). Uses torch's RNG, which the
-    loader seeds per worker.
-    """
-
-    MEAN = (0.485, 0.456, 0.406)
-    STD = (0.229, 0.224, 0.225)
-
-    def __call__(self, image: Any) -> Any:
-        """Return the augmented, normalised (C, h, w) float32 tensor of ``image``."""
-        import torch
-
-        if isinstance(image, np.ndarray):  # (H, W, C) arrays from output="hwc"
-            image = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
-        channels, height, width = image.shape
-        crop_h, crop_w = max(1, height * 7 // 8), max(1, width * 7 // 8)
-        top = int(torch.randint(0, height - crop_h + 1, ()).item())
-        left = int(torch.randint(0, width - crop_w + 1, ()).item())
-        image = image[:, top : top + crop_h, left : left + crop_w]
-        if torch.rand(()) < 0.5:
-            image = image.flip(-1)
-        mean = torch.tensor(self.MEAN[:channels] if channels == 3 else self.MEAN[:1])
-        std = torch.tensor(self.STD[:channels] if channels == 3 else self.STD[:1])
-        return (image.float().div_(255.0) - mean[:, None, None]) / std[:, None, None]
-
-
 class FullShuffleBatchSampler:
     """A full shuffle of every sample each epoch, cut into batches: ``RandomSampler``'s order.
 
@@ -175,7 +145,6 @@ def open_dataset(
     path: PackSource,
     train: TrainingRead,
     *,
-    transform: bool = False,
     seed: int = 0,
     cache: Literal["decoded"] | None = None,
     cache_bytes: int | None = None,
@@ -186,7 +155,6 @@ def open_dataset(
     Args:
         path: The pack, or a pack set (its directory or manifest, or a list of packs).
         train: The training read (its crop and flip).
-        transform: Apply ``TrainTransform`` (a per-sample Python transform) to every image.
         seed: Seed of the crops and flips.
         cache: ``"decoded"``: the dataset reads through a decoded cache, as
             ``make_loader(cache="decoded")`` gives it (README's training loop), for an
@@ -206,7 +174,6 @@ def open_dataset(
     def build(decoded: Any = None) -> Any:
         return H5ImageDataset(
             path,
-            transform=TrainTransform() if transform else None,
             reader=reader,
             crop=crop,
             cache=decoded,

@@ -111,8 +111,6 @@ class BenchOptions:
             ones; None reads without it (every epoch as the first).
         cache_bytes: The decoded cache's budget, ``make_loader``'s ``cache_bytes`` (None:
             its default); only with ``cache``.
-        transforms: Apply ``TrainTransform`` (a per-sample Python transform: crop, flip,
-            normalise) to every image.
         train: How training reads the images (``TrainingRead``: size, crop, flip), or
             ``"auto"`` (see the note "Training size by default" in ``bench.reading``).
         repeats: Timed runs (of one or more epochs each).
@@ -132,7 +130,6 @@ class BenchOptions:
     order: str = "chunk"
     cache: Literal["decoded"] | None = None
     cache_bytes: int | None = None
-    transforms: bool = False
     train: TrainChoice = "auto"
     repeats: int = 3
     warmup: int = 1

@@ -100,7 +100,6 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
     dataset = open_dataset(
         path,
         train,
-        transform=options.transforms,
         seed=options.seed,
         cache=options.cache,
         cache_bytes=options.cache_bytes,
@@ -112,7 +111,7 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         batch_size=options.batch_size,
         workers=options.workers,
         seed=options.seed,
-        batchable=batch_problem(survey, train) is None or options.transforms,
+        batchable=batch_problem(survey, train) is None,
         max_batches=options.max_batches,
     )
     return Setup(source_name(path), options, survey, train, loader, path)
@@ -196,8 +195,7 @@ def format_bench(result: BenchResult, *, warn: bool = True) -> str:
         f"{max(timing.images, default=0) // max(1, timing.epochs_per_run)} images an epoch)",
         f"  {_read_line(result.train)}",
         f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
-        f"{threads}, window {result.window_chunks} chunks, transforms "
-        f"{'on' if options.transforms else 'off'}"
+        f"{threads}, window {result.window_chunks} chunks"
         + (
             ", decoded cache (the timed epochs come after the warm-up filled it)"
             if options.cache == "decoded"

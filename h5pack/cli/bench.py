@@ -190,13 +190,6 @@ def compare(
 )
 @cache_flags
 @remote_flags
-@click.option(
-    "--transforms/--no-transforms",
-    default=False,
-    show_default=True,
-    help="A per-sample Python transform (crop of 7/8, flip, normalisation) on every image, "
-    "after the training read.",
-)
 @train_flags
 @click.option(
     "--repeats",
@@ -238,7 +231,6 @@ def bench(
     disk_cache_bytes: int | None,
     disk_cache_eviction: str,
     requests_in_flight: int | None,
-    transforms: bool,
     train_size: str | None,
     crop: str | None,
     flip: bool | None,
@@ -304,7 +296,6 @@ def bench(
             order=order,
             cache="decoded" if cache else None,
             cache_bytes=cache_bytes,
-            transforms=transforms,
             train=train,
             repeats=repeats,
             warmup=warmup,
