@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from h5pack.core.decode import Backend, apply_orientation, decode_image, resize_image
+from h5pack.core.decode import Backend, decode_image
+from h5pack.core.pixels import apply_orientation
+from h5pack.core.resize import resize_image
 from h5pack.errors import DecodeError, OptionsError
 from h5pack.read import boxes, cropplan
 from h5pack.read.boxes import stored_box

@@ -18,16 +18,14 @@ import pytest
 from PIL import Image, ImageOps
 
 from h5pack.core.decode import (
-    ALPHA_BACKGROUND,
     MAX_IMAGE_PIXELS,
-    PAD_VALUE,
     Backend,
     decode_image,
     load_file,
     probe_size,
-    reencode_jpeg,
-    resize_image,
 )
+from h5pack.core.pixels import ALPHA_BACKGROUND
+from h5pack.core.resize import PAD_VALUE, reencode_jpeg, resize_image
 from h5pack.errors import DecodeError
 
 BACKENDS: list[Backend] = ["pillow", "opencv"]

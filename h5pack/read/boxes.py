@@ -183,7 +183,7 @@ def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
     ``out_w / out_h``, else its full width; the other side is ``round`` of the matching
     proportion, and the offsets are ``(height - box.height) // 2`` and
     ``(width - box.width) // 2``. It is, up to rounding, the region that
-    :func:`~h5pack.core.decode.resize_image` with ``method="crop"`` keeps. For a square
+    :func:`~h5pack.core.resize.resize_image` with ``method="crop"`` keeps. For a square
     output it is the central ``min(height, width)`` square: the region torchvision's
     ``Resize(s)`` followed by ``CenterCrop(s)`` keeps, to within the one pixel that
     torchvision's rounding of the resized long side and of the offset may move it.

@@ -14,7 +14,7 @@ The resizing kernel is a :data:`ResizeInto` argument. The reference kernels here
 :func:`pillow_resize_into` (``Image.resize(size, BILINEAR)``, whose support widens when
 shrinking, like torchvision's ``Resize(antialias=True)``) and :func:`opencv_resize_into`
 (``INTER_AREA`` when shrinking, ``INTER_LINEAR`` when enlarging, as
-:func:`h5pack.core.decode.resize_image`); :mod:`h5pack.training.fixed_size` passes a faster
+:func:`h5pack.core.resize.resize_image`); :mod:`h5pack.training.fixed_size` passes a faster
 kernel computing Pillow's filter with torch, which this layer does not import.
 
 Pixels are those of :func:`h5pack.core.decode.decode_image` followed by the cut and the
@@ -28,13 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from h5pack.core.decode import (
-    MAX_IMAGE_PIXELS,
-    Backend,
-    ImageArray,
-    decode_image,
-    finish_pixels,
-)
+from h5pack.core.decode import MAX_IMAGE_PIXELS, Backend, decode_image
+from h5pack.core.pixels import ImageArray, finish_pixels
 from h5pack.errors import OptionsError
 from h5pack.read.boxes import (
     CROPS,

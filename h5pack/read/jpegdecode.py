@@ -8,16 +8,10 @@ from typing import Final, NamedTuple
 import numpy as np
 from PIL import Image, ImageFile
 
-from h5pack.core.decode import (
-    MAX_IMAGE_PIXELS,
-    apply_orientation,
-    exif_orientation,
-    finish_pixels,
-    open_pillow,
-    pillow_pixels,
-)
+from h5pack.core.decode import MAX_IMAGE_PIXELS, exif_orientation, open_pillow
 from h5pack.core.jpeg import JpegHeader, read_jpeg_header
 from h5pack.core.jpegbox import decode_box
+from h5pack.core.pixels import apply_orientation, finish_pixels, pillow_pixels
 from h5pack.errors import DecodeError
 from h5pack.read.boxes import Box, CropSpec, dct_reduction, scale_box, stored_box
 from h5pack.read.cropplan import plan_crop

@@ -110,14 +110,8 @@ def prepare_sample(
     Encoded files are decoded in full too (a pack promises that every sample decodes);
     only those that ``max_side`` re-encodes keep their pixels.
     """
-    from h5pack.core.decode import (
-        decode_image,
-        decode_resized,
-        decoded_size,
-        probe_size,
-        reencode_jpeg,
-        resize_image,
-    )
+    from h5pack.core.decode import decode_image, decode_resized, decoded_size, probe_size
+    from h5pack.core.resize import reencode_jpeg, resize_image
 
     try:
         if isinstance(data, np.ndarray):
