@@ -17,7 +17,13 @@ from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.layout import Compression
 from h5pack.core.source import SourceChangedError
 from h5pack.core.store import open_store
-from h5pack.errors import H5PackError, OptionsError, PackNotFoundError, RemoteError
+from h5pack.errors import (
+    FormatError,
+    H5PackError,
+    OptionsError,
+    PackNotFoundError,
+    RemoteError,
+)
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.read.setreader import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
@@ -304,3 +310,11 @@ def test_a_web_server_without_ranges_is_refused_by_name(tmp_path: Path) -> None:
         with pytest.raises(RemoteError, match=rf"{url}: .* does not serve byte ranges"):
             PackReader(url)
         server.shutdown()
+
+
+def test_an_abfs_url_with_its_account_says_how_to_name_it() -> None:
+    from h5pack.core.azure import AzureStore
+
+    store = AzureStore.of({"account_name": "acct", "anon": True})
+    with pytest.raises(FormatError, match=r"storage option account_name .* az://c/k\.h5"):
+        store.source("abfs://c@acct.dfs.core.windows.net/k.h5")
