@@ -8,6 +8,7 @@ the image's resampling agree.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -160,6 +161,12 @@ class InstanceMasksField(MaskField):
         spans = zip(bounds[: idx.size], bounds[idx.size :], strict=True)
         return [blocks.span(values, start, stop, step) for start, stop in spans]
 
+    def count(self, value: np.ndarray) -> int:
+        """Return the masks of ``value`` (n x H x W, or a blob as ``read_packed`` gives it)."""
+        if value.ndim == 1:
+            return int(value[:4].view("<i4")[0])
+        return int(value.shape[0])
+
     def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
         blobs = self.read_packed(source, indices, shapes)
         return [unpack_masks(b, (int(s[0]), int(s[1]))) for b, s in zip(blobs, shapes, strict=True)]
@@ -211,14 +218,22 @@ def cut_masks(
     flips: np.ndarray,
     size: tuple[int, int],
     alloc: Any = None,
+    keep: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Cut a batch's masks (blobs) to their crops (top, left, height, width), resized, flipped.
 
-    Every mask lands in one ``(sum of n, *size)`` array (``alloc(shape)``'s, zeroed here; a
-    new one by default), each sample's masks a view of it: only the rows of each window
-    under the output are unpacked.
+    Every mask ``keep`` keeps (over the batch's masks back to back; default all) lands in
+    one ``(kept, *size)`` array (``alloc(shape)``'s, zeroed here; a new one by default),
+    each sample's masks a view of it: only the rows of each window under the output are
+    unpacked.
     """
     parsed = [_windows(blob) for blob in blobs]
+    if keep is not None:
+        starts = np.cumsum([0] + [len(windows) for windows, _ in parsed])
+        chosen = [np.flatnonzero(keep[a:b]) for a, b in itertools.pairwise(starts)]
+        parsed = [
+            (w[c], _picked(rows_of, c)) for (w, rows_of), c in zip(parsed, chosen, strict=True)
+        ]
     ends = np.cumsum([len(windows) for windows, _ in parsed], dtype=np.int64)
     shape = (int(ends[-1]) if ends.size else 0, *size)
     out = np.zeros(shape, np.uint8) if alloc is None else alloc(shape)
@@ -249,6 +264,11 @@ def cut_masks(
                 target = mask[r0[k] : r1[k], c0[k] : c1[k]]
             bits.take(picked, axis=1, out=target, mode="clip")  # in place: no copy
     return np.split(out, ends[:-1])
+
+
+def _picked(rows_of: Any, chosen: np.ndarray) -> Any:
+    """``rows_of`` of the masks ``chosen``, numbered from 0."""
+    return lambda k: rows_of(int(chosen[k]))
 
 
 def unpack_masks(blob: np.ndarray, size: tuple[int, int]) -> np.ndarray:

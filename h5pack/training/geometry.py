@@ -17,7 +17,6 @@ import torch
 from h5pack.core.fields import (
     BoxesField,
     InstanceMasksField,
-    StoredField,
     fields_of,
     stored_fields,
 )
@@ -62,30 +61,48 @@ def crop_fields(found: dict[str, list[Any]], idx: np.ndarray, dataset: Cropping)
     moved = [listed[n] for n in found if n in listed and listed[n].spatial]
     if not moved:
         return
+    masks = {f.name for f in moved if isinstance(f, InstanceMasksField)}
     shapes = meta.shapes[idx]
     seed, epoch = dataset.seed, dataset.epoch
     plans = plan_crops(crop, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=idx)
     crops = np.array([box for box, _ in plans], dtype=np.int64).reshape(-1, 4)
     flips = np.array([flip for _, flip in plans], dtype=bool)
+    geometry = (crops, flips, crop.size)
+    kept: dict[str, np.ndarray] = {}  # per_box fields: which of the batch's rows stay
+    for field in moved:
+        if isinstance(field, BoxesField):
+            keep, counts = _move(found, field, geometry)
+            for name in [n for n in field.per_box or () if n in found]:
+                kind = listed[name]
+                count = kind.count if isinstance(kind, InstanceMasksField) else len
+                rows = [count(v) for v in found[name]]
+                wrong = next((j for j, n in enumerate(rows) if n != counts[j]), None)
+                if wrong is not None:
+                    raise FormatError(
+                        f"field {name!r} of sample {int(idx[wrong])} holds {rows[wrong]} rows, "
+                        f"but {counts[wrong]} boxes in {field.name!r} (per_box): damaged"
+                    )
+                kept[name] = keep
     for field in moved:
         if isinstance(field, InstanceMasksField):  # a batch at once, in one buffer
-            found[field.name] = _masks(found[field.name], (crops, flips, crop.size), ring)
+            found[field.name] = _masks(found[field.name], geometry, ring, kept.get(field.name))
         elif not isinstance(field, BoxesField):
             found[field.name] = [
                 field.transform(value, box, flip, crop.size)
                 for value, (box, flip) in zip(found[field.name], plans, strict=True)
             ]
-    for field in moved:
-        if isinstance(field, BoxesField):
-            _move(found, field, listed, idx, (crops, flips, crop.size))
+    for name, keep in kept.items():
+        if name not in masks and not keep.all():
+            found[name] = _rows(found[name], keep)
 
 
 def _masks(
     blobs: list[Any],
     geometry: tuple[np.ndarray, np.ndarray, tuple[int, int]],
     ring: BatchRing | None,
+    keep: np.ndarray | None,
 ) -> list[torch.Tensor]:
-    """A batch's instance masks cut into one batch buffer: each sample's a view of it."""
+    """A batch's instance masks (those ``keep`` keeps) cut into one batch buffer: views of it."""
     held: list[torch.Tensor] = []
 
     def alloc(shape: tuple[int, ...]) -> np.ndarray:
@@ -94,45 +111,35 @@ def _masks(
         held.append(batch_buffer(ring, (room, *shape[1:]))[: shape[0]])
         return held[0].numpy()
 
-    cut = cut_masks(blobs, *geometry, alloc)
+    cut = cut_masks(blobs, *geometry, alloc, keep)
     return list(held[0].split([len(v) for v in cut]))
 
 
 def _move(
     found: dict[str, list[Any]],
     boxes: BoxesField,
-    listed: Mapping[str, StoredField],
-    idx: np.ndarray,
     geometry: tuple[np.ndarray, np.ndarray, tuple[int, int]],
-) -> None:
-    """Move one boxes field's batch at once; drop the boxes left without area, and their rows."""
+) -> tuple[np.ndarray, list[int]]:
+    """Move one boxes field's batch at once; return which boxes keep some area, and counts."""
     crops, flips, size = geometry
     values = found[boxes.name]
     counts = np.array([len(v) for v in values], dtype=np.int64)
-    ends = np.cumsum(counts)
-    flat = np.concatenate(values) if int(ends[-1]) else np.zeros((0, 4), boxes.dtype)
+    flat = np.concatenate(values) if int(counts.sum()) else np.zeros((0, 4), boxes.dtype)
     owner = np.repeat(np.arange(len(values)), counts)
     placed, keep = move_boxes(flat, crops[owner], flips[owner], size)
-    placed = placed.astype(boxes.dtype)
-    spans = list(zip((ends - counts).tolist(), ends.tolist(), strict=True))
-    found[boxes.name] = [placed[a:b][keep[a:b]] for a, b in spans]
-    dropping = [j for j, (a, b) in enumerate(spans) if not keep[a:b].all()]
-    if not dropping:
-        return
-    for name in boxes.per_box or ():
-        if name not in found:
-            continue
-        rows = found[name]
-        wrong = next((j for j, v in enumerate(rows) if len(v) != counts[j]), None)
-        if wrong is not None:
-            raise FormatError(
-                f"{listed[name].name!r} of sample {int(idx[wrong])} holds {len(rows[wrong])} "
-                f"rows, but {int(counts[wrong])} boxes in {boxes.name!r} (per_box): damaged"
-            )
-        for j in dropping:  # the other samples keep their rows as they are (views)
-            a, b = spans[j]
-            kept = rows[j].numpy()[keep[a:b]] if torch.is_tensor(rows[j]) else rows[j][keep[a:b]]
-            rows[j] = torch.from_numpy(kept) if torch.is_tensor(rows[j]) else kept
+    moved = np.split(placed.astype(boxes.dtype), np.cumsum(counts)[:-1])
+    found[boxes.name] = _rows(moved, keep)
+    return keep, counts.tolist()
+
+
+def _rows(values: list[Any], keep: np.ndarray) -> list[Any]:
+    """Each sample's rows that ``keep`` (over the batch's rows back to back) keeps."""
+    found, at = [], 0
+    for value in values:
+        chosen = keep[at : at + len(value)]
+        found.append(value if chosen.all() else value[chosen])
+        at += len(value)
+    return found
 
 
 def as_value(value: Any) -> Any:

@@ -279,12 +279,66 @@ class RingCollate:
             ):
                 return _SmallTensor(value)
             return value
+        if type(value) is list and len(value) > 1 and all(torch.is_tensor(v) for v in value):
+            whole = self._whole(value)  # a field's list of tensors: one object crosses
+            if whole is not None:
+                return whole
         if depth < 2 and type(value) in (tuple, list):
             wrapped = [self._wrap(v, depth + 1) for v in value]
             return tuple(wrapped) if type(value) is tuple else wrapped
         if depth < 2 and type(value) is dict:  # a batch of fields: each as a tuple's item
             return {key: self._wrap(v, depth) for key, v in value.items()}
         return value
+
+    def _whole(self, tensors: list[torch.Tensor]) -> _SmallList | _RingList | None:
+        """A list of views of one ring slot, or of small tensors of one dtype, as one object."""
+        first = tensors[0]
+        if any(t.device.type != "cpu" or t.dtype != first.dtype for t in tensors):
+            return None
+        index = self.ring.slot_of(first) if first.dtype == torch.uint8 else None
+        if index is not None and all(self.ring.slot_of(t) == index for t in tensors):
+            views = [(tuple(t.shape), t.stride(), int(t.storage_offset())) for t in tensors]
+            return _RingList(self.ring.reference(first, index), views)
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        if total <= SMALL_TENSOR_BYTES and first.dtype in _NUMPY_DTYPES:
+            return _SmallList(tensors)
+        return None
+
+
+class _RingList:
+    """A list of views of one ring slot crossing processes: one slot reference, their shapes."""
+
+    __slots__ = ("first", "views")
+
+    def __init__(self, first: _RingTensor, views: list[tuple[Any, ...]]) -> None:
+        self.first, self.views = first, views
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_ring_list, (self.first, self.views))
+
+
+def _ring_list(first: torch.Tensor, views: list[tuple[Any, ...]]) -> list[torch.Tensor]:
+    storage = first.untyped_storage()
+    return [torch.empty(0, dtype=torch.uint8).set_(storage, o, shape, st) for shape, st, o in views]
+
+
+class _SmallList:
+    """Small tensors of one dtype crossing processes by value, back to back: one array."""
+
+    __slots__ = ("flat", "shapes")
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.flat = np.concatenate([t.reshape(-1).numpy() for t in tensors])
+        self.shapes = [tuple(t.shape) for t in tensors]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_small_list, (self.flat, self.shapes))
+
+
+def _small_list(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    ends = np.cumsum([math.prod(shape) for shape in shapes])[:-1].tolist()
+    pieces = torch.from_numpy(flat).tensor_split(ends)
+    return [piece.view(shape) for piece, shape in zip(pieces, shapes, strict=True)]
 
 
 _NUMPY_DTYPES = {
