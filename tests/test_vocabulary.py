@@ -32,7 +32,6 @@ def test_the_modules_that_act_on_a_choice_re_export_the_same_one() -> None:
         (fmt.STORAGES, words.STORAGES),
         (layout.CODECS, words.CODECS),
         (layout.SHUFFLES, words.SHUFFLES),
-        (layout.LAYOUTS, words.LAYOUTS),
         (decode.BACKENDS, words.BACKENDS),
         (decode.RESIZE_METHODS, words.RESIZE_METHODS),
         (boxes.CROPS, words.CROPS),

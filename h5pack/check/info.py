@@ -16,6 +16,7 @@ from h5pack.check.probe import probe_pack, probe_packs
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
+from h5pack.core.packset import pack_paths
 from h5pack.core.store import Store, open_store
 from h5pack.read.packset import PackSource, PackView, describe, remote_members
 from h5pack.read.virtual import check_virtual_sources
@@ -217,16 +218,9 @@ def _virtual_source_paths(handle: Any, path: str) -> list[str]:
     return [os.path.normpath(os.path.join(base, str(e["path"]))) for e in json.loads(text)]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class ShardRow:
-    """One shard of a pack set in ``PackSetInfo``.
-
-    Attributes:
-        path: The shard file.
-        num_samples: Its samples.
-        file_bytes: Its size.
-        skipped: Files its conversion left out.
-    """
+    """One shard of a pack set in ``PackSetInfo``: its file, samples, size, files left out."""
 
     path: str
     num_samples: int
@@ -246,6 +240,10 @@ def _common(values: list[str]) -> str:
 class PackSetInfo:
     """A summary of a pack set (or a list of packs), for ``h5pack info SET``.
 
+    The attributes ``PackInfo`` has mean the same, over every shard (summed, or the one
+    value they share; ``layout`` and ``codec`` say how shards differ, ``sample_shape`` and
+    ``shuffled`` are None when they do). Besides:
+
     Attributes:
         path: The manifest (for a list of packs: the first pack).
         has_manifest: Whether the set has a manifest (else it is a list of packs).
@@ -253,26 +251,7 @@ class PackSetInfo:
         seed: The seed of the split (from the manifest), or None.
         created_utc: When the manifest was written ("" for a list).
         tool_version: The h5pack that wrote the manifest (else the first shard's).
-        num_samples: Samples over all shards.
-        classes: ``(name, samples)`` for each class, in label order, over all shards.
-        unlabelled: Samples with label -1.
-        mode: ``"raw"`` or ``"encoded"`` (the readers require one for all shards).
-        storage: ``"array"`` or ``"blob"``.
-        sample_shape: (H, W, C) when every sample of every shard has it, else None.
-        channels: 1 or 3.
-        layout: The shards' layout (with the chunk shape), or how they differ.
-        num_chunks: Chunks stored, over all shards.
-        samples_per_chunk: Mean samples per chunk group, over all shards.
-        codec: The shards' compression, or how they differ.
-        plugins: What reading any shard needs beyond HDF5.
-        stored_bytes: Uncompressed bytes of every sample.
-        disk_bytes: Bytes the shards' images datasets take.
-        compression_ratio: ``stored_bytes / disk_bytes``.
-        file_bytes: Size of all shards.
-        shuffled: Whether every shard was written shuffled (None: unknown for some).
-        skipped: Files left out at conversion, over all shards.
         shards: One row per shard, in set order.
-        fields: The sample's fields, as every shard lists them (``PackInfo.fields``).
     """
 
     path: str
@@ -327,11 +306,9 @@ def packset_summary(
 ) -> tuple[PackSetInfo, PackView]:
     """Return a summary of the pack set at ``source``, and the readers' view of it.
 
-    ``source`` is a set's directory or manifest, or a list of packs; the view (its combined
-    metadata and chunk map, ``read.packset.describe``) is the one the summary was made from.
-
-    Every shard is checked as a reader checks it when the set is opened (present, a pack,
-    the file the manifest recorded, joinable with the others).
+    The view (its combined metadata and chunk map, ``read.packset.describe``) is the one
+    the summary was made from: every shard is checked as a reader checks it when the set is
+    opened (present, a pack, the file the manifest recorded, joinable with the others).
 
     Args:
         source: The pack set's directory or manifest, or a list of packs.
@@ -345,8 +322,6 @@ def packset_summary(
         FormatError: the manifest or a shard is not valid, a shard changed since the
             manifest was written, or the shards do not form one set (each names the file).
     """
-    from h5pack.core.packset import pack_paths
-
     if store is not None and store.remote:
         view = describe(source, store=store)
         assert view.shards is not None  # a set
@@ -371,9 +346,6 @@ def packset_summary(
     shapes = {i.sample_shape for i in infos}
     shuffled = {i.shuffled for i in infos}
 
-    def layout_of(info: PackInfo) -> str:
-        return f"chunked {info.chunk_shape}" if info.chunk_shape else "contiguous"
-
     summary = PackSetInfo(
         path=where,
         has_manifest=manifest is not None,
@@ -388,7 +360,9 @@ def packset_summary(
         storage=view.meta.storage,
         sample_shape=shapes.pop() if len(shapes) == 1 else None,
         channels=view.meta.channels,
-        layout=_common([layout_of(i) for i in infos]),
+        layout=_common(
+            [f"chunked {i.chunk_shape}" if i.chunk_shape else "contiguous" for i in infos]
+        ),
         num_chunks=num_chunks,
         samples_per_chunk=view.meta.num_samples / max(1, view.chunk_map.num_chunks),
         codec=_common([i.codec for i in infos]),
@@ -399,15 +373,7 @@ def packset_summary(
         file_bytes=sum(i.file_bytes for i in infos),
         shuffled=shuffled.pop() if len(shuffled) == 1 else (False if False in shuffled else None),
         skipped=tuple(s for i in infos for s in i.skipped),
-        shards=tuple(
-            ShardRow(
-                path=i.path,
-                num_samples=i.num_samples,
-                file_bytes=i.file_bytes,
-                skipped=len(i.skipped),
-            )
-            for i in infos
-        ),
+        shards=tuple(ShardRow(i.path, i.num_samples, i.file_bytes, len(i.skipped)) for i in infos),
         fields=tuple(f.to_dict() for f in fields_of(view.meta)),
     )
     return summary, view

@@ -21,43 +21,31 @@ import numpy as np
 
 from h5pack.core.format import PackMeta
 from h5pack.core.vocabulary import CODECS as CODECS  # re-exported
-from h5pack.core.vocabulary import LAYOUTS as LAYOUTS
 from h5pack.core.vocabulary import SHUFFLES as SHUFFLES
-from h5pack.core.vocabulary import Codec as Codec
-from h5pack.core.vocabulary import Layout as Layout
-from h5pack.core.vocabulary import Shuffle as Shuffle
 from h5pack.errors import FormatError, OptionsError
 
 # HDF5 filter ids, as registered with The HDF Group (the plugin ones come from hdf5plugin),
 # and what h5pack calls each; the direct chunk path and ``info`` both read this table.
-FILTER_DEFLATE = 1
-FILTER_SHUFFLE = 2
-FILTER_FLETCHER32 = 3
-FILTER_LZF = 32000
-FILTER_BLOSC = 32001
-FILTER_LZ4 = 32004
-FILTER_BITSHUFFLE = 32008
-FILTER_ZSTD = 32015
-FILTER_BLOSC2 = 32026
+FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_BLOSC, FILTER_LZ4, FILTER_ZSTD = 1, 2, 32001, 32004, 32015
 FILTER_NAMES: dict[int, str] = {
     FILTER_DEFLATE: "gzip",
     FILTER_SHUFFLE: "byte shuffle",
-    FILTER_FLETCHER32: "fletcher32",
-    FILTER_LZF: "lzf",
+    3: "fletcher32",
+    32000: "lzf",
     FILTER_BLOSC: "blosc",
     FILTER_LZ4: "lz4",
-    FILTER_BITSHUFFLE: "bitshuffle",
+    32008: "bitshuffle",
     FILTER_ZSTD: "zstd",
-    FILTER_BLOSC2: "blosc2",
+    32026: "blosc2",
 }
 # Filters that only hdf5plugin provides (a reader of data written with them needs it), as
 # ``info`` names them.
 PLUGIN_FILTERS: dict[int, str] = {
     FILTER_BLOSC: "Blosc (hdf5plugin)",
     FILTER_LZ4: "LZ4 (hdf5plugin)",
-    FILTER_BITSHUFFLE: "Bitshuffle (hdf5plugin)",
+    32008: "Bitshuffle (hdf5plugin)",
     FILTER_ZSTD: "Zstd (hdf5plugin)",
-    FILTER_BLOSC2: "Blosc2 (hdf5plugin)",
+    32026: "Blosc2 (hdf5plugin)",
 }
 
 # HDF5 refuses chunks of 4 GiB or more.
