@@ -318,3 +318,29 @@ def test_an_abfs_url_with_its_account_says_how_to_name_it() -> None:
     store = AzureStore.of({"account_name": "acct", "anon": True})
     with pytest.raises(FormatError, match=r"storage option account_name .* az://c/k\.h5"):
         store.source("abfs://c@acct.dfs.core.windows.net/k.h5")
+
+
+def test_merge_reads_a_set_in_the_store_into_a_local_pack(
+    place: Somewhere, local_set: Path, tmp_path: Path
+) -> None:
+    url = place.put_tree(local_set, "set")
+    merge_packs(local_set, tmp_path / "reference.h5")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    merge_packs(
+        url, tmp_path / "merged.h5", storage_options=place.storage_options, staging_dir=staging
+    )
+    assert contents(tmp_path / "merged.h5") == contents(tmp_path / "reference.h5")
+
+
+def test_cli_info_and_verify_read_the_store(place: Somewhere, local_set: Path) -> None:
+    from click.testing import CliRunner
+
+    from h5pack.cli.main import cli
+
+    url = place.put_tree(local_set, "set")
+    flags = [f"--storage-option={k}={v}" for k, v in place.storage_options.items()]
+    for command in (["info", url], ["verify", url]):
+        result = CliRunner().invoke(cli, [*command, *flags])
+        assert result.exit_code == 0, result.output
+    assert "40" in CliRunner().invoke(cli, ["info", url, *flags]).output  # 40 samples
