@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5pack import ConvertOptions, convert
+from h5pack import ConvertOptions, PackReader, convert
 from h5pack.bench.s3local import Bucket
-from h5pack.write.sources import sample_source
+from h5pack.write.sources import FolderSource, sample_source
 from h5pack.write.sources.objects import READAHEAD
 from tests.helpers import make_folder
 from tests.servers import Place
@@ -176,3 +176,78 @@ def test_parquet_in_a_bucket_fetches_its_footer_and_each_row_groups_images_once(
     assert counts.ranged_gets <= 2 + 2 * groups + groups
     assert size < counts.body_bytes <= size + footers  # image bytes once, never the whole file
     assert len(by_key(tmp_path / "p.h5")) == 240
+
+
+def _same_packs(local: Path, remote: Path, fields: list[str]) -> None:
+    """Both packs hold the same keys, pixels and fields, in the same order."""
+    with PackReader(local) as a, PackReader(remote) as b:
+        assert list(a.paths) == list(b.paths)
+        every = range(a.meta.num_samples)
+        np.testing.assert_equal(a.read_images(every), b.read_images(every))
+        np.testing.assert_equal(a.read_fields(every, fields), b.read_fields(every, fields))
+
+
+@pytest.mark.parametrize("annotations_in", ["bucket", "local"])
+def test_coco_images_in_a_bucket_with_their_annotations(
+    s3_bucket: Bucket, tmp_path: Path, annotations_in: str
+) -> None:
+    pytest.importorskip("pycocotools")
+    from tests.test_coco_source import FIELDS, make_coco
+
+    images, annotations = make_coco(tmp_path / "coco")
+    url = s3_bucket.put_tree(images, "coco/train2017")
+    given = s3_bucket.put(annotations, "coco/instances.json")
+    if annotations_in == "local":
+        given = str(annotations)
+    _convert(s3_bucket, url, tmp_path / "remote.h5", workers=2, mode="raw", annotations=given)
+    report = convert(
+        sample_source(images, annotations=annotations),
+        tmp_path / "local.h5",
+        ConvertOptions(mode="raw", workers=1),
+    )
+    assert report.num_samples == 4
+    _same_packs(tmp_path / "local.h5", tmp_path / "remote.h5", FIELDS)
+
+
+def test_semantic_masks_in_a_bucket_equal_the_local_ones(s3_bucket: Bucket, tmp_path: Path) -> None:
+    from tests.test_mask_source import make_segmentation
+
+    images, masks, _ = make_segmentation(tmp_path / "seg")
+    url = s3_bucket.put_tree(images, "seg/images")
+    masks_url = s3_bucket.put_tree(masks, "seg/masks")
+    _convert(s3_bucket, url, tmp_path / "remote.h5", workers=2, masks=masks_url)
+    convert(sample_source(images, masks=masks), tmp_path / "local.h5", ConvertOptions(workers=1))
+    _same_packs(tmp_path / "local.h5", tmp_path / "remote.h5", ["mask"])
+
+
+def test_a_manifest_in_a_bucket_labels_its_images_and_names_bad_rows(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path
+) -> None:
+    rows = [f"{p.relative_to(folder).as_posix()},{p.parent.name}|x,a photo of {p.stem}"
+            for p in sorted(folder.rglob("*.jpg"))]  # fmt: skip
+    manifest = tmp_path / "labels.csv"
+    manifest.write_text("\n".join(["path,labels,caption", *rows, "cat/missing.jpg,cat,none"]))
+    url = s3_bucket.put_tree(folder, "flat/images")
+    labels = s3_bucket.put(manifest, "flat/labels.csv")
+    remote = _convert(s3_bucket, url, tmp_path / "remote.h5", labels_csv=labels)
+    (problem,) = remote.problems  # type: ignore[attr-defined]
+    assert problem.path == "cat/missing.jpg"
+    assert f"{labels}, line {len(rows) + 2}" in problem.reason
+    assert url in problem.reason  # "does not exist under s3://..."
+    convert(FolderSource(folder, labels_csv=manifest), tmp_path / "local.h5")
+    _same_packs(tmp_path / "local.h5", tmp_path / "remote.h5", ["labels", "caption"])
+
+
+@pytest.mark.parametrize("place", ["gs", "az"], indirect=True)
+def test_a_folder_prefix_and_shards_convert_from_other_stores(
+    place: Place, folder: Path, tmp_path: Path, reference: dict
+) -> None:
+    url = place.put_tree(folder, "images")
+    found = _convert(place, url, tmp_path / "folder.h5", workers=2)
+    assert found.kind == "folder"  # type: ignore[attr-defined]
+    assert by_key(tmp_path / "folder.h5") == reference
+    assert place.proxy.counts.gets >= len(reference)  # the workers read through the store
+    place.put_tree(shards_of(folder, tmp_path / "shards"), "wds")
+    found = _convert(place, place.url("wds/"), tmp_path / "shards.h5", workers=2)
+    assert found.kind == "webdataset"  # type: ignore[attr-defined]
+    assert by_key(tmp_path / "shards.h5") == reference

@@ -257,6 +257,19 @@ class AzureStore(Store):
         source = self.source(path)
         return source.with_retries(what, lambda: call(source.blob()))
 
+    def objects(self, prefix: str) -> list[ObjectInfo]:
+        """Return the blobs under the URL ``prefix``, sorted (one listing request a page)."""
+        container, key = _container_key(prefix)
+        source = self.source(prefix)
+
+        def listing() -> list[ObjectInfo]:
+            client = shared_client(self.options).get_container_client(container)
+            url = f"{prefix.partition('://')[0]}://{container}/"
+            found = client.list_blobs(name_starts_with=key)
+            return [ObjectInfo(url + b.name, int(b.size), str(b.etag)) for b in found]
+
+        return sorted(source.with_retries("the listing", listing), key=lambda o: o.url)
+
     def stat(self, path: str) -> ObjectInfo | None:
         """Return the blob at ``path`` (one HEAD), or None when there is none."""
         try:

@@ -245,6 +245,19 @@ class GCSStore(Store):
         source = self.source(path)
         return source.with_retries(what, lambda: call(source.blob(), source._timeout))
 
+    def objects(self, prefix: str) -> list[ObjectInfo]:
+        """Return the objects under the URL ``prefix``, sorted (one listing request a page)."""
+        scheme, bucket, key = split_url(prefix)
+        source = self.source(prefix)
+
+        def listing() -> list[ObjectInfo]:
+            client = shared_client(self.options)
+            blobs = client.list_blobs(bucket, prefix=key, retry=None, timeout=source._timeout)
+            url = f"{scheme}://{bucket}/"
+            return [ObjectInfo(url + b.name, int(b.size), str(b.generation)) for b in blobs]
+
+        return sorted(source.with_retries("the listing", listing), key=lambda o: o.url)
+
     def stat(self, path: str) -> ObjectInfo | None:
         """Return the object at ``path`` (one metadata GET), or None when there is none."""
         try:

@@ -42,8 +42,10 @@ from h5pack._types import StrPath
 from h5pack.core.fieldkinds import check_name
 from h5pack.core.fields import JSONField, MultiLabelField, ScalarField, StoredField, TextField
 from h5pack.core.format import SkippedFile
+from h5pack.core.store import is_url
 from h5pack.errors import OptionsError, SourceError
 from h5pack.write.scan import ScanResult, SourceFile, path_sort_key
+from h5pack.write.sources.objects import read_text
 from h5pack.write.walk import IMAGE_EXTENSIONS, check_root, has_image_extension, walk
 
 PATH_COLUMNS = ("path", "file_name")
@@ -60,7 +62,7 @@ _MISSING = object()  # a JSONL key a record lacks
 class _Problems:
     """The manifest's problems, each naming the manifest and the record's line."""
 
-    def __init__(self, manifest: Path) -> None:
+    def __init__(self, manifest: StrPath) -> None:
         self.manifest = manifest
         self.lines: list[tuple[int, SkippedFile]] = []
 
@@ -77,12 +79,16 @@ class _Problems:
         return f"{self.manifest}, line {line}"
 
 
-def read_manifest(root: StrPath, manifest: StrPath) -> ScanResult:
+def read_manifest(
+    root: StrPath, manifest: StrPath, objects: Any = None, store: Any = None
+) -> ScanResult:
     """Return the images a manifest names under ``root``, with their labels and fields.
 
     Args:
         root: The folder the paths are relative to.
         manifest: A CSV, or JSONL (``.jsonl``, ``.ndjson``), file (see the module docstring).
+        objects: A bucket's files' modes by path (NOTE [ Sources in a bucket ]).
+        store: The store of URLs.
 
     Returns:
         The samples sorted by path, the classes, the fields and their columns (in the
@@ -93,29 +99,28 @@ def read_manifest(root: StrPath, manifest: StrPath) -> ScanResult:
         SourceError: ``root`` or the manifest cannot be read, a column cannot be a field,
             or no record is left.
     """
-    root, path = Path(root), Path(manifest)
-    check_root(root)
+    path = manifest if is_url(manifest) else Path(manifest)
+    if objects is None:
+        check_root(Path(root))
     try:
-        # utf-8-sig drops the byte-order mark spreadsheets write; surrogateescape keeps
-        # file names that are not UTF-8 as os.fsdecode would.
-        text = path.read_text(encoding="utf-8-sig", errors="surrogateescape")
+        text = read_text(os.fspath(manifest), store)
     except OSError as err:
         raise SourceError(f"cannot read {describe(path)}: {err.strerror}") from err
     problems = _Problems(path)
     jsonl = describe(path).startswith("labels JSONL")
     records = (_jsonl_records if jsonl else _csv_records)(path, text, problems)
     named = {"/".join(PurePosixPath(p).parts) for _, p, _ in records}
-    records = _existing(root, records, problems)
+    records = _existing(root, records, problems, objects)
     fields, columns, labels, classes, kept = _columns(records, problems, typed=jsonl)
     if not kept:
         raise SourceError(f"{describe(path)} lists no images{_first(problems)}")
     order = sorted(range(len(kept)), key=lambda i: path_sort_key(kept[i][1]))
-    files = tuple(SourceFile(root / kept[i][1], kept[i][1], labels[i]) for i in order)
+    files = tuple(SourceFile(Path(root, kept[i][1]), kept[i][1], labels[i]) for i in order)
     positions = np.asarray(order, dtype=np.int64)
-    found, _ = walk(root)
-    unlisted = tuple(sorted((r for r, _ in found if r not in named), key=path_sort_key))
+    found = [r for r, _ in walk(Path(root))[0]] if objects is None else list(objects)
+    unlisted = tuple(sorted((r for r in found if r not in named), key=path_sort_key))
     return ScanResult(
-        root=root,
+        root=Path(root),
         files=files,
         classes=classes,
         problems=tuple(problems.found),
@@ -135,7 +140,7 @@ def _first(problems: _Problems) -> str:
     return f" (e.g. {problems.found[0].reason})" if problems.found else ""
 
 
-def _csv_records(path: Path, text: str, problems: _Problems) -> list[Record]:
+def _csv_records(path: StrPath, text: str, problems: _Problems) -> list[Record]:
     """Return the records of a CSV (``path,label`` without a header)."""
     rows = [(n, row) for n, row in _csv_rows(text) if any(cell.strip() for cell in row)]
     header = [cell.strip() for cell in rows[0][1]] if rows else []
@@ -162,7 +167,7 @@ def _csv_rows(text: str) -> list[tuple[int, list[str]]]:
     return [(reader.line_num, row) for row in reader]
 
 
-def _jsonl_records(path: Path, text: str, problems: _Problems) -> list[Record]:
+def _jsonl_records(path: StrPath, text: str, problems: _Problems) -> list[Record]:
     """Return the records of a JSONL file (one object per line)."""
     objects: list[tuple[int, dict[str, Any]]] = []
     for line, raw in enumerate(text.splitlines(), start=1):
@@ -192,7 +197,7 @@ def _jsonl_records(path: Path, text: str, problems: _Problems) -> list[Record]:
     return records
 
 
-def _column_names(path: Path, header: list[str]) -> list[str]:
+def _column_names(path: StrPath, header: list[str]) -> list[str]:
     """Return the columns' names (``path``, ``label``, ``labels`` or field names).
 
     Raises:
@@ -217,12 +222,14 @@ def _column_names(path: Path, header: list[str]) -> list[str]:
     return names
 
 
-def _existing(root: Path, records: list[Record], problems: _Problems) -> list[Record]:
+def _existing(
+    root: StrPath, records: list[Record], problems: _Problems, objects: Any
+) -> list[Record]:
     """Return the records whose path names an image under ``root``, once; the rest are problems."""
     kept: list[Record] = []
     seen: dict[str, int] = {}
     for line, given, values in records:
-        relative, reason = _listed_file(root, given)
+        relative, reason = _listed_file(root, given, objects)
         if reason is None and relative in seen:
             reason = f"{relative!r} is already listed on line {seen[relative]}"
         if reason is not None:
@@ -233,7 +240,7 @@ def _existing(root: Path, records: list[Record], problems: _Problems) -> list[Re
     return kept
 
 
-def _listed_file(root: Path, given: str) -> tuple[str, str | None]:
+def _listed_file(root: StrPath, given: str, objects: Any) -> tuple[str, str | None]:
     """Return a record's normalised path, and why it is no image (None: it is one)."""
     pure = PurePosixPath(given)
     relative = "/".join(pure.parts)
@@ -242,18 +249,16 @@ def _listed_file(root: Path, given: str) -> tuple[str, str | None]:
     if not relative or relative == ".":
         return given, "the path names no file"
     try:
-        mode = os.stat(root / relative).st_mode
-    except FileNotFoundError:
+        mode = os.stat(Path(root, relative)).st_mode if objects is None else objects[relative]
+    except (FileNotFoundError, KeyError):
         return relative, f"{relative!r} does not exist under {root}"
     except OSError as err:
         return relative, f"cannot access {relative!r}: {err.strerror}"
     if not stat.S_ISREG(mode):
         return relative, f"{relative!r} is not a regular file"
     if not has_image_extension(relative):
-        return (
-            relative,
-            f"{relative!r} is not an image file ({', '.join(sorted(IMAGE_EXTENSIONS))})",
-        )
+        extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+        return relative, f"{relative!r} is not an image file ({extensions})"
     return relative, None
 
 

@@ -310,7 +310,10 @@ class PathSource(SampleSource):
                 "gives its own labels"
             )
         self.root = os.fspath(path) if is_url(path) else os.fspath(Path(path))
-        self.store = store if store is not None else open_store(path)
+        # the root's store (local for a local path); ``given`` also reads the URLs of the
+        # other inputs (annotations, masks, a manifest)
+        self.store = store if store is not None and is_url(path) else open_store(path)
+        self.given = store
         self.labels_csv = os.fspath(labels_csv) if labels_csv is not None else None
 
 

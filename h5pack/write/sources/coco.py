@@ -29,6 +29,7 @@ import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -45,11 +46,12 @@ from h5pack.core.fields import (
     StoredField,
 )
 from h5pack.core.format import SkippedFile
-from h5pack.core.store import Store
+from h5pack.core.store import Store, join_url
 from h5pack.errors import OptionsError, SourceError
 from h5pack.write.scan import path_sort_key
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
 from h5pack.write.sources.masks import header_size
+from h5pack.write.sources.objects import prefix_images, read_text
 from h5pack.write.walk import check_root
 
 SLACK = 1.0  # pixels a box or polygon may reach outside its image (rounding in the file)
@@ -77,8 +79,9 @@ class CocoSource(PathSource):
             SourceError: the folder or the file is missing, or the file is not COCO's.
             OptionsError: segmentations to decode, and pycocotools is not installed.
         """
-        check_root(Path(self.root))
-        data = _load(self.annotations)
+        if not self.store.remote:
+            check_root(Path(self.root))
+        data = _load(self.annotations, self.given)
         categories = _categories(data["categories"], self.annotations)
         problems: list[SkippedFile] = []
         images, dropped = self._images(data["images"], problems)
@@ -111,9 +114,14 @@ class CocoSource(PathSource):
         names = Counter(e["file_name"] for e in good)
         images: dict[int, Image] = {}
         cwd = os.getcwd()
+        there = prefix_images(self.store, self.root) if self.store.remote else None
+        sizes = _header_sizes(there, [e["file_name"] for e in good])
         for entry in good:
             key, height, width = entry["file_name"], int(entry["height"]), int(entry["width"])
-            where = FileRange(os.path.join(cwd, self.root, key))
+            if there is None:
+                where = FileRange(os.path.join(cwd, self.root, key))
+            else:
+                where = there.get(key, FileRange(join_url(self.root, key)))
             reason = ""
             if ids[entry["id"]] > 1:
                 reason = "its image id is given to several images of the annotations"
@@ -121,9 +129,12 @@ class CocoSource(PathSource):
                 reason = "listed several times in the annotations"
             elif key.startswith("/") or ".." in PurePosixPath(key).parts:
                 reason = "a file_name that leaves the image folder"
-            elif not os.path.isfile(where.path):
+            elif not os.path.isfile(where.path) if there is None else key not in there:
                 reason = "listed in the annotations, but not in the image folder"
-            elif header_size(where) not in (None, (height, width)):
+            elif (sizes[key] if key in sizes else header_size(where)) not in (
+                None,
+                (height, width),
+            ):
                 reason = "its size differs from the width and height the annotations give"
             if reason:
                 problems.append(SkippedFile(key, reason))
@@ -172,10 +183,22 @@ class CocoSource(PathSource):
         return Listing(samples, problems=tuple(problems), fields=tuple(fields), columns=columns)
 
 
-def _load(path: str) -> dict[str, Any]:
+def _header_sizes(there: dict[str, FileRange] | None, keys: list[str]) -> dict[str, Any]:
+    """Return the (H, W) of the images ``there`` (in a bucket) that ``keys`` name.
+
+    Read concurrently: a ranged GET of each one's first bytes (``header_size``).
+    """
+    if there is None:
+        return {}
+    there_keys = [k for k in dict.fromkeys(keys) if k in there]
+    named = [there[k] for k in there_keys]
+    with ThreadPoolExecutor(16) as pool:
+        return dict(zip(there_keys, pool.map(header_size, named), strict=True))
+
+
+def _load(path: str, store: Store | None) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_text(path, store))
     except OSError as err:
         raise SourceError(f"cannot read the annotations {path}: {err.strerror or err}") from err
     except ValueError as err:

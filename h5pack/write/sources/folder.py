@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from h5pack.core.format import SkippedFile
 from h5pack.write.manifest import describe, read_manifest
 from h5pack.write.scan import label_by_folder, name_paths, scan
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
-from h5pack.write.sources.objects import folder_url, listed, under
-from h5pack.write.walk import has_image_extension, is_ignored_name
+from h5pack.write.sources.objects import prefix_images
 
 
 class FolderSource(PathSource):
@@ -30,17 +30,23 @@ class FolderSource(PathSource):
 
     def find(self) -> Listing:
         """Scan the folder (``write.scan.scan``), or read its manifest."""
-        if self.store.remote and self.labels_csv is None:
-            return self._objects()
+        objects = prefix_images(self.store, self.root) if self.store.remote else None
+        if objects is not None and self.labels_csv is None:
+            return self._objects(objects)
         if self.labels_csv is None:
             found = scan(self.root)
         else:
-            found = read_manifest(self.root, self.labels_csv)
+            modes = None if objects is None else dict.fromkeys(objects, stat.S_IFREG)
+            found = read_manifest(self.root, self.labels_csv, modes, self.given)
         # Absolute, for workers started elsewhere (Dask) or in another directory.
         cwd = os.getcwd()
         fields = label_fields([f.label for f in found.files])
         samples = [
-            Sample(f.relative, FileRange(os.path.join(cwd, f.path)), fields[i])
+            Sample(
+                f.relative,
+                objects[f.relative] if objects else FileRange(os.path.join(cwd, f.path)),
+                fields[i],
+            )
             for i, f in enumerate(found.files)
         ]
         notes: tuple[str, ...] = ()
@@ -60,16 +66,10 @@ class FolderSource(PathSource):
             columns=found.columns,
         )
 
-    def _objects(self) -> Listing:
+    def _objects(self, objects: dict[str, FileRange]) -> Listing:
         """List the images under a prefix of a bucket (NOTE [ Sources in a bucket ])."""
-        prefix = folder_url(self.root)
-        found: list[tuple[str, FileRange]] = []
-        for item in listed(self.store, prefix):
-            relative = under(prefix, item.url)
-            parts = relative.split("/")
-            if has_image_extension(parts[-1]) and not any(is_ignored_name(p) for p in parts):
-                found.append((relative, FileRange(item.url, 0, item.size, self.store)))
         problems: list[SkippedFile] = []
+        found = list(objects.items())
         labelled, classes = label_by_folder(self.root, found, problems, "auto")
         fields = label_fields([label for _, _, label in labelled])
         samples = [Sample(rel, where, fields[i]) for i, (rel, where, _) in enumerate(labelled)]

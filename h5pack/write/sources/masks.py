@@ -11,8 +11,10 @@ image, are problems named by the image's path; masks without an image are a note
 
 from __future__ import annotations
 
+import io
 import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,14 +24,16 @@ from h5pack._types import StrPath
 from h5pack.core.decode import probe_size
 from h5pack.core.fields import LazyColumn, MaskField
 from h5pack.core.format import SkippedFile
-from h5pack.core.store import Store
+from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import DecodeError, SourceError
-from h5pack.write.scan import name_paths, scan
+from h5pack.write.scan import name_paths, path_sort_key, scan
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
+from h5pack.write.sources.objects import prefix_images, read_object
 from h5pack.write.walk import check_root, walk
 
 MASK_MODES = ("P", "L")  # palette indices or grey values, kept as they are
 HEADER_BYTES = 1 << 18  # read to learn an image's size; the whole file when not enough
+REMOTE_HEADER_BYTES = 1 << 14  # in a bucket: the first bytes only (an image too big: unchecked)
 
 
 class MaskSource(PathSource):
@@ -52,26 +56,35 @@ class MaskSource(PathSource):
         Raises:
             SourceError: either folder is missing or holds no image.
         """
-        found = scan(self.root, layout="flat")
-        check_root(Path(self.masks))
-        masks_by_stem: dict[str, list[Path]] = defaultdict(list)
-        for relative, path in walk(Path(self.masks))[0]:
-            masks_by_stem[os.path.splitext(relative)[0]].append(path)
+        images, problems = self._images()
+        masks_by_stem: dict[str, list[Path | FileRange]] = defaultdict(list)
+        if is_url(self.masks):  # NOTE [ Sources in a bucket ]
+            store = self.given if self.given is not None else open_store(self.masks)
+            for relative, where in prefix_images(store, self.masks).items():
+                masks_by_stem[os.path.splitext(relative)[0]].append(where)
+        else:
+            check_root(Path(self.masks))
+            for relative, path in walk(Path(self.masks))[0]:
+                masks_by_stem[os.path.splitext(relative)[0]].append(path)
         images_by_stem: dict[str, int] = defaultdict(int)
-        for file in found.files:
-            images_by_stem[os.path.splitext(file.relative)[0]] += 1
-        problems = list(found.problems)
-        samples, masks = [], []
-        cwd = os.getcwd()
-        for file in found.files:
-            stem = os.path.splitext(file.relative)[0]
-            where = FileRange(os.path.join(cwd, file.path))
-            reason = _mismatch(where, masks_by_stem.get(stem, []), images_by_stem[stem])
+        for relative, _ in images:
+            images_by_stem[os.path.splitext(relative)[0]] += 1
+        stems = [os.path.splitext(relative)[0] for relative, _ in images]
+        pairs = [
+            (w, masks_by_stem.get(t, []), images_by_stem[t])
+            for (_, w), t in zip(images, stems, strict=True)
+        ]
+        with ThreadPoolExecutor(16 if self.given is not None else 1) as pool:  # header GETs
+            reasons = list(pool.map(lambda pair: _mismatch(*pair), pairs))
+        samples: list[Sample] = []
+        masks: list[str | FileRange] = []
+        for (relative, where), stem, reason in zip(images, stems, reasons, strict=True):
             if reason:
-                problems.append(SkippedFile(file.relative, reason))
+                problems.append(SkippedFile(relative, reason))
                 continue
-            samples.append(Sample(file.relative, where))
-            masks.append(os.path.join(cwd, masks_by_stem[stem][0]))
+            samples.append(Sample(relative, where))
+            found = masks_by_stem[stem][0]
+            masks.append(found if isinstance(found, FileRange) else os.path.abspath(found))
         if not samples:
             raise SourceError(f"no image under {self.root} has a mask under {self.masks}")
         left = sorted(set(masks_by_stem) - set(images_by_stem))
@@ -84,18 +97,29 @@ class MaskSource(PathSource):
             columns={"mask": LazyColumn(masks, read_mask)},
         )
 
+    def _images(self) -> tuple[list[tuple[str, FileRange]], list[SkippedFile]]:
+        """Return the images (relative path, where) and the problems of listing them."""
+        if self.store.remote:
+            found = prefix_images(self.store, self.root)
+            return sorted(found.items(), key=lambda item: path_sort_key(item[0])), []
+        scanned = scan(self.root, layout="flat")
+        cwd = os.getcwd()
+        images = [(f.relative, FileRange(os.path.join(cwd, f.path))) for f in scanned.files]
+        return images, list(scanned.problems)
 
-def _mismatch(image: FileRange, masks: list[Path], images: int) -> str:
+
+def _mismatch(image: FileRange, masks: list[Path | FileRange], images: int) -> str:
     """Return why an image and its ``masks`` do not make a sample ("" when they do)."""
     if images > 1:
         return "several images have this stem: which one the mask belongs to cannot be told"
     if len(masks) != 1:
         return "no mask of this stem" if not masks else "several masks have this stem"
     try:
-        with Image.open(masks[0]) as mask:
+        with _open_mask(masks[0], header=True) as mask:
             mode, (width, height) = mask.mode, mask.size
-    except (OSError, ValueError) as err:
-        return f"its mask {masks[0].name} cannot be read ({err})"
+    except (OSError, ValueError, DecodeError) as err:
+        name = masks[0].path if isinstance(masks[0], FileRange) else masks[0].name
+        return f"its mask {name} cannot be read ({err})"
     if mode not in MASK_MODES:
         return f"its mask is a {mode} image, not a palette (P) or grey (L) one"
     size = header_size(image)
@@ -110,8 +134,11 @@ def header_size(image: FileRange) -> tuple[int, int] | None:
     An image that cannot be read is left to the decoder, which skips it naming why.
     """
     try:
-        with open(image.path, "rb") as f:
-            head = f.read(HEADER_BYTES)
+        if image.store is None:
+            with open(image.path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+        else:  # a ranged GET of its first bytes (NOTE [ Sources in a bucket ])
+            head = read_object(image.store, image.path, 0, min(image.size, REMOTE_HEADER_BYTES))
         try:
             return probe_size(head, name=image.path)
         except DecodeError:
@@ -120,14 +147,27 @@ def header_size(image: FileRange) -> tuple[int, int] | None:
         return None
 
 
-def read_mask(path: str) -> np.ndarray:
+def _open_mask(where: str | Path | FileRange, *, header: bool = False) -> Image.Image:
+    """Open a mask image: a file, or an object read whole (only its first bytes: ``header``)."""
+    if not isinstance(where, FileRange):
+        return Image.open(where)
+    if header:
+        assert where.store is not None  # a FileRange of a mask is an object's
+        return Image.open(
+            io.BytesIO(read_object(where.store, where.path, 0, min(where.size, 4096)))
+        )
+    return Image.open(io.BytesIO(where.read()))
+
+
+def read_mask(path: str | FileRange) -> np.ndarray:
     """Return the values of a palette or grey mask image as H x W uint8.
 
     Raises:
         DecodeError: it cannot be read.
     """
     try:
-        with Image.open(path) as mask:
+        with _open_mask(path) as mask:
             return np.asarray(mask, dtype=np.uint8)
     except (OSError, ValueError) as err:
-        raise DecodeError(f"{path}: cannot read the mask: {err}") from err
+        name = path.path if isinstance(path, FileRange) else path
+        raise DecodeError(f"{name}: cannot read the mask: {err}") from err

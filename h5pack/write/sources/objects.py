@@ -29,12 +29,14 @@ import io
 import os
 import tarfile
 from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h5pack.core.source import ByteSource
-from h5pack.core.store import ObjectInfo, Store
+from h5pack.core.store import ObjectInfo, Store, is_url, open_store
 from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.sources.base import FileRange
+from h5pack.write.walk import has_image_extension, is_ignored_name
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -211,3 +213,38 @@ def located(store: Store, path: str) -> str:
 def member_range(store: Store, path: str, offset: int, size: int) -> FileRange:
     """Return the ``size`` bytes at ``offset`` of the file or object ``path``."""
     return FileRange(path, offset, size, store if store.remote else None)
+
+
+def prefix_images(store: Store, root: str) -> dict[str, FileRange]:
+    """Return the images under the URL ``root`` by relative path, in one listing.
+
+    ``walk``'s rules: hidden names and OS litter are not images, image extensions are.
+    """
+    prefix = folder_url(root)
+    found: dict[str, FileRange] = {}
+    for item in listed(store, prefix):
+        relative = under(prefix, item.url)
+        parts = relative.split("/")
+        if has_image_extension(parts[-1]) and not any(is_ignored_name(p) for p in parts):
+            found[relative] = FileRange(item.url, 0, item.size, store)
+    return found
+
+
+def read_text(path: str, store: Store | None) -> str:
+    """Return the text of a small file or object read whole (a COCO file, a manifest).
+
+    Raises:
+        OSError: A local file cannot be read.
+        SourceError: An object cannot be read; the message names its URL.
+    """
+    # utf-8-sig drops the byte-order mark spreadsheets write; surrogateescape keeps file
+    # names that are not UTF-8 as os.fsdecode would.
+    if not is_url(path):
+        return Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape")
+    try:
+        data = (store if store is not None else open_store(path)).get(path)
+    except H5PackError as err:
+        raise SourceError(f"cannot read {path}: {err}") from err
+    if data is None:
+        raise SourceError(f"cannot read {path}: no such object")
+    return data.decode("utf-8-sig", errors="surrogateescape")
