@@ -31,6 +31,7 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
+from h5pack.core.store import open_store
 from h5pack.errors import H5PackError, install_line
 from h5pack.write.convert import needs_probe, remove_leftovers_beside
 from h5pack.write.options import ConvertOptions
@@ -179,7 +180,7 @@ def convert_on_dask(
         shards,
         options,
         overwrite=overwrite,
-        storage_options=storage_options,
+        store=open_store(out_dir, storage_options),
         staging_dir=staging_dir,
         emit=emit,
     )

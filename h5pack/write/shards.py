@@ -31,7 +31,7 @@ from h5pack._types import StrPath
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
-from h5pack.core.store import open_store
+from h5pack.core.store import Store, open_store
 from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.convert import list_source, needs_probe, remove_leftovers_beside, sample_table
 from h5pack.write.options import ConvertOptions
@@ -149,7 +149,7 @@ def open_set(
     options: ConvertOptions,
     *,
     overwrite: bool,
-    storage_options: Mapping[str, str] | None,
+    store: Store,
     staging_dir: StrPath | None,
     emit: Emit,
 ) -> tuple[Path, RemoteSet | None]:
@@ -158,7 +158,6 @@ def open_set(
     Returns:
         The directory the shards are named in, and the bucket's set (None for a local set).
     """
-    store = open_store(out_dir, storage_options)
     if store.remote:  # NOTE [ Stores ]
         remote = RemoteSet(os.fspath(out_dir), store, staging_dir)
         return remote.prepare(shards, options, overwrite=overwrite), remote
@@ -239,7 +238,7 @@ def convert_set(
         shards,
         options,
         overwrite=overwrite,
-        storage_options=storage_options,
+        store=open_store(out_dir, storage_options),
         staging_dir=staging_dir,
         emit=emit,
     )
