@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from h5pack.core.fields import field_difference, fields_of
 from h5pack.core.format import PackMeta
 from h5pack.core.packset import PackSetManifest, ShardEntry, meta_digest, shard_name
 from h5pack.errors import FormatError
@@ -135,6 +136,35 @@ def member_problems(
             )
         )
     return problems
+
+
+def join_differences(meta: PackMeta, first: PackMeta) -> list[str]:
+    """Return what keeps ``meta``'s pack from joining ``first``'s, a set's or a merge's.
+
+    The mode, storage, channels, sample shape, fields and classes must agree; each
+    difference is worded ``"<what> <this> here, <that> in <first's path>"``.
+    """
+    found = [
+        f"{what} {mine} here, {theirs} in {first.path}"
+        for what, mine, theirs in (
+            ("mode", meta.mode, first.mode),
+            ("storage", meta.storage, first.storage),
+            ("channels", meta.channels, first.channels),
+        )
+        if mine != theirs
+    ]
+    shape, first_shape = meta.images_shape[1:], first.images_shape[1:]
+    if meta.storage == first.storage == "array" and shape != first_shape:
+        found.append(f"sample shape {shape} here, {first_shape} in {first.path}")
+    fields = field_difference(fields_of(meta), fields_of(first), meta.path, first.path)
+    found.extend([fields] if fields else [])
+    if meta.classes != first.classes:
+        only = sorted(set(meta.classes) ^ set(first.classes))[:3]
+        detail = f" (e.g. {', '.join(map(repr, only))} in one only)" if only else " (order)"
+        found.append(
+            f"classes: {len(meta.classes)} here, {len(first.classes)} in {first.path}{detail}"
+        )
+    return found
 
 
 def _file_key(path: Path) -> tuple[int, int] | str:

@@ -29,7 +29,6 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 
 from h5pack.core import format as fmt
-from h5pack.core.fields import field_difference, fields_of
 from h5pack.core.format import PackMeta, load_meta, open_index, read_meta
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import ChunkMap, chunk_map_of, group_bytes, is_compressed
@@ -40,7 +39,7 @@ from h5pack.core.packset import (
     pack_paths,
     parse_manifest,
 )
-from h5pack.core.setmembers import check_shard, member_problems
+from h5pack.core.setmembers import check_shard, join_differences, member_problems
 from h5pack.core.store import Store, is_url, join_url
 from h5pack.errors import FormatError, OptionsError
 
@@ -130,23 +129,7 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
     """
     first = metas[0]
     for meta in metas[1:]:
-        differences = [
-            f"{what}: {getattr(meta, attr)!r} here, {getattr(first, attr)!r} in {first.path}"
-            for what, attr in (
-                ("mode", "mode"),
-                ("storage", "storage"),
-                ("channels", "channels"),
-                ("classes", "classes"),
-            )
-            if getattr(meta, attr) != getattr(first, attr)
-        ]
-        fields = field_difference(fields_of(meta), fields_of(first), meta.path, first.path)
-        differences.extend([fields] if fields else [])
-        if first.storage == "array" and meta.images_shape[1:] != first.images_shape[1:]:
-            differences.append(
-                f"image shape {meta.images_shape[1:]} here, {first.images_shape[1:]} in "
-                f"{first.path}"
-            )
+        differences = join_differences(meta, first)
         if differences:
             raise FormatError(
                 f"{meta.path} cannot join a pack set with {first.path}: " + "; ".join(differences)

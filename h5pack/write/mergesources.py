@@ -14,7 +14,6 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
-from h5pack.core.fields import field_difference, fields_of
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import FILTER_NAMES
 from h5pack.core.packset import (
@@ -24,7 +23,7 @@ from h5pack.core.packset import (
     pack_paths,
     parse_manifest,
 )
-from h5pack.core.setmembers import check_shard
+from h5pack.core.setmembers import check_shard, join_differences
 from h5pack.core.store import Store, is_url, join_url, split_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 from h5pack.write.leftovers import describe_removed
@@ -101,7 +100,7 @@ def _load(path: Path, manifest: PackSetManifest | None) -> Shard:
 def _differences(shard: Shard, first: Shard) -> list[str]:
     """Return what keeps ``shard`` from being merged with ``first`` (empty: nothing)."""
     a, b = shard.meta, first.meta
-    found: list[str] = []
+    found = join_differences(a, b)
 
     def differ(what: str, mine: object, theirs: object) -> None:
         if mine != theirs:
@@ -112,12 +111,7 @@ def _differences(shard: Shard, first: Shard) -> list[str]:
         f"{a.format_version}.{a.format_minor}",
         f"{b.format_version}.{b.format_minor}",
     )
-    differ("mode", a.mode, b.mode)
-    differ("storage", a.storage, b.storage)
-    differ("channels", a.channels, b.channels)
     differ("dtype", shard.dtype, first.dtype)
-    if a.storage == "array":
-        differ("sample shape", a.images_shape[1:], b.images_shape[1:])
     if a.storage != "blob" or (a.chunks is None) != (b.chunks is None):
         differ(
             "chunk shape",
@@ -125,12 +119,6 @@ def _differences(shard: Shard, first: Shard) -> list[str]:
             b.chunks if b.chunks is not None else "none (contiguous)",
         )
     differ("filters", _filters_text(shard.filters), _filters_text(first.filters))
-    fields = field_difference(fields_of(a), fields_of(b), str(shard.path), str(first.path))
-    found.extend([fields] if fields else [])
-    if a.classes != b.classes:
-        only = sorted(set(a.classes) ^ set(b.classes))[:3]
-        detail = f" (e.g. {', '.join(map(repr, only))} in one only)" if only else " (order)"
-        found.append(f"classes: {len(a.classes)} here, {len(b.classes)} in {first.path}{detail}")
     return found
 
 
