@@ -1,4 +1,4 @@
-"""write/images.py: samples laid into whole chunks, aligned blobs, a small blob's one chunk."""
+"""write/blocks.py, write/images.py: samples in whole chunks, aligned blobs, a small blob."""
 
 import h5py
 import numpy as np

@@ -146,7 +146,7 @@ def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> 
             # which for these requested sizes is exactly `reduction`.
             image.draft(image.mode, (stored_w // reduction, stored_h // reduction))
         # JPEG loading does not re-check Pillow's decompression-bomb limit (the header
-        # did), so unlike decode._decode_pillow no warning needs silencing here.
+        # did), so unlike ``core.decode`` no warning needs silencing here.
         image.load()
         return pillow_pixels(image)
     except Exception as err:  # truncated or corrupt data raises OSError, SyntaxError, ...

@@ -12,7 +12,7 @@ boundary of the merged dataset (``write/mergecopy.py``).
 - A chunked blob: every shard starts on a chunk boundary, its offsets shifted by whole
   chunks (the rest of its last chunk is padding of its last slot, NOTE [ Aligned blobs ]).
   A shard shorter than one chunk got a chunk of its own length: it is laid out again in the
-  largest shard's chunk (``relay``).
+  largest shard's chunk (``mergecopy._relay``).
 - A fixed-size array: a shard whose count is not a multiple of the chunk's ends in a
   partial chunk. Every shard's whole chunks are copied in order and the rows of the partial
   last chunks go to the end, re-chunked through HDF5 (``tails_last_order``,
@@ -282,7 +282,7 @@ def merge_packs(
             ``total``) once the sources are checked.
         storage_options: For URLs (sources ``s3://bucket/set/`` or ``s3://bucket/a.h5``,
             or the target): the bucket's settings beyond the environment. Remote sources
-            are downloaded and a remote target uploaded whole (``remote.merge_with_urls``).
+            are downloaded and a remote target uploaded whole (``mergesources.merge_with_urls``).
         staging_dir: For URLs: where they are downloaded and the merged pack is written
             before it is uploaded (default: the system's temporary directory).
 

@@ -9,7 +9,7 @@ default below is chosen to keep it under ``PADDING_TARGET`` of the file:
   back to back, and it has no padding at all. An uncompressed array's automatic chunk is
   the largest, down to half the byte target, that leaves (almost) no empty rows in the last
   chunk (``even_chunk_samples``);
-- a chunked blob's alignment (NOTE [ Aligned blobs ] in ``write/images.py``) leaves the rest
+- a chunked blob's alignment (NOTE [ Aligned blobs ] in ``write/blocks.py``) leaves the rest
   of a chunk empty when the next sample does not fit, and the rest of the last chunk of a
   sample larger than a chunk. ``blob_chunk_bytes`` halves the chunk from the byte target
   until the alignment of the samples at hand, tried on their sizes, wastes at most
