@@ -344,3 +344,20 @@ def test_cli_info_and_verify_read_the_store(place: Somewhere, local_set: Path) -
         result = CliRunner().invoke(cli, [*command, *flags])
         assert result.exit_code == 0, result.output
     assert "40" in CliRunner().invoke(cli, ["info", url, *flags]).output  # 40 samples
+
+
+def test_a_pickled_source_keeps_its_identity(place: Somewhere, tmp_path: Path) -> None:
+    """A DataLoader worker gets the source pickled: it reads without asking its size again."""
+    import pickle
+
+    path = make_pack(tmp_path / "a.h5")
+    url = place.put(path, "a.h5")
+    source = open_store(url, place.storage_options).source(url)
+    identity = source.identity()
+    copy = pickle.loads(pickle.dumps(source))
+    place.proxy.reset_counts()
+    assert copy.identity() == identity
+    assert bytes(copy.read(10, 100)) == path.read_bytes()[10:100]
+    assert place.proxy.counts.total == 1
+    source.close()
+    copy.close()

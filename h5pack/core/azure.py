@@ -222,14 +222,6 @@ class AzureSource(RangedSource):
         """Return the account's endpoint."""
         return redacted(self.options.account_url())
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options, "tag": self.tag, "size": self._size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        type(self).__init__(
-            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
-        )
-
 
 class AzureStore(Store):
     """Blobs in Azure Storage containers (NOTE [ The Azure client ])."""

@@ -210,14 +210,6 @@ class GCSSource(RangedSource):
         """Return the endpoint requests go to."""
         return self.options.endpoint_url or "https://storage.googleapis.com"
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options, "tag": self.tag, "size": self._size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        type(self).__init__(
-            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
-        )
-
 
 class GCSStore(Store):
     """Objects in Google Cloud Storage buckets (NOTE [ The GCS client ])."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import http.client
 import os
+import select
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
@@ -86,9 +87,16 @@ class HTTPSource(RangedSource):
     def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
         """Return one answer and its body, on an idle keep-alive connection of this process."""
         key = (os.getpid(), self.scheme, self.netloc)
-        with _LOCK:
-            idle = _IDLE.setdefault(key, [])
-            connection = idle.pop() if idle else None
+        connection = None
+        while connection is None:
+            with _LOCK:
+                idle = _IDLE.setdefault(key, [])
+                connection = idle.pop() if idle else None
+            if connection is None:
+                break
+            if connection.sock is None or select.select([connection.sock], [], [], 0)[0]:
+                connection.close()  # closed by the server while idle (it reads as its EOF)
+                connection = None
         if connection is None:
             timeout = self.options.connect_timeout_s
             if self.scheme == "https":
@@ -107,7 +115,7 @@ class HTTPSource(RangedSource):
             every = {**dict(self.options.headers), **headers}
             connection.request(method, self.target, headers=every)
             answer = connection.getresponse()
-            body = answer.read() if method != "HEAD" else b""
+            body = answer.read()  # a HEAD's too: the connection is then free again
         except (OSError, http.client.HTTPException):
             connection.close()  # a dropped keep-alive connection costs one try
             raise
@@ -174,14 +182,6 @@ class HTTPSource(RangedSource):
     def where(self) -> str:
         """Return the server."""
         return f"{self.scheme}://{self.netloc}"
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options, "tag": self.tag, "size": self._size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        type(self).__init__(
-            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
-        )
 
 
 class HTTPStore(Store):

@@ -223,6 +223,15 @@ class RangedSource(ByteSource):
             self.policy, counted, classify, what=lambda: f"{self.url}: {what} from {self.where()}"
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.policy, "tag": self.tag, "size": self._size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # every store's source is made as ``(url, options, tag=, size=)``
+        type(self).__init__(  # type: ignore[call-arg]
+            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
+        )
+
     def close(self) -> None:
         """Stop this process's request threads."""
         if self._pool is not None and self._pid == os.getpid():
