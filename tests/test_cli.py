@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from h5pack.cli.main import cli, format_bytes, parse_bytes
+from h5pack.cli.flags import format_bytes, parse_bytes
+from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 
 

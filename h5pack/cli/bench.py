@@ -23,15 +23,16 @@ from h5pack.cli.bench_flags import (
     training_read,
 )
 from h5pack.cli.flags import (
+    ByteSize,
     ImageSize,
     ImageSizeOption,
     checked_mix,
     mix_flags,
     progress_for,
+    quiet_flag,
     storage_option_flag,
     store_of,
 )
-from h5pack.cli.main import ByteSize, quiet_flag
 from h5pack.core.vocabulary import PATTERNS
 
 

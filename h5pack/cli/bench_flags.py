@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from h5pack.cli.main import ByteSize
+from h5pack.cli.flags import ByteSize
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.main)
     _WorkersParam = click.ParamType[int | str, Any]

@@ -4,8 +4,8 @@ Every command turns its flags into the library's option objects at the edge and 
 what the library returns; errors are mapped in one place (``H5PackGroup.invoke``):
 ``OptionsError`` is a usage error (``Error: ...`` after the usage line, exit 2, as click
 reports a bad flag), any other ``H5PackError`` prints one line ``Error: ...`` and exits 1.
-Other command modules extend the group with ``cli.add_command`` and reuse the flags and
-parameter types of ``h5pack.cli.flags`` (re-exported here).
+Other command modules extend the group with ``cli.add_command`` (or ``LAZY_COMMANDS``)
+and take their flags and parameter types from ``h5pack.cli.flags``.
 """
 
 from __future__ import annotations
@@ -14,41 +14,12 @@ import importlib
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from h5pack.cli.flags import (
-    ByteSize,
-    ChunkShape,
-    Progress,
-    convert_flags,
-    format_bytes,
-    options_from_flags,
-    parse_bytes,
-    progress_for,
-    quiet_flag,
-)
+from h5pack.cli.flags import format_bytes, progress_for, quiet_flag
 from h5pack.errors import H5PackError, OptionsError
-
-if TYPE_CHECKING:
-    pass
-
-__all__ = [
-    "LAZY_COMMANDS",
-    "ByteSize",
-    "ChunkShape",
-    "H5PackGroup",
-    "Progress",
-    "cli",
-    "convert_flags",
-    "format_bytes",
-    "main",
-    "options_from_flags",
-    "parse_bytes",
-    "progress_for",
-    "quiet_flag",
-]
 
 # Commands that live in other modules, imported only when used (so that `h5pack convert`
 # does not import what `bench` needs): name -> "module:attribute". A module that is not
