@@ -57,6 +57,9 @@ class FieldBlocks:
 
     def span(self, name: str, start: int, stop: int, step: int) -> np.ndarray:
         """Return a copy of rows ``start:stop`` of the dataset ``name`` (``step``: ``step()``)."""
+        chunk = start // step
+        if stop <= (chunk + 1) * step:  # within one chunk: most samples' values
+            return self._block(name, chunk, step)[start - chunk * step : stop - chunk * step].copy()
         pieces = [
             self._block(name, chunk, step)[
                 max(start - chunk * step, 0) : min(stop - chunk * step, step)

@@ -201,13 +201,14 @@ def pack_masks(masks: np.ndarray) -> np.ndarray:
 
 def _windows(blob: np.ndarray) -> tuple[np.ndarray, Any]:
     """A blob's windows (n x 4) and a function giving mask ``k``'s packed rows."""
-    count = int(np.frombuffer(blob[:4].tobytes(), "<i4")[0])
-    windows = np.frombuffer(blob[4 : 4 + 16 * count].tobytes(), "<i4").reshape(count, 4)
+    count = int(blob[:4].view("<i4")[0])
+    windows = blob[4 : 4 + 16 * count].view("<i4").reshape(count, 4).astype(np.int64)
     widths = (windows[:, 3] + 7) // 8
-    starts = 4 + 16 * count + np.concatenate([[0], np.cumsum(windows[:, 2] * widths)])
+    starts = (4 + 16 * count + np.concatenate([[0], np.cumsum(windows[:, 2] * widths)])).tolist()
+    heights, widths = windows[:, 2].tolist(), widths.tolist()
 
     def rows_of(k: int) -> np.ndarray:
-        return blob[starts[k] : starts[k + 1]].reshape(int(windows[k, 2]), int(widths[k]))
+        return blob[starts[k] : starts[k + 1]].reshape(heights[k], widths[k])
 
     return windows, rows_of
 
