@@ -267,7 +267,7 @@ def test_a_gzip_tar_member_is_read_in_a_process_that_did_not_list_it(
     archive = tgz_of(folder, tmp_path / "images.tar.gz")
     source = GzipTarSource(archive)
     samples = list(source.samples)
-    reader = tgz._archive(str(archive.resolve()), new=True)  # as in a Dask worker
+    reader = tgz._archive(str(archive.resolve()), None, new=True)  # as in a Dask worker
     for sample in reversed(samples):  # backwards: each from the start or a checkpoint
         assert sample.image.read() == (folder / sample.key).read_bytes()
     assert len(reader.points) <= 4

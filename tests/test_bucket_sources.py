@@ -12,10 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 
 from h5pack import ConvertOptions, PackReader, convert
 from h5pack.bench.s3local import Bucket
+from h5pack.cli.main import cli
+from h5pack.errors import DecodeError, SourceError
 from h5pack.write.sources import FolderSource, sample_source
 from h5pack.write.sources.objects import READAHEAD
 from tests.helpers import make_folder
@@ -29,6 +32,8 @@ from tests.test_archive_sources import (
     parquet_of,
     shards_of,
     stored_text,
+    tgz_of,
+    zip_of,
 )
 from tests.test_sources import tar_of
 
@@ -251,3 +256,54 @@ def test_a_folder_prefix_and_shards_convert_from_other_stores(
     found = _convert(place, place.url("wds/"), tmp_path / "shards.h5", workers=2)
     assert found.kind == "webdataset"  # type: ignore[attr-defined]
     assert by_key(tmp_path / "shards.h5") == reference
+
+
+@pytest.mark.parametrize("kind", ["zip", "tgz"])
+def test_a_zip_or_gzip_tar_in_a_bucket_packs_the_folders_samples(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict, kind: str
+) -> None:
+    name = {"zip": "train.zip", "tgz": "train.tar.gz"}[kind]
+    local = {"zip": zip_of, "tgz": tgz_of}[kind](folder, tmp_path / name)
+    url = s3_bucket.put(local, name)
+    found = _convert(s3_bucket, url, tmp_path / "p.h5", workers=2)
+    assert found.kind == kind  # type: ignore[attr-defined]
+    assert by_key(tmp_path / "p.h5") == reference
+    counts = s3_bucket.proxy.counts  # listing and converting
+    if kind == "zip":  # end records and directory (4), local headers read ahead, each member
+        assert counts.ranged_gets <= 5 + local.stat().st_size // READAHEAD + len(reference)
+    else:  # streamed by runs of members (0051), half a MiB of the archive a GET: here each
+        # run's inflater reads the small archive from its start once
+        assert counts.ranged_gets < len(reference)
+
+
+def test_cli_converts_a_prefix_with_storage_options(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict
+) -> None:
+    url = s3_bucket.put_tree(folder, "images")
+    flags = [f"--storage-option={k}={v}" for k, v in s3_bucket.storage_options.items()]
+    result = CliRunner().invoke(
+        cli, ["convert", url, str(tmp_path / "p.h5"), "--workers", "1", "--quiet", *flags]
+    )
+    assert result.exit_code == 0, result.output
+    assert by_key(tmp_path / "p.h5") == reference
+
+
+def test_errors_name_the_url_and_the_object(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path
+) -> None:
+    options = s3_bucket.storage_options
+    shards = shards_of(folder, tmp_path / "shards")
+    s3_bucket.put_tree(shards, "wds")
+    pattern = s3_bucket.url("wds/train-{000000..000009}.tar")
+    with pytest.raises(SourceError, match=r"shards of s3://.* are missing, the first s3://"):
+        sample_source(pattern, storage_options=options).listing  # noqa: B018
+    with pytest.raises(SourceError, match=r"no images found under s3://.*/nothing/"):
+        sample_source(s3_bucket.url("nothing/"), storage_options=options).listing  # noqa: B018
+    tar = s3_bucket.put(tar_of(folder, tmp_path / "x.tar"), "x.tar")
+    found = sample_source(tar, storage_options=options)
+    found.listing  # noqa: B018
+    (s3_bucket.path / "x.tar").write_bytes(b"replaced")  # the object changes under the listing
+    s3_bucket.server.forget()
+    with pytest.raises(DecodeError, match=r"s3://.*/x\.tar"):
+        convert(found, tmp_path / "p.h5", ConvertOptions(workers=1, strict=True))
+    assert not (tmp_path / "p.h5").exists()

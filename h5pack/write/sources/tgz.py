@@ -32,7 +32,8 @@ import numpy as np
 
 from h5pack.core.format import SkippedFile
 from h5pack.core.packset import shard_slice
-from h5pack.errors import DecodeError, SourceError
+from h5pack.core.store import Store
+from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.sources.archive import (
     CUT_SHORT,
     Found,
@@ -41,10 +42,12 @@ from h5pack.write.sources.archive import (
     tar_members,
 )
 from h5pack.write.sources.base import FileRange, Listing, PathSource
+from h5pack.write.sources.objects import located
 
 RUNS = 256
 """Runs of the archive that the write order interleaves (inflaters open at once)."""
 _READ = 1 << 14  # compressed bytes read at a time
+_REMOTE_READ = 1 << 19  # from an object of a bucket: a ranged GET (NOTE [ Sources in a bucket ])
 _OUT = 1 << 16  # the most uncompressed bytes one inflate call gives
 _SPACING = 1 << 15  # uncompressed bytes between checkpoints, doubled when thinned
 _POINTS = 1024  # the most checkpoints kept per archive (about 40 KiB each)
@@ -66,8 +69,8 @@ class GzipMember(FileRange):
         """
         try:
             with _LOCK:  # one reader of the archive's inflaters at a time (Dask threads)
-                return _archive(self.path).read(self.offset, self.size)
-        except OSError as err:
+                return _archive(self.path, self.store).read(self.offset, self.size)
+        except OSError as err:  # a bucket's errors too (RemoteError)
             raise DecodeError(f"{self.path}: cannot read: {err.strerror or err}") from err
 
 
@@ -143,7 +146,7 @@ class _Cursor:
                 return True
 
     def _read(self) -> bytes:
-        data = os.pread(self.archive.fd, _READ, self.file_pos)
+        data = self.archive.pread(self.file_pos)
         self.file_pos += len(data)
         return data
 
@@ -155,19 +158,29 @@ class _Cursor:
 class _Archive:
     """The checkpoints and open inflaters of one gzip file, in this process."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, store: Store | None) -> None:
         self.path = path
         self.points = [_Point(zlib.decompressobj(_GZIP), b"", 0, 0)]
         self.starts = [0]  # each point's out_pos, for bisect
         self.spacing = _SPACING
         self.cursors: list[_Cursor] = []
-        self.fd = os.open(path, os.O_RDONLY)
+        self.source = store.source(path) if store is not None else None  # an object's
+        self.fd = os.open(path, os.O_RDONLY) if store is None else -1
+
+    def pread(self, pos: int) -> bytes:
+        """Return the compressed bytes at ``pos`` (a piece; empty at the end)."""
+        if self.source is None:
+            return os.pread(self.fd, _READ, pos)
+        size = self.source.size()
+        return bytes(self.source.read(pos, min(size, pos + _REMOTE_READ))) if pos < size else b""
 
     def close(self) -> None:
         """Close the archive's file (once)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.source is not None:
+            self.source.close()
 
     __del__ = close
 
@@ -207,13 +220,13 @@ _ARCHIVES: dict[str, _Archive] = {}
 _LOCK = threading.Lock()
 
 
-def _archive(path: str, *, new: bool = False) -> _Archive:
+def _archive(path: str, store: Store | None, *, new: bool = False) -> _Archive:
     """Return this process's reader of the gzip file ``path`` (a fresh one if ``new``)."""
     found = _ARCHIVES.pop(path, None)
     if found is not None and new:
         found.close()
         found = None
-    _ARCHIVES[path] = found or _Archive(path)
+    _ARCHIVES[path] = found or _Archive(path, store)
     while len(_ARCHIVES) > 4:  # the least recently used first
         _ARCHIVES.pop(next(iter(_ARCHIVES))).close()
     return _ARCHIVES[path]
@@ -263,15 +276,16 @@ class GzipTarSource(PathSource):
         Raises:
             SourceError: The archive cannot be opened, is no gzip tar, or holds no images.
         """
-        path = os.path.abspath(self.root)
+        path = located(self.store, self.root)
+        store = self.store if self.store.remote else None
         found: Found = []
         problems: list[SkippedFile] = []
         whole: list[SkippedFile] = []
-        stream = _Inflated(_archive(path, new=True))  # the archive may have changed
+        stream = _Inflated(_archive(path, store, new=True))  # the archive may have changed
         try:
             with tarfile.open(fileobj=stream, mode="r:") as archive:
                 for member in tar_members(archive):
-                    where = GzipMember(path, member.offset_data, member.size)
+                    where = GzipMember(path, member.offset_data, member.size, store)
                     take_tar_member(member, where, sys.maxsize, found, problems)
             # tarfile ends at a bad header as at the end: what lies there?
             block = stream.cursor.archive.read(archive.offset, tarfile.BLOCKSIZE, exact=False)
@@ -280,7 +294,7 @@ class GzipTarSource(PathSource):
             stream.cursor.read(sys.maxsize, 0, exact=False)  # to the end: is the gzip whole?
             if not stream.cursor.state.eof:
                 raise DecodeError("cut short: the gzip stream ends before its trailer")
-        except (OSError, tarfile.TarError, DecodeError) as err:
+        except (OSError, H5PackError, tarfile.TarError, DecodeError) as err:
             if not found:
                 raise SourceError(f"cannot read the gzip tar archive {self.root}: {err}") from err
             whole.append(
@@ -296,7 +310,7 @@ class GzipTarSource(PathSource):
 
     def files(self) -> tuple[Path, ...]:
         """Return the archive: the one local file the samples are read from."""
-        return (Path(self.root),)
+        return () if self.store.remote else (Path(self.root),)
 
     def split(
         self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True

@@ -1,13 +1,13 @@
 """A ``.zip`` of an image folder as a source, read in place: never extracted.
 
 The central directory lists the members; each image's local header gives where its bytes
-start, so a worker reads a member at random with one ``pread`` (inflating it when it is
-deflated) and checks its CRC-32. What the archive may hold: ``sources.archive``.
+start, so a worker reads a member at random with one ``pread`` or ranged GET (inflating it
+when it is deflated) and checks its CRC-32. What the archive may hold: ``sources.archive``.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import struct
 import zipfile
 import zlib
@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h5pack.core.format import SkippedFile
-from h5pack.errors import DecodeError, SourceError
+from h5pack.core.store import Store
+from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.sources.archive import CUT_SHORT, Found, archive_listing, image_member
 from h5pack.write.sources.base import FileRange, Listing, PathSource
+from h5pack.write.sources.objects import ObjectFile, located
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name and extra lengths
 _METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
@@ -68,26 +70,30 @@ class ZipSource(PathSource):
         Raises:
             SourceError: The archive cannot be read or holds no images.
         """
-        path = os.path.abspath(self.root)
+        path = located(self.store, self.root)
         found: Found = []
         problems: list[SkippedFile] = []
         try:
-            end = os.path.getsize(path)
-            with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
-                for info in archive.infolist():
-                    self._take(info, raw.fileno(), path, end, found, problems)
-        except (OSError, zipfile.BadZipFile, struct.error) as err:
+            with contextlib.closing(self.store.source(path)) as source:
+                end = source.size()
+                with zipfile.ZipFile(ObjectFile(source, readahead=0)) as archive:
+                    raw = ObjectFile(source)  # the local headers, read ahead in their order
+                    infos = sorted(archive.infolist(), key=lambda info: info.header_offset)
+                    for info in infos:
+                        self._take(info, raw, self.store, path, end, found, problems)
+        except (OSError, H5PackError, zipfile.BadZipFile, struct.error) as err:
             raise SourceError(f"cannot read the zip archive {self.root}: {err}") from err
         return archive_listing(self.root, found, problems)
 
     def files(self) -> tuple[Path, ...]:
         """Return the archive: the one local file the samples are read from."""
-        return (Path(self.root),)
+        return () if self.store.remote else (Path(self.root),)
 
     @staticmethod
     def _take(
         info: zipfile.ZipInfo,
-        fd: int,
+        raw: ObjectFile,
+        store: Store,
         path: str,
         end: int,
         found: Found,
@@ -99,7 +105,7 @@ class ZipSource(PathSource):
         relative = image_member(info.filename, problems)
         if relative is None:
             return
-        header = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+        header = bytes(raw.pread(info.header_offset, _LOCAL_HEADER.size))
         if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
             problems.append(SkippedFile(relative, "its local header is missing or corrupt"))
             return
@@ -119,6 +125,7 @@ class ZipSource(PathSource):
                 path,
                 offset,
                 info.compress_size,
+                store if store.remote else None,
                 length=info.file_size,
                 crc=info.CRC,
                 deflated=deflated,
