@@ -335,12 +335,6 @@ def _fit_mask(
 # -- conversions ------------------------------------------------------------------------
 
 
-def _no_samples(num_found: int, skipped: Sequence[SkippedFile]) -> SourceError:
-    first = skipped[0] if skipped else None
-    detail = f" (e.g. {first.path}: {first.reason})" if first else ""
-    return SourceError(f"none of the {num_found} images could be packed{detail}")
-
-
 def write_order(num: int, options: ConvertOptions) -> np.ndarray:
     """Return the scan positions in write order (a seeded permutation, or the scan order)."""
     if options.shuffle_samples:
@@ -373,7 +367,9 @@ def build_pack(
     try:
         builder.write(prepared, workers.executor, workers.max_in_flight, workers.arena)
         if not builder.record.count:
-            raise _no_samples(allocate, skipped)
+            first = skipped[0] if skipped else None
+            detail = f" (e.g. {first.path}: {first.reason})" if first else ""
+            raise SourceError(f"none of the {allocate} images could be packed{detail}")
         if builder.images.needs_rebuild:
             emit(
                 ConvertEvent(

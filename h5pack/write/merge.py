@@ -192,18 +192,16 @@ def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _reordered(merged: _Merged, order: np.ndarray) -> _Merged:
+def _reordered(merged: _Merged, order: np.ndarray, meta: PackMeta) -> _Merged:
     """Return ``merged`` with its samples in ``order`` (array storage: no offsets)."""
     return replace(
         merged,
         arrays={name: array[order] for name, array in merged.arrays.items()},
-        columns={name: _taken(values, order) for name, values in merged.columns.items()},
+        columns={
+            f.name: f.take(merged.columns[f.name], order) for f in stored_fields(fields_of(meta))
+        },
         paths=[merged.paths[i] for i in order.tolist()],
     )
-
-
-def _taken(values: Any, order: np.ndarray) -> Any:
-    return values[order] if isinstance(values, np.ndarray) else [values[i] for i in order]
 
 
 def _write_metadata(
@@ -341,7 +339,7 @@ def merge_packs(
     if not (virtual or keep_order or blob is not None or first.chunks is None):
         rows, order = tails_last_order([s.meta.num_samples for s in shards], first.chunks[0])
         if order is not None:
-            merged = _reordered(merged, order)
+            merged = _reordered(merged, order, first)
             moved = 0 if np.array_equal(order, np.arange(order.size)) else order.size - sum(rows)
     counts = Counts()
     with sigterm_as_exit(), TempFiles(target_path) as temps:

@@ -67,12 +67,6 @@ def check_pack_url(url: str) -> str:
     return key
 
 
-def _sweep(store: Store, url: str, emit: Emit) -> None:
-    swept = store.sweep([url])
-    if swept:
-        emit(ConvertEvent("note", describe_swept(swept)))
-
-
 def publish_staged(
     store: Store,
     url: str,
@@ -104,7 +98,8 @@ def publish_staged(
     key = check_pack_url(url)
     if not checked and not overwrite and (found := store.stat(url)) is not None:
         raise TargetExistsError(f"{found.url} already exists; pass --overwrite to replace it")
-    _sweep(store, url, emit)
+    if swept := store.sweep([url]):
+        emit(ConvertEvent("note", describe_swept(swept)))
     with sigterm_as_exit(), Staging(staging_dir, what=url) as staging:
         if staging.removed:
             emit(ConvertEvent("note", describe_removed(staging.removed)))
