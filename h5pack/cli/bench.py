@@ -28,11 +28,11 @@ from h5pack.cli.flags import (
     ImageSizeOption,
     checked_mix,
     mix_flags,
-    progress_for,
     quiet_flag,
     storage_option_flag,
     store_of,
 )
+from h5pack.cli.progress import progress_for
 from h5pack.core.vocabulary import PATTERNS
 
 

@@ -18,11 +18,11 @@ from h5pack.cli.flags import (
     checked_mix,
     format_bytes,
     mix_flags,
-    progress_for,
     quiet_flag,
     storage_option_flag,
     store_of,
 )
+from h5pack.cli.progress import progress_for
 from h5pack.core.fields import field_text
 
 __all__ = ["info", "verify"]

@@ -19,11 +19,11 @@ from h5pack.cli.flags import (
     format_bytes,
     options_from_flags,
     parse_storage_options,
-    progress_for,
     quiet_flag,
     staging_flag,
     storage_option_flag,
 )
+from h5pack.cli.progress import progress_for
 from h5pack.core.machine import available_cores
 from h5pack.core.units import plural
 from h5pack.errors import OptionsError

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from h5pack.cli.progress import Progress as Progress
-from h5pack.cli.progress import progress_for as progress_for
 from h5pack.core.layout import CODECS, LEVELS, SHUFFLES, Compression
 from h5pack.core.store import Store, open_store
 from h5pack.core.units import binary_bytes

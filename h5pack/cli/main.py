@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from h5pack.cli.flags import format_bytes, progress_for, quiet_flag
+from h5pack.cli.flags import format_bytes, quiet_flag
+from h5pack.cli.progress import progress_for
 from h5pack.errors import H5PackError, OptionsError
 
 # Commands that live in other modules, imported only when used (so that `h5pack convert`

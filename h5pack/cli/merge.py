@@ -7,11 +7,11 @@ import click
 from h5pack.cli.flags import (
     format_bytes,
     parse_storage_options,
-    progress_for,
     quiet_flag,
     staging_flag,
     storage_option_flag,
 )
+from h5pack.cli.progress import progress_for
 
 __all__ = ["merge"]
 
