@@ -55,6 +55,21 @@ class FieldBlocks:
             found[here] = block[idx[here] - chunk * step]
         return found if found is not None else np.zeros(0, dtype=np.int64)
 
+    def spans(self, name: str, offsets: str, indices: np.ndarray) -> list[np.ndarray]:
+        """Return each sample's rows (copies) of ``name``, a variable field with ``offsets``."""
+        idx = np.asarray(indices, dtype=np.int64)
+        bounds = self.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
+        step, found, at, held = self.step(name), [], -1, np.zeros(0)
+        for start, stop in zip(bounds[: idx.size], bounds[idx.size :], strict=True):
+            chunk = start // step
+            if stop > (chunk + 1) * step:  # across chunks
+                found.append(self.span(name, start, stop, step))
+                continue
+            if chunk != at:  # a batch's samples lie in a few chunks: each looked up once
+                held, at = self._block(name, chunk, step), chunk
+            found.append(held[start - chunk * step : stop - chunk * step].copy())
+        return found
+
     def span(self, name: str, start: int, stop: int, step: int) -> np.ndarray:
         """Return a copy of rows ``start:stop`` of the dataset ``name`` (``step``: ``step()``)."""
         chunk = start // step

@@ -299,17 +299,9 @@ class RaggedField(StoredField):
         }
 
     def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
-        blocks = blocks_of(source)
         values, offsets = self.datasets()
-        idx = np.asarray(indices, dtype=np.int64)
-        bounds = blocks.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
-        step = blocks.step(values)
-        return [
-            self._shaped(blocks.span(values, start, stop, step), shapes[k])
-            for k, (start, stop) in enumerate(
-                zip(bounds[: idx.size], bounds[idx.size :], strict=True)
-            )
-        ]
+        found = blocks_of(source).spans(values, offsets, indices)
+        return [self._shaped(value, shapes[k]) for k, value in enumerate(found)]
 
     def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
         return value

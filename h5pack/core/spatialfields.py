@@ -153,13 +153,8 @@ class InstanceMasksField(MaskField):
 
     def read_packed(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:
         """Return each sample's blob as stored (``transform`` takes it)."""
-        blocks = blocks_of(source)
         values, offsets = self.datasets()
-        idx = np.asarray(indices, dtype=np.int64)
-        bounds = blocks.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
-        step = blocks.step(values)
-        spans = zip(bounds[: idx.size], bounds[idx.size :], strict=True)
-        return [blocks.span(values, start, stop, step) for start, stop in spans]
+        return blocks_of(source).spans(values, offsets, indices)
 
     def count(self, value: np.ndarray) -> int:
         """Return the masks of ``value`` (n x H x W, or a blob as ``read_packed`` gives it)."""
