@@ -114,6 +114,9 @@ def convert(
 ) -> None:
     """Pack the images of SOURCE (a folder, an archive, shards) into TARGET (or a pack set).
 
+    SOURCE may be in a bucket (s3://bucket/images/, a tar's or Parquet file's URL), read
+    in place (docs/converting.md, "From a bucket").
+
     TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
     pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
     """
