@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from h5pack.bench import CompareOptions, MeasureOptions, TrainingRead, compare, 
 from h5pack.bench.access import ReadCount
 from h5pack.bench.measure import PatternResult
 from h5pack.bench.ranking import VariantResult
-from h5pack.bench.report import format_compare, table_rows, write_report
+from h5pack.bench.report import PLOT_HINT, format_compare, table_rows, write_report
 from h5pack.bench.timing import Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED
 from h5pack.cli.main import cli
@@ -130,14 +131,17 @@ def test_quick_compare_writes_sane_json(quick_run: tuple[Any, Path]) -> None:
     assert data["train"]["description"] == "images as stored"
 
 
-def test_quick_compare_writes_markdown(quick_run: tuple[Any, Path]) -> None:
+def test_quick_compare_writes_markdown_and_plots(quick_run: tuple[Any, Path]) -> None:
     _, out = quick_run
     markdown = (out / "report.md").read_text()
     assert "| # | variant |" in markdown
     assert "**Use " in markdown
     for name in QUICK_VARIANTS:
         assert f"| {name} |" in markdown
-    assert not list(out.glob("*.png"))  # the PNG plots are retired (ARCHITECTURE.md)
+    for plot in ("throughput.png", "size_vs_throughput.png"):
+        data = (out / plot).read_bytes()
+        assert data.startswith(b"\x89PNG")
+        assert f"]({plot})" in markdown
     assert not any(p.name.startswith(".packs-") for p in out.iterdir())  # temp packs removed
 
 
@@ -156,7 +160,10 @@ def packs(tmp_path: Path) -> list[Path]:
     return made
 
 
-def test_compare_given_packs(packs: list[Path], tmp_path: Path) -> None:
+def test_compare_given_packs_without_matplotlib(
+    packs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     out = tmp_path / "report"
     result = CliRunner().invoke(
         cli,
@@ -175,7 +182,9 @@ def test_compare_given_packs(packs: list[Path], tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert f"wrote {out / 'report.json'}, {out / 'report.md'}" in result.output
+    assert PLOT_HINT in result.output
+    assert PLOT_HINT in (out / "report.md").read_text()
+    assert not list(out.glob("*.png"))
     data = json.loads((out / "report.json").read_text())
     assert sorted(v["name"] for v in data["variants"]) == ["plain", "zipped"]
     assert all(v["convert_s"] is None for v in data["variants"])
@@ -323,9 +332,9 @@ def test_compare_library_keeps_packs_and_skips_impossible_variants(
     assert len(steps) == starts[0].total
     rows = table_rows(report)
     assert rows[0][5] == "-"  # random not measured
-    written = write_report(report, tmp_path / "out")
-    assert [p.name for p in written] == ["report.json", "report.md"]
-    assert all(p.exists() for p in written)
+    files = write_report(report, tmp_path / "out", plots=False)
+    assert files.plots == ()
+    assert files.json.exists()
 
 
 def test_recommend_prefers_a_smaller_pack_that_is_nearly_as_fast(
@@ -462,7 +471,7 @@ def test_packs_of_different_pixels_are_not_ranked_on_speed(tmp_path: Path) -> No
         images = list(rng.integers(0, 255, size=(16, side, side, 3), dtype=np.uint8))
         write_arrays(path, images, np.arange(16) % 2, options=ConvertOptions())
     argv = ["compare", str(small), str(full), "--repeats", "1", "--workers", "0"]
-    argv += ["--batch-size", "8", "-q", "--out", str(tmp_path / "report")]
+    argv += ["--batch-size", "8", "--no-plots", "-q", "--out", str(tmp_path / "report")]
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 0, result.output
     assert "Not ranked: these packs hold different pixels (raw: 16 images, one size, 32x32" in (

@@ -216,6 +216,7 @@ def test_every_install_line_names_this_project() -> None:
 
 
 def test_missing_extra_messages_name_the_checkout() -> None:
+    from h5pack.bench.plots import PLOT_HINT
     from h5pack.core.store import missing_extra
     from h5pack.errors import install_line
     from h5pack.write.dask import INSTALL_HINT
@@ -223,6 +224,7 @@ def test_missing_extra_messages_name_the_checkout() -> None:
     line = install_line("s3")
     assert line == f"pip install -e '{ROOT}[s3]'"  # this test runs from a checkout
     assert line in str(missing_extra("s3", ImportError("No module named 'boto3'")))
+    assert install_line("plot") in PLOT_HINT
     assert install_line("dask") in INSTALL_HINT
     assert _BARE.search("pip install 'h5pack[s3]'")
     assert _BARE.search("pip install h5pack")

@@ -469,7 +469,7 @@ def test_compare_measures_a_set_as_one_pack(tmp_path):
     out = tmp_path / "report"
     result = _run(
         "compare", root, shards[0], "--out", out, "--repeats", "1", "--workers", "0",
-        "--batch-size", "4", "-q",
+        "--batch-size", "4", "--no-plots", "-q",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     data = json.loads((out / "report.json").read_text())

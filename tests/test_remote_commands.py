@@ -60,7 +60,7 @@ def test_cli_compare_measures_a_remote_pack_beside_the_local_one(
     url = s3_bucket.put(path, "remote.h5")
     s3_bucket.proxy.reset_counts()
     out = tmp_path / "report"
-    args = ["compare", url, str(path), "--out", str(out), "-q", "--json"]
+    args = ["compare", url, str(path), "--out", str(out), "-q", "--no-plots", "--json"]
     args += ["--repeats", "1", "--workers", "0", "--batch-size", "8"]
     result = CliRunner().invoke(cli, [*args, *storage_flags(s3_bucket)])
     assert result.exit_code == 0, result.output

@@ -8,7 +8,7 @@
 - ``mix_plan`` / ``bench_mix``: a mix of sources by weight: each one's share, passes and
   coverage per epoch, and a loader's throughput over the mix (``info``/``bench --weights``);
 - ``TrainingRead``: how training reads the images (the loader's size, crop and flip);
-- ``h5pack.bench.report``: tables, report.json and report.md.
+- ``h5pack.bench.report``: tables, report.json, report.md and plots.
 
 Nothing here imports torch until a loader is measured.
 """

@@ -1,4 +1,4 @@
-"""Render benchmark results: compare's ranked table, report.json and report.md.
+"""Render benchmark results: compare's ranked table, report.json, report.md (plots: ``plots``).
 
 ``bench``'s and ``--diagnose``'s text are rendered next to their results
 (``throughput.format_bench``, ``diagnose.format_diagnosis``).
@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from h5pack._types import StrPath
 from h5pack.bench.compare import CompareReport
 from h5pack.bench.diagnose import Diagnosis
 from h5pack.bench.measure import PatternResult
+from h5pack.bench.plots import PLOT_HINT, plots_available, write_plots
 from h5pack.bench.ranking import VariantResult, pixel_groups
 from h5pack.bench.throughput import BenchResult
 from h5pack.bench.timing import Timing
@@ -220,8 +222,8 @@ def markdown_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMN
     return "\n".join(lines)
 
 
-def to_markdown(report: CompareReport) -> str:
-    """Return report.md: what ran where, the ranked table and notes."""
+def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
+    """Return report.md: what ran where, the ranked table, notes and plots."""
     measure = report.options.get("measure", {})
     lines = [
         "# h5pack compare",
@@ -243,6 +245,10 @@ def to_markdown(report: CompareReport) -> str:
     if report.skipped:
         lines += ["Skipped:", ""] + [f"- {s.name}: {s.reason}" for s in report.skipped] + [""]
     lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]
+    for plot in plots:
+        lines += [f"![{Path(plot).stem}]({Path(plot).name})", ""]
+    if not plots:
+        lines += [f"({PLOT_HINT})", ""]
     return "\n".join(lines)
 
 
@@ -288,12 +294,36 @@ def to_json(report: CompareReport | BenchResult | Diagnosis) -> dict[str, Any]:
     return data
 
 
-def write_report(report: CompareReport, out_dir: StrPath) -> tuple[Path, Path]:
-    """Write report.json and report.md into ``out_dir``; return their paths."""
+@dataclass(frozen=True)
+class ReportFiles:
+    """What ``write_report`` wrote.
+
+    Attributes:
+        json: report.json.
+        markdown: report.md.
+        plots: PNG files (none without matplotlib).
+        plot_message: Why there are no plots, or None.
+    """
+
+    json: Path
+    markdown: Path
+    plots: tuple[Path, ...]
+    plot_message: str | None
+
+
+def write_report(report: CompareReport, out_dir: StrPath, *, plots: bool = True) -> ReportFiles:
+    """Write report.json, report.md and (with matplotlib) PNG plots into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    message: str | None = None
+    if plots and report.variants:
+        if plots_available():
+            written = write_plots(report, out)
+        else:
+            message = PLOT_HINT
     json_path = out / "report.json"
     json_path.write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")
     md_path = out / "report.md"
-    md_path.write_text(to_markdown(report), encoding="utf-8")
-    return json_path, md_path
+    md_path.write_text(to_markdown(report, [p.name for p in written]), encoding="utf-8")
+    return ReportFiles(json_path, md_path, tuple(written), message)

@@ -43,7 +43,7 @@ from h5pack.core.vocabulary import PATTERNS
     type=click.Path(file_okay=False),
     default="h5pack-report",
     show_default=True,
-    help="Folder for report.json and report.md.",
+    help="Folder for report.json, report.md and the plots.",
 )
 @click.option(
     "--quick",
@@ -86,6 +86,7 @@ from h5pack.core.vocabulary import PATTERNS
     help="Rank packs that hold different pixels (other image sizes, other images) together, "
     "on speed alone [default: each kind apart, since a smaller image reads faster].",
 )
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
 @storage_option_flag
 @quiet_flag
@@ -105,6 +106,7 @@ def compare(
     convert_workers: int | None,
     seed: int,
     across_pixels: bool,
+    no_plots: bool,
     as_json: bool,
     storage_option: tuple[str, ...],
     quiet: bool,
@@ -120,7 +122,8 @@ def compare(
     h5pack's loader under three access patterns: a full shuffle, the chunk-aware order and
     pack order. Prints a table ranked by
     throughput and a recommendation among the packs the loader can batch, weighing file
-    size against the memory available, and writes report.json and report.md into OUT.
+    size against the memory available, and writes report.json, report.md and plots into
+    OUT.
     """
     import dataclasses
 
@@ -161,12 +164,15 @@ def compare(
     finally:
         if not keep:
             shutil.rmtree(work_dir, ignore_errors=True)
-    written = write_report(report, out_dir)
+    files = write_report(report, out_dir, plots=not no_plots)
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2))
         return
     click.echo(format_compare(report))
+    written = [files.json, files.markdown, *files.plots]
     click.echo(f"wrote {', '.join(str(p) for p in written)}")
+    if files.plot_message:
+        click.echo(files.plot_message)
     if report.work_dir:
         click.echo(f"kept the packs in {report.work_dir}")
 
