@@ -286,6 +286,8 @@ def test_cli_converts_a_prefix_with_storage_options(
     )
     assert result.exit_code == 0, result.output
     assert by_key(tmp_path / "p.h5") == reference
+    verified = CliRunner().invoke(cli, ["verify", str(tmp_path / "p.h5"), "--source", url, *flags])
+    assert verified.exit_code == 0, verified.output  # every sample against the bucket's
 
 
 def test_errors_name_the_url_and_the_object(

@@ -18,6 +18,7 @@ from h5pack.cli.flags import (
     checked_mix,
     format_bytes,
     mix_flags,
+    parse_storage_options,
     quiet_flag,
     storage_option_flag,
     store_of,
@@ -335,13 +336,21 @@ def verify(
     from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset, load_manifest
+    from h5pack.core.store import is_url
     from h5pack.write.sources import SampleSource, sample_source
 
     given: str | SampleSource | None = source
-    if annotations or masks:
+    if annotations or masks or (source is not None and is_url(source)):
         if source is None:
             raise click.BadParameter("needs --source: the images they describe")
-        given = sample_source(source, annotations=annotations, masks=masks, labels_csv=labels_csv)
+        settings = parse_storage_options(storage_option)  # a source in a bucket: its store's
+        given = sample_source(
+            source,
+            annotations=annotations,
+            masks=masks,
+            labels_csv=labels_csv,
+            storage_options=settings,
+        )
 
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     store = store_of(pack, storage_option)
