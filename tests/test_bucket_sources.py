@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from h5pack import ConvertOptions, PackReader, convert
+from h5pack import ConvertOptions, PackReader, convert, convert_set
 from h5pack.bench.s3local import Bucket
 from h5pack.cli.main import cli
 from h5pack.errors import DecodeError, SourceError
@@ -309,3 +309,15 @@ def test_errors_name_the_url_and_the_object(
     with pytest.raises(DecodeError, match=r"s3://.*/x\.tar"):
         convert(found, tmp_path / "p.h5", ConvertOptions(workers=1, strict=True))
     assert not (tmp_path / "p.h5").exists()
+
+
+def test_a_tar_in_a_bucket_splits_into_shards_holding_every_sample_once(
+    s3_bucket: Bucket, folder: Path, tmp_path: Path, reference: dict
+) -> None:
+    url = s3_bucket.put(tar_of(folder, tmp_path / "x.tar"), "x.tar")
+    options = ConvertOptions(mode="raw", workers=1)
+    report = convert_set(
+        url, tmp_path / "set", options, shards=3, storage_options=s3_bucket.storage_options
+    )
+    assert sum(shard.num_samples for shard in report.shards) == len(reference)
+    assert by_key(sorted((tmp_path / "set").glob("*.h5"))) == reference

@@ -31,7 +31,7 @@ from h5pack._types import StrPath
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
-from h5pack.core.store import Store, open_store
+from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.convert import list_source, needs_probe, remove_leftovers_beside, sample_table
 from h5pack.write.options import ConvertOptions
@@ -215,7 +215,8 @@ def convert_set(
         overwrite: Replace shards (and a manifest) that do not match this conversion.
         progress: Called with the number of steps just done in the current phase.
         on_event: Called with each ``ConvertEvent``.
-        storage_options: For a bucket: settings the environment does not give.
+        storage_options: For a bucket (``out_dir``, or a ``source`` in one): settings the
+            environment does not give.
         staging_dir: For a bucket: where each shard is written before it is uploaded.
 
     Returns:
@@ -233,6 +234,10 @@ def convert_set(
     step = progress or (lambda n: None)
     started = time.perf_counter()
     indices = _indices(shards, only)
+    if not isinstance(source, SampleSource) and is_url(source):  # NOTE [ Sources in a bucket ]
+        source = sample_source(
+            source, labels_csv=options.labels_csv, storage_options=storage_options
+        )
     out, remote = open_set(
         out_dir,
         shards,
