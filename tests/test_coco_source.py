@@ -126,12 +126,18 @@ def _read(path: Path) -> tuple[list[str], list[np.ndarray], dict[str, list]]:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_coco_pack_equals_the_annotations_and_pycocotools_masks(coco, tmp_path, workers):
     images, annotations = coco
+    progress: list[tuple[str, int | None]] = []  # (phase, total), then each step as ("", n)
     report = convert(
         sample_source(images, annotations=annotations),
         tmp_path / "coco.h5",
         ConvertOptions(workers=workers, mode="raw"),
+        progress=lambda n: progress.append(("", n)),
+        on_event=lambda e: progress.append((e.message, e.total)) if e.kind == "phase" else None,
     )
     assert report.num_samples == 4
+    # the masks are made in the pool, after the images: a phase of their own, counted
+    phase = progress.index(("decoding masks", 4))
+    assert sum(n for name, n in progress[phase + 1 :] if name == "" and n) == 4
     assert not report.skipped
     reference = COCO(str(annotations))
     keys, pixels, fields = _read(tmp_path / "coco.h5")

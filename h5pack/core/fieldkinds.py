@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -96,23 +96,22 @@ class KeyField(Field):
 
 
 class LazyColumn:
-    """A column whose values are made when read: ``make(items[i])``.
+    """A column whose values are made as they are written, never all held (``values``).
 
-    Masks are decoded one at a time while the pack is written, never all at once.
+    ``encode(make(item))`` in order: here, or by ``mapper(encode, make, items)`` (a pool).
     """
 
-    def __init__(self, items: Sequence[Any], make: Callable[[Any], Any]) -> None:
-        self.items, self.make = items, make
+    def __init__(self, items: Sequence[Any], make: Callable[[Any], Any], mapper: Any = None):
+        self.items, self.make, self.mapper = items, make, mapper
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> Any:
-        return self.make(self.items[index])
-
-    def take(self, positions: np.ndarray) -> LazyColumn:
-        """Return the column of the values at ``positions``, still unmade."""
-        return LazyColumn([self.items[int(p)] for p in positions], self.make)
+    def values(self, encode: Callable[[Any], Any]) -> Iterable[Any]:
+        """Return ``encode(make(item))`` of each item, in order, made as they are taken."""
+        if self.mapper is None:
+            return (encode(self.make(item)) for item in self.items)
+        return self.mapper(encode, self.make, self.items)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -131,8 +130,8 @@ class StoredField(Field):
         """Return the values at ``positions`` of a column (write order, skipped left out)."""
         if isinstance(column, np.ndarray):
             return column[positions]
-        if isinstance(column, LazyColumn):
-            return column.take(positions)
+        if isinstance(column, LazyColumn):  # still unmade
+            return LazyColumn([column.items[int(p)] for p in positions], column.make)
         return [column[int(p)] for p in positions]
 
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:

@@ -77,11 +77,11 @@ class MaskField(BytesField):
         return [np.asarray(v) for v in values]
 
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
-        name, offsets = self.datasets()
-        ends, crc, pending = [0], 0, []
+        (name, offsets), ends, crc, pending = self.datasets(), [0], 0, []
         dataset: h5py.Dataset | None = None
-        for i in range(len(column)):
-            pending.append(self._value(column[i]))
+        lazy = isinstance(column, LazyColumn)
+        for i, value in enumerate(column.values(self._value) if lazy else map(self._value, column)):
+            pending.append(value)
             ends.append(ends[-1] + pending[-1].size)
             if len(pending) < rows_per_chunk and i + 1 < len(column):
                 continue

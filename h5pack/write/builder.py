@@ -96,6 +96,7 @@ class Workers:
     executor: Any
     max_in_flight: int
     arena: Arena | None = None
+    mapper: Any = None  # makes a LazyColumn's masks in the pool (``packing.pooled``)
 
 
 class _Record:
@@ -221,6 +222,7 @@ class PackBuilder:
         skipped: Sequence[SkippedFile],
         *,
         shard: str | None = None,
+        mapper: Any = None,
     ) -> Path:
         """Complete the images and write the metadata; return the finished file's path."""
         num = self.record.count
@@ -240,6 +242,9 @@ class PackBuilder:
             )
             for stored in stored_fields(table.fields)
         }
+        for column in columns.values():
+            if isinstance(column, LazyColumn):
+                column.mapper = mapper  # made in the pool
         texts = {
             fmt.OPTIONS_KEY: json.dumps(options.to_json(), sort_keys=True),
             fmt.SKIPPED_KEY: skipped_text(skipped),
@@ -377,7 +382,7 @@ def build_pack(
                 )
             )
         skipped.sort(key=lambda s: os.fsencode(s.path))
-        finished = builder.finish(table, options, skipped, shard=shard)
+        finished = builder.finish(table, options, skipped, shard=shard, mapper=workers.mapper)
     except H5PackError:
         raise  # some are OSErrors too (SourceError): they need no wrapping
     except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file

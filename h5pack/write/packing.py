@@ -28,6 +28,7 @@ from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import (
     Prepared,
     Rejected,
+    made_batch,
     make_executor,
     ordered_map,
     prepare_batch,
@@ -117,7 +118,9 @@ def write_samples(
             room_checked(prepared, table, plan, target_path, temps, in_flight=workers + 1),
             table,
             options=options,
-            workers=Workers(executor, workers + 1, blocks_arena),
+            workers=Workers(
+                executor, workers + 1, blocks_arena, pooled(executor, workers, emit, step)
+            ),
             temps=temps,
             skipped=skipped,
             emit=emit,
@@ -136,6 +139,27 @@ def write_samples(
     return published
 
 
+def pooled(
+    executor: Any, workers: int, emit: Callable[[ConvertEvent], None], step: Callable[[int], None]
+) -> Callable[..., Iterator[Any]]:
+    """Return a ``LazyColumn`` mapper: its masks made and encoded in the pool, with progress.
+
+    A few batches in flight at a time (``MASK_BATCH`` samples each): never all held.
+    """
+
+    def mapper(encode: Any, make: Any, items: Sequence[Any]) -> Iterator[Any]:
+        emit(ConvertEvent("phase", "decoding masks", total=len(items)))
+        tasks = (
+            (encode, make, list(items[lo : lo + MASK_BATCH]))
+            for lo in range(0, len(items), MASK_BATCH)
+        )
+        for made in ordered_map(executor, made_batch, tasks, max_in_flight=workers + 1):
+            step(len(made))
+            yield from made
+
+    return mapper
+
+
 def open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
     """Return an arena the workers can open (NOTE [ Memory that cannot leak ]), or None."""
     arena = Arena.maybe(num_slots, slot_bytes)
@@ -146,6 +170,8 @@ def open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
     arena.close()
     return Arena.named(num_slots, slot_bytes)
 
+
+MASK_BATCH = 8  # samples whose masks a worker makes in one task
 
 # Bytes per sample of the metadata: labels (int64), shapes (3 x int32), checksums (uint32),
 # source order (int64), a digest (uint64); blobs add offsets and sizes (int64 each). The

@@ -187,6 +187,13 @@ def prepare_batch(
     return out
 
 
+def made_batch(
+    encode: Callable[[Any], Any], make: Callable[[Any], Any], items: list[Any]
+) -> list[Any]:
+    """Return ``encode(make(item))`` of each item: a batch of a ``LazyColumn``'s values (masks)."""
+    return [encode(make(item)) for item in items]
+
+
 def probe_batch(items: list[tuple[Image, str]]) -> list[tuple[int, int] | None]:
     """Return each ``(image, key)``'s (H, W) from its header, None if unreadable."""
     from h5pack.core.decode import probe_size
