@@ -101,15 +101,7 @@ class PackInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
-        data = asdict(self)
-        data["virtual_sources"] = list(self.virtual_sources)
-        data["fields"] = list(self.fields)
-        data["classes"] = [{"name": name, "samples": count} for name, count in self.classes]
-        data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
-        for key in ("images_shape", "sample_shape", "chunk_shape", "filter_ids", "plugins"):
-            if data[key] is not None:
-                data[key] = list(data[key])
-        return data
+        return _json_ready(self)
 
 
 def pack_info(
@@ -210,6 +202,13 @@ def pack_info(
     )
 
 
+def _json_ready(info: PackInfo | PackSetInfo) -> dict[str, Any]:
+    """Return ``info`` as JSON-ready data: tuples as lists, classes as ``{name, samples}``."""
+    data: dict[str, Any] = json.loads(json.dumps(asdict(info)))
+    data["classes"] = [{"name": name, "samples": count} for name, count in info.classes]
+    return data
+
+
 def _virtual_source_paths(handle: Any, path: str) -> list[str]:
     """Return the source packs a virtual pack records (checked by ``check_virtual_sources``)."""
     raw = handle.attrs[fmt.VIRTUAL_SOURCES_KEY]
@@ -283,14 +282,7 @@ class PackSetInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
-        data = asdict(self)
-        data["fields"] = list(self.fields)
-        data["classes"] = [{"name": name, "samples": count} for name, count in self.classes]
-        data["skipped"] = [{"path": s.path, "reason": s.reason} for s in self.skipped]
-        data["plugins"] = list(self.plugins)
-        if self.sample_shape is not None:
-            data["sample_shape"] = list(self.sample_shape)
-        return data
+        return _json_ready(self)
 
 
 def packset_info(source: PackSource, *, timeout_s: float | None = None) -> PackSetInfo:
