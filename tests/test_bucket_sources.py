@@ -321,3 +321,15 @@ def test_a_tar_in_a_bucket_splits_into_shards_holding_every_sample_once(
     )
     assert sum(shard.num_samples for shard in report.shards) == len(reference)
     assert by_key(sorted((tmp_path / "set").glob("*.h5"))) == reference
+
+
+@pytest.mark.parametrize("place", ["http"], indirect=True)
+def test_a_tar_over_https_ranges_converts_and_a_prefix_cannot_be_listed(
+    place: Place, folder: Path, tmp_path: Path, reference: dict
+) -> None:
+    url = place.put(tar_of(folder, tmp_path / "x.tar"), "x.tar")
+    found = _convert(place, url, tmp_path / "p.h5", workers=2)
+    assert found.kind == "tar"  # type: ignore[attr-defined]
+    assert by_key(tmp_path / "p.h5") == reference
+    with pytest.raises(SourceError, match=r"cannot list .*name each one"):
+        sample_source(place.url("images/"), storage_options=place.storage_options)
