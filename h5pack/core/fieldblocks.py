@@ -23,6 +23,7 @@ class FieldBlocks:
         self.handle, self.keep_bytes = handle, keep_bytes
         self._held: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._bytes = 0
+        self._steps: dict[str, int] = {}
 
     def _block(self, name: str, chunk: int, step: int) -> np.ndarray:
         key = (name, chunk)
@@ -37,9 +38,13 @@ class FieldBlocks:
         return block
 
     def step(self, name: str) -> int:
-        """Return the rows of one chunk of the dataset ``name``."""
-        dataset = self.handle[name]
-        return int(dataset.chunks[0]) if dataset.chunks else max(1, int(dataset.shape[0]))
+        """Return the rows of one chunk of the dataset ``name`` (looked up once per name)."""
+        step = self._steps.get(name)
+        if step is None:
+            dataset = self.handle[name]
+            step = int(dataset.chunks[0]) if dataset.chunks else max(1, int(dataset.shape[0]))
+            self._steps[name] = step
+        return step
 
     def rows(self, name: str, indices: np.ndarray) -> np.ndarray:
         """Return rows ``indices`` of the dataset ``name``."""

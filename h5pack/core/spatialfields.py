@@ -247,12 +247,13 @@ def cut_masks(
         r0 = np.searchsorted(rows, np.concatenate([tops, tops + windows[:, 2]])).tolist()
         c0 = np.searchsorted(cols, np.concatenate([lefts, lefts + windows[:, 3]])).tolist()
         r1, c1 = r0[n:], c0[n:]
+        top, left, _, wide = windows.T.tolist()
         for k, mask in enumerate(out[end - n : end]):
             if r0[k] == r1[k] or c0[k] == c1[k]:
                 continue
-            packed = rows_of(k).take(rows[r0[k] : r1[k]] - tops[k], axis=0)
-            bits = np.unpackbits(packed, axis=1, count=int(windows[k, 3]))
-            picked = cols[c0[k] : c1[k]] - lefts[k]
+            packed = rows_of(k).take(rows[r0[k] : r1[k]] - top[k], axis=0)
+            bits = np.unpackbits(packed, axis=1, count=wide[k])
+            picked = cols[c0[k] : c1[k]] - left[k]
             if flip:  # the columns taken right to left, into the mirrored place
                 target = mask[r0[k] : r1[k], width - c1[k] : width - c0[k]]
                 picked = picked[::-1]
