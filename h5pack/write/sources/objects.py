@@ -112,8 +112,8 @@ def opened(store: Store, url: str) -> ByteSource:
     key = (os.getpid(), store, url)
     found = _OPENED.pop(key, None) or store.source(url)
     _OPENED[key] = found
-    while len(_OPENED) > 16:
-        _OPENED.popitem(last=False)[1].close()
+    while len(_OPENED) > 16:  # dropped, not closed: another thread may be reading it
+        _OPENED.popitem(last=False)
     return found
 
 
