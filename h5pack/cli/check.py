@@ -336,21 +336,15 @@ def verify(
     from h5pack.check import PROBE_TIMEOUT_S, probe_pack, verify_pack
     from h5pack.core.format import load_meta
     from h5pack.core.packset import is_packset, load_manifest
-    from h5pack.core.store import is_url
     from h5pack.write.sources import SampleSource, sample_source
 
+    settings = parse_storage_options(storage_option)  # a source in a bucket: its store's
+    extra: dict[str, Any] = {"annotations": annotations, "masks": masks, "labels_csv": labels_csv}
     given: str | SampleSource | None = source
-    if annotations or masks or (source is not None and is_url(source)):
-        if source is None:
-            raise click.BadParameter("needs --source: the images they describe")
-        settings = parse_storage_options(storage_option)  # a source in a bucket: its store's
-        given = sample_source(
-            source,
-            annotations=annotations,
-            masks=masks,
-            labels_csv=labels_csv,
-            storage_options=settings,
-        )
+    if source is not None:
+        given = sample_source(source, storage_options=settings, **extra)
+    elif annotations or masks:
+        raise click.BadParameter("needs --source: the images they describe")
 
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     store = store_of(pack, storage_option)
