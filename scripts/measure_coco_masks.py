@@ -1,19 +1,26 @@
 """Decision 0055's figures: COCO masks' pack size, their codec, and who rasterises polygons.
 
     python scripts/measure_coco_masks.py [--photos DIR] [--images 72]
+    python scripts/measure_coco_masks.py --images 300 --before OLD_CHECKOUT [--rounds 3]
 
 Builds a COCO-shaped set (640 x 480 JPEG crops of the photos, 3-12 polygon objects per
 image, some with two parts, a crowd RLE in every eighth image), converts it with and
 without ``--annotations`` and prints: the pack sizes side by side; the instance masks'
 bytes under each codec; the CPU per polygon of pycocotools' rasteriser and OpenCV's
 ``fillPoly``, and how many pixels ``fillPoly`` gets wrong against ``COCO.annToMask``; the
-CPU per mask of decoding an RLE here and in pycocotools.
+CPU per mask of decoding an RLE here and in pycocotools. With ``--before``: the
+conversion's wall time and CPU per image of all its processes (``--workers 2``), this tree
+against another checkout's, alternating, in child processes; medians of ``--rounds``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -21,6 +28,7 @@ from pathlib import Path
 
 import cv2
 import h5py
+import hdf5plugin  # noqa: F401  (the masks' Zstandard)
 import numpy as np
 from PIL import Image
 from pycocotools import mask as coco_mask
@@ -156,13 +164,57 @@ def rasterisers(annotations: Path) -> None:
           f"pycocotools {there / len(crowds) * 1e6:.0f} us; equal: {same}")  # fmt: skip
 
 
+CHILD = """
+import resource, sys, time
+from h5pack import ConvertOptions, convert
+from h5pack.write.sources import CocoSource
+def cpu():
+    own, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+images, annotations, target = sys.argv[1:]
+start, (own, kids) = time.perf_counter(), cpu()
+convert(CocoSource(images, annotations), target, ConvertOptions(workers=2), overwrite=True)
+print(time.perf_counter() - start, cpu()[0] - own, cpu()[1] - kids)
+"""
+
+
+def timing(root: Path, annotations: Path, trees: dict[str, Path], rounds: int, count: int) -> None:
+    found: dict[str, list[list[float]]] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(tree)}  # run in root: not this tree
+            args = [sys.executable, "-c", CHILD, str(root / "images"), str(annotations)]
+            out = subprocess.run([*args, str(root / f"{name}.h5")], env=env, check=True,
+                                 cwd=root, capture_output=True, text=True).stdout  # fmt: skip
+            wall, parent, workers = map(float, out.split())
+            found[name].append([wall, parent + workers, parent])
+    median = {
+        n: [statistics.median(r[k] for r in runs) for k in range(3)] for n, runs in found.items()
+    }
+    for name, (wall, cpu, parent) in median.items():
+        print(f"{name}: {wall:.2f} s wall, {cpu / count * 1e3:.1f} ms CPU per image (all "
+              f"processes), {parent / count * 1e3:.1f} ms of it in the parent")  # fmt: skip
+    (wall_a, cpu_a, _), (wall_b, cpu_b, _) = median["before"], median["after"]
+    with h5py.File(root / "before.h5") as a, h5py.File(root / "after.h5") as b:
+        same = all(np.array_equal(a[f"fields/{k}"][()], b[f"fields/{k}"][()]) for k in a["fields"])
+    print(f"after / before: wall {wall_b / wall_a:.2f}x, CPU {cpu_b / cpu_a:.2f}x; "
+          f"fields equal: {same}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=Path, default=Path("../shared/data/photos"))
     parser.add_argument("--images", type=int, default=72)
+    parser.add_argument("--before", type=Path, help="a checkout to time this tree against")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         annotations = make_set(Path(tmp), args.photos, args.images)
+        if args.before is not None:
+            here = Path(__file__).resolve().parents[1]
+            trees = {"before": args.before.resolve(), "after": here}
+            timing(Path(tmp), annotations, trees, args.rounds, args.images)
+            return
         masks = sizes(Path(tmp), annotations)
         with h5py.File(Path(tmp) / "coco.h5") as f:
             chunk = f["fields/masks"].chunks[0]

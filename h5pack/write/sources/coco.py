@@ -11,8 +11,8 @@
 - ``iscrowd``: n uint8;
 - ``masks``: n x H x W uint8 (when any annotation has a segmentation): polygons and RLE
   (compressed or list counts) decoded exactly as pycocotools' ``COCO.annToMask`` does
-  (polygons by pycocotools itself, the ``coco`` extra; decision 0055), one sample at a
-  time while the pack is written;
+  (polygons by pycocotools itself, the ``coco`` extra; decision 0055), in the
+  conversion's worker pool after the images, a few samples at a time;
 - ``image_id``: the image's COCO id (for ``COCOeval``).
 
 What cannot be packed is a problem named by the image file or ``annotation ID``: an image

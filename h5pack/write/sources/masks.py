@@ -3,10 +3,11 @@
 ``h5pack convert IMAGES out.h5 --masks MASKS/``: each image ``IMAGES/a/b.jpg`` has its mask
 ``MASKS/a/b.png`` (the relative path mirrored, any image extension): a palette ("P") or
 grey ("L") image whose values are kept as they are (class ids, 255 included), stored as
-the field ``mask`` (H x W uint8, its image's size). The masks are read while the pack is
-written, one at a time. An image without its mask, with a mask of another size, with
-several masks or of a stem another image shares, and a mask that is not a palette or grey
-image, are problems named by the image's path; masks without an image are a note.
+the field ``mask`` (H x W uint8, its image's size). The masks are read in the conversion's
+worker pool after the images, a few at a time. An image without its mask, with a mask of
+another size, with several masks or of a stem another image shares, and a mask that is not
+a palette or grey image, are problems named by the image's path; masks without an image
+are a note.
 """
 
 from __future__ import annotations
