@@ -236,3 +236,15 @@ def test_instance_masks_unpack_and_cut_as_the_nearest_pixel_rule():
         rows, cols = grid(box, size, flip)
         expected = masks[:, rows][:, :, cols]
         np.testing.assert_array_equal(field.transform(blob, box, flip, size), expected)
+
+
+def test_a_workers_masks_and_boxes_cross_as_one_buffer_each(tmp_path):
+    images, fields = _scenes(16)
+    write_arrays(tmp_path / "p.h5", images, [0] * 16, fields=fields)
+    loader = make_loader(tmp_path / "p.h5", 8, num_workers=2, size=40, flip=True, seed=5)
+    for batch in loader:
+        for name in ("masks", "boxes", "category"):  # one shared file or array, not 8
+            assert len({t.untyped_storage().data_ptr() for t in batch[name]}) == 1, name
+        assert all(
+            m.shape == (len(b), 40, 40) for m, b in zip(batch["masks"], batch["boxes"], strict=True)
+        )

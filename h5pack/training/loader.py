@@ -572,7 +572,11 @@ def make_loader(
         configured.planner = sampler.plan
     timed: Callable[[Any], Any] = TimedCollate(collate_fn)  # stage times travel with batches
     if num_workers > 0:  # batches cross in reused buffers (NOTE [ Batch ring ])
-        ring = BatchRing(num_workers, workers_kwargs["prefetch_factor"] + RING_SPARE_SLOTS)
+        slots = workers_kwargs["prefetch_factor"] + RING_SPARE_SLOTS
+        # a batch of fields may take two slots: its images and its instance masks
+        ring = BatchRing(
+            num_workers, slots * (1 if getattr(dataset, "fields", None) is None else 2)
+        )
         configured.ring = ring
         timed = RingCollate(timed, ring)
     return H5Loader(

@@ -290,7 +290,7 @@ class RingCollate:
             return {key: self._wrap(v, depth) for key, v in value.items()}
         return value
 
-    def _whole(self, tensors: list[torch.Tensor]) -> _SmallList | _RingList | None:
+    def _whole(self, tensors: list[torch.Tensor]) -> _Crossing | None:
         """A list of views of one ring slot, or of small tensors of one dtype, as one object."""
         first = tensors[0]
         if any(t.device.type != "cpu" or t.dtype != first.dtype for t in tensors):
@@ -298,41 +298,29 @@ class RingCollate:
         index = self.ring.slot_of(first) if first.dtype == torch.uint8 else None
         if index is not None and all(self.ring.slot_of(t) == index for t in tensors):
             views = [(tuple(t.shape), t.stride(), int(t.storage_offset())) for t in tensors]
-            return _RingList(self.ring.reference(first, index), views)
+            return _Crossing(_ring_list, self.ring.reference(first, index), views)
         total = sum(t.numel() * t.element_size() for t in tensors)
         if total <= SMALL_TENSOR_BYTES and first.dtype in _NUMPY_DTYPES:
-            return _SmallList(tensors)
+            flat = np.concatenate([t.reshape(-1).numpy() for t in tensors])  # one array
+            return _Crossing(_small_list, flat, [tuple(t.shape) for t in tensors])
         return None
 
 
-class _RingList:
-    """A list of views of one ring slot crossing processes: one slot reference, their shapes."""
+class _Crossing:
+    """What crosses processes as ``function(*args)`` (pickled by reference to ``function``)."""
 
-    __slots__ = ("first", "views")
+    __slots__ = ("call",)
 
-    def __init__(self, first: _RingTensor, views: list[tuple[Any, ...]]) -> None:
-        self.first, self.views = first, views
+    def __init__(self, function: Any, *args: Any) -> None:
+        self.call = (function, args)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_ring_list, (self.first, self.views))
+        return self.call
 
 
 def _ring_list(first: torch.Tensor, views: list[tuple[Any, ...]]) -> list[torch.Tensor]:
     storage = first.untyped_storage()
     return [torch.empty(0, dtype=torch.uint8).set_(storage, o, shape, st) for shape, st, o in views]
-
-
-class _SmallList:
-    """Small tensors of one dtype crossing processes by value, back to back: one array."""
-
-    __slots__ = ("flat", "shapes")
-
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.flat = np.concatenate([t.reshape(-1).numpy() for t in tensors])
-        self.shapes = [tuple(t.shape) for t in tensors]
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_small_list, (self.flat, self.shapes))
 
 
 def _small_list(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
