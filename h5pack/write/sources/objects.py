@@ -198,6 +198,7 @@ def url_kind(url: str, store: Store) -> str:
         return kind
     prefix = folder_url(url)
     names = [under(prefix, o.url).lower() for o in listed(store, prefix, keep=True)]
+    names = [n for n in names if not is_ignored_name(n.rsplit("/", 1)[-1])]  # .DS_Store...
     if names and all(n.endswith(".parquet") for n in names):
         return "parquet"
     if names and all(n.endswith(".tar") and "/" not in n for n in names):
