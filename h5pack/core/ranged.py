@@ -20,7 +20,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -228,9 +228,8 @@ class RangedSource(ByteSource):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # every store's source is made as ``(url, options, tag=, size=)``
-        type(self).__init__(  # type: ignore[call-arg]
-            self, state["url"], state["options"], tag=state["tag"], size=state["size"]
-        )
+        init = cast("Callable[..., None]", type(self).__init__)
+        init(self, state["url"], state["options"], tag=state["tag"], size=state["size"])
 
     def close(self) -> None:
         """Stop this process's request threads."""

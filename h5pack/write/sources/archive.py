@@ -144,7 +144,7 @@ def tar_members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     try:
         while (member := archive.next()) is not None:
             yield member
-            del archive.members[:-1]  # type: ignore[attr-defined]  # the last kept, not a million
+            del vars(archive)["members"][:-1]  # the last kept, not a million
     except tarfile.ReadError as err:
         if str(err) != "unexpected end of data":
             raise
