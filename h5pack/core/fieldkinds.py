@@ -107,6 +107,9 @@ class LazyColumn:
     def __len__(self) -> int:
         return len(self.items)
 
+    def __getitem__(self, index: int) -> Any:
+        return self.make(self.items[index])  # one value, made here (verify --source)
+
     def values(self, encode: Callable[[Any], Any]) -> Iterable[Any]:
         """Return ``encode(make(item))`` of each item, in order, made as they are taken."""
         if self.mapper is None:

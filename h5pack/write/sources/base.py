@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -29,9 +30,39 @@ from h5pack._types import StrPath
 from h5pack.core.fields import StoredField
 from h5pack.core.format import SkippedFile
 from h5pack.core.packset import shard_slice
+from h5pack.core.source import ByteSource
 from h5pack.core.store import Store, is_url, open_store
-from h5pack.errors import DecodeError, OptionsError
+from h5pack.errors import DecodeError, H5PackError, OptionsError
 from h5pack.write.options import ConvertOptions
+
+_OPENED: OrderedDict[tuple[int, Store, str], ByteSource] = OrderedDict()
+
+
+def opened(store: Store, url: str) -> ByteSource:
+    """Return this process's source of the object ``url`` (made on first use, 16 kept)."""
+    key = (os.getpid(), store, url)
+    found = _OPENED.pop(key, None) or store.source(url)
+    _OPENED[key] = found
+    while len(_OPENED) > 16:  # dropped, not closed: another thread may be reading it
+        _OPENED.popitem(last=False)
+    return found
+
+
+def read_object(store: Store, url: str, offset: int, size: int) -> bytes:
+    """Return ``size`` bytes of the object ``url`` at ``offset`` (-1: all of it).
+
+    Raises:
+        DecodeError: They cannot be read; the message names the URL and the range.
+    """
+    try:
+        source = opened(store, url)
+        end = source.size() if size < 0 else offset + size
+        data = bytes(source.read(offset, end))
+    except (OSError, H5PackError) as err:
+        raise DecodeError(f"{url}: cannot read bytes {offset}-{offset + size}: {err}") from err
+    if size >= 0 and len(data) != size:
+        raise DecodeError(f"{url}: truncated: {len(data)} of {size} bytes at {offset}")
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +88,6 @@ class FileRange:
             DecodeError: They cannot be read; the message names the path (or URL).
         """
         if self.store is not None:
-            from h5pack.write.sources.objects import read_object
-
             return read_object(self.store, self.path, self.offset, self.size)
         try:
             if not stat.S_ISREG(os.stat(self.path).st_mode):

@@ -28,8 +28,8 @@ from h5pack.core.format import SkippedFile
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import DecodeError, SourceError
 from h5pack.write.scan import name_paths, path_sort_key, scan
-from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
-from h5pack.write.sources.objects import prefix_images, read_object
+from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, read_object
+from h5pack.write.sources.objects import prefix_images
 from h5pack.write.walk import check_root, walk
 
 MASK_MODES = ("P", "L")  # palette indices or grey values, kept as they are

@@ -28,13 +28,12 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h5pack.core.source import ByteSource
 from h5pack.core.store import ObjectInfo, Store, is_url, open_store
-from h5pack.errors import DecodeError, H5PackError, SourceError
+from h5pack.errors import H5PackError, SourceError
 from h5pack.write.sources.base import FileRange
 from h5pack.write.walk import has_image_extension, is_ignored_name
 
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 READAHEAD = 4 * 2**20  # bytes a remote archive's header walk fetches per request
 
 # This process's open objects (least recently used first) and listings kept for a source.
-_OPENED: OrderedDict[tuple[int, Store, str], ByteSource] = OrderedDict()
 _LISTED: dict[tuple[Store, str], list[ObjectInfo]] = {}
 
 
@@ -105,33 +103,6 @@ class ObjectFile(io.RawIOBase):
         view[: len(data)] = data
         self.pos += len(data)
         return len(data)
-
-
-def opened(store: Store, url: str) -> ByteSource:
-    """Return this process's source of the object ``url`` (made on first use, 16 kept)."""
-    key = (os.getpid(), store, url)
-    found = _OPENED.pop(key, None) or store.source(url)
-    _OPENED[key] = found
-    while len(_OPENED) > 16:  # dropped, not closed: another thread may be reading it
-        _OPENED.popitem(last=False)
-    return found
-
-
-def read_object(store: Store, url: str, offset: int, size: int) -> bytes:
-    """Return ``size`` bytes of the object ``url`` at ``offset`` (-1: all of it).
-
-    Raises:
-        DecodeError: They cannot be read; the message names the URL and the range.
-    """
-    try:
-        source = opened(store, url)
-        end = source.size() if size < 0 else offset + size
-        data = bytes(source.read(offset, end))
-    except (OSError, H5PackError) as err:
-        raise DecodeError(f"{url}: cannot read bytes {offset}-{offset + size}: {err}") from err
-    if size >= 0 and len(data) != size:
-        raise DecodeError(f"{url}: truncated: {len(data)} of {size} bytes at {offset}")
-    return data
 
 
 def listed(store: Store, prefix: str, *, keep: bool = False) -> list[ObjectInfo]:

@@ -137,7 +137,8 @@ def parquet_file(path: str, store: Store | None) -> Any:
     """
     if store is None:
         return pyarrow_parquet().ParquetFile(path, memory_map=True)
-    from h5pack.write.sources.objects import ObjectFile, opened
+    from h5pack.write.sources.base import opened
+    from h5pack.write.sources.objects import ObjectFile
 
     return pyarrow_parquet().ParquetFile(ObjectFile(opened(store, path), readahead=0))
 
