@@ -1,8 +1,9 @@
 """The disk cache against another user, damage on the way or on disk, and a failing disk.
 
-Issue 28: a private directory checked before use; every downloaded chunk checked before it
-is cached or served; a damaged cached file evicted with a warning naming it; a cache that
-cannot be written read around with one warning; the budget bounding the whole directory.
+Issue 28: a private directory checked before use; every downloaded chunk checked (by the
+reader, which decompresses it once) before it is cached or served; a damaged cached file
+evicted with a warning naming it; a cache that cannot be written read around with one
+warning; the budget bounding the whole directory.
 Counts of GETs (the local S3 server's proxy), never times.
 """
 
@@ -179,6 +180,28 @@ def test_one_flipped_get_body_is_fetched_again_never_cached(
         assert chunk_gets(s3_bucket, pack, nbytes=True) == int(sizes.sum()) + again
         assert epoch(remote(s3_bucket, url, tmp_path / "c")) == local  # the next run
     assert chunk_gets(s3_bucket, pack) == 0  # every chunk from a healthy cache
+
+
+def test_the_first_epoch_decompresses_each_chunk_once(
+    s3_bucket: Bucket, pack: Path, local: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from h5pack.read.direct import ChunkTable
+
+    real, decompressed = ChunkTable.decompress_into, []
+
+    def counted(self: ChunkTable, chunk: int, data: object, out: object) -> None:
+        decompressed.append(chunk)
+        real(self, chunk, data, out)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ChunkTable, "decompress_into", counted)
+    url = s3_bucket.put(pack, "p.h5")
+    s3_bucket.proxy.reset_counts()
+    assert epoch(remote(s3_bucket, url, tmp_path / "c")) == local  # downloaded, checked
+    sizes = table_of_pack(pack)[1]
+    assert sorted(decompressed) == list(range(len(sizes)))  # by the reader, once each
+    assert chunk_gets(s3_bucket, pack, nbytes=True) == int(sizes.sum())
+    assert epoch(remote(s3_bucket, url, tmp_path / "c")) == local
+    assert chunk_gets(s3_bucket, pack) == 0  # then cached, as checked
 
 
 def other_pack(tmp_path: Path, kind: str) -> Path:

@@ -151,14 +151,18 @@ def test_the_disk_cache_s_old_names_say_where_they_moved() -> None:
         ReaderOptions(cache_disk_bytes=0)
 
 
-def _one_epoch(url: str, storage: dict[str, object], disk_cache_dir: str, out: str) -> None:
+def _one_epoch(
+    url: str, storage: dict[str, object], disk_cache_dir: str, out: str, verify: bool = True
+) -> None:
     loader = make_loader(
         url,
         epoch=EpochSpec(batch_size=8, window_chunks=2),
         num_workers=0,
         seed=3,
         storage_options=storage,
-        reader=ReaderOptions(disk_cache_dir=disk_cache_dir, disk_cache_bytes=10**8),
+        reader=ReaderOptions(
+            disk_cache_dir=disk_cache_dir, disk_cache_bytes=10**8, verify_checksums=verify
+        ),
     )
     with open(out, "wb") as sink:
         for images, _labels in loader:
@@ -180,12 +184,14 @@ def test_two_loader_processes_on_one_cache_download_each_chunk_once(
     url = s3_bucket.put(pack, "p.h5")
     ctx = multiprocessing.get_context("spawn")
     s3_bucket.proxy.reset_counts()
+    # claims dedupe downloads; a checking reader claims nothing (it puts a chunk once checked,
+    # docs/decisions/0110): two of those may both download a chunk wanted at once
+    out = [str(tmp_path / str(i)) for i in range(2)]
     procs = [
         ctx.Process(
-            target=_one_epoch,
-            args=(url, s3_bucket.storage_options, str(tmp_path / "c"), str(tmp_path / str(i))),
+            target=_one_epoch, args=(url, s3_bucket.storage_options, str(tmp_path / "c"), o, False)
         )
-        for i in range(2)
+        for o in out
     ]
     for proc in procs:
         proc.start()
@@ -227,11 +233,12 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
     disk_cache_dir = tmp_path / "c"
     delay_s = 3.0
     # every GET waits: the child's first chunk GETs are in flight, its claims in the ledger,
-    # when it is killed
+    # when it is killed (a reader that checks claims nothing: it puts a chunk once checked)
     s3_bucket.proxy.inject(Fault("delay", delay_s=delay_s), times=1000)
     patient = {**s3_bucket.storage_options, "read_timeout_s": 60.0}
     proc = multiprocessing.get_context("spawn").Process(
-        target=_one_epoch, args=(url, patient, str(disk_cache_dir), str(tmp_path / "dead"))
+        target=_one_epoch,
+        args=(url, patient, str(disk_cache_dir), str(tmp_path / "dead"), False),
     )
     proc.start()
     wait_for_a_chunk_get(lambda: s3_bucket.proxy.counts, pack, proc.is_alive)

@@ -10,7 +10,8 @@ Every process of a user that reads the same remote pack opens the same private d
   (downloading, its bytes reserved) or *ready*; the rows' blocks plus the ledger and the
   rest of the directory never exceed the budget: a process reserves and evicts
   (``read/eviction.py``) in one transaction, or does not cache the chunk.
-- A second process that wants a claimed chunk waits for it: no chunk is downloaded twice.
+- A second process that wants a claimed chunk waits for it. A read-ahead whose reader
+  checks each chunk (``verify_checksums``) claims none: it ``put``s a chunk once checked.
 - Files are written to ``.<chunk>.<owner>.tmp`` and renamed before the row turns ready;
   a file shorter than its row is dropped, never served.
 - Each process holds an ``flock`` on ``owners/<owner>.lock``; a claim whose lock can be
@@ -399,6 +400,7 @@ class DiskCache:
         *,
         now: float | None = None,
         at: float | None = None,
+        reserve: bool = True,
     ) -> Claim:
         """Return the chunk if cached, else whether this process should download it.
 
@@ -409,7 +411,13 @@ class DiskCache:
             now: This process's time (epochs) in its future: what it has read so far.
             at: The time of this use (``now`` or later: a read-ahead runs ahead); the
                 new chunk's next use is its first use after this one. None: ``now``.
+            reserve: False: a chunk neither cached nor downloaded by another is not claimed
+                (``bypass``), but ``put`` once its download was checked.
         """
+        if not reserve:
+            row = self._row(pack, chunk)
+            if row is None or row[0] != READY:  # busy: another downloads it
+                return Claim("busy" if row and self._owner_alive(row[1]) else "bypass")
         if not self.disabled:
             with self._guard():
                 return self._claim_read(pack, chunk, nbytes, now, now if at is None else at)
@@ -437,14 +445,23 @@ class DiskCache:
                     "digest recorded when it was written (damaged on disk): evicted, its "
                     "chunk is fetched again"
                 )
-            with self._lock, transaction(self._open()) as db:
-                with contextlib.suppress(FileNotFoundError):
-                    self._final(pack, chunk).unlink()  # short or damaged: never served
-                db.execute(
-                    "DELETE FROM entries WHERE pack = ? AND chunk = ? AND state = ?",
-                    (pack, chunk, READY),
-                )
+            self._evict(pack, chunk)  # short or damaged: never served
         return Claim("bypass")
+
+    def evict(self, pack: str, chunk: int) -> None:
+        """Drop a ready chunk whose bytes the reader found wrong (it is fetched again)."""
+        if not self.disabled:
+            with self._guard():
+                self._evict(pack, chunk)
+
+    def _evict(self, pack: str, chunk: int) -> None:
+        with self._lock, transaction(self._open()) as db:
+            if db.execute(
+                "DELETE FROM entries WHERE pack = ? AND chunk = ? AND state = ?",
+                (pack, chunk, READY),
+            ).rowcount:
+                with contextlib.suppress(FileNotFoundError):
+                    self._final(pack, chunk).unlink()
 
     def _claim(
         self, pack: str, chunk: int, nbytes: int, now: float | None, at: float | None
@@ -596,29 +613,40 @@ class DiskCache:
         *,
         now: float | None = None,
         at: float | None = None,
+        reserve: bool = True,
     ) -> Claim:
         """Wait while another process downloads the chunk; return the next claim on it."""
         self.stats.waits += 1
         checked = time.monotonic()
         while True:
-            row = None
-            if not self.disabled:
-                with self._guard(), self._lock:
-                    row = (
-                        self._open()
-                        .execute(
-                            "SELECT state, owner FROM entries WHERE pack = ? AND chunk = ?",
-                            (pack, chunk),
-                        )
-                        .fetchone()
-                    )
+            row = self._row(pack, chunk)
             if row is None or row[0] == READY:
-                return self.claim(pack, chunk, nbytes, now=now, at=at)
+                return self.claim(pack, chunk, nbytes, now=now, at=at, reserve=reserve)
             if time.monotonic() - checked > _OWNER_CHECK_S:
                 checked = time.monotonic()
                 if not self._owner_alive(row[1]):
-                    return self.claim(pack, chunk, nbytes, now=now, at=at)
+                    return self.claim(pack, chunk, nbytes, now=now, at=at, reserve=reserve)
             time.sleep(_POLL_S)
+
+    def _row(self, pack: str, chunk: int) -> tuple[int, str] | None:
+        """Return the chunk's ``(state, owner)`` in the ledger, or None."""
+        row = None
+        if not self.disabled:
+            with self._guard(), self._lock:
+                row = (
+                    self._open()
+                    .execute(
+                        "SELECT state, owner FROM entries WHERE pack = ? AND chunk = ?",
+                        (pack, chunk),
+                    )
+                    .fetchone()
+                )
+        return row
+
+    def put(self, pack: str, chunk: int, data: np.ndarray, *, now: float | None = None) -> None:
+        """Cache a chunk downloaded unclaimed (``reserve=False``), if it is worth its room."""
+        if self.claim(pack, chunk, data.size, now=now).kind == "claimed":
+            self.store(pack, chunk, data)
 
     def _read(self, pack: str, chunk: int, nbytes: int) -> np.ndarray | None:
         try:

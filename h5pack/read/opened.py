@@ -21,10 +21,8 @@ from h5pack.core.layout import cache_settings, chunk_map_of, group_bytes, is_com
 from h5pack.core.source import LocalSource
 from h5pack.core.store import Store
 from h5pack.errors import FormatError
-from h5pack.read.checks import SampleChecks
 from h5pack.read.direct import chunk_table, contiguous_offset
 from h5pack.read.options import ReaderOptions
-from h5pack.read.piececheck import PieceCheck
 from h5pack.read.planned import group_chunks, group_pieces, planned_source
 from h5pack.read.stored import StoredImages
 from h5pack.read.virtual import check_virtual_sources, open_virtual
@@ -156,9 +154,7 @@ def _open_images(
             pack_id=meta.pack_id,
             read_ahead=options.read_ahead,
             disk_cache=options.disk_cache,
-            check=PieceCheck(meta, chunk_map, table, SampleChecks(meta, str))
-            if remote and options.verify_checksums
-            else None,
+            reader_checks=remote and options.verify_checksums,
         )
     stored = StoredImages(
         meta, chunk_map, table=table, contiguous=contiguous, source=source, images=h5_images

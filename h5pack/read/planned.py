@@ -21,9 +21,10 @@ import numpy as np
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.core.source import ByteSource, SourceIdentity
+from h5pack.errors import FormatError
 from h5pack.read.diskcache import DiskCache, DiskCacheOptions, pack_key
 from h5pack.read.eviction import Future
-from h5pack.read.readahead import Check, ReadAhead, ReadAheadOptions
+from h5pack.read.readahead import ReadAhead, ReadAheadOptions
 
 __all__ = [
     "PlannedSource",
@@ -161,7 +162,7 @@ def planned_source(
     pack_id: str | None,
     read_ahead: ReadAheadOptions | None,
     disk_cache: DiskCacheOptions | None,
-    check: Check | None = None,
+    reader_checks: bool = False,
 ) -> ByteSource:
     """Return ``source`` wrapped to read ahead (remote, or ``read_ahead`` given), else itself.
 
@@ -172,7 +173,7 @@ def planned_source(
         pack_id: The pack's id (with the source's size and ETag: its cache key).
         read_ahead: As ``ReaderOptions.read_ahead``.
         disk_cache: The disk cache (``ReaderOptions.disk_cache``), for remote sources.
-        check: Checks each fetched chunk (``read.piececheck.PieceCheck``), or None.
+        reader_checks: The reader checks every piece it reads (see ``PlannedSource``).
     """
     if isinstance(source, PlannedSource) or not (source.remote or read_ahead is not None):
         return source
@@ -186,7 +187,7 @@ def planned_source(
         pack=pack_key(pack_id, identity.size, identity.tag),
         read_ahead=read_ahead,
         cache=disk_cache,
-        check=check,
+        reader_checks=reader_checks,
     )
 
 
@@ -200,7 +201,9 @@ class PlannedSource(ByteSource):
         pack: The pack's cache key (``diskcache.pack_key`` of its id, size and ETag).
         read_ahead: Depth, memory, merging of the read-ahead.
         cache: Directory, budget and eviction of the disk cache; None: no disk cache.
-        check: Checks each fetched chunk before it is cached or served (None: none).
+        reader_checks: The reader checks every piece it reads (``verify_checksums``): a
+            piece is cached once ``verified``, and ``refetch`` replaces one found wrong
+            (NOTE [ Checked downloads ] in ``read.stored``).
     """
 
     def __init__(
@@ -212,10 +215,11 @@ class PlannedSource(ByteSource):
         pack: str,
         read_ahead: ReadAheadOptions | None = None,
         cache: DiskCacheOptions | None = None,
-        check: Check | None = None,
+        reader_checks: bool = False,
     ) -> None:
         self.source = source
-        self.check = check
+        self.reader_checks = reader_checks
+        self._fresh: dict[int, np.ndarray] = {}  # refetched pieces, for their next read
         self.url = source.url
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
@@ -251,8 +255,7 @@ class PlannedSource(ByteSource):
                 options=self.read_ahead_options,
                 cache=self._cache,
                 pack=self.pack,
-                check=self.check,
-                name=self.url,
+                defer_store=self.reader_checks,
             )
             self._pid = os.getpid()
         return self._ahead
@@ -327,10 +330,12 @@ class PlannedSource(ByteSource):
         others: list[int] = []
         for at, (start, end) in enumerate(ranges):
             chunk = self._by_offset.get(int(start))
-            if chunk is not None and int(self.sizes[chunk]) == end - start:
-                pieces[at] = chunk
-            else:
+            if chunk is None or int(self.sizes[chunk]) != end - start:
                 others.append(at)
+            elif (again := self._fresh.pop(chunk, None)) is not None:  # ``refetch``'s
+                found[at] = again.data
+            else:
+                pieces[at] = chunk
         if pieces:
             fetched = self.ahead().get_many(list(pieces.values()))
             for at, piece in zip(pieces, fetched, strict=True):
@@ -340,6 +345,24 @@ class PlannedSource(ByteSource):
             for at, view in zip(others, answers, strict=True):
                 found[at] = view
         return [view for view in found if view is not None]
+
+    def refetch(self, pieces: Sequence[int]) -> None:
+        """Fetch ``pieces`` again for their next read: the reader found their bytes wrong."""
+        self._fresh.update(self.ahead().refetch(pieces))
+
+    def verified(self, pieces: Sequence[int]) -> None:
+        """Cache ``pieces``: the reader checked their bytes."""
+        self.ahead().verified(pieces)
+
+    def damaged(self, pieces: Sequence[int], cause: str, reads: int) -> FormatError:
+        """Return the error for ``pieces`` found wrong (``cause``) in each of ``reads`` reads."""
+        begin = int(self.offsets[pieces[0]])
+        end = int(self.offsets[pieces[-1]] + self.sizes[pieces[-1]]) - 1
+        named = f"chunk {pieces[0]}" if len(pieces) == 1 else f"chunks {pieces[0]}-{pieces[-1]}"
+        return FormatError(
+            f"{self.url}: bytes {begin}-{end} ({named}) {cause} in each of {reads} reads: "
+            f"the object in the store is damaged, run `h5pack verify {self.url}`"
+        )
 
     def read_into(self, buffer: np.ndarray, offset: int) -> None:
         """Fill the contiguous uint8 ``buffer`` from ``offset`` (a chunk: from the plan)."""
@@ -358,5 +381,5 @@ class PlannedSource(ByteSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_ahead=None, _cache=None, _pid=-1)
+        state.update(_ahead=None, _cache=None, _pid=-1, _fresh={})
         return state

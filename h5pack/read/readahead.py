@@ -10,9 +10,8 @@ the measured time and bytes per request and the reader's rate, ``ceil(1.5 D T / 
 within ``[2, max_requests_in_flight]``. Fetched and in-flight bytes stay under
 ``ahead_bytes``. A chunk off the plan is found further on (the read-ahead jumps there) or
 read at once; the reader is never served wrong bytes, only later ones. With a disk cache
-(``read/diskcache.py``) every chunk is claimed there first. A fetched chunk is checked
-(NOTE [ Checked downloads ]) before it is cached or served; one that fails is fetched again,
-``REFETCHES`` times at most, then refused with one error naming the object, its bytes and why.
+(``read/diskcache.py``) every chunk is claimed there first. With ``defer_store`` a fetched
+chunk enters the cache only once the reader checked it (NOTE [ Checked downloads ]).
 """
 
 from __future__ import annotations
@@ -23,20 +22,17 @@ import math
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from h5pack.errors import FormatError, OptionsError
+from h5pack.errors import OptionsError
 from h5pack.read.diskcache import DiskCache
 
-__all__ = ["REFETCHES", "RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
-
-REFETCHES = 2  # a chunk that fails its check is fetched this many more times
-# check(chunk, stored bytes): None, or what is wrong with them (``read.piececheck``)
-Check = Callable[[int, np.ndarray], "str | None"]
+__all__ = ["RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
 
 MIB = 1 << 20
 # Pending chunks this many plan positions (at least) behind the chunk just served are
@@ -111,7 +107,7 @@ class ReadAheadStats:
         requests: Ranged requests sent to the source.
         fetched_bytes: Bytes those requests returned.
         cache_hits: Chunks read from the disk cache instead.
-        refetched: Chunks fetched again because their bytes failed the check.
+        refetched: Chunks fetched again because the reader found their bytes wrong.
         served: Chunks handed to the reader.
         waited: Chunks the reader asked for before they had arrived.
         off_plan: Chunks read at once because the plan did not hold them.
@@ -157,7 +153,7 @@ class ReadAhead:
         options: Depth, memory and merging.
         cache: The machine's disk cache, or None.
         pack: The pack's cache key (``diskcache.pack_key``); needed with a cache.
-        check: Checks each fetched chunk (None: none); ``name`` names the object in errors.
+        defer_store: Cache a fetched chunk only once ``verified`` (the reader checked it).
         clock: Seconds, for the measured depth (injected by tests).
     """
 
@@ -170,8 +166,7 @@ class ReadAhead:
         options: ReadAheadOptions | None = None,
         cache: DiskCache | None = None,
         pack: str | None = None,
-        check: Check | None = None,
-        name: str = "the pack",
+        defer_store: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if cache is not None and pack is None:
@@ -182,7 +177,9 @@ class ReadAhead:
         self.options = options or ReadAheadOptions()
         self.cache = cache
         self.pack = pack
-        self.check, self.name = check, name
+        self.defer_store = defer_store
+        self._unverified: OrderedDict[int, np.ndarray] = OrderedDict()  # fetched, claimable
+        self._unverified_bytes = 0
         self.clock = clock
         self.stats = ReadAheadStats()
         self._lock = threading.Lock()
@@ -359,11 +356,14 @@ class ReadAhead:
             # The cache measures distances from what the reader has read (the read-ahead
             # runs ahead of it: chunks between the two are still to be used).
             now = self._served_time
+            reserve = not self.defer_store  # deferred: ``put`` once the reader checked it
             for chunk, at in zip(run, times, strict=True):
                 nbytes = int(self.sizes[chunk])
-                claim = self.cache.claim(self.pack, chunk, nbytes, now=now, at=at)
+                claim = self.cache.claim(self.pack, chunk, nbytes, now=now, at=at, reserve=reserve)
                 while claim.kind == "busy":
-                    claim = self.cache.wait(self.pack, chunk, nbytes, now=now, at=at)
+                    claim = self.cache.wait(
+                        self.pack, chunk, nbytes, now=now, at=at, reserve=reserve
+                    )
                 if claim.kind == "hit":
                     assert claim.data is not None
                     found[chunk] = claim.data
@@ -381,8 +381,6 @@ class ReadAhead:
                 ):
                     found.update(self._request(wanted[start:stop]))
                     start = stop
-            for chunk in wanted:
-                found[chunk] = self._checked(chunk, found[chunk])
         except BaseException:
             if self.cache is not None:
                 assert self.pack is not None
@@ -393,31 +391,48 @@ class ReadAhead:
             assert self.pack is not None
             for chunk in claimed:
                 self.cache.store(self.pack, chunk, found[chunk])
+            if self.defer_store:
+                with self._lock:
+                    for chunk in wanted:
+                        self._hold(chunk, found[chunk])
         return [found[c] for c in run]
 
-    def _checked(self, chunk: int, data: np.ndarray) -> np.ndarray:
-        """Return ``chunk``'s bytes once they pass the check, fetching them again if needed.
+    def _hold(self, chunk: int, data: np.ndarray | None) -> None:
+        """Keep (or, with None, forget) a fetched chunk until the reader verified it."""
+        old = self._unverified.pop(chunk, None)
+        self._unverified_bytes -= 0 if old is None else old.size
+        if data is not None:
+            self._unverified[chunk] = data
+            self._unverified_bytes += data.size
+        while self._unverified_bytes > self.options.ahead_bytes:  # never read: not cached
+            self._unverified_bytes -= self._unverified.popitem(last=False)[1].size
 
-        Raises:
-            FormatError: they failed it ``1 + REFETCHES`` times (named: object, bytes, why).
+    def verified(self, chunks: Sequence[int]) -> None:
+        """Cache ``chunks``, whose bytes the reader checked (``defer_store``)."""
+        for chunk in chunks:
+            with self._lock:
+                data = self._unverified.get(chunk)
+                self._hold(chunk, None)
+            if data is not None and self.cache is not None:
+                assert self.pack is not None
+                self.cache.put(self.pack, chunk, data, now=self._served_time)
+
+    def refetch(self, chunks: Sequence[int]) -> dict[int, np.ndarray]:
+        """Fetch ``chunks`` again, one request each, dropping the bytes the reader found wrong.
+
+        Their disk cache files are evicted; the fresh bytes are cached once ``verified``.
         """
-        if self.check is None:
-            return data
-        for attempt in range(REFETCHES + 1):
-            if attempt:
-                with self._lock:
-                    self.stats.refetched += 1
-                data = self._request([chunk])[chunk]
-            problem = self.check(chunk, data)
-            if problem is None:
-                return data
-        begin = int(self.offsets[chunk])
-        end = begin + int(self.sizes[chunk]) - 1
-        raise FormatError(
-            f"{self.name}: bytes {begin}-{end} (chunk {chunk}) {problem} in each of "
-            f"{REFETCHES + 1} reads: the object in the store is damaged, run "
-            f"`h5pack verify {self.name}`"
-        )
+        fresh = {}
+        for chunk in chunks:
+            if self.cache is not None:
+                assert self.pack is not None
+                self.cache.evict(self.pack, chunk)
+            fresh[chunk] = self._request([chunk])[chunk]
+            with self._lock:
+                self.stats.refetched += 1
+                if self.cache is not None:
+                    self._hold(chunk, fresh[chunk])
+        return fresh
 
     def _request(self, chunks: list[int]) -> dict[int, np.ndarray]:
         begin = int(self.offsets[chunks[0]])

@@ -326,7 +326,8 @@ class PackReader:
         """
         lo, hi = self.stored.bounds(group)
         try:
-            block = self.stored.load(group, plan, buffer)
+            checks = self.checks if self.verify_checksums else None
+            return self.stored.load_checked(group, plan, buffer, checks)
         except RemoteError as err:  # the network, not the pack: named with the chunk group
             raise RemoteError(f"chunk group {group} (samples {lo}..{hi - 1}): {err}") from err
         except H5PackError:
@@ -336,10 +337,6 @@ class PackReader:
                 f"{self.path}: chunk group {group} (samples {lo}..{hi - 1}) cannot be read: "
                 f"{err}; the pack is damaged, run `h5pack verify {self.path}`"
             ) from err
-        if self.verify_checksums:  # every sample of the freshly decompressed group
-            samples = [self.stored.sample_of(group, block, i) for i in range(lo, hi)]
-            self.checks.many(range(lo, hi), samples, group)
-        return block
 
     @property
     def source(self) -> Any:

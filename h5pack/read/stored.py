@@ -18,12 +18,24 @@ import numpy as np
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
 from h5pack.core.source import ByteSource, LocalSource
-from h5pack.errors import RemoteError
+from h5pack.errors import FormatError, RemoteError
 from h5pack.read.checks import SampleChecks, copy_mapped
 from h5pack.read.direct import ChunkTable, read_scratch
+from h5pack.read.planned import PlannedSource
 
 # How a group is loaded (``StoredImages.plan``): (through the direct path, buffer bytes).
 Plan = tuple[bool, int]
+REFETCHES = 2  # pieces of a group found wrong are fetched this many more times
+
+# NOTE [ Checked downloads ]
+# A remote pack's pieces (chunks, or a contiguous pack's groups: ``read.planned``) are
+# checked by the reader, which decompresses each group once and checks every sample of it
+# (``verify_checksums``; decision 0013): ``load_checked``. A group that does not decompress
+# or whose samples do not match, read through a ``PlannedSource``, has its pieces fetched
+# again (evicted from the disk cache) up to ``REFETCHES`` times, then one error names the
+# object, the bytes and why; a piece enters the disk cache only once its group passed
+# (``PlannedSource.verified``). The cache checks a digest of each file at every hit, so
+# damage on its disk is told apart from damage in the pack (``read.diskcache``).
 
 
 class StoredImages:
@@ -122,6 +134,45 @@ class StoredImages:
         self.h5_images().read_direct(buffer, np.s_[begin:end], np.s_[0 : end - begin])
         return buffer
 
+    def load_checked(
+        self, group: int, plan: Plan, buffer: np.ndarray, checks: SampleChecks | None
+    ) -> np.ndarray:
+        """Load group ``group`` (``load``), each sample checked; NOTE [ Checked downloads ].
+
+        Raises:
+            FormatError: a remote piece was wrong in each of its reads (object, bytes, why).
+        """
+        source = self.source
+        if not (isinstance(source, PlannedSource) and source.reader_checks and checks and plan[0]):
+            block = self.load(group, plan, buffer)
+            self._check(group, block, checks)
+            return block
+        pieces, cause = self.pieces([group], [plan]), ""
+        for attempt in range(REFETCHES + 1):
+            if attempt:
+                for piece in pieces:
+                    self._fetched.pop(piece, None)
+                source.refetch(pieces)
+            try:
+                block = self.load(group, plan, buffer)
+                self._check(group, block, checks)
+            except RemoteError:
+                raise
+            except FormatError as err:  # "<path>: sample i (name) ... ; the pack is damaged"
+                cause = f"fails its check ({str(err).split(': ', 1)[-1].split(';')[0]})"
+            except (OSError, RuntimeError, ValueError, KeyError) as err:
+                cause = f"does not decompress ({err})"
+            else:
+                source.verified(pieces)
+                return block
+        raise source.damaged(pieces, cause, REFETCHES + 1)
+
+    def _check(self, group: int, block: np.ndarray, checks: SampleChecks | None) -> None:
+        if checks is not None:  # every sample of the freshly decompressed group
+            lo, hi = self.bounds(group)
+            samples = [self.sample_of(group, block, i) for i in range(lo, hi)]
+            checks.many(range(lo, hi), samples, group)
+
     def _read_chunk_into(self, table: ChunkTable, chunk: int, out: np.ndarray) -> None:
         fetched = self._fetched.pop(chunk, None)
         if fetched is not None:
@@ -147,16 +198,7 @@ class StoredImages:
         table = self.table
         if not self.source.remote or table is None:
             return
-        chunks: list[int] = []
-        for group, (direct, nbytes) in zip(groups, plans, strict=True):
-            if not direct:
-                continue
-            if self.meta.storage == "array":
-                chunks.append(group)
-                continue
-            first = self.blob_span(*self.bounds(group))[0] // table.chunk_nbytes
-            chunks.extend(range(first, first + nbytes // table.chunk_nbytes))
-        chunks = [c for c in dict.fromkeys(chunks) if c not in self._fetched]
+        chunks = [c for c in self.pieces(groups, plans) if c not in self._fetched]
         if not chunks:
             return
         ranges = [(int(table.offsets[c]), int(table.offsets[c] + table.sizes[c])) for c in chunks]
@@ -166,6 +208,19 @@ class StoredImages:
             named = ", ".join(str(c) for c in chunks[:8]) + (", ..." if len(chunks) > 8 else "")
             raise RemoteError(f"reading chunk(s) {named}: {err}") from err
         self._fetched.update(zip(chunks, fetched, strict=True))
+
+    def pieces(self, groups: list[int], plans: list[Plan]) -> list[int]:
+        """Return the pieces (chunks; a contiguous pack's groups) the direct ``groups`` read."""
+        table, pieces = self.table, []
+        for group, (direct, nbytes) in zip(groups, plans, strict=True):
+            if not direct:
+                continue
+            if table is None or self.meta.storage == "array":
+                pieces.append(group)
+                continue
+            first = self.blob_span(*self.bounds(group))[0] // table.chunk_nbytes
+            pieces.extend(range(first, first + nbytes // table.chunk_nbytes))
+        return list(dict.fromkeys(pieces))
 
     def blob_span(self, lo: int, hi: int) -> tuple[int, int]:
         """Return the ``[begin, end)`` blob bytes of samples ``lo..hi-1``."""
