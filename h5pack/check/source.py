@@ -38,6 +38,7 @@ from h5pack.core.fields import (
 )
 from h5pack.errors import DecodeError, H5PackError
 from h5pack.read.reader import PackReader, ReaderOptions
+from h5pack.write.fitting import fitted_columns
 from h5pack.write.options import DEFAULT_QUALITY
 from h5pack.write.pipeline import DecodeSpec, Prepared, prepare_sample
 from h5pack.write.sources import Sample, SampleSource, sample_source
@@ -208,29 +209,42 @@ def _compare_content(
             columns = found.columns(np.array([position[r] for r in keys])) if listed else {}
             for k, (index, data) in enumerate(zip(batch.tolist(), stored, strict=True)):
                 file = in_folder[keys[k]]
-                messages = [_difference(shard.meta, spec, index, data, file, tolerance)]
-                height, width = (int(v) for v in shard.meta.shapes[index][:2])
-                for name, field in fields.items():
-                    if name in listed or name in file.fields:
-                        given = columns[name][k] if name in listed else file.fields[name]
-                        ours = values[name][k]
-                        messages.append(
-                            _field_difference(field, ours, given, (height, width), name in listed)
-                        )
+                message, source = _difference(shard.meta, spec, index, data, file, tolerance)
+                messages = [message]
+                stored_hw = tuple(int(v) for v in shard.meta.shapes[index][:2])
+                given = {
+                    name: [columns[name][k] if name in listed else file.fields[name]]
+                    for name in fields
+                    if name in listed or name in file.fields
+                }
+                try:  # in the stored image's frame, as the conversion wrote them
+                    given = fitted_columns(
+                        [fields[name] for name in given],
+                        given,
+                        np.array([stored_hw]),
+                        np.array([source or stored_hw]),
+                        [keys[k]],
+                        spec.resize if spec.size is not None else "stretch",
+                    )
+                except (H5PackError, ValueError, TypeError) as err:
+                    messages.append(f"its fields do not fit the source image ({err})")
+                    given = {}
+                messages.extend(
+                    _field_difference(fields[name], values[name][k], value[0], name in listed)
+                    for name, value in given.items()
+                )
                 problems.extend(
                     Problem(index, keys[k], f"changed: {m}") for m in messages if m is not None
                 )
     return problems
 
 
-def _field_difference(
-    field: StoredField, stored: Any, given: Any, shape: tuple[int, int], stored_form: bool
-) -> str | None:
+def _field_difference(field: StoredField, stored: Any, given: Any, stored_form: bool) -> str | None:
     """Return how a stored field's value differs from the source's, or None.
 
     Both are compared as the field stores them (``Field.column``; ``given`` is already when
-    ``stored_form``): exactly, floats (box coordinates) within ``FIELD_TOLERANCE``; a mask
-    at its image's stored size (``MaskField.fit``, as it was written).
+    ``stored_form``): exactly, floats (box coordinates) within ``FIELD_TOLERANCE``; spatial
+    fields already in the stored image's frame (``write.fitting``).
     """
     name = field.name
     ours = np.asarray(field.column([stored], 1)[0])
@@ -238,10 +252,9 @@ def _field_difference(
         theirs = np.asarray(given if stored_form else field.column([given], 1)[0])
     except (H5PackError, ValueError, TypeError) as err:
         return f"field {name!r}: the source's value is no {field.kind} value ({err})"
-    if isinstance(field, MaskField):  # H x W, or n x H x W instance masks
-        if theirs.ndim >= 2:
-            theirs = field.fit(theirs.astype(np.uint8), *shape)
-    elif isinstance(field, TextField | BytesField):  # compared whole
+    if isinstance(field, TextField | BytesField) and not isinstance(
+        field, MaskField
+    ):  # compared whole
         if ours.tobytes() == theirs.tobytes():
             return None
         mine, source = ours.tobytes(), theirs.tobytes()
@@ -268,21 +281,42 @@ def _difference(
     stored: np.ndarray,
     file: Sample,
     tolerance: float,
-) -> str | None:
-    """Return how sample ``index`` differs from its source sample ``file``, or None."""
+) -> tuple[str | None, tuple[int, int] | None]:
+    """Return how sample ``index`` differs from its source ``file`` (or None), and its (H, W).
+
+    The (H, W) is the source image's where the conversion resized it (``Prepared.source``).
+    """
     try:
         data = load(file.image)
     except DecodeError as err:
-        return f"the source file cannot be read ({err})"
+        return f"the source file cannot be read ({err})", None
     if meta.mode == "encoded" and isinstance(data, bytes) and stored.tobytes() == data:
-        return None
+        return None, None
     again = prepare_sample(spec, data, file.key, 0)
     if not isinstance(again, Prepared) or again.data is None:
-        return f"the source file does not decode any more ({getattr(again, 'reason', '')})"
+        return f"the source file does not decode any more ({getattr(again, 'reason', '')})", None
+    message = _decoded_difference(
+        meta, spec, index, stored, again, (file.key, len(data)), tolerance
+    )
+    return message, again.source
+
+
+def _decoded_difference(
+    meta: fmt.PackMeta,
+    spec: DecodeSpec,
+    index: int,
+    stored: np.ndarray,
+    again: Prepared,
+    file: tuple[str, int],
+    tolerance: float,
+) -> str | None:
+    """Return how a stored sample differs from its source file prepared again, or None."""
+    assert again.data is not None
+    key, size = file
     if meta.mode == "encoded":
         if not spec.max_side:
             return (
-                f"the file's bytes differ from the pack's ({len(data)} in the folder, "
+                f"the file's bytes differ from the pack's ({size} in the folder, "
                 f"{stored.size} in the pack)"
             )
         if again.data.tobytes() == stored.tobytes():
@@ -290,7 +324,7 @@ def _difference(
         name = f"{meta.path}[{index}]"
         try:
             ours = decode_image(stored.tobytes(), name=name, channels=meta.channels)
-            theirs = decode_image(again.data.tobytes(), name=file.key, channels=meta.channels)
+            theirs = decode_image(again.data.tobytes(), name=key, channels=meta.channels)
         except DecodeError as err:
             return f"cannot be compared ({err})"
         return _pixel_difference(ours, theirs, tolerance)

@@ -99,12 +99,6 @@ class MaskField(BytesField):
     def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
         return value.reshape(int(shape[0]), int(shape[1]))
 
-    def fit(self, mask: np.ndarray, height: int, width: int) -> np.ndarray:
-        """Return ``mask`` at its image's stored size (the image may be resized at writing)."""
-        if mask.shape[-2:] == (height, width):
-            return mask
-        return nearest(mask, (0, 0, *mask.shape[-2:]), (height, width))
-
     def transform(
         self, mask: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
     ) -> np.ndarray:

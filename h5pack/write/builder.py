@@ -13,7 +13,6 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,18 @@ import numpy as np
 from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core import integrity
-from h5pack.core.fields import LEGACY_FIELDS, Field, LazyColumn, MaskField, stored_fields
+from h5pack.core.fields import (
+    LEGACY_FIELDS,
+    Field,
+    LazyColumn,
+    stored_fields,
+)
 from h5pack.core.format import SkippedFile
 from h5pack.core.record import PackRecord, skipped_text, write_record
-from h5pack.errors import H5PackError, OptionsError, SourceError
+from h5pack.errors import H5PackError, SourceError
 from h5pack.write.arena import Arena
 from h5pack.write.blocks import ArrayAssembler, BlobAssembler, Block
+from h5pack.write.fitting import fitted_columns
 from h5pack.write.images import ImagesWriter, copy_array_rows
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import (
@@ -106,6 +111,7 @@ class _Record:
         self.count = 0
         self.positions = np.zeros(max(1, capacity), dtype=np.int64)
         self.shapes = np.zeros((max(1, capacity), 3), dtype=np.int32)
+        self.sources = np.zeros((max(1, capacity), 2), dtype=np.int32)  # (H, W) before a resize
         self.crcs = np.zeros(max(1, capacity), dtype=np.uint32)
         # XXH3 at memory speed in the parent (core.integrity; docs/decisions/0025)
         self.digests = (
@@ -117,11 +123,13 @@ class _Record:
             size = 2 * self.count
             self.positions = np.resize(self.positions, size)
             self.shapes = np.resize(self.shapes, (size, 3))
+            self.sources = np.resize(self.sources, (size, 2))
             self.crcs = np.resize(self.crcs, size)
             if self.digests is not None:
                 self.digests = np.resize(self.digests, size)
         self.positions[self.count] = item.pos
         self.shapes[self.count] = item.shape
+        self.sources[self.count] = item.source or item.shape[:2]
         self.crcs[self.count] = item.crc
         if self.digests is not None:
             assert item.data is not None  # spans are resolved by the caller
@@ -232,16 +240,15 @@ class PackBuilder:
         pos = self.record.positions[:num]
         shapes = self.record.shapes[:num]
         paths = [table.paths[p] for p in pos]
-        columns = {
-            stored.name: _fitted(
-                stored,
-                stored.take(table.columns[stored.name], pos),
-                shapes,
-                paths,
-                resized=options.size is not None,
-            )
-            for stored in stored_fields(table.fields)
-        }
+        fields = stored_fields(table.fields)
+        columns = fitted_columns(
+            fields,
+            {f.name: f.take(table.columns[f.name], pos) for f in fields},
+            shapes,
+            self.record.sources[:num],
+            paths,
+            options.resize if options.size is not None else "stretch",
+        )
         for column in columns.values():
             if isinstance(column, LazyColumn):
                 column.mapper = mapper  # made in the pool
@@ -303,38 +310,6 @@ class PackBuilder:
         self.images.abort()
         if self.handle.id.valid:
             self.handle.close()
-
-
-def _fitted(
-    stored: Field, column: Any, shapes: np.ndarray, paths: Sequence[str], *, resized: bool
-) -> Any:
-    """A mask column at its images' stored sizes (resized with them by ``size``).
-
-    Raises:
-        OptionsError: a mask whose size is not its image's (and no ``size`` resized them);
-            for a ``LazyColumn``, when the mask is made (while the pack is written).
-    """
-    if not isinstance(stored, MaskField):
-        return column
-    items = list(zip(range(len(column)), shapes.tolist(), paths, strict=True))
-    if isinstance(column, LazyColumn):
-        items = list(zip(column.items, shapes.tolist(), paths, strict=True))
-        return LazyColumn(items, partial(_fit_mask, stored, column.make, resized))
-    return [_fit_mask(stored, column.__getitem__, resized, item) for item in items]
-
-
-def _fit_mask(
-    stored: MaskField, make: Callable[[Any], Any], resized: bool, item: tuple[Any, Any, str]
-) -> np.ndarray:
-    what, shape, path = item
-    mask = np.asarray(make(what))
-    height, width = int(shape[0]), int(shape[1])
-    if not resized and mask.shape[-2:] != (height, width):
-        raise OptionsError(
-            f"{path}: its {stored.name!r} mask is {mask.shape[-1]}x{mask.shape[-2]}, its "
-            f"image {width}x{height} (W x H): a mask has its image's size"
-        )
-    return stored.fit(mask, height, width)
 
 
 # -- conversions ------------------------------------------------------------------------

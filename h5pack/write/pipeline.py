@@ -82,6 +82,7 @@ class Prepared:
     shape: tuple[int, int, int]
     crc: int
     span: tuple[int, int] | None = None
+    source: tuple[int, int] | None = None  # (H, W) decoded, when resized (``write.fitting``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ def prepare_sample(
     from h5pack.core.resize import reencode_jpeg, resize_image
 
     try:
+        source = data.shape[:2] if isinstance(data, np.ndarray) else None
         if isinstance(data, np.ndarray):
             image = data if data.ndim == 3 else data[:, :, None]
             if spec.size is not None and image.shape[:2] != spec.size:
@@ -126,8 +128,10 @@ def prepare_sample(
                 image = decode_image(data, name=name, backend=spec.backend, channels=spec.channels)
                 data = reencode_jpeg(image, quality=spec.quality, max_side=spec.max_side)
                 shape = (*probe_size(data, name=name), spec.channels)
-            return Prepared(pos, np.frombuffer(data, dtype=np.uint8), shape, checksum(data))
+            stored = np.frombuffer(data, dtype=np.uint8)
+            return Prepared(pos, stored, shape, checksum(data), source=(h, w))
         elif spec.size is not None:
+            source = probe_size(data, name=name)
             image = decode_resized(
                 data,
                 spec.size,
@@ -140,7 +144,10 @@ def prepare_sample(
             image = decode_image(data, name=name, backend=spec.backend, channels=spec.channels)
     except DecodeError as err:
         return Rejected(pos, name, _reason(err, name))
-    return prepare_pixels(spec, image, name, pos)
+    prepared = prepare_pixels(spec, image, name, pos)
+    if isinstance(prepared, Prepared) and source is not None:
+        return replace(prepared, source=(int(source[0]), int(source[1])))
+    return prepared
 
 
 def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> Prepared | Rejected:
