@@ -12,7 +12,7 @@ from PIL import Image
 import h5pack
 from h5pack import ConvertOptions, convert, write_arrays
 from h5pack.check import verify_pack
-from h5pack.core.fields import BoxesField
+from h5pack.core.fields import BoxesField, MaskField
 from h5pack.write.sources import sample_source
 
 pytest.importorskip("pycocotools")
@@ -129,3 +129,19 @@ def test_arrays_drop_boxes_cut_off_with_their_rows(tmp_path: Path) -> None:
     got = h5pack.open(pack)[0]
     np.testing.assert_allclose(got["boxes"], [[5, 5, 15, 15]])  # scale 0.5, 15 px cut left
     assert got["names"].tolist() == [7]
+
+
+@pytest.mark.parametrize("resize", ["stretch", "crop", "pad"])
+def test_semantic_masks_follow_the_image(tmp_path: Path, resize: str) -> None:
+    image = np.zeros((60, 120, 3), np.uint8)
+    image[10:50, 30:90] = 255
+    mask = (image[:, :, 0] // 255).astype(np.uint8) * 7
+    pack = tmp_path / "m.h5"
+    options = ConvertOptions(size=(30, 40), resize=resize)  # type: ignore[arg-type]
+    write_arrays(pack, [image], [0], options=options, fields={MaskField("mask"): [mask]})
+    got = h5pack.open(pack)[0]
+    shape = got["image"][:, :, 0] > 127
+    assert got["mask"].shape == shape.shape
+    edges = _grown(shape) & _grown(~shape)  # pixels on either side of the shape's edge
+    assert np.array_equal((got["mask"] == 7)[~edges], shape[~edges])
+    assert set(np.unique(got["mask"]).tolist()) == {0, 7}

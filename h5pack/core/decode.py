@@ -274,10 +274,11 @@ def decode_resized(
     backend: Backend = "pillow",
     channels: int = 3,
     max_pixels: int | None = None,
-) -> ImageArray:
-    """Return ``resize_image(decode_image(data, ...), size, ...)``: the same pixels, faster.
+) -> tuple[ImageArray, tuple[int, int]]:
+    """Return ``resize_image(decode_image(data, ...), size, ...)`` and the decoded (H, W).
 
-    The common case skips the numpy round trip between decoding and resizing (NOTE
+    The same pixels, faster:
+    the common case skips the numpy round trip between decoding and resizing (NOTE
     [ Decoding without the array ]); ``size`` and ``method`` as for :func:`resize_image`,
     the rest as for :func:`decode_image`.
 
@@ -299,11 +300,12 @@ def decode_resized(
                     resized = np.array(image, dtype=np.uint8)
                 else:
                     resized = pillow_resized(image, new_h, new_w)
-                return placed(resized, target_h, target_w, method)
+                return placed(resized, target_h, target_w, method), (height, width)
     finally:
         image.close()
     decoded = decode_image(data, name=name, backend=backend, channels=channels, max_pixels=limit)
-    return resize_image(decoded, size, method=method, backend=backend)
+    source = (int(decoded.shape[0]), int(decoded.shape[1]))
+    return resize_image(decoded, size, method=method, backend=backend), source
 
 
 def decoded_size(

@@ -131,8 +131,7 @@ def prepare_sample(
             stored = np.frombuffer(data, dtype=np.uint8)
             return Prepared(pos, stored, shape, checksum(data), source=(h, w))
         elif spec.size is not None:
-            source = probe_size(data, name=name)
-            image = decode_resized(
+            image, source = decode_resized(
                 data,
                 spec.size,
                 name=name,
