@@ -145,3 +145,17 @@ def test_semantic_masks_follow_the_image(tmp_path: Path, resize: str) -> None:
     edges = _grown(shape) & _grown(~shape)  # pixels on either side of the shape's edge
     assert np.array_equal((got["mask"] == 7)[~edges], shape[~edges])
     assert set(np.unique(got["mask"]).tolist()) == {0, 7}
+
+
+def test_verify_finds_a_moved_box_after_a_resize(tmp_path: Path) -> None:
+    annotations = _coco(tmp_path)
+    pack = tmp_path / "out.h5"
+    options = ConvertOptions(mode="raw", size=(64, 64), resize="pad")
+    convert(sample_source(tmp_path, annotations=annotations), pack, options=options)
+    coco = json.loads(annotations.read_text())
+    coco["annotations"][0]["bbox"][0] += 4  # 4 px in wide.png: 1.6 px once stored
+    annotations.write_text(json.dumps(coco))
+    report = verify_pack(pack, source=sample_source(tmp_path, annotations=annotations))
+    assert [(p.path, p.message) for p in report.problems] == [
+        ("wide.png", "changed: field 'boxes' differs from the source's by up to 1.6")
+    ]
