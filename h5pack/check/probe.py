@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from h5pack._types import StrPath
+from h5pack.core.source import readable
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
 # CPU seconds the CLI gives the child on a pack: reading the metadata of a pack of millions
@@ -156,7 +156,7 @@ def _probe_in_child(texts: list[str], timeout_s: float, strict: bool) -> list[H5
             for text in texts:
                 limit_s = _cpu_s(process) + timeout_s
                 while b"\n" not in buffer:
-                    if not select.select([child.stdout], [], [], _POLL_S)[0]:
+                    if not readable(child.stdout, _POLL_S):
                         if _cpu_s(process) < limit_s:
                             continue
                         results.append(

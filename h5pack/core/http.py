@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import http.client
 import os
-import select
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 
 from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
 from h5pack.core.retry import RetryPolicy, Transient
+from h5pack.core.source import readable
 from h5pack.core.store import ObjectInfo, Store
 from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
 
@@ -94,7 +94,7 @@ class HTTPSource(RangedSource):
                 connection = idle.pop() if idle else None
             if connection is None:
                 break
-            if connection.sock is None or select.select([connection.sock], [], [], 0)[0]:
+            if connection.sock is None or readable(connection.sock):
                 connection.close()  # closed by the server while idle (it reads as its EOF)
                 connection = None
         if connection is None:

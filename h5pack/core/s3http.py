@@ -25,7 +25,6 @@ import hmac
 import http.client
 import os
 import re
-import select
 import socket
 import ssl
 import threading
@@ -33,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from h5pack.core.source import readable
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UTC = datetime.timezone.utc  # not datetime.UTC: Python 3.11+, and 3.10 is supported
@@ -226,10 +227,9 @@ class Connections:
 def _dropped(sock: socket.socket) -> bool:
     """Return whether an idle connection's socket has something to read (EOF: closed)."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        return readable(sock)
     except (OSError, ValueError):  # closed meanwhile
         return True
-    return bool(readable)
 
 
 # One pool per (process, endpoint, timeouts): a forked child makes its own and never uses

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import select
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -35,6 +36,17 @@ from typing import Any
 import numpy as np
 
 from h5pack.errors import FormatError, PackNotFoundError
+
+
+def readable(stream: Any, timeout_s: float = 0.0) -> bool:
+    """Return whether ``stream`` (a socket, a pipe) has something to read, or its end.
+
+    ``poll``, not ``select``: select refuses descriptors past 1023, which a long-lived
+    process with many files open reaches.
+    """
+    poller = select.poll()
+    poller.register(stream, select.POLLIN)
+    return bool(poller.poll(int(timeout_s * 1000)))
 
 
 class SourceChangedError(FormatError):
