@@ -12,7 +12,7 @@ import pytest
 
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3, s3http
-from h5pack.core.source import SourceChangedError
+from h5pack.core.source import SourceChangedError, readable
 from h5pack.core.store import open_source
 from h5pack.errors import OptionsError, RemoteError
 
@@ -229,7 +229,7 @@ def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
         threading.Event().wait(0.01)
     accepted[0].close()  # the server drops it
     assert first.sock is not None
-    __import__("select").select([first.sock], [], [], 5)  # its EOF has arrived
+    assert readable(first.sock, 5)  # its EOF has arrived
     second = pool.take()
     assert second is not first
     assert first.sock is None  # closed by the pool
