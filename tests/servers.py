@@ -16,16 +16,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 
-from h5pack.bench.s3local import FaultProxy, free_port
+from h5pack.bench.s3local import FaultProxy, free_port, stop, wait_listening
 from h5pack.core import azure, gcs
 from h5pack.core.store import open_store
 
@@ -58,31 +56,15 @@ class Server:
         self._process = subprocess.Popen(
             command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                err = self._process.stderr.read().decode() if self._process.stderr else ""
-                self.close()
-                raise RuntimeError(f"{command[0]} exited: {err.strip()}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.close()
-        raise RuntimeError(f"{command[0]} did not listen on port {port}")
+        try:
+            wait_listening(self._process, port, command[0], timeout_s=60)
+        except RuntimeError:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop the server."""
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._process.stderr is not None:
-            self._process.stderr.close()
+        stop(self._process)
 
     def __enter__(self) -> Server:
         return self

@@ -54,6 +54,40 @@ def rclone_binary() -> str | None:
     return str(beside) if beside.exists() else shutil.which("rclone")
 
 
+def wait_listening(
+    process: subprocess.Popen[bytes], port: int, name: str, *, timeout_s: float
+) -> None:
+    """Return once 127.0.0.1:``port`` accepts connections.
+
+    Raises:
+        RuntimeError: ``process`` exited (its stderr quoted) or did not listen in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            err = process.stderr.read().decode() if process.stderr else ""
+            raise RuntimeError(f"{name} exited: {err.strip()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{name} did not listen on port {port}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate ``process`` (killed after 10 s) and close its stderr."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stderr is not None:
+        process.stderr.close()
+
+
 class S3Server:
     """``rclone serve s3`` over ``root`` on a free port of 127.0.0.1; a context manager.
 
@@ -117,31 +151,16 @@ class S3Server:
         with urllib.request.urlopen(urllib.request.Request(url, b""), timeout=10) as answer:
             answer.read()
 
-    def _wait_ready(self, port: int, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                err = self._process.stderr.read().decode() if self._process.stderr else ""
-                raise RuntimeError(f"rclone serve s3 exited: {err.strip()}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.close()
-        raise RuntimeError(f"rclone serve s3 did not listen on port {port}")
+    def _wait_ready(self, port: int) -> None:
+        try:
+            wait_listening(self._process, port, "rclone serve s3", timeout_s=20.0)
+        except RuntimeError:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop the server."""
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._process.stderr is not None:
-            self._process.stderr.close()
+        stop(self._process)
 
     def __enter__(self) -> S3Server:
         return self
