@@ -101,12 +101,7 @@ class Pack:
 
     @property
     def classes(self) -> list[str] | dict[int, str]:
-        """The class names: ``label`` ``k`` is ``classes[k]``.
-
-        A pack of category ids (COCO's, 1..90 with gaps: a ``CategoryField`` such as
-        ``labels``) gives ``{id: name}`` of its first such field's categories instead; a
-        multi-label pack without classes of its own, its ``MultiLabelField``'s names.
-        """
+        """The class names: ``label`` ``k`` is ``classes[k]``."""
         meta = self._view.meta
         listed = fields_of(meta)
         named = next((f for f in listed if isinstance(f, CategoryField)), None)
@@ -121,14 +116,7 @@ class Pack:
         return self._open().paths
 
     def find(self, key: str) -> int:
-        """Return the index of the sample whose key is ``key``.
-
-        The first call maps every key to its index (one read of the keys); later ones are
-        a dictionary lookup.
-
-        Raises:
-            KeyError: no sample has that key (the message names the pack).
-        """
+        """Return the index of the sample whose key is ``key``."""
         if self._keys is None:
             self._keys = {}
             for index, name in enumerate(self.keys):
@@ -153,13 +141,7 @@ class Pack:
     def __getitem__(
         self, index: int | np.integer | slice | Sequence[int] | np.ndarray
     ) -> Sample | list[Sample]:
-        """Return sample ``index`` (negative: from the end), or a list for a slice or list.
-
-        Raises:
-            IndexError: an index is out of range.
-            TypeError: ``index`` is not an int, a slice or a sequence of ints.
-            FormatError: a sample is damaged (its image does not match its digest).
-        """
+        """Return sample ``index`` (negative: from the end), or a list for a slice or list."""
         if isinstance(index, int | np.integer):
             return self._read(np.array([int(index)]))[0]
         if isinstance(index, slice):

@@ -120,11 +120,7 @@ class CropSpec:
         backend: Backend = "pillow",
         reducing_gap: float | None = DEFAULT_REDUCING_GAP,
     ) -> CropSpec:
-        """Build a spec, reading an int ``size`` as a square ``(size, size)``; see the class.
-
-        Raises:
-            OptionsError: A field is out of range.
-        """
+        """Build a spec, reading an int ``size`` as a square ``(size, size)``; see the class."""
         pair = (size, size) if isinstance(size, int) else size
         return cls(
             size=pair,
@@ -138,11 +134,7 @@ class CropSpec:
 
 
 def positive_size(size: Iterable[SupportsIndex]) -> tuple[int, int]:
-    """Return ``size`` as a ``(height, width)`` pair of positive ints.
-
-    Raises:
-        OptionsError: ``size`` is not two positive ints.
-    """
+    """Return ``size`` as a ``(height, width)`` pair of positive ints."""
     try:
         height, width = (operator.index(v) for v in size)
     except (TypeError, ValueError):
@@ -177,29 +169,7 @@ def check_image_size(height: int, width: int) -> None:
 
 
 def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
-    """Return the largest centred box with the output's aspect ratio.
-
-    The box spans the image's full height when the image is relatively wider than
-    ``out_w / out_h``, else its full width; the other side is ``round`` of the matching
-    proportion, and the offsets are ``(height - box.height) // 2`` and
-    ``(width - box.width) // 2``. It is, up to rounding, the region that
-    :func:`~h5pack.core.resize.resize_image` with ``method="crop"`` keeps. For a square
-    output it is the central ``min(height, width)`` square: the region torchvision's
-    ``Resize(s)`` followed by ``CenterCrop(s)`` keeps, to within the one pixel that
-    torchvision's rounding of the resized long side and of the offset may move it.
-
-    Args:
-        height: The image's height.
-        width: The image's width.
-        out_h: The output's height.
-        out_w: The output's width.
-
-    Returns:
-        A box inside the image.
-
-    Raises:
-        OptionsError: A size is not positive.
-    """
+    """Return the largest centred box with the output's aspect ratio."""
     check_image_size(height, width)
     positive_size((out_h, out_w))
     if width * out_h > height * out_w:  # relatively wider than the output: keep the height
@@ -210,20 +180,7 @@ def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
 
 
 def stored_box(box: Box, orientation: int, stored_h: int, stored_w: int) -> Box:
-    """Map a box in displayed coordinates to the stored image's, undoing an EXIF orientation.
-
-    ``orient(stored, orientation)[box]`` and ``orient(stored[result], orientation)`` are the
-    same pixels, where ``orient`` applies the orientation as ``ImageOps.exif_transpose``.
-
-    Args:
-        box: The box, in the displayed image (after the orientation).
-        orientation: The EXIF orientation, 1..8 (1, or any other value: as stored).
-        stored_h: The stored image's height (before the orientation).
-        stored_w: The stored image's width.
-
-    Returns:
-        The same pixels' box in the stored image.
-    """
+    """Map a box in displayed coordinates to the stored image's, undoing an EXIF orientation."""
     top, left, height, width = box
     bottom_gap = stored_h - top - height  # rows below the box, for the flipped cases
     right_gap = stored_w - left - width
@@ -246,19 +203,7 @@ def stored_box(box: Box, orientation: int, stored_h: int, stored_w: int) -> Box:
 
 
 def dct_reduction(box: Box, out_h: int, out_w: int, gap: float | None) -> int:
-    """Return the largest DCT reduction leaving ``box`` at least ``gap`` times the output.
-
-    See ``NOTE [ JPEG DCT scaling ]`` in :mod:`h5pack.read.crop`.
-
-    Args:
-        box: The box to cut, in the stored image.
-        out_h: The output's height (as stored: swapped under transposing orientations).
-        out_w: The output's width.
-        gap: :attr:`CropSpec.reducing_gap`; None never reduces.
-
-    Returns:
-        8, 4, 2, or 1 (decode in full).
-    """
+    """Return the largest DCT reduction leaving ``box`` at least ``gap`` times the output."""
     if gap is None:
         return 1
     for reduction in DCT_REDUCTIONS:

@@ -27,12 +27,7 @@ from h5pack.errors import FormatError
 
 
 class SampleChecks:
-    """The digests one pack's samples are checked against.
-
-    Args:
-        meta: The pack's metadata (its recorded digests).
-        name: Returns sample ``index``'s path for a message.
-    """
+    """The digests one pack's samples are checked against."""
 
     def __init__(self, meta: fmt.PackMeta, name: Callable[[int], str]) -> None:
         self.path, self._name = meta.path, name
@@ -84,14 +79,7 @@ def copy_mapped(
     out: np.ndarray,
     checks: SampleChecks | None,
 ) -> None:
-    """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``'s rows.
-
-    See ``NOTE [ Checked as copied ]``: with ``checks``, each sample's digest computed on
-    the mapping, then the sample copied.
-
-    Raises:
-        FormatError: a sample does not match its digest (named).
-    """
+    """Copy samples ``idx[order]`` (at ``starts`` in ``mapped``) into ``out``'s rows."""
     size = out[0].nbytes if len(out) else 0
     rows, source = out.reshape(-1).data, mapped.data  # memoryviews: cheap slices
     positions, offsets = order.tolist(), starts.tolist()

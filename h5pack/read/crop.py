@@ -158,19 +158,7 @@ def decode_crop(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> ImageArray:
-    """Decode an image file's bytes into the cropped, resized and flipped output.
-
-    :func:`decode_crop_into` into a new array, with the reference kernel of
-    ``spec.backend``.
-
-    Returns:
-        A C-contiguous, writable uint8 array of shape ``(*spec.size, channels)``.
-
-    Raises:
-        DecodeError: The bytes are empty, not an image, truncated, corrupt, or too large;
-            the message starts with ``name``.
-        OptionsError: ``channels``, ``max_pixels``, ``epoch`` or ``index`` is invalid.
-    """
+    """Decode an image file's bytes into the cropped, resized and flipped output."""
     if channels not in (1, 3):
         raise OptionsError(f"channels should be 1 or 3, but got channels={channels!r}")
     out = np.empty((*spec.size, channels), dtype=np.uint8)
@@ -255,16 +243,7 @@ def decode_pixels(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> np.ndarray:
-    """Decode an image file's bytes: :func:`~h5pack.core.decode.decode_image`'s pixels.
-
-    The same pixels and errors, but the array may be read-only and is not copied once more
-    to make it writable (an RGB or gray JPEG as stored comes straight from the decoder):
-    for a caller that only reads it, such as the decoded cache.
-
-    Raises:
-        DecodeError: as ``decode_image``.
-        OptionsError: ``channels`` is not 1 or 3.
-    """
+    """Decode an image file's bytes: :func:`~h5pack.core.decode.decode_image`'s pixels."""
     if channels not in (1, 3):
         raise OptionsError(f"channels should be 1 or 3, but got channels={channels!r}")
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels

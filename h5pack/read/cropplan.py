@@ -50,23 +50,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def crop_uniforms(
     seed: int, epoch: int, indices: Sequence[int] | np.ndarray, count: int = _DRAWS
 ) -> np.ndarray:
-    """Return the first ``count`` uniforms in ``[0, 1)`` of each sample's crop stream.
-
-    A pure function of ``(seed, epoch, index)`` (``NOTE [ Crop streams ]``): the same in any
-    process, for any batch the index is in.
-
-    Args:
-        seed: The run's seed; any int (taken modulo 2**64).
-        epoch: The epoch, from 0.
-        indices: The samples' indices in the pack, from 0.
-        count: The uniforms per sample.
-
-    Returns:
-        A ``(len(indices), count)`` float64 array.
-
-    Raises:
-        OptionsError: ``epoch`` or an index is negative.
-    """
+    """Return the first ``count`` uniforms in ``[0, 1)`` of each sample's crop stream."""
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     if epoch < 0 or (idx.size and int(idx.min()) < 0):
         least = int(idx.min()) if idx.size else 0
@@ -90,25 +74,7 @@ def plan_crops(
     epoch: int,
     indices: Sequence[int] | np.ndarray,
 ) -> list[tuple[Box, bool]]:
-    """Choose the box and the flip of every sample of a batch, from their displayed sizes.
-
-    Sample ``k``'s plan is ``plan_crop``'s for ``indices[k]``: it depends on the sample,
-    never on the rest of the batch.
-
-    Args:
-        spec: What to do.
-        heights: Each image's displayed height (after EXIF orientation).
-        widths: Each image's displayed width.
-        seed: The run's seed.
-        epoch: The epoch.
-        indices: Each sample's index.
-
-    Returns:
-        ``[(box, flip), ...]``: the box to cut and whether to flip the result horizontally.
-
-    Raises:
-        OptionsError: An image size, ``epoch`` or an index is invalid.
-    """
+    """Choose the box and the flip of every sample of a batch, from their displayed sizes."""
     h = np.asarray(heights, dtype=np.int64).reshape(-1)
     w = np.asarray(widths, dtype=np.int64).reshape(-1)
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -144,10 +110,7 @@ _AHEAD_MAX: Final[int] = 1 << 14
 def plan_ahead(
     spec: CropSpec, shapes: np.ndarray, *, seed: int, epoch: int, indices: np.ndarray
 ) -> None:
-    """Plan at once the samples ``plan_crop`` will be asked for one by one in this process.
-
-    ``shapes`` holds each sample's displayed ``(height, width[, ...])``.
-    """
+    """Plan at once the samples ``plan_crop`` will be asked for one by one in this process."""
     if len(_AHEAD) > _AHEAD_MAX:
         _AHEAD.clear()
     heights, widths = shapes[:, 0].tolist(), shapes[:, 1].tolist()
@@ -160,22 +123,7 @@ def plan_ahead(
 def plan_crop(
     spec: CropSpec, height: int, width: int, *, seed: int, epoch: int, index: int
 ) -> tuple[Box, bool]:
-    """Choose the box and the flip of one sample, from its displayed size.
-
-    Args:
-        spec: What to do.
-        height: The image's height, as displayed (after EXIF orientation).
-        width: The image's width, as displayed.
-        seed: The run's seed.
-        epoch: The epoch.
-        index: The sample's index.
-
-    Returns:
-        The box to cut, and whether to flip the result horizontally.
-
-    Raises:
-        OptionsError: The image size, ``epoch`` or ``index`` is invalid.
-    """
+    """Choose the box and the flip of one sample, from its displayed size."""
     check_image_size(height, width)
     ahead = _AHEAD.pop((spec, seed % 2**64, epoch, index, height, width), None)
     if ahead is not None:
@@ -190,27 +138,7 @@ def random_resized_box(
     ratio: tuple[float, float],
     rng: np.random.Generator,
 ) -> Box:
-    """Draw the box of torchvision's ``RandomResizedCrop.get_params``.
-
-    Up to 10 attempts draw an area fraction uniformly in ``scale`` and an aspect ratio
-    (width / height) log-uniformly in ``ratio``, round the box's sides, and keep the first
-    box that fits, at a uniformly drawn position. When none fits (e.g. a very elongated
-    image), the box is central: the whole image clamped to the nearest ratio in ``ratio``.
-    Unlike torchvision, that clamped side is never rounded down to 0.
-
-    Args:
-        height: The image's height.
-        width: The image's width.
-        scale: ``(low, high)`` area fractions; ``0 < low <= high <= 1``.
-        ratio: ``(low, high)`` aspect ratios; ``0 < low <= high``.
-        rng: The source of randomness.
-
-    Returns:
-        A box inside the image.
-
-    Raises:
-        OptionsError: The image size, ``scale`` or ``ratio`` is invalid.
-    """
+    """Draw the box of torchvision's ``RandomResizedCrop.get_params``."""
     check_image_size(height, width)
     checked = CropSpec.of(1, crop="random-resized", scale=scale, ratio=ratio)
     scale, ratio = checked.scale, checked.ratio

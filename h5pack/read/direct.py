@@ -192,16 +192,7 @@ def decompressors() -> dict[int, Decompressor]:
 
 @dataclass(frozen=True)
 class ChunkTable:
-    """Where each chunk of a dataset lies in the file, and how to undo its filter.
-
-    Attributes:
-        offsets: File offset of chunk ``c`` along the first axis (-1 when unallocated).
-        sizes: Stored bytes of chunk ``c``.
-        masks: HDF5 filter mask of chunk ``c`` (bit i set: filter i was skipped).
-        codec: ``(pipeline position, decompressor)`` of the one filter that changes bytes,
-            or None when every filter is a no-op on uint8 data.
-        chunk_nbytes: Decompressed bytes of one chunk.
-    """
+    """Where each chunk of a dataset lies in the file, and how to undo its filter."""
 
     offsets: np.ndarray
     sizes: np.ndarray
@@ -220,11 +211,7 @@ class ChunkTable:
 
 
 def chunk_table(index: PackIndex) -> ChunkTable | None:
-    """Return the direct-read table of a chunked uint8 images dataset, or None if unsupported.
-
-    Supported: chunks that span every axis but the first, uint8, and a filter pipeline of
-    byte shuffle (a no-op on 1-byte items) and at most one of deflate, lz4, zstd, blosc.
-    """
+    """Return the direct-read table of a chunked uint8 images dataset, or None if unsupported."""
     images = index.images()
     if images.chunks is None or images.dtype != np.uint8 or images.virtual:
         return None
@@ -262,11 +249,7 @@ def contiguous_offset(index: PackIndex) -> int | None:
 
 
 def read_scratch(source: ByteSource, size: int, offset: int) -> np.ndarray:
-    """Return ``size`` bytes of ``source`` at ``offset`` in this thread's reusable buffer.
-
-    The array is valid until this thread's next call; one buffer per thread spares the
-    page faults of fresh memory for every compressed chunk.
-    """
+    """Return ``size`` bytes of ``source`` at ``offset`` in this thread's reusable buffer."""
     scratch: np.ndarray | None = getattr(_local, "scratch", None)
     if scratch is None or scratch.size < size:
         scratch = _local.scratch = np.empty(

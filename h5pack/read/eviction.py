@@ -2,24 +2,14 @@
 
 NOTE [ Evicting by the known future ]
 
-A loader's sampler knows every epoch's chunk order before the epoch starts (``plan_epoch``
-is a pure function of the seed and the epoch), so the disk cache knows when each chunk is
-needed next. Belady's rule, evict the chunk whose next use is farthest away, is then
-optimal: in steady state each chunk is used once per epoch, and a chunk just used is
-needed again only next epoch, later than every chunk still to come in this one. With a
-budget of a fraction ``f`` of the pack, the chunks kept at the end of an epoch are those
-needed first in the next one and are all hit, so an epoch downloads ``(1 - f)`` of the
-pack. A least-recently-used cache keeps exactly the chunks used last, which a new random
-order needs at uniformly random times, and evicts each before its use: it re-downloads
-nearly everything every epoch.
-
-A future is a :class:`Future`: the times at which chunks are used, in *epochs* (epoch
-``e`` plus the fraction of that epoch's batches before the use), so that futures of
-several loaders on one machine (ranks, workers, a second job) are comparable: each is
-measured from its own owner's ``now``. A chunk no live future names has an unknown next
-use; among those the least recently used goes first. The new chunk takes part in the
-choice: when every chunk that would have to go is needed sooner than it, it is not cached
-at all (the bytes are still served from memory).
+A sampler knows each epoch's chunk order before it starts (``plan_epoch``: a pure function
+of seed and epoch), so the disk cache knows when each chunk is needed next, and Belady's
+rule (evict the chunk needed farthest ahead) is optimal: with a budget of a fraction ``f``
+of the pack, an epoch downloads ``(1 - f)`` of it, where LRU re-downloads nearly all
+(docs/decisions/0018). Times are in *epochs* (epoch plus the share of its batches before
+the use), so futures of several loaders on one machine compare, each from its owner's
+``now``. A chunk no live future names goes first, least recently used first. The new chunk
+takes part: when every chunk that would have to go is needed sooner, it is not cached.
 """
 
 from __future__ import annotations
@@ -34,17 +24,9 @@ import numpy as np
 from h5pack._types import parse_choice
 from h5pack.errors import OptionsError
 
-__all__ = [
-    "EVICTION_POLICIES",
-    "EvictionPolicy",
-    "Future",
-    "choose_victims",
-    "next_uses",
-    "parse_policy",
-]
-
 EvictionPolicy = Literal["belady", "lru"]
 EVICTION_POLICIES: tuple[EvictionPolicy, ...] = ("belady", "lru")
+_SAME_USE = 1e-9  # epochs: two futures' uses this close are one use
 
 
 def parse_policy(value: str) -> EvictionPolicy:
@@ -59,12 +41,7 @@ def parse_policy(value: str) -> EvictionPolicy:
 
 @dataclass(frozen=True)
 class Future:
-    """When a loader uses which chunk of one pack: ``chunks[i]`` at ``times[i]`` (epochs).
-
-    Attributes:
-        chunks: Chunk indices (int64), one entry per use, in the order of ``times``.
-        times: Time of each use in epochs (float64, non-decreasing).
-    """
+    """When a loader uses which chunk of one pack: ``chunks[i]`` at ``times[i]`` (epochs)."""
 
     chunks: np.ndarray
     times: np.ndarray
@@ -98,11 +75,7 @@ class Future:
 
 
 def next_uses(futures: Iterable[tuple[Future, float]]) -> dict[int, float]:
-    """Return each chunk's distance (epochs) to its next use after its future's ``now``.
-
-    Args:
-        futures: ``(future, now)`` pairs of one pack; the nearest use over all of them wins.
-    """
+    """Return each chunk's distance (epochs) to its nearest next use over ``(future, now)``."""
     found: dict[int, float] = {}
     for future, now in futures:
         later = future.times > now
@@ -114,16 +87,28 @@ def next_uses(futures: Iterable[tuple[Future, float]]) -> dict[int, float]:
     return found
 
 
+def new_distance(
+    futures: Iterable[tuple[Future, float]], chunk: int, at: float | None
+) -> float | None:
+    """Return the distance to ``chunk``'s next use after the one at ``at`` (None: unknown).
+
+    The use at ``at`` is skipped in every future: a rank's workers record the same uses.
+    """
+    found: float | None = None
+    for future, now in futures:
+        times = future.times[future.chunks == chunk]
+        later = times[times > now]
+        if at is not None:
+            later = later[np.abs(later - at) > _SAME_USE]
+        if len(later):
+            distance = float(later[0]) - now
+            found = distance if found is None else min(found, distance)
+    return found
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """A cached chunk that could be evicted.
-
-    Attributes:
-        pack: The pack's cache key.
-        chunk: The chunk's index in its pack.
-        nbytes: Bytes it takes in the cache.
-        used: The cache's clock at its last use (larger: more recent).
-    """
+    """A cached chunk that could be evicted (``used``: the cache's clock at its last use)."""
 
     pack: str
     chunk: int
@@ -131,9 +116,8 @@ class Candidate:
     used: int
 
 
-def _key(
-    policy: EvictionPolicy, distance: float | None, used: int
-) -> tuple[float, float]:  # larger: evicted first
+def _key(policy: EvictionPolicy, distance: float | None, used: int) -> tuple[float, float]:
+    """Rank a chunk: larger is evicted first."""
     if policy == "lru" or distance is None:
         return (math.inf if policy == "belady" else 0.0, -used)
     return (distance, -used)
@@ -150,17 +134,13 @@ def choose_victims(
 ) -> list[Candidate] | None:
     """Return the chunks to evict so that ``need_bytes`` more fit, or None: do not cache.
 
-    Candidates are taken farthest-first (Belady: the next use farthest away, chunks of
-    unknown future first, least recently used among equals; LRU: least recently used)
-    while they rank above the new chunk itself; if they do not free enough, the new chunk
-    is the one that should not be kept.
+    Candidates go farthest-first while they rank above the new chunk itself.
 
     Args:
-        candidates: The cached chunks that may go (complete ones, not claims in progress).
+        candidates: The ready chunks that may go.
         need_bytes: Bytes to free.
-        new_distance: Distance in epochs to the new chunk's next use after the current
-            one (None: unknown).
-        new_used: The cache's clock now (the new chunk's last use).
+        new_distance: The new chunk's distance to its next use (None: unknown).
+        new_used: The cache's clock now.
         distances: Per pack, each chunk's distance to its next use (``next_uses``).
         policy: ``belady`` or ``lru``.
     """

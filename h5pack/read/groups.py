@@ -36,16 +36,7 @@ def first_appearance(values: np.ndarray) -> np.ndarray:
 
 
 class GroupLoad:
-    """A group a reader is about to decompress (``PackReader.pending_loads``).
-
-    Attributes:
-        reader: The reader whose group it is (``reader.hold`` takes the result).
-        group: The group (chunk group) to load.
-        plan: ``StoredImages.plan``'s ``(direct, buffer bytes)``.
-        buffer: Where it is decompressed to, taken from the reader's free buffers.
-        threaded: Whether ``run`` may run on another thread (the direct path; h5py's path
-            runs in the reader's thread).
-    """
+    """A group a reader is about to decompress (``PackReader.pending_loads``)."""
 
     __slots__ = ("buffer", "group", "plan", "reader", "threaded")
 
@@ -64,15 +55,7 @@ class GroupLoad:
 
 
 class GroupWindow:
-    """The decompressed groups one reader keeps, and the buffers of those that left.
-
-    And the threads they are loaded on: its own, or a pool shared with other readers.
-
-    Args:
-        stored: The pack's stored samples (plans and fetches a group's chunks).
-        window_chunks: Groups kept.
-        threads: Threads that load groups (0 or 1: the calling thread).
-    """
+    """The decompressed groups one reader keeps, and the buffers of those that left."""
 
     def __init__(self, stored: StoredImages, window_chunks: int, threads: int) -> None:
         self.stored = stored
@@ -115,10 +98,7 @@ class GroupWindow:
             self.own = None
 
     def groups(self, wanted: np.ndarray, load: Load) -> dict[int, np.ndarray]:
-        """Return the decompressed data of groups ``wanted``, loading those not in the window.
-
-        ``load`` runs on the threads when more than one group is missed on the direct path.
-        """
+        """Return the decompressed data of groups ``wanted``, loading those not in the window."""
         found: dict[int, np.ndarray] = {}
         fresh: list[int] = []  # groups entering the window, in the order wanted
         missing: list[int] = []  # those not held already (``hold``): loaded here
@@ -153,10 +133,7 @@ class GroupWindow:
         return found
 
     def pending(self, order: np.ndarray) -> list[tuple[int, Plan, np.ndarray]]:
-        """Return ``(group, plan, buffer)`` of groups ``order`` not in the window, fetched.
-
-        What was held for a read that never came (an error) is dropped first.
-        """
+        """Return ``(group, plan, buffer)`` of groups ``order`` not in the window, fetched."""
         for _, buffer in self.held.values():
             self.recycle(buffer)
         self.held.clear()

@@ -33,11 +33,7 @@ _DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
 
 
 def jpeg_header(data: bytes, name: str, limit: int) -> JpegHeader | None:
-    """The header of a JPEG the pipeline decodes itself; None for other files.
-
-    ``core.jpeg.read_jpeg_header`` first (``NOTE [ Fast JPEG header ]``), Pillow's header
-    for what it does not answer (which also raises the errors of a damaged or huge file).
-    """
+    """The header of a JPEG the pipeline decodes itself; None for other files."""
     header = read_jpeg_header(data)
     pillow_limit = Image.MAX_IMAGE_PIXELS
     if header is not None and header.width * header.height <= min(
@@ -60,12 +56,7 @@ def jpeg_header(data: bytes, name: str, limit: int) -> JpegHeader | None:
 
 
 def upright_jpeg_header(data: bytes, channels: int) -> JpegHeader | None:
-    """The header of a JPEG that :func:`decode_crop_into` decodes as stored, unconverted.
-
-    An upright (EXIF orientation 1) RGB JPEG for ``channels`` 3, or gray one for 1, whose
-    header ``core.jpeg.read_jpeg_header`` reads and whose size is within the pixel limits;
-    None for anything else (which ``decode_crop_into`` also takes, by its other paths).
-    """
+    """The header of a JPEG that :func:`decode_crop_into` decodes as stored, unconverted."""
     header = read_jpeg_header(data)
     if (
         header is None
@@ -79,11 +70,7 @@ def upright_jpeg_header(data: bytes, channels: int) -> JpegHeader | None:
 
 
 def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 1) -> np.ndarray:
-    """Decode the JPEG ``data`` whose header is ``header``, as stored: ``decode_crop_into``'s.
-
-    Raises:
-        DecodeError: the data does not decode; the message starts with ``name``.
-    """
+    """Decode the JPEG ``data`` whose header is ``header``, as stored: ``decode_crop_into``'s."""
     return _decode_jpeg(header, data, reduction, name)
 
 
@@ -98,13 +85,7 @@ def decode_jpeg_box(
     *,
     canvas: bool = False,
 ) -> np.ndarray | None:
-    """The ``box`` of the JPEG ``data`` as stored, decoded alone; None where it cannot be.
-
-    The pixels equal ``decode_jpeg(header, data, name=..., reduction=reduction)[box]``
-    (``NOTE [ Decoding only the box ]``; ``box`` in the reduced image's pixels); None for a
-    mode other than RGB and gray, or whatever :func:`h5pack.core.jpegbox.decode_box`
-    declines: the caller then decodes the whole image. ``canvas``: as ``decode_box``'s.
-    """
+    """The ``box`` of the JPEG ``data`` as stored, decoded alone; None where it cannot be."""
     channels = _BOX_CHANNELS.get(header.mode)
     if channels is None:
         return None
@@ -128,11 +109,7 @@ def decode_jpeg_box(
 
 
 def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> np.ndarray:
-    """Decode the JPEG at ``1 / reduction`` scale, as stored: (h, w, 1|3) uint8.
-
-    RGB and gray JPEGs go to ``cv2.imdecode`` (see ``NOTE [ JPEG decoder ]``); what it
-    refuses or sizes differently, and CMYK, go to Pillow, whose errors are raised.
-    """
+    """Decode the JPEG at ``1 / reduction`` scale, as stored: (h, w, 1|3) uint8."""
     stored_w, stored_h = header.size
     if header.mode in ("RGB", "L"):
         pixels = _decode_jpeg_opencv(data, reduction, header.mode == "RGB")
@@ -230,11 +207,7 @@ def decode_crop_jpeg(
     name: str,
     keep: KeepDecoded | None,
 ) -> None:
-    """Decode the JPEG ``image`` (maybe at a reduced scale), resize the planned box into ``out``.
-
-    See ``NOTE [ JPEG DCT scaling ]``. Cuts and resizes as stored, then orients the small
-    result; the output's sides swap with the transposing orientations (5..8).
-    """
+    """Decode the JPEG ``image`` (maybe at a reduced scale), resize the planned box into ``out``."""
     stored_w, stored_h = image.size
     plan = plan_jpeg(stored_h, stored_w, image.orientation, spec, where)
     reduced = (-(-stored_h // plan.reduction), -(-stored_w // plan.reduction))
@@ -255,13 +228,7 @@ def decode_crop_jpeg(
 
 
 def _region_read(plan: JpegPlan, spec: CropSpec, reduced: tuple[int, int]) -> Box:
-    """The part of the (reduced) image that resizing ``plan``'s box reads, as a box of it.
-
-    At full scale, and at a reduced one with a whole-pixel box, the box itself. Pillow's
-    resize of a fractional box (``_resize_fractional_box``) reads each output pixel's
-    filter support around it (BILINEAR: one input pixel, times the shrink factor), so the
-    region is the box widened by that support and two pixels, within the image.
-    """
+    """The part of the (reduced) image that resizing ``plan``'s box reads, as a box of it."""
     cut, reduction = plan.cut, plan.reduction
     if reduction == 1:
         return cut
@@ -291,12 +258,7 @@ def resize_jpeg_into(
     origin: tuple[int, int],
     reduced: tuple[int, int],
 ) -> None:
-    """Resize the planned box of the JPEG's ``pixels`` into ``out``.
-
-    ``pixels`` is the part of the image (as stored, at ``plan.reduction``, of size
-    ``reduced``) whose top left pixel is ``origin``: the whole image, or the region
-    ``_region_read`` chose (the same output either way).
-    """
+    """Resize the planned box of the JPEG's ``pixels`` into ``out``."""
     cut, flip, reduction, orientation, out_h, out_w = plan
     if reduction > 1 and spec.backend == "pillow":  # `pixels` the whole image or a canvas
         small = _resize_fractional_box(pixels, cut, reduction, (out_h, out_w))
@@ -320,12 +282,7 @@ def resize_jpeg_into(
 def _resize_fractional_box(
     pixels: np.ndarray, box: Box, reduction: int, out_size: tuple[int, int]
 ) -> np.ndarray:
-    """Resize ``box`` (stored coordinates) of the reduced ``pixels`` with Pillow's ``box=``.
-
-    Reduced pixel j covers stored pixels [j * s, (j + 1) * s): the box maps to a fractional
-    one, which only Pillow's resize takes; rounding it to whole reduced pixels instead lost
-    much of the full path's fidelity.
-    """
+    """Resize ``box`` (stored coordinates) of the reduced ``pixels`` with Pillow's ``box=``."""
     top, left, height, width = (v / reduction for v in box)
     two_d = pixels[:, :, 0] if pixels.shape[2] == 1 else pixels
     resized = Image.fromarray(np.ascontiguousarray(two_d)).resize(

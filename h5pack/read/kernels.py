@@ -43,10 +43,7 @@ def pillow_resize_into(source: np.ndarray, out: np.ndarray) -> None:
 
 
 def opencv_resize_into(source: np.ndarray, out: np.ndarray) -> None:
-    """Resize with OpenCV: ``INTER_AREA`` shrinking, else ``INTER_LINEAR`` (a kernel).
-
-    ``cv2.resize`` reads the row-strided box in place and writes ``out`` directly.
-    """
+    """Resize with OpenCV: ``INTER_AREA`` shrinking, else ``INTER_LINEAR`` (a kernel)."""
     if source.shape[:2] == out.shape[:2]:
         out[...] = source
         return
@@ -67,11 +64,7 @@ def opencv_resize_into(source: np.ndarray, out: np.ndarray) -> None:
 
 
 def reference_resize(backend: Backend) -> ResizeInto:
-    """Return the reference kernel of ``backend``: Pillow's or OpenCV's resize.
-
-    Raises:
-        OptionsError: an unknown backend.
-    """
+    """Return the reference kernel of ``backend``: Pillow's or OpenCV's resize."""
     if backend == "pillow":
         return pillow_resize_into
     if backend == "opencv":
@@ -82,20 +75,7 @@ def reference_resize(backend: Backend) -> ResizeInto:
 def crop_into(
     hwc: np.ndarray, box: Box, out: np.ndarray, *, flip: bool, resize: ResizeInto
 ) -> None:
-    """Resize ``box`` of ``hwc`` into ``out`` with ``resize``, then flip ``out`` if asked.
-
-    Nothing is copied besides what ``resize`` does: the box is a view of ``hwc``.
-
-    Args:
-        hwc: A uint8 ``(H, W, C)`` array; may be read-only.
-        box: The box to cut; it must lie inside the image.
-        out: The C-contiguous uint8 ``(h, w, C)`` output, e.g. one image of a batch.
-        flip: Flip the result horizontally.
-        resize: The kernel (see :data:`ResizeInto`).
-
-    Raises:
-        OptionsError: the box is outside the image, or the channels differ.
-    """
+    """Resize ``box`` of ``hwc`` into ``out`` with ``resize``, then flip ``out`` if asked."""
     top, left, box_h, box_w = box
     image_h, image_w = hwc.shape[:2]
     inside = top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
@@ -113,11 +93,7 @@ def crop_into(
 
 
 def flip_in_place(out: np.ndarray) -> None:
-    """Flip the C-contiguous ``(H, W, C)`` uint8 ``out`` horizontally, in place.
-
-    ``cv2.flip`` swaps the pixels in place, far cheaper than numpy's 3-byte-strided
-    ``out[...] = out[:, ::-1]``.
-    """
+    """Flip the C-contiguous ``(H, W, C)`` uint8 ``out`` horizontally, in place."""
     import cv2
 
     target = out[:, :, 0] if out.shape[2] == 1 else out

@@ -1,10 +1,6 @@
-"""The disk cache's ledger and its directory: SQLite opened safely, what it costs on disk.
+"""The disk cache's ledger (SQLite) and directory: transactions, disk use, owners, leftovers.
 
-``read.diskcache`` keeps its rows here (NOTE [ One disk cache per machine ]). This module
-opens the ledger (retrying SQLite's immediate "locked" answers), runs transactions, keeps
-connections from crossing fork (see ``read.diskcache``), measures what the directory
-holds besides chunk files (``overhead_bytes``: the budget bounds the whole directory), and
-keeps the directory honest: the files' digests, the owners' locks, the leftovers' sweep.
+``read.diskcache`` keeps its rows here (NOTE [ One disk cache per machine ]).
 """
 
 from __future__ import annotations
@@ -12,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -21,31 +18,14 @@ import numpy as np
 
 from h5pack.core import integrity
 
-__all__ = [
-    "BLOCK",
-    "CLAIMED",
-    "GROWTH",
-    "LEDGER",
-    "READY",
-    "connect",
-    "cost",
-    "digest_matches",
-    "file_digest",
-    "overhead_bytes",
-    "owner_alive",
-    "sweep",
-    "transaction",
-    "trim",
-]
-
 LEDGER = "ledger.sqlite"
 READY, CLAIMED = 1, 0  # a row's state: its file is there, or a process downloads it
 BLOCK = 4096  # a file takes whole blocks on disk (what ``du`` counts)
 GROWTH = 8 * BLOCK  # kept free besides: the ledger's new pages, a new pack's folder
+COST_SQL = f"((nbytes + {BLOCK - 1}) / {BLOCK}) * {BLOCK}"  # ``cost`` in SQL
 _WAL_PAGES = 64  # checkpoint the WAL at this many pages, and truncate it to this size
 _WAL_RESERVE = 2 * _WAL_PAGES * BLOCK  # a checkpoint may lag the limit
-# How long opening the ledger retries SQLite's immediate "database is locked" answers.
-CONNECT_WAIT_S = 60.0
+CONNECT_WAIT_S = 60.0  # how long opening retries SQLite's immediate "locked" answers
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -67,12 +47,9 @@ def cost(nbytes: int) -> int:
 def connect(directory: Path) -> sqlite3.Connection:
     """Return a new connection to ``directory``'s ledger (created 0600), its schema made.
 
-    SQLite answers "database is locked" at once, without waiting out its busy timeout, in a
-    few states of a WAL database that another process is opening or recovering (switching a
-    new ledger to WAL takes an exclusive lock; a connection that finds another one
-    recovering the WAL index is refused): those answers are tried again for up to
-    ``CONNECT_WAIT_S``, then raised. Two jobs on one directory, or sibling workers on a new
-    one, meet those states. A ledger of an older layout (no digests) is emptied.
+    SQLite answers "database is locked" at once, without its busy timeout, while another
+    process opens or recovers a WAL database (two jobs, or sibling workers on a new
+    directory): retried for up to ``CONNECT_WAIT_S``. A ledger without digests is emptied.
     """
     path = directory / LEDGER
     os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))  # SQLite: same mode
@@ -113,11 +90,28 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("COMMIT")
 
 
-def trim(db: sqlite3.Connection, directory: Path) -> None:
-    """Checkpoint and truncate the WAL once it outgrows its reserve (outside transactions).
+def default_budget(db: sqlite3.Connection, directory: Path, fraction: float) -> int:
+    """Return the budget recorded in the ledger, recording ``fraction`` of the free space."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'default_budget'").fetchone()
+    if row is not None:
+        return int(row[0])
+    budget = int(shutil.disk_usage(directory).free * fraction)
+    db.execute("INSERT INTO meta VALUES ('default_budget', ?)", (str(budget),))
+    return budget
 
-    With several processes writing, SQLite's own checkpoints rarely find a moment when no
-    reader uses the WAL, and the file grows past ``journal_size_limit``.
+
+def tick(db: sqlite3.Connection) -> int:
+    """Advance and return the ledger's clock (the order of uses, for LRU)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'clock'").fetchone()
+    clock = int(row[0]) + 1 if row is not None else 1
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('clock', ?)", (str(clock),))
+    return clock
+
+
+def trim(db: sqlite3.Connection, directory: Path) -> None:
+    """Checkpoint and truncate the WAL past its reserve (outside transactions).
+
+    With several writers SQLite's own checkpoints rarely find the WAL unused.
     """
     if _blocks(directory / f"{LEDGER}-wal") > _WAL_RESERVE:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -133,8 +127,7 @@ def _blocks(path: Path) -> int:
 def overhead_bytes(directory: Path) -> int:
     """Return what ``directory`` holds besides chunk files, as ``du`` counts it.
 
-    The ledger, its shared-memory index and its WAL (counted at its limit at least: it
-    grows between two checkpoints), the owners' lock files and every directory.
+    The ledger and its files (the WAL counted at its limit at least), locks, directories.
     """
     total = _blocks(directory) + _blocks(directory / LEDGER) + _blocks(directory / f"{LEDGER}-shm")
     total += max(_blocks(directory / f"{LEDGER}-wal"), _WAL_RESERVE)
@@ -164,6 +157,12 @@ def digest_matches(digest: str, data: np.ndarray) -> bool:
     return True
 
 
+def chunk_path(directory: Path, pack: str, chunk: int, owner: str | None = None) -> Path:
+    """Return a chunk's file, or its temporary file while ``owner`` writes it."""
+    name = f"{chunk}" if owner is None else f".{chunk}.{owner}.tmp"
+    return directory / "chunks" / pack / name
+
+
 def owner_alive(directory: Path, owner: str) -> bool:
     """Return whether the process ``owner`` holds its lock in ``directory`` (lives)."""
     try:
@@ -177,6 +176,26 @@ def owner_alive(directory: Path, owner: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def drop_owner(db: sqlite3.Connection, directory: Path, owner: str, *, lock: bool) -> int:
+    """Remove ``owner``'s claims (rows and files), future and, with ``lock``, its lock file.
+
+    Returns the claims removed.
+    """
+    rows = db.execute(
+        "SELECT pack, chunk FROM entries WHERE owner = ? AND state = ?", (owner, CLAIMED)
+    ).fetchall()
+    for pack, chunk in rows:
+        for path in (chunk_path(directory, pack, chunk, owner), chunk_path(directory, pack, chunk)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        db.execute("DELETE FROM entries WHERE pack = ? AND chunk = ?", (pack, chunk))
+    db.execute("DELETE FROM futures WHERE owner = ?", (owner,))
+    if lock:
+        with contextlib.suppress(FileNotFoundError):
+            (directory / "owners" / f"{owner}.lock").unlink()
+    return len(rows)
 
 
 def sweep(db: sqlite3.Connection, directory: Path, alive: Callable[[str], bool]) -> int:

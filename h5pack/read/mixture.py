@@ -88,17 +88,7 @@ def joined_classes(
 
 @dataclass(frozen=True)
 class MixView:
-    """What a dataset or sampler needs to know of several sources, before reading.
-
-    Attributes:
-        sources: Each source as given, as plain strings (a path, or a tuple of packs).
-        names: How messages name each source.
-        views: Each source's ``PackView``.
-        meta: One metadata over global indices: labels mapped to ``meta.classes`` (the
-            joined classes), shapes, checksums and source indices concatenated.
-        label_maps: Per source, its label -> the mix's label.
-        chunk_map: Every source's chunks, one after another (global indices).
-    """
+    """What a dataset or sampler needs to know of several sources, before reading."""
 
     sources: tuple[str | tuple[str, ...], ...]
     names: tuple[str, ...]
@@ -138,17 +128,7 @@ def _plain(source: PackSource) -> str | tuple[str, ...]:
 
 
 def check_fields(view: MixView, names: Sequence[str] | None) -> None:
-    """Refuse a field the mix delivers that some source lacks (fields are joined by name).
-
-    Args:
-        view: The mix.
-        names: The fields delivered (``fields=``); None: every field of every source.
-
-    Raises:
-        OptionsError: a field one source holds and another lacks, or holds as another kind
-            or dtype: the message names the field and both sources, and the fields every
-            source holds (pass ``fields=`` naming some to leave the others out).
-    """
+    """Refuse a field the mix delivers that some source lacks (fields are joined by name)."""
     common = [f.name for f in fields_of(view.meta)]
     listings = [fields_of(v.meta) for v in view.views]
     wanted = set(common) | {f.name for fields in listings for f in fields}
@@ -244,17 +224,7 @@ def describe_mix(
 
 
 def check_batchable(view: MixView, *, one_size: bool) -> None:
-    """Refuse sources whose images cannot be stacked into one batch, naming both.
-
-    Args:
-        view: The mix.
-        one_size: Whether the pipeline cuts every image to one size (``size=``): then mode,
-            storage and image size may differ, but not the channels.
-
-    Raises:
-        OptionsError: two sources whose images differ in channels, or (without
-            ``one_size``) in size.
-    """
+    """Refuse sources whose images cannot be stacked into one batch, naming both."""
     first, first_name = view.views[0].meta, view.names[0]
     for name, source in zip(view.names[1:], view.views[1:], strict=True):
         meta = source.meta

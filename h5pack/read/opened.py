@@ -30,17 +30,7 @@ from h5pack.read.virtual import check_virtual_sources, open_virtual
 
 @dataclass(eq=False)
 class OpenPack:
-    """A pack opened for reading.
-
-    Attributes:
-        index: Its description (closed by ``close``).
-        meta: Its metadata, checked to be the file's.
-        stored: Its stored samples and their byte path.
-        compressed: Whether its groups are read whole into a window (compressed, virtual
-            or remote), rather than sample runs straight into a batch.
-        virtual: Whether it is a virtual pack (``h5pack merge --virtual``).
-        pieces: The stored pieces of each group, for a planned source (``read.planned``).
-    """
+    """A pack opened for reading."""
 
     index: PackIndex
     meta: fmt.PackMeta

@@ -55,16 +55,7 @@ PackSource: TypeAlias = "str | os.PathLike[str] | Sequence[str | os.PathLike[str
 
 @dataclass(frozen=True)
 class ShardView:
-    """What a pack set keeps of one shard once it is checked (no metadata arrays).
-
-    Attributes:
-        path: The shard (a URL for a remote set's).
-        num_samples: Its samples.
-        chunk_map: Its groups, in its own indices.
-        group_bytes: Uncompressed bytes of one of its groups.
-        compressed: Whether its images pass through a filter.
-        identity: The file checked (pack id and status): a reader refuses any other.
-    """
+    """What a pack set keeps of one shard once it is checked (no metadata arrays)."""
 
     path: Path | str
     num_samples: int
@@ -79,11 +70,7 @@ _FOLDED = tuple(spec for spec in fmt.SAMPLE_ARRAYS if spec.in_set)
 
 
 class _Fold:
-    """The shards' per-sample arrays, concatenated as they are read.
-
-    With the total known (a manifest) each array is allocated once and filled shard by
-    shard, so describing a large set holds its metadata once, not twice.
-    """
+    """The shards' per-sample arrays, concatenated as they are read."""
 
     def __init__(self, total: int | None) -> None:
         self.total = total
@@ -123,10 +110,7 @@ class _Fold:
 
 
 def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMeta:
-    """Return one ``PackMeta`` for all shards (refusing shards that cannot be one set).
-
-    ``metas`` are the shards' metadata less their per-sample arrays, which ``fold`` holds.
-    """
+    """Return one ``PackMeta`` for all shards (refusing shards that cannot be one set)."""
     first = metas[0]
     for meta in metas[1:]:
         differences = join_differences(meta, first)
@@ -164,18 +148,7 @@ def _combined_meta(name: str, metas: Sequence[PackMeta], fold: _Fold) -> PackMet
 
 @dataclass(frozen=True)
 class PackView:
-    """What a dataset or sampler needs to know of a pack or a pack set, before reading.
-
-    Small enough to pickle into every DataLoader worker; ``open_reader(source, view=view)``
-    opens a reader on exactly the files it describes without reading metadata again.
-
-    Attributes:
-        meta: The metadata (for a set: all shards', concatenated in order).
-        chunk_map: The groups read together (for a set: every shard's, one after another).
-        group_bytes: Uncompressed bytes of one group (for a set: the largest shard's).
-        compressed: Whether any shard's images pass through a filter.
-        shards: For a set, each shard as checked (``ShardView``); None for a single pack.
-    """
+    """What a dataset or sampler needs to know of a pack or a pack set, before reading."""
 
     meta: PackMeta
     chunk_map: ChunkMap
@@ -243,10 +216,7 @@ def describe_set(
     locking: bool | None,
     store: Store | None = None,
 ) -> PackView:
-    """Load and check every shard's metadata; fold them into one view.
-
-    A remote set's shards are opened concurrently (NOTE [ Compact index ]: 1-2 GETs each).
-    """
+    """Load and check every shard's metadata; fold them into one view."""
     remote = store is not None and store.remote
     paths: list[Path | str]
     if store is not None and store.remote:

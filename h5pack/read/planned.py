@@ -67,11 +67,7 @@ class ReadPlan:
 
 
 def chunk_stream(chunks: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return the chunks of a sequence of uses in order of first use, with those times.
-
-    A chunk used again later (another epoch) appears again once its earlier uses ended:
-    runs of equal times (an epoch) are taken one at a time by their integer part.
-    """
+    """Return the chunks of a sequence of uses in order of first use, with those times."""
     chunks = np.asarray(chunks, dtype=np.int64)
     times = np.asarray(times, dtype=np.float64)
     if not len(chunks):
@@ -86,11 +82,7 @@ def chunk_stream(chunks: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.
 def group_chunks(
     chunk_map: ChunkMap, meta: PackMeta, chunk_nbytes: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return each sample group's first HDF5 chunk and its number of chunks.
-
-    A chunked array's group is its chunk; an aligned blob's group spans the chunks from
-    its first slot to the end of its last sample (NOTE [ Aligned blobs ]).
-    """
+    """Return each sample group's first HDF5 chunk and its number of chunks."""
     groups = chunk_map.num_chunks
     if meta.storage == "array":
         return np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64)
@@ -106,17 +98,7 @@ def group_chunks(
 def group_pieces(
     chunk_map: ChunkMap, meta: PackMeta, start: int, group_bytes: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Return a contiguous pack's groups as pieces: offsets, sizes, and the group mapping.
-
-    A contiguous pack has no chunks: the reader reads each group's bytes at once (a run of
-    about ``DEFAULT_CHUNK_BYTES``), so the groups are the pieces read ahead and cached.
-
-    Args:
-        chunk_map: The pack's sample groups.
-        meta: The pack's metadata.
-        start: File offset of the images' data.
-        group_bytes: Bytes of one sample (array storage; unused for blobs).
-    """
+    """Return a contiguous pack's groups as pieces: offsets, sizes, and the group mapping."""
     lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
     if meta.storage == "array":
         begin, end = lo * group_bytes, hi * group_bytes
@@ -137,15 +119,7 @@ def chunk_uses(
     first: np.ndarray,
     count: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return the HDF5 chunks that reading ``samples`` at ``times`` uses, first uses only.
-
-    Args:
-        samples: Sample indices in order of use.
-        times: Their times (epochs).
-        chunk_map: The pack's sample groups.
-        first: First chunk of each group (``group_chunks``).
-        count: Chunks of each group.
-    """
+    """Return the HDF5 chunks that reading ``samples`` at ``times`` uses, first uses only."""
     groups, group_times = chunk_stream(chunk_map.chunks_of(np.asarray(samples)), times)
     spans = count[groups]
     chunks = np.repeat(first[groups] - np.cumsum(spans) + spans, spans) + np.arange(
@@ -164,17 +138,7 @@ def planned_source(
     disk_cache: DiskCacheOptions | None,
     reader_checks: bool = False,
 ) -> ByteSource:
-    """Return ``source`` wrapped to read ahead (remote, or ``read_ahead`` given), else itself.
-
-    Args:
-        source: The pack's bytes.
-        offsets: Byte offset of each chunk of the images.
-        sizes: Stored bytes of each chunk.
-        pack_id: The pack's id (with the source's size and ETag: its cache key).
-        read_ahead: As ``ReaderOptions.read_ahead``.
-        disk_cache: The disk cache (``ReaderOptions.disk_cache``), for remote sources.
-        reader_checks: The reader checks every piece it reads (see ``PlannedSource``).
-    """
+    """Return ``source`` wrapped to read ahead (remote, or ``read_ahead`` given), else itself."""
     if isinstance(source, PlannedSource) or not (source.remote or read_ahead is not None):
         return source
     if not source.remote:  # a local file is its own cache
@@ -192,19 +156,7 @@ def planned_source(
 
 
 class PlannedSource(ByteSource):
-    """A source whose chunk reads go through a read-ahead and the machine's disk cache.
-
-    Args:
-        source: The object (thread-safe ``read_ranges``).
-        offsets: Byte offset of each chunk (the pack's chunk table).
-        sizes: Stored bytes of each chunk.
-        pack: The pack's cache key (``diskcache.pack_key`` of its id, size and ETag).
-        read_ahead: Depth, memory, merging of the read-ahead.
-        cache: Directory, budget and eviction of the disk cache; None: no disk cache.
-        reader_checks: The reader checks every piece it reads (``verify_checksums``): a
-            piece is cached once ``verified``, and ``refetch`` replaces one found wrong
-            (NOTE [ Checked downloads ] in ``read.stored``).
-    """
+    """A source whose chunk reads go through a read-ahead and the machine's disk cache."""
 
     def __init__(
         self,
@@ -274,17 +226,7 @@ class PlannedSource(ByteSource):
         *,
         held: Sequence[int] = (),
     ) -> None:
-        """Read ahead for the samples of ``plan`` (their chunks, first uses in order).
-
-        Args:
-            plan: The process's plan.
-            chunk_map: The pack's sample groups.
-            pieces: Each group's first piece (a chunk of this source's table) and its
-                number of pieces (``group_chunks``; a contiguous pack: one piece a group).
-            held: Groups the reader holds decompressed now, oldest first: those the plan uses
-                before its window (first in, first out) lets them go are served from there,
-                not fetched again.
-        """
+        """Read ahead for the samples of ``plan`` (their chunks, first uses in order)."""
         first, count = pieces
         samples, times = plan.samples, plan.times
         if len(held):
@@ -307,13 +249,7 @@ class PlannedSource(ByteSource):
         self.plan(chunks, times, Future(later, later_times))
 
     def plan(self, chunks: np.ndarray, times: np.ndarray, future: Future | None) -> None:
-        """Read the chunks ``chunks`` ahead, in this order; tell the cache the rank's future.
-
-        Args:
-            chunks: Chunk indices in order of first use by this process.
-            times: The time of each use (epochs).
-            future: Every use of this pack's chunks by the rank (this epoch and the next).
-        """
+        """Read the chunks ``chunks`` ahead, in this order; tell the cache the rank's future."""
         ahead = self.ahead()
         keep = self.offsets[chunks] >= 0  # unallocated chunks are read through HDF5
         chunks, times = chunks[keep], times[keep]

@@ -34,20 +34,7 @@ R = TypeVar("R")
 
 
 class ReadPool:
-    """A fixed number of threads that several readers of one process share.
-
-    Args:
-        threads: Threads of the pool (>= 1); with 1 every call runs in the calling thread.
-
-    Raises:
-        OptionsError: ``threads`` below 1.
-
-    Example:
-        >>> pool = ReadPool(2)
-        >>> pool.map(lambda x: x * x, [1, 2, 3])
-        [1, 4, 9]
-        >>> pool.close()
-    """
+    """A fixed number of threads that several readers of one process share."""
 
     def __init__(self, threads: int) -> None:
         if threads < 1:
@@ -97,18 +84,7 @@ class Loading:
             ]
 
     def finish(self) -> int:
-        """Wait for every group and hand each to its reader (``PackReader.hold``).
-
-        One wait for all (each wake-up of the waiting thread takes a core from a
-        decompressing one); the hand-over runs in the calling thread.
-
-        Returns:
-            The groups handed over.
-
-        Raises:
-            FormatError: a group's chunks cannot be read (the first such, after every load
-                has ended, so no thread still writes into a buffer).
-        """
+        """Wait for every group and hand each to its reader (``PackReader.hold``)."""
         wait([future for future in self._futures if future is not None])
         for load, future in zip(self.loads, self._futures, strict=True):
             load.reader.hold(load, load.run() if future is None else future.result())
@@ -117,11 +93,5 @@ class Loading:
 
 
 def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> Loading:
-    """Start decompressing the chunks that reading each ``(reader, indices)`` will miss.
-
-    See NOTE [ One pool for a mix's sources ]. After ``finish()``, each reader serves its
-    next read of those very ``indices`` (``read_into`` / ``read_stored``, the same array,
-    unchanged) from the groups held for it, decompressing nothing; the calling thread may
-    work meanwhile, but must not read with these readers before ``finish``.
-    """
+    """Start decompressing the chunks that reading each ``(reader, indices)`` will miss."""
     return Loading(pool, requests)

@@ -42,10 +42,7 @@ _SLACK_POSITIONS = 16
 
 
 class RangeSource(Protocol):
-    """What the read-ahead reads from: byte ranges of one object, from several threads.
-
-    ``core.source.ByteSource`` is one (its ``read_ranges``).
-    """
+    """What the read-ahead reads from: byte ranges of one object, from several threads."""
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Sequence[Any]:
         """Return the bytes of each ``[start, end)`` range (buffers), one request each."""
@@ -101,18 +98,7 @@ class ReadAheadOptions:
 
 @dataclass
 class ReadAheadStats:
-    """What one process's read-ahead did, in counts and bytes.
-
-    Attributes:
-        requests: Ranged requests sent to the source.
-        fetched_bytes: Bytes those requests returned.
-        cache_hits: Chunks read from the disk cache instead.
-        refetched: Chunks fetched again because the reader found their bytes wrong.
-        served: Chunks handed to the reader.
-        waited: Chunks the reader asked for before they had arrived.
-        off_plan: Chunks read at once because the plan did not hold them.
-        most_in_flight: The most requests in flight at once.
-    """
+    """What one process's read-ahead did, in counts and bytes."""
 
     requests: int = 0
     fetched_bytes: int = 0
@@ -144,18 +130,7 @@ def shared_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
 
 
 class ReadAhead:
-    """Fetch a worker's planned chunks ahead of use (see the NOTE above).
-
-    Args:
-        source: The object's bytes (``read_ranges`` from several threads).
-        offsets: Byte offset of each chunk in the object.
-        sizes: Stored bytes of each chunk.
-        options: Depth, memory and merging.
-        cache: The machine's disk cache, or None.
-        pack: The pack's cache key (``diskcache.pack_key``); needed with a cache.
-        defer_store: Cache a fetched chunk only once ``verified`` (the reader checked it).
-        clock: Seconds, for the measured depth (injected by tests).
-    """
+    """Fetch a worker's planned chunks ahead of use (see the NOTE above)."""
 
     def __init__(
         self,
@@ -251,11 +226,7 @@ class ReadAhead:
         return float(self._times[position])
 
     def _fill(self, *, force: bool = False) -> None:
-        """Request the next chunks of the plan while depth and memory allow.
-
-        Args:
-            force: Request the next chunk even beyond the depth (the reader waits for it).
-        """
+        """Request the next chunks of the plan while depth and memory allow."""
         with self._lock:
             depth = self.depth()
             while self._next < len(self._stream):
@@ -343,12 +314,7 @@ class ReadAhead:
         self._fill()
 
     def _fetch(self, run: list[int], times: list[float | None]) -> list[np.ndarray]:
-        """Return the bytes of the chunks ``run`` (adjacent in the file), cache first.
-
-        Args:
-            run: The chunks.
-            times: The time of each one's use (epochs; None: unknown), for the cache.
-        """
+        """Return the bytes of the chunks ``run`` (adjacent in the file), cache first."""
         found: dict[int, np.ndarray] = {}
         claimed: set[int] = set()
         if self.cache is not None:
@@ -418,10 +384,7 @@ class ReadAhead:
                 self.cache.put(self.pack, chunk, data, now=self._served_time)
 
     def refetch(self, chunks: Sequence[int]) -> dict[int, np.ndarray]:
-        """Fetch ``chunks`` again, one request each, dropping the bytes the reader found wrong.
-
-        Their disk cache files are evicted; the fresh bytes are cached once ``verified``.
-        """
+        """Fetch ``chunks`` again, one request each, dropping the bytes the reader found wrong."""
         fresh = {}
         for chunk in chunks:
             if self.cache is not None:
@@ -501,12 +464,7 @@ class ReadAhead:
         return data
 
     def get_many(self, chunks: Sequence[int]) -> list[np.ndarray]:
-        """Return the stored bytes of ``chunks``; those off the plan are fetched at once.
-
-        The chunks the plan holds come as ``get`` serves them; the others (a reader's
-        window that dropped a chunk, an epoch without a plan) are requested together,
-        concurrently, instead of one after the other.
-        """
+        """Return the stored bytes of ``chunks``; those off the plan are fetched at once."""
         with self._lock:
             off_plan = [
                 c

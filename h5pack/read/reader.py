@@ -126,11 +126,7 @@ class PackReader:
 
     @property
     def paths(self) -> list[str]:
-        """Every sample's relative source path, in pack order (read on first use).
-
-        Raises:
-            FormatError: the paths are damaged (they do not match their digest).
-        """
+        """Every sample's relative source path, in pack order (read on first use)."""
         if self._paths is None:
             self._paths = fmt.read_paths(self._pack.index, self.meta)
         return self._paths
@@ -149,11 +145,7 @@ class PackReader:
     def _locate(
         self, indices: Sequence[int] | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Return ``(checked indices, their groups, the groups in first appearance or None)``.
-
-        What ``pending_loads`` found for these very ``indices`` (the same array) is taken,
-        not computed again: a mix's batch finds them once per source.
-        """
+        """Return ``(checked indices, their groups, the groups in first appearance or None)``."""
         prepared, self._prepared = self._prepared, None
         if prepared is not None and prepared[0] is indices:
             return prepared[1], prepared[2], prepared[3]
@@ -161,16 +153,7 @@ class PackReader:
         return idx, self.chunk_map.chunks_of(idx), None
 
     def read_stored(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
-        """Return the stored form of each sample in ``indices``, in that order.
-
-        HWC uint8 arrays (array storage) or each sample's 1-D bytes (blob storage: flat
-        pixels, or the encoded file), read a group or a run of consecutive indices at once.
-
-        Raises:
-            IndexError: an index is out of range.
-            FormatError: the pack is damaged (with ``verify_checksums``, also a sample whose
-                bytes do not match their digest).
-        """
+        """Return the stored form of each sample in ``indices``, in that order."""
         idx, groups, wanted = self._locate(indices)
         with self._damage("samples"):
             stored = self._read_stored(idx, groups, wanted)
@@ -201,16 +184,7 @@ class PackReader:
         return self.stored.read_uncompressed(idx, groups)
 
     def read_into(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` (B, H, W, C) uint8 with the samples ``indices`` of an array pack.
-
-        The batch path: one gather per group from the window, or copies from the file.
-
-        Raises:
-            IndexError: an index is out of range.
-            ValueError: the pack is not array storage, or ``out`` has the wrong shape.
-            FormatError: the pack is damaged (with ``verify_checksums``, also a sample whose
-                bytes do not match their digest).
-        """
+        """Fill ``out`` (B, H, W, C) uint8 with the samples ``indices`` of an array pack."""
         idx, groups, wanted = self._locate(indices)
         shape = (idx.size, *self.meta.images_shape[1:])
         if self.meta.storage != "array" or out.shape != shape or out.dtype != np.uint8:
@@ -219,16 +193,7 @@ class PackReader:
             self._read_into(idx, out, groups, wanted)
 
     def stored_views(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray] | None:
-        """Views of the stored samples ``indices`` in a read-only mapping of the file, unchecked.
-
-        ``read_stored``'s form, for a local uncompressed pack on the direct path (a blob
-        pack's dataset contiguous; NOTE [ Mapped raw reads ] in core.source), else None. Valid
-        for the batch at hand; check each with :meth:`verify_sample` before use.
-
-        Raises:
-            IndexError: an index is out of range.
-            FormatError: the file is shorter than the pack's samples (truncated).
-        """
+        """Views of the stored samples ``indices`` in a read-only mapping of the file, unchecked."""
         if self.compressed:
             return None
         idx = self._check(indices)
@@ -238,21 +203,11 @@ class PackReader:
     def sample_checks(
         self, indices: Sequence[int] | np.ndarray
     ) -> tuple[Callable[[Any], int], list[int]] | None:
-        """``(digest, recorded)`` to check C-contiguous stored samples of ``indices`` inline.
-
-        ``digest(sample) == recorded[k]`` is what :meth:`verify_sample` checks for sample
-        ``indices[k]``, without its Python calls per sample (``NOTE [ Checked as copied ]``);
-        on a mismatch call :meth:`verify_sample`, which raises with the message. None
-        without ``verify_checksums``. ``indices`` are checked already (``stored_views``).
-        """
+        """``(digest, recorded)`` to check C-contiguous stored samples of ``indices`` inline."""
         return self.checks.inline(indices) if self.verify_checksums else None
 
     def verify_sample(self, index: int, sample: np.ndarray) -> None:
-        """Check ``sample`` (stored form) against its recorded digest, with ``verify_checksums``.
-
-        Raises:
-            FormatError: the bytes do not match their digest.
-        """
+        """Check ``sample`` (stored form) against its recorded digest, with ``verify_checksums``."""
         if self.verify_checksums:
             self.checks.one(index, sample)
 
@@ -269,10 +224,7 @@ class PackReader:
         self.stored.read_uncompressed_into(idx, out, check)
 
     def map_threads(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
-        """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1.
-
-        For work that releases the GIL (decompressing, decoding images).
-        """
+        """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1."""
         return self._window.map(function, items)
 
     def use_pool(self, pool: ReadPool | None) -> None:
@@ -284,14 +236,7 @@ class PackReader:
         self._window.use_pool(pool)
 
     def pending_loads(self, indices: Sequence[int] | np.ndarray) -> list[GroupLoad]:
-        """Return the groups that reading ``indices`` next would decompress, ready to run.
-
-        The groups ``read_into`` / ``read_stored`` of ``indices`` would load, in the order
-        they would load them (their stored chunks fetched, their buffers taken): run each
-        (on any thread when ``threaded``) and give the result to ``hold``; the next read of
-        this very ``indices`` array (left unchanged) then decompresses nothing and locates
-        nothing again (NOTE [ One pool for a mix's sources ]).
-        """
+        """Return the groups that reading ``indices`` next would decompress, ready to run."""
         self._prepared = None
         if not self.compressed:
             return []
@@ -311,19 +256,11 @@ class PackReader:
         return self._window.groups(wanted, self._load_group)
 
     def evict(self, group: int) -> None:
-        """Drop group ``group`` from the window of decompressed chunks, if it is there.
-
-        For a pack set's reader, which keeps one window over all its shards.
-        """
+        """Drop group ``group`` from the window of decompressed chunks, if it is there."""
         self._window.evict(group)
 
     def _load_group(self, group: int, plan: Plan, buffer: np.ndarray) -> np.ndarray:
-        """Read and decompress group ``group`` whole into ``buffer``, checked.
-
-        Raises:
-            FormatError: the group's chunks cannot be read or decompressed (a damaged
-                pack); the message names the pack, the chunk group and its samples.
-        """
+        """Read and decompress group ``group`` whole into ``buffer``, checked."""
         lo, hi = self.stored.bounds(group)
         try:
             checks = self.checks if self.verify_checksums else None
@@ -355,11 +292,7 @@ class PackReader:
         return self.read_stored(np.arange(indices.start, indices.stop))
 
     def decode(self, index: int, stored: np.ndarray) -> np.ndarray:
-        """Return sample ``index`` as an HWC uint8 array from its stored form.
-
-        Raises:
-            DecodeError: an encoded sample does not decode.
-        """
+        """Return sample ``index`` as an HWC uint8 array from its stored form."""
         if self.meta.storage == "array":
             return stored
         if self.meta.mode == "raw":
@@ -377,14 +310,7 @@ class PackReader:
     def read_fields(
         self, indices: Sequence[int] | np.ndarray, names: Sequence[str], *, packed: bool = False
     ) -> dict[str, list[Any]]:
-        """Return the values of the stored fields ``names`` of samples ``indices`` (by name).
-
-        ``packed``: instance masks as stored (``core.fields.read_values``).
-
-        Raises:
-            IndexError: an index is out of range.
-            FormatError: a field cannot be read (damage).
-        """
+        """Return the values of the stored fields ``names`` of samples ``indices`` (by name)."""
         blocks = self.__dict__.setdefault("_field_blocks", FieldBlocks(self._pack.index.hdf5()))
         return read_values(blocks, self.meta, self._check(indices), names, packed=packed)
 

@@ -200,11 +200,7 @@ class PackSetReader:
         return shard, int(index - self._sample_starts[shard])
 
     def shard_reader(self, shard: int) -> PackReader:
-        """Return the open reader of shard ``shard``, opening it (and closing the oldest).
-
-        Raises:
-            FormatError: the shard was replaced since the set was opened.
-        """
+        """Return the open reader of shard ``shard``, opening it (and closing the oldest)."""
         reader = self._readers.get(shard)
         if reader is not None:
             self._readers.move_to_end(shard)

@@ -39,16 +39,7 @@ REFETCHES = 2  # pieces of a group found wrong are fetched this many more times
 
 
 class StoredImages:
-    """The stored samples of one pack: their layout and the reads of their bytes.
-
-    Args:
-        meta: The pack's metadata.
-        chunk_map: Its chunk groups.
-        table: The images' chunk table (the direct path of a chunked dataset), or None.
-        contiguous: The file offset of a contiguous, unfiltered images dataset, or None.
-        source: The pack's bytes.
-        images: Opens the images' h5py dataset, for what the direct path cannot read.
-    """
+    """The stored samples of one pack: their layout and the reads of their bytes."""
 
     def __init__(
         self,
@@ -98,11 +89,7 @@ class StoredImages:
         return False, end - begin
 
     def load(self, group: int, plan: Plan, buffer: np.ndarray) -> np.ndarray:
-        """Read and decompress group ``group`` whole into ``buffer`` (unchecked).
-
-        Array storage: (n, H, W, C) samples of the group. Blob storage: the 1-D bytes from
-        the group's first slot to the end of its last sample.
-        """
+        """Read and decompress group ``group`` whole into ``buffer`` (unchecked)."""
         direct, _ = plan
         lo, hi = self.bounds(group)
         shape = self.meta.images_shape[1:]
@@ -137,11 +124,7 @@ class StoredImages:
     def load_checked(
         self, group: int, plan: Plan, buffer: np.ndarray, checks: SampleChecks | None
     ) -> np.ndarray:
-        """Load group ``group`` (``load``), each sample checked; NOTE [ Checked downloads ].
-
-        Raises:
-            FormatError: a remote piece was wrong in each of its reads (object, bytes, why).
-        """
+        """Load group ``group`` (``load``), each sample checked; NOTE [ Checked downloads ]."""
         source = self.source
         if not (isinstance(source, PlannedSource) and source.reader_checks and checks and plan[0]):
             block = self.load(group, plan, buffer)
@@ -300,11 +283,7 @@ class StoredImages:
         return stored
 
     def mapped_views(self, idx: np.ndarray) -> list[np.ndarray] | None:
-        """Views of uncompressed samples ``idx`` in a read-only mapping of the file, unchecked.
-
-        None unless the pack is local and read by the direct path, a blob pack's dataset
-        contiguous (``PackReader.stored_views``; NOTE [ Mapped raw reads ] in core.source).
-        """
+        """Views of uncompressed samples ``idx`` in a read-only mapping of the file, unchecked."""
         source, array = self.source, self.meta.storage == "array"
         usable = self.direct and self.all_allocated if array else self.contiguous is not None
         if not (usable and isinstance(source, LocalSource)):

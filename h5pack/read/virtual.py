@@ -30,21 +30,7 @@ VIRTUAL_CACHE_BYTES = 2 * 2**30
 def check_virtual_sources(
     handle: h5py.File, images: h5py.Dataset, path: str, meta: fmt.PackMeta
 ) -> tuple[int, int]:
-    """Raise ``FormatError`` unless every source of a virtual pack is there and unchanged.
-
-    HDF5 serves the fill value, silently, for the samples of a source file it cannot open
-    (a moved or deleted shard, too many open files); so before a virtual pack serves a
-    sample, every source HDF5 would read must be one that ``h5pack merge --virtual``
-    recorded, exist, and be the same pack (its pack id, size and sample count).
-
-    Returns:
-        The number of sources, and the largest decompressed chunk of a compressed source's
-        images (0 when no source is compressed).
-
-    Raises:
-        FormatError: the record is missing or damaged, or a source is missing or changed
-            (the message names the source file).
-    """
+    """Raise ``FormatError`` unless every source of a virtual pack is there and unchanged."""
     with fmt.reading(path, f"the pack attribute {VIRTUAL_SOURCES_KEY!r}"):
         raw = handle.attrs.get(VIRTUAL_SOURCES_KEY)
         mapped = {os.fsdecode(source.file_name) for source in images.virtual_sources()}
@@ -100,13 +86,7 @@ def check_virtual_sources(
 def _source_problem(
     source: str, pack_id: Any, file_bytes: int, num_samples: int, digest: Any
 ) -> tuple[str, int]:
-    """Return what is wrong with one source of a virtual pack ("" when nothing).
-
-    And the decompressed bytes of one chunk of its images, when they are compressed (else 0).
-    A source is the same pack when its pack id (random at each conversion), size and
-    sample count are the recorded ones; a format 1.0 source has no pack id, and its
-    metadata digest (``core.packset.meta_digest``) is compared instead.
-    """
+    """Return what is wrong with one source of a virtual pack ("" when nothing)."""
     try:
         size = os.stat(source).st_size
     except FileNotFoundError:
@@ -143,14 +123,7 @@ def _source_problem(
 
 
 def open_virtual(handle: h5py.File, num_sources: int, chunk_bytes: int) -> h5py.Dataset:
-    """Open a virtual pack's images with a chunk cache for its compressed sources.
-
-    Each source dataset HDF5 opens takes its chunk cache from this dataset's access list.
-    The reader loads a virtual pack's groups whole into its own window, so a source needs
-    room for the chunks one group read spans at its ends: two chunks (at most
-    ``VIRTUAL_CACHE_BYTES`` over all sources, at least one chunk each). With HDF5's default
-    (1 MiB), a chunk larger than that was decompressed again for every read touching it.
-    """
+    """Open a virtual pack's images with a chunk cache for its compressed sources."""
     dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
     if chunk_bytes:
         nbytes = max(chunk_bytes, min(2 * chunk_bytes, VIRTUAL_CACHE_BYTES // num_sources))
