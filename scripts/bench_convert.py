@@ -55,7 +55,6 @@ import h5pack
 from h5pack.bench.system import machine_info, tree_cpu_s
 from h5pack.core.layout import Compression
 from h5pack.synthetic import SampleSpec, make_image_folder
-from h5pack.write.builder import write_order
 from h5pack.write.convert import convert
 from h5pack.write.options import ConvertOptions
 from h5pack.write.plan import plan_storage
@@ -375,7 +374,7 @@ def main() -> None:
         make_image_folder(args.folder, spec, photos=PHOTOS, workers=args.workers)
     # The converter's write order (a seeded shuffle): the peers' chunks mix the same images.
     files = scan(args.folder).files
-    paths = [str(files[i].path) for i in write_order(len(files), ConvertOptions())]
+    paths = [str(files[i].path) for i in np.random.default_rng(0).permutation(len(files))]
     mean_kib = sum(os.path.getsize(p) for p in paths) / len(paths) / 1024
     print(f"# data: {len(paths)} JPEGs in {args.folder}, mean {mean_kib:.0f} KiB")
     print(f"# {machine_info(args.folder).describe()}; {args.workers} workers; medians of "

@@ -1,9 +1,6 @@
-"""write/builder.py: the write order and the pack's metadata datasets."""
-
-import numpy as np
+"""write/builder.py: the pack's metadata datasets."""
 
 from h5pack.read.reader import PackReader
-from h5pack.write.builder import write_order
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
 from tests.helpers import random_arrays
@@ -22,12 +19,3 @@ def test_paths_are_written_in_slabs(tmp_path, monkeypatch):
     )
     with PackReader(report.path) as reader:
         assert reader.paths == names
-
-
-def test_write_order_is_a_seeded_permutation_or_the_scan_order():
-    a = write_order(50, ConvertOptions(seed=7))
-    assert a.dtype == np.int64
-    assert sorted(a.tolist()) == list(range(50))
-    assert a.tolist() == write_order(50, ConvertOptions(seed=7)).tolist()
-    assert a.tolist() != write_order(50, ConvertOptions(seed=8)).tolist()
-    assert write_order(50, ConvertOptions(shuffle_samples=False)).tolist() == list(range(50))

@@ -264,26 +264,12 @@ def test_named_segments_of_gone_processes_are_removed(tmp_path):
 
 
 @needs_shm
-def test_a_named_arena_names_and_locks_its_owner():
-    arena = Arena(2, 64, anonymous=False)
-    try:
-        assert arena.name.startswith(f"h5p_{os.getpid()}_")
-        assert (SHM / arena.name).exists()
-        assert SHM / arena.name not in remove_leftover_segments()
-        arena.put(1, np.arange(10, dtype=np.uint8))
-        assert arena.take(1, 0, 10).tolist() == list(range(10))
-    finally:
-        arena.close()
-    assert not (SHM / arena.name).exists()
-
-
 def test_an_anonymous_arena_has_no_name_anywhere():
     if not arena_module._USE_MEMFD:
         pytest.skip("no memfd here")
     before = _segments()
     arena = Arena(2, 64)
     try:
-        assert arena.anonymous
         assert arena.name == f"/proc/{os.getpid()}/fd/{arena._fd}"
         assert _segments() == before
         view = arena_module.slot_array(arena.ref(1))  # how a worker opens it
@@ -299,30 +285,18 @@ def _never(ref):
 
 @needs_fork
 @pytest.mark.parametrize("reason", ["no memfd", "workers cannot open it"])
-def test_conversion_falls_back_to_named_segments_and_leaves_none(
+def test_conversion_without_an_arena_uses_pipes_and_leaves_no_segment(
     tmp_path, source, monkeypatch, reason
 ):
     if reason == "no memfd":
         monkeypatch.setattr(arena_module, "_USE_MEMFD", False)
     else:
         monkeypatch.setattr(packing_module, "attachable", _never)
-    seen = []
-    real_named = Arena.named.__func__
-
-    def named(cls, num_slots, slot_bytes):
-        arena = real_named(cls, num_slots, slot_bytes)
-        seen.append(arena)
-        return arena
-
-    monkeypatch.setattr(Arena, "named", classmethod(named))
     before = _segments()
     options = ConvertOptions(workers=2, chunk_samples=8, compression=Compression(codec="zstd"))
     report = convert(source, tmp_path / "p.h5", options)
     with PackReader(report.path) as reader:
         assert len(reader) == 80
-    if reason == "workers cannot open it":
-        assert seen
-        assert all(not a.anonymous for a in seen)
     assert _segments() == before
 
 

@@ -1,8 +1,4 @@
-"""Samples gathered into blocks of whole chunks: fixed-size rows, or an aligned byte blob.
-
-The parent process of a conversion turns the ordered stream of prepared samples into
-*blocks* (runs of whole chunks) that ``images.ImagesWriter`` writes once each.
-"""
+"""Samples gathered into blocks (runs of whole chunks): fixed-size rows, or an aligned blob."""
 
 from __future__ import annotations
 
@@ -12,18 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Bytes gathered before a block of an unaligned (contiguous) blob is written: few writes
-# for small samples, bounded memory.
 UNALIGNED_BLOCK_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
 class Block:
-    """Data starting at row ``start`` of the images dataset, always at a chunk boundary.
-
-    A block covers whole chunks; rows of its last chunk beyond ``len(data)`` are padding
-    (HDF5 fills them with zeros).
-    """
+    """Data starting at row ``start`` of the images dataset, at a chunk boundary."""
 
     start: int
     data: np.ndarray
@@ -32,8 +22,7 @@ class Block:
 class ArrayAssembler:
     """Gather fixed-size samples into blocks of ``group_samples`` (one chunk along N).
 
-    With ``reuse``, every block is a view of one buffer, valid until the next ``add``:
-    the caller must write or copy it first (no fresh pages to fault in per block).
+    With ``reuse``, every block is a view of one buffer, valid until the next ``add``.
     """
 
     def __init__(
@@ -70,9 +59,7 @@ class ArrayAssembler:
 def aligned_offsets(sizes: np.ndarray, chunk_bytes: int) -> np.ndarray:
     """Return the N + 1 slot boundaries ``BlobAssembler`` gives samples of ``sizes``.
 
-    The placement rule of NOTE [ Aligned blobs ] as a pure function, so that a chunk size
-    can be chosen by trying it (``plan.blob_chunk_bytes``) without copying any data;
-    ``chunk_bytes=0`` packs the samples back to back.
+    NOTE [ Aligned blobs ] as a pure function; ``chunk_bytes=0`` packs them back to back.
     """
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -104,19 +91,11 @@ def aligned_offsets(sizes: np.ndarray, chunk_bytes: int) -> np.ndarray:
 class BlobAssembler:
     """Place variable-size samples into a byte blob of aligned chunks.
 
-    NOTE [ Aligned blobs ]: a sample's slot never straddles a chunk boundary unless the
-    sample is larger than a chunk. A sample that does not fit the rest of the current chunk
-    starts the next one (the rest is zero padding); a sample larger than a chunk starts at
-    a boundary and owns its chunks alone. So the samples whose slots start in chunk c are
-    read by reading whole chunks only, and each chunk is decompressed once for one group.
-    ``offsets`` are slot starts (padding belongs to the slot before it), ``sizes`` the real
-    byte counts. See docs/ARCHITECTURE.md, "Aligned blobs".
-
-    ``chunk_bytes=0`` is a blob without chunks (a contiguous dataset): samples are packed
-    back to back, with no padding, in blocks of ``UNALIGNED_BLOCK_BYTES``; a sample may
-    straddle two blocks.
-
-    ``reuse`` as for ``ArrayAssembler``.
+    NOTE [ Aligned blobs ]: a sample that does not fit the rest of the current chunk starts
+    the next one (the rest is zero padding, in the slot before); one larger than a chunk
+    starts at a boundary and owns its chunks. So a group of samples is a run of whole
+    chunks (docs/ARCHITECTURE.md, "Aligned blobs"). ``chunk_bytes=0``: no chunks, samples
+    back to back in blocks of ``UNALIGNED_BLOCK_BYTES``. ``reuse`` as for ``ArrayAssembler``.
     """
 
     def __init__(self, chunk_bytes: int, *, capacity: int = 1024, reuse: bool = False) -> None:
@@ -205,8 +184,7 @@ class BlobAssembler:
         self.count += 1
 
     def _flush(self) -> Block:
-        # The whole chunk, padding included: only the last block is shorter than a chunk,
-        # which lets ImagesWriter recognise a blob that fits one chunk.
+        # The whole chunk, padding included: only the last block is shorter.
         block = Block(self._chunk * self._step, self._buffer)
         if self.reuse:  # two buffers take turns; the yielded one stays intact
             spare = self._spare

@@ -1,9 +1,6 @@
-"""Build one pack file, and the results of a conversion (events, report).
+"""Build one pack file: images in blocks of whole chunks (compressed in the pool), then metadata.
 
-``PackBuilder`` lays prepared samples into the images dataset (``images``), compressing
-blocks of whole chunks in the worker pool (``pipeline.compress_block``), then writes the
-metadata. ``build_pack`` drives it for ``convert.convert`` and ``convert.write_arrays``
-inside a temporary file that ``target.publish`` renames into place when complete.
+``build_pack`` writes it under a temporary name and publishes it when complete.
 """
 
 from __future__ import annotations
@@ -47,18 +44,11 @@ from h5pack.write.plan import StoragePlan
 from h5pack.write.publish import TempFiles, publish, temp_path
 from h5pack.write.report import ConvertEvent
 
-# Attributes kept inside the root's object header (checksummed) rather than moved to dense
-# storage after HDF5's default of 8: a pack has about 15.
-MAX_COMPACT_ATTRIBUTES = 64
+MAX_COMPACT_ATTRIBUTES = 64  # root attributes kept in its (checksummed) object header
 
 
 def create_file(path: Path) -> h5py.File:
-    """Create (truncate) the HDF5 file of a pack: its format versions and compact attributes.
-
-    The file format versions of HDF5 1.10 and later (libver low bound ``v110``): chunk
-    indexes that stay fast with many chunks, and metadata that HDF5 checksums (superblock
-    v3, object header v2; see ``core.format``).
-    """
+    """Create (truncate) a pack's HDF5 file: libver ``v110`` (checksummed metadata)."""
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     fapl.set_libver_bounds(h5py.h5f.LIBVER_V110, h5py.h5f.LIBVER_LATEST)
     fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
@@ -67,20 +57,12 @@ def create_file(path: Path) -> h5py.File:
     return h5py.File(fid)
 
 
-# -- the pack ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class SampleTable:
     """What a conversion knows of each sample before decoding it, in write order.
 
-    Attributes:
-        labels: int64 (N,), -1 when unlabeled.
-        classes: Class names; labels index into them.
-        paths: Relative source paths.
-        source_index: int64 (N,): each sample's position in the sorted scan.
-        fields: The sample's fields (``core.fields``): image, label, key and any others.
-        columns: The values of each field besides image, label and key, by name.
+    ``source_index`` is each sample's source position; ``columns`` the values of the
+    ``fields`` besides image, label and key, by name.
     """
 
     labels: np.ndarray
@@ -177,11 +159,7 @@ class PackBuilder:
         max_in_flight: int,
         arena: Arena | None = None,
     ) -> None:
-        """Write every prepared sample, compressing blocks through ``executor``.
-
-        With an ``arena`` (of at least ``max_in_flight`` slots), blocks and their stored
-        chunks travel through shared memory instead of the pool's pipes.
-        """
+        """Write every prepared sample, compressing blocks through ``executor`` (and ``arena``)."""
         # Blocks can share buffers when each is written or copied before the next is made.
         self.assembler.reuse = (
             not self.plan.spec.compressed
@@ -289,12 +267,10 @@ class PackBuilder:
         return self.path
 
     def _rebuild(self, num: int) -> None:
-        """Copy a contiguous array allocated for every scanned file into one of ``num`` rows.
+        """Copy a contiguous array allocated for every file into a new file of ``num`` rows.
 
         NOTE [ Contiguous packs and skipped files ]: a contiguous dataset cannot be resized,
-        and the sample count is known only once every file is decoded. The array is
-        allocated for all scanned files (the common case: nothing skipped) and, when files
-        were skipped, copied into a fresh temporary file of the exact size.
+        and the sample count is known only once every file is decoded.
         """
         fresh_path = self.temps.add(self.path.with_name(self.path.name + ".rebuilt"))
         fresh = create_file(fresh_path)
@@ -312,16 +288,6 @@ class PackBuilder:
             self.handle.close()
 
 
-# -- conversions ------------------------------------------------------------------------
-
-
-def write_order(num: int, options: ConvertOptions) -> np.ndarray:
-    """Return the scan positions in write order (a seeded permutation, or the scan order)."""
-    if options.shuffle_samples:
-        return np.random.default_rng(options.seed).permutation(num).astype(np.int64)
-    return np.arange(num, dtype=np.int64)
-
-
 def build_pack(
     target: Path,
     plan: StoragePlan,
@@ -336,12 +302,7 @@ def build_pack(
     overwrite: bool,
     shard: str | None = None,
 ) -> Path:
-    """Write a pack of the ``table``'s samples to a temporary file and publish it as ``target``.
-
-    ``prepared`` yields the samples that were decoded (in write order, positions into
-    ``table``); files it rejects are appended to ``skipped`` by the caller as they come.
-    ``shard`` is the identity a pack set's shard records (JSON text), or None.
-    """
+    """Write the decoded samples ``prepared`` to a temporary file; publish it as ``target``."""
     allocate = len(table)
     builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
     try:

@@ -1,12 +1,9 @@
 """Spatial fields follow their image when a conversion resizes it (``--size``, ``--max-side``).
 
-A source's masks and boxes are in its decoded image's pixels, after EXIF orientation (the
-frame ``decode_image`` returns, and the one COCO's ``width`` and ``height`` describe). The
-stored image is that one resized to ``fitted_size`` and then cut or padded by ``placed``
-(``core.resize``); each spatial field takes the same steps: a mask by nearest neighbour
-(``core.spatialfields.nearest``, padding 0), boxes by the same scale and offset, clipped to
-the stored image, and a box left under one pixel wide or high dropped with its
-``per_box`` rows (``move_boxes``, the loader's rule).
+Masks and boxes are in the decoded image's pixels (after EXIF orientation). The stored
+image is resized and cut or padded (``core.resize``), and each field takes the same steps:
+a mask by nearest neighbour (padding 0), boxes scaled, shifted and clipped, a box under
+one pixel dropped with its ``per_box`` rows (``move_boxes``, the loader's rule).
 """
 
 from __future__ import annotations
@@ -27,10 +24,7 @@ from h5pack.errors import OptionsError
 def placement(
     source: tuple[int, int], stored: tuple[int, int], method: ResizeMethod
 ) -> tuple[int, int, int, int]:
-    """Return ``(new_h, new_w, top, left)``: the resized size and where it lies in ``stored``.
-
-    ``top`` and ``left`` are negative where a crop cut the resized image.
-    """
+    """Return ``(new_h, new_w, top, left)``: the resized size and where it lies in ``stored``."""
     new_h, new_w = fitted_size(*source, *stored, method)
     top, left = (stored[0] - new_h) // 2, (stored[1] - new_w) // 2
     if method == "crop":
@@ -56,10 +50,7 @@ def fit_mask(
 def fit_boxes(
     boxes: np.ndarray, source: tuple[int, int], stored: tuple[int, int], method: ResizeMethod
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Return ``boxes`` (n x 4 xyxy) in the stored image's pixels, and which to keep.
-
-    The keep mask is None when the image was stored as it was (boxes left untouched).
-    """
+    """Return ``boxes`` (n x 4 xyxy) in the stored image's pixels, and which to keep (None: all)."""
     boxes = np.asarray(boxes)
     if source == stored:
         return boxes, None
@@ -71,19 +62,10 @@ def fit_boxes(
     return moved[keep].astype(boxes.dtype), keep
 
 
-def kept_rows(value: Any, keep: np.ndarray | None) -> Any:
-    """Return a per-box value's rows that ``keep`` keeps (all when None)."""
-    return value if keep is None else np.asarray(value)[keep]
-
-
 def checked_mask(
     make: Callable[[Any], Any], name: str, method: ResizeMethod, item: tuple[Any, ...]
 ) -> np.ndarray:
-    """Make one sample's mask and fit it (``item``: what, stored, source, path, keep).
-
-    Raises:
-        OptionsError: the mask's size is not its source image's (named by path).
-    """
+    """Make one sample's mask and fit it (``item``: what, stored, source, path, keep)."""
     what, stored, source, path, keep = item
     mask = np.asarray(make(what))
     if mask.shape[-2:] != source:
@@ -106,8 +88,7 @@ def fitted_columns(
     """Return ``columns`` with the spatial ones in their images' stored sizes and frames.
 
     Raises:
-        OptionsError: a mask whose size is not its image's; for a ``LazyColumn``, when
-            the mask is made (while the pack is written).
+        OptionsError: a mask whose size is not its image's (for a ``LazyColumn``, later).
     """
     stored = [(int(s[0]), int(s[1])) for s in shapes.tolist()]
     source = [(int(s[0]), int(s[1])) for s in sources.tolist()]
@@ -126,7 +107,8 @@ def fitted_columns(
             fit = partial(checked_mask, column.make if lazy else _itself, one.name, method)
             columns[one.name] = LazyColumn(items, fit) if lazy else [fit(i) for i in items]
         elif one.name in keeps:
-            columns[one.name] = [kept_rows(v, k) for v, k in zip(column, keep, strict=True)]
+            rows = zip(column, keep, strict=True)
+            columns[one.name] = [v if k is None else np.asarray(v)[k] for v, k in rows]
     return columns
 
 

@@ -1,8 +1,7 @@
 """Write the images dataset: blocks of whole chunks (``write.blocks``), in order, each once.
 
-A block of a compressed dataset is compressed elsewhere (``pipeline.compress_block``) and
-written here with ``write_direct_chunk``, so that no compressed chunk is ever written twice
-or in part.
+Compressed blocks arrive as stored chunks (``pipeline.compress_block``), written with
+``write_direct_chunk``: no compressed chunk is written twice or in part.
 """
 
 from __future__ import annotations
@@ -20,13 +19,8 @@ from h5pack.core.format import Storage
 from h5pack.core.layout import Compression
 from h5pack.write.blocks import Block
 
-# Bytes copied at once between contiguous datasets (a staging file, a merge's sources), and
-# decompressed at once when a merge re-chunks (a multiple of the chunk).
-COPY_BYTES = 64 * 2**20
-
-
-# Threads writing uncompressed chunks (see ImagesWriter._write_whole_chunks).
-WRITE_THREADS = 2
+COPY_BYTES = 64 * 2**20  # copied at once between datasets (a staging file, a merge)
+WRITE_THREADS = 2  # threads writing uncompressed chunks (NOTE [ Parallel chunk writes ])
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
@@ -41,18 +35,9 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
 class ImagesSpec:
     """How the images dataset is created: storage, sample shape, chunks and filters.
 
-    The same spec creates the pack's dataset and, in worker processes, the in-memory
-    dataset whose chunks are compressed (``pipeline.compress_block``), so the stored bytes
-    are exactly what HDF5 itself would write.
-
-    Attributes:
-        storage: ``"array"`` (N, H, W, C) or ``"blob"`` (total_bytes,).
-        sample_shape: (H, W, C) of array storage, else None.
-        chunks: The chunk shape, or None for a contiguous dataset.
-        compression: The filters.
-        blob_bytes: A contiguous blob's length when it is known before writing (raw pixels
-            from the images' headers, the files' sizes): ``ImagesWriter`` then writes it in
-            place. None: staged in a side file and copied in at the end.
+    The same spec creates the workers' in-memory dataset (``pipeline.compress_block``), so
+    stored chunks are exactly what HDF5 would write. ``blob_bytes``: a contiguous blob's
+    length when known before writing (then written in place, else staged).
     """
 
     storage: Storage
@@ -76,8 +61,7 @@ class ImagesSpec:
         extra: dict[str, Any] = {}
         if not self.compressed:
             # NOTE [ Parallel chunk writes ]: uncompressed chunks get their file space when
-            # the dataset grows and are never filled by HDF5, so ImagesWriter can write
-            # their bytes itself, at the offsets HDF5 allocated, from several threads.
+            # the dataset grows, never filled by HDF5: ImagesWriter pwrites them in threads.
             dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             extra = {"dcpl": dcpl, "fill_time": "never"}
@@ -95,22 +79,11 @@ class ImagesSpec:
 class ImagesWriter:
     """Write blocks of the images dataset of an open pack, in order, each once.
 
-    Chunked datasets grow block by block (never shrink, so HDF5 never rewrites a chunk).
-    A contiguous array is allocated for every scanned sample at once; when some were
-    skipped it is too long and the writer reports ``needs_rebuild`` (see
-    ``convert.convert``). A contiguous blob whose length the spec knows (``blob_bytes``) is
-    allocated at once and written in place; files skipped on the way leave their bytes
-    unused at its end (``offsets[N]`` is the end of the data). Otherwise, or when the data
-    outgrow it (a file that changed meanwhile), the bytes are staged in a side file and
-    copied in when complete.
-
-    Args:
-        handle: The pack being written.
-        name: The dataset's name.
-        spec: How to create it. A blob whose data all fit one chunk gets a chunk of
-            exactly its size (a small pack does not carry a mostly empty chunk).
-        allocate: Rows of a contiguous array.
-        staging: Side file of a contiguous blob.
+    Chunked datasets grow block by block. A contiguous array is allocated for every
+    sample (too long when some were skipped: ``needs_rebuild``). A contiguous blob of known
+    length is written in place (skipped files leave unused bytes at its end), else, or when
+    outgrown, staged in the side file ``staging`` and copied in at the end. A blob that
+    fits one chunk gets a chunk of exactly its size.
     """
 
     def __init__(
@@ -186,15 +159,9 @@ class ImagesWriter:
         self._length = max(self._length, stop)
 
     def _write_whole_chunks(self, block: Block) -> bool:
-        """Write an uncompressed block chunk by chunk, straight to the chunks' file space.
+        """Pwrite a block starting on a chunk of whole samples to its chunks; False if not so.
 
-        ``os.pwrite`` at the offsets HDF5 allocated (see NOTE [ Parallel chunk writes ]),
-        split across ``WRITE_THREADS`` threads: writing into the page cache costs as much
-        CPU as decoding on small machines, and one thread in the parent was the
-        converter's bottleneck with raw pixels (docs/ARCHITECTURE.md, "Conversion
-        pipeline"). Applies when the block starts on a chunk boundary and a chunk spans
-        whole samples; the last, partial chunk is padded with zeros, as HDF5 stores it
-        anyway. Returns False where it does not apply.
+        NOTE [ Parallel chunk writes ]; the last chunk is zero-padded, as HDF5 stores it.
         """
         chunks = self.spec.chunks
         dataset = self._dataset
@@ -238,11 +205,7 @@ class ImagesWriter:
             del done
 
     def _create_contiguous_blob(self, length: int) -> h5py.Dataset:
-        """Create a contiguous blob whose file space is allocated now and never filled.
-
-        As for chunks (NOTE [ Parallel chunk writes ]), the writer then writes its bytes
-        itself at the offset HDF5 allocated.
-        """
+        """Create a contiguous blob whose file space is allocated now, never filled."""
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
         return self.handle.create_dataset(
@@ -301,13 +264,7 @@ class ImagesWriter:
         return self._length
 
     def _copy_staged(self) -> None:
-        """Create the contiguous blob and fill it from the staging file.
-
-        The bytes are copied by the kernel (``os.copy_file_range``: no pass through this
-        process, a reflink on file systems that have them) into the file space allocated
-        at creation. Through h5py in slabs, the copy had taken as long as the rest of a
-        conversion of 2,000 photos to raw pixels.
-        """
+        """Create the contiguous blob and fill it from the staging file (by the kernel)."""
         assert self.staging is not None
         dataset = self._create_contiguous_blob(self._length)
         offset = dataset.id.get_offset() if self._length else None

@@ -7,22 +7,13 @@
     a.jpg,cat,cat|dog,two pets,0.5    {"path": "b.jpg", "labels": "dog", "meta": null}
     b.jpg,dog,dog,one dog,1
 
-Each record names one image by its path relative to the folder: the column ``path`` (or
-``file_name``, as Hugging Face's ``metadata.csv`` names it); a CSV without a header is
-``path,label``. ``label`` is the sample's class: ids when every label is an integer
-(classes ``"0" .. max``), else names (classes sorted). ``labels`` is a multi-label set
-(``MultiLabelField``): class names separated by ``|``, or a JSON list of names; its
-classes are the sorted union of the names. Every other column is a field under its own
-name: numbers (int64 when all are integers, else float64; JSON booleans stay bool), text,
-or, in JSONL, any other JSON value (``JSONField``, a missing key read as null).
-
-A record that cannot be a sample is a problem naming the manifest and its line (the
-conversion skips it with a warning, or stops there with ``--strict``): an image that is
-missing, not a regular file or not an image; a path that leaves the folder, or that an
-earlier record lists (the first is kept); a cell that does not fit its column (a number or
-text left empty, an empty class name in ``labels``, a negative class id); a CSV row of
-another width; a JSONL line that is not a JSON object. A manifest that cannot be read, a
-header with a column that cannot be a field name, or no record left is an error.
+A record names an image relative to the folder (``path`` or ``file_name``; a CSV without
+a header is ``path,label``). ``label``: class ids when all are integers, else names
+(sorted). ``labels``: a multi-label set (names separated by ``|``, or a JSON list). Every
+other column is a field: numbers, booleans, text, or (JSONL) any JSON value. A record that
+cannot be a sample (missing or non-image file, a path leaving the folder or listed twice,
+a cell that does not fit its column, a row of another width) is a problem naming the
+manifest and its line; an unreadable manifest, a bad column name or no record is an error.
 """
 
 from __future__ import annotations
@@ -44,9 +35,16 @@ from h5pack.core.fields import JSONField, MultiLabelField, ScalarField, StoredFi
 from h5pack.core.format import SkippedFile
 from h5pack.core.store import is_url
 from h5pack.errors import OptionsError, SourceError
-from h5pack.write.scan import ScanResult, SourceFile, path_sort_key
+from h5pack.write.scan import (
+    IMAGE_EXTENSIONS,
+    ScanResult,
+    SourceFile,
+    check_root,
+    has_image_extension,
+    path_sort_key,
+    walk,
+)
 from h5pack.write.sources.objects import read_text
-from h5pack.write.walk import IMAGE_EXTENSIONS, check_root, has_image_extension, walk
 
 PATH_COLUMNS = ("path", "file_name")
 LABEL, LABELS, SEPARATOR = "label", "labels", "|"
@@ -82,18 +80,10 @@ class _Problems:
 def read_manifest(
     root: StrPath, manifest: StrPath, objects: Any = None, store: Any = None
 ) -> ScanResult:
-    """Return the images a manifest names under ``root``, with their labels and fields.
+    """Return the images a CSV or JSONL ``manifest`` names under ``root``, sorted, with fields.
 
-    Args:
-        root: The folder the paths are relative to.
-        manifest: A CSV, or JSONL (``.jsonl``, ``.ndjson``), file (see the module docstring).
-        objects: A bucket's files' modes by path (NOTE [ Sources in a bucket ]).
-        store: The store of URLs.
-
-    Returns:
-        The samples sorted by path, the classes, the fields and their columns (in the
-        samples' order), the records that are not samples (``problems``) and the images
-        under ``root`` that no record names (``unlisted``).
+    ``objects``: a bucket's files' modes by path, with its ``store`` (NOTE [ Sources in a
+    bucket ]). ``unlisted`` in the result are the images that no record names.
 
     Raises:
         SourceError: ``root`` or the manifest cannot be read, a column cannot be a field,
@@ -198,11 +188,7 @@ def _jsonl_records(path: StrPath, text: str, problems: _Problems) -> list[Record
 
 
 def _column_names(path: StrPath, header: list[str]) -> list[str]:
-    """Return the columns' names (``path``, ``label``, ``labels`` or field names).
-
-    Raises:
-        SourceError: no path column or two, a name given twice, or one that is no field name.
-    """
+    """Return the columns' names (``path``, ``label``, ``labels`` or field names), or refuse."""
     names = [h.lower() if h.lower() in (*PATH_COLUMNS, LABEL, LABELS) else h for h in header]
     found = [n for n in names if n in PATH_COLUMNS]
     if len(found) != 1:
@@ -344,11 +330,7 @@ def _kind(values: list[Any], typed: bool) -> str:
 
 
 def _cell(kind: str, name: str, value: Any) -> Any:
-    """Return one cell's value of a column of ``kind``.
-
-    Raises:
-        ValueError: it does not fit the column; the message names the column.
-    """
+    """Return one cell's value of a column of ``kind`` (``ValueError`` naming the column)."""
     if kind == "json":
         return None if value is _MISSING else value
     typed = not isinstance(value, str)

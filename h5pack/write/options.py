@@ -23,36 +23,10 @@ from h5pack.errors import OptionsError
 
 DEFAULT_QUALITY = 90
 
-# NOTE [ Option names in messages ]: the same messages reach Python callers and the command
-# line, so they name an option both ways, the flag first: "--chunk-samples (chunk_samples=)
-# should be a positive integer, but got 0".
-OPTION_FLAGS: dict[str, str] = {
-    "mode": "--mode",
-    "size": "--size",
-    "resize": "--resize",
-    "channels": "--channels",
-    "backend": "--backend",
-    "layout": "--layout",
-    "chunk_samples": "--chunk-samples",
-    "chunk_shape": "--chunk-shape",
-    "chunk_bytes": "--chunk-bytes",
-    "compression": "--compression",
-    "level": "--level",
-    "shuffle": "--shuffle-filter",
-    "shuffle_samples": "--no-shuffle",
-    "seed": "--seed",
-    "max_side": "--max-side",
-    "quality": "--quality",
-    "workers": "--workers",
-    "strict": "--strict",
-    "labels_csv": "--labels",
-}
-
 
 def option_name(name: str) -> str:
-    """Return how messages name option ``name``: ``"--chunk-samples (chunk_samples=)"``."""
-    flag = OPTION_FLAGS.get(name)
-    return f"{flag} ({name}=)" if flag else name
+    """Return how messages name an option, flag first: ``"--chunk-samples (chunk_samples=)"``."""
+    return f"--{name.replace('_', '-')} ({name}=)"
 
 
 def _choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
@@ -72,39 +46,21 @@ def _positive(name: str, value: int | None) -> None:
 class ConvertOptions:
     """How to convert an image folder into a pack; validated on construction.
 
-    Impossible combinations are refused here, before any work, with a message that says
-    what to do instead.
-
     Attributes:
-        mode: ``"raw"`` stores decoded pixels, ``"encoded"`` the image files' bytes,
-            ``"auto"`` raw when every image has one size (or ``size`` is given), encoded
-            otherwise.
-        size: ``(H, W)`` to resize every image to (raw mode only), or an int N for N x N
-            (kept as ``(N, N)``); ``None`` keeps sizes.
-        resize: How to reach ``size``: ``"stretch"``, ``"crop"`` (center crop after a
-            scale that covers) or ``"pad"`` (letterbox after a scale that fits).
-        channels: 3 for RGB, 1 for grayscale.
-        backend: Decoder, ``"pillow"`` or ``"opencv"``.
-        layout: ``"chunked"``, ``"contiguous"`` (no chunks, no compression) or ``"auto"``:
-            contiguous for an uncompressed blob without ``chunk_bytes`` (no padding),
-            chunked otherwise.
-        chunk_samples: Samples per chunk (array storage).
-        chunk_shape: Explicit ``(k, H, W, C)`` chunk shape (array storage).
-        chunk_bytes: Byte target of a chunk; for blob storage the exact chunk size.
-            At most one of ``chunk_samples``, ``chunk_shape``, ``chunk_bytes``; with none,
-            ``layout.DEFAULT_CHUNK_BYTES`` is the target, and the chunk is chosen to keep
-            padding low (``plan``, NOTE [ Padding ]).
-        compression: Codec, level and filter shuffle (chunked layout only).
-        shuffle_samples: Store samples in a seeded random order (the source order is kept
-            in the pack), so that every chunk mixes classes.
-        seed: Seed of that order.
-        max_side: Encoded mode: re-encode images whose longer side exceeds this to JPEG,
-            scaled down to it.
-        quality: JPEG quality of those re-encoded images (default 90).
-        workers: Worker processes; ``None`` uses every core, 1 runs in this process.
+        mode: ``"raw"`` pixels, ``"encoded"`` file bytes, or ``"auto"``: raw when every
+            image has one size (or ``size`` is given).
+        size: ``(H, W)`` (or N for N x N) to resize raw pixels to, with ``resize``
+            (``"stretch"``, ``"crop"`` or ``"pad"``).
+        layout: ``"chunked"``, ``"contiguous"`` or ``"auto"`` (contiguous for an
+            uncompressed blob without ``chunk_bytes``).
+        chunk_samples, chunk_shape, chunk_bytes: At most one; by default the chunk is
+            sized from ``layout.DEFAULT_CHUNK_BYTES`` (``plan``, NOTE [ Padding ]).
+        shuffle_samples, seed: Store samples in a seeded random order (every chunk mixes
+            classes; the source order is kept in the pack).
+        max_side, quality: Encoded mode: re-encode larger images to JPEG of this side.
+        workers: Processes; None uses every core, 1 runs in this process.
         strict: Stop at the first file that cannot be packed instead of skipping it.
-        labels_csv: A manifest of the folder's images (``write.manifest``): a CSV
-            (``path,label``, or a header naming more columns) or JSONL file.
+        labels_csv: A manifest of the folder's images (``write.manifest``).
     """
 
     mode: ModeChoice = "auto"

@@ -1,10 +1,7 @@
 """Write a pack from samples in write order: decode them in the pool, check the room, publish.
 
-What ``convert``, ``write_arrays`` and each shard of ``convert_set`` share: stage 1 of
-the pipeline driven from the parent (``prepared_samples``), the room the pack needs on
-disk (``room_checked``), and one line for a full or read-only disk (``disk_error``).
-Samples that cannot be packed go through one policy (``rejecter``): recorded as skipped
-with a warning naming the key, or, with ``strict``, the conversion stops naming it.
+Shared by ``convert``, ``write_arrays`` and each shard of ``convert_set``. A sample that
+cannot be packed is skipped with a warning naming it, or with ``strict`` stops it all.
 """
 
 from __future__ import annotations
@@ -93,9 +90,8 @@ def write_samples(
 ) -> Path:
     """Decode ``samples`` (in write order) in ``executor``; publish their pack as ``target_path``.
 
-    Samples that cannot be packed are appended to ``skipped`` (or stop the conversion with
-    ``strict``); ``shard`` is the identity a pack set's shard records (JSON text); ``room``
-    is called first with the fewest bytes the pack will take (``min_pack_bytes``).
+    Rejected samples go to ``skipped``; ``shard`` is a shard's identity (JSON text);
+    ``room`` is called first with the fewest bytes the pack will take.
 
     Raises:
         H5PackError: the pack cannot be written (one line for a full or read-only disk).
@@ -142,10 +138,7 @@ def write_samples(
 def pooled(
     executor: Any, workers: int, emit: Callable[[ConvertEvent], None], step: Callable[[int], None]
 ) -> Callable[..., Iterator[Any]]:
-    """Return a ``LazyColumn`` mapper: its masks made and encoded in the pool, with progress.
-
-    A few batches in flight at a time (``MASK_BATCH`` samples each): never all held.
-    """
+    """Return a ``LazyColumn`` mapper: its masks made and encoded in the pool, a few at a time."""
 
     def mapper(encode: Any, make: Any, items: Sequence[Any]) -> Iterator[Any]:
         emit(ConvertEvent("phase", "decoding masks", total=len(items)))
@@ -163,38 +156,25 @@ def pooled(
 def open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
     """Return an arena the workers can open (NOTE [ Memory that cannot leak ]), or None."""
     arena = Arena.maybe(num_slots, slot_bytes)
-    if arena is None or not arena.anonymous:
-        return arena
-    if executor.submit(attachable, arena.ref(0)).result():
+    if arena is None or executor.submit(attachable, arena.ref(0)).result():
         return arena
     arena.close()
-    return Arena.named(num_slots, slot_bytes)
+    return None
 
 
 MASK_BATCH = 8  # samples whose masks a worker makes in one task
 
-# Bytes per sample of the metadata: labels (int64), shapes (3 x int32), checksums (uint32),
-# source order (int64), a digest (uint64); blobs add offsets and sizes (int64 each). The
-# paths count with their bytes, uncompressed; HDF5's object headers and chunk indexes with
-# 1/16 on top and a fixed slack.
+# Metadata per sample: labels, shapes, checksums, source order, digest (blobs: offsets and
+# sizes); HDF5's headers take 1/16 more and a slack. The compact index copies them with a
+# path length and at most a chunk entry a sample (NOTE [ Compact index ]).
 _SAMPLE_METADATA_BYTES = 8 + 12 + 4 + 8 + 8
 _BLOB_METADATA_BYTES = 16
 _METADATA_SLACK_BYTES = 2**15
-# The compact index appended at publish (NOTE [ Compact index ] in core/index) copies the
-# per-sample arrays and the paths once more, with a length per path and an entry per chunk:
-# at most one chunk a sample, its offsets (up to 4 x int64) and its byte offset, size and
-# filter mask (3 x int64); its JSON header (attributes, classes) counts in a second slack.
 _INDEX_SAMPLE_BYTES = 4 + 4 * 8 + 3 * 8
 
 
 def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
-    """Return about the bytes a pack's metadata and compact index take, erring on the large side.
-
-    Args:
-        num_samples: Samples in the pack.
-        path_bytes: The bytes of their paths.
-        blob: Whether the pack is a blob (offsets and sizes).
-    """
+    """Return about the bytes a pack's metadata and compact index take, erring large."""
     per_sample = _SAMPLE_METADATA_BYTES + (_BLOB_METADATA_BYTES if blob else 0)
     data = num_samples * per_sample + path_bytes
     hdf5 = data + data // 16 + _METADATA_SLACK_BYTES
@@ -203,12 +183,7 @@ def metadata_bytes(num_samples: int, path_bytes: int, *, blob: bool) -> int:
 
 
 def min_pack_bytes(plan: StoragePlan, samples: Sequence[Sample]) -> int:
-    """Return the fewest bytes the pack of ``samples`` can take (0 when nothing is sure).
-
-    Encoded samples are the files' own bytes; uncompressed fixed-size pixels are their
-    array. Compressed pixels can shrink to almost nothing, so they promise no bytes: a
-    disk that fills later stops the conversion with one error instead.
-    """
+    """Return the fewest bytes the pack of ``samples`` can take (0 when compressed pixels)."""
     if plan.mode == "encoded":
         return int(image_bytes(samples).sum())
     if plan.spec.compressed:
@@ -223,10 +198,8 @@ def images_left_bytes(
 ) -> int:
     """Return the most bytes of images still to write once every sample is decoded.
 
-    Chunked: the partial last block and, when compressing, the blocks still in the pool
-    (at most ``in_flight``, the last one included), never more than all the samples'
-    bytes (``sample_bytes``, with a codec's worst expansion). A contiguous blob: all of it,
-    staged in a side file until then (``sample_bytes``, plus a chunk for the alignment).
+    The partial last block and the ``in_flight`` blocks in the pool (at most all the
+    ``sample_bytes``); a staged contiguous blob: all of it.
     """
     if plan.spec.chunks is None and plan.storage == "blob":
         return sample_bytes + plan.chunk_bytes
@@ -238,10 +211,7 @@ def images_left_bytes(
         block = partial = plan.chunk_bytes
     if not plan.spec.compressed:
         return partial
-    # The blocks in flight hold at most every sample: a small pack (or one compressed well)
-    # never needs room for whole blocks it does not have (issue 20 H: 6.4 MiB asked for a
-    # 2.5 MiB pack of 3.5 MiB of pixels). Codecs expand incompressible data by well under
-    # 1/64 (zstd, lz4: ~0.4%; blosc: 16 bytes a block).
+    # Codecs expand incompressible data by well under 1/64.
     bound = sample_bytes + sample_bytes // 64 + _METADATA_SLACK_BYTES
     return min(partial + (in_flight - 1) * block, bound)
 
@@ -255,12 +225,10 @@ def room_checked(
     *,
     in_flight: int,
 ) -> Iterator[Prepared]:
-    """Yield ``prepared``; once all are through, reserve the room that the rest needs.
+    """Yield ``prepared``; then reserve the room the rest needs (NOTE [ Room for the metadata ]).
 
-    The rest is the images not written yet and the metadata (NOTE [ Room for the metadata ]
-    in ``publish``). A contiguous array of which files were skipped is copied into a new
-    file (NOTE [ Contiguous packs and skipped files ]): the room is only checked then,
-    since a reservation in the old file would take the room the copy needs.
+    A contiguous array with skipped files is copied into a new file, so the room is only
+    checked (NOTE [ Contiguous packs and skipped files ]).
     """
     count = path_bytes = sample_bytes = 0
     for item in prepared:
@@ -277,15 +245,11 @@ def room_checked(
     temps.reserve(images + metadata, what=what)
 
 
-# errno values of a target that cannot take the pack.
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 def disk_error(err: H5PackError, target: Path) -> H5PackError | None:
-    """Return one line saying that the disk is full or read-only, if that is ``err``'s cause.
-
-    HDF5's messages carry a timestamp, addresses and line breaks.
-    """
+    """Return one line saying that the disk is full or read-only, if that is ``err``'s cause."""
     cause = err.__cause__
     if not isinstance(cause, OSError) or cause.errno not in _DISK_ERRORS:
         return None

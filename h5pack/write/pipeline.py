@@ -1,13 +1,9 @@
 """The conversion's two parallel stages and the pool that runs them.
 
-Stage 1 (``prepare_batch``) decodes, resizes and checksums batches of files in the write
-order; stage 2 (``compress_block``) compresses a block of whole chunks. Both run in a
-pool of worker processes; the parent consumes results in submission order
-(``ordered_map``), with a bounded number of tasks in flight so memory stays
-O(chunk x workers) whatever the dataset's size.
-
-Files are never pre-assigned to chunks in the workers: a skipped file shifts every later
-sample, so only the parent, which sees results in order, places samples into chunks.
+Stage 1 (``prepare_batch``) decodes, resizes and checksums files; stage 2
+(``compress_block``) compresses a block of whole chunks. The parent takes results in order
+(``ordered_map``) with few tasks in flight (memory O(chunk x workers)), and only it places
+samples into chunks: a skipped file shifts every later sample.
 """
 
 from __future__ import annotations
@@ -46,16 +42,8 @@ T = TypeVar("T")
 class DecodeSpec:
     """What stage 1 makes of each file (picklable, sent with every task).
 
-    Attributes:
-        mode: ``"raw"`` (pixels) or ``"encoded"`` (file bytes, validated by decoding).
-        flat: Return raw pixels flattened (blob storage of original sizes).
-        size: ``(H, W)`` to resize raw pixels to, or None.
-        resize: Resize method.
-        channels: 1 or 3.
-        backend: ``"pillow"`` or ``"opencv"``.
-        fixed_shape: The (H, W, C) every raw sample must have (array storage), or None.
-        max_side: Encoded mode: re-encode images with a longer side than this.
-        quality: JPEG quality of re-encoded images.
+    ``flat`` returns raw pixels flattened (a blob); ``fixed_shape`` is the (H, W, C) every
+    raw sample must have (an array); ``max_side`` and ``quality`` re-encode large files.
     """
 
     mode: Mode
@@ -73,8 +61,7 @@ class DecodeSpec:
 class Prepared:
     """A sample ready to store: ``pos`` in the write order, stored data, shape, CRC32.
 
-    From a worker with a slot, ``data`` is None and ``span`` = (offset, bytes) says where
-    in the task's slot the stored bytes lie (``arena``).
+    From a worker with a slot, ``data`` is None and ``span`` = (offset, bytes) in the slot.
     """
 
     pos: int
@@ -95,7 +82,6 @@ class Rejected:
 
 
 def _reason(err: Exception, name: str) -> str:
-    """Return an error's message without a leading ``name:`` (the caller names the file)."""
     text = str(err)
     for prefix in (f"{name}: ", f"{name} "):
         if text.startswith(prefix):
@@ -108,8 +94,7 @@ def prepare_sample(
 ) -> Prepared | Rejected:
     """Decode (and for raw mode resize) one image's bytes, or pixels, into its stored form.
 
-    Encoded files are decoded in full too (a pack promises that every sample decodes);
-    only those that ``max_side`` re-encodes keep their pixels.
+    Encoded files are decoded too: a pack promises that every sample decodes.
     """
     from h5pack.core.decode import decode_image, decode_resized, decoded_size, probe_size
     from h5pack.core.resize import reencode_jpeg, resize_image
@@ -169,10 +154,7 @@ def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> 
 def prepare_batch(
     spec: DecodeSpec, items: list[tuple[int, Image, str]], slot: SlotRef | None = None
 ) -> list[Prepared | Rejected]:
-    """Stage 1: prepare ``(pos, image, key)`` items (``sources.Sample``), in order.
-
-    With a ``slot``, stored bytes go there (as long as they fit) instead of the pipe.
-    """
+    """Stage 1: prepare ``(pos, image, key)`` items; with a ``slot``, bytes go there if they fit."""
     room = slot_array(slot) if slot is not None else None
     cursor = 0
     out: list[Prepared | Rejected] = []
@@ -216,8 +198,8 @@ def probe_batch(items: list[tuple[Image, str]]) -> list[tuple[int, int] | None]:
     return out
 
 
-# One in-memory HDF5 file per process holds a dataset per spec; compressing a block means
-# writing it there and reading the stored chunks back, filter-exact for any codec.
+# One in-memory HDF5 file per process holds a dataset per spec: a block is written there
+# and its stored chunks read back, filter-exact for any codec.
 _CORE: dict[str, Any] = {}
 
 
@@ -242,10 +224,9 @@ def _core_dataset(spec: ImagesSpec, rows: int) -> h5py.Dataset:
 def compress_block(
     spec: ImagesSpec, start: int, rows: int, data: np.ndarray | None, slot: SlotRef | None = None
 ) -> list[StoredChunk]:
-    """Stage 2: return the stored (filtered) chunks of a block of ``rows`` at row ``start``.
+    """Stage 2: return the stored chunks of the block of ``rows`` at row ``start``.
 
-    The block is ``data``, or the start of ``slot``; with a slot, the stored chunks are
-    written back into it (as long as they fit) and returned as (offset, bytes) spans.
+    The block is ``data``, or the start of ``slot``, where the chunks then go if they fit.
     """
     if data is None:
         assert slot is not None
@@ -305,14 +286,9 @@ _M_MMAP_THRESHOLD = -3
 def keep_freed_memory() -> None:
     """Serve each decoded image from the heap, not a fresh ``mmap`` (glibc; else nothing).
 
-    NOTE [ Worker malloc ]: every decoded image is a fresh allocation of up to a few MB,
-    freed a moment later. In the pool's workers glibc served each from a new ``mmap`` and
-    returned it on ``free``, so every image paid its page faults again: 2.0 s of system
-    time per 2,000 images of 500x375 against 0.17 s with the thresholds raised, and the
-    workers' total CPU fell from ~5.8 s to ~3.8 s (scripts/bench_convert.py data, 2
-    workers). Allocations up to 32 MiB now come from the heap, and the heap is trimmed
-    only past 512 MiB of free memory at its top; a worker's memory is bounded by its
-    largest batch as before. Dask's workers need it too (``write/dask.py``).
+    NOTE [ Worker malloc ]: glibc served every decoded image from a new ``mmap`` and
+    returned it on ``free``, so each paid its page faults again (docs/decisions/0025).
+    Allocations up to 32 MiB now come from the heap, trimmed past 512 MiB free at its top.
     """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # exotic libc
@@ -342,10 +318,8 @@ def pool_start_method() -> str:
 def make_executor(workers: int) -> Executor:
     """Return a pool of ``workers`` processes, or an in-process executor for 1.
 
-    NOTE [ h5py handles and fork ]: a forked child must not inherit an open h5py file.
-    With the fork start method every worker is started by the first submit, so it is done
-    here, before the caller opens the pack. Python 3.12+ warns about fork in threaded
-    processes, so there the forkserver is used.
+    NOTE [ h5py handles and fork ]: a forked child must not inherit an open h5py file, so
+    every worker is started here, before the caller opens the pack.
     """
     if workers <= 1:
         return InlineExecutor()
@@ -366,10 +340,7 @@ def ordered_map(
     *,
     max_in_flight: int,
 ) -> Iterator[T]:
-    """Yield ``fn(*item)`` for each item, in order, with at most ``max_in_flight`` pending.
-
-    ``items`` is consumed lazily, only as results are taken, which bounds memory.
-    """
+    """Yield ``fn(*item)`` for each item, in order, with at most ``max_in_flight`` pending."""
     pending: deque[Future[T]] = deque()
     source = iter(items)
     exhausted = False

@@ -1,22 +1,12 @@
 """Resolve a conversion's storage: mode, array or blob, layout, chunks, and work batches.
 
-NOTE [ Padding ]: whatever a pack stores beyond its samples' bytes is padding, and an
-uncompressed pack keeps every byte of it on disk. It comes from three places, and each
-default below is chosen to keep it under ``PADDING_TARGET`` of the file:
-
-- the last chunk of a chunked dataset is stored whole. An uncompressed blob is therefore
-  contiguous by default (``layout="auto"``): it has no chunks to align to, its samples sit
-  back to back, and it has no padding at all. An uncompressed array's automatic chunk is
-  the largest, down to half the byte target, that leaves (almost) no empty rows in the last
-  chunk (``even_chunk_samples``);
-- a chunked blob's alignment (NOTE [ Aligned blobs ] in ``write/blocks.py``) leaves the rest
-  of a chunk empty when the next sample does not fit, and the rest of the last chunk of a
-  sample larger than a chunk. ``blob_chunk_bytes`` halves the chunk from the byte target
-  until the alignment of the samples at hand, tried on their sizes, wastes at most
-  ``PADDING_TARGET``: small images keep 8 MiB chunks (many samples each), large photos get
-  chunks small enough that their last chunk's rest is negligible;
-- compressed chunks squeeze zeros to almost nothing, so for them the choice only saves
-  decompressing zeros.
+NOTE [ Padding ]: what a pack stores beyond its samples' bytes is padding, kept on disk
+when uncompressed; each default keeps it under ``PADDING_TARGET``. An uncompressed blob is
+contiguous by default (no chunks, samples back to back); an uncompressed array's automatic
+chunk leaves (almost) no empty rows in the last chunk (``even_chunk_samples``); a chunked
+blob's chunk is halved from the byte target until aligning the samples at hand
+(NOTE [ Aligned blobs ]) wastes at most that share (``blob_chunk_bytes``). Compressed
+chunks squeeze zeros away, so for them the choice only saves decompressing zeros.
 """
 
 from __future__ import annotations
@@ -36,21 +26,11 @@ from h5pack.write.images import ImagesSpec
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import DecodeSpec
 
-# Room per stage-1 slot of blob storage (file bytes or pixels of one batch).
 BLOB_SLOT_BYTES = 4 * 2**20
 
-# The share of a pack's images dataset that the automatic choices allow for padding
-# (NOTE [ Padding ]).
-PADDING_TARGET = 0.01
-
-# The smallest automatic chunk of a blob: below it, the per-chunk costs (an index entry,
-# a read, a decompression call) stop being negligible beside the chunk.
-MIN_BLOB_CHUNK_BYTES = 64 * 2**10
-
-# Sample sizes tried when a blob's chunk is chosen (a random subset: the first files of
-# the shuffled write order).
-ESTIMATE_SAMPLES = 4096
-
+PADDING_TARGET = 0.01  # share of the images dataset (NOTE [ Padding ])
+MIN_BLOB_CHUNK_BYTES = 64 * 2**10  # below it, per-chunk costs stop being negligible
+ESTIMATE_SAMPLES = 4096  # sample sizes tried when a blob's chunk is chosen
 # Up to this many samples, a chunk is tried on this many more random orders of them.
 FEW_SAMPLES = 256
 FEW_SAMPLE_ORDERS = 15
@@ -90,20 +70,15 @@ def plan_storage(
 
     Args:
         options: The conversion options.
-        sizes: How many images have each (H, W), from their headers; None when not needed
-            (``size`` given, or encoded mode).
+        sizes: How many images have each (H, W); None when not needed.
         num_samples: Samples to pack (the automatic chunk never holds more).
         can_encode: Whether the samples have encoded bytes (not so for arrays).
-        sample_bytes: ``sample_bytes(limit)`` returns the stored bytes of the first
-            ``limit`` samples in write order (every one with None) when an encoded blob is
-            planned from them: a random subset chooses a chunk (NOTE [ Padding ]), all of
-            them give a contiguous blob's length, which is then written in place. Encoded,
-            they are the files' sizes (not known for files re-encoded by ``max_side``).
-            Without it, the chunk is the byte target and a contiguous blob is staged.
+        sample_bytes: ``sample_bytes(limit)``: the stored bytes of the first ``limit``
+            samples in write order (all with None), to size an encoded blob's chunk or a
+            contiguous blob; without it, the byte target is the chunk and a blob is staged.
 
     Raises:
-        OptionsError: the options do not fit the images (e.g. ``chunk_samples`` for images
-            of several sizes, which are stored as a blob chunked by bytes).
+        OptionsError: the options do not fit the images.
     """
     channels = options.channels
     sizes = sizes if sizes is not None else Counter()
@@ -169,8 +144,7 @@ def plan_storage(
         chunk_bytes=options.chunk_bytes,
     )
     if options.chunk_samples is None and options.chunk_shape is None:
-        # A chunk sized from a byte target never holds more samples than the pack, and
-        # uncompressed, leaves no empty rows in the last chunk (NOTE [ Padding ]).
+        # Never more samples than the pack; uncompressed, no empty rows (NOTE [ Padding ]).
         rows = max(1, min(chunks[0], num_samples))
         if options.compression.codec == "none":
             rows = even_chunk_samples(num_samples, rows)
@@ -182,10 +156,8 @@ def plan_storage(
 def even_chunk_samples(num_samples: int, most: int) -> int:
     """Return the samples per chunk, at most ``most``, that waste the fewest rows.
 
-    The last chunk of an uncompressed dataset is stored whole, so ``num_samples`` in chunks
-    of ``k`` waste ``ceil(num_samples / k) * k - num_samples`` rows. The largest ``k``
-    from ``most`` down to ``most / 2`` that wastes at most ``PADDING_TARGET / 2`` of the
-    samples is taken, or else the one that wastes least.
+    The largest ``k`` down to ``most / 2`` whose last chunk wastes at most
+    ``PADDING_TARGET / 2`` of the samples, or else the one that wastes least.
 
     Example:
         >>> even_chunk_samples(2000, 55), even_chunk_samples(50, 42), even_chunk_samples(7, 7)
@@ -205,7 +177,7 @@ def even_chunk_samples(num_samples: int, most: int) -> int:
 
 
 def _sizes_sample(counts: Counter[int], seed: int, limit: int | None) -> np.ndarray:
-    """Return ``limit`` samples (all with None) of the given sizes, in a seeded random order."""
+    """Return ``limit`` (all with None) of the sizes counted, in a seeded random order."""
     values = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
     weights = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
     rng = np.random.default_rng(seed)
@@ -223,19 +195,10 @@ def blob_chunk_bytes(
 ) -> int:
     """Return the chunk size of an aligned blob of samples of ``sample_bytes``.
 
-    ``target`` and its halvings down to ``MIN_BLOB_CHUNK_BYTES`` are tried on the samples
-    (in their order: ``sample_bytes`` is the write order or a random subset of it; up to
-    ``FEW_SAMPLES``, in the worst of a few more orders too), and the largest that pads at
-    most ``PADDING_TARGET`` of the blob is taken, or else the one that pads least
-    (NOTE [ Padding ]).
-
-    Args:
-        sample_bytes: Stored bytes of each sample tried.
-        target: The largest chunk wanted (``layout.DEFAULT_CHUNK_BYTES`` by default).
-        whole_last_chunk: Count the rest of the last chunk too: an uncompressed chunked
-            blob stores it.
-        num_samples: Samples in the whole blob, when ``sample_bytes`` is a subset (the
-            last chunk's share is then that of a blob this many times as long).
+    The largest of ``target`` and its halvings down to ``MIN_BLOB_CHUNK_BYTES`` that pads
+    at most ``PADDING_TARGET`` (for a few samples, in the worst of a few orders), or else
+    the one that pads least. ``whole_last_chunk`` counts the last chunk's rest (stored
+    when uncompressed); ``num_samples`` scales a subset's last chunk to the whole blob.
 
     Example:
         >>> small = np.full(1000, 100_000)  # 100 kB JPEGs: 8 MiB chunks hold 83 each
@@ -282,11 +245,7 @@ def _padding_share(
 
 
 def resolved_layout(options: ConvertOptions, storage: Storage) -> str:
-    """Return ``"chunked"`` or ``"contiguous"``: the options' layout, or what auto means.
-
-    ``layout="auto"`` is contiguous for an uncompressed blob without ``chunk_bytes`` (no
-    padding at all, NOTE [ Padding ]) and chunked otherwise.
-    """
+    """Return ``"chunked"`` or ``"contiguous"``: the options' layout, or what auto means."""
     if options.layout != "auto":
         return options.layout
     uncompressed = options.compression.codec == "none"

@@ -1,10 +1,8 @@
 """The target file of a conversion: checks, a hidden temporary name, publishing, signals.
 
 A pack is written to ``.<name>.<pid>.tmp`` beside the target and published only when
-complete; until then nothing exists under the target's name, so a killed conversion
-(SIGKILL included) never leaves a half-written pack there, and the next conversion into
-that directory removes what it left (``leftovers``). See docs/ARCHITECTURE.md,
-"Conversion pipeline" and "Crash safety".
+complete, so a killed conversion never leaves a half-written pack under the target's name;
+the next one removes what it left (``leftovers``; docs/ARCHITECTURE.md, "Crash safety").
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,10 +51,7 @@ def check_target(target: StrPath, *, overwrite: bool) -> Path:
 
 
 def check_not_a_source(target: Path, sources: Iterable[Path]) -> None:
-    """Refuse a target that is one of the files to be packed.
-
-    The same file under its own path, through a symbolic link (either way) or as another
-    hard link: replacing it would destroy an image that is being read.
+    """Refuse a target that is one of the files to be packed (by path, link or hard link).
 
     Raises:
         OptionsError: the target is one of ``sources``.
@@ -92,12 +87,8 @@ def temp_path(target: Path, tag: str = "") -> Path:
 class TempFiles:
     """Temporary files of one conversion, removed unless published.
 
-    Given the ``target``, it is a context manager that holds the conversion's lock file
-    (``leftovers.OwnerLock``) from entry, before any temporary file exists, until every
-    one is removed on exit.
-
-    Raises:
-        H5PackError: on entry, the target's directory cannot be written.
+    As a context manager, holds the ``target``'s lock file (``leftovers.OwnerLock``) from
+    before any temporary file exists until every one is removed.
     """
 
     def __init__(self, target: Path | None = None) -> None:
@@ -125,11 +116,7 @@ class TempFiles:
         return path
 
     def reserve(self, nbytes: int, *, what: str) -> None:
-        """Reserve ``nbytes`` in the pack's file for ``what`` (NOTE [ Room for the metadata ]).
-
-        Raises:
-            H5PackError: the room is not there.
-        """
+        """Reserve ``nbytes`` in the pack's file for ``what`` (NOTE [ Room for the metadata ])."""
         if self.paths and self.paths[0].exists():
             self._reserved = reserve_room(self.paths[0], nbytes, what=what)
 
@@ -139,11 +126,7 @@ class TempFiles:
         self._reserved = 0
 
     def remove_all(self) -> None:
-        """Remove every tracked file that still exists, then the lock file.
-
-        Never raises (it runs while another error is on its way to the user): a file that
-        cannot be removed is logged and left for the next conversion.
-        """
+        """Remove every tracked file that still exists, then the lock file (never raises)."""
         for path in self.paths:
             try:
                 path.unlink()
@@ -156,44 +139,39 @@ class TempFiles:
             self._lock = None
 
 
-# NOTE [ Room for the metadata ]: HDF5 keeps most of a pack's metadata in its cache and
-# writes it when the file is closed. A disk that filled then left HDF5 objects that could not
-# be closed: screens of "Exception ignored" and a SIGSEGV in HDF5's exit handler. So once
-# every sample is decoded, the conversion reserves the room that the rest needs (the last
-# block of images and the metadata) in the pack's own file: fallocate(2) with KEEP_SIZE
-# allocates the file's holes and that many bytes past its end, where HDF5 then writes,
-# without changing its size. If the room is not there the conversion stops with one clean
-# error; once reserved, no other writer can take it. What HDF5 did not use is given back
-# after publishing (``release_reserved``). File systems without fallocate get a check of
-# the free space instead, which a concurrent writer can still defeat.
+# NOTE [ Room for the metadata ]: HDF5 writes most metadata when the file is closed, and a
+# disk full then left objects that could not be closed (and a SIGSEGV at exit). So once
+# every sample is decoded, the room the rest needs is reserved in the pack's own file
+# (fallocate KEEP_SIZE), or the conversion stops with one clean error; what HDF5 did not
+# use is given back after publishing. Without fallocate the free space is only checked.
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
-_fallocate_function: Callable[..., int] | None = None
+_LIBC: dict[str, Any] = {}
 
 
-def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
-    """Call the C library's ``fallocate``; OSError(ENOSYS) where it has none."""
-    global _fallocate_function
-    if _fallocate_function is None:
+def _libc(name: str, argtypes: list[Any], *args: Any) -> None:
+    """Call the C library's ``name``: OSError(ENOSYS) where it has none, OSError on failure."""
+    function = _LIBC.get(name)
+    if function is None:
         try:
-            function = ctypes.CDLL(None, use_errno=True).fallocate64
-        except (OSError, AttributeError) as err:  # not Linux
-            raise OSError(errno.ENOSYS, "fallocate is not available") from err
-        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            function = getattr(ctypes.CDLL(None, use_errno=True), name)
+        except (OSError, AttributeError) as err:  # not Linux, or an old C library
+            raise OSError(errno.ENOSYS, f"{name} is not available") from err
+        function.argtypes = argtypes
         function.restype = ctypes.c_int
-        _fallocate_function = function
-    if _fallocate_function(fd, mode, offset, length):
+        _LIBC[name] = function
+    if function(*args):
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
 
-def reserve_room(path: Path, nbytes: int, *, what: str) -> int:
-    """Reserve ``nbytes`` past the end of ``path`` and its holes (NOTE [ Room for the metadata ]).
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    _libc("fallocate64", [ctypes.c_int] * 2 + [ctypes.c_int64] * 2, fd, mode, offset, length)
 
-    Returns:
-        The bytes reserved past the end (0 where the file system cannot reserve, after a
-        check of its free space).
+
+def reserve_room(path: Path, nbytes: int, *, what: str) -> int:
+    """Reserve ``nbytes`` past the end of ``path``; return them (0: only checked).
 
     Raises:
         H5PackError: the room is not there.
@@ -247,11 +225,7 @@ def free_bytes(directory: Path) -> int | None:
 
 
 def check_room(directory: Path, nbytes: int, *, what: str) -> None:
-    """Refuse to go on when ``directory`` has less than ``nbytes`` free for ``what``.
-
-    Raises:
-        H5PackError: less than ``nbytes`` are free.
-    """
+    """Refuse to go on (``H5PackError``) when ``directory`` has less than ``nbytes`` free."""
     free = free_bytes(directory)
     if free is not None and free < nbytes:
         raise _no_room(directory, nbytes, what)
@@ -267,9 +241,7 @@ def _no_room(directory: Path, nbytes: int, what: str) -> H5PackError:
 
 
 def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
-    """Move the finished pack into place (atomically; without overwrite, never clobbering).
-
-    Its compact index is appended first (``core.index``), so a published pack always has it.
+    """Append the compact index and move the pack into place (never clobbering without overwrite).
 
     Raises:
         TargetExistsError: without ``overwrite``, the target appeared meanwhile.
@@ -306,12 +278,7 @@ _UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
 def _rename_noreplace(temp: Path, target: Path) -> None:
-    """Rename ``temp`` to ``target`` unless the target exists, in one step where possible.
-
-    ``renameat2(RENAME_NOREPLACE)`` (Linux 3.15+) checks and renames atomically. Without
-    it, the target is checked and then replaced: a target that appears between the two is
-    clobbered, a race only file systems without hard links and without the flag have.
-    """
+    """Rename ``temp`` to ``target`` unless it exists: atomic with renameat2, else checked first."""
     try:
         _renameat2(temp, target, _RENAME_NOREPLACE)
     except FileExistsError as err:
@@ -326,24 +293,13 @@ def _rename_noreplace(temp: Path, target: Path) -> None:
     os.replace(temp, target)
 
 
-_renameat2_function: Callable[..., int] | None = None
-
-
 def _renameat2(source: Path, target: Path, flags: int) -> None:
-    """Call the C library's ``renameat2``; OSError(ENOSYS) where it has none."""
-    global _renameat2_function
-    if _renameat2_function is None:
-        try:
-            function = ctypes.CDLL(None, use_errno=True).renameat2
-        except (OSError, AttributeError) as err:  # not glibc >= 2.28 (or not Linux)
-            raise OSError(errno.ENOSYS, "renameat2 is not available") from err
-        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
-        function.argtypes += [ctypes.c_uint]
-        function.restype = ctypes.c_int
-        _renameat2_function = function
-    if _renameat2_function(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags):
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), os.fspath(target))
+    types = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    where = (os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags)
+    try:
+        _libc("renameat2", types, _AT_FDCWD, *where)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, os.fspath(target)) from None
 
 
 @contextlib.contextmanager

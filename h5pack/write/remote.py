@@ -1,10 +1,7 @@
-"""Conversions and merges whose target is in a remote store: written locally, then published.
+"""Conversions and merges into a bucket: written in a local staging directory, then uploaded.
 
-``publish_staged`` runs a local write (a conversion, a shard, a merge) into a private
-staging directory on local disk, exactly as into a local file, then publishes the finished
-pack under its final URL through the store (NOTE [ Publishing in a bucket ] in
-``write/upload.py``). A pack set under a prefix is ``RemoteSet``. The local writers are passed in
-(``convert_file``, ``convert_shard_file``), so nothing here imports them.
+NOTE [ Publishing in a bucket ] (``write/upload.py``). A set under a prefix is
+``RemoteSet``; the local writers are passed in, so nothing here imports them.
 """
 
 from __future__ import annotations
@@ -53,11 +50,7 @@ def _ignore(_: object) -> None:
 
 
 def check_pack_url(url: str) -> str:
-    """Return the key of the pack ``url``; refuse a URL that names a prefix, not a pack.
-
-    Raises:
-        OptionsError: the URL names no bucket, or ends with ``/``.
-    """
+    """Return the key of the pack ``url``; refuse (``OptionsError``) a prefix or no bucket."""
     _, _, key = split_url(url)
     if not key or key.endswith("/"):
         raise OptionsError(
@@ -79,21 +72,12 @@ def publish_staged(
 ) -> R:
     """Return ``write(local, room)`` run in a staging directory, its file then published at ``url``.
 
-    Args:
-        store: Where ``url`` is.
-        url: The pack's URL.
-        write: Writes the pack into the local path it is given; ``room`` checks the staging
-            directory's free space.
-        overwrite: Replace an object at ``url``.
-        staging_dir: Where to stage (default: the temporary directory).
-        emit: Notes (sweeps, the upload).
-        checked: ``url`` was already checked to be free (a shard being replaced).
+    ``room(nbytes)`` checks the staging directory's free space; ``checked``: ``url`` was
+    already checked (a shard being replaced).
 
     Raises:
-        TargetExistsError: an object is at ``url`` (before or after the write) without
-            ``overwrite``.
-        H5PackError: the staging directory is too small, or the upload failed (nothing is
-            left under ``url``).
+        TargetExistsError: an object is at ``url`` (before or after) without ``overwrite``.
+        H5PackError: the staging directory is too small, or the upload failed.
     """
     key = check_pack_url(url)
     if not checked and not overwrite and (found := store.stat(url)) is not None:
@@ -119,32 +103,15 @@ def publish_staged(
 
 
 def set_prefix(url: str) -> str:
-    """Return a pack set's prefix URL, ending in ``/``.
-
-    ``s3://bucket/set``, ``s3://bucket/set/`` and ``s3://bucket/set/packset.json`` name the
-    same set.
-
-    Raises:
-        FormatError: the URL names no bucket.
-    """
+    """Return a pack set's prefix URL, ending in ``/`` (its manifest's URL names it too)."""
     scheme, bucket, key = split_url(url)
     key = key.removesuffix(MANIFEST_NAME).strip("/")
     return f"{scheme}://{bucket}/{key}/" if key else f"{scheme}://{bucket}/"
 
 
-# -- pack sets in a bucket --------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class RemoteShard:
-    """Where one shard of a set in a bucket is published (picklable: a Dask task's).
-
-    Attributes:
-        url: The shard's URL.
-        store: Its store.
-        staging_dir: Where the shard is written before it is uploaded (None: the temporary
-            directory of the process that writes it).
-    """
+    """Where one shard of a set in a bucket is published (picklable: a Dask task's)."""
 
     url: str
     store: Store
@@ -152,13 +119,7 @@ class RemoteShard:
 
 
 class RemoteSet:
-    """A pack set written under a prefix of a bucket (``convert_set`` into ``s3://...``).
-
-    Args:
-        url: The set's prefix (``s3://bucket/set/``) or its manifest's URL.
-        store: Its store.
-        staging_dir: Where shards are written before they are uploaded.
-    """
+    """A pack set written under a prefix of a bucket (``convert_set`` into ``s3://...``)."""
 
     def __init__(self, url: str, store: Store, staging_dir: StrPath | None) -> None:
         self.prefix_url = set_prefix(url)
@@ -172,14 +133,10 @@ class RemoteSet:
         return RemoteShard(url, self.store, self.staging_dir)
 
     def prepare(self, num_shards: int, options: ConvertOptions, *, overwrite: bool) -> Path:
-        """Refuse a manifest of another split under the prefix (deleted with ``overwrite``).
-
-        Returns the directory ``ShardTask.target`` names the shards in (only their names
-        are used).
+        """Refuse (or with ``overwrite`` delete) another split's manifest; return the shards' root.
 
         Raises:
-            TargetExistsError: the prefix holds another split's manifest, without
-                ``overwrite``.
+            TargetExistsError: the prefix holds another split's manifest.
         """
         root = Path(split_url(self.prefix_url)[2] or ".")
         data = self.store.get(self.manifest_url)
@@ -215,11 +172,7 @@ class RemoteSet:
         sizes: dict[int, int],
         emit: Emit,
     ) -> tuple[str | None, tuple[int, ...]]:
-        """Upload the manifest if every shard is there and matches; return it and what is missing.
-
-        As ``write.packset.finish_set``: the shards this run did not handle are checked
-        here (HEAD, then their metadata through a remote open).
-        """
+        """Upload the manifest if every shard is there and matches; return it and the missing."""
         n = len(identities)
         entries: list[ShardEntry] = []
         missing: tuple[int, ...] = ()
@@ -278,15 +231,13 @@ def publish_shard(
     overwrite: bool,
     emit: Emit,
 ) -> tuple[Literal["written", "reused"], int, PackMeta]:
-    """Reuse the shard at ``remote.url`` if it matches, else write it and publish it.
+    """Reuse the shard at ``remote.url`` if it matches, else write and publish it.
 
     Returns:
         Whether it was written or reused, its bytes and its metadata.
 
     Raises:
-        TargetExistsError: the shard exists, does not match and not ``overwrite`` (the
-            message names its URL).
-        H5PackError: the staging directory is too small, or the upload failed.
+        TargetExistsError: the shard exists, does not match and not ``overwrite``.
     """
     url, store = remote.url, remote.store
     found: ObjectInfo | None = store.stat(url)
@@ -313,6 +264,3 @@ def publish_shard(
         store, url, staged, overwrite=True, staging_dir=remote.staging_dir, emit=emit, checked=True
     )
     return "written", sizes[0], meta
-
-
-# -- merging from and into a bucket -----------------------------------------------------

@@ -20,13 +20,8 @@ EventKind = Literal["scanned", "phase", "mode", "skipped", "note"]
 class ConvertEvent:
     """Something a user should hear about during a conversion (the CLI renders it).
 
-    Attributes:
-        kind: ``"scanned"`` (the source was scanned), ``"phase"`` (a stage with ``total``
-            steps starts; ``progress`` then counts them), ``"mode"`` (the storage chosen
-            and why), ``"skipped"`` (a file left out; ``path`` names it), ``"note"``.
-        message: One line of text.
-        total: Steps of a phase.
-        path: The file concerned.
+    A ``"phase"`` of ``total`` steps starts (``progress`` then counts them); ``"skipped"``
+    names its file in ``path``.
     """
 
     kind: EventKind
@@ -37,20 +32,7 @@ class ConvertEvent:
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertReport:
-    """What a conversion did.
-
-    Attributes:
-        path: The pack written.
-        meta: Its metadata, as a reader sees it.
-        num_samples: Samples packed.
-        num_found: Files found by the scan (or samples given).
-        skipped: Files left out, and why (sorted by path).
-        mode: ``"raw"`` or ``"encoded"``.
-        storage: ``"array"`` or ``"blob"``.
-        reason: Why this mode and storage.
-        elapsed_s: Wall time of the whole conversion.
-        file_bytes: Size of the pack.
-    """
+    """What a conversion did: the pack, its metadata, the samples found, packed and skipped."""
 
     path: str
     meta: fmt.PackMeta

@@ -1,17 +1,10 @@
-"""Packs published in a bucket: staged locally, uploaded whole under their final key.
-
-A conversion (or merge) into ``s3://bucket/key.h5`` writes the pack exactly as it writes a
-local one, into a staging directory on local disk (``Staging``), then uploads the finished
-file under its final key (``Bucket.upload``); a pack set's manifest goes up last.
+"""Packs published in a bucket: staged locally (``Staging``), uploaded whole under their key.
 
 NOTE [ Publishing in a bucket ]: an object appears under its key only when its upload
-completes (a PUT whole; a multipart upload on CompleteMultipartUpload), so a killed
-conversion never leaves part of a pack under the final key. A killed multipart upload
-leaves its parts (billed, listed by no ordinary listing): the store aborts the upload on
-any error, Ctrl-C and SIGTERM included, and every run first sweeps the incomplete uploads
-under the keys it is about to write (``Store.sweep``), as a local conversion removes what a
-killed one left beside its target (``write/leftovers.py``). A lifecycle rule
-(``AbortIncompleteMultipartUpload``) is still worth setting (docs/object-storage.md).
+completes, so a killed conversion never leaves part of a pack there. A killed multipart
+upload leaves its parts: the store aborts the upload on any error (signals included), and
+every run first sweeps the incomplete uploads under the keys it is about to write
+(``Store.sweep``). A lifecycle rule is still worth setting (docs/object-storage.md).
 """
 
 from __future__ import annotations
@@ -39,11 +32,8 @@ __all__ = ["Staging", "describe_swept", "remove_dead_staging"]
 
 logger = logging.getLogger("h5pack")
 
-# -- the local staging directory --------------------------------------------------------
-
-# Staging directories are named ``h5pack-staging-<pid>-<random>`` and hold ``.lock``, which
-# their run locks (flock) for as long as it lives: a directory whose lock can be taken is a
-# dead run's (NOTE [ Telling a dead owner ] in write/leftovers.py).
+# A staging directory's run holds the flock of its ``.lock``: one whose lock can be taken
+# is a dead run's (NOTE [ Telling a dead owner ] in write/leftovers.py).
 _STAGING_PREFIX = "h5pack-staging-"
 _LOCK_NAME = ".lock"
 
@@ -51,13 +41,9 @@ _LOCK_NAME = ".lock"
 class Staging:
     """A private local directory where packs bound for a bucket are written, then uploaded.
 
-    A context manager: it creates ``h5pack-staging-<pid>-<random>`` under ``root`` (default:
-    the system's temporary directory, ``TMPDIR``), locks it, first removes what dead runs
-    left there (``remove_dead_staging``), and removes itself with everything in it on exit.
-
-    Args:
-        root: Where to create the directory.
-        what: What the staged files are for (said in errors), e.g. the target URL.
+    A context manager: creates and locks ``h5pack-staging-<pid>-<random>`` under ``root``
+    (default ``TMPDIR``) after removing dead runs' ones, and removes it on exit. ``what``
+    (the target URL) is named in errors.
 
     Raises:
         OptionsError: ``root`` is not a directory.
@@ -104,11 +90,7 @@ class Staging:
         return self.path / name
 
     def check_room(self, nbytes: int, *, what: str) -> None:
-        """Refuse to go on when the staging directory has less than ``nbytes`` free.
-
-        Raises:
-            H5PackError: it has less (the message names the directory and how to change it).
-        """
+        """Refuse to go on (``H5PackError``, with a hint) when the directory has less free."""
         try:
             check_room(self.root, nbytes, what=what)
         except H5PackError as err:
@@ -131,10 +113,7 @@ class Staging:
 
 
 def remove_dead_staging(root: Path) -> list[Path]:
-    """Remove this user's staging directories under ``root`` whose run is gone; return them.
-
-    Never raises: a directory that cannot be removed is left for the next run.
-    """
+    """Remove this user's staging directories under ``root`` whose run is gone; return them."""
     try:
         names = [entry.name for entry in os.scandir(root) if entry.name.startswith(_STAGING_PREFIX)]
     except OSError:

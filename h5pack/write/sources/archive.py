@@ -16,9 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 
 from h5pack.core.format import SkippedFile
-from h5pack.write.scan import label_by_folder
+from h5pack.write.scan import has_image_extension, is_ignored_name, label_by_folder
 from h5pack.write.sources.base import FileRange, Listing, Sample, label_fields
-from h5pack.write.walk import has_image_extension, is_ignored_name
 
 CUT_SHORT = "cut short: the archive ends inside it"
 

@@ -48,11 +48,10 @@ from h5pack.core.fields import (
 from h5pack.core.format import SkippedFile
 from h5pack.core.store import Store, join_url
 from h5pack.errors import OptionsError, SourceError
-from h5pack.write.scan import path_sort_key
+from h5pack.write.scan import check_root, path_sort_key
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample
 from h5pack.write.sources.masks import header_size
 from h5pack.write.sources.objects import prefix_images, read_text
-from h5pack.write.walk import check_root
 
 SLACK = 1.0  # pixels a box or polygon may reach outside its image (rounding in the file)
 Image = tuple[str, FileRange, int, int]  # key, where, height, width

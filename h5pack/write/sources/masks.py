@@ -27,10 +27,9 @@ from h5pack.core.fields import LazyColumn, MaskField
 from h5pack.core.format import SkippedFile
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import DecodeError, SourceError
-from h5pack.write.scan import name_paths, path_sort_key, scan
+from h5pack.write.scan import check_root, name_paths, path_sort_key, scan, walk
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, read_object
 from h5pack.write.sources.objects import prefix_images
-from h5pack.write.walk import check_root, walk
 
 MASK_MODES = ("P", "L")  # palette indices or grey values, kept as they are
 HEADER_BYTES = 1 << 18  # read to learn an image's size; the whole file when not enough

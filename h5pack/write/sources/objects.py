@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 from h5pack.core.source import ByteSource
 from h5pack.core.store import ObjectInfo, Store, is_url, open_store
 from h5pack.errors import H5PackError, SourceError
+from h5pack.write.scan import has_image_extension, is_ignored_name
 from h5pack.write.sources.base import FileRange
-from h5pack.write.walk import has_image_extension, is_ignored_name
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer

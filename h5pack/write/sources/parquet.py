@@ -43,6 +43,7 @@ from h5pack.core.format import SkippedFile
 from h5pack.core.packset import shard_slice
 from h5pack.core.store import Store
 from h5pack.errors import H5PackError, SourceError
+from h5pack.write.scan import has_image_extension, is_ignored_name
 from h5pack.write.sources.base import Listing, PathSource, Sample, label_fields
 from h5pack.write.sources.hfschema import (
     features_of,
@@ -54,7 +55,6 @@ from h5pack.write.sources.hfschema import (
 )
 from h5pack.write.sources.objects import folder_url, listed, under
 from h5pack.write.sources.parquetrows import ParquetRow, parquet_file, runs_for
-from h5pack.write.walk import has_image_extension, is_ignored_name
 
 _SHARD = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
 

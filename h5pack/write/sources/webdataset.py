@@ -27,6 +27,7 @@ from h5pack.core.format import SkippedFile
 from h5pack.core.recordfields import JSONField
 from h5pack.core.store import Store
 from h5pack.errors import H5PackError, SourceError
+from h5pack.write.scan import has_image_extension, is_ignored_name
 from h5pack.write.sources.archive import CUT_SHORT, tar_members, unread_tail
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
 from h5pack.write.sources.objects import (
@@ -37,7 +38,6 @@ from h5pack.write.sources.objects import (
     member_range,
     under,
 )
-from h5pack.write.walk import has_image_extension, is_ignored_name
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 TEXT_FIELDS = ("txt", "json")
