@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from h5pack.core.layout import ChunkMap
+from h5pack.training.epochs import EpochSpec, plan_epoch, plan_pieces
 from h5pack.training.orders import (
     ChunkPermutation,
     Order,
@@ -16,7 +17,6 @@ from h5pack.training.orders import (
     StratifiedChunks,
     rest_of,
 )
-from h5pack.training.sampler import EpochSpec, plan_epoch, plan_pieces
 
 
 @st.composite

@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
+from h5pack.training import epochs as epochs_module
 from h5pack.training import sampler as sampler_module
+from h5pack.training.epochs import num_batches, window_for
 from h5pack.training.sampler import (
     ChunkBatchSampler,
     ChunkSampler,
     EpochSpec,
-    num_batches,
     plan_epoch,
     sampler_for_labels,
-    window_for,
 )
 
 
@@ -287,7 +287,7 @@ def test_window_from_memory_budget() -> None:
     assert window(None, mib, 8 * mib, 2) == 1
     assert (
         window_for(window_chunks=None, window_bytes=None, group_bytes=None, num_workers=0)
-        == sampler_module.DEFAULT_WINDOW_CHUNKS
+        == epochs_module.DEFAULT_WINDOW_CHUNKS
     )
 
 
@@ -337,7 +337,7 @@ def test_sampler_window_has_the_pool_floor() -> None:
     cmap = ChunkMap.regular(100_000, 16)
     assert ChunkBatchSampler(cmap, 8).window_chunks == 16  # DEFAULT_WINDOW_CHUNKS
     sampler = ChunkBatchSampler(cmap, 64)
-    assert sampler.window_chunks == sampler_module.MIN_POOL_BATCHES * 64 // 16
+    assert sampler.window_chunks == epochs_module.MIN_POOL_BATCHES * 64 // 16
     assert ChunkBatchSampler(cmap, 64, min_window_chunks=500).window_chunks == 500
     assert ChunkBatchSampler(cmap, 64, window_chunks=2).window_chunks == 2
     assert ChunkBatchSampler(ChunkMap.regular(40, 16), 64).window_chunks == 3  # the pack's

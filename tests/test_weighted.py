@@ -14,14 +14,9 @@ from hypothesis import strategies as st
 
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
+from h5pack.training.epochs import plan_pieces
 from h5pack.training.orders import rest_of
-from h5pack.training.sampler import (
-    ChunkBatchSampler,
-    EpochSpec,
-    MixedSources,
-    plan_epoch,
-    plan_pieces,
-)
+from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, MixedSources, plan_epoch
 from h5pack.training.weighted import WeightedMix, shares
 
 

@@ -1,10 +1,4 @@
-"""Elastic resume: finish an epoch on another topology (ranks, workers, batch size).
-
-A sampler state saved mid-epoch by R ranks with W workers records the settings that planned
-the epoch and the position reached. Loaded by a sampler of another topology, it is turned
-into the set of samples already delivered, and the rest of the epoch is planned over the
-new topology, chunk-aware: see the note "Elastic resume".
-"""
+"""Elastic resume: finish an epoch on another topology (ranks, workers, batch size)."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ from h5pack.training.orders import Order, rest_of
 # epoch's state keeps the one it came from under ``base``, so a second change in the same
 # epoch replays both. The next epoch is planned normally.
 
-# Settings that fix the order of an epoch: a state saved with others is refused, not
-# re-planned (it is another order, not another topology).
+# Settings that fix the order of an epoch: a state saved with others is refused.
 ORDER_SETTINGS = ("shuffle", "seed", "stratified", "sources")
 
 # Settings of the topology: a state saved with others is re-planned.
@@ -41,11 +34,7 @@ TOPOLOGY_SETTINGS = ("num_replicas", "num_workers", "batch_size", "window_chunks
 
 
 def saved_spec(state: Mapping[str, Any]) -> EpochSpec:
-    """Return the topology that planned the saved epoch (rank 0; the replay fills the rank).
-
-    The order is not in it: the sampler loading the state has checked that its order is
-    the saved one (``ORDER_SETTINGS``), and replays with its own.
-    """
+    """Return the topology that planned the saved epoch (rank 0; the order is checked apart)."""
     return EpochSpec(
         batch_size=int(state["batch_size"]),
         shuffle=bool(state["shuffle"]),
@@ -61,17 +50,7 @@ def saved_spec(state: Mapping[str, Any]) -> EpochSpec:
 def plan_rest(
     order: Order, spec: EpochSpec, *, epoch: int, delivered: np.ndarray
 ) -> list[np.ndarray]:
-    """Return one rank's batches (sample indices) of ``epoch``'s positions not yet ``delivered``.
-
-    Steps 2 and 3 of the note "Elastic resume": the remaining positions of each piece form
-    a sub-piece (``orders.rest_of``), and ``plan_pieces`` plans them with ``spec``.
-
-    Args:
-        order: The epoch's order.
-        spec: The new topology (resolved: its rank and window are used as they are).
-        epoch: The epoch (with ``spec.seed``, the order's seed).
-        delivered: One bool per position of the epoch: delivered already.
-    """
+    """Return one rank's batches of ``epoch``'s positions not yet ``delivered`` (steps 2, 3)."""
     rest = rest_of(order, spec.seed, epoch, delivered)
     return samples_of_batches(rest, plan_pieces(rest, spec, epoch=epoch))
 
@@ -87,10 +66,7 @@ def _positions(
 
 
 def delivered_mask(order: Order, state: Mapping[str, Any]) -> np.ndarray:
-    """Return one bool per position of the epoch: delivered by every old rank before ``state``.
-
-    Step 1 of the note "Elastic resume", through the chain of ``base`` states.
-    """
+    """Return one bool per position: delivered by every old rank before ``state`` (step 1)."""
     base = state.get("base")
     before = delivered_mask(order, base) if base else None
     spec = saved_spec(state)

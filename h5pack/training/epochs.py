@@ -1,9 +1,4 @@
-"""How a rank's epoch is planned: ``EpochSpec``, the window, ``plan_epoch``.
-
-Pure planning, no torch: the samplers (``training.sampler``), ``H5IterableDataset`` and
-elastic resume (``training.elastic``) plan with it, so none of them imports another that
-imports it back (issue 16.4: the sampler and elastic resume imported each other).
-"""
+"""How a rank's epoch is planned: ``EpochSpec``, the window, ``plan_epoch``. Pure, no torch."""
 
 from __future__ import annotations
 
@@ -41,24 +36,22 @@ from h5pack.training.weighted import check_weights
 # K, the chunks one worker mixes at once (and its reader keeps decompressed), is
 # ``window_chunks`` when given, else the largest of three floors: ``window_bytes`` (default
 # ``DEFAULT_WINDOW_BYTES``) shared by the workers; ``MIN_POOL_BATCHES`` batches per
-# window; ``min_window_chunks`` (asked by ``label_mixing`` for packs whose chunks do not mix
-# labels); capped, unless ``window_bytes`` is given, by ``WINDOW_MEMORY_FRACTION`` of the
-# machine's memory (not what is free now: K, and with it the order, is then the same in
-# every process and in a resumed run) and at the pack's chunks. Measurements:
-# docs/decisions/0022.
+# window; ``min_window_chunks`` (packs whose chunks do not mix labels); capped, unless
+# ``window_bytes`` is given, by ``WINDOW_MEMORY_FRACTION`` of the machine's memory (not
+# what is free now: K, and with it the order, is then the same in every process and in a
+# resumed run) and at the pack's chunks. Measurements: docs/decisions/0022.
 
-# The bytes floor of all workers' windows together: 256 MiB keeps 32 chunks of 8 MiB (the
-# default chunk size) in one process, and every chunk of a pack of small images.
 DEFAULT_WINDOW_BYTES = 256 * 2**20
+"""The bytes floor of all workers' windows together."""
 
-# The pool floor: a worker's window holds at least this many batches.
 MIN_POOL_BATCHES = 8
+"""The pool floor: a worker's window holds at least this many batches."""
 
-# The cap: all workers' windows hold at most this share of the machine's memory.
 WINDOW_MEMORY_FRACTION = 1 / 8
+"""The cap: all workers' windows hold at most this share of the machine's memory."""
 
-# Window when the chunk size is unknown (a bare ChunkMap), before the pool floor.
 DEFAULT_WINDOW_CHUNKS = 16
+"""The window when the chunk size is unknown (a bare ChunkMap), before the pool floor."""
 
 
 def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -75,8 +68,6 @@ def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[in
             num_replicas = dist.get_world_size() if initialised else 1
         if rank is None:
             rank = dist.get_rank() if initialised else 0
-    if num_replicas < 1:
-        raise OptionsError(f"num_replicas should be >= 1, but got num_replicas={num_replicas}")
     if not 0 <= rank < num_replicas:
         raise OptionsError(
             f"rank should be in 0..{num_replicas - 1}, but got rank={rank} "
@@ -97,36 +88,14 @@ def window_for(
     num_chunks: int | None = None,
     machine_bytes: int | None = None,
 ) -> int:
-    """Return K, the chunks per shuffle window of one worker (see the note "Shuffle window").
+    """Return K, the chunks per shuffle window of one worker (NOTE [ Shuffle window ]).
 
-    Args:
-        window_chunks: An explicit K; it wins.
-        window_bytes: The budget of all workers' windows; default ``DEFAULT_WINDOW_BYTES``
-            as a floor, capped by ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
-        group_bytes: Bytes of one decompressed chunk; None: unknown
-            (``DEFAULT_WINDOW_CHUNKS`` replaces the bytes floor, and there is no cap).
-        num_workers: DataLoader workers (0: the main process alone).
-        batch_size: Samples per batch, for the pool floor (none without it).
-        chunk_samples: Mean samples per chunk, for the pool floor.
-        min_window_chunks: The labels floor.
-        num_chunks: Chunks of the pack: K never exceeds it.
-        machine_bytes: The machine's memory; default ``memory_bytes()``.
-
-    Raises:
-        OptionsError: a window, budget or floor is out of range.
+    ``group_bytes`` is one decompressed chunk's bytes (None: unknown, so
+    ``DEFAULT_WINDOW_CHUNKS`` and no cap); ``chunk_samples`` its mean samples, for the pool
+    floor; ``machine_bytes`` defaults to ``memory_bytes()``.
     """
     if window_chunks is not None:
-        if window_chunks < 1:
-            raise OptionsError(
-                f"window_chunks should be >= 1, but got window_chunks={window_chunks}"
-            )
         return int(window_chunks)
-    if window_bytes is not None and window_bytes <= 0:
-        raise OptionsError(f"window_bytes should be positive, but got window_bytes={window_bytes}")
-    if min_window_chunks is not None and min_window_chunks < 1:
-        raise OptionsError(
-            f"min_window_chunks should be >= 1, but got min_window_chunks={min_window_chunks}"
-        )
     processes = max(1, num_workers)
     if group_bytes:
         floor = (window_bytes or DEFAULT_WINDOW_BYTES) // (processes * group_bytes)
@@ -151,39 +120,25 @@ def window_for(
 class EpochSpec:
     """How a rank's epochs are cut into batches: everything ``plan_epoch`` needs but the epoch.
 
-    Built once at the public edge (``make_loader``, ``ChunkBatchSampler``) and passed whole
-    to the samplers, ``H5IterableDataset`` and ``plan_epoch``. ``resolved`` fills the fields
-    left to defaults (ranks from ``torch.distributed``, the window as the note "Shuffle
-    window" says).
+    Built once at the public edge and passed whole; ``resolved`` fills the fields left to
+    defaults (ranks from ``torch.distributed``, the window by NOTE [ Shuffle window ]).
 
     Attributes:
         batch_size: Samples per batch.
-        shuffle: Shuffle chunks and windows; ``False`` gives each worker a contiguous range
-            in pack order (the pack order itself with ``num_workers <= 1``).
-        seed: Seed of the order; the order is a pure function of ``(seed, epoch)``.
-        window_chunks: K, chunks mixed at once by one worker (and kept decompressed by its
-            reader); None: see the note "Shuffle window".
-        window_bytes: Memory budget of all workers' windows (decompressed bytes); None:
-            at least ``DEFAULT_WINDOW_BYTES`` and a pool of ``MIN_POOL_BATCHES`` batches,
-            at most ``WINDOW_MEMORY_FRACTION`` of the machine's memory.
-        drop_last: Drop the incomplete last batch (and, with several ranks, the tail that
-            does not divide evenly).
+        shuffle: Shuffle chunks and windows; ``False``: each worker a contiguous range in
+            pack order.
+        seed: Seed of the order, a pure function of ``(seed, epoch)``.
+        window_chunks: K, chunks mixed at once by one worker (and kept decompressed).
+        window_bytes: Memory budget of all workers' windows (decompressed bytes).
+        drop_last: Drop the incomplete last batch (and the tail ranks do not divide).
         num_replicas: Ranks; None: ``torch.distributed``'s world size, else 1.
         rank: This rank; None: ``torch.distributed``'s rank, else 0.
         num_workers: The DataLoader's ``num_workers`` (batch b goes to worker b mod W).
-        min_window_chunks: Widen a default window to at least this many chunks, within the
-            memory cap (``label_mixing(...).window_needed`` for a pack whose chunks do not
-            mix labels); ignored when ``window_chunks`` is given.
-        chunk_strata: One stratum (a chunk's dominant label, ``mixing.chunk_strata``) per
-            chunk: the chunk order spreads each stratum evenly over the epoch
-            (``mixing.stratified_order``), for packs whose chunks do not mix labels; None:
-            a uniformly random chunk order.
-        weights: Mix several sources by weight (``training.weighted``): one positive weight
-            per source; None: the weights the data carries, else each source's size.
+        min_window_chunks: Widen a default window to at least this many chunks.
+        chunk_strata: One stratum (dominant label) per chunk, spread evenly over the epoch
+            (``mixing.stratified_order``); None: a uniformly random chunk order.
+        weights: Mix several sources by weight (``training.weighted``), one per source.
         epoch_samples: Samples per epoch of a mix; None: all samples of all sources.
-
-    Raises:
-        OptionsError: a size, rank or window is out of range.
     """
 
     batch_size: int
@@ -201,8 +156,6 @@ class EpochSpec:
     epoch_samples: int | None = None
 
     def __post_init__(self) -> None:
-        # Each field checked once, here, in the user's name (issue 20 A, F): a float
-        # batch_size skipped samples every epoch, a str one failed inside torch.
         check_int("batch_size", self.batch_size, minimum=1)
         check_bool("shuffle", self.shuffle)
         check_seed("seed", self.seed)
@@ -225,10 +178,8 @@ class EpochSpec:
     def resolved(self, group_bytes: int | None, *, chunk_map: ChunkMap | None = None) -> EpochSpec:
         """Return a copy with ranks and the window filled in.
 
-        Args:
-            group_bytes: Bytes of one decompressed chunk (None: unknown).
-            chunk_map: The pack's chunks, for the pool floor and the cap at the pack's
-                chunks (see the note "Shuffle window"); without it neither applies.
+        ``group_bytes``: one decompressed chunk's bytes (None: unknown); ``chunk_map``: the
+        pack's chunks, for the pool floor and the cap at the pack's chunks.
         """
         num_replicas, rank = distributed_defaults(self.num_replicas, self.rank)
         chunk_samples = num_chunks = None
@@ -251,8 +202,6 @@ class EpochSpec:
 def epoch_spec(spec: EpochSpec | int | None = None, /, **fields: Any) -> EpochSpec:
     """Return the ``EpochSpec`` of ``spec`` (a spec, or a batch size) with ``fields`` replaced.
 
-    The one place the samplers' and ``make_loader``'s keywords become the spec.
-
     Raises:
         OptionsError: no batch size given, or a field out of range.
         TypeError: a keyword that is no field of ``EpochSpec``.
@@ -260,8 +209,6 @@ def epoch_spec(spec: EpochSpec | int | None = None, /, **fields: Any) -> EpochSp
     Example:
         >>> epoch_spec(32, seed=3) == EpochSpec(batch_size=32, seed=3)
         True
-        >>> epoch_spec(EpochSpec(batch_size=32), num_workers=2).num_workers
-        2
     """
     if isinstance(spec, EpochSpec):
         return replace(spec, **fields) if fields else spec
@@ -290,7 +237,7 @@ def num_batches(
 
 
 def samples_per_rank(num_samples: int, spec: EpochSpec) -> int:
-    """Return the samples each rank yields per epoch (see "Chunk-aware epoch order")."""
+    """Return the samples each rank yields per epoch (NOTE [ Chunk-aware epoch order ])."""
     if num_samples == 0:
         return 0
     num_replicas = spec.num_replicas or 1
@@ -299,36 +246,20 @@ def samples_per_rank(num_samples: int, spec: EpochSpec) -> int:
     return math.ceil(num_samples / num_replicas)
 
 
-def order_of(source: ChunkMap | Order, spec: EpochSpec) -> Order:
-    """Return ``source`` if it is an order, else the chunk order ``spec`` asks for.
-
-    ``spec.shuffle`` and ``spec.chunk_strata`` choose the order of a bare ``ChunkMap``
-    (``orders.chunk_order``); an ``Order`` given decides for itself.
-    """
-    if isinstance(source, ChunkMap):
-        return chunk_order(source, shuffle=spec.shuffle, chunk_strata=spec.chunk_strata)
-    return source
-
-
-def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
+def plan_epoch(source: ChunkMap | Order, spec: EpochSpec, epoch: int) -> list[np.ndarray]:
     """Return one rank's batches of one epoch, in the order the DataLoader consumes them.
 
-    A pure function of (order, seed, epoch, topology); see the module note "Chunk-aware
-    epoch order" and the note "Orders" (training/orders.py). Fields of ``spec`` left to None
-    mean one rank, rank 0 and ``DEFAULT_WINDOW_CHUNKS``.
-
-    Args:
-        source: An order (``training.orders``), or a ``ChunkMap`` whose order ``spec``'s
-            ``shuffle`` and ``chunk_strata`` choose (``order_of``).
-        spec: The topology, batch size, seed and window.
-        epoch: The epoch.
+    A pure function of (order, seed, epoch, topology): NOTE [ Chunk-aware epoch order ]. A
+    bare ``ChunkMap`` takes the chunk order ``spec.shuffle`` and ``spec.chunk_strata`` ask.
 
     Example:
         >>> cmap = ChunkMap.regular(10, 4)
         >>> [b.tolist() for b in plan_epoch(cmap, EpochSpec(batch_size=3, shuffle=False), epoch=0)]
         [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     """
-    pieces = order_of(source, spec).epoch(spec.seed, epoch)
+    if isinstance(source, ChunkMap):
+        source = chunk_order(source, shuffle=spec.shuffle, chunk_strata=spec.chunk_strata)
+    pieces = source.epoch(spec.seed, epoch)
     return samples_of_batches(pieces, plan_pieces(pieces, spec, epoch=epoch))
 
 
@@ -355,12 +286,10 @@ def _window_shuffle(
 def _balanced_layout(
     pieces: EpochPieces,
 ) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
-    """Return ``segment`` of a mix's epoch: its sequence with the sources balanced.
+    """Return ``segment`` of a mix's epoch: the j-th of a source's n at (j + 1/2) / n of it.
 
-    Each source's pieces keep their served order and are laid end to end; the sources are
-    then interleaved sample by sample, the j-th of a source's n at (j + 1/2) / n of the
-    epoch, so every stretch (a rank's slice, a worker's, a batch) holds each source's
-    share to within about one sample. Lays out the whole epoch: O(N) per rank.
+    Every stretch (a rank's, a worker's, a batch) then holds each source's share to within
+    about one sample. O(N) per rank.
     """
     starts, sizes, order = pieces.starts, pieces.sizes, pieces.order
     piece_sources = pieces.sources_of(starts)
@@ -386,26 +315,19 @@ def _balanced_layout(
 def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.ndarray]:
     """Return one rank's batches of one epoch as positions of ``pieces`` (``plan_epoch``)."""
     batch_size, seed, drop_last = spec.batch_size, spec.seed, spec.drop_last
-    shuffle = pieces.shuffle
-    window_chunks = spec.window_chunks or DEFAULT_WINDOW_CHUNKS
+    shuffle, window_chunks = pieces.shuffle, spec.window_chunks or DEFAULT_WINDOW_CHUNKS
     num_replicas, rank = spec.num_replicas or 1, spec.rank or 0
     num = pieces.num_samples
     batch_count = num_batches(num, batch_size, num_replicas=num_replicas, drop_last=drop_last)
     if batch_count == 0:
         return []
-    starts = pieces.starts
-    sizes = pieces.sizes
-    order = pieces.order
+    starts, sizes, order = pieces.starts, pieces.sizes, pieces.order
     ordered_sizes = sizes[order]
     ends = np.cumsum(ordered_sizes)
     first_pos = ends - ordered_sizes
 
     def laid_out(low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
-        """Positions ``low .. high - 1`` of the epoch's sequence, and their pieces.
-
-        Only the pieces that overlap are laid out, so a rank's plan costs O(N / R + chunks)
-        in time and memory, not O(N).
-        """
+        """Positions ``low .. high - 1`` and their pieces: O(N / R + chunks), not O(N)."""
         if high <= low:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         first = int(np.searchsorted(ends, low, side="right"))

@@ -35,11 +35,11 @@ from h5pack.training.batch import (
     source_of,
 )
 from h5pack.training.cache import CacheSpec, DecodedCache
+from h5pack.training.epochs import window_for
 from h5pack.training.fixed_size import FixedSizeReader
 from h5pack.training.geometry import crop_fields
 from h5pack.training.readplan import read_plan
 from h5pack.training.ring import BatchRing, batch_buffer
-from h5pack.training.sampler import window_for
 from h5pack.training.stats import stage_times, timed_read
 
 # NOTE [ h5py handles and fork ]

@@ -27,7 +27,7 @@ from h5pack.read.crop import Crop, CropSpec
 from h5pack.read.options import renamed_message
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec
-from h5pack.training.sampler import EpochSpec, epoch_spec
+from h5pack.training.epochs import EpochSpec, epoch_spec
 
 KEYWORDS: dict[str, frozenset[str]] = {
     "epoch": frozenset({"shuffle", "seed", "drop_last", "weights"}),

@@ -1,10 +1,4 @@
-"""Orders: what one epoch is made of, and in which order its pieces come; one class per kind.
-
-An order turns ``(seed, epoch)`` into ``EpochPieces``: the epoch's sequence of positions cut
-into pieces (a piece is a run of consecutive sample indices: a chunk, or part of one) and
-the order in which the pieces are served. ``sampler.plan_epoch`` then cuts that sequence
-for ranks, workers and windows, the same way for every order. See the note "Orders".
-"""
+"""Orders: what one epoch is made of, and in which order its pieces come; one class per kind."""
 
 from __future__ import annotations
 
@@ -23,12 +17,9 @@ from h5pack.training.mixing import stratified_order
 # An epoch is a sequence of ``num_samples`` positions (all samples once for the chunk
 # orders, ``epoch_samples`` for a weighted mix). An order cuts it into pieces in a canonical
 # order (piece p: positions ``starts[p] ..``, samples ``sample_starts[p] ..`` of one chunk)
-# and says in which order they are served (``EpochPieces.order``). ``plan_epoch`` lays them
-# out, gives ranks and then workers consecutive slices and shuffles windows of K pieces:
-# each piece is decompressed once. Orders: ``ChunkPermutation``, ``StratifiedChunks``
-# (packs whose chunks do not mix labels), ``SequentialChunks`` (``shuffle=False``) and
-# ``WeightedMix`` (training/weighted.py). Elastic resume works on positions: the delivered
-# ones are a mask, the rest of each piece a sub-piece (``rest_of``), served as
+# and says in which order they are served (``EpochPieces.order``); ``plan_epoch`` cuts that
+# for ranks, workers and windows the same way for every order. Elastic resume works on
+# positions: the rest of each piece is a sub-piece (``rest_of``), served as
 # ``Order.arrange`` says (chunk orders apply themselves again; a mix keeps its order).
 
 
@@ -39,13 +30,12 @@ class EpochPieces:
     Attributes:
         sizes: Positions of each piece, canonical order (pieces laid end to end).
         order: The serving order: a permutation of the pieces.
-        shuffle: Whether windows of pieces are shuffled (``False``: served as laid out).
-        sample_starts: First sample index of each piece (its samples are consecutive);
-            None: positions are sample indices (an order over all samples once, in pack
-            order).
+        shuffle: Whether windows of pieces are shuffled.
+        sample_starts: First sample of each piece (consecutive samples); None: positions
+            are sample indices.
         sources: The source of each piece (a weighted mix), or None.
-        parent: For the rest of an epoch (``rest_of``), the whole epoch it is part of.
-        top: For the rest of an epoch, the parent's position of each of its positions.
+        parent: For the rest of an epoch (``rest_of``), the whole epoch it is part of;
+            ``top``: the parent's position of each of its positions.
     """
 
     sizes: np.ndarray
@@ -63,7 +53,7 @@ class EpochPieces:
 
     @cached_property
     def starts(self) -> np.ndarray:
-        """First position of each piece (canonical order; computed once, looked up per batch)."""
+        """First position of each piece (canonical order)."""
         starts: np.ndarray = np.cumsum(self.sizes) - self.sizes
         return starts
 
@@ -96,29 +86,29 @@ class EpochPieces:
 
 @runtime_checkable
 class Order(Protocol):
-    """One kind of epoch order (see the note "Orders")."""
+    """One kind of epoch order (NOTE [ Orders ]).
+
+    ``name`` is recorded in a sampler's state; ``epoch`` gives an epoch's pieces and their
+    serving order (pure); ``arrange`` the serving order of sub-pieces of ``whole``'s pieces
+    ``parents`` (a rest); ``settings`` what fixes the order beyond the seed.
+    """
 
     @property
     def name(self) -> str:
-        """The kind of order, recorded in the sampler's state."""
-        ...
+        """The kind of order."""
 
     @property
     def num_samples(self) -> int:
-        """Positions of every epoch: the epoch's length in samples."""
-        ...
+        """Positions of every epoch."""
 
     def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the pieces of ``epoch`` and their serving order (pure in its arguments)."""
-        ...
+        """Return the pieces of ``epoch`` and their serving order."""
 
     def arrange(self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces) -> np.ndarray:
-        """Return the serving order of sub-pieces of ``whole``'s pieces ``parents`` (a rest)."""
-        ...
+        """Return the serving order of sub-pieces of ``whole``'s pieces ``parents``."""
 
     def settings(self) -> dict[str, Any]:
-        """What fixes the order beyond the seed, recorded in (and checked against) a state."""
-        ...
+        """What fixes the order beyond the seed."""
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -127,17 +117,11 @@ def _rng(*key: int) -> np.random.Generator:
 
 @dataclass(frozen=True, eq=False)
 class ChunkPermutation:
-    """Every chunk once per epoch, in a random order: ``default_rng((seed, epoch))``.
-
-    Example:
-        >>> order = ChunkPermutation(ChunkMap.regular(10, 4))
-        >>> pieces = order.epoch(seed=0, epoch=0)
-        >>> order.num_samples, sorted(pieces.order.tolist())
-        (10, [0, 1, 2])
-    """
+    """Every chunk once per epoch, in a random order: ``default_rng((seed, epoch))``."""
 
     chunk_map: ChunkMap
     name = "permutation"
+    shuffle = True  # windows are shuffled
 
     @property
     def num_samples(self) -> int:
@@ -145,9 +129,10 @@ class ChunkPermutation:
         return self.chunk_map.num_samples
 
     def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the pack's chunks, permuted."""
+        """Return the pack's chunks in this order."""
         parents = np.arange(self.chunk_map.num_chunks)
-        return EpochPieces(self.chunk_map.sizes(), self.arrange(seed, epoch, parents, None))
+        order = self.arrange(seed, epoch, parents, None)
+        return EpochPieces(self.chunk_map.sizes(), order, shuffle=self.shuffle)
 
     def arrange(
         self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
@@ -156,23 +141,18 @@ class ChunkPermutation:
         return _rng(seed, epoch).permutation(len(parents))
 
     def settings(self) -> dict[str, Any]:
-        """Nothing beyond the seed."""
+        """Nothing beyond the seed (a stratified order records only that it was used)."""
         return {}
 
 
 @dataclass(frozen=True, eq=False)
-class StratifiedChunks:
-    """Every chunk once per epoch, each stratum spread evenly (``mixing.stratified_order``).
-
-    Attributes:
-        chunk_map: The pack's chunks.
-        strata: One stratum per chunk (``mixing.chunk_strata``: its dominant label).
+class StratifiedChunks(ChunkPermutation):
+    """Every chunk once per epoch, each stratum (``mixing.chunk_strata``) spread evenly.
 
     Raises:
         OptionsError: ``strata`` does not have one entry per chunk.
     """
 
-    chunk_map: ChunkMap
     strata: np.ndarray
     name = "stratified"
 
@@ -183,47 +163,19 @@ class StratifiedChunks:
                 f"but got {len(self.strata)}"
             )
 
-    @property
-    def num_samples(self) -> int:
-        """All the pack's samples."""
-        return self.chunk_map.num_samples
-
-    def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the pack's chunks in a stratified order."""
-        parents = np.arange(self.chunk_map.num_chunks)
-        return EpochPieces(self.chunk_map.sizes(), self.arrange(seed, epoch, parents, None))
-
     def arrange(
         self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
     ) -> np.ndarray:
         """Return a stratified order of the pieces, each taking its chunk's stratum."""
         return stratified_order(_rng(seed, epoch), self.strata[parents])
 
-    def settings(self) -> dict[str, Any]:
-        """The strata come from the labels, so a state records only that they were used."""
-        return {}
-
 
 @dataclass(frozen=True, eq=False)
-class SequentialChunks:
-    """Every chunk once per epoch in pack order; windows are not shuffled.
+class SequentialChunks(ChunkPermutation):
+    """Every chunk once per epoch in pack order, windows not shuffled."""
 
-    Each worker then reads a contiguous range of the pack (the pack order itself with at
-    most one worker).
-    """
-
-    chunk_map: ChunkMap
     name = "sequential"
-
-    @property
-    def num_samples(self) -> int:
-        """All the pack's samples."""
-        return self.chunk_map.num_samples
-
-    def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the pack's chunks in pack order."""
-        sizes = self.chunk_map.sizes()
-        return EpochPieces(sizes, np.arange(len(sizes)), shuffle=False)
+    shuffle = False
 
     def arrange(
         self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
@@ -231,15 +183,11 @@ class SequentialChunks:
         """Return the pieces in pack order."""
         return np.arange(len(parents))
 
-    def settings(self) -> dict[str, Any]:
-        """Nothing beyond the seed."""
-        return {}
-
 
 def chunk_order(
     chunk_map: ChunkMap, *, shuffle: bool = True, chunk_strata: tuple[int, ...] | None = None
 ) -> ChunkPermutation | StratifiedChunks | SequentialChunks:
-    """Return the order of one pool of chunks that ``EpochSpec``'s ``shuffle`` and strata ask."""
+    """Return the order of one pool of chunks that ``shuffle`` and strata ask."""
     if not shuffle:
         return SequentialChunks(chunk_map)
     if chunk_strata is not None:
@@ -248,16 +196,9 @@ def chunk_order(
 
 
 def rest_of(order: Order, seed: int, epoch: int, delivered: np.ndarray) -> EpochPieces:
-    """Return the pieces of ``epoch``'s positions not yet ``delivered``, and their order.
+    """Return the pieces of ``epoch``'s positions not yet ``delivered`` (one bool each).
 
-    The remaining positions of each piece form one sub-piece; ``order.arrange`` orders them
-    (see the note "Orders").
-
-    Args:
-        order: The order of the epoch.
-        seed: The order's seed.
-        epoch: The epoch.
-        delivered: One bool per position of the epoch.
+    The remaining positions of each piece form one sub-piece, ordered by ``order.arrange``.
     """
     whole = order.epoch(seed, epoch)
     remaining = np.flatnonzero(~np.asarray(delivered, dtype=bool))

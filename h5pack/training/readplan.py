@@ -1,10 +1,8 @@
-"""What a worker tells its reader of the plan: its samples in order, and its rank's future.
+"""What a worker tells its remote reader of the plan: its samples, and its rank's future.
 
-A remote reader fetches chunks ahead of use and keeps a disk cache that evicts by the
-known future (``read/planned.py``). Both come from the sampler: the rank's batches of
-this epoch and of the next are pure functions of the seed and the epoch
-(``ChunkBatchSampler.plan``), and the DataLoader gives batch ``b`` to worker ``b mod W``.
-Times are in epochs: batch ``b`` of ``B`` in epoch ``e`` is used at ``e + b / B``.
+The rank's batches of this epoch and the next are pure functions of the seed and epoch,
+and the DataLoader gives batch ``b`` to worker ``b mod W``; batch ``b`` of ``B`` in epoch
+``e`` is used at time ``e + b / B`` (``read/planned.py``).
 """
 
 from __future__ import annotations
@@ -34,14 +32,7 @@ def read_plan(
     worker: int,
     num_workers: int,
 ) -> ReadPlan:
-    """Return worker ``worker``'s read plan of ``epoch``.
-
-    Args:
-        plan: The rank's batches of an epoch (``ChunkBatchSampler.plan``).
-        epoch: The epoch being read.
-        worker: This DataLoader worker (0 in the main process).
-        num_workers: The DataLoader's workers (0 or 1: one stream).
-    """
+    """Return worker ``worker``'s read plan of ``epoch``; ``plan`` gives the rank's batches."""
     now, later = plan(epoch), plan(epoch + 1)
     workers = max(1, num_workers)
     all_samples, all_times = _uses(now, epoch)

@@ -1,8 +1,4 @@
-"""Chunk-aware samplers: random enough for SGD, each chunk decompressed once per epoch.
-
-An epoch is planned by ``training.epochs`` (see its notes "Chunk-aware epoch order" and
-"Shuffle window"), whose names this module re-exports (``EpochSpec``, ``plan_epoch``...).
-"""
+"""Chunk-aware samplers: each chunk decompressed once per epoch, planned by ``training.epochs``."""
 
 from __future__ import annotations
 
@@ -13,42 +9,31 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 from torch.utils.data import Sampler
+from typing_extensions import Self
 
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
 from h5pack.training.elastic import ORDER_SETTINGS, TOPOLOGY_SETTINGS, delivered_mask, plan_rest
-from h5pack.training.epochs import DEFAULT_WINDOW_BYTES as DEFAULT_WINDOW_BYTES  # re-exported
-from h5pack.training.epochs import DEFAULT_WINDOW_CHUNKS as DEFAULT_WINDOW_CHUNKS
-from h5pack.training.epochs import MIN_POOL_BATCHES as MIN_POOL_BATCHES
-from h5pack.training.epochs import WINDOW_MEMORY_FRACTION as WINDOW_MEMORY_FRACTION
-from h5pack.training.epochs import EpochSpec as EpochSpec
-from h5pack.training.epochs import distributed_defaults as distributed_defaults
-from h5pack.training.epochs import epoch_spec as epoch_spec
-from h5pack.training.epochs import num_batches as num_batches
-from h5pack.training.epochs import order_of as order_of
-from h5pack.training.epochs import plan_epoch as plan_epoch
-from h5pack.training.epochs import plan_pieces as plan_pieces
-from h5pack.training.epochs import samples_per_rank as samples_per_rank
-from h5pack.training.epochs import window_for as window_for
+from h5pack.training.epochs import DEFAULT_WINDOW_CHUNKS, epoch_spec, num_batches, samples_per_rank
+from h5pack.training.epochs import EpochSpec as EpochSpec  # re-exported
+from h5pack.training.epochs import plan_epoch as plan_epoch  # re-exported
 from h5pack.training.mixing import MixingReport, chunk_strata, label_mixing
-from h5pack.training.orders import Order
+from h5pack.training.orders import Order, chunk_order
 from h5pack.training.weighted import WeightedMix
 
 
 @runtime_checkable
 class ChunkSource(Protocol):
-    """Anything that knows a pack's chunk map and bytes per chunk (a dataset, a reader)."""
+    """Anything with a pack's ``chunk_map`` and ``group_bytes`` (a dataset, a reader)."""
 
     @property
     def chunk_map(self) -> ChunkMap:
         """Which samples live in which chunk."""
-        ...
 
     @property
     def group_bytes(self) -> int:
-        """Bytes of one decompressed chunk (read group)."""
-        ...
+        """Bytes of one decompressed chunk."""
 
 
 SamplerSource: TypeAlias = (
@@ -59,12 +44,7 @@ SamplerSource: TypeAlias = (
 
 @dataclass(frozen=True)
 class MixedSources:
-    """What the sampler needs of several sources mixed by weight.
-
-    Attributes:
-        chunk_maps: Each source's chunks, in its own indices.
-        weights: The weights the data carries (an ``H5MixDataset``'s), or None.
-    """
+    """Several sources mixed by weight: each one's chunks, and the weights the data carries."""
 
     chunk_maps: tuple[ChunkMap, ...]
     weights: tuple[float, ...] | None = None
@@ -78,43 +58,33 @@ def resolve_data(
     With ``mixed``, a list is a list of sources to mix (``read.mixture``), not one pool.
     """
     if isinstance(source, MixedSources):
-        starts = [np.zeros(1, dtype=np.int64)]
-        at = 0
+        starts, at = [np.zeros(1, dtype=np.int64)], 0
         for cmap in source.chunk_maps:
             starts.append(cmap.starts[1:] + at)
             at += cmap.num_samples
         return ChunkMap(np.concatenate(starts)), None, None, source
-    mix = getattr(source, "mix", None)
-    if mix is not None and isinstance(source, ChunkSource):  # an H5MixDataset
-        meta = getattr(source, "meta", None)
-        return (
-            source.chunk_map,
-            int(source.group_bytes),
-            meta if isinstance(meta, PackMeta) else None,
-            MixedSources(mix.chunk_maps, getattr(source, "weights", None)),
-        )
     if isinstance(source, ChunkMap):
         return source, None, None, None
-    if isinstance(source, ChunkSource):
-        meta = getattr(source, "meta", None)
+    if isinstance(source, ChunkSource):  # a dataset or reader; an H5MixDataset has ``mix``
+        meta, mix = getattr(source, "meta", None), getattr(source, "mix", None)
+        weights = getattr(source, "weights", None)
         return (
             source.chunk_map,
             int(source.group_bytes),
             meta if isinstance(meta, PackMeta) else None,
-            None,
+            None if mix is None else MixedSources(mix.chunk_maps, weights),
         )
+    from h5pack.core.store import open_store
+
     if mixed and isinstance(source, Sequence) and not isinstance(source, str):
-        from h5pack.core.store import open_store
         from h5pack.read.mixture import describe_mix
 
         view = describe_mix(source, store_for=open_store)
         return view.chunk_map, view.group_bytes, view.meta, MixedSources(view.chunk_maps)
-    if isinstance(source, str | os.PathLike | Sequence):
-        # a pack, a pack set (directory or manifest) or a list of packs: one pool of chunks
-        from h5pack.core.store import open_store
+    if isinstance(source, str | os.PathLike | Sequence):  # a pack, a set, a list: one pool
         from h5pack.read.packset import describe
 
-        one = describe(source, store=open_store(source))  # a sampler is a public edge
+        one = describe(source, store=open_store(source))
         return one.chunk_map, one.group_bytes, one.meta, None
     raise OptionsError(
         "the sampler's source should be a ChunkMap, a dataset or reader with .chunk_map, a "
@@ -123,7 +93,7 @@ def resolve_data(
 
 
 def order_for(chunk_map: ChunkMap, spec: EpochSpec, mix: MixedSources | None) -> Order:
-    """Return the order of a sampler: a weighted mix of ``mix``, else ``order_of``.
+    """Return a sampler's order: a weighted mix of ``mix``, else ``spec``'s chunk order.
 
     The weights are ``spec.weights``, else those the data carries, else each source's size.
 
@@ -136,77 +106,29 @@ def order_for(chunk_map: ChunkMap, spec: EpochSpec, mix: MixedSources | None) ->
                 "weights= and epoch_samples= mix several sources: give a list of "
                 "sources (packs, pack sets) with weights=, or an H5MixDataset"
             )
-        return order_of(chunk_map, spec)
+        return chunk_order(chunk_map, shuffle=spec.shuffle, chunk_strata=spec.chunk_strata)
     weights = spec.weights or mix.weights
     if weights is None:
         weights = tuple(float(c.num_samples) for c in mix.chunk_maps)
     return WeightedMix(
-        mix.chunk_maps,
-        tuple(weights),
-        epoch_samples=spec.epoch_samples,
-        shuffle=spec.shuffle,
+        mix.chunk_maps, tuple(weights), epoch_samples=spec.epoch_samples, shuffle=spec.shuffle
     )
 
 
-def resolve_source(source: SamplerSource) -> tuple[ChunkMap, int | None]:
-    """Return ``(chunk map, bytes per chunk or None)`` of a source.
-
-    The source is a ``ChunkMap``, a dataset or reader, a pack, a pack set (its directory or
-    manifest) or a list of packs (one pool of all their chunks).
-    """
-    chunk_map, size, _, _ = resolve_data(source)
-    return chunk_map, size
-
-
-# Settings added to ``ChunkBatchSampler.state_dict`` later, as states saved before read.
+# Settings added to the state later, as states saved before read.
 _SETTINGS_BEFORE: dict[str, Any] = {"stratified": False, "sources": None}
 
 
-class ChunkBatchSampler(Sampler[list[int]]):
-    """Yield batches of sample indices that read each chunk once per epoch.
+class _Planned:
+    """What both samplers share: the epoch's plan, the position reached, resumable state.
 
-    Per epoch the chunk order is shuffled as a pure function of ``(seed, epoch)``; windows
-    of K chunks are mixed and cut into batches. Pass the DataLoader's ``num_workers`` so that
-    each worker gets its own windows (the DataLoader hands batch b to worker b mod W), and
-    ``num_replicas``/``rank`` (taken from ``torch.distributed`` when initialised) to split
-    chunks across ranks with the same number of batches on every rank; padding and dropping
-    are described in the module note "Chunk-aware epoch order".
-
-    Args:
-        source: A ``ChunkMap``, a dataset or reader (anything with ``chunk_map`` and
-            ``group_bytes``), or a pack path.
-        spec: How epochs are cut: an ``EpochSpec``, or just its ``batch_size``.
-        **fields: Fields of ``EpochSpec`` (``batch_size``, ``shuffle``, ``seed``,
-            ``window_chunks``, ``num_workers``, ...): the spec's, replaced by these. The
-            fields are listed, documented and checked once, on ``EpochSpec``. With
-            ``weights`` (a mix) ``source`` is a list of sources or an ``H5MixDataset``
-            (``training.weighted``).
-
-    Raises:
-        OptionsError: no batch size, or a field out of range (``EpochSpec``'s check).
-
-    Example:
-        >>> cmap = ChunkMap.regular(10, 4)
-        >>> sampler = ChunkBatchSampler(cmap, batch_size=4, seed=0)
-        >>> sampler.set_epoch(3)
-        >>> batches = list(sampler)
-        >>> len(sampler), sorted(i for b in batches for i in b) == list(range(10))
-        (3, True)
-        >>> batches == list(sampler)   # same (seed, epoch): same order
-        True
-        >>> whole = ChunkBatchSampler(cmap, EpochSpec(batch_size=4, seed=0))  # the spec whole
-        >>> whole.set_epoch(3)
-        >>> list(whole) == batches
-        True
+    ``position`` counts ``unit``s: batches (``ChunkBatchSampler``) or samples (``ChunkSampler``).
     """
 
-    def __init__(
-        self, source: SamplerSource, spec: EpochSpec | int | None = None, /, **fields: Any
-    ) -> None:
-        self._start(source, epoch_spec(spec, **fields))
+    unit = "batches"
 
     @classmethod
-    def from_spec(cls, source: SamplerSource, spec: EpochSpec) -> ChunkBatchSampler:
+    def from_spec(cls, source: SamplerSource, spec: EpochSpec) -> Self:
         """Return a sampler of ``source`` cut by ``spec`` (what ``make_loader`` builds)."""
         sampler = cls.__new__(cls)
         sampler._start(source, spec)
@@ -215,12 +137,8 @@ class ChunkBatchSampler(Sampler[list[int]]):
     @classmethod
     def of_order(
         cls, chunk_map: ChunkMap, spec: EpochSpec, order: Order, *, meta: PackMeta | None = None
-    ) -> ChunkBatchSampler:
-        """Return a sampler of ``order`` cut by ``spec`` exactly as given (window resolved).
-
-        What ``H5IterableDataset`` keeps its state with: its own spec and order, not those
-        this class would derive from the data. ``meta``: the data's, for the fingerprint.
-        """
+    ) -> Self:
+        """Return a sampler of ``order`` cut by ``spec`` as given (``H5IterableDataset``'s)."""
         sampler = cls.__new__(cls)
         sampler._begin(chunk_map, spec, order, meta)
         return sampler
@@ -236,7 +154,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
         self.chunk_map, self._meta, self.spec = chunk_map, meta, spec
         self.order: Order = order
         self.epoch = 0
-        self._position = 0  # batches of ``epoch`` already handed out
+        self._position = 0  # units of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
         self._fingerprint: str | None = None
         # Elastic resume (training/elastic.py): the state this epoch was re-planned from,
@@ -247,16 +165,12 @@ class ChunkBatchSampler(Sampler[list[int]]):
 
     @property
     def window_chunks(self) -> int:
-        """K, the chunks mixed at once by one worker.
-
-        Also the window of decompressed chunks (first in, first out) that the worker's reader
-        needs to decompress each chunk once per epoch (``ReaderOptions(window_chunks=K)``).
-        """
+        """K, the chunks one worker mixes (and its reader keeps decompressed) at once."""
         return self.spec.window_chunks or DEFAULT_WINDOW_CHUNKS
 
     @property
     def resume_position(self) -> int:
-        """Batches the next iteration skips: a resumed position, else 0."""
+        """Units the next iteration skips: a resumed position, else 0."""
         return self._resume
 
     def set_epoch(self, epoch: int) -> None:
@@ -270,38 +184,28 @@ class ChunkBatchSampler(Sampler[list[int]]):
     def pool_samples(self) -> int:
         """Samples the current epoch plans: all, or those left by an elastic resume."""
         num = self.order.num_samples
-        if self._delivered is not None:
-            num -= int(self._delivered.sum())
-        return num
-
-    def __len__(self) -> int:
-        return num_batches(
-            self.pool_samples,
-            self.spec.batch_size,
-            num_replicas=self.spec.num_replicas or 1,
-            drop_last=self.spec.drop_last,
-        )
+        return num if self._delivered is None else num - int(self._delivered.sum())
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
-        """Return this rank's whole batch order of ``epoch`` (default: the current one).
-
-        After an elastic ``load_state_dict``, the current epoch's order is that of the
-        samples the saved topology had not delivered (see ``training.elastic``).
-        """
+        """Return this rank's batches of ``epoch`` (default: the current one, resumed)."""
         if self._delivered is not None and epoch in (None, self.epoch):
             return plan_rest(self.order, self.spec, epoch=self.epoch, delivered=self._delivered)
         return plan_epoch(self.order, self.spec, epoch=self.epoch if epoch is None else epoch)
 
-    def __iter__(self) -> Iterator[list[int]]:
-        if not self._base_fresh:  # a re-planned epoch is served once, then the whole again
-            self._drop_base()
-        self._base_fresh = False
-        batches = self.plan()
+    def _serve(self, items: Sequence[Any] | np.ndarray) -> Iterator[Any]:
+        """Yield ``items`` from the resumed position on, counting the position."""
         start, self._resume = self._resume, 0
         self._position = start
-        for position in range(start, len(batches)):
+        for position in range(start, len(items)):
             self._position = position + 1
-            yield batches[position].tolist()
+            yield items[position]
+
+    def _planned(self) -> list[np.ndarray]:
+        """The plan of an iteration: a re-planned epoch is served once, then the whole again."""
+        if not self._base_fresh:
+            self._drop_base()
+        self._base_fresh = False
+        return self.plan()
 
     def _drop_base(self) -> None:
         self._base = self._delivered = None
@@ -309,10 +213,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
 
     @property
     def fingerprint(self) -> str | None:
-        """A digest of the data (``core.packset.meta_digest``), or None for a bare ChunkMap.
-
-        Recorded in the state: a state saved on other data is refused.
-        """
+        """A digest of the data (``core.packset.meta_digest``), or None for a bare ChunkMap."""
         if self._fingerprint is None and self._meta is not None:
             from h5pack.core.packset import meta_digest
 
@@ -320,26 +221,21 @@ class ChunkBatchSampler(Sampler[list[int]]):
         return self._fingerprint
 
     def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
-        """Return the resumable state: epoch, batches consumed, and the settings they assume.
+        """Return the resumable state: epoch, units consumed, and the settings they assume.
 
         Args:
-            position: Batches of the epoch actually consumed. Default: the batches this
-                sampler has handed out, which runs ahead of training by the DataLoader's
-                prefetch; the loader from ``make_loader`` passes the delivered count.
+            position: Units of the epoch actually consumed. Default: those handed out,
+                which runs ahead of training by the DataLoader's prefetch.
         """
         state = {
             "epoch": self.epoch,
             "position": self._position if position is None else int(position),
-            "unit": "batches",
+            "unit": self.unit,
             **self._settings(),
             "fingerprint": self.fingerprint,
         }
-        if isinstance(self.order, WeightedMix):
-            # where every source stands this epoch (its pass, cycle and place in it): derived
-            # from the epoch, recorded so that a state says it (see the note "Weighted mix")
-            state["source_positions"] = [
-                asdict(where) for where in self.order.positions(self.epoch)
-            ]
+        if isinstance(self.order, WeightedMix):  # where each source stands (NOTE [ Weighted mix ])
+            state["source_positions"] = [asdict(w) for w in self.order.positions(self.epoch)]
         if self._base is not None:
             state["base"] = self._base
         return state
@@ -347,22 +243,14 @@ class ChunkBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the rest of the saved epoch.
 
-        A state saved with the same ranks, workers, batch size and window resumes the
-        saved order where it stopped (on any rank: under DistributedDataParallel every rank
-        is at the same step). A state saved with another topology is elastic: the samples
-        the saved ranks had not delivered are planned over this sampler's ranks and workers
-        (see ``training.elastic``), so the epoch still serves every sample once.
+        The same ranks, workers, batch size and window continue the saved order; another
+        topology re-plans the samples not yet delivered (``training.elastic``).
 
         Raises:
-            OptionsError: the state was saved on other data, or with another order (shuffle,
-                seed, stratification).
+            OptionsError: the state was saved on other data, or with another order.
         """
-        self._load(state, unit="batches")
-
-    def _load(self, state: Mapping[str, Any], *, unit: str) -> bool:
-        """Load ``state``; return whether it was re-planned (another topology)."""
         # a state saved before a setting existed has that setting's old behaviour
-        saved = {**_SETTINGS_BEFORE, "unit": unit, **state}
+        saved = {**_SETTINGS_BEFORE, "unit": self.unit, **state}
         settings = self._settings()
         data = {
             key: (saved.get(key), settings[key])
@@ -388,7 +276,7 @@ class ChunkBatchSampler(Sampler[list[int]]):
             raise OptionsError(f"the sampler state does not match this sampler ({details})")
         self.epoch = int(saved["epoch"])
         self._drop_base()
-        same = saved["unit"] == unit and all(
+        same = saved["unit"] == self.unit and all(
             saved.get(key) == settings[key] for key in TOPOLOGY_SETTINGS
         )
         if same:  # the same plan: continue it where it stopped
@@ -398,12 +286,11 @@ class ChunkBatchSampler(Sampler[list[int]]):
                 self._delivered = delivered_mask(self.order, base)
                 self._base_fresh = True
             self._position = self._resume = int(saved["position"])
-            return False
+            return
         self._base = {k: v for k, v in saved.items() if k != "fingerprint"}
         self._delivered = delivered_mask(self.order, saved)
         self._base_fresh = True
         self._position = self._resume = 0
-        return True
 
     def _settings(self) -> dict[str, Any]:
         spec = self.spec
@@ -424,33 +311,88 @@ class ChunkBatchSampler(Sampler[list[int]]):
         }
 
 
+class ChunkBatchSampler(_Planned, Sampler[list[int]]):
+    """Yield batches of sample indices that read each chunk once per epoch.
+
+    The order is a pure function of ``(seed, epoch)`` (note "Chunk-aware epoch order" in
+    ``training.epochs``). Pass the DataLoader's ``num_workers`` so that each worker reads its
+    own windows; ranks come from ``torch.distributed`` unless given.
+
+    Args:
+        source: A ``ChunkMap``, a dataset or reader, a pack path, a pack set or a list of
+            packs; with ``weights``, a list of sources or an ``H5MixDataset``.
+        spec: An ``EpochSpec``, or just its ``batch_size``.
+        **fields: Fields of ``EpochSpec`` replacing the spec's.
+
+    Example:
+        >>> sampler = ChunkBatchSampler(ChunkMap.regular(10, 4), batch_size=4, seed=0)
+        >>> sampler.set_epoch(3)
+        >>> batches = list(sampler)
+        >>> len(sampler), sorted(i for b in batches for i in b) == list(range(10))
+        (3, True)
+        >>> batches == list(sampler)   # same (seed, epoch): same order
+        True
+    """
+
+    def __init__(
+        self, source: SamplerSource, spec: EpochSpec | int | None = None, /, **fields: Any
+    ) -> None:
+        self._start(source, epoch_spec(spec, **fields))
+
+    def __len__(self) -> int:
+        spec = self.spec
+        return num_batches(
+            self.pool_samples,
+            spec.batch_size,
+            num_replicas=spec.num_replicas or 1,
+            drop_last=spec.drop_last,
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self._serve(self._planned()):
+            yield batch.tolist()
+
+
+class ChunkSampler(_Planned, Sampler[int]):
+    """Yield sample indices in chunk-aware order: ``ChunkBatchSampler``'s batches end to end.
+
+    Give ``spec`` the DataLoader's ``batch_size`` and ``num_workers``; ``position`` counts
+    samples.
+
+    Example:
+        >>> order = list(ChunkSampler(ChunkMap.regular(10, 4), EpochSpec(batch_size=1)))
+        >>> sorted(order) == list(range(10))
+        True
+    """
+
+    unit = "samples"
+
+    def __init__(self, source: SamplerSource, spec: EpochSpec | None = None) -> None:
+        self._start(source, spec or EpochSpec(batch_size=1))
+
+    def __len__(self) -> int:
+        return samples_per_rank(self.pool_samples, self.spec)
+
+    def __iter__(self) -> Iterator[int]:
+        batches = self._planned()
+        order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+        for index in self._serve(order):
+            yield int(index)
+
+
 def sampler_for_labels(
     source: SamplerSource, spec: EpochSpec, labels: PackMeta | np.ndarray
 ) -> tuple[ChunkBatchSampler, MixingReport | None]:
     """Return a sampler that copes with chunks that do not mix labels, and the measure.
 
-    The labels' mixing (``training.mixing.label_mixing``, see its note "Label mixing") is
-    measured on single chunks. When they do not mix (a pack converted without shuffle) the
-    chunk order is stratified by each chunk's dominant label, and a window left to the
-    defaults is widened to the one whose windows mix (``min_window_chunks``), within the
-    memory cap of the note "Shuffle window". The report is of the final windows: when it
-    ``warns`` (the chunks do not mix, whether or not the windows now do), the caller warns
-    with its ``message``, which says what the loader did and what to do.
-
-    Args:
-        source: As for ``ChunkBatchSampler``.
-        spec: How epochs are cut.
-        labels: The pack's metadata (the message then names the pack), or its labels.
-
-    Returns:
-        The sampler, and the mixing report (None with ``shuffle=False``: pack order asked
-        for, nothing to check).
+    When single chunks do not mix labels (``mixing.label_mixing``), the chunk order is
+    stratified by each chunk's dominant label and a default window widened to one whose
+    windows mix, within the memory cap. The caller warns with the report's ``message`` when
+    it ``warns``; the report is None with ``shuffle=False`` or a mix.
 
     Example:
         >>> in_order = np.repeat(np.arange(64), 64)     # 64 classes written one after another
         >>> cmap, spec = ChunkMap.regular(4096, 16), EpochSpec(batch_size=4)
-        >>> ChunkBatchSampler.from_spec(cmap, spec).window_chunks
-        16
         >>> sampler, report = sampler_for_labels(cmap, spec, in_order)
         >>> sampler.window_chunks, sampler.spec.chunk_strata is not None, report.window_unmixed
         (64, True, False)
@@ -467,8 +409,7 @@ def sampler_for_labels(
         return sampler, report
     if not stratified:
         values = labels.labels if isinstance(labels, PackMeta) else labels
-        strata = tuple(int(s) for s in chunk_strata(values, cmap))
-        spec = replace(spec, chunk_strata=strata)
+        spec = replace(spec, chunk_strata=tuple(int(s) for s in chunk_strata(values, cmap)))
         sampler = ChunkBatchSampler.from_spec(source, spec)
         report = label_mixing(labels, cmap, window_chunks=window, stratified=True)
     needed = report.window_needed
@@ -480,91 +421,3 @@ def sampler_for_labels(
                 labels, cmap, window_chunks=sampler.window_chunks, stratified=True
             )
     return sampler, report
-
-
-class ChunkSampler(Sampler[int]):
-    """Yield sample indices in chunk-aware order, for a DataLoader that batches them itself.
-
-    The order is ``ChunkBatchSampler``'s batches laid end to end; give ``spec`` the
-    DataLoader's ``batch_size`` and ``num_workers`` so that each worker still reads its own
-    chunks.
-
-    Args:
-        source: As for ``ChunkBatchSampler``.
-        spec: How epochs are cut (default: batches of 1, seed 0).
-
-    Example:
-        >>> sampler = ChunkSampler(ChunkMap.regular(10, 4), EpochSpec(batch_size=1, seed=0))
-        >>> order = list(sampler)
-        >>> len(sampler), sorted(order) == list(range(10))
-        (10, True)
-    """
-
-    def __init__(self, source: SamplerSource, spec: EpochSpec | None = None) -> None:
-        self._over(ChunkBatchSampler.from_spec(source, spec or EpochSpec(batch_size=1)))
-
-    @classmethod
-    def of_order(
-        cls, chunk_map: ChunkMap, spec: EpochSpec, order: Order, *, meta: PackMeta | None = None
-    ) -> ChunkSampler:
-        """Return a sampler of ``order`` cut by ``spec`` as given (see ``ChunkBatchSampler``)."""
-        sampler = cls.__new__(cls)
-        sampler._over(ChunkBatchSampler.of_order(chunk_map, spec, order, meta=meta))
-        return sampler
-
-    def _over(self, batches: ChunkBatchSampler) -> None:
-        self.batches = batches
-        self._position = 0  # samples of the epoch already handed out
-        self._resume = 0  # where the next iteration starts (set by load_state_dict)
-
-    @property
-    def resume_position(self) -> int:
-        """Samples of ``batches.plan()`` the next iteration skips: a resumed position, else 0."""
-        return self._resume
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the next iteration."""
-        return self.batches.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the next iteration (a resumed position of that epoch is kept)."""
-        if epoch != self.batches.epoch:
-            self._position = self._resume = 0
-        self.batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return samples_per_rank(self.batches.pool_samples, self.batches.spec)
-
-    @property
-    def chunk_map(self) -> ChunkMap:
-        """The chunk map being sampled."""
-        return self.batches.chunk_map
-
-    def __iter__(self) -> Iterator[int]:
-        if not self.batches._base_fresh:  # as ChunkBatchSampler: a re-planned epoch once
-            self.batches._drop_base()
-        self.batches._base_fresh = False
-        batches = self.batches.plan()
-        order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
-        start, self._resume = self._resume, 0
-        self._position = start
-        for position in range(start, len(order)):
-            self._position = position + 1
-            yield int(order[position])
-
-    def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
-        """Return the resumable state (``position`` counts samples); see ``ChunkBatchSampler``."""
-        state = self.batches.state_dict()
-        state["position"] = self._position if position is None else int(position)
-        state["unit"] = "samples"
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume: the next iteration yields the rest of the saved epoch's order.
-
-        Elastic as ``ChunkBatchSampler.load_state_dict``: a state of another topology
-        re-plans the samples not yet delivered.
-        """
-        replanned = self.batches._load(state, unit="samples")
-        self._position = self._resume = 0 if replanned else int(state["position"])
