@@ -24,11 +24,7 @@ from h5pack.training.ring import batch_buffer
 
 
 def check_source(name: str, source: object) -> PackSource:
-    """Return ``source`` if it can name a pack or a set, else raise ``OptionsError`` naming it.
-
-    A path (``str`` or ``os.PathLike``), or a list or tuple of them (issue 20 F: a path of
-    None or 5 raised a bare ``TypeError`` from deep inside).
-    """
+    """Return ``source`` if it is a path or a list of paths, else raise ``OptionsError``."""
     if isinstance(source, str | os.PathLike):
         return source
     if isinstance(source, list | tuple) and all(isinstance(p, str | os.PathLike) for p in source):
@@ -49,11 +45,7 @@ def source_of(source: PackSource) -> str | tuple[str, ...]:
 def fields_for(
     meta: PackMeta, names: Sequence[str] | None, *, return_path: bool
 ) -> tuple[str, ...] | None:
-    """The fields a dataset delivers as dicts, or None: image + label tuples.
-
-    Raises:
-        OptionsError: a name the pack does not list.
-    """
+    """The fields a dataset delivers as dicts, or None: image + label tuples."""
     if names is None and not stored_fields(fields_of(meta)):
         return None
     return selected(meta, names, key=return_path)
@@ -85,34 +77,26 @@ def pipeline_of(pipeline: CropSpec | None, crop: CropSpec | None) -> CropSpec | 
 
 
 def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
-    """Return an uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
-
-    A batch built in shared memory crosses to the main process without the extra copy
-    the worker's pickler would otherwise make (``default_collate`` does the same).
-    """
+    """Return an uninitialised uint8 tensor; in a DataLoader worker, in shared memory."""
     return batch_buffer(None, shape)
 
 
 class SampleBatch(Sequence[tuple[Any, ...]]):
     """The samples of one ``__getitems__`` call, and the whole batch when already built.
 
-    A sequence of ``(image, label[, path])`` like any PyTorch dataset's batch, so any
-    collate function works; ``h5pack.training.loader.collate_batch`` takes ``images`` and ``labels``
-    directly instead of stacking the samples again. When the batch was built at once the
-    per-sample tuples are views made on access, not before.
+    A sequence of ``(image, label[, path])`` like any dataset's batch, so any collate works;
+    ``collate_batch`` takes ``images`` and ``labels`` directly. Built at once, the
+    per-sample tuples are views made on access.
 
     Attributes:
-        images: ``(B, C, H, W)`` uint8 tensor (channels-last memory) or ``(B, H, W, C)``
-            array, or None when the samples were produced one by one.
+        images: ``(B, C, H, W)`` uint8 tensor (channels-last) or ``(B, H, W, C)`` array, or
+            None when the samples were produced one by one.
         labels: ``(B,)`` int64 tensor, or None (with a ``target_transform``).
         paths: Source paths with ``return_path``, else None.
-        sources: ``(B,)`` int64 tensor: each sample's source in a mix, with
-            ``return_source`` (training/mixed.py), else None.
-        fields: A dataset of fields (``H5ImageDataset.fields``): the names delivered, in
-            order; each sample is then a dict, and the batch too (``collate_batch``).
-        values: The values of each stored field delivered (``core.fields``), per sample.
-        records: What a ``transform=`` returned for each sample's dict (``records_of``),
-            batched by ``training.geometry.collate_records``; None without one.
+        sources: ``(B,)`` each sample's source in a mix with ``return_source``, else None.
+        fields: The field names delivered (each sample and batch a dict), or None.
+        values: The values of each stored field delivered, per sample.
+        records: What a ``transform=`` returned for each sample's dict, or None.
     """
 
     def __init__(
@@ -189,17 +173,16 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
 
 
 class _Epoch:
-    """A stand-in for the shared epoch value once the dataset leaves its process tree."""
+    """The epoch's value once the dataset leaves its process tree."""
 
     def __init__(self, value: int) -> None:
         self.value = value
 
 
 class SharedEpoch:
-    """An epoch number that DataLoader workers already running see change (shared memory).
+    """An epoch number that running DataLoader workers see change (shared memory).
 
-    It travels as shared memory only to processes being started (fork, spawn, forkserver);
-    a copy or a pickle made elsewhere keeps the value.
+    Shared only with processes being started; a copy or a pickle made elsewhere keeps the value.
     """
 
     def __init__(self, value: int = 0) -> None:

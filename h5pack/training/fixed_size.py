@@ -1,12 +1,9 @@
 """Fixed-size training images from any pack: crop, resize and flip, through the decoded cache.
 
-The training image pipeline of ``H5ImageDataset(crop=...)``. Every sample's box and flip
-are ``read.cropplan.plan_crop``'s, a pure function of (seed, epoch, sample) and of the image's
-displayed size as the pack records it (``meta.shapes``), so the same epoch gives the same
-images in any process, with or without the cache, and a resumed epoch continues
-identically. Each sample is resized straight into its place in the batch. See
-docs/ARCHITECTURE.md, "Training image pipeline", for why each kind of pack takes the path it
-takes, and docs/decisions/0019 and 0020 for the measurements behind the kernels.
+Every sample's box and flip are ``read.cropplan.plan_crop``'s, a pure function of (seed,
+epoch, sample) and the image's recorded size, so an epoch gives the same images in any
+process, with or without the cache. See docs/ARCHITECTURE.md, "Training image pipeline",
+and docs/decisions/0019, 0020.
 """
 
 from __future__ import annotations
@@ -34,37 +31,25 @@ from h5pack.training.cache import DecodedCache, shrink
 from h5pack.training.resize import resize_kernel, resize_rgb_into, torch_resize_into
 from h5pack.training.stats import stage_times, timed_read
 
-__all__ = ["FixedSizeReader"]
-
 # NOTE [ The per-batch loop ]
 # A batch is planned at once (read.cropplan.plan_crops) and each thread cuts its share in one
 # loop (_cut_batch): per sample one slice, one contiguous copy of the box, the kernel writing
-# into the output's slot, cv2.flip in place, the box checked as crop_into checks it; the
-# stage "crop" is timed once per thread. Per-sample calls and small objects around the
-# kernels cost more than the kernels on raw packs, the more so with two threads (GIL
-# hand-offs). Raw packs and the decoded cache's plain hits (tag 0, or an upright JPEG whose
-# box needs no reduced decode) take it; the rest (other orientations or channels, misses,
-# cache_max_side) goes sample by sample, with the same pixels. JPEGs are phased within a
-# thread's share: up to decode_phase (4) decodes, fewer past decode_phase_bytes, then their
-# cuts, so few decoded images are alive per thread (a whole share at once lets glibc return
-# and fault the pages again). A mapped raw sample is checked as it is got (its digest
-# brings its bytes into the cache for the cut). Measurements: BENCHMARKS.md.
+# into the output's slot, cv2.flip in place; the stage "crop" is timed once per thread.
+# Per-sample calls cost more than the kernels on raw packs (GIL hand-offs). Raw packs and the
+# decoded cache's plain hits (tag 0, or an upright JPEG needing no reduced decode) take it;
+# the rest goes sample by sample, with the same pixels. JPEGs are phased within a thread's
+# share: up to decode_phase decodes (fewer past decode_phase_bytes), then their cuts, so few
+# decoded images are alive per thread. Measurements: BENCHMARKS.md.
 
 
 class FixedSizeReader:
     """Fill a (B, H, W, C) batch with the cropped, resized, flipped samples of a pack.
 
-    Args:
-        reader: This process's reader of a pack or a pack set (its thread pool does the
-            per-sample work: the decoders and resizers release the GIL).
-        spec: The crop, output size and flip.
-        cache: Decoded images shared by every process, for encoded packs; None decodes
-            every sample every epoch.
+    ``reader``'s thread pool does the per-sample work; ``cache`` holds decoded images shared
+    by every process (encoded packs; None decodes every sample every epoch).
     """
 
-    # JPEGs each thread of the per-batch loop decodes before it cuts them, and the decoded
-    # bytes after which it cuts the group sooner (NOTE [ The per-batch loop ]); raw and
-    # cached images are cut as they come.
+    # JPEGs a thread decodes before it cuts them, and the bytes that cut sooner (NOTE above)
     decode_phase = 4
     decode_phase_bytes = 4 << 20
 
@@ -89,13 +74,7 @@ class FixedSizeReader:
         self._local.resize_ns = getattr(self._local, "resize_ns", 0) + spent
 
     def read_into(self, indices: np.ndarray, out: np.ndarray, *, seed: int, epoch: int) -> None:
-        """Fill ``out`` (len(indices), H, W, C) with samples ``indices`` of ``epoch``.
-
-        Raises:
-            IndexError: an index is out of range.
-            DecodeError: an encoded sample does not decode.
-            FormatError: the pack is damaged.
-        """
+        """Fill ``out`` (len(indices), H, W, C) with samples ``indices`` of ``epoch``."""
         reader, meta = self.reader, self.reader.meta
         if meta.mode == "raw":  # one pass over the batch (NOTE [ The per-batch loop ])
             views = (
@@ -136,36 +115,39 @@ class FixedSizeReader:
 
             self._cut_batch(image_of, plans, out, range(len(indices)))
             return
-        unserved: list[int] = []  # cache hits whose box this epoch needs a reduced decode
         if self.cache is None:
             files = timed_read(reader, lambda: self._read_stored(indices))[0]
             rest = self._upright_jpegs(indices, files, out, seed, epoch)
-
-            def one(k: int) -> None:
-                j = rest[k]
-                self._encoded(int(indices[j]), files[j], out[j], seed, epoch)
-
-            if rest:
-                self._prepare(indices[rest], seed, epoch)
-                self._run(one, len(rest))
-        else:  # only the samples the cache lacks are read from the pack
-            unserved = self._through_cache(indices, out, seed, epoch)
+            self._decode_each(indices, rest, [files[j] for j in rest], out, (seed, epoch))
+            return
+        # only the samples the cache lacks are read; then the hits needing a reduced decode
+        unserved = self._through_cache(indices, out, seed, epoch)
         if unserved:
             again = timed_read(reader, lambda: reader.read_stored(indices[unserved]))[0]
+            self._decode_each(indices, unserved, again, out, (seed, epoch))
 
-            def decode(k: int) -> None:
-                j = unserved[k]
-                self._encoded(int(indices[j]), again[k], out[j], seed, epoch)
+    def _decode_each(
+        self,
+        indices: np.ndarray,
+        positions: list[int],
+        stored: Sequence[np.ndarray],
+        out: np.ndarray,
+        where: tuple[int, int],
+    ) -> None:
+        """Decode and cut the batch's samples ``positions`` one by one, ``stored[k]`` each."""
+        if not positions:
+            return
+        seed, epoch = where
+        self._prepare(indices[positions], seed, epoch)
 
-            self._prepare(indices[unserved], seed, epoch)
-            self._run(decode, len(unserved))
+        def one(k: int) -> None:
+            j = positions[k]
+            self._encoded(int(indices[j]), stored[k], out[j], seed, epoch)
+
+        self._run(one, len(positions))
 
     def _read_stored(self, indices: np.ndarray) -> Sequence[np.ndarray]:
-        """``read_stored``'s samples, checked; views of the mapped file where the pack allows.
-
-        See ``NOTE [ Mapped raw reads ]``: an uncompressed local pack's bytes are not copied
-        out of the page cache twice (into a buffer here, then by ``tobytes``).
-        """
+        """``read_stored``'s samples, checked; views of the mapped file where the pack allows."""
         reader = self.reader
         if not isinstance(reader, PackReader) or (views := reader.stored_views(indices)) is None:
             return reader.read_stored(indices)
@@ -188,10 +170,7 @@ class FixedSizeReader:
     ) -> list[int]:
         """Decode and cut the batch's plain JPEGs together; return the positions of the rest.
 
-        Plain: an upright RGB (or, for 1-channel output, gray) JPEG whose box this epoch
-        takes no reduced decode, which ``decode_crop_into`` decodes as stored and cuts as
-        ``_cut_batch`` does (``NOTE [ The per-batch loop ]``); the rest (other files,
-        orientations, modes, reduced decodes, ``reducing_gap=None``) go one by one.
+        Plain: an upright JPEG of the output's channels whose box takes no reduced decode.
         """
         spec, count = self.spec, len(indices)
         if spec.reducing_gap is None:
@@ -234,11 +213,7 @@ class FixedSizeReader:
     def _through_cache(
         self, indices: np.ndarray, out: np.ndarray, seed: int, epoch: int
     ) -> list[int]:
-        """Fill ``out`` through the decoded cache; return the hits that need a reduced decode.
-
-        Hits the per-batch loop can cut (NOTE [ The per-batch loop ]) are planned and cut
-        together; misses and the rest go one by one through ``_cached``.
-        """
+        """Fill ``out`` through the decoded cache; return the hits that need a reduced decode."""
         cache, reader = self.cache, self.reader
         assert cache is not None  # read_into's branch
         entries = [cache.entry(int(i)) for i in indices]
@@ -261,17 +236,10 @@ class FixedSizeReader:
             hits = [hits[k] for k in keep]
         rest = sorted(set(range(len(indices))) - set(batched))
         missing = [j for j in rest if entries[j] is None]
-        read = (
-            dict(
-                zip(
-                    missing,
-                    timed_read(reader, lambda: reader.read_stored(indices[missing]))[0],
-                    strict=True,
-                )
-            )
-            if missing
-            else {}
-        )
+        read: dict[int, np.ndarray] = {}
+        if missing:
+            stored = timed_read(reader, lambda: reader.read_stored(indices[missing]))[0]
+            read = dict(zip(missing, stored, strict=True))
         unserved: list[int] = []
 
         def one(k: int) -> None:
@@ -307,14 +275,8 @@ class FixedSizeReader:
     ) -> None:
         """Resize ``plans[k]``'s box of ``image_of(k)`` into ``out[slots[k]]``, flipped if planned.
 
-        See ``NOTE [ The per-batch loop ]``. Timed once per thread: ``image_of`` as ``stage``
-        (a mapped sample's digest check, where its first touch of the bytes belongs, as
-        "storage"; a decode as "decode"), the rest as "crop". ``phase``: each thread gets up
-        to ``phase[0]`` images, stopping early once they hold ``phase[1]`` bytes, before it
-        cuts them (1: each image cut as it comes).
-
-        Raises:
-            OptionsError: a box is outside its image, or the channels differ.
+        Timed once per thread: ``image_of`` as ``stage``, the rest as "crop". ``phase``: up
+        to ``phase[0]`` images (fewer past ``phase[1]`` bytes) got before they are cut.
         """
         import cv2  # here, as in read.crop: importing the training layer stays lighter
 
@@ -371,9 +333,7 @@ class FixedSizeReader:
         self.reader.map_threads(run_part, range(parts))
 
     def _run(self, one: Callable[[int], None], count: int) -> None:
-        """Call ``one(j)`` for j in 0..count-1 on the reader's threads."""
-        # One task per thread, each a slice of the batch: a task per sample cost more in
-        # thread hand-offs than the samples (see "Training image pipeline").
+        """Call ``one(j)`` for j in 0..count-1 on the reader's threads, a slice per thread."""
         parts = max(1, min(self.reader.options.threads or 0, count))
 
         def run_part(part: int) -> None:
@@ -383,11 +343,7 @@ class FixedSizeReader:
         self.reader.map_threads(run_part, range(parts))
 
     def _read_array(self, indices: np.ndarray) -> np.ndarray:
-        """Read stored images into a buffer kept from batch to batch.
-
-        A fresh multi-megabyte buffer per batch would be a fresh mmap whose page faults cost
-        more than the copy (direct's note "Direct chunk path").
-        """
+        """Read stored images into a buffer kept from batch to batch (no fresh mmap each)."""
         shape = (len(indices), *self.reader.meta.images_shape[1:])
         size = int(np.prod(shape))
         if self._stored.size < size:
@@ -395,10 +351,6 @@ class FixedSizeReader:
         batch = self._stored[:size].reshape(shape)
         self.reader.read_into(indices, batch)
         return batch
-
-    def _shape(self, index: int) -> tuple[int, int]:
-        height, width = self.reader.meta.shapes[index][:2].tolist()
-        return height, width
 
     def _encoded(
         self,
@@ -438,13 +390,8 @@ class FixedSizeReader:
     ) -> bool:
         """An encoded sample through the cache: the uncached path's pixels, whatever it holds.
 
-        A hit is cut from the cached full-scale decode; a miss is decoded as without the
-        cache, and its full-scale decode kept if there is room (entries are never evicted).
-        See ``NOTE [ the cache changes no pixel ]`` in ``read.crop``.
-
-        Returns:
-            False for a hit that cannot serve this epoch (its box takes a reduced decode):
-            the caller decodes it from the pack.
+        A miss is decoded and kept if there is room; returns False for a hit that cannot
+        serve this epoch (a reduced decode): the caller decodes it from the pack.
         """
         cache = self.cache
         assert cache is not None  # read_into's branch
@@ -502,7 +449,7 @@ class FixedSizeReader:
                 cache.put(index, pixels)
         else:
             pixels = entry[0]
-        height, width = self._shape(index)
+        height, width = self.reader.meta.shapes[index][:2].tolist()
         box, flip = plan_crop(self.spec, height, width, seed=seed, epoch=epoch, index=index)
         box = scale_box(box, (height, width), (pixels.shape[0], pixels.shape[1]))
         crop_into(pixels, box, out, flip=flip, resize=self.resize)

@@ -42,35 +42,25 @@ from h5pack.training.ring import BatchRing, RingCollate
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
 from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
 
-RING_SPARE_SLOTS = 3
-"""Ring buffers per worker beyond its prefetched batches: those the training loop holds."""
+RING_SPARE_SLOTS = 3  # ring buffers per worker beyond its prefetched batches
 
 # NOTE [ Loader defaults ]
 #
-# Each default of ``make_loader`` and why (docs/ARCHITECTURE.md "Loader defaults"; the
-# measurements: docs/decisions/0014, 0015 and BENCHMARKS.md):
-# - sampler: ``ChunkBatchSampler`` told the real ``num_workers``: each worker reads its own
-#   windows, each chunk decompressed once per epoch.
+# Why each default of ``make_loader`` (docs/ARCHITECTURE.md "Loader defaults"; measured in
+# docs/decisions/0014, 0015):
+# - ``ChunkBatchSampler`` told the real ``num_workers``: each worker reads its own windows.
 # - ``num_workers="auto"``: a raw pack read as stored, without a transform, is read in the
-#   main process by one thread per core (handing batches across processes costs more than
-#   it gains); per-sample work (decoding, cutting to ``size=``, transforms) gets one worker
-#   per core.
-# - ``pin_memory`` on with CUDA; ``persistent_workers`` on with workers; ``prefetch_factor``
-#   PyTorch's 2 (the window already keeps the disk busy).
-# - seeding: a ``torch.Generator`` seeded with ``seed``, and ``worker_init_fn`` seeding
-#   ``random`` and numpy from torch's per-worker seed, so augmentations differ across
-#   workers and repeat across runs; ``collate_batch`` fills one preallocated tensor.
+#   main process by one thread per core; per-sample work gets one worker per core.
+# - ``pin_memory`` on with CUDA; ``persistent_workers`` on with workers; ``prefetch_factor`` 2.
+# - a ``torch.Generator`` seeded with ``seed``; ``seed_worker`` seeds ``random`` and numpy
+#   from torch's per-worker seed, so augmentations differ across workers, repeat across runs.
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> None:
     """Seed ``random``, numpy's global RNG and torch (CPU and CUDA) with ``seed``.
 
-    Args:
-        seed: The seed.
-        deterministic: Also make cuDNN deterministic and turn off its autotuner
-            (``cudnn.deterministic = True``, ``cudnn.benchmark = False``) and ask torch for
-            deterministic algorithms where they exist (``warn_only``: ops without one warn).
-            Slower; use it to reproduce a run bit for bit.
+    ``deterministic``: also make cuDNN deterministic (no autotuner) and ask torch for
+    deterministic algorithms (``warn_only``): slower, reproduces a run bit for bit.
     """
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002  (seeding the global RNG is this helper's job)
@@ -88,12 +78,7 @@ def seed_worker(worker_id: int) -> None:
 
 
 def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> Any:
-    """Collate a batch of fields into a dict: image, label and key as ``collate`` does them.
-
-    Every other field is collated by its kind (``core.fields``): numbers and fixed-shape
-    arrays stacked into tensors, masks of one shape too, variable-length values as lists.
-    After a ``transform=``, its dicts are batched by ``collate_records``.
-    """
+    """Collate a batch of fields into a dict: image, label, key by ``collate``, the rest by kind."""
     assert batch.fields is not None  # the caller checked
     if batch.records is not None:  # what transform= returned for each sample
         return collate_records(batch.records)
@@ -119,7 +104,7 @@ def collate_list(batch: Sequence[Any]) -> Any:
 
 
 def _collate_rest(batch: Sequence[Any]) -> list[Any]:
-    """Collate the fields after the image: labels (and sources) as tensors, paths as a list."""
+    """The fields after the image: labels (and sources) as tensors, paths as a list."""
     rest = []
     for k in range(1, len(batch[0])):
         values = [s[k] for s in batch]
@@ -133,12 +118,7 @@ def collate_padded(batch: Sequence[Any]) -> Any:
 
 
 def _check_batchable(dataset: H5ImageDataset) -> None:
-    """Refuse, when the loader is built, a pack whose images cannot be stacked into batches.
-
-    Raises:
-        OptionsError: the pack holds images of several sizes and neither a crop nor a
-            transform makes them one size.
-    """
+    """Refuse a pack of several image sizes that neither a crop nor a transform makes one."""
     if isinstance(dataset, H5MixDataset):
         if dataset.transform is None and dataset.output != "pil":
             check_batchable(dataset.mix, one_size=dataset.crop is not None)
@@ -161,9 +141,8 @@ def _check_batchable(dataset: H5ImageDataset) -> None:
 def collate_batch(batch: Sequence[Any]) -> Any:
     """Collate samples into ``(images, labels[, paths])``, with one preallocated tensor.
 
-    A ``SampleBatch`` whose images are already one batch is returned as it is; equal-shape
-    uint8 tensors are copied into one (B, ...) tensor (in shared memory inside a worker);
-    anything else goes to ``torch.utils.data.default_collate``.
+    A ``SampleBatch`` already one batch is returned as it is; equal-shape uint8 tensors are
+    copied into one; anything else goes to ``default_collate``.
     """
     if isinstance(batch, SampleBatch) and batch.fields is not None:
         return collate_fields(batch, collate_batch)
@@ -195,11 +174,7 @@ def collate_batch(batch: Sequence[Any]) -> Any:
 
 
 class ContiguousCollate:
-    """Collate with ``collate``, then make the image batch (the first tensor) contiguous.
-
-    Picklable, so that it runs where the batch is made (a worker): the copy costs the
-    worker, not the training loop. See ``make_loader``'s ``memory_format``.
-    """
+    """Collate, then make the image batch contiguous (in the worker: picklable)."""
 
     def __init__(self, collate: Callable[[Any], Any]) -> None:
         self.collate = collate
@@ -217,13 +192,7 @@ class ContiguousCollate:
 def auto_workers(
     dataset: H5ImageDataset, num_workers: int | Literal["auto"] = "auto", cores: int | None = None
 ) -> tuple[int, int]:
-    """Return ``(num_workers, threads)`` for a loader over ``dataset`` (see "Loader defaults").
-
-    ``"auto"``: a raw pack read as stored, without a per-sample transform, is read in the
-    main process, ``cores`` threads decompressing (direct chunk path) or copying; worker
-    processes, one per core, for per-sample work: decoding an encoded pack, cutting and
-    resizing a raw pack to a training size, a transform. An explicit ``num_workers`` gets
-    ``cores`` threads when it is 0, else none.
+    """Return ``(num_workers, threads)`` for a loader over ``dataset`` (NOTE [ Loader defaults ]).
 
     Raises:
         OptionsError: ``num_workers`` is neither ``"auto"`` nor >= 0.
@@ -238,20 +207,14 @@ def auto_workers(
     return num_workers, cores if num_workers == 0 else 0
 
 
-# torch re-raises a worker's exception as ``type(err)(text)``, where text is "Caught X in
-# DataLoader worker process N." and the worker's whole traceback, with h5pack's message
-# last. An h5pack error is the user's news (damage, a replaced pack): it is raised again
-# with its own message, first and whole, and where it happened as a note.
+# torch re-raises a worker's exception as ``type(err)(text)``, text "Caught X in DataLoader
+# worker process N." and the traceback, h5pack's message last: it is raised again whole.
 _WORKER_CAUGHT = re.compile(r"\ACaught \w+ in (?P<where>DataLoader worker process \d+)\.")
 
 
 @contextmanager
 def worker_errors_unwrapped() -> Iterator[None]:
-    """Re-raise an ``H5PackError`` that torch wrapped in a worker's traceback as the original.
-
-    Raises:
-        H5PackError: the worker's, of its own class, with its own message.
-    """
+    """Re-raise an ``H5PackError`` that torch wrapped in a worker's traceback as the original."""
     try:
         yield
     except H5PackError as err:
@@ -270,27 +233,23 @@ def worker_errors_unwrapped() -> Iterator[None]:
 
 
 class H5Loader(DataLoader[Any]):
-    """A DataLoader whose ``set_epoch`` reaches its sampler, and that can resume mid-epoch.
+    """A DataLoader whose ``set_epoch`` reaches its sampler, that resumes mid-epoch.
 
     ``state_dict()`` records the batches delivered to the training loop (not those the
-    workers prefetched); ``load_state_dict()`` makes the next iteration deliver the rest of
-    that epoch in the same order.
+    workers prefetched).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._delivered = 0
-        self.stall = StallMonitor(parallel=max(1, self.num_workers or _threads(self.dataset)))
+        threads = getattr(getattr(self.dataset, "options", None), "threads", 0) or 1
+        self.stall = StallMonitor(parallel=max(1, self.num_workers or int(threads)))
         if isinstance(self.dataset, H5ImageDataset):
             dataset, workers = self.dataset, self.num_workers
             self.stall.facts = lambda: dataset_facts(dataset, workers=workers)
 
     def stats(self) -> LoaderStats:
-        """Return how long training waited for batches and which stage is why.
-
-        Counted over the batches taken since the loader was made (or ``reset_stats``):
-        see ``training.stats.LoaderStats`` and the note "Stall report".
-        """
+        """Return how long training waited for batches and which stage is why (``LoaderStats``)."""
         return self.stall.stats()
 
     def reset_stats(self) -> None:
@@ -336,11 +295,7 @@ class H5Loader(DataLoader[Any]):
         return self.chunk_sampler.state_dict(position=self._delivered)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next iteration delivers the rest of the epoch.
-
-        Elastic: a state saved with other ranks, workers or batch size plans the samples
-        not yet delivered over this loader's (``ChunkBatchSampler.load_state_dict``).
-        """
+        """Resume from ``state_dict()``: the next iteration delivers the rest of the epoch."""
         self.chunk_sampler.load_state_dict(state)
         self._delivered = self.chunk_sampler.resume_position
 
@@ -350,10 +305,7 @@ class H5Loader(DataLoader[Any]):
         return getattr(self.dataset, "cache", None)
 
     def close(self) -> None:
-        """Release the decoded cache's shared memory (also done when the loader is collected).
-
-        The loader must not be iterated afterwards.
-        """
+        """Release the decoded cache's shared memory; the loader is not iterated afterwards."""
         cache = self.cache
         if cache is not None:
             cache.close()
@@ -365,11 +317,6 @@ class H5Loader(DataLoader[Any]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _threads(dataset: Any) -> int:
-    options = getattr(dataset, "options", None)
-    return int(getattr(options, "threads", 0) or 1)
 
 
 def make_loader(
@@ -399,71 +346,50 @@ def make_loader(
 ) -> H5Loader:
     """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
 
-    Its settings are four option objects, each checked once (see the note "Options at the
-    public edge" in ``training.options``): ``epoch`` (``EpochSpec``), ``reader``
-    (``ReaderOptions``), ``pipeline`` (``CropSpec``) and ``cache`` (``CacheSpec``); the
-    keywords ``shuffle``, ``seed``, ``drop_last``, ``weights``, ``storage_options``, ``size``,
-    ``crop`` and ``flip`` are their fields under the same names, and replace them. A dataset
-    passed in is never changed: the loader reads with a configured copy of it. Every default
-    is explained in the module note "Loader defaults".
+    Settings are four option objects, each checked once (``training.options``): ``epoch``
+    (``EpochSpec``), ``reader`` (``ReaderOptions``), ``pipeline`` (``CropSpec``) and
+    ``cache`` (``CacheSpec``); the keywords ``shuffle``, ``seed``, ``drop_last``,
+    ``weights``, ``storage_options``, ``size``, ``crop`` and ``flip`` replace their fields.
+    A dataset passed in is never changed. Defaults: NOTE [ Loader defaults ].
 
     Args:
-        path_or_dataset: A pack path or URL, a pack set (its directory or
-            ``packset.json``), a list of packs (one pool), a list of sources with
-            ``weights`` (a mix, docs/mixing.md), or an ``H5ImageDataset``.
+        path_or_dataset: A pack path or URL, a pack set, a list of packs (one pool), a list
+            of sources with ``weights`` (a mix, docs/mixing.md), or an ``H5ImageDataset``.
         batch_size: Samples per batch (or the whole ``EpochSpec``).
-        epoch: How epochs are cut (``EpochSpec``: window, epoch_samples; ranks, which
-            default to ``torch.distributed``'s).
-        reader: How each process reads (``ReaderOptions``: locking, backend, threads, the
-            disk cache of remote chunks...; only when given a path).
-        pipeline: The training image pipeline (``CropSpec``: scale, ratio...; only when
-            given a path); ``size=`` builds one. Needed for packs of mixed sizes unless
-            ``collate="list"``.
-        cache: ``"decoded"`` or a ``CacheSpec`` (its ``cache_bytes``, ``cache_max_side``):
-            keep decoded images in shared memory seen by every worker, so epochs after the
-            first skip decoding (encoded packs; needs a pipeline).
-        num_workers: Worker processes, or ``"auto"`` (see ``auto_workers``).
+        epoch: How epochs are cut (``EpochSpec``: window, ranks...).
+        reader: How each process reads (``ReaderOptions``; only when given a path).
+        pipeline: The training image pipeline (``CropSpec``; only when given a path).
+        cache: ``"decoded"`` or a ``CacheSpec``: decoded images in shared memory seen by
+            every worker (encoded packs; needs a pipeline).
+        num_workers: Worker processes, or ``"auto"`` (``auto_workers``).
         pin_memory: Default: ``torch.cuda.is_available()``.
         persistent_workers: Default: on with workers.
-        prefetch_factor: Batches prefetched per worker (PyTorch's default, 2).
+        prefetch_factor: Batches prefetched per worker (default 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
-        collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: a list of (C, H, W) tensors of
-            their own sizes (detection, or any model that takes mixed sizes); ``"padded"``:
-            as ``"stack"``, and each variable-length field (boxes, instance masks) one
-            zero-padded tensor beside ``NAME_lengths`` (``training.geometry.pad_batch``).
-        collate_fn: Default: ``collate_batch`` (one preallocated uint8 tensor per batch), or
-            ``collate_list`` with ``collate="list"``.
-        memory_format: ``torch.channels_last`` (the default): (B, C, H, W) views of the
-            stored (B, H, W, C) pixels, no copy (``x.view(B, -1)`` raises);
-            ``torch.contiguous_format``: each batch copied contiguous in the worker.
-        transform: As for ``H5ImageDataset`` (only when given a path).
-        target_transform: As for ``H5ImageDataset`` (only when given a path).
-        output: As for ``H5ImageDataset`` (only when given a path; default ``"tensor"``).
-        return_path: As for ``H5ImageDataset`` (only when given a path).
-        classes: How a mix's classes become one list: ``"join"`` (default: by name, sorted),
-            ``"separate"``, or the list of names (``read.mixture.joined_classes``).
+        collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: (C, H, W) tensors of their
+            own sizes; ``"padded"``: as ``"stack"``, each variable-length field zero-padded
+            beside ``NAME_lengths``.
+        collate_fn: Default: ``collate_batch``, or ``collate_list`` with ``collate="list"``.
+        memory_format: ``torch.channels_last`` (default): views of the stored pixels, no
+            copy; ``torch.contiguous_format``: each batch copied contiguous in the worker.
+        transform: As for ``H5ImageDataset`` (only when given a path), as are the next three.
+        target_transform: Applied to each label.
+        output: ``"tensor"`` (default), ``"hwc"`` or ``"pil"``.
+        return_path: Also return each sample's path.
+        classes: How a mix's classes become one list: ``"join"``, ``"separate"`` or names.
         return_source: Also return each sample's source in a mix (an int tensor, last).
-        fields: The fields each batch holds, as a dict by name (``core.fields``); default:
-            every field of a pack that has more than image + label (``key`` with
-            ``return_path``), the ``(images, labels)`` tuple otherwise. Numbers and arrays
-            are stacked tensors, masks and boxes get the images' crop and flip (docs/
-            fields.md), variable-length fields are lists of tensors, text a list of ``str``.
-        **keywords: The convenient fields (``training.options.SpecKeywords``); a keyword of
-            an older release raises ``OptionsError`` naming its object, e.g. "locking=
-            moved to reader=ReaderOptions(locking=...)".
+        fields: The fields each batch holds, as a dict by name (docs/fields.md).
+        **keywords: The convenient fields (``SpecKeywords``); a keyword of an older release
+            raises ``OptionsError`` naming its new home.
 
     Returns:
-        An ``H5Loader`` yielding ``(images, labels)`` (``(images, labels, paths)`` with
-        ``return_path=True``); images are (B, C, H, W) uint8 tensors, or a list of (C, H, W)
-        tensors with ``collate="list"``.
+        An ``H5Loader`` yielding ``(images, labels[, paths])``, or dicts of fields.
 
     Raises:
         FileNotFoundError: the pack, a shard or the manifest does not exist.
-        FormatError: a file is not a pack; a shard is missing, truncated, changed since the
-            manifest was written, or does not match the others (the message names it).
-        OptionsError: a bad argument (one error naming it, when the loader is built),
-            dataset options next to a dataset, or a pack of mixed sizes read without
-            ``size`` (its message names ``size=`` and ``--size``).
+        FormatError: not a pack, or a shard missing, changed or unlike the others (named).
+        OptionsError: a bad argument, dataset options next to a dataset, or a pack of mixed
+            sizes read without ``size`` (its message names ``size=`` and ``--size``).
     """
     spec = loader_spec(
         batch_size, epoch=epoch, reader=reader, pipeline=pipeline, cache=cache, **keywords
@@ -548,8 +474,6 @@ def make_loader(
         options = replace(options, window_chunks=sampler.window_chunks)
     if options.threads is None:
         options = replace(options, threads=auto_threads)
-    generator = torch.Generator()
-    generator.manual_seed(seed)
     workers_kwargs: dict[str, Any] = {}
     if num_workers > 0:
         workers_kwargs = {
@@ -568,23 +492,19 @@ def make_loader(
             f"torch.contiguous_format, but got memory_format={memory_format!r}"
         )
     configured = dataset.configured(options, seed=seed)
-    if isinstance(configured, H5ImageDataset):  # a remote reader fetches ahead by the plan
-        configured.planner = sampler.plan
+    configured.planner = sampler.plan  # a remote reader fetches ahead by the plan
     timed: Callable[[Any], Any] = TimedCollate(collate_fn)  # stage times travel with batches
     if num_workers > 0:  # batches cross in reused buffers (NOTE [ Batch ring ])
         slots = workers_kwargs["prefetch_factor"] + RING_SPARE_SLOTS
         # a batch of fields may take two slots: its images and its instance masks
-        ring = BatchRing(
-            num_workers, slots * (1 if getattr(dataset, "fields", None) is None else 2)
-        )
-        configured.ring = ring
-        timed = RingCollate(timed, ring)
+        configured.ring = BatchRing(num_workers, slots * (1 if dataset.fields is None else 2))
+        timed = RingCollate(timed, configured.ring)
     return H5Loader(
         configured,
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=timed,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        generator=generator,
+        generator=torch.Generator().manual_seed(seed),
         **workers_kwargs,
     )

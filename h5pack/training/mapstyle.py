@@ -46,8 +46,7 @@ from h5pack.training.stats import stage_times, timed_read
 #
 # An HDF5 handle must not cross ``fork`` nor be pickled for ``spawn``. A dataset holds its
 # source and ``PackView`` (each shard's checked identity) and opens its reader lazily once
-# per process (keyed on the pid); ``__getstate__`` drops it, so every DataLoader start
-# method works, and a set's reader refuses any shard that is not the file the view checked.
+# per process (keyed on the pid); ``__getstate__`` drops it.
 
 
 class H5ImageDataset(Dataset[tuple[Any, ...]]):
@@ -57,35 +56,29 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     lazily once per process (NOTE [ h5py handles and fork ]).
 
     Args:
-        path: The pack; or a pack set (its directory or ``packset.json``) or a list of packs,
-            read as one pack. URLs too (``s3://bucket/pack.h5``, ``s3://bucket/set/``).
-        transform: Applied to each image, or to each sample's dict with ``fields`` (docs/fields.md).
-        target_transform: Any callable applied to each label (an int, -1 when unlabeled).
-        output: ``"tensor"``: (C, H, W) uint8 tensor; ``"hwc"``: (H, W, C) uint8 array;
-            ``"pil"``: a PIL image.
+        path: The pack, a pack set (directory or ``packset.json``) or a list of packs, read
+            as one; URLs too (``s3://bucket/pack.h5``).
+        transform: Applied to each image, or to each sample's dict with ``fields``.
+        target_transform: Applied to each label (an int, -1 when unlabeled).
+        output: ``"tensor"`` (C, H, W) uint8, ``"hwc"`` (H, W, C) array, or ``"pil"``.
         return_path: Also return the sample's source path.
-        reader: How each process reads the pack (``ReaderOptions``); its window of chunks
-            defaults to the sampler's (``make_loader`` sets it), else ``window_for``'s.
-        pipeline: Deliver every image at ``pipeline.size`` (``read.crop.CropSpec``: a crop
-            or resize and a flip, a pure function of ``seed``, epoch and sample), as
-            ``make_loader(pipeline=...)``.
-        cache: Decoded images shared by every worker, for encoded packs read with a
-            pipeline: a ``CacheSpec`` (the dataset builds it) or a ``DecodedCache``.
+        reader: How each process reads (``ReaderOptions``); the window defaults to the
+            sampler's (``make_loader`` sets it).
+        pipeline: Deliver every image at ``pipeline.size`` (``CropSpec``: crop, resize,
+            flip, a pure function of ``seed``, epoch and sample).
+        cache: Decoded images shared by every worker (encoded packs, with a pipeline): a
+            ``CacheSpec`` or a ``DecodedCache``.
         seed: Seed of the random crops and flips.
-        weights: Mix several sources by weight: ``path`` is then a list of sources and the
-            dataset an ``H5MixDataset``, which also takes ``classes=`` and ``return_source=``.
-        crop: The older name of ``pipeline`` (give one of them).
-        fields: The fields to deliver (``core.fields``): each sample is then a dict of
-            them, as is each batch (``collate_batch``). Default: image + label packs give
-            tuples; a pack of more fields gives every field (``key`` with ``return_path``),
-            masks and boxes cut and flipped with their image (``training.geometry``).
+        weights: Mix several sources by weight: an ``H5MixDataset`` (``training.mixed``).
+        crop: The older name of ``pipeline``.
+        fields: The fields to deliver as dicts (docs/fields.md); default: every field of a
+            pack of more than image + label, else tuples.
 
     Raises:
         FileNotFoundError: the pack (a shard, a manifest) does not exist.
-        FormatError: not a pack, or of a newer format; a shard missing, changed since the
-            manifest or unlike the others (the message names the file).
-        OptionsError: a path that is no path, an unknown ``output``, a cache without a
-            pipeline, or a ``CacheSpec`` for a raw pack.
+        FormatError: not a pack, or a shard missing, changed or unlike the others (named).
+        OptionsError: a bad path or ``output``, a cache without a pipeline, or a
+            ``CacheSpec`` for a raw pack.
     """
 
     # what weights= builds: set by training.mixed (which training.dataset imports)
@@ -144,9 +137,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.return_path = return_path
         self.fields = fields_for(self.meta, fields, return_path=return_path)
         self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
-        if pipeline is not None:
-            # the pipeline's resize kernel, imported before DataLoader workers fork, not by
-            # every worker at its first batch (docs/decisions/0025)
+        if pipeline is not None:  # imported before workers fork (docs/decisions/0025)
             import cv2  # noqa: F401
         if isinstance(cache, CacheSpec):
             if self.meta.mode == "raw":
@@ -187,11 +178,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
 
     @property
     def reader(self) -> PackReader | PackSetReader:
-        """This process's reader, opened on first use (NOTE [ h5py handles and fork ]).
-
-        Raises:
-            FormatError: the pack (or a shard) is no longer the file this dataset was made on.
-        """
+        """This process's reader, opened on first use (NOTE [ h5py handles and fork ])."""
         if self._reader is None or self._pid != os.getpid():
             options = self.options
             if options.window_chunks is None:
@@ -243,12 +230,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         return sample
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
-        """Return the samples ``indices``, reading each chunk once (PyTorch's batched fetch).
-
-        Raises:
-            IndexError: an index is out of range.
-            DecodeError: an encoded sample does not decode.
-        """
+        """Return the samples ``indices``, reading each chunk once (PyTorch's batched fetch)."""
         times = stage_times()
         start = times.clock()
         idx = checked_indices(indices, self.meta.num_samples)
@@ -313,11 +295,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         return self.meta.fixed_shape
 
     def read_batch_into(self, indices: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` (B, H, W, C) with the images ``__getitems__`` would batch for ``indices``.
-
-        Raises:
-            OptionsError: this dataset delivers no batch of one shape (``batch_shape``).
-        """
+        """Fill ``out`` (B, H, W, C) with the images ``__getitems__`` would batch."""
         shape = self.batch_shape()
         if shape is None or tuple(out.shape[1:]) != shape:
             raise OptionsError(
@@ -331,7 +309,6 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             reader.read_into(indices, out)
 
     def _fixed_reader(self) -> FixedSizeReader:
-        """This process's reader through the training image pipeline (``crop`` is set)."""
         assert self.crop is not None
         if self._fixed is None:
             self._fixed = FixedSizeReader(self.reader, self.crop, self.cache)
@@ -339,9 +316,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
 
     def _follow_plan(self, reader: PackReader | PackSetReader) -> None:
         """Tell a remote reader this worker's plan once per epoch (NOTE [ Planned read-ahead ])."""
-        if self.planner is None or not reader.plans_reads:
-            return
-        plan = self._worker_plan()
+        plan = self._worker_plan() if self.planner is not None and reader.plans_reads else None
         if plan is not None:
             reader.plan_reads(plan)
 
@@ -365,18 +340,10 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     ) -> SampleBatch:
         """Samples ``idx`` through the pipeline; ``start``: the batch's clock ("collation")."""
         assert self.crop is not None  # the caller checked
-        height, width = self.crop.size
+        shape = (idx.size, *self.crop.size, self.meta.channels)
         whole = self.transform is None and self.output != "pil"
-        buffer = (
-            batch_buffer(self.ring, (idx.size, height, width, self.meta.channels))
-            if whole
-            else None
-        )
-        out = (
-            buffer.numpy()
-            if buffer is not None
-            else np.empty((idx.size, height, width, self.meta.channels), dtype=np.uint8)
-        )
+        buffer = batch_buffer(self.ring, shape) if whole else None
+        out = buffer.numpy() if buffer is not None else np.empty(shape, dtype=np.uint8)
         times = stage_times()
         reading = times.clock()
         self._fixed_reader().read_into(idx, out, seed=self.seed, epoch=self.epoch)

@@ -3,16 +3,11 @@
 # NOTE [ Options at the public edge ]
 #
 # ``make_loader`` takes its settings as four frozen objects, each validated once in its own
-# ``__post_init__`` (a bad argument is one ``OptionsError`` naming the field):
-#
-#     epoch     EpochSpec      how epochs are cut: batch size, shuffle, seed, window, ranks, mix
-#     reader    ReaderOptions  how each process reads: locking, decoder, threads, the disk cache
-#     pipeline  CropSpec       the training image pipeline: size, crop, scale, ratio, flip
-#     cache     CacheSpec      the decoded cache shared by the loader's processes
-#
-# A few fields users reach for every day are also keywords under the same names
-# (``KEYWORDS``); ``loader_spec`` replaces each in its object. Every other field is set on
-# its object; a keyword of an older release names that home (``moved_message``).
+# ``__post_init__``: ``epoch`` (``EpochSpec``: how epochs are cut), ``reader``
+# (``ReaderOptions``: how each process reads), ``pipeline`` (``CropSpec``: the training
+# image pipeline) and ``cache`` (``CacheSpec``: the decoded cache). A few everyday fields
+# are also keywords under the same names (``KEYWORDS``); ``loader_spec`` replaces each in
+# its object. A keyword of an older release names its new home (``moved_message``).
 """
 
 from __future__ import annotations
@@ -47,9 +42,7 @@ _HOMES: dict[str, type] = {
 class SpecKeywords(TypedDict, total=False):
     """``make_loader``'s convenient keywords: fields of its option objects, same names.
 
-    See ``EpochSpec``, ``ReaderOptions`` and ``CropSpec`` for each one's meaning; ``size``
-    also takes one int for a square, and ``crop`` defaults to ``"random-resized"`` when
-    ``size`` is given.
+    ``size`` also takes one int for a square; ``crop`` defaults to ``"random-resized"``.
     """
 
     shuffle: bool | None
@@ -62,10 +55,8 @@ class SpecKeywords(TypedDict, total=False):
     flip: bool | None
 
 
-RETIRED = {
-    "stratify": "stratify= is retired: every mix now holds its shares in every batch",
-}
-"""Keywords of older releases that no option replaces, and why."""
+# Keywords of older releases that no option replaces, and why.
+RETIRED = {"stratify": "stratify= is retired: every mix now holds its shares in every batch"}
 
 
 def moved_message(name: str) -> str | None:
@@ -88,14 +79,7 @@ def moved_message(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """The option objects of one loader (see the note "Options at the public edge").
-
-    Attributes:
-        epoch: How epochs are cut (``num_workers`` is filled in when the loader is built).
-        reader: How each process reads the pack.
-        pipeline: The training image pipeline, or None (images as stored).
-        cache: The decoded cache, or None.
-    """
+    """The option objects of one loader (NOTE [ Options at the public edge ])."""
 
     epoch: EpochSpec
     reader: ReaderOptions
@@ -114,9 +98,7 @@ def loader_spec(
 ) -> LoaderSpec:
     """Return the option objects of ``make_loader``'s arguments: the objects, with keywords.
 
-    Each keyword replaces the field of its name in the object that has it (see the note
-    "Options at the public edge"); an object not given starts from its defaults. A keyword
-    given as None counts as not given (the older signature's defaults).
+    A keyword given as None counts as not given.
 
     Raises:
         OptionsError: a field out of range (named), no batch size, ``crop``/``flip`` without
@@ -134,7 +116,6 @@ def loader_spec(
         raise OptionsError("; ".join(moved))
     if unknown:
         raise TypeError(f"make_loader() got unexpected keyword arguments {unknown}")
-    # None means "not given", as it did for every keyword of the older signature
     keywords = {k: v for k, v in keywords.items() if v is not None}
 
     def mine(name: str) -> dict[str, Any]:
@@ -145,7 +126,7 @@ def loader_spec(
     if epoch is not None and batch_size is not None:
         epoch = replace(epoch, batch_size=batch_size)
     built_epoch = epoch_spec(epoch if epoch is not None else batch_size, **mine("epoch"))
-    built_reader = _replaced(reader or ReaderOptions(), mine("reader"))
+    built_reader = replace(reader or ReaderOptions(), **mine("reader"))
     built_pipeline = _pipeline(pipeline, mine("pipeline"), built_reader.backend)
     return LoaderSpec(
         epoch=built_epoch,
@@ -153,10 +134,6 @@ def loader_spec(
         pipeline=built_pipeline,
         cache=_cache(cache, pipeline_given=built_pipeline is not None),
     )
-
-
-def _replaced(options: ReaderOptions, changes: dict[str, Any]) -> ReaderOptions:
-    return replace(options, **changes) if changes else options
 
 
 def _pipeline(
@@ -183,11 +160,7 @@ def _cache(
 ) -> CacheSpec | None:
     if cache is None:
         return None
-    if isinstance(cache, str) and cache != "decoded":
-        raise OptionsError(
-            f"cache should be 'decoded', a CacheSpec or None, but got cache={cache!r}"
-        )
-    if not isinstance(cache, CacheSpec | str):
+    if cache != "decoded" and not isinstance(cache, CacheSpec):
         raise OptionsError(
             f"cache should be 'decoded', a CacheSpec or None, but got cache={cache!r}"
         )

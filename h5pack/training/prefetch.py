@@ -22,27 +22,16 @@ def _to_device(value: Any, device: torch.device) -> Any:
 class DevicePrefetcher:
     """Iterate a loader with each batch already on ``device``, one batch ahead; echo batches.
 
-    On CUDA the next batch is copied on a side stream while the current one is used
-    (asynchronous from pinned memory, which ``make_loader`` turns on with CUDA), and the
-    main stream waits for that copy only when it takes the batch. Elsewhere batches are
-    moved with ``.to(device)``.
-
-    Batch echoing (Choi et al., "Faster Neural Network Training with Data Echoing", 2019):
-    with ``echo=k`` every batch is yielded k times in a row, for when the input pipeline,
-    not the model, is the bottleneck; apply random augmentation on the device after this so
-    that the repeats differ.
-
-    Batches travel as uint8 (4x fewer bytes than float32) and, with ``normalize=(mean,
-    std)``, become float32 on the device: ``(x / 255 - mean) / std`` per channel, where the
-    GPU does in microseconds what costs the CPU milliseconds per batch.
+    On CUDA the next batch is copied on a side stream (from pinned memory) while the current
+    one is used. With ``echo=k`` every batch is yielded k times in a row (Choi et al., "Data
+    Echoing", 2019): augment on the device after this so that the repeats differ.
 
     Args:
         loader: Any iterable of batches (``make_loader``'s ``H5Loader`` included).
         device: Target device; default CUDA when available, else CPU.
         echo: Times each batch is yielded.
-        normalize: Per-channel ``(mean, std)`` on the 0..1 scale (e.g. ImageNet's
-            ``((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``) applied to the images (the
-            first tensor of each batch) on the device; None leaves them uint8.
+        normalize: Per-channel ``(mean, std)`` on the 0..1 scale: the images (first tensor)
+            become float32 ``(x / 255 - mean) / std`` on the device; None: uint8.
 
     Example:
         >>> batches = [(torch.zeros(2), torch.ones(2))]
@@ -61,7 +50,6 @@ class DevicePrefetcher:
         if echo < 1:
             raise OptionsError(f"echo should be >= 1, but got echo={echo}")
         self.loader = loader
-        # the loader's own monitor when it has one (H5Loader): its stage times, our waits
         inner = getattr(loader, "stall", None)
         self.stall = StallMonitor(
             parallel=getattr(inner, "parallel", 1), facts=getattr(inner, "facts", None)
@@ -100,10 +88,7 @@ class DevicePrefetcher:
     def stats(self) -> LoaderStats:
         """Return how long training waited for batches on the device, and which stage is why.
 
-        The waits and steps are this prefetcher's (the time the training loop spends in
-        ``next()``, copies to the device included); the stages are the loader's (an
-        ``H5Loader``'s) plus "transfer" (on CUDA the copies' own time on the side stream,
-        read from CUDA events). See the note "Stall report" in ``training.stats``.
+        The waits are this prefetcher's; the stages the loader's plus "transfer" (the copies).
         """
         self._collect_transfers()
         return self.stall.stats()
@@ -131,7 +116,7 @@ class DevicePrefetcher:
         self._events = pending
 
     def _stage_ns(self) -> Any:
-        """The stage times of the loader's last batch (an H5Loader's monitor), or None."""
+        """The stage times of the loader's last batch (an H5Loader's), or None."""
         inner = getattr(self.loader, "stall", None)
         taken = getattr(inner, "last_stage_ns", None)
         return None if taken is None else taken.copy()
@@ -146,7 +131,7 @@ class DevicePrefetcher:
                 yield batch
 
     def _batches(self) -> Iterator[Any]:
-        """Batches on the device, each with the stage times behind it (see ``stats``)."""
+        """Batches on the device, each with the stage times behind it."""
         clock = stage_times().clock
         if self.device.type != "cuda":
             for batch in self.loader:

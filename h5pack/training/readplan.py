@@ -13,8 +13,6 @@ import numpy as np
 
 from h5pack.read.planned import ReadPlan
 
-__all__ = ["read_plan"]
-
 
 def _uses(batches: Sequence[np.ndarray], epoch: int) -> tuple[np.ndarray, np.ndarray]:
     if not batches:

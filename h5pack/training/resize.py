@@ -11,44 +11,23 @@ import torch
 from h5pack.core.decode import Backend
 from h5pack.read.crop import ResizeInto, opencv_resize_into, pillow_resize_into
 
-__all__ = [
-    "ENLARGE_WITH_OPENCV",
-    "resize_kernel",
-    "resize_rgb_into",
-    "resize_route",
-    "torch_resize_into",
-]
-
 # NOTE [ Pillow's filter, computed by torch ]
 # Pillow's antialiased BILINEAR resize costs several times torch's uint8 kernel for the same
-# filter (interpolate(mode="bilinear", antialias=True), written to match Pillow: within one
-# grey level). The kernel is called through the ``out=`` variant of its ATen op,
-# torch.ops.aten._upsample_bilinear2d_aa.out, on a channels-last view of the batch slot, so
-# it writes in place; the public F.interpolate returns a new NCHW tensor and costs more
-# with the copy into the batch (docs/decisions/0004). The op's name is torch's own, not a
-# promise: where it is missing the public call and a copy take its place (resize_route()
-# says which runs, as does the machine description of every benchmark). The op releases the
-# GIL. Its input is copied contiguous with numpy first: torch's own copy of a row-strided
-# box runs on its intra-op threads and stalls on a busy machine; torch.from_numpy also
-# refuses read-only arrays (the cached images). Enlarging boxes go to
-# cv2.resize(INTER_LINEAR): Pillow's BILINEAR does not widen its support when enlarging, so
-# OpenCV's plain bilinear gives the same filter within one grey level, for less CPU
-# (docs/decisions/0019). ENLARGE_WITH_OPENCV = False sends every box to torch.
+# filter (within one grey level). The kernel is called through its ATen op's ``out=``
+# variant, torch.ops.aten._upsample_bilinear2d_aa.out, on a channels-last view of the batch
+# slot, so it writes in place (docs/decisions/0004); where the op is missing the public
+# F.interpolate and a copy take its place (resize_route() says which). Its input is copied
+# contiguous with numpy first (torch's own copy wakes its intra-op threads). Enlarging boxes
+# go to cv2.resize(INTER_LINEAR), the same filter within one grey level for less CPU
+# (docs/decisions/0019); ENLARGE_WITH_OPENCV = False sends every box to torch.
 _AA_SIZES = ((8, 10, 3), (3, 4, 3))  # the probe: shrink an 8x10 image to 3x4
-
-
-# Enlarging boxes go to OpenCV's bilinear resize (NOTE [ Pillow's filter, computed by
-# torch ]); False sends them to torch's kernel too.
 ENLARGE_WITH_OPENCV = True
 
 
 def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
-    """Resize with Pillow's antialiased ``BILINEAR`` filter, computed by torch (a kernel).
+    """Resize with Pillow's antialiased ``BILINEAR`` filter, computed by torch (NOTE above).
 
-    See ``NOTE [ Pillow's filter, computed by torch ]``. Within one grey level of
-    ``read.crop.pillow_resize_into``. A ``source`` that is not C-contiguous and writable (a
-    box of a wider image, a cached image) is copied first; 1-channel images go to Pillow;
-    enlarging, OpenCV's bilinear resize computes the same filter (``ENLARGE_WITH_OPENCV``).
+    1-channel images go to Pillow.
     """
     if source.shape[:2] == out.shape[:2]:
         out[...] = source
@@ -60,13 +39,7 @@ def torch_resize_into(source: np.ndarray, out: np.ndarray) -> None:
 
 
 def resize_rgb_into(box: np.ndarray, out: np.ndarray) -> None:
-    """Resize the RGB ``box`` to ``out``'s other size: ``torch_resize_into``'s filter.
-
-    The one place of its rule (``NOTE [ Pillow's filter, computed by torch ]``), for
-    ``torch_resize_into`` and the per-batch loops: enlarging, OpenCV's bilinear resize
-    (``ENLARGE_WITH_OPENCV``); else torch's kernel, on a C-contiguous, writable copy of a
-    ``box`` that is not one.
-    """
+    """Resize the RGB ``box`` to ``out``'s other size: ``torch_resize_into``'s filter."""
     import cv2  # here, as in read.crop: importing the training layer stays lighter
 
     height, width = out.shape[:2]
@@ -126,11 +99,7 @@ def _torch_resizes_like_pillow() -> bool:
 
 
 def resize_kernel(backend: Backend) -> ResizeInto:
-    """Return the fastest kernel computing ``backend``'s filter.
-
-    ``"pillow"``: :func:`torch_resize_into` where torch has the kernel, else Pillow itself;
-    ``"opencv"``: ``read.crop.opencv_resize_into``.
-    """
+    """Return the fastest kernel computing ``backend``'s filter (torch's for Pillow's)."""
     if backend == "opencv":
         return opencv_resize_into
     return torch_resize_into if _torch_resizes_like_pillow() else pillow_resize_into

@@ -17,35 +17,29 @@ from torch.utils.data import get_worker_info
 
 # NOTE [ Batch ring ]
 # A batch crossing from a worker in a fresh shared-memory segment costs a new file, pages
-# faulted in and zeroed on both sides, an fd per tensor and an unlink. ``BatchRing`` keeps
-# ``slots`` buffers per worker instead, sent to the main process once (torch's storage
-# pickling); afterwards a batch crosses as ``(worker, slot, shape, strides)`` and the main
-# process rebuilds a view of the buffer it maps (``_ring_tensor``). One byte per slot in a
-# ``RawArray`` made before the workers start says who may write it: 0 free, 1 taken. A
-# worker takes a free slot; only the main process frees it, once the storage's use count is
-# back to the ring's own references (so a batch the loop, a list or the pinning thread holds
-# is never overwritten). With no free slot a worker uses a fresh segment: the ring never
-# blocks. The check runs as each batch arrives. Small tensors (labels) cross by value.
+# faulted and zeroed on both sides, an fd per tensor and an unlink. ``BatchRing`` keeps
+# ``slots`` buffers per worker instead, sent to the main process once; afterwards a batch
+# crosses as ``(worker, slot, shape, strides)`` and the main process rebuilds a view
+# (``_ring_tensor``). One byte per slot in a ``RawArray`` made before the workers start says
+# who may write it: 0 free, 1 taken. Only the main process frees a slot, once the storage's
+# use count is back to the ring's own references. With no free slot a worker uses a fresh
+# segment: the ring never blocks. Small tensors (labels) cross by value.
 
-SMALL_TENSOR_BYTES = 1 << 16
-"""Tensors of a batch up to this many bytes cross by value, not in shared memory."""
+SMALL_TENSOR_BYTES = 1 << 16  # tensors up to this size cross by value
 
 _RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
 
 
-# torch's count of a storage's references (every tensor and view of it holds one) is not a
-# public API: where it is missing, no buffer is ever found unreferenced, so every batch gets
-# a fresh one (the ring's own fallback) and reuse_route() says so.
+# torch's count of a storage's references is no public API: without it no buffer is ever
+# found unreferenced, so every batch gets a fresh one (reuse_route() says so).
 _STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _use_count(storage: torch.UntypedStorage) -> int:
-    """The references to ``storage`` (0 where torch cannot count them)."""
     return 0 if _STORAGE_USE_COUNT is None else int(_STORAGE_USE_COUNT(storage._cdata))
 
 
 def _unreferenced(storage: torch.UntypedStorage, own: int) -> bool:
-    """Whether only the ``own`` references counted when it was kept hold ``storage``."""
     return _STORAGE_USE_COUNT is not None and _use_count(storage) <= own
 
 
@@ -59,15 +53,8 @@ def reuse_route() -> str:
 class BatchRing:
     """Reused shared-memory batch buffers per DataLoader worker (NOTE [ Batch ring ]).
 
-    Made in the main process before the workers start; ``buffer`` in a worker returns a
-    free slot's buffer (or a fresh shared one when none is free), ``RingCollate`` sends a
-    batch in a slot as a reference, and the main process frees the slot once the batch is
-    no longer referenced.
-
-    Args:
-        workers: The loader's worker processes.
-        slots: Buffers per worker (at least the batches a worker may have in flight plus
-            the ones the training loop holds: ``prefetch_factor + 3`` by default).
+    Made in the main process before the workers start, with ``slots`` buffers per worker
+    (its batches in flight plus those the training loop holds).
     """
 
     def __init__(self, workers: int, slots: int) -> None:
@@ -91,8 +78,7 @@ class BatchRing:
         self.arrivals = 0  # batches received through a slot (main side)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the slot states travel only to processes being started (a RawArray cannot be
-        # pickled otherwise): a ring pickled elsewhere is off (fresh segments, as before)
+        # the slot states travel only to processes being started: elsewhere the ring is off
         states = self.states if get_spawning_popen() is not None else None
         return {"workers": self.workers, "slots": self.slots, "token": self.token,
                 "states": states, "fallbacks": 0}  # fmt: skip
@@ -103,11 +89,7 @@ class BatchRing:
 
     # -- worker side --------------------------------------------------------------------------
     def buffer(self, shape: Sequence[int]) -> torch.Tensor:
-        """An uninitialised uint8 tensor of ``shape`` in a free slot (worker), else fresh.
-
-        In the main process (no worker) a plain tensor; in a worker with no free slot, or
-        a batch larger than the slot's buffer, a fresh shared-memory tensor.
-        """
+        """An uninitialised uint8 tensor of ``shape``: a free slot's in a worker, else fresh."""
         info = get_worker_info()
         nbytes = math.prod(shape)
         if info is None:
@@ -125,7 +107,7 @@ class BatchRing:
 
     def _take(self, worker: int) -> int | None:
         states = self.states
-        if states is None:  # pickled outside a process start: no ring
+        if states is None:
             return None
         for index in range(worker * self.slots, (worker + 1) * self.slots):
             if states[index] == 0:
@@ -141,21 +123,18 @@ class BatchRing:
                 return index
         return None
 
-    def reference(self, tensor: torch.Tensor, index: int) -> _RingTensor:
+    def reference(self, tensor: torch.Tensor, index: int) -> _Crossing:
         """What crosses instead of ``tensor`` (a view of slot ``index``'s buffer)."""
         storage = None if index in self._sent else self._own[index]
         self._sent.add(index)
-        return _RingTensor(
-            self.token, index, storage, tuple(tensor.shape), tensor.stride(),
-            int(tensor.storage_offset()),
-        )  # fmt: skip
+        shape, offset = tuple(tensor.shape), int(tensor.storage_offset())
+        return _Crossing(_ring_tensor, self.token, index, storage, shape, tensor.stride(), offset)
 
     # -- main side ----------------------------------------------------------------------------
     def arrived(self, index: int, storage: torch.UntypedStorage | None) -> torch.UntypedStorage:
         """Record a batch in slot ``index`` (its buffer, sent once); release unused slots."""
         with self._lock:
-            if storage is not None:
-                # the ring's references: ``storage`` here, and the one we are about to keep
+            if storage is not None:  # the ring's references: this one and the one kept
                 self._mapped[index] = (storage, _use_count(storage))
             mapped = self._mapped.get(index)
             if mapped is None:
@@ -198,18 +177,6 @@ def _view(storage: torch.UntypedStorage, shape: Sequence[int]) -> torch.Tensor:
     )
 
 
-class _RingTensor:
-    """A batch's image tensor in a ring slot, as it crosses processes: ``_ring_tensor``'s args."""
-
-    __slots__ = ("args",)
-
-    def __init__(self, *args: Any) -> None:
-        self.args = args
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_ring_tensor, self.args)
-
-
 def _ring_tensor(
     token: str,
     index: int,
@@ -227,18 +194,6 @@ def _ring_tensor(
     return torch.empty(0, dtype=torch.uint8).set_(storage, offset, shape, stride)
 
 
-class _SmallTensor:
-    """A small tensor crossing processes by value (no shared-memory segment, no fd)."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.array = tensor.numpy()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (_small_tensor, (self.array,))
-
-
 def _small_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
@@ -246,10 +201,8 @@ def _small_tensor(array: np.ndarray) -> torch.Tensor:
 class RingCollate:
     """Collate with ``collate``; a worker sends ring buffers by reference, small tensors by value.
 
-    The outermost collate of a loader with a ``BatchRing`` (it sees ``TimedCollate``'s
-    ``(batch, StageNs)``): a top-level tensor (or one in a top-level tuple or dict) viewing one of
-    this worker's slots crosses as a ``_RingTensor``; CPU tensors of at most
-    ``SMALL_TENSOR_BYTES`` cross by value. In the main process it changes nothing.
+    The outermost collate of a loader with a ``BatchRing``; in the main process it changes
+    nothing.
     """
 
     def __init__(self, collate: Any, ring: BatchRing) -> None:
@@ -277,7 +230,7 @@ class RingCollate:
                 and value.numel() * value.element_size() == value.untyped_storage().nbytes()
                 and value.dtype in _NUMPY_DTYPES
             ):
-                return _SmallTensor(value)
+                return _Crossing(_small_tensor, value.numpy())
             return value
         if type(value) is list and len(value) > 1 and all(torch.is_tensor(v) for v in value):
             whole = self._whole(value)  # a field's list of tensors: one object crosses
@@ -307,7 +260,7 @@ class RingCollate:
 
 
 class _Crossing:
-    """What crosses processes as ``function(*args)`` (pickled by reference to ``function``)."""
+    """What crosses processes as ``function(*args)``."""
 
     __slots__ = ("call",)
 
@@ -337,10 +290,8 @@ _NUMPY_DTYPES = {
 
 # NOTE [ Reused batches in the main process ]
 # Without workers a fresh torch.empty per batch costs page faults and cold memory.
-# ``LocalBatches`` keeps a few buffers per batch shape and hands one out again only when
-# nothing references it (the ring's test: the use count back to the pool's own reference).
-# When every kept buffer is in use, a fresh one is made and kept instead of the oldest.
-# Memory: at most ``PER_SHAPE`` unreferenced batches per shape, ``SHAPES`` shapes.
+# ``LocalBatches`` keeps up to ``PER_SHAPE`` buffers for each of ``SHAPES`` batch shapes and
+# hands one out again only when nothing references it (the ring's test).
 
 
 class LocalBatches:
@@ -379,12 +330,7 @@ _LOCAL = LocalBatches()
 
 
 def batch_buffer(ring: BatchRing | None, shape: Sequence[int]) -> torch.Tensor:
-    """A batch's uint8 buffer: a ring slot, a reused one in the main process, or fresh.
-
-    With a ring (workers): its slot; in the main process: a buffer of ``LocalBatches``
-    (NOTE [ Reused batches in the main process ]); in a worker without a ring: a fresh
-    shared-memory segment.
-    """
+    """A batch's uint8 buffer: a ring slot, a reused one in the main process, or fresh."""
     if ring is not None:
         return ring.buffer(shape)
     if get_worker_info() is None:
