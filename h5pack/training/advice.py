@@ -1,11 +1,7 @@
-"""What would help a loader on one pack, in words: ``bench --diagnose``'s and the stall report's.
+"""What would help a loader on one pack, in words: ``bench --diagnose``'s and ``stats()``'s.
 
-Advice is chosen for the pack and the loader's settings (``PackFacts``): an encoded pack is
-told about the decoded cache, a raw one about its codec, an uncompressed one about
-compression, and larger chunks are suggested only for small ones. ``bench --diagnose``
-(offline, ``h5pack.bench.diagnose``) and ``H5Loader.stats()`` (while training,
-``training.stats``) name the same three bottlenecks (``BOTTLENECKS``) and say the same
-words for them.
+Both name the same three ``BOTTLENECKS`` and say the same words for a pack and the loader's
+settings (``PackFacts``).
 """
 
 from __future__ import annotations
@@ -21,33 +17,17 @@ from h5pack.core.units import human_bytes
 
 BOTTLENECKS: tuple[str, ...] = ("loader", "decode", "storage")
 
-# Share of the available memory a pack may take and still count as cached while training
-# runs (``bench --diagnose``; the memory note of ``compare``'s recommendation).
-CACHE_SHARE = 0.5
-
-# Below this size, chunks are worth enlarging (fewer, larger reads from disk).
-SMALL_CHUNK_BYTES = 2**20
+CACHE_SHARE = 0.5  # of the available memory: a pack up to this counts as in the page cache
+SMALL_CHUNK_BYTES = 2**20  # below it, chunks are worth enlarging (fewer, larger reads)
 
 
 @dataclass(frozen=True)
 class PackFacts:
     """What the advice depends on: the pack measured and the loader's settings.
 
-    Attributes:
-        mode: ``"raw"`` or ``"encoded"``.
-        codec: The compression, as ``info`` words it (``"none"`` without).
-        layout: ``"chunked"`` or ``"contiguous"``.
-        chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
-        file_bytes: Size of the pack.
-        image_bytes: Decoded bytes of every image.
-        available_bytes: Memory available, None when unknown.
-        workers: DataLoader worker processes.
-        transforms: Whether a per-sample Python transform runs.
-        size: The training size, None when read as stored.
-        cached: Whether the loader reads through the decoded cache (``cache="decoded"``).
-        whole_jpegs: Why every JPEG is decoded whole rather than its crop box alone
-            (:func:`h5pack.core.jpegbox.unavailable_reason`; NOTE [ Decoding only the
-            box ]); empty where boxes are decoded alone.
+    ``codec`` as ``info`` words it (``"none"``); ``chunk_bytes`` 0 when contiguous;
+    ``size`` None when read as stored; ``cached``: through the decoded cache;
+    ``whole_jpegs``: why JPEGs are decoded whole, not their crop box alone ("" if not).
     """
 
     mode: str
@@ -214,11 +194,7 @@ def _storage_advice(facts: PackFacts) -> str:
 
 
 def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:
-    """Return the facts of ``dataset`` (an ``H5ImageDataset``) read with ``workers``.
-
-    The same facts ``bench --diagnose`` gathers for the pack (``bench.diagnose.pack_facts``),
-    from what the loader already holds, with the memory available now.
-    """
+    """Return the facts of ``dataset`` (an ``H5ImageDataset``) read with ``workers``."""
     from h5pack.errors import H5PackError
     from h5pack.training.cache import default_cache_bytes
 

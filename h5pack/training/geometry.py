@@ -1,9 +1,7 @@
 """One geometry per sample: the image's crop, resize and flip applied to its spatial fields.
 
-``crop_fields`` moves a batch's masks and boxes as ``plan_crops`` cut their images (the same
-pure function of seed, epoch and sample); ``sample_records`` and ``collate_records`` give a
-user's ``transform=`` one sample's dict and batch what it returns; ``pad_batch`` is
-``collate="padded"``.
+``crop_fields`` moves a batch's masks and boxes as ``plan_crops`` cut their images;
+``collate_records`` batches what ``transform=`` returns; ``pad_batch`` is ``collate="padded"``.
 """
 
 from __future__ import annotations
@@ -14,12 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from h5pack.core.fields import (
-    BoxesField,
-    InstanceMasksField,
-    fields_of,
-    stored_fields,
-)
+from h5pack.core.fields import BoxesField, InstanceMasksField, fields_of, stored_fields
 from h5pack.core.format import PackMeta
 from h5pack.core.spatialfields import cut_masks, move_boxes
 from h5pack.errors import FormatError
@@ -46,13 +39,8 @@ class Cropping(Protocol):
 def crop_fields(found: dict[str, list[Any]], idx: np.ndarray, dataset: Cropping) -> None:
     """Cut, resize and flip each spatial field in ``found`` as its image was (``plan_crops``).
 
-    Instance masks are cut a batch at once into one batch buffer (a ring slot in a worker:
-    NOTE [ Batch ring ]), other masks sample by sample; every box of the batch is moved at
-    once, and a box left less than one pixel wide or high is dropped with the rows of its
-    ``per_box`` fields in ``found``.
-
-    Raises:
-        FormatError: a ``per_box`` field whose rows differ from its sample's boxes (named).
+    Instance masks are cut a batch at once into one batch buffer (NOTE [ Batch ring ]); a box
+    left under one pixel wide or high is dropped with the rows of its ``per_box`` fields.
     """
     meta, crop, ring = dataset.meta, dataset.crop, dataset.ring
     if crop is None:
@@ -152,10 +140,9 @@ def as_value(value: Any) -> Any:
 
 
 def collate_records(records: Sequence[Any]) -> Any:
-    """Batch what ``transform=`` returned: a dict by key, or the list of records as they are.
+    """Batch what ``transform=`` returned: dicts by key, other records as a list.
 
-    Per key: tensors of one shape and dtype stacked, numbers as a tensor, anything else
-    (tensors of several shapes: boxes, instance masks; text) a list.
+    Per key: tensors of one shape stacked, numbers as a tensor, anything else a list.
     """
     if not records or not all(isinstance(r, Mapping) for r in records):
         return list(records)
@@ -177,8 +164,7 @@ def _stacked(values: list[Any]) -> Any:
 def pad_batch(batch: Any) -> Any:
     """``collate="padded"``: each list of tensors in a dict batch as one zero-padded tensor.
 
-    Each dimension is padded to the batch's largest; ``NAME_lengths`` (int64, (B,)) holds
-    each sample's rows (its first dimension). Anything else is left as it is.
+    ``NAME_lengths`` (int64, (B,)) holds each sample's rows; anything else is left as it is.
     """
     if not isinstance(batch, dict):
         return batch

@@ -1,10 +1,8 @@
 """``H5MixDataset``: several sources as one map-style dataset, for a weighted mix (issue 18).
 
-Each source is read by its own ``H5ImageDataset`` (a pack or a pack set, with its own
-reader, fixed-size pipeline and decoded cache, so sources may differ in mode, storage and
-image size); global index ``offsets[s] + i`` is source s's sample i, labels are mapped to
-the joined classes (``read.mixture``). The weights are the default of every sampler built
-on it; ``training.weighted.WeightedMix`` is the order.
+Each source is read by its own ``H5ImageDataset`` (reader, pipeline and decoded cache), so
+sources may differ in mode, storage and image size; global index ``offsets[s] + i`` is
+source s's sample i, with labels joined (``read.mixture``). ``WeightedMix`` is the order.
 """
 
 from __future__ import annotations
@@ -40,25 +38,16 @@ class H5MixDataset(H5ImageDataset):
     """Several sources as one dataset: ``H5ImageDataset(sources, weights=...)`` builds one.
 
     Args:
-        sources: The sources: packs, pack sets (directory or manifest), lists of packs.
-        weights: One positive weight per source: the share of every epoch each source gets
-            from a sampler built on this dataset (``training.weighted``).
-        classes: ``"join"`` (the same class name is the same class, one sorted list),
-            ``"separate"`` (each source's classes apart, as ``"source/class"``), or the
-            list of class names (``read.mixture.joined_classes``).
-        return_source: Also return each sample's source (an int, the position in
-            ``sources``), after the path when ``return_path``.
-        transform, target_transform, output, return_path, reader, pipeline, seed, crop,
-            fields: As for ``H5ImageDataset``, applied to every source (labels are the
-            joined ones; the sources' fields are joined by name: a field one source
-            lacks is refused unless ``fields`` leaves it out, ``check_fields``).
-        cache: A ``CacheSpec``: each encoded source gets its own decoded cache, the budget
-            split by sample counts (``attach_caches``).
+        sources: Packs, pack sets (directory or manifest), lists of packs.
+        weights: One positive weight per source: its share of every epoch.
+        classes: ``"join"`` (one class per name), ``"separate"`` (``"source/class"``), or
+            the list of class names (``read.mixture.joined_classes``).
+        return_source: Also return each sample's source (its position in ``sources``).
+        cache: A ``CacheSpec``: one decoded cache per encoded source, the budget split by
+            sample counts (``attach_caches``).
 
-    Raises:
-        OptionsError: weights that are not one positive number per source, classes that do
-            not fit, a cache (``make_loader(cache=...)`` gives each source its own).
-        FileNotFoundError, FormatError: a source does not exist or is not a pack.
+    The other arguments are ``H5ImageDataset``'s, for every source; fields are joined by
+    name (``check_fields``).
     """
 
     def __init__(
@@ -137,11 +126,7 @@ class H5MixDataset(H5ImageDataset):
             self.attach_caches(budget, max_side=cache.cache_max_side)
 
     def _plan_sources(self) -> None:
-        """Give each source that reads by a plan its part of this worker's, once per epoch.
-
-        Before any load of the batch, so that no source's chunks are read off its plan; the
-        plan is split by source as a set's is by shard (``ReadPlan.restricted``).
-        """
+        """Give each source that reads by a plan its part of this worker's, before any load."""
         if self.planner is None:
             return
         readers = [(s, part.reader) for s, part in enumerate(self.parts)]
@@ -171,11 +156,7 @@ class H5MixDataset(H5ImageDataset):
         return [p.cache for p in self.parts if p.cache is not None]
 
     def attach_caches(self, budget_bytes: int, *, max_side: int | None = None) -> None:
-        """Give every encoded source a decoded cache, ``budget_bytes`` split by sample counts.
-
-        Raises:
-            OptionsError: no crop (the cache keeps images before the crop).
-        """
+        """Give every encoded source a decoded cache, ``budget_bytes`` split by sample counts."""
         if self.crop is None:
             raise OptionsError("cache='decoded' needs size= (the size every image is cut to)")
         encoded = [p for p in self.parts if p.meta.mode == "encoded"]
@@ -313,8 +294,7 @@ class H5MixDataset(H5ImageDataset):
     ) -> list[tuple[int, slice | np.ndarray, np.ndarray]]:
         """Split a batch by source: ``(source, its positions in the batch, its indices)``.
 
-        A mix's batches are grouped by source (``plan_pieces``): each source is then one run
-        of the batch, a slice; otherwise its positions, in the order of the sources.
+        Positions are a slice when each source is one run (``plan_pieces`` groups them).
         """
         if idx.size == 0:
             return []
@@ -345,11 +325,7 @@ H5ImageDataset.mix_class = H5MixDataset  # what H5ImageDataset(weights=...) buil
 
 
 def unmixed_sources(dataset: H5MixDataset, window_chunks: int) -> list[str]:
-    """Return a warning for each source whose chunks do not mix labels (``label_mixing``).
-
-    A single pack like that gets a stratified chunk order (``sampler_for_labels``); in a
-    mix the order interleaves sources, not labels, so the warning only says so.
-    """
+    """Return a warning for each source whose chunks do not mix labels (not stratified in a mix)."""
     messages = []
     for name, part in zip(dataset.names, dataset.parts, strict=True):
         report = label_mixing(part.meta, part.chunk_map, window_chunks=window_chunks, search=False)

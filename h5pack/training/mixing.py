@@ -1,13 +1,11 @@
-"""How well a pack's chunks mix labels: the measure behind the unmixed-pack warning.
-
-No torch here: ``h5pack info`` can report the figure without importing it.
-"""
+"""How well a pack's chunks mix labels: the measure behind the unmixed-pack warning (no torch)."""
 
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -15,27 +13,19 @@ from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap, chunk_map_of
 from h5pack.errors import OptionsError
 
-# NOTE [ Label mixing ]
-#
-# A chunk-aware epoch mixes one window of K chunks at a time. Class-mixed chunks (a
-# write-time shuffle, ``convert``'s default) make any window a random sample; chunks in
-# class order make a batch hold the classes of K chunks only, which costs accuracy
-# (docs/decisions/0022). The figure: the mean label entropy of the sampler's windows over
-# the same mean with the labels spread over the chunks at random, so a shuffled pack reads
-# ~1 whatever its classes and chunk sizes, and 0 is one class per window. It counts below
-# the threshold only beyond ``MIN_Z`` standard deviations of ``NULL_SHUFFLES`` random
-# spreads (small shuffled packs do not warn by chance); labels -1 are left out, a pack of
-# under two labels is exempt, at most ``MAX_SAMPLED`` samples are measured per draw.
-# Where chunks do not mix, the sampler orders them with ``stratified_order`` (each
-# dominant label spread evenly over the epoch) and widens a default window to
-# ``window_needed`` within its memory cap (``sampler_for_labels``).
+# NOTE [ Label mixing ]: a chunk-aware epoch mixes one window of K chunks at a time; chunks
+# in class order make a batch hold the classes of K chunks only, which costs accuracy
+# (docs/decisions/0022). The figure is the mean label entropy of the sampler's windows over
+# the same with the labels spread at random: ~1 for a shuffled pack whatever its classes,
+# 0 for one class per window. It counts below the threshold only beyond ``MIN_Z`` standard
+# deviations of ``NULL_SHUFFLES`` random spreads; labels -1 are left out, under two labels
+# is exempt. Where chunks do not mix, the sampler orders them with ``stratified_order`` and
+# widens a default window to ``window_needed`` (``sampler_for_labels``).
 
 MIXING_THRESHOLD = 0.99  # below it (significantly) the loader warns (decisions/0022)
-# A deficit counts beyond MIN_Z standard deviations over NULL_SHUFFLES random spreads.
 MIN_Z = 5.0
 NULL_SHUFFLES = 16
-# The cost bound: samples measured per window draw (whole windows, drawn at random), and
-# the draws averaged (while fewer than MIN_WINDOWS windows were measured).
+# The cost bound: samples measured per window draw, and draws while under MIN_WINDOWS windows.
 MAX_SAMPLED = 2**18
 WINDOW_DRAWS = 8
 MIN_WINDOWS = 64
@@ -49,21 +39,10 @@ class MixingWarning(UserWarning):
 class MixingReport:
     """How well a pack's chunks, and windows of them, mix labels (see "Label mixing").
 
-    Attributes:
-        figure: Label mixing of single chunks: ~1 for a write-shuffled pack, near 0 when
-            each chunk holds one class; ``nan`` when exempt.
-        window_chunks: K, the window ``window_figure`` was measured at.
-        window_figure: Label mixing of windows of ``window_chunks`` chunks.
-        stratified: The windows were measured in ``stratified_order``.
-        threshold: Below it (significantly) the windows do not mix.
-        window_needed: A window whose windows mix (at most the pack's chunks), within 1/8
-            of the smallest one (doubling from ``window_chunks``, then bisecting);
-            ``window_chunks`` when its windows already mix; None when exempt or not
-            searched.
-        exempt: No labels to measure (fewer than two distinct labels other than -1).
-        chunks_unmixed: Single chunks score below ``threshold``, beyond a shuffle's noise.
-        window_unmixed: The same for the windows (``warns`` is true when either is).
-        path: The pack's path, when measured from its metadata.
+    ``figure`` is single chunks' (``nan`` when ``exempt``: under two labels),
+    ``window_figure`` windows of ``window_chunks``'; ``*_unmixed``: below ``threshold``
+    beyond a shuffle's noise. ``window_needed``: the smallest window that mixes, within 1/8
+    (None when exempt or not searched).
     """
 
     figure: float
@@ -72,9 +51,9 @@ class MixingReport:
     stratified: bool
     threshold: float
     window_needed: int | None
-    exempt: bool
-    chunks_unmixed: bool
-    window_unmixed: bool
+    exempt: bool = False
+    chunks_unmixed: bool = False
+    window_unmixed: bool = False
     path: str | None = None
 
     @property
@@ -125,36 +104,22 @@ def label_mixing(
     search: bool = True,
     seed: int = 0,
 ) -> MixingReport:
-    """Measure how well the chunks of a pack, and windows of them, mix its labels.
+    """Measure how well a pack's chunks, and windows of K of them, mix its labels.
 
     Args:
-        source: A pack's metadata (``load_meta``), or its labels in pack order.
-        chunk_map: The pack's chunks; required with labels, derived from metadata.
-        window_chunks: K, the sampler's window per worker (``ChunkBatchSampler.window_chunks``).
-        stratified: Measure windows of ``stratified_order`` (as the sampler forms them for
-            a pack whose chunks do not mix), not of a random chunk order.
+        source: A pack's metadata, or its labels in pack order.
+        chunk_map: The pack's chunks: required with labels.
+        window_chunks: K, the sampler's window per worker.
+        stratified: Measure windows of ``stratified_order``, not of a random chunk order.
         threshold: The figure below which windows do not mix.
-        search: Look for ``window_needed`` when the windows do not mix (else it is None).
+        search: Look for ``window_needed`` when the windows do not mix.
         seed: Seed of the window draws and of the shuffled reference.
-
-    Returns:
-        The figures (see ``MixingReport``).
-
-    Raises:
-        OptionsError: labels and chunk map disagree, or the window or threshold is out of
-            range.
 
     Example:
         >>> labels = np.repeat(np.arange(4), 32)              # class-sorted, 4 classes
-        >>> cmap = ChunkMap.regular(128, 16)
-        >>> report = label_mixing(labels, cmap, window_chunks=2)
+        >>> report = label_mixing(labels, ChunkMap.regular(128, 16), window_chunks=2)
         >>> round(report.figure, 2), report.warns, report.window_needed
         (0.0, True, 8)
-        >>> label_mixing(labels, cmap, window_chunks=4, stratified=True).window_unmixed
-        False
-        >>> shuffled = np.random.default_rng(0).permutation(labels)
-        >>> label_mixing(shuffled, cmap, window_chunks=2).warns
-        False
     """
     path = None
     if isinstance(source, PackMeta):
@@ -177,23 +142,17 @@ def label_mixing(
     labelled = labels >= 0
     every = bool(labelled.all())
     present = labels if every else labels[labelled]
+    report = partial(
+        MixingReport,
+        window_chunks=window_chunks,
+        stratified=stratified,
+        threshold=threshold,
+        path=path,
+    )
     if present.size == 0 or int(present.min()) == int(present.max()):  # fewer than 2 labels
-        nan = math.nan
-        return MixingReport(
-            figure=nan,
-            window_chunks=window_chunks,
-            window_figure=nan,
-            stratified=stratified,
-            threshold=threshold,
-            window_needed=None,
-            exempt=True,
-            chunks_unmixed=False,
-            window_unmixed=False,
-            path=path,
-        )
+        return report(figure=math.nan, window_figure=math.nan, window_needed=None, exempt=True)
     num_chunks = chunk_map.num_chunks
-    # int32 where they fit and no copy when every sample is labelled: a pack of 1.28M
-    # samples measured with ~25 MB of temporaries instead of ~65
+    # int32 where they fit, and no copy when every sample is labelled
     small = np.int32 if max(num_chunks, int(present.max()) + 1) < 2**31 else np.int64
     chunks = np.repeat(np.arange(num_chunks, dtype=small), chunk_map.sizes())
     values = labels.astype(small)
@@ -237,10 +196,7 @@ def label_mixing(
     )
 
     def smallest_mixing(failed: int) -> int:
-        """Double from a window that does not mix until one does, then narrow the gap.
-
-        Figures only: the windows searched are larger than ``failed``, their noise smaller.
-        """
+        """Double from a window that does not mix until one does, then bisect (figures only)."""
         needed = failed
         while needed < num_chunks:
             failed, needed = needed, min(2 * needed, num_chunks)
@@ -257,27 +213,17 @@ def label_mixing(
     needed: int | None = window_chunks
     if window_unmixed:
         needed = smallest_mixing(window_chunks) if search else None
-    return MixingReport(
+    return report(
         figure=figure,
-        window_chunks=window_chunks,
         window_figure=window_figure,
-        stratified=stratified,
-        threshold=threshold,
         window_needed=needed,
-        exempt=False,
         chunks_unmixed=chunks_unmixed,
         window_unmixed=window_unmixed,
-        path=path,
     )
 
 
 def chunk_strata(labels: np.ndarray, chunk_map: ChunkMap) -> np.ndarray:
-    """Return each chunk's most frequent label (-1 for a chunk without labels).
-
-    Args:
-        labels: The pack's labels in pack order (-1: unlabelled).
-        chunk_map: The pack's chunks.
-    """
+    """Return each chunk's most frequent label (-1 for a chunk without labels)."""
     labels = np.asarray(labels, dtype=np.int64)
     num_chunks = chunk_map.num_chunks
     strata = np.full(num_chunks, -1, dtype=np.int64)
@@ -298,16 +244,8 @@ def chunk_strata(labels: np.ndarray, chunk_map: ChunkMap) -> np.ndarray:
 def stratified_order(rng: np.random.Generator, strata: np.ndarray) -> np.ndarray:
     """Return a random chunk order that spreads each stratum evenly over the epoch.
 
-    The chunks of a stratum (a dominant label) are taken in random order and the j-th of n
-    is placed at a random point of the j-th n-th of the epoch, so that every stretch of the
-    order holds the strata in about their proportions (jittered systematic sampling).
-
-    Args:
-        rng: The epoch's generator (two draws: a permutation, then one float per chunk).
-        strata: One stratum per chunk.
-
-    Returns:
-        A permutation of ``range(len(strata))``.
+    The j-th of a stratum's n chunks (in random order) goes at a random point of the j-th
+    n-th of the epoch (jittered systematic sampling); ``rng``: a permutation, then floats.
 
     Example:
         >>> strata = np.repeat([0, 1, 2], 4)
@@ -336,18 +274,8 @@ def window_entropy(
 ) -> float:
     """Return the mean label entropy (bits) of windows of at most K consecutive chunks.
 
-    The chunk orders are seeded (random, or ``stratified_order`` with ``strata``), the same
-    for every ``labels`` given the same ``seed``; at most ``MAX_SAMPLED`` samples' worth of
-    windows are measured per order, and orders are drawn (up to ``WINDOW_DRAWS``) while
-    fewer than ``MIN_WINDOWS`` windows were seen.
-
-    Args:
-        labels: Labels (>= 0) of the samples measured.
-        chunks: The chunk of each of those samples.
-        num_chunks: Chunks in the pack.
-        window_chunks: K.
-        strata: One stratum per chunk, for ``stratified_order``.
-        seed: Seed of the chunk orders.
+    ``labels`` (>= 0) and ``chunks`` are per sample measured; the chunk orders are seeded
+    (random, or ``stratified_order`` of ``strata``), the same for any ``labels``.
     """
     span = int(labels.max()) + 1
     per_window = max(1.0, labels.size / max(1, num_chunks)) * window_chunks
@@ -375,16 +303,10 @@ def window_entropy(
 
 
 def mean_entropy(groups: np.ndarray, labels: np.ndarray, span: int) -> float:
-    """Return the sample-weighted mean Shannon entropy (bits) of each group's labels.
-
-    Args:
-        groups: The group of each sample.
-        labels: Labels in ``0 .. span - 1``.
-        span: One more than the largest label.
-    """
+    """Return the sample-weighted mean Shannon entropy (bits) of each group's labels."""
     keys = groups.astype(np.int64) * span + labels
     if keys.size and int(keys.max()) < max(8 * keys.size, 2**20):
-        # few distinct keys possible: count them without sorting (O(n); decisions/0025)
+        # few distinct keys possible: count them without sorting (decisions/0025)
         every = np.bincount(keys)
         keys = np.flatnonzero(every)
         counts = every[keys]

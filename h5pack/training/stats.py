@@ -1,13 +1,9 @@
 """Whether training waits for its batches, and which stage of the loader is why: ``stats()``.
 
-# NOTE [ Stall report ]
-#
-# The question ``bench --diagnose`` answers offline, asked while training runs, for a few
-# clock readings per batch: the loop's wait inside ``next()`` against its step; each
-# process's nanoseconds per stage (``StageTimes``), which ``TimedCollate`` sends along with
-# each batch; the loader's own rate (images per second of stage time, times the processes
-# or threads in parallel). The dominant stage maps onto ``bench --diagnose``'s bottlenecks
-# and words (``training.advice``). Design: ARCHITECTURE.md, "Stall report".
+NOTE [ Stall report ]: ``bench --diagnose``'s question, asked while training runs for a few
+clock readings per batch: the loop's wait in ``next()`` against its step, and each process's
+nanoseconds per stage (``StageTimes``), sent along with each batch by ``TimedCollate``. The
+dominant stage maps onto ``bench --diagnose``'s bottlenecks and words (``training.advice``).
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ STAGE_WORDS = {
     "collation": "filling and collating batches",
     "transfer": "moving batches to the device",
 }
-# The stage each bottleneck of ``bench --diagnose`` covers (storage: from disk; decode:
-# everything that turns stored bytes into pixels; loader: the loader's own work).
+# The bottleneck of ``bench --diagnose`` each stage belongs to.
 STAGE_BOTTLENECK = {
     "storage": "storage",
     "decompression": "decode",
@@ -53,10 +48,7 @@ T = TypeVar("T")
 
 
 class StageTimes:
-    """Nanoseconds spent per stage by this process's threads, since the last ``take``.
-
-    One per process (``stage_times()``); thread-safe. ``clock`` returns nanoseconds.
-    """
+    """Nanoseconds per stage spent by this process's threads since the last ``take``."""
 
     def __init__(self, clock: Clock = time.perf_counter_ns) -> None:
         self.clock = clock
@@ -90,11 +82,7 @@ def stage_times() -> StageTimes:
 
 
 def timed_read(reader: Any, read: Callable[[], T]) -> tuple[T, int]:
-    """Run ``read`` on ``reader``, timed as "storage" and "decompression".
-
-    The reader counts the time it spends decompressing (``decompress_ns``); the rest of the
-    call is reading. Returns ``read``'s result and the nanoseconds the call took.
-    """
+    """Return ``read()`` and its ns: ``decompress_ns`` as decompression, the rest as storage."""
     times = stage_times()
     start, before = times.clock(), reader.decompress_ns
     result = read()
@@ -104,23 +92,11 @@ def timed_read(reader: Any, read: Callable[[], T]) -> tuple[T, int]:
     return result, spent
 
 
+@dataclass(slots=True)
 class StageNs:
-    """A batch's nanoseconds per stage, as they travel beside it (``TimedCollate``).
+    """A batch's nanoseconds per stage, beside it: its own type, never mistaken for user data."""
 
-    Its own type, so that a batch of the user's never passes for one (a numpy array would
-    survive pinning too, but could be the user's).
-    """
-
-    __slots__ = ("ns",)
-
-    def __init__(self, ns: np.ndarray) -> None:
-        self.ns = ns
-
-    def __getstate__(self) -> np.ndarray:
-        return self.ns
-
-    def __setstate__(self, state: np.ndarray) -> None:
-        self.ns = state
+    ns: np.ndarray
 
 
 def images_in(batch: Any) -> int:
@@ -133,18 +109,12 @@ def images_in(batch: Any) -> int:
 
 
 class TimedCollate:
-    """A collate function that also returns the stage times of the batch it collates.
-
-    Wraps the loader's collate function (in the process that fills the batch: a worker or
-    the main process): the batch's stage times are those ``stage_times()`` gathered since
-    the previous batch of this process, plus the collation itself.
-    """
+    """Wrap a collate function to also return the process's stage times since its last batch."""
 
     def __init__(self, collate: Callable[[Any], Any]) -> None:
         self.collate = collate
 
-    def __call__(self, samples: Any) -> tuple[Any, StageNs]:
-        """Return ``(collate(samples), the batch's nanoseconds per stage)``."""
+    def __call__(self, samples: Any) -> tuple[Any, StageNs]:  # noqa: D102
         times = stage_times()
         start = times.clock()
         batch = self.collate(samples)
@@ -157,24 +127,16 @@ class LoaderStats:
     """Where a training loop's time went, and why the loader is as fast as it is.
 
     Attributes:
-        steps: Batches taken by the training loop (and finished: its step returned).
-        images: Images in them.
-        wait_s: Seconds the loop spent waiting for the next batch.
-        step_s: Seconds the loop spent on its steps, between batches.
         wait_share: ``wait_s / (wait_s + step_s)``: the share of each step spent waiting.
-        images_per_s: Images the loop took per second (waits and steps).
-        loader_images_per_s: The loader's own rate: images per second of its stage time,
-            over the processes (or threads) filling batches in parallel; 0 when unknown.
+        loader_images_per_s: Images per second of stage time, times the processes (or
+            threads) filling batches; 0 when unknown.
         stage_s: Seconds per stage (``STAGES``), summed over processes and threads.
-        dominant: The stage with the most time ("" when no stage was timed).
-        bottleneck: ``"compute"`` when the loop waits under ``COMPUTE_BOUND_WAIT`` of its
-            steps, else the bottleneck of ``bench --diagnose`` the dominant stage belongs to
-            (``"storage"``, ``"decode"`` or ``"loader"``).
-        advice: What would help, in ``bench --diagnose``'s words for this pack.
-        fix: The first thing to try, in a few words ("" when compute-bound or unknown).
+        dominant: The stage with the most time ("" when none was timed).
+        bottleneck: ``"compute"`` (waits under ``COMPUTE_BOUND_WAIT``), else ``"storage"``,
+            ``"decode"`` or ``"loader"``, as ``bench --diagnose`` names them.
+        advice: What would help, in words; ``fix``: the first thing to try.
 
-    ``str()`` is one short line (the wait, the bottleneck, its fix); ``line(full=True)``
-    the whole report in words.
+    ``str()`` is one short line; ``line(full=True)`` the whole report.
     """
 
     steps: int
@@ -223,14 +185,9 @@ class LoaderStats:
 class StallMonitor:
     """Accumulate a training loop's waits, steps and the loader's stage times.
 
-    Args:
-        parallel: Processes (or threads) filling batches at once, for the loader's rate.
-        facts: The pack and loader, for the advice (``training.advice.PackFacts``), or a
-            function returning them (called once, at the first ``stats()``).
-        clock: Seconds, for the waits and steps (tests inject one).
-        every: Log ``stats().line()`` every this many steps; 0 never.
-        log: Where the line goes; default the ``h5pack`` logger at INFO.
-        full: Log the full report (``line(full=True)``) rather than the short line.
+    ``parallel``: processes (or threads) filling batches; ``facts``: the ``PackFacts`` for
+    the advice, or a function returning them at the first ``stats()``; ``every``, ``log``
+    and ``full``: as ``report_every`` sets them.
     """
 
     parallel: int = 1
@@ -260,12 +217,9 @@ class StallMonitor:
     def report_every(
         self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
     ) -> None:
-        """Log the short line (the full report with ``full``) every ``steps`` batches.
+        """Log the short line (or ``full`` report) every ``steps`` batches (0: never).
 
-        ``steps`` 0 logs never; ``log`` defaults to the ``h5pack`` logger at INFO.
-
-        Raises:
-            OptionsError: ``steps`` is not an int >= 0.
+        ``log`` defaults to the ``h5pack`` logger at INFO.
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
@@ -292,10 +246,10 @@ class StallMonitor:
         )
 
     def timed(self, batches: Any) -> Iterator[Any]:
-        """Yield the batches of ``batches``, timing the waits for them and the steps on them.
+        """Yield the batches, timing the waits for them and the steps on them.
 
-        ``batches`` yields batches, or ``(batch, StageNs)`` pairs (``TimedCollate``'s, a
-        list once pinned), whose stage times are counted and kept as ``last_stage_ns``.
+        ``(batch, StageNs)`` pairs (a list once pinned) are unwrapped, their stage times
+        counted and kept as ``last_stage_ns``.
         """
         clock = self.clock
         iterator = iter(batches)
@@ -328,7 +282,7 @@ def summarize(
     parallel: int,
     facts: PackFacts | None,
 ) -> LoaderStats:
-    """Return the ``LoaderStats`` of these counts (a pure function: see "Stall report")."""
+    """Return the ``LoaderStats`` of these counts."""
     stage_s = {name: float(ns) / 1e9 for name, ns in zip(STAGES, stage_ns, strict=True)}
     busy = sum(stage_s.values())
     total = wait_s + step_s

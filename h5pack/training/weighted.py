@@ -1,8 +1,7 @@
 """The weighted mix: several sources in one epoch, each exactly its share (issue 18).
 
-``WeightedMix`` is an order (see the note "Orders" in training/orders.py): it says which
-samples of each source an epoch holds and how the sources interleave; ``plan_epoch`` cuts
-it for ranks, workers and windows like any order. See the note "Weighted mix".
+``WeightedMix`` is an order (NOTE [ Orders ], training/orders.py): which samples of each
+source an epoch holds; ``plan_epoch`` cuts it for ranks, workers and windows like any order.
 """
 
 from __future__ import annotations
@@ -24,13 +23,11 @@ from h5pack.training.orders import EpochPieces
 # of source s (``shares``). n_s = q N_s + r: q whole passes, each a fresh chunk-aware
 # permutation seeded by (seed, source, epoch, pass); and a part pass of r samples from a
 # cycle of ceil(N_s / r) epochs sharing one permutation, so successive epochs cover the
-# whole source and a subsampled source serves no sample twice in an epoch. A piece is a
-# chunk, or the part of one a cut falls in. ``plan_pieces`` lays the sources out balanced
-# (the j-th of a source's n samples at (j + 1/2) / n of the epoch), so every rank's,
-# worker's and batch's samples hold the shares to within one sample, and each worker
-# shuffles each source in that source's own windows of K pieces (a reader keeps a window
-# per source). Everything is a pure function of (seed, epoch) and the sources' sizes, so a
-# resumed or elastic epoch replays it exactly. ``shuffle=False``: passes in pack order.
+# whole source. A piece is a chunk, or the part of one a cut falls in. ``plan_pieces`` lays
+# the sources out balanced (decision 0090: the j-th of a source's n samples at (j + 1/2) / n
+# of the epoch), so every rank's, worker's and batch's samples hold the shares to within one
+# sample; each worker shuffles each source in its own windows of K pieces. All of it is a
+# pure function of (seed, epoch) and the sizes: a resumed or elastic epoch replays exactly.
 
 # Mixed into every seed of the mix, so that its permutations are not the chunk order's.
 _KEY = 0x6D6978
@@ -41,10 +38,7 @@ def _rng(*key: int) -> np.random.Generator:
 
 
 def shares(weights: Sequence[float], epoch_samples: int) -> np.ndarray:
-    """Return the samples of each source per epoch: ``epoch_samples`` split by ``weights``.
-
-    The largest-remainder rounding of each exact share: each is within one sample of it and
-    they sum to ``epoch_samples`` (ties go to the earlier source).
+    """Return ``epoch_samples`` split by ``weights``, by largest remainder (ties: earlier first).
 
     Example:
         >>> shares([3, 1], 10).tolist(), shares([1, 1, 1], 10).tolist()
@@ -52,21 +46,15 @@ def shares(weights: Sequence[float], epoch_samples: int) -> np.ndarray:
     """
     w = np.asarray(weights, dtype=np.float64)
     exact = w / w.sum() * epoch_samples
-    counts = np.floor(exact).astype(np.int64)
+    counts: np.ndarray = np.floor(exact).astype(np.int64)
     short = int(epoch_samples - counts.sum())
     if short > 0:
         counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
-    result: np.ndarray = counts
-    return result
+    return counts
 
 
 def check_weights(weights: Sequence[float], num_sources: int | None = None) -> tuple[float, ...]:
-    """Return ``weights`` as floats, refusing what is not one positive finite weight a source.
-
-    Raises:
-        OptionsError: a weight is not positive and finite, or their number is not the
-            number of sources.
-    """
+    """Return ``weights`` as floats, refusing what is not one positive finite weight a source."""
     values = tuple(float(w) for w in weights)
     if not values or any(not math.isfinite(w) or w <= 0 for w in values):
         raise OptionsError(f"weights should be positive numbers, but got weights={list(weights)}")
@@ -80,15 +68,9 @@ def check_weights(weights: Sequence[float], num_sources: int | None = None) -> t
 
 @dataclass(frozen=True)
 class SourcePosition:
-    """Where one source stands in one epoch of a mix.
+    """Where one source stands in one epoch (``part``: samples of its part pass, 0: none).
 
-    Attributes:
-        samples: Samples of the source this epoch (its share).
-        passes: Whole passes this epoch.
-        part: Samples of the part pass this epoch (0: none).
-        cycle: The cycle the part pass belongs to.
-        epoch_in_cycle: This epoch's place in the cycle.
-        cycle_epochs: Epochs of one cycle: epochs that cover the whole source.
+    The part pass belongs to a cycle of ``cycle_epochs`` epochs, which cover the source.
     """
 
     samples: int
@@ -108,17 +90,8 @@ class SourcePosition:
 class WeightedMix:
     """Several sources in every epoch, each exactly its share (see the note "Weighted mix").
 
-    Sample indices are global: source s's local index i is ``offsets[s] + i``.
-
-    Attributes:
-        chunk_maps: Each source's chunks, in its own indices.
-        weights: One positive weight per source.
-        epoch_samples: Samples per epoch; None: all samples of all sources.
-        shuffle: Permute chunks and shuffle windows.
-
-    Raises:
-        OptionsError: weights that are not one positive number per source, an empty source,
-            or ``epoch_samples`` below 1.
+    Source s's local index i is global index ``offsets[s] + i``; ``epoch_samples`` None:
+    all samples of all sources.
 
     Example:
         >>> mix = WeightedMix((ChunkMap.regular(40, 8), ChunkMap.regular(5, 5)), (3.0, 1.0))
@@ -219,10 +192,7 @@ class WeightedMix:
         return np.concatenate(starts), np.concatenate(sizes)
 
     def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the epoch's pieces, source by source, each source's in stream order.
-
-        ``plan_pieces`` interleaves the sources (see the note "Weighted mix").
-        """
+        """Return the epoch's pieces, source by source (``plan_pieces`` interleaves them)."""
         offsets = self.offsets
         starts, sizes, sources = [], [], []
         for source, take in enumerate(self.takes.tolist()):
@@ -261,14 +231,7 @@ class WeightedMix:
 class SourceShare:
     """What one epoch of a mix takes of one source (``h5pack info`` and ``bench`` show it).
 
-    Attributes:
-        name: The source.
-        samples: Its samples.
-        per_epoch: Its samples in every epoch.
-        share: ``per_epoch`` over the epoch's samples.
-        passes: ``per_epoch`` over ``samples``: passes over the source per epoch.
-        coverage: The part of the source one epoch serves (1 when it repeats).
-        epochs_to_cover: Successive epochs that serve every sample of it.
+    ``passes``: ``per_epoch / samples``; ``coverage``: the part of it one epoch serves.
     """
 
     name: str
