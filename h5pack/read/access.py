@@ -36,8 +36,6 @@ from h5pack.read.packset import PackSource, PackView
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.read.setreader import PackSetReader, open_reader
 
-__all__ = ["Pack"]
-
 Sample = dict[str, Any]
 
 

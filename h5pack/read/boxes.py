@@ -1,12 +1,9 @@
-"""Where to cut each training image: the boxes and flips of the training image pipeline.
+"""Where to cut each training image: ``CropSpec`` and box arithmetic (no pixels).
 
-A :class:`CropSpec` says what every image becomes (``"random-resized"``: torchvision's
-``RandomResizedCrop`` box; ``"center"``: the largest centred box with the output's aspect
-ratio, :func:`center_box`; ``"resize"``: the whole image); :mod:`h5pack.read.cropplan` draws
-each sample's box and flip. The rest is box arithmetic the kernels of :mod:`h5pack.read.crop`
-share: a box through an EXIF orientation (:func:`stored_box`), onto a resized image
-(:func:`scale_box`), and how far a JPEG may be decoded at reduced scale
-(:func:`dct_reduction`). This module decodes and resizes nothing.
+``"random-resized"`` is torchvision's ``RandomResizedCrop`` box, ``"center"`` the largest
+centred box with the output's aspect ratio, ``"resize"`` the whole image; ``read.cropplan``
+draws each sample's box. A box maps through an EXIF orientation (:func:`stored_box`), onto a
+resized image (:func:`scale_box`), and sets how far a JPEG may be reduced (``dct_reduction``).
 """
 
 from __future__ import annotations
@@ -56,29 +53,16 @@ class CropSpec:
     """How to cut every image to a fixed size.
 
     Attributes:
-        size: The output's ``(height, width)``; :meth:`of` also takes one int for a square.
-        crop: ``"random-resized"``, ``"center"`` or ``"resize"`` (see the module docstring).
-        scale: Range of the random box's area, as fractions of the image's area
-            (``"random-resized"`` only); ``0 < scale[0] <= scale[1] <= 1``.
-        ratio: Range of the random box's aspect ratio, width / height, drawn log-uniformly
-            (``"random-resized"`` only); ``0 < ratio[0] <= ratio[1]``.
-        flip: Flip the output horizontally with probability :data:`FLIP_PROBABILITY`.
-        backend: ``"pillow"`` or ``"opencv"``: the resizing filter, Pillow's antialiased
-            ``BILINEAR`` or OpenCV's ``INTER_AREA`` when shrinking and ``INTER_LINEAR``
-            when enlarging, and the decoder of every format but RGB and gray JPEGs, which
-            libjpeg-turbo decodes through OpenCV (see :mod:`h5pack.read.crop`).
-        reducing_gap: A JPEG is decoded at 1/2, 1/4 or 1/8 scale when the box, so
-            reduced, is still at least ``reducing_gap`` times the output (in both sides); at
-            least 1. None always decodes in full (the pixels of ``decode_image`` and
-            ``crop_array``). Named after Pillow's ``reducing_gap``, which plays the same
-            role in ``Image.thumbnail``.
-
-    Raises:
-        OptionsError: A field is out of range.
-
-    Example:
-        >>> CropSpec.of(224, crop="random-resized", flip=True).size
-        (224, 224)
+        size: The output's ``(height, width)`` (``of`` also takes an int: a square).
+        crop: ``"random-resized"``, ``"center"`` or ``"resize"``.
+        scale: The random box's area range, as fractions of the image's
+            (``0 < low <= high <= 1``).
+        ratio: The random box's aspect range, width / height, drawn log-uniformly.
+        flip: Flip horizontally with probability :data:`FLIP_PROBABILITY`.
+        backend: ``"pillow"`` or ``"opencv"``: the resize filter, and the decoder of every
+            format but RGB and gray JPEGs (libjpeg-turbo through OpenCV).
+        reducing_gap: Decode a JPEG at 1/2, 1/4 or 1/8 scale while the reduced box stays at
+            least this many times the output (>= 1); None: always in full.
     """
 
     size: tuple[int, int]
@@ -120,7 +104,7 @@ class CropSpec:
         backend: Backend = "pillow",
         reducing_gap: float | None = DEFAULT_REDUCING_GAP,
     ) -> CropSpec:
-        """Build a spec, reading an int ``size`` as a square ``(size, size)``; see the class."""
+        """Build a spec, reading an int ``size`` as a square ``(size, size)``."""
         pair = (size, size) if isinstance(size, int) else size
         return cls(
             size=pair,
@@ -134,7 +118,7 @@ class CropSpec:
 
 
 def positive_size(size: Iterable[SupportsIndex]) -> tuple[int, int]:
-    """Return ``size`` as a ``(height, width)`` pair of positive ints."""
+    """Return ``size`` as a ``(height, width)`` pair of positive ints (else ``OptionsError``)."""
     try:
         height, width = (operator.index(v) for v in size)
     except (TypeError, ValueError):
@@ -169,7 +153,11 @@ def check_image_size(height: int, width: int) -> None:
 
 
 def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
-    """Return the largest centred box with the output's aspect ratio."""
+    """Return the largest centred box with the output's aspect ratio.
+
+    A square output's is the central ``min(height, width)`` square: torchvision's
+    ``Resize(s)`` + ``CenterCrop(s)`` region, to within its rounding's one pixel.
+    """
     check_image_size(height, width)
     positive_size((out_h, out_w))
     if width * out_h > height * out_w:  # relatively wider than the output: keep the height
@@ -180,7 +168,11 @@ def center_box(height: int, width: int, out_h: int, out_w: int) -> Box:
 
 
 def stored_box(box: Box, orientation: int, stored_h: int, stored_w: int) -> Box:
-    """Map a box in displayed coordinates to the stored image's, undoing an EXIF orientation."""
+    """Map a box in displayed coordinates to the stored image's, undoing an EXIF orientation.
+
+    ``orient(stored, orientation)[box]`` and ``orient(stored[result], orientation)`` are the
+    same pixels (``orient`` as ``ImageOps.exif_transpose``).
+    """
     top, left, height, width = box
     bottom_gap = stored_h - top - height  # rows below the box, for the flipped cases
     right_gap = stored_w - left - width
@@ -203,7 +195,7 @@ def stored_box(box: Box, orientation: int, stored_h: int, stored_w: int) -> Box:
 
 
 def dct_reduction(box: Box, out_h: int, out_w: int, gap: float | None) -> int:
-    """Return the largest DCT reduction leaving ``box`` at least ``gap`` times the output."""
+    """Return the largest DCT reduction (8, 4, 2, else 1) leaving ``box`` ``gap`` x the output."""
     if gap is None:
         return 1
     for reduction in DCT_REDUCTIONS:
@@ -213,20 +205,10 @@ def dct_reduction(box: Box, out_h: int, out_w: int, gap: float | None) -> int:
 
 
 def scale_box(box: Box, size: tuple[int, int], to: tuple[int, int]) -> Box:
-    """Return ``box``, planned on an image of ``size`` (H, W), on the same image resized to ``to``.
+    """Return ``box``, planned on an image of ``size`` (H, W), on it resized to ``to``.
 
-    Edges are rounded to whole pixels and the result kept inside the image and at least
-    1x1: each edge is at most half a pixel of ``to`` off. The decoded cache may
-    keep a shrunk image, and a JPEG may be decoded at a reduced scale; the box is planned
-    on the full size so that both give the same crop as a full decode.
-
-    Args:
-        box: A box inside an image of ``size``.
-        size: That image's ``(height, width)``.
-        to: The resized image's ``(height, width)``.
-
-    Returns:
-        A box inside an image of ``to``.
+    Each edge is rounded to at most half a pixel of ``to`` off, the box kept inside and 1x1
+    at least: the box is planned on the full size, whatever size is decoded or cached.
     """
     if size == to:
         return box

@@ -1,27 +1,12 @@
-"""Decode, cut and resize training images to a fixed size: the kernels of the image pipeline.
+"""Decode, cut and resize training images to a fixed size: the image pipeline's kernels.
 
-Where to cut is :mod:`h5pack.read.cropplan`'s business (:func:`plan_crop`, re-exported here with
-the other box names); this module moves the pixels:
-
-* :func:`crop_into` cuts a box out of an ``(H, W, C)`` array and resizes the box, and only
-  the box, straight into an output buffer (a view of the batch), then flips it in place;
-* :func:`decode_crop_into` does the same from an image file's bytes, decoding JPEGs at a
-  reduced scale when the box allows it (``NOTE [ JPEG DCT scaling ]``), and at either
-  scale only as far as the box (``NOTE [ Decoding only the box ]``: the same pixels);
-* :func:`crop_array` and :func:`decode_crop` are the same into a new array.
-
-The resizing kernel is a :data:`ResizeInto` argument. The reference kernels here are
-:func:`pillow_resize_into` (``Image.resize(size, BILINEAR)``, whose support widens when
-shrinking, like torchvision's ``Resize(antialias=True)``) and :func:`opencv_resize_into`
-(``INTER_AREA`` when shrinking, ``INTER_LINEAR`` when enlarging, as
-:func:`h5pack.core.resize.resize_image`); :mod:`h5pack.training.fixed_size` passes a faster
-kernel computing Pillow's filter with torch, which this layer does not import.
-
-Pixels are those of :func:`h5pack.core.decode.decode_image` followed by the cut and the
-resize (same EXIF orientation, mode conversions, alpha compositing and errors), except that
-RGB, gray and CMYK JPEGs are decoded at a reduced scale when the box allows it, which moves
-pixels by a few grey levels, and that RGB and gray JPEGs are decoded by OpenCV's
-libjpeg-turbo whatever the backend (``NOTE [ JPEG decoder ]``).
+Where to cut is ``read.cropplan``'s (re-exported here with the box names). :func:`crop_into`
+resizes a box of an array straight into a batch slot, then flips it; :func:`decode_crop_into`
+does the same from an image file's bytes, decoding JPEGs at a reduced scale when the box
+allows (NOTE [ JPEG DCT scaling ]) and only as far as the box (NOTE [ Decoding only the box
+]). The pixels are ``decode_image``'s cut and resized, except those reduced JPEGs (a few
+grey levels) and RGB and gray JPEGs decoded by OpenCV (NOTE [ JPEG decoder ]). The resizing
+kernel is an argument (``ResizeInto``): Pillow's or OpenCV's reference, or a faster one.
 """
 
 from __future__ import annotations
@@ -99,16 +84,12 @@ __all__ = [  # the box names are re-exported: callers of the pipeline need only 
 ]
 
 # NOTE [ the cache changes no pixel ]
-# A sample's output must not depend on whether the decoded cache holds it (issue 20 D: a
-# cache that kept decode_image's pixels gave hits that differed from the uncached path by up
-# to 28 grey levels, and with a partial cache which samples were held, so which path each
-# took, depended on timing). So the cache keeps exactly what decode_crop_into decodes when
-# it decodes in full, before any cut: decode_image's pixels (orientation tag 0), or a JPEG's
-# pixels as stored with its EXIF orientation (tag 1..8), and a hit goes through the same
-# cut, resize, orientation and channel code (crop_decoded_into). A JPEG whose box this
-# epoch allows a reduced decode is decoded again at that scale, cached or not: the reduced
-# IDCT gives other pixels than any resize of the full ones. (cache_max_side is the one
-# exception by design: then every sample is cut from the shrunk image, cached or not.)
+# A sample's output must not depend on whether the decoded cache holds it (issue 20 D). So
+# the cache keeps exactly what decode_crop_into decodes in full, before any cut:
+# decode_image's pixels (orientation 0), or a JPEG's as stored with its EXIF orientation,
+# and a hit goes through the same cut, resize, orientation and channel code
+# (crop_decoded_into). A JPEG whose box this epoch allows a reduced decode is decoded again
+# at that scale, cached or not. (cache_max_side is the one exception, by design.)
 
 
 def crop_array(
@@ -119,21 +100,10 @@ def crop_array(
     flip: bool = False,
     backend: Backend = "pillow",
 ) -> ImageArray:
-    """Cut ``box`` out of an image, resize it to ``out_size`` and optionally flip it.
+    """Cut ``box`` out of a uint8 (H, W, 1|3) image, resize it to ``out_size``, maybe flip.
 
-    Args:
-        hwc: A uint8 array of shape (H, W, 1) or (H, W, 3).
-        box: The box to cut; it must lie inside the image.
-        out_size: The output's ``(height, width)``.
-        flip: Flip the result horizontally.
-        backend: ``"pillow"`` (exactly ``Image.crop(box).resize(size, BILINEAR)``) or
-            ``"opencv"`` (``INTER_AREA`` when shrinking, ``INTER_LINEAR`` otherwise).
-
-    Returns:
-        A new C-contiguous, writable uint8 array of shape ``(*out_size, C)``.
-
-    Raises:
-        OptionsError: The array, box, size or backend is invalid.
+    ``backend``: ``"pillow"`` (exactly ``Image.crop(box).resize(size, BILINEAR)``) or
+    ``"opencv"`` (``INTER_AREA`` when shrinking, ``INTER_LINEAR`` otherwise).
     """
     if hwc.dtype != np.uint8 or hwc.ndim != 3 or hwc.shape[2] not in (1, 3):
         raise OptionsError(
@@ -158,7 +128,7 @@ def decode_crop(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> ImageArray:
-    """Decode an image file's bytes into the cropped, resized and flipped output."""
+    """:func:`decode_crop_into` into a new array, with ``spec.backend``'s reference kernel."""
     if channels not in (1, 3):
         raise OptionsError(f"channels should be 1 or 3, but got channels={channels!r}")
     out = np.empty((*spec.size, channels), dtype=np.uint8)
@@ -183,34 +153,20 @@ def decode_crop_into(
 ) -> None:
     """Decode an image file's bytes into ``out``: the planned box, resized, maybe flipped.
 
-    The box and flip are :func:`plan_crop`'s for the image's displayed size. The pixels are
-    :func:`~h5pack.core.decode.decode_image`'s followed by :func:`crop_into`, except for
-    JPEGs, which are decoded at a reduced scale when the box allows it (see
-    ``NOTE [ JPEG DCT scaling ]``), and RGB and gray JPEGs by OpenCV (``NOTE [ JPEG
-    decoder ]``) or, without ``keep``, only as far as the box, at full or reduced scale, by
-    the same libjpeg-turbo code (``NOTE [ Decoding only the box ]``: the pixels of the whole
-    decode).
+    The box and flip are :func:`plan_crop`'s for the displayed size (see the module).
 
     Args:
         data: The file's bytes, as stored in a pack.
-        spec: What to do; ``out`` must be ``(*spec.size, channels)``.
-        out: The C-contiguous uint8 output, ``channels`` 3 (RGB) or 1 (luminance, as in
-            ``decode_image``).
+        spec: What to do; ``out`` is ``(*spec.size, channels)``, C-contiguous uint8.
+        out: The output, ``channels`` 3 (RGB) or 1 (luminance, as ``decode_image``).
         seed: The run's seed.
         epoch: The epoch.
         index: The sample's index in the pack.
-        name: What to call the image in error messages (e.g. its relative path).
-        max_pixels: Refuse images with more than this many pixels; None means
-            :data:`~h5pack.core.decode.MAX_IMAGE_PIXELS`.
-        resize: The resizing kernel; None: :func:`reference_resize` of ``spec.backend``.
-        keep: Called with the full-scale decode and its orientation tag before the cut,
-            when the image is decoded at full scale (never at a reduced one): what
-            :func:`crop_decoded_into` takes to give the same output later.
-
-    Raises:
-        DecodeError: The bytes are empty, not an image, truncated, corrupt, or too large;
-            the message starts with ``name``.
-        OptionsError: ``out``, ``max_pixels``, ``epoch`` or ``index`` is invalid.
+        name: What error messages call the image.
+        max_pixels: Refuse larger images; None: ``MAX_IMAGE_PIXELS``.
+        resize: The resizing kernel; None: ``spec.backend``'s reference.
+        keep: Given the full-scale decode and its orientation before the cut (never a
+            reduced one): what :func:`crop_decoded_into` takes to give the same output.
     """
     channels = out.shape[2] if out.ndim == 3 else 0
     if out.dtype != np.uint8 or out.shape[:2] != spec.size or channels not in (1, 3):
@@ -243,7 +199,7 @@ def decode_pixels(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> np.ndarray:
-    """Decode an image file's bytes: :func:`~h5pack.core.decode.decode_image`'s pixels."""
+    """Return ``decode_image``'s pixels, possibly read-only (an upright JPEG uncopied)."""
     if channels not in (1, 3):
         raise OptionsError(f"channels should be 1 or 3, but got channels={channels!r}")
     limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
@@ -267,24 +223,9 @@ def crop_decoded_into(
 ) -> bool:
     """Cut what :func:`decode_crop_into` decoded in full into ``out``: exactly its pixels.
 
-    ``pixels`` and ``orientation`` are what ``decode_crop_into`` handed to its ``keep``
-    (see ``NOTE [ the cache changes no pixel ]``). When this epoch's box would have the
-    JPEG decoded at a reduced scale, the full pixels cannot give the same output: nothing
-    is written and False is returned (decode the file's bytes instead).
-
-    Args:
-        pixels: The full-scale decode (read-only is fine).
-        orientation: 0 for ``decode_image``'s pixels, else the JPEG's EXIF orientation
-            (1..8; ``pixels`` are then as stored).
-        spec: The crop, as given to ``decode_crop_into``.
-        out: As in ``decode_crop_into``.
-        seed: The run's seed.
-        epoch: The epoch.
-        index: The sample's index in the pack.
-        resize: The resizing kernel; None: :func:`reference_resize` of ``spec.backend``.
-
-    Returns:
-        Whether ``out`` was filled.
+    ``pixels`` and ``orientation`` are what ``decode_crop_into`` gave ``keep`` (NOTE [ the
+    cache changes no pixel ]). Returns False, writing nothing, when this epoch's box would
+    have the JPEG decoded at a reduced scale (decode the bytes instead).
     """
     kernel = resize or reference_resize(spec.backend)
     if orientation == 0:

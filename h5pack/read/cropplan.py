@@ -23,8 +23,6 @@ from h5pack.read.boxes import (
     check_image_size,
 )
 
-__all__ = ["crop_uniforms", "plan_ahead", "plan_crop", "plan_crops", "random_resized_box"]
-
 _CROP_TAG: Final[int] = 0x63726F70  # "crop": keeps these streams apart from other seeded ones
 
 # NOTE [ Crop streams ]

@@ -17,17 +17,6 @@ from h5pack.read.boxes import Box, CropSpec, dct_reduction, scale_box, stored_bo
 from h5pack.read.cropplan import plan_crop
 from h5pack.read.kernels import KeepDecoded, ResizeInto, flip_in_place
 
-__all__ = [
-    "JpegPlan",
-    "decode_crop_jpeg",
-    "decode_jpeg",
-    "decode_jpeg_box",
-    "jpeg_header",
-    "plan_jpeg",
-    "resize_jpeg_into",
-    "upright_jpeg_header",
-]
-
 _DRAFT_FORMATS: Final[frozenset[str]] = frozenset({"JPEG", "MPO"})
 _DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
 
@@ -69,11 +58,6 @@ def upright_jpeg_header(data: bytes, channels: int) -> JpegHeader | None:
     return header if header.width * header.height <= limit else None
 
 
-def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 1) -> np.ndarray:
-    """Decode the JPEG ``data`` whose header is ``header``, as stored: ``decode_crop_into``'s."""
-    return _decode_jpeg(header, data, reduction, name)
-
-
 _BOX_CHANNELS: Final = {"RGB": 3, "L": 1}  # the modes decode_box takes, as stored
 
 
@@ -94,21 +78,16 @@ def decode_jpeg_box(
 
 
 # NOTE [ JPEG decoder ]
-# Pillow and OpenCV both decode JPEGs with libjpeg-turbo (same IDCT, same upsampling: the
-# pixels were identical on every JPEG measured), but Pillow's loader decodes into 4-byte
-# RGBX pixels that numpy then repacks, where cv2.imdecode decodes straight into an RGB array
-# for far less CPU (BENCHMARKS.md).
-# So the pipeline decodes RGB and gray JPEGs with OpenCV whatever the backend, and the
-# backend chooses the other formats' decoder and the resize filter. One behaviour differs:
-# libjpeg recovers from corrupt entropy-coded data with a warning (printed on stderr by
-# OpenCV) and grey blocks, where Pillow raises; OpenCV, torchvision.io and DALI serve such
-# images. Truncated files are still refused (cv2 returns nothing, Pillow then raises), and
-# `h5pack verify` or verify_checksums find damage done to a pack after it was written. A
-# box decoded alone (core/jpegbox.py) is libjpeg-turbo too, with the same pixels; it
-# leaves every file it warns about or cannot take to this decode.
+# Pillow and OpenCV both decode JPEGs with libjpeg-turbo (identical pixels on every JPEG
+# measured), but cv2.imdecode decodes straight into RGB where Pillow's RGBX needs a repack
+# (BENCHMARKS.md). So RGB and gray JPEGs go to OpenCV whatever the backend, which chooses
+# the other formats' decoder and the resize filter. libjpeg recovers from corrupt entropy
+# data with grey blocks where Pillow raises (as torchvision.io and DALI do); truncated files
+# are still refused, and verify_checksums finds damage done to a pack. A box decoded alone
+# (core/jpegbox.py) is libjpeg-turbo too, and leaves any file it warns about to this decode.
 
 
-def _decode_jpeg(header: JpegHeader, data: bytes, reduction: int, name: str) -> np.ndarray:
+def decode_jpeg(header: JpegHeader, data: bytes, *, name: str, reduction: int = 1) -> np.ndarray:
     """Decode the JPEG at ``1 / reduction`` scale, as stored: (h, w, 1|3) uint8."""
     stored_w, stored_h = header.size
     if header.mode in ("RGB", "L"):
@@ -156,18 +135,12 @@ def _decode_jpeg_opencv(data: bytes, reduction: int, rgb: bool) -> np.ndarray | 
 
 
 # NOTE [ JPEG DCT scaling ]
-# libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size for a fraction of the cost (it
-# runs a smaller inverse DCT per 8x8 block); Pillow exposes that as Image.draft, OpenCV as
-# the IMREAD_REDUCED_* flags (the same libjpeg-turbo code: identical pixels). The box is
-# planned on the full displayed size before reducing (so it does not depend on the
-# reduction, and is the box decode_image + crop_array would cut), cut in stored coordinates,
-# and mapped to the reduced image rounded to whole pixels (boxes.scale_box: at most half a
-# reduced pixel off on each side). How far to reduce: the reduced IDCT is a cruder low-pass
-# filter than the antialiased resize of a full decode, so reducing all the way until the
-# box just covers the output loses detail on textured photos (sand, foliage). Keeping the
-# reduced box at least twice the output (Pillow's own `reducing_gap` in Image.thumbnail)
-# keeps it close to the full path; CropSpec.reducing_gap chooses. ImageNet-sized photos cut
-# to 224 never reduce with the gap of 2: the gain is on large photos.
+# libjpeg decodes a JPEG at 1/2, 1/4 or 1/8 size for a fraction of the cost (Pillow's draft,
+# OpenCV's IMREAD_REDUCED_*: identical pixels). The box is planned on the full displayed
+# size (the box decode_image + crop_array would cut), cut in stored coordinates and mapped
+# to the reduced image (boxes.scale_box). The reduced IDCT is a cruder low-pass filter than
+# an antialiased resize, so the reduced box stays at least CropSpec.reducing_gap (2, as
+# Pillow's thumbnail) times the output: ImageNet photos cut to 224 then never reduce.
 
 
 class JpegPlan(NamedTuple):

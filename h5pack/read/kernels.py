@@ -11,16 +11,6 @@ from h5pack.core.decode import BACKENDS, Backend
 from h5pack.errors import OptionsError
 from h5pack.read.boxes import Box
 
-__all__ = [
-    "KeepDecoded",
-    "ResizeInto",
-    "crop_into",
-    "flip_in_place",
-    "opencv_resize_into",
-    "pillow_resize_into",
-    "reference_resize",
-]
-
 ResizeInto = Callable[[np.ndarray, np.ndarray], None]
 """A resizing kernel: ``resize(source, out)`` resizes the ``(h, w, C)`` uint8 ``source`` (any
 row stride, possibly read-only) into the C-contiguous ``(H, W, C)`` uint8 ``out``, same C."""

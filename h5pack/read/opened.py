@@ -1,9 +1,8 @@
 """Opening a pack for reading: its description, its metadata checked, its one byte path.
 
-A URL's pack is described once (its compact index: 1-2 requests, NOTE [ Compact index ]); a
-local one is described from HDF5 (``core.description``), then opened again with the chunk
-cache its metadata asks for. The images' chunk index comes from the description; h5py's
-images dataset is opened only when HDF5 must read (``StoredImages.h5_images``).
+A URL's pack is described once from its compact index (NOTE [ Compact index ]), a local one
+from HDF5, then opened with the chunk cache its metadata asks for; h5py's images dataset is
+opened only when HDF5 must read (``StoredImages.h5_images``).
 """
 
 from __future__ import annotations
@@ -23,21 +22,21 @@ from h5pack.core.store import Store
 from h5pack.errors import FormatError
 from h5pack.read.direct import chunk_table, contiguous_offset
 from h5pack.read.options import ReaderOptions
-from h5pack.read.planned import group_chunks, group_pieces, planned_source
+from h5pack.read.planned import group_chunks, group_spans, planned_source
 from h5pack.read.stored import StoredImages
 from h5pack.read.virtual import check_virtual_sources, open_virtual
 
 
 @dataclass(eq=False)
 class OpenPack:
-    """A pack opened for reading."""
+    """A pack opened for reading (``compressed``: groups read whole into a window)."""
 
     index: PackIndex
     meta: fmt.PackMeta
     stored: StoredImages
     compressed: bool
     virtual: bool
-    pieces: tuple[np.ndarray, np.ndarray] | None
+    pieces: tuple[np.ndarray, np.ndarray] | None  # each group's pieces, for a planned source
 
     def close(self) -> None:
         """Close the byte source and the description."""
@@ -69,8 +68,7 @@ def open_pack(
             meta = fmt.read_meta(probe)
     fmt.check_identity(path, expected, meta.identity)
     compressed = is_compressed(meta)
-    # The reader's window holds decompressed chunks, so HDF5's own cache needs one chunk at
-    # most (none for uncompressed data, see layout.cache_settings).
+    # the reader's window holds decompressed chunks: HDF5's cache needs one chunk at most
     settings: dict[str, Any] = cache_settings(
         compressed=compressed, window_chunks=1, chunk_bytes=group_bytes(meta)
     )
@@ -115,8 +113,8 @@ def _open_images(
     elif options.direct:
         with fmt.reading(path, "the images' dataset and chunk index"):
             table, contiguous = chunk_table(index), contiguous_offset(index)
-    # a remote pack reads whole chunks, one request each (never one per sample); a virtual
-    # one whole groups, as one HDF5 read per sample intersects its mappings each time
+    # remote: whole chunks, one request each; virtual: whole groups (one HDF5 read per
+    # sample would intersect its mappings each time)
     compressed = compressed or virtual or remote
     identity = meta.identity
     source = index.source  # a URL's (core.remote)
@@ -125,18 +123,16 @@ def _open_images(
         if table is not None or contiguous is not None:  # now: a later descriptor could
             source.fd()  # name a replacing file
     chunk_map = chunk_map_of(meta)
-    pieces = None  # group -> pieces
-    # Groups read whole (compressed, or any remote pack) go through the plan; a local
-    # uncompressed pack reads runs of samples, which no plan describes.
+    pieces = None
+    # groups read whole go through the plan; runs of uncompressed local samples do not
     if compressed and (table is not None or contiguous is not None):
         if table is not None:
             offsets, sizes = table.offsets, table.sizes
-            pieces = group_chunks(chunk_map, meta, table.chunk_nbytes)
         else:
             assert contiguous is not None
-            offsets, sizes, pieces = group_pieces(
-                chunk_map, meta, contiguous, int(np.prod(meta.images_shape[1:]))
-            )
+            begin, end = group_spans(chunk_map, meta, int(np.prod(meta.images_shape[1:])))
+            offsets, sizes = contiguous + begin, end - begin
+        pieces = group_chunks(chunk_map, meta, table.chunk_nbytes if table is not None else 0)
         source = planned_source(
             source,
             offsets,

@@ -1,12 +1,9 @@
-"""A remote pack's byte source with the worker's plan: read-ahead and the disk cache.
+"""A pack's byte source with the worker's plan: read-ahead and the disk cache.
 
-``PlannedSource`` wraps a source's ``read_ranges`` (``core.source``, NOTE [ Byte sources ]):
-a range that is exactly one of the pack's chunks is served by the ``ReadAhead`` (NOTE
-[ Planned read-ahead ]) and the machine's ``DiskCache`` (NOTE [ One disk cache per
-machine ]); any other range (metadata, a contiguous run) goes to the source as before.
-A reader learns which chunks come next from a ``ReadPlan``, which the training side builds
-from the sampler's plan (``training.readplan``), in sample indices so that a reader of a
-pack set can split it by shard.
+``PlannedSource`` serves a range that is exactly one of the pack's chunks through the
+``ReadAhead`` (NOTE [ Planned read-ahead ]) and the ``DiskCache`` (NOTE [ One disk cache per
+machine ]), any other range from the source. The plan (``ReadPlan``, built by
+``training.readplan``) is in sample indices, so that a pack set's reader splits it by shard.
 """
 
 from __future__ import annotations
@@ -25,16 +22,6 @@ from h5pack.errors import FormatError
 from h5pack.read.diskcache import DiskCache, DiskCacheOptions, pack_key
 from h5pack.read.eviction import Future
 from h5pack.read.readahead import ReadAhead, ReadAheadOptions
-
-__all__ = [
-    "PlannedSource",
-    "ReadPlan",
-    "chunk_stream",
-    "chunk_uses",
-    "group_chunks",
-    "group_pieces",
-    "planned_source",
-]
 
 
 @dataclass(frozen=True)
@@ -79,37 +66,28 @@ def chunk_stream(chunks: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.
     return chunks[first], times[first]
 
 
+def group_spans(
+    chunk_map: ChunkMap, meta: PackMeta, sample_bytes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return each group's ``[begin, end)`` bytes in the images' data."""
+    lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
+    if meta.storage == "array":
+        return lo * sample_bytes, hi * sample_bytes
+    slots, sizes = meta.blob_slots()
+    offsets = np.asarray(slots, dtype=np.int64)
+    return offsets[lo], offsets[hi - 1] + np.asarray(sizes, dtype=np.int64)[hi - 1]
+
+
 def group_chunks(
     chunk_map: ChunkMap, meta: PackMeta, chunk_nbytes: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return each sample group's first HDF5 chunk and its number of chunks."""
+    """Return each group's first HDF5 chunk and its chunk count (``chunk_nbytes`` 0: one)."""
     groups = chunk_map.num_chunks
-    if meta.storage == "array":
+    if meta.storage == "array" or not chunk_nbytes:
         return np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64)
-    offsets, sizes = meta.blob_slots()
-    lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
-    begin = np.asarray(offsets, dtype=np.int64)[lo]
-    end = np.asarray(offsets, dtype=np.int64)[hi - 1] + np.asarray(sizes)[hi - 1]
+    begin, end = group_spans(chunk_map, meta, 0)
     first = begin // chunk_nbytes
-    last = np.maximum(end - 1, begin) // chunk_nbytes
-    return first, last - first + 1
-
-
-def group_pieces(
-    chunk_map: ChunkMap, meta: PackMeta, start: int, group_bytes: int
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Return a contiguous pack's groups as pieces: offsets, sizes, and the group mapping."""
-    lo, hi = chunk_map.starts[:-1], chunk_map.starts[1:]
-    if meta.storage == "array":
-        begin, end = lo * group_bytes, hi * group_bytes
-    else:
-        slots, sizes = meta.blob_slots()
-        offsets = np.asarray(slots, dtype=np.int64)
-        begin = offsets[lo]
-        end = offsets[hi - 1] + np.asarray(sizes, dtype=np.int64)[hi - 1]
-    groups = chunk_map.num_chunks
-    mapping = (np.arange(groups, dtype=np.int64), np.ones(groups, dtype=np.int64))
-    return start + begin, end - begin, mapping
+    return first, np.maximum(end - 1, begin) // chunk_nbytes - first + 1
 
 
 def chunk_uses(

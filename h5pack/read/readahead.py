@@ -25,27 +25,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from h5pack.errors import OptionsError
 from h5pack.read.diskcache import DiskCache
 
-__all__ = ["RangeSource", "ReadAhead", "ReadAheadOptions", "ReadAheadStats"]
-
 MIB = 1 << 20
-# Pending chunks this many plan positions (at least) behind the chunk just served are
-# dropped as skipped: the reader's threads ask for one batch's chunks in any order, but
-# not for chunks far behind (its window held them, or a resumed epoch skipped them).
+# Pending chunks this many plan positions (at least) behind the one just served are dropped
+# as skipped (the reader asks for a batch's chunks in any order, never for ones far behind).
 _SLACK_POSITIONS = 16
-
-
-class RangeSource(Protocol):
-    """What the read-ahead reads from: byte ranges of one object, from several threads."""
-
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Sequence[Any]:
-        """Return the bytes of each ``[start, end)`` range (buffers), one request each."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,16 +43,10 @@ class ReadAheadOptions:
     """How far and how wide a worker reads ahead of its reader.
 
     Attributes:
-        requests_in_flight: Requests kept in flight; None: sized from the measured time
-            per request and the reader's rate (see the NOTE).
-        max_requests_in_flight: The most requests in flight when sized automatically
-            (also the number of fetching threads).
+        requests_in_flight: Requests kept in flight; None: sized by measurement (NOTE).
+        max_requests_in_flight: The most in flight when sized so (and the fetching threads).
         ahead_bytes: The most bytes fetched ahead (in flight plus fetched and unused).
-        merge_bytes: The largest request that merges chunks adjacent in the plan and in
-            the file; 0: one request per chunk.
-
-    Raises:
-        OptionsError: a count or size out of range.
+        merge_bytes: The largest request merging chunks adjacent in plan and file (0: none).
     """
 
     requests_in_flight: int | None = None
@@ -71,24 +55,11 @@ class ReadAheadOptions:
     merge_bytes: int = 16 * MIB
 
     def __post_init__(self) -> None:
-        if self.requests_in_flight is not None and self.requests_in_flight < 1:
-            raise OptionsError(
-                "requests_in_flight should be >= 1, but got "
-                f"requests_in_flight={self.requests_in_flight}"
-            )
-        if self.max_requests_in_flight < 1:
-            raise OptionsError(
-                "max_requests_in_flight should be >= 1, but got "
-                f"max_requests_in_flight={self.max_requests_in_flight}"
-            )
-        if self.ahead_bytes < 1:
-            raise OptionsError(
-                f"ahead_bytes should be >= 1, but got ahead_bytes={self.ahead_bytes}"
-            )
-        if self.merge_bytes < 0:
-            raise OptionsError(
-                f"merge_bytes should be >= 0, but got merge_bytes={self.merge_bytes}"
-            )
+        lowest = (("requests_in_flight", 1), ("max_requests_in_flight", 1), ("ahead_bytes", 1))
+        for name, low in (*lowest, ("merge_bytes", 0)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise OptionsError(f"{name} should be >= {low}, but got {name}={value}")
 
     @property
     def threads(self) -> int:
@@ -110,15 +81,14 @@ class ReadAheadStats:
     most_in_flight: int = 0
 
 
-# NOTE [ One read-ahead pool per process ]: every ReadAhead of a process submits to one
-# thread pool per size, made once per process (keyed on the pid: a forked worker makes its
-# own); a pool per ReadAhead started 16 threads per loader and per shard, all contending.
+# One thread pool per size and process (a forked worker makes its own) for every ReadAhead:
+# a pool each started 16 threads per loader and per shard, all contending.
 _POOLS: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
 def shared_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """Return this process's read-ahead pool of ``threads`` threads (NOTE above)."""
+    """Return this process's read-ahead pool of ``threads`` threads."""
     key = (os.getpid(), threads)
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
@@ -134,7 +104,7 @@ class ReadAhead:
 
     def __init__(
         self,
-        source: RangeSource,
+        source: Any,
         offsets: np.ndarray,
         sizes: np.ndarray,
         *,
@@ -151,7 +121,7 @@ class ReadAhead:
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.options = options or ReadAheadOptions()
         self.cache = cache
-        self.pack = pack
+        self.pack = pack or ""
         self.defer_store = defer_store
         self._unverified: OrderedDict[int, np.ndarray] = OrderedDict()  # fetched, claimable
         self._unverified_bytes = 0
@@ -220,11 +190,6 @@ class ReadAhead:
         wanted = math.ceil(1.5 * demand * per_request_s / max(per_request_bytes, 1)) + 1
         return max(2, min(top, wanted))
 
-    def _time_of(self, position: int) -> float | None:
-        if self._times is None:
-            return None
-        return float(self._times[position])
-
     def _fill(self, *, force: bool = False) -> None:
         """Request the next chunks of the plan while depth and memory allow."""
         with self._lock:
@@ -258,7 +223,9 @@ class ReadAhead:
             futures.append(future)
         self._in_flight += 1
         self.stats.most_in_flight = max(self.stats.most_in_flight, self._in_flight)
-        times = [self._time_of(at) for at in range(first, first + len(run))]
+        times: list[float | None] = [None] * len(run)
+        if self._times is not None:
+            times = self._times[first : self._next].tolist()
         self._track(self._executor().submit(self._fetch_task, run, futures, times))
 
     def _track(self, task: concurrent.futures.Future[Any]) -> None:
@@ -318,7 +285,6 @@ class ReadAhead:
         found: dict[int, np.ndarray] = {}
         claimed: set[int] = set()
         if self.cache is not None:
-            assert self.pack is not None
             # The cache measures distances from what the reader has read (the read-ahead
             # runs ahead of it: chunks between the two are still to be used).
             now = self._served_time
@@ -349,12 +315,10 @@ class ReadAhead:
                     start = stop
         except BaseException:
             if self.cache is not None:
-                assert self.pack is not None
                 for chunk in claimed:
                     self.cache.release(self.pack, chunk)
             raise
         if self.cache is not None:
-            assert self.pack is not None
             for chunk in claimed:
                 self.cache.store(self.pack, chunk, found[chunk])
             if self.defer_store:
@@ -380,7 +344,6 @@ class ReadAhead:
                 data = self._unverified.get(chunk)
                 self._hold(chunk, None)
             if data is not None and self.cache is not None:
-                assert self.pack is not None
                 self.cache.put(self.pack, chunk, data, now=self._served_time)
 
     def refetch(self, chunks: Sequence[int]) -> dict[int, np.ndarray]:
@@ -388,7 +351,6 @@ class ReadAhead:
         fresh = {}
         for chunk in chunks:
             if self.cache is not None:
-                assert self.pack is not None
                 self.cache.evict(self.pack, chunk)
             fresh[chunk] = self._request([chunk])[chunk]
             with self._lock:
