@@ -396,7 +396,7 @@ def test_two_processes_keep_the_whole_directory_within_the_budget(
 
 
 def test_a_sweep_of_dead_staging_touches_only_this_user_s(tmp_path: Path) -> None:
-    from h5pack.write.upload import Staging
+    from h5pack.write.remote import Staging
 
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -30,8 +30,8 @@ from h5pack.read.reader import ReaderOptions
 from h5pack.read.setreader import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write import publish
+from h5pack.write.remote import Staging
 from h5pack.write.report import ConvertEvent
-from h5pack.write.upload import Staging
 from tests.helpers import contents
 
 ONE = ConvertOptions(workers=1)

@@ -1,14 +1,11 @@
-"""Build one pack file: images in blocks of whole chunks (compressed in the pool), then metadata.
-
-``build_pack`` writes it under a temporary name and publishes it when complete.
-"""
+"""Build one pack file: images in blocks of whole chunks (compressed in the pool), then metadata."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,7 @@ from h5pack.core.fields import (
 )
 from h5pack.core.format import SkippedFile
 from h5pack.core.record import PackRecord, skipped_text, write_record
-from h5pack.errors import H5PackError, SourceError
+from h5pack.errors import H5PackError
 from h5pack.write.arena import Arena
 from h5pack.write.blocks import ArrayAssembler, BlobAssembler, Block
 from h5pack.write.fitting import fitted_columns
@@ -38,11 +35,9 @@ from h5pack.write.pipeline import (
     Prepared,
     compress_block,
     ordered_map,
-    release_core,
 )
 from h5pack.write.plan import StoragePlan
-from h5pack.write.publish import TempFiles, publish, temp_path
-from h5pack.write.report import ConvertEvent
+from h5pack.write.publish import TempFiles
 
 MAX_COMPACT_ATTRIBUTES = 64  # root attributes kept in its (checksummed) object header
 
@@ -76,46 +71,28 @@ class SampleTable:
         return len(self.paths)
 
 
-@dataclass(frozen=True)
-class Workers:
-    """Where blocks are compressed: an executor, how many blocks may be in flight, an arena."""
-
-    executor: Any
-    max_in_flight: int
-    arena: Arena | None = None
-    mapper: Any = None  # makes a LazyColumn's masks in the pool (``packing.pooled``)
-
-
 class _Record:
-    """Per-sample metadata gathered while writing, in pack order (a few bytes per sample)."""
+    """Per-sample metadata gathered while writing, in pack order (``capacity`` is the most)."""
 
     def __init__(self, capacity: int) -> None:
+        n = max(1, capacity)
         self.count = 0
-        self.positions = np.zeros(max(1, capacity), dtype=np.int64)
-        self.shapes = np.zeros((max(1, capacity), 3), dtype=np.int32)
-        self.sources = np.zeros((max(1, capacity), 2), dtype=np.int32)  # (H, W) before a resize
-        self.crcs = np.zeros(max(1, capacity), dtype=np.uint32)
+        self.positions = np.zeros(n, dtype=np.int64)
+        self.shapes = np.zeros((n, 3), dtype=np.int32)
+        self.sources = np.zeros((n, 2), dtype=np.int32)  # (H, W) before a resize
+        self.crcs = np.zeros(n, dtype=np.uint32)
         # XXH3 at memory speed in the parent (core.integrity; docs/decisions/0025)
-        self.digests = (
-            np.zeros(max(1, capacity), dtype=np.uint64) if integrity.has_sample_digest() else None
-        )
+        self.digests = np.zeros(n, dtype=np.uint64) if integrity.has_sample_digest() else None
 
     def add(self, item: Prepared) -> None:
-        if self.count == len(self.positions):
-            size = 2 * self.count
-            self.positions = np.resize(self.positions, size)
-            self.shapes = np.resize(self.shapes, (size, 3))
-            self.sources = np.resize(self.sources, (size, 2))
-            self.crcs = np.resize(self.crcs, size)
-            if self.digests is not None:
-                self.digests = np.resize(self.digests, size)
-        self.positions[self.count] = item.pos
-        self.shapes[self.count] = item.shape
-        self.sources[self.count] = item.source or item.shape[:2]
-        self.crcs[self.count] = item.crc
+        i = self.count
+        self.positions[i] = item.pos
+        self.shapes[i] = item.shape
+        self.crcs[i] = item.crc
+        self.sources[i] = item.source or item.shape[:2]
         if self.digests is not None:
             assert item.data is not None  # spans are resolved by the caller
-            self.digests[self.count] = integrity.sample_digest(item.data)
+            self.digests[i] = integrity.sample_digest(item.data)
         self.count += 1
 
 
@@ -145,9 +122,8 @@ class PackBuilder:
             self.assembler = BlobAssembler(plan.chunk_bytes, capacity=allocate)
 
     def _blocks(self, prepared: Iterable[Prepared]) -> Iterator[Block]:
-        record = self.record
         for item in prepared:
-            record.add(item)
+            self.record.add(item)
             assert item.data is not None  # spans are resolved by the caller
             yield from self.assembler.add(item.data)
         yield from self.assembler.finish()
@@ -286,45 +262,3 @@ class PackBuilder:
         self.images.abort()
         if self.handle.id.valid:
             self.handle.close()
-
-
-def build_pack(
-    target: Path,
-    plan: StoragePlan,
-    prepared: Iterable[Prepared],
-    table: SampleTable,
-    *,
-    options: ConvertOptions,
-    workers: Workers,
-    temps: TempFiles,
-    skipped: list[SkippedFile],
-    emit: Callable[[ConvertEvent], None],
-    overwrite: bool,
-    shard: str | None = None,
-) -> Path:
-    """Write the decoded samples ``prepared`` to a temporary file; publish it as ``target``."""
-    allocate = len(table)
-    builder = PackBuilder(temp_path(target), plan, allocate=allocate, temps=temps)
-    try:
-        builder.write(prepared, workers.executor, workers.max_in_flight, workers.arena)
-        if not builder.record.count:
-            first = skipped[0] if skipped else None
-            detail = f" (e.g. {first.path}: {first.reason})" if first else ""
-            raise SourceError(f"none of the {allocate} images could be packed{detail}")
-        if builder.images.needs_rebuild:
-            emit(
-                ConvertEvent(
-                    "note", "files were skipped: copying the contiguous array to its final size"
-                )
-            )
-        skipped.sort(key=lambda s: os.fsencode(s.path))
-        finished = builder.finish(table, options, skipped, shard=shard, mapper=workers.mapper)
-    except H5PackError:
-        raise  # some are OSErrors too (SourceError): they need no wrapping
-    except OSError as err:  # decoding errors are DecodeErrors: this is the pack's file
-        raise H5PackError(f"writing {target} failed: {err}") from err
-    finally:
-        builder.close()
-        release_core()
-    publish(finished, target, overwrite=overwrite)
-    return target

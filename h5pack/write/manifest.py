@@ -65,16 +65,13 @@ class _Problems:
         self.lines: list[tuple[int, SkippedFile]] = []
 
     def add(self, line: int, path: str, message: str) -> None:
-        problem = SkippedFile(path or f"line {line}", f"{self.where(line)}: {message}")
+        problem = SkippedFile(path or f"line {line}", f"{self.manifest}, line {line}: {message}")
         self.lines.append((line, problem))
 
     @property
     def found(self) -> list[SkippedFile]:
         """The problems in the manifest's order."""
         return [problem for _, problem in sorted(self.lines, key=lambda item: item[0])]
-
-    def where(self, line: int) -> str:
-        return f"{self.manifest}, line {line}"
 
 
 def read_manifest(
@@ -103,7 +100,8 @@ def read_manifest(
     records = _existing(root, records, problems, objects)
     fields, columns, labels, classes, kept = _columns(records, problems, typed=jsonl)
     if not kept:
-        raise SourceError(f"{describe(path)} lists no images{_first(problems)}")
+        first = f" (e.g. {problems.found[0].reason})" if problems.found else ""
+        raise SourceError(f"{describe(path)} lists no images{first}")
     order = sorted(range(len(kept)), key=lambda i: path_sort_key(kept[i][1]))
     files = tuple(SourceFile(Path(root, kept[i][1]), kept[i][1], labels[i]) for i in order)
     positions = np.asarray(order, dtype=np.int64)
@@ -126,13 +124,10 @@ def describe(manifest: StrPath) -> str:
     return f"labels {'JSONL' if jsonl else 'CSV'} {manifest}"
 
 
-def _first(problems: _Problems) -> str:
-    return f" (e.g. {problems.found[0].reason})" if problems.found else ""
-
-
 def _csv_records(path: StrPath, text: str, problems: _Problems) -> list[Record]:
     """Return the records of a CSV (``path,label`` without a header)."""
-    rows = [(n, row) for n, row in _csv_rows(text) if any(cell.strip() for cell in row)]
+    reader = csv.reader(io.StringIO(text))
+    rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]
     header = [cell.strip() for cell in rows[0][1]] if rows else []
     if not {h.lower() for h in header} & set(PATH_COLUMNS):
         header = ["path", LABEL]
@@ -150,11 +145,6 @@ def _csv_records(path: StrPath, text: str, problems: _Problems) -> list[Record]:
         values = dict(zip(names, cells, strict=True))
         records.append((line, values.pop("path"), values))
     return records
-
-
-def _csv_rows(text: str) -> list[tuple[int, list[str]]]:
-    reader = csv.reader(io.StringIO(text))
-    return [(reader.line_num, row) for row in reader]
 
 
 def _jsonl_records(path: StrPath, text: str, problems: _Problems) -> list[Record]:

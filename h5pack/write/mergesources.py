@@ -28,9 +28,8 @@ from h5pack.core.store import Store, is_url, join_url, split_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.publish import sigterm_as_exit
-from h5pack.write.remote import Emit, Room, publish_staged, set_prefix
+from h5pack.write.remote import Emit, Room, Staging, publish_staged, set_prefix
 from h5pack.write.report import ConvertEvent
-from h5pack.write.upload import Staging
 
 R = TypeVar("R")
 

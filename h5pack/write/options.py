@@ -42,6 +42,15 @@ def _positive(name: str, value: int | None) -> None:
         raise OptionsError(f"{option_name(name)} should be a positive integer, but got {value!r}")
 
 
+def _positives(name: str, value: tuple[int, ...] | None, count: int, what: str) -> None:
+    if value is not None and (
+        not isinstance(value, tuple)
+        or len(value) != count
+        or not all(isinstance(s, int) and s > 0 for s in value)
+    ):
+        raise OptionsError(f"{option_name(name)} should be {what}, but got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ConvertOptions:
     """How to convert an image folder into a pack; validated on construction.
@@ -107,29 +116,15 @@ class ConvertOptions:
             object.__setattr__(self, "labels_csv", os.fspath(self.labels_csv))
 
     def _check_sizes(self) -> None:
-        if self.size is not None and (
-            not isinstance(self.size, tuple)
-            or len(self.size) != 2
-            or not all(isinstance(s, int) and s > 0 for s in self.size)
-        ):
-            raise OptionsError(
-                f"{option_name('size')} should be two positive integers (height, width), "
-                f"but got {self.size!r}"
-            )
+        _positives("size", self.size, 2, "two positive integers (height, width)")
         _positive("chunk_samples", self.chunk_samples)
         _positive("chunk_bytes", self.chunk_bytes)
         _positive("max_side", self.max_side)
         _positive("workers", self.workers)
         if self.chunk_bytes is not None:
             check_chunk_bytes(self.chunk_bytes)
-        if self.chunk_shape is not None and (
-            len(self.chunk_shape) != 4
-            or not all(isinstance(s, int) and s > 0 for s in self.chunk_shape)
-        ):
-            raise OptionsError(
-                f"{option_name('chunk_shape')} should be four positive integers (samples, "
-                f"height, width, channels), but got {self.chunk_shape!r}"
-            )
+        what = "four positive integers (samples, height, width, channels)"
+        _positives("chunk_shape", self.chunk_shape, 4, what)
         if self.quality is not None and not (
             isinstance(self.quality, int) and 1 <= self.quality <= 100
         ):

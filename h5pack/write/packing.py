@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from h5pack.core.format import SkippedFile
-from h5pack.errors import DecodeError, H5PackError
+from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.arena import Arena, attachable
-from h5pack.write.builder import SampleTable, Workers, build_pack
+from h5pack.write.builder import PackBuilder, SampleTable
 from h5pack.write.options import ConvertOptions
 from h5pack.write.pipeline import (
     Prepared,
@@ -30,9 +30,10 @@ from h5pack.write.pipeline import (
     ordered_map,
     prepare_batch,
     probe_batch,
+    release_core,
 )
 from h5pack.write.plan import StoragePlan, batch_size, block_slot_bytes, sample_slot_bytes
-from h5pack.write.publish import TempFiles, check_room
+from h5pack.write.publish import TempFiles, check_room, publish, temp_path
 from h5pack.write.report import ConvertEvent
 from h5pack.write.sources import Sample
 from h5pack.write.sources.base import image_bytes, ship
@@ -98,41 +99,45 @@ def write_samples(
     """
     if room is not None:
         room(min_pack_bytes(plan, samples))
-    reject = rejecter(options, skipped, emit)
     arenas: list[Arena] = []
+    builder: PackBuilder | None = None
     try:
+        builder = PackBuilder(temp_path(target_path), plan, allocate=len(table), temps=temps)
         samples_arena = blocks_arena = None
         if workers > 1:
             samples_arena = open_arena(executor, 2 * workers, sample_slot_bytes(plan))
             if plan.spec.compressed:
                 blocks_arena = open_arena(executor, workers + 1, block_slot_bytes(plan))
-            arenas.extend(a for a in (samples_arena, blocks_arena) if a is not None)
+            arenas = [a for a in (samples_arena, blocks_arena) if a is not None]
+        reject = rejecter(options, skipped, emit)
         prepared = prepared_samples(executor, plan, samples, samples_arena, workers, reject, step)
-        published = build_pack(
-            target_path,
-            plan,
-            room_checked(prepared, table, plan, target_path, temps, in_flight=workers + 1),
-            table,
-            options=options,
-            workers=Workers(
-                executor, workers + 1, blocks_arena, pooled(executor, workers, emit, step)
-            ),
-            temps=temps,
-            skipped=skipped,
-            emit=emit,
-            overwrite=overwrite,
-            shard=shard,
-        )
-    except H5PackError as err:
-        clean = disk_error(err, target_path)
-        if clean is None:
+        checked = room_checked(prepared, table, plan, target_path, temps, in_flight=workers + 1)
+        builder.write(checked, executor, workers + 1, blocks_arena)
+        if not builder.record.count:
+            first = f" (e.g. {skipped[0].path}: {skipped[0].reason})" if skipped else ""
+            raise SourceError(f"none of the {len(table)} images could be packed{first}")
+        if builder.images.needs_rebuild:
+            note = "files were skipped: copying the contiguous array to its final size"
+            emit(ConvertEvent("note", note))
+        skipped.sort(key=lambda s: os.fsencode(s.path))
+        mapper = pooled(executor, workers, emit, step)
+        finished = builder.finish(table, options, skipped, shard=shard, mapper=mapper)
+        publish(finished, target_path, overwrite=overwrite)
+    except H5PackError as err:  # some are OSErrors too (SourceError)
+        if (clean := disk_error(err.__cause__, target_path)) is None:
             raise
         raise clean from err
+    except OSError as err:  # the pack's file: decoding errors are DecodeErrors
+        failed = H5PackError(f"writing {target_path} failed: {err}")
+        raise disk_error(err, target_path) or failed from err
     finally:
+        if builder is not None:
+            builder.close()
+        release_core()
         for arena in arenas:
             arena.close()
-    temps.release_reserved(published)
-    return published
+    temps.release_reserved(target_path)
+    return target_path
 
 
 def pooled(
@@ -248,9 +253,8 @@ def room_checked(
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
-def disk_error(err: H5PackError, target: Path) -> H5PackError | None:
-    """Return one line saying that the disk is full or read-only, if that is ``err``'s cause."""
-    cause = err.__cause__
+def disk_error(cause: BaseException | None, target: Path) -> H5PackError | None:
+    """Return one line saying that the disk is full or read-only, if that is the ``cause``."""
     if not isinstance(cause, OSError) or cause.errno not in _DISK_ERRORS:
         return None
     return H5PackError(
