@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from multiprocessing import resource_tracker
 from typing import Any, TypeVar
 
 import h5py
@@ -128,14 +127,6 @@ def prepare_sample(
             image = decode_image(data, name=name, backend=spec.backend, channels=spec.channels)
     except DecodeError as err:
         return Rejected(pos, name, _reason(err, name))
-    prepared = prepare_pixels(spec, image, name, pos)
-    if isinstance(prepared, Prepared) and source is not None:
-        return replace(prepared, source=(int(source[0]), int(source[1])))
-    return prepared
-
-
-def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> Prepared | Rejected:
-    """Return decoded pixels (HWC uint8) in their stored form, or why they do not fit."""
     image = np.ascontiguousarray(image, dtype=np.uint8)
     shape = (int(image.shape[0]), int(image.shape[1]), int(image.shape[2]))
     if spec.fixed_shape is not None and shape != spec.fixed_shape:
@@ -147,8 +138,9 @@ def prepare_pixels(spec: DecodeSpec, image: np.ndarray, name: str, pos: int) -> 
             f"{h}x{w}x{c} (its header said otherwise; pass --size N (or H,W) to resize every "
             "image)",
         )
-    crc = checksum(image)
-    return Prepared(pos, image.reshape(-1) if spec.flat else image, shape, crc)
+    stored = image.reshape(-1) if spec.flat else image
+    decoded = (int(source[0]), int(source[1])) if source is not None else None
+    return Prepared(pos, stored, shape, checksum(image), source=decoded)
 
 
 def prepare_batch(
@@ -262,9 +254,6 @@ def release_core() -> None:
         handle.close()
 
 
-# -- the pool ---------------------------------------------------------------------------
-
-
 class InlineExecutor(Executor):
     """Run every task at once in this process (``workers=1``: easy to debug and profile)."""
 
@@ -323,8 +312,6 @@ def make_executor(workers: int) -> Executor:
     """
     if workers <= 1:
         return InlineExecutor()
-    # Workers must share the parent's resource tracker (see arena.py): start it first.
-    resource_tracker.ensure_running()
     # Forked workers inherit what is imported here instead of each importing it again.
     importlib.import_module("h5pack.core.decode")
     context = multiprocessing.get_context(pool_start_method())
@@ -342,19 +329,12 @@ def ordered_map(
 ) -> Iterator[T]:
     """Yield ``fn(*item)`` for each item, in order, with at most ``max_in_flight`` pending."""
     pending: deque[Future[T]] = deque()
-    source = iter(items)
-    exhausted = False
     try:
-        while True:
-            while not exhausted and len(pending) < max_in_flight:
-                try:
-                    item = next(source)
-                except StopIteration:
-                    exhausted = True
-                else:
-                    pending.append(executor.submit(fn, *item))
-            if not pending:
-                return
+        for item in items:  # taken lazily, as results are: memory stays bounded
+            pending.append(executor.submit(fn, *item))
+            if len(pending) >= max_in_flight:
+                yield pending.popleft().result()
+        while pending:
             yield pending.popleft().result()
     finally:
         for future in pending:

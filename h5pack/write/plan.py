@@ -156,12 +156,7 @@ def plan_storage(
 def even_chunk_samples(num_samples: int, most: int) -> int:
     """Return the samples per chunk, at most ``most``, that waste the fewest rows.
 
-    The largest ``k`` down to ``most / 2`` whose last chunk wastes at most
-    ``PADDING_TARGET / 2`` of the samples, or else the one that wastes least.
-
-    Example:
-        >>> even_chunk_samples(2000, 55), even_chunk_samples(50, 42), even_chunk_samples(7, 7)
-        (50, 25, 7)
+    The largest down to ``most / 2`` wasting at most ``PADDING_TARGET / 2``, else the least.
     """
     if num_samples <= 0 or most <= 0:
         return max(1, most)
@@ -199,14 +194,6 @@ def blob_chunk_bytes(
     at most ``PADDING_TARGET`` (for a few samples, in the worst of a few orders), or else
     the one that pads least. ``whole_last_chunk`` counts the last chunk's rest (stored
     when uncompressed); ``num_samples`` scales a subset's last chunk to the whole blob.
-
-    Example:
-        >>> small = np.full(1000, 100_000)  # 100 kB JPEGs: 8 MiB chunks hold 83 each
-        >>> blob_chunk_bytes(small, target=8 * 2**20) == 8 * 2**20
-        True
-        >>> photos = np.full(20, 2560 * 1600 * 3)  # raw photos: 12.3 MB each
-        >>> blob_chunk_bytes(photos, target=8 * 2**20) // 2**10  # KiB: 0.3% of padding
-        256
     """
     sizes = np.asarray(sample_bytes, dtype=np.int64).reshape(-1)
     candidates = [target]
