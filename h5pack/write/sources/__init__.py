@@ -14,6 +14,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.core.store import is_url, open_store
 from h5pack.errors import OptionsError
+from h5pack.write.sources.archive import TarSource
 from h5pack.write.sources.arrays import ArraySource
 from h5pack.write.sources.base import (
     FileRange,
@@ -21,7 +22,6 @@ from h5pack.write.sources.base import (
     PathSource,
     Sample,
     SampleSource,
-    SizeHint,
 )
 from h5pack.write.sources.coco import CocoSource
 from h5pack.write.sources.folder import FolderSource
@@ -29,7 +29,6 @@ from h5pack.write.sources.imagenet import ImageNetTarSource
 from h5pack.write.sources.masks import MaskSource
 from h5pack.write.sources.objects import url_kind
 from h5pack.write.sources.parquet import ParquetSource
-from h5pack.write.sources.tar import TarSource
 from h5pack.write.sources.tgz import GzipTarSource
 from h5pack.write.sources.webdataset import WebDatasetSource
 from h5pack.write.sources.zip import ZipSource
@@ -48,7 +47,6 @@ __all__ = [
     "PathSource",
     "Sample",
     "SampleSource",
-    "SizeHint",
     "TarSource",
     "WebDatasetSource",
     "ZipSource",

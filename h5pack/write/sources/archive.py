@@ -1,34 +1,65 @@
-"""What the archive sources share: which members are images, and their listing as a folder's.
+"""Archives of an image folder, read in place (never extracted); the ``.tar`` kind.
 
-An archive holds what a folder would (``write.scan``'s rules: ImageFolder classes from the
-first folder of each path, or a flat folder); an archive made of the folder itself
-(``tar -cf images.tar images/``), whose every path starts with one folder, is read as that
-folder's content. Members whose path leaves the archive, that are no regular file, that
-share their path with another member, or that the archive's end cuts, are problems named
-by their path.
+An archive holds what a folder would (``write.scan``'s rules); one made of the folder itself
+(``tar -cf images.tar images/``) is read as that folder's content. Members whose path leaves
+the archive, that are no regular file, that share their path with another member, or that
+the archive's end cuts, are problems named by their path. A plain tar is listed in one pass
+over its member headers; workers then read each image with one ``pread`` (or ranged GET).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import struct
 import tarfile
+import zipfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
-from h5pack.write.scan import has_image_extension, is_ignored_name, label_by_folder
-from h5pack.write.sources.base import FileRange, Listing, Sample, label_fields
+from h5pack.core.source import ByteSource
+from h5pack.core.store import Store
+from h5pack.errors import H5PackError, SourceError
+from h5pack.write.scan import has_image_extension, is_ignored_name
+from h5pack.write.sources.base import FileRange, Listing, PathSource
+from h5pack.write.sources.folder import folder_listing
+from h5pack.write.sources.objects import ObjectFile, located, member_range
 
 CUT_SHORT = "cut short: the archive ends inside it"
 
 Found = list[tuple[str, FileRange]]
 
 
+class ArchiveSource(PathSource):
+    """A source read from one archive file (or object)."""
+
+    def files(self) -> tuple[Path, ...]:
+        """Return the archive: the one local file the samples are read from."""
+        return () if self.store.remote else (Path(self.root),)
+
+
+@contextlib.contextmanager
+def opened_archive(store: Store, root: str, what: str) -> Iterator[tuple[str, ByteSource]]:
+    """Yield where the archive ``root`` is read from and its bytes.
+
+    Raises:
+        SourceError: It cannot be read; the message names ``what`` and ``root``.
+    """
+    path = located(store, root)
+    try:
+        with contextlib.closing(store.source(path)) as source:
+            yield path, source
+    except (OSError, H5PackError, tarfile.TarError, zipfile.BadZipFile, struct.error) as err:
+        raise SourceError(f"cannot read {what} {root}: {err}") from err
+
+
 def image_member(name: str, problems: list[SkippedFile], not_file: str | None = None) -> str | None:
     """Return the relative path of member ``name`` if it is an image to read, else None.
 
     A path that leaves the archive, or a member that is no regular file (``not_file`` says
-    what it is: ``"a link"``), is added to ``problems``.
+    what it is), is added to ``problems``.
     """
     pure = PurePosixPath(name)
     parts = [part for part in pure.parts if part != "."]
@@ -46,8 +77,7 @@ def image_member(name: str, problems: list[SkippedFile], not_file: str | None = 
     return None
 
 
-def not_a_file(member: tarfile.TarInfo) -> str | None:
-    """Return what a tar member is when it is no regular file (``"a link"``), else None."""
+def _not_a_file(member: tarfile.TarInfo) -> str | None:
     if member.issparse():
         return "a sparse file"
     if member.issym() or member.islnk():
@@ -65,12 +95,11 @@ def take_tar_member(
 ) -> None:
     """Add a tar member (its bytes at ``where``) to ``found``, to ``problems``, or to neither.
 
-    ``end`` is where the archive's bytes end (a member beyond it is cut short); ``prefix``
-    goes before the member's path (an inner archive's name).
+    A member beyond ``end`` is cut short; ``prefix`` goes before its path (an inner tar's).
     """
     if member.isdir():
         return
-    relative = image_member(member.name, problems, not_a_file(member))
+    relative = image_member(member.name, problems, _not_a_file(member))
     if relative is None:
         return
     if where.offset + max(where.size, 0) > end:
@@ -82,7 +111,7 @@ def take_tar_member(
 def archive_listing(
     root: str, found: Found, problems: list[SkippedFile], whole: Sequence[SkippedFile] = ()
 ) -> Listing:
-    """Return the listing of the images ``found`` in the archive ``root``, labelled as a folder.
+    """Return the listing of the images ``found`` in ``root``, labelled as a folder's.
 
     ``whole`` are problems of the archive itself (named by its file name, not a member).
 
@@ -97,12 +126,7 @@ def archive_listing(
             for rel in twice
         )
         found = [item for item in found if counts[item[0]] == 1]
-    found, problems = _strip_top_folder(found, problems)
-    labelled, classes = label_by_folder(root, found, problems, "auto")
-    fields = label_fields([label for _, _, label in labelled])
-    samples = [Sample(rel, where, fields[i]) for i, (rel, where, _) in enumerate(labelled)]
-    total = sum(where.nbytes() for _, where, _ in labelled)
-    return Listing(samples, classes, (*problems, *whole), nbytes=total)
+    return folder_listing(root, *_strip_top_folder(found, problems), whole)
 
 
 def _strip_top_folder(found: Found, problems: list[SkippedFile]) -> tuple[Found, list[SkippedFile]]:
@@ -118,28 +142,8 @@ def _strip_top_folder(found: Found, problems: list[SkippedFile]) -> tuple[Found,
     )
 
 
-def unread_tail(archive: tarfile.TarFile, end: int) -> str | None:
-    """Return why a read tar stopped before its end (``tarfile`` stops at a bad header).
-
-    ``end`` is where its bytes end; None when what follows its last member is its end.
-    """
-    offset = archive.offset
-    if offset + tarfile.BLOCKSIZE > end:
-        return None
-    assert archive.fileobj is not None
-    archive.fileobj.seek(offset)
-    if not archive.fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
-        return None
-    members = archive.getmembers()  # loaded already: no second pass
-    last = members[-1].name if members else "its start"
-    return f"unreadable after {last}: a corrupt member header at byte {offset}"
-
-
 def tar_members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    """Yield a tar's members, up to where a cut archive ends, holding none of them.
-
-    ``take_tar_member`` names the member it cuts.
-    """
+    """Yield a tar's members, up to where a cut archive ends, holding none of them."""
     try:
         while (member := archive.next()) is not None:
             yield member
@@ -147,3 +151,52 @@ def tar_members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     except tarfile.ReadError as err:
         if str(err) != "unexpected end of data":
             raise
+
+
+def tar_walk(
+    fileobj: io.RawIOBase, end: int, tails: list[SkippedFile], name: str
+) -> Iterator[tarfile.TarInfo]:
+    """Yield the members of the tar ``fileobj`` whose bytes end at ``end``.
+
+    ``tarfile`` stops at a bad header as at the end: if something other than the end
+    follows the last member, why goes to ``tails``, named ``name``.
+    """
+    with tarfile.open(fileobj=fileobj, mode="r:") as archive:
+        yield from tar_members(archive)
+        offset = archive.offset
+        if offset + tarfile.BLOCKSIZE > end:
+            return
+        assert archive.fileobj is not None
+        archive.fileobj.seek(offset)
+        if archive.fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
+            members = archive.getmembers()  # loaded already: no second pass
+            last = members[-1].name if members else "its start"
+            reason = f"unreadable after {last}: a corrupt member header at byte {offset}"
+            tails.append(SkippedFile(name, reason))
+
+
+class TarSource(ArchiveSource):
+    """The images of an uncompressed tar archive of an image folder (``tgz``: compressed)."""
+
+    kind = "tar"
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` is a file named ``*.tar``."""
+        return path.suffix.lower() == ".tar" and path.is_file()
+
+    def find(self) -> Listing:
+        """List the archive's images from its member headers.
+
+        Raises:
+            SourceError: The archive cannot be read, is compressed, or holds no images.
+        """
+        found: Found = []
+        problems: list[SkippedFile] = []
+        whole: list[SkippedFile] = []
+        with opened_archive(self.store, self.root, "the tar archive") as (path, source):
+            end = source.size()
+            for member in tar_walk(ObjectFile(source), end, whole, Path(self.root).name):
+                where = member_range(self.store, path, member.offset_data, member.size)
+                take_tar_member(member, where, end, found, problems)
+        return archive_listing(self.root, found, problems, whole)

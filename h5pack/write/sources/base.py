@@ -1,15 +1,13 @@
 """What a conversion reads: a ``SampleSource`` of keyed samples, whatever the input.
 
 NOTE [ Sample sources ]: convert, ``--shards``, ``--dask`` and ``verify --source`` see
-every input through this one interface (webdataset's ``tariterators`` and litdata's
-``readers`` are the models). A source lists its samples in a deterministic order, each a
-``Sample``: its ``key`` (its name in the source: a relative path, an archive member), the
-``image`` to decode (encoded bytes, decoded pixels, or a ``FileRange`` of a local file that
-a worker process reads itself, so that reading runs in parallel too) and its other
-``fields`` already parsed (``{"label": 3}``). Entries that cannot be samples are the
-source's ``problems``; the conversion's error policy skips them with a warning naming
-each key, or stops at the first with ``--strict``, as it does for images that do not
-decode. ``split`` cuts the write order into shards, the same way in every process.
+every input through this one interface (decision 0050). A source lists its samples in a
+deterministic order, each a ``Sample``: its ``key`` (a relative path, an archive member),
+the ``image`` to decode (encoded bytes, pixels, or a ``FileRange`` that a worker process
+reads itself) and its other ``fields`` already parsed (``{"label": 3}``). Entries that
+cannot be samples are the source's ``problems``: skipped with a warning naming each key,
+or refused with ``--strict``. ``split`` cuts the write order into shards, the same way in
+every process.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ def read_object(store: Store, url: str, offset: int, size: int) -> bytes:
     """Return ``size`` bytes of the object ``url`` at ``offset`` (-1: all of it).
 
     Raises:
-        DecodeError: They cannot be read; the message names the URL and the range.
+        DecodeError: They cannot be read (the message names the URL and the range).
     """
     try:
         source = opened(store, url)
@@ -69,10 +67,9 @@ def read_object(store: Store, url: str, offset: int, size: int) -> bytes:
 class FileRange:
     """The bytes of a file to decode: all of it, or ``size`` bytes at ``offset``.
 
-    Picklable and small, so a worker process reads the bytes itself: a local file, or an
-    object of ``store`` (its URL the ``path``: NOTE [ Sources in a bucket ]). Archive sources
-    subclass it for members stored otherwise (``read`` and ``nbytes`` overridden); one
-    with ``in_parent`` is read by the conversion's process, in write order (``ship``).
+    Picklable, so a worker reads the bytes itself: a local file, or an object of ``store``
+    (NOTE [ Sources in a bucket ]). Subclasses read members stored otherwise; one with
+    ``in_parent`` is read by the conversion's process, in write order (``ship``).
     """
 
     path: str
@@ -82,11 +79,7 @@ class FileRange:
     in_parent: ClassVar[bool] = False
 
     def read(self) -> bytes:
-        """Return the bytes, refusing what is not a regular file without opening it.
-
-        Raises:
-            DecodeError: They cannot be read; the message names the path (or URL).
-        """
+        """Return the bytes (DecodeError naming the path when they cannot be read)."""
         if self.store is not None:
             return read_object(self.store, self.path, self.offset, self.size)
         try:
@@ -120,11 +113,7 @@ class Unreadable(FileRange):
     reason: str = ""
 
     def read(self) -> bytes:
-        """Raise the error met when the image was read.
-
-        Raises:
-            DecodeError: Always.
-        """
+        """Raise the DecodeError met when the image was read."""
         raise DecodeError(self.reason)
 
 
@@ -144,13 +133,9 @@ def ship(image: Image) -> Image:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One sample of a source: its key, the image to decode, its other fields.
+    """One sample: its key (stored as its source path), the image, its other fields.
 
-    Attributes:
-        key: The sample's name in the source (stored as its source path).
-        image: What to decode (``Image``).
-        fields: The other fields, already parsed: ``{"label": 3}`` (absent: unlabelled);
-            read-only, so that samples may share one (``label_fields``).
+    ``fields`` is read-only, so that samples may share one (``label_fields``).
     """
 
     key: str
@@ -164,20 +149,13 @@ class Sample:
 
 
 def label_fields(labels: Sequence[int]) -> list[Mapping[str, Any]]:
-    """Return ``{"label": label}`` for each of ``labels``, one shared mapping per class.
-
-    A million samples of a thousand classes hold a thousand mappings, not a million.
-    """
+    """Return ``{"label": label}`` for each of ``labels``, one shared mapping per class."""
     shared: dict[int, Mapping[str, Any]] = {}
     return [shared.setdefault(label, {"label": label}) for label in labels]
 
 
 def load(image: Image) -> bytes | np.ndarray:
-    """Return the bytes (or pixels) of ``image``, reading a ``FileRange``.
-
-    Raises:
-        DecodeError: A file cannot be read.
-    """
+    """Return the bytes (or pixels) of ``image``, reading a ``FileRange`` (DecodeError)."""
     if isinstance(image, FileRange):
         return image.read()
     if isinstance(image, np.ndarray):
@@ -199,30 +177,12 @@ def image_bytes(samples: Iterable[Sample]) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class SizeHint:
-    """How big a source is: ``count`` samples, ``nbytes`` of images (None: not known)."""
-
-    count: int
-    nbytes: int | None = None
-    notes: tuple[str, ...] = ()
-    fields: tuple[StoredField, ...] = ()
-    columns: Mapping[str, Any] = field(default_factory=dict)
-
-
 class SampleSource(ABC):
     """An input of a conversion (NOTE [ Sample sources ]).
 
-    A subclass sets ``kind`` (the name ``--from`` takes) and lists its samples, sorted,
-    in ``find``; everything else follows. Opening is cheap: the listing runs on first use,
-    so a missing source is reported where a conversion reads it.
-
-    Attributes:
-        kind: The name of this kind of source (``"folder"``, ``"arrays"``...).
-        root: Where the samples are, as messages name it.
-        parallel: Whether workers decode the samples (False: in this process).
-        encoded: Whether the samples hold encoded bytes (False: pixels, never stored
-            encoded).
+    A subclass sets ``kind`` (the name ``--from`` takes) and lists its samples in ``find``,
+    which runs on first use. ``root`` names it in messages; ``parallel``: workers decode
+    the samples; ``encoded``: they hold encoded bytes (not pixels).
     """
 
     kind: ClassVar[str]
@@ -256,25 +216,17 @@ class SampleSource(ABC):
 
     @property
     def problems(self) -> tuple[SkippedFile, ...]:
-        """Entries that are not samples, and why (skipped, or refused with ``--strict``)."""
+        """Entries that are not samples, and why."""
         return self.listing.problems
 
     def check(self, options: ConvertOptions) -> None:
-        """Refuse conversion options that do not fit these samples (by default all fit).
-
-        Raises:
-            OptionsError: They do not fit.
-        """
+        """Refuse (OptionsError) conversion options that do not fit these samples."""
         return
 
     def columns(self, positions: np.ndarray) -> dict[str, Any]:
         """Return the values of the stored fields at ``positions`` (``Listing.columns``)."""
         columns = self.listing.columns
         return {f.name: f.take(columns[f.name], positions) for f in self.listing.fields}
-
-    def size_hint(self) -> SizeHint:
-        """Return how many samples the source holds (and their bytes, when known cheaply)."""
-        return SizeHint(len(self.samples), self.listing.nbytes)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -291,25 +243,42 @@ class SampleSource(ABC):
     ) -> np.ndarray:
         """Return the positions (in ``samples``) of shard ``index``'s samples, in write order.
 
-        The write order is a permutation seeded by ``seed`` (or the source order), cut
-        into ``num_shards`` consecutive slices: every process computes the same split, and
-        the shards together hold every sample once. A plain conversion is shard 0 of 1.
+        The write order (``write_order``) is cut into ``num_shards`` consecutive slices:
+        every process computes the same split. A plain conversion is shard 0 of 1.
 
         Raises:
             OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
         """
-        num = len(self.samples)
-        lo, hi = shard_slice(num, index, num_shards)
-        return _write_order(num, seed, shuffle)[lo:hi]
+        lo, hi = shard_slice(len(self.samples), index, num_shards)
+        return self.write_order(seed, shuffle)[lo:hi]
+
+    def write_order(self, seed: int, shuffle: bool) -> np.ndarray:
+        """Return the source positions in write order: a permutation seeded by ``seed``."""
+        return _permutation(len(self.samples), seed, shuffle)
 
 
 @lru_cache(maxsize=2)
-def _write_order(num: int, seed: int, shuffle: bool) -> np.ndarray:
-    """Return the source positions in write order (computed once for every shard's split)."""
+def _permutation(num: int, seed: int, shuffle: bool) -> np.ndarray:
     if shuffle:
         order = np.random.default_rng(seed).permutation(num).astype(np.int64)
     else:
         order = np.arange(num, dtype=np.int64)
+    order.flags.writeable = False
+    return order
+
+
+def interleave(ends: np.ndarray, seed: int) -> np.ndarray:
+    """Return a seeded random interleaving of the runs ``ends[k]:ends[k + 1]``.
+
+    Each run keeps its order (one reader reads it front to back); each write position draws
+    a run at random, every run as often as it has samples.
+    """
+    num = int(ends[-1])
+    turns = np.random.default_rng(seed).permutation(
+        np.repeat(np.arange(len(ends) - 1), np.diff(ends))
+    )
+    order = np.empty(num, dtype=np.int64)
+    order[np.argsort(turns, kind="stable")] = np.arange(num, dtype=np.int64)
     order.flags.writeable = False
     return order
 
@@ -319,12 +288,8 @@ class PathSource(SampleSource):
 
     Args:
         path: Where the samples are.
-        labels_csv: A labels CSV (only for kinds with ``takes_labels``).
-        store: The store of a URL ``path`` (default: ``open_store(path)``, from the
-            environment: NOTE [ Sources in a bucket ]).
-
-    Raises:
-        OptionsError: ``labels_csv`` is given to a kind that does not take one.
+        labels_csv: A labels CSV (only for kinds with ``takes_labels``; else OptionsError).
+        store: The store of a URL ``path`` (default: ``open_store(path)``).
     """
 
     takes_labels: ClassVar[bool] = False
@@ -350,20 +315,13 @@ class PathSource(SampleSource):
 class Listing:
     """What ``SampleSource.find`` returns.
 
-    Attributes:
-        samples: The samples, in order.
-        classes: Class names.
-        problems: Entries that are not samples, and why.
-        nbytes: The images' bytes, when known without reading them.
-        notes: What a user should hear besides the problems (e.g. files a CSV leaves out).
-        fields: The stored fields besides image, label and key (``core.fields``).
-        columns: Their values, a column per field in the samples' order.
+    ``notes``: what a user should hear besides the problems; ``fields``: the stored fields
+    besides image, label and key (``core.fields``), their values in ``columns``.
     """
 
     samples: Sequence[Sample]
     classes: tuple[str, ...] = ()
     problems: tuple[SkippedFile, ...] = ()
-    nbytes: int | None = None
     notes: tuple[str, ...] = ()
     fields: tuple[StoredField, ...] = ()
     columns: Mapping[str, Any] = field(default_factory=dict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from h5pack.core.format import SkippedFile
@@ -14,7 +15,7 @@ from h5pack.write.sources.objects import prefix_images
 
 
 class FolderSource(PathSource):
-    """The images under a local folder, labelled by ``write.scan``'s rules (or a manifest).
+    """The images under a folder, labelled by ``write.scan``'s rules (or a manifest).
 
     A manifest (``--labels``, ``labels_csv=``: a CSV or JSONL file, ``write.manifest``)
     picks the images, labels them and gives their other fields.
@@ -25,14 +26,14 @@ class FolderSource(PathSource):
 
     @staticmethod
     def matches(path: Path) -> bool:
-        """Whether ``path`` is this kind of source: a folder."""
+        """Whether ``path`` is a folder."""
         return path.is_dir()
 
     def find(self) -> Listing:
         """Scan the folder (``write.scan.scan``), or read its manifest."""
         objects = prefix_images(self.store, self.root) if self.store.remote else None
-        if objects is not None and self.labels_csv is None:
-            return self._objects(objects)
+        if objects is not None and self.labels_csv is None:  # NOTE [ Sources in a bucket ]
+            return folder_listing(self.root, list(objects.items()), [])
         if self.labels_csv is None:
             found = scan(self.root)
         else:
@@ -66,12 +67,21 @@ class FolderSource(PathSource):
             columns=found.columns,
         )
 
-    def _objects(self, objects: dict[str, FileRange]) -> Listing:
-        """List the images under a prefix of a bucket (NOTE [ Sources in a bucket ])."""
-        problems: list[SkippedFile] = []
-        found = list(objects.items())
-        labelled, classes = label_by_folder(self.root, found, problems, "auto")
-        fields = label_fields([label for _, _, label in labelled])
-        samples = [Sample(rel, where, fields[i]) for i, (rel, where, _) in enumerate(labelled)]
-        nbytes = sum(where.size for _, where, _ in labelled)
-        return Listing(samples, classes, tuple(problems), nbytes=nbytes)
+
+def folder_listing(
+    root: str,
+    found: list[tuple[str, FileRange]],
+    problems: list[SkippedFile],
+    whole: Sequence[SkippedFile] = (),
+) -> Listing:
+    """Return the listing of the images ``found`` (by relative path), labelled as a folder's.
+
+    ``whole`` are problems named by the source's file (after those of its entries).
+
+    Raises:
+        SourceError: no images, or a layout that is no folder's (``label_by_folder``).
+    """
+    labelled, classes = label_by_folder(root, found, problems, "auto")
+    fields = label_fields([label for _, _, label in labelled])
+    samples = [Sample(rel, where, fields[i]) for i, (rel, where, _) in enumerate(labelled)]
+    return Listing(samples, classes, (*problems, *whole))

@@ -1,29 +1,30 @@
 """ImageNet's train tar as a source: a tar of per-class tars, read in place.
 
 ``ILSVRC2012_img_train.tar`` holds one uncompressed tar per class, named by its synset
-(``n01440764.tar``), of that class's images. Inner tars are uncompressed inside an
-uncompressed tar, so each image's bytes lie at an absolute offset of the outer file: one
-pass over the outer and inner member headers lists them as ``FileRange``s, and workers
-read them with one ``pread`` (in a bucket, a ranged GET) each, at random (shuffling,
-``--shards``, ``--dask``), as for a plain tar. Classes are the synsets, sorted; a key is
-``SYNSET/MEMBER``.
+(``n01440764.tar``). Each image's bytes lie at an absolute offset of the outer file, so one
+pass over the outer and inner headers lists them, and workers read them at random as for a
+plain tar. Classes are the synsets, sorted; a key is ``SYNSET/MEMBER``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import tarfile
 from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
-from h5pack.core.store import Store
-from h5pack.errors import H5PackError, SourceError
-from h5pack.write.sources.archive import Found, take_tar_member, tar_members, unread_tail
-from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
-from h5pack.write.sources.objects import ObjectFile, located, member_range
+from h5pack.errors import SourceError
+from h5pack.write.sources.archive import (
+    ArchiveSource,
+    Found,
+    opened_archive,
+    take_tar_member,
+    tar_walk,
+)
+from h5pack.write.sources.base import FileRange, Listing, Sample, label_fields
+from h5pack.write.sources.objects import ObjectFile, member_range
 
 
-class ImageNetTarSource(PathSource):
+class ImageNetTarSource(ArchiveSource):
     """The images of a tar of per-class tars (ImageNet's train tar)."""
 
     kind = "imagenet"
@@ -31,7 +32,7 @@ class ImageNetTarSource(PathSource):
 
     @staticmethod
     def matches(path: Path) -> bool:
-        """Whether ``path`` is this kind of source: a ``*.tar`` whose first file is a tar."""
+        """Whether ``path`` is a ``*.tar`` whose first file is a tar."""
         if path.suffix.lower() != ".tar" or not path.is_file():
             return False
         try:
@@ -44,35 +45,36 @@ class ImageNetTarSource(PathSource):
         return first is not None and first.isfile() and first.name.lower().endswith(".tar")
 
     def find(self) -> Listing:
-        """List every inner tar's images (see the module docstring).
+        """List every inner tar's images.
 
         Raises:
             SourceError: The outer archive cannot be read, or holds no images.
         """
-        path = located(self.store, self.root)
         found: dict[str, Found] = {}
         problems: list[SkippedFile] = []
-        try:
-            with contextlib.closing(self.store.source(path)) as source:
-                end = source.size()
-                with tarfile.open(fileobj=ObjectFile(source), mode="r:") as archive:
-                    for member in tar_members(archive):
-                        name = PurePosixPath(member.name).name
-                        if not member.isfile() or not name.lower().endswith(".tar"):
-                            if not member.isdir():
-                                problems.append(SkippedFile(member.name, "not a class's tar"))
-                            continue
-                        synset = name[: -len(".tar")]
-                        size = min(member.size, end - member.offset_data)
-                        inner = ObjectFile(source, member.offset_data, size)
-                        found[synset] = _inner_images(
-                            self.store, path, synset, inner, end, problems
-                        )
-                    tail = unread_tail(archive, end)
-        except (OSError, H5PackError, tarfile.TarError) as err:
-            raise SourceError(f"cannot read the tar of tars {self.root}: {err}") from err
-        if tail:
-            problems.append(SkippedFile(Path(self.root).name, tail))
+        with opened_archive(self.store, self.root, "the tar of tars") as (path, source):
+            end = source.size()
+            for member in tar_walk(ObjectFile(source), end, problems, Path(self.root).name):
+                name = PurePosixPath(member.name).name
+                if not member.isfile() or not name.lower().endswith(".tar"):
+                    if not member.isdir():
+                        problems.append(SkippedFile(member.name, "not a class's tar"))
+                    continue
+                synset = name[: -len(".tar")]
+                size = min(member.size, end - member.offset_data)
+                inner = ObjectFile(source, member.offset_data, size)
+                found[synset] = []
+                tar_name = f"{synset}.tar"
+                try:
+                    for image in tar_walk(inner, inner.end - inner.start, problems, tar_name):
+                        at = inner.start + image.offset_data
+                        where = member_range(self.store, path, at, image.size)
+                        limit = min(end, inner.end)
+                        take_tar_member(image, where, limit, found[synset], problems, synset + "/")
+                except tarfile.TarError as err:
+                    problems.append(
+                        SkippedFile(tar_name, f"a class tar that cannot be read: {err}")
+                    )
         classes = tuple(sorted(synset for synset, images in found.items() if images))
         if not classes:
             raise SourceError(f"no images in the class tars of {self.root}")
@@ -87,27 +89,4 @@ class ImageNetTarSource(PathSource):
             [Sample(key, where, fields[i]) for i, (key, where) in enumerate(samples)],
             classes,
             tuple(sorted(problems, key=lambda p: p.path)),
-            nbytes=sum(where.size for _, where in samples),
         )
-
-    def files(self) -> tuple[Path, ...]:
-        """Return the archive: the one local file the samples are read from."""
-        return () if self.store.remote else (Path(self.root),)
-
-
-def _inner_images(
-    store: Store, path: str, synset: str, inner: ObjectFile, end: int, problems: list[SkippedFile]
-) -> Found:
-    """Return the images of one class's tar (absolute ranges of the outer file)."""
-    found: Found = []
-    try:
-        with tarfile.open(fileobj=inner, mode="r:") as archive:
-            for member in tar_members(archive):
-                where = member_range(store, path, inner.start + member.offset_data, member.size)
-                take_tar_member(member, where, min(end, inner.end), found, problems, synset + "/")
-            tail = unread_tail(archive, inner.end - inner.start)
-    except tarfile.TarError as err:
-        tail = f"a class tar that cannot be read: {err}"
-    if tail:
-        problems.append(SkippedFile(f"{synset}.tar", tail))
-    return found

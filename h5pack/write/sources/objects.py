@@ -1,26 +1,16 @@
 """Sources in a bucket: their objects read through the store, in ranges, where they lie.
 
-NOTE [ Sources in a bucket ]
-
-Every source kind reads a URL (``s3://``, ``gs://``, ``az://``) as it reads a local path, through
-the ``Store`` of the URL (``PathSource.store``; NOTE [ Stores ]), with no scheme tested:
-
-- a prefix is listed with ``Store.objects`` (one request per page of names, sizes and ETags,
-  kept for the source when detection listed it already: ``listed``);
-- an archive's headers are walked through an ``ObjectFile``: a file over the object's
-  ``ByteSource`` that reads ``READAHEAD`` bytes per request, so a tar of small members
-  costs one ranged GET per ``READAHEAD`` of the archive, not one per member, and members
-  larger than that are skipped, not fetched; a WebDataset shard's ``cls``/``txt``/``json``
-  come from the same bytes;
-- a Parquet file is a pyarrow file over the same wrapper, read exactly (no read-ahead):
-  the footer, then the columns of the row groups needed;
-- each image is a ``FileRange`` whose ``store`` is set: picklable (the URL, the range, the
-  store's settings), read by the worker process itself with one ranged GET
-  (``read_object``), from this process's source of the object (``opened``: one client and
-  one ETag per object, checked on every answer).
-
-Local paths keep reading local files (``FileRange.store`` None); only what is small goes whole
-through ``Store.get`` (a COCO file, a manifest).
+NOTE [ Sources in a bucket ]: every source kind reads a URL (``s3://``, ``gs://``,
+``az://``) as it reads a local path, through the URL's ``Store`` (``PathSource.store``;
+NOTE [ Stores ]), with no scheme tested. A prefix is listed with ``Store.objects`` (kept
+for the source when detection listed it: ``listed``). An archive's headers are walked
+through an ``ObjectFile`` that reads ``READAHEAD`` bytes per request, so a tar of small
+members costs one ranged GET per ``READAHEAD``, not one per member (a WebDataset shard's
+``cls``/``txt``/``json`` come from the same bytes). A Parquet file is read exactly (no
+read-ahead): its footer, then the row groups needed. Each image is a ``FileRange`` whose
+``store`` is set: picklable, read by the worker itself with one ranged GET
+(``read_object``; one client and ETag per object, checked on every answer). What is small
+(a COCO file, a manifest) goes whole through ``Store.get``.
 """
 
 from __future__ import annotations
@@ -42,15 +32,15 @@ if TYPE_CHECKING:
 
 READAHEAD = 4 * 2**20  # bytes a remote archive's header walk fetches per request
 
-# This process's open objects (least recently used first) and listings kept for a source.
+# Listings kept for a source (``listed``).
 _LISTED: dict[tuple[Store, str], list[ObjectInfo]] = {}
 
 
 class ObjectFile(io.RawIOBase):
-    """``size`` bytes of ``source`` from ``start``, as a read-only file that reads ahead.
+    """``size`` bytes of ``source`` from ``start``, as a read-only file.
 
     A read of what is not held fetches at least ``readahead`` bytes in one request (0:
-    exactly what is asked, as a local file is read).
+    exactly what is asked).
     """
 
     def __init__(
@@ -68,11 +58,11 @@ class ObjectFile(io.RawIOBase):
         self.held, self.held_at = memoryview(b""), 0  # the last bytes read, and where
 
     def readable(self) -> bool:
-        """Return True: a file to read."""
+        """Return True."""
         return True
 
     def seekable(self) -> bool:
-        """Return True: reads go anywhere."""
+        """Return True."""
         return True
 
     def tell(self) -> int:
@@ -80,7 +70,7 @@ class ObjectFile(io.RawIOBase):
         return self.pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        """Move to ``offset`` from the start, the position or the end; return the position."""
+        """Move to ``offset`` from ``whence``; return the position."""
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.end - self.start}
         self.pos = base[whence] + offset
         return self.pos
@@ -106,13 +96,9 @@ class ObjectFile(io.RawIOBase):
 
 
 def listed(store: Store, prefix: str, *, keep: bool = False) -> list[ObjectInfo]:
-    """Return the objects under the URL ``prefix`` (``Store.objects``), sorted.
+    """Return the objects under the URL ``prefix``, sorted (SourceError naming it).
 
-    With ``keep``, the answer is kept for the next call (a detection's listing serves the
-    source's); a kept answer is used once.
-
-    Raises:
-        SourceError: The prefix cannot be listed; the message names it.
+    With ``keep``, the answer is kept for the next call (detection's serves the source's).
     """
     found = _LISTED.pop((store, prefix), None)
     if found is None:
@@ -152,8 +138,7 @@ def url_kind(url: str, store: Store) -> str:
     """Return the kind of source a URL names (``sample_source``'s detection for URLs).
 
     A brace pattern is WebDataset shards, a glob or ``.parquet`` Parquet; an object is
-    known by its suffix (a ``.tar`` whose first member is a tar is ImageNet's); a prefix
-    by its objects: all ``.parquet``, all ``.tar`` (shards), else an image folder.
+    known by its suffix (a tar of tars is ImageNet's); a prefix by its objects.
     """
     lower = url.lower()
     if "{" in url and "}" in url:
@@ -188,10 +173,7 @@ def member_range(store: Store, path: str, offset: int, size: int) -> FileRange:
 
 
 def prefix_images(store: Store, root: str) -> dict[str, FileRange]:
-    """Return the images under the URL ``root`` by relative path, in one listing.
-
-    ``walk``'s rules: hidden names and OS litter are not images, image extensions are.
-    """
+    """Return the images under the URL ``root`` by relative path (``walk``'s rules)."""
     prefix = folder_url(root)
     found: dict[str, FileRange] = {}
     for item in listed(store, prefix):
@@ -209,8 +191,7 @@ def read_text(path: str, store: Store | None) -> str:
         OSError: A local file cannot be read.
         SourceError: An object cannot be read; the message names its URL.
     """
-    # utf-8-sig drops the byte-order mark spreadsheets write; surrogateescape keeps file
-    # names that are not UTF-8 as os.fsdecode would.
+    # utf-8-sig drops a spreadsheet's byte-order mark; surrogateescape keeps non-UTF-8 names
     if not is_url(path):
         return Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape")
     try:

@@ -7,23 +7,17 @@
     └── train-00001-of-00002.parquet       label: int64 (a ClassLabel: names in the metadata)
                                            caption: string, score: double, tags: list<int64>
 
-The image column is the one the schema metadata (key ``huggingface``: ``{"info":
-{"features": ...}}``) types ``Image`` (``image`` when several are), else the one struct of
-``bytes`` and ``path``. ``label`` is the class: a ``ClassLabel``'s names are the classes
-(-1: unlabelled), other integers are ids (classes ``"0" .. max``), strings are names
-(sorted). A list of a ``ClassLabel`` is a multi-label field with its names; the other
-columns are fields under their names: numbers as scalars, strings as text, lists of numbers
-as variable-length arrays (fixed-size lists as arrays); columns of other types are left
-out, and a note says so. A sample's key is its image's ``path`` when it has one, else
-``FILE:ROW`` (the file relative to the source, the row within it).
-
-Listing reads the other columns and the images' paths, one row group at a time; the
-converting process streams the images in write order (NOTE [ Parquet runs ]). A row whose
-key an earlier row has (the first is kept), whose label is no class or whose field is null
-is a problem naming its file and row; a row without image bytes is rejected when read,
-naming them too.
-Files of several splits (``train-*``, ``test-*``) or in several folders are refused: name
-one, e.g. ``'data/train-*.parquet'``.
+The image column is the one the schema metadata types ``Image`` (``image`` when several
+are), else the one struct of ``bytes`` and ``path``. ``label`` is the class: a
+``ClassLabel``'s names are the classes (-1: unlabelled), other integers are ids (classes
+``"0" .. max``), strings are names (sorted). A list of a ``ClassLabel`` is a multi-label
+field; other columns are fields under their names: numbers as scalars, strings as text,
+lists of numbers as arrays; columns of other types are left out, and a note says so. A
+sample's key is its image's ``path``, else ``FILE:ROW``. Listing reads all but the image
+bytes, a row group at a time; the images are streamed in write order (NOTE [ Parquet
+runs ]). A row whose key an earlier row has, whose label is no class or whose field is null
+is a problem naming its file and row, as is a row without image bytes when read. Files of
+several splits (``train-*``, ``test-*``) or folders are refused: name one.
 """
 
 from __future__ import annotations
@@ -40,11 +34,10 @@ import numpy as np
 
 from h5pack.core.fields import StoredField
 from h5pack.core.format import SkippedFile
-from h5pack.core.packset import shard_slice
 from h5pack.core.store import Store
 from h5pack.errors import H5PackError, SourceError
 from h5pack.write.scan import has_image_extension, is_ignored_name
-from h5pack.write.sources.base import Listing, PathSource, Sample, label_fields
+from h5pack.write.sources.base import Listing, PathSource, Sample, interleave, label_fields
 from h5pack.write.sources.hfschema import (
     features_of,
     field_for,
@@ -71,21 +64,23 @@ class ParquetSource(PathSource):
         return bool(_parquet_files(path, detect=True))
 
     def find(self) -> Listing:
-        """List the rows of every file (see the module docstring).
+        """List the rows of every file (the module docstring).
 
         Raises:
             SourceError: No Parquet files, files of several splits or schemas, no image
                 column, or a file that cannot be read.
         """
-        if self.store.remote:
-            files = _parquet_objects(self.store, self.root)
-        else:
-            files = _parquet_files(Path(self.root), detect=False)
+        remote = self.store.remote
+        files = (
+            _parquet_objects(self.store, self.root)
+            if remote
+            else _parquet_files(Path(self.root), detect=False)
+        )
         if not files:
             raise SourceError(f"no Parquet files under {self.root}")
         _check_one_split(self.root, [rel for _, rel in files])
-        self._files = [] if self.store.remote else [Path(path) for path, _ in files]
-        table = _Table(self.root, self.store if self.store.remote else None)
+        self._files = [] if remote else [Path(path) for path, _ in files]
+        table = _Table(self.root, self.store if remote else None)
         for path, rel in files:
             table.add(path, rel)
         self._groups = table.groups
@@ -96,49 +91,24 @@ class ParquetSource(PathSource):
         self.listing  # noqa: B018 - lists the files
         return list(self._files)
 
-    def split(
-        self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
-    ) -> np.ndarray:
-        """Return shard ``index``'s positions in write order (NOTE [ Parquet runs ]).
-
-        Raises:
-            OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
-        """
-        lo, hi = shard_slice(len(self.samples), index, num_shards)
-        return self._order(seed, shuffle)[lo:hi]
-
-    def _order(self, seed: int, shuffle: bool) -> np.ndarray:
+    def write_order(self, seed: int, shuffle: bool) -> np.ndarray:
+        """Return the interleaved runs of row groups (NOTE [ Parquet runs ])."""
         orders: dict[tuple[int, bool], np.ndarray] = self.__dict__.setdefault("_orders", {})
         if (seed, shuffle) not in orders:
-            sizes = [len(positions) for positions, _ in self._groups]
-            runs = runs_for(max((n for _, n in self._groups), default=0))
-            orders[(seed, shuffle)] = interleaved_runs(sizes, runs, seed, shuffle)
+            rows = [count for count, _ in self._groups]
+            order = np.arange(sum(rows), dtype=np.int64)
+            if shuffle and len(order):
+                runs = min(runs_for(max(n for _, n in self._groups)), len(rows))
+                cuts = np.arange(runs + 1) * len(rows) // runs
+                order = interleave(np.concatenate([[0], np.cumsum(rows)])[cuts], seed)
+            orders[(seed, shuffle)] = order
         return orders[(seed, shuffle)]
-
-
-def interleaved_runs(group_rows: list[int], runs: int, seed: int, shuffle: bool) -> np.ndarray:
-    """Return the write order of rows in row groups of ``group_rows`` (NOTE [ Parquet runs ]).
-
-    The groups are cut into ``runs`` runs of consecutive groups; each write position draws
-    a run at random (every run as often as it has rows) and takes its next row.
-    """
-    num = sum(group_rows)
-    if not shuffle or not num:
-        return np.arange(num, dtype=np.int64)
-    runs = min(runs, len(group_rows))
-    cuts = np.arange(runs + 1) * len(group_rows) // runs
-    ends = np.concatenate([[0], np.cumsum(group_rows)])[cuts]
-    turns = np.random.default_rng(seed).permutation(np.repeat(np.arange(runs), np.diff(ends)))
-    order = np.empty(num, dtype=np.int64)
-    order[np.argsort(turns, kind="stable")] = np.arange(num, dtype=np.int64)
-    order.flags.writeable = False
-    return order
 
 
 def _parquet_files(path: Path, *, detect: bool) -> list[tuple[str, str]]:
     """Return ``(absolute, relative)`` of the Parquet files ``path`` names, sorted.
 
-    With ``detect``, a folder that holds an image file names none (it is an image folder).
+    With ``detect``, a folder that holds an image file names none (an image folder).
     """
     text = os.fspath(path)
     magic = re.search(r"[*?\[]", text)
@@ -195,15 +165,11 @@ class _Table:
         self.values: dict[str, list[Any]] = {}
         self.problems: list[SkippedFile] = []
         self.notes: list[str] = []
-        self.groups: list[tuple[np.ndarray, int]] = []
+        self.groups: list[tuple[int, int]] = []  # rows and image bytes of each row group
         self.seen: dict[str, str] = {}
 
     def add(self, path: str, rel: str) -> None:
-        """List the rows of one file.
-
-        Raises:
-            SourceError: It cannot be read, or its schema is not the first file's.
-        """
+        """List the rows of one file (SourceError: unreadable, or not the first file's schema)."""
         try:
             handle = parquet_file(path, self.store)
         except (OSError, ValueError, H5PackError) as err:  # pyarrow's ArrowIOError and ArrowInvalid
@@ -267,7 +233,6 @@ class _Table:
             bad |= nulls
         labels = table.column("label").to_pylist() if self.labelled else [None] * len(bad)
         first = len(self.samples)
-        nbytes = image_bytes(meta, self.image)
         for row, (name, label) in enumerate(zip(images, labels, strict=True)):
             if bad[row]:
                 continue
@@ -289,11 +254,10 @@ class _Table:
         keep = np.flatnonzero(~bad)
         for name in self.fields:
             self.values[name].append(table.column(name).take(keep))
-        positions = np.arange(first, len(self.samples), dtype=np.int64)
-        last = self.samples[-1] if positions.size else None
+        last = self.samples[-1] if len(self.samples) > first else None
         if last is not None and isinstance(last.image, ParquetRow):  # its read drops the group
             self.samples[-1] = Sample(last.key, replace(last.image, last=True))
-        self.groups.append((positions, nbytes))
+        self.groups.append((len(self.samples) - first, image_bytes(meta, self.image)))
 
     def _problem(self, key: str | None, rel: str, row: int, reason: str) -> bool:
         self.problems.append(SkippedFile(key or f"{rel}:{row}", f"{rel}, row {row}: {reason}"))
@@ -307,11 +271,7 @@ class _Table:
         return bool(label >= -1)
 
     def listing(self) -> Listing:
-        """Return the listing of every row added.
-
-        Raises:
-            SourceError: No row is a sample, or a column does not fit its field.
-        """
+        """Return the listing of the rows added (SourceError: none, or a column unfit)."""
         if not self.samples:
             first = f" (e.g. {self.problems[0].reason})" if self.problems else ""
             raise SourceError(f"no rows with images in {self.root}{first}")
@@ -326,19 +286,17 @@ class _Table:
                 columns[name] = found.column(values_of(found, self.values[name]), len(samples))
         except H5PackError as err:
             raise SourceError(f"{self.root}: the column {name!r} cannot be kept: {err}") from err
-        nbytes = sum(n for _, n in self.groups)
         return Listing(
             samples,
             classes,
             tuple(self.problems),
-            nbytes=nbytes,
             notes=tuple(self.notes),
             fields=tuple(self.fields.values()),
             columns=columns,
         )
 
     def _classes(self) -> tuple[list[int], tuple[str, ...]]:
-        """Return each sample's class id and the classes (see the module docstring)."""
+        """Return each sample's class id and the classes (the module docstring)."""
         given = [-1 if label is None else label for label in self.labels]
         if self.label_names is not None:
             return [int(label) for label in given], self.label_names

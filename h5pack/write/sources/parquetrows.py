@@ -1,17 +1,14 @@
 """Where a Parquet row's image lies, and how the converting process reads the rows.
 
-NOTE [ Parquet runs ]: a column of a Parquet row group is stored in compressed pages, and
-pyarrow's writer (Hugging Face's) puts most of a group's values in one dictionary page, so
-a row group is read whole: reading one per image would cost a group per image. A Parquet
-source's write order is therefore a seeded random interleaving of runs of consecutive row
-groups (``ParquetSource.split``, as a gzip tar's runs), each run read front to back, so
-that chunks mix rows of every part of the files (a class-sorted dataset comes out mixed)
-while only each run's current group is held: ``runs`` is as many groups as
-``CACHE_BYTES`` holds, at most ``RUNS``. Its images are ``ParquetRow``s (``file, row
-group, row``) with ``in_parent``: the converting process reads them in write order
-(``ship``), each group once, dropped after its last sample, and sends the bytes to the
-workers. A read out of that order (``verify --source``) reads a group again if it was
-dropped.
+NOTE [ Parquet runs ]: a row group's column is stored in compressed pages (most values in
+one dictionary page), so a row group is read whole, never per image. A Parquet source's
+write order is a seeded random interleaving of runs of consecutive row groups (as a gzip
+tar's runs), each read front to back, so that chunks mix rows of every part of the files
+while only each run's current group is held: ``runs_for`` gives as many runs as
+``CACHE_BYTES`` holds, at most ``RUNS``. Its images are ``ParquetRow``s with
+``in_parent``: the converting process reads them in write order (``ship``), each group
+once, dropped after its last sample. A read out of that order (``verify --source``) reads
+a group again if it was dropped.
 """
 
 from __future__ import annotations
@@ -35,11 +32,7 @@ _STATE: dict[str, Any] = {}
 
 
 def pyarrow_parquet() -> Any:
-    """Return ``pyarrow.parquet``, or say how to install it.
-
-    Raises:
-        SourceError: pyarrow is not installed.
-    """
+    """Return ``pyarrow.parquet`` (SourceError saying how to install it)."""
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
@@ -53,13 +46,8 @@ def pyarrow_parquet() -> Any:
 class ParquetRow(FileRange):
     """One row's image of a Parquet file (NOTE [ Parquet runs ]).
 
-    Attributes:
-        path: The Parquet file (absolute).
-        row_group: Its row group.
-        row: The row within the group.
-        column: The image column (a struct of ``bytes`` and ``path``).
-        name: The file and row as messages name them (``train-00000.parquet, row 12``).
-        last: Whether it is the last sample of its group (reading it drops the group).
+    ``column`` is the image column (a struct of ``bytes`` and ``path``); ``name`` the file
+    and row as messages name them; ``last``: the last sample of its group (its read drops it).
     """
 
     row_group: int = 0
@@ -70,11 +58,7 @@ class ParquetRow(FileRange):
     in_parent: ClassVar[bool] = True
 
     def read(self) -> bytes:
-        """Return the image's bytes.
-
-        Raises:
-            DecodeError: The row has no image bytes, or the file cannot be read.
-        """
+        """Return the image's bytes (DecodeError: none, or the file cannot be read)."""
         data = _take(self)
         if not data:
             raise DecodeError(f"{self.name}: no image bytes in its {self.column!r} column")
@@ -111,7 +95,7 @@ def _hold(key: tuple[str, int, str], images: Any) -> None:
 
 
 def _read(image: ParquetRow) -> Any:
-    """Return the image bytes of a row's group, a pyarrow binary array (null: none)."""
+    """Return the image bytes of a row's group (a pyarrow binary array)."""
     try:
         table = _open(image.path, image.store).read_row_group(
             image.row_group, columns=[f"{image.column}.bytes"], use_threads=False
@@ -130,11 +114,7 @@ def _state() -> dict[str, Any]:
 
 
 def parquet_file(path: str, store: Store | None) -> Any:
-    """Return a ``pyarrow.parquet.ParquetFile`` of a local file (mapped) or of an object.
-
-    An object is read through its store in exact ranges (NOTE [ Sources in a bucket ]): its
-    footer, then the column chunks of the row groups read.
-    """
+    """Return a ``ParquetFile`` of a local file (mapped), or of an object read in exact ranges."""
     if store is None:
         return pyarrow_parquet().ParquetFile(path, memory_map=True)
     from h5pack.write.sources.base import opened
@@ -151,10 +131,7 @@ def _open(path: str, store: Store | None) -> Any:
 
 
 def lengths(image: ParquetRow) -> np.ndarray:
-    """Return the byte length of each row's image in ``image``'s row group (0 where none).
-
-    Read once per process and kept (8 bytes a row); the images read are not kept.
-    """
+    """Return the byte length of each row's image in ``image``'s row group (0 where none)."""
     import pyarrow.compute as pc
 
     found: dict[tuple[str, int, str], np.ndarray] = _state()["lengths"]

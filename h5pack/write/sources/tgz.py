@@ -1,17 +1,14 @@
 """A gzip-compressed tar (``.tar.gz``, ``.tgz``) of an image folder, read as a stream.
 
 NOTE [ Reading a gzip tar ]: gzip has no random access, so the archive is never read at
-random nor extracted. Listing inflates it once, in this process, parsing the member
-headers and keeping a copy of the inflater's state (``zlib``'s ``copy``: its window and
-position) every ``_SPACING`` bytes of output, at most ``_POINTS`` of them. The write order
-(``GzipTarSource.split``) is a seeded random interleaving of ``RUNS`` consecutive runs of
-the archive: each run is read front to back by its own inflater, started from the
-checkpoint before it, so the conversion inflates the archive once more and holds at most
-``RUNS`` inflaters and the batches in flight; every chunk mixes samples of every run.
-Samples are ``GzipMember``s that this process reads in write order (``ship``) and sends
-to the workers as bytes. A process that did not list the archive (a Dask worker, ``verify
---source``) reads them all the same, making its own checkpoints as it goes
-(decision 0051).
+random nor extracted. Listing inflates it once, parsing the member headers and keeping a
+copy of the inflater's state (``zlib``'s ``copy``) every ``_SPACING`` bytes of output, at
+most ``_POINTS`` of them. The write order is a seeded random interleaving of ``RUNS``
+consecutive runs of the archive, each read front to back by its own inflater started from
+the checkpoint before it: the conversion inflates the archive once more, and every chunk
+mixes samples of every run. Samples are ``GzipMember``s that this process reads in write
+order (``ship``); a process that did not list the archive (a Dask worker, ``verify
+--source``) makes its own checkpoints as it goes (decision 0051).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import sys
 import tarfile
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,21 +28,20 @@ from typing import Any, ClassVar
 import numpy as np
 
 from h5pack.core.format import SkippedFile
-from h5pack.core.packset import shard_slice
 from h5pack.core.store import Store
 from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.sources.archive import (
     CUT_SHORT,
+    ArchiveSource,
     Found,
     archive_listing,
     take_tar_member,
     tar_members,
 )
-from h5pack.write.sources.base import FileRange, Listing, PathSource
+from h5pack.write.sources.base import FileRange, Listing, interleave
 from h5pack.write.sources.objects import located
 
-RUNS = 256
-"""Runs of the archive that the write order interleaves (inflaters open at once)."""
+RUNS = 256  # runs of the archive that the write order interleaves
 _READ = 1 << 14  # compressed bytes read at a time
 _REMOTE_READ = 1 << 19  # from an object of a bucket: a ranged GET (NOTE [ Sources in a bucket ])
 _OUT = 1 << 16  # the most uncompressed bytes one inflate call gives
@@ -62,11 +58,7 @@ class GzipMember(FileRange):
     in_parent: ClassVar[bool] = True
 
     def read(self) -> bytes:
-        """Return the member's bytes (NOTE [ Reading a gzip tar ]).
-
-        Raises:
-            DecodeError: The archive cannot be read, is corrupt or ends before their end.
-        """
+        """Return the member's bytes (DecodeError: unreadable, corrupt or cut short)."""
         try:
             with _LOCK:  # one reader of the archive's inflaters at a time (Dask threads)
                 return _archive(self.path, self.store).read(self.offset, self.size)
@@ -85,10 +77,7 @@ class _Point:
 
 
 class _Cursor:
-    """One inflater moving forward through the archive.
-
-    ``buffer[start:]`` is its inflated output not read yet, which begins at ``pos``.
-    """
+    """One inflater moving forward: ``buffer[start:]``, its output not read yet, is at ``pos``."""
 
     def __init__(self, archive: _Archive, point: _Point) -> None:
         self.archive = archive
@@ -105,7 +94,7 @@ class _Cursor:
         """Return ``size`` bytes at ``offset`` (not before ``pos``); fewer only at the end.
 
         Raises:
-            DecodeError: ``exact``, and the archive ends before them; or it is corrupt.
+            DecodeError: The archive is corrupt, or (``exact``) ends before their end.
         """
         pieces = []
         while self.pos < offset + size:
@@ -168,14 +157,13 @@ class _Archive:
         self.fd = os.open(path, os.O_RDONLY) if store is None else -1
 
     def pread(self, pos: int) -> bytes:
-        """Return the compressed bytes at ``pos`` (a piece; empty at the end)."""
+        """Return compressed bytes at ``pos`` (empty at the end)."""
         if self.source is None:
             return os.pread(self.fd, _READ, pos)
         size = self.source.size()
         return bytes(self.source.read(pos, min(size, pos + _REMOTE_READ))) if pos < size else b""
 
     def close(self) -> None:
-        """Close the archive's file (once)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -185,11 +173,7 @@ class _Archive:
     __del__ = close
 
     def read(self, offset: int, size: int, *, exact: bool = True) -> bytes:
-        """Return ``size`` inflated bytes at ``offset`` from the nearest inflater or point.
-
-        Raises:
-            DecodeError: The archive is corrupt, or (``exact``) ends before their end.
-        """
+        """Return ``size`` inflated bytes at ``offset`` from the nearest inflater or point."""
         point = self.points[bisect.bisect_right(self.starts, offset) - 1]
         behind = [c for c in self.cursors if point.out_pos <= c.pos <= offset]
         cursor = max(behind, key=lambda c: c.pos) if behind else self.open(point)
@@ -198,7 +182,7 @@ class _Archive:
         return cursor.read(offset, size, exact=exact)
 
     def open(self, point: _Point) -> _Cursor:
-        """Return a new inflater at ``point``, closing the least recently used past the cap."""
+        """Return a new inflater at ``point``, dropping the least recently used past the cap."""
         cursor = _Cursor(self, point)
         self.cursors.append(cursor)
         if len(self.cursors) > _CURSORS:
@@ -259,16 +243,15 @@ class _Inflated(io.RawIOBase):
         return len(data)
 
 
-class GzipTarSource(PathSource):
+class GzipTarSource(ArchiveSource):
     """The images of a gzip-compressed tar of an image folder (NOTE [ Reading a gzip tar ])."""
 
     kind = "tgz"
 
     @staticmethod
     def matches(path: Path) -> bool:
-        """Whether ``path`` is this kind of source: a file named ``*.tar.gz`` or ``*.tgz``."""
-        name = path.name.lower()
-        return name.endswith((".tar.gz", ".tgz")) and path.is_file()
+        """Whether ``path`` is a file named ``*.tar.gz`` or ``*.tgz``."""
+        return path.name.lower().endswith((".tar.gz", ".tgz")) and path.is_file()
 
     def find(self) -> Listing:
         """Inflate the archive once, listing its images in archive order.
@@ -304,42 +287,19 @@ class GzipTarSource(PathSource):
         problems.extend(SkippedFile(rel, CUT_SHORT) for rel, w in found if w.offset + w.size > end)
         found = [(rel, where) for rel, where in found if where.offset + where.size <= end]
         listing = archive_listing(self.root, found, problems, whole)
-        order = sorted(range(len(listing.samples)), key=lambda i: _offset(listing, i))
-        samples = [listing.samples[i] for i in order]
-        return Listing(samples, listing.classes, listing.problems, nbytes=listing.nbytes)
+        offset = {id(where): where.offset for _, where in found}
+        samples = sorted(listing.samples, key=lambda sample: offset[id(sample.image)])
+        return replace(listing, samples=samples)
 
-    def files(self) -> tuple[Path, ...]:
-        """Return the archive: the one local file the samples are read from."""
-        return () if self.store.remote else (Path(self.root),)
-
-    def split(
-        self, index: int = 0, num_shards: int = 1, *, seed: int = 0, shuffle: bool = True
-    ) -> np.ndarray:
-        """Return shard ``index``'s positions: its slice of the interleaved runs' order."""
-        num = len(self.samples)
-        lo, hi = shard_slice(num, index, num_shards)
-        return interleaved(num, seed, shuffle)[lo:hi]
-
-
-def _offset(listing: Listing, i: int) -> int:
-    image = listing.samples[i].image
-    assert isinstance(image, FileRange)
-    return image.offset
+    def write_order(self, seed: int, shuffle: bool) -> np.ndarray:
+        """Return the interleaved runs' order (NOTE [ Reading a gzip tar ])."""
+        return interleaved(len(self.samples), seed, shuffle)
 
 
 @lru_cache(maxsize=2)
 def interleaved(num: int, seed: int, shuffle: bool) -> np.ndarray:
-    """Return a seeded random interleaving of ``RUNS`` consecutive runs of ``0..num-1``.
-
-    Each run keeps its order, so that one inflater reads it front to back.
-    """
+    """Return a seeded random interleaving of ``RUNS`` consecutive runs of ``0..num-1``."""
     if not shuffle:
         return np.arange(num, dtype=np.int64)
     runs = min(RUNS, num)
-    starts = np.arange(runs + 1, dtype=np.int64) * num // runs
-    run_of = np.repeat(np.arange(runs), np.diff(starts))
-    turns = np.random.default_rng(seed).permutation(run_of)
-    order = np.empty(num, dtype=np.int64)
-    order[np.argsort(turns, kind="stable")] = np.arange(num, dtype=np.int64)
-    order.flags.writeable = False
-    return order
+    return interleave(np.arange(runs + 1, dtype=np.int64) * num // runs, seed)

@@ -1,22 +1,19 @@
 """WebDataset shards as a source: a folder of ``.tar`` files, or a brace pattern of them.
 
 A sample is the consecutive members of a shard that share a key (webdataset's rule: the
-member's path up to the first dot of its name); the rest of the name, lower-cased, says
-what the member is: ``jpg``, ``jpeg``, ``png`` or ``webp`` the image (read in place, as a
-``FileRange``, by the workers), ``cls`` the label (an integer: classes are ``"0"`` to the
-largest), ``txt`` the text field ``txt``, ``json`` the JSON field ``json`` (its object);
-missing ones are "" and null. Other members are ignored. A key without an image, seen
-twice, or whose ``cls`` or ``json`` does not parse, is a problem named by its key. The
-stored key is the WebDataset key.
+path up to the first dot of the name); the rest of the name, lower-cased, says what the
+member is: ``jpg``, ``jpeg``, ``png`` or ``webp`` the image (read in place by the workers),
+``cls`` the label (an integer: classes are ``"0"`` to the largest), ``txt`` the text field
+``txt``, ``json`` the JSON field ``json``; missing ones are "" and null, others ignored. A
+key without an image, seen twice, or whose ``cls`` or ``json`` does not parse, is a problem
+named by its key.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +23,9 @@ from h5pack.core.fieldkinds import StoredField, TextField
 from h5pack.core.format import SkippedFile
 from h5pack.core.recordfields import JSONField
 from h5pack.core.store import Store
-from h5pack.errors import H5PackError, SourceError
+from h5pack.errors import SourceError
 from h5pack.write.scan import has_image_extension, is_ignored_name
-from h5pack.write.sources.archive import CUT_SHORT, tar_members, unread_tail
+from h5pack.write.sources.archive import CUT_SHORT, opened_archive, tar_walk
 from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
 from h5pack.write.sources.objects import (
     ObjectFile,
@@ -57,7 +54,7 @@ class _Group:
 
 
 class WebDatasetSource(PathSource):
-    """WebDataset shards (see the module docstring)."""
+    """WebDataset shards (the module docstring)."""
 
     kind = "webdataset"
     detect_first = True
@@ -74,11 +71,7 @@ class WebDatasetSource(PathSource):
         return bool(tars) and not any(e.is_dir() or has_image_extension(e.name) for e in entries)
 
     def shards(self) -> list[str]:
-        """Return the shards' paths (or URLs), in order.
-
-        Raises:
-            SourceError: A shard the pattern names is missing, or the folder holds none.
-        """
+        """Return the shards' paths (or URLs), in order (SourceError: one missing, or none)."""
         remote = self.store.remote
         braces = _BRACES.search(self.root)
         if braces:
@@ -136,14 +129,8 @@ class WebDatasetSource(PathSource):
             f.name: f.column([v.get(f.name, _EMPTY[f.name]) for _, _, v in found], len(found))
             for f in texts
         }
-        return Listing(
-            samples,
-            tuple(str(i) for i in range(top + 1)),
-            tuple(problems),
-            nbytes=sum(s.image.nbytes() for s, _, _ in found if isinstance(s.image, FileRange)),
-            fields=tuple(texts),
-            columns=columns,
-        )
+        classes = tuple(str(i) for i in range(top + 1))
+        return Listing(samples, classes, tuple(problems), fields=tuple(texts), columns=columns)
 
     def files(self) -> list[Path]:
         """Return the shards: the local files the samples are read from."""
@@ -153,31 +140,24 @@ class WebDatasetSource(PathSource):
 def _groups(store: Store, shard: str, problems: list[SkippedFile]) -> list[_Group]:
     """Return the samples' members of one shard, in order."""
     groups: list[_Group] = []
-    try:
-        with contextlib.closing(store.source(shard)) as source:
-            end = source.size()
-            raw = ObjectFile(source)
-            with tarfile.open(fileobj=raw, mode="r:") as archive:
-                for member in tar_members(archive):
-                    match = _KEY.match(member.name)
-                    if member.isdir() or match is None:
-                        continue
-                    key, extension = match.group(1), match.group(2).lower()
-                    if member.offset_data + member.size > end:
-                        problems.append(SkippedFile(key, f"{extension}: {CUT_SHORT}"))
-                        continue
-                    if not groups or groups[-1].key != key or extension in groups[-1].members:
-                        groups.append(_Group(key, shard))
-                    where = member_range(store, shard, member.offset_data, member.size)
-                    groups[-1].members[extension] = where if member.isfile() else None
-                    if extension in ("cls", *TEXT_FIELDS):
-                        data = bytes(raw.pread(member.offset_data, member.size))
-                        groups[-1].values[extension] = data.decode("utf-8", errors="replace")
-                tail = unread_tail(archive, end)
-    except (OSError, H5PackError, tarfile.TarError) as err:
-        raise SourceError(f"cannot read the WebDataset shard {shard}: {err}") from err
-    if tail:
-        problems.append(SkippedFile(Path(shard).name, tail))
+    with opened_archive(store, shard, "the WebDataset shard") as (_, source):
+        end = source.size()
+        raw = ObjectFile(source)
+        for member in tar_walk(raw, end, problems, Path(shard).name):
+            match = _KEY.match(member.name)
+            if member.isdir() or match is None:
+                continue
+            key, extension = match.group(1), match.group(2).lower()
+            if member.offset_data + member.size > end:
+                problems.append(SkippedFile(key, f"{extension}: {CUT_SHORT}"))
+                continue
+            if not groups or groups[-1].key != key or extension in groups[-1].members:
+                groups.append(_Group(key, shard))
+            where = member_range(store, shard, member.offset_data, member.size)
+            groups[-1].members[extension] = where if member.isfile() else None
+            if extension in ("cls", *TEXT_FIELDS):
+                data = bytes(raw.pread(member.offset_data, member.size))
+                groups[-1].values[extension] = data.decode("utf-8", errors="replace")
     return groups
 
 

@@ -1,13 +1,12 @@
 """A ``.zip`` of an image folder as a source, read in place: never extracted.
 
-The central directory lists the members; each image's local header gives where its bytes
+The central directory lists the members; each one's local header gives where its bytes
 start, so a worker reads a member at random with one ``pread`` or ranged GET (inflating it
-when it is deflated) and checks its CRC-32. What the archive may hold: ``sources.archive``.
+when deflated) and checks its CRC-32. What the archive may hold: ``sources.archive``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import struct
 import zipfile
 import zlib
@@ -15,11 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h5pack.core.format import SkippedFile
-from h5pack.core.store import Store
-from h5pack.errors import DecodeError, H5PackError, SourceError
-from h5pack.write.sources.archive import CUT_SHORT, Found, archive_listing, image_member
-from h5pack.write.sources.base import FileRange, Listing, PathSource
-from h5pack.write.sources.objects import ObjectFile, located
+from h5pack.errors import DecodeError
+from h5pack.write.sources.archive import (
+    CUT_SHORT,
+    ArchiveSource,
+    Found,
+    archive_listing,
+    image_member,
+    opened_archive,
+)
+from h5pack.write.sources.base import FileRange, Listing
+from h5pack.write.sources.objects import ObjectFile
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name and extra lengths
 _METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
@@ -54,14 +59,14 @@ class ZipMember(FileRange):
         return self.length
 
 
-class ZipSource(PathSource):
+class ZipSource(ArchiveSource):
     """The images of a zip archive of an image folder."""
 
     kind = "zip"
 
     @staticmethod
     def matches(path: Path) -> bool:
-        """Whether ``path`` is this kind of source: a file named ``*.zip``."""
+        """Whether ``path`` is a file named ``*.zip``."""
         return path.suffix.lower() == ".zip" and path.is_file()
 
     def find(self) -> Listing:
@@ -70,64 +75,39 @@ class ZipSource(PathSource):
         Raises:
             SourceError: The archive cannot be read or holds no images.
         """
-        path = located(self.store, self.root)
         found: Found = []
         problems: list[SkippedFile] = []
-        try:
-            with contextlib.closing(self.store.source(path)) as source:
-                end = source.size()
-                with zipfile.ZipFile(ObjectFile(source, readahead=0)) as archive:
-                    raw = ObjectFile(source)  # the local headers, read ahead in their order
-                    infos = sorted(archive.infolist(), key=lambda info: info.header_offset)
-                    for info in infos:
-                        self._take(info, raw, self.store, path, end, found, problems)
-        except (OSError, H5PackError, zipfile.BadZipFile, struct.error) as err:
-            raise SourceError(f"cannot read the zip archive {self.root}: {err}") from err
+        with opened_archive(self.store, self.root, "the zip archive") as (path, source):
+            end = source.size()
+            with zipfile.ZipFile(ObjectFile(source, readahead=0)) as archive:
+                raw = ObjectFile(source)  # the local headers, read ahead in their order
+                for info in sorted(archive.infolist(), key=lambda info: info.header_offset):
+                    relative = None if info.is_dir() else image_member(info.filename, problems)
+                    if relative is None:
+                        continue
+                    header = bytes(raw.pread(info.header_offset, _LOCAL_HEADER.size))
+                    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+                        reason = "its local header is missing or corrupt"
+                    elif info.flag_bits & 1:
+                        reason = "encrypted in the archive"
+                    elif info.compress_type not in _METHODS:
+                        reason = f"compressed with zip method {info.compress_type}"
+                    else:
+                        name_length, extra_length = _LOCAL_HEADER.unpack(header)[1:]
+                        offset = info.header_offset + _LOCAL_HEADER.size
+                        offset += name_length + extra_length
+                        reason = CUT_SHORT if offset + info.compress_size > end else ""
+                    if reason:
+                        problems.append(SkippedFile(relative, reason))
+                        continue
+                    member = ZipMember(
+                        path,
+                        offset,
+                        info.compress_size,
+                        self.store if self.store.remote else None,
+                        length=info.file_size,
+                        crc=info.CRC,
+                        deflated=info.compress_type == zipfile.ZIP_DEFLATED,
+                    )
+                    found.append((relative, member))
         return archive_listing(self.root, found, problems)
-
-    def files(self) -> tuple[Path, ...]:
-        """Return the archive: the one local file the samples are read from."""
-        return () if self.store.remote else (Path(self.root),)
-
-    @staticmethod
-    def _take(
-        info: zipfile.ZipInfo,
-        raw: ObjectFile,
-        store: Store,
-        path: str,
-        end: int,
-        found: Found,
-        problems: list[SkippedFile],
-    ) -> None:
-        """Add ``info`` to the images ``found``, to the ``problems``, or to neither."""
-        if info.is_dir():
-            return
-        relative = image_member(info.filename, problems)
-        if relative is None:
-            return
-        header = bytes(raw.pread(info.header_offset, _LOCAL_HEADER.size))
-        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
-            problems.append(SkippedFile(relative, "its local header is missing or corrupt"))
-            return
-        name_length, extra_length = _LOCAL_HEADER.unpack(header)[1:]
-        offset = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-        if info.flag_bits & 1:
-            problems.append(SkippedFile(relative, "encrypted in the archive"))
-        elif info.compress_type not in _METHODS:
-            problems.append(
-                SkippedFile(relative, f"compressed with zip method {info.compress_type}")
-            )
-        elif offset + info.compress_size > end:
-            problems.append(SkippedFile(relative, CUT_SHORT))
-        else:
-            deflated = info.compress_type == zipfile.ZIP_DEFLATED
-            member = ZipMember(
-                path,
-                offset,
-                info.compress_size,
-                store if store.remote else None,
-                length=info.file_size,
-                crc=info.CRC,
-                deflated=deflated,
-            )
-            found.append((relative, member))
