@@ -25,7 +25,7 @@ from h5pack.core.fields import LEGACY_FIELDS, Field
 from h5pack.core.format import SkippedFile
 from h5pack.core.store import is_url, open_store
 from h5pack.write.builder import SampleTable
-from h5pack.write.leftovers import describe_removed, remove_leftover_segments, remove_leftovers
+from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, rejecter, worker_pool, write_samples
 from h5pack.write.plan import plan_storage
@@ -233,8 +233,8 @@ def sample_table(
 
 
 def remove_leftovers_beside(target: Path, emit: Callable[[ConvertEvent], None]) -> None:
-    """Remove what killed conversions left beside ``target`` and in shared memory; say so."""
-    removed = remove_leftovers(target.parent) + remove_leftover_segments()
+    """Remove what killed conversions left beside ``target``; say so."""
+    removed = remove_leftovers(target.parent)
     if removed:
         message = describe_removed(removed)
         logger.warning("%s", message)
