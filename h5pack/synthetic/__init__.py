@@ -1,23 +1,11 @@
 """Make deterministic, natural-looking image folders for demos, tests and benchmarks.
 
-JPEG decode cost and compressibility of natural photographs differ a lot from those of
-noise or gradients, so benchmark data should look like photographs. Each image is a
-random crop of a photograph (a folder of real ones when available, else a bank of
-synthetic "1/f" scenes made by :func:`synthesize_photo`), resized with antialiasing and
-lightly jittered (flip, brightness, contrast, saturation, hue, noise or blur). Image ``i``
-is a pure function of ``(spec, photos, i)``: same inputs give byte-identical files.
-
-The folder it writes, ImageFolder-style (``flat=False``)::
-
-    target/
-        class_00/img_000000.jpg
-        class_00/img_000004.jpg
-        class_01/img_000001.jpg
-        ...
-
-Image ``i`` belongs to class ``i % num_classes``; each class prefers its own subset of the
-photographs, so classes are visually distinct. With ``flat=True`` the same images are
-written straight into ``target/``.
+Benchmark data should decode and compress like photographs, so each image is a random crop
+of a photograph (a folder of real ones, else a bank of synthetic scenes made by
+:func:`synthesize_photo`), resized and lightly jittered. Image ``i`` is a pure function of
+``(spec, photos, i)``. It is written to ``class_KK/img_IIIIII.jpg`` (class ``i %
+num_classes``; each class prefers its own photographs), or straight into the target when
+``flat``.
 """
 
 from __future__ import annotations
@@ -39,8 +27,7 @@ from h5pack._types import StrPath
 from h5pack.errors import OptionsError, SourceError, TargetExistsError
 from h5pack.synthetic.photo import synthesize_photo as synthesize_photo  # re-exported
 
-PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")
-"""Suffixes of the files read from a photos folder (case-insensitive)."""
+PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")  # files read from a photos folder
 
 _FORMATS: dict[str, str] = {"jpeg": ".jpg", "png": ".png"}
 _NUM_SYNTHETIC = 12  # photographs in the synthetic bank used without a photos folder
@@ -54,18 +41,10 @@ _PNG_LEVEL = 1  # PNG deflate level: fast; PNG of a photo barely shrinks at high
 class SampleSpec:
     """What image folder to make.
 
-    Attributes:
-        num_images: Number of images written.
-        num_classes: Number of classes; image ``i`` has label ``i % num_classes`` (with
-            fewer images than classes, only the first ``num_images`` classes get a folder).
-        size: Base ``(height, width)`` of every image.
-        size_jitter: 0 makes every image exactly ``size``; a fraction in (0, 1) lets the
-            height and width of each image vary independently by up to ± that fraction.
-        fmt: File format, ``"jpeg"`` (``.jpg``) or ``"png"``.
-        quality: JPEG quality (1-100); ignored for PNG.
-        seed: Seed of every random choice; image ``i`` uses
-            ``np.random.default_rng((seed, i))``.
-        flat: Write all images straight into the target, without class subfolders.
+    ``size`` is the base ``(height, width)``; ``size_jitter`` in [0, 1) lets each side vary
+    by up to ± that fraction. Image ``i`` has label ``i % num_classes`` and draws from
+    ``np.random.default_rng((seed, i))``; ``quality`` is JPEG's; ``flat`` writes no class
+    folders.
     """
 
     num_images: int = 200
@@ -119,29 +98,16 @@ def make_image_folder(
     overwrite: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> list[Path]:
-    """Write a deterministic folder of natural-looking images.
+    """Write a deterministic folder of natural-looking images; return their paths, sorted.
 
     Args:
-        target: Folder to write into; created if missing. It must be empty unless
-            ``overwrite`` is set.
+        target: Folder to write into; created if missing; must be empty unless ``overwrite``.
         spec: What to make.
-        photos: Folder of photographs (every ``.jpg``/``.jpeg``/``.png`` in it, sorted by
-            name) to crop the images from; None (or False) uses synthetic photographs, so
-            that the generator needs nothing outside the package. The scripts pass the
-            project's ``../shared/data/photos`` when it is there.
-        workers: Number of worker processes; 0 makes everything in this process. The
-            files are the same whatever the number of workers.
-        overwrite: Allow a non-empty target; files with the same names are replaced and
-            other files are left alone.
-        progress: Called with the number of images just written, as they are written.
-
-    Returns:
-        The paths of the written files, sorted.
-
-    Raises:
-        SourceError: ``photos`` is a folder that does not exist or holds no photograph.
-        TargetExistsError: ``target`` is not empty and ``overwrite`` is False.
-        OptionsError: ``workers`` is negative.
+        photos: Folder of photographs to crop from (SourceError when missing or empty);
+            None (or False): synthetic photographs.
+        workers: Worker processes (0: this one); the files are the same whatever the number.
+        overwrite: Allow a non-empty target (TargetExistsError otherwise).
+        progress: Called with the number of images just written.
     """
     if workers < 0:
         raise OptionsError(f"workers should be non-negative, but got workers={workers}")
@@ -170,15 +136,9 @@ def make_image_folder(
 
 
 def image_name(spec: SampleSpec, index: int) -> Path:
-    """Return the path of image ``index`` of ``spec``, relative to the target.
+    """Return ``class_KK/img_IIIIII.ext`` (``img_IIIIII.ext`` when flat) of image ``index``.
 
-    Args:
-        spec: What is being made.
-        index: Which image.
-
-    Returns:
-        ``class_KK/img_IIIIII.ext``, or ``img_IIIIII.ext`` when flat; both numbers are
-        zero-padded (to at least 2 and 6 digits) so that names sort in index order.
+    Both numbers are zero-padded (at least 2 and 6 digits) so that names sort in index order.
     """
     image_width = max(6, len(str(spec.num_images - 1)))
     name = f"img_{index:0{image_width}d}{_FORMATS[spec.fmt]}"
@@ -203,14 +163,7 @@ class _Source:
 
 
 def photos_folder(photos: StrPath | Literal[False] | None = None) -> Path | None:
-    """Return the folder :func:`make_image_folder` crops from, or None for synthetic photos.
-
-    Args:
-        photos: As for :func:`make_image_folder`.
-
-    Returns:
-        ``photos`` itself (resolved) when it is a folder; None when synthetic photographs
-        will be used (``photos`` is None or False).
+    """Return the folder :func:`make_image_folder` crops from (resolved), or None: synthetic.
 
     Raises:
         SourceError: ``photos`` is a folder that does not exist or holds no photograph.
@@ -271,15 +224,8 @@ def _load_bank(source: _Source) -> tuple[Image.Image, ...]:
     return tuple(bank)
 
 
-# --- one image ----------------------------------------------------------------------------
-
-
 def _render_image(photos: tuple[Image.Image, ...], spec: SampleSpec, index: int) -> Image.Image:
-    """Return image ``index`` of ``spec``, cut from ``photos``.
-
-    Every random choice comes from ``np.random.default_rng((spec.seed, index))``, drawn in
-    a fixed order, so the image depends on nothing else.
-    """
+    """Return image ``index`` of ``spec``, cut from ``photos`` (random draws in a fixed order)."""
     rng = np.random.default_rng((spec.seed, index))
     height, width = spec.size
     if spec.size_jitter > 0:
@@ -298,8 +244,7 @@ def _render_image(photos: tuple[Image.Image, ...], spec: SampleSpec, index: int)
     else:
         photo = photos[int(rng.integers(len(photos)))]
 
-    # Random crop: 30-100 % of the photograph's area, aspect near the target's; resized
-    # with a (Pillow: antialiased) bilinear filter, half the cost of bicubic.
+    # Random crop: 30-100 % of the photograph's area, aspect near the target's.
     area = rng.uniform(0.3, 1.0) * photo.width * photo.height
     aspect = (width / height) * math.exp(rng.uniform(-0.15, 0.15))
     crop_w = min(float(photo.width), math.sqrt(area * aspect))
@@ -312,8 +257,7 @@ def _render_image(photos: tuple[Image.Image, ...], spec: SampleSpec, index: int)
     if rng.uniform() < 0.5:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
 
-    # Colour jitter as one affine map of RGB (Pillow applies it in C): brightness,
-    # contrast about the mean, saturation, and a hue rotation about the grey axis.
+    # Colour jitter as one affine map of RGB: brightness, contrast, saturation, hue.
     brightness = 1.0 + rng.uniform(-0.08, 0.08)
     contrast = 1.0 + rng.uniform(-0.08, 0.08)
     saturation = 1.0 + rng.uniform(-0.12, 0.12)
@@ -324,8 +268,7 @@ def _render_image(photos: tuple[Image.Image, ...], spec: SampleSpec, index: int)
     affine = np.concatenate([matrix, np.full((3, 1), offset, dtype=np.float32)], axis=1)
     image = image.convert("RGB", matrix=tuple(float(x) for x in affine.ravel()))
 
-    # Now and then a little luminance noise or a little defocus (a box blur under a pixel
-    # wide: a 3-tap kernel, a third of the cost of a gaussian blur).
+    # Now and then a little luminance noise or a little defocus.
     effect, strength = rng.uniform(), rng.uniform()
     if effect < 0.2:
         sigma = np.float32(1.0 + 2.0 * strength)
@@ -359,9 +302,6 @@ def _write_image(source: _Source, spec: SampleSpec, index: int, path: Path) -> N
         image.save(path, format="PNG", compress_level=_PNG_LEVEL)
 
 
-# --- many images ----------------------------------------------------------------------------
-
-
 def _write_batch(source: _Source, spec: SampleSpec, items: list[tuple[int, Path]]) -> int:
     for index, path in items:
         _write_image(source, spec, index, path)
@@ -374,8 +314,7 @@ def _write_parallel(
     """Write ``paths`` in ``workers`` processes; yield how many images each batch wrote."""
     items = list(enumerate(paths))
     batch = max(1, min(64, len(items) // (4 * workers)))
-    # Spawn, not fork: fork is unsafe once threads run (torch, BLAS). Every image is a pure
-    # function of its index, so a worker needs only the recipe and loads its own photos.
+    # Spawn, not fork: fork is unsafe once threads run (torch, BLAS).
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         futures = [

@@ -1,8 +1,4 @@
-"""Synthetic photographs: "1/f" scenes of soft blobs.
-
-``make_image_folder`` cuts its images from a bank of these when no folder of real
-photographs is at hand.
-"""
+"""Synthetic photographs: "1/f" scenes of soft blobs (``make_image_folder``'s default bank)."""
 
 from __future__ import annotations
 
@@ -13,20 +9,10 @@ import numpy.typing as npt
 
 
 def synthesize_photo(rng: np.random.Generator, size: tuple[int, int]) -> npt.NDArray[np.uint8]:
-    """Make a self-contained natural-looking RGB image.
+    """Return a natural-looking ``(height, width, 3)`` uint8 image drawn from ``rng``.
 
-    A scene built like a landscape photograph: a sky-to-ground backdrop, a few objects with
-    irregular, slightly soft outlines, and textures whose amplitude spectrum falls as
-    ``1/f`` (the statistics of natural images), with chroma smoother than luminance as in
-    photographs, and a little sensor grain. It compresses like a photograph: a 500x375
-    JPEG at quality 90 takes tens of kilobytes (a gradient takes 2, white noise 200).
-
-    Args:
-        rng: Source of every random choice.
-        size: ``(height, width)`` of the image.
-
-    Returns:
-        A uint8 array of shape ``(height, width, 3)``.
+    A landscape-like scene: a sky-to-ground backdrop, a few soft-edged objects, and ``1/f``
+    textures (the statistics of natural images), so that it compresses like a photograph.
     """
     height, width = size
     rows = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
@@ -112,7 +98,7 @@ def _pink_noise(
 
 
 # Colours of common scene elements (RGB in [0, 1]): foliage, grass, sky, cloud, water,
-# soil, sand, rock, bark, brick, and a few saturated ones (flowers, paint).
+# soil, sand, rock, bark, brick, flowers, paint.
 _PALETTE = np.array(
     [
         [0.25, 0.38, 0.15],
@@ -147,6 +133,3 @@ def _natural_colour(
         base = _PALETTE[choices[int(rng.integers(len(choices)))]]
     varied = base * rng.uniform(0.8, 1.2) + rng.normal(0.0, 0.03, size=3)
     return np.asarray(np.clip(varied, 0.02, 0.98), dtype=np.float32)
-
-
-# --- where the photographs come from ----------------------------------------------------
