@@ -1,7 +1,4 @@
-"""The images of a merge: stored chunks copied as they are, the rest re-chunked.
-
-NOTE [ Merging by chunks ] in ``write/merge.py`` says which chunks are copied.
-"""
+"""The images of a merge: stored chunks copied as they are, the rest re-chunked (``merge``)."""
 
 from __future__ import annotations
 
@@ -27,12 +24,9 @@ from h5pack.write.mergesources import Shard, blob_step
 class BlobPlan:
     """Where each shard's blob goes in the merged blob (NOTE [ Merging by chunks ]).
 
-    Attributes:
-        step: The merged chunk (None: contiguous, or a virtual view).
-        bases: Where each shard starts (a chunk boundary when chunked).
-        offsets: Each shard's slot offsets from its base (N_k + 1).
-        relaid: Whether a shard's samples are laid out again (its chunk differs).
-        length: Bytes of the merged blob.
+    ``step``: the merged chunk (None: contiguous, or a virtual view); ``bases``: where each
+    shard starts; ``offsets``: its slot offsets from there (N_k + 1); ``relaid``: its samples
+    are laid out again (its chunk differs); ``length``: bytes of the merged blob.
     """
 
     step: int | None
@@ -77,10 +71,7 @@ class Counts:
 def create_like(
     handle: h5py.File, source: h5py.Dataset, length: int, step: int | None
 ) -> h5py.Dataset:
-    """Create the merged images dataset with ``source``'s type, layout and filters.
-
-    Its chunks are ``source``'s, or ``step`` bytes for a blob (``blob_step``).
-    """
+    """Create the merged images dataset like ``source`` (a blob's chunk: ``step`` bytes)."""
     shape = (length, *source.shape[1:])
     unlimited = source.maxshape[0] is None
     maxshape = (h5py.h5s.UNLIMITED if unlimited else length, *source.shape[1:])
@@ -97,8 +88,7 @@ def _copy_chunks(
 ) -> None:
     """Copy the stored chunks of ``source`` that start before row ``rows``, ``shift`` rows on.
 
-    The chunks are copied as stored (compressed), never decompressed; chunks HDF5 never
-    allocated (never written) stay unallocated in the target too.
+    Copied compressed, as stored; chunks never written stay unallocated.
     """
     tail = (0,) * (source.ndim - 1)
     allocated: list[int] = []
@@ -112,11 +102,7 @@ def _copy_chunks(
 
 
 class _Carry:
-    """Rows of a fixed-size array waiting to fill whole chunks of the target (re-chunking).
-
-    Rows are written through HDF5 (which compresses them) in whole chunks only, so no
-    chunk of the target is ever read back and written twice.
-    """
+    """Rows waiting to fill whole chunks of the target (no chunk is written twice)."""
 
     def __init__(self, target: h5py.Dataset, step: int, counts: Counts) -> None:
         self.target = target
@@ -156,10 +142,8 @@ def _relay(
 ) -> int:
     """Lay a blob's samples out again at ``local`` offsets from ``base``; return chunks written.
 
-    For a shard whose chunk differs from the merged blob's (a shard shorter than one chunk
-    gets a chunk of its own length). Samples are read decompressed and written through
-    HDF5, which compresses them, in runs that start on a chunk boundary and end on one (or
-    at the shard's end), so that no chunk is written twice.
+    For a shard whose chunk differs from the merged blob's: written through HDF5 in runs
+    that start and end on chunk boundaries (or the shard's end), no chunk written twice.
     """
     offsets, sizes = meta.blob_slots()
     step = int(target.chunks[0])
@@ -191,11 +175,9 @@ def _relay(
 def tails_last_order(counts: Sequence[int], step: int) -> tuple[list[int], np.ndarray | None]:
     """Return the rows of each shard copied in place, and the merged order of the samples.
 
-    NOTE [ Merging by chunks ]: the whole chunks of every shard are copied in shard order;
-    the rows of each shard's last, partial chunk go to the end of the pack, in shard order,
-    where they are re-chunked together. The order is ``None`` when that is the
-    concatenation (every shard but the last fills its chunks); else merged sample ``j`` is
-    sample ``order[j]`` of the concatenation.
+    Each shard's whole chunks are copied in shard order, the rows of its last, partial
+    chunk go to the end (NOTE [ Merging by chunks ]). The order is None when that is the
+    concatenation, else merged sample ``j`` is sample ``order[j]`` of the concatenation.
 
     Example:
         >>> rows, order = tails_last_order([5, 4, 3], 2)
@@ -220,11 +202,7 @@ def merge_images(
     *,
     keep_order: bool,
 ) -> None:
-    """Fill the merged images dataset from every shard (NOTE [ Merging by chunks ]).
-
-    A chunked array's partial last chunks go to the end (``tails_last_order``) unless
-    ``keep_order``, which re-chunks every row after the first of them.
-    """
+    """Fill the merged images dataset from every shard (NOTE [ Merging by chunks ])."""
     step = int(target.chunks[0]) if target.chunks is not None else None
     carry = _Carry(target, step or 1, counts)
     tails: list[tuple[Shard, int]] = []
@@ -275,8 +253,8 @@ def merge_images(
 def write_virtual(handle: h5py.File, shards: Sequence[Shard], target: Path, length: int) -> str:
     """Create the images dataset as a virtual view of the shards; return its sources' record.
 
-    NOTE [ Virtual packs ]: shards follow each other without padding (a virtual dataset
-    has no chunks); paths are stored relative to the target's directory.
+    Shards follow each other without padding; paths are relative to the target's directory
+    (NOTE [ Virtual packs ]).
     """
     first = shards[0].meta
     shape = (length, *first.images_shape[1:])

@@ -48,13 +48,7 @@ class Shard:
 def source_paths(
     sources: StrPath | Sequence[StrPath],
 ) -> tuple[list[Path], PackSetManifest | None]:
-    """Return the packs of ``sources`` (a pack, a pack set, or a list) and the set's manifest.
-
-    Raises:
-        OptionsError: an empty list.
-        PackNotFoundError: a pack set without a manifest.
-        FormatError: a malformed manifest.
-    """
+    """Return the packs of ``sources`` (a pack, a pack set, or a list) and the set's manifest."""
     if isinstance(sources, str | os.PathLike) and not is_packset(sources):
         return [Path(sources)], None
     return pack_paths(sources)
@@ -62,11 +56,8 @@ def source_paths(
 
 def _filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
     plist = dataset.id.get_create_plist()
-    found = []
-    for i in range(plist.get_nfilters()):
-        filter_id, _flags, values, _name = plist.get_filter(i)
-        found.append((int(filter_id), tuple(int(v) for v in values)))
-    return tuple(found)
+    filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
+    return tuple((int(f[0]), tuple(int(v) for v in f[2])) for f in filters)
 
 
 def _filters_text(filters: tuple[tuple[int, tuple[int, ...]], ...]) -> str:
@@ -122,12 +113,7 @@ def _differences(shard: Shard, first: Shard) -> list[str]:
 
 
 def _check_distinct_paths(shards: Sequence[Shard]) -> None:
-    """Refuse packs that hold the same source path (a pack holds each file once).
-
-    Raises:
-        FormatError: two packs hold a sample of the same path (the message names both
-            files and the path).
-    """
+    """Refuse (FormatError naming both files and the path) packs holding the same path."""
     owner: dict[str, int] = {}
     for k, shard in enumerate(shards):
         for path in shard.paths:
@@ -141,14 +127,10 @@ def _check_distinct_paths(shards: Sequence[Shard]) -> None:
 
 
 def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) -> list[Shard]:
-    """Read every pack's metadata and refuse packs that cannot be merged.
+    """Read every pack's metadata and refuse (FormatError) packs that cannot be merged.
 
-    Raises:
-        FileNotFoundError: a pack does not exist.
-        FormatError: a pack is damaged, changed since its set's manifest was written, or
-            differs from the first in format, mode, storage, sample shape, dtype, chunks,
-            filters or classes, or two packs hold the same source path (the message names
-            both files and what differs).
+    The message names both files and what differs: format, mode, storage, sample shape,
+    dtype, chunks, filters, classes, or a source path that both hold.
     """
     shards = [_load(path, manifest) for path in paths]
     first = shards[0]
@@ -161,13 +143,12 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
                 + "; convert them with the same options"
             )
     step = blob_step(shards)
-    if step is None:
-        _check_distinct_paths(shards)
-        return shards
-    largest = next(s for s in shards if s.meta.chunks == (step,))
-    for shard in shards:
+    largest = next((s for s in shards if s.meta.chunks == (step,)), first)
+    for shard in shards if step is not None else ():
         chunks = shard.meta.chunks
-        if chunks is not None and chunks[0] != step and not _one_chunk(shard):
+        # a blob shorter than its planned chunk gets a chunk of its own length
+        one_chunk = chunks is not None and chunks[0] >= shard.meta.images_shape[0]
+        if chunks is not None and chunks[0] != step and not one_chunk:
             raise FormatError(
                 f"{shard.path} cannot be merged with {largest.path}: blob chunk {chunks[0]} "
                 f"bytes here, {step} in {largest.path} (only a shard shorter than one chunk, "
@@ -176,16 +157,6 @@ def load_shards(paths: Sequence[Path], manifest: PackSetManifest | None = None) 
             )
     _check_distinct_paths(shards)
     return shards
-
-
-def _one_chunk(shard: Shard) -> bool:
-    """Return whether a shard's blob is one chunk cut to the blob's length.
-
-    A blob shorter than the chunk planned gets a chunk of its own length
-    (``images.ImagesWriter.spec_for``): the small shards of a set differ in chunk so.
-    """
-    chunks = shard.meta.chunks
-    return chunks is not None and chunks[0] >= shard.meta.images_shape[0]
 
 
 def blob_step(shards: Sequence[Shard]) -> int | None:
@@ -208,18 +179,13 @@ def merge_with_urls(
 ) -> tuple[R, list[str]]:
     """Merge packs of which some are in a store, or into one, with the local ``merge``.
 
-    The remote sources (packs, or a set's prefix or manifest, with all its shards) are
-    downloaded into a staging directory, merged there as local packs are, and a remote
-    target is published once complete (NOTE [ Publishing in a bucket ]): the merge copies
-    every stored chunk anyway, and whole objects take the fewest requests.
-
-    Returns:
-        What ``merge`` returned, and each source's shard URLs (a remote set's) or path.
+    Remote sources (packs, or a set's prefix or manifest) are downloaded whole into a
+    staging directory and merged there; a remote target is published once complete
+    (NOTE [ Publishing in a bucket ]). Returns what ``merge`` returned, and each source's
+    shard URLs or path.
 
     Raises:
         OptionsError: ``virtual`` (a virtual pack reads its sources by local path).
-        TargetExistsError: the target exists and ``overwrite`` is False.
-        H5PackError: the staging directory is too small, or a transfer failed.
     """
     if virtual:
         raise OptionsError(
@@ -265,12 +231,8 @@ def _fetch_source(
 ) -> tuple[Path, list[str]]:
     """Download a remote pack, or a set's manifest and shards, into ``folder``.
 
-    Returns:
-        The local pack (or set's folder) and the URLs it came from.
-
-    Raises:
-        PackNotFoundError: no such object (or no manifest under a set's prefix).
-        H5PackError: the staging directory is too small, or a GET failed.
+    Returns the local pack (or set's folder) and the URLs it came from; PackNotFoundError
+    when there is no such object (or no manifest under a set's prefix).
     """
     folder.mkdir()
     _, _, key = split_url(url)

@@ -1,9 +1,8 @@
 """A pack set's directory while it is written: its manifest, and the shards found there.
 
-``convert_set`` and ``convert_on_dask`` prepare the directory (refusing the manifest of
-another split), check a shard found under its name against what they would write
-(``shard_problems``: the restart check), and write the manifest last, once every shard is
-there and matches (``finish_set``). See ``write/shards.py`` and ``core/packset.py``.
+``convert_set`` and ``convert_on_dask`` prepare the directory, check a shard found under its
+name against what they would write (``shard_problems``: the restart check), and write the
+manifest last, once every shard is there and matches (``finish_set``).
 """
 
 from __future__ import annotations
@@ -36,19 +35,13 @@ if TYPE_CHECKING:
     from h5pack.write.remote import RemoteSet
     from h5pack.write.split import SourceSplit
 
-__all__ = ["finish_manifest", "finish_set", "meta_problems", "prepare_out_dir", "shard_problems"]
-
 
 def prepare_out_dir(
     out_dir: StrPath, num_shards: int, options: ConvertOptions, *, overwrite: bool
 ) -> Path:
-    """Create the pack set's directory; refuse one that holds another split's manifest.
+    """Create the pack set's directory; refuse (TargetExistsError) another split's manifest.
 
     With ``overwrite``, such a manifest is removed (the new one is written at the end).
-
-    Raises:
-        OptionsError: ``out_dir`` is a file, or its parent does not exist.
-        TargetExistsError: it holds the manifest of another split and not ``overwrite``.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -97,10 +90,7 @@ def shard_problems(
 def meta_problems(
     meta: PackMeta, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
 ) -> list[str]:
-    """Return how the shard of metadata ``meta`` differs from what this conversion would write.
-
-    The restart check of a shard, local or in a bucket (empty: it can be reused).
-    """
+    """Return how a shard's ``meta`` differs from what this conversion would write."""
     problems = identity.differences(meta.shard)
     if meta.classes != tuple(classes):
         problems.append("another class list (the class folders changed)")
@@ -133,13 +123,8 @@ def finish_set(
 ) -> tuple[Path | None, tuple[int, ...]]:
     """Write the manifest if every shard is there and matches; return it and what is missing.
 
-    Args:
-        out: The pack set's directory.
-        identities: Every shard's identity, in order.
-        options: The conversion options.
-        classes: The global class list.
-        metas: The shards this process wrote or checked; the others are checked here.
-        emit: Told of a shard that is there but does not match.
+    ``metas`` are the shards this process wrote or checked; the others are checked here, and
+    ``emit`` told of one that does not match.
     """
     n = len(identities)
     missing = tuple(i for i in range(n) if i not in metas and not (out / shard_name(i, n)).exists())
@@ -189,8 +174,7 @@ def finish_manifest(
 ) -> tuple[str | None, tuple[int, ...]]:
     """Write the set's manifest, in ``out`` or the bucket, once every shard is there.
 
-    Returns:
-        The manifest's path or URL (None while shards are missing) and the missing shards.
+    Returns its path or URL (None while shards are missing) and the missing shards.
     """
     identities = [split.identity(i) for i in range(split.num_shards)]
     if remote is not None:

@@ -1,14 +1,10 @@
-"""A sharded conversion's split of its source, and the task of each shard.
-
-A ``SourceSplit`` cuts the write order of a listed source into shards
-(``SampleSource.split``) and gives each shard's ``ShardTask``: everything its conversion
-needs, picklable, so that Dask ships it to a worker (``write/shards.py`` runs them).
+"""A sharded conversion's split of its source, and the (picklable) task of each shard.
 
 NOTE [ One plan for every shard ]: the storage (mode, array or blob, chunk shape, a blob's
-chunk bytes) is planned once from the whole folder, not per shard, so that every shard of
-a set has the same storage (readers and ``merge`` need it): image sizes are probed over all
-samples (pass ``--size`` or ``--mode encoded`` to skip the probe), chunk rows are sized for
-the largest shard, and a blob's chunk from the first files of the global write order.
+chunk bytes) is planned once from the whole source, so that every shard of a set has the
+same storage (readers and ``merge`` need it): image sizes are probed over all samples,
+chunk rows are sized for the largest shard, a blob's chunk from the first files of the
+global write order.
 """
 
 from __future__ import annotations
@@ -31,30 +27,15 @@ from h5pack.write.sources.base import FileRange, image_bytes
 if TYPE_CHECKING:
     from h5pack.write.remote import RemoteSet, RemoteShard
 
-__all__ = ["ShardTask", "SourceSplit", "plan_reason"]
-
 
 @dataclass(frozen=True, kw_only=True)
 class ShardTask:
     """Everything one shard's conversion needs (picklable: Dask ships it to a worker).
 
-    Attributes:
-        target: The shard's pack.
-        identity: Its place in the split.
-        samples: Its samples, in write order.
-        positions: Their positions in the source's order.
-        classes: The global class list.
-        fields: The stored fields besides image, label and key.
-        columns: Their values, in the shard's write order.
-        options: The conversion options.
-        sizes: Image sizes over the whole source (None when not needed).
-        estimate_bytes: Image bytes of the first samples of the global write order (a
-            blob's chunk is chosen from them), or None.
-        plan_samples: Samples of the largest shard (chunk rows are sized for it).
-        problems: The listing's problems (shard 0), else empty.
-        overwrite: Replace a shard that does not match.
-        remote: Where the shard is published when the set is in a bucket (``target`` then
-            only gives its name), else None.
+    ``samples`` in write order, at ``positions`` of the source; ``columns`` their other
+    fields; ``sizes``, ``estimate_bytes`` and ``plan_samples`` plan the storage (NOTE [ One
+    plan for every shard ]); ``problems``: the listing's (shard 0 only); ``remote``: where
+    the shard is published when the set is in a bucket (``target`` then gives its name).
     """
 
     target: Path
@@ -93,14 +74,7 @@ class ShardTask:
 
 @dataclass(frozen=True, kw_only=True)
 class SourceSplit:
-    """A listed source and its split into shards (what every shard is computed from).
-
-    Attributes:
-        source: The source, listed.
-        problems: Entries its listing left out.
-        num_shards: Shards of the split.
-        options: The conversion options.
-    """
+    """A listed source, the problems of its listing, and its split into ``num_shards``."""
 
     source: SampleSource
     problems: tuple[SkippedFile, ...]
@@ -174,9 +148,6 @@ class SourceSplit:
 
 
 def plan_reason(task: ShardTask, num_files: int) -> str:
-    """Return why the set is stored as it is, said of all ``num_files`` files.
-
-    The plan counts the largest shard's files (NOTE [ One plan for every shard ]).
-    """
+    """Return why the set is stored as it is, said of all ``num_files`` files."""
     said = task.plan().reason
     return said.replace(f"all {task.plan_samples} images", f"all {num_files} images")
