@@ -1,24 +1,24 @@
 """Merge packs (the shards of a pack set, or any list of packs) into one pack.
 
-``merge_packs`` copies the shards' stored chunks into the merged pack as they are, without
-decompressing them (HDF5's direct chunk read and write), and concatenates and re-indexes
-their metadata; the merged pack is published atomically, as a conversion's is
-(``write.publish``). ``virtual=True`` writes an HDF5 virtual-dataset view of the shards
-instead, whose sources readers check before serving a sample (NOTE [ Virtual packs ]).
+``merge_packs`` copies the shards' stored chunks as they are, without decompressing them
+(HDF5's direct chunk read and write), concatenates and re-indexes their metadata, and
+publishes the merged pack atomically (``write.publish``). ``virtual=True`` writes an HDF5
+virtual-dataset view of the shards instead (NOTE [ Virtual packs ]).
 
 NOTE [ Merging by chunks ]: a chunk is copied as it is only where it lands on a chunk
-boundary of the merged dataset (``write/mergecopy.py``).
+boundary of the merged dataset (``write/mergecopy.py``). A chunked blob: every shard starts
+on a chunk boundary (the rest of its last chunk pads its last slot); a shard shorter than
+one chunk got a chunk of its own length, and is laid out again in the largest shard's
+chunk. A fixed-size array: every shard's whole chunks are copied in order and the rows of
+the partial last chunks go to the end, re-chunked (``tails_last_order``); ``keep_order``
+re-chunks every row after the first such shard instead. Contiguous datasets are copied in
+blocks.
 
-- A chunked blob: every shard starts on a chunk boundary, its offsets shifted by whole
-  chunks (the rest of its last chunk is padding of its last slot, NOTE [ Aligned blobs ]).
-  A shard shorter than one chunk got a chunk of its own length: it is laid out again in the
-  largest shard's chunk (``mergecopy._relay``).
-- A fixed-size array: a shard whose count is not a multiple of the chunk's ends in a
-  partial chunk. Every shard's whole chunks are copied in order and the rows of the partial
-  last chunks go to the end, re-chunked through HDF5 (``tails_last_order``,
-  ``MergeReport.moved_to_end``); ``keep_order`` re-chunks every row after the first such
-  shard instead (``MergeReport.chunks_rechunked``).
-- Contiguous datasets have no chunks: bytes are copied in blocks, offsets shifted exactly.
+NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
+``fmt.VIRTUAL_SOURCES_KEY`` (path relative to the pack, pack id, size, sample count,
+digest). HDF5 silently returns the fill value where it cannot open a source, so a reader
+first checks that every recorded source is there and the same file, and the per-sample
+digests refuse a sample that still comes back as fill values.
 """
 
 from __future__ import annotations
@@ -64,36 +64,14 @@ from h5pack.write.publish import (
 )
 from h5pack.write.report import ConvertEvent
 
-# NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
-# ``fmt.VIRTUAL_SOURCES_KEY`` (JSON list of {path, pack_id, file_bytes, num_samples,
-# digest}; see core/format.py).
-#
-# HDF5 returns the fill value, silently, for the part of a virtual dataset whose source
-# file it cannot open (missing, moved, or past the limit of open files), so a reader of
-# a virtual pack first checks that every recorded source exists and is the same file (its
-# pack id and size), and the per-sample digests, checked by default, refuse a sample that
-# still comes back as fill values. Source paths are stored relative to the virtual pack's
-# directory (HDF5 resolves them against it, from any working directory): the pack and its
-# shards move together.
-
 
 @dataclass(frozen=True, kw_only=True)
 class MergeReport:
-    """What a merge did.
+    """What a merge did (NOTE [ Merging by chunks ]).
 
-    Attributes:
-        path: The pack written.
-        meta: Its metadata, as a reader sees it.
-        num_samples: Samples in the merged pack.
-        sources: The packs merged, in order.
-        virtual: Whether it is a virtual view of the sources (NOTE [ Virtual packs ]).
-        chunks_copied: Stored chunks copied as they are (not decompressed).
-        chunks_rechunked: Chunks decompressed and written again (NOTE [ Merging by chunks ]).
-        bytes_copied: Bytes copied from contiguous datasets.
-        moved_to_end: Samples of fixed-size arrays moved to the end of the pack (the rows
-            of the shards' last, partial chunks; NOTE [ Merging by chunks ]).
-        elapsed_s: Wall time.
-        file_bytes: Size of the merged pack.
+    ``chunks_copied`` were copied as stored, ``chunks_rechunked`` decompressed and written
+    again, ``bytes_copied`` copied from contiguous datasets; ``moved_to_end`` samples of
+    fixed-size arrays went to the end (the rows of the shards' partial last chunks).
     """
 
     path: str
@@ -109,16 +87,9 @@ class MergeReport:
     file_bytes: int
 
 
-# -- metadata ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Merged:
-    """The merged metadata of the shards, with blob offsets shifted (see ``plan_blob``).
-
-    ``arrays`` holds the per-sample arrays by dataset name (NOTE [ Per-sample arrays ]),
-    ``columns`` every stored field's values (``core.fields``) by name.
-    """
+    """The shards' merged metadata: per-sample ``arrays`` and field ``columns`` by name."""
 
     arrays: dict[str, np.ndarray]
     columns: dict[str, Any]
@@ -174,13 +145,7 @@ def _merged_columns(shards: Sequence[Shard]) -> dict[str, Any]:
 
 
 def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
-    """Return the merged ``source_index``: the shards', or re-indexed when they collide.
-
-    Shards of one sharded conversion hold positions in the global scan, distinct across
-    shards: they are kept. Packs converted on their own each count from 0: each pack's
-    positions are then moved past the previous packs' (by their largest position + 1), so
-    the merged positions stay distinct and in the order of the sources.
-    """
+    """Return the merged ``source_index``: the shards', or each moved past the previous ones."""
     joined = np.concatenate([m.source_index for m in metas]).astype(np.int64)
     if len(np.unique(joined)) == len(joined):
         return joined
@@ -213,8 +178,7 @@ def _write_metadata(
 ) -> None:
     """Write every dataset and attribute of the merged pack but its images (format 1.1).
 
-    Mode, storage, channels and the conversion options are the first shard's (they agree);
-    ``extra`` text attributes are written and digested too.
+    Mode, storage, channels and options are the first shard's; ``extra`` texts are added.
     """
     texts = {
         fmt.OPTIONS_KEY: json.dumps(dict(first.options), sort_keys=True),
@@ -239,9 +203,6 @@ def _write_metadata(
     )
 
 
-# -- the merge --------------------------------------------------------------------------
-
-
 def merge_packs(
     sources: StrPath | Sequence[StrPath],
     target: StrPath,
@@ -256,44 +217,28 @@ def merge_packs(
 ) -> MergeReport:
     """Write the packs ``sources`` (a pack set, a list of packs, or one pack) as one pack.
 
-    The samples follow each other in the order of the sources (a set's manifest order),
-    with their labels, paths, shapes, checksums and source indices; the merged pack gets a
-    new pack id and digests. Stored chunks are copied without being decompressed where
-    they land on a chunk boundary (NOTE [ Merging by chunks ]). Fixed-size arrays whose
-    shards do not fill their last chunk have those rows moved to the end of the pack,
-    where they are re-compressed together (``MergeReport.moved_to_end``), unless
-    ``keep_order``. Nothing exists under ``target`` until the merged pack is complete.
+    The samples follow each other in the sources' order, with their labels, paths, shapes,
+    checksums and source indices; stored chunks are copied as they are where they land on
+    a chunk boundary (NOTE [ Merging by chunks ]). Nothing exists under ``target`` until
+    the merged pack is complete.
 
     Args:
-        sources: A pack set's directory or manifest, a list of packs, or one pack (copied).
+        sources: A pack set's directory or manifest, a list of packs, or one pack.
         target: The pack to write.
-        overwrite: Replace an existing ``target``.
-        virtual: Write an HDF5 virtual-dataset view of the sources instead of copying their
-            images (NOTE [ Virtual packs ]): small and instant, but it reads through HDF5
-            (no direct chunk path) and needs every source, unchanged, at its place.
-        keep_order: Keep the samples of fixed-size arrays exactly in the sources' order:
-            every chunk after the first shard whose sample count is not a multiple of the
-            chunk's is then decompressed and compressed again (much slower). Blobs,
-            contiguous arrays and virtual packs always keep the order.
+        overwrite: Replace an existing ``target`` (else TargetExistsError).
+        virtual: Write an HDF5 virtual-dataset view of the sources (NOTE [ Virtual packs ]):
+            instant, but read through HDF5, and every source must stay in place.
+        keep_order: Keep fixed-size arrays in the sources' order, re-compressing every
+            chunk after the first shard that does not fill its last one (much slower).
         progress: Called with the number of samples just merged.
-        on_event: Called with a ``ConvertEvent`` (``"phase"``, with the samples to merge as
-            ``total``) once the sources are checked.
-        storage_options: For URLs (sources ``s3://bucket/set/`` or ``s3://bucket/a.h5``,
-            or the target): the bucket's settings beyond the environment. Remote sources
-            are downloaded and a remote target uploaded whole (``mergesources.merge_with_urls``).
-        staging_dir: For URLs: where they are downloaded and the merged pack is written
-            before it is uploaded (default: the system's temporary directory).
-
-    Returns:
-        What was written.
+        on_event: Called with a ``ConvertEvent`` (``"phase"``, ``total`` the samples).
+        storage_options: For URLs (sources or target in a bucket): the bucket's settings;
+            remote packs are downloaded, a remote target uploaded whole.
+        staging_dir: For URLs: where to download and write (default: the temporary dir).
 
     Raises:
-        TargetExistsError: ``target`` exists and ``overwrite`` is False.
-        OptionsError: ``target`` is one of the sources, or its directory does not exist.
-        FileNotFoundError: a source does not exist.
-        FormatError: a source is damaged, or the sources differ in format, mode, storage,
-            sample shape, dtype, chunks, filters or classes (the message names two files
-            and what differs).
+        FormatError: a source is damaged, or the sources differ (the message names two
+            files and what differs).
     """
     store = open_store(
         [target, *([sources] if isinstance(sources, str | os.PathLike) else sources)],

@@ -1,25 +1,16 @@
 """COCO detection and instance segmentation: an image folder and its ``instances_*.json``.
 
 ``h5pack convert IMAGES out.h5 --annotations instances.json``: every image the file lists
-(``file_name`` under IMAGES) is a sample, with or without annotations, keyed by its
-``file_name``, with the fields
-
-- ``boxes``: n x 4 float32 ``x1, y1, x2, y2`` in image pixels (COCO's ``x, y, w, h``
-  converted);
-- ``labels``: n category ids as given (COCO's 1..90 with gaps); the field's listing entry
-  names them (``CategoryField.categories``: ``[[id, name], ...]``);
-- ``iscrowd``: n uint8;
-- ``masks``: n x H x W uint8 (when any annotation has a segmentation): polygons and RLE
-  (compressed or list counts) decoded exactly as pycocotools' ``COCO.annToMask`` does
-  (polygons by pycocotools itself, the ``coco`` extra; decision 0055), in the
-  conversion's worker pool after the images, a few samples at a time;
-- ``image_id``: the image's COCO id (for ``COCOeval``).
+(``file_name`` under IMAGES) is a sample keyed by its ``file_name``, with the fields
+``boxes`` (n x 4 float32 ``x1, y1, x2, y2``), ``labels`` (the category ids, named by the
+field's ``categories``), ``iscrowd`` (n uint8), ``image_id``, and ``masks`` (n x H x W
+uint8, when any annotation has a segmentation: polygons and RLE decoded exactly as
+pycocotools' ``COCO.annToMask``, in the conversion's workers; decision 0055).
 
 What cannot be packed is a problem named by the image file or ``annotation ID``: an image
-not under IMAGES, whose size is not the file's ``width`` and ``height``, or whose id or
-file name is given twice; an annotation whose image, category, box or segmentation does
-not fit (a box or polygon more than ``SLACK`` pixels outside its image, an RLE of another
-size).
+not under IMAGES, of another size than the file says, or whose id or file name is given
+twice; an annotation whose image, category, box or segmentation does not fit (more than
+``SLACK`` pixels outside its image, an RLE of another size).
 """
 
 from __future__ import annotations
@@ -58,12 +49,7 @@ Image = tuple[str, FileRange, int, int]  # key, where, height, width
 
 
 class CocoSource(PathSource):
-    """The images of a COCO annotations file with their boxes and masks (module docstring).
-
-    Args:
-        path: The image folder (``file_name`` is relative to it).
-        annotations: The COCO instances JSON file.
-    """
+    """The images of the folder ``path`` that the COCO file ``annotations`` lists, with boxes."""
 
     kind = "coco"
 
@@ -72,11 +58,10 @@ class CocoSource(PathSource):
         self.annotations = os.fspath(annotations)
 
     def find(self) -> Listing:
-        """Read the annotations and pair them with the images (module docstring).
+        """Pair the annotations with the images (SourceError: missing or not COCO's).
 
         Raises:
-            SourceError: the folder or the file is missing, or the file is not COCO's.
-            OptionsError: segmentations to decode, and pycocotools is not installed.
+            OptionsError: polygons to decode, and pycocotools is not installed.
         """
         if not self.store.remote:
             check_root(Path(self.root))
@@ -183,10 +168,7 @@ class CocoSource(PathSource):
 
 
 def _header_sizes(there: dict[str, FileRange] | None, keys: list[str]) -> dict[str, Any]:
-    """Return the (H, W) of the images ``there`` (in a bucket) that ``keys`` name.
-
-    Read concurrently: a ranged GET of each one's first bytes (``header_size``).
-    """
+    """Return the (H, W) of the images ``there`` (in a bucket) that ``keys`` name."""
     if there is None:
         return {}
     there_keys = [k for k in dict.fromkeys(keys) if k in there]
@@ -264,12 +246,7 @@ def _numbers(value: Any, count: int = -1) -> bool:
 
 
 def _inside(xs: Sequence[float], ys: Sequence[float], height: int, width: int) -> bool:
-    return (
-        min(xs) >= -SLACK
-        and min(ys) >= -SLACK
-        and max(xs) <= width + SLACK
-        and max(ys) <= height + SLACK
-    )
+    return min(*xs, *ys) >= -SLACK and max(xs) <= width + SLACK and max(ys) <= height + SLACK
 
 
 def _fits(segmentation: Any, height: int, width: int) -> bool:
@@ -289,10 +266,7 @@ def _fits(segmentation: Any, height: int, width: int) -> bool:
 
 
 def rle_counts(text: str) -> list[int] | None:
-    """Return the run lengths of COCO's compressed RLE string (pycocotools' ``rleFrString``).
-
-    None when the text ends inside a number.
-    """
+    """Return the run lengths of COCO's compressed RLE string (None: it ends in a number)."""
     counts: list[int] = []
     at = 0
     while at < len(text):
@@ -314,8 +288,8 @@ def rle_counts(text: str) -> list[int] | None:
 def coco_masks(item: tuple[int, int, tuple[Any, ...]]) -> np.ndarray:
     """Return the n x H x W masks of an image's segmentations, as ``COCO.annToMask`` does.
 
-    Polygons go through pycocotools' ``frPyObjects`` and ``merge`` (its rasteriser); every
-    RLE is decoded here (pycocotools' ``decode`` warns under NumPy 2).
+    Polygons are rasterised by pycocotools; every RLE is decoded here (its ``decode`` warns
+    under NumPy 2).
     """
     height, width, segmentations = item
     out = np.zeros((len(segmentations), height, width), dtype=np.uint8)

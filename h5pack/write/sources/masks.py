@@ -1,13 +1,11 @@
 """Semantic segmentation: a folder of images and a folder of masks with the same stems.
 
-``h5pack convert IMAGES out.h5 --masks MASKS/``: each image ``IMAGES/a/b.jpg`` has its mask
-``MASKS/a/b.png`` (the relative path mirrored, any image extension): a palette ("P") or
-grey ("L") image whose values are kept as they are (class ids, 255 included), stored as
-the field ``mask`` (H x W uint8, its image's size). The masks are read in the conversion's
-worker pool after the images, a few at a time. An image without its mask, with a mask of
-another size, with several masks or of a stem another image shares, and a mask that is not
-a palette or grey image, are problems named by the image's path; masks without an image
-are a note.
+``h5pack convert IMAGES out.h5 --masks MASKS/``: image ``IMAGES/a/b.jpg`` has its mask
+``MASKS/a/b.png`` (any image extension): a palette ("P") or grey ("L") image whose values
+are kept as they are, stored as the field ``mask`` (H x W uint8, its image's size), read in
+the conversion's workers. An image without its mask, with a mask of another size, with
+several masks or of a stem another image shares, and a mask that is not a palette or grey
+image, are problems named by the image's path; masks without an image are a note.
 """
 
 from __future__ import annotations
@@ -37,12 +35,7 @@ REMOTE_HEADER_BYTES = 1 << 14  # in a bucket: the first bytes only (an image too
 
 
 class MaskSource(PathSource):
-    """The images under a folder, each with its mask from a second folder (module docstring).
-
-    Args:
-        path: The images' folder.
-        masks: The masks' folder.
-    """
+    """The images under the folder ``path``, each with its mask from the folder ``masks``."""
 
     kind = "masks"
 
@@ -51,11 +44,7 @@ class MaskSource(PathSource):
         self.masks = os.fspath(masks)
 
     def find(self) -> Listing:
-        """Pair each image with its mask and check their sizes (module docstring).
-
-        Raises:
-            SourceError: either folder is missing or holds no image.
-        """
+        """Pair each image with its mask (SourceError: a folder missing, or no pair)."""
         images, problems = self._images()
         masks_by_stem: dict[str, list[Path | FileRange]] = defaultdict(list)
         if is_url(self.masks):  # NOTE [ Sources in a bucket ]
@@ -129,10 +118,7 @@ def _mismatch(image: FileRange, masks: list[Path | FileRange], images: int) -> s
 
 
 def header_size(image: FileRange) -> tuple[int, int] | None:
-    """Return an image's displayed (H, W) from its header; None when it cannot be read.
-
-    An image that cannot be read is left to the decoder, which skips it naming why.
-    """
+    """Return an image's displayed (H, W) from its header; None when it cannot be read."""
     try:
         if image.store is None:
             with open(image.path, "rb") as f:
@@ -160,11 +146,7 @@ def _open_mask(where: str | Path | FileRange, *, header: bool = False) -> Image.
 
 
 def read_mask(path: str | FileRange) -> np.ndarray:
-    """Return the values of a palette or grey mask image as H x W uint8.
-
-    Raises:
-        DecodeError: it cannot be read.
-    """
+    """Return the values of a palette or grey mask image as H x W uint8 (DecodeError)."""
     try:
         with _open_mask(path) as mask:
             return np.asarray(mask, dtype=np.uint8)
