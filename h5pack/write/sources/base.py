@@ -47,11 +47,7 @@ def opened(store: Store, url: str) -> ByteSource:
 
 
 def read_object(store: Store, url: str, offset: int, size: int) -> bytes:
-    """Return ``size`` bytes of the object ``url`` at ``offset`` (-1: all of it).
-
-    Raises:
-        DecodeError: They cannot be read (the message names the URL and the range).
-    """
+    """Return ``size`` bytes of the object ``url`` at ``offset`` (-1: all; else DecodeError)."""
     try:
         source = opened(store, url)
         end = source.size() if size < 0 else offset + size
@@ -97,7 +93,7 @@ class FileRange:
         return data
 
     def nbytes(self) -> int:
-        """Return how many bytes ``read`` gives (0 for a file that cannot be stat'ed)."""
+        """Return how many bytes ``read`` gives (0 when unknown)."""
         if self.size >= 0:
             return self.size
         try:
@@ -190,11 +186,6 @@ class SampleSource(ABC):
     parallel: ClassVar[bool] = True
     encoded: bool = True
 
-    @staticmethod
-    def matches(path: Path) -> bool:
-        """Whether ``path`` looks like this kind of source (``sample_source``'s detection)."""
-        return False
-
     @abstractmethod
     def find(self) -> Listing:
         """List the samples, in their deterministic order (called once)."""
@@ -224,13 +215,13 @@ class SampleSource(ABC):
         return
 
     def columns(self, positions: np.ndarray) -> dict[str, Any]:
-        """Return the values of the stored fields at ``positions`` (``Listing.columns``)."""
+        """Return the values of the stored fields at ``positions``."""
         columns = self.listing.columns
         return {f.name: f.take(columns[f.name], positions) for f in self.listing.fields}
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What a user should hear about the listing besides its problems."""
+        """What a user should hear besides the problems."""
         return self.listing.notes
 
     def files(self) -> Iterable[Path]:
@@ -294,6 +285,11 @@ class PathSource(SampleSource):
 
     takes_labels: ClassVar[bool] = False
     detect_first: ClassVar[bool] = False  # detection tries it before the other kinds
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` looks like this kind of source (``sample_source``'s detection)."""
+        return False
 
     def __init__(
         self, path: StrPath, *, labels_csv: StrPath | None = None, store: Store | None = None

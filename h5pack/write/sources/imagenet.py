@@ -8,10 +8,12 @@ plain tar. Classes are the synsets, sorted; a key is ``SYNSET/MEMBER``.
 
 from __future__ import annotations
 
+import os
 import tarfile
 from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
+from h5pack.core.store import open_store
 from h5pack.errors import SourceError
 from h5pack.write.sources.archive import (
     ArchiveSource,
@@ -21,7 +23,7 @@ from h5pack.write.sources.archive import (
     tar_walk,
 )
 from h5pack.write.sources.base import FileRange, Listing, Sample, label_fields
-from h5pack.write.sources.objects import ObjectFile, member_range
+from h5pack.write.sources.objects import ObjectFile, is_tar_of_tars, member_range
 
 
 class ImageNetTarSource(ArchiveSource):
@@ -35,14 +37,7 @@ class ImageNetTarSource(ArchiveSource):
         """Whether ``path`` is a ``*.tar`` whose first file is a tar."""
         if path.suffix.lower() != ".tar" or not path.is_file():
             return False
-        try:
-            with tarfile.open(path, "r:") as archive:
-                first = archive.next()
-                while first is not None and first.isdir():  # `tar -cf x.tar train/`
-                    first = archive.next()
-        except (OSError, tarfile.TarError):
-            return False
-        return first is not None and first.isfile() and first.name.lower().endswith(".tar")
+        return is_tar_of_tars(open_store(path), os.path.abspath(path))
 
     def find(self) -> Listing:
         """List every inner tar's images.

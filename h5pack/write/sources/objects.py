@@ -15,6 +15,7 @@ read-ahead): its footer, then the row groups needed. Each image is a ``FileRange
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -121,17 +122,19 @@ def folder_url(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def first_member(store: Store, url: str) -> str | None:
-    """Return the name of a tar's first member (None when it has none or is no tar)."""
-    source = store.source(url)
+def is_tar_of_tars(store: Store, path: str) -> bool:
+    """Whether the file or object ``path`` is a tar whose first file is a tar (ImageNet's)."""
     try:
-        with tarfile.open(fileobj=ObjectFile(source, readahead=2**16), mode="r:") as archive:
+        with (
+            contextlib.closing(store.source(path)) as source,
+            tarfile.open(fileobj=ObjectFile(source, readahead=2**16), mode="r:") as archive,
+        ):
             first = archive.next()
+            while first is not None and first.isdir():  # `tar -cf x.tar train/`
+                first = archive.next()
     except (OSError, H5PackError, tarfile.TarError):
-        return None
-    finally:
-        source.close()
-    return first.name if first is not None and first.isfile() else None
+        return False
+    return first is not None and first.isfile() and first.name.lower().endswith(".tar")
 
 
 def url_kind(url: str, store: Store) -> str:
@@ -148,8 +151,7 @@ def url_kind(url: str, store: Store) -> str:
     suffixes = {".tar.gz": "tgz", ".tgz": "tgz", ".zip": "zip", ".tar": "tar"}
     kind = next((k for s, k in suffixes.items() if lower.endswith(s)), None)
     if kind == "tar":
-        first = first_member(store, url)
-        return "imagenet" if first is not None and first.lower().endswith(".tar") else "tar"
+        return "imagenet" if is_tar_of_tars(store, url) else "tar"
     if kind is not None:
         return kind
     prefix = folder_url(url)
