@@ -1,15 +1,4 @@
-"""What is inside a pack or a pack set (``pack_info``) and whether it is intact (``verify_pack``).
-
-- ``info``: ``PackInfo`` and ``pack_info`` (``h5pack info``); ``PackSetInfo`` and
-  ``packset_info`` for a pack set or a list of packs (``packset_summary``: with the
-  readers' view of it).
-- ``verify``: ``verify_pack`` (``h5pack verify``): metadata digests, structure, every
-  sample's digests and decoding.
-- ``packset``: ``verify_packset``: every shard, the manifest, and the set as a whole.
-- ``source``: ``verify --source``: the pack (set) against the folder it was made from.
-- ``probe``: the first open in a child process under a time limit, so that damaged
-  metadata is reported instead of hanging (``probe_pack``, ``probe_packs``).
-"""
+"""What is inside a pack or a pack set (``h5pack info``) and whether it is intact (``verify``)."""
 
 from h5pack.check.entry import verify_pack
 from h5pack.check.info import (

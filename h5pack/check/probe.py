@@ -1,19 +1,11 @@
 """Open a pack first in a child process under a time limit: damage reported, never hung on.
 
-NOTE [ Probing a pack in a child ]
-
-Some damage to HDF5's unchecksummed structures (the global heap of variable-length data,
-which format 1.0 packs hold) makes HDF5 spin forever inside one C call, where no signal
-handler runs. So ``info`` and ``verify`` first read everything a first open reads
-(attributes, every small dataset, the paths, the chunk index) in a fresh interpreter
-(``subprocess``: no HDF5 handle crosses a fork, and the user's main module is not imported
-again) and kill it once it has spent ``timeout_s`` seconds of CPU time on one pack: CPU
-time, not the clock, so that a busy machine cannot make a good pack look damaged. Whatever
-the child could not do (an error, a crash, the limit) is reported as damage; when it
-succeeds, the same reads in this process finish too. It costs an interpreter start, so the
-CLI uses it and library calls choose it (``timeout_s=``). A pack set's shards are probed
-one after another in one child (``probe_packs``); a shard that hangs or crashes it is
-reported and a fresh child takes the rest.
+NOTE [ Probing a pack in a child ]: some damage to HDF5's unchecksummed structures (the
+global heap of format 1.0 packs) makes HDF5 spin forever inside one C call. So ``info`` and
+``verify`` first read what a first open reads in a fresh interpreter (no HDF5 handle crosses
+a fork) and kill it once it has spent ``timeout_s`` of CPU time (not the clock: a busy
+machine cannot make a good pack look damaged) on one pack. An error, a crash or the limit is
+reported as damage. A set's shards share one child; one that hangs it gets a fresh child.
 """
 
 from __future__ import annotations
@@ -32,18 +24,14 @@ from h5pack._types import StrPath
 from h5pack.core.source import readable
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError
 
-# CPU seconds the CLI gives the child on a pack: reading the metadata of a pack of millions
-# of samples takes seconds, not minutes.
-PROBE_TIMEOUT_S = 120.0
-# How often the parent looks at the child's CPU time while it waits for an answer.
-_POLL_S = 0.1
+PROBE_TIMEOUT_S = 120.0  # CPU seconds the CLI gives the child on a pack
+_POLL_S = 0.1  # how often the parent looks at the child's CPU time
 
 # The child of ``probe_packs``: pack paths on stdin (JSON), one result line per pack.
 _CHILD_MANY = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from h5pack.check.probe import probe_many_main; probe_many_main(sys.argv[2] == 'strict')"
 )
-# Where h5pack is imported from, so that the child imports the same code.
 _ROOT = str(Path(__file__).resolve().parents[2])
 _DAMAGED = "the pack is damaged: re-create it, or restore it from a copy"
 
@@ -59,7 +47,6 @@ def _probe_here(path: str, strict: bool) -> dict[str, str]:
     """Read a pack's metadata, paths and chunk index in this process; say what went wrong."""
     from h5pack.core import format as fmt
 
-    result: dict[str, str]
     try:
         with fmt.open_h5(path) as handle:
             meta = fmt.read_meta(handle, path, check_digests=strict)
@@ -68,32 +55,21 @@ def _probe_here(path: str, strict: bool) -> dict[str, str]:
                 images = handle[fmt.IMAGES]
                 if images.chunks is not None:
                     images.id.chunk_iter(lambda info: None)
-        result = {"kind": "ok", "message": ""}
     except PackNotFoundError as err:
-        result = {"kind": "missing", "message": str(err)}
+        return {"kind": "missing", "message": str(err)}
     except FormatError as err:
         # not strict: the caller meets the same error in its own process and reports it
-        result = {"kind": "format" if strict else "ok", "message": str(err)}
+        return {"kind": "format" if strict else "ok", "message": str(err)}
     except Exception as err:  # anything else HDF5 raised on a damaged file is damage too
-        result = {"kind": "other", "message": f"{type(err).__name__}: {err}"}
-    return result
+        return {"kind": "other", "message": f"{type(err).__name__}: {err}"}
+    return {"kind": "ok", "message": ""}
 
 
 def probe_pack(path: StrPath, *, timeout_s: float = PROBE_TIMEOUT_S, strict: bool = True) -> None:
     """Read the pack's metadata in a child process; raise what it found wrong.
 
-    See the note "Probing a pack in a child".
-
-    Args:
-        path: The pack.
-        timeout_s: The child's limit, in seconds of its CPU time.
-        strict: Raise what the child found wrong. ``False`` (``verify``, which reports
-            damaged metadata itself) raises only when the child hung or crashed.
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack, or is damaged: the child reported an error,
-            crashed, or spent ``timeout_s`` of CPU time without finishing.
+    ``timeout_s`` is CPU time; ``strict=False`` (``verify``) raises only when the child hung
+    or crashed.
     """
     (error,) = probe_packs([path], timeout_s=timeout_s, strict=strict)
     if error is not None:
@@ -103,22 +79,7 @@ def probe_pack(path: StrPath, *, timeout_s: float = PROBE_TIMEOUT_S, strict: boo
 def probe_packs(
     paths: Sequence[StrPath], *, timeout_s: float = PROBE_TIMEOUT_S, strict: bool = True
 ) -> list[H5PackError | None]:
-    """Probe several packs (a pack set's shards) in one child, each under ``timeout_s``.
-
-    The packs are read one after another in one interpreter; a pack that makes it hang or
-    crash is reported and a fresh child takes the rest, so N packs cost one interpreter
-    start, not N.
-
-    Args:
-        paths: The packs.
-        timeout_s: The limit of each pack, in seconds of the child's CPU time (the first
-            pack's includes the child's start).
-        strict: As for ``probe_pack``.
-
-    Returns:
-        For each pack, in order, what ``probe_pack`` would raise for it (a
-        ``PackNotFoundError`` or a ``FormatError``), or None.
-    """
+    """Return what ``probe_pack`` would raise for each pack (or None), probed in one child."""
     texts = [os.fspath(p) for p in paths]
     errors: list[H5PackError | None] = [None] * len(texts)
     pending = []
@@ -159,26 +120,22 @@ def _probe_in_child(texts: list[str], timeout_s: float, strict: bool) -> list[H5
                     if not readable(child.stdout, _POLL_S):
                         if _cpu_s(process) < limit_s:
                             continue
-                        results.append(
+                        return [
+                            *results,
                             FormatError(
                                 f"{text}: reading the pack's metadata did not finish within "
                                 f"{timeout_s:g} s of CPU time (HDF5 loops on some damaged "
                                 f"metadata); {_DAMAGED}"
-                            )
-                        )
-                        return results
+                            ),
+                        ]
                     data = os.read(child.stdout.fileno(), 1 << 16)
                     if not data:  # the child died on this pack
                         code = child.wait()
                         lines = stderr_path.read_text(errors="replace").strip().splitlines()
-                        results.append(
-                            FormatError(
-                                f"{text}: reading the pack's metadata crashed the process "
-                                f"that tried (exit {code}: {(lines[-1:] or ['no output'])[0]}); "
-                                f"{_DAMAGED}"
-                            )
-                        )
-                        return results
+                        last = (lines[-1:] or ["no output"])[0]
+                        crashed = f"crashed the process that tried (exit {code}: {last})"
+                        message = f"{text}: reading the pack's metadata {crashed}; {_DAMAGED}"
+                        return [*results, FormatError(message)]
                     buffer += data
                 line, buffer = buffer.split(b"\n", 1)
                 results.append(_error_of(text, line))
@@ -191,7 +148,7 @@ def _probe_in_child(texts: list[str], timeout_s: float, strict: bool) -> list[H5
 
 
 def _cpu_s(process: psutil.Process) -> float:
-    """The CPU seconds ``process`` has spent; 0 once it has exited (its output says how)."""
+    """The CPU seconds ``process`` has spent; 0 once it has exited."""
     try:
         times = process.cpu_times()
     except psutil.Error:

@@ -1,29 +1,19 @@
-"""What ``h5pack verify`` reports: ``Problem`` and ``VerifyReport``, shared by every check.
-
-The one module of ``check`` that the pack, set and source checks all import, so that none
-of them imports another that imports it back (issue 16.4).
-"""
+"""What ``h5pack verify`` reports: ``Problem`` and ``VerifyReport``, shared by every check."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Mean absolute difference (0..255 levels) below which decoded pixels count as the same
-# image: decoders of different versions differ by a level here and there, a re-encoded,
-# edited or rotated image by far more.
+# Mean absolute difference (levels) below which decoded pixels count as the same image:
+# decoder versions differ by a level here and there, an edited image by far more.
 DEFAULT_TOLERANCE = 1.0
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a pack: the sample (index, or None) and path concerned, and what.
+    """One thing wrong: the sample (index within ``shard`` in a set, or None), its path, what.
 
-    Attributes:
-        index: The sample (in a pack set, its index within ``shard``), or None.
-        path: The sample's (or a source file's) relative path, or "".
-        message: What is wrong.
-        shard: In a pack set: the shard file concerned (the manifest for the set as a
-            whole), or "" when the problem is a source file in no shard.
+    ``shard``: in a pack set, the shard file (the manifest for the set as a whole), or "".
     """
 
     index: int | None
@@ -49,21 +39,10 @@ class Problem:
 class VerifyReport:
     """The outcome of ``verify_pack``.
 
-    Attributes:
-        path: The pack (a pack set's manifest, or its first pack for a list).
-        num_samples: Samples in the pack (set).
-        num_verified: Samples whose digests matched and that decoded to their shape.
-        problems: Everything found wrong, by sample index and path (and shard).
-        num_shards: Shards of a pack set (0 for a pack).
-        num_source: Images found in the source folder, when one was given.
-        missing: Samples in the pack whose file is not in the source folder.
-        extra: Images in the source folder that are not in the pack and were not skipped
-            at conversion.
-        skipped: Images in the source folder that the conversion skipped (the pack
-            records them): accounted for, not a problem.
-        mismatched: Samples whose label differs from the source's.
-        changed: Samples whose content differs from their source file's.
-        num_compared: Samples whose content was compared with their source file.
+    ``path``: the pack, a set's manifest or its first pack; ``num_verified``: samples whose
+    digests matched and that decoded to their shape. With a source: ``missing`` (in the pack,
+    not the source), ``extra`` (in the source, not the pack nor skipped), ``skipped`` (by the
+    conversion: not a problem), ``mismatched`` labels, ``changed`` content, ``num_compared``.
     """
 
     path: str

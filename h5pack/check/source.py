@@ -1,18 +1,10 @@
 """``verify --source``: a pack against the source it was made from, sample by sample.
 
-Every sample of the source (``write.sources``: a folder...) is accounted for, by its key,
-and each side named:
-
-- *missing*: a sample of the pack whose key is no longer in the source;
-- *extra*: a sample of the source that is not in the pack and that the conversion did not
-  skip (the pack records the samples it skipped, with why);
-- *skipped*: a sample of the source the conversion skipped: accounted for, not a problem;
-- *another label*: the source (or the labels CSV) gives the sample another class;
-- *changed*: the content differs: a stored field the source gives (``Sample.fields``)
-  differs, or the image does. Encoded packs compare the stored bytes with the file's
-  (re-encoded samples, ``--max-side``, are encoded again the same way, then compared as
-  pixels); raw packs decode (and resize, as the pack's options say) the file again and
-  compare the pixels within a tolerance.
+Every source sample is accounted for by its key: *missing* (in the pack, not the source),
+*extra* (in the source, neither in the pack nor skipped by the conversion), *skipped*,
+another label, or *changed*: a stored field or the image differs (encoded packs compare
+bytes, or pixels where ``--max-side`` re-encoded; raw packs prepare the file again and
+compare pixels within a tolerance).
 """
 
 from __future__ import annotations
@@ -49,14 +41,7 @@ FIELD_TOLERANCE = 0.01  # float fields (box coordinates in pixels) may differ by
 
 @dataclass(frozen=True)
 class SourceShard:
-    """One pack compared with the source folder (a pack set has one per shard).
-
-    Attributes:
-        name: The shard's name in problems ("" for a single pack).
-        path: The pack.
-        meta: Its metadata.
-        paths: Its samples' relative source paths.
-    """
+    """One pack compared with the source (a set has one per shard; ``name`` "" for a pack)."""
 
     name: str
     path: str
@@ -76,9 +61,8 @@ def compare_source(
 ) -> VerifyReport:
     """Return ``report`` with the differences between the packs and their source.
 
-    Every sample of the source must be in exactly one of ``shards`` (a path held by two is
-    reported by the pack set's own checks; the first holder is compared here). ``sample``
-    content comparisons are drawn over all shards together.
+    Every source sample must be in exactly one shard (the first holder is compared here);
+    ``sample`` content comparisons are drawn over all shards together.
     """
     found = sample_source(source, labels_csv=labels_csv)
     in_folder = {s.key: s for s in found.samples}
@@ -95,49 +79,37 @@ def compare_source(
     def name_of(label: int, classes: tuple[str, ...]) -> str | None:
         return classes[label] if 0 <= label < len(classes) else None
 
-    def problem(held: tuple[int, int] | None, relative: str, message: str) -> Problem:
-        if held is None:
-            return Problem(None, relative, message)
-        return Problem(held[1], relative, message, shard=shards[held[0]].name)
+    def add(kind: str, held: tuple[int, int] | None, relative: str, message: str) -> None:
+        counts[kind] += 1
+        index, shard = (None, "") if held is None else (held[1], shards[held[0]].name)
+        problems.append(Problem(index, relative, message, shard=shard))
 
+    extra = f"extra: in the source folder, not in {where}"
     for relative, file in in_folder.items():
         held = in_pack.get(relative)
         if held is None:
             if relative in skipped:
                 counts["skipped"] += 1
             else:
-                counts["extra"] += 1
-                problems.append(
-                    problem(None, relative, f"extra: in the source folder, not in {where}")
-                )
+                add("extra", None, relative, extra)
             continue
         meta = shards[held[0]].meta
         packed = name_of(int(meta.labels[held[1]]), meta.classes)
         label = name_of(file.label, found.classes)
         if packed != label:
-            counts["mismatched"] += 1
-            problems.append(
-                problem(held, relative, f"class {packed!r} in {where}, {label!r} in the source")
-            )
+            message = f"class {packed!r} in {where}, {label!r} in the source"
+            add("mismatched", held, relative, message)
     for relative, reason in unreadable.items():
         if relative in skipped:
             counts["skipped"] += 1
         elif relative in in_pack:
-            counts["changed"] += 1
-            problems.append(
-                problem(in_pack[relative], relative, f"the source file cannot be read: {reason}")
-            )
+            message = f"the source file cannot be read: {reason}"
+            add("changed", in_pack[relative], relative, message)
         else:
-            counts["extra"] += 1
-            problems.append(
-                problem(None, relative, f"extra: in the source folder, not in {where} ({reason})")
-            )
+            add("extra", None, relative, f"{extra} ({reason})")
     for relative, held in in_pack.items():
         if relative not in in_folder and relative not in unreadable:
-            counts["missing"] += 1
-            problems.append(
-                problem(held, relative, f"missing: in {where}, not in the source folder")
-            )
+            add("missing", held, relative, f"missing: in {where}, not in the source folder")
     # candidates: (shard, index) of every sample whose file is in the folder, in set order
     candidates = np.array(
         sorted(in_pack[r] for r in in_folder if r in in_pack), dtype=np.int64
@@ -240,12 +212,7 @@ def _compare_content(
 
 
 def _field_difference(field: StoredField, stored: Any, given: Any, stored_form: bool) -> str | None:
-    """Return how a stored field's value differs from the source's, or None.
-
-    Both are compared as the field stores them (``Field.column``; ``given`` is already when
-    ``stored_form``): exactly, floats (box coordinates) within ``FIELD_TOLERANCE``; spatial
-    fields already in the stored image's frame (``write.fitting``).
-    """
+    """Return how a stored field's value differs from the source's (both as stored), or None."""
     name = field.name
     ours = np.asarray(field.column([stored], 1)[0])
     try:
@@ -282,10 +249,7 @@ def _difference(
     file: Sample,
     tolerance: float,
 ) -> tuple[str | None, tuple[int, int] | None]:
-    """Return how sample ``index`` differs from its source ``file`` (or None), and its (H, W).
-
-    The (H, W) is the source image's where the conversion resized it (``Prepared.source``).
-    """
+    """Return how sample ``index`` differs from its source ``file`` (or None), and its (H, W)."""
     try:
         data = load(file.image)
     except DecodeError as err:

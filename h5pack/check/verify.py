@@ -1,10 +1,4 @@
-"""Whether one pack is intact: ``check_pack``, the checks ``h5pack verify`` runs on each pack.
-
-``check.entry.verify_pack`` dispatches to it, to ``check.packset`` for a set and to
-``check.source`` for a comparison with the source folder; the reports' types live in
-``check.report``, which every one of them imports (no module of ``check`` imports another
-that imports it back; tests/test_layers.py checks).
-"""
+"""Whether one pack is intact: ``check_pack``, the checks ``h5pack verify`` runs on each pack."""
 
 from __future__ import annotations
 
@@ -80,14 +74,8 @@ def _metadata_problems(meta: fmt.PackMeta, paths: list[str] | None) -> list[Prob
     damaged = list(meta.damaged)
     if paths is not None and not fmt.paths_match(meta, paths):
         damaged.append(fmt.PATHS)
-    return [
-        Problem(
-            None,
-            "",
-            f"metadata {name!r} does not match the CRC32 recorded at conversion: it is damaged",
-        )
-        for name in damaged
-    ]
+    damage = "does not match the CRC32 recorded at conversion: it is damaged"
+    return [Problem(None, "", f"metadata {name!r} {damage}") for name in damaged]
 
 
 @dataclass(frozen=True)
@@ -105,13 +93,7 @@ def check_pack(
     progress: Callable[[int], None] | None = None,
     store: Store | None = None,
 ) -> CheckedPack:
-    """Check one pack's metadata digests, structure and every sample (no source, no probe).
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack, or its metadata is too damaged to locate the
-            samples.
-    """
+    """Check one pack's metadata digests, structure and every sample (no source, no probe)."""
     from h5pack.read.reader import PackReader, ReaderOptions
 
     text = os.fspath(path)
@@ -190,15 +172,11 @@ def _field_problems(handle: Any, meta: fmt.PackMeta) -> list[Problem]:
         except Exception as err:  # any failure to read damaged data is reported, not raised
             problems.append(Problem(None, "", f"field {stored.name!r} cannot be read: {err}"))
             continue
-        for name in fmt.damaged_names(meta.digests, found):
-            problems.append(
-                Problem(
-                    None,
-                    "",
-                    f"field {stored.name!r}: {name!r} does not match the CRC32 recorded at "
-                    "conversion: it is damaged",
-                )
-            )
+        damage = "does not match the CRC32 recorded at conversion: it is damaged"
+        problems.extend(
+            Problem(None, "", f"field {stored.name!r}: {name!r} {damage}")
+            for name in fmt.damaged_names(meta.digests, found)
+        )
     return problems
 
 
@@ -206,10 +184,7 @@ SampleCheck = tuple[str, np.ndarray, Callable[[np.ndarray], int], int]
 
 
 def _sample_checks(meta: fmt.PackMeta) -> list[SampleCheck]:
-    """Return ``(name, recorded, digest, hex width)`` of each per-sample digest to check.
-
-    A table whose own digest did not match is not used: every sample would fail it.
-    """
+    """Return ``(name, recorded, digest, hex width)`` of each usable per-sample digest table."""
     checks: list[SampleCheck] = []
     if fmt.CHECKSUMS not in meta.damaged:
         checks.append(("CRC32", meta.checksums, integrity.crc32, 8))

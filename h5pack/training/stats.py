@@ -254,11 +254,7 @@ class StallMonitor:
         clock = self.clock
         iterator = iter(batches)
         back = clock()
-        while True:
-            try:
-                item = next(iterator)
-            except StopIteration:
-                return
+        for item in iterator:
             got = clock()
             timed = isinstance(item, tuple | list) and len(item) == 2
             if timed and isinstance(item[1], StageNs):
