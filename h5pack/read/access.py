@@ -1,11 +1,8 @@
 """Random access to a pack's samples by index or key: ``h5pack.open`` (decision 0041).
 
-For evaluation, inspection and debugging, as users read a Hugging Face dataset or a wids
-one: ``pack[i]`` is one sample's fields as a dict, ``pack[a:b]`` (or a list of indices) a
-list of them, read a chunk group at a time; ``pack.find(key)`` the index of a key. Images
-are decoded by the reader's decode path and checked against their recorded digests as the
-loader checks them. The object holds a path, not a handle: it pickles into a DataLoader
-worker, which opens the pack again on first use (refusing a file replaced since).
+``pack[i]`` is one sample's fields as a dict, ``pack[a:b]`` (or a list) a list of them, read
+a chunk group at a time and checked as the loader checks; ``pack.find(key)`` a key's index.
+It holds a path, not a handle: it pickles into a DataLoader worker, which opens it again.
 """
 
 from __future__ import annotations
@@ -43,24 +40,13 @@ class Pack:
     """A pack (or a pack set) read sample by sample; a context manager, read-only.
 
     Args:
-        source: A pack's path or URL (``s3://bucket/a.h5``), a pack set's directory,
-            prefix or ``packset.json``, or a list of packs.
-        fields: The fields each sample holds (default: every field the pack lists, with
-            ``key``); leaving ``image`` out reads no image at all.
+        source: A pack's path or URL, a pack set's directory, prefix or ``packset.json``, or
+            a list of packs.
+        fields: The fields each sample holds (default: every field listed, with ``key``);
+            without ``image`` no image is read.
         storage_options: The remote client's settings for a URL (as ``make_loader``'s).
         store: The store the pack is kept in (instead of ``storage_options``).
-        options: How to read (``ReaderOptions``; ``storage_options`` and ``store`` replace
-            its own).
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack, or is damaged.
-        OptionsError: ``fields`` names a field the pack does not list.
-
-    Example:
-        >>> pack = h5pack.open("train.h5")  # doctest: +SKIP
-        >>> pack[0]["image"].shape, pack.classes[pack[0]["label"]]  # doctest: +SKIP
-        ((375, 500, 3), 'cat')
+        options: How to read (its ``storage_options`` and ``store`` replaced by these).
     """
 
     def __init__(
@@ -87,7 +73,6 @@ class Pack:
         self._names = selected(meta, fields, key=True)
         self._keys: dict[str, int] | None = None
 
-    # -- what the pack holds -------------------------------------------------------------
     def __len__(self) -> int:
         return self._view.meta.num_samples
 
@@ -129,7 +114,6 @@ class Pack:
         """How messages name the pack: its path or URL."""
         return source_name(self._source)
 
-    # -- samples -------------------------------------------------------------------------
     @overload
     def __getitem__(self, index: int | np.integer) -> Sample: ...
 
@@ -176,7 +160,6 @@ class Pack:
             columns.update(reader.read_fields(idx, others))
         return [{name: columns[name][k] for name in self._names} for k in range(idx.size)]
 
-    # -- the file ------------------------------------------------------------------------
     def _open(self) -> PackReader | PackSetReader:
         if self._reader is None:
             self._reader = open_reader(self._source, self._options, view=self._view)

@@ -17,13 +17,10 @@ from h5pack.core import integrity
 from h5pack.errors import FormatError
 
 # NOTE [ Checked as copied ]
-# A mapped raw sample (NOTE [ Mapped raw reads ] in core.source) is checked where its
-# bytes are first touched: its digest computed on the mapping by the xxhash package (the
-# cold read), then the sample copied out of the CPU's cache with a memoryview slice
-# assignment (cheaper in Python than np.copyto's dispatch). The crop path checks its
-# views inline too (sample_checks: the digest on the mapping, then the box cut from the
-# cache). A one-pass copy-and-hash in C was measured and retired
-# (docs/decisions/0001-checked-copy-retired.md); the costs are in BENCHMARKS.md.
+# A mapped raw sample (NOTE [ Mapped raw reads ] in core.source) is checked where its bytes
+# are first touched: its digest computed on the mapping (the cold read), then it is copied
+# out of the CPU's cache with a memoryview slice assignment; the crop path checks its views
+# inline too (``sample_checks``). A one-pass copy-and-hash in C was retired (decision 0001).
 
 
 class SampleChecks:

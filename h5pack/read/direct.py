@@ -20,23 +20,14 @@ from h5pack.core.layout import FILTER_BLOSC, FILTER_DEFLATE, FILTER_LZ4, FILTER_
 from h5pack.core.source import ByteSource
 
 # NOTE [ Direct chunk path ]
-#
-# h5py serialises every call behind one global lock, so threads cannot read or decompress
-# two chunks at once through it. A chunk's file offset and size are taken once from the
-# pack's description (``core.description.PackIndex``); then a chunk is read at that offset
-# into a per-thread buffer and decompressed straight into a caller-owned output buffer by
-# a codec that releases the GIL, so several threads decompress in parallel and no HDF5
-# call is made per chunk. Codecs: the system's zlib, liblz4 and libzstd through ctypes
-# (ctypes releases the GIL and writes into our buffer); else the Python packages zlib,
-# lz4, zstandard (a copy more); blosc through python-blosc's ``decompress_ptr``. Output
-# buffers are allocated by the reader in the calling thread and recycled: fresh
-# multi-megabyte buffers allocated in pool threads come from glibc's per-thread arenas as
-# fresh mmaps, and their page faults and unmapping cost more than LZ4 decompression itself
-# (docs/decisions/0011). Uncompressed samples are read with ``os.preadv`` straight into the
-# batch. Anything this path does not understand (lzf,
-# bitshuffle, two real filters, a chunk shape that splits a sample, an unallocated chunk)
-# is read through h5py instead; tests check that both paths give identical pixels for
-# every codec.
+# h5py serialises every call behind one lock. So a chunk's offset and size come once from
+# the pack's description, and the chunk is read into a per-thread buffer and decompressed
+# into a caller-owned buffer by a codec that releases the GIL (the system's zlib, liblz4,
+# libzstd through ctypes; else the Python packages, a copy more; blosc's decompress_ptr):
+# threads decompress in parallel. Output buffers are allocated and recycled in the calling
+# thread (fresh ones from pool threads cost more page faults than LZ4 itself: decision
+# 0011). What this path does not understand (lzf, bitshuffle, two filters, a chunk that
+# splits a sample, an unallocated chunk) is read by h5py; tests compare both paths' pixels.
 
 # decompress(src, out): fill ``out`` (uint8, exactly the decompressed size) from ``src``.
 Decompressor = Callable[[np.ndarray, np.ndarray], None]

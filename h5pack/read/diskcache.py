@@ -122,8 +122,6 @@ class DiskCache(CacheDirectory):
         assert isinstance(options, DiskCacheOptions)
         type(self).__init__(self, options)  # a fresh process state, lazily opened
 
-    # -- the future and claims --------------------------------------------------------
-
     def set_future(self, pack: str, future: Future, *, now: float) -> None:
         """Record when this process will use the chunks of ``pack`` (``Future``, epochs)."""
         self._futures[pack] = (future, now)

@@ -1,10 +1,7 @@
-"""A reader's window of decompressed chunk groups, first in, first out, and their buffers.
+"""A reader's FIFO window of decompressed chunk groups, and their recycled buffers.
 
-Loaded groups enter the window in the order a request first names them and the oldest leave
-first (see sampler's note "Chunk-aware epoch order" for why a chunk-aware epoch then
-decompresses every chunk once). Output buffers are taken in the calling thread and recycled
-when their group leaves (see direct's note "Direct chunk path"). What is a group here is any
-per-sample dataset stored in the images' chunk grouping: the window holds bytes, not images.
+Groups enter in the order a request first names them (a chunk-aware epoch then
+decompresses each once); buffers are taken in the calling thread (NOTE [ Direct chunk path ]).
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -35,19 +32,14 @@ def first_appearance(values: np.ndarray) -> np.ndarray:
     return values[np.sort(first)]
 
 
-class GroupLoad:
+class GroupLoad(NamedTuple):
     """A group a reader is about to decompress (``PackReader.pending_loads``)."""
 
-    __slots__ = ("buffer", "group", "plan", "reader", "threaded")
-
-    def __init__(
-        self, reader: PackReader, group: int, plan: Plan, buffer: np.ndarray, threaded: bool
-    ) -> None:
-        self.reader = reader
-        self.group = group
-        self.plan = plan
-        self.buffer = buffer
-        self.threaded = threaded
+    reader: PackReader
+    group: int
+    plan: Plan
+    buffer: np.ndarray
+    threaded: bool  # whether ``run`` may run on another thread (the direct path)
 
     def run(self) -> np.ndarray:
         """Read and decompress the group (and check it, with ``verify_checksums``)."""
@@ -110,9 +102,7 @@ class GroupWindow:
                 if g not in self.held:
                     missing.append(g)
         if missing:
-            plans = [self.stored.plan(g) for g in missing]
-            self.stored.fetch(missing, plans)
-            jobs = list(zip(missing, plans, [self.take_buffer(n) for _, n in plans], strict=True))
+            jobs = self._jobs(missing)
             if len(missing) > 1 and self.threads > 1 and self.stored.table is not None:
                 # one wait for all, not one per result (Executor.map's): each wake-up of this
                 # thread took a core from a decompressing one (docs/decisions/0025)
@@ -137,7 +127,10 @@ class GroupWindow:
         for _, buffer in self.held.values():
             self.recycle(buffer)
         self.held.clear()
-        missing = [g for g in order.tolist() if g not in self.window]
+        return self._jobs([g for g in order.tolist() if g not in self.window])
+
+    def _jobs(self, missing: list[int]) -> list[tuple[int, Plan, np.ndarray]]:
+        """Return ``(group, plan, buffer)`` of groups ``missing``, their chunks fetched."""
         plans = [self.stored.plan(g) for g in missing]
         self.stored.fetch(missing, plans)
         return [(g, p, self.take_buffer(p[1])) for g, p in zip(missing, plans, strict=True)]

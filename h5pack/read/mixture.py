@@ -1,10 +1,9 @@
 """Several sources side by side: each a pack, a pack set or a list of packs (issue 18).
 
-``describe_mix`` describes each source (``read.packset.describe``), joins their classes
-and folds their per-sample metadata into one ``PackMeta`` over global indices (source s's
-sample i is ``offsets[s] + i``), so that the samplers and the checks see one pool. Unlike a
-pack set, the sources may differ in classes (joined), mode, storage and image size; what
-cannot become one batch is refused by ``check_batchable``, naming both sources.
+``describe_mix`` joins the sources' classes and folds their metadata into one ``PackMeta``
+over global indices (source s's sample i is ``offsets[s] + i``). Unlike a set's shards, the
+sources may differ in classes, mode, storage and size; ``check_batchable`` refuses what
+cannot be one batch.
 """
 
 from __future__ import annotations
@@ -40,16 +39,8 @@ def joined_classes(
 ) -> tuple[tuple[str, ...], list[np.ndarray]]:
     """Return the mix's classes and, per source, the map from its labels to the mix's.
 
-    Args:
-        class_lists: Each source's classes.
-        names: Each source's name (for ``"separate"`` and messages).
-        classes: ``"join"``: the same name is the same class, one sorted list;
-            ``"separate"``: every source's classes apart, named ``"source/class"``, in
-            source order; a list of names: the mix's classes as given (every source's
-            classes must be in it).
-
-    Raises:
-        OptionsError: a source has a class the explicit list lacks, or an unknown mode.
+    ``classes``: ``"join"`` (one sorted list by name), ``"separate"`` (``"source/class"``, in
+    source order) or the list of names (holding every source's classes).
 
     Example:
         >>> names, maps = joined_classes([("cat", "dog"), ("dog", "fox")], ["a", "b"])
@@ -152,18 +143,9 @@ def describe_mix(
     locking: bool | None = None,
     store_for: Callable[[PackSource], Store] | None = None,
 ) -> MixView:
-    """Describe every source and fold them into one view (see the module docstring).
+    """Describe every source (packs, pack sets, lists of packs) and fold them into one view.
 
-    Args:
-        sources: Two or more sources: packs, pack sets (directory or manifest), lists of
-            packs (read as one set).
-        classes: How the sources' classes become one list (``joined_classes``).
-        locking: As ``ReaderOptions.locking``.
-        store_for: The store of each source (``ReaderOptions.store_for``); None: local.
-
-    Raises:
-        OptionsError: fewer than one source, a source given twice, classes that do not fit.
-        FileNotFoundError, FormatError: as ``read.packset.describe``.
+    ``classes``: as ``joined_classes``; ``store_for``: each source's store (None: local).
     """
     if isinstance(sources, str | os.PathLike) or len(sources) < 1:
         raise OptionsError(

@@ -34,47 +34,26 @@ class ReaderOptions:
     """How a process reads a pack: window of decompressed chunks, threads, checks, decoder.
 
     Attributes:
-        window_chunks: Decompressed chunks kept, first in, first out: the sampler's window,
-            so that a chunk-aware epoch decompresses every chunk once. None: 1 for a bare
-            ``PackReader``; a dataset takes the sampler's (``make_loader`` sets it).
-        chunk_cache_bytes: Bytes of decompressed chunks kept instead (overrides
-            ``window_chunks``; at least one chunk is kept).
-        locking: HDF5 file locking; ``False`` for network file systems that do not support
-            it, or to read a pack that a writer still holds. None keeps HDF5's default.
+        window_chunks: Decompressed chunks kept, first in, first out (the sampler's window:
+            a chunk-aware epoch decompresses each chunk once). None: 1, or the sampler's.
+        chunk_cache_bytes: Bytes of decompressed chunks kept instead (one chunk at least).
+        locking: HDF5 file locking; ``False`` for network file systems without it, or a
+            pack a writer still holds. None keeps HDF5's default.
         backend: Decoder of encoded packs, ``"pillow"`` or ``"opencv"``.
-        direct: Use the direct chunk path where it applies (``h5pack.read.direct``);
-            ``False`` reads everything through h5py.
-        threads: Threads that decompress the chunks one request misses and decode encoded
-            samples (codecs and decoders that release the GIL); 0 or 1 works in the calling
-            thread. None: 0 for a bare reader; ``make_loader`` chooses (see "Loader defaults").
-        storage_options: Settings of the remote client for a URL beyond what the environment
-            says (``core.s3.S3Options``: endpoint, credentials, retries...); ignored for
-            local paths.
-        store: The store the pack is kept in, chosen once at a public edge with
-            ``open_store`` (it then stands for ``storage_options``); None: chosen per path.
-        verify_checksums: Check every sample read against its recorded digest and raise
-            ``FormatError`` on a mismatch: damage that still decompresses (codecs without
-            their own checksum, uncompressed packs) is then never served. On by default.
-            Format 1.1 packs are checked with their XXH3-64 (``sample_xxh3``), which runs at
-            memory speed (~4 us per 256x256 image); 1.0 packs, or a process without the
-            xxhash package, with the CRC32 every pack has (~50 us per 256x256 image).
-            Compressed samples are checked once per decompression of their chunk,
-            uncompressed ones at every read.
-        read_ahead: How a remote pack's chunks are fetched ahead of use (NOTE [ Planned
-            read-ahead ]); None: ``ReadAheadOptions()`` for remote packs, none for local
-            ones (given: local packs read ahead too).
-        disk_cache_dir: The user's disk cache of remote chunks, shared by every worker, rank
-            and job (NOTE [ One disk cache per machine ]), private to the user (NOTE
-            [ Private directories ]); None: ``$XDG_CACHE_HOME/h5pack``, else
-            ``~/.cache/h5pack``.
-        disk_cache_bytes: Its budget in bytes (the whole directory's), never exceeded; 0:
-            no disk cache; None: ``DEFAULT_CACHE_DISK_FRACTION`` (half) of the free space
-            of its file system when the directory is created (recorded there).
-        disk_cache_eviction: ``"belady"`` (the chunk needed farthest in the future goes: the
-            default) or ``"lru"`` (least recently used, for comparison).
-
-    Raises:
-        OptionsError: a window, cache size or thread count is out of range.
+        direct: Use the direct chunk path where it applies; ``False``: h5py reads all.
+        threads: Threads that decompress and decode (0 or 1: the calling thread). None: 0
+            for a bare reader, ``make_loader`` chooses.
+        storage_options: The remote client's settings for a URL (``core.s3.S3Options``...).
+        store: The store, chosen once with ``open_store`` (stands for ``storage_options``).
+        verify_checksums: Check every sample read against its recorded digest (XXH3-64, else
+            CRC32) and raise ``FormatError`` on a mismatch; on by default.
+        read_ahead: How chunks are fetched ahead (NOTE [ Planned read-ahead ]); None:
+            ``ReadAheadOptions()`` for remote packs, none for local ones.
+        disk_cache_dir: The user's disk cache of remote chunks (NOTE [ One disk cache per
+            machine ]); None: ``$XDG_CACHE_HOME/h5pack``, else ``~/.cache/h5pack``.
+        disk_cache_bytes: Its budget (the whole directory's); 0: no disk cache; None: half
+            the free space of its file system when the directory is created.
+        disk_cache_eviction: ``"belady"`` (needed farthest ahead goes) or ``"lru"``.
     """
 
     window_chunks: int | None = None

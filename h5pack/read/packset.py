@@ -1,19 +1,10 @@
 """Describe a pack set (shard packs, see ``core.packset``) as if it were one pack.
 
-Global sample indices run through the shards in manifest order; the groups (chunks) of
-every shard form one chunk map, so the samplers plan epochs over all shards' chunks as one
-pool and split chunks, not files, across ranks and workers (``read.setreader`` reads them).
-
-Every shard is checked when the set is described: a missing shard, one that is not a pack
-(e.g. truncated), one whose metadata differs from the manifest's record, or a list of packs
-whose classes or storage disagree is a ``FormatError`` naming the file, never a smaller
-epoch or fill values.
-
-What the check keeps of a shard is small (``ShardView``: its path, sample count, chunk
-map, identity); its metadata arrays are folded into the set's one ``PackMeta`` and not kept
-twice. A reader built from that ``PackView`` (``open_reader(view=...)``, what a dataset
-does in each DataLoader worker) reads no metadata again: each shard's is read when that
-shard is first opened, and must still be the file the view checked.
+Global indices run through the shards in manifest order, and their groups form one chunk
+map: the samplers split chunks, not files. Every shard is checked when the set is described
+(a missing, damaged or foreign shard is a ``FormatError`` naming it); its metadata arrays are
+folded into the set's one ``PackMeta``, and a ``PackView`` keeps only each shard's path,
+counts, chunk map and identity, so a worker's reader reads no metadata again.
 """
 
 from __future__ import annotations
@@ -271,13 +262,8 @@ def describe(
 ) -> PackView:
     """Return the metadata and chunk map of a pack or a pack set (checking every shard).
 
-    Opens no reader: each shard's file is opened, its metadata read and checked against the
-    manifest, and closed. URLs (``s3://bucket/pack.h5``, a set's prefix ``s3://bucket/set/``
-    or its ``packset.json``, a list of URLs) are read from their ``store``.
-
-    Raises:
-        FileNotFoundError: the pack, a shard or the manifest does not exist.
-        FormatError: a file is not a pack, or a shard does not belong to the set.
+    Opens no reader. URLs (a pack, a set's prefix or ``packset.json``, a list) are read from
+    ``store``.
     """
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: a single path

@@ -28,12 +28,8 @@ from h5pack.read.readahead import ReadAhead, ReadAheadOptions
 class ReadPlan:
     """Which samples one process reads next, and when its rank uses which.
 
-    Attributes:
-        samples: This process's samples in the order it will read them.
-        times: The time of each, in epochs (epoch + the share of its batches before it).
-        future_samples: Every sample its rank reads in this epoch and the next (for the
-            disk cache's eviction: another worker's chunks of the next epoch count too).
-        future_times: Their times, in epochs.
+    ``samples`` at ``times`` (epochs) are this process's; ``future_*`` every sample its rank reads
+    this epoch and the next (for the disk cache's eviction).
     """
 
     samples: np.ndarray

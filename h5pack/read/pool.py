@@ -2,16 +2,12 @@
 
 NOTE [ One pool for a mix's sources ]
 
-A mix's batch is read source by source, each by its own ``PackReader``; with a pool per
-reader the sources' chunks were decompressed in rounds that left threads idle (BENCHMARKS.md,
-"Mixing packs by weight"). Here every reader of the mix uses the same threads
-(``PackReader.use_pool``): ``start_loads`` asks each reader for the groups the batch will
-miss (``pending_loads``), submits them all at once, and ``Loading.finish`` waits once and
-hands each reader its groups (``hold``); each source then reads as it always does, so the
-window, the chunks decompressed and the pixels are unchanged.
-
-No task of the pool waits on another task of the pool (that deadlocks a fixed-size pool):
-only the batch's thread submits. After ``fork`` the pool makes new threads.
+With a pool per reader a mix's sources decompressed in rounds that left threads idle
+(BENCHMARKS.md, "Mixing packs by weight"). Here the readers share threads (``use_pool``):
+``start_loads`` submits every group the batch will miss (``pending_loads``) at once and
+``Loading.finish`` hands each reader its groups (``hold``); each then reads as always, so
+window, loads and pixels are unchanged. Only the batch's thread submits (a pool task that
+waits on another deadlocks a fixed pool); after ``fork`` the pool makes new threads.
 """
 
 from __future__ import annotations

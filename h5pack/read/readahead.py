@@ -146,8 +146,6 @@ class ReadAhead:
         self._busy_s = 0.0  # the reader's time between gets, not waiting
         self._last_get: float | None = None
 
-    # -- the plan ---------------------------------------------------------------------
-
     def plan(self, stream: Sequence[int] | np.ndarray, times: np.ndarray | None = None) -> None:
         """Start reading ahead for the chunks ``stream``, in order of use.
 
@@ -256,8 +254,6 @@ class ReadAhead:
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         return shared_pool(self.options.threads)
-
-    # -- fetching -----------------------------------------------------------------------
 
     def _fetch_task(
         self,
@@ -379,8 +375,6 @@ class ReadAhead:
             low = int(self.offsets[chunk]) - begin
             parts[chunk] = data[low : low + int(self.sizes[chunk])]
         return parts
-
-    # -- serving ------------------------------------------------------------------------
 
     def get(self, chunk: int) -> np.ndarray:
         """Return the stored bytes of ``chunk`` (read-only), waiting for them if needed."""

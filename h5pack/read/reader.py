@@ -1,10 +1,7 @@
 """Read samples from a pack, one read per chunk (or contiguous run), never one per sample.
 
-Compressed chunks are decompressed once and kept in a first-in-first-out window of
-decompressed chunks (``read.groups``, sized from the sampler's window), read by the one byte
-path of ``read.stored``: the direct chunk path (``read.direct``) where the codec allows, h5py
-where it needs HDF5. Uncompressed samples are read straight from the file into their
-destination, without a window.
+Compressed chunks are decompressed once into a FIFO window (``read.groups``) through the one
+byte path (``read.stored``); uncompressed samples go straight into their destination.
 """
 
 from __future__ import annotations
@@ -43,17 +40,10 @@ class PackReader:
     Args:
         path: The pack.
         options: How to read it (default ``ReaderOptions()``).
-        expected: The identity of the file the caller's metadata came from (a dataset's):
-            the reader refuses any other file at ``path``.
-        meta: Metadata the caller has read and checked itself from this file (``verify``
-            reads damaged metadata to report it); its identity must match the file opened.
+        expected: The identity of the file the caller's metadata came from: another file at
+            ``path`` is refused (``FormatError``).
+        meta: Metadata the caller read and checked from this file (``verify``'s).
         store: Where the pack is kept (default: ``options.store_for(path)``).
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack, is of a newer format version, is damaged, is
-            not the file ``expected`` (or ``meta``) describes, or is a virtual pack one of
-            whose sources is missing or changed (``read.virtual``).
     """
 
     def __init__(
@@ -138,7 +128,6 @@ class PackReader:
         except FormatError:
             return "path unknown: the paths are damaged too"
 
-    # -- reading ---------------------------------------------------------------------
     def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         return checked_indices(indices, self.meta.num_samples)
 

@@ -1,10 +1,8 @@
 """Read a pack set as if it were one pack (``PackSetReader``), or a pack (``open_reader``).
 
-Shards are opened lazily and at most ``max_open`` at once (least recently used first out),
-so a set of 10,000 shards works under the default ``ulimit -n`` of 1,024; one window of
-``window_chunks`` decompressed chunks is kept over all of them, as a single pack's reader
-keeps it. A shard replaced after ``read.packset.describe`` checked it is refused when it
-is (re)opened: each shard reader is opened with the identity recorded at that check.
+Shards open lazily, at most ``max_open`` at once (least recently used out: 10,000 shards
+fit ``ulimit -n`` 1,024), one window kept over all; a shard replaced since ``describe``
+checked it is refused when it is (re)opened.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import os
 import resource
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -26,6 +23,7 @@ from h5pack.core.packset import is_packset
 from h5pack.errors import FormatError, H5PackError, OptionsError
 from h5pack.read.packset import PackSource, PackView, describe_set
 from h5pack.read.planned import ReadPlan
+from h5pack.read.pool import ReadPool
 from h5pack.read.reader import PackReader, ReaderOptions
 
 T = TypeVar("T")
@@ -49,12 +47,8 @@ def open_reader(
 ) -> PackReader | PackSetReader:
     """Return the reader of a pack (``PackReader``) or of a pack set (``PackSetReader``).
 
-    Args:
-        source: A pack path, a pack set's directory or manifest, or a list of pack paths.
-        options: How to read.
-        view: ``describe(source)`` from earlier: the reader reads the files it checked, or
-            raises ``FormatError`` naming a file replaced since (a dataset's guarantee that
-            its labels and its images come from the same files).
+    ``view``: ``describe(source)`` from earlier: the reader reads the files it checked, or
+    raises ``FormatError`` naming one replaced since.
     """
     if view is not None and view.shards is not None:
         return PackSetReader(source, options, view=view)
@@ -92,24 +86,9 @@ class _LazyPaths(Sequence[str]):
 class PackSetReader:
     """Read the samples of a pack set as one pack; a context manager, read-only.
 
-    The same reading methods as ``PackReader`` (``read_stored``, ``read_into``,
-    ``decode``, ``read_images``, ``map_threads``, ``paths``), over global indices.
-
-    Args:
-        source: A pack set's directory or manifest, or a list of pack paths.
-        options: How each shard is read (``ReaderOptions``); ``window_chunks`` is the window
-            kept over all shards together.
-        max_open: Shards open at once (each holds two file descriptors).
-        view: ``describe(source)``, made earlier (in another process, say).
-
-    Raises:
-        FileNotFoundError: the manifest or a shard does not exist.
-        FormatError: a shard is not a pack, differs from the manifest's record, or does not
-            match the other shards (mode, storage, channels, classes, image shape).
-        OptionsError: ``max_open`` is below 1, or the list of packs is empty.
-
-    A ``view`` from ``describe(source)`` skips reading every shard's metadata again; the
-    shards are then checked against it as they are opened.
+    ``PackReader``'s reading methods over global indices. ``options.window_chunks`` is the
+    window over all shards; ``max_open`` shards are open at once (two descriptors each);
+    ``view`` (``describe(source)``, made earlier) spares reading every shard's metadata again.
     """
 
     def __init__(
@@ -146,12 +125,9 @@ class PackSetReader:
             for s in self._shards
         ]
         self._readers: OrderedDict[int, PackReader] = OrderedDict()
-        self.window_chunks = self.options.window_chunks or 1
-        if self.options.chunk_cache_bytes is not None:
-            self.window_chunks = max(1, self.options.chunk_cache_bytes // self.group_bytes)
+        self.window_chunks = self.options.window_for(self.group_bytes)
         self._window: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._threads = self.options.threads or 0
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = ReadPool(max(1, self.options.threads or 0))
         self._paths = _LazyPaths(self)
         self._loads_closed = 0  # groups loaded by shard readers since closed
         self._decompress_ns_closed = 0  # and the time they spent decompressing
@@ -173,7 +149,6 @@ class PackSetReader:
             low, high = int(self._sample_starts[shard]), int(self._sample_starts[shard + 1])
             reader.plan_reads(self._plan.restricted(low, high))
 
-    # -- shards --------------------------------------------------------------------------
     @property
     def num_shards(self) -> int:
         """Shards in the set."""
@@ -265,7 +240,6 @@ class PackSetReader:
                 if holder is not None:
                     holder.evict(old_group)
 
-    # -- reading -----------------------------------------------------------------------
     def _check(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         return checked_indices(indices, self.meta.num_samples, "a pack set")
 
@@ -323,11 +297,7 @@ class PackSetReader:
 
     def map_threads(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """Return ``[function(item) for item in items]``, on ``threads`` threads if > 1."""
-        if self._threads <= 1 or len(items) < 2:
-            return [function(item) for item in items]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="h5pack")
-        return list(self._pool.map(function, items))
+        return self._pool.map(function, items)
 
     @property
     def paths(self) -> Sequence[str]:
@@ -337,7 +307,6 @@ class PackSetReader:
     def __len__(self) -> int:
         return self.meta.num_samples
 
-    # -- context manager -------------------------------------------------------------
     def close(self) -> None:
         """Close every open shard."""
         for reader in self._readers.values():
@@ -346,9 +315,7 @@ class PackSetReader:
             reader.close()
         self._readers.clear()
         self._window.clear()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        self._pool.close()
 
     def __enter__(self) -> PackSetReader:
         return self

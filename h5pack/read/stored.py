@@ -1,9 +1,7 @@
 """Where a pack's stored samples lie, and the one byte path that reads them.
 
-``StoredImages`` knows the images' layout (chunk table or contiguous offset: the direct chunk
-path, ``read.direct``) and reads a group of samples, or a run of uncompressed ones, from the
-pack's byte source; h5py reads only what the direct path cannot (a codec that needs HDF5, an
-unallocated chunk, a virtual pack). It keeps no window: ``read.groups`` does.
+The direct chunk path (``read.direct``) where it applies, h5py for the rest (a codec that
+needs HDF5, an unallocated chunk, a virtual pack); no window (``read.groups`` keeps it).
 """
 
 from __future__ import annotations
@@ -28,14 +26,11 @@ Plan = tuple[bool, int]
 REFETCHES = 2  # pieces of a group found wrong are fetched this many more times
 
 # NOTE [ Checked downloads ]
-# A remote pack's pieces (chunks, or a contiguous pack's groups: ``read.planned``) are
-# checked by the reader, which decompresses each group once and checks every sample of it
-# (``verify_checksums``; decision 0013): ``load_checked``. A group that does not decompress
-# or whose samples do not match, read through a ``PlannedSource``, has its pieces fetched
-# again (evicted from the disk cache) up to ``REFETCHES`` times, then one error names the
-# object, the bytes and why; a piece enters the disk cache only once its group passed
-# (``PlannedSource.verified``). The cache checks a digest of each file at every hit, so
-# damage on its disk is told apart from damage in the pack (``read.diskcache``).
+# The reader checks a remote pack's pieces by checking every sample of each decompressed
+# group (``load_checked``, decision 0013). A group that fails, read through a
+# ``PlannedSource``, has its pieces fetched again (evicted from the disk cache) up to
+# ``REFETCHES`` times, then one error names the object, the bytes and why; a piece is cached
+# only once its group passed (``PlannedSource.verified``).
 
 
 class StoredImages:
@@ -170,11 +165,9 @@ class StoredImages:
         table.decompress_into(chunk, stored, out)
         self.decompress_ns += time.perf_counter_ns() - start
 
-    # NOTE [ One request per chunk ]: a remote pack's groups are read whole (never one
-    # request per sample), and the stored chunks of every group one call misses are fetched
-    # together by ``source.read_ranges`` (one ranged GET each, exactly the chunk's bytes,
-    # concurrently), before any is decompressed; the source may be a wrapper (the planned
-    # read-ahead and the disk cache, ``read.planned.PlannedSource``).
+    # NOTE [ One request per chunk ]: a remote pack's groups are read whole, the stored
+    # chunks of every group one call misses fetched together (``source.read_ranges``: one
+    # ranged GET each, concurrently) before any is decompressed.
 
     def fetch(self, groups: list[int], plans: list[Plan]) -> None:
         """Fetch the stored chunks of ``groups`` in one ``read_ranges`` (a remote source)."""
