@@ -1,7 +1,6 @@
 """Where a conversion's samples come from: one ``SampleSource`` per kind of input.
 
-Adding a kind of input is one module (a ``SampleSource`` subclass with ``kind``,
-``matches`` and ``find``), one line in ``KINDS`` (which ``--from`` offers), and its test.
+A new kind is a ``PathSource`` subclass (``kind``, ``matches``, ``find``) and a line in ``KINDS``.
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ KINDS: dict[str, type[PathSource]] = {
     "webdataset": WebDatasetSource,
     "parquet": ParquetSource,
 }
-"""The sources a path can name, by ``--from`` name; detection tries them in this order,
-those with ``detect_first`` (a tar of tars before a tar) first."""
+"""The sources a path can name, by ``--from`` name, in detection order (``detect_first`` first)."""
 
 
 def sample_source(
@@ -80,12 +78,11 @@ def sample_source(
     Args:
         source: A path (a folder...), or a source.
         kind: One of ``KINDS``, or ``"auto"``: the first kind that ``matches`` the path
-            (a folder when none does, which then says what is wrong with the path).
+            (else a folder, which then says what is wrong with the path).
         labels_csv: A labels CSV for the source's samples.
         annotations: A COCO instances file for the image folder ``source`` (``CocoSource``).
         masks: A folder of masks for the image folder ``source`` (``MaskSource``).
-        storage_options: For URLs (``s3://bucket/train.tar``): the bucket's settings that
-            the environment does not give (NOTE [ Sources in a bucket ]).
+        storage_options: For URLs: the bucket's settings (NOTE [ Sources in a bucket ]).
 
     Raises:
         OptionsError: ``kind`` is not known, or the extra inputs do not go together.

@@ -14,9 +14,7 @@ from h5pack.write.sources.base import Image, Listing, Sample, SampleSource, labe
 
 
 class ArraySource(SampleSource):
-    """In-memory samples: HWC (or HW) uint8 arrays, or encoded image files as bytes.
-
-    They are decoded and compressed in this process (no copy to workers).
+    """In-memory samples (HWC or HW uint8 arrays, or encoded bytes), decoded in this process.
 
     Args:
         samples: The images, all arrays or all bytes.

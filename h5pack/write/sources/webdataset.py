@@ -48,7 +48,6 @@ class _Group:
     """The members of one key: by extension, with the text of the small ones read."""
 
     key: str
-    shard: str
     members: dict[str, FileRange | None] = field(default_factory=dict)  # None: no file
     values: dict[str, str] = field(default_factory=dict)
 
@@ -98,11 +97,7 @@ class WebDatasetSource(PathSource):
         return [located(self.store, p) for p in paths]
 
     def find(self) -> Listing:
-        """List every shard's samples, in shard and member order.
-
-        Raises:
-            SourceError: A shard cannot be read, or no sample has an image.
-        """
+        """List every shard's samples in order (SourceError: a shard unreadable, no image)."""
         groups: list[_Group] = []
         problems: list[SkippedFile] = []
         for shard in self.shards():
@@ -152,7 +147,7 @@ def _groups(store: Store, shard: str, problems: list[SkippedFile]) -> list[_Grou
                 problems.append(SkippedFile(key, f"{extension}: {CUT_SHORT}"))
                 continue
             if not groups or groups[-1].key != key or extension in groups[-1].members:
-                groups.append(_Group(key, shard))
+                groups.append(_Group(key))
             where = member_range(store, shard, member.offset_data, member.size)
             groups[-1].members[extension] = where if member.isfile() else None
             if extension in ("cls", *TEXT_FIELDS):
