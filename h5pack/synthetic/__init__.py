@@ -124,14 +124,12 @@ def make_image_folder(
         folder.mkdir(parents=True, exist_ok=True)
 
     if workers == 0:
-        for index, path in enumerate(paths):
-            _write_image(source, spec, index, path)
-            if progress is not None:
-                progress(1)
+        batches = (_write_batch(source, spec, [item]) for item in enumerate(paths))
     else:
-        for done in _write_parallel(source, spec, paths, workers):
-            if progress is not None:
-                progress(done)
+        batches = _write_parallel(source, spec, paths, workers)
+    for done in batches:
+        if progress is not None:
+            progress(done)
     return sorted(paths)
 
 

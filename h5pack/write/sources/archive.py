@@ -42,11 +42,7 @@ class ArchiveSource(PathSource):
 
 @contextlib.contextmanager
 def opened_archive(store: Store, root: str, what: str) -> Iterator[tuple[str, ByteSource]]:
-    """Yield where the archive ``root`` is read from and its bytes.
-
-    Raises:
-        SourceError: It cannot be read; the message names ``what`` and ``root``.
-    """
+    """Yield where the archive ``root`` is read from and its bytes (SourceError naming it)."""
     path = located(store, root)
     try:
         with contextlib.closing(store.source(path)) as source:
@@ -114,9 +110,6 @@ def archive_listing(
     """Return the listing of the images ``found`` in ``root``, labelled as a folder's.
 
     ``whole`` are problems of the archive itself (named by its file name, not a member).
-
-    Raises:
-        SourceError: no images, or a layout that is no folder's (``label_by_folder``).
     """
     counts = Counter(rel for rel, _ in found)
     twice = sorted(rel for rel, count in counts.items() if count > 1)
@@ -186,11 +179,7 @@ class TarSource(ArchiveSource):
         return path.suffix.lower() == ".tar" and path.is_file()
 
     def find(self) -> Listing:
-        """List the archive's images from its member headers.
-
-        Raises:
-            SourceError: The archive cannot be read, is compressed, or holds no images.
-        """
+        """List the archive's images from its member headers (SourceError: none, unreadable)."""
         found: Found = []
         problems: list[SkippedFile] = []
         whole: list[SkippedFile] = []

@@ -58,11 +58,7 @@ class CocoSource(PathSource):
         self.annotations = os.fspath(annotations)
 
     def find(self) -> Listing:
-        """Pair the annotations with the images (SourceError: missing or not COCO's).
-
-        Raises:
-            OptionsError: polygons to decode, and pycocotools is not installed.
-        """
+        """Pair the annotations with the images (SourceError; OptionsError: no pycocotools)."""
         if not self.store.remote:
             check_root(Path(self.root))
         data = _load(self.annotations, self.given)

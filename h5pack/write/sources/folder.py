@@ -77,9 +77,6 @@ def folder_listing(
     """Return the listing of the images ``found`` (by relative path), labelled as a folder's.
 
     ``whole`` are problems named by the source's file (after those of its entries).
-
-    Raises:
-        SourceError: no images, or a layout that is no folder's (``label_by_folder``).
     """
     labelled, classes = label_by_folder(root, found, problems, "auto")
     fields = label_fields([label for _, _, label in labelled])

@@ -40,11 +40,7 @@ class ImageNetTarSource(ArchiveSource):
         return is_tar_of_tars(open_store(path), os.path.abspath(path))
 
     def find(self) -> Listing:
-        """List every inner tar's images.
-
-        Raises:
-            SourceError: The outer archive cannot be read, or holds no images.
-        """
+        """List every inner tar's images (SourceError: unreadable, or no images)."""
         found: dict[str, Found] = {}
         problems: list[SkippedFile] = []
         with opened_archive(self.store, self.root, "the tar of tars") as (path, source):

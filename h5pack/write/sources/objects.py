@@ -187,12 +187,7 @@ def prefix_images(store: Store, root: str) -> dict[str, FileRange]:
 
 
 def read_text(path: str, store: Store | None) -> str:
-    """Return the text of a small file or object read whole (a COCO file, a manifest).
-
-    Raises:
-        OSError: A local file cannot be read.
-        SourceError: An object cannot be read; the message names its URL.
-    """
+    """Return the text of a small file or object (OSError; SourceError naming its URL)."""
     # utf-8-sig drops a spreadsheet's byte-order mark; surrogateescape keeps non-UTF-8 names
     if not is_url(path):
         return Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape")

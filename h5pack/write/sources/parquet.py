@@ -64,12 +64,7 @@ class ParquetSource(PathSource):
         return bool(_parquet_files(path, detect=True))
 
     def find(self) -> Listing:
-        """List the rows of every file (the module docstring).
-
-        Raises:
-            SourceError: No Parquet files, files of several splits or schemas, no image
-                column, or a file that cannot be read.
-        """
+        """List the rows of every file (SourceError: no files, no image column, unreadable)."""
         remote = self.store.remote
         files = (
             _parquet_objects(self.store, self.root)

@@ -93,8 +93,7 @@ class _Cursor:
     def read(self, offset: int, size: int, *, exact: bool = True) -> bytes:
         """Return ``size`` bytes at ``offset`` (not before ``pos``); fewer only at the end.
 
-        Raises:
-            DecodeError: The archive is corrupt, or (``exact``) ends before their end.
+        DecodeError when the archive is corrupt, or (``exact``) ends before their end.
         """
         pieces = []
         while self.pos < offset + size:
@@ -254,11 +253,7 @@ class GzipTarSource(ArchiveSource):
         return path.name.lower().endswith((".tar.gz", ".tgz")) and path.is_file()
 
     def find(self) -> Listing:
-        """Inflate the archive once, listing its images in archive order.
-
-        Raises:
-            SourceError: The archive cannot be opened, is no gzip tar, or holds no images.
-        """
+        """Inflate the archive once, listing its images in archive order (SourceError)."""
         path = located(self.store, self.root)
         store = self.store if self.store.remote else None
         found: Found = []

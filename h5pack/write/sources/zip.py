@@ -39,11 +39,7 @@ class ZipMember(FileRange):
     deflated: bool = False
 
     def read(self) -> bytes:
-        """Return the member's bytes, inflated and checked against its CRC-32.
-
-        Raises:
-            DecodeError: They cannot be read, do not inflate, or fail the check.
-        """
+        """Return the member's bytes, inflated and checked against its CRC-32 (DecodeError)."""
         data = FileRange.read(self)
         try:
             if self.deflated:
@@ -70,11 +66,7 @@ class ZipSource(ArchiveSource):
         return path.suffix.lower() == ".zip" and path.is_file()
 
     def find(self) -> Listing:
-        """List the archive's images from its central directory and local headers.
-
-        Raises:
-            SourceError: The archive cannot be read or holds no images.
-        """
+        """List the images from the central directory (SourceError: unreadable, no images)."""
         found: Found = []
         problems: list[SkippedFile] = []
         with opened_archive(self.store, self.root, "the zip archive") as (path, source):
