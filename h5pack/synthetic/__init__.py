@@ -124,7 +124,7 @@ def make_image_folder(
         folder.mkdir(parents=True, exist_ok=True)
 
     if workers == 0:
-        batches = (_write_batch(source, spec, [item]) for item in enumerate(paths))
+        batches: Iterator[int] = (_write_batch(source, spec, [item]) for item in enumerate(paths))
     else:
         batches = _write_parallel(source, spec, paths, workers)
     for done in batches:
