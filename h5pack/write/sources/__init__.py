@@ -13,7 +13,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.core.store import is_url, open_store
 from h5pack.errors import OptionsError
-from h5pack.write.sources.archive import TarSource
+from h5pack.write.sources.archive import TarSource, ZipSource
 from h5pack.write.sources.arrays import ArraySource
 from h5pack.write.sources.base import (
     FileRange,
@@ -30,7 +30,6 @@ from h5pack.write.sources.objects import url_kind
 from h5pack.write.sources.parquet import ParquetSource
 from h5pack.write.sources.tgz import GzipTarSource
 from h5pack.write.sources.webdataset import WebDatasetSource
-from h5pack.write.sources.zip import ZipSource
 
 __all__ = [
     "KINDS",

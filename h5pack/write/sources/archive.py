@@ -1,10 +1,12 @@
-"""Archives of an image folder, read in place (never extracted); the ``.tar`` kind.
+"""Archives of an image folder, read in place (never extracted): the ``tar`` and ``zip`` kinds.
 
 An archive holds what a folder would (``write.scan``'s rules); one made of the folder itself
 (``tar -cf images.tar images/``) is read as that folder's content. Members whose path leaves
 the archive, that are no regular file, that share their path with another member, or that
 the archive's end cuts, are problems named by their path. A plain tar is listed in one pass
 over its member headers; workers then read each image with one ``pread`` (or ranged GET).
+A zip's central directory lists its members; a worker inflates a deflated one and checks
+its CRC-32.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import io
 import struct
 import tarfile
 import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
 from h5pack.core.source import ByteSource
 from h5pack.core.store import Store
-from h5pack.errors import H5PackError, SourceError
+from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.scan import has_image_extension, is_ignored_name
 from h5pack.write.sources.base import FileRange, Listing, PathSource
 from h5pack.write.sources.folder import folder_listing
@@ -189,3 +193,82 @@ class TarSource(ArchiveSource):
                 where = member_range(self.store, path, member.offset_data, member.size)
                 take_tar_member(member, where, end, found, problems)
         return archive_listing(self.root, found, problems, whole)
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name and extra lengths
+_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+
+
+@dataclass(frozen=True, slots=True)
+class ZipMember(FileRange):
+    """A zip member's ``size`` stored bytes at ``offset``: ``length`` bytes once inflated."""
+
+    length: int = 0
+    crc: int = 0
+    deflated: bool = False
+
+    def read(self) -> bytes:
+        """Return the member's bytes, inflated and checked against its CRC-32 (DecodeError)."""
+        data = FileRange.read(self)
+        try:
+            if self.deflated:
+                data = zlib.decompressobj(-15).decompress(data, self.length)
+        except zlib.error as err:
+            raise DecodeError(f"{self.path}: a corrupt member: {err}") from err
+        if len(data) != self.length or zlib.crc32(data) != self.crc:
+            raise DecodeError(f"{self.path}: a corrupt member: its CRC-32 does not match")
+        return data
+
+    def nbytes(self) -> int:
+        """Return the member's size once inflated."""
+        return self.length
+
+
+class ZipSource(ArchiveSource):
+    """The images of a zip archive of an image folder."""
+
+    kind = "zip"
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` is a file named ``*.zip``."""
+        return path.suffix.lower() == ".zip" and path.is_file()
+
+    def find(self) -> Listing:
+        """List the images from the central directory (SourceError: unreadable, no images)."""
+        found: Found = []
+        problems: list[SkippedFile] = []
+        with opened_archive(self.store, self.root, "the zip archive") as (path, source):
+            end = source.size()
+            with zipfile.ZipFile(ObjectFile(source, readahead=0)) as archive:
+                raw = ObjectFile(source)  # the local headers, read ahead in their order
+                for info in sorted(archive.infolist(), key=lambda info: info.header_offset):
+                    relative = None if info.is_dir() else image_member(info.filename, problems)
+                    if relative is None:
+                        continue
+                    header = bytes(raw.pread(info.header_offset, _LOCAL_HEADER.size))
+                    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+                        reason = "its local header is missing or corrupt"
+                    elif info.flag_bits & 1:
+                        reason = "encrypted in the archive"
+                    elif info.compress_type not in _METHODS:
+                        reason = f"compressed with zip method {info.compress_type}"
+                    else:
+                        name_length, extra_length = _LOCAL_HEADER.unpack(header)[1:]
+                        offset = info.header_offset + _LOCAL_HEADER.size
+                        offset += name_length + extra_length
+                        reason = CUT_SHORT if offset + info.compress_size > end else ""
+                    if reason:
+                        problems.append(SkippedFile(relative, reason))
+                        continue
+                    member = ZipMember(
+                        path,
+                        offset,
+                        info.compress_size,
+                        self.store if self.store.remote else None,
+                        length=info.file_size,
+                        crc=info.CRC,
+                        deflated=info.compress_type == zipfile.ZIP_DEFLATED,
+                    )
+                    found.append((relative, member))
+        return archive_listing(self.root, found, problems)
