@@ -1,4 +1,4 @@
-"""h5pack.bench: timing, read replay (checked against real reads), patterns, bench, diagnose."""
+"""h5pack.bench: timing, chunk work, patterns, bench."""
 
 from __future__ import annotations
 
@@ -14,29 +14,23 @@ import pytest
 from click.testing import CliRunner
 
 from h5pack.bench import (
-    BOTTLENECKS,
     BenchOptions,
     FullShuffleBatchSampler,
     MeasureOptions,
     PatternLoader,
     TrainingRead,
     bench_loader,
-    consistent_rates,
-    diagnose,
-    drop_page_cache,
     measure_pack,
     pack_shape,
     parse_variant,
     parse_variants,
     quick_variants,
-    resident_fraction,
     time_interleaved,
 )
-from h5pack.bench.diagnose import format_diagnosis
 from h5pack.bench.loaders import open_dataset
 from h5pack.bench.reading import SizeSurvey, parse_train_size
 from h5pack.bench.report import to_json
-from h5pack.bench.system import machine_info, warm_page_cache
+from h5pack.bench.system import machine_info
 from h5pack.bench.throughput import format_bench
 from h5pack.bench.timing import Count, Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED, variant_problem
@@ -166,15 +160,6 @@ def test_time_interleaved_lengthens_noisy_runs_within_the_budget() -> None:
     )["x"]
     assert short.epochs_per_run == 1
     assert not short.stable  # said, not hidden
-
-
-def test_consistent_rates_pool_a_faster_later_stage() -> None:
-    assert consistent_rates([300.0, 200.0, 100.0]) == [300.0, 200.0, 100.0]
-    pooled = consistent_rates([100.0, 200.0, 50.0])
-    assert pooled[0] == pytest.approx(pooled[1])
-    assert pooled[0] == pytest.approx(1 / ((1 / 100 + 1 / 200) / 2))
-    assert pooled[2] == 50.0
-    assert consistent_rates([100.0, 100.0, 300.0]) == pytest.approx([3 / (2 / 100 + 1 / 300)] * 3)
 
 
 # -- chunk work per sample --------------------------------------------------------------
@@ -410,61 +395,6 @@ def test_bench_reads_a_pack_of_mixed_sizes_at_a_training_size(mixed_pack: Path) 
     assert stored.timing.images == (30,)  # lists of images of their own sizes
 
 
-def test_diagnose_names_a_bottleneck(gzip_pack: Path) -> None:
-    diagnosis = diagnose(
-        gzip_pack, BenchOptions(batch_size=16, workers=0, repeats=2, warmup=0, **FAST)
-    )
-    assert diagnosis.bottleneck in BOTTLENECKS
-    assert [s.name for s in diagnosis.stages] == ["ceiling", "warm", "cold"]
-    assert diagnosis.stages[0].images_per_s > 0
-    assert diagnosis.stages[1].images_per_s > 0
-    assert set(diagnosis.shares) == set(BOTTLENECKS)
-    assert all(v >= 0 for v in diagnosis.shares.values())
-    assert "decompressing (gzip" in diagnosis.labels["decode"]
-    if diagnosis.cache_drop.dropped:
-        assert diagnosis.stages[2].images_per_s > 0
-    else:
-        assert diagnosis.stages[2].note
-    text = format_diagnosis(diagnosis)
-    assert f"bottleneck: {diagnosis.bottleneck}" in text
-    json.dumps(to_json(diagnosis))
-
-
-def test_diagnose_stages_are_consistent_on_a_fast_pack(tmp_path: Path) -> None:
-    # small and uncompressed: epochs of a few milliseconds, where the stages used to
-    # contradict each other (a ceiling below the pack's rate, spreads of ±76%)
-    # A fake clock (each reading 10 ms later): the logic is tested, not this machine's
-    # speed (a wall-clock comparison here failed 1 run in 3 on a busy machine).
-    pack = _pack(tmp_path / "fast.h5", 256)
-    diagnosis = diagnose(
-        pack,
-        BenchOptions(batch_size=32, workers=0, repeats=3, min_run_s=0.05, budget_s=3.0),
-        clock=FakeClock(tick=0.01),
-    )
-    rates = [s.images_per_s for s in diagnosis.stages if s.timing is not None]
-    assert rates == sorted(rates, reverse=True)  # a ceiling is never below a measured rate
-    ceiling, warm = diagnosis.stages[:2]
-    assert warm.timing is not None
-    assert ceiling.timing is not None
-    assert warm.timing.epochs_per_run == 5  # enough work timed (50 ms), not one 10-ms epoch
-    # measured alike: the in-memory stage serves every image of the pack, run for run, so
-    # epochs of equal length give equal rates (no stage is favoured by how it is timed)
-    assert ceiling.timing.epochs_per_run == warm.timing.epochs_per_run
-    assert ceiling.timing.images == warm.timing.images == (5 * 256,) * 3
-    assert ceiling.measured_per_s == pytest.approx(warm.measured_per_s)
-    assert all(v >= 0 for v in diagnosis.shares.values())
-    assert "nothing to decompress" in diagnosis.labels["decode"]
-    assert "decod" not in diagnosis.labels["decode"]  # a raw pack decodes nothing
-    text = format_diagnosis(diagnosis)
-    for stage in diagnosis.stages:
-        if stage.timing is not None and not stage.timing.stable:
-            assert "differ by" in text  # an unsteady figure is said to be one
-    # a pack this small stays in the page cache: the disk costs the first epoch only
-    assert diagnosis.bottleneck != "storage"
-    if diagnosis.cache_drop.dropped and diagnosis.shares["storage"] > 0:
-        assert "first epoch only" in diagnosis.explanation
-
-
 def test_advice_applies_to_the_pack_measured(tmp_path: Path) -> None:
     encoded = PackFacts(
         mode="encoded",
@@ -498,19 +428,6 @@ def test_advice_applies_to_the_pack_measured(tmp_path: Path) -> None:
     assert "box decoder" not in advise("decode", dataclass_replace(whole, size=None))
     raw_whole = dataclass_replace(gzip, whole_jpegs="h5pack's box decoder was not built")
     assert "box decoder" not in advise("decode", raw_whole)
-
-
-def test_drop_page_cache_empties_the_cache(gzip_pack: Path) -> None:
-    warm_page_cache(gzip_pack)
-    before = resident_fraction(gzip_pack)
-    drop = drop_page_cache(gzip_pack)
-    if before is None:
-        pytest.skip("mincore is not available here")
-    assert before > 0.5
-    if drop.dropped:
-        assert resident_fraction(gzip_pack) == pytest.approx(0.0, abs=0.05)
-    else:
-        assert "kept" in drop.message
 
 
 def test_machine_info_describes_the_machine(tmp_path: Path) -> None:
@@ -550,7 +467,7 @@ def test_cli_bench(gzip_pack: Path) -> None:
     assert "center crops of 16x16" in result.output
 
 
-def test_cli_bench_diagnose_json(gzip_pack: Path) -> None:
+def test_cli_bench_json(gzip_pack: Path) -> None:
     result = CliRunner().invoke(
         cli,
         [
@@ -564,15 +481,14 @@ def test_cli_bench_diagnose_json(gzip_pack: Path) -> None:
             "0",
             "--time-budget",
             "0",
-            "--diagnose",
             "--json",
             "-q",
         ],
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["bottleneck"] in BOTTLENECKS
-    assert data["labels"]["decode"].startswith("decompressing")
+    assert data["timing"]["images_per_s"] > 0
+    assert data["timing"]["cpu_s_per_image"] > 0
 
 
 @pytest.mark.parametrize(
@@ -643,22 +559,18 @@ def encoded_pack(tmp_path: Path) -> Path:
 
 
 def test_bench_reads_through_the_decoded_cache_after_the_first_epoch(encoded_pack: Path) -> None:
-    from h5pack.bench.throughput import open_bench
-
     train = TrainingRead.of(16)
     options = BenchOptions(batch_size=8, workers=0, train=train, cache="decoded", **FAST)
-    setup = open_bench(encoded_pack, options)
-    try:
-        cache = setup.loader.dataset.cache
+    dataset = open_dataset(encoded_pack, train, cache="decoded")
+    with PatternLoader(dataset, "chunk", batch_size=8, workers=0, batchable=True) as loader:
+        cache = dataset.cache
         assert cache is not None
-        setup.loader()  # the first epoch: the warm-up fills the cache
+        loader()  # the first epoch: the warm-up fills the cache
         first = cache.stats()
-        setup.loader()  # a later epoch: served from it
+        loader()  # a later epoch: served from it
         later = cache.stats()
         assert first.entries == 24
         assert later.hits - first.hits == 24
-    finally:
-        setup.close()
     result = bench_loader(encoded_pack, options)
     text = format_bench(result)
     assert "decoded cache (the timed epochs come after the warm-up filled it)" in text

@@ -2,12 +2,8 @@
 
 - ``compare``: build pack variants of an image folder (or take packs) and measure each as
   training will read it, every access pattern through one loader (``h5pack compare``);
-- ``bench_loader`` / ``diagnose``: throughput of given loader settings on one pack, and
-  where the time goes (``h5pack bench``);
-- ``measure_pack``: one pack under the access patterns;
-- ``mix_plan`` / ``bench_mix``: a mix of sources by weight: each one's share, passes and
-  coverage per epoch, and a loader's throughput over the mix (``info``/``bench --weights``);
-- ``TrainingRead``: how training reads the images (the loader's size, crop and flip);
+- ``bench_loader``: throughput of given loader settings on one pack (``h5pack bench``);
+- ``mix_plan`` / ``bench_mix``: a mix of sources by weight (``info``/``bench --weights``);
 - ``h5pack.bench.report``: tables, report.json, report.md and plots.
 
 Nothing here imports torch until a loader is measured.
@@ -17,19 +13,13 @@ from __future__ import annotations
 
 from h5pack.bench.access import PATTERNS, PackShape, ReadCount, pack_shape
 from h5pack.bench.compare import CompareReport, compare
-from h5pack.bench.diagnose import Diagnosis, consistent_rates, diagnose
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
 from h5pack.bench.measure import PatternResult, measure_pack
 from h5pack.bench.mixture import MixBench, MixPlan, bench_mix, mix_plan
 from h5pack.bench.options import BenchOptions, CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import Recommendation, VariantResult, recommend
 from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
-from h5pack.bench.system import (
-    Machine,
-    drop_page_cache,
-    machine_info,
-    resident_fraction,
-)
+from h5pack.bench.system import Machine, machine_info
 from h5pack.bench.throughput import BenchResult, bench_loader
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.bench.variants import (
@@ -41,11 +31,8 @@ from h5pack.bench.variants import (
     parse_variants,
     quick_variants,
 )
-from h5pack.core.machine import available_memory_bytes
-from h5pack.training.advice import BOTTLENECKS
 
 __all__ = [
-    "BOTTLENECKS",
     "DEFAULT_VARIANTS",
     "PATTERNS",
     "QUICK_VARIANTS",
@@ -55,7 +42,6 @@ __all__ = [
     "CompareEvent",
     "CompareOptions",
     "CompareReport",
-    "Diagnosis",
     "FullShuffleBatchSampler",
     "Machine",
     "MeasureOptions",
@@ -71,13 +57,9 @@ __all__ = [
     "TrainingRead",
     "VariantResult",
     "VariantSpec",
-    "available_memory_bytes",
     "bench_loader",
     "bench_mix",
     "compare",
-    "consistent_rates",
-    "diagnose",
-    "drop_page_cache",
     "machine_info",
     "measure_pack",
     "mix_plan",
@@ -86,7 +68,6 @@ __all__ = [
     "parse_variants",
     "quick_variants",
     "recommend",
-    "resident_fraction",
     "survey_folder",
     "survey_pack",
     "time_interleaved",

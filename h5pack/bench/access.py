@@ -1,11 +1,8 @@
 """Access patterns over a pack, and what each one costs the storage.
 
-Three orders of one epoch are measured through one dataset and loader (see the note "One
-loader for every pattern" in ``h5pack.bench.loaders``):
-
-- ``random``: a full shuffle, batches read through ``H5ImageDataset.__getitems__``;
-- ``chunk``: h5pack's chunk-aware order (``ChunkBatchSampler``) through ``make_loader``;
-- ``sequential``: pack order through ``make_loader``.
+Three orders of one epoch are measured through one dataset and loader (see "One loader
+for every pattern" in ``h5pack.bench.loaders``): ``random`` (a full shuffle), ``chunk``
+(``ChunkBatchSampler``'s order) and ``sequential`` (pack order).
 
 # NOTE [ Chunk work per sample ]
 #
@@ -13,9 +10,7 @@ loader for every pattern" in ``h5pack.bench.loaders``):
 # of k samples read in the chunk-aware order or in pack order is loaded once an epoch (1/k
 # loads per sample); a full shuffle served from a window of W of the C chunks finds a
 # sample's chunk there with probability about W / C, so it loads ~max(1/k, 1 - W/C) chunks
-# per sample, W being the loader's per-process window. An uncompressed pack is read
-# straight from the file, sample by sample: no chunk is loaded whole. On a pack that fits
-# the window the two orders load alike; at a training set's size (C >> W) they do not.
+# per sample. An uncompressed pack is read straight from the file, sample by sample.
 """
 
 from __future__ import annotations
@@ -39,17 +34,11 @@ PATTERN_TITLES = {
 
 @dataclass(frozen=True)
 class ReadCount:
-    """What an access order costs the storage (see "Chunk work per sample").
+    """What an access order costs the storage (see "Chunk work per sample")."""
 
-    Attributes:
-        samples: Samples delivered.
-        chunk_loads: Chunks read whole (and decompressed, when filtered).
-        bytes_read: Bytes read from the file (stored sizes).
-    """
-
-    samples: int
-    chunk_loads: float
-    bytes_read: float
+    samples: int  # delivered
+    chunk_loads: float  # chunks read whole (and decompressed, when filtered)
+    bytes_read: float  # from the file (stored sizes)
 
     @property
     def chunks_per_sample(self) -> float:
@@ -77,19 +66,11 @@ def loads_per_sample(pattern: str, num_chunks: int, per_chunk: float, window: in
 
 @dataclass(frozen=True, kw_only=True)
 class PackShape:
-    """What the chunk work of a pack depends on (see "Chunk work per sample").
-
-    Attributes:
-        num_samples: Samples in the pack (a set: in all its shards).
-        num_chunks: Its chunk groups (0 when contiguous).
-        chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
-        compressed: Whether its images pass through a filter.
-        file_bytes: Its size (every shard's).
-    """
+    """What the chunk work of a pack (a set: all its shards) depends on."""
 
     num_samples: int
-    num_chunks: int
-    chunk_bytes: int
+    num_chunks: int  # 0 when contiguous
+    chunk_bytes: int  # uncompressed, 0 when contiguous
     compressed: bool
     file_bytes: int
 
@@ -97,10 +78,9 @@ class PackShape:
         """Return the cost of ``samples`` read by ``pattern`` with a window of chunks."""
         if self.num_chunks <= 0 or not self.compressed:  # read as runs of samples
             return ReadCount(samples, 0.0, samples * self.file_bytes / max(1, self.num_samples))
-        stored = self.file_bytes / self.num_chunks
         per_chunk = self.num_samples / self.num_chunks
         loads = samples * loads_per_sample(pattern, self.num_chunks, per_chunk, window_chunks)
-        return ReadCount(samples, loads, loads * stored)
+        return ReadCount(samples, loads, loads * self.file_bytes / self.num_chunks)
 
 
 def pack_shape(source: PackSource, store: Store | None = None) -> PackShape:
@@ -108,9 +88,8 @@ def pack_shape(source: PackSource, store: Store | None = None) -> PackShape:
     from h5pack.bench.system import pack_files, source_bytes
     from h5pack.check import pack_info
 
-    # a set's shards share one layout
     store = store or open_store(source)
-    info = pack_info(pack_files(source, store)[0], store=store)
+    info = pack_info(pack_files(source, store)[0], store=store)  # shards share one layout
     chunk_map = describe(source, store=store).chunk_map
     chunked = info.layout != "contiguous"
     return PackShape(
@@ -128,11 +107,7 @@ def random_order(num_samples: int, *, seed: int, epoch: int = 0) -> np.ndarray:
 
 
 def check_pattern(pattern: str) -> Pattern:
-    """Return ``pattern`` if it is a known access pattern.
-
-    Raises:
-        OptionsError: an unknown pattern.
-    """
+    """Return ``pattern`` if it is a known access pattern, else raise ``OptionsError``."""
     if pattern not in PATTERNS:
         raise OptionsError(f"order should be one of {', '.join(PATTERNS)}, but got {pattern!r}")
     return pattern

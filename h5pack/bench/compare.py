@@ -1,17 +1,15 @@
 """``compare``: build pack variants of one image folder (or take packs) and measure each.
 
-Every variant is read as training will read it (``TrainingRead``: the loader's size, crop
-and flip) under each access pattern through one loader, and a variant is recommended only
-when the loader can batch it (``h5pack.bench.ranking``).
+Every variant is read as training will read it (``TrainingRead``) under each access
+pattern through one loader, and recommended only when the loader can batch it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,17 +18,10 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.bench.measure import PatternResult, measure_pack
-from h5pack.bench.options import CompareEvent, CompareOptions, MeasureOptions
-from h5pack.bench.ranking import (
-    Recommendation,
-    VariantResult,
-    pixel_groups,
-    rank_key,
-    recommend,
-)
+from h5pack.bench.options import CompareEvent, CompareOptions
+from h5pack.bench.ranking import Recommendation, VariantResult, pixel_groups, rank_key, recommend
 from h5pack.bench.reading import (
     SizeSurvey,
-    TrainingRead,
     auto_note,
     batch_problem,
     resolve_training_read,
@@ -45,11 +36,7 @@ from h5pack.bench.system import (
     source_bytes,
     unique_names,
 )
-from h5pack.bench.variants import (
-    SkippedVariant,
-    VariantSpec,
-    choose_variants,
-)
+from h5pack.bench.variants import SkippedVariant, choose_variants
 from h5pack.core.machine import available_memory_bytes
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, SourceError
@@ -62,15 +49,14 @@ class CompareReport:
 
     Attributes:
         source: The image folder, or the packs given.
-        variants: Each measured variant, ranked by chunk-aware throughput (fastest first)
-            among the packs holding the same pixels (the largest images first; see "Like
-            with like" in ``bench.ranking``).
+        variants: Each measured variant, fastest first within each kind of pixels (see
+            "Like with like" in ``bench.ranking``).
         skipped: Variants that could not be built.
         machine: Where it ran.
         options: The comparison's options (JSON-ready).
         recommendation: The variant to use, or None when nothing was measured.
         work_dir: Where kept packs are, else None.
-        train: How the packs were read (``TrainingRead.to_json``).
+        train: How the packs were read (``TrainingRead.to_json``, with a ``note``).
         sizes: The images' sizes, in words.
         plan: Why these variants were built, or "" for given packs and named variants.
         available_bytes: Memory available when the comparison started (None: unknown).
@@ -97,22 +83,20 @@ class CompareReport:
 def _describe_pack(
     path: str,
     name: str,
-    *,
-    convert_s: float | None,
-    command: str | None,
     patterns: dict[str, PatternResult],
-    keep: bool,
     problem: str | None,
+    *,
+    convert_s: float | None = None,
+    command: str | None = None,
+    keep: bool = True,
     store: Store | None = None,
 ) -> VariantResult:
     from h5pack.check import pack_info
 
-    # a set's shards share one layout
     store = store or open_store(path)
-    info = pack_info(pack_files(path, store)[0], store=store)
+    info = pack_info(pack_files(path, store)[0], store=store)  # shards share one layout
     view = describe(path, store=store)
     meta = view.meta
-    image_bytes = int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum())
     sizes = SizeSurvey.of((int(h), int(w)) for h, w, *_ in meta.shapes)
     return VariantResult(
         name=name,
@@ -125,49 +109,13 @@ def _describe_pack(
         samples_per_chunk=float(np.mean(view.chunk_map.sizes())) if meta.num_samples else 0.0,
         num_samples=meta.num_samples,
         file_bytes=source_bytes(path, store),
-        image_bytes=image_bytes,
+        image_bytes=int(np.prod(meta.shapes, axis=1, dtype=np.int64).sum()),
         convert_s=convert_s,
         command=command,
         patterns=patterns,
         problem=problem,
         pixels=f"{meta.num_samples:,} images, {sizes.describe()}",
     )
-
-
-def steps_per_pack(measure: MeasureOptions) -> int:
-    """Progress steps of measuring one pack."""
-    return len(measure.patterns) * (measure.repeats + measure.warmup)
-
-
-@contextlib.contextmanager
-def _work_dir(work_dir: StrPath | None, keep: bool) -> Iterator[Path]:
-    if work_dir is not None:
-        path = Path(work_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    made = Path(tempfile.mkdtemp(prefix="h5pack-compare-"))
-    try:
-        yield made
-    finally:
-        if not keep:
-            shutil.rmtree(made, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What one comparison reads, and how: resolved once, before any work."""
-
-    train: TrainingRead
-    survey: SizeSurvey
-    available_bytes: int | None
-    measure: MeasureOptions
-
-
-def _plan(options: CompareOptions, survey: SizeSurvey) -> _Plan:
-    train = resolve_training_read(options.train, survey)
-    available = options.memory_bytes or available_memory_bytes()
-    return _Plan(train, survey, available, replace(options.measure, train=train))
 
 
 def compare(
@@ -182,25 +130,16 @@ def compare(
     """Measure pack layouts side by side on one image folder, or measure given packs.
 
     Args:
-        sources: An image folder (the variants of ``options`` are built from it), or one
-            or more packs or pack sets (a set's directory or manifest), each measured as it
-            is: a set as one pack, through the loader's own support for sets. Packs and
-            sets may be URLs (``s3://bucket/pack.h5``, a set's prefix or manifest); an
-            image folder must be local (the variants are built on local disk).
+        sources: A local image folder (the variants of ``options`` are built from it), or
+            packs or pack sets, each measured as it is; packs and sets may be URLs.
         options: What to build and how to measure (default ``CompareOptions()``).
         work_dir: Where variants are written (default: a temporary folder).
         keep: Keep the variants built (else each is deleted once measured).
         on_event: Called with progress events.
-        store: The store of the URLs among ``sources`` (``open_store`` with the client's
-            settings; None: the environment's settings).
-
-    Returns:
-        The measurements, ranked, with a recommendation.
+        store: The store of the URLs among ``sources`` (None: the environment's settings).
 
     Raises:
         SourceError: a source does not exist, or several sources mix folders and packs.
-        FormatError: a given file is not a pack.
-        OptionsError: a bad option.
     """
     options = options or CompareOptions()
     emit = on_event or (lambda event: None)
@@ -219,59 +158,89 @@ def compare(
             "compare takes one image folder, or packs only (a pack set counts as one); "
             f"got a mix: {', '.join(map(str, paths))}"
         )
-    per_pack = steps_per_pack(options.measure)
+    per_pack = len(options.measure.patterns) * (options.measure.repeats + options.measure.warmup)
     results: list[VariantResult] = []
     skipped: list[SkippedVariant] = []
-    kept_dir: str | None = None
     reason = ""
+    kept_dir: str | None = None
+    available = options.memory_bytes or available_memory_bytes()
     if folder:
         emit(CompareEvent("status", "reading the image sizes"))
-        plan = _plan(options, survey_folder(paths[0]))
-        specs, skipped, reason = choose_variants(options.variants, plan.survey, options.size)
+        survey = survey_folder(paths[0])
+        train = resolve_training_read(options.train, survey)
+        measure = replace(options.measure, train=train)
+        specs, skipped, reason = choose_variants(options.variants, survey, options.size)
         for skip in skipped:
             emit(CompareEvent("skipped", f"skipped {skip.name}: {skip.reason}"))
         emit(CompareEvent("phase", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
-        with _work_dir(work_dir, keep) as where:
+        where = Path(work_dir or tempfile.mkdtemp(prefix="h5pack-compare-"))
+        where.mkdir(parents=True, exist_ok=True)
+        from h5pack.write.convert import convert
+
+        try:
             for spec in specs:
-                result = _build_and_measure(paths[0], spec, where, options, plan, emit, keep)
-                if isinstance(result, SkippedVariant):
-                    for _ in range(per_pack):
+                target = where / f"{spec.name.replace(':', '_')}.h5"
+                emit(CompareEvent("status", f"converting {spec.name}"))
+                try:
+                    made = convert(
+                        paths[0],
+                        target,
+                        spec.options(
+                            size=options.size, workers=options.convert_workers, seed=options.seed
+                        ),
+                        overwrite=True,
+                    )
+                except OptionsError as err:
+                    emit(CompareEvent("skipped", f"skipped {spec.name}: {err}"))
+                    for _ in range(1 + per_pack):
                         emit(CompareEvent("step", f"{spec.name}: skipped"))
-                    skipped.append(result)
-                else:
-                    results.append(result)
-            kept_dir = os.fspath(where) if keep else None
+                    skipped.append(SkippedVariant(spec.name, str(err)))
+                    continue
+                emit(CompareEvent("step", f"{spec.name}: converted"))
+                try:
+                    patterns = measure_pack(target, measure, on_step=_stepper(emit, spec.name))
+                    command = spec.command(os.fspath(paths[0]), target.name, size=options.size)
+                    problem = batch_problem(survey_pack(target), train)
+                    results.append(
+                        _describe_pack(
+                            os.fspath(target),
+                            spec.name,
+                            patterns,
+                            problem,
+                            convert_s=made.elapsed_s,
+                            command=command,
+                            keep=keep,
+                        )
+                    )
+                finally:
+                    if not keep:
+                        target.unlink(missing_ok=True)
+        finally:
+            if not keep and work_dir is None:
+                shutil.rmtree(where, ignore_errors=True)
+        kept_dir = os.fspath(where) if keep else None
     else:
-        stores = {
-            os.fspath(p): store if store is not None and is_url(p) else open_store(p) for p in paths
-        }
+        stores = {os.fspath(p): store if store and is_url(p) else open_store(p) for p in paths}
         surveys = [survey_pack(path, stores[os.fspath(path)]) for path in paths]
-        plan = _plan(options, _merged(surveys))
+        counts: dict[tuple[int, int], int] = {}
+        for one in surveys:
+            for size, count in one.counts.items():
+                counts[size] = counts.get(size, 0) + count
+        survey = SizeSurvey(counts, sum(counts.values()), sum(s.total for s in surveys))
+        train = resolve_training_read(options.train, survey)
+        measure = replace(options.measure, train=train)
         emit(CompareEvent("phase", f"measuring {len(paths)} packs", per_pack * len(paths)))
         for path, name, own in zip(paths, unique_names(paths), surveys, strict=True):
             emit(CompareEvent("status", f"measuring {name}"))
-            where_kept = stores[os.fspath(path)]
-            patterns = measure_pack(
-                path, plan.measure, on_step=_stepper(emit, name), store=where_kept
-            )
-            results.append(
-                _describe_pack(
-                    os.fspath(path),
-                    name,
-                    convert_s=None,
-                    command=None,
-                    patterns=patterns,
-                    keep=True,
-                    problem=batch_problem(own, plan.train),
-                    store=where_kept,
-                )
-            )
+            kept = stores[os.fspath(path)]
+            patterns = measure_pack(path, measure, on_step=_stepper(emit, name), store=kept)
+            problem = batch_problem(own, train)
+            results.append(_describe_pack(os.fspath(path), name, patterns, problem, store=kept))
     ranked = tuple(
         result
         for group in ([results] if options.across_pixels else pixel_groups(results))
         for result in sorted(group, key=rank_key, reverse=True)
     )
-    train = {**plan.train.to_json(), "note": auto_note(plan.train, plan.survey)}
     return CompareReport(
         source=os.fspath(paths[0]) if folder else ", ".join(map(os.fspath, paths)),
         variants=ranked,
@@ -281,26 +250,14 @@ def compare(
         ),
         options=options.to_json(),
         recommendation=recommend(
-            ranked,
-            train=plan.train,
-            available_bytes=plan.available_bytes,
-            across_pixels=options.across_pixels,
+            ranked, train=train, available_bytes=available, across_pixels=options.across_pixels
         ),
         work_dir=kept_dir,
-        train=train,
-        sizes=plan.survey.describe(),
+        train={**train.to_json(), "note": auto_note(train, survey)},
+        sizes=survey.describe(),
         plan=reason,
-        available_bytes=plan.available_bytes,
+        available_bytes=available,
     )
-
-
-def _merged(surveys: Sequence[SizeSurvey]) -> SizeSurvey:
-    counts: dict[tuple[int, int], int] = {}
-    for survey in surveys:
-        for size, count in survey.counts.items():
-            counts[size] = counts.get(size, 0) + count
-    images = sum(counts.values())
-    return SizeSurvey(counts, images, sum(s.total for s in surveys))
 
 
 def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str], None]:
@@ -308,44 +265,3 @@ def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str],
         emit(CompareEvent("step", f"{name}: {pattern}"))
 
     return step
-
-
-def _build_and_measure(
-    source: Path,
-    spec: VariantSpec,
-    where: Path,
-    options: CompareOptions,
-    plan: _Plan,
-    emit: Callable[[CompareEvent], None],
-    keep: bool,
-) -> VariantResult | SkippedVariant:
-    from h5pack.write.convert import convert
-
-    target = where / f"{spec.name.replace(':', '_')}.h5"
-    emit(CompareEvent("status", f"converting {spec.name}"))
-    try:
-        report = convert(
-            source,
-            target,
-            spec.options(size=options.size, workers=options.convert_workers, seed=options.seed),
-            overwrite=True,
-        )
-    except OptionsError as err:
-        emit(CompareEvent("skipped", f"skipped {spec.name}: {err}"))
-        emit(CompareEvent("step", f"{spec.name}: skipped"))
-        return SkippedVariant(spec.name, str(err))
-    emit(CompareEvent("step", f"{spec.name}: converted"))
-    try:
-        patterns = measure_pack(target, plan.measure, on_step=_stepper(emit, spec.name))
-        return _describe_pack(
-            os.fspath(target),
-            spec.name,
-            convert_s=report.elapsed_s,
-            command=spec.command(os.fspath(source), target.name, size=options.size),
-            patterns=patterns,
-            keep=keep,
-            problem=batch_problem(survey_pack(target), plan.train),
-        )
-    finally:
-        if not keep:
-            target.unlink(missing_ok=True)

@@ -2,24 +2,19 @@
 
 # NOTE [ One loader for every pattern ]
 #
-# A comparison of access patterns means something only when the patterns differ in their
-# order and nothing else. Each is therefore one ``H5ImageDataset`` (with the training read:
-# ``size``, ``crop``, ``flip``) read through ``make_loader``'s settings (workers, threads,
-# window of decompressed chunks, collation), batches fetched by ``__getitems__``:
-# - ``random``: a full shuffle each epoch (``FullShuffleBatchSampler``), the order a
-#   ``RandomSampler`` gives; the dataset still reads each batch's chunks once;
-# - ``chunk``: ``make_loader``'s ``ChunkBatchSampler``;
-# - ``sequential``: ``make_loader(shuffle=False)``, pack order.
+# Access patterns compare fairly only when they differ in their order and nothing else.
+# Each is one ``H5ImageDataset`` (with the training read) read through ``make_loader``'s
+# settings (workers, threads, window of decompressed chunks, collation): ``random`` with a
+# full shuffle each epoch (``FullShuffleBatchSampler``), ``chunk`` with ``make_loader``'s
+# ``ChunkBatchSampler``, ``sequential`` with ``make_loader(shuffle=False)``.
 #
 # NOTE [ Fresh epochs ]
 #
-# A pack of a few hundred MB would sit whole in the shuffle windows of decompressed chunks
-# after the first epoch, and every later epoch would measure memory copies, not the layout;
-# real datasets are larger than the window. So each timed epoch over a *compressed* pack
-# starts from a new loader over a closed dataset (with worker processes, the epoch includes
-# starting them). Uncompressed samples are never kept in a window (they are read from the
-# file straight into the batch), so an uncompressed pack is read by one loader, epoch after
-# epoch, with persistent workers, as training reads it: no reopening, no worker start-up.
+# A small pack would sit whole in the windows of decompressed chunks after the first
+# epoch, and later epochs would measure memory copies; real datasets are larger than the
+# window. So each timed epoch over a *compressed* pack starts from a new loader over a
+# closed dataset. An uncompressed pack (never kept in a window) is read by one loader with
+# persistent workers, as training reads it.
 """
 
 from __future__ import annotations
@@ -41,11 +36,7 @@ from h5pack.read.packset import PackSource
 
 
 def collate_any(batch: Sequence[Any]) -> Any:
-    """Collate like ``h5pack.training.loader.collate_batch``; images of different sizes stay a list.
-
-    Encoded packs of images of several sizes have no common batch shape; a training
-    pipeline would resize them in a transform. The benchmark delivers them as decoded.
-    """
+    """Collate like ``training.loader.collate_batch``; images of several sizes stay a list."""
     import torch
 
     from h5pack.training.dataset import SampleBatch
@@ -53,11 +44,16 @@ def collate_any(batch: Sequence[Any]) -> Any:
 
     if isinstance(batch, SampleBatch) and batch.images is not None:
         return collate(batch)
-    shapes = {tuple(getattr(sample[0], "shape", ())) for sample in batch}
-    if len(shapes) <= 1:
+    if len({tuple(getattr(sample[0], "shape", ())) for sample in batch}) <= 1:
         return collate(batch)
     labels = torch.as_tensor([int(sample[1]) for sample in batch], dtype=torch.int64)
     return [sample[0] for sample in batch], labels
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return int(value.numel() * value.element_size())
 
 
 def count_batch(batch: Any) -> Count:
@@ -68,29 +64,19 @@ def count_batch(batch: Any) -> Count:
     return Count(int(images.shape[0]), _nbytes(images))
 
 
-def _nbytes(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    return int(value.numel() * value.element_size())
-
-
 def run_epoch(
     loader: Iterable[Any], *, max_batches: int | None = None, budget_s: float | None = None
 ) -> Count:
     """Iterate ``loader`` once and count what it delivered.
 
-    Args:
-        loader: Anything yielding collated batches.
-        max_batches: Stop after this many batches.
-        budget_s: Stop after the first batch that ends past this many seconds (a prefix
-            of the epoch measures a steady rate).
+    Stops after ``max_batches``, or after the first batch ending past ``budget_s`` seconds
+    (a prefix of the epoch measures a steady rate).
     """
     images = nbytes = 0
     started = time.perf_counter()
     for number, batch in enumerate(loader):
         counted = count_batch(batch)
-        images += counted.images
-        nbytes += counted.nbytes
+        images, nbytes = images + counted.images, nbytes + counted.nbytes
         if max_batches is not None and number + 1 >= max_batches:
             break
         if budget_s is not None and time.perf_counter() - started > budget_s:
@@ -103,11 +89,6 @@ class FullShuffleBatchSampler:
 
     A pure function of ``(seed, epoch)``.
 
-    Args:
-        num_samples: Samples in the dataset.
-        batch_size: Samples per batch (the last batch may be short).
-        seed: Seed of the order.
-
     Example:
         >>> sampler = FullShuffleBatchSampler(10, 4, seed=0)
         >>> batches = list(sampler)
@@ -118,9 +99,7 @@ class FullShuffleBatchSampler:
     def __init__(self, num_samples: int, batch_size: int, *, seed: int = 0) -> None:
         if batch_size < 1:
             raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
-        self.num_samples = num_samples
-        self.batch_size = batch_size
-        self.seed = seed
+        self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -156,36 +135,24 @@ def open_dataset(
         path: The pack, or a pack set (its directory or manifest, or a list of packs).
         train: The training read (its crop and flip).
         seed: Seed of the crops and flips.
-        cache: ``"decoded"``: the dataset reads through a decoded cache, as
-            ``make_loader(cache="decoded")`` gives it (README's training loop), for an
-            encoded pack read at a training size; a raw pack needs none (its chunks are
-            the cache) and is read without. The cache lives as long as the dataset, so the
-            epochs after the first (the warm-up) are served from it.
+        cache: ``"decoded"``: read an encoded pack at a training size through a decoded
+            cache, as ``make_loader(cache="decoded")`` does; it lives as long as the
+            dataset, so the epochs after the warm-up are served from it.
         cache_bytes: The decoded cache's budget (default ``default_cache_bytes()``).
-        reader: How each process reads (its decompressed chunks, a remote pack's store,
-            read-ahead and disk cache; None: ``ReaderOptions()``). Not the decoded cache.
+        reader: How each process reads (None: ``ReaderOptions()``).
     """
     from h5pack.training.cache import DecodedCache, default_cache_bytes
     from h5pack.training.dataset import H5ImageDataset
 
     check_cache(cache, cache_bytes)
     crop = train.crop_spec()
-
-    def build(decoded: Any = None) -> Any:
-        return H5ImageDataset(
-            path,
-            reader=reader,
-            crop=crop,
-            cache=decoded,
-            seed=seed,
-        )
-
-    dataset = build()
+    dataset = H5ImageDataset(path, reader=reader, crop=crop, seed=seed)
     if cache is None or crop is None or dataset.meta.mode != "encoded":
         return dataset
     budget = default_cache_bytes() if cache_bytes is None else cache_bytes
     dataset.close()
-    return build(DecodedCache(max(1, dataset.meta.num_samples), budget))
+    decoded = DecodedCache(max(1, dataset.meta.num_samples), budget)
+    return H5ImageDataset(path, reader=reader, crop=crop, cache=decoded, seed=seed)
 
 
 class PatternLoader:
@@ -199,8 +166,7 @@ class PatternLoader:
         batch_size: Samples per batch.
         workers: ``make_loader``'s ``num_workers`` (``"auto"`` or a number).
         seed: Seed of the order.
-        batchable: Whether the loader can stack the images; else batches are lists, as
-            ``make_loader(collate="list")`` gives them.
+        batchable: Whether the loader can stack the images; else batches are lists.
         max_batches: Stop each epoch after this many batches.
         budget_s: Stop each epoch after this many seconds (a prefix; the rate is steady).
     """
@@ -217,14 +183,9 @@ class PatternLoader:
         max_batches: int | None = None,
         budget_s: float | None = None,
     ) -> None:
-        self.dataset = dataset
-        self.pattern = pattern
-        self.batch_size = batch_size
-        self.requested_workers = workers
-        self.seed = seed
-        self.batchable = batchable
-        self.max_batches = max_batches
-        self.budget_s = budget_s
+        self.dataset, self.pattern, self.batch_size = dataset, pattern, batch_size
+        self.requested_workers, self.seed, self.batchable = workers, seed, batchable
+        self.max_batches, self.budget_s = max_batches, budget_s
         # see "Fresh epochs"; a decoded cache must outlive the epoch to be of any use
         self.fresh = bool(dataset.compressed) and getattr(dataset, "cache", None) is None
         self.epoch = 0
@@ -235,9 +196,11 @@ class PatternLoader:
         self.window_chunks = int(self._probe.dataset.options.window_chunks or 0)
         self._loader: Any = None
 
-    # -- building --------------------------------------------------------------------------
     def _make(self, *, persistent: bool) -> Any:
-        from h5pack.training.loader import make_loader
+        import torch
+        from torch.utils.data import DataLoader
+
+        from h5pack.training.loader import make_loader, seed_worker
 
         loader = make_loader(
             self.dataset,
@@ -252,59 +215,34 @@ class PatternLoader:
         if self.pattern != "random":
             return loader
         # the same configured dataset, workers and collation; a full shuffle's batches
-        return self.dataloader(loader.dataset, persistent=persistent, base=loader)
-
-    def sampler(self) -> Any:
-        """Return a new batch sampler of this pattern (for another dataset of the same pack)."""
-        if self.pattern == "random":
-            return FullShuffleBatchSampler(len(self.dataset), self.batch_size, seed=self.seed)
-        from h5pack.training.sampler import ChunkBatchSampler
-
-        return ChunkBatchSampler.from_spec(self.dataset.chunk_map, self._probe.chunk_sampler.spec)
-
-    def dataloader(self, dataset: Any, *, persistent: bool, base: Any = None) -> Any:
-        """Return a DataLoader over ``dataset`` with this pattern's sampler and settings."""
-        import torch
-        from torch.utils.data import DataLoader
-
-        from h5pack.training.loader import seed_worker
-
-        base = base if base is not None else self._probe
         generator = torch.Generator()
         generator.manual_seed(self.seed)
         extra: dict[str, Any] = {}
-        if base.num_workers:
+        if loader.num_workers:
             extra = {
                 "persistent_workers": persistent,
                 "prefetch_factor": 2,
                 "worker_init_fn": seed_worker,
             }
         return DataLoader(
-            dataset,
-            batch_sampler=self.sampler(),
-            num_workers=base.num_workers,
+            loader.dataset,
+            batch_sampler=FullShuffleBatchSampler(
+                len(self.dataset), self.batch_size, seed=self.seed
+            ),
+            num_workers=loader.num_workers,
             collate_fn=collate_any,
-            pin_memory=base.pin_memory,
+            pin_memory=loader.pin_memory,
             generator=generator,
             **extra,
         )
 
-    # -- running ---------------------------------------------------------------------------
     def plan(self, epoch: int = 0) -> list[np.ndarray]:
         """Return the batches of ``epoch``, in the order the loader delivers them."""
         if self.pattern == "random":
-            return FullShuffleBatchSampler(len(self.dataset), self.batch_size, seed=self.seed).plan(
-                epoch
-            )
+            sampler = FullShuffleBatchSampler(len(self.dataset), self.batch_size, seed=self.seed)
+            return sampler.plan(epoch)
         plan: list[np.ndarray] = self._probe.chunk_sampler.plan(epoch)
         return plan
-
-    def _set_epoch(self, loader: Any, epoch: int) -> None:
-        if self.pattern == "random":
-            loader.batch_sampler.set_epoch(epoch)
-            loader.dataset.set_epoch(epoch)  # crops and flips follow the epoch
-        else:
-            loader.set_epoch(epoch)
 
     def __call__(self) -> Count:
         """Run the next epoch and return what it delivered."""
@@ -314,7 +252,11 @@ class PatternLoader:
             if self._loader is None:
                 self._loader = self._make(persistent=True)
             loader = self._loader
-        self._set_epoch(loader, self.epoch)
+        if self.pattern == "random":
+            loader.batch_sampler.set_epoch(self.epoch)
+            loader.dataset.set_epoch(self.epoch)  # crops and flips follow the epoch
+        else:
+            loader.set_epoch(self.epoch)
         self.epoch += 1
         try:
             count = run_epoch(loader, max_batches=self.max_batches, budget_s=self.budget_s)

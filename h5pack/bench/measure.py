@@ -1,8 +1,8 @@
 """Measure one pack under the access patterns: throughput, reads, shuffle quality.
 
-Every pattern reads through one dataset and loader, with the training read (see the note
-"One loader for every pattern" in ``h5pack.bench.loaders``); the patterns' runs are
-interleaved and long enough to time (see "Timing enough work" in ``h5pack.bench.timing``).
+Every pattern reads through one dataset and loader (see "One loader for every pattern" in
+``bench.loaders``); the patterns' runs are interleaved and long enough to time (see
+"Timing enough work" in ``bench.timing``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5pack.bench.access import PATTERNS, Pattern, ReadCount, pack_shape, random_order
+from h5pack.bench.access import PATTERNS, ReadCount, pack_shape, random_order
 from h5pack.bench.loaders import PatternLoader, open_dataset
 from h5pack.bench.options import MeasureOptions
-from h5pack.bench.reading import batch_problem, survey_pack
+from h5pack.bench.reading import batch_problem, resolve_training_read, survey_pack
 from h5pack.bench.system import warm_source
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.core.store import Store, open_store
@@ -33,13 +33,11 @@ class PatternResult:
         timing: The timed repeats.
         workers: DataLoader workers used (0 for in-process loading).
         window_chunks: Chunk groups each reader keeps decompressed.
-        reads: Chunk loads and bytes read over the samples delivered (see "Chunk work per
-            sample").
-        shuffle_bits: Jump entropy of the epoch order (``h5pack.training.shuffle_quality``).
+        reads: Chunk loads and bytes read over the samples delivered.
+        shuffle_bits: Jump entropy of the epoch order (``training.shuffle_quality``).
         shuffle_vs_random: ``shuffle_bits`` over that of a full shuffle of the same size.
-        epoch_fraction: The share of an epoch each timed epoch covered: 1.0 for whole
-            epochs, less when a slow pattern was timed on a prefix (``epoch_budget_s``,
-            short under ``--quick``); its rate and reads rest on that prefix.
+        epoch_fraction: The share of an epoch each timed epoch covered (less than 1 when a
+            slow pattern was timed on a prefix, ``epoch_budget_s``).
     """
 
     pattern: str
@@ -71,14 +69,7 @@ def epoch_fraction(timing: Timing, num_samples: int) -> float:
     """Return the share of an epoch of ``num_samples`` the shortest timed epoch delivered."""
     if not timing.images or num_samples <= 0:
         return 1.0
-    per_epoch = min(timing.images) / max(1, timing.epochs_per_run)
-    return min(1.0, per_epoch / num_samples)
-
-
-def _shuffle(order: np.ndarray, seed: int) -> tuple[float, float]:
-    bits = jump_entropy(order)
-    reference = jump_entropy(random_order(order.size, seed=seed, epoch=99))
-    return bits, (bits / reference if reference > 0 else 0.0)
+    return min(1.0, min(timing.images) / max(1, timing.epochs_per_run) / num_samples)
 
 
 def measure_pack(
@@ -88,29 +79,18 @@ def measure_pack(
     on_step: Callable[[str], None] | None = None,
     store: Store | None = None,
 ) -> dict[str, PatternResult]:
-    """Measure ``path`` under each access pattern of ``options``, warm page cache.
+    """Measure ``path`` (a pack or pack set) under each pattern of ``options``, warm page cache.
 
-    Args:
-        path: The pack, or a pack set (its directory or manifest, or a list of packs).
-        options: How to measure (default ``MeasureOptions()``).
-        on_step: Called with the pattern's name after each warm-up epoch and timed run.
-        store: Where the pack is kept (default: ``open_store(path)``).
-
-    Returns:
-        The result of each pattern, keyed by pattern name.
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack.
+    ``on_step`` is called with the pattern's name after each warm-up epoch and timed run;
+    ``store``: where the pack is kept (default ``open_store(path)``).
     """
     options = options or MeasureOptions()
     store = store or open_store(path)
     shape = pack_shape(path, store)
-    batchable = batch_problem(survey_pack(path, store), options.train) is None
+    survey = survey_pack(path, store)
+    train = resolve_training_read(options.train, survey)
     warm_source(path, store)
-    wanted: list[Pattern] = [p for p in PATTERNS if p in options.patterns]
-    reader = ReaderOptions(store=store)
-    dataset = open_dataset(path, options.train, seed=options.seed, reader=reader)
+    dataset = open_dataset(path, train, seed=options.seed, reader=ReaderOptions(store=store))
     loaders: dict[str, PatternLoader] = {
         pattern: PatternLoader(
             dataset,
@@ -118,14 +98,15 @@ def measure_pack(
             batch_size=options.batch_size,
             workers=options.workers,
             seed=options.seed,
-            batchable=batchable,
+            batchable=batch_problem(survey, train) is None,
             budget_s=options.epoch_budget_s,
         )
-        for pattern in wanted
+        for pattern in PATTERNS
+        if pattern in options.patterns
     }
     try:
         timings = time_interleaved(
-            dict(loaders),
+            loaders,
             repeats=options.repeats,
             warmup=options.warmup,
             min_run_s=options.min_run_s,
@@ -137,9 +118,10 @@ def measure_pack(
         for loader in loaders.values():
             loader.close()
     results: dict[str, PatternResult] = {}
-    for pattern in wanted:
-        loader = loaders[pattern]
-        bits, relative = _shuffle(np.concatenate(loader.plan(0)), options.seed)
+    for pattern, loader in loaders.items():
+        order = np.concatenate(loader.plan(0))
+        bits = jump_entropy(order)
+        reference = jump_entropy(random_order(order.size, seed=options.seed, epoch=99))
         results[pattern] = PatternResult(
             pattern=pattern,
             timing=timings[pattern],
@@ -147,7 +129,7 @@ def measure_pack(
             window_chunks=loader.window_chunks,
             reads=shape.reads(pattern, loader.images_per_epoch, window_chunks=loader.window_chunks),
             shuffle_bits=bits,
-            shuffle_vs_random=relative,
+            shuffle_vs_random=bits / reference if reference > 0 else 0.0,
             epoch_fraction=epoch_fraction(timings[pattern], shape.num_samples),
         )
     return results

@@ -21,14 +21,7 @@ from h5pack.training.weighted import SourceShare, WeightedMix, check_weights, so
 
 @dataclass(frozen=True)
 class MixPlan:
-    """What every epoch of a mix takes of each source.
-
-    Attributes:
-        view: The sources, described.
-        weights: One weight per source.
-        epoch_samples: Samples per epoch.
-        shares: Each source's part of an epoch (``training.weighted.SourceShare``).
-    """
+    """What every epoch of a mix takes of each source (``shares``, one per source)."""
 
     view: MixView
     weights: tuple[float, ...]
@@ -66,12 +59,7 @@ def mix_plan(
     epoch_samples: int | None = None,
     view: MixView | None = None,
 ) -> MixPlan:
-    """Describe ``sources`` and what every epoch of their mix by ``weights`` takes of each.
-
-    Raises:
-        OptionsError: not one positive weight per source.
-        FileNotFoundError, FormatError: a source does not exist or is not a pack.
-    """
+    """Describe ``sources`` and what every epoch of their mix by ``weights`` takes of each."""
     view = view or describe_mix(sources)
     values = check_weights(weights, len(view.views))
     mix = WeightedMix(view.chunk_maps, values, epoch_samples)
@@ -80,16 +68,10 @@ def mix_plan(
 
 @dataclass(frozen=True)
 class MixBench:
-    """Throughput of a loader over a mix.
+    """Throughput of a loader over a mix; ``served``: samples of each source, last epoch.
 
-    Attributes:
-        plan: The mix.
-        timing: The timed runs (images, seconds).
-        cpu_s_per_image: CPU seconds of the process tree per image delivered (median run).
-        loads_per_sample: Chunks decompressed per sample served (in-process readers;
-            None when the loader reads in worker processes).
-        batch_size: Samples per batch.
-        workers: DataLoader workers.
+    ``loads_per_sample``: chunks decompressed per sample served (in-process readers; None
+    when the loader reads in worker processes).
     """
 
     plan: MixPlan
@@ -145,9 +127,6 @@ def bench_mix(
     """Time ``make_loader(sources, batch_size, weights=weights, ...)`` over whole epochs.
 
     URLs among ``sources`` are read from ``store`` (None: chosen per path).
-
-    Raises:
-        OptionsError: a bad setting; FileNotFoundError, FormatError: a bad source.
     """
     from h5pack.read.options import ReaderOptions
     from h5pack.training.epochs import EpochSpec
@@ -193,10 +172,9 @@ def bench_mix(
         budget_s=budget_s,
         on_run=(lambda name: on_step()) if on_step is not None else None,
     )["mix"]
-    loads: float | None = None
+    loads = None
     if loader.num_workers == 0:
-        delivered = max(1, epoch[0] * plan.epoch_samples)
-        loads = (_loads(dataset) - before) / delivered
+        loads = (_loads(dataset) - before) / max(1, epoch[0] * plan.epoch_samples)
     loader.close()
     dataset.close()
     return MixBench(

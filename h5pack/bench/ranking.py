@@ -1,6 +1,22 @@
 """Which measured variant to use: each variant's results, and the recommendation.
 
 A variant is recommended only when the loader can batch it as training reads it.
+
+# NOTE [ A recommendation stable run to run ]
+#
+# Medians of a few runs on a shared machine move by tens of percent between comparisons,
+# so each variant is judged by its interval, slowest to fastest timed run: it is a
+# front-runner when its fastest run reaches ``AS_FAST`` of the fastest variant's slowest
+# run, and the smallest front-runner is chosen; noise widens the set rather than
+# reordering it. When the choice's runs overlap a faster front-runner's, the line says
+# "too close to call". Runs spread past ``ROUGH_SPREAD`` carry a warning.
+#
+# NOTE [ Like with like ]
+#
+# A pack of thumbnails reads faster than the full-resolution pack it came from, but holds
+# other pixels: only layouts of the same images compete. Packs are grouped by the images
+# they hold (``VariantResult.pixels``); the recommendation is made within the group of the
+# largest images that has two packs or more. ``across_pixels`` ranks every pack together.
 """
 
 from __future__ import annotations
@@ -15,8 +31,8 @@ from h5pack.bench.reading import TrainingRead
 from h5pack.core.units import human_bytes
 from h5pack.training.advice import CACHE_SHARE
 
-# Within this fraction of the fastest counts as "as fast"; the smallest file of those wins.
-AS_FAST = 0.9
+AS_FAST = 0.9  # within this fraction of the fastest counts as "as fast"
+ROUGH_SPREAD = 0.2  # runs spread wider (fastest - slowest over median) are rough
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,10 +42,7 @@ class VariantResult:
     Attributes:
         name: The variant's name (or the pack's file name).
         path: The pack, or None when it was removed after measuring.
-        mode: ``"raw"`` or ``"encoded"``.
-        storage: ``"array"`` or ``"blob"``.
-        layout: ``"chunked"`` or ``"contiguous"``.
-        codec: Compression, e.g. ``"gzip level 4"`` or ``"none"``.
+        mode, storage, layout, codec: As ``h5pack info`` says them.
         chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
         samples_per_chunk: Mean samples per chunk group.
         num_samples: Samples in the pack.
@@ -40,9 +53,7 @@ class VariantResult:
         patterns: Each access pattern's result.
         problem: Why the loader cannot batch it as training reads it (then it is never
             recommended), else None.
-        pixels: The images it holds, in words (their count and sizes): packs whose
-            ``pixels`` differ hold different data, and are ranked apart (see "Like with
-            like").
+        pixels: The images it holds, in words (see "Like with like").
     """
 
     name: str
@@ -92,10 +103,8 @@ class Recommendation:
         line: One line saying which and why, in the user's terms.
         command: The ``h5pack convert`` command that builds it (None for a given pack).
         notes: Further lines: the other patterns, memory, variants not recommended.
-        too_close: The front-runners whose timed runs overlap the choice's (the choice
-            among them is the smallest file); empty when the ranking is clear.
-        rough: Whether some candidate's runs still spread past ``ROUGH_SPREAD`` (the
-            machine may be busy): its figures are rough.
+        too_close: The front-runners whose timed runs overlap the choice's.
+        rough: Whether some candidate's runs still spread past ``ROUGH_SPREAD``.
     """
 
     name: str | None
@@ -118,39 +127,17 @@ def rank_key(result: VariantResult) -> float:
     return result.rate(rank_pattern(result))
 
 
-# NOTE [ A recommendation stable run to run ]
-#
-# Medians of a few runs on a shared machine move by tens of percent from one comparison to
-# the next, so a rule on medians alone flipped between runs. Each variant is judged by its
-# interval, the slowest to the fastest timed run: it is a front-runner when its fastest run
-# reaches ``AS_FAST`` of the fastest variant's slowest run, and the smallest front-runner is
-# chosen; noise widens the set rather than reordering it. When the choice's runs overlap a
-# faster front-runner's, the line says "too close to call". Runs spread past
-# ``ROUGH_SPREAD`` (fastest - slowest over median) carry bench's warning.
-ROUGH_SPREAD = 0.2
-
-
-def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
+def _span(result: VariantResult) -> tuple[float, float]:
+    return result.interval(rank_pattern(result))
 
 
 def front_runners(results: Sequence[VariantResult]) -> list[VariantResult]:
-    """Return the variants the figures cannot rank below the fastest (see the note).
-
-    A front-runner's median is within ``AS_FAST`` of the fastest's, or its fastest run
-    reaches ``AS_FAST`` of the fastest variant's slowest run.
-    """
+    """Return the variants the figures cannot rank below the fastest (see the note)."""
     if not results:
         return []
     best = max(rank_key(r) for r in results)
-    fastest = max(results, key=rank_key)
-    # NOTE [ A recommendation stable run to run ]
-    floor = AS_FAST * min(fastest.interval(rank_pattern(fastest))[0] or best, best)
-    return [
-        r
-        for r in results
-        if rank_key(r) >= AS_FAST * best or r.interval(rank_pattern(r))[1] >= floor
-    ]
+    floor = AS_FAST * min(_span(max(results, key=rank_key))[0] or best, best)
+    return [r for r in results if rank_key(r) >= AS_FAST * best or _span(r)[1] >= floor]
 
 
 def _rough_note(results: Sequence[VariantResult]) -> str | None:
@@ -162,9 +149,7 @@ def _rough_note(results: Sequence[VariantResult]) -> str | None:
     ]
     if not rough:
         return None
-    shown = ", ".join(
-        f"±{50 * spread:.0f}% ({name}, {pattern})" for name, pattern, spread in rough[:4]
-    )
+    shown = ", ".join(f"±{50 * spread:.0f}% ({name}, {p})" for name, p, spread in rough[:4])
     more = f" and {len(rough) - 4} more" if len(rough) > 4 else ""
     return (
         f"The runs still differ by {shown}{more}: the machine may be busy; take those "
@@ -183,9 +168,9 @@ def _memory_note(
         return "The memory available is unknown here: every pack was measured warm."
     large = [r for r in results if r.file_bytes > cache_share * available_bytes]
     if not large:
-        largest = max(results, key=lambda r: r.file_bytes)
+        largest = max(r.file_bytes for r in results)
         return (
-            f"Every pack fits in the page cache ({human_bytes(largest.file_bytes)} at most, with "
+            f"Every pack fits in the page cache ({human_bytes(largest)} at most, with "
             f"{human_bytes(available_bytes)} of memory available), so each was read from memory: "
             "here a smaller file saves disk and cache room, not time."
         )
@@ -193,17 +178,9 @@ def _memory_note(
     return (
         f"{_names(large)} {verb} larger than {cache_share:.0%} of the memory available "
         f"({human_bytes(available_bytes)}): training would read from disk what this warm "
-        "measurement read from memory; h5pack bench --diagnose PACK times a cold page cache."
+        "measurement read from memory; the loader's stall report (loader.stats()) says "
+        "when storage holds training back."
     )
-
-
-# NOTE [ Like with like ]
-#
-# A pack of 64x64 thumbnails reads faster than the full-resolution pack it came from, but
-# holds other pixels: only layouts of the same images compete. Packs are grouped by the
-# images they hold (``VariantResult.pixels``); the recommendation is made within the group
-# of the largest images that has two packs or more, and names those left out.
-# ``across_pixels`` (``--across-pixels``) ranks every pack together, still saying so.
 
 
 def pixel_groups(results: Sequence[VariantResult]) -> list[list[VariantResult]]:
@@ -211,15 +188,7 @@ def pixel_groups(results: Sequence[VariantResult]) -> list[list[VariantResult]]:
     groups: dict[str, list[VariantResult]] = {}
     for result in results:
         groups.setdefault(result.pixels, []).append(result)
-    return sorted(
-        groups.values(),
-        key=lambda group: -group[0].image_bytes / max(1, group[0].num_samples),
-    )
-
-
-def _pixels_note(groups: Sequence[Sequence[VariantResult]]) -> str:
-    kinds = "; ".join(f"{_names(group)}: {group[0].pixels}" for group in groups)
-    return f"These packs hold different pixels ({kinds})"
+    return sorted(groups.values(), key=lambda g: -g[0].image_bytes / max(1, g[0].num_samples))
 
 
 def recommend(
@@ -233,23 +202,23 @@ def recommend(
     """Pick the smallest pack among the candidates within ``AS_FAST`` of the fastest.
 
     Candidates are the packs the loader can batch as training reads them, ranked by the
-    loader's chunk-aware throughput; a pack nearly as fast but
-    much smaller wins (less disk and page cache). Packs holding different pixels compete
-    only with ``across_pixels`` (see "Like with like").
+    loader's chunk-aware throughput. Packs holding different pixels compete only with
+    ``across_pixels`` (see "Like with like").
     """
     if not results:
         return None
     groups = pixel_groups([r for r in results if r.batchable])
     if len(groups) < 2:
         return _recommend(results, train, available_bytes, cache_share)
-    note = _pixels_note(groups)
+    note = "These packs hold different pixels (" + "; ".join(
+        f"{_names(g)}: {g[0].pixels}" for g in groups
+    )
+    note += ")"
+    group = None if across_pixels else next((g for g in groups if len(g) > 1), None)
     if across_pixels:
         found = _recommend(results, train, available_bytes, cache_share)
-        assert found is not None
         extra = f"{note}: ranked on speed all the same (--across-pixels)."
-        return dataclasses.replace(found, notes=(extra, *found.notes))
-    group = next((g for g in groups if len(g) > 1), None)
-    if group is None:
+    elif group is None:
         return Recommendation(
             None,
             f"Not ranked: {note[0].lower()}{note[1:]}, so the faster one is not a faster "
@@ -257,15 +226,15 @@ def recommend(
             "--across-pixels to rank them on speed alone.",
             None,
         )
-    found = _recommend(
-        [*group, *(r for r in results if not r.batchable)], train, available_bytes, cache_share
-    )
+    else:
+        rest = [*group, *(r for r in results if not r.batchable)]
+        found = _recommend(rest, train, available_bytes, cache_share)
+        others = [r for r in results if r.batchable and r not in group]
+        extra = (
+            f"{note}: ranked among the packs of {group[0].pixels} only; not against "
+            f"{_names(others)} (--across-pixels ranks every pack on speed alone)."
+        )
     assert found is not None
-    others = [r for r in results if r.batchable and r not in group]
-    extra = (
-        f"{note}: ranked among the packs of {group[0].pixels} only; not against "
-        f"{_names(others)} (--across-pixels ranks every pack on speed alone)."
-    )
     return dataclasses.replace(found, notes=(extra, *found.notes))
 
 
@@ -292,13 +261,14 @@ def _recommend(
     fastest = max(candidates, key=rank_key)
     close = front_runners(candidates)
     choice = min(close, key=lambda r: (r.file_bytes, -rank_key(r)))
-    span = choice.interval(rank_pattern(choice))
+    low, high = _span(choice)
     tied = [
         r
         for r in close
         if r is not choice
         and rank_key(r) > rank_key(choice)
-        and _overlap(span, r.interval(rank_pattern(r)))
+        and low <= _span(r)[1]
+        and _span(r)[0] <= high
     ]
     why = (
         f"{rank_key(choice):,.0f} images/s as training reads it ({train.describe()}) through "
@@ -306,8 +276,7 @@ def _recommend(
     )
     if tied:
         ranges = "; ".join(
-            f"{r.name} {r.interval(rank_pattern(r))[0]:,.0f}-{r.interval(rank_pattern(r))[1]:,.0f}"
-            for r in (choice, *tied)
+            f"{r.name} {_span(r)[0]:,.0f}-{_span(r)[1]:,.0f}" for r in (choice, *tied)
         )
         why += (
             f"; too close to call against {_names(tied)}: their timed runs overlap ({ranges} "

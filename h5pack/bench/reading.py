@@ -1,17 +1,14 @@
-"""How training reads the images, and what sizes a folder or pack holds.
+"""How training reads the images (``TrainingRead``), and what sizes they come in (``SizeSurvey``).
 
-``TrainingRead`` is ``make_loader``'s image pipeline as the benchmarks apply it (``size=``,
-``crop=``, ``flip=``): every access pattern is measured through the loader with it, so
-layouts are compared as training will read them. ``SizeSurvey`` says what sizes the images
-come in, which decides whether the loader can batch them as stored.
+Every access pattern is measured through the loader with ``make_loader``'s ``size=``,
+``crop=`` and ``flip=``, so layouts are compared as training will read them.
 
 # NOTE [ Training size by default ]
 #
-# The loader batches images of several sizes only when it cuts them to one size
-# (``make_loader`` refuses them otherwise). So the benchmarks' default ("auto") reads images
-# as stored when they share one size, and otherwise as an image classifier reads them:
-# torchvision's RandomResizedCrop at 224x224 (ImageNet's size) with horizontal flips. The
-# reports say so, and an explicit training size (or "as stored") replaces it.
+# The loader batches images of several sizes only when it cuts them to one size. So the
+# benchmarks' default ("auto") reads images as stored when they share one size, and
+# otherwise as an image classifier reads them: random-resized crops of 224x224 with
+# flips. The reports say so; an explicit training size (or "as stored") replaces it.
 """
 
 from __future__ import annotations
@@ -33,29 +30,17 @@ from h5pack.read.crop import CROPS, Crop, CropSpec
 from h5pack.read.packset import PackSource, describe
 from h5pack.write.scan import scan
 
-AUTO_SIZE = 224
-"""The training size "auto" picks for images of several sizes (ImageNet's)."""
-
+AUTO_SIZE = 224  # what "auto" cuts images of several sizes to (ImageNet's)
 CROP_NAMES: tuple[Crop, ...] = ("random-resized", "center", "resize")
-"""``read.crop.CROPS``, typed."""
-
-# Headers read at most to survey a folder; beyond, an even sample of the files.
-SURVEY_FILES = 5000
+SURVEY_FILES = 5000  # headers read at most to survey a folder; beyond, an even sample
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingRead:
-    """How training reads every image: ``make_loader``'s ``size=``, ``crop=`` and ``flip=``.
+    """How training reads every image: ``make_loader``'s ``size=`` (H, W), ``crop=``, ``flip=``.
 
-    Attributes:
-        size: ``(H, W)`` every image is cut to; None reads images as stored.
-        crop: ``"random-resized"``, ``"center"`` or ``"resize"`` (with ``size``).
-        flip: Random horizontal flips (with ``size``).
-        auto: Chosen by the "auto" policy (see the note "Training size by default").
-
-    Raises:
-        OptionsError: a size that is not two positive integers, an unknown crop, or a crop
-            or flip without a size.
+    ``size`` None reads images as stored (then no crop or flip); ``auto``: chosen by the
+    "auto" policy (see "Training size by default").
     """
 
     size: tuple[int, int] | None = None
@@ -88,24 +73,14 @@ class TrainingRead:
         cls,
         size: int | tuple[int, int] | None,
         *,
-        crop: Crop = "random-resized",
+        crop: str = "random-resized",
         flip: bool = False,
     ) -> TrainingRead:
         """Build one, reading an int ``size`` as a square."""
-        pair = (size, size) if isinstance(size, int) else size
-        return cls(size=pair, crop=crop, flip=flip)
-
-    @classmethod
-    def parse(cls, size: tuple[int, int] | None, crop: str | None, flip: bool) -> TrainingRead:
-        """Build one from command-line values (``crop`` a string, None: random-resized).
-
-        Raises:
-            OptionsError: an unknown crop, or a bad combination.
-        """
-        chosen = parse_choice(crop or "random-resized", CROP_NAMES)
+        chosen = parse_choice(crop, CROP_NAMES)
         if chosen is None:
-            raise OptionsError(f"--crop should be one of {', '.join(CROPS)}, but got {crop!r}")
-        return cls(size=size, crop=chosen, flip=flip)
+            raise OptionsError(f"crop should be one of {', '.join(CROPS)}, but got {crop!r}")
+        return cls(size=(size, size) if isinstance(size, int) else size, crop=chosen, flip=flip)
 
     @property
     def as_stored(self) -> bool:
@@ -114,9 +89,7 @@ class TrainingRead:
 
     def crop_spec(self) -> CropSpec | None:
         """Return the dataset's ``CropSpec`` (None: as stored)."""
-        if self.size is None:
-            return None
-        return CropSpec.of(self.size, crop=self.crop, flip=self.flip)
+        return None if self.size is None else CropSpec.of(self.size, crop=self.crop, flip=self.flip)
 
     def describe(self) -> str:
         """Return e.g. ``"random-resized crops of 224x224, flipped"`` or ``"images as stored"``."""
@@ -146,21 +119,13 @@ TrainChoice = TrainingRead | Literal["auto"]
 
 
 def parse_train_size(text: str) -> tuple[int, int] | None:
-    """Parse ``--train-size``: ``224`` (a square), ``224,320`` (H, W) or ``none`` (as stored).
-
-    Raises:
-        OptionsError: anything else.
-    """
+    """Parse ``--train-size``: ``224`` (a square), ``224,320`` (H, W) or ``none`` (as stored)."""
     value = text.strip().lower()
     if value in ("none", "stored"):
         return None
-    parts = [p.strip() for p in value.split(",")]
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) == 1:
-        numbers *= 2
+    parts = value.split(",")
+    numbers = [int(p) for p in parts] if all(p.strip().isdigit() for p in parts) else []
+    numbers *= 2 if len(numbers) == 1 else 1
     if len(numbers) != 2 or min(numbers) < 1:
         raise OptionsError(
             "--train-size should be one positive integer (224), two as H,W (224,320) or "
@@ -171,14 +136,7 @@ def parse_train_size(text: str) -> tuple[int, int] | None:
 
 @dataclass(frozen=True)
 class SizeSurvey:
-    """The sizes images come in.
-
-    Attributes:
-        counts: How many images of each ``(H, W)``.
-        images: Images surveyed.
-        total: Images in the folder or pack (more than ``images`` when only a sample of a
-            large folder was surveyed).
-    """
+    """How many images of each ``(H, W)``, of ``images`` surveyed among ``total``."""
 
     counts: dict[tuple[int, int], int]
     images: int
@@ -196,20 +154,14 @@ class SizeSurvey:
         """Whether every image surveyed has one size."""
         return len(self.counts) <= 1
 
-    @property
-    def common(self) -> tuple[int, int] | None:
-        """The one ``(H, W)`` of every image, or None."""
-        return next(iter(self.counts)) if len(self.counts) == 1 else None
-
     def describe(self) -> str:
         """Return e.g. ``"one size, 500x375 (W x H)"`` or ``"187 sizes (widths 344 to ...)"``."""
         if not self.counts:
             return "no readable images"
-        if self.common is not None:
-            height, width = self.common
+        if len(self.counts) == 1:
+            height, width = next(iter(self.counts))
             return f"one size, {width}x{height} (W x H)"
-        heights = [h for h, _ in self.counts]
-        widths = [w for _, w in self.counts]
+        heights, widths = zip(*self.counts, strict=True)
         sampled = f" in a sample of {self.images}" if self.images < self.total else ""
         return (
             f"{len(self.counts)} sizes{sampled} (widths {min(widths)} to {max(widths)}, "
@@ -227,11 +179,7 @@ def _probe(path: str) -> tuple[int, int] | None:
 def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurvey:
     """Read the image sizes of a folder from the files' headers (no decoding).
 
-    A folder of more than ``max_files`` images is surveyed on an even sample of them.
-    Unreadable files are left out (the conversion skips them too).
-
-    Raises:
-        SourceError: the folder is missing or holds no images.
+    Beyond ``max_files`` images an even sample is surveyed; unreadable files are left out.
     """
     files = scan(folder).files
     chosen = files
@@ -244,12 +192,7 @@ def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurv
 
 
 def survey_pack(path: PackSource, store: Store | None = None) -> SizeSurvey:
-    """Return the image sizes a pack (or a pack set) records (read from ``store``).
-
-    Raises:
-        FileNotFoundError: the pack, or a shard, does not exist.
-        FormatError: a file is not a pack, or a shard does not belong to the set.
-    """
+    """Return the image sizes a pack (or a pack set) records (read from ``store``)."""
     shapes = describe(path, store=store or open_store(path)).meta.shapes
     return SizeSurvey.of((int(s[0]), int(s[1])) for s in shapes)
 
@@ -262,7 +205,7 @@ def resolve_training_read(choice: TrainChoice, survey: SizeSurvey) -> TrainingRe
         raise OptionsError(f"train should be a TrainingRead or 'auto', but got train={choice!r}")
     if survey.uniform:
         return TrainingRead(auto=True)
-    return TrainingRead(size=(AUTO_SIZE, AUTO_SIZE), crop="random-resized", flip=True, auto=True)
+    return TrainingRead(size=(AUTO_SIZE, AUTO_SIZE), flip=True, auto=True)
 
 
 def auto_note(train: TrainingRead, survey: SizeSurvey) -> str:

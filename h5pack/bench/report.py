@@ -1,8 +1,4 @@
-"""Render benchmark results: compare's ranked table, report.json, report.md (plots: ``plots``).
-
-``bench``'s and ``--diagnose``'s text are rendered next to their results
-(``throughput.format_bench``, ``diagnose.format_diagnosis``).
-"""
+"""Render ``compare``'s results: the ranked table, report.json, report.md (plots: ``plots``)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.bench.compare import CompareReport
-from h5pack.bench.diagnose import Diagnosis
 from h5pack.bench.measure import PatternResult
 from h5pack.bench.plots import PLOT_HINT, plots_available, write_plots
 from h5pack.bench.ranking import VariantResult, pixel_groups
@@ -50,44 +45,6 @@ NOTES = (
     "pixels/file: the decoded pixels' bytes over the file's (h5pack info's ratio is the "
     "stored bytes over the file's: the codec's compression alone).",
 )
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
-
-
-def _partial(result: PatternResult) -> str:
-    return f"{PARTIAL}{100 * result.epoch_fraction:.0f}%" if result.partial else ""
-
-
-def _rate(result: PatternResult | None, *, spread: bool = False) -> str:
-    if result is None:
-        return "-"
-    text = f"{result.images_per_s:,.0f}"
-    text = f"{text} ±{50 * result.timing.spread:.0f}%" if spread else text
-    return text + _partial(result)
-
-
-def _pair(variant: VariantResult, attribute: str, fmt: str) -> str:
-    values = []
-    for pattern in ("random", "chunk"):
-        result = variant.patterns.get(pattern)
-        if result is None:
-            values.append("-")
-            continue
-        value = getattr(result.reads, attribute)
-        text = human_bytes(value) if fmt == "bytes" else f"{value:.3g}"
-        values.append(text + (PARTIAL if result.partial else ""))
-    return " → ".join(values)
-
-
-def _cpu(result: PatternResult | None) -> str:
-    cpu = result.timing.cpu_s_per_image if result is not None else None
-    return "-" if cpu is None else f"{1e6 * cpu:,.0f} us"
-
-
 COLUMNS = (
     "#",
     "variant",
@@ -105,22 +62,32 @@ COLUMNS = (
 )
 
 
+def _rate(result: PatternResult | None, *, spread: bool = False) -> str:
+    if result is None:
+        return "-"
+    text = f"{result.images_per_s:,.0f}"
+    text = f"{text} ±{50 * result.timing.spread:.0f}%" if spread else text
+    return text + (f"{PARTIAL}{100 * result.epoch_fraction:.0f}%" if result.partial else "")
+
+
+def _pair(variant: VariantResult, attribute: str, as_bytes: bool) -> str:
+    values = []
+    for pattern in ("random", "chunk"):
+        result = variant.patterns.get(pattern)
+        if result is None:
+            values.append("-")
+            continue
+        value = getattr(result.reads, attribute)
+        text = human_bytes(value) if as_bytes else f"{value:.3g}"
+        values.append(text + (PARTIAL if result.partial else ""))
+    return " → ".join(values)
+
+
 def _groups(report: CompareReport) -> list[list[VariantResult]]:
     """The table's groups: one, or one per kind of pixels (see "Like with like")."""
     if report.options.get("across_pixels"):
         return [list(report.variants)]
     return pixel_groups(report.variants)
-
-
-def _ranks(report: CompareReport) -> list[str]:
-    groups = _groups(report)
-    if len(groups) == 1:
-        return [str(rank) for rank in range(1, len(report.variants) + 1)]
-    return [
-        f"{chr(65 + g)}{rank}"
-        for g, group in enumerate(groups)
-        for rank in range(1, len(group) + 1)
-    ]
 
 
 def pixels_line(report: CompareReport) -> str | None:
@@ -140,25 +107,36 @@ def pixels_line(report: CompareReport) -> str | None:
 
 def table_rows(report: CompareReport) -> list[list[str]]:
     """Return the ranked table's rows (strings), one per variant, columns ``COLUMNS``."""
+    groups = _groups(report)
+    ranks = [
+        f"{chr(65 + g)}{rank}" if len(groups) > 1 else str(rank)
+        for g, group in enumerate(groups)
+        for rank in range(1, len(group) + 1)
+    ]
     rows = []
-    for rank, variant in zip(_ranks(report), report.variants, strict=True):
+    for rank, variant in zip(ranks, report.variants, strict=True):
         chunk = variant.patterns.get("chunk")
-        name = variant.name + ("" if variant.batchable else f" {NOT_CANDIDATE}")
+        cpu = chunk.timing.cpu_s_per_image if chunk is not None else None
+        convert = variant.convert_s
         rows.append(
             [
                 rank,
-                name,
+                variant.name + ("" if variant.batchable else f" {NOT_CANDIDATE}"),
                 human_bytes(variant.file_bytes),
                 f"{variant.pixels_per_file_byte:.2f}x",
-                _seconds(variant.convert_s),
+                "-"
+                if convert is None
+                else f"{convert:.2f} s"
+                if convert < 10
+                else f"{convert:.0f} s",
                 _rate(variant.patterns.get("random")),
                 _rate(chunk, spread=True),
                 _rate(variant.patterns.get("sequential")),
                 f"{chunk.mb_per_s:,.0f}" if chunk else "-",
-                _pair(variant, "chunks_per_sample", "number"),
-                _pair(variant, "bytes_per_sample", "bytes"),
+                _pair(variant, "chunks_per_sample", False),
+                _pair(variant, "bytes_per_sample", True),
                 f"{chunk.shuffle_vs_random:.2f}" if chunk else "-",
-                _cpu(chunk),
+                "-" if cpu is None else f"{1e6 * cpu:,.0f} us",
             ]
         )
     return rows
@@ -174,44 +152,29 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS)
 
 
 def _preamble(report: CompareReport) -> list[str]:
-    lines = [report.read_note] if report.read_note else []
-    pixels = pixels_line(report)
-    if pixels is not None:
-        lines.append(pixels)
-    if report.plan:
-        lines.append(report.plan)
-    return lines
-
-
-def _recommendation(report: CompareReport) -> list[str]:
-    recommendation = report.recommendation
-    if recommendation is None:
-        return []
-    lines = [recommendation.line]
-    lines += [f"  {note}" for note in recommendation.notes]
-    if recommendation.command:
-        lines.append(f"  {recommendation.command}")
-    return lines
-
-
-def _partial_legend(report: CompareReport) -> list[str]:
-    partial = [
-        f"{v.name} ({p})" for v in report.variants for p, r in v.patterns.items() if r.partial
-    ]
-    if not partial:
-        return []
-    return [
-        f"{PARTIAL}N%: timed on the first N% of an epoch, not whole epochs: "
-        f"{', '.join(partial)}; its chunks/sample is that prefix's (without --quick, "
-        "epochs run whole unless one takes over 10 s)."
-    ]
+    lines = [report.read_note, pixels_line(report), report.plan]
+    return [line for line in lines if line]
 
 
 def format_compare(report: CompareReport) -> str:
     """Return the comparison as a terminal would show it: how read, table, recommendation."""
-    parts = [*_preamble(report), format_table(table_rows(report)), *_partial_legend(report)]
+    parts = [*_preamble(report), format_table(table_rows(report))]
+    partial = [
+        f"{v.name} ({p})" for v in report.variants for p, r in v.patterns.items() if r.partial
+    ]
+    if partial:
+        parts.append(
+            f"{PARTIAL}N%: timed on the first N% of an epoch, not whole epochs: "
+            f"{', '.join(partial)}; its chunks/sample is that prefix's (without --quick, "
+            "epochs run whole unless one takes over 10 s)."
+        )
     parts += [f"skipped {s.name}: {s.reason}" for s in report.skipped]
-    parts += _recommendation(report)
+    recommendation = report.recommendation
+    if recommendation is not None:
+        parts.append(recommendation.line)
+        parts += [f"  {note}" for note in recommendation.notes]
+        if recommendation.command:
+            parts.append(f"  {recommendation.command}")
     return "\n".join(parts)
 
 
@@ -235,20 +198,19 @@ def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
         "",
     ]
     lines += [*_preamble(report), ""] if _preamble(report) else []
-    if report.recommendation is not None:
-        lines += [f"**{report.recommendation.line}**", ""]
-        lines += [f"- {note}" for note in report.recommendation.notes]
-        lines += [""] if report.recommendation.notes else []
-        if report.recommendation.command:
-            lines += ["```", report.recommendation.command, "```", ""]
+    recommendation = report.recommendation
+    if recommendation is not None:
+        lines += [f"**{recommendation.line}**", ""]
+        lines += [f"- {note}" for note in recommendation.notes]
+        lines += [""] if recommendation.notes else []
+        if recommendation.command:
+            lines += ["```", recommendation.command, "```", ""]
     lines += [markdown_table(table_rows(report)), ""]
     if report.skipped:
         lines += ["Skipped:", ""] + [f"- {s.name}: {s.reason}" for s in report.skipped] + [""]
     lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]
-    for plot in plots:
-        lines += [f"![{Path(plot).stem}]({Path(plot).name})", ""]
-    if not plots:
-        lines += [f"({PLOT_HINT})", ""]
+    lines += [f"![{Path(plot).stem}]({Path(plot).name})\n" for plot in plots]
+    lines += [] if plots else [f"({PLOT_HINT})", ""]
     return "\n".join(lines)
 
 
@@ -288,7 +250,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def to_json(report: CompareReport | BenchResult | Diagnosis) -> dict[str, Any]:
+def to_json(report: CompareReport | BenchResult) -> dict[str, Any]:
     """Return a result as JSON-ready data (derived rates included)."""
     data: dict[str, Any] = _jsonable(report)
     return data
@@ -296,14 +258,7 @@ def to_json(report: CompareReport | BenchResult | Diagnosis) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ReportFiles:
-    """What ``write_report`` wrote.
-
-    Attributes:
-        json: report.json.
-        markdown: report.md.
-        plots: PNG files (none without matplotlib).
-        plot_message: Why there are no plots, or None.
-    """
+    """What ``write_report`` wrote; ``plot_message``: why there are no plots, or None."""
 
     json: Path
     markdown: Path
@@ -315,13 +270,9 @@ def write_report(report: CompareReport, out_dir: StrPath, *, plots: bool = True)
     """Write report.json, report.md and (with matplotlib) PNG plots into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    message: str | None = None
-    if plots and report.variants:
-        if plots_available():
-            written = write_plots(report, out)
-        else:
-            message = PLOT_HINT
+    drawn = plots and bool(report.variants) and plots_available()
+    written = write_plots(report, out) if drawn else []
+    message = PLOT_HINT if plots and report.variants and not drawn else None
     json_path = out / "report.json"
     json_path.write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")
     md_path = out / "report.md"

@@ -1,9 +1,8 @@
 """``bench``: the h5pack loader's throughput on one pack, for given settings.
 
 The pack is read through one dataset and ``make_loader``'s settings in the order asked for
-(see "One loader for every pattern" in ``h5pack.bench.loaders``), with the training read,
-in runs long enough to time (see "Timing enough work" in ``h5pack.bench.timing``).
-``h5pack.bench.diagnose`` splits the same figure into where the time goes.
+(see "One loader for every pattern" in ``bench.loaders``), with the training read, in runs
+long enough to time (see "Timing enough work" in ``bench.timing``).
 """
 
 from __future__ import annotations
@@ -17,14 +16,7 @@ import numpy as np
 from h5pack.bench.access import ReadCount, check_pattern, pack_shape
 from h5pack.bench.loaders import PatternLoader, open_dataset
 from h5pack.bench.options import BenchOptions
-from h5pack.bench.reading import (
-    SizeSurvey,
-    TrainingRead,
-    auto_note,
-    batch_problem,
-    resolve_training_read,
-    survey_pack,
-)
+from h5pack.bench.reading import auto_note, batch_problem, resolve_training_read, survey_pack
 from h5pack.bench.system import source_name, warm_source
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.core.units import human_bytes
@@ -59,43 +51,22 @@ class BenchResult:
     train: dict[str, Any]
 
 
-@dataclass
-class Setup:
-    """One pack (or pack set) opened for ``bench``: how it is read, its dataset and loader.
-
-    Attributes:
-        path: How reports name it (``sources.source_name``).
-        options: The settings.
-        survey: Its image sizes.
-        train: How it is read.
-        loader: The loader measured.
-        source: The pack or pack set itself.
-    """
-
-    path: str
-    options: BenchOptions
-    survey: SizeSurvey
-    train: TrainingRead
-    loader: PatternLoader
-    source: PackSource
-
-    def close(self) -> None:
-        """Stop the loader's workers and close the dataset."""
-        self.loader.close()
-
-
-def open_bench(path: PackSource, options: BenchOptions) -> Setup:
-    """Open ``path`` for ``bench``: resolve the training read and build the loader.
+def bench_loader(
+    path: PackSource,
+    options: BenchOptions | None = None,
+    *,
+    on_step: Callable[[], None] | None = None,
+) -> BenchResult:
+    """Measure images/s of an h5pack loader over ``path`` (warm page cache).
 
     Args:
-        path: A pack, or a pack set (its directory or manifest, or a list of packs).
-        options: The settings.
-
-    Raises:
-        FileNotFoundError: the pack, or a shard, does not exist.
-        FormatError: a file is not a pack, or a shard does not belong to the set.
+        path: The pack, or a pack set (its directory or manifest, or a list of packs).
+        options: Loader settings (default ``BenchOptions()``).
+        on_step: Called after each warm-up epoch and timed run (progress).
     """
-    survey = survey_pack(path, options.reader.store)
+    options = options or BenchOptions()
+    store = options.reader.store
+    survey = survey_pack(path, store)
     train = resolve_training_read(options.train, survey)
     dataset = open_dataset(
         path,
@@ -114,54 +85,10 @@ def open_bench(path: PackSource, options: BenchOptions) -> Setup:
         batchable=batch_problem(survey, train) is None,
         max_batches=options.max_batches,
     )
-    return Setup(source_name(path), options, survey, train, loader, path)
-
-
-def bench_result(setup: Setup, timing: Timing) -> BenchResult:
-    """Return ``bench``'s result of ``setup`` timed as ``timing``."""
-    loader = setup.loader
-    reads = pack_shape(setup.source, setup.options.reader.store).reads(
-        setup.options.order, loader.images_per_epoch, window_chunks=max(1, loader.window_chunks)
-    )
-    plan = loader.plan(0)
-    order = np.concatenate(plan) if plan else np.zeros(0, dtype=np.int64)
-    return BenchResult(
-        path=setup.path,
-        options=setup.options,
-        timing=timing,
-        workers=loader.workers,
-        threads=loader.threads,
-        window_chunks=loader.window_chunks,
-        reads=reads,
-        shuffle_bits=jump_entropy(order),
-        train={**setup.train.to_json(), "note": auto_note(setup.train, setup.survey)},
-    )
-
-
-def bench_loader(
-    path: PackSource,
-    options: BenchOptions | None = None,
-    *,
-    on_step: Callable[[], None] | None = None,
-) -> BenchResult:
-    """Measure images/s of an h5pack loader over ``path`` (warm page cache).
-
-    Args:
-        path: The pack, or a pack set (its directory or manifest, or a list of packs).
-        options: Loader settings (default ``BenchOptions()``).
-        on_step: Called after each warm-up epoch and timed run (progress).
-
-    Raises:
-        FileNotFoundError: the pack does not exist.
-        FormatError: the file is not a pack.
-        OptionsError: a bad setting.
-    """
-    options = options or BenchOptions()
-    setup = open_bench(path, options)
-    warm_source(setup.source)
     try:
+        warm_source(path, store)
         timing = time_interleaved(
-            {"warm": setup.loader},
+            {"warm": loader},
             repeats=options.repeats,
             warmup=options.warmup,
             min_run_s=options.min_run_s,
@@ -169,48 +96,56 @@ def bench_loader(
             budget_s=options.budget_s,
             on_run=(lambda name: on_step()) if on_step is not None else None,
         )["warm"]
-        return bench_result(setup, timing)
+        reads = pack_shape(path, store).reads(
+            options.order, loader.images_per_epoch, window_chunks=max(1, loader.window_chunks)
+        )
+        plan = loader.plan(0)
+        order = np.concatenate(plan) if plan else np.zeros(0, dtype=np.int64)
+        return BenchResult(
+            path=source_name(path),
+            options=options,
+            timing=timing,
+            workers=loader.workers,
+            threads=loader.threads,
+            window_chunks=loader.window_chunks,
+            reads=reads,
+            shuffle_bits=jump_entropy(order),
+            train={**train.to_json(), "note": auto_note(train, survey)},
+        )
     finally:
-        setup.close()
+        loader.close()
 
 
-def _read_line(train: dict[str, Any]) -> str:
-    note = str(train.get("note", ""))
-    return note or f"Read: {train.get('description', 'images as stored')}."
-
-
-def format_bench(result: BenchResult, *, warn: bool = True) -> str:
-    """Return ``bench``'s result as lines of text (``warn``: say when it is unsteady)."""
-    options = result.options
-    timing = result.timing
+def format_bench(result: BenchResult) -> str:
+    """Return ``bench``'s result as lines of text, with a warning when it is unsteady."""
+    options, timing = result.options, result.timing
     threads = f", {result.threads} reader threads" if result.threads else ""
     runs = (
         f"{len(timing.rates)} runs of {timing.epochs_per_run} epoch(s)"
         if timing.epochs_per_run > 1
         else f"{len(timing.rates)} epochs"
     )
+    read = result.train.get("note") or f"Read: {result.train.get('description')}."
+    cached = options.cache == "decoded"
     lines = [
         f"{result.path}: {timing.describe()}  ({timing.mb_per_s:,.0f} MB/s; "
         f"slowest {timing.low:,.0f}, fastest {timing.high:,.0f} over {runs}; "
         f"{max(timing.images, default=0) // max(1, timing.epochs_per_run)} images an epoch)",
-        f"  {_read_line(result.train)}",
+        f"  {read}",
         f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
         f"{threads}, window {result.window_chunks} chunks"
-        + (
-            ", decoded cache (the timed epochs come after the warm-up filled it)"
-            if options.cache == "decoded"
-            else ""
-        ),
-        *(
-            [f"  first epoch (filling the decoded cache): {timing.first_epoch_per_s:,.0f} img/s"]
-            if options.cache == "decoded" and timing.first_epoch_per_s is not None
-            else []
-        ),
+        + (", decoded cache (the timed epochs come after the warm-up filled it)" if cached else ""),
+    ]
+    if cached and timing.first_epoch_per_s is not None:
+        lines.append(
+            f"  first epoch (filling the decoded cache): {timing.first_epoch_per_s:,.0f} img/s"
+        )
+    lines.append(
         f"  per sample: {result.reads.chunks_per_sample:.3g} chunk loads, "
         f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
-        f"{result.shuffle_bits:.2f} bits",
-    ]
-    if warn and not timing.stable:
+        f"{result.shuffle_bits:.2f} bits"
+    )
+    if not timing.stable:
         lines.append(
             f"  warning: the runs still differ by ±{50 * timing.spread:.0f}% (the machine may "
             "be busy): take the figure as rough"

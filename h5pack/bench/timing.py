@@ -2,18 +2,14 @@
 
 # NOTE [ Timing enough work ]
 #
-# An epoch of a small or fast pack lasts milliseconds, and a few milliseconds of scheduling
-# noise then swing its rate by half (docs/decisions/0025).
-# ``time_interleaved`` times runs of several epochs, at least ``min_run_s`` each, and
-# interleaves the measurements it compares (A B C A B C ...), so that a drift of the machine
-# (another job, the CPU clock) falls on each alike. While a measurement's spread stays above
-# its target and the time budget allows, its runs are made twice as long and timed again;
-# a spread still above target is reported as such (``Timing.stable``), never hidden.
-# Every duration is read from one injected ``clock`` (``time.perf_counter`` by default), so
-# the tests drive this logic with a fake clock and compare no measured rates. Beside each
-# run's seconds, the CPU seconds of the whole process tree are read (``cpu``: this process,
-# its threads, its DataLoader workers live or reaped), so that every figure comes with its
-# CPU per image, which moves less than the rate with the load of a shared machine.
+# An epoch of a small or fast pack lasts milliseconds, and scheduling noise then swings
+# its rate by half (docs/decisions/0025). ``time_interleaved`` times runs of several
+# epochs, at least ``min_run_s`` each, interleaved (A B C A B C ...) so that a drift of the
+# machine falls on each alike. While a measurement's spread stays above its target and the
+# budget allows, its runs are made twice as long and timed again; a spread still above
+# target is reported (``Timing.stable``), never hidden. Durations come from one injected
+# ``clock`` (tests use a fake one). Beside each run's seconds the CPU seconds of the whole
+# process tree are read, so every rate comes with its CPU per image.
 """
 
 from __future__ import annotations
@@ -43,11 +39,10 @@ class Timing:
     Attributes:
         elapsed_s: Wall time of each repeat.
         images: Images delivered by each repeat.
-        nbytes: Decoded bytes (what the training loop receives) delivered by each repeat.
+        nbytes: Decoded bytes delivered by each repeat.
         epochs_per_run: Epochs timed together in each repeat.
         target_spread: The spread aimed at (see "Timing enough work"), None if none.
-        first_epoch_s: Seconds of the first warm-up epoch (None without warm-up): what a
-            first epoch costs, e.g. while it fills a decoded cache that the timed ones use.
+        first_epoch_s: Seconds of the first warm-up epoch (None without warm-up).
         first_epoch_images: Images that epoch delivered.
         cpu_s: CPU seconds of the process tree in each repeat (``tree_cpu_s``).
     """
@@ -77,10 +72,8 @@ class Timing:
     @property
     def rates(self) -> tuple[float, ...]:
         """Images per second of each repeat."""
-        return tuple(
-            n / s if s > 0 else float("inf")
-            for n, s in zip(self.images, self.elapsed_s, strict=True)
-        )
+        pairs = zip(self.images, self.elapsed_s, strict=True)
+        return tuple(n / s if s > 0 else float("inf") for n, s in pairs)
 
     @property
     def images_per_s(self) -> float:
@@ -116,11 +109,6 @@ class Timing:
         """Whether the spread reached its target (always, without a target)."""
         return self.target_spread is None or self.spread <= self.target_spread
 
-    @property
-    def total_s(self) -> float:
-        """Seconds timed in all."""
-        return float(sum(self.elapsed_s))
-
     def describe(self) -> str:
         """Return e.g. ``"1,234 img/s ±3%, 812 us CPU/image"`` (± half the spread)."""
         cpu = self.cpu_s_per_image
@@ -132,24 +120,15 @@ class _Stage:
     """One measurement of ``time_interleaved``: its epochs, their timings, its run length."""
 
     def __init__(
-        self,
-        run: Callable[[], Count],
-        before: Callable[[], None] | None,
-        clock: Callable[[], float],
-        cpu: Callable[[], float],
+        self, run: Callable[[], Count], clock: Callable[[], float], cpu: Callable[[], float]
     ) -> None:
-        self.run = run
-        self.before = before
-        self.clock = clock
-        self.cpu = cpu
+        self.run, self.clock, self.cpu = run, clock, cpu
         self.epochs = 1
         self.epoch_s: float | None = None  # a typical epoch, from the warm-up
         self.first: tuple[float, int] | None = None  # the first warm-up epoch
         self.runs: list[tuple[float, int, int, float]] = []
 
     def epoch(self) -> tuple[float, Count, float]:
-        if self.before is not None:
-            self.before()
         started, spent = self.clock(), self.cpu()
         count = self.run()
         return self.clock() - started, count, self.cpu() - spent
@@ -161,18 +140,14 @@ class _Stage:
         adaptive = self.epoch_s is None and not self.runs
         while done < self.epochs or (adaptive and elapsed < min_run_s):
             seconds, count, cpu_s = self.epoch()
-            elapsed += seconds
-            used += cpu_s
-            images += count.images
-            nbytes += count.nbytes
-            done += 1
+            elapsed, used, done = elapsed + seconds, used + cpu_s, done + 1
+            images, nbytes = images + count.images, nbytes + count.nbytes
         if adaptive:
             self.epochs = done
         return elapsed, images, nbytes, used
 
     def timing(self, target: float | None) -> Timing:
-        runs = list(zip(*self.runs, strict=True)) if self.runs else [(), (), (), ()]
-        elapsed, images, nbytes, used = runs
+        elapsed, images, nbytes, used = zip(*self.runs, strict=True) if self.runs else [()] * 4
         first_s, first_images = self.first if self.first is not None else (None, 0)
         return Timing(
             tuple(elapsed),
@@ -194,7 +169,6 @@ def time_interleaved(
     min_run_s: float = 0.0,
     target_spread: float | None = None,
     budget_s: float | None = None,
-    before: Mapping[str, Callable[[], None]] | None = None,
     on_run: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     cpu: Callable[[], float] = tree_cpu_s,
@@ -208,36 +182,24 @@ def time_interleaved(
         repeats: Timed runs per measurement (at least 1).
         warmup: Untimed epochs of each measurement first; the last one sizes the runs.
         min_run_s: Seconds a timed run lasts at least (whole epochs).
-        target_spread: Lengthen the runs of a measurement whose spread (fastest - slowest
-            over median) is above this, while the budget allows; None never lengthens.
+        target_spread: Lengthen the runs of a measurement whose spread is above this,
+            while the budget allows; None never lengthens.
         budget_s: Seconds all the timing may take before runs stop being lengthened.
-        before: Called before each epoch of a measurement, outside the timing (e.g. drop
-            the page cache).
         on_run: Called with the measurement's name after each warm-up epoch and timed run.
-        clock: Seconds, monotonic; every duration here (epochs, runs, the budget) is read
-            from it, so that a test can drive the logic with a fake clock.
-        cpu: CPU seconds of the process tree so far (``tree_cpu_s``), read around each epoch.
-
-    Returns:
-        Each measurement's ``Timing``, keyed like ``runs``.
+        clock: Monotonic seconds; every duration is read from it.
+        cpu: CPU seconds of the process tree so far, read around each epoch.
 
     Raises:
         OptionsError: ``repeats`` below 1, or ``warmup`` or ``min_run_s`` negative.
     """
-    if repeats < 1:
-        raise OptionsError(f"repeats should be >= 1, but got repeats={repeats}")
-    if warmup < 0:
-        raise OptionsError(f"warmup should be >= 0, but got warmup={warmup}")
-    if min_run_s < 0:
-        raise OptionsError(f"min_run_s should be >= 0, but got min_run_s={min_run_s}")
+    if repeats < 1 or warmup < 0 or min_run_s < 0:
+        raise OptionsError(
+            "repeats should be >= 1 and warmup, min_run_s >= 0, but got "
+            f"repeats={repeats}, warmup={warmup}, min_run_s={min_run_s}"
+        )
     started = clock()
-    hooks = before or {}
-    stages = {name: _Stage(run, hooks.get(name), clock, cpu) for name, run in runs.items()}
-
-    def report(name: str) -> None:
-        if on_run is not None:
-            on_run(name)
-
+    stages = {name: _Stage(run, clock, cpu) for name, run in runs.items()}
+    report = on_run or (lambda name: None)
     for _ in range(warmup):
         for name, stage in stages.items():
             stage.epoch_s, count, _ = stage.epoch()
@@ -255,13 +217,10 @@ def time_interleaved(
                 report(name)
 
     rounds(list(stages))
-    if target_spread is None or repeats < 2:
-        return {name: stage.timing(target_spread) for name, stage in stages.items()}
-    for _ in range(6):  # at most 64 times longer
+    for _ in range(6 if target_spread is not None and repeats > 1 else 0):  # <= 64x longer
         noisy = [n for n, s in stages.items() if not s.timing(target_spread).stable]
-        spent = clock() - started
-        cost = sum(2 * stages[n].timing(None).total_s for n in noisy)
-        if not noisy or budget_s is None or spent + cost > budget_s:
+        cost = sum(2 * sum(stages[n].timing(None).elapsed_s) for n in noisy)
+        if not noisy or budget_s is None or clock() - started + cost > budget_s:
             break
         for name in noisy:
             stages[name].epochs *= 2

@@ -6,7 +6,6 @@ A variant is named by dash-separated tokens, mode first::
     raw-c64-gzip            raw pixels, 64 samples per chunk, gzip at its default level
     raw-4m-zstd:5-bit       raw pixels, ~4 MiB chunks, zstd level 5, bit shuffle
     encoded-1m              the image files' bytes, a blob in 1 MiB chunks
-    encoded-contig          the image files' bytes, contiguous
 
 Tokens: ``raw`` | ``encoded``; ``contig``; ``c<N>`` (samples per chunk); ``<N>k`` /
 ``<N>m`` (chunk bytes); a codec of ``layout.CODECS``, optionally ``:<level>``; ``byte`` |
@@ -29,15 +28,7 @@ _SAMPLES = re.compile(r"^c(\d+)$")
 
 @dataclass(frozen=True, kw_only=True)
 class VariantSpec:
-    """One pack layout to build and measure.
-
-    Attributes:
-        mode: ``"raw"`` or ``"encoded"``.
-        contiguous: No chunks (and so no filter).
-        chunk_samples: Samples per chunk (raw).
-        chunk_bytes: Bytes per chunk (a target for raw, exact for encoded blobs).
-        compression: Codec, level and filter shuffle.
-    """
+    """One pack layout to build and measure (``chunk_bytes``: exact for encoded blobs)."""
 
     mode: str
     contiguous: bool = False
@@ -45,40 +36,33 @@ class VariantSpec:
     chunk_bytes: int | None = None
     compression: Compression = field(default_factory=Compression)
 
+    def _parts(self) -> list[tuple[str, list[str]]]:
+        """Each token of the name after the mode, with the convert flags it stands for."""
+        parts: list[tuple[str, list[str]]] = []
+        if self.contiguous:
+            parts.append(("contig", ["--layout", "contiguous"]))
+        elif self.chunk_samples is not None:
+            parts.append((f"c{self.chunk_samples}", ["--chunk-samples", str(self.chunk_samples)]))
+        elif self.chunk_bytes is not None:
+            parts.append((_bytes_token(self.chunk_bytes), ["--chunk-bytes", str(self.chunk_bytes)]))
+        codec = self.compression
+        if codec.codec != "none":
+            level = [] if codec.level is None else ["--level", str(codec.level)]
+            token = codec.codec if codec.level is None else f"{codec.codec}:{codec.level}"
+            parts.append((token, ["--compression", codec.codec, *level]))
+            if codec.shuffle != "none":
+                parts.append((codec.shuffle, ["--shuffle-filter", codec.shuffle]))
+        return parts
+
     @property
     def name(self) -> str:
         """The canonical name, e.g. ``"raw-c64-gzip:4"``."""
-        parts = [self.mode]
-        if self.contiguous:
-            parts.append("contig")
-        elif self.chunk_samples is not None:
-            parts.append(f"c{self.chunk_samples}")
-        elif self.chunk_bytes is not None:
-            parts.append(_bytes_token(self.chunk_bytes))
-        codec = self.compression
-        if codec.codec != "none":
-            parts.append(codec.codec if codec.level is None else f"{codec.codec}:{codec.level}")
-            if codec.shuffle != "none":
-                parts.append(codec.shuffle)
-        return "-".join(parts)
+        return "-".join([self.mode, *(token for token, _ in self._parts())])
 
     def options(
-        self,
-        *,
-        size: tuple[int, int] | None = None,
-        workers: int | None = None,
-        seed: int = 0,
+        self, *, size: tuple[int, int] | None = None, workers: int | None = None, seed: int = 0
     ) -> ConvertOptions:
-        """Return the conversion options that build this variant.
-
-        Args:
-            size: ``(H, W)`` of raw variants; None keeps the images' size.
-            workers: Conversion worker processes (None: every core).
-            seed: Seed of the stored sample order.
-
-        Raises:
-            OptionsError: the combination is impossible.
-        """
+        """Return the conversion options that build this variant (``size``: raw variants')."""
         return ConvertOptions(
             mode="raw" if self.mode == "raw" else "encoded",
             size=size if self.mode == "raw" else None,
@@ -101,20 +85,7 @@ class VariantSpec:
         words = ["h5pack", "convert", source, target, "--mode", self.mode]
         if size is not None and self.mode == "raw":
             words += ["--size", str(size[0]), str(size[1])]
-        if self.contiguous:
-            words += ["--layout", "contiguous"]
-        elif self.chunk_samples is not None:
-            words += ["--chunk-samples", str(self.chunk_samples)]
-        elif self.chunk_bytes is not None:
-            words += ["--chunk-bytes", str(self.chunk_bytes)]
-        codec = self.compression
-        if codec.codec != "none":
-            words += ["--compression", codec.codec]
-            if codec.level is not None:
-                words += ["--level", str(codec.level)]
-            if codec.shuffle != "none":
-                words += ["--shuffle-filter", codec.shuffle]
-        return " ".join(words)
+        return " ".join(words + [flag for _, flags in self._parts() for flag in flags])
 
 
 def _bytes_token(nbytes: int) -> str:
@@ -137,7 +108,7 @@ def parse_variant(text: str) -> VariantSpec:
             f"a variant starts with raw or encoded (e.g. raw-c64-gzip, encoded-1m), "
             f"but got {text!r}"
         )
-    mode, rest = tokens[0], tokens[1:]
+    rest = tokens[1:]
     contiguous = False
     chunk_samples = chunk_bytes = level = None
     codec = shuffle = "none"
@@ -150,8 +121,7 @@ def parse_variant(text: str) -> VariantSpec:
             position += 1
         position += 1
         name, _, level_text = token.partition(":")
-        size = _SIZE.match(token)
-        samples = _SAMPLES.match(token)
+        size, samples = _SIZE.match(token), _SAMPLES.match(token)
         if token in ("contig", "contiguous"):
             contiguous = True
         elif samples:
@@ -160,10 +130,9 @@ def parse_variant(text: str) -> VariantSpec:
             chunk_bytes = int(size.group(1)) * (2**10 if size.group(2) == "k" else 2**20)
         elif name in CODECS:
             codec = name
-            if level_text:
-                if not level_text.isdigit():
-                    raise OptionsError(f"a codec level is a number, but got {token!r} in {text!r}")
-                level = int(level_text)
+            if level_text and not level_text.isdigit():
+                raise OptionsError(f"a codec level is a number, but got {token!r} in {text!r}")
+            level = int(level_text) if level_text else None
         elif token in ("byte", "bit"):
             shuffle = token
         else:
@@ -172,7 +141,7 @@ def parse_variant(text: str) -> VariantSpec:
                 f"a codec ({', '.join(CODECS)}[:level]), byte or bit"
             )
     spec = VariantSpec(
-        mode=mode,
+        mode=tokens[0],
         contiguous=contiguous,
         chunk_samples=chunk_samples,
         chunk_bytes=chunk_bytes,
@@ -183,11 +152,7 @@ def parse_variant(text: str) -> VariantSpec:
 
 
 def parse_variants(texts: str | list[str] | tuple[str, ...]) -> list[VariantSpec]:
-    """Return the variants of comma- (or space-) separated names, without duplicates.
-
-    Raises:
-        OptionsError: a name does not parse, or none is given.
-    """
+    """Return the variants of comma- (or space-) separated names, without duplicates."""
     items = [texts] if isinstance(texts, str) else list(texts)
     names = [n for item in items for n in re.split(r"[,\s]+", item) if n]
     if not names:
@@ -199,8 +164,8 @@ def parse_variants(texts: str | list[str] | tuple[str, ...]) -> list[VariantSpec
     return list(seen.values())
 
 
-# The matrix of a full comparison: contiguous vs chunked, chunk sizes from one sample to
-# 16 MiB, every codec at one chunk size, raw vs encoded.
+# A full comparison: contiguous vs chunked, chunks of one sample to 16 MiB, every codec at
+# one chunk size, raw vs encoded.
 DEFAULT_VARIANTS: tuple[str, ...] = (
     "raw-contig",
     "raw-c1-zstd",
@@ -216,13 +181,11 @@ DEFAULT_VARIANTS: tuple[str, ...] = (
     "encoded-1m",
 )
 
-# ``--quick``: one of each kind (contiguous, one sample per chunk, large chunks, encoded),
-# all readable without plugins.
+# ``--quick``: one of each kind, all readable without plugins.
 QUICK_VARIANTS: tuple[str, ...] = ("raw-contig", "raw-c1-gzip", "raw-16m-gzip", "encoded-1m")
 
-# ``--quick`` for images of several sizes stored at their own size: raw pixels are then one
-# byte blob chunked by bytes, which has no "one sample per chunk"; the files' bytes get a
-# contiguous variant in its place.
+# ``--quick`` for images of several sizes stored at their own size: raw pixels are then a
+# byte blob chunked by bytes (no "one sample per chunk"); encoded gets a contiguous variant.
 QUICK_VARIANTS_MIXED: tuple[str, ...] = (
     "raw-contig",
     "raw-16m-gzip",
@@ -245,12 +208,7 @@ def _stored_sizes(survey: SizeSurvey, size: tuple[int, int] | None) -> bool:
 
 
 def quick_variants(survey: SizeSurvey, size: tuple[int, int] | None = None) -> VariantChoice:
-    """Return the ``--quick`` variants that the folder's images allow.
-
-    Args:
-        survey: The sizes of the folder's images.
-        size: ``(H, W)`` raw variants are stored at; None keeps each image's size.
-    """
+    """Return the ``--quick`` variants that images of ``survey`` stored at ``size`` allow."""
     if _stored_sizes(survey, size):
         return VariantChoice(
             QUICK_VARIANTS_MIXED,
@@ -260,8 +218,7 @@ def quick_variants(survey: SizeSurvey, size: tuple[int, int] | None = None) -> V
             "gzip chunks, and the image files as they are, contiguous and in 1 MiB chunks.",
         )
     if size is not None:
-        height, width = size
-        stored = f"Raw pixels are stored at {width}x{height} (W x H)"
+        stored = f"Raw pixels are stored at {size[1]}x{size[0]} (W x H)"
     else:
         stored = f"The images have {survey.describe()}, so raw pixels are stored as they are"
     return VariantChoice(
@@ -299,16 +256,12 @@ def choose_variants(
     variants: tuple[str, ...] | str, survey: SizeSurvey, size: tuple[int, int] | None
 ) -> tuple[list[VariantSpec], list[SkippedVariant], str]:
     """Return the variants to build, those the images do not allow (and why), and the plan."""
-    if variants == "quick":
-        choice = quick_variants(survey, size)
-        names, reason = list(choice.names), choice.reason
-    else:
-        names, reason = list(variants), ""
+    choice = quick_variants(survey, size) if variants == "quick" else None
     specs, skipped = [], []
-    for spec in parse_variants(names):
+    for spec in parse_variants(list(choice.names if choice else variants)):
         problem = variant_problem(spec, survey, size)
         if problem is None:
             specs.append(spec)
         else:
             skipped.append(SkippedVariant(spec.name, problem))
-    return specs, skipped, reason
+    return specs, skipped, choice.reason if choice else ""

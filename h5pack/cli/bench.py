@@ -1,27 +1,16 @@
-"""``h5pack compare`` and ``h5pack bench``: thin click commands over ``h5pack.bench``.
-
-``h5pack.cli.main`` registers them lazily (``LAZY_COMMANDS``), so ``h5pack convert`` never
-imports the benchmarks (nor torch); errors go through the group's single mapping.
-"""
+"""``h5pack compare`` and ``h5pack bench`` (registered lazily: ``convert`` never imports torch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from h5pack.cli.bench_flags import (
-    Workers,
-    cache_flags,
-    local_exists,
-    remote_flags,
-    train_flags,
-    training_read,
-)
 from h5pack.cli.flags import (
     ByteSize,
     ImageSize,
@@ -33,11 +22,96 @@ from h5pack.cli.flags import (
     store_of,
 )
 from h5pack.cli.progress import progress_for
-from h5pack.core.vocabulary import PATTERNS
+from h5pack.core.vocabulary import CROPS, PATTERNS
+from h5pack.errors import OptionsError
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.flags)
+    _WorkersParam = click.ParamType[int | str, Any]
+else:
+    _WorkersParam = click.ParamType
+
+
+class Workers(_WorkersParam):
+    """A click parameter: ``auto`` or a number of DataLoader workers (>= 0)."""
+
+    name = "auto|N"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        """Parse ``auto`` or a non-negative integer, or fail with a usage error."""
+        if isinstance(value, int):
+            return value
+        if value == "auto":
+            return "auto"
+        if not str(value).isdigit():
+            self.fail(f"{value!r} is neither 'auto' nor a number of workers (>= 0)", param, ctx)
+        return int(value)
+
+
+def _train_flags(function: Any) -> Any:
+    """Add ``--train-size``, ``--crop`` and ``--flip`` (how training reads the images)."""
+    function = click.option(
+        "--flip/--no-flip",
+        default=None,
+        help="Random horizontal flips at --train-size [default: on with the automatic size].",
+    )(function)
+    function = click.option(
+        "--crop",
+        type=click.Choice(CROPS),
+        default=None,
+        help="How images are cut to --train-size [default: random-resized].",
+    )(function)
+    return click.option(
+        "--train-size",
+        default=None,
+        metavar="N|H,W|none",
+        help="The size training reads images at (make_loader's size=); 'none': as stored. "
+        "[default: as stored when all images share one size, else 224 with random-resized "
+        "crops and flips, since the loader batches images of several sizes only at one size]",
+    )(function)
+
+
+def _training_read(train_size: str | None, crop: str | None, flip: bool | None) -> Any:
+    """Return the ``TrainingRead`` (or ``"auto"``) of the training flags, or fail (exit 2)."""
+    from h5pack.bench.reading import TrainingRead, parse_train_size
+
+    try:
+        size = None if train_size is None else parse_train_size(train_size)
+        if size is None and (crop is not None or flip or (train_size is None and flip is not None)):
+            got = f"--train-size {train_size}" if train_size else "no --train-size"
+            raise OptionsError(
+                "--crop and --flip apply to images cut to a training size, but got "
+                f"{got}: give one (e.g. --train-size 224)"
+            )
+        if size is None:
+            return "auto" if train_size is None else TrainingRead()
+        return TrainingRead.of(size, crop=crop or "random-resized", flip=bool(flip))
+    except OptionsError as err:
+        raise click.BadParameter(str(err), param_hint="--train-size") from err
+
+
+def _local_exists(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Refuse a local source that does not exist (a URL is checked when it is opened)."""
+    from h5pack.core.store import is_url
+
+    for value in values:
+        if not is_url(value) and not Path(value).exists():
+            raise click.BadParameter(f"Path {value!r} does not exist.", ctx, param)
+    return values
+
+
+workers_flag = click.option(
+    "--workers", type=Workers(), default="auto", show_default=True, help="Loader workers."
+)
+batch_flag = click.option("--batch-size", type=int, default=64, show_default=True)
+seed_flag = click.option("--seed", type=int, default=0, show_default=True)
 
 
 @click.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(), callback=local_exists)
+@click.argument("sources", nargs=-1, required=True, type=click.Path(), callback=_local_exists)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -45,11 +119,7 @@ from h5pack.core.vocabulary import PATTERNS
     show_default=True,
     help="Folder for report.json, report.md and the plots.",
 )
-@click.option(
-    "--quick",
-    is_flag=True,
-    help="Four variants chosen from what the images allow, two repeats: a fast answer.",
-)
+@click.option("--quick", is_flag=True, help="Four variants the images allow, two repeats.")
 @click.option(
     "--variants",
     multiple=True,
@@ -64,27 +134,19 @@ from h5pack.core.vocabulary import PATTERNS
     type=ImageSize(),
     default=None,
     metavar="N|H,W",
-    help="The size raw variants are stored at (h5pack convert --size: N or H,W); images "
-    "keep their own size without it. The size training reads is --train-size.",
+    help="The size raw variants are stored at (convert --size) [default: the images' own].",
 )
-@train_flags
-@click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option(
-    "--workers", type=Workers(), default="auto", show_default=True, help="Loader workers."
-)
-@click.option(
-    "--repeats",
-    type=int,
-    default=None,
-    help="Timed runs, each of one or more epochs [default: 3, quick: 2].",
-)
+@_train_flags
+@batch_flag
+@workers_flag
+@click.option("--repeats", type=int, default=None, help="Timed runs [default: 3, with --quick: 2].")
 @click.option("--convert-workers", type=int, default=None, help="Conversion processes.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@seed_flag
 @click.option(
     "--across-pixels",
     is_flag=True,
-    help="Rank packs that hold different pixels (other image sizes, other images) together, "
-    "on speed alone [default: each kind apart, since a smaller image reads faster].",
+    help="Rank packs that hold different pixels (other sizes, other images) together, on "
+    "speed alone [default: each kind apart].",
 )
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the table.")
@@ -113,53 +175,49 @@ def compare(
 ) -> None:
     """Compare pack layouts on an image folder (SOURCES = one folder) or on packs.
 
-    SOURCES may also name pack sets (a set's directory or packset.json), each measured as
-    one pack, and packs or sets in a bucket (s3://bucket/pack.h5, s3://bucket/set/),
-    measured through the loader only (--storage-option configures the client).
-
-    From a folder, every variant is converted into a temporary folder (--keep keeps
-    them), then read as training will read it (--train-size, --crop, --flip) through
-    h5pack's loader under three access patterns: a full shuffle, the chunk-aware order and
-    pack order. Prints a table ranked by
-    throughput and a recommendation among the packs the loader can batch, weighing file
-    size against the memory available, and writes report.json, report.md and plots into
-    OUT.
+    From a folder, every variant is converted (--keep keeps them) and read as training
+    will read it through h5pack's loader in a full shuffle, the chunk-aware order and pack
+    order. Prints a table ranked by throughput and a recommendation (file size weighed
+    against the memory available); writes report.json, report.md and plots into OUT.
+    SOURCES may also be packs or pack sets, local or in a bucket (s3://bucket/pack.h5).
     """
-    import dataclasses
-
     from h5pack.bench.compare import compare as run_compare
     from h5pack.bench.options import CompareOptions
     from h5pack.bench.report import format_compare, to_json, write_report
     from h5pack.bench.variants import parse_variants
 
-    train = training_read(train_size, crop, flip)
     store = store_of(list(sources), storage_option)
     base = CompareOptions.quick() if quick else CompareOptions()
-    changes: dict[str, Any] = {
-        "size": size,
-        "train": train,
-        "convert_workers": convert_workers,
-        "seed": seed,
-        "across_pixels": across_pixels,
-    }
-    if variants:
-        changes["variants"] = tuple(spec.name for spec in parse_variants(list(variants)))
-    changes["measure"] = dataclasses.replace(
-        base.measure,
-        batch_size=batch_size,
-        workers=workers,
-        repeats=repeats or base.measure.repeats,
+    options = dataclasses.replace(
+        base,
+        size=size,
+        train=_training_read(train_size, crop, flip),
+        convert_workers=convert_workers,
         seed=seed,
+        across_pixels=across_pixels,
+        variants=tuple(s.name for s in parse_variants(list(variants)))
+        if variants
+        else base.variants,
+        measure=dataclasses.replace(
+            base.measure,
+            batch_size=batch_size,
+            workers=workers,
+            repeats=repeats or base.measure.repeats,
+            seed=seed,
+        ),
     )
-    options = dataclasses.replace(base, **changes)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = out_dir / "packs" if keep else Path(tempfile.mkdtemp(prefix=".packs-", dir=out_dir))
     try:
         with progress_for(quiet) as progress:
-            events = progress.event
             report = run_compare(
-                list(sources), options, work_dir=work_dir, keep=keep, on_event=events, store=store
+                list(sources),
+                options,
+                work_dir=work_dir,
+                keep=keep,
+                on_event=progress.event,
+                store=store,
             )
     finally:
         if not keep:
@@ -169,8 +227,7 @@ def compare(
         click.echo(json.dumps(to_json(report), indent=2))
         return
     click.echo(format_compare(report))
-    written = [files.json, files.markdown, *files.plots]
-    click.echo(f"wrote {', '.join(str(p) for p in written)}")
+    click.echo(f"wrote {', '.join(str(p) for p in [files.json, files.markdown, *files.plots])}")
     if files.plot_message:
         click.echo(files.plot_message)
     if report.work_dir:
@@ -179,8 +236,8 @@ def compare(
 
 @click.command()
 @click.argument("packs", nargs=-1, required=True, type=click.Path())
-@click.option("--workers", type=Workers(), default="auto", show_default=True)
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@workers_flag
+@batch_flag
 @click.option(
     "--order",
     type=click.Choice(PATTERNS),
@@ -192,19 +249,51 @@ def compare(
     "--chunk-cache-bytes",
     type=ByteSize(),
     default=None,
-    help="Decompressed chunks kept per process, e.g. 256MiB [default: the sampler window]. "
-    "Not the decoded cache: --cache decoded --cache-bytes.",
+    help="Decompressed chunks kept per process, e.g. 256MiB [default: the sampler window].",
 )
-@cache_flags
-@remote_flags
-@train_flags
 @click.option(
-    "--repeats",
-    type=int,
-    default=3,
-    show_default=True,
-    help="Timed runs (each of enough epochs to time, see --time-budget).",
+    "--cache",
+    type=click.Choice(["decoded"]),
+    default=None,
+    help="Read through make_loader's decoded cache: the warm-up epoch fills it, the timed "
+    "epochs are the later ones [default: none].",
 )
+@click.option(
+    "--cache-bytes",
+    type=ByteSize(),
+    default=None,
+    help="The decoded cache's budget (with --cache decoded) [default: a quarter of the "
+    "memory available].",
+)
+@click.option(
+    "--disk-cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The disk cache of a remote pack's chunks [default: $XDG_CACHE_HOME/h5pack, else "
+    "~/.cache/h5pack].",
+)
+@click.option(
+    "--disk-cache-bytes",
+    type=ByteSize(),
+    default=None,
+    help="The disk cache's budget, e.g. 20GiB; 0: none [default: half the free space there].",
+)
+@click.option(
+    "--disk-cache-eviction",
+    type=click.Choice(["belady", "lru"]),
+    default="belady",
+    show_default=True,
+    help="Which chunk the disk cache drops: needed farthest ahead, or least recently used.",
+)
+@click.option(
+    "--requests-in-flight",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranged requests each worker keeps in flight (a remote pack) [default: sized from "
+    "the measured latency and rate].",
+)
+@_train_flags
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed epochs first.")
 @click.option(
     "--time-budget",
@@ -212,16 +301,10 @@ def compare(
     default=30.0,
     show_default=True,
     metavar="SECONDS",
-    help="Time the runs may take while they are lengthened to reach a steady figure "
-    "(spread within ±5%).",
+    help="Time the runs may take while they are lengthened to a steady figure (±5%).",
 )
 @click.option("--max-batches", type=int, default=None, help="Batches per epoch [default: all].")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--diagnose",
-    is_flag=True,
-    help="Also run in-memory batches and a cold page cache, and name the bottleneck.",
-)
+@seed_flag
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @mix_flags
 @storage_option_flag
@@ -246,27 +329,23 @@ def bench(
     time_budget: float,
     max_batches: int | None,
     seed: int,
-    diagnose: bool,
     as_json: bool,
     weights: tuple[float, ...] | None,
     epoch_samples: int | None,
     storage_option: tuple[str, ...],
     quiet: bool,
 ) -> None:
-    """Measure h5pack's loader on PACKS: images/s with the spread over repeated runs.
+    """Measure h5pack's loader on PACKS: images/s with the spread, and CPU per image.
 
     PACKS is a pack, a pack set (its directory or packset.json) or several packs read as
     one set, through make_loader as training reads it (--train-size, --crop, --flip), in
-    runs of enough epochs to time. --diagnose also times the same loader on in-memory
-    batches (its ceiling, interleaved with the pack's runs) and with a cold page cache,
-    and says where the time goes and what would help for this pack. With --weights, PACKS
-    are the sources of a mix (each a pack or a set): each source's share, passes per epoch
-    and coverage, the mix's images/s, CPU per image and chunks decompressed per sample.
+    runs of enough epochs to time. With --weights, PACKS are the sources of a mix: each
+    source's share, passes per epoch and coverage, and the mix's images/s.
     """
     store = store_of(list(packs), storage_option)  # the one store of the packs read
     mix = checked_mix(packs, weights, epoch_samples)
     if mix is not None:
-        from h5pack.bench import bench_mix
+        from h5pack.bench.mixture import bench_mix
         from h5pack.bench.reading import parse_train_size
 
         mixed = bench_mix(
@@ -284,51 +363,39 @@ def bench(
         )
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
-    from h5pack.bench.diagnose import diagnose as run_diagnose
-    from h5pack.bench.diagnose import format_diagnosis
     from h5pack.bench.options import BenchOptions, CompareEvent
     from h5pack.bench.report import to_json
     from h5pack.bench.throughput import bench_loader, format_bench
-    from h5pack.errors import OptionsError
     from h5pack.read.eviction import parse_policy
     from h5pack.read.options import ReaderOptions
     from h5pack.read.readahead import ReadAheadOptions
 
-    train = training_read(train_size, crop, flip)
     ahead = requests_in_flight
-    try:
-        options = BenchOptions(
-            batch_size=batch_size,
-            workers=workers,
-            order=order,
-            cache="decoded" if cache else None,
-            cache_bytes=cache_bytes,
-            train=train,
-            repeats=repeats,
-            warmup=warmup,
-            max_batches=max_batches,
-            budget_s=time_budget,
-            seed=seed,
-            reader=ReaderOptions(
-                chunk_cache_bytes=chunk_cache_bytes,
-                read_ahead=None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
-                disk_cache_dir=disk_cache_dir,
-                disk_cache_bytes=disk_cache_bytes,
-                disk_cache_eviction=parse_policy(disk_cache_eviction),
-                store=store,
-            ),
-        )
-    except OptionsError as err:
-        raise click.UsageError(str(err)) from err
+    reader = ReaderOptions(
+        chunk_cache_bytes=chunk_cache_bytes,
+        read_ahead=None if ahead is None else ReadAheadOptions(requests_in_flight=ahead),
+        disk_cache_dir=disk_cache_dir,
+        disk_cache_bytes=disk_cache_bytes,
+        disk_cache_eviction=parse_policy(disk_cache_eviction),
+        store=store,
+    )
+    options = BenchOptions(
+        batch_size=batch_size,
+        workers=workers,
+        order=order,
+        cache="decoded" if cache else None,
+        cache_bytes=cache_bytes,
+        train=_training_read(train_size, crop, flip),
+        repeats=repeats,
+        warmup=warmup,
+        max_batches=max_batches,
+        budget_s=time_budget,
+        seed=seed,
+        reader=reader,
+    )
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     name = Path(packs[0]).name + (f" and {len(packs) - 1} more" if len(packs) > 1 else "")
     with progress_for(quiet) as progress:
         progress.event(CompareEvent("phase", f"bench {name}", unit="run"))
-        run = run_diagnose if diagnose else bench_loader
-        result: Any = run(pack, options, on_step=lambda: progress.advance(1))
-    if as_json:
-        click.echo(json.dumps(to_json(result), indent=2))
-    elif diagnose:
-        click.echo(format_diagnosis(result))
-    else:
-        click.echo(format_bench(result))
+        result = bench_loader(pack, options, on_step=lambda: progress.advance(1))
+    click.echo(json.dumps(to_json(result), indent=2) if as_json else format_bench(result))

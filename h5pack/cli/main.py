@@ -1,11 +1,8 @@
 """The ``h5pack`` command line: thin click commands over the library.
 
-Every command turns its flags into the library's option objects at the edge and renders
-what the library returns; errors are mapped in one place (``H5PackGroup.invoke``):
-``OptionsError`` is a usage error (``Error: ...`` after the usage line, exit 2, as click
-reports a bad flag), any other ``H5PackError`` prints one line ``Error: ...`` and exits 1.
-Other command modules extend the group with ``cli.add_command`` (or ``LAZY_COMMANDS``)
-and take their flags and parameter types from ``h5pack.cli.flags``.
+Each command turns its flags into the library's option objects and renders what the
+library returns. Errors are mapped in one place (``H5PackGroup.invoke``): ``OptionsError``
+is a usage error (exit 2), any other ``H5PackError`` one line ``Error: ...`` (exit 1).
 """
 
 from __future__ import annotations
@@ -22,9 +19,7 @@ from h5pack.cli.flags import format_bytes, quiet_flag
 from h5pack.cli.progress import progress_for
 from h5pack.errors import H5PackError, OptionsError
 
-# Commands that live in other modules, imported only when used (so that `h5pack convert`
-# does not import what `bench` needs): name -> "module:attribute". A module that is not
-# there yet simply adds no command.
+# Commands imported only when used (``convert`` does not import what ``bench`` needs).
 LAZY_COMMANDS: dict[str, str] = {
     "convert": "h5pack.cli.convert:convert",
     "compare": "h5pack.cli.bench:compare",
@@ -34,41 +29,23 @@ LAZY_COMMANDS: dict[str, str] = {
     "merge": "h5pack.cli.merge:merge",
 }
 
-
-# Ctrl-C: 128 + SIGINT, the shell's convention (SIGTERM gives 143, publish.terminate_cleanly).
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the shell's convention
 
 
 class H5PackGroup(click.Group):
-    """The command group; maps h5pack's errors to messages and exit codes, in one place.
-
-    Other modules extend it with ``cli.add_command(command)``, or lazily through
-    ``LAZY_COMMANDS``.
-    """
+    """The command group: lazy commands, and h5pack's errors as messages and exit codes."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        """Return the commands, lazy ones included when their module exists."""
-        lazy = [name for name in LAZY_COMMANDS if self._lazy(name) is not None]
-        return sorted({*super().list_commands(ctx), *lazy})
+        """Return the commands, lazy ones included."""
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         """Return a command, importing a lazy one on first use."""
-        return super().get_command(ctx, cmd_name) or self._lazy(cmd_name)
-
-    @staticmethod
-    def _lazy(name: str) -> click.Command | None:
-        target = LAZY_COMMANDS.get(name)
-        if target is None:
-            return None
-        module_name, attribute = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            return None
-        command = getattr(module, attribute, None)
-        return command if isinstance(command, click.Command) else None
+        if cmd_name not in LAZY_COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module_name, attribute = LAZY_COMMANDS[cmd_name].split(":")
+        command: click.Command = getattr(importlib.import_module(module_name), attribute)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """List the commands with each one's first sentence whole (click cuts it at ~45)."""
@@ -77,9 +54,8 @@ class H5PackGroup(click.Group):
             command = self.get_command(ctx, name)
             if command is not None and not command.hidden:
                 rows.append((name, command.get_short_help_str(limit=10**4)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; no traceback for a user's mistake."""
@@ -99,9 +75,6 @@ class H5PackGroup(click.Group):
 @click.version_option(package_name="h5pack")
 def cli() -> None:
     """Pack image folders into chunked HDF5 and read them at the speed of the storage."""
-
-
-# -- commands ---------------------------------------------------------------------------
 
 
 @cli.command()
@@ -124,57 +97,54 @@ def demo(out: str | None, workers: int | None, quiet: bool) -> None:
 
 
 def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
+    from h5pack.check import pack_info
     from h5pack.synthetic import SampleSpec, make_image_folder
     from h5pack.write.convert import convert as run_convert
     from h5pack.write.options import ConvertOptions
 
-    images = folder / "images"
-    pack = folder / "demo.h5"
-    # mixed sizes, like every real photo folder
+    images, pack = folder / "images", folder / "demo.h5"
     spec = SampleSpec(num_images=64, num_classes=4, size=(96, 128), size_jitter=0.3)
     make_image_folder(images, spec, overwrite=True)
     click.echo(
         f"1. generated {spec.num_images} JPEGs of mixed sizes around {spec.size[1]}x"
         f"{spec.size[0]} (WxH) in {spec.num_classes} classes under {images}"
     )
-    options = ConvertOptions(workers=workers)
     with progress_for(quiet) as progress:
         report = run_convert(
             images,
             pack,
-            options,
+            ConvertOptions(workers=workers),
             overwrite=True,
             progress=progress.advance,
             # step 2 says the chosen mode: its event would say it twice
             on_event=lambda event: None if event.kind == "mode" else progress.event(event),
         )
-    from h5pack.check import pack_info
-
     summary = pack_info(pack)
     click.echo(
         f"2. packed {report.num_samples} images into {pack}: {report.reason}; "
         f"{format_bytes(summary.file_bytes)}, ratio {summary.compression_ratio:.2f}, "
         f"{report.images_per_s:.0f} images/s"
     )
-    shape, labels, how = _read_batch(pack)
-    click.echo(f"3. read one batch back with {how}: images {shape}, labels {labels}")
-
-
-def _read_batch(pack: Path) -> tuple[tuple[int, ...], list[int], str]:
-    """Return the shape and labels of one batch, through ``make_loader`` when it is there."""
     try:
         from h5pack.training.loader import make_loader
-    except ImportError:
+    except ImportError:  # no torch: the reader alone
         from h5pack.read.reader import PackReader
 
         with PackReader(pack) as reader:
             batch = reader.read_images(range(min(16, len(reader))))
             labels = [int(x) for x in reader.meta.labels[: len(batch)]]
-            return (len(batch), *batch[0].shape), labels, "PackReader (the first image)"
+        click.echo(
+            f"3. read one batch back with PackReader (the first image): images "
+            f"{(len(batch), *batch[0].shape)}, labels {labels}"
+        )
+        return
     loader = make_loader(pack, batch_size=16, num_workers=0, size=64, flip=True)
-    images, labels_tensor = next(iter(loader))[:2]
-    how = "make_loader(size=64, flip=True): random-resized crops of every size to 64x64"
-    return tuple(images.shape), [int(x) for x in labels_tensor], how
+    images_batch, labels_tensor = next(iter(loader))[:2]
+    click.echo(
+        "3. read one batch back with make_loader(size=64, flip=True): random-resized crops "
+        f"of every size to 64x64: images {tuple(images_batch.shape)}, labels "
+        f"{[int(x) for x in labels_tensor]}"
+    )
 
 
 def main() -> None:
