@@ -1,9 +1,7 @@
 """Fixed-size training images from any pack: crop, resize and flip, through the decoded cache.
 
-Every sample's box and flip are ``read.cropplan.plan_crop``'s, a pure function of (seed,
-epoch, sample) and the image's recorded size, so an epoch gives the same images in any
-process, with or without the cache. See docs/ARCHITECTURE.md, "Training image pipeline",
-and docs/decisions/0019, 0020.
+Boxes and flips are ``read.cropplan``'s, pure functions of (seed, epoch, sample) and the
+recorded size: the same images in any process, with or without the cache (docs/decisions/0019).
 """
 
 from __future__ import annotations
@@ -28,18 +26,8 @@ from h5pack.read.cropplan import plan_ahead, plan_crop, plan_crops
 from h5pack.read.reader import PackReader
 from h5pack.read.setreader import PackSetReader
 from h5pack.training.cache import DecodedCache, shrink
-from h5pack.training.resize import resize_kernel, resize_rgb_into, torch_resize_into
+from h5pack.training.resize import cut_batch, resize_kernel
 from h5pack.training.stats import stage_times, timed_read
-
-# NOTE [ The per-batch loop ]
-# A batch is planned at once (read.cropplan.plan_crops) and each thread cuts its share in one
-# loop (_cut_batch): per sample one slice, one contiguous copy of the box, the kernel writing
-# into the output's slot, cv2.flip in place; the stage "crop" is timed once per thread.
-# Per-sample calls cost more than the kernels on raw packs (GIL hand-offs). Raw packs and the
-# decoded cache's plain hits (tag 0, or an upright JPEG needing no reduced decode) take it;
-# the rest goes sample by sample, with the same pixels. JPEGs are phased within a thread's
-# share: up to decode_phase decodes (fewer past decode_phase_bytes), then their cuts, so few
-# decoded images are alive per thread. Measurements: BENCHMARKS.md.
 
 
 class FixedSizeReader:
@@ -49,7 +37,8 @@ class FixedSizeReader:
     by every process (encoded packs; None decodes every sample every epoch).
     """
 
-    # JPEGs a thread decodes before it cuts them, and the bytes that cut sooner (NOTE above)
+    # JPEGs a thread decodes before it cuts them, and the bytes that cut sooner
+    # (NOTE [ The per-batch loop ] in training.resize)
     decode_phase = 4
     decode_phase_bytes = 4 << 20
 
@@ -113,7 +102,7 @@ class FixedSizeReader:
                 def image_of(k: int) -> np.ndarray:
                     return images[k]
 
-            self._cut_batch(image_of, plans, out, range(len(indices)))
+            cut_batch(self.reader, self._kernel, image_of, plans, out, range(len(indices)))
             return
         if self.cache is None:
             files = timed_read(reader, lambda: self._read_stored(indices))[0]
@@ -206,7 +195,7 @@ class FixedSizeReader:
 
         self.decodes += len(batched)
         phase = (self.decode_phase, self.decode_phase_bytes)
-        self._cut_batch(image_of, plans, out, batched, "decode", phase)
+        cut_batch(self.reader, self._kernel, image_of, plans, out, batched, "decode", phase)
         done = set(batched)
         return [j for j in range(count) if j not in done]
 
@@ -252,7 +241,7 @@ class FixedSizeReader:
             self._run(one, len(rest))
         if batched:
             images = [image for image, _ in hits]
-            self._cut_batch(images.__getitem__, plans, out, batched)
+            cut_batch(self.reader, self._kernel, images.__getitem__, plans, out, batched)
         return sorted(unserved)
 
     @staticmethod
@@ -263,74 +252,6 @@ class FixedSizeReader:
             for j, entry in enumerate(entries)
             if entry is not None and entry[1] in (0, 1) and entry[0].shape[2] == channels
         ]
-
-    def _cut_batch(
-        self,
-        image_of: Callable[[int], np.ndarray],
-        plans: Sequence[tuple[Box, bool]],
-        out: np.ndarray,
-        slots: Sequence[int],
-        stage: str = "storage",
-        phase: tuple[int, int] = (1, 0),
-    ) -> None:
-        """Resize ``plans[k]``'s box of ``image_of(k)`` into ``out[slots[k]]``, flipped if planned.
-
-        Timed once per thread: ``image_of`` as ``stage``, the rest as "crop". ``phase``: up
-        to ``phase[0]`` images (fewer past ``phase[1]`` bytes) got before they are cut.
-        """
-        import cv2  # here, as in read.crop: importing the training layer stays lighter
-
-        count = len(slots)
-        size = [out.shape[1], out.shape[2]]
-        kernel = self._kernel
-        lean = kernel is torch_resize_into and out.shape[3] == 3
-        parts = max(1, min(self.reader.options.threads or 0, count))
-
-        def cut(k: int, image: np.ndarray) -> None:
-            (top, left, box_h, box_w), flip = plans[k]
-            target = out[slots[k]]
-            image_h, image_w, channels = image.shape
-            inside = top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
-            if not (lean and inside and channels == 3):  # crop_into raises what is wrong
-                crop_into(image, Box(top, left, box_h, box_w), target, flip=flip, resize=kernel)
-                return
-            if box_h == size[0] and box_w == size[1]:
-                target[...] = image[top : top + box_h, left : left + box_w]
-            else:  # a box decoded alone is already contiguous: not copied again
-                resize_rgb_into(image[top : top + box_h, left : left + box_w], target)
-            if flip:
-                cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
-
-        def run_part(part: int) -> None:
-            times = stage_times()
-            start = times.clock()
-            getting = 0
-            most, most_bytes = phase
-            if most <= 1:
-                for k in range(part, count, parts):
-                    began = times.clock()
-                    image = image_of(k)
-                    getting += times.clock() - began
-                    cut(k, image)
-            else:  # up to `most` images got, then cut (NOTE [ The per-batch loop ])
-                mine, at = range(part, count, parts), 0
-                while at < len(mine):
-                    began = times.clock()
-                    group: list[tuple[int, np.ndarray]] = []
-                    held = 0
-                    while at < len(mine) and len(group) < most and held < most_bytes:
-                        image = image_of(mine[at])
-                        group.append((mine[at], image))
-                        held += image.nbytes
-                        at += 1
-                    getting += times.clock() - began
-                    for k, image in group:
-                        cut(k, image)
-                    del group, image  # freed before the next group is decoded
-            times.add(stage, getting)
-            times.add("crop", times.clock() - start - getting)
-
-        self.reader.map_threads(run_part, range(parts))
 
     def _run(self, one: Callable[[int], None], count: int) -> None:
         """Call ``one(j)`` for j in 0..count-1 on the reader's threads, a slice per thread."""

@@ -9,7 +9,6 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from h5pack.core.arguments import check_seed
@@ -253,13 +252,22 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         labels, label_tensor = batch_labels(self.meta.labels[idx], self.target_transform)
         if self.fields is not None and IMAGE not in self.fields:  # none asked: none read
             return SampleBatch(labels=label_tensor, label_values=labels, paths=paths)
-        if self.crop is not None:
-            return self._cropped(idx, labels, label_tensor, paths, start)
-        fixed = self.meta.fixed_shape
-        if fixed is not None and self.transform is None and self.output != "pil":
-            buffer = batch_buffer(self.ring, (idx.size, *fixed))
-            _, working = timed_read(reader, lambda: reader.read_into(idx, buffer.numpy()))
-            images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else buffer.numpy()
+        crop = None if self.crop is None else (*self.crop.size, self.meta.channels)
+        one_shape = self.batch_shape() or crop  # the images' one shape, else None
+        if one_shape is not None:
+            shape = (idx.size, *one_shape)
+            whole = self.transform is None and self.output != "pil"
+            buffer = batch_buffer(self.ring, shape) if whole else None
+            out = buffer.numpy() if buffer is not None else np.empty(shape, dtype=np.uint8)
+            if self.crop is not None:  # the pipeline times its own stages
+                reading = times.clock()
+                self._fixed_reader().read_into(idx, out, seed=self.seed, epoch=self.epoch)
+                working = times.clock() - reading
+            else:
+                _, working = timed_read(reader, lambda: reader.read_into(idx, out))
+            if buffer is None:
+                return self._samples(list(out), labels, paths)
+            images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else out
             times.add("collation", times.clock() - start - working)
             return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
         stored, working = timed_read(reader, lambda: reader.read_stored(idx))
@@ -329,30 +337,6 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             return None
         self._planned = (self.epoch, worker)
         return read_plan(self.planner, epoch=self.epoch, worker=worker, num_workers=workers)
-
-    def _cropped(
-        self,
-        idx: np.ndarray,
-        labels: list[Any],
-        label_tensor: torch.Tensor | None,
-        paths: list[str] | None,
-        start: int,
-    ) -> SampleBatch:
-        """Samples ``idx`` through the pipeline; ``start``: the batch's clock ("collation")."""
-        assert self.crop is not None  # the caller checked
-        shape = (idx.size, *self.crop.size, self.meta.channels)
-        whole = self.transform is None and self.output != "pil"
-        buffer = batch_buffer(self.ring, shape) if whole else None
-        out = buffer.numpy() if buffer is not None else np.empty(shape, dtype=np.uint8)
-        times = stage_times()
-        reading = times.clock()
-        self._fixed_reader().read_into(idx, out, seed=self.seed, epoch=self.epoch)
-        working = times.clock() - reading
-        if buffer is not None:
-            images: Any = buffer.permute(0, 3, 1, 2) if self.output == "tensor" else out
-            times.add("collation", times.clock() - start - working)
-            return SampleBatch(images=images, labels=label_tensor, label_values=labels, paths=paths)
-        return self._samples(list(out), labels, paths)
 
     def _samples(
         self, hwc: list[np.ndarray], labels: list[Any], paths: list[str] | None

@@ -1,15 +1,19 @@
-"""Pillow's antialiased bilinear filter computed by torch: the training pipeline's resize."""
+"""The training pipeline's resize: Pillow's antialiased bilinear filter, computed by torch."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from h5pack.core.decode import Backend
-from h5pack.read.crop import ResizeInto, opencv_resize_into, pillow_resize_into
+from h5pack.read.boxes import Box
+from h5pack.read.crop import ResizeInto, crop_into, opencv_resize_into, pillow_resize_into
+from h5pack.read.reader import PackReader
+from h5pack.read.setreader import PackSetReader
+from h5pack.training.stats import stage_times
 
 # NOTE [ Pillow's filter, computed by torch ]
 # Pillow's antialiased BILINEAR resize costs several times torch's uint8 kernel for the same
@@ -103,3 +107,84 @@ def resize_kernel(backend: Backend) -> ResizeInto:
     if backend == "opencv":
         return opencv_resize_into
     return torch_resize_into if _torch_resizes_like_pillow() else pillow_resize_into
+
+
+# NOTE [ The per-batch loop ]
+# A batch is planned at once (read.cropplan.plan_crops) and each thread cuts its share in one
+# loop (cut_batch): per sample one slice, one contiguous copy of the box, the kernel writing
+# into the output's slot, cv2.flip in place; the stage "crop" is timed once per thread.
+# Per-sample calls cost more than the kernels on raw packs (GIL hand-offs). Raw packs and the
+# decoded cache's plain hits (tag 0, or an upright JPEG needing no reduced decode) take it;
+# the rest goes sample by sample, with the same pixels. JPEGs are phased within a thread's
+# share: up to decode_phase decodes (fewer past decode_phase_bytes), then their cuts, so few
+# decoded images are alive per thread. Measurements: BENCHMARKS.md.
+
+
+def cut_batch(
+    reader: PackReader | PackSetReader,
+    kernel: ResizeInto,
+    image_of: Callable[[int], np.ndarray],
+    plans: Sequence[tuple[Box, bool]],
+    out: np.ndarray,
+    slots: Sequence[int],
+    stage: str = "storage",
+    phase: tuple[int, int] = (1, 0),
+) -> None:
+    """Resize ``plans[k]``'s box of ``image_of(k)`` into ``out[slots[k]]``, flipped if planned.
+
+    ``kernel`` resizes and ``reader``'s threads share the batch, each timed once:
+    ``image_of`` as ``stage``, the rest as "crop". ``phase``: up to ``phase[0]`` images (fewer
+    past ``phase[1]`` bytes) got before they are cut.
+    """
+    import cv2  # here, as in read.crop: importing the training layer stays lighter
+
+    count = len(slots)
+    size = [out.shape[1], out.shape[2]]
+    lean = kernel is torch_resize_into and out.shape[3] == 3
+    parts = max(1, min(reader.options.threads or 0, count))
+
+    def cut(k: int, image: np.ndarray) -> None:
+        (top, left, box_h, box_w), flip = plans[k]
+        target = out[slots[k]]
+        image_h, image_w, channels = image.shape
+        inside = top >= 0 and left >= 0 and top + box_h <= image_h and left + box_w <= image_w
+        if not (lean and inside and channels == 3):  # crop_into raises what is wrong
+            crop_into(image, Box(top, left, box_h, box_w), target, flip=flip, resize=kernel)
+            return
+        if box_h == size[0] and box_w == size[1]:
+            target[...] = image[top : top + box_h, left : left + box_w]
+        else:  # a box decoded alone is already contiguous: not copied again
+            resize_rgb_into(image[top : top + box_h, left : left + box_w], target)
+        if flip:
+            cv2.flip(target, 1, dst=target)  # in place (read.crop.flip_in_place)
+
+    def run_part(part: int) -> None:
+        times = stage_times()
+        start = times.clock()
+        getting = 0
+        most, most_bytes = phase
+        if most <= 1:
+            for k in range(part, count, parts):
+                began = times.clock()
+                image = image_of(k)
+                getting += times.clock() - began
+                cut(k, image)
+        else:  # up to `most` images got, then cut (NOTE [ The per-batch loop ])
+            mine, at = range(part, count, parts), 0
+            while at < len(mine):
+                began = times.clock()
+                group: list[tuple[int, np.ndarray]] = []
+                held = 0
+                while at < len(mine) and len(group) < most and held < most_bytes:
+                    image = image_of(mine[at])
+                    group.append((mine[at], image))
+                    held += image.nbytes
+                    at += 1
+                getting += times.clock() - began
+                for k, image in group:
+                    cut(k, image)
+                del group, image  # freed before the next group is decoded
+        times.add(stage, getting)
+        times.add("crop", times.clock() - start - getting)
+
+    reader.map_threads(run_part, range(parts))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -68,12 +68,9 @@ def resolve_data(
     if isinstance(source, ChunkSource):  # a dataset or reader; an H5MixDataset has ``mix``
         meta, mix = getattr(source, "meta", None), getattr(source, "mix", None)
         weights = getattr(source, "weights", None)
-        return (
-            source.chunk_map,
-            int(source.group_bytes),
-            meta if isinstance(meta, PackMeta) else None,
-            None if mix is None else MixedSources(mix.chunk_maps, weights),
-        )
+        mixed_sources = None if mix is None else MixedSources(mix.chunk_maps, weights)
+        meta = meta if isinstance(meta, PackMeta) else None
+        return source.chunk_map, int(source.group_bytes), meta, mixed_sources
     from h5pack.core.store import open_store
 
     if mixed and isinstance(source, Sequence) and not isinstance(source, str):
@@ -120,10 +117,7 @@ _SETTINGS_BEFORE: dict[str, Any] = {"stratified": False, "sources": None}
 
 
 class _Planned:
-    """What both samplers share: the epoch's plan, the position reached, resumable state.
-
-    ``position`` counts ``unit``s: batches (``ChunkBatchSampler``) or samples (``ChunkSampler``).
-    """
+    """What both samplers share: the epoch's plan, the position reached (in ``unit``s), state."""
 
     unit = "batches"
 
@@ -221,11 +215,9 @@ class _Planned:
         return self._fingerprint
 
     def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
-        """Return the resumable state: epoch, units consumed, and the settings they assume.
+        """Return the resumable state: epoch, ``position`` (units consumed), the settings.
 
-        Args:
-            position: Units of the epoch actually consumed. Default: those handed out,
-                which runs ahead of training by the DataLoader's prefetch.
+        ``position`` defaults to the units handed out, ahead of training by the prefetch.
         """
         state = {
             "epoch": self.epoch,
@@ -249,48 +241,36 @@ class _Planned:
         Raises:
             OptionsError: the state was saved on other data, or with another order.
         """
-        # a state saved before a setting existed has that setting's old behaviour
-        saved = {**_SETTINGS_BEFORE, "unit": self.unit, **state}
-        settings = self._settings()
-        data = {
-            key: (saved.get(key), settings[key])
-            for key in ("num_samples", "num_chunks")
-            if saved.get(key) != settings[key]
-        }
-        fingerprint = saved.get("fingerprint")
-        if fingerprint is not None and self._meta is not None and fingerprint != self.fingerprint:
-            data["fingerprint"] = (fingerprint, self.fingerprint)
-        if data:
-            details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in data.items())
+        saved = {**_SETTINGS_BEFORE, "unit": self.unit, **state}  # older states: old behaviour
+        now = self._settings()
+        checked: tuple[str, ...] = ("num_samples", "num_chunks")
+        if saved.get("fingerprint") is not None and self._meta is not None:
+            checked, now["fingerprint"] = (*checked, "fingerprint"), self.fingerprint
+
+        def differ(keys: Iterable[str]) -> str:
+            return ", ".join(
+                f"{k}: saved {saved.get(k)!r}, now {now[k]!r}"
+                for k in keys
+                if saved.get(k) != now[k]
+            )
+
+        if details := differ(checked):
             raise OptionsError(
                 f"the sampler state was saved on other data ({details}); load it into a "
                 "loader of the same pack or pack set"
             )
-        mismatched = {
-            key: (saved.get(key), settings[key])
-            for key in ORDER_SETTINGS
-            if saved.get(key) != settings[key]
-        }
-        if mismatched:
-            details = ", ".join(f"{k}: saved {s!r}, now {n!r}" for k, (s, n) in mismatched.items())
+        if details := differ(ORDER_SETTINGS):
             raise OptionsError(f"the sampler state does not match this sampler ({details})")
         self.epoch = int(saved["epoch"])
         self._drop_base()
-        same = saved["unit"] == self.unit and all(
-            saved.get(key) == settings[key] for key in TOPOLOGY_SETTINGS
-        )
-        if same:  # the same plan: continue it where it stopped
-            base = saved.get("base")
-            if base:
-                self._base = dict(base)
-                self._delivered = delivered_mask(self.order, base)
-                self._base_fresh = True
-            self._position = self._resume = int(saved["position"])
-            return
-        self._base = {k: v for k, v in saved.items() if k != "fingerprint"}
-        self._delivered = delivered_mask(self.order, saved)
-        self._base_fresh = True
-        self._position = self._resume = 0
+        same = saved["unit"] == self.unit and not differ(TOPOLOGY_SETTINGS)
+        # the same plan continues where it stopped; another re-plans what was not delivered
+        base = saved.get("base") if same else {k: v for k, v in saved.items() if k != "fingerprint"}
+        if base:
+            self._base = dict(base)
+            self._delivered = delivered_mask(self.order, base)
+            self._base_fresh = True
+        self._position = self._resume = int(saved["position"]) if same else 0
 
     def _settings(self) -> dict[str, Any]:
         spec = self.spec
@@ -358,11 +338,6 @@ class ChunkSampler(_Planned, Sampler[int]):
 
     Give ``spec`` the DataLoader's ``batch_size`` and ``num_workers``; ``position`` counts
     samples.
-
-    Example:
-        >>> order = list(ChunkSampler(ChunkMap.regular(10, 4), EpochSpec(batch_size=1)))
-        >>> sorted(order) == list(range(10))
-        True
     """
 
     unit = "samples"
