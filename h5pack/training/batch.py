@@ -1,4 +1,4 @@
-"""What the datasets share: the source check, ``SampleBatch`` and the shared epoch."""
+"""What the datasets and the loader share: the source check, ``SampleBatch``, collation."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, overload
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import default_collate
 
 from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, stored_fields
 from h5pack.core.format import PackMeta
@@ -19,7 +20,7 @@ from h5pack.core.vocabulary import Output
 from h5pack.errors import OptionsError
 from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSource
-from h5pack.training.geometry import as_value
+from h5pack.training.geometry import as_value, collate_records, pad_batch
 from h5pack.training.ring import batch_buffer
 
 
@@ -201,3 +202,94 @@ class SharedEpoch:
         if get_spawning_popen() is None:
             return {"_value": _Epoch(self.value)}
         return {"_value": self._value}
+
+
+def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> Any:
+    """Collate a batch of fields into a dict: image, label, key by ``collate``, the rest by kind."""
+    assert batch.fields is not None  # the caller checked
+    if batch.records is not None:  # what transform= returned for each sample
+        return collate_records(batch.records)
+    if IMAGE in batch.fields:
+        image, label, *rest = collate(batch.without_fields())
+        known = {IMAGE: image, LABEL: label, KEY: rest[0] if batch.paths is not None else None}
+    else:  # no image was read (``H5ImageDataset.fields``)
+        plain = batch.without_fields()
+        label = plain.labels if plain.labels is not None else [s[1] for s in plain]
+        known = {LABEL: label, KEY: batch.paths}
+    return {
+        name: known[name] if name in known else batch.kinds[name].collate(batch.values[name])
+        for name in batch.fields
+    }
+
+
+def collate_list(batch: Sequence[Any]) -> Any:
+    """Collate samples into ``(list of images, labels[, paths])``: images keep their sizes."""
+    if isinstance(batch, SampleBatch) and batch.fields is not None:
+        return collate_fields(batch, collate_list)
+    images = [sample[0] for sample in batch]
+    return (images, *_collate_rest(batch))
+
+
+def _collate_rest(batch: Sequence[Any]) -> list[Any]:
+    """The fields after the image: labels (and sources) as tensors, paths as a list."""
+    rest = []
+    for k in range(1, len(batch[0])):
+        values = [s[k] for s in batch]
+        rest.append(values if isinstance(values[0], str) else default_collate(values))
+    return rest
+
+
+def collate_padded(batch: Sequence[Any]) -> Any:
+    """``collate_batch``, then each variable-length field zero-padded with ``NAME_lengths``."""
+    return pad_batch(collate_batch(batch))
+
+
+def collate_batch(batch: Sequence[Any]) -> Any:
+    """Collate samples into ``(images, labels[, paths])``, with one preallocated tensor.
+
+    A ``SampleBatch`` already one batch is returned as it is; equal-shape uint8 tensors are
+    copied into one; anything else goes to ``default_collate``.
+    """
+    if isinstance(batch, SampleBatch) and batch.fields is not None:
+        return collate_fields(batch, collate_batch)
+    if isinstance(batch, SampleBatch) and batch.images is not None and batch.labels is not None:
+        images = batch.images
+        if isinstance(images, np.ndarray):
+            images = torch.from_numpy(images)
+        out: tuple[Any, ...] = (images, batch.labels)
+        if batch.paths is not None:
+            out = (*out, batch.paths)
+        return out if batch.sources is None else (*out, batch.sources)
+    if not batch:
+        return default_collate(list(batch))
+    first = batch[0][0]
+    same = isinstance(first, torch.Tensor) and all(
+        isinstance(s[0], torch.Tensor) and s[0].shape == first.shape and s[0].dtype == first.dtype
+        for s in batch
+    )
+    if not same or first.dtype != torch.uint8:
+        return default_collate(list(batch))
+    images = empty_uint8((len(batch), *first.shape))
+    # NOTE [ numpy copies ]: copying through numpy views keeps torch's intra-op thread pool
+    # asleep; ``Tensor.copy_`` wakes it for every image, and on a small machine its
+    # spinning threads steal the cores that decode the next images (docs/decisions/0025).
+    target = images.numpy()
+    for j, sample in enumerate(batch):
+        target[j] = sample[0].numpy()
+    return (images, *_collate_rest(batch))
+
+
+class ContiguousCollate:
+    """Collate, then make the image batch contiguous (in the worker: picklable)."""
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: Any) -> Any:
+        """Return the collated batch with a contiguous image tensor."""
+        batch = self.collate(samples)
+        if isinstance(batch, tuple) and batch and isinstance(batch[0], torch.Tensor):
+            return (batch[0].contiguous(), *batch[1:])
+        if isinstance(batch, dict) and isinstance(batch.get(IMAGE), torch.Tensor):
+            return {**batch, IMAGE: batch[IMAGE].contiguous()}
+        return batch

@@ -13,11 +13,10 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 from typing_extensions import Unpack
 
 from h5pack.core.arguments import check_bool, check_optional_int
-from h5pack.core.fields import IMAGE, KEY, LABEL
 from h5pack.core.machine import available_cores
 from h5pack.core.vocabulary import COLLATES as COLLATES  # re-exported
 from h5pack.errors import H5PackError, OptionsError
@@ -26,15 +25,10 @@ from h5pack.read.mixture import ClassJoin, check_batchable
 from h5pack.read.packset import PackSource
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.advice import dataset_facts
+from h5pack.training.batch import ContiguousCollate, collate_list, collate_padded
+from h5pack.training.batch import collate_batch as collate_batch  # re-exported
 from h5pack.training.cache import CacheSpec, DecodedCache
-from h5pack.training.dataset import (
-    H5ImageDataset,
-    Output,
-    SampleBatch,
-    check_source,
-    empty_uint8,
-)
-from h5pack.training.geometry import collate_records, pad_batch
+from h5pack.training.dataset import H5ImageDataset, Output, check_source
 from h5pack.training.mixed import H5MixDataset, unmixed_sources
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.options import KEYWORDS, SpecKeywords, loader_spec
@@ -77,46 +71,6 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)  # noqa: NPY002  (user augmentations use the global RNG)
 
 
-def collate_fields(batch: SampleBatch, collate: Callable[[Any], Any]) -> Any:
-    """Collate a batch of fields into a dict: image, label, key by ``collate``, the rest by kind."""
-    assert batch.fields is not None  # the caller checked
-    if batch.records is not None:  # what transform= returned for each sample
-        return collate_records(batch.records)
-    if IMAGE in batch.fields:
-        image, label, *rest = collate(batch.without_fields())
-        known = {IMAGE: image, LABEL: label, KEY: rest[0] if batch.paths is not None else None}
-    else:  # no image was read (``H5ImageDataset.fields``)
-        plain = batch.without_fields()
-        label = plain.labels if plain.labels is not None else [s[1] for s in plain]
-        known = {LABEL: label, KEY: batch.paths}
-    return {
-        name: known[name] if name in known else batch.kinds[name].collate(batch.values[name])
-        for name in batch.fields
-    }
-
-
-def collate_list(batch: Sequence[Any]) -> Any:
-    """Collate samples into ``(list of images, labels[, paths])``: images keep their sizes."""
-    if isinstance(batch, SampleBatch) and batch.fields is not None:
-        return collate_fields(batch, collate_list)
-    images = [sample[0] for sample in batch]
-    return (images, *_collate_rest(batch))
-
-
-def _collate_rest(batch: Sequence[Any]) -> list[Any]:
-    """The fields after the image: labels (and sources) as tensors, paths as a list."""
-    rest = []
-    for k in range(1, len(batch[0])):
-        values = [s[k] for s in batch]
-        rest.append(values if isinstance(values[0], str) else default_collate(values))
-    return rest
-
-
-def collate_padded(batch: Sequence[Any]) -> Any:
-    """``collate_batch``, then each variable-length field zero-padded with ``NAME_lengths``."""
-    return pad_batch(collate_batch(batch))
-
-
 def _check_batchable(dataset: H5ImageDataset) -> None:
     """Refuse a pack of several image sizes that neither a crop nor a transform makes one."""
     if isinstance(dataset, H5MixDataset):
@@ -136,57 +90,6 @@ def _check_batchable(dataset: H5ImageDataset) -> None:
         "crop='random-resized' or 'center') to cut every image to one size, collate='list' "
         "to get them as they are, or convert with --size N (or H,W) to store one size"
     )
-
-
-def collate_batch(batch: Sequence[Any]) -> Any:
-    """Collate samples into ``(images, labels[, paths])``, with one preallocated tensor.
-
-    A ``SampleBatch`` already one batch is returned as it is; equal-shape uint8 tensors are
-    copied into one; anything else goes to ``default_collate``.
-    """
-    if isinstance(batch, SampleBatch) and batch.fields is not None:
-        return collate_fields(batch, collate_batch)
-    if isinstance(batch, SampleBatch) and batch.images is not None and batch.labels is not None:
-        images = batch.images
-        if isinstance(images, np.ndarray):
-            images = torch.from_numpy(images)
-        out: tuple[Any, ...] = (images, batch.labels)
-        if batch.paths is not None:
-            out = (*out, batch.paths)
-        return out if batch.sources is None else (*out, batch.sources)
-    if not batch:
-        return default_collate(list(batch))
-    first = batch[0][0]
-    same = isinstance(first, torch.Tensor) and all(
-        isinstance(s[0], torch.Tensor) and s[0].shape == first.shape and s[0].dtype == first.dtype
-        for s in batch
-    )
-    if not same or first.dtype != torch.uint8:
-        return default_collate(list(batch))
-    images = empty_uint8((len(batch), *first.shape))
-    # NOTE [ numpy copies ]: copying through numpy views keeps torch's intra-op thread pool
-    # asleep; ``Tensor.copy_`` wakes it for every image, and on a small machine its
-    # spinning threads steal the cores that decode the next images (docs/decisions/0025).
-    target = images.numpy()
-    for j, sample in enumerate(batch):
-        target[j] = sample[0].numpy()
-    return (images, *_collate_rest(batch))
-
-
-class ContiguousCollate:
-    """Collate, then make the image batch contiguous (in the worker: picklable)."""
-
-    def __init__(self, collate: Callable[[Any], Any]) -> None:
-        self.collate = collate
-
-    def __call__(self, samples: Any) -> Any:
-        """Return the collated batch with a contiguous image tensor."""
-        batch = self.collate(samples)
-        if isinstance(batch, tuple) and batch and isinstance(batch[0], torch.Tensor):
-            return (batch[0].contiguous(), *batch[1:])
-        if isinstance(batch, dict) and isinstance(batch.get(IMAGE), torch.Tensor):
-            return {**batch, IMAGE: batch[IMAGE].contiguous()}
-        return batch
 
 
 def auto_workers(
@@ -346,44 +249,22 @@ def make_loader(
 ) -> H5Loader:
     """Return a DataLoader over a pack or a pack set: chunk-aware sampling, workers, seeding.
 
-    Settings are four option objects, each checked once (``training.options``): ``epoch``
-    (``EpochSpec``), ``reader`` (``ReaderOptions``), ``pipeline`` (``CropSpec``) and
-    ``cache`` (``CacheSpec``); the keywords ``shuffle``, ``seed``, ``drop_last``,
-    ``weights``, ``storage_options``, ``size``, ``crop`` and ``flip`` replace their fields.
-    A dataset passed in is never changed. Defaults: NOTE [ Loader defaults ].
-
-    Args:
-        path_or_dataset: A pack path or URL, a pack set, a list of packs (one pool), a list
-            of sources with ``weights`` (a mix, docs/mixing.md), or an ``H5ImageDataset``.
-        batch_size: Samples per batch (or the whole ``EpochSpec``).
-        epoch: How epochs are cut (``EpochSpec``: window, ranks...).
-        reader: How each process reads (``ReaderOptions``; only when given a path).
-        pipeline: The training image pipeline (``CropSpec``; only when given a path).
-        cache: ``"decoded"`` or a ``CacheSpec``: decoded images in shared memory seen by
-            every worker (encoded packs; needs a pipeline).
-        num_workers: Worker processes, or ``"auto"`` (``auto_workers``).
-        pin_memory: Default: ``torch.cuda.is_available()``.
-        persistent_workers: Default: on with workers.
-        prefetch_factor: Batches prefetched per worker (default 2).
-        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None.
-        collate: ``"stack"``: (B, C, H, W) tensors; ``"list"``: (C, H, W) tensors of their
-            own sizes; ``"padded"``: as ``"stack"``, each variable-length field zero-padded
-            beside ``NAME_lengths``.
-        collate_fn: Default: ``collate_batch``, or ``collate_list`` with ``collate="list"``.
-        memory_format: ``torch.channels_last`` (default): views of the stored pixels, no
-            copy; ``torch.contiguous_format``: each batch copied contiguous in the worker.
-        transform: As for ``H5ImageDataset`` (only when given a path), as are the next three.
-        target_transform: Applied to each label.
-        output: ``"tensor"`` (default), ``"hwc"`` or ``"pil"``.
-        return_path: Also return each sample's path.
-        classes: How a mix's classes become one list: ``"join"``, ``"separate"`` or names.
-        return_source: Also return each sample's source in a mix (an int tensor, last).
-        fields: The fields each batch holds, as a dict by name (docs/fields.md).
-        **keywords: The convenient fields (``SpecKeywords``); a keyword of an older release
-            raises ``OptionsError`` naming its new home.
-
-    Returns:
-        An ``H5Loader`` yielding ``(images, labels[, paths])``, or dicts of fields.
+    ``path_or_dataset``: a pack path or URL, a pack set, a list of packs (one pool), a list
+    of sources with ``weights`` (a mix, docs/mixing.md), or an ``H5ImageDataset`` (never
+    changed: the loader reads with a configured copy). Settings are four option objects,
+    each checked once (``training.options``): ``epoch`` (``EpochSpec``, which
+    ``batch_size`` may be), ``reader`` (``ReaderOptions``), ``pipeline`` (``CropSpec``) and
+    ``cache`` (``"decoded"`` or a ``CacheSpec``: decoded images shared by every worker); the
+    keywords ``shuffle``, ``seed``, ``drop_last``, ``weights``, ``storage_options``,
+    ``size``, ``crop`` and ``flip`` replace their fields (a keyword of an older release
+    raises ``OptionsError`` naming its new home). ``transform``, ``target_transform``,
+    ``output``, ``return_path`` and ``fields`` are ``H5ImageDataset``'s, ``classes`` and
+    ``return_source`` a mix's. ``num_workers``, ``pin_memory``, ``persistent_workers``,
+    ``prefetch_factor``: NOTE [ Loader defaults ]. ``collate``: ``"stack"`` (B, C, H, W)
+    tensors, ``"list"`` tensors of their own sizes, ``"padded"`` variable-length fields
+    zero-padded beside ``NAME_lengths``; ``collate_fn`` replaces it. ``memory_format``:
+    ``torch.channels_last`` (views of the stored pixels, no copy) or
+    ``torch.contiguous_format`` (each batch copied contiguous in the worker).
 
     Raises:
         FileNotFoundError: the pack, a shard or the manifest does not exist.
