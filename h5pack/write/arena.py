@@ -1,16 +1,12 @@
-"""Shared memory cut into slots: how the conversion's workers and parent trade big arrays.
+"""Shared memory cut into slots: the conversion's workers and parent trade big arrays there.
 
-Pixels and chunks sent through a pipe are pickled and copied through the kernel; through
-a slot they cost one ``memcpy`` each side. A slot belongs to one task at a time: acquired
-when the task is submitted, released once its result is copied out.
+A slot costs one ``memcpy`` each side where a pipe pickles and copies through the kernel;
+it belongs to one task at a time, from submission until its result is copied out.
 
-NOTE [ Memory that cannot leak ]: the block is an anonymous ``memfd`` (Linux): nothing is
-left when the conversion is killed, SIGKILL included. Workers open it through
-``/proc/<parent pid>/fd/<fd>``, checking its inode. Where that is impossible, there is no
-arena and results travel through the pipes.
-
-NOTE [ Views of shared memory ]: the parent never keeps a numpy view of the block (a live
-view makes closing it fail); it copies in and out inside ``put``, ``take`` and ``view``.
+NOTE [ Memory that cannot leak ]: the block is an anonymous ``memfd``: nothing is left
+when the conversion is killed. Workers open ``/proc/<parent pid>/fd/<fd>``, checking its
+inode; where they cannot, there is no arena and results travel through the pipes. The
+parent keeps no numpy view of it (a live view makes closing fail).
 """
 
 from __future__ import annotations
@@ -39,11 +35,7 @@ class SlotRef:
 
 
 class Arena:
-    """Parent side: a memfd of ``num_slots`` slots of ``slot_bytes``.
-
-    Raises:
-        OSError: the block cannot be created.
-    """
+    """Parent side: a memfd of ``num_slots`` slots of ``slot_bytes`` (``OSError`` if not made)."""
 
     def __init__(self, num_slots: int, slot_bytes: int) -> None:
         self.num_slots = num_slots
@@ -125,11 +117,7 @@ _ATTACHED: dict[tuple[str, int], np.ndarray] = {}
 
 
 def slot_array(ref: SlotRef) -> np.ndarray:
-    """Return this process's uint8 view of a slot (workers only).
-
-    Raises:
-        OSError: the block cannot be opened (its owner closed it, or may not be opened).
-    """
+    """Return this process's uint8 view of a slot (workers; ``OSError`` if it cannot be opened)."""
     key = (ref.name, ref.inode)
     block = _ATTACHED.get(key)
     if block is None:

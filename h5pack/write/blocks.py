@@ -69,22 +69,16 @@ def aligned_offsets(sizes: np.ndarray, chunk_bytes: int) -> np.ndarray:
     step = chunk_bytes
     chunk = fill = 0
     for i, size in enumerate(sizes.tolist()):
-        if size > step:
-            chunk += 1 if fill else 0
-            offsets[i] = chunk * step
-            chunk += -(-size // step)
-            fill = 0
-            offsets[i + 1] = offsets[i] + size
-            continue
-        if fill + size > step:
-            chunk += 1
-            fill = 0
+        if fill and fill + size > step:  # not in the rest of this chunk: the next one
+            chunk, fill = chunk + 1, 0
         offsets[i] = chunk * step + fill
-        fill += size
         offsets[i + 1] = offsets[i] + size
-        if fill == step:
-            chunk += 1
-            fill = 0
+        if size > step:  # a sample larger than a chunk owns its chunks
+            chunk, fill = chunk - (-size // step), 0
+        else:
+            fill += size
+            if fill == step:
+                chunk, fill = chunk + 1, 0
     return offsets
 
 

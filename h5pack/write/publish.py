@@ -16,7 +16,6 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from h5pack._types import StrPath
@@ -102,12 +101,7 @@ class TempFiles:
             self._lock = OwnerLock(lock_path(self.target))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove_all()
 
     def add(self, path: Path) -> Path:

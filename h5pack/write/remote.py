@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from types import TracebackType
 from typing import Literal, TypeVar
 
 from h5pack._types import StrPath
@@ -323,12 +322,7 @@ class Staging:
             ) from err
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._remove()
 
     def file(self, name: str) -> Path:
