@@ -167,7 +167,8 @@ class PackBuilder:
             self.images.grow_to(start + rows)
             for offset, mask, payload in chunks:
                 if isinstance(payload, tuple):
-                    assert arena is not None and slot is not None
+                    assert arena is not None
+                    assert slot is not None
                     with arena.view(slot, *payload) as stored:
                         self.images.write_chunk(offset, stored, mask)
                 else:

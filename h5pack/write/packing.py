@@ -290,7 +290,8 @@ def prepared_samples(
                 reject(result.path, result.reason)
                 continue
             if result.span is not None:
-                assert arena is not None and slot is not None
+                assert arena is not None
+                assert slot is not None
                 data = arena.take(slot, *result.span)
                 if plan.storage == "array":
                     data = data.reshape(result.shape)
