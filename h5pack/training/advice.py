@@ -76,61 +76,44 @@ def share_labels(facts: PackFacts) -> dict[str, str]:
 
 def advise(bottleneck: str, facts: PackFacts) -> str:
     """Return what would help with ``bottleneck`` on this pack, in the user's terms."""
+    advice = _advice(bottleneck, facts)[0]
+    if bottleneck == "decode" and facts.mode == "encoded" and facts.size and facts.whole_jpegs:
+        advice += (
+            f"; every JPEG is decoded whole because {facts.whole_jpegs}: with the box "
+            "decoder only each crop's box is, about 20% less CPU per image"
+        )
+    return advice
+
+
+def short_fix(bottleneck: str, facts: PackFacts) -> str:
+    """Return the first thing to try against ``bottleneck`` on this pack, in a few words."""
+    return _advice(bottleneck, facts)[1]
+
+
+def _advice(bottleneck: str, facts: PackFacts) -> tuple[str, str]:
+    """``advise``'s words and ``short_fix``'s, for one bottleneck."""
     if bottleneck == "loader":
         if facts.transforms:
             return (
                 "the per-sample Python transform dominates: normalise on the GPU "
-                "(DevicePrefetcher(normalize=...)) or lighten the transform"
+                "(DevicePrefetcher(normalize=...)) or lighten the transform",
+                "normalise on the GPU (DevicePrefetcher(normalize=...))",
             )
         if facts.workers and facts.mode == "raw" and facts.size is None:
             return (
                 "worker processes pay for every batch crossing a process boundary: read "
                 "this raw pack in the main process (--workers 0, which num_workers='auto' "
-                "picks for raw packs read as stored)"
+                "picks for raw packs read as stored)",
+                "num_workers=0 (a raw pack reads fastest in the main process)",
             )
         return (
             "the loader's own work (allocating and filling batches) is the limit, not the "
             "pack: a different layout would not help; larger batches amortise the per-batch "
-            "cost"
+            "cost",
+            "larger batches",
         )
-    if bottleneck == "decode":
-        advice = _decode_advice(facts)
-        if facts.mode == "encoded" and facts.size is not None and facts.whole_jpegs:
-            advice += (
-                f"; every JPEG is decoded whole because {facts.whole_jpegs}: with the box "
-                "decoder only each crop's box is, about 20% less CPU per image"
-            )
-        return advice
-    return _storage_advice(facts)
-
-
-def short_fix(bottleneck: str, facts: PackFacts) -> str:
-    """Return the first thing to try against ``bottleneck`` on this pack, in a few words."""
-    if bottleneck == "loader":
-        if facts.transforms:
-            return "normalise on the GPU (DevicePrefetcher(normalize=...))"
-        if facts.workers and facts.mode == "raw" and facts.size is None:
-            return "num_workers=0 (a raw pack reads fastest in the main process)"
-        return "larger batches"
     if bottleneck == "storage":
-        if not facts.compressed and facts.mode == "raw":
-            return "convert with --compression lz4 (fewer bytes per image)"
-        return "a faster disk, or memory for the page cache"
-    if facts.mode == "encoded":
-        if facts.cached:
-            return "convert --mode raw --size N (no decoding at all)"
-        return "make_loader(cache='decoded', ...) (decode each image once)"
-    if facts.compressed:
-        if facts.codec.startswith(("lz4", "blosc")):
-            return "convert with --compression none"
-        return "convert with --compression lz4"
-    if facts.size is not None:
-        return "convert --size N near the training size"
-    return "fewer bytes per image"
-
-
-def _decode_advice(facts: PackFacts) -> str:
-    """``advise``'s words for a loader bound by decoding or decompressing."""
+        return _storage_advice(facts)
     if facts.mode == "encoded" and facts.cached:
         return (
             "decoding the image files, with the decoded cache on: the first epoch decodes "
@@ -138,59 +121,66 @@ def _decode_advice(facts: PackFacts) -> str:
             "cache_bytes holds more; about "
             f"{human_bytes(facts.image_bytes)} decoded) and those whose crop box takes a "
             "reduced decode; store decoded pixels (h5pack convert --mode raw --size N "
-            "(or H,W)) to decode none; more cores decode more images at once"
+            "(or H,W)) to decode none; more cores decode more images at once",
+            "convert --mode raw --size N (no decoding at all)",
         )
     if facts.mode == "encoded":
+        available = (
+            f"{human_bytes(facts.available_bytes)} of memory available"
+            if facts.available_bytes
+            else "the memory available unknown"
+        )
         return (
             "decoding the image files every epoch: make_loader(cache='decoded', ...) "
             f"decodes each image once (about {human_bytes(facts.image_bytes)} decoded, "
-            + (
-                f"{human_bytes(facts.available_bytes)} of memory available"
-                if facts.available_bytes
-                else "the memory available unknown"
-            )
-            + "), or store decoded pixels (h5pack convert --mode raw --size N (or H,W)); more "
-            "cores decode more images at once"
+            f"{available}), or store decoded pixels (h5pack convert --mode raw --size N "
+            "(or H,W)); more cores decode more images at once",
+            "make_loader(cache='decoded', ...) (decode each image once)",
+        )
+    if facts.compressed and facts.codec.startswith(("lz4", "blosc")):
+        return (
+            f"decompressing {facts.codec}, already a fast codec: an uncompressed "
+            "pack (--compression none) skips it, at "
+            f"{facts.image_bytes / max(1, facts.file_bytes):.1f}x the file size",
+            "convert with --compression none",
         )
     if facts.compressed:
-        if facts.codec.startswith(("lz4", "blosc")):
-            return (
-                f"decompressing {facts.codec}, already a fast codec: an uncompressed "
-                "pack (--compression none) skips it, at "
-                f"{facts.image_bytes / max(1, facts.file_bytes):.1f}x the file size"
-            )
         return (
             f"decompressing {facts.codec}: a faster codec (--compression lz4) "
-            "decompresses several times faster, for a somewhat larger file"
+            "decompresses several times faster, for a somewhat larger file",
+            "convert with --compression lz4",
         )
     if facts.size is not None:
         return (
             "cutting and resizing every image: storing the images near the training "
-            "size (h5pack convert --size N (or H,W)) makes each resize cheaper"
+            "size (h5pack convert --size N (or H,W)) makes each resize cheaper",
+            "convert --size N near the training size",
         )
     return (
         "copying samples out of the page cache: there is nothing to decompress or decode; "
-        "only fewer bytes per image would help"
+        "only fewer bytes per image would help",
+        "fewer bytes per image",
     )
 
 
-def _storage_advice(facts: PackFacts) -> str:
-    """``advise``'s words for a loader bound by reading from storage."""
+def _storage_advice(facts: PackFacts) -> tuple[str, str]:
     advice = "reading from disk: "
     if not facts.compressed and facts.mode == "raw":
         advice += "compression (--compression lz4 or zstd) would read fewer bytes per image"
+        fix = "convert with --compression lz4 (fewer bytes per image)"
     else:
         ratio = facts.image_bytes / facts.file_bytes if facts.file_bytes else 0.0
         advice += (
             f"the pack is already {ratio:.1f}x smaller than its pixels; a faster disk would "
             f"help, or memory to keep its {human_bytes(facts.file_bytes)} in the page cache"
         )
+        fix = "a faster disk, or memory for the page cache"
     if facts.layout == "chunked" and 0 < facts.chunk_bytes < SMALL_CHUNK_BYTES:
         advice += (
             f"; its chunks of {human_bytes(facts.chunk_bytes)} are small: larger ones "
             "(--chunk-bytes 8MiB) read in fewer, larger requests"
         )
-    return advice
+    return advice, fix
 
 
 def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:

@@ -174,22 +174,18 @@ class WeightedMix:
         cmap = self.chunk_maps[source]
         size = cmap.num_samples
         where = self.positions(epoch)[source]
-        starts: list[np.ndarray] = []
-        sizes: list[np.ndarray] = []
-        for one in range(where.passes):
-            piece = self._stream(self._chunks(seed, source, 1, epoch, one), cmap, 0, size)
-            starts.append(piece[0])
-            sizes.append(piece[1])
+        pieces = [
+            self._stream(self._chunks(seed, source, 1, epoch, one), cmap, 0, size)
+            for one in range(where.passes)
+        ]
         if where.part:
             order = self._chunks(seed, source, 2, where.cycle)
             low = where.start
             high = min(low + where.part, size)
             for a, b in ((low, high), (0, where.part - (high - low))):
                 if b > a:
-                    piece = self._stream(order, cmap, a, b)
-                    starts.append(piece[0])
-                    sizes.append(piece[1])
-        return np.concatenate(starts), np.concatenate(sizes)
+                    pieces.append(self._stream(order, cmap, a, b))
+        return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
 
     def epoch(self, seed: int, epoch: int) -> EpochPieces:
         """Return the epoch's pieces, source by source (``plan_pieces`` interleaves them)."""
@@ -257,17 +253,9 @@ def source_shares(mix: WeightedMix, names: Sequence[str]) -> list[SourceShare]:
         [(698, 0.78, 2), (232, 7.73, 1)]
     """
     out = []
-    total = mix.num_samples
     for name, size, where in zip(names, mix.sizes.tolist(), mix.positions(0), strict=True):
-        out.append(
-            SourceShare(
-                name=name,
-                samples=int(size),
-                per_epoch=where.samples,
-                share=where.samples / total,
-                passes=where.samples / size,
-                coverage=min(1.0, where.samples / size),
-                epochs_to_cover=1 if where.passes else where.cycle_epochs,
-            )
-        )
+        per_epoch, passes = where.samples, where.samples / size
+        cover = 1 if where.passes else where.cycle_epochs
+        share = per_epoch / mix.num_samples
+        out.append(SourceShare(name, size, per_epoch, share, passes, min(1.0, passes), cover))
     return out
