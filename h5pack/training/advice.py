@@ -1,7 +1,6 @@
-"""What would help a loader on one pack, in words: ``bench --diagnose``'s and ``stats()``'s.
+"""What would help a loader on one pack, in words: the stall report's (``stats()``) advice.
 
-Both name the same three ``BOTTLENECKS`` and say the same words for a pack and the loader's
-settings (``PackFacts``).
+It names one of three ``BOTTLENECKS``, in words for the pack and the loader (``PackFacts``).
 """
 
 from __future__ import annotations

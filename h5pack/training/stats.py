@@ -1,9 +1,8 @@
 """Whether training waits for its batches, and which stage of the loader is why: ``stats()``.
 
-NOTE [ Stall report ]: ``bench --diagnose``'s question, asked while training runs for a few
-clock readings per batch: the loop's wait in ``next()`` against its step, and each process's
-nanoseconds per stage (``StageTimes``), sent along with each batch by ``TimedCollate``. The
-dominant stage maps onto ``bench --diagnose``'s bottlenecks and words (``training.advice``).
+NOTE [ Stall report ]: for a few clock readings per batch, the loop's wait in ``next()``
+against its step, and each process's nanoseconds per stage (``StageTimes``), sent along with
+each batch by ``TimedCollate``. The dominant stage names a bottleneck (``training.advice``).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ STAGE_WORDS = {
     "collation": "filling and collating batches",
     "transfer": "moving batches to the device",
 }
-# The bottleneck of ``bench --diagnose`` each stage belongs to.
+# The bottleneck (``advice.BOTTLENECKS``) each stage belongs to.
 STAGE_BOTTLENECK = {
     "storage": "storage",
     "decompression": "decode",
@@ -133,7 +132,7 @@ class LoaderStats:
         stage_s: Seconds per stage (``STAGES``), summed over processes and threads.
         dominant: The stage with the most time ("" when none was timed).
         bottleneck: ``"compute"`` (waits under ``COMPUTE_BOUND_WAIT``), else ``"storage"``,
-            ``"decode"`` or ``"loader"``, as ``bench --diagnose`` names them.
+            ``"decode"`` or ``"loader"``, (``advice.BOTTLENECKS``).
         advice: What would help, in words; ``fix``: the first thing to try.
 
     ``str()`` is one short line; ``line(full=True)`` the whole report.
@@ -289,8 +288,7 @@ def summarize(
     else:
         bottleneck = STAGE_BOTTLENECK[dominant]
         if bottleneck == "storage" and facts is not None and not facts.large:
-            # a pack the page cache holds is read from memory: copying it is the loader's
-            # work, as bench --diagnose counts it (its warm stage)
+            # a pack the page cache holds is read from memory: copying it is decode's work
             bottleneck = "decode"
     advice = fix = ""
     if bottleneck != "compute" and facts is not None:
