@@ -26,7 +26,7 @@ from h5pack.core.fields import (
     selected,
     stored_fields,
 )
-from h5pack.core.layout import checked_indices, chunk_map_of, group_bytes, is_compressed
+from h5pack.core.layout import checked_indices
 from h5pack.core.store import Store
 from h5pack.read.mixture import source_name
 from h5pack.read.packset import PackSource, PackView
@@ -66,9 +66,7 @@ class Pack:
         self._reader: PackReader | PackSetReader | None = open_reader(source, self._options)
         meta = self._reader.meta
         self._view = (
-            self._reader.view
-            if isinstance(self._reader, PackSetReader)
-            else PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
+            self._reader.view if isinstance(self._reader, PackSetReader) else PackView.of(meta)
         )
         self._names = selected(meta, fields, key=True)
         self._keys: dict[str, int] | None = None

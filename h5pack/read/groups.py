@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 
+from h5pack.read.pool import ReadPool
 from h5pack.read.stored import Plan, StoredImages
 
 if TYPE_CHECKING:
-    from h5pack.read.pool import ReadPool
     from h5pack.read.reader import PackReader
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class GroupWindow:
         self.stored = stored
         self.window_chunks = window_chunks
         self.threads = threads
-        self.own: ThreadPoolExecutor | None = None  # started on first use
+        self.own: ReadPool | None = None  # started on first use
         self.shared: ReadPool | None = None  # threads shared with other readers (use_pool)
         # group -> (its data, the buffer it lives in)
         self.window: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
@@ -62,19 +62,17 @@ class GroupWindow:
         self.held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.loads = 0  # groups decompressed so far (a chunk-aware epoch: once each)
 
-    def executor(self) -> ThreadPoolExecutor:
-        """The threads this window's work runs on: the shared pool's, else its own."""
+    def pool(self) -> ReadPool:
+        """The threads this window's work runs on: the shared pool, else its own."""
         if self.shared is not None:
-            return self.shared.executor()
+            return self.shared
         if self.own is None:
-            self.own = ThreadPoolExecutor(self.threads, thread_name_prefix="h5pack")
+            self.own = ReadPool(max(1, self.threads))
         return self.own
 
     def map(self, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """Return ``[function(item) for item in items]``, on the threads if more than one."""
-        if self.threads <= 1 or len(items) < 2:
-            return [function(item) for item in items]
-        return list(self.executor().map(function, items))
+        return self.pool().map(function, items)
 
     def use_pool(self, pool: ReadPool | None) -> None:
         """Run on ``pool``'s threads (None: this window's own); see ``PackReader.use_pool``."""
@@ -86,7 +84,7 @@ class GroupWindow:
     def close_threads(self) -> None:
         """Stop this window's own threads (a shared pool stays up for its other readers)."""
         if self.own is not None:
-            self.own.shutdown()
+            self.own.close()
             self.own = None
 
     def groups(self, wanted: np.ndarray, load: Load) -> dict[int, np.ndarray]:
@@ -106,7 +104,7 @@ class GroupWindow:
             if len(missing) > 1 and self.threads > 1 and self.stored.table is not None:
                 # one wait for all, not one per result (Executor.map's): each wake-up of this
                 # thread took a core from a decompressing one (docs/decisions/0025)
-                futures = [self.executor().submit(load, *job) for job in jobs]
+                futures = [self.pool().executor().submit(load, *job) for job in jobs]
                 wait(futures)
                 loaded = [future.result() for future in futures]
             else:

@@ -21,7 +21,7 @@ from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
 from h5pack.core.store import Store
 from h5pack.errors import OptionsError
-from h5pack.read.packset import PackSource, PackView, describe
+from h5pack.read.packset import PackSource, PackView, concatenated_map, describe
 
 ClassJoin: TypeAlias = "Literal['join', 'separate'] | Sequence[str]"
 """How sources' classes become one list: by name, kept apart, or an explicit list."""
@@ -197,12 +197,8 @@ def describe_mix(
             first.field_listing if len(common) == len(listings[0]) else fields_text(common)
         ),
     )
-    starts = [np.zeros(1, dtype=np.int64)]
-    at = 0
-    for view in views:
-        starts.append(view.chunk_map.starts[1:] + at)
-        at += view.meta.num_samples
-    return MixView(plain, names, views, meta, tuple(maps), ChunkMap(np.concatenate(starts)))
+    chunk_map = concatenated_map([v.chunk_map for v in views])
+    return MixView(plain, names, views, meta, tuple(maps), chunk_map)
 
 
 def check_batchable(view: MixView, *, one_size: bool) -> None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -33,9 +33,6 @@ from h5pack.core.packset import (
 from h5pack.core.setmembers import check_shard, join_differences, member_problems
 from h5pack.core.store import Store, is_url, join_url
 from h5pack.errors import FormatError, OptionsError
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 # Remote shards whose index is fetched at once when a set is opened.
 OPEN_IN_FLIGHT = 32
@@ -147,6 +144,11 @@ class PackView:
     compressed: bool
     shards: tuple[ShardView, ...] | None = None
 
+    @classmethod
+    def of(cls, meta: PackMeta) -> PackView:
+        """Return the view of one pack."""
+        return cls(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
+
     @property
     def is_set(self) -> bool:
         """Whether this is a pack set (or a list of packs) rather than one pack."""
@@ -158,7 +160,8 @@ class PackView:
         return 1 if self.shards is None else len(self.shards)
 
 
-def _concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
+def concatenated_map(maps: Sequence[ChunkMap]) -> ChunkMap:
+    """Return the chunk maps one after another, over global indices."""
     starts = [np.zeros(1, dtype=np.int64)]
     offset = 0
     for chunk_map in maps:
@@ -230,16 +233,8 @@ def describe_set(
         if manifest is not None:
             at = (os.fspath(path), name) if remote else None
             check_shard(manifest, manifest.shards[index], meta, remote=at)
-        shards.append(
-            ShardView(
-                path=path,
-                num_samples=meta.num_samples,
-                chunk_map=chunk_map_of(meta),
-                group_bytes=group_bytes(meta),
-                compressed=is_compressed(meta),
-                identity=meta.identity,
-            )
-        )
+        counts = (meta.num_samples, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
+        shards.append(ShardView(path, *counts, meta.identity))
         metas.append(fold.add(meta))  # each shard's arrays live once, in the fold
     problems = member_problems([Path(p) for p in paths], metas, manifest)
     if problems:
@@ -247,7 +242,7 @@ def describe_set(
     combined = _combined_meta(name, metas, fold)
     return PackView(
         meta=combined,
-        chunk_map=_concatenated_map([s.chunk_map for s in shards]),
+        chunk_map=concatenated_map([s.chunk_map for s in shards]),
         group_bytes=max(s.group_bytes for s in shards),
         compressed=any(s.compressed for s in shards),
         shards=tuple(shards),
@@ -267,6 +262,5 @@ def describe(
     """
     if not is_packset(source):
         assert isinstance(source, str | os.PathLike)  # is_packset: a single path
-        meta = load_pack_meta(source, locking=locking, store=store)
-        return PackView(meta, chunk_map_of(meta), group_bytes(meta), is_compressed(meta))
+        return PackView.of(load_pack_meta(source, locking=locking, store=store))
     return describe_set(source, locking, store)
