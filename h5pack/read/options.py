@@ -79,17 +79,10 @@ class ReaderOptions:
 
     def __post_init__(self) -> None:
         self.disk_cache  # noqa: B018  (validates the budget and the eviction policy)
-        if self.window_chunks is not None and self.window_chunks < 1:
-            raise OptionsError(
-                f"window_chunks should be >= 1, but got window_chunks={self.window_chunks}"
-            )
-        if self.chunk_cache_bytes is not None and self.chunk_cache_bytes < 0:
-            raise OptionsError(
-                "chunk_cache_bytes should be >= 0, but got "
-                f"chunk_cache_bytes={self.chunk_cache_bytes}"
-            )
-        if self.threads is not None and self.threads < 0:
-            raise OptionsError(f"threads should be >= 0, but got threads={self.threads}")
+        for name, low in (("window_chunks", 1), ("chunk_cache_bytes", 0), ("threads", 0)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise OptionsError(f"{name} should be >= {low}, but got {name}={value}")
         if self.backend not in BACKENDS:
             raise OptionsError(
                 f"backend should be one of {', '.join(BACKENDS)}, but got backend={self.backend!r}"
