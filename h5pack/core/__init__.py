@@ -1,4 +1,1 @@
-"""The on-disk format and its arithmetic: names and versions, chunk layout and filters, decoding.
-
-Imported by every layer above; imports nothing of h5pack but ``errors`` and ``_types``.
-"""
+"""The on-disk format and its arithmetic: names, chunk layout and filters, decoding."""

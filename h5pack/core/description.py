@@ -1,17 +1,14 @@
 """The one read-side description of a pack (``PackIndex``), and HDF5's of a pack without an index.
 
-``PackIndex``: a pack's root attributes, its datasets' names, shapes and arrays, how its
-images are stored (``ImagesLayout``) and their chunk index (``ChunkIndex``). Two kinds:
-``core.index.CompactIndex`` parses a pack's compact index (NOTE [ Compact index ]);
-``HDF5Index`` describes a pack without one (written before the index, or local) from HDF5's
-metadata, read as asked. ``format.read_meta`` validates either, the direct chunk path reads
-the chunk index either gives, and h5py is opened (``hdf5``) only for what HDF5 alone reads:
-a codec outside ``read.direct``, a virtual pack.
+Two kinds: ``core.index.CompactIndex`` parses a published pack's compact index;
+``HDF5Index`` describes any other from HDF5's metadata, read as asked. ``read_meta``
+validates either, the direct chunk path reads the chunk index either gives, and h5py is
+opened (``hdf5``) only for what HDF5 alone reads: a codec outside ``read.direct``, a
+virtual pack, a field.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -20,25 +17,16 @@ import h5py
 import numpy as np
 
 from h5pack.core.integrity import PackIdentity
+from h5pack.core.names import IMAGES, PATHS
 from h5pack.core.source import ByteSource
-
-IMAGES = "images"  # format.IMAGES (imported there from here would be a cycle)
-PATHS = "paths"
 
 
 @dataclass(frozen=True)
 class ImagesLayout:
     """How the images dataset is stored: what the direct chunk path needs to know.
 
-    Attributes:
-        shape: The dataset's shape.
-        dtype: Its element type.
-        chunks: Its chunk shape, or None when contiguous.
-        compression: h5py's name of its compression filter (or the plugin's id), or None.
-        compression_opts: The filter's options as stored.
-        filters: ``(filter id, values)`` of each filter of its pipeline, in order.
-        offset: The file offset of a contiguous dataset's data (None: chunked, or none yet).
-        virtual: Whether it is an HDF5 virtual dataset (``merge --virtual``).
+    ``filters`` holds ``(filter id, values)`` of each filter of its pipeline, in order;
+    ``offset`` the file offset of a contiguous dataset's data (None: chunked, or none yet).
     """
 
     shape: tuple[int, ...]
@@ -60,49 +48,48 @@ class ChunkIndex(NamedTuple):
     masks: np.ndarray  # (n,) int64: bit i set, filter i was skipped
 
 
-class PackIndex(ABC):
-    """A pack's read-side description (NOTE [ Compact index ]); a context manager.
-
-    Attributes:
-        path: The pack's path or URL, for messages.
-        source: The pack's bytes where the description knows them (a URL's), else None.
-    """
+class PackIndex:
+    """A pack's read-side description, a context manager; ``source`` its bytes if remote."""
 
     path: str
     source: ByteSource | None = None
 
     @property
-    @abstractmethod
     def attrs(self) -> Mapping[str, Any]:
         """The root attributes."""
+        raise NotImplementedError
 
-    @abstractmethod
     def names(self) -> list[str]:
-        """Return the root's dataset names."""
+        """Return the dataset names (a group's as ``group/name``: ``/fields``)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def shape(self, name: str) -> tuple[int, ...]:
         """Return dataset ``name``'s shape."""
+        raise NotImplementedError
 
-    @abstractmethod
     def array(self, name: str) -> np.ndarray:
         """Return dataset ``name`` whole (strings as an object array of bytes)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def images(self) -> ImagesLayout:
         """Return how the images are stored."""
+        raise NotImplementedError
 
-    @abstractmethod
     def chunk_index(self) -> ChunkIndex:
         """Return the images' stored chunks (a chunked dataset)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def paths(self) -> Any:
         """Return the paths dataset, sliceable (read slab by slab, never at open)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def hdf5(self) -> h5py.File:
         """Return the pack opened by HDF5, for what only HDF5 reads (opened on first use)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close what the description holds open."""
+        raise NotImplementedError
 
     def identity(self, pack_id: str | None) -> PackIdentity | None:
         """Return the identity of what was opened (None: ask the HDF5 file's descriptor)."""
@@ -110,10 +97,6 @@ class PackIndex(ABC):
             return None
         found = self.source.identity()
         return PackIdentity.remote(pack_id, found.size, found.tag)
-
-    @abstractmethod
-    def close(self) -> None:
-        """Close what the description holds open."""
 
     def __enter__(self) -> PackIndex:
         return self
@@ -123,40 +106,29 @@ class PackIndex(ABC):
 
 
 class HDF5Index(PackIndex):
-    """A pack described from HDF5's metadata, read as asked (a pack without an index).
-
-    Args:
-        handle: The open file (closed by ``close``).
-        path: Its path or URL.
-        source: Its bytes, where they are not the local file's.
-    """
+    """A pack described from HDF5's metadata, read as asked (closed with its ``handle``)."""
 
     def __init__(self, handle: h5py.File, path: str, source: ByteSource | None = None) -> None:
         self.handle, self.path, self.source = handle, path, source
 
     @property
-    def attrs(self) -> Mapping[str, Any]:
-        """The root attributes (read as asked: a damaged root is met inside a check)."""
+    def attrs(self) -> Mapping[str, Any]:  # noqa: D102 (read as asked: damage met in a check)
         found: Mapping[str, Any] = self.handle.attrs
         return found
 
-    def names(self) -> list[str]:
-        """Return the dataset names (a group's as ``group/name``: ``/fields``)."""
+    def names(self) -> list[str]:  # noqa: D102
         found = []
         for name, item in self.handle.items():
             found += [f"{name}/{c}" for c in item] if isinstance(item, h5py.Group) else [name]
         return found
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Return dataset ``name``'s shape."""
+    def shape(self, name: str) -> tuple[int, ...]:  # noqa: D102
         return tuple(int(s) for s in self.handle[name].shape)
 
-    def array(self, name: str) -> np.ndarray:
-        """Return dataset ``name`` whole."""
+    def array(self, name: str) -> np.ndarray:  # noqa: D102
         return np.asarray(self.handle[name][()])
 
-    def images(self) -> ImagesLayout:
-        """Return how the images are stored (from the dataset's creation properties)."""
+    def images(self) -> ImagesLayout:  # noqa: D102
         images = self.handle[IMAGES]
         plist = images.id.get_create_plist()
         filters = []
@@ -176,8 +148,7 @@ class HDF5Index(PackIndex):
             virtual=virtual,
         )
 
-    def chunk_index(self) -> ChunkIndex:
-        """Return the images' stored chunks (``chunk_iter``)."""
+    def chunk_index(self) -> ChunkIndex:  # noqa: D102
         found: list[tuple[tuple[int, ...], int, int, int]] = []
         self.handle[IMAGES].id.chunk_iter(
             lambda info: found.append(
@@ -189,15 +160,12 @@ class HDF5Index(PackIndex):
         positions = np.array([f[0] for f in found], dtype=np.int64).reshape(-1, ndim)
         return ChunkIndex(positions, rows[:, 0], rows[:, 1], rows[:, 2])
 
-    def paths(self) -> Any:
-        """Return the paths dataset."""
+    def paths(self) -> Any:  # noqa: D102
         return self.handle[PATHS]
 
-    def hdf5(self) -> h5py.File:
-        """Return the open file."""
+    def hdf5(self) -> h5py.File:  # noqa: D102
         return self.handle
 
-    def close(self) -> None:
-        """Close the file."""
+    def close(self) -> None:  # noqa: D102
         if self.handle.id.valid:
             self.handle.close()

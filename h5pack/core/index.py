@@ -1,33 +1,13 @@
 """The compact index at a pack's end: what a remote reader needs to open it in one or two GETs.
 
-NOTE [ Compact index ]
-
-h5py over a file object walks HDF5's metadata in many small serial reads (about six per
-open plus one per metadata block), which costs a round trip each on a bucket. So when a
-pack is published (``write.publish``), everything a reader needs at open is copied from
-HDF5's metadata into one compact index appended after HDF5's end of file (HDF5 ignores
-bytes past its end-of-allocation; every local reader keeps reading the file through HDF5
-exactly as before)::
-
-    [HDF5 file][paths section][main section][footer, FOOTER_BYTES]
-
-- main section: ``uint32 LE`` length of a JSON header, the header (root attributes; each
-  dataset's shape and dtype; the images' chunks, filters and either their chunk index or
-  their contiguous offset; where each array lies), then the arrays' bytes (labels, shapes,
-  checksums, source_index, offsets, sizes, sample_xxh3 and the chunk index; little-endian).
-- paths section: every ``/paths`` entry's length (``uint32 LE``) then their bytes; read
-  only when the paths are (messages, ``info``), so an open does not pay for them.
-- footer: ``MAGIC``, then (``uint64 LE``) the main section's offset and length, the paths
-  section's offset and length, then the CRC32 of each section (``uint32 LE``).
-
-A reader GETs the last ``TAIL_BYTES`` with one suffix range request (which needs neither
-the size nor a HEAD first: the answer carries both and the ETag), finds the footer, and
-only if the main section starts before the tail issues one more ranged GET: at most two
-requests to open, whatever the number of samples. The sections carry CRC32s: a damaged
-index is refused, never trusted.
-
-``CompactIndex`` is the index parsed: a ``core.description.PackIndex``, the one read-side
-description of a pack.
+# NOTE [ Compact index ]
+# h5py over a file object walks HDF5's metadata in many small serial reads, a round trip
+# each on a bucket. So a published pack (``write.publish``) ends with one compact index
+# after HDF5's end of file: the root attributes, each dataset's shape and dtype, the
+# images' filters and chunk index, and the per-sample arrays; the paths in a section of
+# their own, read only when asked; a footer saying where both lie, with their CRC32s
+# (docs/format.md). A reader GETs the last ``TAIL_BYTES`` with one suffix range request
+# and, only if the main section starts before them, one more. A damaged index is refused.
 """
 
 from __future__ import annotations
@@ -42,7 +22,8 @@ from typing import Any, NamedTuple
 import h5py
 import numpy as np
 
-from h5pack.core.description import IMAGES, PATHS, ChunkIndex, HDF5Index, ImagesLayout, PackIndex
+from h5pack.core.description import ChunkIndex, HDF5Index, ImagesLayout, PackIndex
+from h5pack.core.names import DAMAGED, IMAGES, PATHS
 from h5pack.core.source import ByteSource
 from h5pack.errors import FormatError
 
@@ -50,8 +31,7 @@ MAGIC = b"H5PKIX01"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # packs have no user block: it is at byte 0
 _FOOTER = struct.Struct("<8sQQQQII")
 FOOTER_BYTES = _FOOTER.size
-# The suffix read at open: footer and main section of packs up to ~4,000 samples at once.
-TAIL_BYTES = 256 * 1024
+TAIL_BYTES = 256 * 1024  # footer and main section of packs up to ~4,000 samples at once
 INDEX_VERSION = 1
 
 
@@ -66,7 +46,6 @@ class Footer(NamedTuple):
     paths_crc: int
 
 
-# -- writing ---------------------------------------------------------------------------------
 def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"b": value.decode("utf-8", "surrogateescape")}
@@ -96,10 +75,7 @@ def _element_bytes(item: Any) -> bytes:
 
 
 def build_index(index: PackIndex, file_bytes: int) -> bytes | None:
-    """Return the compact index of the pack ``index`` describes (``file_bytes`` long), or None.
-
-    None for a pack the index does not describe: a virtual one (``merge --virtual``).
-    """
+    """Return the compact index of the pack ``index`` describes, or None for a virtual one."""
     images = index.images()
     if images.virtual:
         return None
@@ -108,12 +84,16 @@ def build_index(index: PackIndex, file_bytes: int) -> bytes | None:
 
     def add(array: np.ndarray) -> dict[str, Any]:
         nonlocal where
-        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
-        entry = {"at": where, "nbytes": len(data), "dtype": array.dtype.newbyteorder("<").str}
-        entry["shape"] = list(array.shape)
+        little = array.dtype.newbyteorder("<")
+        data = np.ascontiguousarray(array).astype(little).tobytes()
         arrays.append(data)
         where += len(data)
-        return entry
+        return {
+            "at": where - len(data),
+            "nbytes": len(data),
+            "dtype": little.str,
+            "shape": list(array.shape),
+        }
 
     described: dict[str, Any] = {
         "shape": list(images.shape),
@@ -156,30 +136,29 @@ def build_index(index: PackIndex, file_bytes: int) -> bytes | None:
     text = json.dumps(header).encode()
     main = struct.pack("<I", len(text)) + text + b"".join(arrays)
     lengths = np.array([len(p) for p in paths], dtype="<u4").tobytes()
-    paths_section = lengths + b"".join(paths)
-    paths_offset, main_offset = file_bytes, file_bytes + len(paths_section)
+    section = lengths + b"".join(paths)
     footer = _FOOTER.pack(
         MAGIC,
-        main_offset,
+        file_bytes + len(section),
         len(main),
-        paths_offset,
-        len(paths_section),
+        file_bytes,
+        len(section),
         zlib.crc32(main),
-        zlib.crc32(paths_section),
+        zlib.crc32(section),
     )
-    return paths_section + main + footer
+    return section + main + footer
 
 
 def append_index(path: Path) -> bool:
     """Append the compact index to the finished pack ``path``; return whether it has one.
 
-    For a pack that already ends with one, or a file that is no HDF5 file, nothing is done.
+    A pack that already ends with one is left as it is; no HDF5 file, or a virtual pack,
+    gets none.
     """
     with open(path, "rb") as raw:
         if raw.read(8) != HDF5_SIGNATURE:
-            return False  # not an HDF5 file: nothing to index
-        raw.seek(0, 2)
-        size = raw.tell()
+            return False
+        size = raw.seek(0, 2)
         if size >= FOOTER_BYTES:
             raw.seek(size - FOOTER_BYTES)
             if raw.read(8) == MAGIC:
@@ -195,15 +174,12 @@ def append_index(path: Path) -> bool:
     return True
 
 
-# -- reading ---------------------------------------------------------------------------------
 def parse_footer(tail: bytes | memoryview) -> Footer | None:
     """Return the footer at the end of ``tail``, or None when the pack has no index."""
     if len(tail) < FOOTER_BYTES:
         return None
     magic, *fields = _FOOTER.unpack(bytes(tail[-FOOTER_BYTES:]))
-    if magic != MAGIC:
-        return None
-    return Footer(*fields)
+    return Footer(*fields) if magic == MAGIC else None
 
 
 class UnknownIndexError(Exception):
@@ -237,8 +213,7 @@ class CompactIndex(PackIndex):
         self.footer, self.path = footer, source.url
         if zlib.crc32(main) != footer.main_crc:
             raise FormatError(
-                f"{source.url}: its compact index does not match its CRC32; the pack is "
-                "damaged: re-create it, or restore it from a copy"
+                f"{source.url}: its compact index does not match its CRC32; {DAMAGED}"
             )
         (length,) = struct.unpack_from("<I", main, 0)
         try:
@@ -256,8 +231,7 @@ class CompactIndex(PackIndex):
         self._datasets: dict[str, dict[str, Any]] = self.header["datasets"]
 
     @property
-    def attrs(self) -> Mapping[str, Any]:
-        """The root attributes."""
+    def attrs(self) -> Mapping[str, Any]:  # noqa: D102
         return self._attrs
 
     def _stored(self, entry: dict[str, Any]) -> np.ndarray:
@@ -265,16 +239,13 @@ class CompactIndex(PackIndex):
         data = np.frombuffer(self._arrays[at : at + nbytes], dtype=np.dtype(entry["dtype"]))
         return data.reshape(tuple(entry["shape"])).copy()
 
-    def names(self) -> list[str]:
-        """Return the root's dataset names."""
+    def names(self) -> list[str]:  # noqa: D102
         return list(self._datasets)
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Return dataset ``name``'s shape."""
+    def shape(self, name: str) -> tuple[int, ...]:  # noqa: D102
         return tuple(int(s) for s in self._datasets[name]["shape"])
 
-    def array(self, name: str) -> np.ndarray:
-        """Return dataset ``name`` from the index (no request but for the paths)."""
+    def array(self, name: str) -> np.ndarray:  # noqa: D102
         if name == PATHS:
             return self.paths()
         entry = self._datasets[name]
@@ -286,11 +257,9 @@ class CompactIndex(PackIndex):
         found[:] = [_unjson(s) for s in entry["strings"]]
         return found
 
-    def images(self) -> ImagesLayout:
-        """Return how the images are stored."""
+    def images(self) -> ImagesLayout:  # noqa: D102
         entry = self._datasets[IMAGES]
-        chunks = entry.get("chunks")
-        offset = entry.get("offset")
+        chunks, offset = entry.get("chunks"), entry.get("offset")
         return ImagesLayout(
             shape=tuple(int(s) for s in entry["shape"]),
             dtype=np.dtype(entry["dtype"]),
@@ -301,40 +270,33 @@ class CompactIndex(PackIndex):
             offset=None if offset is None else int(offset),
         )
 
-    def chunk_index(self) -> ChunkIndex:
-        """Return the images' stored chunks."""
+    def chunk_index(self) -> ChunkIndex:  # noqa: D102
         entry = self._datasets[IMAGES]
         rows = self._stored(entry["chunk_index"]).reshape(-1, 3)
-        positions = self._stored(entry["chunk_offsets"])
-        return ChunkIndex(positions, rows[:, 0], rows[:, 1], rows[:, 2])
+        return ChunkIndex(self._stored(entry["chunk_offsets"]), rows[:, 0], rows[:, 1], rows[:, 2])
 
     def paths(self) -> np.ndarray:
         """Return every path's bytes (one GET, unless the open's reads held them)."""
-        if self._paths is None:
-            self._paths = self._read_paths()
-        return self._paths
-
-    def _read_paths(self) -> np.ndarray:
+        if self._paths is not None:
+            return self._paths
         if self._paths_bytes is None:
             offset, length = self.footer.paths_offset, self.footer.paths_length
             self._paths_bytes = self._source.read(offset, offset + length) if length else b""
         data = self._paths_bytes
         if zlib.crc32(data) != self.footer.paths_crc:
             raise FormatError(
-                f"{self.path}: the paths of its compact index do not match their CRC32; "
-                "the pack is damaged: re-create it, or restore it from a copy"
+                f"{self.path}: the paths of its compact index do not match their CRC32; {DAMAGED}"
             )
         count = self.shape(PATHS)[0]
         lengths = np.frombuffer(data[: 4 * count], dtype="<u4")
         ends = 4 * count + np.cumsum(lengths, dtype=np.int64)
-        starts = ends - lengths
+        starts, raw = ends - lengths, bytes(data)
         found = np.empty(count, dtype=object)
-        raw = bytes(data)
         found[:] = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        self._paths = found
         return found
 
-    def hdf5(self) -> h5py.File:
-        """Return the pack opened by HDF5 (h5py over a read-ahead file object), on first use."""
+    def hdf5(self) -> h5py.File:  # noqa: D102
         if self._h5 is None:
             self._h5 = self._opener()
         return self._h5
@@ -343,8 +305,7 @@ class CompactIndex(PackIndex):
         """Return HDF5's own description of the same pack (``verify`` compares the two)."""
         return HDF5Index(self.hdf5(), self.path, self.source)
 
-    def close(self) -> None:
-        """Close HDF5's file if it was opened."""
+    def close(self) -> None:  # noqa: D102
         if self._h5 is not None:
             self._h5.close()
             self._h5 = None

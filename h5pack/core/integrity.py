@@ -1,17 +1,9 @@
 """Checks that what a reader serves is what was written: digests and the pack's identity.
 
-Pure functions over bytes and file status; ``core.format`` says which datasets and
-attributes they cover (its docstring is the normative description).
-
-- ``sample_digest``: XXH3-64 of a sample's stored, uncompressed bytes (format 1.1,
-  ``sample_xxh3``). It runs at memory speed, many times zlib's CRC32, which is what lets
-  readers check every sample by default. It needs the ``xxhash`` package; without it
-  readers fall back to the CRC32 every pack has.
-- ``array_digest``, ``strings_digest``, ``text_digest``: CRC32 (hex) of the metadata a
-  reader trusts (labels, paths, shapes...), over a canonical byte form, so that damage in
-  data HDF5 does not checksum itself (contiguous raw data, chunk data) is found.
-- ``PackIdentity``: the pack id and the file's (device, inode, size, mtime) as one process
-  saw them, so that another process can tell that the path now names another file.
+``sample_digest`` is the XXH3-64 of a sample's stored bytes (``sample_xxh3``: memory speed,
+so readers check every sample; without ``xxhash`` they fall back to the CRC32 every pack
+has); the CRC32 digests cover the metadata HDF5 does not checksum itself; ``PackIdentity``
+lets another process tell that a path now names another file (docs/format.md).
 """
 
 from __future__ import annotations
@@ -33,7 +25,6 @@ Buffer = bytes | bytearray | memoryview | np.ndarray
 
 @cache
 def _xxh3() -> Callable[[Any], int] | None:
-    """Return ``xxhash.xxh3_64_intdigest``, or None when the package is not installed."""
     try:
         module = importlib.import_module("xxhash")
     except ImportError:
@@ -66,20 +57,14 @@ def sample_digest(data: Buffer) -> int:
 
 
 def contiguous_sample_digest() -> Callable[[Any], int] | None:
-    """Return ``sample_digest``'s own function for C-contiguous buffers, or None without xxhash.
-
-    For loops that check many samples already known to be contiguous (views of a mapped
-    pack): the same digest without ``sample_digest``'s two calls and its layout check.
-    """
+    """Return ``sample_digest``'s function for C-contiguous buffers (no checks), or None."""
     return _xxh3()
 
 
 def crc32(data: Buffer) -> int:
     """Return the CRC32 of a sample's stored bytes (what ``checksums`` records)."""
     data = _contiguous(data)
-    if isinstance(data, np.ndarray):
-        data = data.data
-    return zlib.crc32(data)
+    return zlib.crc32(data.data if isinstance(data, np.ndarray) else data)
 
 
 def hex32(value: int) -> str:
@@ -119,13 +104,8 @@ def new_pack_id() -> str:
 class PackIdentity:
     """Which file a process read: the pack's id and the file's status when it was opened.
 
-    Attributes:
-        pack_id: The pack's random id (format 1.1), or None for packs written before it.
-        device: ``st_dev`` of the file.
-        inode: ``st_ino`` of the file.
-        size: ``st_size`` in bytes.
-        mtime_ns: ``st_mtime_ns``: a pack is never written in place once published.
-        etag: A remote object's ETag (device, inode and mtime are then 0).
+    ``pack_id`` is None for packs before format 1.1; a remote object has its ``etag`` and
+    0 for device, inode and mtime.
     """
 
     pack_id: str | None

@@ -1,14 +1,8 @@
 """What this machine offers the pipelines: cores, memory, and the container's limits.
 
-Every machine fact h5pack uses is read here, once (issue 16.3: three memory probes, in the
-sampler, the decoded cache and the benchmarks, disagreed on containers):
-
-- ``available_cores``: the cores this process may run on (its affinity mask);
-- ``memory_bytes``: the memory of the machine, or of its container when that is less (the
-  cgroup limit, v2 or v1): what a shuffle window may take a share of;
-- ``available_memory_bytes``: the memory available now (MemAvailable), capped by the
-  container's limit less what the container uses: what the page cache and the decoded
-  cache can grow into.
+Every machine fact h5pack uses is read here, once: the cores of this process's affinity
+mask, the memory of the machine or of its container (cgroup v2 or v1) when that is less,
+and the memory available now, capped by the container's room.
 """
 
 from __future__ import annotations
@@ -39,34 +33,30 @@ def process_exists(pid: int) -> bool:
     return True
 
 
-def _cgroup_memory() -> tuple[int | None, int | None]:
-    """Return this process's cgroup memory ``(limit, current use)``, each None if unknown.
+def _read_int(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text())
+    return None
 
-    cgroup v2 at the process's own group (``/proc/self/cgroup``), else at the root; cgroup
-    v1's ``memory.limit_in_bytes``. "max" (no limit) is None.
-    """
+
+def _cgroup_memory() -> tuple[int | None, int | None]:
+    """Return this process's cgroup memory ``(limit, current use)``, each None if unknown."""
     groups = [CGROUP_ROOT]
     with contextlib.suppress(OSError, IndexError):
         own = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)[2]
         groups.insert(0, CGROUP_ROOT / own.lstrip("/"))
-    for group in groups:
+    for group in groups:  # cgroup v2: the process's own group, else the root
         try:
             limit = (group / "memory.max").read_text().strip()
         except OSError:
             continue
-        current = None
-        with contextlib.suppress(OSError, ValueError):
-            current = int((group / "memory.current").read_text())
-        return (int(limit) if limit.isdigit() else None), current
-    with contextlib.suppress(OSError, ValueError):
-        v1 = CGROUP_ROOT / "memory"
-        v1_limit = int((v1 / "memory.limit_in_bytes").read_text())
-        v1_current = None
-        with contextlib.suppress(OSError, ValueError):
-            v1_current = int((v1 / "memory.usage_in_bytes").read_text())
-        # v1 says "no limit" with a number near 2**63
-        return (v1_limit if v1_limit < 2**60 else None), v1_current
-    return None, None
+        return (int(limit) if limit.isdigit() else None), _read_int(group / "memory.current")
+    v1 = CGROUP_ROOT / "memory"
+    v1_limit = _read_int(v1 / "memory.limit_in_bytes")
+    if v1_limit is None:
+        return None, None
+    # v1 says "no limit" with a number near 2**63
+    return (v1_limit if v1_limit < 2**60 else None), _read_int(v1 / "memory.usage_in_bytes")
 
 
 def memory_bytes() -> int | None:
@@ -85,11 +75,10 @@ def memory_bytes() -> int | None:
 
 
 def available_memory_bytes() -> int | None:
-    """Return the memory available now, capped by the container's room; None if unknown.
+    """Return the memory available now (MemAvailable), capped by the container's room.
 
-    psutil's ``available`` (MemAvailable on Linux), else the free pages; in a container
-    ``/proc/meminfo`` shows the host's memory, so the cgroup limit less its current use
-    caps it.
+    In a container ``/proc/meminfo`` shows the host's memory, so the cgroup limit less its
+    current use caps it. None if unknown.
     """
     try:
         import psutil

@@ -1,6 +1,6 @@
 """The names of a pack's datasets and attributes, its versions and the per-sample arrays.
 
-Import them from ``core.format``, which documents the layout they spell.
+Import them from ``core.format``; docs/format.md describes the layout they spell.
 """
 
 from __future__ import annotations
@@ -37,13 +37,9 @@ SKIPPED_KEY = "skipped"
 CHUNK_BYTES_KEY = "chunk_bytes"
 PACK_ID_KEY = "pack_id"
 METADATA_DIGESTS_KEY = "metadata_crc32"
-# Optional (a pack set's shards only): the shard's place in its split (core.packset).
-SHARD_KEY = "shard"
-# Optional (virtual packs only, ``merge --virtual``): the source packs, see NOTE
-# [ Virtual packs ] in write/merge.py.
-VIRTUAL_SOURCES_KEY = "virtual_sources"
-# Optional: the sample's fields (``core.fields``), JSON; absent: image, label and key.
-FIELDS_KEY = "fields"
+SHARD_KEY = "shard"  # optional: a pack set's shard (core.packset)
+VIRTUAL_SOURCES_KEY = "virtual_sources"  # optional: NOTE [ Virtual packs ] in write/merge.py
+FIELDS_KEY = "fields"  # optional: the sample's fields (core.fields)
 
 # Dataset names.
 IMAGES = "images"
@@ -78,23 +74,14 @@ class SampleArray:
 
     # NOTE [ Per-sample arrays ]
     # ``SAMPLE_ARRAYS`` is the one list of the numeric per-sample datasets: the writer
-    # (``core.record.write_record``) writes and digests each, ``read_meta`` reads and checks
-    # each, the pack-set fold (``read.packset``) and ``merge`` concatenate each. A new
-    # per-sample field is one entry here, its ``PackMeta`` attribute, and the code that
-    # computes it at conversion.
+    # (``core.record``) writes and digests each, ``read_meta`` reads and checks each, the
+    # pack-set fold and ``merge`` concatenate each. A new one is an entry here, its
+    # ``PackMeta`` attribute, and the code that computes it at conversion.
 
-    Attributes:
-        name: The dataset's name on disk.
-        attribute: The ``PackMeta`` attribute that holds it.
-        dtype: Its dtype on disk, in which ``metadata_crc32`` digests it.
-        blob_only: Only blob storage has it (``offsets``, ``sizes``).
-        optional: A pack may go without it (``sample_xxh3``: a writer without xxhash);
-            ``PackMeta`` then holds None.
-        extra_rows: Rows beyond N (``offsets``: N + 1 boundaries).
-        joins: Whether the packs of a set or a merge concatenate it as it is (``offsets``
-            are shifted instead, by each shard's base).
-        in_set: Whether a pack set's combined ``PackMeta`` holds it (``offsets`` and
-            ``sample_xxh3`` stay with each shard's reader).
+    ``dtype`` is the one the digest is taken in; ``optional`` ones may be missing
+    (``PackMeta`` holds None); ``extra_rows`` beyond N; ``joins``: concatenated as they are
+    by a set or a merge (offsets are shifted instead); ``in_set``: held by a pack set's
+    combined ``PackMeta``.
     """
 
     name: str
@@ -117,12 +104,9 @@ SAMPLE_ARRAYS: tuple[SampleArray, ...] = (
     SampleArray(OFFSETS, "offsets", "<i8", blob_only=True, extra_rows=1, joins=False, in_set=False),
     SampleArray(SIZES, "sizes", "<i8", blob_only=True),
 )
-
-# The numeric datasets ``metadata_crc32`` covers, with the dtype their digest is taken in.
 DIGESTED_ARRAYS: dict[str, str] = {a.name: a.dtype for a in SAMPLE_ARRAYS}
 
-
-# Rows of /paths decoded at a time (bounded memory for fixed-length paths of huge packs).
+# Rows of /paths decoded or written at a time (bounded memory for huge packs).
 PATH_SLAB = 65536
 
 DAMAGED = "the pack is damaged: re-create it, or restore it from a copy"
@@ -138,18 +122,12 @@ def decode_path(stored: np.ndarray | bytes) -> str:
     return os.fsdecode(bytes(stored))
 
 
-def fixed_strings(items: list[bytes]) -> tuple[np.ndarray, Any]:
-    """Return ``items`` as a NUL-padded array and the HDF5 fixed-length UTF-8 type to store it.
-
-    Write it with the returned type as the memory type too (numpy's ``S`` would otherwise
-    be converted from ASCII, which HDF5 refuses): see ``write_fixed_strings``.
-    """
-    width = max([1, *(len(item) for item in items)])
-    return np.array(items, dtype=f"S{width}"), h5py.string_dtype("utf-8", width)
-
-
 def write_fixed_strings(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:
-    """Write the ``S`` array ``values`` into rows ``start..`` of a fixed-length string dataset."""
+    """Write the ``S`` array ``values`` into rows ``start..`` of a fixed-length string dataset.
+
+    The dataset's own type is the memory type: numpy's ``S`` would be converted from ASCII,
+    which HDF5 refuses.
+    """
     if not values.size:
         return
     memory = h5py.h5s.create_simple((values.size,))

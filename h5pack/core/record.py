@@ -1,17 +1,14 @@
 """The write half of a pack's record, beside its read half (``core.format.read_meta``).
 
-Everything a pack records besides its images is one ``PackRecord``, written by
-``write_record``: conversions (``write.builder``) and merges (``write.merge``) build the
-record and nothing else spells a dataset or an attribute. The per-sample arrays travel as
-one mapping keyed by dataset name, which this module, ``read_meta``, the pack-set fold and
-``merge`` iterate (NOTE [ Per-sample arrays ] in ``core.format``).
+Conversions and merges build one ``PackRecord``; ``write_record`` writes everything a pack
+records besides its images (NOTE [ Per-sample arrays ] in ``core.names``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -26,30 +23,16 @@ from h5pack.core.format import SkippedFile
 from h5pack.core.layout import DEFAULT_CHUNK_BYTES
 from h5pack.errors import FormatError
 
-# Uncompressed bytes of one chunk of /paths (fixed-length strings, gzip); the paths are
-# encoded and written ``format.PATH_SLAB`` at a time (bounded memory for huge packs).
-PATHS_CHUNK_BYTES = 1 << 20
+PATHS_CHUNK_BYTES = 1 << 20  # uncompressed bytes of one chunk of /paths
 
 
 @dataclass(frozen=True, kw_only=True)
 class PackRecord:
     """Everything a pack records besides its images: what ``write_record`` writes.
 
-    Attributes:
-        mode: ``"raw"`` or ``"encoded"``.
-        storage: ``"array"`` or ``"blob"``.
-        channels: 1 or 3.
-        classes: Class names; labels index into them.
-        paths: Relative source paths, in pack order.
-        arrays: The numeric per-sample arrays by dataset name (``format.SAMPLE_ARRAYS``):
-            every one that is not optional, the blob ones only for blob storage.
-        texts: Text attributes, each digested (options, skipped, and the optional ones).
-        blob_chunk_bytes: Bytes per chunk of a blob (0 for array storage).
-        tool_version: The h5pack version writing the pack.
-        fields: The sample's fields, listed in the pack (``core.fields``).
-        columns: Each stored field's values, in pack order, by name (``StoredField.column``).
-        field_rows: Samples per chunk of the stored fields' datasets (None: about one chunk
-            of the images dataset already in the file, NOTE [ Stored fields ]).
+    ``arrays`` holds the numeric per-sample arrays by dataset name (``SAMPLE_ARRAYS``),
+    ``texts`` the digested text attributes (options, skipped, and the optional ones),
+    ``columns`` each stored field's values in pack order (``StoredField.column``).
     """
 
     mode: fmt.Mode
@@ -63,15 +46,10 @@ class PackRecord:
     tool_version: str
     fields: tuple[Field, ...] = LEGACY_FIELDS
     columns: Mapping[str, Any] = field(default_factory=dict)
-    field_rows: int | None = None
 
 
 def write_record(handle: h5py.File, record: PackRecord) -> None:
-    """Write every dataset and attribute of a pack but its images (``core.format`` names them).
-
-    Format 1.1: no variable-length data (the global heap has no checksum, and damage there
-    made HDF5 loop), a new pack id, and the CRC32 of every dataset and of every text
-    attribute in ``record.texts`` a reader trusts (``metadata_crc32``).
+    """Write every dataset and attribute of a pack but its images, with their digests.
 
     Raises:
         FormatError: an array the format requires is missing, or one that it does not know
@@ -79,19 +57,16 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
     """
     num = len(record.paths)
     digests: dict[str, str] = {}
-    known = {spec.name for spec in fmt.SAMPLE_ARRAYS}
-    unknown = sorted(set(record.arrays) - known)
+    unknown = sorted(set(record.arrays) - {spec.name for spec in fmt.SAMPLE_ARRAYS})
     if unknown:
         raise FormatError(f"the format has no per-sample arrays {unknown}")
 
     def numeric(spec: fmt.SampleArray) -> None:
         values = record.arrays.get(spec.name)
-        if values is None:
-            if spec.optional or (spec.blob_only and record.storage != "blob"):
-                return
-            raise FormatError(f"a {record.storage} pack needs its {spec.name!r} array")
-        if spec.blob_only and record.storage != "blob":
+        if (spec.blob_only and record.storage != "blob") or (values is None and spec.optional):
             return
+        if values is None:
+            raise FormatError(f"a {record.storage} pack needs its {spec.name!r} array")
         data = np.asarray(values)
         if data.ndim <= 1:
             data = data.reshape(num + spec.extra_rows)
@@ -101,15 +76,13 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
 
     first, *rest = fmt.SAMPLE_ARRAYS  # labels, then classes and paths, then the others
     numeric(first)
-    names = [c.encode("utf-8", "surrogateescape") for c in record.classes]
-    stored_classes, class_type = fmt.fixed_strings(names)
-    dataset = handle.create_dataset(fmt.CLASSES, shape=(len(names),), dtype=class_type)
-    fmt.write_fixed_strings(dataset, 0, stored_classes)
-    digests[fmt.CLASSES] = fmt.classes_digest(tuple(record.classes))
-    digests[fmt.PATHS] = _write_paths(handle, record.paths)
+    digests[fmt.CLASSES] = _write_strings(
+        handle, fmt.CLASSES, record.classes, lambda c: c.encode("utf-8", "surrogateescape")
+    )
+    digests[fmt.PATHS] = _write_strings(handle, fmt.PATHS, record.paths, os.fsencode, True)
     for spec in rest:
         numeric(spec)
-    rows = record.field_rows or _field_rows(handle, record)
+    rows = _field_rows(handle, record)
     for stored in stored_fields(record.fields):  # NOTE [ Stored fields ] in core.fieldkinds
         if stored.name not in record.columns:
             raise FormatError(f"field {stored.name!r} is listed, but has no values")
@@ -125,8 +98,7 @@ def write_record(handle: h5py.File, record: PackRecord) -> None:
     attrs[fmt.CHANNELS_KEY] = record.channels
     fmt.set_text(attrs, fmt.TOOL_VERSION_KEY, record.tool_version)
     fmt.set_text(attrs, fmt.CREATED_KEY, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    texts = {**record.texts, fmt.FIELDS_KEY: fields_text(record.fields)}
-    for key, text in texts.items():
+    for key, text in {**record.texts, fmt.FIELDS_KEY: fields_text(record.fields)}.items():
         fmt.set_text(attrs, key, text)
         digests[key] = integrity.text_digest(text)
     attrs[fmt.CHUNK_BYTES_KEY] = record.blob_chunk_bytes
@@ -145,25 +117,30 @@ def _field_rows(handle: h5py.File, record: PackRecord) -> int:
     return int(images.chunks[0]) if images.chunks else max(1, num)
 
 
-def _write_paths(handle: h5py.File, paths: Sequence[str]) -> str:
-    """Write /paths as fixed-length strings in gzip chunks; return their digest."""
-    num = len(paths)
-    width = max([1, *(len(os.fsencode(p)) for p in paths)])
-    rows = max(1, min(num, PATHS_CHUNK_BYTES // width))
-    stored = handle.create_dataset(
-        fmt.PATHS,
-        shape=(num,),
-        dtype=h5py.string_dtype("utf-8", width),
-        chunks=(rows,),
-        compression="gzip",
-        compression_opts=4,
-    )
+def _write_strings(
+    handle: h5py.File,
+    name: str,
+    items: Sequence[str],
+    encode: Callable[[str], bytes],
+    chunked: bool = False,
+) -> str:
+    """Write ``items`` as fixed-length UTF-8 strings (``PATH_SLAB`` at a time); return the digest.
+
+    ``chunked``: in gzip chunks of about ``PATHS_CHUNK_BYTES`` (the paths).
+    """
+    num = len(items)
+    width = max([1, *(len(encode(s)) for s in items)])
+    layout: dict[str, Any] = {}
+    if chunked:
+        rows = max(1, min(num, PATHS_CHUNK_BYTES // width))
+        layout = {"chunks": (rows,), "compression": "gzip", "compression_opts": 4}
+    dtype = h5py.string_dtype("utf-8", width)
+    stored = handle.create_dataset(name, shape=(num,), dtype=dtype, **layout)
     crc = 0
     for lo in range(0, num, fmt.PATH_SLAB):
-        encoded = [os.fsencode(p) for p in paths[lo : lo + fmt.PATH_SLAB]]
+        encoded = [encode(s) for s in items[lo : lo + fmt.PATH_SLAB]]
         crc = integrity.strings_crc(encoded, crc)
-        values = np.array(encoded, dtype=f"S{width}")
-        fmt.write_fixed_strings(stored, lo, values)
+        fmt.write_fixed_strings(stored, lo, np.array(encoded, dtype=f"S{width}"))
     return integrity.hex32(crc)
 
 
