@@ -1,23 +1,22 @@
 """The kinds of field: one small frozen class per kind of value a pack stores.
 
-Each ``Field`` knows its datasets (``core.format`` spells their names), how to check and
-write a column of values (one per sample, in pack order), how to read the values of some
-samples back and how to collate a batch of them. The spatial kinds (a mask, boxes) are in
-``core.spatialfields``; the pack's listing and selection in ``core.fields``.
+Each ``Field`` knows its datasets, how to check and write a column of values (one per
+sample, in pack order), how to read some samples' values back and how to collate a batch
+of them. The spatial kinds are in ``core.spatialfields``, the listing in ``core.fields``.
 
 NOTE [ Stored fields ]: the image, the label and the key keep the root datasets of format
-1.0 (the images pipeline writes and reads them). Every other field lives under the group
-``/fields``: a fixed-size value per sample as one ``(N, *shape)`` dataset, a variable one
-as its values back to back plus ``NAME.offsets`` (int64, N + 1), like an encoded image
-blob. Their chunks hold the samples of about one image chunk, so the samples of a group are
-read in one or two chunk reads per dataset. Each dataset's CRC32 is in ``metadata_crc32``
-(``h5pack verify`` checks it).
+1.0. Every other field lives under ``/fields`` (docs/format.md): a fixed-size value as one
+``(N, *shape)`` dataset, a variable one as its values back to back plus ``NAME.offsets``.
+Their chunks hold the samples of about one image chunk, so a group's samples are read in
+one or two chunk reads per dataset (``FieldBlocks`` keeps them while they are served).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -27,7 +26,6 @@ import numpy as np
 
 from h5pack.core import format as fmt
 from h5pack.core import integrity
-from h5pack.core.fieldblocks import blocks_of
 from h5pack.errors import OptionsError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -36,19 +34,20 @@ IMAGE, LABEL, KEY = fmt.IMAGE_FIELD, fmt.LABEL_FIELD, fmt.KEY_FIELD
 
 @dataclass(frozen=True)
 class Field:
-    """One named value of every sample: the base of every kind.
-
-    Attributes:
-        name: The field's name (a Python identifier): the key of its batch entry.
-    """
+    """One named value of every sample (``name``: a Python identifier, its batch key)."""
 
     name: str
     kind: ClassVar[str] = ""
     spatial: ClassVar[bool] = False  # transformed with the image's crop and flip
+    listed: ClassVar[tuple[str, ...]] = ()  # the attributes its listing entry holds
 
     def to_dict(self) -> dict[str, Any]:
         """Return the field's entry of the pack's listing (JSON-ready)."""
-        return {"name": self.name, "kind": self.kind}
+        entry: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        for key in self.listed:
+            value = getattr(self, key)
+            entry[key] = list(value) if isinstance(value, tuple) else value
+        return entry
 
     def datasets(self) -> tuple[str, ...]:
         """Return the names of the datasets that hold this field."""
@@ -61,7 +60,7 @@ class Field:
 
 @dataclass(frozen=True)
 class ImageField(Field):
-    """The image: encoded bytes or raw pixels in ``/images`` (``core.format``'s storages)."""
+    """The image: encoded bytes or raw pixels in ``/images``."""
 
     kind: ClassVar[str] = "image"
     spatial: ClassVar[bool] = True
@@ -96,7 +95,7 @@ class KeyField(Field):
 
 
 class LazyColumn:
-    """A column whose values are made as they are written, never all held (``values``).
+    """A column whose values are made as they are written, never all held.
 
     ``encode(make(item))`` in order: here, or by ``mapper(encode, make, items)`` (a pool).
     """
@@ -115,6 +114,86 @@ class LazyColumn:
         if self.mapper is None:
             return (encode(self.make(item)) for item in self.items)
         return cast("Iterable[Any]", self.mapper(encode, self.make, self.items))
+
+
+class FieldBlocks:
+    """Chunks of the stored fields' datasets read whole and kept while their samples are served.
+
+    Args:
+        handle: The open pack (h5py, or a remote pack's index file).
+        keep_bytes: Bytes of chunks kept, the least recently used dropped first.
+    """
+
+    def __init__(self, handle: Any, keep_bytes: int = 64 << 20) -> None:
+        self.handle, self.keep_bytes = handle, keep_bytes
+        self._held: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._steps: dict[str, int] = {}
+
+    def _block(self, name: str, chunk: int, step: int) -> np.ndarray:
+        key = (name, chunk)
+        block = self._held.get(key)
+        if block is None:
+            block = np.asarray(self.handle[name][chunk * step : (chunk + 1) * step])
+            self._held[key] = block
+            self._bytes += block.nbytes
+            while self._bytes > self.keep_bytes and len(self._held) > 1:
+                self._bytes -= self._held.popitem(last=False)[1].nbytes
+        self._held.move_to_end(key)
+        return block
+
+    def step(self, name: str) -> int:
+        """Return the rows of one chunk of the dataset ``name`` (looked up once per name)."""
+        step = self._steps.get(name)
+        if step is None:
+            dataset = self.handle[name]
+            step = int(dataset.chunks[0]) if dataset.chunks else max(1, int(dataset.shape[0]))
+            self._steps[name] = step
+        return step
+
+    def rows(self, name: str, indices: np.ndarray) -> np.ndarray:
+        """Return rows ``indices`` of the dataset ``name``."""
+        step = self.step(name)
+        idx = np.asarray(indices, dtype=np.int64)
+        chunks = idx // step
+        found: np.ndarray | None = None
+        for chunk in np.unique(chunks).tolist():  # a batch's rows lie in a few chunks
+            block = self._block(name, chunk, step)
+            if found is None:
+                found = np.empty((idx.size, *block.shape[1:]), dtype=block.dtype)
+            here = chunks == chunk
+            found[here] = block[idx[here] - chunk * step]
+        return found if found is not None else np.zeros(0, dtype=np.int64)
+
+    def spans(self, name: str, offsets: str, indices: np.ndarray) -> list[np.ndarray]:
+        """Return each sample's rows (copies) of ``name``, a variable field with ``offsets``."""
+        idx = np.asarray(indices, dtype=np.int64)
+        bounds = self.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
+        step, found, at, held = self.step(name), [], -1, np.zeros(0)
+        for start, stop in zip(bounds[: idx.size], bounds[idx.size :], strict=True):
+            chunk = start // step
+            if stop > (chunk + 1) * step:  # across chunks
+                found.append(self.span(name, start, stop, step))
+                continue
+            if chunk != at:  # a batch's samples lie in a few chunks: each looked up once
+                held, at = self._block(name, chunk, step), chunk
+            found.append(held[start - chunk * step : stop - chunk * step].copy())
+        return found
+
+    def span(self, name: str, start: int, stop: int, step: int) -> np.ndarray:
+        """Return a copy of rows ``start:stop`` of the dataset ``name`` (``step``: ``step()``)."""
+        pieces = [
+            self._block(name, chunk, step)[
+                max(start - chunk * step, 0) : min(stop - chunk * step, step)
+            ]
+            for chunk in range(start // step, max(start, stop - 1) // step + 1)
+        ]
+        return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def blocks_of(source: Any) -> FieldBlocks:
+    """Return ``source`` as ``FieldBlocks``: a reader's own, or new ones over a handle."""
+    return source if isinstance(source, FieldBlocks) else FieldBlocks(source)
 
 
 @dataclass(frozen=True)
@@ -155,10 +234,7 @@ class StoredField(Field):
         raise NotImplementedError
 
     def digests(self, handle: Any) -> dict[str, str]:
-        """Return the digest of each of this field's datasets as stored (``verify``).
-
-        Read a chunk at a time: a field may be larger than memory (masks).
-        """
+        """Return the digest of each of this field's datasets as stored, a chunk at a time."""
         found = {}
         for name in self.datasets():
             data, crc = handle[name], 0
@@ -180,14 +256,11 @@ class StoredField(Field):
 
 @dataclass(frozen=True)
 class ScalarField(StoredField):
-    """A number per sample (int or float): ``/fields/NAME``, shape (N,).
-
-    Attributes:
-        dtype: Its numpy dtype, little-endian (``"<f4"``, ``"<i8"``...).
-    """
+    """A number per sample (``dtype``: ``"<f4"``, ``"<i8"``...): ``/fields/NAME``, (N,)."""
 
     dtype: str = "<i8"
     kind: ClassVar[str] = "scalar"
+    listed: ClassVar[tuple[str, ...]] = ("dtype", "shape")
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -197,9 +270,6 @@ class ScalarField(StoredField):
     def shape(self) -> tuple[int, ...]:
         """The shape of one value."""
         return ()
-
-    def to_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {**super().to_dict(), "dtype": self.dtype, "shape": list(self.shape)}
 
     def column(self, values: Any, num: int) -> Any:  # noqa: D102
         data = np.asarray(values)
@@ -212,9 +282,8 @@ class ScalarField(StoredField):
         return np.ascontiguousarray(data.astype(np.dtype(self.dtype)))
 
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
-        return {
-            self.datasets()[0]: write_column(handle, self.datasets()[0], column, rows_per_chunk)
-        }
+        (name,) = self.datasets()
+        return {name: write_column(handle, name, column, rows_per_chunk)}
 
     def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:  # noqa: D102
         return list(blocks_of(source).rows(self.datasets()[0], indices))
@@ -227,11 +296,7 @@ class ScalarField(StoredField):
 
 @dataclass(frozen=True)
 class ArrayField(ScalarField):
-    """A fixed-shape array per sample: ``/fields/NAME``, shape (N, *shape).
-
-    Attributes:
-        dims: The shape of one value.
-    """
+    """A fixed-shape array per sample (``dims``: its shape): ``/fields/NAME``, (N, *dims)."""
 
     dims: tuple[int, ...] = ()
     kind: ClassVar[str] = "array"
@@ -243,27 +308,26 @@ class ArrayField(ScalarField):
 
 @dataclass(frozen=True)
 class RaggedField(StoredField):
-    """A variable number of rows per sample (boxes: n x 4 float32): values and offsets.
+    """A variable number of rows per sample (``dims``: one row's shape): values and offsets.
 
-    ``/fields/NAME`` holds every sample's rows back to back, shape (total, *dims);
+    ``/fields/NAME`` holds every sample's rows back to back, (total, *dims);
     ``/fields/NAME.offsets`` (int64, N + 1) where each sample's rows start.
-
-    Attributes:
-        dtype: The values' numpy dtype, little-endian.
-        dims: The shape of one row (``(4,)`` for boxes; ``()`` for a list of numbers).
     """
 
     dtype: str = "<f4"
     dims: tuple[int, ...] = ()
     kind: ClassVar[str] = "ragged"
+    listed: ClassVar[tuple[str, ...]] = ("dtype", "shape")
 
     def __post_init__(self) -> None:
         check_name(self.name)
         object.__setattr__(self, "dtype", _numeric(self.dtype, self.name))
         object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
 
-    def to_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {**super().to_dict(), "dtype": self.dtype, "shape": list(self.dims)}
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of one row."""
+        return self.dims
 
     def datasets(self) -> tuple[str, ...]:  # noqa: D102
         return (fmt.field_dataset(self.name), fmt.field_dataset(self.name, fmt.FIELD_OFFSETS))
@@ -284,19 +348,15 @@ class RaggedField(StoredField):
     def _value(self, value: Any) -> np.ndarray:
         return np.asarray(value, dtype=np.dtype(self.dtype)).reshape(-1, *self.dims)
 
-    def _flat(self, column: Sequence[Any]) -> np.ndarray:
-        if not column:
-            return np.zeros((0, *self.dims), dtype=self.dtype)
-        return np.concatenate([np.asarray(v).reshape(-1, *self.dims) for v in column])
-
     def write(self, handle: h5py.File, column: Any, *, rows_per_chunk: int) -> dict[str, str]:  # noqa: D102
         values, offsets = self.datasets()
-        counts = [len(np.asarray(v).reshape(-1, *self.dims)) for v in column]
+        rows = [np.asarray(v).reshape(-1, *self.dims) for v in column]
         ends = np.zeros(len(column) + 1, dtype=np.int64)
-        np.cumsum(counts, out=ends[1:])
+        np.cumsum([len(r) for r in rows], out=ends[1:])
         per_sample = max(1, int(ends[-1]) // max(1, len(column)))
+        flat = np.concatenate(rows) if rows else np.zeros((0, *self.dims), dtype=self.dtype)
         return {
-            values: write_column(handle, values, self._flat(column), rows_per_chunk * per_sample),
+            values: write_column(handle, values, flat, rows_per_chunk * per_sample),
             offsets: write_column(handle, offsets, ends, rows_per_chunk),
         }
 
@@ -316,21 +376,48 @@ class RaggedField(StoredField):
 
 @dataclass(frozen=True)
 class CategoryField(RaggedField):
-    """A class id per row (each box's category), int64, named by ``categories``.
+    """A class id per row (each box's category), int64, named by ``(id, name)`` ``categories``.
 
-    The ids are kept as the source gives them (COCO's 1..90 with gaps); the listing entry
-    holds the names as ``"categories": [[id, name], ...]``.
-
-    Attributes:
-        categories: ``(id, name)`` of every category, by id.
+    The ids are kept as the source gives them (COCO's 1..90 with gaps).
     """
 
     dtype: str = "<i8"
     categories: tuple[tuple[int, str], ...] = ()
     kind: ClassVar[str] = "category"
+    listed: ClassVar[tuple[str, ...]] = ("categories",)
 
-    def to_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"name": self.name, "kind": self.kind, "categories": list(self.categories)}
+
+@dataclass(frozen=True)
+class MultiLabelField(RaggedField):
+    """Several class ids per sample (int64, in ``0 .. len(classes) - 1``), named by ``classes``."""
+
+    dtype: str = "<i8"
+    classes: tuple[str, ...] = ()
+    kind: ClassVar[str] = "multilabel"
+    listed: ClassVar[tuple[str, ...]] = ("classes",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+        if np.dtype(self.dtype).kind not in "iu" or self.dims != ():
+            raise OptionsError(
+                f"field {self.name!r} holds class ids: dtype should be an integer and dims (), "
+                f"but got dtype={self.dtype} and dims={self.dims}"
+            )
+
+    def _value(self, value: Any) -> np.ndarray:
+        ids = super()._value(value)
+        outside = ids[(ids < 0) | (ids >= len(self.classes))]
+        if outside.size:
+            raise OptionsError(
+                f"field {self.name!r} holds ids of its {len(self.classes)} classes, but got "
+                f"{int(outside[0])}"
+            )
+        return ids
+
+    def names(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """Return the class names of ``ids`` (one sample's value)."""
+        return [self.classes[int(i)] for i in ids]
 
 
 @dataclass(frozen=True)
@@ -339,9 +426,7 @@ class BytesField(RaggedField):
 
     dtype: str = "|u1"
     kind: ClassVar[str] = "bytes"
-
-    def to_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"name": self.name, "kind": self.kind}
+    listed: ClassVar[tuple[str, ...]] = ()
 
     def _value(self, value: Any) -> np.ndarray:
         if not isinstance(value, bytes | bytearray | memoryview):
@@ -368,6 +453,23 @@ class TextField(BytesField):
 
     def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
         return value.tobytes().decode("utf-8")
+
+
+@dataclass(frozen=True)
+class JSONField(TextField):
+    """A JSON value per sample (an object, a list, a number...), stored as its UTF-8 text."""
+
+    kind: ClassVar[str] = "json"
+
+    def _value(self, value: Any) -> np.ndarray:
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise OptionsError(f"field {self.name!r} holds JSON values: {err}") from err
+        return super()._value(text)
+
+    def _shaped(self, value: np.ndarray, shape: np.ndarray) -> Any:
+        return json.loads(value.tobytes().decode("utf-8"))
 
 
 def check_name(name: str) -> None:

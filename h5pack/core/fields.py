@@ -1,91 +1,47 @@
 """A sample is a record of fields: the pack's listing of them and the selection read.
 
-The kinds are in ``core.fieldkinds`` and ``core.spatialfields``, the chunks read per field
-in ``core.fieldblocks``; every name is importable from here. The pack lists its fields in
-the root attribute ``format.FIELDS_KEY`` (JSON, covered by ``metadata_crc32``); a pack
-written before the listing holds the three fields ``LEGACY_FIELDS``: ``image``, ``label``
-and ``key``.
+The kinds are in ``core.fieldkinds`` and ``core.spatialfields``; every name is importable
+from here. The pack lists its fields in the root attribute ``format.FIELDS_KEY`` (JSON); a
+pack written before the listing holds ``LEGACY_FIELDS``: ``image``, ``label`` and ``key``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from h5pack.core import format as fmt
-from h5pack.core.fieldblocks import FieldBlocks, blocks_of
-from h5pack.core.fieldkinds import (
-    IMAGE,
-    KEY,
-    LABEL,
-    ArrayField,
-    BytesField,
-    CategoryField,
-    Field,
-    ImageField,
-    KeyField,
-    LabelField,
-    LazyColumn,
-    RaggedField,
-    ScalarField,
-    StoredField,
-    TextField,
-    check_name,
-)
-from h5pack.core.recordfields import JSONField, MultiLabelField
-from h5pack.core.spatialfields import (
-    BoxesField,
-    InstanceMasksField,
-    MaskField,
-    check_per_box,
-    nearest,
-)
+from h5pack.core.fieldkinds import IMAGE as IMAGE
+from h5pack.core.fieldkinds import KEY as KEY
+from h5pack.core.fieldkinds import LABEL as LABEL
+from h5pack.core.fieldkinds import ArrayField as ArrayField
+from h5pack.core.fieldkinds import BytesField as BytesField
+from h5pack.core.fieldkinds import CategoryField as CategoryField
+from h5pack.core.fieldkinds import Field as Field
+from h5pack.core.fieldkinds import FieldBlocks as FieldBlocks
+from h5pack.core.fieldkinds import ImageField as ImageField
+from h5pack.core.fieldkinds import JSONField as JSONField
+from h5pack.core.fieldkinds import KeyField as KeyField
+from h5pack.core.fieldkinds import LabelField as LabelField
+from h5pack.core.fieldkinds import LazyColumn as LazyColumn
+from h5pack.core.fieldkinds import MultiLabelField as MultiLabelField
+from h5pack.core.fieldkinds import RaggedField as RaggedField
+from h5pack.core.fieldkinds import ScalarField as ScalarField
+from h5pack.core.fieldkinds import StoredField as StoredField
+from h5pack.core.fieldkinds import TextField as TextField
+from h5pack.core.fieldkinds import blocks_of as blocks_of
+from h5pack.core.fieldkinds import check_name
+from h5pack.core.spatialfields import BoxesField as BoxesField
+from h5pack.core.spatialfields import InstanceMasksField as InstanceMasksField
+from h5pack.core.spatialfields import MaskField as MaskField
+from h5pack.core.spatialfields import check_per_box
+from h5pack.core.spatialfields import nearest as nearest
 from h5pack.errors import FormatError, OptionsError
-
-__all__ = [
-    "IMAGE",
-    "KEY",
-    "KINDS",
-    "LABEL",
-    "LEGACY_FIELDS",
-    "ArrayField",
-    "BoxesField",
-    "BytesField",
-    "CategoryField",
-    "Field",
-    "FieldBlocks",
-    "ImageField",
-    "InstanceMasksField",
-    "JSONField",
-    "KeyField",
-    "LabelField",
-    "LazyColumn",
-    "MaskField",
-    "MultiLabelField",
-    "RaggedField",
-    "ScalarField",
-    "StoredField",
-    "TextField",
-    "blocks_of",
-    "columns_of",
-    "field_difference",
-    "field_from_dict",
-    "field_text",
-    "fields_of",
-    "fields_text",
-    "kind_text",
-    "make_field",
-    "nearest",
-    "parse_fields",
-    "read_values",
-    "selected",
-    "spatial",
-    "stored_fields",
-]
 
 KINDS: dict[str, type[Field]] = {
     cls.kind: cls
@@ -108,6 +64,14 @@ KINDS: dict[str, type[Field]] = {
 }
 # What a pack written before the listing holds (every format 1.0 and 1.1 pack until now).
 LEGACY_FIELDS: tuple[Field, ...] = (ImageField(IMAGE), LabelField(LABEL), KeyField(KEY))
+# How a listing entry's keys become a kind's attributes (those it has).
+_FROM_LISTING: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "dtype": ("dtype", str),
+    "shape": ("dims", lambda v: tuple(int(d) for d in v)),
+    "per_box": ("per_box", lambda v: tuple(str(n) for n in v)),
+    "categories": ("categories", lambda v: tuple((int(i), str(n)) for i, n in v)),
+    "classes": ("classes", tuple),
+}
 
 
 def field_from_dict(data: Mapping[str, Any]) -> Field:
@@ -123,24 +87,9 @@ def field_from_dict(data: Mapping[str, Any]) -> Field:
             f"field {name!r} is of kind {kind!r}, which this h5pack does not read (it reads "
             f"{', '.join(KINDS)}); upgrade h5pack"
         )
-    if cls in (ImageField, LabelField, KeyField, BytesField, TextField, MaskField, JSONField):
-        return cls(name)
-    if cls is InstanceMasksField:
-        return InstanceMasksField(name)
-    if cls is CategoryField:
-        named = tuple((int(i), str(n)) for i, n in data.get("categories", ()))
-        return CategoryField(name, categories=named)
-    if cls is MultiLabelField:
-        return MultiLabelField(name, classes=tuple(data.get("classes", ())))
-    shape = tuple(int(d) for d in data.get("shape", ()))
-    if cls is ScalarField:
-        return ScalarField(name, str(data["dtype"]))
-    if cls is ArrayField:
-        return ArrayField(name, str(data["dtype"]), shape)
-    if cls is BoxesField:
-        per_box = tuple(str(n) for n in data["per_box"]) if "per_box" in data else None
-        return BoxesField(name, str(data["dtype"]), per_box=per_box)
-    return RaggedField(name, str(data["dtype"]), shape)
+    has = {f.name for f in dataclasses.fields(cls)}
+    found = {a: make(data[k]) for k, (a, make) in _FROM_LISTING.items() if k in data and a in has}
+    return cls(name, **found)
 
 
 def kind_text(entry: Mapping[str, Any]) -> str:
@@ -160,10 +109,7 @@ def field_text(entry: Mapping[str, Any]) -> str:
 def field_difference(
     mine: Sequence[Field], theirs: Sequence[Field], here: str, there: str
 ) -> str | None:
-    """Return how two listings differ, naming the first field that does (None: alike).
-
-    Fields are joined by name: the order of the listings does not matter.
-    """
+    """Return how two listings differ (joined by name), naming the first field that does."""
     a, b = {f.name: f for f in mine}, {f.name: f for f in theirs}
     for name in dict.fromkeys([*a, *b]):
         if name not in b or name not in a:
@@ -191,23 +137,17 @@ def parse_fields(text: str | None, path: str) -> tuple[Field, ...]:
     if text is None:
         return LEGACY_FIELDS
     try:
-        entries = json.loads(text)
-        fields = tuple(field_from_dict(e) for e in entries)
+        return tuple(field_from_dict(e) for e in json.loads(text))
     except FormatError as err:
         raise FormatError(f"{path}: {err}") from err
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise FormatError(
             f"{path}: the field listing cannot be read ({err}); {fmt.DAMAGED}"
         ) from err
-    return fields
 
 
 def fields_of(meta: fmt.PackMeta) -> tuple[Field, ...]:
-    """Return the fields of the pack ``meta`` describes (``LEGACY_FIELDS`` for older packs).
-
-    Raises:
-        FormatError: the listing cannot be read, or names a kind this h5pack does not know.
-    """
+    """Return the fields of the pack ``meta`` describes (``LEGACY_FIELDS`` for older packs)."""
     return parse_fields(meta.field_listing, meta.path)
 
 
@@ -217,12 +157,10 @@ def stored_fields(fields: Sequence[Field]) -> tuple[StoredField, ...]:
 
 
 def make_field(name: str, values: Any) -> StoredField:
-    """Return the field that stores ``values`` (one per sample) as ``write_arrays`` infers it.
+    """Return the field that stores ``values`` (one per sample), its kind told from them.
 
     Numbers: a scalar; equal-shape arrays: an array field; ``str``: text; ``bytes``:
-    bytes; 2-D uint8 arrays of several shapes: raise (say ``MaskField`` or
-    ``RaggedField``); arrays of several lengths: ragged. Pass a ``Field`` for anything
-    else (a mask, whose shape always varies with its image's).
+    bytes; arrays of several lengths: ragged. Pass a ``Field`` for anything else (a mask).
 
     Raises:
         OptionsError: the kind cannot be told from the values.
@@ -290,10 +228,9 @@ def read_values(
 ) -> dict[str, list[Any]]:
     """Return the values of the stored fields ``names`` for samples ``indices``.
 
-    ``source`` is the open pack (h5py, or a remote pack's index file) or a reader's
-    ``FieldBlocks`` over it; the image, label and key are read by the reader
-    (``PackReader``) and skipped here. ``packed``: instance masks as stored, for the
-    loader's crop (``InstanceMasksField.read_packed``).
+    ``source`` is the open pack or a reader's ``FieldBlocks`` over it; image, label and key
+    are the reader's and skipped here. ``packed``: instance masks as stored, for the
+    loader's crop.
 
     Raises:
         FormatError: a field cannot be read (damage).

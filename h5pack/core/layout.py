@@ -1,13 +1,9 @@
 """Chunk shapes, compression filters, chunk arithmetic and chunk-cache sizing.
 
 Chunk arithmetic lives here so that the writer, the reader, the samplers and the
-benchmarks cannot disagree about which samples live in which chunk.
-
-Byte counts have one name each: ``chunk_bytes`` is the uncompressed size of one HDF5 chunk
-(requested at conversion, or stored); ``PackMeta.blob_chunk_bytes`` the chunk of a blob
-as recorded in the pack; ``group_bytes`` the uncompressed bytes of one read group (a chunk,
-or a run of a contiguous pack, see ``chunk_map_of``); ``window_bytes`` a memory budget of
-decompressed groups.
+benchmarks cannot disagree about which samples live in which chunk. ``chunk_bytes`` is the
+uncompressed size of one HDF5 chunk; ``group_bytes`` that of one read group (a chunk, or a
+run of a contiguous pack, ``chunk_map_of``).
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ FILTER_NAMES: dict[int, str] = {
     FILTER_ZSTD: "zstd",
     32026: "blosc2",
 }
-# Filters that only hdf5plugin provides (a reader of data written with them needs it), as
-# ``info`` names them.
+# Filters that only hdf5plugin provides, as ``info`` names them.
 PLUGIN_FILTERS: dict[int, str] = {
     FILTER_BLOSC: "Blosc (hdf5plugin)",
     FILTER_LZ4: "LZ4 (hdf5plugin)",
@@ -48,20 +43,11 @@ PLUGIN_FILTERS: dict[int, str] = {
     32026: "Blosc2 (hdf5plugin)",
 }
 
-# HDF5 refuses chunks of 4 GiB or more.
-MAX_CHUNK_BYTES = 2**32 - 1
+MAX_CHUNK_BYTES = 2**32 - 1  # HDF5 refuses chunks of 4 GiB or more
+DEFAULT_CHUNK_BYTES = 8 * 2**20  # docs/ARCHITECTURE.md, "Chunk size"
 
-# Default byte target of one chunk. See docs/ARCHITECTURE.md ("Chunk size") and
-# docs/decisions/0021 for the measurement behind it.
-DEFAULT_CHUNK_BYTES = 8 * 2**20
-
-# Level ranges per codec, and the level used when none is given.
-#
-# NOTE [ Default levels ]: a pack is written once and read every epoch, and decompression
-# barely depends on the level, so a level weighs a one-off conversion time against the
-# file's size: a step that buys a few percent of size for a modest slowdown is taken, one
-# that buys little for a large one is not. The sweep, its figures and command:
-# docs/decisions/0021.
+# (lowest, highest, default) level per codec: a pack is written once and read every
+# epoch, and decompression barely depends on the level (docs/decisions/0021).
 LEVELS: dict[str, tuple[int, int, int]] = {
     "gzip": (0, 9, 4),
     "zstd": (1, 22, 3),
@@ -143,12 +129,9 @@ class Compression:
         """Return a short human description, e.g. ``"zstd level 3, bit shuffle"``."""
         if self.codec == "none":
             return "none"
-        parts = [self.codec]
-        if self.effective_level is not None:
-            parts[0] += f" level {self.effective_level}"
-        if self.shuffle != "none":
-            parts.append(f"{self.shuffle} shuffle")
-        return ", ".join(parts)
+        level = self.effective_level
+        shuffle = f", {self.shuffle} shuffle" if self.shuffle != "none" else ""
+        return self.codec + (f" level {level}" if level is not None else "") + shuffle
 
 
 def chunk_samples_for(sample_bytes: int, chunk_bytes: int) -> int:
@@ -170,15 +153,14 @@ def array_chunk_shape(
 ) -> tuple[int, ...]:
     """Return the chunk shape of an (N, H, W, C) uint8 array from one of three requests.
 
-    Exactly one of ``chunk_samples``, ``chunk_shape`` or ``chunk_bytes`` is used, in that
-    order of precedence; with none, ``DEFAULT_CHUNK_BYTES`` decides.
+    ``chunk_shape`` first, then ``chunk_samples``, then ``chunk_bytes`` (default
+    ``DEFAULT_CHUNK_BYTES``).
 
     Raises:
         OptionsError: a size is zero or negative, the shape has the wrong rank or exceeds the
             sample, or the chunk would reach 4 GiB.
     """
     sample_shape = tuple(int(s) for s in sample_shape)
-    sample_bytes = math.prod(sample_shape)
     if chunk_shape is not None:
         shape = tuple(int(s) for s in chunk_shape)
         if len(shape) != len(sample_shape) + 1:
@@ -194,6 +176,7 @@ def array_chunk_shape(
             )
     else:
         if chunk_samples is None:
+            sample_bytes = math.prod(sample_shape)
             chunk_samples = chunk_samples_for(sample_bytes, chunk_bytes or DEFAULT_CHUNK_BYTES)
         if chunk_samples <= 0:
             raise OptionsError(
@@ -217,13 +200,10 @@ def check_chunk_bytes(nbytes: int) -> None:
 
 @dataclass(frozen=True)
 class ChunkMap:
-    """Which samples live in which chunk: groups of consecutive sample indices.
+    """Which samples live in which chunk: group ``g`` holds ``starts[g] .. starts[g + 1] - 1``.
 
-    Group ``g`` holds samples ``starts[g] .. starts[g + 1] - 1``. For a chunked array
-    a group is one chunk along the first axis; for an aligned blob it is the samples
-    whose slots start in one chunk (a sample larger than a chunk owns several chunks);
-    for a contiguous layout it is a run of samples of about one chunk's bytes, the unit
-    that is read at once.
+    A group is one chunk of a chunked array; for an aligned blob, the samples whose slots
+    start in one chunk; for a contiguous layout, a run of about one chunk's bytes.
 
     Example:
         >>> cmap = ChunkMap.regular(10, 4)
@@ -242,10 +222,7 @@ class ChunkMap:
             )
         starts = np.arange(0, num_samples + chunk_samples, chunk_samples, dtype=np.int64)
         starts[-1] = num_samples
-        starts = np.unique(starts)  # drops the duplicate end when chunk_samples divides N
-        if num_samples == 0:
-            starts = np.zeros(1, dtype=np.int64)
-        return cls(starts)
+        return cls(np.unique(starts))  # drops the duplicate end when chunk_samples divides N
 
     @classmethod
     def for_blob(cls, offsets: np.ndarray, chunk_bytes: int) -> ChunkMap:
@@ -254,10 +231,8 @@ class ChunkMap:
         num_samples = len(offsets) - 1
         if num_samples <= 0:
             return cls(np.zeros(1, dtype=np.int64))
-        first_chunk = offsets[:-1] // chunk_bytes
-        new_group = np.flatnonzero(np.diff(first_chunk)) + 1
-        starts = np.concatenate(([0], new_group, [num_samples])).astype(np.int64)
-        return cls(starts)
+        new_group = np.flatnonzero(np.diff(offsets[:-1] // chunk_bytes)) + 1
+        return cls(np.concatenate(([0], new_group, [num_samples])).astype(np.int64))
 
     @property
     def num_chunks(self) -> int:
@@ -286,26 +261,21 @@ class ChunkMap:
         return np.searchsorted(self.starts, indices, side="right") - 1
 
 
-# -- a pack's geometry -------------------------------------------------------------
+def _run_samples(meta: PackMeta) -> tuple[int, int]:
+    """``(sample_bytes, samples)`` of one run of a contiguous array pack."""
+    sample_bytes = int(np.prod(meta.images_shape[1:]))
+    return sample_bytes, chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
 
 
 def chunk_map_of(meta: PackMeta) -> ChunkMap:
-    """Return the groups of samples that are read together in ``meta``'s pack.
-
-    A chunked pack groups by HDF5 chunk. A contiguous pack has no chunks; it is grouped
-    in runs of about ``DEFAULT_CHUNK_BYTES``, which is what a sampler should keep together
-    for sequential reads.
-    """
+    """Return the groups of samples read together: HDF5 chunks, or runs of a contiguous pack."""
     if meta.storage == "array":
-        if meta.chunks is not None:
-            return ChunkMap.regular(meta.num_samples, meta.chunks[0])
-        sample_bytes = int(np.prod(meta.images_shape[1:]))
-        per_group = chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
+        per_group = meta.chunks[0] if meta.chunks is not None else _run_samples(meta)[1]
         return ChunkMap.regular(meta.num_samples, per_group)
     if meta.offsets is None:
         raise FormatError(f"{meta.path}: blob storage without offsets")
-    group_bytes = meta.chunks[0] if meta.chunks is not None else DEFAULT_CHUNK_BYTES
-    return ChunkMap.for_blob(meta.offsets, group_bytes)
+    group = meta.chunks[0] if meta.chunks is not None else DEFAULT_CHUNK_BYTES
+    return ChunkMap.for_blob(meta.offsets, group)
 
 
 def group_bytes(meta: PackMeta) -> int:
@@ -313,8 +283,8 @@ def group_bytes(meta: PackMeta) -> int:
     if meta.chunks is not None:
         return int(np.prod(meta.chunks))
     if meta.storage == "array":
-        sample_bytes = int(np.prod(meta.images_shape[1:]))
-        return sample_bytes * chunk_samples_for(max(1, sample_bytes), DEFAULT_CHUNK_BYTES)
+        sample_bytes, samples = _run_samples(meta)
+        return sample_bytes * samples
     return DEFAULT_CHUNK_BYTES
 
 
@@ -336,10 +306,8 @@ def cache_settings(
 ) -> dict[str, int | float]:
     """Return ``h5py.File`` chunk-cache keyword arguments for reading a window of chunks.
 
-    Uncompressed chunks get no cache: HDF5 then reads a selection straight from the file,
-    faster than through the default cache (docs/ARCHITECTURE.md, "Chunk cache"). Compressed
-    chunks get room for the whole window, so that a chunk is decompressed once while its
-    window is being consumed.
+    Uncompressed chunks get no cache (HDF5 then reads a selection straight from the file);
+    compressed ones room for the whole window, each decompressed once while it is read.
     """
     if not compressed:
         return {"rdcc_nbytes": 0, "rdcc_nslots": 1, "rdcc_w0": 1.0}
@@ -357,8 +325,7 @@ def checked_indices(
     """Return ``indices`` as int64 with negative ones counted from the end.
 
     Raises:
-        IndexError: an index is out of range for ``num_samples`` samples (the message
-            names the first such index and ``what`` was indexed).
+        IndexError: an index out of range (the message names the first one, and ``what``).
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     n = num_samples

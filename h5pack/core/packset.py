@@ -1,43 +1,7 @@
-"""The on-disk format of a pack set (version 1): shard packs and the manifest that lists them.
+"""A pack set (manifest version 1, docs/format.md): shard packs and the manifest listing them.
 
-A pack set is a directory holding shard packs and one manifest, ``packset.json``, written
-last and atomically by the sharded conversion. Every reader accepts a pack set wherever it
-accepts a pack: its directory, its manifest, or a plain list of pack paths.
-
-Manifest, version 1 (JSON, UTF-8)::
-
-    {
-      "h5pack_packset": 1,                  # PACKSET_MARKER_KEY: the manifest version
-      "num_samples": 1281167,               # the sum over the shards
-      "classes": ["n01440764", ...],        # one global class list, stored in every shard
-      "seed": 0, "num_shards": 128,         # the split: see ``shard_slice``
-      "created_utc": "2026-11-30T12:00:00+00:00",
-      "tool_version": "0.1.0",
-      "shards": [
-        {"path": "shard-00000-of-00128.h5", # relative to the manifest's directory
-         "num_samples": 10009,
-         "file_bytes": 123456789,           # the shard's size when the manifest was written
-         "digest": "1a2b3c4d"}              # ``meta_digest`` of the shard's metadata
-      ]
-    }
-
-The split is a pure function of the sorted scan and the seed: the write order (a seeded
-permutation of the N sorted files) is cut into ``num_shards`` consecutive slices
-(``shard_slice``), so machines that see the same folder build shards that together hold
-every image once, shuffled globally. A shard's ``source_index`` holds global positions.
-
-Every shard records which slice of which split it holds, in the optional root attribute
-``format.SHARD_KEY`` (JSON, a format-1.1-compatible addition that other readers ignore,
-covered by ``metadata_crc32``)::
-
-    {"index": 3, "num_shards": 8,           # shard 3 of 8
-     "seed": 0, "shuffled": true,           # the write order that was split
-     "num_found": 1281167,                  # files in the sorted scan
-     "num_planned": 160146,                 # files of its slice (some may be skipped)
-     "slice_crc32": "5e6f7a8b"}             # ``slice_fingerprint`` of the slice
-
-A conversion that finds a shard under its name reuses it only when this identity, the class
-list and the conversion options are the ones it would write (``ShardIdentity``).
+Every reader accepts a pack set wherever it accepts a pack: its directory, its manifest,
+or a plain list of pack paths.
 """
 
 from __future__ import annotations
@@ -86,11 +50,7 @@ def shard_slice(num_samples: int, index: int, num_shards: int) -> tuple[int, int
 
 
 def meta_digest(meta: PackMeta) -> str:
-    """Return a CRC32 (hex) of a pack's per-sample metadata and class list.
-
-    What the manifest records of each shard: a shard rebuilt, replaced or damaged since
-    the manifest was written gives another digest.
-    """
+    """Return a CRC32 (hex) of a pack's per-sample metadata and class list (a shard's digest)."""
     crc = 0
     for array in (meta.labels, meta.source_index, meta.shapes, meta.checksums):
         crc = zlib.crc32(np.ascontiguousarray(array).tobytes(), crc)
@@ -109,17 +69,7 @@ def slice_fingerprint(labels: Iterable[int], relatives: Iterable[str]) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ShardIdentity:
-    """Which slice of which split a shard holds (its ``format.SHARD_KEY`` attribute).
-
-    Attributes:
-        index: The shard's index.
-        num_shards: Shards of the split.
-        seed: The write order's seed.
-        shuffled: Whether the write order was shuffled (else it is the scan order).
-        num_found: Files in the sorted scan that was split.
-        num_planned: Files of this shard's slice.
-        slice_crc32: ``slice_fingerprint`` of the slice's labels and paths.
-    """
+    """Which slice of which split a shard holds (its ``format.SHARD_KEY`` attribute)."""
 
     index: int
     num_shards: int
@@ -138,14 +88,7 @@ class ShardIdentity:
         return json.dumps(self.to_json(), sort_keys=True)
 
     def differences(self, recorded: Mapping[str, Any]) -> list[str]:
-        """Return how a shard's recorded identity differs from this one (empty: the same).
-
-        Example:
-            >>> a = ShardIdentity(index=0, num_shards=2, seed=0, shuffled=True, num_found=9,
-            ...                   num_planned=4, slice_crc32="00000000")
-            >>> a.differences({**a.to_json(), "seed": 1})
-            ['seed 1, this conversion 0']
-        """
+        """Return how a shard's recorded identity differs from this one (empty: the same)."""
         if not recorded:
             return ["no shard identity (it is a plain pack, not a shard of a pack set)"]
         return [
@@ -159,7 +102,7 @@ class ShardIdentity:
 
 @dataclass(frozen=True, kw_only=True)
 class ShardEntry:
-    """One shard of a pack set, as the manifest records it (the module docstring's fields)."""
+    """One shard of a pack set, as the manifest records it."""
 
     path: str
     num_samples: int
@@ -179,18 +122,7 @@ class ShardEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class PackSetManifest:
-    """A pack set's manifest (see the module docstring).
-
-    Attributes:
-        root: The directory the shard paths are relative to.
-        shards: The shards, in order; global sample indices run through them in this order.
-        classes: The global class list.
-        num_samples: The sum of the shards' samples.
-        seed: The seed of the write order that was split.
-        num_shards: Shards of the split (``len(shards)`` once complete).
-        created_utc: When the manifest was written.
-        tool_version: The h5pack that wrote it.
-    """
+    """A pack set's manifest; ``root`` is the directory the shard paths are relative to."""
 
     root: Path
     shards: tuple[ShardEntry, ...]
@@ -232,15 +164,12 @@ def manifest_text(manifest: PackSetManifest) -> str:
 def write_manifest(manifest: PackSetManifest) -> Path:
     """Write ``manifest`` into its directory atomically (a temporary file, then a rename).
 
-    Several processes (an array job's last tasks, on several machines) may write the same
-    manifest at once: each writes its own temporary file (the pid alone can repeat across
-    machines) and the last rename wins. A conversion starting on another machine may take
-    the temporary file for a dead process's leftover (its pid means nothing there) and
-    remove it: the write is then tried again.
+    Several machines may write the same manifest at once: each its own temporary file, the
+    last rename wins; one removed by another machine's sweep of leftovers is written again.
     """
     path = manifest.manifest_path
     text = manifest_text(manifest)
-    for attempt in range(_MANIFEST_ATTEMPTS):
+    for attempt in range(3):
         temporary = path.with_name(f".{path.name}.{os.getpid()}.w{secrets.token_hex(4)}.tmp")
         try:
             with open(temporary, "w", encoding="utf-8") as handle:
@@ -250,15 +179,11 @@ def write_manifest(manifest: PackSetManifest) -> Path:
             os.replace(temporary, path)
             return path
         except FileNotFoundError:
-            if attempt == _MANIFEST_ATTEMPTS - 1:
+            if attempt == 2:
                 raise
         finally:
             temporary.unlink(missing_ok=True)
     raise AssertionError("unreachable")
-
-
-# Writes of a manifest whose temporary file another machine's sweep removed.
-_MANIFEST_ATTEMPTS = 3
 
 
 def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
@@ -276,9 +201,7 @@ def pack_paths(
     """Return the packs of a pack set (its directory or manifest, or a list) and its manifest.
 
     Raises:
-        PackNotFoundError: there is no manifest.
-        FormatError: the manifest is not a valid one.
-        OptionsError: the list of packs is empty.
+        OptionsError: the list of packs is empty; else as ``load_manifest``.
     """
     if isinstance(source, str | os.PathLike):
         manifest = load_manifest(source)
@@ -290,11 +213,7 @@ def pack_paths(
 
 
 def holds_images(folder: Path, *, limit: int = 1000) -> bool:
-    """Return whether ``folder`` (or a subfolder) holds an image file, looking at ``limit`` names.
-
-    Tells the commonest mix-up, an image folder given where a pack is read, from a pack
-    set whose manifest is missing. By name (``mimetypes``): no file is opened.
-    """
+    """Return whether ``folder`` (or a subfolder) holds an image file, among ``limit`` names."""
     seen = 0
     for _, folders, files in os.walk(folder):
         folders[:] = [name for name in folders if not name.startswith(".")]
@@ -340,16 +259,10 @@ def load_manifest(source: StrPath) -> PackSetManifest:
 
 
 def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
-    """Return the manifest whose JSON text is ``text`` (read from ``where``, for messages).
-
-    Args:
-        text: The manifest's JSON.
-        where: Its path or URL.
-        root: What the shard paths are relative to (``PackSetManifest.root``).
+    """Return the manifest whose JSON text is ``text`` (``where``: its path or URL).
 
     Raises:
-        FormatError: the text is not valid JSON, not a pack set's manifest, newer than
-            this h5pack reads, or inconsistent.
+        FormatError: as ``load_manifest``.
     """
     try:
         data = json.loads(text)
@@ -385,8 +298,7 @@ def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
         )
     except (KeyError, TypeError, ValueError) as err:
         raise FormatError(f"{where}: the pack set manifest is malformed ({err})") from err
-    # The entries' counts against the total are checked once the shards are read
-    # (``member_problems``): only then can a wrong count be pinned on a shard.
+    # The counts against the total are checked with the shards (``member_problems``).
     for entry in shards:
         if re.match(r"[a-zA-Z][\w+.-]+:/", entry.path):  # s3://..., https://...
             raise FormatError(

@@ -1,9 +1,8 @@
 """The fields that follow their image's geometry: a crop, resize and flip apply to them.
 
-Every one uses the same pixel rule (``grid``): output pixel ``i`` takes the source pixel
-under its centre, ``top + floor((i + 0.5) * height / out_height)`` (Pillow's and OpenCV's
-exact nearest neighbour), and a box's corners move by the same scale, so a mask, boxes and
-the image's resampling agree.
+Every one uses one pixel rule (``grid``): output pixel ``i`` takes the source pixel under
+its centre (Pillow's and OpenCV's exact nearest neighbour), and a box's corners move by the
+same scale, so a mask, boxes and the image's resampling agree.
 """
 
 from __future__ import annotations
@@ -18,8 +17,15 @@ import h5py
 import numpy as np
 
 from h5pack.core import integrity
-from h5pack.core.fieldblocks import blocks_of
-from h5pack.core.fieldkinds import ArrayField, BytesField, LazyColumn, RaggedField, write_column
+from h5pack.core.fieldkinds import (
+    ArrayField,
+    BytesField,
+    LazyColumn,
+    MultiLabelField,
+    RaggedField,
+    blocks_of,
+    write_column,
+)
 from h5pack.errors import OptionsError
 
 # Bytes of one chunk of a mask field when its first chunk's samples hold none, and the most.
@@ -38,21 +44,20 @@ def grid(box: Sequence[int], size: tuple[int, int], flip: bool) -> tuple[np.ndar
     return rows, cols[::-1] if flip else cols
 
 
-def nearest(source: np.ndarray, box: tuple[int, ...], size: tuple[int, int]) -> np.ndarray:
+def nearest(
+    source: np.ndarray, box: Sequence[int], size: tuple[int, int], flip: bool = False
+) -> np.ndarray:
     """Return the ``box`` (top, left, height, width) of ``source`` resized to ``size``."""
-    rows, cols = grid(box, size, False)
+    rows, cols = grid(box, size, flip)
     return np.ascontiguousarray(source.take(rows, axis=-2).take(cols, axis=-1))
 
 
 @dataclass(frozen=True)
 class MaskField(BytesField):
-    """An H x W uint8 mask per sample that follows its image's geometry.
+    """An H x W uint8 mask per sample that follows its image's geometry (nearest neighbour).
 
-    Stored like a raw image blob (each mask's H * W bytes, with offsets); its shape is its
-    image's, so a crop, resize and flip of the image apply to it (``transform``: nearest
-    neighbour, values kept). The bytes are Zstandard-compressed (``hdf5plugin``'s filter,
-    as ``--compression zstd`` packs), in chunks of about one image chunk's samples,
-    written a chunk at a time (a ``LazyColumn``'s masks are made as they are written).
+    Stored like a raw image blob, Zstandard-compressed, written a chunk at a time (a
+    ``LazyColumn``'s masks are made as they are written).
     """
 
     kind: ClassVar[str] = "mask"
@@ -103,8 +108,7 @@ class MaskField(BytesField):
         self, mask: np.ndarray, box: Any, flip: bool, size: tuple[int, int]
     ) -> np.ndarray:
         """Return ``mask`` cut to ``box`` (top, left, height, width), resized and flipped."""
-        rows, cols = grid(box, size, flip)
-        return np.ascontiguousarray(mask.take(rows, axis=0).take(cols, axis=1))
+        return nearest(mask, box, size, flip)
 
     def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
         import torch
@@ -115,22 +119,18 @@ class MaskField(BytesField):
 
 
 # NOTE [ Instance masks on disk ]
-# A sample's n masks are one blob of ``/fields/NAME`` (offsets and Zstandard as any mask
-# field): int32 little-endian ``n`` then ``top, left, height, width`` of each mask's window
-# (the smallest box holding its ones; 0 x 0 when empty), then each window's rows packed 8
-# pixels a byte (``np.packbits(window, axis=1)``). An object covers a small part of its
-# image, so a blob is a small fraction of n x H x W bytes, and a crop unpacks only the rows
-# of the windows it keeps (``InstanceMasksField.transform``), never the image's n x H x W.
+# A sample's n masks are one blob: ``n``, each mask's window (the smallest box holding its
+# ones) and each window's rows bit-packed (docs/format.md). An object covers a small part
+# of its image, so a blob is a small fraction of n x H x W bytes, and a crop unpacks only
+# the rows of the windows it keeps, never the image's n x H x W.
 
 
 @dataclass(frozen=True)
 class InstanceMasksField(MaskField):
     """n x H x W masks of 0 and 1 per sample (n may be 0): row ``k`` the ``k``-th box's.
 
-    Stored as each mask's window, bit-packed (NOTE [ Instance masks on disk ]). A crop
-    cuts, resizes (nearest neighbour) and flips each as its image; a ``BoxesField`` that
-    lists it in ``per_box`` drops a mask with its box when a crop leaves the box without
-    area.
+    Stored bit-packed (NOTE [ Instance masks on disk ]); a ``BoxesField`` that lists it in
+    ``per_box`` drops a mask with its box when a crop leaves the box without area.
     """
 
     kind: ClassVar[str] = "masks"
@@ -213,9 +213,7 @@ def cut_masks(
     """Cut a batch's masks (blobs) to their crops (top, left, height, width), resized, flipped.
 
     Every mask ``keep`` keeps (over the batch's masks back to back; default all) lands in
-    one ``(kept, *size)`` array (``alloc(shape)``'s, zeroed here; a new one by default),
-    each sample's masks a view of it: only the rows of each window under the output are
-    unpacked.
+    one ``(kept, *size)`` array (``alloc(shape)``'s, zeroed here), each sample's a view.
     """
     parsed = [_windows(blob) for blob in blobs]
     if keep is not None:
@@ -292,11 +290,9 @@ def _mask_dataset(handle: h5py.File, name: str, chunk: int) -> h5py.Dataset:
 class BoxesField(RaggedField):
     """Boxes per sample, n x 4 float32 ``(x1, y1, x2, y2)`` in image pixels: spatial.
 
-    Stored as a ragged field; a crop moves, scales and clips them, a flip mirrors them
-    (``move_boxes``), and a box left less than one pixel wide or high is dropped with
-    the rows of the fields it names in ``per_box`` (torchvision's
-    ``SanitizeBoundingBoxes``). ``per_box`` None (when writing) takes every ragged field
-    and instance masks with as many rows as boxes in every sample (``check_per_box``).
+    A crop moves, scales and clips them, a flip mirrors them (``move_boxes``); a box left
+    under one pixel wide or high is dropped with the rows of the fields named in
+    ``per_box`` (None when writing: ``check_per_box`` finds them).
     """
 
     dims: tuple[int, ...] = (4,)
@@ -312,13 +308,7 @@ class BoxesField(RaggedField):
 def move_boxes(
     boxes: np.ndarray, crops: np.ndarray, flips: np.ndarray, size: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Move a batch's boxes into their cut, resized and flipped images, all at once.
-
-    Args:
-        boxes: Every sample's boxes back to back, (M, 4) ``x1, y1, x2, y2``.
-        crops: Each box's image's crop (top, left, height, width), (M, 4).
-        flips: Whether each box's image is flipped, (M,).
-        size: The output (height, width).
+    """Move a batch's boxes (M, 4) into their images' crops (M, 4), resized and flipped (M,).
 
     Returns:
         The boxes in output pixels, clipped to it, and which keep at least one pixel of
@@ -337,8 +327,7 @@ def check_per_box(fields: Sequence[Any], columns: dict[str, Any], num: int) -> t
     """Return ``fields`` with each ``BoxesField``'s ``per_box`` found or checked.
 
     Found (``per_box`` None): the ragged fields and instance masks with as many rows as
-    boxes in every sample. An array field told from equal-length values (every sample
-    with as many boxes) and rows to match becomes ragged, so that a crop can drop rows.
+    boxes in every sample; an array field with a row per box becomes ragged.
 
     Raises:
         OptionsError: a ``per_box`` name that is no ragged field or instance masks, or whose
@@ -355,9 +344,9 @@ def check_per_box(fields: Sequence[Any], columns: dict[str, Any], num: int) -> t
         for f in fields
         if isinstance(f, InstanceMasksField)
         or (
-            (isinstance(f, RaggedField) and not isinstance(f, BoxesField | BytesField))
-            and f.kind != "multilabel"
-        )  # a set of the image's classes, never a box's
+            isinstance(f, RaggedField)
+            and not isinstance(f, BoxesField | BytesField | MultiLabelField)
+        )  # a multi-label is a set of the image's classes, never a box's
     ]
     found = []
     for field in fields:

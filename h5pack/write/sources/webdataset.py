@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from h5pack.core.fieldkinds import StoredField, TextField
+from h5pack.core.fieldkinds import JSONField, StoredField, TextField
 from h5pack.core.format import SkippedFile
-from h5pack.core.recordfields import JSONField
 from h5pack.core.store import Store
 from h5pack.errors import SourceError
 from h5pack.write.scan import has_image_extension, is_ignored_name
