@@ -1,26 +1,13 @@
 """Decode image bytes into RGB (or gray) uint8 arrays (``core.resize`` resizes them).
 
 Every decoded image is ``(H, W, C)`` uint8, C-contiguous and writable, in the form
-``core.pixels`` describes (orientation, transparency, 16-bit and gray). Files are
-recognised by their content, never by their name; multi-page files (TIFF, animated
-GIF/WebP, MPO) give their first frame.
-
-Backends: ``"pillow"`` decodes everything with Pillow. ``"opencv"`` decodes JPEG, PNG, WebP
-and BMP with ``cv2.imdecode(..., IMREAD_UNCHANGED)`` and normalises the result the same way
-(BGR -> RGB, alpha composite, 16-bit scaling, EXIF orientation from the header); every other
-format (GIF, TIFF, ...) and every file OpenCV refuses or reads differently (e.g. a gray PNG
-whose ``tRNS`` OpenCV drops) is handed to Pillow, so both backends give exactly the same
-pixels on lossless files and agree within a few levels on JPEG (different IDCTs). Both
-backends read the header with Pillow first: to recognise the file, check its size against
-the decompression-bomb limit before any pixel is decoded, and read its EXIF orientation.
-
-Decompression bombs: an image of more than ``max_pixels`` pixels (default
-:data:`MAX_IMAGE_PIXELS`) is refused from its header, before decoding. Truncated files are
-errors (Pillow's ``LOAD_TRUNCATED_IMAGES`` is never set); junk after a JPEG's end marker is
-tolerated, as every decoder does.
-
-Nothing here changes global state: no Pillow setting is modified, and see
-``NOTE [ Pillow's decompression-bomb warning ]`` for the one warning filter used.
+``core.pixels`` describes. Files are recognised by their content; multi-page files give
+their first frame. ``"pillow"`` decodes everything; ``"opencv"`` decodes JPEG, PNG, WebP
+and BMP with ``cv2.imdecode`` and normalises alike, handing every other file (and every
+one OpenCV refuses or reads differently) to Pillow: the same pixels on lossless files,
+within a few levels on JPEG. Both read the header with Pillow first, to refuse an image
+over ``max_pixels`` before decoding it. Truncated files are errors; nothing here changes
+global state.
 """
 
 from __future__ import annotations
@@ -60,14 +47,8 @@ from h5pack.core.vocabulary import Backend as Backend
 from h5pack.core.vocabulary import ResizeMethod as ResizeMethod
 from h5pack.errors import DecodeError
 
-"""Value of the border that ``resize_image(method="pad")`` adds (black, in every channel)."""
-
-"""RGB colour that transparent pixels are composited onto (white)."""
-
+# Default limit on H * W before decoding: where Pillow itself refuses (about 13,400^2).
 MAX_IMAGE_PIXELS: Final[int] = 178_956_970
-"""Default limit on ``H * W`` before decoding: twice Pillow's default warning threshold, the
-size at which Pillow itself refuses to open an image (about 13,400 x 13,400)."""
-
 
 _EXIF_ORIENTATION_TAG: Final[int] = 0x0112
 _TIFF_WIDTH_TAG: Final[int] = 256
@@ -75,16 +56,11 @@ _TIFF_LENGTH_TAG: Final[int] = 257
 _OPENCV_FORMATS: Final[frozenset[str]] = frozenset({"JPEG", "MPO", "PNG", "WEBP", "BMP"})
 
 # NOTE [ Pillow's decompression-bomb warning ]
-# Pillow checks every image it opens against its global Image.MAX_IMAGE_PIXELS and reports
-# sizes over it with a DecompressionBombWarning (an exception under `-W error`, as in our
-# tests) and sizes over twice it with a DecompressionBombError. h5pack applies its own limit
-# (max_pixels) from the header, so Pillow's warning is noise: we silence that one warning
-# around the calls that can emit it, instead of changing Image.MAX_IMAGE_PIXELS (global
-# state that other code relies on). The warnings filter list is itself process-global
-# before Python 3.14, so entering catch_warnings from two threads at once could restore the
-# wrong list: the lock keeps h5pack's own threads from interleaving there. It is held only
-# around Image.open (header parsing, cheap) and, for images bigger than Pillow's threshold,
-# around their decoding.
+# h5pack applies its own limit (max_pixels) from the header, so Pillow's
+# DecompressionBombWarning is noise: it is silenced around the calls that emit it rather
+# than changing Image.MAX_IMAGE_PIXELS (global state). The filter list is process-global,
+# so a lock keeps h5pack's threads from interleaving catch_warnings; it is held around
+# Image.open and, for images over Pillow's threshold, their decoding.
 _PIL_WARNINGS_LOCK = threading.Lock()
 
 
@@ -128,7 +104,7 @@ def open_pillow(data: bytes, name: str, max_pixels: int | None) -> Image.Image:
 def exif_orientation(image: Image.Image) -> int:
     """Return the EXIF orientation (1..8) readable without decoding pixels; 1 if none."""
     if image.format == "PNG" and "exif" not in image.info:
-        return 1  # see the module docstring: getexif() would decode the whole PNG
+        return 1  # a later eXIf chunk: getexif() would decode the whole PNG (core.pixels)
     try:
         value = image.getexif().get(_EXIF_ORIENTATION_TAG, 1)
     except Exception:  # corrupt EXIF: show the image as stored, as viewers do
@@ -150,15 +126,11 @@ def _decode_pillow(image: Image.Image, name: str, *, pixels: bool = True) -> np.
         raise DecodeError(f"{name}: cannot decode {image.format} image: {err}") from err
 
 
-# NOTE [ Decoding without the array ]: a conversion worker decodes every file, and before
-# the fast paths below it went Pillow image -> numpy array (``np.asarray``: a copy, read-only)
-# -> a writable copy (``finish_pixels``) -> a Pillow image again (``Image.fromarray``: a copy)
-# -> resized -> numpy (two copies). For the common case, an 8-bit RGB image without
+# NOTE [ Decoding without the array ]: for the common case, an 8-bit RGB image without
 # transparency or EXIF rotation decoded by Pillow into 3 channels, the array is exactly
-# Pillow's own pixels, so ``decode_resized`` resizes the loaded Pillow image itself, and
-# ``decoded_size`` (encoded packs: the file must decode, its pixels are not kept) only loads
-# it. Every other image takes the general path. Same pixels, same errors, less CPU
-# (docs/decisions/0025).
+# Pillow's own pixels, so ``decode_resized`` resizes the loaded Pillow image itself and
+# ``decoded_size`` only loads it: no numpy round trip. Every other image takes the general
+# path. Same pixels, same errors, less CPU (docs/decisions/0025).
 
 
 def _plain_rgb(image: Image.Image) -> bool:
@@ -174,11 +146,10 @@ def _fast_path(image: Image.Image, backend: Backend, channels: int) -> bool:
 
 
 def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
-    """Decode with OpenCV into the same (H, W, C) form as ``pillow_pixels``; None to defer.
+    """Decode with OpenCV into ``pillow_pixels``'s form; None hands the file to Pillow.
 
-    None hands the file to Pillow: a format not in ``_OPENCV_FORMATS``, a file OpenCV
-    cannot decode (its error would be less precise than Pillow's), or a result that is not
-    what Pillow's header promised (another size, or transparency OpenCV dropped).
+    None for another format, a file OpenCV cannot decode, or a result that is not what
+    Pillow's header promised (another size, or transparency OpenCV dropped).
     """
     if image.format not in _OPENCV_FORMATS:
         return None
@@ -219,18 +190,14 @@ def decode_image(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> ImageArray:
-    """Decode an image file's bytes into an (H, W, C) uint8 array (see the module docstring).
+    """Decode an image file's bytes into an (H, W, channels) uint8 array, EXIF-oriented.
 
     Args:
         data: The file's bytes; the format is recognised from them.
         name: What to call the image in error messages (e.g. its relative path).
         backend: ``"pillow"`` or ``"opencv"``.
         channels: 3 for RGB, 1 for luminance.
-        max_pixels: Refuse images with more than this many pixels; None means
-            :data:`MAX_IMAGE_PIXELS`.
-
-    Returns:
-        A C-contiguous, writable uint8 array of shape (H, W, channels), EXIF-oriented.
+        max_pixels: Refuse images with more pixels (None: :data:`MAX_IMAGE_PIXELS`).
 
     Raises:
         DecodeError: The bytes are empty, not an image, truncated, corrupt, or too large;
@@ -246,9 +213,7 @@ def decode_image(
             pixels = _decode_pillow(image, name)
             assert pixels is not None
             if orientation != 1 and exif_orientation(image) == 1:
-                # Pillow applied the orientation itself while loading, and dropped the tag
-                # (recent Pillow does so for TIFF).
-                orientation = 1
+                orientation = 1  # Pillow applied it while loading (recent Pillow, TIFF)
     finally:
         image.close()
     return finish_pixels(apply_orientation(pixels, orientation), channels)
@@ -277,14 +242,7 @@ def decode_resized(
 ) -> tuple[ImageArray, tuple[int, int]]:
     """Return ``resize_image(decode_image(data, ...), size, ...)`` and the decoded (H, W).
 
-    The same pixels, faster:
-    the common case skips the numpy round trip between decoding and resizing (NOTE
-    [ Decoding without the array ]); ``size`` and ``method`` as for :func:`resize_image`,
-    the rest as for :func:`decode_image`.
-
-    Raises:
-        DecodeError: As :func:`decode_image`.
-        ValueError: An invalid size, method, backend, channels or max_pixels.
+    The same pixels, faster (NOTE [ Decoding without the array ]). Raises as both.
     """
     check_choice("method", method, RESIZE_METHODS)
     limit = _checked_decode_args(backend, channels, max_pixels)
@@ -316,15 +274,10 @@ def decoded_size(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> tuple[int, int]:
-    """Return the ``(H, W)`` of ``decode_image(data, ...)``, decoding the image in full.
+    """Return the ``(H, W)`` of ``decode_image(data, ...)``, decoding every pixel.
 
-    Unlike :func:`probe_size`, every pixel is decoded, so a file that does not decode
-    raises as :func:`decode_image` does; the array is not built where it is not needed
-    (NOTE [ Decoding without the array ]).
-
-    Raises:
-        DecodeError: As :func:`decode_image`.
-        ValueError: An invalid backend, channels or max_pixels.
+    Raises as :func:`decode_image`; the array is not built where it is not needed (NOTE
+    [ Decoding without the array ]).
     """
     limit = _checked_decode_args(backend, channels, max_pixels)
     image = open_pillow(data, name, limit)
@@ -342,14 +295,10 @@ def decoded_size(
 
 
 def probe_size(data: bytes, *, name: str = "<bytes>") -> tuple[int, int]:
-    """Return an image's displayed ``(H, W)`` from its header, without decoding pixels.
-
-    The size is after EXIF orientation, so it is the shape :func:`decode_image` returns;
-    ``name`` is what error messages call the image.
+    """Return an image's displayed (EXIF-oriented) ``(H, W)`` from its header alone.
 
     Raises:
-        DecodeError: The header cannot be read (not an image, empty, corrupt), or the size
-            is over Pillow's own hard limit.
+        DecodeError: The header cannot be read, or the size is over Pillow's hard limit.
     """
     image = open_pillow(data, name, None)
     try:
@@ -361,11 +310,7 @@ def probe_size(data: bytes, *, name: str = "<bytes>") -> tuple[int, int]:
 
 
 def _stored_size(image: Image.Image) -> tuple[int, int]:
-    """Return ``(W, H)`` as stored, before any EXIF orientation.
-
-    Recent Pillow reports a TIFF's size already oriented (and orients it while loading);
-    the TIFF's own width and length tags give the stored size whatever the version.
-    """
+    """Return ``(W, H)`` as stored (recent Pillow reports a TIFF's already oriented)."""
     tags = getattr(image, "tag_v2", None) if image.format == "TIFF" else None
     if tags is not None:
         width, height = tags.get(_TIFF_WIDTH_TAG), tags.get(_TIFF_LENGTH_TAG)
@@ -378,8 +323,7 @@ def load_file(path: StrPath) -> bytes:
     """Return a file's bytes, refusing anything that is not a regular file without opening it.
 
     Raises:
-        DecodeError: The file cannot be read, or is a FIFO, socket, device or folder; the
-            message names the path.
+        DecodeError: The file cannot be read, or is no regular file (named).
     """
     try:
         mode = os.stat(path).st_mode

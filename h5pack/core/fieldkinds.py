@@ -1,14 +1,13 @@
 """The kinds of field: one small frozen class per kind of value a pack stores.
 
 Each ``Field`` knows its datasets, how to check and write a column of values (one per
-sample, in pack order), how to read some samples' values back and how to collate a batch
-of them. The spatial kinds are in ``core.spatialfields``, the listing in ``core.fields``.
+sample), read some samples' values and collate a batch (spatial kinds: ``spatialfields``).
 
 NOTE [ Stored fields ]: the image, the label and the key keep the root datasets of format
 1.0. Every other field lives under ``/fields`` (docs/format.md): a fixed-size value as one
 ``(N, *shape)`` dataset, a variable one as its values back to back plus ``NAME.offsets``.
 Their chunks hold the samples of about one image chunk, so a group's samples are read in
-one or two chunk reads per dataset (``FieldBlocks`` keeps them while they are served).
+one or two chunk reads per dataset (``core.fieldblocks``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -26,6 +24,7 @@ import numpy as np
 
 from h5pack.core import format as fmt
 from h5pack.core import integrity
+from h5pack.core.fieldblocks import blocks_of
 from h5pack.errors import OptionsError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -95,10 +94,7 @@ class KeyField(Field):
 
 
 class LazyColumn:
-    """A column whose values are made as they are written, never all held.
-
-    ``encode(make(item))`` in order: here, or by ``mapper(encode, make, items)`` (a pool).
-    """
+    """A column whose values are made as they are written (here, or by a pool's ``mapper``)."""
 
     def __init__(self, items: Sequence[Any], make: Callable[[Any], Any], mapper: Any = None):
         self.items, self.make, self.mapper = items, make, mapper
@@ -116,96 +112,12 @@ class LazyColumn:
         return cast("Iterable[Any]", self.mapper(encode, self.make, self.items))
 
 
-class FieldBlocks:
-    """Chunks of the stored fields' datasets read whole and kept while their samples are served.
-
-    Args:
-        handle: The open pack (h5py, or a remote pack's index file).
-        keep_bytes: Bytes of chunks kept, the least recently used dropped first.
-    """
-
-    def __init__(self, handle: Any, keep_bytes: int = 64 << 20) -> None:
-        self.handle, self.keep_bytes = handle, keep_bytes
-        self._held: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-        self._bytes = 0
-        self._steps: dict[str, int] = {}
-
-    def _block(self, name: str, chunk: int, step: int) -> np.ndarray:
-        key = (name, chunk)
-        block = self._held.get(key)
-        if block is None:
-            block = np.asarray(self.handle[name][chunk * step : (chunk + 1) * step])
-            self._held[key] = block
-            self._bytes += block.nbytes
-            while self._bytes > self.keep_bytes and len(self._held) > 1:
-                self._bytes -= self._held.popitem(last=False)[1].nbytes
-        self._held.move_to_end(key)
-        return block
-
-    def step(self, name: str) -> int:
-        """Return the rows of one chunk of the dataset ``name`` (looked up once per name)."""
-        step = self._steps.get(name)
-        if step is None:
-            dataset = self.handle[name]
-            step = int(dataset.chunks[0]) if dataset.chunks else max(1, int(dataset.shape[0]))
-            self._steps[name] = step
-        return step
-
-    def rows(self, name: str, indices: np.ndarray) -> np.ndarray:
-        """Return rows ``indices`` of the dataset ``name``."""
-        step = self.step(name)
-        idx = np.asarray(indices, dtype=np.int64)
-        chunks = idx // step
-        found: np.ndarray | None = None
-        for chunk in np.unique(chunks).tolist():  # a batch's rows lie in a few chunks
-            block = self._block(name, chunk, step)
-            if found is None:
-                found = np.empty((idx.size, *block.shape[1:]), dtype=block.dtype)
-            here = chunks == chunk
-            found[here] = block[idx[here] - chunk * step]
-        return found if found is not None else np.zeros(0, dtype=np.int64)
-
-    def spans(self, name: str, offsets: str, indices: np.ndarray) -> list[np.ndarray]:
-        """Return each sample's rows (copies) of ``name``, a variable field with ``offsets``."""
-        idx = np.asarray(indices, dtype=np.int64)
-        bounds = self.rows(offsets, np.concatenate([idx, idx + 1])).tolist()
-        step, found, at, held = self.step(name), [], -1, np.zeros(0)
-        for start, stop in zip(bounds[: idx.size], bounds[idx.size :], strict=True):
-            chunk = start // step
-            if stop > (chunk + 1) * step:  # across chunks
-                found.append(self.span(name, start, stop, step))
-                continue
-            if chunk != at:  # a batch's samples lie in a few chunks: each looked up once
-                held, at = self._block(name, chunk, step), chunk
-            found.append(held[start - chunk * step : stop - chunk * step].copy())
-        return found
-
-    def span(self, name: str, start: int, stop: int, step: int) -> np.ndarray:
-        """Return a copy of rows ``start:stop`` of the dataset ``name`` (``step``: ``step()``)."""
-        pieces = [
-            self._block(name, chunk, step)[
-                max(start - chunk * step, 0) : min(stop - chunk * step, step)
-            ]
-            for chunk in range(start // step, max(start, stop - 1) // step + 1)
-        ]
-        return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
-
-
-def blocks_of(source: Any) -> FieldBlocks:
-    """Return ``source`` as ``FieldBlocks``: a reader's own, or new ones over a handle."""
-    return source if isinstance(source, FieldBlocks) else FieldBlocks(source)
-
-
 @dataclass(frozen=True)
 class StoredField(Field):
     """A field of the group ``/fields``: checked, written and read by its own class."""
 
     def column(self, values: Any, num: int) -> Any:
-        """Return ``values`` (one per sample) checked and in their stored form.
-
-        Raises:
-            OptionsError: not one value per sample, or a value of the wrong type or shape.
-        """
+        """Return ``values`` (one per sample) checked (``OptionsError``) and in stored form."""
         raise NotImplementedError
 
     def take(self, column: Any, positions: np.ndarray) -> Any:
@@ -221,10 +133,7 @@ class StoredField(Field):
         raise NotImplementedError
 
     def read(self, source: Any, indices: np.ndarray, shapes: np.ndarray) -> list[Any]:
-        """Return the values of samples ``indices`` (``shapes``: their images' (H, W, C)).
-
-        ``source`` is the open pack, or a reader's ``FieldBlocks`` over it.
-        """
+        """Return samples ``indices``'s values from the pack or its ``FieldBlocks`` ``source``."""
         raise NotImplementedError
 
     def transform(
@@ -308,11 +217,7 @@ class ArrayField(ScalarField):
 
 @dataclass(frozen=True)
 class RaggedField(StoredField):
-    """A variable number of rows per sample (``dims``: one row's shape): values and offsets.
-
-    ``/fields/NAME`` holds every sample's rows back to back, (total, *dims);
-    ``/fields/NAME.offsets`` (int64, N + 1) where each sample's rows start.
-    """
+    """A variable number of rows per sample (``dims``: one row's shape), back to back."""
 
     dtype: str = "<f4"
     dims: tuple[int, ...] = ()
@@ -376,10 +281,7 @@ class RaggedField(StoredField):
 
 @dataclass(frozen=True)
 class CategoryField(RaggedField):
-    """A class id per row (each box's category), int64, named by ``(id, name)`` ``categories``.
-
-    The ids are kept as the source gives them (COCO's 1..90 with gaps).
-    """
+    """A class id per row (a box's category, as the source numbers it), named by ``categories``."""
 
     dtype: str = "<i8"
     categories: tuple[tuple[int, str], ...] = ()

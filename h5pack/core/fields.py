@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from h5pack.core import format as fmt
+from h5pack.core.fieldblocks import FieldBlocks as FieldBlocks
+from h5pack.core.fieldblocks import blocks_of as blocks_of
 from h5pack.core.fieldkinds import IMAGE as IMAGE
 from h5pack.core.fieldkinds import KEY as KEY
 from h5pack.core.fieldkinds import LABEL as LABEL
@@ -23,7 +25,6 @@ from h5pack.core.fieldkinds import ArrayField as ArrayField
 from h5pack.core.fieldkinds import BytesField as BytesField
 from h5pack.core.fieldkinds import CategoryField as CategoryField
 from h5pack.core.fieldkinds import Field as Field
-from h5pack.core.fieldkinds import FieldBlocks as FieldBlocks
 from h5pack.core.fieldkinds import ImageField as ImageField
 from h5pack.core.fieldkinds import JSONField as JSONField
 from h5pack.core.fieldkinds import KeyField as KeyField
@@ -34,7 +35,6 @@ from h5pack.core.fieldkinds import RaggedField as RaggedField
 from h5pack.core.fieldkinds import ScalarField as ScalarField
 from h5pack.core.fieldkinds import StoredField as StoredField
 from h5pack.core.fieldkinds import TextField as TextField
-from h5pack.core.fieldkinds import blocks_of as blocks_of
 from h5pack.core.fieldkinds import check_name
 from h5pack.core.spatialfields import BoxesField as BoxesField
 from h5pack.core.spatialfields import InstanceMasksField as InstanceMasksField

@@ -1,16 +1,12 @@
 """A JPEG's header in a few microseconds: size, mode and EXIF orientation, as Pillow reads them.
 
 # NOTE [ Fast JPEG header ]
-#
-# The training pipeline needs, before decoding a JPEG, what ``Image.open`` tells: the size
-# (to plan the box), the mode and the EXIF orientation. Pillow parses every marker in
-# Python (quantisation tables included) and builds an Exif object: a sizeable share of a
-# sample's CPU (docs/decisions/0025). ``read_jpeg_header`` walks the markers
-# up to the first scan with ``struct`` and reads only SOFn and the first EXIF APP1. It
-# answers only for files it understands completely (8-bit, 1, 3 or 4 components, a
-# well-formed TIFF directory with at most one orientation tag of type SHORT, no XMP, which
-# Pillow would also read an orientation from) and returns None otherwise, so the caller
-# opens the file with Pillow as before: the same answers, the same errors.
+# Pillow parses every marker in Python and builds an Exif object, a sizeable share of a
+# sample's CPU (docs/decisions/0025). ``read_jpeg_header`` walks the markers up to the
+# first scan and reads only SOFn and the first EXIF APP1. It answers only for files it
+# understands completely (8-bit, 1, 3 or 4 components, a well-formed TIFF directory with
+# at most one SHORT orientation tag, no XMP) and returns None otherwise: the caller then
+# opens the file with Pillow, for the same answers and the same errors.
 """
 
 from __future__ import annotations
@@ -27,14 +23,7 @@ _ORIENTATION = 0x0112
 
 @dataclass(frozen=True, slots=True)
 class JpegHeader:
-    """What ``Image.open`` reads of a JPEG before decoding it.
-
-    Attributes:
-        width: Stored width (before the EXIF orientation).
-        height: Stored height.
-        mode: ``"L"``, ``"RGB"`` or ``"CMYK"``, as Pillow names it.
-        orientation: The EXIF orientation, 1..8 (1 without one).
-    """
+    """What ``Image.open`` reads of a JPEG: stored size, Pillow's mode, EXIF orientation."""
 
     width: int
     height: int
@@ -48,15 +37,7 @@ class JpegHeader:
 
 
 def read_jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
-    """Return the header of the JPEG ``data``, or None when Pillow must read it.
-
-    See ``NOTE [ Fast JPEG header ]``: None for anything not understood completely,
-    including every damaged header.
-
-    Example:
-        >>> read_jpeg_header(b"not a jpeg") is None
-        True
-    """
+    """Return the header of the JPEG ``data``, or None when Pillow must read it (any doubt)."""
     try:
         return _read(data)
     except (struct.error, IndexError, ValueError):

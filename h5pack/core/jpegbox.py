@@ -1,29 +1,21 @@
 """Decode only a box of a JPEG: the rows and columns a crop needs, the pixels a whole decode has.
 
 # NOTE [ Decoding only the box ]
-# A random crop keeps a part of the photo, but a whole decode pays for every pixel. libjpeg's
-# scanline API (libjpeg-turbo >= 1.5) decodes less: jpeg_crop_scanline restricts the IDCT,
-# upsampling and colour conversion to the box's columns (whole iMCUs), jpeg_skip_scanlines
-# entropy-decodes the rows above without the rest, and the decode stops at the box's last
-# row. The extension ``h5pack.core._jpegbox`` drives it from C with the GIL released and
-# copies the box out of each row. Same pixels, bit for bit: the region asked for is one pixel
-# wider where the image goes on (the upsampler treats its edges as the image's), then cut;
-# tests/test_jpegbox.py compares against whole decodes on every subsampling, progressive and
-# restart files, gray, odd sizes and edges. At a reduced scale (NOTE [ JPEG DCT scaling ]) the
-# same holds; for Pillow's fractional box the region is written on an image-sized canvas
-# (``canvas=True``), where Pillow rounds as on the whole image. The gain: BENCHMARKS.md and
-# docs/decisions/0003-box-decoder-kept.md.
+# libjpeg-turbo's scanline API decodes less than the whole image: jpeg_crop_scanline
+# restricts the IDCT, upsampling and colour conversion to the box's columns,
+# jpeg_skip_scanlines entropy-decodes the rows above without the rest, and the decode stops
+# at the box's last row. ``_jpegbox`` drives it from C without the GIL. Same pixels, bit
+# for bit: the region is one pixel wider where the image goes on (the upsampler treats its
+# edges as the image's), then cut; tests/test_jpegbox.py compares against whole decodes.
+# With ``canvas`` the region lands on an image-sized canvas, for Pillow's fractional box.
+# Gain: docs/decisions/0003-box-decoder-kept.md.
 
 # NOTE [ Which libjpeg ]
-# The extension links none: ``_load`` opens the libjpeg-turbo in Pillow's wheel, then the
-# system's libjpeg.so.62, and keeps the first whose decompressor takes this header's (libjpeg
-# checks the version and struct size). ``H5PACK_LIBJPEG`` names another, or ``none``.
-# Without the extension or a library ``available()`` is False and callers decode whole.
-# Refused, so that the whole decode answers (and raises): files not ending in EOI (a
-# truncated file would be served only in some epochs), colour spaces other than YCbCr/RGB or
-# gray, boxes outside the image, any libjpeg error or warning (corrupt data it recovers
-# from goes to the whole decode, which says so: NOTE [ JPEG decoder ]); data that runs out
-# mid-decode is an error here.
+# The extension links none: the libjpeg-turbo in Pillow's wheel, then the system's
+# libjpeg.so.62, the first whose decompressor takes this header's; ``H5PACK_LIBJPEG`` names
+# another, or ``none``. Without one, ``available()`` is False and callers decode whole, as
+# they do for what this decoder refuses (files not ending in EOI, other colour spaces,
+# boxes outside the image, any libjpeg error or warning) so the whole decode raises.
 """
 
 from __future__ import annotations
@@ -126,10 +118,7 @@ def available() -> bool:
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Within the block, :func:`decode_box` declines: whole decodes, to compare with.
-
-    In every thread of the process and in the workers it forks meanwhile (benchmarks, tests).
-    """
+    """Within the block, :func:`decode_box` declines, in every thread and forked worker."""
     before = _DISABLED[0]
     _DISABLED[0] = True
     try:
@@ -147,22 +136,13 @@ def decode_box(
     *,
     canvas: bool = False,
 ) -> np.ndarray | None:
-    """The ``box`` (top, left, height, width) of the JPEG ``data``, whose header says ``size``.
+    """The ``box`` (top, left, height, width) of the JPEG ``data`` of stored (H, W) ``size``.
 
-    ``size`` is the stored (height, width). ``reduction`` (1, 2, 4 or 8) decodes at that
-    fraction of the size (libjpeg's DCT scaling, ``NOTE [ JPEG DCT scaling ]``), ``box``
-    then in the reduced image's pixels. Returns an ``(height, width, channels)`` uint8
-    array (RGB, or gray for one channel) equal to that box of the whole decode as stored (no
-    EXIF orientation applied) at that scale, or None when this decoder declines: not
-    :func:`available`, a file it does not take (see ``NOTE [ Decoding only the box ]``),
-    another size, a box outside the image, or data libjpeg refuses. A None asks the caller
-    to decode the whole image, which raises the file's errors.
-
-    With ``canvas``, the array returned is the whole (reduced) image's, in which only the
-    box holds pixels (and up to an iMCU around it; the rest is uninitialised): for a
-    resizer whose arithmetic depends on where the box sits in the image, such as Pillow's
-    resize of a fractional ``box=``, which then computes exactly what it computes on the
-    whole decode.
+    ``reduction`` (1, 2, 4 or 8) decodes at that fraction of the size (NOTE [ JPEG DCT
+    scaling ]), ``box`` in the reduced pixels. Returns the box of the whole decode as stored
+    (RGB, or gray for one channel), or None when this decoder declines (NOTE [ Decoding
+    only the box ]): the caller then decodes whole. With ``canvas``, the whole reduced
+    image's array, in which only the box (and up to an iMCU around it) holds pixels.
     """
     top, left, height, width = box
     if not available() or min(top, left) < 0 or min(height, width) <= 0:
@@ -171,8 +151,7 @@ def decode_box(
         return None
     from h5pack.core import _jpegbox
 
-    # room for the widened region's rows, decoded in place (see _jpegbox.c); the box's rows
-    # end up at the front
+    # room for the widened region's rows, decoded in place; the box's rows end at the front
     reduced = (-(-size[0] // reduction), -(-size[1] // reduction))
     if canvas:
         room = np.empty(reduced[0] * reduced[1] * channels, dtype=np.uint8)

@@ -1,21 +1,11 @@
 """Decoded pixels in h5pack's one form: ``(H, W, C)`` uint8, C = 3 (RGB) or 1 (luminance).
 
-Whatever the file held (``core.decode`` decodes it):
-
-* The EXIF orientation tag is applied (values 2..8), so ``H, W`` are as displayed. For PNG
-  only an ``eXIf`` chunk before the image data counts: a later one would need the whole
-  image decoded just to learn its size, and ``probe_size`` must stay cheap.
-* Transparency (alpha channels, ``tRNS`` and palette transparency) is composited onto
-  :data:`ALPHA_BACKGROUND`, white: ``out = round((c * a + bg * (255 - a)) / 255)``.
-* 16-bit samples become 8-bit by keeping their high byte (``v >> 8``, never more than 1
-  away from ``round(v * 255 / 65535)``), as Pillow does to 16-bit RGB(A) PNGs, so both
-  backends agree exactly. Nothing is clipped or wrapped.
-* Pillow mode ``I`` (32-bit integers) is read on the same 16-bit scale (negative values
-  become 0, values over 65535 become 255); mode ``F`` (floats) is read as ``[0, 1]``
-  (clipped, NaN -> 0). ``1`` gives 0/255; ``CMYK``, ``YCbCr``, ``LAB`` and ``HSV`` go through
-  Pillow's conversion to RGB (no colour management: ICC profiles are not applied).
-* ``channels=1`` gives ITU-R 601-2 luminance as Pillow's ``convert("L")`` computes it
-  (16-bit fixed point), after compositing; gray sources are returned as they are.
+Whatever the file held: the EXIF orientation is applied (for PNG only an ``eXIf`` chunk
+before the image data counts, so that ``probe_size`` stays cheap); transparency is
+composited onto white, ``round((c * a + bg * (255 - a)) / 255)``; 16-bit samples keep
+their high byte (as Pillow does to 16-bit PNGs); mode ``I`` is read on the 16-bit scale,
+``F`` as ``[0, 1]``; other modes go through Pillow's conversion to RGB (no colour
+management); ``channels=1`` is Pillow's ``convert("L")`` luminance, after compositing.
 """
 
 from __future__ import annotations
@@ -27,14 +17,8 @@ import numpy.typing as npt
 from PIL import Image
 
 ImageArray = npt.NDArray[np.uint8]
-
-
 ALPHA_BACKGROUND: Final[tuple[int, int, int]] = (255, 255, 255)
-
-
 _ALPHA_MODES: Final[frozenset[str]] = frozenset({"LA", "La", "PA", "RGBA", "RGBa"})
-
-
 # Pillow's RGB -> L weights (ITU-R 601-2 in 16-bit fixed point; they sum to 65536).
 _LUMA_WEIGHTS: Final[tuple[int, int, int]] = (19595, 38470, 7471)
 
@@ -102,26 +86,19 @@ def _composite(pixels: np.ndarray) -> np.ndarray:
     """Composite an (H, W, 2|4) array onto :data:`ALPHA_BACKGROUND`; return (H, W, 1|3)."""
     color = pixels[:, :, :-1].astype(np.uint32)
     alpha = pixels[:, :, -1:].astype(np.uint32)
+    background = np.array(ALPHA_BACKGROUND, dtype=np.uint8)
     if color.shape[2] == 1:
-        background = np.array([_luminance_of(ALPHA_BACKGROUND)], dtype=np.uint32)
-    else:
-        background = np.array(ALPHA_BACKGROUND, dtype=np.uint32)
+        background = _luminance(background)
     blended = (color * alpha + background * (255 - alpha) + 127) // 255
     return blended.astype(np.uint8)
 
 
-def _luminance_of(rgb: tuple[int, int, int]) -> int:
-    r, g, b = rgb
-    wr, wg, wb = _LUMA_WEIGHTS
-    return (r * wr + g * wg + b * wb + 0x8000) >> 16
-
-
 def _luminance(rgb: np.ndarray) -> np.ndarray:
-    """Return the (H, W, 1) luminance of an (H, W, 3) uint8 array, as Pillow's ``L``."""
+    """Return the luminance of uint8 RGB values (last axis 3 -> 1), as Pillow's ``L``."""
     wr, wg, wb = _LUMA_WEIGHTS
     wide = rgb.astype(np.uint32)
-    luma = (wide[:, :, 0] * wr + wide[:, :, 1] * wg + wide[:, :, 2] * wb + 0x8000) >> 16
-    return luma.astype(np.uint8)[:, :, None]
+    luma = (wide[..., 0] * wr + wide[..., 1] * wg + wide[..., 2] * wb + 0x8000) >> 16
+    return luma.astype(np.uint8)[..., None]
 
 
 def finish_pixels(pixels: np.ndarray, channels: int) -> ImageArray:

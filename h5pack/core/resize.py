@@ -1,7 +1,4 @@
-"""Resize decoded images (stretch, crop, pad) and re-encode them as JPEG.
-
-Every image is ``(H, W, C)`` uint8 with ``C`` = 1 or 3, as ``core.decode`` returns it.
-"""
+"""Resize decoded ``(H, W, 1|3)`` uint8 images (stretch, crop, pad) and re-encode them as JPEG."""
 
 from __future__ import annotations
 
@@ -14,10 +11,7 @@ from PIL import Image
 from h5pack.core.pixels import ImageArray
 from h5pack.core.vocabulary import BACKENDS, RESIZE_METHODS, Backend, ResizeMethod
 
-PAD_VALUE: Final[int] = 0
-
-
-DEFAULT_JPEG_QUALITY: Final[int] = 90
+PAD_VALUE: Final[int] = 0  # the border ``method="pad"`` adds (black)
 
 
 def check_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
@@ -60,8 +54,7 @@ def _resize_to(image: np.ndarray, height: int, width: int, backend: Backend) -> 
 
 def pillow_resized(image: Image.Image, height: int, width: int) -> ImageArray:
     """Resize a Pillow image to (height, width); return its pixels as a writable array."""
-    # Pillow's BILINEAR widens its support when shrinking, so it is antialiased (like
-    # torchvision's Resize(antialias=True)).
+    # Pillow's BILINEAR widens its support when shrinking: antialiased.
     resized = image.resize((width, height), Image.Resampling.BILINEAR)
     return np.array(resized, dtype=np.uint8)
 
@@ -73,21 +66,15 @@ def resize_image(
     method: ResizeMethod = "stretch",
     backend: Backend = "pillow",
 ) -> ImageArray:
-    """Resize an (H, W, C) uint8 image to ``size`` = (H, W).
+    """Resize an (H, W, 1|3) uint8 image to ``size`` = (H, W), C-contiguous.
 
     Args:
-        image: uint8 array of shape (H, W, 1) or (H, W, 3).
+        image: The image.
         size: The output's (height, width).
-        method: ``"stretch"`` resizes to ``size`` ignoring the aspect ratio; ``"crop"``
-            resizes so the image covers ``size`` (shorter side fits) and cuts the centre;
-            ``"pad"`` resizes so the image fits inside ``size`` (longer side fits) and
-            centres it on a :data:`PAD_VALUE` background.
-        backend: ``"pillow"`` (bilinear, antialiased when shrinking) or ``"opencv"``
-            (``INTER_AREA`` when shrinking, ``INTER_LINEAR`` otherwise).
-
-    Returns:
-        A C-contiguous uint8 array of shape (size[0], size[1], C); the input itself (made
-        contiguous) when it already has that size and nothing is to be done.
+        method: ``"stretch"`` ignores the aspect ratio; ``"crop"`` covers ``size`` and
+            cuts the centre; ``"pad"`` fits inside ``size``, centred on black.
+        backend: ``"pillow"`` (bilinear, antialiased) or ``"opencv"`` (``INTER_AREA``
+            when shrinking, ``INTER_LINEAR`` otherwise).
 
     Raises:
         ValueError: The image, size, method or backend is invalid.
@@ -134,21 +121,11 @@ def placed(resized: np.ndarray, target_h: int, target_w: int, method: ResizeMeth
     return out
 
 
-def reencode_jpeg(
-    image: np.ndarray, *, quality: int = DEFAULT_JPEG_QUALITY, max_side: int | None = None
-) -> bytes:
-    """Encode an (H, W, C) uint8 image as JPEG, first shrinking it so max(H, W) <= max_side.
-
-    Args:
-        image: uint8 array of shape (H, W, 1) or (H, W, 3).
-        quality: JPEG quality, 1..100.
-        max_side: Longest side allowed; the aspect ratio is kept. None keeps the size.
-
-    Returns:
-        The JPEG file's bytes (gray for C = 1).
+def reencode_jpeg(image: np.ndarray, *, quality: int = 90, max_side: int | None = None) -> bytes:
+    """Encode an (H, W, 1|3) uint8 image as JPEG, first shrinking it so max(H, W) <= max_side.
 
     Raises:
-        ValueError: The image, quality or max_side is invalid.
+        ValueError: The image, quality (1..100) or max_side is invalid.
     """
     _check_image(image)
     if not 1 <= quality <= 100:

@@ -1,7 +1,4 @@
-"""Whether packs fit together as one set: each shard as its manifest recorded it, none twice.
-
-The manifest's format is ``core.packset``'s; readers, ``merge`` and ``verify`` check here.
-"""
+"""Whether packs fit together as one set: each shard as its manifest recorded it, none twice."""
 
 from __future__ import annotations
 
@@ -23,16 +20,9 @@ def check_shard(
     *,
     remote: tuple[str, str] | None = None,
 ) -> None:
-    """Raise ``FormatError`` unless ``meta`` is the shard the manifest recorded.
+    """Raise ``FormatError`` unless ``meta`` is the shard ``entry`` of ``manifest`` recorded.
 
-    Args:
-        manifest: The set's manifest.
-        entry: The shard's entry.
-        meta: The shard's metadata, as read.
-        remote: ``(shard URL, manifest URL)`` of a remote set (the size is the identity's).
-
-    Raises:
-        FormatError: the shard's size, sample count, classes or metadata digest changed.
+    ``remote``: ``(shard URL, manifest URL)`` of a remote set (the size is the identity's).
     """
     path: Path | str = manifest.root / entry.path
     where: Path | str = manifest.manifest_path
@@ -62,16 +52,9 @@ def member_problems(
 ) -> list[tuple[Path, str]]:
     """Return what makes packs unfit to be read as one set, each with the file it names.
 
-    Found here: a pack given twice (the same file, or a copy: the same pack id), which
-    would be served twice an epoch; for a manifest, shards of its split that it does not
-    list, and a total that its entries do not add up to. A list of packs may be any
-    subset of a split (shards 0-6 to train on, shard 7 to validate): only duplicates count.
-    ``check_shard`` has already compared each listed shard with its entry.
-
-    Args:
-        paths: The packs, in order.
-        metas: Their metadata, in the same order.
-        manifest: The set's manifest; None for a list of packs.
+    A pack given twice (the same file, or a copy: the same pack id); for a ``manifest``,
+    shards of its split it does not list and a total its entries do not add up to. A plain
+    list may be any subset of a split: only duplicates count there.
     """
     problems: list[tuple[Path, str]] = []
     seen: dict[object, tuple[int, Path]] = {}
@@ -139,10 +122,10 @@ def member_problems(
 
 
 def join_differences(meta: PackMeta, first: PackMeta) -> list[str]:
-    """Return what keeps ``meta``'s pack from joining ``first``'s, a set's or a merge's.
+    """Return how ``meta``'s pack differs from ``first``'s in what a set or a merge joins.
 
-    The mode, storage, channels, sample shape, fields and classes must agree; each
-    difference is worded ``"<what> <this> here, <that> in <first's path>"``.
+    Mode, storage, channels, sample shape, fields and classes, each worded
+    ``"<what> <this> here, <that> in <first's path>"``.
     """
     found = [
         f"{what} {mine} here, {theirs} in {first.path}"

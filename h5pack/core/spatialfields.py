@@ -17,13 +17,13 @@ import h5py
 import numpy as np
 
 from h5pack.core import integrity
+from h5pack.core.fieldblocks import blocks_of
 from h5pack.core.fieldkinds import (
     ArrayField,
     BytesField,
     LazyColumn,
     MultiLabelField,
     RaggedField,
-    blocks_of,
     write_column,
 )
 from h5pack.errors import OptionsError
