@@ -13,7 +13,7 @@ from typing import Any
 from h5pack._types import StrPath
 from h5pack.core.store import is_url, open_store
 from h5pack.errors import OptionsError
-from h5pack.write.sources.archive import TarSource, ZipSource
+from h5pack.write.sources.archive import ImageNetTarSource, TarSource, ZipSource
 from h5pack.write.sources.arrays import ArraySource
 from h5pack.write.sources.base import (
     FileRange,
@@ -24,7 +24,6 @@ from h5pack.write.sources.base import (
 )
 from h5pack.write.sources.coco import CocoSource
 from h5pack.write.sources.folder import FolderSource
-from h5pack.write.sources.imagenet import ImageNetTarSource
 from h5pack.write.sources.masks import MaskSource
 from h5pack.write.sources.objects import url_kind
 from h5pack.write.sources.parquet import ParquetSource

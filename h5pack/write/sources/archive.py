@@ -1,4 +1,4 @@
-"""Archives of an image folder, read in place (never extracted): the ``tar`` and ``zip`` kinds.
+"""Archives of images, read in place (never extracted): the ``tar``, ``zip`` and ``imagenet`` kinds.
 
 An archive holds what a folder would (``write.scan``'s rules); one made of the folder itself
 (``tar -cf images.tar images/``) is read as that folder's content. Members whose path leaves
@@ -6,13 +6,16 @@ the archive, that are no regular file, that share their path with another member
 the archive's end cuts, are problems named by their path. A plain tar is listed in one pass
 over its member headers; workers then read each image with one ``pread`` (or ranged GET).
 A zip's central directory lists its members; a worker inflates a deflated one and checks
-its CRC-32.
+its CRC-32. ImageNet's train tar holds one uncompressed tar per class, named by its synset
+(``n01440764.tar``): its images lie at offsets of the outer file, read as a plain tar's.
+Classes are the synsets, sorted; a key is ``SYNSET/MEMBER``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import struct
 import tarfile
 import zipfile
@@ -24,12 +27,12 @@ from pathlib import Path, PurePosixPath
 
 from h5pack.core.format import SkippedFile
 from h5pack.core.source import ByteSource
-from h5pack.core.store import Store
+from h5pack.core.store import Store, open_store
 from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.scan import has_image_extension, is_ignored_name
-from h5pack.write.sources.base import FileRange, Listing, PathSource
+from h5pack.write.sources.base import FileRange, Listing, PathSource, Sample, label_fields
 from h5pack.write.sources.folder import folder_listing
-from h5pack.write.sources.objects import ObjectFile, located, member_range
+from h5pack.write.sources.objects import ObjectFile, is_tar_of_tars, located, member_range
 
 CUT_SHORT = "cut short: the archive ends inside it"
 
@@ -272,3 +275,60 @@ class ZipSource(ArchiveSource):
                     )
                     found.append((relative, member))
         return archive_listing(self.root, found, problems)
+
+
+class ImageNetTarSource(ArchiveSource):
+    """The images of a tar of per-class tars (ImageNet's train tar)."""
+
+    kind = "imagenet"
+    detect_first = True
+
+    @staticmethod
+    def matches(path: Path) -> bool:
+        """Whether ``path`` is a ``*.tar`` whose first file is a tar."""
+        if path.suffix.lower() != ".tar" or not path.is_file():
+            return False
+        return is_tar_of_tars(open_store(path), os.path.abspath(path))
+
+    def find(self) -> Listing:
+        """List every inner tar's images (SourceError: unreadable, or no images)."""
+        found: dict[str, Found] = {}
+        problems: list[SkippedFile] = []
+        with opened_archive(self.store, self.root, "the tar of tars") as (path, source):
+            end = source.size()
+            for member in tar_walk(ObjectFile(source), end, problems, Path(self.root).name):
+                name = PurePosixPath(member.name).name
+                if not member.isfile() or not name.lower().endswith(".tar"):
+                    if not member.isdir():
+                        problems.append(SkippedFile(member.name, "not a class's tar"))
+                    continue
+                synset = name[: -len(".tar")]
+                size = min(member.size, end - member.offset_data)
+                inner = ObjectFile(source, member.offset_data, size)
+                found[synset] = []
+                tar_name = f"{synset}.tar"
+                try:
+                    for image in tar_walk(inner, inner.end - inner.start, problems, tar_name):
+                        at = inner.start + image.offset_data
+                        where = member_range(self.store, path, at, image.size)
+                        limit = min(end, inner.end)
+                        take_tar_member(image, where, limit, found[synset], problems, synset + "/")
+                except tarfile.TarError as err:
+                    problems.append(
+                        SkippedFile(tar_name, f"a class tar that cannot be read: {err}")
+                    )
+        classes = tuple(sorted(synset for synset, images in found.items() if images))
+        if not classes:
+            raise SourceError(f"no images in the class tars of {self.root}")
+        labels: list[int] = []
+        samples: list[tuple[str, FileRange]] = []
+        for label, synset in enumerate(classes):
+            images = sorted(found[synset], key=lambda item: item[0])
+            samples.extend(images)
+            labels.extend([label] * len(images))
+        fields = label_fields(labels)
+        return Listing(
+            [Sample(key, where, fields[i]) for i, (key, where) in enumerate(samples)],
+            classes,
+            tuple(sorted(problems, key=lambda p: p.path)),
+        )
