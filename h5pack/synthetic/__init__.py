@@ -57,28 +57,23 @@ class SampleSpec:
     flat: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_images < 1:
-            raise OptionsError(
-                f"num_images should be at least 1, but got num_images={self.num_images}"
-            )
-        if self.num_classes < 1:
-            raise OptionsError(
-                f"num_classes should be at least 1, but got num_classes={self.num_classes}"
-            )
-        if len(self.size) != 2 or min(self.size) < 1:
-            raise OptionsError(
-                f"size should be two positive integers (height, width), but got size={self.size}"
-            )
-        if not 0.0 <= self.size_jitter < 1.0:
-            raise OptionsError(
-                f"size_jitter should be in [0, 1), but got size_jitter={self.size_jitter}"
-            )
-        if self.fmt not in _FORMATS:
-            raise OptionsError(f"fmt should be one of {sorted(_FORMATS)}, but got fmt={self.fmt!r}")
-        if not 1 <= self.quality <= 100:
-            raise OptionsError(f"quality should be in [1, 100], but got quality={self.quality}")
-        if self.seed < 0:
-            raise OptionsError(f"seed should be non-negative, but got seed={self.seed}")
+        checks = (
+            ("num_images", self.num_images >= 1, "be at least 1"),
+            ("num_classes", self.num_classes >= 1, "be at least 1"),
+            (
+                "size",
+                len(self.size) == 2 and min(self.size) >= 1,
+                "be two positive integers (height, width)",
+            ),
+            ("size_jitter", 0.0 <= self.size_jitter < 1.0, "be in [0, 1)"),
+            ("fmt", self.fmt in _FORMATS, f"be one of {sorted(_FORMATS)}"),
+            ("quality", 1 <= self.quality <= 100, "be in [1, 100]"),
+            ("seed", self.seed >= 0, "be non-negative"),
+        )
+        for name, ok, should in checks:
+            if not ok:
+                got = getattr(self, name)
+                raise OptionsError(f"{name} should {should}, but got {name}={got!r}")
 
     @property
     def max_size(self) -> tuple[int, int]:
