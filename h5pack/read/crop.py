@@ -153,20 +153,12 @@ def decode_crop_into(
 ) -> None:
     """Decode an image file's bytes into ``out``: the planned box, resized, maybe flipped.
 
-    The box and flip are :func:`plan_crop`'s for the displayed size (see the module).
-
-    Args:
-        data: The file's bytes, as stored in a pack.
-        spec: What to do; ``out`` is ``(*spec.size, channels)``, C-contiguous uint8.
-        out: The output, ``channels`` 3 (RGB) or 1 (luminance, as ``decode_image``).
-        seed: The run's seed.
-        epoch: The epoch.
-        index: The sample's index in the pack.
-        name: What error messages call the image.
-        max_pixels: Refuse larger images; None: ``MAX_IMAGE_PIXELS``.
-        resize: The resizing kernel; None: ``spec.backend``'s reference.
-        keep: Given the full-scale decode and its orientation before the cut (never a
-            reduced one): what :func:`crop_decoded_into` takes to give the same output.
+    The box and flip are :func:`plan_crop`'s for the displayed size (see the module). ``out``
+    is a C-contiguous uint8 ``(*spec.size, 3|1)`` (RGB, or luminance as ``decode_image``);
+    ``resize`` the kernel (None: ``spec.backend``'s reference); ``keep`` is given the
+    full-scale decode and its orientation before the cut (never a reduced one), what
+    :func:`crop_decoded_into` takes to give the same output; ``max_pixels`` (None:
+    ``MAX_IMAGE_PIXELS``) refuses larger images.
     """
     channels = out.shape[2] if out.ndim == 3 else 0
     if out.dtype != np.uint8 or out.shape[:2] != spec.size or channels not in (1, 3):

@@ -15,7 +15,7 @@ from h5pack.core.pixels import apply_orientation, finish_pixels, pillow_pixels
 from h5pack.errors import DecodeError
 from h5pack.read.boxes import Box, CropSpec, dct_reduction, scale_box, stored_box
 from h5pack.read.cropplan import plan_crop
-from h5pack.read.kernels import KeepDecoded, ResizeInto, flip_in_place
+from h5pack.read.kernels import KeepDecoded, ResizeInto, flip_in_place, pillow_resize
 
 _DRAFT_FORMATS: Final[frozenset[str]] = frozenset({"JPEG", "MPO"})
 _DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
@@ -234,7 +234,9 @@ def resize_jpeg_into(
     """Resize the planned box of the JPEG's ``pixels`` into ``out``."""
     cut, flip, reduction, orientation, out_h, out_w = plan
     if reduction > 1 and spec.backend == "pillow":  # `pixels` the whole image or a canvas
-        small = _resize_fractional_box(pixels, cut, reduction, (out_h, out_w))
+        top, left, height, width = (v / reduction for v in cut)
+        box = (left, top, left + width, top + height)  # Pillow's fractional box: the pixels
+        small = pillow_resize(pixels, (out_h, out_w), box)  # the full path's, closest
     else:
         # reduced pixel j covers stored pixels [j * r, (j + 1) * r): a scale of exactly 1/r
         covered = (reduced[0] * reduction, reduced[1] * reduction)
@@ -250,17 +252,3 @@ def resize_jpeg_into(
         resize(view, small)
     oriented = apply_orientation(small, orientation)
     out[...] = finish_pixels(oriented[:, ::-1] if flip else oriented, out.shape[2])
-
-
-def _resize_fractional_box(
-    pixels: np.ndarray, box: Box, reduction: int, out_size: tuple[int, int]
-) -> np.ndarray:
-    """Resize ``box`` (stored coordinates) of the reduced ``pixels`` with Pillow's ``box=``."""
-    top, left, height, width = (v / reduction for v in box)
-    two_d = pixels[:, :, 0] if pixels.shape[2] == 1 else pixels
-    resized = Image.fromarray(np.ascontiguousarray(two_d)).resize(
-        (out_size[1], out_size[0]),
-        Image.Resampling.BILINEAR,
-        box=(left, top, left + width, top + height),
-    )
-    return np.asarray(resized).reshape(*out_size, pixels.shape[2])

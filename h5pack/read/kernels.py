@@ -22,14 +22,20 @@ KeepDecoded = Callable[[np.ndarray, int], None]
 
 def pillow_resize_into(source: np.ndarray, out: np.ndarray) -> None:
     """Resize with Pillow's antialiased ``BILINEAR``: exactly ``Image.resize`` (a kernel)."""
-    if source.shape[:2] == out.shape[:2]:
-        out[...] = source
-        return
+    out[...] = source if source.shape[:2] == out.shape[:2] else pillow_resize(source, out.shape)
+
+
+def pillow_resize(
+    source: np.ndarray,
+    size: tuple[int, ...],
+    box: tuple[float, float, float, float] | None = None,
+) -> np.ndarray:
+    """Return ``source`` (or its fractional ``box``, l t r b) resized to ``size[:2]`` (H, W)."""
     two_d = source[:, :, 0] if source.shape[2] == 1 else source
     resized = Image.fromarray(np.ascontiguousarray(two_d)).resize(
-        (out.shape[1], out.shape[0]), Image.Resampling.BILINEAR
+        (size[1], size[0]), Image.Resampling.BILINEAR, box=box
     )
-    out[...] = np.asarray(resized).reshape(out.shape)
+    return np.asarray(resized).reshape(size[0], size[1], source.shape[2])
 
 
 def opencv_resize_into(source: np.ndarray, out: np.ndarray) -> None:

@@ -217,11 +217,7 @@ class PackReader:
         return self._window.map(function, items)
 
     def use_pool(self, pool: ReadPool | None) -> None:
-        """Run this reader's threaded work on ``pool``, shared with other readers (None: its own).
-
-        See NOTE [ One pool for a mix's sources ] (read/pool.py); the pool's threads replace
-        this reader's ``threads``, and ``close`` leaves them to the pool's owner.
-        """
+        """Run this reader's threaded work on ``pool`` (None: its own): NOTE [ One pool ... ]."""
         self._window.use_pool(pool)
 
     def pending_loads(self, indices: Sequence[int] | np.ndarray) -> list[GroupLoad]:
