@@ -45,34 +45,19 @@ from h5pack.read.packset import describe
 
 @dataclass(frozen=True, kw_only=True)
 class CompareReport:
-    """Everything ``compare`` measured.
+    """Everything ``compare`` measured."""
 
-    Attributes:
-        source: The image folder, or the packs given.
-        variants: Each measured variant, fastest first within each kind of pixels (see
-            "Like with like" in ``bench.ranking``).
-        skipped: Variants that could not be built.
-        machine: Where it ran.
-        options: The comparison's options (JSON-ready).
-        recommendation: The variant to use, or None when nothing was measured.
-        work_dir: Where kept packs are, else None.
-        train: How the packs were read (``TrainingRead.to_json``, with a ``note``).
-        sizes: The images' sizes, in words.
-        plan: Why these variants were built, or "" for given packs and named variants.
-        available_bytes: Memory available when the comparison started (None: unknown).
-    """
-
-    source: str
-    variants: tuple[VariantResult, ...]
+    source: str  # the image folder, or the packs given
+    variants: tuple[VariantResult, ...]  # fastest first within each kind of pixels
     skipped: tuple[SkippedVariant, ...]
     machine: Machine
-    options: dict[str, Any]
+    options: dict[str, Any]  # JSON-ready
     recommendation: Recommendation | None
-    work_dir: str | None
-    train: dict[str, Any] = field(default_factory=dict)
-    sizes: str = ""
-    plan: str = ""
-    available_bytes: int | None = None
+    work_dir: str | None  # where kept packs are
+    train: dict[str, Any] = field(default_factory=dict)  # ``TrainingRead.to_json`` and a note
+    sizes: str = ""  # the images' sizes, in words
+    plan: str = ""  # why these variants were built ("" for packs and named variants)
+    available_bytes: int | None = None  # memory available when it started
 
     @property
     def read_note(self) -> str:

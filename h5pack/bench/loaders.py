@@ -2,19 +2,16 @@
 
 # NOTE [ One loader for every pattern ]
 #
-# Access patterns compare fairly only when they differ in their order and nothing else.
-# Each is one ``H5ImageDataset`` (with the training read) read through ``make_loader``'s
-# settings (workers, threads, window of decompressed chunks, collation): ``random`` with a
-# full shuffle each epoch (``FullShuffleBatchSampler``), ``chunk`` with ``make_loader``'s
-# ``ChunkBatchSampler``, ``sequential`` with ``make_loader(shuffle=False)``.
+# Patterns compare fairly only when they differ in their order alone: each is one
+# ``H5ImageDataset`` (with the training read) through ``make_loader``'s settings, ``random``
+# with ``FullShuffleBatchSampler``, ``chunk`` with ``ChunkBatchSampler``, ``sequential`` in
+# pack order.
 #
 # NOTE [ Fresh epochs ]
 #
-# A small pack would sit whole in the windows of decompressed chunks after the first
-# epoch, and later epochs would measure memory copies; real datasets are larger than the
-# window. So each timed epoch over a *compressed* pack starts from a new loader over a
-# closed dataset. An uncompressed pack (never kept in a window) is read by one loader with
-# persistent workers, as training reads it.
+# A small pack would sit whole in the windows of decompressed chunks after one epoch, so
+# each timed epoch over a *compressed* pack starts from a new loader over a closed dataset;
+# an uncompressed pack is read by one loader with persistent workers, as training reads it.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from h5pack.read.packset import PackSource
 
 
 def collate_any(batch: Sequence[Any]) -> Any:
-    """Collate like ``training.loader.collate_batch``; images of several sizes stay a list."""
+    """Collate like ``collate_batch``; images of several sizes stay a list."""
     import torch
 
     from h5pack.training.dataset import SampleBatch
@@ -67,11 +64,7 @@ def count_batch(batch: Any) -> Count:
 def run_epoch(
     loader: Iterable[Any], *, max_batches: int | None = None, budget_s: float | None = None
 ) -> Count:
-    """Iterate ``loader`` once and count what it delivered.
-
-    Stops after ``max_batches``, or after the first batch ending past ``budget_s`` seconds
-    (a prefix of the epoch measures a steady rate).
-    """
+    """Iterate ``loader`` once (at most ``max_batches``, or ``budget_s`` seconds) and count."""
     images = nbytes = 0
     started = time.perf_counter()
     for number, batch in enumerate(loader):
@@ -85,16 +78,7 @@ def run_epoch(
 
 
 class FullShuffleBatchSampler:
-    """A full shuffle of every sample each epoch, cut into batches: ``RandomSampler``'s order.
-
-    A pure function of ``(seed, epoch)``.
-
-    Example:
-        >>> sampler = FullShuffleBatchSampler(10, 4, seed=0)
-        >>> batches = list(sampler)
-        >>> len(sampler), sorted(i for b in batches for i in b) == list(range(10))
-        (3, True)
-    """
+    """A full shuffle of every sample each epoch in batches, a pure function of (seed, epoch)."""
 
     def __init__(self, num_samples: int, batch_size: int, *, seed: int = 0) -> None:
         if batch_size < 1:
@@ -131,15 +115,8 @@ def open_dataset(
 ) -> Any:
     """Return the ``H5ImageDataset`` every pattern of a measurement reads.
 
-    Args:
-        path: The pack, or a pack set (its directory or manifest, or a list of packs).
-        train: The training read (its crop and flip).
-        seed: Seed of the crops and flips.
-        cache: ``"decoded"``: read an encoded pack at a training size through a decoded
-            cache, as ``make_loader(cache="decoded")`` does; it lives as long as the
-            dataset, so the epochs after the warm-up are served from it.
-        cache_bytes: The decoded cache's budget (default ``default_cache_bytes()``).
-        reader: How each process reads (None: ``ReaderOptions()``).
+    ``cache="decoded"`` reads an encoded pack at a training size through a decoded cache
+    (``make_loader(cache="decoded")``'s) that lives as long as the dataset.
     """
     from h5pack.training.cache import DecodedCache, default_cache_bytes
     from h5pack.training.dataset import H5ImageDataset
@@ -158,17 +135,8 @@ def open_dataset(
 class PatternLoader:
     """Epochs of one access pattern over one dataset (see "One loader for every pattern").
 
-    Each call runs one epoch and returns what it delivered; the epochs count up from 0.
-
-    Args:
-        dataset: An ``H5ImageDataset`` (``open_dataset``).
-        pattern: ``"random"``, ``"chunk"`` or ``"sequential"``.
-        batch_size: Samples per batch.
-        workers: ``make_loader``'s ``num_workers`` (``"auto"`` or a number).
-        seed: Seed of the order.
-        batchable: Whether the loader can stack the images; else batches are lists.
-        max_batches: Stop each epoch after this many batches.
-        budget_s: Stop each epoch after this many seconds (a prefix; the rate is steady).
+    Each call runs the next epoch (at most ``max_batches``, or ``budget_s`` seconds) and
+    returns what it delivered; unless ``batchable``, batches are lists of images.
     """
 
     def __init__(

@@ -26,28 +26,16 @@ from h5pack.training.shuffle_quality import jump_entropy
 
 @dataclass(frozen=True, kw_only=True)
 class PatternResult:
-    """One access pattern measured on one pack.
-
-    Attributes:
-        pattern: ``"random"``, ``"chunk"`` or ``"sequential"``.
-        timing: The timed repeats.
-        workers: DataLoader workers used (0 for in-process loading).
-        window_chunks: Chunk groups each reader keeps decompressed.
-        reads: Chunk loads and bytes read over the samples delivered.
-        shuffle_bits: Jump entropy of the epoch order (``training.shuffle_quality``).
-        shuffle_vs_random: ``shuffle_bits`` over that of a full shuffle of the same size.
-        epoch_fraction: The share of an epoch each timed epoch covered (less than 1 when a
-            slow pattern was timed on a prefix, ``epoch_budget_s``).
-    """
+    """One access pattern measured on one pack."""
 
     pattern: str
     timing: Timing
-    workers: int
-    window_chunks: int
+    workers: int  # DataLoader workers (0: in-process)
+    window_chunks: int  # chunk groups each reader keeps decompressed
     reads: ReadCount
-    shuffle_bits: float
-    shuffle_vs_random: float
-    epoch_fraction: float = 1.0
+    shuffle_bits: float  # jump entropy of the epoch order (``training.shuffle_quality``)
+    shuffle_vs_random: float  # over that of a full shuffle of the same size
+    epoch_fraction: float = 1.0  # < 1: timed on a prefix of each epoch (``epoch_budget_s``)
 
     @property
     def partial(self) -> bool:

@@ -30,6 +30,11 @@ def check_cache(cache: object, cache_bytes: int | None) -> None:
         )
 
 
+def _check_train(train: object) -> None:
+    if not (train == "auto" or isinstance(train, TrainingRead)):
+        raise OptionsError(f"train should be a TrainingRead or 'auto', but got train={train!r}")
+
+
 def _train_json(train: TrainChoice) -> Any:
     return train if train == "auto" else train.to_json()
 
@@ -38,18 +43,9 @@ def _train_json(train: TrainChoice) -> Any:
 class _Timed:
     """The loader and timing settings ``MeasureOptions`` and ``BenchOptions`` share.
 
-    Attributes:
-        batch_size: Samples per batch.
-        workers: DataLoader workers, or ``"auto"`` (``make_loader``'s choice).
-        repeats: Timed runs (medians and spread are over these).
-        warmup: Untimed epochs first; they also size the runs.
-        min_run_s: Seconds a timed run lasts at least (whole epochs).
-        target_spread: Runs spread wider than this (fastest - slowest over median) are
-            lengthened while ``budget_s`` allows (see "Timing enough work"); None: never.
-        budget_s: Seconds the timing may take while runs are lengthened.
-        train: How training reads the images, or ``"auto"`` (see "Training size by
-            default" in ``bench.reading``).
-        seed: Seed of every order.
+    ``repeats`` timed runs of at least ``min_run_s`` after ``warmup`` untimed epochs, runs
+    lengthened while their spread exceeds ``target_spread`` and ``budget_s`` allows (see
+    "Timing enough work"); ``train``: a ``TrainingRead`` or ``"auto"``.
     """
 
     batch_size: int = 64
@@ -80,21 +76,12 @@ class _Timed:
                 f"min_run_s={self.min_run_s}, target_spread={self.target_spread}, "
                 f"budget_s={self.budget_s}"
             )
-        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
-            raise OptionsError(
-                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
-            )
+        _check_train(self.train)
 
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureOptions(_Timed):
-    """How ``compare`` measures a pack (and see ``_Timed``).
-
-    Attributes:
-        epoch_budget_s: Seconds of one loader epoch at most: a slow pattern is timed on a
-            prefix of its epoch, its rate being steady.
-        patterns: What to measure, among ``PATTERNS``.
-    """
+    """How ``compare`` measures a pack; a slow pattern is timed on ``epoch_budget_s`` of it."""
 
     train: TrainChoice = field(default_factory=TrainingRead)
     epoch_budget_s: float = 10.0
@@ -114,17 +101,10 @@ class MeasureOptions(_Timed):
 
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions(_Timed):
-    """Loader settings of ``bench`` (and see ``_Timed``).
+    """Loader settings of ``bench``.
 
-    Attributes:
-        order: ``"chunk"`` (h5pack's sampler), ``"random"`` (a full shuffle) or
-            ``"sequential"``.
-        cache: ``"decoded"``: read through ``make_loader``'s decoded cache; the warm-up
-            fills it and the timed epochs are the later ones.
-        cache_bytes: The decoded cache's budget (None: its default); only with ``cache``.
-        max_batches: Stop each epoch after this many batches (None: whole epochs).
-        reader: How each process reads: decompressed chunks kept, a remote pack's store,
-            read-ahead and disk cache.
+    ``order``: an access pattern; ``cache="decoded"``: through ``make_loader``'s decoded
+    cache, filled by the warm-up; ``reader``: chunks kept, a remote pack's store, read-ahead.
     """
 
     min_run_s: float = 0.3
@@ -145,11 +125,7 @@ class BenchOptions(_Timed):
 
 @dataclass(frozen=True)
 class CompareEvent:
-    """Progress of a comparison, rendered by the CLI as a progress bar.
-
-    ``kind``: ``"phase"`` (``total`` steps follow), ``"step"`` (one done), ``"status"``
-    (what runs now) or ``"skipped"`` (a variant left out); ``unit``: what a step is.
-    """
+    """Progress of a comparison (a ``phase`` of ``total`` steps, ``step``, ``status``...)."""
 
     kind: Literal["phase", "step", "status", "skipped"]
     message: str
@@ -161,18 +137,10 @@ class CompareEvent:
 class CompareOptions:
     """What ``compare`` builds and how it measures.
 
-    Attributes:
-        variants: Variant names (``bench.variants``) built from an image folder, or
-            ``"quick"``: four chosen from what the folder's images allow.
-        size: ``(H, W)`` raw variants are stored at (convert's ``--size``); None keeps
-            the images' size.
-        train: How training reads the images, or ``"auto"``.
-        measure: How each pack is measured (its ``train`` is set by ``compare``).
-        convert_workers: Conversion processes (None: every core).
-        memory_bytes: Memory available to the page cache (None: read when it starts).
-        seed: Seed of the stored sample order.
-        across_pixels: Rank packs holding different pixels together, on speed alone (see
-            "Like with like" in ``bench.ranking``).
+    ``variants``: names (``bench.variants``) or ``"quick"``; ``size``: what raw variants
+    are stored at (None: the images' own); ``measure.train`` is set by ``compare``;
+    ``memory_bytes``: None reads it when it starts; ``across_pixels``: see "Like with
+    like" in ``bench.ranking``.
     """
 
     variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
@@ -193,10 +161,7 @@ class CompareOptions:
             raise OptionsError(
                 f"memory_bytes should be positive, but got memory_bytes={self.memory_bytes}"
             )
-        if not (self.train == "auto" or isinstance(self.train, TrainingRead)):
-            raise OptionsError(
-                f"train should be a TrainingRead or 'auto', but got train={self.train!r}"
-            )
+        _check_train(self.train)
 
     @classmethod
     def quick(cls, **changes: Any) -> CompareOptions:

@@ -37,41 +37,24 @@ ROUGH_SPREAD = 0.2  # runs spread wider (fastest - slowest over median) are roug
 
 @dataclass(frozen=True, kw_only=True)
 class VariantResult:
-    """One pack measured.
+    """One pack measured (``mode``, ``storage``, ``layout``, ``codec`` as ``info`` says them)."""
 
-    Attributes:
-        name: The variant's name (or the pack's file name).
-        path: The pack, or None when it was removed after measuring.
-        mode, storage, layout, codec: As ``h5pack info`` says them.
-        chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
-        samples_per_chunk: Mean samples per chunk group.
-        num_samples: Samples in the pack.
-        file_bytes: Size of the pack.
-        image_bytes: Decoded bytes of every image (what training receives).
-        convert_s: Conversion wall time, None for a pack given as it is.
-        command: The ``h5pack convert`` command that builds it, None for a given pack.
-        patterns: Each access pattern's result.
-        problem: Why the loader cannot batch it as training reads it (then it is never
-            recommended), else None.
-        pixels: The images it holds, in words (see "Like with like").
-    """
-
-    name: str
-    path: str | None
+    name: str  # the variant's, or the pack's file name
+    path: str | None  # None when removed after measuring
     mode: str
     storage: str
     layout: str
     codec: str
-    chunk_bytes: int
-    samples_per_chunk: float
+    chunk_bytes: int  # uncompressed, 0 when contiguous
+    samples_per_chunk: float  # mean
     num_samples: int
     file_bytes: int
-    image_bytes: int
-    convert_s: float | None
-    command: str | None
+    image_bytes: int  # decoded bytes of every image: what training receives
+    convert_s: float | None  # None for a pack given as it is
+    command: str | None  # the ``h5pack convert`` command that builds it
     patterns: dict[str, PatternResult]
-    problem: str | None = None
-    pixels: str = ""
+    problem: str | None = None  # why the loader cannot batch it (never recommended then)
+    pixels: str = ""  # the images it holds, in words (see "Like with like")
 
     @property
     def pixels_per_file_byte(self) -> float:
@@ -96,23 +79,14 @@ class VariantResult:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The variant to use for this data and machine, and why.
-
-    Attributes:
-        name: The variant, or None when no variant is a candidate.
-        line: One line saying which and why, in the user's terms.
-        command: The ``h5pack convert`` command that builds it (None for a given pack).
-        notes: Further lines: the other patterns, memory, variants not recommended.
-        too_close: The front-runners whose timed runs overlap the choice's.
-        rough: Whether some candidate's runs still spread past ``ROUGH_SPREAD``.
-    """
+    """The variant to use for this data and machine (None: no candidate), and why."""
 
     name: str | None
-    line: str
-    command: str | None
-    notes: tuple[str, ...] = ()
-    too_close: tuple[str, ...] = ()
-    rough: bool = False
+    line: str  # which and why, in the user's terms
+    command: str | None  # the ``h5pack convert`` command that builds it
+    notes: tuple[str, ...] = ()  # the other patterns, memory, variants not recommended
+    too_close: tuple[str, ...] = ()  # front-runners whose timed runs overlap the choice's
+    rough: bool = False  # some candidate's runs still spread past ``ROUGH_SPREAD``
 
 
 def rank_pattern(result: VariantResult) -> str:

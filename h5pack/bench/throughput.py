@@ -26,29 +26,17 @@ from h5pack.training.shuffle_quality import jump_entropy
 
 @dataclass(frozen=True, kw_only=True)
 class BenchResult:
-    """Loader throughput on one pack.
-
-    Attributes:
-        path: The pack (a pack set: its manifest or directory; a list: its packs).
-        options: The settings.
-        timing: The timed runs.
-        workers: Worker processes used (``"auto"`` resolved).
-        threads: Decompression threads of an in-process reader.
-        window_chunks: Chunk groups each process keeps decompressed.
-        reads: Chunk loads and bytes read per epoch (see "Chunk work per sample").
-        shuffle_bits: Jump entropy of the epoch order.
-        train: How the images were read (``TrainingRead.to_json``, with a ``note``).
-    """
+    """Loader throughput on one pack (or set, or list of packs: ``path`` names them)."""
 
     path: str
     options: BenchOptions
     timing: Timing
-    workers: int
-    threads: int
-    window_chunks: int
+    workers: int  # ``"auto"`` resolved
+    threads: int  # decompression threads of an in-process reader
+    window_chunks: int  # chunk groups each process keeps decompressed
     reads: ReadCount
-    shuffle_bits: float
-    train: dict[str, Any]
+    shuffle_bits: float  # jump entropy of the epoch order
+    train: dict[str, Any]  # ``TrainingRead.to_json`` with a ``note``
 
 
 def bench_loader(
@@ -57,12 +45,9 @@ def bench_loader(
     *,
     on_step: Callable[[], None] | None = None,
 ) -> BenchResult:
-    """Measure images/s of an h5pack loader over ``path`` (warm page cache).
+    """Measure images/s of an h5pack loader over a pack or set (warm page cache).
 
-    Args:
-        path: The pack, or a pack set (its directory or manifest, or a list of packs).
-        options: Loader settings (default ``BenchOptions()``).
-        on_step: Called after each warm-up epoch and timed run (progress).
+    ``on_step`` is called after each warm-up epoch and timed run.
     """
     options = options or BenchOptions()
     store = options.reader.store

@@ -34,27 +34,16 @@ class Count:
 
 @dataclass(frozen=True)
 class Timing:
-    """Throughput of several repeats of one measurement.
-
-    Attributes:
-        elapsed_s: Wall time of each repeat.
-        images: Images delivered by each repeat.
-        nbytes: Decoded bytes delivered by each repeat.
-        epochs_per_run: Epochs timed together in each repeat.
-        target_spread: The spread aimed at (see "Timing enough work"), None if none.
-        first_epoch_s: Seconds of the first warm-up epoch (None without warm-up).
-        first_epoch_images: Images that epoch delivered.
-        cpu_s: CPU seconds of the process tree in each repeat (``tree_cpu_s``).
-    """
+    """Throughput of several repeats of one measurement (one entry per repeat)."""
 
     elapsed_s: tuple[float, ...]
     images: tuple[int, ...]
-    nbytes: tuple[int, ...]
+    nbytes: tuple[int, ...]  # decoded bytes delivered
     epochs_per_run: int = 1
-    target_spread: float | None = None
-    first_epoch_s: float | None = None
+    target_spread: float | None = None  # see "Timing enough work"
+    first_epoch_s: float | None = None  # the first warm-up epoch (None without warm-up)
     first_epoch_images: int = 0
-    cpu_s: tuple[float, ...] = ()
+    cpu_s: tuple[float, ...] = ()  # of the process tree (``tree_cpu_s``)
 
     @property
     def cpu_s_per_image(self) -> float | None:
@@ -175,22 +164,9 @@ def time_interleaved(
 ) -> dict[str, Timing]:
     """Time several measurements alike: interleaved, each run long enough, until steady.
 
-    See the note "Timing enough work".
-
-    Args:
-        runs: Each measurement's epoch: one call runs one epoch and says what it delivered.
-        repeats: Timed runs per measurement (at least 1).
-        warmup: Untimed epochs of each measurement first; the last one sizes the runs.
-        min_run_s: Seconds a timed run lasts at least (whole epochs).
-        target_spread: Lengthen the runs of a measurement whose spread is above this,
-            while the budget allows; None never lengthens.
-        budget_s: Seconds all the timing may take before runs stop being lengthened.
-        on_run: Called with the measurement's name after each warm-up epoch and timed run.
-        clock: Monotonic seconds; every duration is read from it.
-        cpu: CPU seconds of the process tree so far, read around each epoch.
-
-    Raises:
-        OptionsError: ``repeats`` below 1, or ``warmup`` or ``min_run_s`` negative.
+    ``runs``: each measurement's epoch (one call, one epoch). See "Timing enough work";
+    ``on_run`` is called with a name after each warm-up epoch and timed run; every duration
+    is read from ``clock``, CPU seconds of the process tree from ``cpu``.
     """
     if repeats < 1 or warmup < 0 or min_run_s < 0:
         raise OptionsError(

@@ -10,7 +10,7 @@ from typing import Any
 
 
 class Progress:
-    """Render a conversion's events and progress with tqdm (on stderr)."""
+    """Render a command's events (``ConvertEvent``, ``CompareEvent``) and progress bar."""
 
     def __init__(self, *, quiet: bool) -> None:
         from tqdm import tqdm
@@ -25,24 +25,24 @@ class Progress:
         self._tqdm.write(message, file=sys.stderr)
 
     def event(self, event: Any) -> None:
-        """Handle a ``ConvertEvent`` or a ``CompareEvent``."""
+        """Show an event: a warning, a step on the bar, a new phase's bar, or a note."""
         if event.kind == "skipped":
             self.note(f"Warning: {event.message}")
-            return
-        if event.kind in ("step", "status"):  # on the bar: a step done, or what runs now
+        elif event.kind in ("step", "status"):  # a step done, or what runs now
             if self.bar is not None:
                 self.bar.set_description_str(event.message)
                 self.bar.update(int(event.kind == "step"))
-            return
-        self.close()  # every other event comes between phases
-        if event.kind == "phase":
-            if not self.quiet:
+        else:
+            self.close()  # every other event comes between phases
+            if self.quiet:
+                return
+            if event.kind == "phase":
                 unit = getattr(event, "unit", "img")
                 self.bar = self._tqdm(
                     total=event.total, desc=event.message, unit=unit, file=sys.stderr
                 )
-        elif not self.quiet:
-            self.note(event.message)
+            else:
+                self.note(event.message)
 
     def advance(self, count: int) -> None:
         """Advance the bar."""
@@ -58,12 +58,7 @@ class Progress:
 
 @contextmanager
 def progress_for(quiet: bool) -> Iterator[Progress]:
-    """Lend a ``Progress`` (quiet or not) and close its bar at the end.
-
-    Meanwhile the library's log records are not printed: they repeat the events that the
-    ``Progress`` renders (``convert`` logs a summary of the files it skipped for callers
-    that do not watch its events).
-    """
+    """Lend a ``Progress``, closing its bar at the end; the library's logs (the events) muted."""
     progress = Progress(quiet=quiet)
     library = logging.getLogger("h5pack")
     silence = logging.NullHandler()
