@@ -28,10 +28,10 @@ from h5pack.bench import (
     time_interleaved,
 )
 from h5pack.bench.loaders import open_dataset
+from h5pack.bench.measure import format_bench
 from h5pack.bench.reading import SizeSurvey, parse_train_size
 from h5pack.bench.report import to_json
 from h5pack.bench.system import machine_info
-from h5pack.bench.throughput import format_bench
 from h5pack.bench.timing import Count, Timing
 from h5pack.bench.variants import QUICK_VARIANTS, QUICK_VARIANTS_MIXED, variant_problem
 from h5pack.cli.main import cli

@@ -14,13 +14,12 @@ from __future__ import annotations
 from h5pack.bench.access import PATTERNS, PackShape, ReadCount, pack_shape
 from h5pack.bench.compare import CompareReport, compare
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
-from h5pack.bench.measure import PatternResult, measure_pack
+from h5pack.bench.measure import BenchResult, PatternResult, bench_loader, measure_pack
 from h5pack.bench.mixture import MixBench, MixPlan, bench_mix, mix_plan
 from h5pack.bench.options import BenchOptions, CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import Recommendation, VariantResult, recommend
 from h5pack.bench.reading import SizeSurvey, TrainingRead, survey_folder, survey_pack
 from h5pack.bench.system import Machine, machine_info
-from h5pack.bench.throughput import BenchResult, bench_loader
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.bench.variants import (
     DEFAULT_VARIANTS,

@@ -1,24 +1,33 @@
-"""Measure one pack under the access patterns: throughput, reads, shuffle quality.
+"""Time a pack through h5pack's loader: ``measure_pack`` (compare) and ``bench_loader``.
 
-Every pattern reads through one dataset and loader (see "One loader for every pattern" in
-``bench.loaders``); the patterns' runs are interleaved and long enough to time (see
-"Timing enough work" in ``bench.timing``).
+``measure_pack`` times every access pattern, ``bench_loader`` given loader settings, each
+through one dataset and loader (see "One loader for every pattern" in ``bench.loaders``),
+in interleaved runs long enough to time (see "Timing enough work" in ``bench.timing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from h5pack.bench.access import PATTERNS, ReadCount, pack_shape, random_order
+from h5pack.bench.access import PATTERNS, ReadCount, check_pattern, pack_shape, random_order
 from h5pack.bench.loaders import PatternLoader, open_dataset
-from h5pack.bench.options import MeasureOptions
-from h5pack.bench.reading import batch_problem, resolve_training_read, survey_pack
-from h5pack.bench.system import warm_source
+from h5pack.bench.options import BenchOptions, MeasureOptions, TimedOptions
+from h5pack.bench.reading import (
+    SizeSurvey,
+    TrainingRead,
+    auto_note,
+    batch_problem,
+    resolve_training_read,
+    survey_pack,
+)
+from h5pack.bench.system import source_name, warm_source
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.core.store import Store, open_store
+from h5pack.core.units import human_bytes
 from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import jump_entropy
@@ -53,11 +62,73 @@ class PatternResult:
         return self.timing.mb_per_s
 
 
+@dataclass(frozen=True, kw_only=True)
+class BenchResult:
+    """Loader throughput on one pack (or set, or list of packs: ``path`` names them)."""
+
+    path: str
+    options: BenchOptions
+    timing: Timing
+    workers: int  # ``"auto"`` resolved
+    threads: int  # decompression threads of an in-process reader
+    window_chunks: int  # chunk groups each process keeps decompressed
+    reads: ReadCount
+    shuffle_bits: float  # jump entropy of the epoch order
+    train: dict[str, Any]  # ``TrainingRead.to_json`` with a ``note``
+
+
 def epoch_fraction(timing: Timing, num_samples: int) -> float:
     """Return the share of an epoch of ``num_samples`` the shortest timed epoch delivered."""
     if not timing.images or num_samples <= 0:
         return 1.0
     return min(1.0, min(timing.images) / max(1, timing.epochs_per_run) / num_samples)
+
+
+def _timed(
+    path: PackSource,
+    options: TimedOptions,
+    patterns: Sequence[str],
+    reader: ReaderOptions,
+    on_run: Callable[[str], None] | None,
+    **settings: Any,
+) -> tuple[SizeSurvey, TrainingRead, dict[str, PatternLoader], dict[str, Timing]]:
+    """Time ``patterns`` over one dataset of ``path``; ``settings``: the loaders' and cache's."""
+    survey = survey_pack(path, reader.store)
+    train = resolve_training_read(options.train, survey)
+    cache = {k: settings.pop(k) for k in ("cache", "cache_bytes") if k in settings}
+    dataset = open_dataset(path, train, seed=options.seed, reader=reader, **cache)
+    loaders = {
+        pattern: PatternLoader(
+            dataset,
+            check_pattern(pattern),
+            batch_size=options.batch_size,
+            workers=options.workers,
+            seed=options.seed,
+            batchable=batch_problem(survey, train) is None,
+            **settings,
+        )
+        for pattern in patterns
+    }
+    try:
+        warm_source(path, reader.store)
+        timings = time_interleaved(
+            loaders,
+            repeats=options.repeats,
+            warmup=options.warmup,
+            min_run_s=options.min_run_s,
+            target_spread=options.target_spread,
+            budget_s=options.budget_s,
+            on_run=on_run,
+        )
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    return survey, train, loaders, timings
+
+
+def _order(loader: PatternLoader) -> np.ndarray:
+    plan = loader.plan(0)
+    return np.concatenate(plan) if plan else np.zeros(0, dtype=np.int64)
 
 
 def measure_pack(
@@ -73,51 +144,98 @@ def measure_pack(
     ``store``: where the pack is kept (default ``open_store(path)``).
     """
     options = options or MeasureOptions()
-    store = store or open_store(path)
-    shape = pack_shape(path, store)
-    survey = survey_pack(path, store)
-    train = resolve_training_read(options.train, survey)
-    warm_source(path, store)
-    dataset = open_dataset(path, train, seed=options.seed, reader=ReaderOptions(store=store))
-    loaders: dict[str, PatternLoader] = {
-        pattern: PatternLoader(
-            dataset,
-            pattern,
-            batch_size=options.batch_size,
-            workers=options.workers,
-            seed=options.seed,
-            batchable=batch_problem(survey, train) is None,
-            budget_s=options.epoch_budget_s,
-        )
-        for pattern in PATTERNS
-        if pattern in options.patterns
-    }
-    try:
-        timings = time_interleaved(
-            loaders,
-            repeats=options.repeats,
-            warmup=options.warmup,
-            min_run_s=options.min_run_s,
-            target_spread=options.target_spread,
-            budget_s=options.budget_s,
-            on_run=on_step,
-        )
-    finally:
-        for loader in loaders.values():
-            loader.close()
+    reader = ReaderOptions(store=store or open_store(path))
+    shape = pack_shape(path, reader.store)
+    patterns = [p for p in PATTERNS if p in options.patterns]
+    timed = _timed(path, options, patterns, reader, on_step, budget_s=options.epoch_budget_s)
     results: dict[str, PatternResult] = {}
-    for pattern, loader in loaders.items():
-        order = np.concatenate(loader.plan(0))
+    for pattern, loader in timed[2].items():
+        timing, order = timed[3][pattern], _order(loader)
         bits = jump_entropy(order)
         reference = jump_entropy(random_order(order.size, seed=options.seed, epoch=99))
         results[pattern] = PatternResult(
             pattern=pattern,
-            timing=timings[pattern],
+            timing=timing,
             workers=loader.workers,
             window_chunks=loader.window_chunks,
             reads=shape.reads(pattern, loader.images_per_epoch, window_chunks=loader.window_chunks),
             shuffle_bits=bits,
             shuffle_vs_random=bits / reference if reference > 0 else 0.0,
-            epoch_fraction=epoch_fraction(timings[pattern], shape.num_samples),
+            epoch_fraction=epoch_fraction(timing, shape.num_samples),
         )
     return results
+
+
+def bench_loader(
+    path: PackSource,
+    options: BenchOptions | None = None,
+    *,
+    on_step: Callable[[], None] | None = None,
+) -> BenchResult:
+    """Measure images/s of an h5pack loader over a pack or set (warm page cache).
+
+    ``on_step`` is called after each warm-up epoch and timed run.
+    """
+    options = options or BenchOptions()
+    survey, train, loaders, timings = _timed(
+        path,
+        options,
+        [options.order],
+        options.reader,
+        (lambda name: on_step()) if on_step is not None else None,
+        cache=options.cache,
+        cache_bytes=options.cache_bytes,
+        max_batches=options.max_batches,
+    )
+    loader = loaders[options.order]
+    reads = pack_shape(path, options.reader.store).reads(
+        options.order, loader.images_per_epoch, window_chunks=max(1, loader.window_chunks)
+    )
+    return BenchResult(
+        path=source_name(path),
+        options=options,
+        timing=timings[options.order],
+        workers=loader.workers,
+        threads=loader.threads,
+        window_chunks=loader.window_chunks,
+        reads=reads,
+        shuffle_bits=jump_entropy(_order(loader)),
+        train={**train.to_json(), "note": auto_note(train, survey)},
+    )
+
+
+def format_bench(result: BenchResult) -> str:
+    """Return ``bench``'s result as lines of text, with a warning when it is unsteady."""
+    options, timing = result.options, result.timing
+    threads = f", {result.threads} reader threads" if result.threads else ""
+    runs = (
+        f"{len(timing.rates)} runs of {timing.epochs_per_run} epoch(s)"
+        if timing.epochs_per_run > 1
+        else f"{len(timing.rates)} epochs"
+    )
+    read = result.train.get("note") or f"Read: {result.train.get('description')}."
+    cached = options.cache == "decoded"
+    lines = [
+        f"{result.path}: {timing.describe()}  ({timing.mb_per_s:,.0f} MB/s; "
+        f"slowest {timing.low:,.0f}, fastest {timing.high:,.0f} over {runs}; "
+        f"{max(timing.images, default=0) // max(1, timing.epochs_per_run)} images an epoch)",
+        f"  {read}",
+        f"  order {options.order}, batch size {options.batch_size}, {result.workers} workers"
+        f"{threads}, window {result.window_chunks} chunks"
+        + (", decoded cache (the timed epochs come after the warm-up filled it)" if cached else ""),
+    ]
+    if cached and timing.first_epoch_per_s is not None:
+        lines.append(
+            f"  first epoch (filling the decoded cache): {timing.first_epoch_per_s:,.0f} img/s"
+        )
+    lines.append(
+        f"  per sample: {result.reads.chunks_per_sample:.3g} chunk loads, "
+        f"{human_bytes(result.reads.bytes_per_sample)} read; shuffle entropy "
+        f"{result.shuffle_bits:.2f} bits"
+    )
+    if not timing.stable:
+        lines.append(
+            f"  warning: the runs still differ by ±{50 * timing.spread:.0f}% (the machine may "
+            "be busy): take the figure as rough"
+        )
+    return "\n".join(lines)

@@ -40,7 +40,7 @@ def _train_json(train: TrainChoice) -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Timed:
+class TimedOptions:
     """The loader and timing settings ``MeasureOptions`` and ``BenchOptions`` share.
 
     ``repeats`` timed runs of at least ``min_run_s`` after ``warmup`` untimed epochs, runs
@@ -80,7 +80,7 @@ class _Timed:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MeasureOptions(_Timed):
+class MeasureOptions(TimedOptions):
     """How ``compare`` measures a pack; a slow pattern is timed on ``epoch_budget_s`` of it."""
 
     train: TrainChoice = field(default_factory=TrainingRead)
@@ -100,7 +100,7 @@ class MeasureOptions(_Timed):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchOptions(_Timed):
+class BenchOptions(TimedOptions):
     """Loader settings of ``bench``.
 
     ``order``: an access pattern; ``cache="decoded"``: through ``make_loader``'s decoded

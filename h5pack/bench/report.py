@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
+from h5pack.bench.access import ReadCount
 from h5pack.bench.compare import CompareReport
-from h5pack.bench.measure import PatternResult
+from h5pack.bench.measure import BenchResult, PatternResult
 from h5pack.bench.plots import PLOT_HINT, plots_available, write_plots
 from h5pack.bench.ranking import VariantResult, pixel_groups
-from h5pack.bench.throughput import BenchResult
 from h5pack.bench.timing import Timing
 from h5pack.core.store import Store
 from h5pack.core.units import human_bytes
@@ -216,26 +216,12 @@ def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
 
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = [f for f in dataclasses.fields(value) if f.repr]  # repr=False: settings, secrets
-        data = {f.name: _jsonable(getattr(value, f.name)) for f in fields}
-        if isinstance(value, Timing):
-            data.update(
-                images_per_s=value.images_per_s,
-                mb_per_s=value.mb_per_s,
-                low=value.low,
-                high=value.high,
-                spread=value.spread,
-                cpu_s_per_image=value.cpu_s_per_image,
-            )
+        names = [f.name for f in dataclasses.fields(value) if f.repr]  # not settings, secrets
+        if isinstance(value, Timing | PatternResult | VariantResult | ReadCount):  # derived
+            names += [n for n, a in vars(type(value)).items() if isinstance(a, property)]
+        data = {name: _jsonable(getattr(value, name)) for name in names}
         if isinstance(value, PatternResult):
-            data.update(
-                images_per_s=value.images_per_s,
-                mb_per_s=value.mb_per_s,
-                chunks_per_sample=value.reads.chunks_per_sample,
-                bytes_per_sample=value.reads.bytes_per_sample,
-            )
-        if isinstance(value, VariantResult):
-            data["pixels_per_file_byte"] = value.pixels_per_file_byte
+            data |= {k: data["reads"][k] for k in ("chunks_per_sample", "bytes_per_sample")}
         return data
     if isinstance(value, Store):  # its kind; its settings may hold credentials
         return type(value).__name__

@@ -363,9 +363,9 @@ def bench(
         )
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
+    from h5pack.bench.measure import bench_loader, format_bench
     from h5pack.bench.options import BenchOptions, CompareEvent
     from h5pack.bench.report import to_json
-    from h5pack.bench.throughput import bench_loader, format_bench
     from h5pack.read.eviction import parse_policy
     from h5pack.read.options import ReaderOptions
     from h5pack.read.readahead import ReadAheadOptions
