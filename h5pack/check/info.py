@@ -26,43 +26,12 @@ from h5pack.read.virtual import check_virtual_sources
 class PackInfo:
     """A summary of a pack, for people (``h5pack info``) and machines (``--json``).
 
-    Attributes:
-        path: The pack.
-        file_bytes: Size of the file.
-        format_version: Format version of the pack.
-        format_minor: Minor format version (1.1 adds the pack id and digests).
-        pack_id: The pack's random id (format 1.1), or None.
-        tool_version: h5pack version that wrote it.
-        created_utc: When it was written.
-        num_samples: Samples in the pack.
-        classes: ``(name, samples)`` for each class, in label order.
-        unlabelled: Samples with label -1.
-        mode: ``"raw"`` or ``"encoded"``.
-        storage: ``"array"`` or ``"blob"``.
-        dtype: Element type of the images dataset.
-        images_shape: Shape of the images dataset.
-        sample_shape: (H, W, C) when every sample has it, else None.
-        channels: 1 or 3.
-        layout: ``"chunked"``, ``"contiguous"`` or ``"virtual"`` (``merge --virtual``: the
-            images are read from the packs in ``virtual_sources``).
-        chunk_shape: Chunk shape of the images dataset, or None.
-        chunk_bytes: Uncompressed bytes of one chunk (0 when contiguous).
-        num_chunks: Chunks stored.
-        samples_per_chunk: Mean samples per chunk group (see ``layout.ChunkMap``).
-        codec: Human description of the compression, ``"none"`` without.
-        filter_ids: HDF5 filter ids on the images dataset.
-        plugins: What reading the pack needs beyond HDF5 (``hdf5plugin`` filters).
-        stored_bytes: Uncompressed bytes of every sample (padding excluded).
-        disk_bytes: Bytes the images dataset takes in the file.
-        compression_ratio: ``stored_bytes / disk_bytes``.
-        shuffled: Whether samples were written in a shuffled order.
-        skipped: Files left out at conversion.
-        options: The conversion options recorded in the pack.
-        shard: A shard's place in its split (``convert --shards``), else empty.
-        virtual_sources: A virtual pack's source packs (each checked, see
-            ``check_virtual_sources``); codec, ratio and bytes are then the sources'.
-        fields: The sample's fields as the pack lists them (``core.fields``): name, kind
-            and, for numbers, dtype and shape.
+    ``format_minor`` 1 adds ``pack_id`` and digests; ``sample_shape`` is None when samples
+    differ; ``layout`` is ``"chunked"``, ``"contiguous"`` or ``"virtual"`` (``merge
+    --virtual``: images read from ``virtual_sources``, whose codec, ratio and bytes these
+    are); ``samples_per_chunk`` is per chunk group; ``plugins``: what reading needs beyond
+    HDF5; ``stored_bytes`` are uncompressed, ``disk_bytes`` in the file; ``shard``: its place
+    in a split; ``fields``: name, kind and, for numbers, dtype and shape.
     """
 
     path: str
@@ -203,14 +172,14 @@ def pack_info(
 
 
 def _json_ready(info: PackInfo | PackSetInfo) -> dict[str, Any]:
-    """Return ``info`` as JSON-ready data: tuples as lists, classes as ``{name, samples}``."""
+    """Return ``info`` as JSON: tuples as lists, classes as ``{name, samples}``."""
     data: dict[str, Any] = json.loads(json.dumps(asdict(info)))
     data["classes"] = [{"name": name, "samples": count} for name, count in info.classes]
     return data
 
 
 def _virtual_source_paths(handle: Any, path: str) -> list[str]:
-    """Return the source packs a virtual pack records (checked by ``check_virtual_sources``)."""
+    """Return the source packs a virtual pack records."""
     raw = handle.attrs[fmt.VIRTUAL_SOURCES_KEY]
     text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
     base = os.path.dirname(os.path.abspath(path))
@@ -239,18 +208,9 @@ def _common(values: list[str]) -> str:
 class PackSetInfo:
     """A summary of a pack set (or a list of packs), for ``h5pack info SET``.
 
-    The attributes ``PackInfo`` has mean the same, over every shard (summed, or the one
-    value they share; ``layout`` and ``codec`` say how shards differ, ``sample_shape`` and
-    ``shuffled`` are None when they do). Besides:
-
-    Attributes:
-        path: The manifest (for a list of packs: the first pack).
-        has_manifest: Whether the set has a manifest (else it is a list of packs).
-        num_shards: Shards (packs) in the set.
-        seed: The seed of the split (from the manifest), or None.
-        created_utc: When the manifest was written ("" for a list).
-        tool_version: The h5pack that wrote the manifest (else the first shard's).
-        shards: One row per shard, in set order.
+    ``PackInfo``'s attributes over every shard: summed, or the value they share (``layout``
+    and ``codec`` say how shards differ; ``sample_shape`` and ``shuffled`` None when they
+    do). ``path`` is the manifest (or the first pack); ``seed`` the split's, or None.
     """
 
     path: str
@@ -298,21 +258,8 @@ def packset_summary(
 ) -> tuple[PackSetInfo, PackView]:
     """Return a summary of the pack set at ``source``, and the readers' view of it.
 
-    The view (its combined metadata and chunk map, ``read.packset.describe``) is the one
-    the summary was made from: every shard is checked as a reader checks it when the set is
-    opened (present, a pack, the file the manifest recorded, joinable with the others).
-
-    Args:
-        source: The pack set's directory or manifest, or a list of packs.
-        timeout_s: Read each shard's metadata in a child process first, under this time
-            limit per shard (see ``probe_packs``); ``None`` reads it in this process.
-        store: Where the set is kept (a remote set is described from its shards' indexes,
-            fetched concurrently); None: the local file system.
-
-    Raises:
-        FileNotFoundError: the manifest or a shard does not exist.
-        FormatError: the manifest or a shard is not valid, a shard changed since the
-            manifest was written, or the shards do not form one set (each names the file).
+    Every shard is checked as a reader checks it when the set is opened (``describe``);
+    ``timeout_s`` probes each shard first (``probe_packs``); ``store``: None is local.
     """
     if store is not None and store.remote:
         view = describe(source, store=store)

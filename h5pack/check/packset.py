@@ -1,17 +1,9 @@
 """Whether a pack set is intact: ``verify_packset`` (``h5pack verify SET``).
 
-Every shard is checked as a pack is (``check_pack``: metadata digests, structure, every
-sample's digests and decoding), and the set as a whole:
-
-- the manifest: every shard it lists is present and is the file it recorded (size, sample
-  count, class list and metadata digest, ``core.setmembers.check_shard``);
-- across shards: one class list (and one mode, storage, channel count and image shape,
-  as the readers require); no source image in two shards: the same ``source_index`` (a
-  position in the one global scan, see the note "Source positions across shards") or, in a
-  set with a manifest or checked against its source folder, the same source path;
-- with a source folder: every image of the folder in exactly one shard.
-
-Problems are reported by shard file; a problem of the set as a whole names the manifest.
+Every shard is checked as a pack is (``check_pack``), and the set as a whole: the manifest's
+shards present and unchanged (``check_shard``); the shards agree as readers require; no
+source image in two shards; with a source, every image in exactly one. Problems name the
+shard file, or the manifest for the set as a whole.
 """
 
 from __future__ import annotations
@@ -201,12 +193,10 @@ def _set_problems(
         if differences:
             message = f"does not match {shards[0].name}: " + "; ".join(differences)
             problems.append(Problem(None, "", message, shard.name))
-    # NOTE [ Source positions across shards ]: a sharded conversion's shards number their
-    # images by position in the one global scan, so a position held twice is an image held
-    # twice. Packs converted separately (and listed, or gathered under a manifest by hand)
-    # each number their own scan from 0: their positions repeat by construction and say
-    # nothing, so they are compared only when some shard holds a position beyond its own
-    # count (a global numbering).
+    # NOTE [ Source positions across shards ]: a sharded conversion numbers images by their
+    # place in one global scan, so a position held twice is an image held twice. Packs
+    # converted separately each number from 0: positions are compared only when some shard
+    # holds one beyond its own count (a global numbering).
     by_index = any(
         s.meta.source_index.size and int(s.meta.source_index.max()) >= s.meta.num_samples
         for s in shards
@@ -218,8 +208,7 @@ def _set_problems(
 def _duplicates(shards: Sequence[SourceShard], *, by_index: bool, by_path: bool) -> list[Problem]:
     """Return a problem for each sample whose source image an earlier shard holds too.
 
-    ``by_index``: the same ``source_index`` (see the note "Source positions across
-    shards"); ``by_path``: the same relative source path.
+    The same image: the same ``source_index`` (``by_index``) or relative path (``by_path``).
     """
     problems: list[Problem] = []
     by_position: dict[int, tuple[int, int]] = {}

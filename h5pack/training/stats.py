@@ -132,7 +132,7 @@ class LoaderStats:
         stage_s: Seconds per stage (``STAGES``), summed over processes and threads.
         dominant: The stage with the most time ("" when none was timed).
         bottleneck: ``"compute"`` (waits under ``COMPUTE_BOUND_WAIT``), else ``"storage"``,
-            ``"decode"`` or ``"loader"``, (``advice.BOTTLENECKS``).
+            ``"decode"`` or ``"loader"`` (``advice.BOTTLENECKS``).
         advice: What would help, in words; ``fix``: the first thing to try.
 
     ``str()`` is one short line; ``line(full=True)`` the whole report.
