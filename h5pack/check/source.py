@@ -219,12 +219,10 @@ def _field_difference(field: StoredField, stored: Any, given: Any, stored_form: 
         theirs = np.asarray(given if stored_form else field.column([given], 1)[0])
     except (H5PackError, ValueError, TypeError) as err:
         return f"field {name!r}: the source's value is no {field.kind} value ({err})"
-    if isinstance(field, TextField | BytesField) and not isinstance(
-        field, MaskField
-    ):  # compared whole
-        if ours.tobytes() == theirs.tobytes():
+    if isinstance(field, TextField | BytesField) and not isinstance(field, MaskField):
+        mine, source = ours.tobytes(), theirs.tobytes()  # compared whole
+        if mine == source:
             return None
-        mine, source = ours.tobytes(), theirs.tobytes()
         if isinstance(field, TextField):
             return f"field {name!r} is {mine.decode()!r:.60}, {source.decode()!r:.60} in the source"
         return f"field {name!r} is {mine!r:.60}, {source!r:.60} in the source"

@@ -105,9 +105,8 @@ def check_pack(
         if isinstance(handle, CompactIndex) and meta_digest(
             fmt.read_meta(handle.hdf5_index(), text, check_digests=False)
         ) != meta_digest(meta):
-            index_problems.append(
-                Problem(None, "", "its compact index does not say what HDF5's metadata says")
-            )
+            differs = "its compact index does not say what HDF5's metadata says"
+            index_problems.append(Problem(None, "", differs))
         try:
             paths = fmt.read_paths(handle, meta, check=False)
             problems = _metadata_problems(meta, paths)
@@ -136,22 +135,16 @@ def check_pack(
             except Exception as err:  # any failure to read damaged data is reported, not raised
                 # The reader's own FormatError already names the pack and the group.
                 cause = err.__cause__ if isinstance(err, FormatError) and err.__cause__ else err
-                problems.append(
-                    Problem(
-                        indices.start,
-                        paths[indices.start],
-                        f"samples {indices.start}..{indices.stop - 1} (chunk group {group}) "
-                        f"cannot be read: {cause}",
-                    )
-                )
-                step(len(indices))
-                continue
-            for i, data in zip(indices, stored, strict=True):
-                message = _check_sample(meta, i, data, paths[i], checks)
-                if message is None:
-                    verified += 1
-                else:
-                    problems.append(Problem(i, paths[i], message))
+                span = f"samples {indices.start}..{indices.stop - 1} (chunk group {group})"
+                failed = f"{span} cannot be read: {cause}"
+                problems.append(Problem(indices.start, paths[indices.start], failed))
+            else:
+                for i, data in zip(indices, stored, strict=True):
+                    message = _check_sample(meta, i, data, paths[i], checks)
+                    if message is None:
+                        verified += 1
+                    else:
+                        problems.append(Problem(i, paths[i], message))
             step(len(indices))
     report = VerifyReport(
         path=text, num_samples=meta.num_samples, num_verified=verified, problems=tuple(problems)
