@@ -51,11 +51,10 @@ if TYPE_CHECKING:
     from h5pack.training.prefetch import DevicePrefetcher
     from h5pack.training.sampler import ChunkBatchSampler, ChunkSampler, EpochSpec
     from h5pack.training.weighted import WeightedMix
-    from h5pack.write.convert import convert, write_arrays
-    from h5pack.write.dask import convert_on_dask
+    from h5pack.write.convert import convert, convert_on_dask, convert_set, write_arrays
     from h5pack.write.merge import MergeReport, merge_packs
     from h5pack.write.options import ConvertOptions
-    from h5pack.write.shards import PackSetReport, ShardReport, convert_set
+    from h5pack.write.shards import PackSetReport, ShardReport
 
 _MODULES = {
     "h5pack.training.dataset": ("H5ImageDataset", "H5IterableDataset"),
@@ -66,9 +65,8 @@ _MODULES = {
     "h5pack.read.boxes": ("CropSpec",),
     "h5pack.training.loader": ("make_loader", "seed_everything"),
     "h5pack.training.prefetch": ("DevicePrefetcher",),
-    "h5pack.write.convert": ("convert", "write_arrays"),
-    "h5pack.write.shards": ("convert_set", "PackSetReport", "ShardReport"),
-    "h5pack.write.dask": ("convert_on_dask",),
+    "h5pack.write.convert": ("convert", "write_arrays", "convert_set", "convert_on_dask"),
+    "h5pack.write.shards": ("PackSetReport", "ShardReport"),
     "h5pack.write.merge": ("merge_packs", "MergeReport"),
     "h5pack.write.options": ("ConvertOptions",),
     "h5pack.core.layout": ("Compression",),

@@ -239,7 +239,7 @@ def part_open(args: argparse.Namespace, work: Path, bucket: Bucket, proxy: Fault
 
 
 def part_first(args: argparse.Namespace, work: Path, bucket: Bucket, server: S3Server) -> None:
-    from h5pack.core.s3 import S3Source, resolve_options
+    from h5pack.core.s3 import S3Source, S3Store
     from h5pack.read.reader import PackReader, ReaderOptions
 
     pack = work / "first.h5"
@@ -254,7 +254,7 @@ def part_first(args: argparse.Namespace, work: Path, bucket: Bucket, server: S3S
             index = r.chunk_index
         assert index is not None  # a chunked pack on the direct path
         ranges = [(int(o), int(o) + int(n)) for o, n in zip(*index, strict=True)]
-        source = S3Source(url, resolve_options({**direct, "max_in_flight": 8}))
+        source = S3Source(url, S3Store.of({**direct, "max_in_flight": 8}).options)
         wall, cpu = time.perf_counter(), tree_cpu_s(exclude=SERVER_PID)
         source.read_ranges(ranges)
         return time.perf_counter() - wall, tree_cpu_s(exclude=SERVER_PID) - cpu, args.samples
@@ -263,7 +263,7 @@ def part_first(args: argparse.Namespace, work: Path, bucket: Bucket, server: S3S
     for name, storage in (("lean", direct), ("botocore", botocore)):  # the client's own cost
         with PackReader(url, ReaderOptions(storage_options=direct, disk_cache_bytes=0)) as r:
             offsets, sizes = r.chunk_index or ((), ())
-        source = S3Source(url, resolve_options({**storage, "max_in_flight": 8}))
+        source = S3Source(url, S3Store.of({**storage, "max_in_flight": 8}).options)
         wall, cpu = time.perf_counter(), time.process_time()
         source.read_ranges([(int(o), int(o) + int(n)) for o, n in zip(offsets, sizes, strict=True)])
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

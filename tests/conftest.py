@@ -51,9 +51,9 @@ def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
 @pytest.fixture
 def no_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No AWS_* variable set: only what a test passes configures the client."""
-    from h5pack.core.s3 import ENVIRONMENT
+    from h5pack.core.s3 import S3Options
 
-    for variable in ENVIRONMENT:
+    for variable in S3Options.ENVIRONMENT:
         monkeypatch.delenv(variable, raising=False)
 
 

@@ -68,7 +68,7 @@ def test_scrub_and_redacted() -> None:
 def test_no_repr_or_str_shows_a_secret(s3_bucket: Bucket, tmp_path: Path) -> None:
     url = s3_bucket.put(make_pack(tmp_path / "a.h5"), "a.h5")
     given = {**s3_bucket.storage_options, "session_token": TOKEN}
-    options = s3.resolve_options(given)
+    options = s3.S3Store.of(given).options
     store = s3.S3Store(options)
     source = store.source(url)
     reader_options = ReaderOptions(storage_options=given)
@@ -185,7 +185,7 @@ def test_fifty_failing_runs_show_no_secret(
         name, fault, run = scenarios[number % len(scenarios)]
         args, env = run(s3_bucket, url, tmp_path)
         with monkeypatch.context() as patch:
-            for variable in s3.ENVIRONMENT:
+            for variable in s3.S3Options.ENVIRONMENT:
                 patch.delenv(variable, raising=False)
             for variable, value in env.items():
                 patch.setenv(variable, value)

@@ -15,7 +15,14 @@ import pytest
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3
 from h5pack.core.source import LocalSource, SourceChangedError
-from h5pack.core.store import MissingExtraError, is_url, open_source, split_url
+from h5pack.core.store import (
+    MissingExtraError,
+    environment_options,
+    is_url,
+    open_source,
+    options_of,
+    split_url,
+)
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError, RemoteError, install_line
 
 DATA = np.random.default_rng(0).integers(0, 255, 300_000, dtype=np.uint8).tobytes()
@@ -190,7 +197,7 @@ def test_options_from_the_environment_and_storage_options(
         "AWS_REGION": "eu-west-3",
         "AWS_PROFILE": "p",
     }
-    assert s3.environment_options(environ) == {
+    assert environment_options(s3.S3Options, environ) == {
         "endpoint": "http://e:1",
         "access_key_id": "id",
         "secret_access_key": "secret",
@@ -202,13 +209,13 @@ def test_options_from_the_environment_and_storage_options(
             monkeypatch.delenv(key)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://from-env:1")
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
-    options = s3.resolve_options({"endpoint_url": "http://given:2", "attempts": "2"})
+    options = s3.S3Store.of({"endpoint_url": "http://given:2", "attempts": "2"}).options
     assert (options.endpoint, options.region, options.max_attempts) == (
         "http://given:2",
         "eu-west-3",
         2,
     )
     with pytest.raises(OptionsError, match="unknown storage option 'colour'"):
-        s3.S3Options.of({"colour": "red"})
+        options_of(s3.S3Options, {"colour": "red"})
     with pytest.raises(OptionsError, match="max_attempts should be >= 1"):
-        s3.S3Options.of({"attempts": "0"})
+        options_of(s3.S3Options, {"attempts": "0"})

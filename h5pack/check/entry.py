@@ -1,8 +1,9 @@
-"""``verify_pack`` (``h5pack verify``): a pack, a pack set, and optionally their source.
+"""The check package's public edge: ``verify_pack``, ``verify_packset``, ``pack_info``.
 
-The entry of the checks: one pack is ``check.verify.check_pack``'s, a set is
-``check.packset.verify_packset``'s, the source folder ``check.source.compare_source``'s.
-It sits above them, so that none of them imports another that imports it back.
+One pack is ``check.verify.check_pack``'s, a set is ``check.packset.verify_packset``'s, the
+source folder ``check.source.compare_source``'s, a summary ``check.info.pack_info``'s. It
+sits above them, so that none of them imports another that imports it back; the user's
+``storage_options`` become a store here (NOTE [ Stores ]).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.check.packset import verify_packset
+from h5pack.check.info import PackInfo
+from h5pack.check.info import pack_info as summarize
+from h5pack.check.packset import verify_packset as verify_set
 from h5pack.check.probe import probe_pack
 from h5pack.check.report import DEFAULT_TOLERANCE, VerifyReport
 from h5pack.check.source import SourceShard, compare_source
@@ -73,7 +76,7 @@ def verify_pack(
     """
     store = store or open_store(path, storage_options)
     if is_packset(path):
-        return verify_packset(
+        return verify_set(
             path,
             source=source,
             labels_csv=labels_csv,
@@ -104,3 +107,41 @@ def verify_pack(
         seed=seed,
         tolerance=tolerance,
     )
+
+
+def verify_packset(
+    packs: PackSource,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
+    **checks: Any,
+) -> VerifyReport:
+    """Check every shard of a pack set and the set as a whole (``check.packset``'s).
+
+    Args:
+        packs: The pack set's directory, manifest or prefix, or a list of packs.
+        storage_options: The remote client's settings for a remote set.
+        store: Where the set is kept (instead of ``storage_options``).
+        **checks: ``source``, ``sample``, ``timeout_s``... as ``verify_pack`` takes them.
+    """
+    store = store or open_store(packs, storage_options)
+    return verify_set(packs, store=store, **checks)
+
+
+def pack_info(
+    path: StrPath,
+    *,
+    timeout_s: float | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
+) -> PackInfo:
+    """Return a summary of the pack at ``path`` (``check.info.pack_info``).
+
+    Args:
+        path: The pack.
+        timeout_s: Read the metadata in a child process first, under this time limit.
+        storage_options: The remote client's settings for a URL.
+        store: Where the pack is kept (instead of ``storage_options``).
+    """
+    store = store or open_store(path, storage_options)
+    return summarize(path, timeout_s=timeout_s, store=store)

@@ -6,7 +6,6 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +76,6 @@ def pack_info(
     path: StrPath,
     *,
     timeout_s: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
     store: Store | None = None,
 ) -> PackInfo:
     """Return a summary of the pack at ``path``.
@@ -88,15 +86,14 @@ def pack_info(
             (``probe_pack``): a pack whose damaged metadata would make HDF5 loop is then
             reported as damaged instead of hanging this process. ``None`` reads it here.
             A URL's pack is read from its compact index (checked by CRC32) in this process.
-        storage_options: The remote client's settings for a URL (``core.s3.S3Options``).
-        store: Where the pack is kept (default: ``open_store(path, storage_options)``).
+        store: Where the pack is kept (default: ``open_store(path)``).
 
     Raises:
         FileNotFoundError: the path does not exist.
         FormatError: the file is not a valid pack, or is damaged.
     """
     text = os.fspath(path)
-    store = store or open_store(text, storage_options)
+    store = store or open_store(text)
     remote = store.remote
     if timeout_s is not None and not remote:
         probe_pack(text, timeout_s=timeout_s)

@@ -9,10 +9,9 @@ shard file, or the manifest for the set as a whole.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.check.probe import probe_packs
@@ -44,7 +43,6 @@ def verify_packset(
     tolerance: float = DEFAULT_TOLERANCE,
     progress: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
-    storage_options: Mapping[str, Any] | None = None,
     store: Store | None = None,
 ) -> VerifyReport:
     """Check every shard of a pack set and the set as a whole; optionally its source folder.
@@ -66,17 +64,15 @@ def verify_packset(
         progress: Called with the number of samples just checked.
         timeout_s: Read each shard's metadata in a child process first, under this time
             limit per shard (see ``probe_packs``); ``None`` reads it in this process.
-        storage_options: The remote client's settings for a remote set (its prefix, its
-            ``packset.json`` or a list of URLs): each shard is verified as ``verify_pack``
-            verifies a URL.
-        store: Where the set is kept (default: ``open_store(packs, storage_options)``).
+        store: Where the set is kept (default: ``open_store(packs)``); each shard of a
+            remote set is verified as ``verify_pack`` verifies a URL.
 
     Raises:
         PackNotFoundError: the set has no manifest.
         FormatError: the manifest is not a valid one.
         OptionsError: the list of packs is empty.
     """
-    store = store or open_store(packs, storage_options)
+    store = store or open_store(packs)
     remote = store.remote
     paths: list[Path | str]
     if remote:  # a missing shard is named when its index is read

@@ -18,7 +18,6 @@ from h5pack.cli.flags import (
     checked_mix,
     format_bytes,
     mix_flags,
-    parse_storage_options,
     quiet_flag,
     storage_option_flag,
     store_of,
@@ -338,11 +337,10 @@ def verify(
     from h5pack.core.packset import is_packset, load_manifest
     from h5pack.write.sources import SampleSource, sample_source
 
-    settings = parse_storage_options(storage_option)  # a source in a bucket: its store's
     extra: dict[str, Any] = {"annotations": annotations, "masks": masks, "labels_csv": labels_csv}
     given: str | SampleSource | None = source
     if source is not None:
-        given = sample_source(source, storage_options=settings, **extra)
+        given = sample_source(source, store=store_of(source, storage_option), **extra)
     elif annotations or masks:
         raise click.BadParameter("needs --source: the images they describe")
 

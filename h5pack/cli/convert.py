@@ -18,10 +18,10 @@ from h5pack.cli.flags import (
     convert_flags,
     format_bytes,
     options_from_flags,
-    parse_storage_options,
     quiet_flag,
     staging_flag,
     storage_option_flag,
+    store_of,
 )
 from h5pack.cli.progress import progress_for
 from h5pack.core.machine import available_cores
@@ -120,14 +120,12 @@ def convert(
     TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
     pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
     """
-    remote: dict[str, Any] = {
-        "staging_dir": staging_dir,
-        "storage_options": parse_storage_options(storage_option),
-    }
+    remote: dict[str, Any] = {"staging_dir": staging_dir, "store": store_of(target, storage_option)}
     from h5pack.write.sources import sample_source
 
-    extra = {"annotations": annotations, "masks": masks, **remote}
-    extra.pop("staging_dir")
+    named = [p for p in (source, annotations, masks) if p is not None]
+    extra: dict[str, Any] = {"annotations": annotations, "masks": masks}
+    extra["store"] = store_of(named, storage_option)
     if shards is None and shard is None and dask_address is None:
         options = options_from_flags(flags)
         found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv, **extra)

@@ -6,10 +6,10 @@ import click
 
 from h5pack.cli.flags import (
     format_bytes,
-    parse_storage_options,
     quiet_flag,
     staging_flag,
     storage_option_flag,
+    store_of,
 )
 from h5pack.cli.progress import progress_for
 
@@ -72,7 +72,7 @@ def merge(
             progress=progress.advance,
             on_event=progress.event,
             staging_dir=staging_dir,
-            storage_options=parse_storage_options(storage_option),
+            store=store_of([target, *sources], storage_option),
         )
     count = len(report.sources)
     if report.virtual:

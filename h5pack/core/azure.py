@@ -7,8 +7,8 @@ stores.md says why), made once per process and options with no retries of its ow
 NOTE [ Ranged sources ]) and no split of one read into several GETs. A chunk is one ranged
 GET carrying ``If-Match`` (the ETag seen at open); each answer's ETag and total size are
 checked. Settings are named as adlfs names them (``account_name``, ``account_key``,
-``connection_string``, ``sas_token``, ``anon``); ``environment_options`` is the one place
-that reads the environment (``AZURE_STORAGE_*``); without a key, token or connection
+``connection_string``, ``sas_token``, ``anon``), or given by the environment
+(``AZURE_STORAGE_*``); without a key, token or connection
 string, azure-identity's default credential is asked. A publish is one upload (blocks,
 each with its Content-MD5, committed at once) with ``If-None-Match: *`` when it must not
 replace: Azure refuses atomically (409); uncommitted blocks are never an object.
@@ -23,19 +23,13 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
+from h5pack.core.ranged import RangedSource, throttled_or_not
 from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import FormatError, PackNotFoundError, RemoteError, TargetExistsError
 
-ENVIRONMENT = {
-    "AZURE_STORAGE_CONNECTION_STRING": "connection_string",
-    "AZURE_STORAGE_ACCOUNT_NAME": "account_name",
-    "AZURE_STORAGE_ACCOUNT_KEY": "account_key",
-    "AZURE_STORAGE_SAS_TOKEN": "sas_token",
-}
 ONE_GET = 2**40  # the SDK splits a read above its max_single_get_size into several GETs
 _SECRETS = re.compile(r"((?:sig|AccountKey|SharedAccessSignature)=)[^&;\s'\"]+", re.IGNORECASE)
 
@@ -60,6 +54,13 @@ class AzureOptions(RetryPolicy):
         max_in_flight: Requests one process issues at once.
     """
 
+    ENVIRONMENT: ClassVar[Mapping[str, str]] = {
+        "AZURE_STORAGE_CONNECTION_STRING": "connection_string",
+        "AZURE_STORAGE_ACCOUNT_NAME": "account_name",
+        "AZURE_STORAGE_ACCOUNT_KEY": "account_key",
+        "AZURE_STORAGE_SAS_TOKEN": "sas_token",
+    }
+
     account_name: str | None = None
     account_key: str | None = field(default=None, repr=False)
     connection_string: str | None = field(default=None, repr=False)
@@ -78,12 +79,6 @@ class AzureOptions(RetryPolicy):
             name = re.search(r"AccountName=([^;]+)", self.connection_string)
             return f"https://{name.group(1) if name else '?'}.blob.core.windows.net"
         return f"https://{self.account_name}.blob.core.windows.net"
-
-
-def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return the storage options the environment sets (the one place it is read)."""
-    environ = os.environ if environ is None else environ
-    return {name: environ[v] for v, name in ENVIRONMENT.items() if environ.get(v)}
 
 
 def blob_modules() -> Any:
@@ -226,20 +221,8 @@ class AzureSource(RangedSource):
 class AzureStore(Store):
     """Blobs in Azure Storage containers (NOTE [ The Azure client ])."""
 
-    def __init__(self, options: AzureOptions) -> None:
-        self.options = options
-
-    @classmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> AzureStore:
-        """Return the store of the environment's settings overridden by ``storage_options``."""
-        merged = {**environment_options(), **storage_options}
-        return cls(options_of(AzureOptions, merged, {}))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, AzureStore) and other.options == self.options
-
-    def __hash__(self) -> int:
-        return hash(self.options)
+    options_type = AzureOptions
+    options: AzureOptions
 
     def source(self, path: str) -> AzureSource:
         """Return the blob at the URL ``path`` (its ETag fixed at the first answer)."""

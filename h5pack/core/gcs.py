@@ -7,10 +7,9 @@ stores.md says why), made once per process and options, with no retries of its o
 NOTE [ Ranged sources ]). A chunk is one ranged media GET carrying ``ifGenerationMatch``
 (the generation seen at open), and the answer's generation is checked where the server
 says it. Settings are named as gcsfs names them: ``project``, ``token`` (``"anon"``,
-``"google_default"``, ``"cloud"``, or a credentials file), ``endpoint_url``;
-``environment_options`` is the one place that reads the environment
-(``STORAGE_EMULATOR_HOST``, ``GOOGLE_CLOUD_PROJECT``; the default credentials read
-``GOOGLE_APPLICATION_CREDENTIALS`` themselves). A publish is one upload with
+``"google_default"``, ``"cloud"``, or a credentials file), ``endpoint_url``; the
+environment gives ``STORAGE_EMULATOR_HOST`` and ``GOOGLE_CLOUD_PROJECT`` (the default
+credentials read ``GOOGLE_APPLICATION_CREDENTIALS`` themselves). A publish is one upload with
 ``ifGenerationMatch=0`` when it must not replace (GCS refuses atomically: 412), its CRC32C
 sent for the server to check and compared with the stored object's (one that differs is
 removed and sent again); an interrupted upload leaves no object (nothing to sweep).
@@ -26,15 +25,13 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
-from h5pack.core.ranged import RangedSource, Retry, options_of, throttled_or_not
+from h5pack.core.ranged import RangedSource, Retry, throttled_or_not
 from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import PackNotFoundError, RemoteError, TargetExistsError
 
-ENVIRONMENT = {"STORAGE_EMULATOR_HOST": "endpoint_url", "GOOGLE_CLOUD_PROJECT": "project"}
-ALIASES = {"endpoint": "endpoint_url"}
 SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 
@@ -53,6 +50,12 @@ class GCSOptions(RetryPolicy):
         max_in_flight: Requests one process issues at once.
     """
 
+    ALIASES: ClassVar[Mapping[str, str]] = {**RetryPolicy.ALIASES, "endpoint": "endpoint_url"}
+    ENVIRONMENT: ClassVar[Mapping[str, str]] = {
+        "STORAGE_EMULATOR_HOST": "endpoint_url",
+        "GOOGLE_CLOUD_PROJECT": "project",
+    }
+
     project: str | None = None
     token: str | None = None
     endpoint_url: str | None = None
@@ -60,14 +63,10 @@ class GCSOptions(RetryPolicy):
     read_timeout_s: float = 30.0
     max_in_flight: int = 16
 
-
-def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return the storage options the environment sets (the one place it is read)."""
-    environ = os.environ if environ is None else environ
-    found = {name: environ[v] for v, name in ENVIRONMENT.items() if environ.get(v)}
-    if "endpoint_url" in found and "://" not in found["endpoint_url"]:
-        found["endpoint_url"] = "http://" + found["endpoint_url"]  # as the SDK reads it
-    return found
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.endpoint_url and "://" not in self.endpoint_url:  # as the SDK reads it
+            object.__setattr__(self, "endpoint_url", "http://" + self.endpoint_url)
 
 
 def storage_modules() -> Any:
@@ -217,20 +216,8 @@ class GCSSource(RangedSource):
 class GCSStore(Store):
     """Objects in Google Cloud Storage buckets (NOTE [ The GCS client ])."""
 
-    def __init__(self, options: GCSOptions) -> None:
-        self.options = options
-
-    @classmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> GCSStore:
-        """Return the store of the environment's settings overridden by ``storage_options``."""
-        merged = {**environment_options(), **storage_options}
-        return cls(options_of(GCSOptions, merged, ALIASES))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GCSStore) and other.options == self.options
-
-    def __hash__(self) -> int:
-        return hash(self.options)
+    options_type = GCSOptions
+    options: GCSOptions
 
     def source(self, path: str) -> GCSSource:
         """Return the object at the URL ``path`` (its generation fixed at the first answer)."""

@@ -19,13 +19,13 @@ import http.client
 import os
 import ssl
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from h5pack.core.ranged import RangedSource, options_of, throttled_or_not
+from h5pack.core.ranged import RangedSource, throttled_or_not
 from h5pack.core.retry import RetryPolicy, Transient
 from h5pack.core.source import readable
 from h5pack.core.store import ObjectInfo, Store
@@ -37,8 +37,7 @@ class HTTPOptions(RetryPolicy):
     """How to reach an HTTP(S) server.
 
     Attributes:
-        headers: Sent with every request, as ``((name, value), ...)`` (``storage_options``
-            takes a mapping).
+        headers: Sent with every request (a mapping, kept as sorted ``(name, value)`` pairs).
         connect_timeout_s: Seconds to connect.
         read_timeout_s: Seconds without a byte.
         max_in_flight: Requests one process issues at once.
@@ -48,6 +47,10 @@ class HTTPOptions(RetryPolicy):
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     max_in_flight: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "headers", tuple(sorted(dict(self.headers).items())))
 
 
 class _Answer(Exception):
@@ -187,21 +190,8 @@ class HTTPSource(RangedSource):
 class HTTPStore(Store):
     """Files on HTTP(S) servers, read-only (NOTE [ The HTTP store ])."""
 
-    def __init__(self, options: HTTPOptions) -> None:
-        self.options = options
-
-    @classmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> HTTPStore:
-        """Return the store of ``storage_options`` (``headers``: a mapping)."""
-        given = dict(storage_options)
-        headers = tuple(sorted(dict(given.pop("headers", None) or {}).items()))
-        return cls(replace(options_of(HTTPOptions, given, {}), headers=headers))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, HTTPStore) and other.options == self.options
-
-    def __hash__(self) -> int:
-        return hash(self.options)
+    options_type = HTTPOptions
+    options: HTTPOptions
 
     def source(self, path: str) -> HTTPSource:
         """Return the file at the URL ``path`` (its ETag fixed at the first answer)."""

@@ -1,4 +1,4 @@
-"""What the GCS, Azure and HTTP stores share: ``RangedSource`` and their options' parsing.
+"""What the GCS, Azure and HTTP stores share: ``RangedSource``.
 
 NOTE [ Ranged sources ]
 
@@ -17,58 +17,17 @@ from __future__ import annotations
 import os
 import threading
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from h5pack.core.retry import RetryPolicy, Transient, retry_after_s, retrying
 from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
-from h5pack.errors import H5PackError, OptionsError
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from h5pack.errors import H5PackError
 
 T = TypeVar("T")
-D = TypeVar("D", bound="DataclassInstance")
-
-
-# Other spellings of the retry fields in storage_options (as S3's).
-RETRY_ALIASES = {
-    "attempts": "max_attempts",
-    "retries": "max_attempts",
-    "retry_timeout": "retry_timeout_s",
-}
-
-
-def options_of(cls: type[D], storage_options: Mapping[str, Any], aliases: Mapping[str, str]) -> D:
-    """Return ``cls(**storage_options)``, values converted to the fields' types.
-
-    Raises:
-        OptionsError: an unknown key, or a value of the wrong kind.
-    """
-    kinds = {f.name: str(f.type) for f in fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in storage_options.items():
-        name = aliases.get(key, RETRY_ALIASES.get(key, key))
-        if name not in kinds:
-            known = ", ".join(sorted(kinds))
-            raise OptionsError(f"unknown storage option {key!r}; known: {known}")
-        if value is None or value == "":
-            continue
-        try:
-            if kinds[name].startswith("int"):
-                value = int(value)
-            elif kinds[name].startswith("float"):
-                value = float(value)
-            elif kinds[name].startswith("bool") and isinstance(value, str):
-                value = value.lower() in ("1", "true", "yes")
-        except ValueError as err:
-            raise OptionsError(f"storage option {key}={value!r}: {err}") from err
-        values[name] = value
-    return cls(**values)
 
 
 class Retry(Exception):

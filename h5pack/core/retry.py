@@ -15,8 +15,9 @@ from a small backoff gives up in one or two. The model is the AWS SDKs' standard
   ``RetriesExhaustedError`` says what was asked, how many attempts over how long, the
   last cause and the option that gives more time. ``max_attempts`` also caps the count.
 
-A store's options class inherits ``RetryPolicy``, so its fields are storage options of
-every store (``--storage-option retry_timeout_s=120``).
+A store's options class inherits ``RetryPolicy``, so its fields are settings of every store
+(``--storage-option retry_timeout_s=120``); it names its other spellings (``ALIASES``) and
+the environment variables it reads (``ENVIRONMENT``), parsed by ``core.store.options_of``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from h5pack.errors import OptionsError, RemoteError
 
@@ -70,6 +71,14 @@ class RetryPolicy:
     Raises:
         OptionsError: a duration is negative or ``max_attempts`` is below 1.
     """
+
+    # other spellings of the settings, and the environment variable -> setting read
+    ALIASES: ClassVar[Mapping[str, str]] = {
+        "attempts": "max_attempts",
+        "retries": "max_attempts",
+        "retry_timeout": "retry_timeout_s",
+    }
+    ENVIRONMENT: ClassVar[Mapping[str, str]] = {}
 
     retry_timeout_s: float = 60.0
     max_attempts: int | None = None

@@ -12,8 +12,8 @@ names the URL, the bytes, the attempts and the cause. The chunks' ranged GETs go
 
 Trust: every GET after the first carries ``If-Match`` with the ETag seen at open, and each
 answer's ETag and total size are checked (servers that ignore If-Match are caught too); a
-body shorter than its range is never returned. ``environment_options`` is the one place
-that reads the environment (``AWS_*``); ``storage_options`` override it.
+body shorter than its range is never returned. The settings come from the environment
+(``AWS_*``, ``S3Options.ENVIRONMENT``), overridden by the user's.
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from h5pack.core.s3options import ENVIRONMENT as ENVIRONMENT
 from h5pack.core.s3options import S3Options as S3Options
-from h5pack.core.s3options import environment_options as environment_options
 from h5pack.core.s3options import make_client as make_client
-from h5pack.core.s3options import resolve_options as resolve_options
 from h5pack.core.s3source import RetryableAnswer
 from h5pack.core.s3source import S3Source as S3Source
 from h5pack.core.s3upload import (
@@ -66,6 +63,9 @@ class S3Store(Store):
         clock: Seconds, monotonic: the retries' deadline (injected by tests with ``sleep``).
     """
 
+    options_type = S3Options
+    options: S3Options
+
     def __init__(
         self,
         options: S3Options,
@@ -73,21 +73,10 @@ class S3Store(Store):
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.options = options
+        super().__init__(options)
         self._sleep, self._clock = sleep, clock
         # whether the server may implement If-None-Match (NOTE [ Conditional final PUT ])
         self._conditional = True
-
-    @classmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> S3Store:
-        """Return the store of the environment's settings overridden by ``storage_options``."""
-        return cls(resolve_options(storage_options))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, S3Store) and other.options == self.options
-
-    def __hash__(self) -> int:
-        return hash(self.options)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options}

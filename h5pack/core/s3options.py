@@ -8,46 +8,19 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from h5pack.core import s3http
 from h5pack.core.retry import RetryPolicy
-from h5pack.core.secrets import masked_repr, redacted
+from h5pack.core.secrets import masked_repr
 from h5pack.core.store import missing_extra
 from h5pack.errors import OptionsError, RemoteError
-
-# environment variable -> storage option (what the AWS CLI and boto3 read)
-ENVIRONMENT = {
-    "AWS_ENDPOINT_URL": "endpoint",
-    "AWS_ACCESS_KEY_ID": "access_key_id",
-    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
-    "AWS_SESSION_TOKEN": "session_token",
-    "AWS_DEFAULT_REGION": "region",
-    "AWS_REGION": "region",  # after AWS_DEFAULT_REGION: it wins, as in the AWS CLI
-    "AWS_PROFILE": "profile",
-    "AWS_MAX_ATTEMPTS": "max_attempts",
-}
-# Other spellings accepted in storage_options (fsspec's and boto3's names).
-ALIASES = {
-    "endpoint_url": "endpoint",
-    "key": "access_key_id",
-    "aws_access_key_id": "access_key_id",
-    "secret": "secret_access_key",
-    "aws_secret_access_key": "secret_access_key",
-    "token": "session_token",
-    "aws_session_token": "session_token",
-    "region_name": "region",
-    "profile_name": "profile",
-    "attempts": "max_attempts",
-    "retries": "max_attempts",
-    "retry_timeout": "retry_timeout_s",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
 class S3Options(RetryPolicy):
-    """How to reach a bucket; every field may come from ``storage_options`` or the environment.
+    """How to reach a bucket; every field may come from the user's settings or the environment.
 
     The retry fields (``retry_timeout_s``, ``max_attempts``...) are ``RetryPolicy``'s
     (NOTE [ Retries by time ]). ``repr`` and ``str`` show no credential (``'***'``:
@@ -71,6 +44,31 @@ class S3Options(RetryPolicy):
         OptionsError: a count or duration is out of range.
     """
 
+    # other spellings (fsspec's and boto3's names)
+    ALIASES: ClassVar[Mapping[str, str]] = {
+        **RetryPolicy.ALIASES,
+        "endpoint_url": "endpoint",
+        "key": "access_key_id",
+        "aws_access_key_id": "access_key_id",
+        "secret": "secret_access_key",
+        "aws_secret_access_key": "secret_access_key",
+        "token": "session_token",
+        "aws_session_token": "session_token",
+        "region_name": "region",
+        "profile_name": "profile",
+    }
+    # what the AWS CLI and boto3 read (AWS_REGION after AWS_DEFAULT_REGION: it wins)
+    ENVIRONMENT: ClassVar[Mapping[str, str]] = {
+        "AWS_ENDPOINT_URL": "endpoint",
+        "AWS_ACCESS_KEY_ID": "access_key_id",
+        "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+        "AWS_SESSION_TOKEN": "session_token",
+        "AWS_DEFAULT_REGION": "region",
+        "AWS_REGION": "region",
+        "AWS_PROFILE": "profile",
+        "AWS_MAX_ATTEMPTS": "max_attempts",
+    }
+
     endpoint: str | None = None
     region: str | None = None
     access_key_id: str | None = None
@@ -81,8 +79,6 @@ class S3Options(RetryPolicy):
     read_timeout_s: float = 30.0
     max_in_flight: int = 16
     ranged_gets: Literal["lean", "botocore"] = "lean"
-    # Where ``endpoint`` was set, for messages (resolve_options); not an option itself.
-    endpoint_source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,61 +97,6 @@ class S3Options(RetryPolicy):
 
     def __repr__(self) -> str:
         return masked_repr(self)
-
-    @classmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> S3Options:
-        """Return the options of a ``storage_options`` mapping (values may be strings).
-
-        Raises:
-            OptionsError: an unknown key, or a value of the wrong kind.
-        """
-        kinds = {f.name: f.type for f in fields(cls) if f.compare}
-        values: dict[str, Any] = {}
-        for key, value in storage_options.items():
-            name = ALIASES.get(key, key)
-            if name not in kinds:
-                known = ", ".join(sorted(kinds))
-                raise OptionsError(f"unknown storage option {key!r}; known: {known}")
-            if value is None or value == "":
-                continue
-            kind = str(kinds[name])
-            try:
-                if kind.startswith("int"):
-                    values[name] = int(value)
-                elif kind.startswith("float"):
-                    values[name] = float(value)
-                else:
-                    values[name] = str(value)
-            except ValueError as err:
-                shown = redacted({key: value}) or {}
-                raise OptionsError(f"storage option {key}={shown[key]!r}: {err}") from None
-        return cls(**values)
-
-
-def environment_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return the storage options the environment sets (the one place it is read)."""
-    environ = os.environ if environ is None else environ
-    found: dict[str, str] = {}
-    for variable, name in ENVIRONMENT.items():
-        value = environ.get(variable)
-        if value:
-            found[name] = value
-    return found
-
-
-def resolve_options(storage_options: Mapping[str, Any] | None) -> S3Options:
-    """Return the environment's options overridden by ``storage_options``."""
-    merged: dict[str, Any] = environment_options()
-    source = "set by AWS_ENDPOINT_URL" if merged.get("endpoint") else ""
-    for key, value in (storage_options or {}).items():
-        merged[ALIASES.get(key, key)] = value
-        if ALIASES.get(key, key) == "endpoint" and value:
-            source = "set by the storage option endpoint (--storage-option endpoint=...)"
-    options = S3Options.of(merged)
-    if not options.endpoint:
-        profile = f"profile {options.profile!r}" if options.profile else "the default profile"
-        source = f"no AWS_ENDPOINT_URL or storage option endpoint: {profile}'s, else AWS's"
-    return replace(options, endpoint_source=source)
 
 
 def boto_modules() -> Any:

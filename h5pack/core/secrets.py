@@ -7,11 +7,11 @@ an error (issue 28 item 6): a traceback pasted into an issue, a CI log or a note
 is public. Three places keep them out:
 
 - an options class holding credentials masks them in ``repr``/``str`` (``masked_repr``);
-- a ``storage_options`` mapping is shown through ``redacted``;
+- a mapping of settings is shown through ``redacted``;
 - any text from outside (a server's error message, a transport error) passes ``scrub``
   before it goes into a message: it removes signatures and presigned query values.
 
-Names of secret storage options, of every store, are in ``SECRET_OPTIONS``.
+Names of secret settings, of every store, are in ``SECRET_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -52,18 +52,18 @@ _HEADER = re.compile(
 )
 
 
-def redacted(storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Return ``storage_options`` with the values of secret options masked.
+def redacted(settings: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Return ``settings`` with the values of secret ones masked.
 
     Example:
         >>> redacted({"endpoint": "http://h:1", "secret_access_key": "s3cr3t"})
         {'endpoint': 'http://h:1', 'secret_access_key': '***'}
     """
-    if storage_options is None:
+    if settings is None:
         return None
     return {
         key: MASK if key.lower() in SECRET_OPTIONS and value else value
-        for key, value in storage_options.items()
+        for key, value in settings.items()
     }
 
 

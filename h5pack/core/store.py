@@ -4,9 +4,10 @@ NOTE [ Stores ]
 
 zarr v3's ``Store`` is the model. Each public entry (``make_loader``, ``convert``,
 ``merge_packs``, ``pack_info``, ``verify_pack``, the benchmarks, the CLI) turns the path or
-URL it was given, plus the user's ``storage_options``, into one store with ``open_store``;
-below that edge only the store travels: no options mapping, no URL scheme tested. A store
-answers for every path or URL of its kind:
+URL it was given, plus the user's settings, into one store with ``open_store``, which parses
+them into the store's typed options (``options_of``); below that edge only the store
+travels: no settings mapping, no URL scheme tested. A store answers for every path or URL
+of its kind:
 
 - ``source(path)``: the object's bytes (``core.source.ByteSource``: ranged reads, its
   identity, an ETag or an inode, checked on every answer); read-ahead and the disk cache
@@ -16,7 +17,8 @@ answers for every path or URL of its kind:
 - ``put``, ``publish``, ``delete``, ``sweep``: what the writers need, each appearing whole or
   not at all (a pack is written locally, then ``publish``-ed; NOTE [ Publishing in a bucket ]).
 
-A new kind (GCS, Azure, HTTP) is one module with a ``Store`` subclass, registered in
+A new kind (GCS, Azure, HTTP) is one module with a ``Store`` subclass and its options
+dataclass (a ``RetryPolicy`` naming its ``ALIASES`` and ``ENVIRONMENT``), registered in
 ``SCHEMES`` with the extra that brings its client.
 """
 
@@ -27,13 +29,19 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from h5pack._types import StrPath
+from h5pack.core.secrets import redacted
 from h5pack.core.source import ByteSource, LocalSource
 from h5pack.errors import FormatError, H5PackError, OptionsError, PackNotFoundError, install_line
+
+if TYPE_CHECKING:
+    from h5pack.core.retry import RetryPolicy
+
+P = TypeVar("P", bound="RetryPolicy")
 
 # scheme -> (module, class) of its store, imported on first use (its client is an extra)
 SCHEMES: dict[str, tuple[str, str]] = {
@@ -85,6 +93,46 @@ def join_url(base: str, relative: str) -> str:
     return base.rstrip("/") + "/" + relative.lstrip("/")
 
 
+def environment_options(
+    cls: type[RetryPolicy], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Return the settings of ``cls`` the environment sets (the one place it is read)."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[v] for v, name in cls.ENVIRONMENT.items() if environ.get(v)}
+
+
+def options_of(cls: type[P], settings: Mapping[str, Any]) -> P:
+    """Return ``cls`` of the environment's settings overridden by ``settings``, typed.
+
+    Keys may be spelled as ``cls.ALIASES`` says; a value of None or ``""`` is not set.
+
+    Raises:
+        OptionsError: an unknown key, or a value of the wrong kind.
+    """
+    kinds = {f.name: str(f.type) for f in fields(cls) if f.init}
+    values: dict[str, Any] = {}
+    for key, value in [*environment_options(cls).items(), *settings.items()]:
+        name = cls.ALIASES.get(key, key)
+        if name not in kinds:
+            known = ", ".join(sorted(kinds))
+            raise OptionsError(f"unknown storage option {key!r}; known: {known}")
+        values.pop(name, None)
+        if value is None or value == "":
+            continue
+        try:
+            if kinds[name].startswith("int"):
+                value = int(value)
+            elif kinds[name].startswith("float"):
+                value = float(value)
+            elif kinds[name].startswith("bool") and isinstance(value, str):
+                value = value.lower() in ("1", "true", "yes")
+        except ValueError as err:
+            shown = (redacted({key: value}) or {})[key]
+            raise OptionsError(f"storage option {key}={shown!r}: {err}") from None
+        values[name] = value
+    return cls(**values)
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """A stored object (or file), as its store saw it.
@@ -103,20 +151,30 @@ class ObjectInfo:
 class Store(ABC):
     """One kind of storage, reached with one set of settings (NOTE [ Stores ]).
 
-    Picklable: a DataLoader worker or a Dask task gets the settings and makes its own
+    Picklable: a DataLoader worker or a Dask task gets the options and makes its own
     clients and descriptors.
     """
 
     remote: ClassVar[bool] = True  # each request has a latency worth saving
+    options_type: ClassVar[type[RetryPolicy]]  # its settings, typed (a remote store's)
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options
 
     @classmethod
-    @abstractmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> Store:
-        """Return the store the user's settings describe (the environment fills the rest).
+    def of(cls, settings: Mapping[str, Any]) -> Store:
+        """Return the store of the environment's settings overridden by ``settings``.
 
         Raises:
             OptionsError: an unknown setting, or a value of the wrong kind.
         """
+        return cls(options_of(cls.options_type, settings))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and getattr(other, "options", None) == self.options
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.options))
 
     @abstractmethod
     def source(self, path: str) -> ByteSource:
@@ -189,11 +247,6 @@ class LocalStore(Store):
 
     remote = False
 
-    @classmethod
-    def of(cls, storage_options: Mapping[str, Any]) -> LocalStore:
-        """Return the local file system (it has no settings)."""
-        return cls()
-
     def source(self, path: str) -> ByteSource:
         """Return the file at ``path`` (``LocalSource``)."""
         return LocalSource(os.fspath(path))
@@ -232,12 +285,6 @@ class LocalStore(Store):
         """Remove the file ``path``."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LocalStore)
-
-    def __hash__(self) -> int:
-        return hash(LocalStore)
 
 
 def store_class(scheme: str) -> type[Store]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from h5pack._types import StrPath
 from h5pack.core.decode import BACKENDS, Backend
@@ -27,6 +27,12 @@ def renamed_message(name: str) -> str | None:
     """Return what the field ``name`` of an older release is called now, or None."""
     new = RENAMED.get(name)
     return None if new is None else f"{name}= moved to reader=ReaderOptions({new}=...)"
+
+
+class ReaderKeywords(TypedDict, total=False):
+    """The ``ReaderOptions`` fields ``make_loader`` also takes as keywords."""
+
+    storage_options: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True, kw_only=True)

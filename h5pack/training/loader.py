@@ -255,8 +255,8 @@ def make_loader(
     each checked once (``training.options``): ``epoch`` (``EpochSpec``, which
     ``batch_size`` may be), ``reader`` (``ReaderOptions``), ``pipeline`` (``CropSpec``) and
     ``cache`` (``"decoded"`` or a ``CacheSpec``: decoded images shared by every worker); the
-    keywords ``shuffle``, ``seed``, ``drop_last``, ``weights``, ``storage_options``,
-    ``size``, ``crop`` and ``flip`` replace their fields (a keyword of an older release
+    keywords (``SpecKeywords``: ``shuffle``, ``seed``, ``size``, the reader's settings of a
+    remote pack...) replace their fields (a keyword of an older release
     raises ``OptionsError`` naming its new home). ``transform``, ``target_transform``,
     ``output``, ``return_path`` and ``fields`` are ``H5ImageDataset``'s, ``classes`` and
     ``return_source`` a mix's. ``num_workers``, ``pin_memory``, ``persistent_workers``,

@@ -12,21 +12,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 from h5pack.core.decode import Backend
 from h5pack.errors import OptionsError
 from h5pack.read.crop import Crop, CropSpec
-from h5pack.read.options import renamed_message
+from h5pack.read.options import ReaderKeywords, renamed_message
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.cache import CacheSpec
 from h5pack.training.epochs import EpochSpec, epoch_spec
 
 KEYWORDS: dict[str, frozenset[str]] = {
     "epoch": frozenset({"shuffle", "seed", "drop_last", "weights"}),
-    "reader": frozenset({"storage_options"}),
+    "reader": ReaderKeywords.__optional_keys__,
     "pipeline": frozenset({"size", "crop", "flip"}),
 }
 """Per option object, the fields ``make_loader`` also takes as keywords."""
@@ -39,7 +39,7 @@ _HOMES: dict[str, type] = {
 }
 
 
-class SpecKeywords(TypedDict, total=False):
+class SpecKeywords(ReaderKeywords, total=False):
     """``make_loader``'s convenient keywords: fields of its option objects, same names.
 
     ``size`` also takes one int for a square; ``crop`` defaults to ``"random-resized"``.
@@ -49,7 +49,6 @@ class SpecKeywords(TypedDict, total=False):
     seed: int | None
     drop_last: bool | None
     weights: Sequence[float] | None
-    storage_options: Mapping[str, Any] | None
     size: int | tuple[int, int] | None
     crop: Crop | None
     flip: bool | None

@@ -21,22 +21,30 @@ from typing import Any
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.core.fields import LEGACY_FIELDS, Field
-from h5pack.core.format import SkippedFile
-from h5pack.core.store import is_url, open_store
-from h5pack.write.builder import SampleTable
-from h5pack.write.leftovers import describe_removed, remove_leftovers
+from h5pack.core.fields import Field
+from h5pack.core.store import Store, is_url, open_store
+from h5pack.write import dask as dask_module
+from h5pack.write import shards as shards_module
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packing import probe_sizes, rejecter, worker_pool, write_samples
+from h5pack.write.packing import probe_sizes, worker_pool, write_samples
 from h5pack.write.plan import plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, check_target, sigterm_as_exit
 from h5pack.write.remote import publish_staged
 from h5pack.write.report import ConvertEvent, ConvertReport, make_report
-from h5pack.write.scan import group_problems, name_paths
-from h5pack.write.sources import ArraySource, Sample, SampleSource, sample_source
+from h5pack.write.shards import PackSetReport
+from h5pack.write.sources import ArraySource, SampleSource, sample_source
 from h5pack.write.sources.base import Image, image_bytes
+from h5pack.write.split import list_source, needs_probe, remove_leftovers_beside, sample_table
 
-__all__ = ["ConvertEvent", "ConvertReport", "convert", "convert_file", "write_arrays"]
+__all__ = [
+    "ConvertEvent",
+    "ConvertReport",
+    "convert",
+    "convert_file",
+    "convert_on_dask",
+    "convert_set",
+    "write_arrays",
+]
 
 # Skipped files are also reported here (one summary per conversion), for Python callers
 # who do not pass ``on_event``; the CLI renders the events instead.
@@ -52,6 +60,7 @@ def convert(
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    store: Store | None = None,
     staging_dir: StrPath | None = None,
 ) -> ConvertReport:
     """Pack the images of ``source`` into the HDF5 file ``target``.
@@ -68,6 +77,7 @@ def convert(
         on_event: Called with each ``ConvertEvent`` (skipped files, the mode chosen...).
         storage_options: For URLs (``target``, or a ``source`` in a bucket): the bucket's
             settings that the environment does not give (docs/object-storage.md).
+        store: Where ``target`` is kept (instead of ``storage_options``).
         staging_dir: For a URL: where the pack is written before it is uploaded (default:
             the system's temporary directory).
 
@@ -81,10 +91,8 @@ def convert(
         OptionsError: the options do not fit the images.
         H5PackError: for a URL, the staging directory is too small or the upload failed.
     """
-    if not isinstance(source, SampleSource) and is_url(source):  # NOTE [ Sources in a bucket ]
-        labels = (options or ConvertOptions()).labels_csv
-        source = sample_source(source, labels_csv=labels, storage_options=storage_options)
-    store = open_store(target, storage_options)
+    source = in_place(source, options, storage_options)
+    store = store or open_store(target, storage_options)
     if store.remote:  # NOTE [ Stores ]
         report = publish_staged(
             store,
@@ -99,6 +107,82 @@ def convert(
         return replace(report, path=os.fspath(target))
     return convert_file(
         source, target, options, overwrite=overwrite, progress=progress, on_event=on_event
+    )
+
+
+def in_place(
+    source: StrPath | SampleSource,
+    options: ConvertOptions | None,
+    storage_options: Mapping[str, str] | None,
+) -> StrPath | SampleSource:
+    """Return ``source``, or the source its URL names (NOTE [ Sources in a bucket ])."""
+    if isinstance(source, SampleSource) or not is_url(source):
+        return source
+    labels = (options or ConvertOptions()).labels_csv
+    return sample_source(source, labels_csv=labels, storage_options=storage_options)
+
+
+def convert_set(
+    source: StrPath | SampleSource,
+    out_dir: StrPath,
+    options: ConvertOptions | None = None,
+    *,
+    shards: int,
+    only: int | None = None,
+    overwrite: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_event: Callable[[ConvertEvent], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    staging_dir: StrPath | None = None,
+) -> PackSetReport:
+    """Pack ``source`` into a pack set of ``shards`` shards (``write.shards.convert_set``).
+
+    ``storage_options``: for a bucket (``out_dir``, or a ``source`` in one), the settings
+    the environment does not give.
+    """
+    return shards_module.convert_set(
+        in_place(source, options, storage_options),
+        out_dir,
+        options,
+        shards=shards,
+        only=only,
+        overwrite=overwrite,
+        progress=progress,
+        on_event=on_event,
+        store=open_store(out_dir, storage_options),
+        staging_dir=staging_dir,
+    )
+
+
+def convert_on_dask(
+    client: Any,
+    source: StrPath | SampleSource,
+    out_dir: StrPath,
+    options: ConvertOptions | None = None,
+    *,
+    shards: int,
+    overwrite: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_event: Callable[[ConvertEvent], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    staging_dir: StrPath | None = None,
+) -> PackSetReport:
+    """Pack ``source`` into a pack set, one Dask task per shard (``write.dask.convert_on_dask``).
+
+    ``storage_options``: for a bucket, the settings the environment does not give (the
+    workers' environment is read where they run).
+    """
+    return dask_module.convert_on_dask(
+        client,
+        in_place(source, options, storage_options),
+        out_dir,
+        options,
+        shards=shards,
+        overwrite=overwrite,
+        progress=progress,
+        on_event=on_event,
+        store=open_store(out_dir, storage_options),
+        staging_dir=staging_dir,
     )
 
 
@@ -176,69 +260,6 @@ def _convert(
             room=room,
         )
     return make_report(published, plan, len(samples), skipped, started)
-
-
-def list_source(
-    source: SampleSource, options: ConvertOptions, emit: Callable[[ConvertEvent], None]
-) -> list[SkippedFile]:
-    """List ``source``; return the entries it left out (announced through ``emit``).
-
-    Raises:
-        SourceError: the source is missing or holds no image.
-        DecodeError: with ``strict``, the first entry the listing left out.
-        OptionsError: the options do not fit the source's samples.
-    """
-    num = len(source.samples)
-    source.check(options)
-    labelled = f" in {len(source.classes)} classes" if source.classes else " (unlabelled)"
-    emit(ConvertEvent("scanned", f"found {num} images{labelled} under {source.root}", total=num))
-    for note in source.notes:
-        emit(ConvertEvent("skipped", note))
-    skipped: list[SkippedFile] = []
-    # One warning per kind of problem (a hundred stray files make one line), every entry
-    # recorded.
-    for reason, paths in group_problems(source.problems):
-        if options.strict:
-            rejecter(options, skipped, emit)(paths[0], reason)
-        skipped.extend(SkippedFile(path, reason) for path in paths)
-        emit(ConvertEvent("skipped", f"skipped {name_paths(paths)}: {reason}", path=paths[0]))
-    return skipped
-
-
-def needs_probe(options: ConvertOptions) -> bool:
-    """Return whether planning needs every image's size (read from its header)."""
-    return options.mode != "encoded" and options.size is None
-
-
-def sample_table(
-    samples: Sequence[Sample],
-    classes: Sequence[str],
-    order: np.ndarray,
-    fields: tuple[Field, ...] = (),
-    columns: Mapping[str, Any] | None = None,
-) -> SampleTable:
-    """Return the table of ``samples`` in write order.
-
-    ``order`` are their source positions; ``fields`` the stored fields besides image, label
-    and key, with their ``columns`` in write order (``SampleSource.columns``).
-    """
-    return SampleTable(
-        labels=np.asarray([s.label for s in samples], dtype=np.int64),
-        classes=tuple(classes),
-        paths=[s.key for s in samples],
-        source_index=np.asarray(order, dtype=np.int64),
-        fields=(*LEGACY_FIELDS, *fields),
-        columns=dict(columns or {}),
-    )
-
-
-def remove_leftovers_beside(target: Path, emit: Callable[[ConvertEvent], None]) -> None:
-    """Remove what killed conversions left beside ``target``; say so."""
-    removed = remove_leftovers(target.parent)
-    if removed:
-        message = describe_removed(removed)
-        logger.warning("%s", message)
-        emit(ConvertEvent("note", message))
 
 
 def _logged(report: ConvertReport) -> ConvertReport:

@@ -25,15 +25,14 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
-from h5pack.core.store import open_store
+from h5pack.core.store import Store, open_store
 from h5pack.errors import H5PackError, install_line
-from h5pack.write.convert import needs_probe, remove_leftovers_beside
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import worker_pool
 from h5pack.write.pipeline import keep_freed_memory, probe_batch
@@ -48,7 +47,7 @@ from h5pack.write.shards import (
 )
 from h5pack.write.sources import SampleSource
 from h5pack.write.sources.base import Image
-from h5pack.write.split import ShardTask, plan_reason
+from h5pack.write.split import ShardTask, needs_probe, plan_reason, remove_leftovers_beside
 
 __all__ = ["convert_on_dask", "dask_client"]
 
@@ -141,7 +140,7 @@ def convert_on_dask(
     overwrite: bool = False,
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
-    storage_options: Mapping[str, str] | None = None,
+    store: Store | None = None,
     staging_dir: StrPath | None = None,
 ) -> PackSetReport:
     """Pack ``source`` into a pack set of ``shards`` shards, one Dask task per shard.
@@ -158,8 +157,7 @@ def convert_on_dask(
         overwrite: Replace shards (and a manifest) that do not match.
         progress: Called with the images of each shard as it completes.
         on_event: Called with each ``ConvertEvent``.
-        storage_options: For a bucket: settings the environment does not give (the
-            workers' environment is read where they run).
+        store: Where ``out_dir`` is kept (default: ``open_store(out_dir)``).
         staging_dir: For a bucket: where each worker stages its shard (default: its
             temporary directory).
 
@@ -180,7 +178,7 @@ def convert_on_dask(
         shards,
         options,
         overwrite=overwrite,
-        store=open_store(out_dir, storage_options),
+        store=store or open_store(out_dir),
         staging_dir=staging_dir,
         emit=emit,
     )

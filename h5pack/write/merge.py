@@ -39,7 +39,7 @@ from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.record import PackRecord, skipped_text, write_record
-from h5pack.core.store import open_store
+from h5pack.core.store import Store, open_store
 from h5pack.errors import H5PackError
 from h5pack.write.builder import create_file
 from h5pack.write.leftovers import describe_removed, remove_leftovers
@@ -213,6 +213,7 @@ def merge_packs(
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    store: Store | None = None,
     staging_dir: StrPath | None = None,
 ) -> MergeReport:
     """Write the packs ``sources`` (a pack set, a list of packs, or one pack) as one pack.
@@ -234,13 +235,14 @@ def merge_packs(
         on_event: Called with a ``ConvertEvent`` (``"phase"``, ``total`` the samples).
         storage_options: For URLs (sources or target in a bucket): the bucket's settings;
             remote packs are downloaded, a remote target uploaded whole.
+        store: Where the sources and target are kept (instead of ``storage_options``).
         staging_dir: For URLs: where to download and write (default: the temporary dir).
 
     Raises:
         FormatError: a source is damaged, or the sources differ (the message names two
             files and what differs).
     """
-    store = open_store(
+    store = store or open_store(
         [target, *([sources] if isinstance(sources, str | os.PathLike) else sources)],
         storage_options,
     )

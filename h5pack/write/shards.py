@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +33,6 @@ from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, TargetExistsError
-from h5pack.write.convert import list_source, needs_probe, remove_leftovers_beside, sample_table
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, worker_pool, write_samples
 from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
@@ -41,7 +40,15 @@ from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
 from h5pack.write.remote import RemoteSet, publish_shard
 from h5pack.write.report import ConvertEvent
 from h5pack.write.sources import SampleSource, sample_source
-from h5pack.write.split import ShardTask, SourceSplit, plan_reason
+from h5pack.write.split import (
+    ShardTask,
+    SourceSplit,
+    list_source,
+    needs_probe,
+    plan_reason,
+    remove_leftovers_beside,
+    sample_table,
+)
 
 __all__ = ["PackSetReport", "ShardReport", "convert_set"]
 
@@ -198,7 +205,7 @@ def convert_set(
     overwrite: bool = False,
     progress: Step | None = None,
     on_event: Emit | None = None,
-    storage_options: Mapping[str, str] | None = None,
+    store: Store | None = None,
     staging_dir: StrPath | None = None,
 ) -> PackSetReport:
     """Pack the images of ``source`` into a pack set of ``shards`` shards in ``out_dir``.
@@ -215,8 +222,7 @@ def convert_set(
         overwrite: Replace shards (and a manifest) that do not match this conversion.
         progress: Called with the number of steps just done in the current phase.
         on_event: Called with each ``ConvertEvent``.
-        storage_options: For a bucket (``out_dir``, or a ``source`` in one): settings the
-            environment does not give.
+        store: Where ``out_dir`` is kept (default: ``open_store(out_dir)``).
         staging_dir: For a bucket: where each shard is written before it is uploaded.
 
     Returns:
@@ -235,15 +241,13 @@ def convert_set(
     started = time.perf_counter()
     indices = _indices(shards, only)
     if not isinstance(source, SampleSource) and is_url(source):  # NOTE [ Sources in a bucket ]
-        source = sample_source(
-            source, labels_csv=options.labels_csv, storage_options=storage_options
-        )
+        source = sample_source(source, labels_csv=options.labels_csv)
     out, remote = open_set(
         out_dir,
         shards,
         options,
         overwrite=overwrite,
-        store=open_store(out_dir, storage_options),
+        store=store or open_store(out_dir),
         staging_dir=staging_dir,
         emit=emit,
     )

@@ -9,20 +9,29 @@ global write order.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from h5pack.core.fields import StoredField
+from h5pack.core.fields import LEGACY_FIELDS, Field, StoredField
 from h5pack.core.format import SkippedFile
 from h5pack.core.packset import ShardIdentity, shard_name, slice_fingerprint
+from h5pack.write.builder import SampleTable
+from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.options import ConvertOptions
+from h5pack.write.packing import rejecter
 from h5pack.write.plan import ESTIMATE_SAMPLES, StoragePlan, plan_storage
+from h5pack.write.report import ConvertEvent
+from h5pack.write.scan import group_problems, name_paths
 from h5pack.write.sources import Sample, SampleSource
 from h5pack.write.sources.base import FileRange, image_bytes
+
+logger = logging.getLogger("h5pack")
 
 if TYPE_CHECKING:
     from h5pack.write.remote import RemoteSet, RemoteShard
@@ -151,3 +160,66 @@ def plan_reason(task: ShardTask, num_files: int) -> str:
     """Return why the set is stored as it is, said of all ``num_files`` files."""
     said = task.plan().reason
     return said.replace(f"all {task.plan_samples} images", f"all {num_files} images")
+
+
+def list_source(
+    source: SampleSource, options: ConvertOptions, emit: Callable[[ConvertEvent], None]
+) -> list[SkippedFile]:
+    """List ``source``; return the entries it left out (announced through ``emit``).
+
+    Raises:
+        SourceError: the source is missing or holds no image.
+        DecodeError: with ``strict``, the first entry the listing left out.
+        OptionsError: the options do not fit the source's samples.
+    """
+    num = len(source.samples)
+    source.check(options)
+    labelled = f" in {len(source.classes)} classes" if source.classes else " (unlabelled)"
+    emit(ConvertEvent("scanned", f"found {num} images{labelled} under {source.root}", total=num))
+    for note in source.notes:
+        emit(ConvertEvent("skipped", note))
+    skipped: list[SkippedFile] = []
+    # One warning per kind of problem (a hundred stray files make one line), every entry
+    # recorded.
+    for reason, paths in group_problems(source.problems):
+        if options.strict:
+            rejecter(options, skipped, emit)(paths[0], reason)
+        skipped.extend(SkippedFile(path, reason) for path in paths)
+        emit(ConvertEvent("skipped", f"skipped {name_paths(paths)}: {reason}", path=paths[0]))
+    return skipped
+
+
+def needs_probe(options: ConvertOptions) -> bool:
+    """Return whether planning needs every image's size (read from its header)."""
+    return options.mode != "encoded" and options.size is None
+
+
+def sample_table(
+    samples: Sequence[Sample],
+    classes: Sequence[str],
+    order: np.ndarray,
+    fields: tuple[Field, ...] = (),
+    columns: Mapping[str, Any] | None = None,
+) -> SampleTable:
+    """Return the table of ``samples`` in write order.
+
+    ``order`` are their source positions; ``fields`` the stored fields besides image, label
+    and key, with their ``columns`` in write order (``SampleSource.columns``).
+    """
+    return SampleTable(
+        labels=np.asarray([s.label for s in samples], dtype=np.int64),
+        classes=tuple(classes),
+        paths=[s.key for s in samples],
+        source_index=np.asarray(order, dtype=np.int64),
+        fields=(*LEGACY_FIELDS, *fields),
+        columns=dict(columns or {}),
+    )
+
+
+def remove_leftovers_beside(target: Path, emit: Callable[[ConvertEvent], None]) -> None:
+    """Remove what killed conversions left beside ``target``; say so."""
+    removed = remove_leftovers(target.parent)
+    if removed:
+        message = describe_removed(removed)
+        logger.warning("%s", message)
+        emit(ConvertEvent("note", message))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.core.store import is_url, open_store
+from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError
 from h5pack.write.sources.archive import ImageNetTarSource, TarSource, ZipSource
 from h5pack.write.sources.arrays import ArraySource
@@ -70,6 +70,7 @@ def sample_source(
     annotations: StrPath | None = None,
     masks: StrPath | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    store: Store | None = None,
 ) -> SampleSource:
     """Return the source that ``source`` names (a ``SampleSource`` is returned as it is).
 
@@ -81,6 +82,7 @@ def sample_source(
         annotations: A COCO instances file for the image folder ``source`` (``CocoSource``).
         masks: A folder of masks for the image folder ``source`` (``MaskSource``).
         storage_options: For URLs: the bucket's settings (NOTE [ Sources in a bucket ]).
+        store: Where the source is kept (instead of ``storage_options``).
 
     Raises:
         OptionsError: ``kind`` is not known, or the extra inputs do not go together.
@@ -94,7 +96,7 @@ def sample_source(
             f"without --labels or --from {kind}"
         )
     named = [p for p in (source, annotations, masks, labels_csv) if p is not None]
-    store = open_store(named, storage_options)
+    store = store or open_store(named, storage_options)
     if annotations is not None:
         return CocoSource(source, annotations, store=store)
     if masks is not None:
