@@ -22,7 +22,6 @@ from h5pack.core.retry import (
     retry_after_s,
     retrying,
 )
-from h5pack.core.store import environment_options, options_of
 from h5pack.errors import OptionsError, PackNotFoundError
 
 MIB = 2**20
@@ -175,20 +174,18 @@ def test_retry_after_headers() -> None:
 
 
 def test_the_policy_is_storage_options_under_the_names_users_know() -> None:
-    options = options_of(
-        s3.S3Options, {"retry_timeout": "90", "retries": "7", "throttle_backoff_s": "2"}
-    )
+    options = s3.S3Options.of({"retry_timeout": "90", "retries": "7", "throttle_backoff_s": "2"})
     assert (options.retry_timeout_s, options.max_attempts, options.throttle_backoff_s) == (
         90.0,
         7,
         2.0,
     )
-    assert options_of(s3.S3Options, {"attempts": "3"}).max_attempts == 3
+    assert s3.S3Options.of({"attempts": "3"}).max_attempts == 3
     assert s3.S3Options().retry_timeout_s >= 30
     assert s3.S3Options().max_attempts is None
-    assert environment_options(s3.S3Options, {"AWS_MAX_ATTEMPTS": "4"}) == {"max_attempts": "4"}
+    assert s3.S3Options.from_environment({"AWS_MAX_ATTEMPTS": "4"}) == {"max_attempts": "4"}
     with pytest.raises(OptionsError, match="retry_timeout_s should be >= 0"):
-        options_of(s3.S3Options, {"retry_timeout_s": "-1"})
+        s3.S3Options.of({"retry_timeout_s": "-1"})
 
 
 def test_every_s3_request_kind_is_retried_by_time(s3_bucket: Bucket, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3, s3http
 from h5pack.core.source import SourceChangedError, readable
-from h5pack.core.store import open_source, options_of
+from h5pack.core.store import open_source
 from h5pack.errors import OptionsError, RemoteError
 
 DATA = np.random.default_rng(1).integers(0, 255, 200_000, dtype=np.uint8).tobytes()
@@ -78,7 +78,7 @@ def test_botocores_path_is_one_option_away(remote: tuple[Bucket, str]) -> None:
     assert bytes(source.read(40, 4040)) == DATA[40:4040]
     assert source._lean is None
     with pytest.raises(OptionsError, match="ranged_gets should be 'lean' or 'botocore'"):
-        options_of(s3.S3Options, {"ranged_gets": "fast"})
+        s3.S3Options.of({"ranged_gets": "fast"})
 
 
 def test_a_replaced_object_is_refused_on_the_lean_path(

@@ -15,14 +15,7 @@ import pytest
 from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3
 from h5pack.core.source import LocalSource, SourceChangedError
-from h5pack.core.store import (
-    MissingExtraError,
-    environment_options,
-    is_url,
-    open_source,
-    options_of,
-    split_url,
-)
+from h5pack.core.store import MissingExtraError, is_url, open_source, split_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError, RemoteError, install_line
 
 DATA = np.random.default_rng(0).integers(0, 255, 300_000, dtype=np.uint8).tobytes()
@@ -197,7 +190,7 @@ def test_options_from_the_environment_and_storage_options(
         "AWS_REGION": "eu-west-3",
         "AWS_PROFILE": "p",
     }
-    assert environment_options(s3.S3Options, environ) == {
+    assert s3.S3Options.from_environment(environ) == {
         "endpoint": "http://e:1",
         "access_key_id": "id",
         "secret_access_key": "secret",
@@ -216,6 +209,6 @@ def test_options_from_the_environment_and_storage_options(
         2,
     )
     with pytest.raises(OptionsError, match="unknown storage option 'colour'"):
-        options_of(s3.S3Options, {"colour": "red"})
+        s3.S3Options.of({"colour": "red"})
     with pytest.raises(OptionsError, match="max_attempts should be >= 1"):
-        options_of(s3.S3Options, {"attempts": "0"})
+        s3.S3Options.of({"attempts": "0"})

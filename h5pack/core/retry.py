@@ -17,21 +17,25 @@ from a small backoff gives up in one or two. The model is the AWS SDKs' standard
 
 A store's options class inherits ``RetryPolicy``, so its fields are settings of every store
 (``--storage-option retry_timeout_s=120``); it names its other spellings (``ALIASES``) and
-the environment variables it reads (``ENVIRONMENT``), parsed by ``core.store.options_of``.
+the environment variables it reads (``ENVIRONMENT``): ``of`` parses the user's settings over
+the environment's, the one place either is read (``open_store`` calls it).
 """
 
 from __future__ import annotations
 
 import email.utils
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
+from h5pack.core.secrets import redacted
 from h5pack.errors import OptionsError, RemoteError
 
 T = TypeVar("T")
+P = TypeVar("P", bound="RetryPolicy")
 # The jitter's draws: from the system, so no process's random state is touched and forked
 # workers never wait in step.
 _JITTER = random.SystemRandom()
@@ -94,6 +98,44 @@ class RetryPolicy:
         for name in ("retry_timeout_s", "backoff_s", "throttle_backoff_s", "max_backoff_s"):
             if getattr(self, name) < 0:
                 raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
+
+    @classmethod
+    def of(cls: type[P], settings: Mapping[str, Any]) -> P:
+        """Return the environment's settings overridden by ``settings``, typed.
+
+        Keys may be spelled as ``ALIASES`` says; a value of None or ``""`` is not set.
+
+        Raises:
+            OptionsError: an unknown key, or a value of the wrong kind.
+        """
+        kinds = {f.name: str(f.type) for f in fields(cls) if f.init}
+        values: dict[str, Any] = {}
+        for key, value in [*cls.from_environment().items(), *settings.items()]:
+            name = cls.ALIASES.get(key, key)
+            if name not in kinds:
+                known = ", ".join(sorted(kinds))
+                raise OptionsError(f"unknown storage option {key!r}; known: {known}")
+            values.pop(name, None)
+            if value is None or value == "":
+                continue
+            try:
+                if kinds[name].startswith("int"):
+                    value = int(value)
+                elif kinds[name].startswith("float"):
+                    value = float(value)
+                elif kinds[name].startswith("bool") and isinstance(value, str):
+                    value = value.lower() in ("1", "true", "yes")
+            except ValueError as err:
+                shown = (redacted({key: value}) or {})[key]
+                raise OptionsError(f"storage option {key}={shown!r}: {err}") from None
+            values[name] = value
+        return cls(**values)
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Return the settings the environment (``ENVIRONMENT``) sets."""
+        environ = os.environ if environ is None else environ
+        return {name: environ[v] for v, name in cls.ENVIRONMENT.items() if environ.get(v)}
 
     def wait_s(self, retry: int, transient: Transient, draw: float) -> float:
         """Return the wait before retry ``retry`` (0 first) after ``transient``.

@@ -19,7 +19,7 @@ from h5pack.core.retry import THROTTLING_CODES, Transient, retry_after_s, retryi
 from h5pack.core.s3options import LeanGet, S3Options, boto_modules, lean_get, shared_client
 from h5pack.core.secrets import scrub
 from h5pack.core.source import ByteSource, SourceChangedError, SourceIdentity
-from h5pack.core.store import environment_options, split_url
+from h5pack.core.store import split_url
 from h5pack.errors import PackNotFoundError, RemoteError, UnsupportedRequestError
 
 # BadDigest, XAmzContentSHA256Mismatch: a body arrived other than it was sent (retried)
@@ -348,7 +348,7 @@ class S3Source(ByteSource):
             named = f"profile {profile!r}" if profile else "the default profile"
             endpoint = str(self.client().meta.endpoint_url)
             source = f"no AWS_ENDPOINT_URL or storage option endpoint: {named}'s, else AWS's"
-        elif environment_options(S3Options).get("endpoint") == endpoint:
+        elif S3Options.from_environment().get("endpoint") == endpoint:
             source = "set by AWS_ENDPOINT_URL"
         else:
             source = "set by the storage option endpoint (--storage-option endpoint=...)"

@@ -5,7 +5,7 @@ NOTE [ Stores ]
 zarr v3's ``Store`` is the model. Each public entry (``make_loader``, ``convert``,
 ``merge_packs``, ``pack_info``, ``verify_pack``, the benchmarks, the CLI) turns the path or
 URL it was given, plus the user's settings, into one store with ``open_store``, which parses
-them into the store's typed options (``options_of``); below that edge only the store
+them into the store's typed options (``RetryPolicy.of``); below that edge only the store
 travels: no settings mapping, no URL scheme tested. A store answers for every path or URL
 of its kind:
 
@@ -29,19 +29,16 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from h5pack._types import StrPath
-from h5pack.core.secrets import redacted
 from h5pack.core.source import ByteSource, LocalSource
 from h5pack.errors import FormatError, H5PackError, OptionsError, PackNotFoundError, install_line
 
 if TYPE_CHECKING:
     from h5pack.core.retry import RetryPolicy
-
-P = TypeVar("P", bound="RetryPolicy")
 
 # scheme -> (module, class) of its store, imported on first use (its client is an extra)
 SCHEMES: dict[str, tuple[str, str]] = {
@@ -93,46 +90,6 @@ def join_url(base: str, relative: str) -> str:
     return base.rstrip("/") + "/" + relative.lstrip("/")
 
 
-def environment_options(
-    cls: type[RetryPolicy], environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """Return the settings of ``cls`` the environment sets (the one place it is read)."""
-    environ = os.environ if environ is None else environ
-    return {name: environ[v] for v, name in cls.ENVIRONMENT.items() if environ.get(v)}
-
-
-def options_of(cls: type[P], settings: Mapping[str, Any]) -> P:
-    """Return ``cls`` of the environment's settings overridden by ``settings``, typed.
-
-    Keys may be spelled as ``cls.ALIASES`` says; a value of None or ``""`` is not set.
-
-    Raises:
-        OptionsError: an unknown key, or a value of the wrong kind.
-    """
-    kinds = {f.name: str(f.type) for f in fields(cls) if f.init}
-    values: dict[str, Any] = {}
-    for key, value in [*environment_options(cls).items(), *settings.items()]:
-        name = cls.ALIASES.get(key, key)
-        if name not in kinds:
-            known = ", ".join(sorted(kinds))
-            raise OptionsError(f"unknown storage option {key!r}; known: {known}")
-        values.pop(name, None)
-        if value is None or value == "":
-            continue
-        try:
-            if kinds[name].startswith("int"):
-                value = int(value)
-            elif kinds[name].startswith("float"):
-                value = float(value)
-            elif kinds[name].startswith("bool") and isinstance(value, str):
-                value = value.lower() in ("1", "true", "yes")
-        except ValueError as err:
-            shown = (redacted({key: value}) or {})[key]
-            raise OptionsError(f"storage option {key}={shown!r}: {err}") from None
-        values[name] = value
-    return cls(**values)
-
-
 @dataclass(frozen=True)
 class ObjectInfo:
     """A stored object (or file), as its store saw it.
@@ -168,7 +125,7 @@ class Store(ABC):
         Raises:
             OptionsError: an unknown setting, or a value of the wrong kind.
         """
-        return cls(options_of(cls.options_type, settings))
+        return cls(cls.options_type.of(settings))
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and getattr(other, "options", None) == self.options
