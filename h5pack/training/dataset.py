@@ -117,13 +117,8 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
     def state_dict(self, *, position: int | None = None) -> dict[str, Any]:
         """Return the resumable state: the epoch, the samples taken, the settings they assume.
 
-        Args:
-            position: Samples of this epoch the training loop has taken since it began
-                iterating it (batches x batch size). Default: this process's own yields,
-                exact without DataLoader workers.
-
-        Raises:
-            OptionsError: no ``position`` after an iteration by DataLoader workers.
+        ``position``: the samples the training loop has taken this epoch (batches x batch
+        size), needed after an iteration by DataLoader workers; default: this process's own.
         """
         workers = self._workers.value
         if position is None:
@@ -140,10 +135,6 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         """Resume: iterations of the saved epoch yield the rest of it, for any workers.
 
         Load it before the DataLoader starts its workers (persistent workers keep theirs).
-
-        Raises:
-            OptionsError: the state was saved on other data, with another order, or is not
-                a state in samples.
         """
         if state.get("unit") != "samples":
             raise OptionsError(

@@ -41,25 +41,14 @@ from h5pack.training.weighted import check_weights
 # what is free now: K, and with it the order, is then the same in every process and in a
 # resumed run) and at the pack's chunks. Measurements: docs/decisions/0022.
 
-DEFAULT_WINDOW_BYTES = 256 * 2**20
-"""The bytes floor of all workers' windows together."""
-
-MIN_POOL_BATCHES = 8
-"""The pool floor: a worker's window holds at least this many batches."""
-
-WINDOW_MEMORY_FRACTION = 1 / 8
-"""The cap: all workers' windows hold at most this share of the machine's memory."""
-
-DEFAULT_WINDOW_CHUNKS = 16
-"""The window when the chunk size is unknown (a bare ChunkMap), before the pool floor."""
+DEFAULT_WINDOW_BYTES = 256 * 2**20  # the bytes floor of all workers' windows together
+MIN_POOL_BATCHES = 8  # the pool floor: batches a worker's window holds at least
+WINDOW_MEMORY_FRACTION = 1 / 8  # the cap: the machine's memory all windows hold at most
+DEFAULT_WINDOW_CHUNKS = 16  # the window when the chunk size is unknown, before the pool floor
 
 
 def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """Return ``(num_replicas, rank)``, filling gaps from torch.distributed when initialised.
-
-    Raises:
-        OptionsError: ``rank`` is outside ``0 .. num_replicas - 1``.
-    """
+    """Return ``(num_replicas, rank)``, filling gaps from torch.distributed when initialised."""
     if num_replicas is None or rank is None:
         import torch.distributed as dist
 
@@ -176,11 +165,7 @@ class EpochSpec:
             distributed_defaults(self.num_replicas, self.rank)
 
     def resolved(self, group_bytes: int | None, *, chunk_map: ChunkMap | None = None) -> EpochSpec:
-        """Return a copy with ranks and the window filled in.
-
-        ``group_bytes``: one decompressed chunk's bytes (None: unknown); ``chunk_map``: the
-        pack's chunks, for the pool floor and the cap at the pack's chunks.
-        """
+        """Return a copy with ranks and the window filled in (``group_bytes``: one chunk's)."""
         num_replicas, rank = distributed_defaults(self.num_replicas, self.rank)
         chunk_samples = num_chunks = None
         if chunk_map is not None and chunk_map.num_chunks:
@@ -201,10 +186,6 @@ class EpochSpec:
 
 def epoch_spec(spec: EpochSpec | int | None = None, /, **fields: Any) -> EpochSpec:
     """Return the ``EpochSpec`` of ``spec`` (a spec, or a batch size) with ``fields`` replaced.
-
-    Raises:
-        OptionsError: no batch size given, or a field out of range.
-        TypeError: a keyword that is no field of ``EpochSpec``.
 
     Example:
         >>> epoch_spec(32, seed=3) == EpochSpec(batch_size=32, seed=3)
@@ -286,11 +267,7 @@ def _window_shuffle(
 def _balanced_layout(
     pieces: EpochPieces,
 ) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
-    """Return ``segment`` of a mix's epoch: the j-th of a source's n at (j + 1/2) / n of it.
-
-    Every stretch (a rank's, a worker's, a batch) then holds each source's share to within
-    about one sample. O(N) per rank.
-    """
+    """Return ``segment`` of a mix's epoch: the j-th of a source's n at (j + 1/2) / n of it."""
     starts, sizes, order = pieces.starts, pieces.sizes, pieces.order
     piece_sources = pieces.sources_of(starts)
     assert piece_sources is not None  # the caller checked

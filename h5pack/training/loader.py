@@ -32,9 +32,10 @@ from h5pack.training.dataset import H5ImageDataset, Output, check_source
 from h5pack.training.mixed import H5MixDataset, unmixed_sources
 from h5pack.training.mixing import MixingWarning
 from h5pack.training.options import KEYWORDS, SpecKeywords, loader_spec
+from h5pack.training.prefetch import StallReports
 from h5pack.training.ring import BatchRing, RingCollate
 from h5pack.training.sampler import ChunkBatchSampler, EpochSpec, sampler_for_labels
-from h5pack.training.stats import LoaderStats, StallMonitor, TimedCollate
+from h5pack.training.stats import StallMonitor, TimedCollate
 
 RING_SPARE_SLOTS = 3  # ring buffers per worker beyond its prefetched batches
 
@@ -95,11 +96,7 @@ def _check_batchable(dataset: H5ImageDataset) -> None:
 def auto_workers(
     dataset: H5ImageDataset, num_workers: int | Literal["auto"] = "auto", cores: int | None = None
 ) -> tuple[int, int]:
-    """Return ``(num_workers, threads)`` for a loader over ``dataset`` (NOTE [ Loader defaults ]).
-
-    Raises:
-        OptionsError: ``num_workers`` is neither ``"auto"`` nor >= 0.
-    """
+    """Return ``(num_workers, threads)`` over ``dataset`` (NOTE [ Loader defaults ])."""
     cores = cores or available_cores()
     if num_workers == "auto":
         if dataset.meta.mode == "raw" and dataset.transform is None and dataset.crop is None:
@@ -135,7 +132,7 @@ def worker_errors_unwrapped() -> Iterator[None]:
         raise unwrapped from None
 
 
-class H5Loader(DataLoader[Any]):
+class H5Loader(DataLoader[Any], StallReports):
     """A DataLoader whose ``set_epoch`` reaches its sampler, that resumes mid-epoch.
 
     ``state_dict()`` records the batches delivered to the training loop (not those the
@@ -150,20 +147,6 @@ class H5Loader(DataLoader[Any]):
         if isinstance(self.dataset, H5ImageDataset):
             dataset, workers = self.dataset, self.num_workers
             self.stall.facts = lambda: dataset_facts(dataset, workers=workers)
-
-    def stats(self) -> LoaderStats:
-        """Return how long training waited for batches and which stage is why (``LoaderStats``)."""
-        return self.stall.stats()
-
-    def reset_stats(self) -> None:
-        """Start ``stats()`` again from zero (e.g. after a warm-up epoch)."""
-        self.stall.reset()
-
-    def report_every(
-        self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
-    ) -> None:
-        """Log ``stats()`` every ``steps`` batches (see ``StallMonitor.report_every``)."""
-        self.stall.report_every(steps, log, full=full)
 
     @property
     def chunk_sampler(self) -> ChunkBatchSampler:

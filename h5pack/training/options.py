@@ -95,14 +95,7 @@ def loader_spec(
     cache: CacheSpec | Literal["decoded"] | None = None,
     **keywords: Any,
 ) -> LoaderSpec:
-    """Return the option objects of ``make_loader``'s arguments: the objects, with keywords.
-
-    A keyword given as None counts as not given.
-
-    Raises:
-        OptionsError: a field out of range (named), no batch size, ``crop``/``flip`` without
-            ``size``, cache settings without a cache, or a cache without a pipeline.
-        TypeError: a keyword that is no field of the option objects.
+    """Return the option objects of ``make_loader``'s arguments (a keyword of None: not given).
 
     Example:
         >>> spec = loader_spec(64, shuffle=False, size=224, cache="decoded")

@@ -147,11 +147,7 @@ class ChunkPermutation:
 
 @dataclass(frozen=True, eq=False)
 class StratifiedChunks(ChunkPermutation):
-    """Every chunk once per epoch, each stratum (``mixing.chunk_strata``) spread evenly.
-
-    Raises:
-        OptionsError: ``strata`` does not have one entry per chunk.
-    """
+    """Every chunk once per epoch, each stratum (``mixing.chunk_strata``) spread evenly."""
 
     strata: np.ndarray
     name = "stratified"
@@ -196,10 +192,7 @@ def chunk_order(
 
 
 def rest_of(order: Order, seed: int, epoch: int, delivered: np.ndarray) -> EpochPieces:
-    """Return the pieces of ``epoch``'s positions not yet ``delivered`` (one bool each).
-
-    The remaining positions of each piece form one sub-piece, ordered by ``order.arrange``.
-    """
+    """Return the pieces of ``epoch``'s positions not yet ``delivered``: a sub-piece of each."""
     whole = order.epoch(seed, epoch)
     remaining = np.flatnonzero(~np.asarray(delivered, dtype=bool))
     if remaining.size == 0:

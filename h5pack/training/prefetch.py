@@ -19,7 +19,32 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-class DevicePrefetcher:
+class StallReports:
+    """``stats``, ``reset_stats`` and ``report_every`` of the ``StallMonitor`` at ``stall``."""
+
+    stall: StallMonitor
+
+    def _settle(self) -> None:
+        """Bring stage times still pending into ``stall``."""
+
+    def stats(self) -> LoaderStats:
+        """Return how long training waited for batches and which stage is why (``LoaderStats``)."""
+        self._settle()
+        return self.stall.stats()
+
+    def reset_stats(self) -> None:
+        """Start ``stats()`` again from zero (e.g. after a warm-up epoch)."""
+        self._settle()
+        self.stall.reset()
+
+    def report_every(
+        self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
+    ) -> None:
+        """Log ``stats()`` every ``steps`` batches (``StallMonitor.report_every``)."""
+        self.stall.report_every(steps, log, full=full)
+
+
+class DevicePrefetcher(StallReports):
     """Iterate a loader with each batch already on ``device``, one batch ahead; echo batches.
 
     On CUDA the next batch is copied on a side stream (from pinned memory) while the current
@@ -85,26 +110,7 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.loader) * self.echo
 
-    def stats(self) -> LoaderStats:
-        """Return how long training waited for batches on the device, and which stage is why.
-
-        The waits are this prefetcher's; the stages the loader's plus "transfer" (the copies).
-        """
-        self._collect_transfers()
-        return self.stall.stats()
-
-    def reset_stats(self) -> None:
-        """Start ``stats()`` again from zero."""
-        self._collect_transfers()
-        self.stall.reset()
-
-    def report_every(
-        self, steps: int, log: Callable[[str], None] | None = None, *, full: bool = False
-    ) -> None:
-        """Log ``stats()`` every ``steps`` batches (see ``StallMonitor.report_every``)."""
-        self.stall.report_every(steps, log, full=full)
-
-    def _collect_transfers(self) -> None:
+    def _settle(self) -> None:
         """Add the finished CUDA copies' times to "transfer" (an event query, no sync)."""
         pending = []
         for start, end in self._events:
@@ -157,7 +163,7 @@ class DevicePrefetcher:
                 end.record(stream)
             self._events.append((start, end))
             if len(self._events) > 64:
-                self._collect_transfers()
+                self._settle()
             return moved, self._stage_ns()
 
         upcoming = fetch()

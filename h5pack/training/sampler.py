@@ -53,10 +53,7 @@ class MixedSources:
 def resolve_data(
     source: SamplerSource, *, mixed: bool = False
 ) -> tuple[ChunkMap, int | None, PackMeta | None, MixedSources | None]:
-    """Return ``(chunk map, bytes per chunk or None, metadata or None, mix or None)``.
-
-    With ``mixed``, a list is a list of sources to mix (``read.mixture``), not one pool.
-    """
+    """Return ``(chunk map, bytes per chunk, metadata, mix)``; with ``mixed`` a list is a mix."""
     if isinstance(source, MixedSources):
         starts, at = [np.zeros(1, dtype=np.int64)], 0
         for cmap in source.chunk_maps:
@@ -93,9 +90,6 @@ def order_for(chunk_map: ChunkMap, spec: EpochSpec, mix: MixedSources | None) ->
     """Return a sampler's order: a weighted mix of ``mix``, else ``spec``'s chunk order.
 
     The weights are ``spec.weights``, else those the data carries, else each source's size.
-
-    Raises:
-        OptionsError: ``weights`` or ``epoch_samples`` without several sources.
     """
     if mix is None:
         if spec.weights is not None or spec.epoch_samples is not None:
@@ -235,11 +229,8 @@ class _Planned:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the rest of the saved epoch.
 
-        The same ranks, workers, batch size and window continue the saved order; another
-        topology re-plans the samples not yet delivered (``training.elastic``).
-
-        Raises:
-            OptionsError: the state was saved on other data, or with another order.
+        The same topology continues the saved order; another re-plans the samples not yet
+        delivered (``training.elastic``). A state of other data or another order is refused.
         """
         saved = {**_SETTINGS_BEFORE, "unit": self.unit, **state}  # older states: old behaviour
         now = self._settings()
@@ -360,10 +351,9 @@ def sampler_for_labels(
 ) -> tuple[ChunkBatchSampler, MixingReport | None]:
     """Return a sampler that copes with chunks that do not mix labels, and the measure.
 
-    When single chunks do not mix labels (``mixing.label_mixing``), the chunk order is
-    stratified by each chunk's dominant label and a default window widened to one whose
-    windows mix, within the memory cap. The caller warns with the report's ``message`` when
-    it ``warns``; the report is None with ``shuffle=False`` or a mix.
+    Unmixed chunks (``mixing.label_mixing``) get a chunk order stratified by dominant label
+    and a default window widened until windows mix; the caller warns with the report's
+    ``message``. The report is None with ``shuffle=False`` or a mix.
 
     Example:
         >>> in_order = np.repeat(np.arange(64), 64)     # 64 classes written one after another
