@@ -270,9 +270,8 @@ def collate_batch(batch: Sequence[Any]) -> Any:
     if not same or first.dtype != torch.uint8:
         return default_collate(list(batch))
     images = empty_uint8((len(batch), *first.shape))
-    # NOTE [ numpy copies ]: copying through numpy views keeps torch's intra-op thread pool
-    # asleep; ``Tensor.copy_`` wakes it for every image, and on a small machine its
-    # spinning threads steal the cores that decode the next images (docs/decisions/0025).
+    # NOTE [ numpy copies ]: numpy views keep torch's intra-op threads asleep; ``copy_`` wakes
+    # them for every image and they steal the decoding cores (docs/decisions/0025).
     target = images.numpy()
     for j, sample in enumerate(batch):
         target[j] = sample[0].numpy()

@@ -67,10 +67,10 @@ def distributed_defaults(num_replicas: int | None, rank: int | None) -> tuple[in
 
 def window_for(
     *,
-    window_chunks: int | None,
-    window_bytes: int | None,
-    group_bytes: int | None,
-    num_workers: int,
+    window_chunks: int | None = None,
+    window_bytes: int | None = None,
+    group_bytes: int | None = None,
+    num_workers: int = 0,
     batch_size: int | None = None,
     chunk_samples: float | None = None,
     min_window_chunks: int | None = None,
@@ -349,8 +349,7 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         low = high
         sources = pieces.sources_of(wseq) if mix and len(wseq) else None
         if sources is not None and shuffle:
-            # a mix: each source's samples shuffled in its own windows, then put back into
-            # that source's slots (the balanced layout, see the note "Weighted mix")
+            # a mix: each source shuffled in its own windows, back into its slots
             mixed = wseq.copy()
             for source in np.unique(sources).tolist():
                 slots = np.flatnonzero(sources == source)
@@ -363,9 +362,8 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
         streams.append(np.split(wseq, np.cumsum(own_sizes)[:-1]))
     batches = [streams[b % workers][b // workers] for b in range(batch_count)]
     if mix:
-        # a mix: each batch grouped by source (a batch is a set to SGD), so that the
-        # dataset reads every source's run straight into its slice of the batch; one
-        # stable sort of the rank's positions by (batch, source) for all batches
+        # a mix: each batch grouped by source, so each source's run is read straight into
+        # its slice of the batch (a batch is a set to SGD)
         flat = np.concatenate(batches)
         sources = pieces.sources_of(flat)
         assert sources is not None  # checked above

@@ -181,13 +181,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         if self._reader is None or self._pid != os.getpid():
             options = self.options
             if options.window_chunks is None:
-                window = window_for(
-                    window_chunks=None,
-                    window_bytes=None,
-                    group_bytes=self.group_bytes,
-                    num_workers=0,
-                )
-                options = replace(options, window_chunks=window)
+                options = replace(options, window_chunks=window_for(group_bytes=self.group_bytes))
             # the files this dataset's labels came from, or a FormatError: never a mix of two
             self._reader = open_reader(self.source, options, view=self.view)
             if self.pool is not None and isinstance(self._reader, PackReader):

@@ -87,9 +87,8 @@ class BatchRing:
         self.__dict__.update(state)
         self._init_local()
 
-    # -- worker side --------------------------------------------------------------------------
     def buffer(self, shape: Sequence[int]) -> torch.Tensor:
-        """An uninitialised uint8 tensor of ``shape``: a free slot's in a worker, else fresh."""
+        """(Worker side) an uninitialised uint8 tensor of ``shape``: a free slot's, else fresh."""
         info = get_worker_info()
         nbytes = math.prod(shape)
         if info is None:
@@ -130,9 +129,8 @@ class BatchRing:
         shape, offset = tuple(tensor.shape), int(tensor.storage_offset())
         return _Crossing(_ring_tensor, self.token, index, storage, shape, tensor.stride(), offset)
 
-    # -- main side ----------------------------------------------------------------------------
     def arrived(self, index: int, storage: torch.UntypedStorage | None) -> torch.UntypedStorage:
-        """Record a batch in slot ``index`` (its buffer, sent once); release unused slots."""
+        """(Main side) record a batch in slot ``index`` (buffer sent once); free unused slots."""
         with self._lock:
             if storage is not None:  # the ring's references: this one and the one kept
                 self._mapped[index] = (storage, _use_count(storage))
