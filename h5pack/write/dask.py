@@ -1,21 +1,14 @@
 """Sharded conversion on a Dask cluster: one task per shard, the manifest on the client.
 
-The client lists the source once and splits it (``shards.split_source``); image sizes, when
-the plan needs them, are probed by one Dask task per shard. Each shard is then one task
-that receives everything it needs (its samples in write order, their source positions, the
-global classes, the options, the sizes: ``split.ShardTask``) and writes its pack beside
-the others, with the same reuse check and atomic publish as ``convert_set``. The client
-writes the manifest once every task is done. Workers must see the source's files and the
-output directory at the same paths as the client (a shared file system).
+The client lists and splits the source once (``shards.split_source``); sizes, when
+needed, are probed by one task per shard. Each shard task gets all it needs
+(``split.ShardTask``) and writes its pack as ``convert_set`` does; workers must see the
+source and the output at the client's paths (a shared file system).
 
 NOTE [ One shard per Dask worker process ]: a task converts in its worker's process
-(``workers=1``): Dask's worker processes are daemonic and cannot start a process pool, and
-the parallelism is Dask's own (one process per core: ``--nworkers N --nthreads 1``, or
-``LocalCluster(processes=True, threads_per_worker=1)``). A process converts one shard at a
-time (the compression scratch file of ``pipeline`` is per process), so extra threads per
-worker add nothing.
-
-``distributed`` is imported when used: the ``dask`` extra.
+(``workers=1``): Dask's daemonic workers cannot start a pool, and the parallelism is
+Dask's (``--nthreads 1``, ``LocalCluster(processes=True, threads_per_worker=1)``).
+``distributed`` (the ``dask`` extra) is imported when used.
 """
 
 from __future__ import annotations
@@ -69,12 +62,9 @@ def _distributed() -> Any:
 
 @contextlib.contextmanager
 def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
-    """Lend a ``distributed.Client``: of the scheduler at ``address``, or of a LocalCluster.
+    """Lend a ``distributed.Client`` of the scheduler at ``address``, or of a LocalCluster.
 
-    Args:
-        address: A scheduler's address (``tcp://host:8786``), or ``"local"`` for a
-            ``LocalCluster`` of ``workers`` processes (default: one per core) of one thread.
-        workers: Processes of the LocalCluster.
+    ``"local"``: a ``LocalCluster`` of ``workers`` one-thread processes (default: a core each).
 
     Raises:
         H5PackError: ``distributed`` is missing, or the scheduler cannot be reached.
@@ -83,9 +73,8 @@ def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
     if address == "local":
         import dask
 
-        # NOTE [ Dask's profiler ]: each worker samples its threads' stacks every 10 ms, a
-        # cost per image a conversion notices (docs/decisions/0025). The workers of a
-        # LocalCluster are started without it.
+        # NOTE [ Dask's profiler ]: its stack sampling costs a conversion per image
+        # (docs/decisions/0025): a LocalCluster's workers start without it.
         with dask.config.set({"distributed.worker.profile.enabled": False}):
             cluster = distributed.LocalCluster(
                 n_workers=workers or available_cores(),
@@ -115,11 +104,8 @@ def probe_files(items: list[tuple[Image, str]]) -> Counter[tuple[int, int]]:
 def run_shard(task: ShardTask) -> ShardReport:
     """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
     with _ONE_SHARD, worker_pool(1) as executor:
-        # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 for its workers: without this the
-        # tasks took more CPU per image than the pool (docs/decisions/0025).
-        keep_freed_memory()
-        # A task Dask runs again after its worker died finds what that worker left (a
-        # shard bound for a bucket: its staging directory and upload, swept when written).
+        keep_freed_memory()  # Dask's nanny lowers the trim threshold (NOTE [ Worker malloc ])
+        # A task run again after its worker died finds what that worker left.
         if task.remote is None:
             remove_leftovers_beside(task.target, _ignore)
         report, _ = write_shard(task, executor=executor, workers=1, emit=_ignore, step=_ignore)

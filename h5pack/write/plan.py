@@ -68,17 +68,10 @@ def plan_storage(
 ) -> StoragePlan:
     """Choose mode, storage, layout and chunks from the options and the images' sizes.
 
-    Args:
-        options: The conversion options.
-        sizes: How many images have each (H, W); None when not needed.
-        num_samples: Samples to pack (the automatic chunk never holds more).
-        can_encode: Whether the samples have encoded bytes (not so for arrays).
-        sample_bytes: ``sample_bytes(limit)``: the stored bytes of the first ``limit``
-            samples in write order (all with None), to size an encoded blob's chunk or a
-            contiguous blob; without it, the byte target is the chunk and a blob is staged.
-
-    Raises:
-        OptionsError: the options do not fit the images.
+    ``sizes`` counts the images of each (H, W) (None when not needed); ``can_encode``:
+    the samples have encoded bytes; ``sample_bytes(limit)``: the stored bytes of the first
+    ``limit`` samples in write order (all with None), which size an encoded blob's chunk
+    or a contiguous blob (without it: the byte target, and a staged blob).
     """
     channels = options.channels
     sizes = sizes if sizes is not None else Counter()

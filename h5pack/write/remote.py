@@ -244,11 +244,8 @@ def publish_shard(
 ) -> tuple[Literal["written", "reused"], int, PackMeta]:
     """Reuse the shard at ``remote.url`` if it matches, else write and publish it.
 
-    Returns:
-        Whether it was written or reused, its bytes and its metadata.
-
-    Raises:
-        TargetExistsError: the shard exists, does not match and not ``overwrite``.
+    Returns whether it was written or reused, its bytes and its metadata; raises
+    ``TargetExistsError`` for a shard there that does not match, without ``overwrite``.
     """
     url, store = remote.url, remote.store
     found: ObjectInfo | None = store.stat(url)
@@ -284,15 +281,9 @@ _LOCK_NAME = ".lock"
 
 
 class Staging:
-    """A private local directory where packs bound for a bucket are written, then uploaded.
+    """A private, locked directory under ``root`` (default ``TMPDIR``) for packs bound for a bucket.
 
-    A context manager: creates and locks ``h5pack-staging-<pid>-<random>`` under ``root``
-    (default ``TMPDIR``) after removing dead runs' ones, and removes it on exit. ``what``
-    (the target URL) is named in errors.
-
-    Raises:
-        OptionsError: ``root`` is not a directory.
-        H5PackError: the directory cannot be created.
+    On entry it removes dead runs' ones; on exit, itself. ``what`` is named in errors.
     """
 
     def __init__(self, root: StrPath | None, *, what: str) -> None:

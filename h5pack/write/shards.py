@@ -1,21 +1,12 @@
 """Sharded conversion: a sample source into a pack set (shard packs and a manifest).
 
-The split (``write/split.py``) is a pure function of the source's sorted samples and the
-seed, so processes that see the same source (a ``--shards N`` run here, ``--shard I/N``
-tasks of a Slurm array or torchrun ranks, Dask tasks) build shards that together hold
-every image exactly once, shuffled globally, with the global class list in every shard
-and ``source_index`` in global source positions. Entries that the listing leaves out
-(stray files...) are recorded in shard 0 only, so the union of the shards' skipped lists
-is the conversion's.
-
-Every shard is published like a pack of ``convert`` (a temporary file renamed into place
-when complete) and records its place in the split (``core.packset.ShardIdentity``). A
-shard found under its name is reused when it verifies and is the same slice of the same
-split converted with the same options; otherwise it is refused, naming it, or replaced
-with ``overwrite``. The manifest is written last, atomically, once every shard is there
-and matches: after a ``--shards N`` run, or by whichever ``--shard I/N`` process finds the
-set complete (several may: they write the same manifest). Those checks of the directory
-live in ``write/packset.py``.
+The split (``write/split.py``) is a pure function of the sorted samples and the seed, so
+processes that see the same source (``--shards N`` here, ``--shard I/N`` tasks, Dask)
+build shards holding every image once, shuffled globally, with the global classes and
+source positions; the listing's problems go to shard 0 only. Each shard is published
+like a pack of ``convert`` and records its place in the split; one found under its name
+is reused when it matches, else refused or (``overwrite``) replaced. The manifest is
+written last, by whichever process finds the set complete (``write/packset.py``).
 """
 
 from __future__ import annotations
@@ -58,18 +49,7 @@ Step = Callable[[int], None]
 
 @dataclass(frozen=True, kw_only=True)
 class ShardReport:
-    """What became of one shard.
-
-    Attributes:
-        index: The shard's index.
-        path: Its pack.
-        status: ``"written"`` by this run, or ``"reused"`` (it was there and matched).
-        num_samples: Samples it holds.
-        num_planned: Samples of its slice.
-        file_bytes: Its size.
-        elapsed_s: Time spent on it in this run.
-        skipped: Samples of its slice left out (shard 0: the listing's problems too).
-    """
+    """What became of one shard: ``"written"`` by this run, or ``"reused"``; its samples."""
 
     index: int
     path: str
@@ -83,18 +63,7 @@ class ShardReport:
 
 @dataclass(frozen=True, kw_only=True)
 class PackSetReport:
-    """What a sharded conversion did.
-
-    Attributes:
-        root: The pack set's directory.
-        num_shards: Shards of the split.
-        num_found: Samples found in the source.
-        shards: The shards this run handled, in order.
-        manifest: The manifest's path, or None while shards are missing.
-        missing: Shards not (yet) there or not matching this split (none once complete).
-        reason: The storage chosen, and why.
-        elapsed_s: Wall time of the run.
-    """
+    """What a sharded conversion did: its shards, and the manifest (None while some miss)."""
 
     root: str
     num_shards: int
@@ -162,8 +131,7 @@ def open_set(
 ) -> tuple[Path, RemoteSet | None]:
     """Prepare the set's directory (removing what killed runs left), or its bucket prefix.
 
-    Returns:
-        The directory the shards are named in, and the bucket's set (None for a local set).
+    Returns the directory the shards are named in, and the bucket's set (None if local).
     """
     if store.remote:  # NOTE [ Stores ]
         remote = RemoteSet(os.fspath(out_dir), store, staging_dir)
@@ -176,12 +144,7 @@ def open_set(
 def split_source(
     source: StrPath | SampleSource, options: ConvertOptions, num_shards: int, emit: Emit
 ) -> SourceSplit:
-    """List ``source`` and split its write order into ``num_shards`` shards.
-
-    Raises:
-        OptionsError: more shards than images.
-        SourceError: the source is missing or holds no image.
-    """
+    """List ``source`` and split its write order into ``num_shards`` (at most one an image)."""
     found = sample_source(source, labels_csv=options.labels_csv)
     skipped = list_source(found, options, emit)
     num = len(found.samples)
@@ -283,11 +246,7 @@ def _indices(shards: int, only: int | None) -> list[int]:
 def write_shard(
     task: ShardTask, *, executor: Any, workers: int, emit: Emit, step: Step
 ) -> tuple[ShardReport, PackMeta]:
-    """Reuse shard ``task`` if it is there and matches, else write it; return it and its meta.
-
-    Raises:
-        TargetExistsError: the shard exists, does not match and not ``task.overwrite``.
-    """
+    """Reuse shard ``task`` if it is there and matches, else write it; return it and its meta."""
     started = time.perf_counter()
     identity = task.identity
     status: Literal["written", "reused"]
@@ -334,10 +293,7 @@ def convert_shard_file(
     step: Step,
     room: Callable[[int], None] | None = None,
 ) -> PackMeta:
-    """Convert shard ``task`` into the local file ``target`` (replacing one); return its meta.
-
-    ``room`` is ``write_samples``'s check of the space the pack needs.
-    """
+    """Convert shard ``task`` into the local file ``target`` (replacing one); return its meta."""
     identity = task.identity
     where = f"shard {identity.index}/{identity.num_shards}"
     emit(ConvertEvent("phase", f"{where}: converting", total=len(task.samples)))
@@ -364,11 +320,7 @@ def convert_shard_file(
 
 
 def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
-    """Return the metadata of ``task``'s shard if it is there and matches, else None.
-
-    Raises:
-        TargetExistsError: it is there, does not match, and not ``task.overwrite``.
-    """
+    """Return the metadata of ``task``'s shard if it is there and matches, else None."""
     if not task.target.exists():
         return None
     meta, problems = shard_problems(task.target, task.identity, task.options, task.classes)
