@@ -1,8 +1,4 @@
-"""Checks of user arguments, in one message shape: ``x should be ..., but got x=...``.
-
-The option objects validate themselves in ``__post_init__`` with these, so a bad argument
-is one ``OptionsError`` naming the user's parameter when the loader is built.
-"""
+"""Checks of user arguments, in one message shape: ``x should be ..., but got x=...``."""
 
 from __future__ import annotations
 
@@ -23,14 +19,7 @@ def _bounds(minimum: int | None, maximum: int | None) -> str:
 def check_int(
     name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
-    """Return ``value`` (an int or a numpy integer) as an int, or raise one naming ``name``.
-
-    Example:
-        >>> check_int("batch_size", 2.5, minimum=1)
-        Traceback (most recent call last):
-        ...
-        h5pack.errors.OptionsError: batch_size should be an integer >= 1, but got batch_size=2.5
-    """
+    """Return ``value`` (an int or numpy integer) as an int, or raise naming ``name``."""
     what = f"an integer{_bounds(minimum, maximum)}"
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise OptionsError(f"{name} should be {what}, but got {name}={value!r}")

@@ -1,13 +1,8 @@
-"""Decode image bytes into RGB (or gray) uint8 arrays (``core.resize`` resizes them).
+"""Decode image bytes into (H, W, C) uint8 arrays in ``core.pixels``'s form.
 
-Every decoded image is ``(H, W, C)`` uint8, C-contiguous and writable, in the form
-``core.pixels`` describes. Files are recognised by their content; multi-page files give
-their first frame. ``"pillow"`` decodes everything; ``"opencv"`` decodes JPEG, PNG, WebP
-and BMP with ``cv2.imdecode`` and normalises alike, handing every other file (and every
-one OpenCV refuses or reads differently) to Pillow: the same pixels on lossless files,
-within a few levels on JPEG. Both read the header with Pillow first, to refuse an image
-over ``max_pixels`` before decoding it. Truncated files are errors; nothing here changes
-global state.
+``"pillow"`` decodes everything; ``"opencv"`` decodes JPEG, PNG, WebP and BMP and hands
+Pillow every other file and every one it reads differently. Both read the header with
+Pillow first, to refuse an image over ``max_pixels`` before decoding it.
 """
 
 from __future__ import annotations
@@ -146,11 +141,7 @@ def _fast_path(image: Image.Image, backend: Backend, channels: int) -> bool:
 
 
 def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
-    """Decode with OpenCV into ``pillow_pixels``'s form; None hands the file to Pillow.
-
-    None for another format, a file OpenCV cannot decode, or a result that is not what
-    Pillow's header promised (another size, or transparency OpenCV dropped).
-    """
+    """Decode with OpenCV into ``pillow_pixels``'s form; None hands the file to Pillow."""
     if image.format not in _OPENCV_FORMATS:
         return None
     import cv2  # imported here so that importing h5pack.core.decode stays fast
@@ -192,17 +183,8 @@ def decode_image(
 ) -> ImageArray:
     """Decode an image file's bytes into an (H, W, channels) uint8 array, EXIF-oriented.
 
-    Args:
-        data: The file's bytes; the format is recognised from them.
-        name: What to call the image in error messages (e.g. its relative path).
-        backend: ``"pillow"`` or ``"opencv"``.
-        channels: 3 for RGB, 1 for luminance.
-        max_pixels: Refuse images with more pixels (None: :data:`MAX_IMAGE_PIXELS`).
-
-    Raises:
-        DecodeError: The bytes are empty, not an image, truncated, corrupt, or too large;
-            the message starts with ``name``.
-        ValueError: ``backend``, ``channels`` or ``max_pixels`` is invalid.
+    Raises ``DecodeError`` (starting with ``name``) for a file that is empty, no image,
+    truncated, corrupt or over ``max_pixels`` (None: :data:`MAX_IMAGE_PIXELS`).
     """
     max_pixels = _checked_decode_args(backend, channels, max_pixels)
     image = open_pillow(data, name, max_pixels)
@@ -240,10 +222,7 @@ def decode_resized(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> tuple[ImageArray, tuple[int, int]]:
-    """Return ``resize_image(decode_image(data, ...), size, ...)`` and the decoded (H, W).
-
-    The same pixels, faster (NOTE [ Decoding without the array ]). Raises as both.
-    """
+    """Return ``resize_image(decode_image(data, ...), size, ...)`` and the decoded (H, W)."""
     check_choice("method", method, RESIZE_METHODS)
     limit = _checked_decode_args(backend, channels, max_pixels)
     target_h, target_w = check_size(size)
@@ -274,11 +253,7 @@ def decoded_size(
     channels: int = 3,
     max_pixels: int | None = None,
 ) -> tuple[int, int]:
-    """Return the ``(H, W)`` of ``decode_image(data, ...)``, decoding every pixel.
-
-    Raises as :func:`decode_image`; the array is not built where it is not needed (NOTE
-    [ Decoding without the array ]).
-    """
+    """Return the ``(H, W)`` of ``decode_image(data, ...)``, decoding every pixel."""
     limit = _checked_decode_args(backend, channels, max_pixels)
     image = open_pillow(data, name, limit)
     try:
@@ -295,11 +270,7 @@ def decoded_size(
 
 
 def probe_size(data: bytes, *, name: str = "<bytes>") -> tuple[int, int]:
-    """Return an image's displayed (EXIF-oriented) ``(H, W)`` from its header alone.
-
-    Raises:
-        DecodeError: The header cannot be read, or the size is over Pillow's hard limit.
-    """
+    """Return an image's displayed (EXIF-oriented) ``(H, W)`` from its header alone."""
     image = open_pillow(data, name, None)
     try:
         width, height = _stored_size(image)
@@ -320,11 +291,7 @@ def _stored_size(image: Image.Image) -> tuple[int, int]:
 
 
 def load_file(path: StrPath) -> bytes:
-    """Return a file's bytes, refusing anything that is not a regular file without opening it.
-
-    Raises:
-        DecodeError: The file cannot be read, or is no regular file (named).
-    """
+    """Return a file's bytes; a ``DecodeError`` naming it if it is unreadable or no regular file."""
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):

@@ -1,10 +1,7 @@
 """The one read-side description of a pack (``PackIndex``), and HDF5's of a pack without an index.
 
-Two kinds: ``core.index.CompactIndex`` parses a published pack's compact index;
-``HDF5Index`` describes any other from HDF5's metadata, read as asked. ``read_meta``
-validates either, the direct chunk path reads the chunk index either gives, and h5py is
-opened (``hdf5``) only for what HDF5 alone reads: a codec outside ``read.direct``, a
-virtual pack, a field.
+``core.index.CompactIndex`` parses a published pack's compact index; ``HDF5Index`` reads
+HDF5's metadata as asked. h5py is opened (``hdf5``) only for what HDF5 alone reads.
 """
 
 from __future__ import annotations
@@ -23,11 +20,7 @@ from h5pack.core.source import ByteSource
 
 @dataclass(frozen=True)
 class ImagesLayout:
-    """How the images dataset is stored: what the direct chunk path needs to know.
-
-    ``filters`` holds ``(filter id, values)`` of each filter of its pipeline, in order;
-    ``offset`` the file offset of a contiguous dataset's data (None: chunked, or none yet).
-    """
+    """How the images are stored: ``filters`` as ``(id, values)``, a contiguous one's ``offset``."""
 
     shape: tuple[int, ...]
     dtype: np.dtype[Any]

@@ -9,12 +9,7 @@ import numpy as np
 
 
 class FieldBlocks:
-    """Chunks of the stored fields' datasets read whole and kept while their samples are served.
-
-    Args:
-        handle: The open pack (h5py, or a remote pack's index file).
-        keep_bytes: Bytes of chunks kept, the least recently used dropped first.
-    """
+    """Chunks of the stored fields' datasets, read whole and kept (LRU) while served."""
 
     def __init__(self, handle: Any, keep_bytes: int = 64 << 20) -> None:
         self.handle, self.keep_bytes = handle, keep_bytes

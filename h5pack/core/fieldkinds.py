@@ -1,13 +1,9 @@
 """The kinds of field: one small frozen class per kind of value a pack stores.
 
-Each ``Field`` knows its datasets, how to check and write a column of values (one per
-sample), read some samples' values and collate a batch (spatial kinds: ``spatialfields``).
-
 NOTE [ Stored fields ]: the image, the label and the key keep the root datasets of format
-1.0. Every other field lives under ``/fields`` (docs/format.md): a fixed-size value as one
-``(N, *shape)`` dataset, a variable one as its values back to back plus ``NAME.offsets``.
-Their chunks hold the samples of about one image chunk, so a group's samples are read in
-one or two chunk reads per dataset (``core.fieldblocks``).
+1.0; every other field lives under ``/fields`` (docs/format.md), a fixed-size value as one
+``(N, *shape)`` dataset, a variable one as its values back to back plus ``NAME.offsets``,
+chunked with about one image chunk's samples.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """A sample is a record of fields: the pack's listing of them and the selection read.
 
-The kinds are in ``core.fieldkinds`` and ``core.spatialfields``; every name is importable
-from here. The pack lists its fields in the root attribute ``format.FIELDS_KEY`` (JSON); a
-pack written before the listing holds ``LEGACY_FIELDS``: ``image``, ``label`` and ``key``.
+Every kind is importable from here; a pack without a listing holds ``LEGACY_FIELDS``.
 """
 
 from __future__ import annotations
@@ -75,11 +73,7 @@ _FROM_LISTING: dict[str, tuple[str, Callable[[Any], Any]]] = {
 
 
 def field_from_dict(data: Mapping[str, Any]) -> Field:
-    """Return the field of one entry of a pack's listing.
-
-    Raises:
-        FormatError: an unknown kind (a pack written by a newer h5pack) or a bad entry.
-    """
+    """Return the field of one entry of a pack's listing (``FormatError`` for an unknown kind)."""
     kind, name = data.get("kind"), str(data.get("name"))
     cls = KINDS.get(str(kind))
     if cls is None:
@@ -129,11 +123,7 @@ def fields_text(fields: Sequence[Field]) -> str:
 
 @functools.lru_cache(maxsize=64)  # read at every batch of a dataset of fields
 def parse_fields(text: str | None, path: str) -> tuple[Field, ...]:
-    """Return a pack's fields from its listing; ``LEGACY_FIELDS`` when it has none.
-
-    Raises:
-        FormatError: the listing is not a JSON list of known fields.
-    """
+    """Return a pack's fields from its listing (``LEGACY_FIELDS`` without one; ``FormatError``)."""
     if text is None:
         return LEGACY_FIELDS
     try:
@@ -157,14 +147,7 @@ def stored_fields(fields: Sequence[Field]) -> tuple[StoredField, ...]:
 
 
 def make_field(name: str, values: Any) -> StoredField:
-    """Return the field that stores ``values`` (one per sample), its kind told from them.
-
-    Numbers: a scalar; equal-shape arrays: an array field; ``str``: text; ``bytes``:
-    bytes; arrays of several lengths: ragged. Pass a ``Field`` for anything else (a mask).
-
-    Raises:
-        OptionsError: the kind cannot be told from the values.
-    """
+    """Return the field that stores ``values``, its kind told from them."""
     check_name(name)
     if len(values) and isinstance(values[0], str):
         return TextField(name)
@@ -188,17 +171,7 @@ def make_field(name: str, values: Any) -> StoredField:
 def columns_of(
     given: Mapping[str | Field, Any], num: int
 ) -> tuple[tuple[StoredField, ...], dict[str, Any]]:
-    """Return the fields and checked columns of ``write_arrays``'s ``fields=``.
-
-    Args:
-        given: Values per sample by field: the key a name (the kind told from the values,
-            ``make_field``) or a ``StoredField``.
-        num: Samples.
-
-    Raises:
-        OptionsError: a name given twice, a key that is no stored field, or values that do
-            not fit their field.
-    """
+    """Return the fields and checked columns of ``write_arrays``'s ``fields=``."""
     fields: list[StoredField] = []
     columns: dict[str, Any] = {}
     for key, values in given.items():
@@ -226,15 +199,7 @@ def read_values(
     *,
     packed: bool = False,
 ) -> dict[str, list[Any]]:
-    """Return the values of the stored fields ``names`` for samples ``indices``.
-
-    ``source`` is the open pack or a reader's ``FieldBlocks`` over it; image, label and key
-    are the reader's and skipped here. ``packed``: instance masks as stored, for the
-    loader's crop.
-
-    Raises:
-        FormatError: a field cannot be read (damage).
-    """
+    """Return the stored fields ``names`` of samples ``indices`` (``packed``: masks as stored)."""
     listed = {f.name: f for f in stored_fields(fields_of(meta))}
     idx = np.asarray(indices, dtype=np.int64)
     shapes = meta.shapes[idx] if len(meta.shapes) else np.zeros((idx.size, 3), np.int32)
@@ -251,11 +216,7 @@ def read_values(
 
 
 def selected(meta: fmt.PackMeta, names: Sequence[str] | None, *, key: bool) -> tuple[str, ...]:
-    """Return the fields a dataset delivers: ``names``, or every listed one (``key`` if asked).
-
-    Raises:
-        OptionsError: a name the pack does not list.
-    """
+    """Return the fields a dataset delivers: ``names`` (``OptionsError`` if unlisted), or all."""
     listed = [f.name for f in fields_of(meta)]
     if names is None:
         return tuple(n for n in listed if n != KEY or key)

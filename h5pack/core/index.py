@@ -2,12 +2,10 @@
 
 # NOTE [ Compact index ]
 # h5py over a file object walks HDF5's metadata in many small serial reads, a round trip
-# each on a bucket. So a published pack (``write.publish``) ends with one compact index
-# after HDF5's end of file: the root attributes, each dataset's shape and dtype, the
-# images' filters and chunk index, and the per-sample arrays; the paths in a section of
-# their own, read only when asked; a footer saying where both lie, with their CRC32s
-# (docs/format.md). A reader GETs the last ``TAIL_BYTES`` with one suffix range request
-# and, only if the main section starts before them, one more. A damaged index is refused.
+# each on a bucket. So a published pack ends with a compact index after HDF5's end of
+# file (docs/format.md): attributes, shapes, the images' chunk index and the per-sample
+# arrays, the paths apart, and a footer with both sections' CRC32s. A reader GETs the last
+# ``TAIL_BYTES`` and, only if the main section starts before them, one more range.
 """
 
 from __future__ import annotations
@@ -150,11 +148,7 @@ def build_index(index: PackIndex, file_bytes: int) -> bytes | None:
 
 
 def append_index(path: Path) -> bool:
-    """Append the compact index to the finished pack ``path``; return whether it has one.
-
-    A pack that already ends with one is left as it is; no HDF5 file, or a virtual pack,
-    gets none.
-    """
+    """Append the compact index to the pack ``path`` (unless there); return whether it has one."""
     with open(path, "rb") as raw:
         if raw.read(8) != HDF5_SIGNATURE:
             return False
@@ -189,16 +183,7 @@ class UnknownIndexError(Exception):
 class CompactIndex(PackIndex):
     """A pack described by its compact index (NOTE [ Compact index ]).
 
-    Args:
-        source: The pack's bytes.
-        footer: Where the index lies.
-        main: The main section's bytes.
-        opener: Opens the pack with HDF5 when first needed (``hdf5``).
-        paths: The paths section, when the open's reads already hold it.
-
-    Raises:
-        FormatError: the index does not match its CRC32, or cannot be parsed.
-        UnknownIndexError: the index is of a version this h5pack does not know.
+    ``opener`` opens it with HDF5 when first needed; ``paths``: the paths section, if held.
     """
 
     def __init__(

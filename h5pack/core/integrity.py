@@ -1,9 +1,7 @@
 """Checks that what a reader serves is what was written: digests and the pack's identity.
 
-``sample_digest`` is the XXH3-64 of a sample's stored bytes (``sample_xxh3``: memory speed,
-so readers check every sample; without ``xxhash`` they fall back to the CRC32 every pack
-has); the CRC32 digests cover the metadata HDF5 does not checksum itself; ``PackIdentity``
-lets another process tell that a path now names another file (docs/format.md).
+XXH3-64 per sample (memory speed; CRC32 without ``xxhash``), CRC32 of the metadata HDF5
+does not checksum, and ``PackIdentity``: which file a process read.
 """
 
 from __future__ import annotations
@@ -45,11 +43,7 @@ def _contiguous(data: Buffer) -> Buffer:
 
 
 def sample_digest(data: Buffer) -> int:
-    """Return the XXH3-64 of a sample's stored bytes (what ``sample_xxh3`` records).
-
-    Raises:
-        RuntimeError: ``xxhash`` is not installed (see ``has_sample_digest``).
-    """
+    """Return the XXH3-64 of a sample's stored bytes (``RuntimeError`` without ``xxhash``)."""
     function = _xxh3()
     if function is None:
         raise RuntimeError("sample digests need the xxhash package: pip install xxhash")
@@ -102,11 +96,7 @@ def new_pack_id() -> str:
 
 @dataclass(frozen=True)
 class PackIdentity:
-    """Which file a process read: the pack's id and the file's status when it was opened.
-
-    ``pack_id`` is None for packs before format 1.1; a remote object has its ``etag`` and
-    0 for device, inode and mtime.
-    """
+    """Which file a process read: its pack id and status (a remote object's ETag and size)."""
 
     pack_id: str | None
     device: int

@@ -1,12 +1,10 @@
 """A JPEG's header in a few microseconds: size, mode and EXIF orientation, as Pillow reads them.
 
 # NOTE [ Fast JPEG header ]
-# Pillow parses every marker in Python and builds an Exif object, a sizeable share of a
-# sample's CPU (docs/decisions/0025). ``read_jpeg_header`` walks the markers up to the
-# first scan and reads only SOFn and the first EXIF APP1. It answers only for files it
-# understands completely (8-bit, 1, 3 or 4 components, a well-formed TIFF directory with
-# at most one SHORT orientation tag, no XMP) and returns None otherwise: the caller then
-# opens the file with Pillow, for the same answers and the same errors.
+# ``read_jpeg_header`` walks the markers up to the first scan and reads only SOFn and the
+# first EXIF APP1, where Pillow parses every marker in Python (docs/decisions/0025). It
+# answers only for files it understands completely (8-bit, 1, 3 or 4 components, one SHORT
+# orientation tag, no XMP), else None: the caller opens the file with Pillow.
 """
 
 from __future__ import annotations

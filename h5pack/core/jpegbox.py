@@ -1,21 +1,14 @@
 """Decode only a box of a JPEG: the rows and columns a crop needs, the pixels a whole decode has.
 
 # NOTE [ Decoding only the box ]
-# libjpeg-turbo's scanline API decodes less than the whole image: jpeg_crop_scanline
-# restricts the IDCT, upsampling and colour conversion to the box's columns,
-# jpeg_skip_scanlines entropy-decodes the rows above without the rest, and the decode stops
-# at the box's last row. ``_jpegbox`` drives it from C without the GIL. Same pixels, bit
-# for bit: the region is one pixel wider where the image goes on (the upsampler treats its
-# edges as the image's), then cut; tests/test_jpegbox.py compares against whole decodes.
-# With ``canvas`` the region lands on an image-sized canvas, for Pillow's fractional box.
-# Gain: docs/decisions/0003-box-decoder-kept.md.
-
-# NOTE [ Which libjpeg ]
-# The extension links none: the libjpeg-turbo in Pillow's wheel, then the system's
-# libjpeg.so.62, the first whose decompressor takes this header's; ``H5PACK_LIBJPEG`` names
-# another, or ``none``. Without one, ``available()`` is False and callers decode whole, as
-# they do for what this decoder refuses (files not ending in EOI, other colour spaces,
-# boxes outside the image, any libjpeg error or warning) so the whole decode raises.
+# libjpeg-turbo's jpeg_crop_scanline restricts the IDCT, upsampling and colour conversion
+# to the box's columns, jpeg_skip_scanlines entropy-decodes the rows above without the
+# rest, and the decode stops at the box's last row; ``_jpegbox`` drives it from C without
+# the GIL. Same pixels, bit for bit (the region is a pixel wider where the image goes on,
+# then cut; tests/test_jpegbox.py). The extension links no libjpeg: it loads Pillow's,
+# else the system's libjpeg.so.62 (``H5PACK_LIBJPEG`` names another, or ``none``). What it
+# refuses (no EOI, other colour spaces, boxes outside, any libjpeg warning) is decoded
+# whole, which raises. Gain: docs/decisions/0003-box-decoder-kept.md.
 """
 
 from __future__ import annotations
@@ -44,7 +37,7 @@ _DISABLED = [False]  # set by disabled(), for the whole process and the workers 
 
 
 def _candidates() -> list[str]:
-    """The libjpeg libraries to try, in order (see NOTE [ Which libjpeg ])."""
+    """The libjpeg libraries to try, in order."""
     chosen = os.environ.get("H5PACK_LIBJPEG")
     if chosen:
         return [] if chosen.lower() == "none" else [chosen]
@@ -138,11 +131,9 @@ def decode_box(
 ) -> np.ndarray | None:
     """The ``box`` (top, left, height, width) of the JPEG ``data`` of stored (H, W) ``size``.
 
-    ``reduction`` (1, 2, 4 or 8) decodes at that fraction of the size (NOTE [ JPEG DCT
-    scaling ]), ``box`` in the reduced pixels. Returns the box of the whole decode as stored
-    (RGB, or gray for one channel), or None when this decoder declines (NOTE [ Decoding
-    only the box ]): the caller then decodes whole. With ``canvas``, the whole reduced
-    image's array, in which only the box (and up to an iMCU around it) holds pixels.
+    At 1/``reduction`` of the size (NOTE [ JPEG DCT scaling ]); None when this decoder
+    declines, and the caller decodes whole. With ``canvas``, the whole reduced image's
+    array, in which only the box holds pixels.
     """
     top, left, height, width = box
     if not available() or min(top, left) < 0 or min(height, width) <= 0:

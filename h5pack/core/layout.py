@@ -1,9 +1,7 @@
 """Chunk shapes, compression filters, chunk arithmetic and chunk-cache sizing.
 
 Chunk arithmetic lives here so that the writer, the reader, the samplers and the
-benchmarks cannot disagree about which samples live in which chunk. ``chunk_bytes`` is the
-uncompressed size of one HDF5 chunk; ``group_bytes`` that of one read group (a chunk, or a
-run of a contiguous pack, ``chunk_map_of``).
+benchmarks cannot disagree about which samples live in which chunk.
 """
 
 from __future__ import annotations
@@ -58,12 +56,7 @@ LEVELS: dict[str, tuple[int, int, int]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class Compression:
-    """A compression choice: codec, level and shuffle, validated.
-
-    Raises:
-        OptionsError: an unknown codec, a level out of range, or a shuffle the codec
-            cannot apply.
-    """
+    """A compression choice: codec, level and shuffle, validated (``OptionsError``)."""
 
     codec: str = "none"
     level: int | None = None
@@ -151,15 +144,7 @@ def array_chunk_shape(
     chunk_shape: Sequence[int] | None = None,
     chunk_bytes: int | None = None,
 ) -> tuple[int, ...]:
-    """Return the chunk shape of an (N, H, W, C) uint8 array from one of three requests.
-
-    ``chunk_shape`` first, then ``chunk_samples``, then ``chunk_bytes`` (default
-    ``DEFAULT_CHUNK_BYTES``).
-
-    Raises:
-        OptionsError: a size is zero or negative, the shape has the wrong rank or exceeds the
-            sample, or the chunk would reach 4 GiB.
-    """
+    """Return the chunk shape of an (N, H, W, C) uint8 array (``chunk_shape``, samples or bytes)."""
     sample_shape = tuple(int(s) for s in sample_shape)
     if chunk_shape is not None:
         shape = tuple(int(s) for s in chunk_shape)
@@ -202,13 +187,8 @@ def check_chunk_bytes(nbytes: int) -> None:
 class ChunkMap:
     """Which samples live in which chunk: group ``g`` holds ``starts[g] .. starts[g + 1] - 1``.
 
-    A group is one chunk of a chunked array; for an aligned blob, the samples whose slots
-    start in one chunk; for a contiguous layout, a run of about one chunk's bytes.
-
-    Example:
-        >>> cmap = ChunkMap.regular(10, 4)
-        >>> cmap.num_chunks, list(cmap.samples(2)), cmap.chunk_of(5)
-        (3, [8, 9], 1)
+    A chunk of a chunked array; for an aligned blob, the samples whose slots start in one
+    chunk; for a contiguous layout, a run of about one chunk's bytes.
     """
 
     starts: np.ndarray
@@ -304,11 +284,7 @@ def next_prime(n: int) -> int:
 def cache_settings(
     *, compressed: bool, window_chunks: int, chunk_bytes: int
 ) -> dict[str, int | float]:
-    """Return ``h5py.File`` chunk-cache keyword arguments for reading a window of chunks.
-
-    Uncompressed chunks get no cache (HDF5 then reads a selection straight from the file);
-    compressed ones room for the whole window, each decompressed once while it is read.
-    """
+    """Return ``h5py.File`` chunk-cache arguments: none uncompressed, else room for the window."""
     if not compressed:
         return {"rdcc_nbytes": 0, "rdcc_nslots": 1, "rdcc_w0": 1.0}
     window_chunks = max(1, window_chunks)
@@ -322,11 +298,7 @@ def cache_settings(
 def checked_indices(
     indices: Sequence[int] | np.ndarray, num_samples: int, what: str = "a pack"
 ) -> np.ndarray:
-    """Return ``indices`` as int64 with negative ones counted from the end.
-
-    Raises:
-        IndexError: an index out of range (the message names the first one, and ``what``).
-    """
+    """Return ``indices`` as int64, negative ones from the end (``IndexError`` naming ``what``)."""
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     n = num_samples
     if idx.size and (idx.min() < -n or idx.max() >= n):

@@ -1,9 +1,4 @@
-"""What this machine offers the pipelines: cores, memory, and the container's limits.
-
-Every machine fact h5pack uses is read here, once: the cores of this process's affinity
-mask, the memory of the machine or of its container (cgroup v2 or v1) when that is less,
-and the memory available now, capped by the container's room.
-"""
+"""What this machine offers the pipelines: cores, memory, and the container's limits."""
 
 from __future__ import annotations
 
@@ -60,10 +55,7 @@ def _cgroup_memory() -> tuple[int | None, int | None]:
 
 
 def memory_bytes() -> int | None:
-    """Return the memory of this machine, or of its container when that is less; None if unknown.
-
-    The total, not what is free now: see the sampler's note "Shuffle window".
-    """
+    """Return the memory of this machine, or of its container when less; None if unknown."""
     try:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -75,11 +67,7 @@ def memory_bytes() -> int | None:
 
 
 def available_memory_bytes() -> int | None:
-    """Return the memory available now (MemAvailable), capped by the container's room.
-
-    In a container ``/proc/meminfo`` shows the host's memory, so the cgroup limit less its
-    current use caps it. None if unknown.
-    """
+    """Return the memory available now, capped by the container's room; None if unknown."""
     try:
         import psutil
 

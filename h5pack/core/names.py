@@ -1,7 +1,4 @@
-"""The names of a pack's datasets and attributes, its versions and the per-sample arrays.
-
-Import them from ``core.format``; docs/format.md describes the layout they spell.
-"""
+"""The names of a pack's datasets and attributes, and its versions (docs/format.md)."""
 
 from __future__ import annotations
 
@@ -70,18 +67,11 @@ def field_dataset(name: str, part: str = "") -> str:
 
 @dataclass(frozen=True)
 class SampleArray:
-    """One numeric per-sample dataset of the format, as writer, reader, fold and merge see it.
+    """One numeric per-sample dataset of the format.
 
-    # NOTE [ Per-sample arrays ]
-    # ``SAMPLE_ARRAYS`` is the one list of the numeric per-sample datasets: the writer
-    # (``core.record``) writes and digests each, ``read_meta`` reads and checks each, the
-    # pack-set fold and ``merge`` concatenate each. A new one is an entry here, its
-    # ``PackMeta`` attribute, and the code that computes it at conversion.
-
-    ``dtype`` is the one the digest is taken in; ``optional`` ones may be missing
-    (``PackMeta`` holds None); ``extra_rows`` beyond N; ``joins``: concatenated as they are
-    by a set or a merge (offsets are shifted instead); ``in_set``: held by a pack set's
-    combined ``PackMeta``.
+    NOTE [ Per-sample arrays ]: ``SAMPLE_ARRAYS`` is the one list: the writer writes and
+    digests each, ``read_meta`` reads and checks each, a set's fold and ``merge`` concatenate
+    each (``joins``; offsets are shifted). ``in_set``: held by a set's combined ``PackMeta``.
     """
 
     name: str
@@ -123,11 +113,7 @@ def decode_path(stored: np.ndarray | bytes) -> str:
 
 
 def write_fixed_strings(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:
-    """Write the ``S`` array ``values`` into rows ``start..`` of a fixed-length string dataset.
-
-    The dataset's own type is the memory type: numpy's ``S`` would be converted from ASCII,
-    which HDF5 refuses.
-    """
+    """Write the ``S`` array ``values`` into rows ``start..`` of a fixed-length UTF-8 dataset."""
     if not values.size:
         return
     memory = h5py.h5s.create_simple((values.size,))

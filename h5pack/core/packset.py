@@ -1,8 +1,4 @@
-"""A pack set (manifest version 1, docs/format.md): shard packs and the manifest listing them.
-
-Every reader accepts a pack set wherever it accepts a pack: its directory, its manifest,
-or a plain list of pack paths.
-"""
+"""A pack set (docs/format.md): shard packs and the manifest listing them."""
 
 from __future__ import annotations
 
@@ -34,11 +30,7 @@ def shard_name(index: int, num_shards: int) -> str:
 
 
 def shard_slice(num_samples: int, index: int, num_shards: int) -> tuple[int, int]:
-    """Return the positions ``[lo, hi)`` of the write order that shard ``index`` holds.
-
-    Raises:
-        OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
-    """
+    """Return the positions ``[lo, hi)`` of the write order that shard ``index`` holds."""
     if num_shards < 1:
         raise OptionsError(f"num_shards should be >= 1, but got num_shards={num_shards}")
     if not 0 <= index < num_shards:
@@ -162,11 +154,7 @@ def manifest_text(manifest: PackSetManifest) -> str:
 
 
 def write_manifest(manifest: PackSetManifest) -> Path:
-    """Write ``manifest`` into its directory atomically (a temporary file, then a rename).
-
-    Several machines may write the same manifest at once: each its own temporary file, the
-    last rename wins; one removed by another machine's sweep of leftovers is written again.
-    """
+    """Write ``manifest`` atomically (a temporary file, then a rename); the last writer wins."""
     path = manifest.manifest_path
     text = manifest_text(manifest)
     for attempt in range(3):
@@ -198,11 +186,7 @@ def is_packset(source: StrPath | Sequence[StrPath]) -> bool:
 def pack_paths(
     source: StrPath | Sequence[StrPath],
 ) -> tuple[list[Path], PackSetManifest | None]:
-    """Return the packs of a pack set (its directory or manifest, or a list) and its manifest.
-
-    Raises:
-        OptionsError: the list of packs is empty; else as ``load_manifest``.
-    """
+    """Return the packs of a pack set (its directory, manifest or a list) and its manifest."""
     if isinstance(source, str | os.PathLike):
         manifest = load_manifest(source)
         return manifest.shard_paths(), manifest
@@ -229,13 +213,7 @@ def holds_images(folder: Path, *, limit: int = 1000) -> bool:
 
 
 def load_manifest(source: StrPath) -> PackSetManifest:
-    """Read and validate the manifest of the pack set at ``source`` (directory or manifest).
-
-    Raises:
-        PackNotFoundError: there is no manifest (or no directory).
-        FormatError: the manifest is not valid JSON, not a pack set's, newer than this
-            h5pack reads, or inconsistent.
-    """
+    """Read and validate the manifest of the pack set at ``source`` (directory or manifest)."""
     path = Path(source) / MANIFEST_NAME if Path(source).is_dir() else Path(source)
     if path.exists() and not path.is_file():  # a FIFO or a device: never opened
         kind = "a directory" if path.is_dir() else "not a regular file"
@@ -259,11 +237,7 @@ def load_manifest(source: StrPath) -> PackSetManifest:
 
 
 def parse_manifest(text: str, *, where: str, root: Path) -> PackSetManifest:
-    """Return the manifest whose JSON text is ``text`` (``where``: its path or URL).
-
-    Raises:
-        FormatError: as ``load_manifest``.
-    """
+    """Return the manifest whose JSON text is ``text`` (``where``: its path or URL)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

@@ -1,11 +1,8 @@
 """Decoded pixels in h5pack's one form: ``(H, W, C)`` uint8, C = 3 (RGB) or 1 (luminance).
 
-Whatever the file held: the EXIF orientation is applied (for PNG only an ``eXIf`` chunk
-before the image data counts, so that ``probe_size`` stays cheap); transparency is
-composited onto white, ``round((c * a + bg * (255 - a)) / 255)``; 16-bit samples keep
-their high byte (as Pillow does to 16-bit PNGs); mode ``I`` is read on the 16-bit scale,
-``F`` as ``[0, 1]``; other modes go through Pillow's conversion to RGB (no colour
-management); ``channels=1`` is Pillow's ``convert("L")`` luminance, after compositing.
+EXIF-oriented (for PNG, an ``eXIf`` chunk before the image data only); transparency
+composited onto white; 16-bit samples' high byte; other modes through Pillow's RGB;
+one channel is Pillow's ``convert("L")`` luminance.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""A pack's metadata (``PackMeta``) and its paths, read and checked against their digests.
-
-Import these from ``core.format``.
-"""
+"""A pack's metadata (``PackMeta``) and paths, checked against their digests."""
 
 from __future__ import annotations
 
@@ -42,14 +39,7 @@ class SkippedFile:
 
 @dataclass(frozen=True, kw_only=True)
 class PackMeta:
-    """Everything about a pack except the image bytes, read once at open (docs/format.md).
-
-    The per-sample arrays are as stored (``offsets`` and ``sizes`` None for array storage,
-    ``sample_xxh3`` None when absent); ``chunks`` is None for a contiguous dataset;
-    ``digests`` the recorded ``metadata_crc32``; ``damaged`` the names whose digest did not
-    match (only with ``check_digests=False``); ``identity`` None for a combined pack set;
-    ``shard`` a shard's ``shard`` attribute; ``field_listing`` the ``fields`` attribute.
-    """
+    """Everything about a pack but the image bytes, read once at open (docs/format.md)."""
 
     path: str
     format_version: int
@@ -96,11 +86,7 @@ class PackMeta:
         return self.identity.pack_id if self.identity is not None else None
 
     def blob_slots(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return ``(offsets, sizes)``: where a blob pack's samples lie.
-
-        Raises:
-            FormatError: array storage, or a pack set's combined metadata.
-        """
+        """Return ``(offsets, sizes)`` of a blob pack's samples (``FormatError`` for others)."""
         if self.offsets is None or self.sizes is None:
             raise FormatError(
                 f"{self.path}: its {self.storage} storage locates no sample by byte offsets "
@@ -153,16 +139,8 @@ def read_meta(
 ) -> PackMeta:
     """Read and validate a pack's metadata from an open file or its description.
 
-    Args:
-        handle: The open file, or its description (``open_index``).
-        path: The pack's path, for messages (default: the handle's file name).
-        check_digests: Raise when a dataset or attribute no longer matches its recorded
-            digest; ``False`` records the names in ``PackMeta.damaged`` instead, for
-            ``verify`` (damaged offsets or sizes still raise).
-
-    Raises:
-        FormatError: the file is not a pack, is newer than supported, is malformed, or is
-            damaged (HDF5 cannot read it, or a digest does not match).
+    ``check_digests=False`` lists the names that fail their digest in ``damaged`` (for
+    ``verify``) instead of raising.
     """
     index = described(handle, path)
     path = index.path
@@ -291,13 +269,7 @@ def read_meta(
 def read_paths(
     handle: h5py.File | PackIndex, meta: PackMeta | None = None, *, check: bool = True
 ) -> list[str]:
-    """Return every sample's relative source path, in pack order.
-
-    With ``meta`` and ``check``, the paths are checked against their recorded digest.
-
-    Raises:
-        FormatError: the paths cannot be read, or do not match their digest (damage).
-    """
+    """Return every sample's relative source path, in order, checked against ``meta``'s digest."""
     index = described(handle, meta.path if meta is not None else None)
     paths: list[str] = []
     with reading(index.path, f"dataset {_names.PATHS!r}"):
@@ -318,11 +290,6 @@ def paths_match(meta: PackMeta, paths: list[str]) -> bool:
 def load_meta(
     path: StrPath, *, locking: bool | None = None, check_digests: bool = True
 ) -> PackMeta:
-    """Open ``path``, read its metadata and close it.
-
-    Raises:
-        FileNotFoundError: the path does not exist.
-        FormatError: the path is not a valid pack, or is damaged.
-    """
+    """Open ``path``, read its metadata and close it."""
     with open_h5(path, locking=locking) as handle:
         return read_meta(handle, os.fspath(path), check_digests=check_digests)

@@ -1,8 +1,4 @@
-"""The write half of a pack's record, beside its read half (``core.format.read_meta``).
-
-Conversions and merges build one ``PackRecord``; ``write_record`` writes everything a pack
-records besides its images (NOTE [ Per-sample arrays ] in ``core.names``).
-"""
+"""The write half of a pack's record: ``write_record`` writes all but the images."""
 
 from __future__ import annotations
 
@@ -28,12 +24,7 @@ PATHS_CHUNK_BYTES = 1 << 20  # uncompressed bytes of one chunk of /paths
 
 @dataclass(frozen=True, kw_only=True)
 class PackRecord:
-    """Everything a pack records besides its images: what ``write_record`` writes.
-
-    ``arrays`` holds the numeric per-sample arrays by dataset name (``SAMPLE_ARRAYS``),
-    ``texts`` the digested text attributes (options, skipped, and the optional ones),
-    ``columns`` each stored field's values in pack order (``StoredField.column``).
-    """
+    """Everything a pack records besides its images (``arrays`` by dataset name)."""
 
     mode: fmt.Mode
     storage: fmt.Storage
@@ -49,12 +40,7 @@ class PackRecord:
 
 
 def write_record(handle: h5py.File, record: PackRecord) -> None:
-    """Write every dataset and attribute of a pack but its images, with their digests.
-
-    Raises:
-        FormatError: an array the format requires is missing, or one that it does not know
-            is given (a writer's mistake, caught before a file holds it).
-    """
+    """Write every dataset and attribute of a pack but its images, with their digests."""
     num = len(record.paths)
     digests: dict[str, str] = {}
     unknown = sorted(set(record.arrays) - {spec.name for spec in fmt.SAMPLE_ARRAYS})
@@ -124,10 +110,7 @@ def _write_strings(
     encode: Callable[[str], bytes],
     chunked: bool = False,
 ) -> str:
-    """Write ``items`` as fixed-length UTF-8 strings (``PATH_SLAB`` at a time); return the digest.
-
-    ``chunked``: in gzip chunks of about ``PATHS_CHUNK_BYTES`` (the paths).
-    """
+    """Write ``items`` as fixed-length UTF-8 strings (gzip chunks if ``chunked``); digest them."""
     num = len(items)
     width = max([1, *(len(encode(s)) for s in items)])
     layout: dict[str, Any] = {}

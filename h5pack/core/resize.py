@@ -66,18 +66,9 @@ def resize_image(
     method: ResizeMethod = "stretch",
     backend: Backend = "pillow",
 ) -> ImageArray:
-    """Resize an (H, W, 1|3) uint8 image to ``size`` = (H, W), C-contiguous.
+    """Resize an (H, W, 1|3) uint8 image to ``size``: stretch, cover and crop, or fit and pad.
 
-    Args:
-        image: The image.
-        size: The output's (height, width).
-        method: ``"stretch"`` ignores the aspect ratio; ``"crop"`` covers ``size`` and
-            cuts the centre; ``"pad"`` fits inside ``size``, centred on black.
-        backend: ``"pillow"`` (bilinear, antialiased) or ``"opencv"`` (``INTER_AREA``
-            when shrinking, ``INTER_LINEAR`` otherwise).
-
-    Raises:
-        ValueError: The image, size, method or backend is invalid.
+    ``backend``: Pillow's antialiased bilinear, or OpenCV's area (shrinking) and linear.
     """
     check_choice("method", method, RESIZE_METHODS)
     check_choice("backend", backend, BACKENDS)
@@ -122,11 +113,7 @@ def placed(resized: np.ndarray, target_h: int, target_w: int, method: ResizeMeth
 
 
 def reencode_jpeg(image: np.ndarray, *, quality: int = 90, max_side: int | None = None) -> bytes:
-    """Encode an (H, W, 1|3) uint8 image as JPEG, first shrinking it so max(H, W) <= max_side.
-
-    Raises:
-        ValueError: The image, quality (1..100) or max_side is invalid.
-    """
+    """Encode an (H, W, 1|3) uint8 image as JPEG, shrunk first so max(H, W) <= ``max_side``."""
     _check_image(image)
     if not 1 <= quality <= 100:
         raise ValueError(f"quality should be in 1..100, but got quality={quality}")

@@ -20,10 +20,7 @@ def check_shard(
     *,
     remote: tuple[str, str] | None = None,
 ) -> None:
-    """Raise ``FormatError`` unless ``meta`` is the shard ``entry`` of ``manifest`` recorded.
-
-    ``remote``: ``(shard URL, manifest URL)`` of a remote set (the size is the identity's).
-    """
+    """Raise ``FormatError`` unless ``meta`` is the shard the manifest recorded."""
     path: Path | str = manifest.root / entry.path
     where: Path | str = manifest.manifest_path
     if remote is not None and meta.identity is not None:
@@ -50,12 +47,7 @@ def check_shard(
 def member_problems(
     paths: Sequence[Path], metas: Sequence[PackMeta], manifest: PackSetManifest | None
 ) -> list[tuple[Path, str]]:
-    """Return what makes packs unfit to be read as one set, each with the file it names.
-
-    A pack given twice (the same file, or a copy: the same pack id); for a ``manifest``,
-    shards of its split it does not list and a total its entries do not add up to. A plain
-    list may be any subset of a split: only duplicates count there.
-    """
+    """Return what makes packs unfit to be one set, each with its file (a pack twice...)."""
     problems: list[tuple[Path, str]] = []
     seen: dict[object, tuple[int, Path]] = {}
     for number, (path, meta) in enumerate(zip(paths, metas, strict=True)):
@@ -122,11 +114,7 @@ def member_problems(
 
 
 def join_differences(meta: PackMeta, first: PackMeta) -> list[str]:
-    """Return how ``meta``'s pack differs from ``first``'s in what a set or a merge joins.
-
-    Mode, storage, channels, sample shape, fields and classes, each worded
-    ``"<what> <this> here, <that> in <first's path>"``.
-    """
+    """Return how ``meta``'s pack differs from ``first``'s in what a set or merge joins."""
     found = [
         f"{what} {mine} here, {theirs} in {first.path}"
         for what, mine, theirs in (

@@ -1,8 +1,7 @@
 """The fields that follow their image's geometry: a crop, resize and flip apply to them.
 
-Every one uses one pixel rule (``grid``): output pixel ``i`` takes the source pixel under
-its centre (Pillow's and OpenCV's exact nearest neighbour), and a box's corners move by the
-same scale, so a mask, boxes and the image's resampling agree.
+One pixel rule (``grid``, nearest neighbour at each output pixel's centre, as Pillow and
+OpenCV) and one box scale, so masks, boxes and the image agree.
 """
 
 from __future__ import annotations
@@ -34,10 +33,7 @@ MASK_ZSTD_LEVEL = 3  # decision 0055
 
 
 def grid(box: Sequence[int], size: tuple[int, int], flip: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Return the source rows and columns of each output pixel of ``box`` resized to ``size``.
-
-    ``box`` is (top, left, height, width); the columns run right to left with ``flip``.
-    """
+    """Return the source rows and columns of ``box`` (top, left, height, width) at ``size``."""
     top, left, height, width = (int(v) for v in box)
     rows = top + ((np.arange(size[0]) + 0.5) * (height / size[0])).astype(np.int64)
     cols = left + ((np.arange(size[1]) + 0.5) * (width / size[1])).astype(np.int64)
@@ -54,11 +50,7 @@ def nearest(
 
 @dataclass(frozen=True)
 class MaskField(BytesField):
-    """An H x W uint8 mask per sample that follows its image's geometry (nearest neighbour).
-
-    Stored like a raw image blob, Zstandard-compressed, written a chunk at a time (a
-    ``LazyColumn``'s masks are made as they are written).
-    """
+    """An H x W uint8 mask per sample that follows its image's geometry, Zstandard-compressed."""
 
     kind: ClassVar[str] = "mask"
     spatial: ClassVar[bool] = True
@@ -127,11 +119,7 @@ class MaskField(BytesField):
 
 @dataclass(frozen=True)
 class InstanceMasksField(MaskField):
-    """n x H x W masks of 0 and 1 per sample (n may be 0): row ``k`` the ``k``-th box's.
-
-    Stored bit-packed (NOTE [ Instance masks on disk ]); a ``BoxesField`` that lists it in
-    ``per_box`` drops a mask with its box when a crop leaves the box without area.
-    """
+    """n x H x W masks of 0 and 1 per sample, row ``k`` the ``k``-th box's (bit-packed)."""
 
     kind: ClassVar[str] = "masks"
     axes: ClassVar[str] = "n x H x W"
@@ -210,11 +198,7 @@ def cut_masks(
     alloc: Any = None,
     keep: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Cut a batch's masks (blobs) to their crops (top, left, height, width), resized, flipped.
-
-    Every mask ``keep`` keeps (over the batch's masks back to back; default all) lands in
-    one ``(kept, *size)`` array (``alloc(shape)``'s, zeroed here), each sample's a view.
-    """
+    """Cut a batch's mask blobs to their crops, resized and flipped, into one array."""
     parsed = [_windows(blob) for blob in blobs]
     if keep is not None:
         starts = np.cumsum([0] + [len(windows) for windows, _ in parsed])
@@ -288,11 +272,9 @@ def _mask_dataset(handle: h5py.File, name: str, chunk: int) -> h5py.Dataset:
 
 @dataclass(frozen=True)
 class BoxesField(RaggedField):
-    """Boxes per sample, n x 4 float32 ``(x1, y1, x2, y2)`` in image pixels: spatial.
+    """Boxes per sample, n x 4 float32 ``(x1, y1, x2, y2)``: a crop drops one under a pixel wide.
 
-    A crop moves, scales and clips them, a flip mirrors them (``move_boxes``); a box left
-    under one pixel wide or high is dropped with the rows of the fields named in
-    ``per_box`` (None when writing: ``check_per_box`` finds them).
+    The rows of the fields named in ``per_box`` go with it (None: found at write).
     """
 
     dims: tuple[int, ...] = (4,)
@@ -308,12 +290,7 @@ class BoxesField(RaggedField):
 def move_boxes(
     boxes: np.ndarray, crops: np.ndarray, flips: np.ndarray, size: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Move a batch's boxes (M, 4) into their images' crops (M, 4), resized and flipped (M,).
-
-    Returns:
-        The boxes in output pixels, clipped to it, and which keep at least one pixel of
-        width and height.
-    """
+    """Move a batch's boxes into their crops, resized and flipped; return them and which stay."""
     out_h, out_w = size
     scale = np.stack([out_w / crops[:, 3], out_h / crops[:, 2]] * 2, axis=1)
     shift = crops[:, [1, 0, 1, 0]].astype(np.float64)
@@ -326,12 +303,8 @@ def move_boxes(
 def check_per_box(fields: Sequence[Any], columns: dict[str, Any], num: int) -> tuple[Any, ...]:
     """Return ``fields`` with each ``BoxesField``'s ``per_box`` found or checked.
 
-    Found (``per_box`` None): the ragged fields and instance masks with as many rows as
-    boxes in every sample; an array field with a row per box becomes ragged.
-
-    Raises:
-        OptionsError: a ``per_box`` name that is no ragged field or instance masks, or whose
-            rows differ from the boxes' in a sample (named).
+    Found: the ragged fields and instance masks with a row per box in every sample (an
+    array field that has one becomes ragged).
     """
     boxes = [f for f in fields if isinstance(f, BoxesField)]
     if not boxes:

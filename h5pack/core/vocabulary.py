@@ -1,8 +1,7 @@
 """The words h5pack's options take, in one import-light module (no numpy, h5py or PIL).
 
-Every choice a user names is a ``Literal`` here with the tuple of its values; the modules
-that act on them re-export both, and the command line builds its ``click.Choice`` lists
-from these tuples. The flag spellings stay in ``cli/flags.py``.
+Each choice is a ``Literal`` with the tuple of its values; the modules acting on them
+re-export both and the CLI builds its ``click.Choice`` lists from the tuples.
 """
 
 from __future__ import annotations
