@@ -113,15 +113,13 @@ class EpochSpec:
     defaults (ranks from ``torch.distributed``, the window by NOTE [ Shuffle window ]).
 
     Attributes:
-        batch_size: Samples per batch.
         shuffle: Shuffle chunks and windows; ``False``: each worker a contiguous range in
             pack order.
         seed: Seed of the order, a pure function of ``(seed, epoch)``.
         window_chunks: K, chunks mixed at once by one worker (and kept decompressed).
         window_bytes: Memory budget of all workers' windows (decompressed bytes).
         drop_last: Drop the incomplete last batch (and the tail ranks do not divide).
-        num_replicas: Ranks; None: ``torch.distributed``'s world size, else 1.
-        rank: This rank; None: ``torch.distributed``'s rank, else 0.
+        num_replicas: Ranks, and ``rank`` this one; None: ``torch.distributed``'s, else 1, 0.
         num_workers: The DataLoader's ``num_workers`` (batch b goes to worker b mod W).
         min_window_chunks: Widen a default window to at least this many chunks.
         chunk_strata: One stratum (dominant label) per chunk, spread evenly over the epoch

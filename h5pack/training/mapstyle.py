@@ -58,9 +58,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         path: The pack, a pack set (directory or ``packset.json``) or a list of packs, read
             as one; URLs too (``s3://bucket/pack.h5``).
         transform: Applied to each image, or to each sample's dict with ``fields``.
-        target_transform: Applied to each label (an int, -1 when unlabeled).
         output: ``"tensor"`` (C, H, W) uint8, ``"hwc"`` (H, W, C) array, or ``"pil"``.
-        return_path: Also return the sample's source path.
         reader: How each process reads (``ReaderOptions``); the window defaults to the
             sampler's (``make_loader`` sets it).
         pipeline: Deliver every image at ``pipeline.size`` (``CropSpec``: crop, resize,
@@ -76,8 +74,6 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     Raises:
         FileNotFoundError: the pack (a shard, a manifest) does not exist.
         FormatError: not a pack, or a shard missing, changed or unlike the others (named).
-        OptionsError: a bad path or ``output``, a cache without a pipeline, or a
-            ``CacheSpec`` for a raw pack.
     """
 
     # what weights= builds: set by training.mixed (which training.dataset imports)
