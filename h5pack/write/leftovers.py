@@ -179,17 +179,16 @@ def remove_leftovers(directory: Path) -> list[Path]:
     except OSError:
         return []
     for name in names:
-        for pattern in (_TEMP, _LOCK):
-            match = pattern.fullmatch(name)
-            if match is None:
-                continue
-            pid = int(match["pid"])
-            group = groups.setdefault((match["name"], pid), _Group(pid, []))
-            if pattern is _LOCK:
-                group.lock = directory / name
-            else:
-                group.temps.append(directory / name)
-            break
+        lock = _LOCK.fullmatch(name)
+        match = _TEMP.fullmatch(name) or lock
+        if match is None:
+            continue
+        pid = int(match["pid"])
+        group = groups.setdefault((match["name"], pid), _Group(pid, []))
+        if match is lock:
+            group.lock = directory / name
+        else:
+            group.temps.append(directory / name)
     removed: list[Path] = []
     for group in groups.values():
         removed.extend(_remove_group(group))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,10 +55,8 @@ class MaskSource(PathSource):
             check_root(Path(self.masks))
             for relative, path in walk(Path(self.masks))[0]:
                 masks_by_stem[os.path.splitext(relative)[0]].append(path)
-        images_by_stem: dict[str, int] = defaultdict(int)
-        for relative, _ in images:
-            images_by_stem[os.path.splitext(relative)[0]] += 1
         stems = [os.path.splitext(relative)[0] for relative, _ in images]
+        images_by_stem = Counter(stems)
         pairs = [
             (w, masks_by_stem.get(t, []), images_by_stem[t])
             for (_, w), t in zip(images, stems, strict=True)
