@@ -22,7 +22,8 @@ import numpy as np
 
 from h5pack.core.store import Store
 from h5pack.errors import DecodeError, H5PackError, SourceError, install_line
-from h5pack.write.sources.base import FileRange
+from h5pack.write.sources.base import FileRange, opened
+from h5pack.write.sources.objects import ObjectFile
 
 RUNS = 64
 CACHE_BYTES = 2**30  # the row groups held at once, by their images' bytes
@@ -117,9 +118,6 @@ def parquet_file(path: str, store: Store | None) -> Any:
     """Return a ``ParquetFile`` of a local file (mapped), or of an object read in exact ranges."""
     if store is None:
         return pyarrow_parquet().ParquetFile(path, memory_map=True)
-    from h5pack.write.sources.base import opened
-    from h5pack.write.sources.objects import ObjectFile
-
     return pyarrow_parquet().ParquetFile(ObjectFile(opened(store, path), readahead=0))
 
 
