@@ -14,7 +14,7 @@ import stat
 import threading
 import warnings
 from collections.abc import Iterator
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -133,13 +133,6 @@ def _plain_rgb(image: Image.Image) -> bool:
     return image.mode == "RGB" and "transparency" not in image.info
 
 
-def _fast_path(image: Image.Image, backend: Backend, channels: int) -> bool:
-    """Whether ``image`` (opened, not loaded) can skip the array (NOTE [ Decoding ... ])."""
-    return (
-        backend == "pillow" and channels == 3 and _plain_rgb(image) and exif_orientation(image) == 1
-    )
-
-
 def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
     """Decode with OpenCV into ``pillow_pixels``'s form; None hands the file to Pillow."""
     if image.format not in _OPENCV_FORMATS:
@@ -159,18 +152,11 @@ def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
     if decoded.ndim == 2:
         decoded = decoded[:, :, None]
     channels = decoded.shape[2]
-    if channels == 3:
-        decoded = decoded[:, :, ::-1]
-    elif channels == 4:
-        decoded = decoded[:, :, [2, 1, 0, 3]]
-    elif channels != 1:
-        return None
+    order: Any = {1: slice(None), 3: slice(None, None, -1), 4: [2, 1, 0, 3]}.get(channels)
     width, height = image.size
-    if decoded.shape[:2] != (height, width):
+    if order is None or decoded.shape[:2] != (height, width):
         return None
-    if has_alpha(image) and channels != 4:
-        return None
-    return decoded
+    return None if has_alpha(image) and channels != 4 else decoded[:, :, order]  # BGR to RGB
 
 
 def decode_image(
@@ -228,7 +214,8 @@ def decode_resized(
     target_h, target_w = check_size(size)
     image = open_pillow(data, name, limit)
     try:
-        if _fast_path(image, backend, channels):
+        plain = backend == "pillow" and channels == 3 and _plain_rgb(image)
+        if plain and exif_orientation(image) == 1:
             _decode_pillow(image, name, pixels=False)
             if _plain_rgb(image):  # a format may change its mode while loading
                 width, height = image.size

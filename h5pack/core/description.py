@@ -6,6 +6,7 @@ HDF5's metadata as asked. h5py is opened (``hdf5``) only for what HDF5 alone rea
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -41,48 +42,39 @@ class ChunkIndex(NamedTuple):
     masks: np.ndarray  # (n,) int64: bit i set, filter i was skipped
 
 
-class PackIndex:
+class PackIndex(ABC):
     """A pack's read-side description, a context manager; ``source`` its bytes if remote."""
 
     path: str
     source: ByteSource | None = None
 
     @property
-    def attrs(self) -> Mapping[str, Any]:
-        """The root attributes."""
-        raise NotImplementedError
+    @abstractmethod
+    def attrs(self) -> Mapping[str, Any]: ...  # noqa: D102 (the root attributes)
 
-    def names(self) -> list[str]:
-        """Return the dataset names (a group's as ``group/name``: ``/fields``)."""
-        raise NotImplementedError
+    @abstractmethod
+    def names(self) -> list[str]: ...  # noqa: D102 (a group's as ``group/name``: ``/fields``)
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Return dataset ``name``'s shape."""
-        raise NotImplementedError
+    @abstractmethod
+    def shape(self, name: str) -> tuple[int, ...]: ...  # noqa: D102
 
-    def array(self, name: str) -> np.ndarray:
-        """Return dataset ``name`` whole (strings as an object array of bytes)."""
-        raise NotImplementedError
+    @abstractmethod
+    def array(self, name: str) -> np.ndarray: ...  # noqa: D102 (strings: object array of bytes)
 
-    def images(self) -> ImagesLayout:
-        """Return how the images are stored."""
-        raise NotImplementedError
+    @abstractmethod
+    def images(self) -> ImagesLayout: ...  # noqa: D102
 
-    def chunk_index(self) -> ChunkIndex:
-        """Return the images' stored chunks (a chunked dataset)."""
-        raise NotImplementedError
+    @abstractmethod
+    def chunk_index(self) -> ChunkIndex: ...  # noqa: D102 (a chunked dataset's)
 
-    def paths(self) -> Any:
-        """Return the paths dataset, sliceable (read slab by slab, never at open)."""
-        raise NotImplementedError
+    @abstractmethod
+    def paths(self) -> Any: ...  # noqa: D102 (sliceable, read slab by slab, never at open)
 
-    def hdf5(self) -> h5py.File:
-        """Return the pack opened by HDF5, for what only HDF5 reads (opened on first use)."""
-        raise NotImplementedError
+    @abstractmethod
+    def hdf5(self) -> h5py.File: ...  # noqa: D102 (for what only HDF5 reads; opened on first use)
 
-    def close(self) -> None:
-        """Close what the description holds open."""
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...  # noqa: D102
 
     def identity(self, pack_id: str | None) -> PackIdentity | None:
         """Return the identity of what was opened (None: ask the HDF5 file's descriptor)."""

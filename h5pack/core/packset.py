@@ -71,13 +71,9 @@ class ShardIdentity:
     num_planned: int
     slice_crc32: str
 
-    def to_json(self) -> dict[str, Any]:
-        """Return the identity as JSON-ready data."""
-        return asdict(self)
-
     def to_text(self) -> str:
         """Return the attribute's text (JSON with sorted keys)."""
-        return json.dumps(self.to_json(), sort_keys=True)
+        return json.dumps(asdict(self), sort_keys=True)
 
     def differences(self, recorded: Mapping[str, Any]) -> list[str]:
         """Return how a shard's recorded identity differs from this one (empty: the same)."""
@@ -87,7 +83,7 @@ class ShardIdentity:
             f"{key.replace('_', ' ')} {recorded.get(key)!r}, this conversion {value!r}"
             if key != "slice_crc32"
             else "other files in its slice (the folder changed since it was written)"
-            for key, value in self.to_json().items()
+            for key, value in asdict(self).items()
             if recorded.get(key) != value
         ]
 
@@ -117,40 +113,24 @@ class PackSetManifest:
     """A pack set's manifest; ``root`` is the directory the shard paths are relative to."""
 
     root: Path
-    shards: tuple[ShardEntry, ...]
+    num_samples: int  # the fields below in the order the manifest holds them
     classes: tuple[str, ...]
-    num_samples: int
     seed: int
     num_shards: int
     created_utc: str = ""
     tool_version: str = ""
+    shards: tuple[ShardEntry, ...]
 
     @property
     def manifest_path(self) -> Path:
         """Where the manifest lives."""
         return self.root / MANIFEST_NAME
 
-    def shard_paths(self) -> list[Path]:
-        """Return every shard's path."""
-        return [self.root / entry.path for entry in self.shards]
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the manifest as JSON-ready data (the on-disk form)."""
-        return {
-            PACKSET_MARKER_KEY: PACKSET_VERSION,
-            "num_samples": self.num_samples,
-            "classes": list(self.classes),
-            "seed": self.seed,
-            "num_shards": self.num_shards,
-            "created_utc": self.created_utc,
-            "tool_version": self.tool_version,
-            "shards": [asdict(e) for e in self.shards],
-        }
-
 
 def manifest_text(manifest: PackSetManifest) -> str:
     """Return the manifest's on-disk text (JSON, without the final newline)."""
-    return json.dumps(manifest.to_json(), indent=1, ensure_ascii=False)
+    fields = {k: v for k, v in asdict(manifest).items() if k != "root"}
+    return json.dumps({PACKSET_MARKER_KEY: PACKSET_VERSION, **fields}, indent=1, ensure_ascii=False)
 
 
 def write_manifest(manifest: PackSetManifest) -> Path:
@@ -189,7 +169,7 @@ def pack_paths(
     """Return the packs of a pack set (its directory, manifest or a list) and its manifest."""
     if isinstance(source, str | os.PathLike):
         manifest = load_manifest(source)
-        return manifest.shard_paths(), manifest
+        return [manifest.root / entry.path for entry in manifest.shards], manifest
     paths = [Path(p) for p in source]
     if not paths:
         raise OptionsError("a list of packs should hold at least one pack, but got none")

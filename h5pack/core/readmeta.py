@@ -159,10 +159,8 @@ def read_meta(
             if key in attrs:
                 texts[key] = attr_text(attrs, key, path)
         recorded = _digests(attrs, path, minor)
-    mode, storage = (
-        parse_choice(mode_text, _names.MODES),
-        parse_choice(storage_text, _names.STORAGES),
-    )
+    mode = parse_choice(mode_text, _names.MODES)
+    storage = parse_choice(storage_text, _names.STORAGES)
     if mode is None:
         raise FormatError(f"{path}: unknown mode {mode_text!r}")
     if storage is None:
@@ -205,10 +203,8 @@ def read_meta(
     else:
         if _names.OFFSETS not in arrays or _names.SIZES not in arrays:
             raise FormatError(f"{path}: blob storage needs {_names.OFFSETS!r} and {_names.SIZES!r}")
-        offsets, sizes = (
-            arrays[_names.OFFSETS].astype(np.int64),
-            arrays[_names.SIZES].astype(np.int64),
-        )
+        offsets = arrays[_names.OFFSETS].astype(np.int64)
+        sizes = arrays[_names.SIZES].astype(np.int64)
         if offsets.shape != (num_samples + 1,) or sizes.shape != (num_samples,):
             raise FormatError(f"{path}: offsets/sizes do not match {num_samples} samples")
         if num_samples and (

@@ -50,6 +50,10 @@ def member_problems(
     """Return what makes packs unfit to be one set, each with its file (a pack twice...)."""
     problems: list[tuple[Path, str]] = []
     seen: dict[object, tuple[int, Path]] = {}
+
+    def add(at: Path, text: str) -> None:
+        problems.append((at, f"{at}: {text}"))
+
     for number, (path, meta) in enumerate(zip(paths, metas, strict=True)):
         keys: list[object] = [("file", _file_key(path))]
         if meta.pack_id is not None:
@@ -63,13 +67,10 @@ def member_problems(
                 what = "given twice"
             else:
                 what = f"the same file as {first}"
-            problems.append(
-                (
-                    path,
-                    f"{path}: {what}, entries {at} and {number} of the set: a pack given twice is "
-                    "served twice every epoch; give each pack once (a mix weights a pack up "
-                    "on purpose)",
-                )
+            add(
+                path,
+                f"{what}, entries {at} and {number} of the set: a pack given twice is served "
+                "twice every epoch; give each pack once (a mix weights a pack up on purpose)",
             )
         for key in keys:
             seen.setdefault(key, (number, path))
@@ -84,31 +85,24 @@ def member_problems(
         if missing:
             shown = ", ".join(shard_name(i, num_shards) for i in missing[:4])
             more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-            problems.append(
-                (
-                    where,
-                    f"{where}: lists {len(metas)} of the {num_shards} shards its shards say "
-                    f"the set has: {shown}{more} not listed (an incomplete set would be "
-                    "read as a smaller one); restore the manifest, or rerun the conversion "
-                    "with --shards to write it again",
-                )
+            add(
+                where,
+                f"lists {len(metas)} of the {num_shards} shards its shards say the set has: "
+                f"{shown}{more} not listed (an incomplete set would be read as a smaller one); "
+                "restore the manifest, or rerun the conversion with --shards to write it again",
             )
     elif manifest.num_shards != len(manifest.shards):
-        problems.append(
-            (
-                where,
-                f"{where}: lists {len(manifest.shards)} shards but says the set has "
-                f"{manifest.num_shards} (num_shards): restore the manifest",
-            )
+        add(
+            where,
+            f"lists {len(manifest.shards)} shards but says the set has "
+            f"{manifest.num_shards} (num_shards): restore the manifest",
         )
     listed = sum(entry.num_samples for entry in manifest.shards)
     if not problems and listed != manifest.num_samples:
-        problems.append(
-            (
-                where,
-                f"{where}: says the set holds {manifest.num_samples} samples (num_samples), but "
-                f"its shard entries add up to {listed}: restore the manifest",
-            )
+        add(
+            where,
+            f"says the set holds {manifest.num_samples} samples (num_samples), but its shard "
+            f"entries add up to {listed}: restore the manifest",
         )
     return problems
 
