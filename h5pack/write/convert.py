@@ -1,11 +1,9 @@
 """Streaming, parallel, crash-safe conversion of a sample source into a pack.
 
-``convert`` lists a source (``sources``: a folder, arrays...), chooses the storage
-(``plan``), decodes in a pool of processes (``pipeline``) and lays the samples into whole
-chunks written once and in order (``builder``, ``images``). Everything goes to a hidden
-temporary file beside the target that is renamed into place only when complete; an
-exception, Ctrl-C or SIGTERM removes it, and a SIGKILL leaves nothing under the target's
-name. ``write_arrays`` packs in-memory samples as an ``ArraySource``.
+``convert`` lists a source (``sources``), plans the storage (``plan``), decodes in a pool
+(``pipeline``) and writes whole chunks once, in order (``builder``, ``images``), into a
+hidden temporary file published only when complete (``publish``). ``write_arrays`` packs
+in-memory samples.
 """
 
 from __future__ import annotations
@@ -22,16 +20,15 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.core.fields import Field
-from h5pack.core.store import Store, is_url, open_store
-from h5pack.write import dask as dask_module
-from h5pack.write import shards as shards_module
+from h5pack.core.store import Store, open_store
+from h5pack.write.dask import convert_on_dask
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import probe_sizes, worker_pool, write_samples
 from h5pack.write.plan import plan_storage
 from h5pack.write.publish import TempFiles, check_not_a_source, check_target, sigterm_as_exit
 from h5pack.write.remote import publish_staged
 from h5pack.write.report import ConvertEvent, ConvertReport, make_report
-from h5pack.write.shards import PackSetReport
+from h5pack.write.shards import convert_set, in_place
 from h5pack.write.sources import ArraySource, SampleSource, sample_source
 from h5pack.write.sources.base import Image, image_bytes
 from h5pack.write.split import list_source, needs_probe, remove_leftovers_beside, sample_table
@@ -46,8 +43,7 @@ __all__ = [
     "write_arrays",
 ]
 
-# Skipped files are also reported here (one summary per conversion), for Python callers
-# who do not pass ``on_event``; the CLI renders the events instead.
+# One summary of the skipped files per conversion, for callers without ``on_event``.
 logger = logging.getLogger("h5pack")
 
 
@@ -66,23 +62,17 @@ def convert(
     """Pack the images of ``source`` into the HDF5 file ``target``.
 
     Args:
-        source: A path whose kind is detected (``sources.sample_source``: an ImageFolder
-            tree, a flat folder, or any folder with ``labels_csv``), or a ``SampleSource``.
-        target: The pack to write: a path, or a URL (``s3://bucket/key.h5``), where the
-            pack is uploaded once complete (NOTE [ Publishing in a bucket ]).
+        source: A path whose kind is detected (``sources.sample_source``), or a source.
+        target: A path, or a URL (``s3://bucket/key.h5``) where the finished pack is
+            uploaded from ``staging_dir`` (NOTE [ Publishing in a bucket ]).
         options: How to convert (default ``ConvertOptions()``).
         overwrite: Replace an existing ``target``.
-        progress: Called with the number of steps just done in the current phase (see the
-            ``"phase"`` event).
+        progress: Called with the steps just done in the current ``"phase"`` event's phase.
         on_event: Called with each ``ConvertEvent`` (skipped files, the mode chosen...).
-        storage_options: For URLs (``target``, or a ``source`` in a bucket): the bucket's
-            settings that the environment does not give (docs/object-storage.md).
+        storage_options: A bucket's settings the environment does not give (for ``target``
+            or ``source``; docs/object-storage.md).
         store: Where ``target`` is kept (instead of ``storage_options``).
-        staging_dir: For a URL: where the pack is written before it is uploaded (default:
-            the system's temporary directory).
-
-    Returns:
-        What was written (``path`` is the URL for a URL).
+        staging_dir: Where a pack bound for a URL is written first (default: ``TMPDIR``).
 
     Raises:
         TargetExistsError: ``target`` exists and ``overwrite`` is False.
@@ -110,82 +100,6 @@ def convert(
     )
 
 
-def in_place(
-    source: StrPath | SampleSource,
-    options: ConvertOptions | None,
-    storage_options: Mapping[str, str] | None,
-) -> StrPath | SampleSource:
-    """Return ``source``, or the source its URL names (NOTE [ Sources in a bucket ])."""
-    if isinstance(source, SampleSource) or not is_url(source):
-        return source
-    labels = (options or ConvertOptions()).labels_csv
-    return sample_source(source, labels_csv=labels, storage_options=storage_options)
-
-
-def convert_set(
-    source: StrPath | SampleSource,
-    out_dir: StrPath,
-    options: ConvertOptions | None = None,
-    *,
-    shards: int,
-    only: int | None = None,
-    overwrite: bool = False,
-    progress: Callable[[int], None] | None = None,
-    on_event: Callable[[ConvertEvent], None] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    staging_dir: StrPath | None = None,
-) -> PackSetReport:
-    """Pack ``source`` into a pack set of ``shards`` shards (``write.shards.convert_set``).
-
-    ``storage_options``: for a bucket (``out_dir``, or a ``source`` in one), the settings
-    the environment does not give.
-    """
-    return shards_module.convert_set(
-        in_place(source, options, storage_options),
-        out_dir,
-        options,
-        shards=shards,
-        only=only,
-        overwrite=overwrite,
-        progress=progress,
-        on_event=on_event,
-        store=open_store(out_dir, storage_options),
-        staging_dir=staging_dir,
-    )
-
-
-def convert_on_dask(
-    client: Any,
-    source: StrPath | SampleSource,
-    out_dir: StrPath,
-    options: ConvertOptions | None = None,
-    *,
-    shards: int,
-    overwrite: bool = False,
-    progress: Callable[[int], None] | None = None,
-    on_event: Callable[[ConvertEvent], None] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    staging_dir: StrPath | None = None,
-) -> PackSetReport:
-    """Pack ``source`` into a pack set, one Dask task per shard (``write.dask.convert_on_dask``).
-
-    ``storage_options``: for a bucket, the settings the environment does not give (the
-    workers' environment is read where they run).
-    """
-    return dask_module.convert_on_dask(
-        client,
-        in_place(source, options, storage_options),
-        out_dir,
-        options,
-        shards=shards,
-        overwrite=overwrite,
-        progress=progress,
-        on_event=on_event,
-        store=open_store(out_dir, storage_options),
-        staging_dir=staging_dir,
-    )
-
-
 def convert_file(
     source: StrPath | SampleSource,
     target: StrPath,
@@ -196,11 +110,7 @@ def convert_file(
     on_event: Callable[[ConvertEvent], None] | None = None,
     room: Callable[[int], None] | None = None,
 ) -> ConvertReport:
-    """Pack ``source`` into the local file ``target`` (``convert`` of a path).
-
-    ``room``, when given, is called with the fewest bytes the pack will take, once the
-    storage is planned and before any image is decoded (a staging directory's check).
-    """
+    """Pack ``source`` into the local file ``target``; ``room`` checks a staging directory."""
     options = options or ConvertOptions()
     emit = on_event or (lambda event: None)
     step = progress or (lambda n: None)
@@ -223,7 +133,7 @@ def _convert(
     *,
     room: Callable[[int], None] | None = None,
 ) -> ConvertReport:
-    """List ``source`` and write the pack (``convert``, inside its lock and signal handler)."""
+    """List ``source`` and write the pack (inside ``convert_file``'s lock and signal handler)."""
     started = time.perf_counter()
     found = sample_source(source, labels_csv=options.labels_csv)
     skipped = list_source(found, options, emit)
@@ -291,30 +201,14 @@ def write_arrays(
     on_event: Callable[[ConvertEvent], None] | None = None,
     fields: Mapping[str | Field, Any] | None = None,
 ) -> ConvertReport:
-    """Pack in-memory samples through the same back end as ``convert`` (``ArraySource``).
+    """Pack in-memory samples (``ArraySource``) as ``convert`` does, in this process.
 
-    Samples are HWC (or HW for one channel) uint8 arrays, or encoded image files as bytes.
-    Arrays of one size become a raw (N, H, W, C) array (resized first when
-    ``options.size`` is set); arrays of several sizes a raw blob; bytes are stored as they
-    are (``mode="encoded"`` or ``"auto"``) or decoded (``mode="raw"``). With
-    ``options.shuffle_samples`` (the default) the samples are stored in a seeded random
-    order, exactly as ``convert`` does: pack sample ``i`` is ``samples[source_index[i]]``;
-    pass ``ConvertOptions(shuffle_samples=False)`` to keep the given order. Compression
-    runs in this process (``options.workers`` is not used).
-
-    Args:
-        target: The pack to write.
-        samples: The images.
-        labels: One int per sample, ``-1`` for unlabelled.
-        classes: Class names; default ``"0".."max label"``.
-        paths: A name per sample (stored as its source path); default ``sample-000000``...
-        options: Conversion options.
-        overwrite: Replace an existing ``target``.
-        on_event: Called with ``ConvertEvent``s (skipped samples, the mode chosen).
-        fields: More values per sample, by field (``core.fields``): keyed by a name, the
-            kind told from the values (numbers, equal-shape arrays, arrays of several
-            lengths, ``str``, ``bytes``), or by a field (``MaskField("mask")``: H x W
-            uint8, its image's size).
+    ``samples`` are HWC (or HW) uint8 arrays or encoded files as bytes, with a label each
+    (-1: none); ``classes`` default to ``"0".."max label"``, ``paths`` to
+    ``sample-000000``...; ``fields`` holds more values per sample, keyed by a name (the
+    kind told from the values) or a field (``MaskField("mask")``: H x W uint8). Samples
+    are stored in a seeded random order unless ``ConvertOptions(shuffle_samples=False)``
+    (pack sample ``i`` is ``samples[source_index[i]]``).
 
     Raises:
         OptionsError: samples, labels, classes, paths or fields do not fit together.

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from h5pack.write.report import ConvertEvent
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
+    in_place,
     open_set,
     set_report,
     split_source,
@@ -126,6 +127,7 @@ def convert_on_dask(
     overwrite: bool = False,
     progress: Callable[[int], None] | None = None,
     on_event: Callable[[ConvertEvent], None] | None = None,
+    storage_options: Mapping[str, str] | None = None,
     store: Store | None = None,
     staging_dir: StrPath | None = None,
 ) -> PackSetReport:
@@ -143,7 +145,9 @@ def convert_on_dask(
         overwrite: Replace shards (and a manifest) that do not match.
         progress: Called with the images of each shard as it completes.
         on_event: Called with each ``ConvertEvent``.
-        store: Where ``out_dir`` is kept (default: ``open_store(out_dir)``).
+        storage_options: For a bucket, settings the environment does not give (the
+            workers' environment is read where they run).
+        store: Where ``out_dir`` is kept (instead of ``storage_options``).
         staging_dir: For a bucket: where each worker stages its shard (default: its
             temporary directory).
 
@@ -164,13 +168,13 @@ def convert_on_dask(
         shards,
         options,
         overwrite=overwrite,
-        store=store or open_store(out_dir),
+        store=store or open_store(out_dir, storage_options),
         staging_dir=staging_dir,
         emit=emit,
     )
     if remote is None:
         out = Path(os.path.abspath(out))  # the workers may run elsewhere
-    split = split_source(source, options, shards, emit)
+    split = split_source(in_place(source, options, storage_options), options, shards, emit)
     sizes: Counter[tuple[int, int]] | None = None
     if needs_probe(options):
         emit(ConvertEvent("note", f"reading image sizes in {shards} Dask tasks"))

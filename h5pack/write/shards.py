@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -141,6 +141,18 @@ def open_set(
     return out, None
 
 
+def in_place(
+    source: StrPath | SampleSource,
+    options: ConvertOptions | None,
+    storage_options: Mapping[str, str] | None,
+) -> StrPath | SampleSource:
+    """Return ``source``, or the source its URL names (NOTE [ Sources in a bucket ])."""
+    if isinstance(source, SampleSource) or not is_url(source):
+        return source
+    labels = (options or ConvertOptions()).labels_csv
+    return sample_source(source, labels_csv=labels, storage_options=storage_options)
+
+
 def split_source(
     source: StrPath | SampleSource, options: ConvertOptions, num_shards: int, emit: Emit
 ) -> SourceSplit:
@@ -168,6 +180,7 @@ def convert_set(
     overwrite: bool = False,
     progress: Step | None = None,
     on_event: Emit | None = None,
+    storage_options: Mapping[str, str] | None = None,
     store: Store | None = None,
     staging_dir: StrPath | None = None,
 ) -> PackSetReport:
@@ -185,7 +198,8 @@ def convert_set(
         overwrite: Replace shards (and a manifest) that do not match this conversion.
         progress: Called with the number of steps just done in the current phase.
         on_event: Called with each ``ConvertEvent``.
-        store: Where ``out_dir`` is kept (default: ``open_store(out_dir)``).
+        storage_options: A bucket's settings the environment does not give.
+        store: Where ``out_dir`` is kept (instead of ``storage_options``).
         staging_dir: For a bucket: where each shard is written before it is uploaded.
 
     Returns:
@@ -203,14 +217,13 @@ def convert_set(
     step = progress or (lambda n: None)
     started = time.perf_counter()
     indices = _indices(shards, only)
-    if not isinstance(source, SampleSource) and is_url(source):  # NOTE [ Sources in a bucket ]
-        source = sample_source(source, labels_csv=options.labels_csv)
+    source = in_place(source, options, storage_options)
     out, remote = open_set(
         out_dir,
         shards,
         options,
         overwrite=overwrite,
-        store=store or open_store(out_dir),
+        store=store or open_store(out_dir, storage_options),
         staging_dir=staging_dir,
         emit=emit,
     )
