@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from h5pack._types import StrPath
 from h5pack.bench.access import PATTERN_TITLES, PATTERNS
 from h5pack.bench.compare import CompareReport
-from h5pack.bench.ranking import VariantResult
 from h5pack.errors import install_line
 
 PLOT_HINT = f"PNG plots need matplotlib: {install_line('plot')}"
@@ -23,24 +21,18 @@ def plots_available() -> bool:
     return True
 
 
-def _plot_order(variants: Sequence[VariantResult]) -> list[VariantResult]:
-    """Variants grouped by mode and codec, by chunk size inside a group."""
-    return sorted(variants, key=lambda v: (v.mode, v.codec, v.layout, v.samples_per_chunk))
-
-
 def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
-    """Write throughput.png and size_vs_throughput.png; needs matplotlib.
-
-    Raises:
-        ImportError: matplotlib is not installed (the ``plot`` extra).
-    """
+    """Write throughput.png and size_vs_throughput.png (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out = Path(out_dir)
-    variants = _plot_order(report.variants)
+    # grouped by mode and codec, by chunk size inside a group
+    variants = sorted(
+        report.variants, key=lambda v: (v.mode, v.codec, v.layout, v.samples_per_chunk)
+    )
     names = [
         f"{v.name}\n(contiguous)"
         if v.layout == "contiguous"

@@ -49,15 +49,14 @@ class TrainingRead:
     auto: bool = False
 
     def __post_init__(self) -> None:
-        if self.size is not None:
-            if len(self.size) != 2 or not all(
-                isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in self.size
-            ):
+        size = self.size
+        if size is not None:
+            if len(size) != 2 or not all(type(s) is int and s > 0 for s in size):
                 raise OptionsError(
                     "the training size should be one or two positive integers (--train-size "
-                    f"224 or 224,320), but got {self.size!r}"
+                    f"224 or 224,320), but got {size!r}"
                 )
-            object.__setattr__(self, "size", tuple(self.size))
+            object.__setattr__(self, "size", tuple(size))
         if self.crop not in CROPS:
             raise OptionsError(
                 f"crop should be one of {', '.join(CROPS)}, but got crop={self.crop!r}"
@@ -177,10 +176,7 @@ def _probe(path: str) -> tuple[int, int] | None:
 
 
 def survey_folder(folder: StrPath, *, max_files: int = SURVEY_FILES) -> SizeSurvey:
-    """Read the image sizes of a folder from the files' headers (no decoding).
-
-    Beyond ``max_files`` images an even sample is surveyed; unreadable files are left out.
-    """
+    """Read the image sizes of a folder from the headers of (an even sample of) its files."""
     files = scan(folder).files
     chosen = files
     if len(files) > max_files:

@@ -43,20 +43,16 @@ def _cpu_model() -> str:
 
 
 def _filesystem(path: str) -> str:
-    """The file system type of ``path`` from /proc/mounts (Linux), else ``"?"``."""
-    try:
-        with open("/proc/mounts", encoding="utf-8") as handle:
-            mounts = [line.split() for line in handle]
-    except OSError:
-        return "?"
+    """The type of the file system holding ``path`` (the deepest mount over it), else ``"?"``."""
+    import psutil
+
     real = os.path.realpath(path)
-    best, kind = "", "?"
-    for fields in mounts:
-        if len(fields) < 3 or len(fields[1]) <= len(best):
-            continue
-        if real == fields[1] or real.startswith(fields[1].rstrip("/") + "/"):
-            best, kind = fields[1], fields[2]
-    return kind
+    over = [
+        part
+        for part in psutil.disk_partitions(all=True)
+        if real == part.mountpoint or real.startswith(part.mountpoint.rstrip("/") + "/")
+    ]
+    return max(over, key=lambda part: len(part.mountpoint)).fstype if over else "?"
 
 
 @dataclass(frozen=True, kw_only=True)
