@@ -66,9 +66,8 @@ def _train_flags(function: Any) -> Any:
         "--train-size",
         default=None,
         metavar="N|H,W|none",
-        help="The size training reads images at (make_loader's size=); 'none': as stored. "
-        "[default: as stored when all images share one size, else 224 with random-resized "
-        "crops and flips, since the loader batches images of several sizes only at one size]",
+        help="The size training reads images at (make_loader's size=); 'none': as stored "
+        "[default: as stored when all images share one size, else 224, cropped and flipped].",
     )(function)
 
 
@@ -94,7 +93,7 @@ def _training_read(train_size: str | None, crop: str | None, flip: bool | None) 
 def _local_exists(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """Refuse a local source that does not exist (a URL is checked when it is opened)."""
+    """Refuse a local source that does not exist (a URL is checked when opened)."""
     from h5pack.core.store import is_url
 
     for value in values:
@@ -175,11 +174,10 @@ def compare(
 ) -> None:
     """Compare pack layouts on an image folder (SOURCES = one folder) or on packs.
 
-    From a folder, every variant is converted (--keep keeps them) and read as training
-    will read it through h5pack's loader in a full shuffle, the chunk-aware order and pack
-    order. Prints a table ranked by throughput and a recommendation (file size weighed
-    against the memory available); writes report.json, report.md and plots into OUT.
-    SOURCES may also be packs or pack sets, local or in a bucket (s3://bucket/pack.h5).
+    Every variant is converted and read as training will read it through h5pack's loader
+    in a full shuffle, the chunk-aware order and pack order: a table ranked by throughput,
+    a recommendation, and report.json, report.md and plots in OUT. SOURCES may also be
+    packs or pack sets, local or in a bucket (s3://bucket/pack.h5).
     """
     from h5pack.bench.compare import compare as run_compare
     from h5pack.bench.options import CompareOptions
@@ -337,10 +335,9 @@ def bench(
 ) -> None:
     """Measure h5pack's loader on PACKS: images/s with the spread, and CPU per image.
 
-    PACKS is a pack, a pack set (its directory or packset.json) or several packs read as
-    one set, through make_loader as training reads it (--train-size, --crop, --flip), in
-    runs of enough epochs to time. With --weights, PACKS are the sources of a mix: each
-    source's share, passes per epoch and coverage, and the mix's images/s.
+    PACKS (a pack, a pack set or several packs read as one set) are read through
+    make_loader as training reads them, in runs of enough epochs to time. With --weights,
+    PACKS are the sources of a mix: each one's share and coverage, the mix's images/s.
     """
     store = store_of(list(packs), storage_option)  # the one store of the packs read
     mix = checked_mix(packs, weights, epoch_samples)
@@ -364,7 +361,7 @@ def bench(
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
     from h5pack.bench.measure import bench_loader, format_bench
-    from h5pack.bench.options import BenchOptions, CompareEvent
+    from h5pack.bench.options import BenchOptions
     from h5pack.bench.report import to_json
     from h5pack.read.eviction import parse_policy
     from h5pack.read.options import ReaderOptions
@@ -396,6 +393,6 @@ def bench(
     pack: str | list[str] = packs[0] if len(packs) == 1 else list(packs)
     name = Path(packs[0]).name + (f" and {len(packs) - 1} more" if len(packs) > 1 else "")
     with progress_for(quiet) as progress:
-        progress.event(CompareEvent("phase", f"bench {name}", unit="run"))
+        progress.phase(f"bench {name}", None, unit="run")
         result = bench_loader(pack, options, on_step=lambda: progress.advance(1))
     click.echo(json.dumps(to_json(result), indent=2) if as_json else format_bench(result))

@@ -1,7 +1,6 @@
 """``h5pack info`` and ``h5pack verify``: describe and check a pack or a pack set.
 
-``info`` also says whether a pack's chunks mix labels: the figure is the training layer's
-(``training.mixing``), which ``check/`` may not import, so it is measured here.
+``info``'s label mixing is ``training.mixing``'s figure, which ``check/`` may not import.
 """
 
 from __future__ import annotations
@@ -108,22 +107,16 @@ def _beside(source: str, pack: str) -> str:
 def _info_lines(info: Any) -> list[tuple[str, str]]:
     """Return the lines of ``h5pack info`` for a pack (a ``PackInfo``)."""
     version = f"{info.format_version}.{info.format_minor}"
-    return [
+    lines = [
         ("pack", f"{info.path} ({format_bytes(info.file_bytes)})"),
         ("format", f"h5pack format {version}, written by h5pack {info.tool_version}"),
         ("created", info.created_utc),
-        *_shard_line(info),
-        *_common_lines(info),
     ]
-
-
-def _shard_line(info: Any) -> list[tuple[str, str]]:
-    """Return the ``shard`` line of a shard written by ``convert --shards`` (else none)."""
-    shard = info.shard
-    if not shard:
-        return []
-    text = f"{shard.get('index')} of {shard.get('num_shards')} (seed {shard.get('seed')})"
-    return [("shard", text + "; read the whole set through its directory or packset.json")]
+    shard = info.shard  # a shard written by convert --shards
+    if shard:
+        text = f"{shard.get('index')} of {shard.get('num_shards')} (seed {shard.get('seed')})"
+        lines.append(("shard", f"{text}; read the whole set through its directory or packset.json"))
+    return lines + _common_lines(info)
 
 
 def _ratio_text(info: Any) -> str:
@@ -173,11 +166,7 @@ def _shard_table(info: Any) -> list[str]:
 
 
 def _mixing(meta: Any, chunk_map: Any, *, contiguous: bool = False) -> tuple[str, dict[str, Any]]:
-    """Return the ``mixing`` line of ``h5pack info`` and its JSON.
-
-    Whether the chunks mix labels (``training.mixing.label_mixing``, see its note "Label
-    mixing") and, when they do not, what ``make_loader`` does about it.
-    """
+    """Return the ``mixing`` line of ``h5pack info`` (do chunks mix labels?) and its JSON."""
     from h5pack.training.mixing import label_mixing
 
     report = label_mixing(meta, chunk_map, stratified=True)
@@ -221,12 +210,10 @@ def info(
 ) -> None:
     """Describe PACKS: a pack, a pack set (its directory or packset.json) or several packs.
 
-    URLs too: s3://bucket/pack.h5, a set's prefix s3://bucket/set/ or its packset.json.
-
-    Samples, classes, layout, codec, ratio and whether chunks mix labels; for a set, also
-    one row per shard. With --weights, PACKS are the sources of a mix (each a pack or a
-    set): each source's share of an epoch, passes per epoch and how much of it an epoch
-    covers.
+    Samples, classes, layout, codec, ratio and whether chunks mix labels; for a set, one
+    row per shard. PACKS may be URLs (s3://bucket/pack.h5, s3://bucket/set/). With
+    --weights, PACKS are the sources of a mix: each one's share of an epoch, passes per
+    epoch and coverage.
     """
     mixed = checked_mix(packs, weights, epoch_samples)
     if mixed is not None:
@@ -358,7 +345,7 @@ def verify(
         total = load_meta(packs[0], check_digests=False).num_samples
         timeout = None
     with progress_for(quiet) as progress:
-        progress.event(_Phase("verifying", total))
+        progress.phase("verifying", total)
         report = verify_pack(
             pack,
             source=given,
@@ -386,13 +373,3 @@ def verify(
         return
     click.echo(f"FAILED: {len(report.problems)} problems; {summary}", err=True)
     sys.exit(1)
-
-
-class _Phase:
-    """A progress phase announced by a command itself (shaped like a ``ConvertEvent``)."""
-
-    kind = "phase"
-
-    def __init__(self, message: str, total: int | None) -> None:
-        self.message = message
-        self.total = total

@@ -1,7 +1,7 @@
 """``h5pack convert``: a source (a folder, a .tar...) into a pack, or into a pack set.
 
-The source is chosen once, here, from SOURCE and ``--from`` (``write.sources``); below,
-only the ``SampleSource`` travels.
+The source is chosen once, here, from SOURCE and ``--from``; below, only the
+``SampleSource`` travels.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from h5pack.errors import OptionsError
 
 if TYPE_CHECKING:
     from h5pack.core.format import SkippedFile
-    from h5pack.write.options import ConvertOptions
+    from h5pack.write.report import ConvertReport
     from h5pack.write.shards import PackSetReport
-    from h5pack.write.sources import SampleSource
 
 __all__ = ["convert"]
 
@@ -115,22 +114,11 @@ def convert(
     """Pack the images of SOURCE (a folder, an archive, shards) into TARGET (or a pack set).
 
     SOURCE may be in a bucket (s3://bucket/images/, a tar's or Parquet file's URL), read
-    in place (docs/converting.md, "From a bucket").
-
-    TARGET may be a URL, s3://bucket/pack.h5 (or s3://bucket/set/ with --shards): each
-    pack is written in --staging-dir, then uploaded once complete (docs/object-storage.md).
+    in place. TARGET may be a URL (s3://bucket/pack.h5, or s3://bucket/set/ with
+    --shards): each pack is written in --staging-dir, then uploaded once complete.
     """
-    remote: dict[str, Any] = {"staging_dir": staging_dir, "store": store_of(target, storage_option)}
     from h5pack.write.sources import sample_source
 
-    named = [p for p in (source, annotations, masks) if p is not None]
-    extra: dict[str, Any] = {"annotations": annotations, "masks": masks}
-    extra["store"] = store_of(named, storage_option)
-    if shards is None and shard is None and dask_address is None:
-        options = options_from_flags(flags)
-        found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv, **extra)
-        _convert_one(found, target, overwrite, quiet, options, remote)
-        return
     only = None
     if shard is not None:
         only, count = parse_shard(shard, os.environ)
@@ -143,65 +131,45 @@ def convert(
             # torchrun starts LOCAL_WORLD_SIZE ranks per machine: they share its cores.
             local = max(1, int(os.environ["LOCAL_WORLD_SIZE"] or 1))
             flags["workers"] = max(1, available_cores() // local)
-    if shards is None:
+    if shards is None and dask_address is not None:
         raise OptionsError("--dask runs the shards of --shards N: add --shards")
     options = options_from_flags(flags)
-    found = sample_source(source, kind=source_kind, labels_csv=options.labels_csv, **extra)
-    if dask_address is not None:
-        from h5pack.write.dask import convert_on_dask, dask_client
+    named = [p for p in (source, annotations, masks) if p is not None]
+    found = sample_source(
+        source,
+        kind=source_kind,
+        labels_csv=options.labels_csv,
+        annotations=annotations,
+        masks=masks,
+        store=store_of(named, storage_option),
+    )
+    with progress_for(quiet) as progress:
+        run: dict[str, Any] = {
+            "overwrite": overwrite,
+            "progress": progress.advance,
+            "on_event": progress.event,
+            "staging_dir": staging_dir,
+            "store": store_of(target, storage_option),
+        }
+        if shards is None:
+            from h5pack.write.convert import convert as run_convert
 
-        # --dask local --workers N: a LocalCluster of N processes (each converts a shard).
-        cluster = dask_client(dask_address, workers=options.workers)
-        with cluster as client, progress_for(quiet) as progress:
-            report = convert_on_dask(
-                client,
-                found,
-                target,
-                options,
-                shards=shards,
-                overwrite=overwrite,
-                progress=progress.advance,
-                on_event=progress.event,
-                **remote,
-            )
-    else:
-        from h5pack.write.shards import convert_set
+            _render_one(run_convert(found, target, options, **run))
+            return
+        if dask_address is not None:
+            from h5pack.write.dask import convert_on_dask, dask_client
 
-        with progress_for(quiet) as progress:
-            report = convert_set(
-                found,
-                target,
-                options,
-                shards=shards,
-                only=only,
-                overwrite=overwrite,
-                progress=progress.advance,
-                on_event=progress.event,
-                **remote,
-            )
+            # --dask local --workers N: a LocalCluster of N processes (each converts a shard).
+            with dask_client(dask_address, workers=options.workers) as client:
+                report = convert_on_dask(client, found, target, options, shards=shards, **run)
+        else:
+            from h5pack.write.shards import convert_set
+
+            report = convert_set(found, target, options, shards=shards, only=only, **run)
     _render_set(report)
 
 
-def _convert_one(
-    source: SampleSource,
-    target: str,
-    overwrite: bool,
-    quiet: bool,
-    options: ConvertOptions,
-    remote: dict[str, Any],
-) -> None:
-    from h5pack.write.convert import convert as run_convert
-
-    with progress_for(quiet) as progress:
-        report = run_convert(
-            source,
-            target,
-            options,
-            overwrite=overwrite,
-            progress=progress.advance,
-            on_event=progress.event,
-            **remote,
-        )
+def _render_one(report: ConvertReport) -> None:
     click.echo(
         f"packed {report.num_samples} of {report.num_found} images into {report.path} "
         f"({format_bytes(report.file_bytes)}, {report.mode}/{report.storage}) "

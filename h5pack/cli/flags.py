@@ -1,8 +1,7 @@
-"""Building blocks of the command line: parameter types, conversion flags, progress.
+"""Building blocks of the command line: parameter types and flags defined once.
 
-The conversion flags are defined once and turned into one ``ConvertOptions``; progress is
-rendered with tqdm (``cli/progress.py``, re-exported here). Every command module shares
-them; ``h5pack.cli.main`` re-exports them.
+The conversion flags become one ``ConvertOptions`` (``options_from_flags``); the
+``--storage-option`` flags one ``Store`` (``store_of``).
 """
 
 from __future__ import annotations
@@ -28,38 +27,22 @@ if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; older clicks can
 else:
     _SizeParam = _ShapeParam = _WeightsParam = click.ParamType
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "kb": 10**3,
-    "m": 2**20,
-    "mib": 2**20,
-    "mb": 10**6,
-    "g": 2**30,
-    "gib": 2**30,
-    "gb": 10**9,
+# K/M/G and KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000
+_UNITS = {"": 1, "b": 1} | {
+    unit: scale**power
+    for power, letter in enumerate("kmg", start=1)
+    for unit, scale in ((letter, 1024), (f"{letter}ib", 1024), (f"{letter}b", 1000))
 }
+
+format_bytes = binary_bytes  # the CLI's name of core.units' formatter
 
 
 def parse_bytes(text: str) -> int:
-    """Return the byte count of ``"8MiB"``, ``"4MB"``, ``"512k"`` or ``"1048576"``.
-
-    ``KiB``/``MiB``/``GiB`` and bare ``K``/``M``/``G`` are powers of 1024; ``KB``/``MB``/
-    ``GB`` powers of 1000.
-
-    Raises:
-        ValueError: the text is not a size.
-    """
+    """Return the byte count of ``"8MiB"``, ``"4MB"``, ``"512k"`` or ``"1048576"``."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size; write e.g. 8MiB, 4MB, 512KiB or 1048576")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-# The CLI's names of core.units' formatters (imported across the CLI as these)
-format_bytes = binary_bytes
 
 
 class ByteSize(_SizeParam):
@@ -78,10 +61,7 @@ class ByteSize(_SizeParam):
 
 
 class ImageSize(_ShapeParam):
-    """A click parameter for an image size: ``N`` (a square) or ``H,W``, as ``--train-size``.
-
-    With ``ImageSizeOption`` it also takes the two values ``H W`` of the first spelling.
-    """
+    """A click parameter for an image size: ``N`` (a square) or ``H,W`` (or ``H W``, below)."""
 
     name = "image size"
 
@@ -101,12 +81,10 @@ class ImageSize(_ShapeParam):
 
 
 class ImageSizeOption(click.Option):
-    """An option taking ``N``, ``H,W`` or the two values ``H W`` (see ``ImageSize``).
+    """An option taking ``N``, ``H,W`` or the two values ``H W`` (its first spelling).
 
-    click gives an option a fixed number of values, so the parser's handler of this option
-    is wrapped to take one more value when it is a bare integer following one: ``--size 256
-    320`` (the first spelling) and ``--size 256,320`` read alike. The handler is click's
-    parser's (``_long_opt``, there since click 7); without it only ``N`` and ``H,W`` work.
+    click gives an option a fixed number of values, so the handler of click's parser
+    (``_long_opt``, there since click 7) is wrapped to take a second bare integer.
     """
 
     def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
@@ -189,9 +167,8 @@ class ChunkShape(_ShapeParam):
         """Parse the shape, or fail with a usage error."""
         if isinstance(value, tuple):
             return value
-        parts = re.split(r"[,x]", str(value).strip())
         try:
-            return tuple(int(p) for p in parts)
+            return tuple(int(p) for p in re.split(r"[,x]", str(value).strip()))
         except ValueError:
             self.fail(f"{value!r} is not a chunk shape; write e.g. 16,224,224,3", param, ctx)
 
@@ -210,8 +187,7 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
         type=ImageSize(),
         default=None,
         metavar="N|H,W",
-        help="Resize every image to N x N or H x W (raw mode), as --train-size reads sizes "
-        "(H W, two values, works too).",
+        help="Resize every image to N x N or H x W (raw mode; H W works too).",
     ),
     click.option(
         "--resize",
@@ -229,8 +205,7 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
         type=click.Choice(LAYOUT_CHOICES),
         default="auto",
         show_default=True,
-        help="auto: contiguous for uncompressed images of several sizes (no padding), "
-        "else chunked.",
+        help="auto: contiguous for uncompressed images of several sizes, else chunked.",
     ),
     click.option("--chunk-samples", type=int, default=None, help="Samples per chunk."),
     click.option("--chunk-shape", type=ChunkShape(), default=None, help="Explicit k,H,W,C."),
@@ -245,17 +220,13 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
         type=click.Choice(SHUFFLES),
         default="none",
         show_default=True,
-        help="The byte or bit shuffle filter on each chunk before compression (not the "
-        "write order: that is --no-shuffle).",
+        help="The byte or bit shuffle filter on each chunk before compression.",
     ),
     # the filter's first spelling, which read like the write-time shuffle: still taken
     click.option("--shuffle", "filter_shuffle_alias", type=click.Choice(SHUFFLES), hidden=True),
     click.option("--seed", type=int, default=0, show_default=True, help="Write-order seed."),
     click.option(
-        "--no-shuffle",
-        is_flag=True,
-        help="Keep the source order: no write-time shuffle of the samples (not the "
-        "--shuffle-filter).",
+        "--no-shuffle", is_flag=True, help="Keep the source order: no write-time shuffle."
     ),
     click.option("--max-side", type=int, default=None, help="Encoded: re-encode larger images."),
     click.option("--quality", type=int, default=None, help="JPEG quality of re-encoded images."),
@@ -267,8 +238,8 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
         "labels_csv",
         type=click.Path(dir_okay=False),
         default=None,
-        help="A manifest of the folder's images: a CSV (path,label; with a header, more "
-        "columns) or JSONL file; columns become fields (docs/converting.md).",
+        help="A manifest of the images: CSV (path,label; with a header, more columns) or "
+        "JSONL; columns become fields (docs/converting.md).",
     ),
     click.option("--strict", is_flag=True, help="Stop at the first file that cannot be packed."),
 ]
@@ -282,15 +253,16 @@ def convert_flags(function: F) -> F:
 
 
 def options_from_flags(flags: dict[str, Any]) -> Any:
-    """Return the ``ConvertOptions`` of the flags added by ``convert_flags``.
+    """Return the ``ConvertOptions`` of the flags added by ``convert_flags``."""
+    from h5pack.write.options import ConvertOptions, option_name
 
-    Raises:
-        OptionsError: an impossible combination (a usage error at the command line).
-    """
-    from h5pack.write.options import ConvertOptions
-
-    workers = flags["workers"]
-    _check_level(flags["compression"], flags["level"])
+    codec, level = flags["compression"], flags["level"]
+    if level is not None and codec in LEVELS:  # else Compression says --level does not apply
+        low, high, _ = LEVELS[codec]
+        if not low <= level <= high:
+            raise OptionsError(
+                f"{option_name('level')} for {codec} should be in {low}..{high}, but got {level}"
+            )
     return ConvertOptions(
         mode=flags["mode"],
         size=flags["size"],
@@ -302,42 +274,25 @@ def options_from_flags(flags: dict[str, Any]) -> Any:
         chunk_shape=flags["chunk_shape"],
         chunk_bytes=flags["chunk_bytes"],
         compression=Compression(
-            codec=flags["compression"],
-            level=flags["level"],
+            codec=codec,
+            level=level,
             shuffle=flags.get("filter_shuffle_alias") or flags["filter_shuffle"],
         ),
         shuffle_samples=not flags["no_shuffle"],
         seed=flags["seed"],
         max_side=flags["max_side"],
         quality=flags["quality"],
-        workers=workers if workers else None,
+        workers=flags["workers"] or None,
         strict=flags["strict"],
         labels_csv=flags["labels_csv"],
     )
 
 
-def _check_level(codec: str, level: int | None) -> None:
-    """Refuse a ``--level`` out of the codec's range, naming the flag (a usage error)."""
-    from h5pack.write.options import option_name
-
-    if level is None or codec not in LEVELS:
-        return  # Compression itself says that --level does not apply
-    low, high, _ = LEVELS[codec]
-    if not low <= level <= high:
-        raise OptionsError(
-            f"{option_name('level')} for {codec} should be in {low}..{high}, but got {level}"
-        )
-
-
 quiet_flag = click.option("--quiet", "-q", is_flag=True, help="No progress bar or notes.")
 
 
-def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, str] | None:
-    """Return ``--storage-option KEY=VALUE`` flags as storage options (None when none).
-
-    Raises:
-        click.BadParameter: a flag without ``=``.
-    """
+def store_of(path: str | Sequence[str], pairs: tuple[str, ...]) -> Store:
+    """Return the store of ``path`` with the ``--storage-option KEY=VALUE`` flags."""
     options: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -347,17 +302,7 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, str] | None:
                 param_hint="--storage-option",
             )
         options[key.strip()] = value
-    return options or None
-
-
-def store_of(path: str | Sequence[str], pairs: tuple[str, ...]) -> Store:
-    """Return the store of ``path`` with the ``--storage-option`` flags (NOTE [ Stores ]).
-
-    Raises:
-        click.BadParameter: a flag without ``=``.
-        OptionsError: an unknown setting (a one-line error, exit 1).
-    """
-    return open_store(path, parse_storage_options(pairs))
+    return open_store(path, options or None)
 
 
 storage_option_flag = click.option(
@@ -366,18 +311,15 @@ storage_option_flag = click.option(
     multiple=True,
     metavar="KEY=VALUE",
     help="For URLs (s3://, gs://, az://, https://): a client setting the environment does not "
-    "give, e.g. endpoint=http://127.0.0.1:9000, region=..., project=..., account_name=..., "
-    "retry_timeout_s=60 (docs/object-storage.md); repeatable.",
+    "give, e.g. endpoint=http://127.0.0.1:9000, region=..., retry_timeout_s=60 "
+    "(docs/object-storage.md); repeatable.",
 )
-
 
 staging_flag = click.option(
     "--staging-dir",
-    "staging_dir",
     type=click.Path(file_okay=False, exists=True),
     default=None,
     metavar="DIR",
-    help="For a URL target (s3://...): where each pack is written whole before it is "
-    "uploaded [default: the temporary directory, TMPDIR]. It needs room for the largest "
-    "pack (a merge: its sources and the merged pack).",
+    help="For a URL target: where each pack is written whole before it is uploaded "
+    "[default: TMPDIR]; room for the largest pack (a merge: its sources and result).",
 )

@@ -23,21 +23,15 @@ __all__ = ["merge"]
 @click.option(
     "--virtual",
     is_flag=True,
-    help=(
-        "Write an HDF5 virtual-dataset view of the sources instead of copying their images: "
-        "instant and small, but every source must stay, unchanged, where it is (relative "
-        "to TARGET); h5pack checks them all when it opens TARGET."
-    ),
+    help="Write an HDF5 virtual-dataset view of the sources instead of copying their "
+    "images: instant and small, but every source must stay, unchanged, where it is.",
 )
 @click.option(
     "--keep-order",
     is_flag=True,
-    help=(
-        "Keep fixed-size samples exactly in the packs' order. By default the samples of "
-        "each pack's last, partial chunk go to the end of TARGET, so that every other "
-        "chunk is copied as stored; with --keep-order every chunk after the first such "
-        "pack is decompressed and compressed again."
-    ),
+    help="Keep fixed-size samples exactly in the packs' order [default: the samples of "
+    "each pack's last, partial chunk go to the end, so that every other chunk is copied as "
+    "stored, not recompressed].",
 )
 @staging_flag
 @storage_option_flag
@@ -56,8 +50,7 @@ def merge(
 
     Stored chunks are copied without decompressing them; the packs must agree in format,
     mode, storage, sample shape, chunks, codec and classes. SOURCES and TARGET may be URLs
-    (s3://bucket/set/, s3://bucket/a.h5): remote sources are downloaded into --staging-dir,
-    a remote TARGET uploaded once complete.
+    (s3://bucket/set/): sources are downloaded into --staging-dir, TARGET uploaded.
     """
     from h5pack.write.merge import merge_packs
 

@@ -32,17 +32,18 @@ class Progress:
             if self.bar is not None:
                 self.bar.set_description_str(event.message)
                 self.bar.update(int(event.kind == "step"))
-        else:
-            self.close()  # every other event comes between phases
-            if self.quiet:
-                return
-            if event.kind == "phase":
-                unit = getattr(event, "unit", "img")
-                self.bar = self._tqdm(
-                    total=event.total, desc=event.message, unit=unit, file=sys.stderr
-                )
-            else:
+        elif event.kind == "phase":
+            self.phase(event.message, event.total, getattr(event, "unit", "img"))
+        else:  # between phases
+            self.close()
+            if not self.quiet:
                 self.note(event.message)
+
+    def phase(self, message: str, total: int | None, unit: str = "img") -> None:
+        """Start a bar of ``total`` steps (None: unknown), unless quiet."""
+        self.close()
+        if not self.quiet:
+            self.bar = self._tqdm(total=total, desc=message, unit=unit, file=sys.stderr)
 
     def advance(self, count: int) -> None:
         """Advance the bar."""
