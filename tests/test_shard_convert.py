@@ -157,19 +157,20 @@ def test_more_shards_than_images_is_a_usage_error(folder: Path, tmp_path: Path) 
 # the test below to kill: its temporary file exists then.
 _HANG = """
 import sys, threading
+from dataclasses import replace
 from pathlib import Path
 import h5pack.write.shards as shards
 from h5pack import ConvertOptions, convert_set
 
 original = shards.write_samples
 
-def write_samples(target, *args, step, **kwargs):
+def write_samples(target, plan, samples, table, pool, **kwargs):
     def hang(count):
         if target.name.startswith("shard-00001"):
             Path(sys.argv[3]).write_text("in shard 1")
             threading.Event().wait()  # until the test kills this process
-        step(count)
-    return original(target, *args, step=hang, **kwargs)
+        pool.step(count)
+    return original(target, plan, samples, table, replace(pool, step=hang), **kwargs)
 
 shards.write_samples = write_samples
 convert_set(sys.argv[1], sys.argv[2], ConvertOptions(workers=1), shards=3)

@@ -141,10 +141,8 @@ def _convert(
     order = found.split(seed=options.seed, shuffle=options.shuffle_samples)
     samples = [found.samples[i] for i in order]
     workers = options.effective_workers if found.parallel else 1
-    with worker_pool(workers) as executor:
-        sizes = (
-            probe_sizes(executor, samples, workers, emit, step) if needs_probe(options) else None
-        )
+    with worker_pool(workers, emit, step) as pool:
+        sizes = probe_sizes(pool, samples) if needs_probe(options) else None
         plan = plan_storage(
             options,
             sizes,
@@ -159,13 +157,10 @@ def _convert(
             plan,
             samples,
             sample_table(samples, found.classes, order, found.listing.fields, found.columns(order)),
+            pool,
             options=options,
-            executor=executor,
-            workers=workers,
             temps=temps,
             skipped=skipped,
-            emit=emit,
-            step=step,
             overwrite=overwrite,
             room=room,
         )

@@ -104,12 +104,12 @@ def probe_files(items: list[tuple[Image, str]]) -> Counter[tuple[int, int]]:
 
 def run_shard(task: ShardTask) -> ShardReport:
     """Convert one shard in this process (a Dask task; NOTE [ One shard per Dask worker ...])."""
-    with _ONE_SHARD, worker_pool(1) as executor:
+    with _ONE_SHARD, worker_pool(1, _ignore, _ignore) as pool:
         keep_freed_memory()  # Dask's nanny lowers the trim threshold (NOTE [ Worker malloc ])
         # A task run again after its worker died finds what that worker left.
         if task.remote is None:
             remove_leftovers_beside(task.target, _ignore)
-        report, _ = write_shard(task, executor=executor, workers=1, emit=_ignore, step=_ignore)
+        report, _ = write_shard(task, pool)
     return report
 
 
@@ -133,26 +133,10 @@ def convert_on_dask(
 ) -> PackSetReport:
     """Pack ``source`` into a pack set of ``shards`` shards, one Dask task per shard.
 
-    Args:
-        client: A ``distributed.Client``; its workers must see ``source`` and ``out_dir``
-            at the same paths.
-        source: A path or a ``SampleSource``, as for ``convert``.
-        out_dir: The pack set's directory, or a prefix in a bucket (``s3://bucket/set/``):
-            each task then writes its shard in a staging directory of its own machine and
-            uploads it; the client uploads the manifest.
-        options: How to convert (``workers`` is not used: each task runs in its worker).
-        shards: Shards of the split (more shards than workers balance better).
-        overwrite: Replace shards (and a manifest) that do not match.
-        progress: Called with the images of each shard as it completes.
-        on_event: Called with each ``ConvertEvent``.
-        storage_options: For a bucket, settings the environment does not give (the
-            workers' environment is read where they run).
-        store: Where ``out_dir`` is kept (instead of ``storage_options``).
-        staging_dir: For a bucket: where each worker stages its shard (default: its
-            temporary directory).
-
-    Returns:
-        What was written or reused, and the manifest's path.
+    As ``convert_set``, but ``options.workers`` is unused (each task runs in its worker) and
+    ``progress`` counts each shard's images as it completes. The ``client``'s workers must
+    see ``source`` and ``out_dir`` at the same paths; into a bucket, each task stages and
+    uploads its shard (the workers' environment is read where they run).
 
     Raises:
         TargetExistsError: a shard exists that does not match, without ``overwrite``.
@@ -178,9 +162,7 @@ def convert_on_dask(
     sizes: Counter[tuple[int, int]] | None = None
     if needs_probe(options):
         emit(ConvertEvent("note", f"reading image sizes in {shards} Dask tasks"))
-        slices = []
-        for i in range(shards):
-            slices.append([(s.image, s.key) for s in split.samples(i)])
+        slices = [[(s.image, s.key) for s in split.samples(i)] for i in range(shards)]
         sizes = sum(client.gather(client.map(probe_files, slices, pure=False)), Counter())
     tasks = split.tasks(list(range(shards)), out, remote, sizes=sizes, overwrite=overwrite)
     reason = plan_reason(tasks[0], len(split))

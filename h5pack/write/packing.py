@@ -13,7 +13,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,20 @@ def rejecter(
     return reject
 
 
+@dataclass(frozen=True)
+class Pool:
+    """Where a conversion decodes and compresses (``workers`` processes), and reports."""
+
+    executor: Any
+    workers: int
+    emit: Callable[[ConvertEvent], None]
+    step: Callable[[int], None]
+
+
 @contextlib.contextmanager
-def worker_pool(workers: int) -> Iterator[Any]:
+def worker_pool(
+    workers: int, emit: Callable[[ConvertEvent], None], step: Callable[[int], None]
+) -> Iterator[Pool]:
     """Lend the pool that decodes and compresses (``workers`` processes; inline for 1).
 
     Raises:
@@ -62,7 +74,7 @@ def worker_pool(workers: int) -> Iterator[Any]:
     """
     executor = make_executor(workers)
     try:
-        yield executor
+        yield Pool(executor, workers, emit, step)
     except BrokenExecutor as err:
         raise H5PackError(
             "a worker process died (it crashed on a file, or was killed, e.g. for lack of "
@@ -77,19 +89,16 @@ def write_samples(
     plan: StoragePlan,
     samples: Sequence[Sample],
     table: SampleTable,
+    pool: Pool,
     *,
     options: ConvertOptions,
-    executor: Any,
-    workers: int,
     temps: TempFiles,
     skipped: list[SkippedFile],
-    emit: Callable[[ConvertEvent], None],
-    step: Callable[[int], None],
     overwrite: bool,
     shard: str | None = None,
     room: Callable[[int], None] | None = None,
 ) -> Path:
-    """Decode ``samples`` (in write order) in ``executor``; publish their pack as ``target_path``.
+    """Decode ``samples`` (in write order) in ``pool``; publish their pack as ``target_path``.
 
     Rejected samples go to ``skipped``; ``shard`` is a shard's identity (JSON text);
     ``room`` is called first with the fewest bytes the pack will take.
@@ -99,6 +108,7 @@ def write_samples(
     """
     if room is not None:
         room(min_pack_bytes(plan, samples))
+    executor, workers = pool.executor, pool.workers
     arenas: list[Arena] = []
     builder: PackBuilder | None = None
     try:
@@ -109,8 +119,8 @@ def write_samples(
             if plan.spec.compressed:
                 blocks_arena = open_arena(executor, workers + 1, block_slot_bytes(plan))
             arenas = [a for a in (samples_arena, blocks_arena) if a is not None]
-        reject = rejecter(options, skipped, emit)
-        prepared = prepared_samples(executor, plan, samples, samples_arena, workers, reject, step)
+        reject = rejecter(options, skipped, pool.emit)
+        prepared = prepared_samples(pool, plan, samples, samples_arena, reject)
         checked = room_checked(prepared, table, plan, target_path, temps, in_flight=workers + 1)
         builder.write(checked, executor, workers + 1, blocks_arena)
         if not builder.record.count:
@@ -118,10 +128,9 @@ def write_samples(
             raise SourceError(f"none of the {len(table)} images could be packed{first}")
         if builder.images.needs_rebuild:
             note = "files were skipped: copying the contiguous array to its final size"
-            emit(ConvertEvent("note", note))
+            pool.emit(ConvertEvent("note", note))
         skipped.sort(key=lambda s: os.fsencode(s.path))
-        mapper = pooled(executor, workers, emit, step)
-        finished = builder.finish(table, options, skipped, shard=shard, mapper=mapper)
+        finished = builder.finish(table, options, skipped, shard=shard, mapper=pooled(pool))
         publish(finished, target_path, overwrite=overwrite)
     except H5PackError as err:  # some are OSErrors too (SourceError)
         if (clean := disk_error(err.__cause__, target_path)) is None:
@@ -140,19 +149,18 @@ def write_samples(
     return target_path
 
 
-def pooled(
-    executor: Any, workers: int, emit: Callable[[ConvertEvent], None], step: Callable[[int], None]
-) -> Callable[..., Iterator[Any]]:
+def pooled(pool: Pool) -> Callable[..., Iterator[Any]]:
     """Return a ``LazyColumn`` mapper: its masks made and encoded in the pool, a few at a time."""
 
     def mapper(encode: Any, make: Any, items: Sequence[Any]) -> Iterator[Any]:
-        emit(ConvertEvent("phase", "decoding masks", total=len(items)))
+        pool.emit(ConvertEvent("phase", "decoding masks", total=len(items)))
         tasks = (
             (encode, make, list(items[lo : lo + MASK_BATCH]))
             for lo in range(0, len(items), MASK_BATCH)
         )
-        for made in ordered_map(executor, made_batch, tasks, max_in_flight=workers + 1):
-            step(len(made))
+        in_flight = pool.workers + 1
+        for made in ordered_map(pool.executor, made_batch, tasks, max_in_flight=in_flight):
+            pool.step(len(made))
             yield from made
 
     return mapper
@@ -263,13 +271,11 @@ def disk_error(cause: BaseException | None, target: Path) -> H5PackError | None:
 
 
 def prepared_samples(
-    executor: Any,
+    pool: Pool,
     plan: StoragePlan,
     samples: Sequence[Sample],
     arena: Arena | None,
-    workers: int,
     reject: Callable[[str, str], None],
-    step: Callable[[int], None],
 ) -> Iterator[Prepared]:
     """Yield the prepared samples in write order (stage 1), reporting rejected files."""
     batch = batch_size(plan)
@@ -283,7 +289,8 @@ def prepared_samples(
             items = [(lo + i, ship(s.image), s.key) for i, s in enumerate(samples[lo : lo + batch])]
             yield plan.decode, items, ref
 
-    for results in ordered_map(executor, prepare_batch, tasks(), max_in_flight=2 * workers):
+    in_flight = 2 * pool.workers
+    for results in ordered_map(pool.executor, prepare_batch, tasks(), max_in_flight=in_flight):
         slot = slots.popleft()
         for result in results:
             if isinstance(result, Rejected):
@@ -300,25 +307,19 @@ def prepared_samples(
         if slot is not None:
             assert arena is not None
             arena.release(slot)
-        step(len(results))
+        pool.step(len(results))
 
 
-def probe_sizes(
-    executor: Any,
-    samples: Sequence[Sample],
-    workers: int,
-    emit: Callable[[ConvertEvent], None],
-    step: Callable[[int], None],
-) -> Counter[tuple[int, int]]:
+def probe_sizes(pool: Pool, samples: Sequence[Sample]) -> Counter[tuple[int, int]]:
     """Read every image's (H, W) from its header, in the pool."""
-    emit(ConvertEvent("phase", "reading image sizes", total=len(samples)))
+    pool.emit(ConvertEvent("phase", "reading image sizes", total=len(samples)))
     batch = 64
     tasks = (
         ([(ship(s.image), s.key) for s in samples[lo : lo + batch]],)
         for lo in range(0, len(samples), batch)
     )
     sizes: Counter[tuple[int, int]] = Counter()
-    for results in ordered_map(executor, probe_batch, tasks, max_in_flight=2 * workers):
+    for results in ordered_map(pool.executor, probe_batch, tasks, max_in_flight=2 * pool.workers):
         sizes.update(size for size in results if size is not None)
-        step(len(results))
+        pool.step(len(results))
     return sizes

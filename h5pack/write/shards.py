@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from h5pack._types import StrPath
 from h5pack.core import format as fmt
@@ -25,7 +25,7 @@ from h5pack.core.packset import shard_name, shard_slice
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packing import probe_sizes, worker_pool, write_samples
+from h5pack.write.packing import Pool, probe_sizes, worker_pool, write_samples
 from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
 from h5pack.write.remote import RemoteSet, publish_shard
@@ -186,25 +186,10 @@ def convert_set(
 ) -> PackSetReport:
     """Pack the images of ``source`` into a pack set of ``shards`` shards in ``out_dir``.
 
-    Args:
-        source: A path or a ``SampleSource``, as for ``convert``.
-        out_dir: The pack set's directory (created if missing; its parent must exist), or
-            a prefix in a bucket (``s3://bucket/set/``): each shard is written locally,
-            then uploaded, the manifest last (NOTE [ Publishing in a bucket ]).
-        options: How to convert (default ``ConvertOptions()``).
-        shards: Shards of the split.
-        only: Build only this shard (one process per shard: a Slurm array task, a
-            torchrun rank); the manifest is then written if every shard is there.
-        overwrite: Replace shards (and a manifest) that do not match this conversion.
-        progress: Called with the number of steps just done in the current phase.
-        on_event: Called with each ``ConvertEvent``.
-        storage_options: A bucket's settings the environment does not give.
-        store: Where ``out_dir`` is kept (instead of ``storage_options``).
-        staging_dir: For a bucket: where each shard is written before it is uploaded.
-
-    Returns:
-        What was written or reused, and the manifest's path (or URL) once the set is
-        complete.
+    As ``convert``, into a directory (created if missing) or a bucket prefix
+    (``s3://bucket/set/``: each shard staged and uploaded, the manifest last). ``only``
+    builds one shard (a Slurm array task, a torchrun rank); the manifest is written once
+    every shard is there and matches. ``overwrite`` replaces shards that do not match.
 
     Raises:
         TargetExistsError: a shard (or manifest) exists that does not match, without
@@ -231,17 +216,13 @@ def convert_set(
     workers = options.effective_workers
     reports: list[ShardReport] = []
     metas: dict[int, PackMeta] = {}
-    with worker_pool(workers) as executor:
-        sizes = None
-        if needs_probe(options):
-            sizes = probe_sizes(executor, split.source.samples, workers, emit, step)
+    with worker_pool(workers, emit, step) as pool:
+        sizes = probe_sizes(pool, split.source.samples) if needs_probe(options) else None
         tasks = split.tasks(indices, out, remote, sizes=sizes, overwrite=overwrite)
         reason = plan_reason(tasks[0], len(split))
         emit(ConvertEvent("mode", reason))
         for task in tasks:
-            report, meta = write_shard(
-                task, executor=executor, workers=workers, emit=emit, step=step
-            )
+            report, meta = write_shard(task, pool)
             reports.append(report)
             metas[task.identity.index] = meta
     return set_report(split, out, remote, tuple(reports), reason, started, metas=metas, emit=emit)
@@ -256,9 +237,7 @@ def _indices(shards: int, only: int | None) -> list[int]:
     return [only]
 
 
-def write_shard(
-    task: ShardTask, *, executor: Any, workers: int, emit: Emit, step: Step
-) -> tuple[ShardReport, PackMeta]:
+def write_shard(task: ShardTask, pool: Pool) -> tuple[ShardReport, PackMeta]:
     """Reuse shard ``task`` if it is there and matches, else write it; return it and its meta."""
     started = time.perf_counter()
     identity = task.identity
@@ -269,19 +248,15 @@ def write_shard(
             identity,
             task.options,
             task.classes,
-            lambda local, room: convert_shard_file(
-                task, local, executor=executor, workers=workers, emit=emit, step=step, room=room
-            ),
+            lambda local, room: convert_shard_file(task, local, pool, room=room),
             overwrite=task.overwrite,
-            emit=emit,
+            emit=pool.emit,
         )
         path = task.remote.url
     else:
-        found = reusable_shard(task, emit)
+        found = reusable_shard(task, pool.emit)
         status = "reused" if found is not None else "written"
-        meta = found or convert_shard_file(
-            task, task.target, executor=executor, workers=workers, emit=emit, step=step
-        )
+        meta = found or convert_shard_file(task, task.target, pool)
         path, size = os.fspath(task.target), task.target.stat().st_size
     report = ShardReport(
         index=identity.index,
@@ -299,17 +274,14 @@ def write_shard(
 def convert_shard_file(
     task: ShardTask,
     target: Path,
+    pool: Pool,
     *,
-    executor: Any,
-    workers: int,
-    emit: Emit,
-    step: Step,
     room: Callable[[int], None] | None = None,
 ) -> PackMeta:
     """Convert shard ``task`` into the local file ``target`` (replacing one); return its meta."""
     identity = task.identity
     where = f"shard {identity.index}/{identity.num_shards}"
-    emit(ConvertEvent("phase", f"{where}: converting", total=len(task.samples)))
+    pool.emit(ConvertEvent("phase", f"{where}: converting", total=len(task.samples)))
     skipped = list(task.problems)
     with sigterm_as_exit(), TempFiles(target) as temps:
         check_not_a_source(target, task.files())
@@ -318,13 +290,10 @@ def convert_shard_file(
             task.plan(),
             task.samples,
             sample_table(task.samples, task.classes, task.positions, task.fields, task.columns),
+            pool,
             options=task.options,
-            executor=executor,
-            workers=workers,
             temps=temps,
             skipped=skipped,
-            emit=emit,
-            step=step,
             overwrite=True,  # a shard there was checked first: it did not match
             shard=identity.to_text(),
             room=room,
