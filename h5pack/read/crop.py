@@ -18,11 +18,8 @@ from h5pack.core.pixels import ImageArray, finish_pixels
 from h5pack.errors import OptionsError
 from h5pack.read.boxes import (
     CROPS,
-    DCT_REDUCTIONS,
     DEFAULT_RATIO,
-    DEFAULT_REDUCING_GAP,
     DEFAULT_SCALE,
-    FLIP_PROBABILITY,
     Box,
     Crop,
     CropSpec,
@@ -52,11 +49,8 @@ from h5pack.read.kernels import (
 
 __all__ = [  # the box names are re-exported: callers of the pipeline need only this module
     "CROPS",
-    "DCT_REDUCTIONS",
     "DEFAULT_RATIO",
-    "DEFAULT_REDUCING_GAP",
     "DEFAULT_SCALE",
-    "FLIP_PROBABILITY",
     "Box",
     "Crop",
     "CropSpec",
