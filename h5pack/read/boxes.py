@@ -19,24 +19,13 @@ from h5pack.core.vocabulary import CROPS as CROPS  # re-exported
 from h5pack.core.vocabulary import Crop as Crop
 from h5pack.errors import OptionsError
 
+# torchvision's RandomResizedCrop defaults: area (fractions of the image) and aspect ranges
 DEFAULT_SCALE: Final[tuple[float, float]] = (0.08, 1.0)
-"""torchvision's default ``RandomResizedCrop`` area range, as fractions of the image."""
-
 DEFAULT_RATIO: Final[tuple[float, float]] = (3 / 4, 4 / 3)
-"""torchvision's default ``RandomResizedCrop`` aspect-ratio (width / height) range."""
-
-DEFAULT_REDUCING_GAP: Final[float] = 2.0
-"""Default :attr:`CropSpec.reducing_gap`: JPEGs are decoded at a reduced scale only while
-the box stays at least twice the output's size (``NOTE [ JPEG DCT scaling ]``)."""
-
+RANDOM_ATTEMPTS: Final[int] = 10  # its tries at a random box before the central fallback
+DEFAULT_REDUCING_GAP: Final[float] = 2.0  # CropSpec.reducing_gap (NOTE [ JPEG DCT scaling ])
 FLIP_PROBABILITY: Final[float] = 0.5
-"""Probability of a horizontal flip when :attr:`CropSpec.flip` is set."""
-
-DCT_REDUCTIONS: Final[tuple[int, ...]] = (8, 4, 2)
-"""The reductions (1/8, 1/4, 1/2 scale) at which libjpeg decodes a JPEG (its scaled IDCT)."""
-
-RANDOM_ATTEMPTS: Final[int] = 10
-"""RandomResizedCrop's tries at a random box before its central fallback."""
+DCT_REDUCTIONS: Final[tuple[int, ...]] = (8, 4, 2)  # libjpeg's scaled IDCTs: 1/8, 1/4, 1/2
 
 
 class Box(NamedTuple):

@@ -51,44 +51,34 @@ def _library(name: str) -> Any:
         return None
 
 
-@cache
-def _zlib_uncompress() -> Any:
-    lib = _library("z")
+def _function(library: str, name: str, restype: Any, *argtypes: Any) -> Any:
+    """Return the function ``name`` of the system ``library``, typed for ctypes, or None."""
+    lib = _library(library)
     if lib is None:
         return None
-    function = lib.uncompress
-    function.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_ulong),
-        ctypes.c_void_p,
-        ctypes.c_ulong,
-    ]
-    function.restype = ctypes.c_int
+    function = getattr(lib, name)
+    function.argtypes, function.restype = list(argtypes), restype
     return function
+
+
+@cache
+def _zlib_uncompress() -> Any:
+    pointer, size = ctypes.c_void_p, ctypes.c_ulong
+    return _function("z", "uncompress", ctypes.c_int, pointer, ctypes.POINTER(size), pointer, size)
 
 
 @cache
 def _lz4_decompress_safe() -> Any:
-    lib = _library("lz4")
-    if lib is None:
-        return None
-    function = lib.LZ4_decompress_safe
-    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
+    pointer, size = ctypes.c_void_p, ctypes.c_int
+    return _function("lz4", "LZ4_decompress_safe", size, pointer, pointer, size, size)
 
 
 @cache
 def _zstd_functions() -> tuple[Any, Any] | None:
-    lib = _library("zstd")
-    if lib is None:
-        return None
-    decompress, is_error = lib.ZSTD_decompress, lib.ZSTD_isError
-    decompress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
-    decompress.restype = ctypes.c_size_t
-    is_error.argtypes = [ctypes.c_size_t]
-    is_error.restype = ctypes.c_uint
-    return decompress, is_error
+    pointer, size = ctypes.c_void_p, ctypes.c_size_t
+    decompress = _function("zstd", "ZSTD_decompress", size, pointer, size, pointer, size)
+    is_error = _function("zstd", "ZSTD_isError", ctypes.c_uint, size)
+    return None if decompress is None or is_error is None else (decompress, is_error)
 
 
 def _check(produced: int, out: np.ndarray, codec: str) -> None:

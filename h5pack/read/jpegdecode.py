@@ -24,10 +24,7 @@ _DRAFT_MODES: Final[frozenset[str]] = frozenset({"RGB", "L", "CMYK"})
 def jpeg_header(data: bytes, name: str, limit: int) -> JpegHeader | None:
     """The header of a JPEG the pipeline decodes itself; None for other files."""
     header = read_jpeg_header(data)
-    pillow_limit = Image.MAX_IMAGE_PIXELS
-    if header is not None and header.width * header.height <= min(
-        limit, pillow_limit if pillow_limit else limit
-    ):
+    if header is not None and _within(header, limit):
         return header
     image = open_pillow(data, name, limit)
     try:
@@ -47,15 +44,16 @@ def jpeg_header(data: bytes, name: str, limit: int) -> JpegHeader | None:
 def upright_jpeg_header(data: bytes, channels: int) -> JpegHeader | None:
     """The header of a JPEG that :func:`decode_crop_into` decodes as stored, unconverted."""
     header = read_jpeg_header(data)
-    if (
-        header is None
-        or header.orientation != 1
-        or header.mode != ("L" if channels == 1 else "RGB")
-    ):
+    mode = "L" if channels == 1 else "RGB"
+    if header is None or header.orientation != 1 or header.mode != mode:
         return None
-    pillow_limit = Image.MAX_IMAGE_PIXELS
-    limit = min(MAX_IMAGE_PIXELS, pillow_limit) if pillow_limit else MAX_IMAGE_PIXELS
-    return header if header.width * header.height <= limit else None
+    return header if _within(header, MAX_IMAGE_PIXELS) else None
+
+
+def _within(header: JpegHeader, limit: int) -> bool:
+    """Whether the image is within ``limit`` pixels and Pillow's own limit."""
+    pillow = Image.MAX_IMAGE_PIXELS
+    return header.width * header.height <= (min(limit, pillow) if pillow else limit)
 
 
 _BOX_CHANNELS: Final = {"RGB": 3, "L": 1}  # the modes decode_box takes, as stored
