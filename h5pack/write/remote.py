@@ -232,6 +232,25 @@ def shard_problems(
     return meta, meta_problems(meta, identity, options, classes)
 
 
+def mismatch(
+    name: StrPath,
+    identity: ShardIdentity,
+    problems: Sequence[str],
+    *,
+    overwrite: bool,
+    emit: Emit,
+    elsewhere: str,
+) -> None:
+    """Refuse the shard at ``name`` that does not match, or with ``overwrite`` say it goes."""
+    detail = "; ".join(problems)
+    if not overwrite:
+        raise TargetExistsError(
+            f"{name} exists but is not shard {identity.index}/{identity.num_shards} of this "
+            f"conversion ({detail}); pass --overwrite to rebuild it, or convert {elsewhere}"
+        )
+    emit(ConvertEvent("note", f"replacing {name}: {detail}"))
+
+
 def publish_shard(
     remote: RemoteShard,
     identity: ShardIdentity,
@@ -253,14 +272,8 @@ def publish_shard(
         meta, problems = shard_problems(url, store, identity, options, classes)
         if not problems and meta is not None:
             return "reused", found.size, meta
-        detail = "; ".join(problems)
-        if not overwrite:
-            where = f"shard {identity.index}/{identity.num_shards}"
-            raise TargetExistsError(
-                f"{url} exists but is not {where} of this conversion ({detail}); "
-                "pass --overwrite to rebuild it, or convert under another prefix"
-            )
-        emit(ConvertEvent("note", f"replacing {url}: {detail}"))
+        where = "under another prefix"
+        mismatch(url, identity, problems, overwrite=overwrite, emit=emit, elsewhere=where)
     sizes: list[int] = []
 
     def staged(local: Path, room: Room) -> PackMeta:

@@ -23,12 +23,12 @@ from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
 from h5pack.core.store import Store, is_url, open_store
-from h5pack.errors import OptionsError, TargetExistsError
+from h5pack.errors import OptionsError
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import Pool, probe_sizes, worker_pool, write_samples
 from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
-from h5pack.write.remote import RemoteSet, publish_shard
+from h5pack.write.remote import RemoteSet, mismatch, publish_shard
 from h5pack.write.report import ConvertEvent
 from h5pack.write.sources import SampleSource, sample_source
 from h5pack.write.split import (
@@ -308,12 +308,8 @@ def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
     meta, problems = shard_problems(task.target, task.identity, task.options, task.classes)
     if not problems:
         return meta
-    where = f"shard {task.identity.index}/{task.identity.num_shards}"
-    detail = "; ".join(problems)
-    if not task.overwrite:
-        raise TargetExistsError(
-            f"{task.target} exists but is not {where} of this conversion ({detail}); pass "
-            "--overwrite to rebuild it, or convert into another directory"
-        )
-    emit(ConvertEvent("note", f"replacing {task.target}: {detail}"))
+    where = "into another directory"
+    mismatch(
+        task.target, task.identity, problems, overwrite=task.overwrite, emit=emit, elsewhere=where
+    )
     return None
