@@ -204,27 +204,18 @@ class H5MixDataset(H5ImageDataset):
         self._plan_sources()
         # NOTE [ One pool for a mix's sources ]: every source's missing chunks at once, on
         # the shared threads, while this thread does the batch's own work below
-        loading = (
-            start_loads(
-                self.pool,
-                [
-                    (reader, local)
-                    for s, _, local in runs
-                    if self.parts[s].cache is None
-                    and isinstance(reader := self.parts[s].reader, PackReader)
-                ],
-            )
-            if self.pool is not None
-            else None
-        )
+        loading = None
+        if self.pool is not None:
+            readers = [
+                (self.parts[s].reader, local) for s, _, local in runs if self.parts[s].cache is None
+            ]
+            loads = [(reader, local) for reader, local in readers if isinstance(reader, PackReader)]
+            loading = start_loads(self.pool, loads)
         labels, label_tensor = batch_labels(self.meta.labels[idx], self.target_transform)
         sources = torch.from_numpy(src.astype(np.int64)) if self.return_source else None
         shape = self._batch_shape()
-        buffer = (
-            batch_buffer(getattr(self, "ring", None), (idx.size, *shape))
-            if shape is not None
-            else None
-        )
+        ring = getattr(self, "ring", None)
+        buffer = None if shape is None else batch_buffer(ring, (idx.size, *shape))
         if loading is not None:
             # every source's chunks before any source is read: a source's copies, run while
             # the next source's chunks decompress, took a core from them (2 cores: slower)
