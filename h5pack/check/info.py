@@ -78,20 +78,7 @@ def pack_info(
     timeout_s: float | None = None,
     store: Store | None = None,
 ) -> PackInfo:
-    """Return a summary of the pack at ``path``.
-
-    Args:
-        path: The pack.
-        timeout_s: Read the metadata in a child process first, under this time limit
-            (``probe_pack``): a pack whose damaged metadata would make HDF5 loop is then
-            reported as damaged instead of hanging this process. ``None`` reads it here.
-            A URL's pack is read from its compact index (checked by CRC32) in this process.
-        store: Where the pack is kept (default: ``open_store(path)``).
-
-    Raises:
-        FileNotFoundError: the path does not exist.
-        FormatError: the file is not a valid pack, or is damaged.
-    """
+    """Return a summary of the pack at ``path`` (``check.entry.pack_info``)."""
     text = os.fspath(path)
     store = store or open_store(text)
     remote = store.remote

@@ -45,32 +45,10 @@ def verify_packset(
     timeout_s: float | None = None,
     store: Store | None = None,
 ) -> VerifyReport:
-    """Check every shard of a pack set and the set as a whole; optionally its source folder.
+    """Check every shard of a pack set and the set as a whole (``check.entry.verify_packset``).
 
     Nothing raises for a missing, truncated, changed or damaged shard: each is a problem
     naming the shard file (a sample's index is its index within that shard).
-
-    Args:
-        packs: The pack set's directory or manifest, or a list of packs.
-        source: The image folder the set was made from (or its ``SampleSource``): every
-            image there must be in exactly one shard (or recorded as skipped by one), with
-            the same class, content and fields, and nothing else.
-        labels_csv: Labels CSV of the source (default: the one recorded in the first shard,
-            if it still exists).
-        sample: Compare the content of this many samples, drawn at random over the whole
-            set with ``seed``, instead of all.
-        seed: Seed of that choice.
-        tolerance: As for ``verify_pack``.
-        progress: Called with the number of samples just checked.
-        timeout_s: Read each shard's metadata in a child process first, under this time
-            limit per shard (see ``probe_packs``); ``None`` reads it in this process.
-        store: Where the set is kept (default: ``open_store(packs)``); each shard of a
-            remote set is verified as ``verify_pack`` verifies a URL.
-
-    Raises:
-        PackNotFoundError: the set has no manifest.
-        FormatError: the manifest is not a valid one.
-        OptionsError: the list of packs is empty.
     """
     store = store or open_store(packs)
     remote = store.remote
@@ -160,12 +138,8 @@ def verify_packset(
     )
     if source is None or not shards:
         return report
-    options = shards[0].meta.options
-    csv = labels_csv if labels_csv is not None else options.get("labels_csv")
-    if csv is not None and labels_csv is None and not Path(csv).exists():
-        csv = None
     return compare_source(
-        report, shards, source, labels_csv=csv, sample=sample, seed=seed, tolerance=tolerance
+        report, shards, source, labels_csv=labels_csv, sample=sample, seed=seed, tolerance=tolerance
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,8 +63,12 @@ def compare_source(
     """Return ``report`` with the differences between the packs and their source.
 
     Every source sample must be in exactly one shard (the first holder is compared here);
-    ``sample`` content comparisons are drawn over all shards together.
+    ``sample`` content comparisons are drawn over all shards together. ``labels_csv`` None:
+    the one the first shard records, if it still exists.
     """
+    recorded = shards[0].meta.options.get("labels_csv")
+    if labels_csv is None and recorded is not None and Path(recorded).exists():
+        labels_csv = recorded
     found = sample_source(source, labels_csv=labels_csv)
     in_folder = {s.key: s for s in found.samples}
     unreadable = {p.path: p.reason for p in found.problems if p.path not in in_folder}
