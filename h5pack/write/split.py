@@ -168,9 +168,7 @@ def list_source(
     """List ``source``; return the entries it left out (announced through ``emit``).
 
     Raises:
-        SourceError: the source is missing or holds no image.
         DecodeError: with ``strict``, the first entry the listing left out.
-        OptionsError: the options do not fit the source's samples.
     """
     num = len(source.samples)
     source.check(options)
@@ -179,8 +177,7 @@ def list_source(
     for note in source.notes:
         emit(ConvertEvent("skipped", note))
     skipped: list[SkippedFile] = []
-    # One warning per kind of problem (a hundred stray files make one line), every entry
-    # recorded.
+    # One warning per kind of problem (a hundred stray files make one line).
     for reason, paths in group_problems(source.problems):
         if options.strict:
             rejecter(options, skipped, emit)(paths[0], reason)
@@ -201,11 +198,7 @@ def sample_table(
     fields: tuple[Field, ...] = (),
     columns: Mapping[str, Any] | None = None,
 ) -> SampleTable:
-    """Return the table of ``samples`` in write order.
-
-    ``order`` are their source positions; ``fields`` the stored fields besides image, label
-    and key, with their ``columns`` in write order (``SampleSource.columns``).
-    """
+    """Return the table of ``samples`` in write order (``order``: their source positions)."""
     return SampleTable(
         labels=np.asarray([s.label for s in samples], dtype=np.int64),
         classes=tuple(classes),
