@@ -54,11 +54,7 @@ def create_file(path: Path) -> h5py.File:
 
 @dataclass(frozen=True, kw_only=True)
 class SampleTable:
-    """What a conversion knows of each sample before decoding it, in write order.
-
-    ``source_index`` is each sample's source position; ``columns`` the values of the
-    ``fields`` besides image, label and key, by name.
-    """
+    """What a conversion knows of each sample before decoding it, in write order."""
 
     labels: np.ndarray
     classes: tuple[str, ...]

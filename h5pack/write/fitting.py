@@ -85,11 +85,7 @@ def fitted_columns(
     paths: Sequence[str],
     method: ResizeMethod,
 ) -> dict[str, Any]:
-    """Return ``columns`` with the spatial ones in their images' stored sizes and frames.
-
-    Raises:
-        OptionsError: a mask whose size is not its image's (for a ``LazyColumn``, later).
-    """
+    """Return ``columns`` with the spatial ones in their images' stored sizes and frames."""
     stored = [(int(s[0]), int(s[1])) for s in shapes.tolist()]
     source = [(int(s[0]), int(s[1])) for s in sources.tolist()]
     keeps: dict[str, list[Any]] = {}

@@ -81,10 +81,6 @@ def read_manifest(
 
     ``objects``: a bucket's files' modes by path, with its ``store`` (NOTE [ Sources in a
     bucket ]). ``unlisted`` in the result are the images that no record names.
-
-    Raises:
-        SourceError: ``root`` or the manifest cannot be read, a column cannot be a field,
-            or no record is left.
     """
     path = manifest if is_url(manifest) else Path(manifest)
     if objects is None:

@@ -67,11 +67,7 @@ class Pool:
 def worker_pool(
     workers: int, emit: Callable[[ConvertEvent], None], step: Callable[[int], None]
 ) -> Iterator[Pool]:
-    """Lend the pool that decodes and compresses (``workers`` processes; inline for 1).
-
-    Raises:
-        H5PackError: a worker process died.
-    """
+    """Lend the pool that decodes and compresses (inline for 1 worker); one error if one dies."""
     executor = make_executor(workers)
     try:
         yield Pool(executor, workers, emit, step)

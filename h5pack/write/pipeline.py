@@ -201,16 +201,10 @@ def _core_dataset(spec: ImagesSpec, rows: int) -> h5py.Dataset:
         handle = h5py.File(f"h5pack-core-{id(_CORE)}", "w", driver="core", backing_store=False)
         _CORE.clear()
         _CORE["file"] = handle
-    key = repr(spec)
-    dataset = _CORE.get(key)
-    if dataset is None or dataset.shape[0] != rows:
-        name = f"d{len(_CORE)}"
-        if dataset is not None:
-            name = dataset.name
-            del handle[name]
-        dataset = spec.create(handle, name, rows)
-        _CORE[key] = dataset
-    return dataset
+    key = f"{spec!r} {rows}"
+    if key not in _CORE:
+        _CORE[key] = spec.create(handle, f"d{len(_CORE)}", rows)
+    return _CORE[key]
 
 
 def compress_block(
@@ -305,10 +299,9 @@ def pool_start_method() -> str:
 
 
 def make_executor(workers: int) -> Executor:
-    """Return a pool of ``workers`` processes, or an in-process executor for 1.
+    """Return a pool of ``workers`` processes (inline for 1), all started now.
 
-    NOTE [ h5py handles and fork ]: a forked child must not inherit an open h5py file, so
-    every worker is started here, before the caller opens the pack.
+    NOTE [ h5py handles and fork ]: a forked child must not inherit an open h5py file.
     """
     if workers <= 1:
         return InlineExecutor()

@@ -28,12 +28,7 @@ logger = logging.getLogger("h5pack")
 
 
 def check_target(target: StrPath, *, overwrite: bool) -> Path:
-    """Return the target path, refusing an existing one unless ``overwrite``.
-
-    Raises:
-        TargetExistsError: the target exists and ``overwrite`` is False.
-        OptionsError: the target is a directory, or its directory does not exist.
-    """
+    """Return the target path; refuse a directory, no parent, or a file (unless ``overwrite``)."""
     path = Path(target)
     # "out/" names a directory whether or not it exists yet (Path drops the slash)
     if path.is_dir() or os.fspath(target).endswith(("/", os.sep)):
@@ -50,11 +45,7 @@ def check_target(target: StrPath, *, overwrite: bool) -> Path:
 
 
 def check_not_a_source(target: Path, sources: Iterable[Path]) -> None:
-    """Refuse a target that is one of the files to be packed (by path, link or hard link).
-
-    Raises:
-        OptionsError: the target is one of ``sources``.
-    """
+    """Refuse (``OptionsError``) a target that is one of the files to be packed, however named."""
     try:
         own = os.stat(target)
     except OSError:
@@ -165,11 +156,7 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
 
 
 def reserve_room(path: Path, nbytes: int, *, what: str) -> int:
-    """Reserve ``nbytes`` past the end of ``path``; return them (0: only checked).
-
-    Raises:
-        H5PackError: the room is not there.
-    """
+    """Reserve ``nbytes`` past the end of ``path`` or refuse; return them (0: only checked)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
@@ -235,12 +222,7 @@ def _no_room(directory: Path, nbytes: int, what: str) -> H5PackError:
 
 
 def publish(temp: Path, target: Path, *, overwrite: bool) -> None:
-    """Append the compact index and move the pack into place (never clobbering without overwrite).
-
-    Raises:
-        TargetExistsError: without ``overwrite``, the target appeared meanwhile.
-        H5PackError: the file cannot be moved.
-    """
+    """Append the compact index; move the pack into place (without overwrite, never clobbering)."""
     try:
         append_index(temp)  # NOTE [ Compact index ]: remote readers open it in 1-2 GETs
         if overwrite:

@@ -144,11 +144,7 @@ class RemoteSet:
         return RemoteShard(url, self.store, self.staging_dir)
 
     def prepare(self, num_shards: int, options: ConvertOptions, *, overwrite: bool) -> Path:
-        """Refuse (or with ``overwrite`` delete) another split's manifest; return the shards' root.
-
-        Raises:
-            TargetExistsError: the prefix holds another split's manifest.
-        """
+        """Refuse (``overwrite``: delete) another split's manifest; return the shards' root."""
         root = Path(split_url(self.prefix_url)[2] or ".")
         data = self.store.get(self.manifest_url)
         if data is None:

@@ -18,11 +18,7 @@ EventKind = Literal["scanned", "phase", "mode", "skipped", "note"]
 
 @dataclass(frozen=True)
 class ConvertEvent:
-    """Something a user should hear about during a conversion (the CLI renders it).
-
-    A ``"phase"`` of ``total`` steps starts (``progress`` then counts them); ``"skipped"``
-    names its file in ``path``.
-    """
+    """Something a user should hear about during a conversion (a ``"phase"`` of ``total`` steps)."""
 
     kind: EventKind
     message: str

@@ -66,11 +66,7 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class ScanResult:
-    """The images under a root, sorted, with their classes.
-
-    ``problems`` are entries that are no sample (sorted by path); with a manifest,
-    ``unlisted`` are the images it does not list, and ``fields``/``columns`` its columns.
-    """
+    """The images under a root, sorted, with their classes, problems and (manifest) fields."""
 
     root: Path
     files: tuple[SourceFile, ...]
@@ -166,12 +162,7 @@ def _kind(mode: int) -> str:
 
 
 def scan(root: StrPath, *, layout: FolderLayout = "auto") -> ScanResult:
-    """Find the images under ``root`` and label them (the module docstring's rules).
-
-    Raises:
-        SourceError: ``root`` is missing, is a file, holds no images, or is ambiguous.
-        ValueError: ``layout`` is not one of ``FOLDER_LAYOUTS``.
-    """
+    """Find the images under ``root`` and label them (the module docstring's rules)."""
     if layout not in FOLDER_LAYOUTS:
         raise ValueError(f"layout should be one of {FOLDER_LAYOUTS}, but got layout={layout!r}")
     root = Path(root)
@@ -188,9 +179,6 @@ def label_by_folder(
     """Label ``(relative, where)`` images by their top-level folder; return them sorted, classes.
 
     Loose images of an ImageFolder tree are added to ``problems``, which is sorted.
-
-    Raises:
-        SourceError: no images, no class folders, or as many loose images as nested ones.
     """
     if not found:
         raise SourceError(_no_images_message(root, problems))
