@@ -7,6 +7,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
+from types import SimpleNamespace
 from typing import Any, overload
 
 import numpy as np
@@ -173,13 +174,6 @@ class SampleBatch(Sequence[tuple[Any, ...]]):
         return plain
 
 
-class _Epoch:
-    """The epoch's value once the dataset leaves its process tree."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-
 class SharedEpoch:
     """An epoch number that running DataLoader workers see change (shared memory).
 
@@ -200,7 +194,7 @@ class SharedEpoch:
 
     def __getstate__(self) -> dict[str, Any]:
         if get_spawning_popen() is None:
-            return {"_value": _Epoch(self.value)}
+            return {"_value": SimpleNamespace(value=self.value)}  # outside its process tree
         return {"_value": self._value}
 
 

@@ -66,11 +66,9 @@ class FixedSizeReader:
         """Fill ``out`` (len(indices), H, W, C) with samples ``indices`` of ``epoch``."""
         reader, meta = self.reader, self.reader.meta
         if meta.mode == "raw":  # one pass over the batch (NOTE [ The per-batch loop ])
-            views = (
-                timed_read(reader, lambda: reader.stored_views(indices))[0]
-                if isinstance(reader, PackReader)
-                else None
-            )
+            views = None
+            if isinstance(reader, PackReader):
+                views = timed_read(reader, lambda: reader.stored_views(indices))[0]
             shapes = meta.shapes[indices]
             plans = plan_crops(
                 self.spec, shapes[:, 0], shapes[:, 1], seed=seed, epoch=epoch, indices=indices
@@ -170,14 +168,8 @@ class FixedSizeReader:
         batched = [j for j, _ in plain]
         if not batched:
             return list(range(count))
-        plans = plan_crops(
-            spec,
-            [header.height for _, header in plain],
-            [header.width for _, header in plain],
-            seed=seed,
-            epoch=epoch,
-            indices=indices[batched],
-        )
+        heights, widths = [h.height for _, h in plain], [h.width for _, h in plain]
+        plans = plan_crops(spec, heights, widths, seed=seed, epoch=epoch, indices=indices[batched])
         (out_h, out_w), gap = spec.size, spec.reducing_gap
         keep = [k for k, (box, _) in enumerate(plans) if dct_reduction(box, out_h, out_w, gap) == 1]
         batched, plans = [batched[k] for k in keep], [plans[k] for k in keep]
@@ -210,8 +202,7 @@ class FixedSizeReader:
         hits = [entry for j in batched if (entry := entries[j]) is not None]  # all of them
         plans: list[tuple[Box, bool]] = []
         if batched:
-            heights = [image.shape[0] for image, _ in hits]
-            widths = [image.shape[1] for image, _ in hits]
+            heights, widths = [i.shape[0] for i, _ in hits], [i.shape[1] for i, _ in hits]
             plans = plan_crops(
                 self.spec, heights, widths, seed=seed, epoch=epoch, indices=indices[batched]
             )
