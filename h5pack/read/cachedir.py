@@ -87,13 +87,7 @@ class CacheDirectory:
             return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
-        if self._db is not None:  # a parent's: closing it could checkpoint or unlock its db
-            _INHERITED.append(self._db)
-        if self._owner_fd >= 0:  # the parent's lock stays the parent's alone
-            with contextlib.suppress(OSError):
-                os.close(self._owner_fd)
-            self._owner_fd = -1
-        self._db = None
+        self._drop()  # a parent's connection and lock, inherited across fork, stay its own
         self.stats = DiskCacheStats()
         private_directory(self.directory, what="the disk cache", hint=_HINT)
         self._inode = os.stat(self.directory).st_ino
@@ -140,7 +134,7 @@ class CacheDirectory:
         if self._db is not None and self._pid == os.getpid():
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
-        elif self._db is not None:  # inherited across fork: never closed
+        elif self._db is not None:  # inherited: closing could checkpoint or unlock the parent's
             _INHERITED.append(self._db)
         if self._owner_fd >= 0:  # a parent's copy too: its lock stays the parent's
             with contextlib.suppress(OSError):

@@ -114,13 +114,8 @@ class DiskCache(CacheDirectory):
         self.options = options
         self._futures: dict[str, tuple[Future, float]] = {}
 
-    def __getstate__(self) -> dict[str, object]:
-        return {"options": self.options}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        options = state["options"]
-        assert isinstance(options, DiskCacheOptions)
-        type(self).__init__(self, options)  # a fresh process state, lazily opened
+    def __reduce__(self) -> tuple[type[DiskCache], tuple[DiskCacheOptions]]:
+        return type(self), (self.options,)  # a fresh process state, lazily opened
 
     def set_future(self, pack: str, future: Future, *, now: float) -> None:
         """Record when this process will use the chunks of ``pack`` (``Future``, epochs)."""
