@@ -158,8 +158,7 @@ class _Source:
 def photos_folder(photos: StrPath | Literal[False] | None = None) -> Path | None:
     """Return the folder :func:`make_image_folder` crops from (resolved), or None: synthetic.
 
-    Raises:
-        SourceError: ``photos`` is a folder that does not exist or holds no photograph.
+    SourceError when ``photos`` does not exist or holds no photograph.
     """
     if photos is None or photos is False:
         return None

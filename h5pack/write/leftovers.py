@@ -103,9 +103,8 @@ def lock_path(target: Path) -> Path:
 class OwnerLock:
     """The lock that marks a conversion's temporary files as its own (NOTE above).
 
-    Raises:
-        H5PackError: the lock file cannot be created, or another live conversion with the
-            same pid writes the same target.
+    H5PackError when the lock file cannot be created, or another live conversion with the
+    same pid writes the same target.
     """
 
     def __init__(self, path: Path) -> None:

@@ -182,10 +182,7 @@ def merge_with_urls(
     Remote sources (packs, or a set's prefix or manifest) are downloaded whole into a
     staging directory and merged there; a remote target is published once complete
     (NOTE [ Publishing in a bucket ]). Returns what ``merge`` returned, and each source's
-    shard URLs or path.
-
-    Raises:
-        OptionsError: ``virtual`` (a virtual pack reads its sources by local path).
+    shard URLs or path (OptionsError with ``virtual``: it reads its sources by local path).
     """
     if virtual:
         raise OptionsError(

@@ -234,11 +234,8 @@ class SampleSource(ABC):
     ) -> np.ndarray:
         """Return the positions (in ``samples``) of shard ``index``'s samples, in write order.
 
-        The write order (``write_order``) is cut into ``num_shards`` consecutive slices:
-        every process computes the same split. A plain conversion is shard 0 of 1.
-
-        Raises:
-            OptionsError: ``index`` is not in ``0 .. num_shards - 1``.
+        The write order (``write_order``) is cut into ``num_shards`` consecutive slices, the
+        same in every process (OptionsError: ``index`` out of range).
         """
         lo, hi = shard_slice(len(self.samples), index, num_shards)
         return self.write_order(seed, shuffle)[lo:hi]

@@ -36,11 +36,7 @@ def features_of(schema: Any) -> dict[str, Any]:
 
 
 def image_column(schema: Any, features: dict[str, Any], path: str) -> str:
-    """Return the name of the image column (see the module docstring).
-
-    Raises:
-        SourceError: No column, or several, can be told to be the image.
-    """
+    """Return the name of the image column (SourceError: none, or several, can be told)."""
     typed = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "Image"]
     structs = [
         c.name
