@@ -255,16 +255,16 @@ def _permutation(num: int, seed: int, shuffle: bool) -> np.ndarray:
     return order
 
 
-def interleave(ends: np.ndarray, seed: int) -> np.ndarray:
-    """Return a seeded random interleaving of the runs ``ends[k]:ends[k + 1]``.
+def interleave(rows: Sequence[int] | np.ndarray, runs: int, seed: int) -> np.ndarray:
+    """Return a seeded random interleaving of ``runs`` runs of consecutive groups of ``rows``.
 
     Each run keeps its order (one reader reads it front to back); each write position draws
     a run at random, every run as often as it has samples.
     """
+    runs = min(runs, len(rows))
+    ends = np.concatenate([[0], np.cumsum(rows)])[np.arange(runs + 1) * len(rows) // runs]
     num = int(ends[-1])
-    turns = np.random.default_rng(seed).permutation(
-        np.repeat(np.arange(len(ends) - 1), np.diff(ends))
-    )
+    turns = np.random.default_rng(seed).permutation(np.repeat(np.arange(runs), np.diff(ends)))
     order = np.empty(num, dtype=np.int64)
     order[np.argsort(turns, kind="stable")] = np.arange(num, dtype=np.int64)
     order.flags.writeable = False

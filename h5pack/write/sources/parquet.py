@@ -93,9 +93,8 @@ class ParquetSource(PathSource):
             rows = [count for count, _ in self._groups]
             order = np.arange(sum(rows), dtype=np.int64)
             if shuffle and len(order):
-                runs = min(runs_for(max(n for _, n in self._groups)), len(rows))
-                cuts = np.arange(runs + 1) * len(rows) // runs
-                order = interleave(np.concatenate([[0], np.cumsum(rows)])[cuts], seed)
+                runs = runs_for(max(n for _, n in self._groups))
+                order = interleave(rows, runs, seed)
             orders[(seed, shuffle)] = order
         return orders[(seed, shuffle)]
 

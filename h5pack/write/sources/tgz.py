@@ -296,5 +296,4 @@ def interleaved(num: int, seed: int, shuffle: bool) -> np.ndarray:
     """Return a seeded random interleaving of ``RUNS`` consecutive runs of ``0..num-1``."""
     if not shuffle:
         return np.arange(num, dtype=np.int64)
-    runs = min(RUNS, num)
-    return interleave(np.arange(runs + 1, dtype=np.int64) * num // runs, seed)
+    return interleave(np.ones(num, dtype=np.int64), RUNS, seed)
