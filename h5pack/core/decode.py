@@ -128,9 +128,24 @@ def _decode_pillow(image: Image.Image, name: str, *, pixels: bool = True) -> np.
 # path. Same pixels, same errors, less CPU (docs/decisions/0025).
 
 
-def _plain_rgb(image: Image.Image) -> bool:
-    """Whether ``pillow_pixels`` of ``image`` would be ``np.asarray(image)`` itself."""
-    return image.mode == "RGB" and "transparency" not in image.info
+@contextlib.contextmanager
+def _loaded_plain(
+    data: bytes, name: str, limit: int, backend: Backend, modes: tuple[str, ...]
+) -> Iterator[Image.Image | None]:
+    """The loaded image if its pixels are Pillow's own in ``modes`` (NOTE [ Decoding ... ])."""
+
+    def plain(image: Image.Image) -> bool:
+        return image.mode in modes and "transparency" not in image.info
+
+    image = open_pillow(data, name, limit)
+    try:
+        if backend == "pillow" and plain(image) and exif_orientation(image) == 1:
+            _decode_pillow(image, name, pixels=False)
+            yield image if plain(image) else None  # a format may change its mode loading
+        else:
+            yield None
+    finally:
+        image.close()
 
 
 def _decode_opencv(data: bytes, image: Image.Image) -> np.ndarray | None:
@@ -212,21 +227,16 @@ def decode_resized(
     check_choice("method", method, RESIZE_METHODS)
     limit = _checked_decode_args(backend, channels, max_pixels)
     target_h, target_w = check_size(size)
-    image = open_pillow(data, name, limit)
-    try:
-        plain = backend == "pillow" and channels == 3 and _plain_rgb(image)
-        if plain and exif_orientation(image) == 1:
-            _decode_pillow(image, name, pixels=False)
-            if _plain_rgb(image):  # a format may change its mode while loading
-                width, height = image.size
-                new_h, new_w = fitted_size(height, width, target_h, target_w, method)
-                if (new_h, new_w) == (height, width):
-                    resized = np.array(image, dtype=np.uint8)
-                else:
-                    resized = pillow_resized(image, new_h, new_w)
-                return placed(resized, target_h, target_w, method), (height, width)
-    finally:
-        image.close()
+    modes = ("RGB",) if channels == 3 else ()
+    with _loaded_plain(data, name, limit, backend, modes) as image:
+        if image is not None:
+            width, height = image.size
+            new_h, new_w = fitted_size(height, width, target_h, target_w, method)
+            if (new_h, new_w) == (height, width):
+                resized = np.array(image, dtype=np.uint8)
+            else:
+                resized = pillow_resized(image, new_h, new_w)
+            return placed(resized, target_h, target_w, method), (height, width)
     decoded = decode_image(data, name=name, backend=backend, channels=channels, max_pixels=limit)
     source = (int(decoded.shape[0]), int(decoded.shape[1]))
     return resize_image(decoded, size, method=method, backend=backend), source
@@ -242,16 +252,9 @@ def decoded_size(
 ) -> tuple[int, int]:
     """Return the ``(H, W)`` of ``decode_image(data, ...)``, decoding every pixel."""
     limit = _checked_decode_args(backend, channels, max_pixels)
-    image = open_pillow(data, name, limit)
-    try:
-        plain = image.mode in ("RGB", "L") and "transparency" not in image.info
-        if backend == "pillow" and plain and exif_orientation(image) == 1:
-            _decode_pillow(image, name, pixels=False)
-            if image.mode in ("RGB", "L") and "transparency" not in image.info:
-                width, height = image.size
-                return height, width
-    finally:
-        image.close()
+    with _loaded_plain(data, name, limit, backend, ("RGB", "L")) as image:
+        if image is not None:
+            return image.size[1], image.size[0]
     decoded = decode_image(data, name=name, backend=backend, channels=channels, max_pixels=limit)
     return int(decoded.shape[0]), int(decoded.shape[1])
 

@@ -35,6 +35,7 @@ class Field:
     kind: ClassVar[str] = ""
     spatial: ClassVar[bool] = False  # transformed with the image's crop and flip
     listed: ClassVar[tuple[str, ...]] = ()  # the attributes its listing entry holds
+    roots: ClassVar[tuple[str, ...]] = ()  # the root datasets of image, label and key
 
     def to_dict(self) -> dict[str, Any]:
         """Return the field's entry of the pack's listing (JSON-ready)."""
@@ -46,7 +47,7 @@ class Field:
 
     def datasets(self) -> tuple[str, ...]:
         """Return the names of the datasets that hold this field."""
-        return (fmt.field_dataset(self.name),)
+        return self.roots or (fmt.field_dataset(self.name),)
 
     def collate(self, values: Sequence[Any]) -> Any:
         """Return a batch of values as the loader delivers it (a list unless overridden)."""
@@ -59,9 +60,7 @@ class ImageField(Field):
 
     kind: ClassVar[str] = "image"
     spatial: ClassVar[bool] = True
-
-    def datasets(self) -> tuple[str, ...]:  # noqa: D102
-        return (fmt.IMAGES, fmt.OFFSETS, fmt.SIZES, fmt.SHAPES, fmt.CHECKSUMS, fmt.SAMPLE_XXH3)
+    roots = (fmt.IMAGES, fmt.OFFSETS, fmt.SIZES, fmt.SHAPES, fmt.CHECKSUMS, fmt.SAMPLE_XXH3)
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,7 @@ class LabelField(Field):
     """The class label: int64 in ``/labels`` (-1 unlabelled), its names in ``/classes``."""
 
     kind: ClassVar[str] = "label"
-
-    def datasets(self) -> tuple[str, ...]:  # noqa: D102
-        return (fmt.LABELS, fmt.CLASSES)
+    roots = (fmt.LABELS, fmt.CLASSES)
 
     def collate(self, values: Sequence[Any]) -> Any:  # noqa: D102
         import torch
@@ -84,9 +81,7 @@ class KeyField(Field):
     """The sample's name in its source (its relative path) in ``/paths``."""
 
     kind: ClassVar[str] = "key"
-
-    def datasets(self) -> tuple[str, ...]:  # noqa: D102
-        return (fmt.PATHS,)
+    roots = (fmt.PATHS,)
 
 
 class LazyColumn:

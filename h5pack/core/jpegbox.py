@@ -41,18 +41,15 @@ def _candidates() -> list[str]:
     chosen = os.environ.get("H5PACK_LIBJPEG")
     if chosen:
         return [] if chosen.lower() == "none" else [chosen]
+    import PIL
+
+    root = Path(PIL.__file__).resolve().parent  # auditwheel's and delocate's places
     found: list[str] = []
-    try:
-        import PIL
-    except ImportError:  # pragma: no cover - Pillow is a dependency
-        pass
-    else:
-        root = Path(PIL.__file__).resolve().parent  # auditwheel's and delocate's places
-        for where in (
-            root.parent / "pillow.libs" / "libjpeg*.so*",
-            root / ".dylibs" / "libjpeg*.dylib",
-        ):
-            found += sorted(glob.glob(str(where)))
+    for where in (
+        root.parent / "pillow.libs" / "libjpeg*.so*",
+        root / ".dylibs" / "libjpeg*.dylib",
+    ):
+        found += sorted(glob.glob(str(where)))
     system = ctypes.util.find_library("jpeg")
     found += [name for name in (system, "libjpeg.so.62") if name and name not in found]
     return found
