@@ -18,10 +18,11 @@ import numpy as np
 
 from h5pack._types import StrPath
 from h5pack.bench.measure import PatternResult, measure_pack
-from h5pack.bench.options import CompareEvent, CompareOptions
+from h5pack.bench.options import CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import Recommendation, VariantResult, pixel_groups, rank_key, recommend
 from h5pack.bench.reading import (
     SizeSurvey,
+    TrainingRead,
     auto_note,
     batch_problem,
     resolve_training_read,
@@ -36,7 +37,7 @@ from h5pack.bench.system import (
     source_bytes,
     unique_names,
 )
-from h5pack.bench.variants import SkippedVariant, choose_variants
+from h5pack.bench.variants import SkippedVariant, VariantSpec, choose_variants
 from h5pack.core.machine import available_memory_bytes
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, SourceError
@@ -160,52 +161,23 @@ def compare(
         emit(CompareEvent("phase", f"building {len(specs)} variants", len(specs) * (1 + per_pack)))
         where = Path(work_dir or tempfile.mkdtemp(prefix="h5pack-compare-"))
         where.mkdir(parents=True, exist_ok=True)
-        from h5pack.write.convert import convert
-
         try:
             for spec in specs:
-                target = where / f"{spec.name.replace(':', '_')}.h5"
-                emit(CompareEvent("status", f"converting {spec.name}"))
-                try:
-                    made = convert(
-                        paths[0],
-                        target,
-                        spec.options(
-                            size=options.size, workers=options.convert_workers, seed=options.seed
-                        ),
-                        overwrite=True,
-                    )
-                except OptionsError as err:
-                    emit(CompareEvent("skipped", f"skipped {spec.name}: {err}"))
-                    for _ in range(1 + per_pack):
+                built = _build_one(paths[0], spec, where, options, measure, train, emit, keep)
+                if isinstance(built, SkippedVariant):
+                    for _ in range(per_pack):
                         emit(CompareEvent("step", f"{spec.name}: skipped"))
-                    skipped.append(SkippedVariant(spec.name, str(err)))
-                    continue
-                emit(CompareEvent("step", f"{spec.name}: converted"))
-                try:
-                    patterns = measure_pack(target, measure, on_step=_stepper(emit, spec.name))
-                    command = spec.command(os.fspath(paths[0]), target.name, size=options.size)
-                    problem = batch_problem(survey_pack(target), train)
-                    results.append(
-                        _describe_pack(
-                            os.fspath(target),
-                            spec.name,
-                            patterns,
-                            problem,
-                            convert_s=made.elapsed_s,
-                            command=command,
-                            keep=keep,
-                        )
-                    )
-                finally:
-                    if not keep:
-                        target.unlink(missing_ok=True)
+                    skipped.append(built)
+                else:
+                    results.append(built)
         finally:
             if not keep and work_dir is None:
                 shutil.rmtree(where, ignore_errors=True)
         kept_dir = os.fspath(where) if keep else None
     else:
-        stores = {os.fspath(p): store if store and is_url(p) else open_store(p) for p in paths}
+        stores = {
+            os.fspath(p): store if store is not None and is_url(p) else open_store(p) for p in paths
+        }
         surveys = [survey_pack(path, stores[os.fspath(path)]) for path in paths]
         counts: dict[tuple[int, int], int] = {}
         for one in surveys:
@@ -250,3 +222,42 @@ def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str],
         emit(CompareEvent("step", f"{name}: {pattern}"))
 
     return step
+
+
+def _build_one(
+    source: Path,
+    spec: VariantSpec,
+    where: Path,
+    options: CompareOptions,
+    measure: MeasureOptions,
+    train: TrainingRead,
+    emit: Callable[[CompareEvent], None],
+    keep: bool,
+) -> VariantResult | SkippedVariant:
+    """Convert ``source`` to ``spec`` in ``where`` and measure it (removed after, unless kept)."""
+    from h5pack.write.convert import convert
+
+    target = where / f"{spec.name.replace(':', '_')}.h5"
+    emit(CompareEvent("status", f"converting {spec.name}"))
+    settings = spec.options(size=options.size, workers=options.convert_workers, seed=options.seed)
+    try:
+        made = convert(source, target, settings, overwrite=True)
+    except OptionsError as err:
+        emit(CompareEvent("skipped", f"skipped {spec.name}: {err}"))
+        emit(CompareEvent("step", f"{spec.name}: skipped"))
+        return SkippedVariant(spec.name, str(err))
+    emit(CompareEvent("step", f"{spec.name}: converted"))
+    try:
+        patterns = measure_pack(target, measure, on_step=_stepper(emit, spec.name))
+        return _describe_pack(
+            os.fspath(target),
+            spec.name,
+            patterns,
+            batch_problem(survey_pack(target), train),
+            convert_s=made.elapsed_s,
+            command=spec.command(os.fspath(source), target.name, size=options.size),
+            keep=keep,
+        )
+    finally:
+        if not keep:
+            target.unlink(missing_ok=True)
