@@ -13,7 +13,6 @@ from h5pack.core.store import Store, open_store
 from h5pack.errors import OptionsError
 from h5pack.read.diskcache import DiskCacheOptions
 from h5pack.read.eviction import EvictionPolicy
-from h5pack.read.readahead import ReadAheadOptions
 
 RENAMED = {
     "cache_dir": "disk_cache_dir",
@@ -114,3 +113,35 @@ class ReaderOptions:
             budget_bytes=self.disk_cache_bytes,
             eviction=self.disk_cache_eviction,
         )
+
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadAheadOptions:
+    """How far and how wide a worker reads ahead of its reader.
+
+    Attributes:
+        requests_in_flight: Requests kept in flight; None: sized by measurement (NOTE).
+        max_requests_in_flight: The most in flight when sized so (and the fetching threads).
+        ahead_bytes: The most bytes fetched ahead (in flight plus fetched and unused).
+        merge_bytes: The largest request merging chunks adjacent in plan and file (0: none).
+    """
+
+    requests_in_flight: int | None = None
+    max_requests_in_flight: int = 16
+    ahead_bytes: int = 128 * MIB
+    merge_bytes: int = 16 * MIB
+
+    def __post_init__(self) -> None:
+        lowest = (("requests_in_flight", 1), ("max_requests_in_flight", 1), ("ahead_bytes", 1))
+        for name, low in (*lowest, ("merge_bytes", 0)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise OptionsError(f"{name} should be >= {low}, but got {name}={value}")
+
+    @property
+    def threads(self) -> int:
+        """Return the fetching threads."""
+        return max(self.requests_in_flight or 1, self.max_requests_in_flight)

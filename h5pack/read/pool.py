@@ -13,6 +13,7 @@ waits on another deadlocks a fixed pool); after ``fork`` the pool makes new thre
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -91,3 +92,19 @@ class Loading:
 def start_loads(pool: ReadPool, requests: Iterable[tuple[PackReader, np.ndarray]]) -> Loading:
     """Start decompressing the chunks that reading each ``(reader, indices)`` will miss."""
     return Loading(pool, requests)
+
+
+# One thread pool per size and process (a forked worker makes its own) for every ReadAhead:
+# a pool each started 16 threads per loader and per shard, all contending.
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(threads: int) -> ThreadPoolExecutor:
+    """Return this process's read-ahead pool of ``threads`` threads."""
+    key = (os.getpid(), threads)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="h5pack-readahead")
+        return pool

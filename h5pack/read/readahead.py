@@ -2,16 +2,13 @@
 
 NOTE [ Planned read-ahead ]
 
-A worker's chunk order is known before the epoch (``plan_epoch``), so ``ReadAhead.plan``
-keeps requests in flight ahead of the reader, on threads, and ``get(chunk)`` finds the bytes
-in memory. One request per chunk, or per run adjacent in the plan and in the file
-(``merge_bytes``). The depth is fixed (``requests_in_flight``) or follows Little's law from
-the measured time and bytes per request and the reader's rate, ``ceil(1.5 D T / B) + 1``
-within ``[2, max_requests_in_flight]``. Fetched and in-flight bytes stay under
-``ahead_bytes``. A chunk off the plan is found further on (the read-ahead jumps there) or
-read at once; the reader is never served wrong bytes, only later ones. With a disk cache
-(``read/diskcache.py``) every chunk is claimed there first. With ``defer_store`` a fetched
-chunk enters the cache only once the reader checked it (NOTE [ Checked downloads ]).
+A worker's chunk order is known before the epoch (``plan_epoch``): ``ReadAhead.plan`` keeps
+requests in flight ahead of the reader, one per chunk or per run adjacent in plan and file
+(``merge_bytes``), ``depth`` fixed or by Little's law from the measured request time and
+bytes and the reader's rate (``ceil(1.5 D T / B) + 1``), at most ``ahead_bytes`` held. A
+chunk off the plan is found further on (a jump) or read at once: never wrong bytes, only
+later ones. Every chunk is claimed in the disk cache first; with ``defer_store`` a fetched
+one enters it only once the reader checked it (NOTE [ Checked downloads ]).
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -29,42 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from h5pack.errors import OptionsError
 from h5pack.read.diskcache import DiskCache
+from h5pack.read.options import ReadAheadOptions as ReadAheadOptions
+from h5pack.read.pool import shared_pool
 
-MIB = 1 << 20
-# Pending chunks this many plan positions (at least) behind the one just served are dropped
-# as skipped (the reader asks for a batch's chunks in any order, never for ones far behind).
+# pending chunks this far (at least) behind the one just served were skipped: dropped
 _SLACK_POSITIONS = 16
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReadAheadOptions:
-    """How far and how wide a worker reads ahead of its reader.
-
-    Attributes:
-        requests_in_flight: Requests kept in flight; None: sized by measurement (NOTE).
-        max_requests_in_flight: The most in flight when sized so (and the fetching threads).
-        ahead_bytes: The most bytes fetched ahead (in flight plus fetched and unused).
-        merge_bytes: The largest request merging chunks adjacent in plan and file (0: none).
-    """
-
-    requests_in_flight: int | None = None
-    max_requests_in_flight: int = 16
-    ahead_bytes: int = 128 * MIB
-    merge_bytes: int = 16 * MIB
-
-    def __post_init__(self) -> None:
-        lowest = (("requests_in_flight", 1), ("max_requests_in_flight", 1), ("ahead_bytes", 1))
-        for name, low in (*lowest, ("merge_bytes", 0)):
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise OptionsError(f"{name} should be >= {low}, but got {name}={value}")
-
-    @property
-    def threads(self) -> int:
-        """Return the fetching threads."""
-        return max(self.requests_in_flight or 1, self.max_requests_in_flight)
 
 
 @dataclass
@@ -79,24 +45,6 @@ class ReadAheadStats:
     waited: int = 0
     off_plan: int = 0
     most_in_flight: int = 0
-
-
-# One thread pool per size and process (a forked worker makes its own) for every ReadAhead:
-# a pool each started 16 threads per loader and per shard, all contending.
-_POOLS: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def shared_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """Return this process's read-ahead pool of ``threads`` threads."""
-    key = (os.getpid(), threads)
-    with _POOLS_LOCK:
-        pool = _POOLS.get(key)
-        if pool is None:
-            pool = _POOLS[key] = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix="h5pack-readahead"
-            )
-        return pool
 
 
 class ReadAhead:
@@ -147,13 +95,7 @@ class ReadAhead:
         self._last_get: float | None = None
 
     def plan(self, stream: Sequence[int] | np.ndarray, times: np.ndarray | None = None) -> None:
-        """Start reading ahead for the chunks ``stream``, in order of use.
-
-        Args:
-            stream: Chunk indices in the order the reader will ask for them.
-            times: The time (epochs) of each use, for the disk cache's eviction; None:
-                positions in the stream.
-        """
+        """Start reading ahead for the chunks ``stream``, in order of use (``times``: epochs)."""
         with self._lock:
             self._drop_pending()
             self._stream = np.asarray(stream, dtype=np.int64)
@@ -182,10 +124,8 @@ class ReadAhead:
         top = self.options.max_requests_in_flight
         if not self._measured or self._busy_s <= 0 or not self._consumed_bytes:
             return min(4, top)
-        per_request_s = self._request_s / self._measured
-        per_request_bytes = self._request_bytes / self._measured
-        demand = self._consumed_bytes / self._busy_s
-        wanted = math.ceil(1.5 * demand * per_request_s / max(per_request_bytes, 1)) + 1
+        demand = self._consumed_bytes / self._busy_s  # bytes per second; per request below
+        wanted = math.ceil(1.5 * demand * self._request_s / max(self._request_bytes, 1)) + 1
         return max(2, min(top, wanted))
 
     def _fill(self, *, force: bool = False) -> None:
@@ -224,12 +164,14 @@ class ReadAhead:
         times: list[float | None] = [None] * len(run)
         if self._times is not None:
             times = self._times[first : self._next].tolist()
-        self._track(self._executor().submit(self._fetch_task, run, futures, times))
+        self._start(self._fetch_task, run, futures, times)
 
-    def _track(self, task: concurrent.futures.Future[Any]) -> None:
-        """Remember ``task`` until it ends (``close`` cancels or waits for it)."""
+    def _start(self, function: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """Run ``function(*args)`` on the pool, remembered until it ends (``close``)."""
+        task = self._executor().submit(function, *args)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _run_from(self, first: int) -> list[int]:
         """Return the chunks from plan position ``first`` that one request may merge."""
@@ -281,8 +223,7 @@ class ReadAhead:
         found: dict[int, np.ndarray] = {}
         claimed: set[int] = set()
         if self.cache is not None:
-            # The cache measures distances from what the reader has read (the read-ahead
-            # runs ahead of it: chunks between the two are still to be used).
+            # distances from what the reader has read (chunks from there on are still to come)
             now = self._served_time
             reserve = not self.defer_store  # deferred: ``put`` once the reader checked it
             for chunk, at in zip(run, times, strict=True):
@@ -427,9 +368,7 @@ class ReadAhead:
                 for c in dict.fromkeys(int(c) for c in chunks)
                 if c not in self._pending and self._position_ahead(c) is None
             ]
-        started = {c: self._executor().submit(self._fetch, [c], [None]) for c in off_plan}
-        for task in started.values():
-            self._track(task)
+        started = {c: self._start(self._fetch, [c], [None]) for c in off_plan}
         found: list[np.ndarray] = []
         for chunk in chunks:
             future = started.get(int(chunk))
@@ -444,18 +383,14 @@ class ReadAhead:
         return found
 
     def _position_ahead(self, chunk: int) -> int | None:
-        for position in self._positions.get(chunk, ()):
-            if position >= self._next:
-                return position
-        return None
+        return next((p for p in self._positions.get(chunk, ()) if p >= self._next), None)
 
     def close(self) -> None:
         """Stop reading ahead (requests under way finish in their threads)."""
         with self._lock:
             self._drop_pending()
             self._next = len(self._stream)
-        # The pool is the process's (other readers use it too): this one's queued tasks are
-        # cancelled, those running are waited for, as a shut-down pool of its own would.
+        # the pool is the process's: cancel this one's queued tasks, wait for those running
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
