@@ -22,7 +22,8 @@ Buffer = bytes | bytearray | memoryview | np.ndarray
 
 
 @cache
-def _xxh3() -> Callable[[Any], int] | None:
+def contiguous_sample_digest() -> Callable[[Any], int] | None:
+    """Return ``sample_digest``'s function for C-contiguous buffers (no checks), or None."""
     try:
         module = importlib.import_module("xxhash")
     except ImportError:
@@ -33,7 +34,7 @@ def _xxh3() -> Callable[[Any], int] | None:
 
 def has_sample_digest() -> bool:
     """Return whether this process can compute ``sample_digest`` (``xxhash`` installed)."""
-    return _xxh3() is not None
+    return contiguous_sample_digest() is not None
 
 
 def _contiguous(data: Buffer) -> Buffer:
@@ -44,15 +45,10 @@ def _contiguous(data: Buffer) -> Buffer:
 
 def sample_digest(data: Buffer) -> int:
     """Return the XXH3-64 of a sample's stored bytes (``RuntimeError`` without ``xxhash``)."""
-    function = _xxh3()
+    function = contiguous_sample_digest()
     if function is None:
         raise RuntimeError("sample digests need the xxhash package: pip install xxhash")
     return function(_contiguous(data))
-
-
-def contiguous_sample_digest() -> Callable[[Any], int] | None:
-    """Return ``sample_digest``'s function for C-contiguous buffers (no checks), or None."""
-    return _xxh3()
 
 
 def crc32(data: Buffer) -> int:
