@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from h5pack.core.vocabulary import OUTPUTS as OUTPUTS  # re-exported
 from h5pack.core.vocabulary import Output as Output  # re-exported
 from h5pack.errors import OptionsError
 from h5pack.read.packset import PackSource
