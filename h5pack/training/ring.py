@@ -58,8 +58,6 @@ class BatchRing:
     """
 
     def __init__(self, workers: int, slots: int) -> None:
-        if workers < 1 or slots < 1:
-            raise ValueError(f"a ring needs workers >= 1 and slots >= 1, not {workers}, {slots}")
         self.workers, self.slots = workers, slots
         self.token = f"{os.getpid()}-{id(self)}"
         self.states: Any = multiprocessing.get_context().RawArray("b", workers * slots)
