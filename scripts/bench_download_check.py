@@ -1,6 +1,6 @@
 """First-epoch CPU per image of a remote pack, two checkouts of h5pack side by side.
 
-Over ``rclone serve s3`` on 127.0.0.1 (``h5pack.bench.s3local``), each epoch in a fresh
+Over ``rclone serve s3`` on 127.0.0.1 (``tests.s3local``), each epoch in a fresh
 process with a fresh disk cache (every chunk downloaded, checked and cached): what the
 download check costs (docs/decisions/0110-a-cache-that-heals.md). Packs: photo crops
 64x64x3, 64 a chunk, zstd and lz4 (raw); 160x120 JPEG crops of the photos (encoded,
@@ -94,7 +94,8 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.s3local import Bucket, FaultProxy, S3Server
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -6,7 +6,7 @@
     python scripts/bench_s3.py --only upload --images 600 --size 128 --shards 4
     python scripts/bench_s3.py --only mix --rounds 5 --latency-ms 20
 
-On ``rclone serve s3`` over a temporary folder (``h5pack.bench.s3local``), through its
+On ``rclone serve s3`` over a temporary folder (``tests.s3local``), through its
 counting proxy where requests are counted, straight to rclone where rates are timed. Parts
 (``--only``):
 
@@ -54,7 +54,6 @@ from typing import Any
 import numpy as np
 import psutil
 
-from h5pack.bench.s3local import Bucket, Fault, FaultProxy, S3Server
 from h5pack.bench.system import tree_cpu_s
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression
@@ -68,6 +67,9 @@ from h5pack.training.loader import make_loader
 from h5pack.write.convert import convert, write_arrays
 from h5pack.write.options import ConvertOptions
 from h5pack.write.shards import convert_set
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.s3local import Bucket, Fault, FaultProxy, S3Server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loaders import PHOTOS, jpeg_samples, stack, wds_tuple, write_shards

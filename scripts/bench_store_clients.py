@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # else 60 s over gRPC at first use
 
-from h5pack.bench.s3local import FaultProxy
 from h5pack.core.store import open_store
+from tests.s3local import FaultProxy
 from tests.servers import AzuriteServer, GCSServer, Place
 
 Get = Callable[[int, int], bytes]

@@ -13,15 +13,18 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from h5pack import ConvertOptions, convert
-from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.write.sources import sample_source
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.s3local import Bucket, FaultProxy, S3Server
 
 
 def cpu() -> float:

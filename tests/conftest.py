@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from h5pack.bench.s3local import Bucket, FaultProxy, S3Server
+from tests.s3local import Bucket, FaultProxy, S3Server
 from tests.servers import AzuriteServer, GCSServer, Place, RangeServer
 
 _buckets = itertools.count()

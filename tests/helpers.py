@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from h5pack.bench.s3local import Counts
 from h5pack.core import format as fmt
 from h5pack.core.layout import ChunkMap
 from h5pack.read.crop import CropSpec, ResizeInto, decode_crop_into
 from h5pack.read.setreader import open_reader
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
+from tests.s3local import Counts
 
 NUM = 37  # divides no chunk size used in the tests
 SHAPE = (6, 5, 3)

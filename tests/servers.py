@@ -23,9 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 
-from h5pack.bench.s3local import FaultProxy, free_port, stop, wait_listening
 from h5pack.core import azure, gcs
 from h5pack.core.store import open_store
+from tests.s3local import FaultProxy, free_port, stop, wait_listening
 
 REPO = Path(__file__).resolve().parents[1]
 # Azurite's documented development account (public, the same in every installation)

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from PIL import Image
 
 from h5pack import ConvertOptions, PackReader, convert, convert_set
-from h5pack.bench.s3local import Bucket
 from h5pack.cli.main import cli
 from h5pack.errors import DecodeError, SourceError
 from h5pack.write.sources import FolderSource, sample_source
 from h5pack.write.sources.objects import READAHEAD
 from tests.helpers import make_folder
+from tests.s3local import Bucket
 from tests.servers import Place
 from tests.test_archive_sources import (
     CLASSES,

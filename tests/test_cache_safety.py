@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from h5pack.bench.s3local import Bucket
 from h5pack.core.layout import Compression
 from h5pack.core.private import UnsafeDirectoryError, user_cache_dir
 from h5pack.core.s3source import S3Source
@@ -29,6 +28,7 @@ from h5pack.read.reader import ReaderOptions
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from tests.helpers import jpeg, make_pack, random_arrays, table_of_pack
+from tests.s3local import Bucket
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.cli.main import cli
 from h5pack.core import s3
 from h5pack.errors import RemoteError
 from h5pack.synthetic import SampleSpec, make_image_folder
+from tests.s3local import Bucket, Fault
 
 MIB = 2**20
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from h5pack.bench.s3local import free_port
 from h5pack.cli.main import cli
+from tests.s3local import free_port
 
 pytest.importorskip("boto3")
 

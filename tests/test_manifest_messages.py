@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from h5pack import ConvertOptions, convert_set
-from h5pack.bench.s3local import Bucket
 from h5pack.errors import FormatError
 from h5pack.read.options import ReaderOptions
 from h5pack.read.setreader import open_reader
 from h5pack.synthetic import SampleSpec, make_image_folder
+from tests.s3local import Bucket
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ from PIL import Image
 
 import h5pack
 from h5pack import BoxesField, MaskField
-from h5pack.bench.s3local import Bucket
 from h5pack.core import format as fmt
 from h5pack.errors import FormatError, OptionsError
 from h5pack.read.setreader import open_reader
 from h5pack.write.options import ConvertOptions
 from h5pack.write.sources import sample_source
 from tests.helpers import make_folder, pil_rgb, random_arrays
+from tests.s3local import Bucket
 
 DATA = Path(__file__).parent / "data"
 NUM = 13  # chunks of 4: the last holds one sample

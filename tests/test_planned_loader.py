@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from h5pack.bench.s3local import Bucket
 from h5pack.core.layout import Compression
 from h5pack.read.readahead import ReadAheadOptions
 from h5pack.read.reader import ReaderOptions
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from tests.helpers import arrays, make_pack, wait_for_a_chunk_get
+from tests.s3local import Bucket
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_a_loader_killed_mid_download_then_a_clean_restart(
     import signal
     import time
 
-    from h5pack.bench.s3local import Fault
+    from tests.s3local import Fault
 
     url = s3_bucket.put(pack, "p.h5")
     disk_cache_dir = tmp_path / "c"

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import format as fmt
 from h5pack.core.index import FOOTER_BYTES, MAGIC, TAIL_BYTES
 from h5pack.core.layout import Compression
@@ -16,6 +15,7 @@ from h5pack.errors import FormatError, PackNotFoundError, RemoteError
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.epochs import EpochSpec
 from tests.helpers import arrays, jpeg, make_pack, random_arrays
+from tests.s3local import Bucket, Fault
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,7 +12,6 @@ import h5py
 import numpy as np
 import pytest
 
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.description import HDF5Index
 from h5pack.core.layout import Compression
 from h5pack.core.store import open_source
@@ -22,6 +21,7 @@ from h5pack.read.diskcache import DiskCache, DiskCacheOptions
 from h5pack.read.eviction import Future
 from h5pack.read.planned import PlannedSource, planned_source
 from tests.helpers import arrays, disk_cache_reserve, make_pack, wait_for_a_chunk_get
+from tests.s3local import Bucket, Fault
 
 NUM_CHUNKS = 24
 

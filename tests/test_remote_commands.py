@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from h5pack.bench.s3local import Bucket
 from h5pack.cli.main import cli
 from h5pack.core.layout import Compression
 from tests.helpers import make_pack
+from tests.s3local import Bucket
 
 
 def storage_flags(bucket: Bucket) -> list[str]:

@@ -17,9 +17,9 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from h5pack.bench.s3local import Bucket
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
+from tests.s3local import Bucket
 from tests.test_remote import remote_set
 
 NUM_SAMPLES = 29  # odd over 2 ranks: one sample of padding

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3
 from h5pack.core.retry import (
     RetriesExhaustedError,
@@ -23,6 +22,7 @@ from h5pack.core.retry import (
     retrying,
 )
 from h5pack.errors import OptionsError, PackNotFoundError
+from tests.s3local import Bucket, Fault
 
 MIB = 2**20
 

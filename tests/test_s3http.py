@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3, s3http
 from h5pack.core.source import SourceChangedError, readable
 from h5pack.core.store import open_source
 from h5pack.errors import OptionsError, RemoteError
+from tests.s3local import Bucket, Fault
 
 DATA = np.random.default_rng(1).integers(0, 255, 200_000, dtype=np.uint8).tobytes()
 WHEN = datetime.datetime(2026, 12, 1, 18, 0, 0, tzinfo=datetime.timezone.utc)

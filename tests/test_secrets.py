@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from h5pack.bench.s3local import ACCESS_KEY, SECRET_KEY, Bucket, Fault, free_port
 from h5pack.cli.main import cli
 from h5pack.core import s3
 from h5pack.core.s3options import lean_get
@@ -26,6 +25,7 @@ from h5pack.read.options import ReaderOptions
 from h5pack.read.reader import PackReader
 from h5pack.synthetic import SampleSpec, make_image_folder
 from tests.helpers import make_pack
+from tests.s3local import ACCESS_KEY, SECRET_KEY, Bucket, Fault, free_port
 
 TOKEN = "IQoJb3JpZ2luX2VjEH5pack0session0token0value0123456789"
 FAKE_ID = "AKIAH5PACKFAKE000001"

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core import s3
 from h5pack.core.source import LocalSource, SourceChangedError
 from h5pack.core.store import MissingExtraError, is_url, open_source, split_url
 from h5pack.errors import FormatError, OptionsError, PackNotFoundError, RemoteError, install_line
+from tests.s3local import Bucket, Fault
 
 DATA = np.random.default_rng(0).integers(0, 255, 300_000, dtype=np.uint8).tobytes()
 

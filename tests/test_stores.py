@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from h5pack import ConvertOptions, TargetExistsError, convert, convert_set, merge_packs
-from h5pack.bench.s3local import Bucket, Fault
 from h5pack.core.layout import Compression
 from h5pack.core.source import SourceChangedError
 from h5pack.core.store import open_store
@@ -30,6 +29,7 @@ from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
 from tests.helpers import arrays, contents, make_pack, random_arrays
+from tests.s3local import Bucket, Fault
 from tests.servers import AZURITE_KEY, Place
 
 Somewhere = Bucket | Place

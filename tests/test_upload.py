@@ -19,8 +19,6 @@ import pytest
 from click.testing import CliRunner
 
 from h5pack import ConvertOptions, TargetExistsError, convert, convert_set, merge_packs
-from h5pack.bench.s3local import Bucket as ServerBucket
-from h5pack.bench.s3local import Fault
 from h5pack.cli.main import cli
 from h5pack.core import s3upload
 from h5pack.core.packset import MANIFEST_NAME, load_manifest, shard_name
@@ -33,6 +31,8 @@ from h5pack.write import publish
 from h5pack.write.remote import Staging
 from h5pack.write.report import ConvertEvent
 from tests.helpers import contents
+from tests.s3local import Bucket as ServerBucket
+from tests.s3local import Fault
 
 ONE = ConvertOptions(workers=1)
 REPO = Path(__file__).resolve().parents[1]
