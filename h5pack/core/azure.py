@@ -3,44 +3,35 @@
 NOTE [ The Azure client ]
 
 The client is azure-storage-blob (the ``azure`` extra; docs/decisions/0031-gcs-azure-http-
-stores.md says why), made once per process and options with no retries of its own (ours:
-NOTE [ Ranged sources ]) and no split of one read into several GETs. A chunk is one ranged
-GET carrying ``If-Match`` (the ETag seen at open); each answer's ETag and total size are
-checked. Settings are named as adlfs names them (``account_name``, ``account_key``,
-``connection_string``, ``sas_token``, ``anon``), or given by the environment
-(``AZURE_STORAGE_*``); without a key, token or connection
-string, azure-identity's default credential is asked. A publish is one upload (blocks,
-each with its Content-MD5, committed at once) with ``If-None-Match: *`` when it must not
-replace: Azure refuses atomically (409); uncommitted blocks are never an object.
+stores.md says why), with no retries of its own (ours: NOTE [ Ranged sources ]) and no
+split of one read into several GETs. Settings are named as adlfs names them
+(``account_name``, ``account_key``, ``connection_string``, ``sas_token``, ``anon``), or
+given by the environment (``AZURE_STORAGE_*``); without a key, token or connection string,
+azure-identity's default credential is asked. A publish is one upload (blocks, each with
+its Content-MD5, committed at once) with ``If-None-Match: *`` when it must not replace:
+Azure refuses atomically (409); uncommitted blocks are never an object.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from h5pack.core.ranged import RangedSource, throttled_or_not
-from h5pack.core.retry import RetryPolicy, Transient
+from h5pack.core.ranged import RangedSource, RemoteOptions, per_process, throttled_or_not
+from h5pack.core.retry import Transient
+from h5pack.core.secrets import scrub
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import FormatError, PackNotFoundError, RemoteError, TargetExistsError
 
 ONE_GET = 2**40  # the SDK splits a read above its max_single_get_size into several GETs
-_SECRETS = re.compile(r"((?:sig|AccountKey|SharedAccessSignature)=)[^&;\s'\"]+", re.IGNORECASE)
-
-
-def redacted(text: str) -> str:
-    """Return ``text`` with SAS signatures and account keys replaced by ``***``."""
-    return _SECRETS.sub(r"\1***", text)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AzureOptions(RetryPolicy):
+class AzureOptions(RemoteOptions):
     """How to reach Azure Blob Storage (names as adlfs's; secrets never in a repr).
 
     Attributes:
@@ -49,9 +40,6 @@ class AzureOptions(RetryPolicy):
         connection_string: A connection string (Azurite's, or a real account's).
         sas_token: A shared access signature.
         anon: Public containers: no credentials.
-        connect_timeout_s: Seconds to connect.
-        read_timeout_s: Seconds without a byte.
-        max_in_flight: Requests one process issues at once.
     """
 
     ENVIRONMENT: ClassVar[Mapping[str, str]] = {
@@ -66,9 +54,6 @@ class AzureOptions(RetryPolicy):
     connection_string: str | None = field(default=None, repr=False)
     sas_token: str | None = field(default=None, repr=False)
     anon: bool = False
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    max_in_flight: int = 16
 
     def account_url(self) -> str:
         """Return the account's blob endpoint (for messages when a connection string sets it)."""
@@ -81,26 +66,9 @@ class AzureOptions(RetryPolicy):
         return f"https://{self.account_name}.blob.core.windows.net"
 
 
-def blob_modules() -> Any:
-    """Return ``azure.storage.blob`` (the ``azure`` extra)."""
-    try:
-        from azure.storage import blob
-    except ImportError as err:
-        raise missing_extra("az", err) from err
-    return blob
-
-
-_CLIENTS: dict[tuple[int, AzureOptions], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
 def shared_client(options: AzureOptions) -> Any:
-    """Return this process's client for ``options`` (made once; a forked child makes its own)."""
-    key = (os.getpid(), options)
-    with _CLIENTS_LOCK:
-        if key not in _CLIENTS:
-            _CLIENTS[key] = make_client(options)
-        return _CLIENTS[key]
+    """Return this process's client of ``options`` (made once)."""
+    return per_process(make_client, options)
 
 
 def make_client(options: AzureOptions) -> Any:
@@ -109,8 +77,11 @@ def make_client(options: AzureOptions) -> Any:
     Raises:
         RemoteError: no account is named.
     """
-    blob = blob_modules()
-    settings = {
+    try:
+        from azure.storage import blob
+    except ImportError as err:
+        raise missing_extra("az", err) from err
+    settings: dict[str, Any] = {
         "retry_total": 0,
         "connection_timeout": options.connect_timeout_s,
         "read_timeout": options.read_timeout_s,
@@ -155,14 +126,18 @@ def _container_key(url: str) -> tuple[str, str]:
 class AzureSource(RangedSource):
     """One blob (NOTE [ The Azure client ]); its ETag is its identity."""
 
+    options: AzureOptions
+    ENDPOINT_HINT = "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME or storage options"
+    CREDENTIALS_HINT = "account_key, sas_token or connection_string"
+
     def __init__(self, url: str, options: AzureOptions, **identity: Any) -> None:
-        super().__init__(url, options, options.max_in_flight, **identity)
+        super().__init__(url, options, **identity)
         self.container, self.key = _container_key(url)
-        self.options = options
 
     def blob(self) -> Any:
         """Return this process's client of the blob."""
-        return shared_client(self.options).get_blob_client(self.container, self.key)
+        client = shared_client(self.options)
+        return client.get_blob_client(self.container, self.key)
 
     def _stat(self) -> tuple[str, int]:
         found = self.blob().get_blob_properties()
@@ -187,26 +162,13 @@ class AzureSource(RangedSource):
         status = int(getattr(err, "status_code", 0) or 0)
         if code == "Md5Mismatch" or (status == 400 and "contentMD5 doesn't match" in str(err)):
             return Transient(f"HTTP {status} {code}: a body damaged on the way, refused")
-        if code == "ContainerNotFound":
-            raise PackNotFoundError(
-                f"{self.url}: no bucket (container) {self.container!r} at {self.where()}; "
-                "check its name and the account (AZURE_STORAGE_CONNECTION_STRING, "
-                "AZURE_STORAGE_ACCOUNT_NAME, or storage options)"
-            ) from None
-        if isinstance(err, azure.ResourceNotFoundError):
-            raise PackNotFoundError(
-                f"{self.url}: no such object in container {self.container!r} at "
-                f"{self.where()}; check the key (a pack set: its prefix, ending in /)"
-            ) from None
+        if code == "ContainerNotFound" or isinstance(err, azure.ResourceNotFoundError):
+            raise self.missing(self.container, whole=code == "ContainerNotFound") from None
         if isinstance(err, azure.ResourceModifiedError) or status == 412:
             raise self.replaced() from None
         if isinstance(err, azure.ClientAuthenticationError) or status in (401, 403):
-            raise RemoteError(
-                f"{self.url}: access denied ({code or status}) at {self.where()}; check the "
-                "credentials (account_key, sas_token or connection_string) and the "
-                "container's permissions"
-            ) from None
-        text = redacted(f"{type(err).__name__}: {err}".splitlines()[0])
+            raise self.denied(code or status) from None
+        text = scrub(f"{type(err).__name__}: {err}".splitlines()[0])
         if isinstance(err, azure.ServiceRequestError | azure.ServiceResponseError | OSError):
             return Transient(text)
         if isinstance(err, azure.HttpResponseError) and (status >= 500 or status in (0, 429)):
@@ -215,7 +177,7 @@ class AzureSource(RangedSource):
 
     def where(self) -> str:
         """Return the account's endpoint."""
-        return redacted(self.options.account_url())
+        return scrub(self.options.account_url())
 
 
 class AzureStore(Store):
@@ -244,16 +206,6 @@ class AzureStore(Store):
             return [ObjectInfo(url + b.name, int(b.size), str(b.etag)) for b in found]
 
         return sorted(source.with_retries("the listing", listing), key=lambda o: o.url)
-
-    def stat(self, path: str) -> ObjectInfo | None:
-        """Return the blob at ``path`` (one HEAD), or None when there is none."""
-        try:
-            found = self._call(path, "its size", lambda b: b.get_blob_properties())
-        except PackNotFoundError as err:
-            if "no bucket" in str(err):
-                raise
-            return None
-        return ObjectInfo(path, int(found.size), str(found.etag))
 
     def put(self, path: str, data: bytes) -> None:
         """Write the small blob ``path`` (one PUT: whole or not at all)."""

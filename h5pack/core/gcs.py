@@ -3,32 +3,28 @@
 NOTE [ The GCS client ]
 
 The client is google-cloud-storage (the ``gcs`` extra; docs/decisions/0031-gcs-azure-http-
-stores.md says why), made once per process and options, with no retries of its own (ours:
-NOTE [ Ranged sources ]). A chunk is one ranged media GET carrying ``ifGenerationMatch``
-(the generation seen at open), and the answer's generation is checked where the server
-says it. Settings are named as gcsfs names them: ``project``, ``token`` (``"anon"``,
-``"google_default"``, ``"cloud"``, or a credentials file), ``endpoint_url``; the
-environment gives ``STORAGE_EMULATOR_HOST`` and ``GOOGLE_CLOUD_PROJECT`` (the default
-credentials read ``GOOGLE_APPLICATION_CREDENTIALS`` themselves). A publish is one upload with
-``ifGenerationMatch=0`` when it must not replace (GCS refuses atomically: 412), its CRC32C
-sent for the server to check and compared with the stored object's (one that differs is
-removed and sent again); an interrupted upload leaves no object (nothing to sweep).
+stores.md says why), with no retries of its own (ours: NOTE [ Ranged sources ]). A chunk
+is one ranged media GET carrying ``ifGenerationMatch``. Settings are named as gcsfs names
+them: ``project``, ``token`` (``"anon"``, ``"google_default"``, ``"cloud"``, or a
+credentials file), ``endpoint_url``; the environment gives ``STORAGE_EMULATOR_HOST`` and
+``GOOGLE_CLOUD_PROJECT`` (the default credentials read ``GOOGLE_APPLICATION_CREDENTIALS``).
+A publish is one upload with ``ifGenerationMatch=0`` when it must not replace (refused
+atomically: 412), its CRC32C checked by the server and against the stored object's (one
+that differs is removed and sent again); an interrupted upload leaves no object.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import re
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from h5pack.core.ranged import RangedSource, Retry, throttled_or_not
-from h5pack.core.retry import RetryPolicy, Transient
+from h5pack.core.ranged import RangedSource, RemoteOptions, Retry, per_process, throttled_or_not
+from h5pack.core.retry import Transient
 from h5pack.core.store import ObjectInfo, Store, missing_extra, split_url
 from h5pack.errors import PackNotFoundError, RemoteError, TargetExistsError
 
@@ -36,7 +32,7 @@ SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 
 @dataclass(frozen=True, kw_only=True)
-class GCSOptions(RetryPolicy):
+class GCSOptions(RemoteOptions):
     """How to reach Google Cloud Storage (names as gcsfs's).
 
     Attributes:
@@ -45,12 +41,9 @@ class GCSOptions(RetryPolicy):
             emulator); ``"anon"``; ``"cloud"``: the metadata server; else a JSON file of
             credentials (service account or user).
         endpoint_url: Another server than Google's (an emulator: ``http://127.0.0.1:9023``).
-        connect_timeout_s: Seconds to connect.
-        read_timeout_s: Seconds without a byte.
-        max_in_flight: Requests one process issues at once.
     """
 
-    ALIASES: ClassVar[Mapping[str, str]] = {**RetryPolicy.ALIASES, "endpoint": "endpoint_url"}
+    ALIASES: ClassVar[Mapping[str, str]] = {**RemoteOptions.ALIASES, "endpoint": "endpoint_url"}
     ENVIRONMENT: ClassVar[Mapping[str, str]] = {
         "STORAGE_EMULATOR_HOST": "endpoint_url",
         "GOOGLE_CLOUD_PROJECT": "project",
@@ -59,9 +52,6 @@ class GCSOptions(RetryPolicy):
     project: str | None = None
     token: str | None = None
     endpoint_url: str | None = None
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    max_in_flight: int = 16
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,41 +59,26 @@ class GCSOptions(RetryPolicy):
             object.__setattr__(self, "endpoint_url", "http://" + self.endpoint_url)
 
 
-def storage_modules() -> Any:
-    """Return ``google.cloud.storage`` (the ``gcs`` extra)."""
-    try:
-        from google.cloud import storage
-    except ImportError as err:
-        raise missing_extra("gs", err) from err
-    return storage
-
-
-_CLIENTS: dict[tuple[int, GCSOptions], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def shared_client(options: GCSOptions) -> Any:
-    """Return this process's client for ``options`` (made once; a forked child makes its own)."""
-    key = (os.getpid(), options)
-    with _CLIENTS_LOCK:
-        if key not in _CLIENTS:
-            _CLIENTS[key] = make_client(options)
-        return _CLIENTS[key]
-
-
 def untyped(function: Any) -> Callable[..., Any]:
     """Return ``function`` as mypy sees a typed call (google's auth and CRC modules are not)."""
     return cast("Callable[..., Any]", function)
 
 
+def shared_client(options: GCSOptions) -> Any:
+    """Return this process's client of ``options`` (made once)."""
+    return per_process(make_client, options)
+
+
 def make_client(options: GCSOptions) -> Any:
     """Return a ``google.cloud.storage.Client`` of ``options``."""
-    storage = storage_modules()
+    try:
+        from google.cloud import storage
+    except ImportError as err:
+        raise missing_extra("gs", err) from err
     import google.auth
     from google.auth.credentials import AnonymousCredentials
 
-    token = options.token
-    project = options.project
+    token, project = options.token, options.project
     if token == "anon" or (token is None and options.endpoint_url):
         credentials: Any = untyped(AnonymousCredentials)()
         project = project or "h5pack"  # an emulator wants one, and checks none
@@ -139,11 +114,14 @@ def file_crc32c(path: Path) -> str:
 class GCSSource(RangedSource):
     """One object in a GCS bucket (NOTE [ The GCS client ]); its generation is its identity."""
 
+    options: GCSOptions
+    ENDPOINT_HINT = "STORAGE_EMULATOR_HOST or storage option endpoint_url"
+    CREDENTIALS_HINT = "GOOGLE_APPLICATION_CREDENTIALS, or storage option token"
+
     def __init__(self, url: str, options: GCSOptions, **identity: Any) -> None:
-        super().__init__(url, options, options.max_in_flight, **identity)
+        super().__init__(url, options, **identity)
         _, self.bucket, self.key = split_url(url)
-        self.options = options
-        self._timeout = (options.connect_timeout_s, options.read_timeout_s)
+        self.timeout = (options.connect_timeout_s, options.read_timeout_s)
 
     def blob(self) -> Any:
         """Return a new handle of the object (a handle holds one answer's properties)."""
@@ -151,7 +129,7 @@ class GCSSource(RangedSource):
 
     def _stat(self) -> tuple[str, int]:
         blob = self.blob()
-        blob.reload(retry=None, timeout=self._timeout)
+        blob.reload(retry=None, timeout=self.timeout)
         return str(blob.generation), int(blob.size)
 
     def _fetch(self, start: int, end: int) -> tuple[bytes, str, int]:
@@ -162,7 +140,7 @@ class GCSSource(RangedSource):
             raw_download=True,
             checksum=None,
             retry=None,
-            timeout=self._timeout,
+            timeout=self.timeout,
             if_generation_match=int(self.tag) if self.tag else None,
         )
         return data, str(blob.generation or ""), -1
@@ -175,26 +153,14 @@ class GCSSource(RangedSource):
 
         if isinstance(err, api.NotFound):
             bucket = shared_client(self.options).bucket(self.bucket)
-            if not self.with_retries("its bucket", lambda: bucket.exists(retry=None)):
-                raise PackNotFoundError(
-                    f"{self.url}: no bucket {self.bucket!r} at {self.where()}; check the "
-                    "bucket's name and the endpoint (STORAGE_EMULATOR_HOST or storage option "
-                    "endpoint_url)"
-                ) from None
-            raise PackNotFoundError(
-                f"{self.url}: no such object in bucket {self.bucket!r} at {self.where()}; "
-                "check the key (a pack set: its prefix, ending in /)"
-            ) from None
+            exists = self.with_retries("its bucket", lambda: bucket.exists(retry=None))
+            raise self.missing(self.bucket, whole=not exists) from None
         if isinstance(err, api.PreconditionFailed):
             raise self.replaced() from None
         if isinstance(err, api.BadRequest) and re.search(r"(CRC32C|MD5).*match", str(err)):
             return Transient(f"{err.code}: a body damaged on the way, refused")
         if isinstance(err, api.Forbidden | api.Unauthorized | auth.RefreshError):
-            raise RemoteError(
-                f"{self.url}: access denied ({err.__class__.__name__}) at {self.where()}; "
-                "check the credentials (GOOGLE_APPLICATION_CREDENTIALS, or storage option "
-                "token) and the bucket's permissions"
-            ) from None
+            raise self.denied(type(err).__name__) from None
         if isinstance(err, auth.DefaultCredentialsError):
             raise RemoteError(
                 f"{self.url}: no credentials ({err}); set GOOGLE_APPLICATION_CREDENTIALS, or "
@@ -206,7 +172,7 @@ class GCSSource(RangedSource):
             return throttled_or_not(cause, int(err.code or 0), headers)
         if isinstance(err, auth.TransportError | OSError | urllib3.exceptions.HTTPError):
             return Transient(cause)
-        raise RemoteError(f"{self.url}: {what}: {type(err).__name__}: {err}") from None
+        raise RemoteError(f"{self.url}: {what}: {cause}") from None
 
     def where(self) -> str:
         """Return the endpoint requests go to."""
@@ -223,32 +189,21 @@ class GCSStore(Store):
         """Return the object at the URL ``path`` (its generation fixed at the first answer)."""
         return GCSSource(path, self.options)
 
-    def _call(self, path: str, what: str, call: Any) -> Any:
+    def _call(self, path: str, what: str, call: Callable[[Any, Any], Any]) -> Any:
         source = self.source(path)
-        return source.with_retries(what, lambda: call(source.blob(), source._timeout))
+        return source.with_retries(what, lambda: call(source.blob(), source.timeout))
 
     def objects(self, prefix: str) -> list[ObjectInfo]:
         """Return the objects under the URL ``prefix``, sorted (one listing request a page)."""
         scheme, bucket, key = split_url(prefix)
-        source = self.source(prefix)
 
-        def listing() -> list[ObjectInfo]:
+        def listing(_: Any, timeout: Any) -> list[ObjectInfo]:
             client = shared_client(self.options)
-            blobs = client.list_blobs(bucket, prefix=key, retry=None, timeout=source._timeout)
+            blobs = client.list_blobs(bucket, prefix=key, retry=None, timeout=timeout)
             url = f"{scheme}://{bucket}/"
             return [ObjectInfo(url + b.name, int(b.size), str(b.generation)) for b in blobs]
 
-        return sorted(source.with_retries("the listing", listing), key=lambda o: o.url)
-
-    def stat(self, path: str) -> ObjectInfo | None:
-        """Return the object at ``path`` (one metadata GET), or None when there is none."""
-        try:
-            blob = self._call(path, "its size", lambda b, t: b.reload(retry=None, timeout=t) or b)
-        except PackNotFoundError as err:
-            if "no bucket" in str(err):
-                raise
-            return None
-        return ObjectInfo(path, int(blob.size), str(blob.generation))
+        return sorted(self._call(prefix, "the listing", listing), key=lambda o: o.url)
 
     def put(self, path: str, data: bytes) -> None:
         """Write the small object ``path`` (one upload: whole or not at all)."""

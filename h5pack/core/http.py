@@ -3,13 +3,12 @@
 NOTE [ The HTTP store ]
 
 Any server that answers ``Range`` requests (nginx, a CDN, S3/GCS/Azure public URLs) serves
-a pack: a HEAD gives its size and its identity (the ETag, else Last-Modified), each chunk is
+a pack: a HEAD gives its size and identity (the ETag, else Last-Modified), each chunk is
 one ranged GET carrying ``If-Match`` (``If-Unmodified-Since`` without an ETag), and every
-answer must be 206 with the asked range and the same ETag and total size. ``http.client``
-of the standard library, one keep-alive connection per thread and process (no extra to
-install). The storage option ``headers`` (fsspec's name) is sent with every request (an
-``Authorization``, say; never in a repr or message). Nothing is written: convert or merge
-into a local path or a bucket, then serve it.
+answer must be 206 with the asked range. ``http.client`` of the standard library, on
+``Connections`` (kept alive per process, also the S3 chunks' GETs'): no extra to install.
+The setting ``headers`` (fsspec's name) is sent with every request (an ``Authorization``,
+never in a repr or message). Nothing is written: write into a path or a bucket, serve that.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 import atexit
 import http.client
 import os
+import socket
 import ssl
 import threading
 from collections.abc import Sequence
@@ -25,28 +25,127 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from h5pack.core.ranged import RangedSource, throttled_or_not
-from h5pack.core.retry import RetryPolicy, Transient
+from h5pack.core.ranged import RangedSource, RemoteOptions, throttled_or_not
+from h5pack.core.retry import Transient
 from h5pack.core.source import readable
 from h5pack.core.store import ObjectInfo, Store
 from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
 
 
+class Connections:
+    """Idle keep-alive connections to ``scheme://netloc``, for the threads of one process.
+
+    HTTPS is verified against ``cafile`` (None: the system's); ``keep`` idle ones are kept.
+    """
+
+    def __init__(
+        self,
+        scheme: str,
+        netloc: str,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        cafile: str | None = None,
+        keep: int = 16,
+    ) -> None:
+        self.scheme, self.netloc, self.cafile, self.keep = scheme, netloc, cafile, keep
+        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+
+    def take(self) -> http.client.HTTPConnection:
+        """Return an idle connection still open, or a new one (connected).
+
+        One the server closed while idle reads as readable (its EOF): it is skipped, as
+        urllib3 does, rather than failing a request and costing a try.
+        """
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                idle = self._idle.pop()
+            if idle.sock is not None and not _dropped(idle.sock):
+                return idle
+            idle.close()
+        connection: http.client.HTTPConnection
+        if self.scheme == "https":
+            if self._context is None:
+                self._context = ssl.create_default_context(cafile=self.cafile)
+            connection = http.client.HTTPSConnection(
+                self.netloc, timeout=self.connect_timeout_s, context=self._context
+            )
+        else:
+            connection = http.client.HTTPConnection(self.netloc, timeout=self.connect_timeout_s)
+        connection.connect()
+        assert connection.sock is not None  # connected just now
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.sock.settimeout(self.read_timeout_s)
+        return connection
+
+    def give(self, connection: http.client.HTTPConnection) -> None:
+        """Keep ``connection`` for the next request (its answer read to the end)."""
+        with self._lock:
+            if len(self._idle) < self.keep:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+
+def _dropped(sock: socket.socket) -> bool:
+    try:
+        return readable(sock)
+    except (OSError, ValueError):  # closed meanwhile
+        return True
+
+
+# One pool per (process, endpoint, settings): a forked child makes its own and never uses
+# (nor closes) the sockets it inherited, which its parent may still be using.
+_POOLS: dict[tuple[Any, ...], Connections] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_pools() -> None:
+    with _POOLS_LOCK:
+        mine = [pool for key, pool in _POOLS.items() if key[0] == os.getpid()]
+    for pool in mine:
+        pool.close()
+
+
+def connections(
+    scheme: str, netloc: str, connect_timeout_s: float, read_timeout_s: float, cafile: str | None
+) -> Connections:
+    """Return this process's connections to ``scheme://netloc``."""
+    key = (os.getpid(), scheme, netloc, connect_timeout_s, read_timeout_s, cafile)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = Connections(
+                scheme,
+                netloc,
+                connect_timeout_s=connect_timeout_s,
+                read_timeout_s=read_timeout_s,
+                cafile=cafile,
+            )
+        return _POOLS[key]
+
+
 @dataclass(frozen=True, kw_only=True)
-class HTTPOptions(RetryPolicy):
+class HTTPOptions(RemoteOptions):
     """How to reach an HTTP(S) server.
 
     Attributes:
         headers: Sent with every request (a mapping, kept as sorted ``(name, value)`` pairs).
-        connect_timeout_s: Seconds to connect.
-        read_timeout_s: Seconds without a byte.
-        max_in_flight: Requests one process issues at once.
     """
 
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    max_in_flight: int = 16
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,77 +160,39 @@ class _Answer(Exception):
         self.status, self.headers = int(answer.status), answer.headers
 
 
-_CONTEXT: list[ssl.SSLContext] = []
-# Idle keep-alive connections per (process, scheme, host): a forked child never uses its
-# parent's sockets; closed at exit.
-_IDLE: dict[tuple[int, str, str], list[http.client.HTTPConnection]] = {}
-_LOCK = threading.Lock()
-
-
-@atexit.register
-def _close_idle() -> None:
-    with _LOCK:
-        mine = [c for key, idle in _IDLE.items() if key[0] == os.getpid() for c in idle]
-        _IDLE.clear()
-    for connection in mine:
-        connection.close()
-
-
 class HTTPSource(RangedSource):
     """One file on an HTTP(S) server (NOTE [ The HTTP store ])."""
 
+    options: HTTPOptions
+
     def __init__(self, url: str, options: HTTPOptions, **identity: Any) -> None:
-        super().__init__(url, options, options.max_in_flight, **identity)
+        super().__init__(url, options, **identity)
         parts = urlsplit(url)
         self.scheme, self.netloc = parts.scheme.lower(), parts.netloc
         self.target = parts.path + (f"?{parts.query}" if parts.query else "")
-        self.options = options
 
     def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
-        """Return one answer and its body, on an idle keep-alive connection of this process."""
-        key = (os.getpid(), self.scheme, self.netloc)
-        connection = None
-        while connection is None:
-            with _LOCK:
-                idle = _IDLE.setdefault(key, [])
-                connection = idle.pop() if idle else None
-            if connection is None:
-                break
-            if connection.sock is None or readable(connection.sock):
-                connection.close()  # closed by the server while idle (it reads as its EOF)
-                connection = None
-        if connection is None:
-            timeout = self.options.connect_timeout_s
-            if self.scheme == "https":
-                if not _CONTEXT:
-                    _CONTEXT.append(ssl.create_default_context())
-                connection = http.client.HTTPSConnection(
-                    self.netloc, timeout=timeout, context=_CONTEXT[0]
-                )
-            else:
-                connection = http.client.HTTPConnection(self.netloc, timeout=timeout)
+        """Return one answer and its body, on a keep-alive connection of this process."""
+        options = self.options
+        pool = connections(
+            self.scheme, self.netloc, options.connect_timeout_s, options.read_timeout_s, None
+        )
+        connection = pool.take()
         try:
-            if connection.sock is None:
-                connection.connect()
-                assert connection.sock is not None  # connected just now
-                connection.sock.settimeout(self.options.read_timeout_s)
-            every = {**dict(self.options.headers), **headers}
-            connection.request(method, self.target, headers=every)
+            connection.request(method, self.target, headers={**dict(options.headers), **headers})
             answer = connection.getresponse()
             body = answer.read()  # a HEAD's too: the connection is then free again
         except (OSError, http.client.HTTPException):
-            connection.close()  # a dropped keep-alive connection costs one try
+            connection.close()
             raise
         if answer.will_close:
             connection.close()
         else:
-            with _LOCK:
-                _IDLE[key].append(connection)
+            pool.give(connection)
         return answer, body
 
     def _identity(self, answer: Any) -> str:
-        etag = answer.getheader("ETag") or ""
-        return etag or f"modified {answer.getheader('Last-Modified') or ''}"
+        return answer.getheader("ETag") or f"modified {answer.getheader('Last-Modified') or ''}"
 
     def _stat(self) -> tuple[str, int]:
         answer, _ = self._request("HEAD", {})
@@ -157,8 +218,7 @@ class HTTPSource(RangedSource):
         if answer.status != 206:
             raise _Answer(answer)
         span, _, total = (answer.getheader("Content-Range") or "").partition("/")
-        first = span.removeprefix("bytes ").partition("-")[0]
-        if first != str(start):
+        if span.removeprefix("bytes ").partition("-")[0] != str(start):
             raise RemoteError(
                 f"{self.url}: asked for bytes {start}..{end - 1}, got Content-Range "
                 f"{answer.getheader('Content-Range')!r}"
@@ -197,15 +257,6 @@ class HTTPStore(Store):
         """Return the file at the URL ``path`` (its ETag fixed at the first answer)."""
         return HTTPSource(path, self.options)
 
-    def stat(self, path: str) -> ObjectInfo | None:
-        """Return the file at ``path`` (one HEAD), or None when there is none."""
-        source = self.source(path)
-        try:
-            tag, size = source.with_retries("its size (HEAD)", source._stat)
-        except PackNotFoundError:
-            return None
-        return ObjectInfo(path, size, tag)
-
     def _read_only(self, path: str) -> H5PackError:
         return H5PackError(
             f"{path}: HTTP(S) URLs are read-only; write into a local path or a bucket "
@@ -225,5 +276,5 @@ class HTTPStore(Store):
         raise self._read_only(path)
 
     def sweep(self, paths: Sequence[str]) -> list[str]:
-        """Refuse: HTTP(S) is read-only (a writer sweeps before it writes: it stops there)."""
+        """Refuse: a writer sweeps before it writes, so it stops there."""
         raise self._read_only(paths[0] if paths else "http(s)://")

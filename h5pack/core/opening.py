@@ -1,7 +1,4 @@
-"""Opening a pack and reading its metadata, with messages that name the file.
-
-Import these from ``core.format``.
-"""
+"""Opening a pack and reading its metadata, with messages that name the file (``core.format``)."""
 
 from __future__ import annotations
 
@@ -33,11 +30,9 @@ if TYPE_CHECKING:
 
 @contextmanager
 def reading(path: str, what: str) -> Iterator[None]:
-    """Turn any error HDF5 raises while reading ``what`` into a ``FormatError``.
+    """Turn any error HDF5 (or a damaged JSON text) raises reading ``what`` into ``FormatError``.
 
-    h5py reports damaged files as ``OSError``, ``KeyError``, ``RuntimeError`` or
-    ``ValueError`` (a bad checksum, a bad signature, an object that cannot be opened); a
-    damaged JSON text or string gives ``ValueError`` too. h5pack's own errors pass through.
+    h5pack's own errors pass through.
     """
     try:
         yield
@@ -62,11 +57,10 @@ def attr_text(attrs: Any, key: str, path: str) -> str:
 
 
 def check_is_pack(handle: h5py.File | PackIndex, path: str) -> int:
-    """Return the format version of an open file, or raise ``FormatError`` if it is no pack.
+    """Return the format version of an open file.
 
     Raises:
-        FormatError: the file has no h5pack marker, a format version newer than this
-            h5pack reads, or root attributes that cannot be read (damage).
+        FormatError: no h5pack marker, a newer format version, or damaged root attributes.
     """
     with reading(path, "the pack's root attributes"):
         attrs = handle.attrs
@@ -127,8 +121,8 @@ def open_h5(path: StrPath, *, locking: bool | None = None, **kwargs: Any) -> h5p
 
     Args:
         path: The file to open.
-        locking: HDF5 file locking; ``False`` for network file systems or to read a file
-            that a writer still holds. ``None`` keeps HDF5's default.
+        locking: HDF5 file locking (``False``: network file systems, a file a writer holds);
+            None keeps HDF5's default.
         **kwargs: Passed to ``h5py.File`` (e.g. ``rdcc_nbytes``).
 
     Raises:
@@ -166,13 +160,9 @@ def open_index(
 
     Args:
         path: A local path, or a URL of a remote ``store`` (its compact index: 1-2 requests).
-        store: The store ``path`` is in (``core.store.open_store``); None: a local path.
+        store: The store ``path`` is in; None: a local path.
         locking: HDF5 file locking of a local pack (see ``open_h5``).
         **kwargs: Passed to ``h5py.File`` where HDF5 opens the pack (the chunk cache).
-
-    Raises:
-        FileNotFoundError: the path or object does not exist.
-        FormatError: the path is not an HDF5 file, or one too damaged to open.
     """
     text = os.fspath(path)
     if store is not None and store.remote:
@@ -190,13 +180,10 @@ def described(handle: h5py.File | PackIndex, path: str | None) -> PackIndex:
 
 
 def identity_of(handle: h5py.File | PackIndex, path: str) -> PackIdentity:
-    """Return the identity of the file ``handle`` has open (its pack id and status).
+    """Return the identity (pack id and status) of the file ``handle`` has open.
 
-    The status is taken from the open descriptor, so it names the file actually read even
-    if the path was replaced meanwhile (a URL's: the size and ETag its first answer told).
-
-    Raises:
-        FormatError: the pack id cannot be read (damage).
+    The status is the open descriptor's (a URL's: the size and ETag its first answer told),
+    so it names the file actually read even if the path was replaced meanwhile.
     """
     index = described(handle, path)
     with reading(path, f"the pack attribute {PACK_ID_KEY!r}"):
@@ -213,11 +200,7 @@ def identity_of(handle: h5py.File | PackIndex, path: str) -> PackIdentity:
 
 
 def check_identity(path: str, expected: PackIdentity | None, found: PackIdentity | None) -> None:
-    """Raise ``FormatError`` unless ``found`` is the file ``expected`` describes.
-
-    Raises:
-        FormatError: the path names another file than the one a dataset was created on.
-    """
+    """Raise ``PackReplacedError`` unless ``found`` is the file ``expected`` describes."""
     if expected is None or found is None:
         return
     changes = expected.changes(found)

@@ -3,12 +3,11 @@
 NOTE [ Private directories ]
 
 A directory h5pack keeps a user's data in (the disk cache of downloaded chunks, the staging
-of uploads) is created 0700, its files 0600, and, created or found, is checked before use: a
-real directory (not a symbolic link), owned by this user, not writable by group or others.
-Otherwise another local user could read the training data or redirect h5pack's writes (a
-planted symlink, a swapped subdirectory: docs/decisions/0110); it is refused with a message
-naming it. The default cache lies where pip, torch.hub and Hugging Face keep theirs, under
-``$XDG_CACHE_HOME`` (else ``~/.cache``): ``user_cache_dir`` is the one place that reads it.
+of uploads) is created 0700, its files 0600, and is checked before use: a real directory
+(not a symbolic link), owned by this user, not writable by group or others; otherwise
+another local user could read the data or redirect h5pack's writes (docs/decisions/0110),
+and it is refused with a message naming it. The default cache lies under
+``$XDG_CACHE_HOME`` (else ``~/.cache``), as pip's and torch.hub's.
 """
 
 from __future__ import annotations
@@ -45,14 +44,11 @@ def owned_by_me(path: Path) -> bool:
 def private_directory(path: Path, *, what: str, hint: str) -> Path:
     """Create ``path`` (0700) unless it exists, and return it once checked (see the NOTE).
 
-    Args:
-        path: The directory.
-        what: What it is, for messages ("the disk cache").
-        hint: What the user can do instead, for messages ("give another with ...").
+    ``what`` names it and ``hint`` says what the user can do instead, for messages.
 
     Raises:
-        UnsafeDirectoryError: it is a symbolic link, not a directory, another user's, or
-            writable by group or others (the message names it and why).
+        UnsafeDirectoryError: a symbolic link, not a directory, another user's, or writable
+            by group or others (the message names it and why).
         OSError: it cannot be created (the caller may read on without it).
     """
     path.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,10 +1,8 @@
 """Opening a pack from a URL: its compact index in one or two GETs, else HDF5 over a file object.
 
-``open_remote`` is what ``format.open_index`` does with a URL (NOTE [ Compact index ]): it
-returns a ``CompactIndex`` for a pack that ends with an index, and an ``HDF5Index`` over
-``SourceFile`` (a read-ahead file object on the byte source) for one written before the
-index. Both carry ``source``, the pack's ``ByteSource``, with the ETag and size the first
-answer told.
+``open_remote`` (``format.open_index`` of a URL, NOTE [ Compact index ]) returns a
+``CompactIndex`` for a pack that ends with an index, else an ``HDF5Index`` over
+``SourceFile`` (packs written before the index).
 """
 
 from __future__ import annotations
@@ -32,15 +30,10 @@ BLOCKS_KEPT = 64
 
 
 class SourceFile(io.RawIOBase):
-    """A read-only, seekable file object over a byte source, reading whole blocks ahead.
+    """A read-only, seekable file object over a byte source, for h5py's ``fileobj`` driver.
 
-    For h5py's ``fileobj`` driver (packs without an index, and data reads the direct
-    path does not serve): HDF5's many small metadata reads become few block-sized ranged
-    GETs; a read larger than a block is one GET of exactly its bytes.
-
-    Args:
-        source: The bytes.
-        seed: ``(offset, bytes)`` already read (the tail read at open).
+    HDF5's many small metadata reads become few block-sized ranged GETs; a read larger than
+    a block is one GET of exactly its bytes. ``seed``: ``(offset, bytes)`` already read.
     """
 
     def __init__(self, source: ByteSource, seed: tuple[int, bytes | memoryview] | None = None):
@@ -51,16 +44,13 @@ class SourceFile(io.RawIOBase):
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._seed = (seed[0], bytes(seed[1])) if seed is not None else (self._size, b"")
 
-    def readable(self) -> bool:
-        """True."""
+    def readable(self) -> bool:  # noqa: D102
         return True
 
-    def seekable(self) -> bool:
-        """True."""
+    def seekable(self) -> bool:  # noqa: D102
         return True
 
-    def tell(self) -> int:
-        """Return the position."""
+    def tell(self) -> int:  # noqa: D102
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -110,14 +100,8 @@ class SourceFile(io.RawIOBase):
 def open_remote(source: ByteSource, **kwargs: Any) -> PackIndex:
     """Describe the pack ``source``: its index (1-2 GETs), else HDF5 over a file object.
 
-    Args:
-        source: The pack's bytes (``Store.source``).
-        **kwargs: Passed to ``h5py.File`` when HDF5 opens the pack (the chunk cache).
-
-    Raises:
-        PackNotFoundError: no such object or bucket.
-        RemoteError: the object cannot be read (credentials, network after retries).
-        FormatError: not an HDF5 file, or a damaged index.
+    ``kwargs`` go to ``h5py.File`` where HDF5 opens the pack; a damaged index or a file HDF5
+    cannot read is ``FormatError``.
     """
     url = source.url
     tail, start = source.read_tail(TAIL_BYTES)

@@ -4,21 +4,16 @@ NOTE [ Retries by time ]
 
 A request that fails in a way worth trying again (a reset, a timeout, a 5xx, throttling)
 is tried again until ``retry_timeout_s`` has passed since its first attempt, not a fixed
-number of times: S3 throttles (503 SlowDown) for tens of seconds, and a count of tries
-from a small backoff gives up in one or two. The model is the AWS SDKs' standard mode
-(docs/decisions/0115-retries-and-checked-uploads.md):
+number of times: S3 throttles (503 SlowDown) for tens of seconds. As the AWS SDKs' standard
+mode (docs/decisions/0115-retries-and-checked-uploads.md), the wait before retry ``n`` is
+full jitter, ``random() * min(max_backoff_s, base * 2**n)`` (base ``throttle_backoff_s``
+after throttling, else ``backoff_s``), at least a server's ``Retry-After``; the last wait is
+cut to the deadline. Past it (or ``max_attempts``), one ``RetriesExhaustedError`` names the
+request, the attempts, the last cause and the option that gives more time.
 
-- the wait before retry ``n`` (0 first) is full jitter, ``random() * min(max_backoff_s,
-  base * 2**n)``, the base ``throttle_backoff_s`` after throttling, else ``backoff_s``;
-- a server's ``Retry-After`` (or S3's ``x-amz-retry-after``) is waited at least;
-- the last wait is cut to the deadline, so one attempt lands on it; past it, one
-  ``RetriesExhaustedError`` says what was asked, how many attempts over how long, the
-  last cause and the option that gives more time. ``max_attempts`` also caps the count.
-
-A store's options class inherits ``RetryPolicy``, so its fields are settings of every store
-(``--storage-option retry_timeout_s=120``); it names its other spellings (``ALIASES``) and
-the environment variables it reads (``ENVIRONMENT``): ``of`` parses the user's settings over
-the environment's, the one place either is read (``open_store`` calls it).
+Every store's options class is a ``RetryPolicy``: it names the other spellings of its
+settings (``ALIASES``) and the environment variables it reads (``ENVIRONMENT``), and ``of``
+parses the user's settings over the environment's, the one place either is read.
 """
 
 from __future__ import annotations
@@ -36,27 +31,8 @@ from h5pack.errors import OptionsError, RemoteError
 
 T = TypeVar("T")
 P = TypeVar("P", bound="RetryPolicy")
-# The jitter's draws: from the system, so no process's random state is touched and forked
-# workers never wait in step.
+# From the system: no process's random state is touched, forked workers never wait in step.
 _JITTER = random.SystemRandom()
-
-# Error codes and statuses that mean "too many requests: slow down" (S3, GCS, Azure, HTTP).
-THROTTLING_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestLimitExceeded",
-        "TooManyRequests",
-        "TooManyRequestsException",
-        "ServerBusy",
-        "rateLimitExceeded",
-        "503",
-        "429",
-    }
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,9 +41,9 @@ class RetryPolicy:
 
     Attributes:
         retry_timeout_s: Seconds after a request's first attempt during which it is tried
-            again (obstore's ``retry_timeout``); 0: one attempt.
-        max_attempts: The most attempts of one request (``attempts``, ``retries``; as
-            botocore's ``max_attempts``, the first included); None: as many as fit the time.
+            again; 0: one attempt.
+        max_attempts: The most attempts of one request, the first included; None: as many
+            as fit the time.
         backoff_s: The base of the waits after transient errors (resets, timeouts, 5xx).
         throttle_backoff_s: The base of the waits after throttling (503 SlowDown, 429).
         max_backoff_s: The longest wait the backoff draws (a Retry-After may ask more).
@@ -76,7 +52,6 @@ class RetryPolicy:
         OptionsError: a duration is negative or ``max_attempts`` is below 1.
     """
 
-    # other spellings of the settings, and the environment variable -> setting read
     ALIASES: ClassVar[Mapping[str, str]] = {
         "attempts": "max_attempts",
         "retries": "max_attempts",
@@ -95,9 +70,10 @@ class RetryPolicy:
             raise OptionsError(
                 f"max_attempts should be >= 1, but got max_attempts={self.max_attempts}"
             )
-        for name in ("retry_timeout_s", "backoff_s", "throttle_backoff_s", "max_backoff_s"):
-            if getattr(self, name) < 0:
-                raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name.endswith("_s") and value < 0:
+                raise OptionsError(f"{item.name} should be >= 0, but got {item.name}={value}")
 
     @classmethod
     def of(cls: type[P], settings: Mapping[str, Any]) -> P:
@@ -138,12 +114,7 @@ class RetryPolicy:
         return {name: environ[v] for v, name in cls.ENVIRONMENT.items() if environ.get(v)}
 
     def wait_s(self, retry: int, transient: Transient, draw: float) -> float:
-        """Return the wait before retry ``retry`` (0 first) after ``transient``.
-
-        Args:
-            retry: How many retries came before this one.
-            transient: What failed.
-            draw: A number in ``[0, 1)`` (the jitter).
+        """Return the wait before retry ``retry`` (0 first) after ``transient``; ``draw`` in [0, 1).
 
         Example:
             >>> policy = RetryPolicy(backoff_s=0.05, throttle_backoff_s=1.0)
@@ -159,13 +130,7 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Transient:
-    """A failure worth trying again (what a store's ``classify`` returns).
-
-    Attributes:
-        cause: What failed, for the final error (``HTTP 503 SlowDown``, ``timeout``...).
-        throttled: The server asked to slow down (the waits grow from ``throttle_backoff_s``).
-        retry_after_s: The server's ``Retry-After``, in seconds (None: none).
-    """
+    """A failure worth trying again: its cause, whether throttled, the server's Retry-After."""
 
     cause: str
     throttled: bool = False
@@ -173,13 +138,7 @@ class Transient:
 
 
 class RetriesExhaustedError(RemoteError):
-    """A request still failed when its retries ran out (time or ``max_attempts``).
-
-    Attributes:
-        attempts: How many attempts were made.
-        elapsed_s: Seconds from the first attempt to the last failure.
-        cause: The last failure.
-    """
+    """A request still failed when its retries ran out: ``attempts``, ``elapsed_s``, ``cause``."""
 
     def __init__(self, message: str, *, attempts: int, elapsed_s: float, cause: str) -> None:
         super().__init__(message)
@@ -198,19 +157,9 @@ def retrying(
 ) -> T:
     """Return ``attempt()``, tried again under ``policy`` while ``classify`` says transient.
 
-    Args:
-        policy: How long, and with which waits.
-        attempt: One try of the request.
-        classify: Returns the ``Transient`` of an exception worth trying again, None to
-            raise it as it is; it may raise a final error of its own instead.
-        what: The request, for the final error (``s3://b/k: bytes 0..9 from http://...``),
-            or a function returning it (called only then).
-        clock: Seconds, monotonic (injected by tests with ``sleep``).
-        sleep: The wait between attempts.
-        draw: The jitter, in ``[0, 1)``.
-
-    Raises:
-        RetriesExhaustedError: still failing at the deadline or after ``max_attempts``.
+    ``classify`` returns the ``Transient`` of an exception worth trying again, None to raise
+    it as it is, or raises a final error of its own; ``what`` names the request for the
+    final ``RetriesExhaustedError``; ``clock``, ``sleep`` and ``draw`` are injected by tests.
     """
     started = clock()
     deadline = started + policy.retry_timeout_s
@@ -225,22 +174,19 @@ def retrying(
                 raise
         now = clock()
         wait = policy.wait_s(attempts - 1, transient, draw())
-        out_of_time = now >= deadline or (
-            transient.retry_after_s is not None and now + transient.retry_after_s > deadline
-        )
+        asked = transient.retry_after_s
+        out_of_time = now >= deadline or (asked is not None and now + asked > deadline)
         capped = policy.max_attempts is not None and attempts >= policy.max_attempts
         if out_of_time or capped:
             limit = f"retry_timeout_s={policy.retry_timeout_s:g}: raise it to wait longer"
             if capped and not out_of_time:
                 limit = f"max_attempts={policy.max_attempts}"
-            asked = ""
-            if transient.retry_after_s is not None:
-                asked = f"; the server asked to wait {transient.retry_after_s:g} s"
+            said = "" if asked is None else f"; the server asked to wait {asked:g} s"
             request = what if isinstance(what, str) else what()
             plural = "s" * (attempts != 1)
             raise RetriesExhaustedError(
                 f"{request}: gave up after {attempts} attempt{plural} over {now - started:.1f} s "
-                f"(storage option {limit}){asked}; last cause: {transient.cause}",
+                f"(storage option {limit}){said}; last cause: {transient.cause}",
                 attempts=attempts,
                 elapsed_s=now - started,
                 cause=transient.cause,
@@ -249,11 +195,9 @@ def retrying(
 
 
 def retry_after_s(value: str | None, *, milliseconds: str | None = None) -> float | None:
-    """Return the wait an answer asks for, in seconds; None when it asks none.
+    """Return the wait a ``Retry-After`` header (seconds or a date) asks for; None: none.
 
-    Args:
-        value: A ``Retry-After`` header: seconds, or an HTTP date.
-        milliseconds: S3's ``x-amz-retry-after`` header (milliseconds); wins when set.
+    ``milliseconds``: S3's ``x-amz-retry-after``, which wins when set.
 
     Example:
         >>> retry_after_s("3"), retry_after_s(None, milliseconds="1500"), retry_after_s("soon")
@@ -261,15 +205,11 @@ def retry_after_s(value: str | None, *, milliseconds: str | None = None) -> floa
     """
     if milliseconds and milliseconds.strip().isdigit():
         return int(milliseconds) / 1000
-    if not value:
-        return None
-    value = value.strip()
+    value = (value or "").strip()
     if value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    return None if when.tzinfo is None else max(0.0, when.timestamp() - time.time())

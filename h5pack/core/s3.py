@@ -3,17 +3,12 @@
 NOTE [ The S3 client ]
 
 The client is botocore (the ``s3`` extra; docs/decisions/0017-s3-client-lean-get.md says
-why, and why not obstore: its runtime does not survive ``fork``). Clients are made once per
-process and options (keyed on the pid), read what the AWS CLI reads (profiles, SSO, roles),
-and leave retries to ``S3Source.with_retries``: timeouts, resets, 5xx and SlowDown are
-tried again until ``retry_timeout_s`` (NOTE [ Retries by time ]), then one ``RemoteError``
-names the URL, the bytes, the attempts and the cause. The chunks' ranged GETs go through
-``core.s3http`` (NOTE [ The lean ranged GET ]).
-
-Trust: every GET after the first carries ``If-Match`` with the ETag seen at open, and each
-answer's ETag and total size are checked (servers that ignore If-Match are caught too); a
-body shorter than its range is never returned. The settings come from the environment
-(``AWS_*``, ``S3Options.ENVIRONMENT``), overridden by the user's.
+why, and why not obstore: its runtime does not survive ``fork``), made once per process and
+options, reading what the AWS CLI reads (profiles, SSO, roles), with no retries of its own:
+every request goes through ``S3Source.with_retries`` (NOTE [ Ranged sources ]). The chunks'
+ranged GETs go through ``core.s3http`` (NOTE [ The lean ranged GET ]). Every GET after the
+first carries ``If-Match`` with the ETag seen at open, and each answer's ETag and size are
+checked (servers that ignore If-Match are caught too).
 """
 
 from __future__ import annotations
@@ -26,9 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from h5pack.core.ranged import Retry
 from h5pack.core.s3options import S3Options as S3Options
 from h5pack.core.s3options import make_client as make_client
-from h5pack.core.s3source import RetryableAnswer
 from h5pack.core.s3source import S3Source as S3Source
 from h5pack.core.s3upload import (
     PendingUpload,
@@ -51,17 +46,7 @@ logger = logging.getLogger("h5pack")
 
 
 class S3Store(Store):
-    """Objects in S3-compatible buckets, reached with ``options`` (NOTE [ The S3 client ]).
-
-    Every request goes through ``S3Source.with_retries`` (retries by time, one-line errors
-    naming the URL). NOTE [ Publishing in a bucket ] (``write/upload.py``) says why an
-    upload is the atomic publish of a pack.
-
-    Args:
-        options: How to reach the buckets.
-        sleep: The wait between tries (injected by tests).
-        clock: Seconds, monotonic: the retries' deadline (injected by tests with ``sleep``).
-    """
+    """Objects in S3-compatible buckets (NOTE [ The S3 client ]); ``sleep``, ``clock``: tests'."""
 
     options_type = S3Options
     options: S3Options
@@ -75,8 +60,7 @@ class S3Store(Store):
     ):
         super().__init__(options)
         self._sleep, self._clock = sleep, clock
-        # whether the server may implement If-None-Match (NOTE [ Conditional final PUT ])
-        self._conditional = True
+        self._conditional = True  # the server may implement If-None-Match
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options}
@@ -99,54 +83,39 @@ class S3Store(Store):
     ) -> Any:
         """Return the client's ``name(Bucket=..., Key=..., **arguments)``, with the retries.
 
-        ``check(answer)`` may raise ``RetryableAnswer``: the request is then tried again.
-
-        Raises:
-            PackNotFoundError: no such object (or bucket).
-            RemoteError: denied, or failed after the retries (naming the URL and the cause).
+        ``check(answer)`` may raise ``Retry``: the request is then tried again.
         """
         source = self.source(url)
         _, bucket, key = split_url(url)
-        method = getattr(source.client(), name)
 
         def attempt() -> Any:
-            answer = method(Bucket=bucket, Key=key, **arguments)
+            answer = getattr(source.client(), name)(Bucket=bucket, Key=key, **arguments)
             if check is not None:
                 check(answer)
             return answer
 
         return source.with_retries(what, attempt)
 
-    def stat(self, path: str) -> ObjectInfo | None:
-        """Return the object at ``path`` (one HEAD), or None when there is none."""
-        try:
-            answer = self.call(path, "its size (HEAD)", "head_object")
-        except PackNotFoundError as err:
-            if "no bucket" in str(err):
-                raise
-            return None
-        return ObjectInfo(path, int(answer["ContentLength"]), str(answer["ETag"]))
+    def _pages(self, prefix_url: str, what: str, name: str) -> list[Any]:
+        """Return every page of the listing ``name`` under ``prefix_url`` (retried whole)."""
+        source = self.source(prefix_url)
+        _, bucket, key = split_url(prefix_url)
+
+        def listing() -> list[Any]:
+            pages = source.client().get_paginator(name).paginate(Bucket=bucket, Prefix=key)
+            return list(pages)
+
+        found: list[Any] = source.with_retries(what, listing)
+        return found
 
     def objects(self, prefix: str) -> list[ObjectInfo]:
         """Return the objects under the URL ``prefix``, sorted (one ListObjectsV2 a page)."""
-        source = self.source(prefix)
-        scheme, bucket, key = split_url(prefix)
-        found: list[ObjectInfo] = []
-        token = ""
-        while True:
-            more = {"ContinuationToken": token} if token else {}
-
-            def listing(more: dict[str, str] = more) -> Any:
-                return source.client().list_objects_v2(Bucket=bucket, Prefix=key, **more)
-
-            page = source.with_retries("the listing (ListObjectsV2)", listing)
-            found.extend(
-                ObjectInfo(f"{scheme}://{bucket}/{o['Key']}", int(o["Size"]), str(o["ETag"]))
-                for o in page.get("Contents", ())
-            )
-            token = page.get("NextContinuationToken", "")
-            if not page.get("IsTruncated") or not token:
-                break
+        scheme, bucket, _ = split_url(prefix)
+        found = [
+            ObjectInfo(f"{scheme}://{bucket}/{o['Key']}", int(o["Size"]), str(o["ETag"]))
+            for page in self._pages(prefix, "the listing (ListObjectsV2)", "list_objects_v2")
+            for o in page.get("Contents", ())
+        ]
         return sorted(found, key=lambda o: o.url)
 
     def put(self, path: str, data: bytes) -> None:
@@ -177,10 +146,9 @@ class S3Store(Store):
 
         NOTE [ Conditional final PUT ]: with ``if_absent``, the PUT (or the multipart
         upload's completion) carries ``If-None-Match: *``, so a server that implements it
-        (AWS S3, MinIO...) refuses atomically to replace an object that appeared under the
-        key since the HEAD that checked it. A server that answers 501 NotImplemented is
-        asked again without the header (and not asked with it again); one that ignores the
-        header (rclone serve s3) cannot be told apart: the HEAD just before is the guard.
+        (AWS S3, MinIO...) refuses atomically to replace an object that appeared since the
+        HEAD that checked the key. One that answers 501 is asked again without it (and not
+        asked with it again); one that ignores it (rclone serve s3) has that HEAD as guard.
 
         Raises:
             TargetExistsError: the server refused: an object exists under ``url``.
@@ -192,28 +160,27 @@ class S3Store(Store):
             if why := stored_other_bytes(answer, md5, parts):
                 self.delete(url)
                 if not parts:
-                    raise RetryableAnswer(why)
+                    raise Retry(why)
                 raise RemoteError(f"{url}: {what}: {why}; the object was deleted")
 
-        arguments["check"] = check
         if if_absent and self._conditional:
             try:
-                return self.call(url, what, name, IfNoneMatch="*", **arguments)
+                return self.call(url, what, name, check=check, IfNoneMatch="*", **arguments)
             except SourceChangedError:  # 412 Precondition Failed: the key is taken
                 raise TargetExistsError(
                     f"{url} appeared during the conversion; not replaced"
                 ) from None
             except UnsupportedRequestError:
                 self._conditional = False
-        return self.call(url, what, name, **arguments)
+        return self.call(url, what, name, check=check, **arguments)
 
     def publish(
         self, local: Path, path: str, *, if_absent: bool, part_size: int | None = None
     ) -> ObjectInfo:
         """Upload the finished file ``local`` under ``path`` (NOTE [ Publishing in a bucket ]).
 
-        A file of at most one part is one PUT; a larger one a multipart upload
-        (``core.s3upload.upload_in_parts``). Every PUT is checked (NOTE [ Checked uploads ]).
+        A file of at most one part is one PUT, a larger one a multipart upload; each PUT
+        is checked (NOTE [ Checked uploads ]).
 
         Raises:
             TargetExistsError: ``if_absent`` and the server refused: an object exists.
@@ -226,46 +193,27 @@ class S3Store(Store):
             answer = self.put_final(
                 path, what, "put_object", if_absent=if_absent, Body=local.read_bytes()
             )
-            return ObjectInfo(path, size, str(answer.get("ETag", "")))
-        answer = upload_in_parts(self, local, path, part=part, if_absent=if_absent)
+        else:
+            answer = upload_in_parts(self, local, path, part=part, if_absent=if_absent)
         return ObjectInfo(path, size, str(answer.get("ETag", "")))
 
     def pending(self, prefix_url: str) -> list[PendingUpload]:
-        """Return the incomplete multipart uploads whose URL starts with ``prefix_url``.
-
-        Raises:
-            RemoteError: the listing failed.
-        """
+        """Return the incomplete multipart uploads whose URL starts with ``prefix_url``."""
         scheme, bucket, prefix = split_url(prefix_url)
-        source = self.source(prefix_url)
-        found: list[PendingUpload] = []
-        markers: dict[str, str] = {}
-        while True:
-            try:
-                page = source.with_retries(
-                    f"the incomplete uploads under {prefix!r}",
-                    lambda: source.client().list_multipart_uploads(
-                        Bucket=bucket,
-                        Prefix=prefix,
-                        **markers,  # noqa: B023  (called at once)
-                    ),
-                )
-            except PackNotFoundError as err:
-                # rclone serve s3 answers 404 NoSuchUpload for a bucket that never had an
-                # upload (S3 answers an empty list): none
-                if "no bucket" in str(err):
-                    raise
-                return found
-            found += [
-                PendingUpload(f"{scheme}://{bucket}/{item['Key']}", str(item["UploadId"]))
-                for item in page.get("Uploads", [])
-            ]
-            if not page.get("IsTruncated"):
-                return found
-            markers = {
-                "KeyMarker": str(page.get("NextKeyMarker", "")),
-                "UploadIdMarker": str(page.get("NextUploadIdMarker", "")),
-            }
+        what = f"the incomplete uploads under {prefix!r}"
+        try:
+            pages = self._pages(prefix_url, what, "list_multipart_uploads")
+        except PackNotFoundError as err:
+            # rclone serve s3 answers 404 NoSuchUpload for a bucket that never had an
+            # upload (S3 answers an empty list): none
+            if "no bucket" in str(err):
+                raise
+            return []
+        return [
+            PendingUpload(f"{scheme}://{bucket}/{item['Key']}", str(item["UploadId"]))
+            for page in pages
+            for item in page.get("Uploads", ())
+        ]
 
     def abort(self, upload: PendingUpload) -> None:
         """Abort ``upload`` (its parts are deleted). Never raises: a failure is logged."""
@@ -282,11 +230,8 @@ class S3Store(Store):
     def sweep(self, paths: Sequence[str]) -> list[str]:
         """Abort the incomplete multipart uploads under ``paths``; return their URLs.
 
-        NOTE [ Publishing in a bucket ]. A sweep that fails is logged (the parts stay until
-        a later run, or the bucket's lifecycle rule, removes them).
-
-        Raises:
-            PackNotFoundError: the bucket does not exist.
+        A sweep that fails is logged (the parts stay until a later run, or the bucket's
+        lifecycle rule, removes them); a missing bucket raises ``PackNotFoundError``.
         """
         if not paths:
             return []

@@ -8,9 +8,8 @@ chunks' ranged GETs are issued here (docs/decisions/0017-s3-client-lean-get.md):
 - botocore still gives the credentials (refreshable ones are frozen at every request), the
   object's URL and signing region (``target_of``), and makes every other request;
 - ``Signer``: SigV4 in headers, the day's signing key kept per (secret, day, region);
-- ``Connections``: ``http.client`` connections per process (keyed on the pid), TCP_NODELAY,
-  the options' timeouts, a dropped keep-alive connection skipped; HTTPS verified against
-  botocore's CA bundle; an endpoint behind an ``HTTP(S)_PROXY`` keeps botocore's path;
+- ``http.Connections`` per process, HTTPS verified against botocore's CA bundle; an
+  endpoint behind an ``HTTP(S)_PROXY`` keeps botocore's path;
 - ``get_into``: the body read straight into the caller's buffer, its length, Content-Range,
   ETag and size checked. Error answers become botocore's ``ClientError`` (one mapping in
   ``S3Source``); resets, timeouts and short bodies are ``OSError`` (retried by the caller).
@@ -18,22 +17,17 @@ chunks' ranged GETs are issued here (docs/decisions/0017-s3-client-lean-get.md):
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import hashlib
 import hmac
 import http.client
-import os
 import re
-import socket
-import ssl
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from h5pack.core.source import readable
+from h5pack.core.http import Connections as Connections
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UTC = datetime.timezone.utc  # not datetime.UTC: Python 3.11+, and 3.10 is supported
@@ -46,27 +40,16 @@ class ShortBody(OSError):
 
 @dataclass(frozen=True)
 class Target:
-    """Where one object's GETs go, as botocore would send them.
+    """Where one object's GETs go, as botocore would send them."""
 
-    Attributes:
-        scheme: ``http`` or ``https``.
-        netloc: ``host[:port]``, also the signed Host header.
-        path: The URL-encoded path (with the bucket in path style).
-        region: The region the signature is scoped to.
-    """
-
-    scheme: str
-    netloc: str
-    path: str
-    region: str
+    scheme: str  # http or https
+    netloc: str  # host[:port], also the signed Host header
+    path: str  # URL-encoded (with the bucket in path style)
+    region: str  # the signature's scope
 
 
 def target_of(client: Any, bucket: str, key: str) -> Target:
-    """Return where ``client`` sends the GETs of ``bucket/key`` (one presigned URL, no request).
-
-    Raises:
-        botocore.exceptions.NoCredentialsError: no credentials to sign with.
-    """
+    """Return where ``client`` sends the GETs of ``bucket/key`` (one presigned URL, no request)."""
     url = client.generate_presigned_url(
         "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60
     )
@@ -86,10 +69,8 @@ def uses_proxy(target: Target) -> bool:
 class Signer:
     """AWS Signature Version 4 of bodiless S3 requests, in headers.
 
-    Args:
-        credentials: Returns ``(access_key, secret_key, token)`` now (botocore's
-            ``get_frozen_credentials``, which refreshes temporary credentials).
-        clock: The time of a signature (injected by tests).
+    ``credentials`` returns ``(access_key, secret_key, token)`` now (botocore's
+    ``get_frozen_credentials``, which refreshes temporary ones); ``clock``: for tests.
     """
 
     def __init__(
@@ -149,134 +130,14 @@ class Signer:
         return signed
 
 
-class Connections:
-    """Idle keep-alive connections to one endpoint, for the threads of one process.
-
-    Args:
-        scheme: ``http`` or ``https``.
-        netloc: ``host[:port]``.
-        connect_timeout_s: Seconds to connect.
-        read_timeout_s: Seconds without a byte once connected.
-        keep: The most idle connections kept.
-    """
-
-    def __init__(
-        self,
-        scheme: str,
-        netloc: str,
-        *,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        keep: int = 16,
-    ) -> None:
-        self.scheme, self.netloc = scheme, netloc
-        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
-        self.keep = keep
-        self._idle: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-        self._context: ssl.SSLContext | None = None
-
-    def take(self) -> http.client.HTTPConnection:
-        """Return an idle connection still open, or a new one (connected).
-
-        An idle connection the server has closed meanwhile (servers drop keep-alive
-        connections after a while: between epochs, say) reads as readable (its EOF): it is
-        closed and skipped, as urllib3 does, rather than failing a request and costing a try.
-        """
-        while True:
-            with self._lock:
-                if not self._idle:
-                    break
-                idle = self._idle.pop()
-            if idle.sock is not None and not _dropped(idle.sock):
-                return idle
-            idle.close()
-        connection: http.client.HTTPConnection
-        if self.scheme == "https":
-            if self._context is None:
-                from botocore.httpsession import get_cert_path
-
-                self._context = ssl.create_default_context(cafile=get_cert_path(True))
-            connection = http.client.HTTPSConnection(
-                self.netloc, timeout=self.connect_timeout_s, context=self._context
-            )
-        else:
-            connection = http.client.HTTPConnection(self.netloc, timeout=self.connect_timeout_s)
-        connection.connect()
-        assert connection.sock is not None  # connected just now
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection.sock.settimeout(self.read_timeout_s)
-        return connection
-
-    def close(self) -> None:
-        """Close the idle connections."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
-
-    def give(self, connection: http.client.HTTPConnection) -> None:
-        """Keep ``connection`` for the next request (its answer read to the end)."""
-        with self._lock:
-            if len(self._idle) < self.keep:
-                self._idle.append(connection)
-                return
-        connection.close()
-
-
-def _dropped(sock: socket.socket) -> bool:
-    """Return whether an idle connection's socket has something to read (EOF: closed)."""
-    try:
-        return readable(sock)
-    except (OSError, ValueError):  # closed meanwhile
-        return True
-
-
-# One pool per (process, endpoint, timeouts): a forked child makes its own and never uses
-# (nor closes) the sockets it inherited, which its parent may still be using.
-_POOLS: dict[tuple[int, str, str, float, float], Connections] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-@atexit.register
-def _close_pools() -> None:
-    """Close this process's idle connections at exit (never a parent's, inherited)."""
-    with _POOLS_LOCK:
-        mine = [pool for key, pool in _POOLS.items() if key[0] == os.getpid()]
-    for pool in mine:
-        pool.close()
-
-
-def connections(target: Target, connect_timeout_s: float, read_timeout_s: float) -> Connections:
-    """Return this process's connections to ``target``'s endpoint."""
-    key = (os.getpid(), target.scheme, target.netloc, connect_timeout_s, read_timeout_s)
-    with _POOLS_LOCK:
-        pool = _POOLS.get(key)
-        if pool is None:
-            pool = _POOLS[key] = Connections(
-                target.scheme,
-                target.netloc,
-                connect_timeout_s=connect_timeout_s,
-                read_timeout_s=read_timeout_s,
-            )
-        return pool
-
-
 @dataclass(frozen=True)
 class Answer:
-    """What a ranged GET said besides its body.
+    """What a ranged GET said besides its body."""
 
-    Attributes:
-        etag: The object's ETag.
-        first: The first byte of the body in the object.
-        total: The object's size.
-        nbytes: The body's bytes (those written into the buffer).
-    """
-
-    etag: str
-    first: int
-    total: int
-    nbytes: int
+    etag: str  # the object's
+    first: int  # the body's first byte in the object
+    total: int  # the object's size
+    nbytes: int  # the body's, written into the buffer
 
 
 def get_into(
@@ -290,14 +151,8 @@ def get_into(
 ) -> Answer:
     """Fill ``buffer`` with the object's bytes from ``start``: one signed ranged GET.
 
-    Args:
-        buffer: Where the body goes (``len(buffer)`` bytes asked for).
-        start: The first byte; None: the object's last ``len(buffer)`` bytes (a suffix
-            range: all of a smaller object, at the front of ``buffer``).
-        target: Where the GET goes.
-        signer: Its signature.
-        pool: Its connection.
-        etag: Sent as ``If-Match`` (None: the first request, which learns it).
+    ``start`` None asks for the last ``len(buffer)`` bytes (a suffix range: all of a smaller
+    object, at the front of ``buffer``); ``etag`` goes as ``If-Match``.
 
     Raises:
         botocore.exceptions.ClientError: an error answer (its code and status).
@@ -317,9 +172,7 @@ def get_into(
         connection.request("GET", target.path, headers=headers)
         response = connection.getresponse()
         if response.status not in (200, 206):
-            body = response.read(_ERROR_BYTES)
-            connection.close()
-            raise _client_error(response, body)
+            raise _client_error(response, response.read(_ERROR_BYTES))
         first, total = _content_range(response.getheader("Content-Range"))
         length = response.length
         if start is None:
@@ -327,7 +180,6 @@ def get_into(
         else:
             fits = first == start and length == want
         if not fits or length is None:
-            connection.close()
             raise ValueError(
                 f"asked for {extra['range']}, the answer holds {length} bytes at {first} "
                 f"(Content-Range {response.getheader('Content-Range')!r})"
@@ -336,7 +188,6 @@ def get_into(
         while got < length:
             count = response.readinto(buffer[got:length])
             if not count:
-                connection.close()
                 raise ShortBody(f"a body of {got} bytes for {length} (cut short)")
             got += count
         answer = Answer(response.getheader("ETag") or "", first, total, length)

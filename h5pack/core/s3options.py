@@ -5,26 +5,23 @@ Import these from ``core.s3`` (NOTE [ The S3 client ] is there).
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from h5pack.core import s3http
-from h5pack.core.retry import RetryPolicy
+from h5pack.core.http import Connections, connections
+from h5pack.core.ranged import RemoteOptions, per_process
 from h5pack.core.secrets import masked_repr
 from h5pack.core.store import missing_extra
 from h5pack.errors import OptionsError, RemoteError
 
 
 @dataclass(frozen=True, kw_only=True)
-class S3Options(RetryPolicy):
-    """How to reach a bucket; every field may come from the user's settings or the environment.
+class S3Options(RemoteOptions):
+    """How to reach a bucket, from the user's settings or the environment (``AWS_*``).
 
-    The retry fields (``retry_timeout_s``, ``max_attempts``...) are ``RetryPolicy``'s
-    (NOTE [ Retries by time ]). ``repr`` and ``str`` show no credential (``'***'``:
-    NOTE [ No secret in any message ]).
+    ``repr`` and ``str`` show no credential (NOTE [ No secret in any message ]).
 
     Attributes:
         endpoint: An S3-compatible server (``http://127.0.0.1:9000``); None: AWS.
@@ -33,20 +30,14 @@ class S3Options(RetryPolicy):
         secret_access_key: Its secret.
         session_token: A temporary credential's token.
         profile: A profile of ``~/.aws/config`` / ``~/.aws/credentials``.
-        connect_timeout_s: Seconds to connect before the attempt counts as failed.
-        read_timeout_s: Seconds without a byte before the attempt counts as failed.
-        max_in_flight: Requests one process issues at once (``read_ranges``).
         ranged_gets: ``"lean"``: the chunks' ranged GETs are signed and sent by h5pack and
             read straight into their buffers (NOTE [ The lean ranged GET ]); ``"botocore"``:
             through botocore's ``get_object``, as every other request (for comparison).
-
-    Raises:
-        OptionsError: a count or duration is out of range.
     """
 
     # other spellings (fsspec's and boto3's names)
     ALIASES: ClassVar[Mapping[str, str]] = {
-        **RetryPolicy.ALIASES,
+        **RemoteOptions.ALIASES,
         "endpoint_url": "endpoint",
         "key": "access_key_id",
         "aws_access_key_id": "access_key_id",
@@ -75,9 +66,6 @@ class S3Options(RetryPolicy):
     secret_access_key: str | None = None
     session_token: str | None = None
     profile: str | None = None
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    max_in_flight: int = 16
     ranged_gets: Literal["lean", "botocore"] = "lean"
 
     def __post_init__(self) -> None:
@@ -87,13 +75,6 @@ class S3Options(RetryPolicy):
                 "ranged_gets should be 'lean' or 'botocore', but got "
                 f"ranged_gets={self.ranged_gets!r}"
             )
-        if self.max_in_flight < 1:
-            raise OptionsError(
-                f"max_in_flight should be >= 1, but got max_in_flight={self.max_in_flight}"
-            )
-        for name in ("connect_timeout_s", "read_timeout_s"):
-            if getattr(self, name) < 0:
-                raise OptionsError(f"{name} should be >= 0, but got {name}={getattr(self, name)}")
 
     def __repr__(self) -> str:
         return masked_repr(self)
@@ -110,36 +91,11 @@ def boto_modules() -> Any:
     return boto3, botocore.config, botocore.exceptions
 
 
-# One client per process and options: creating one loads botocore's service model, and a
-# client is thread-safe. Keyed on the pid: a forked child makes its own.
-_CLIENTS: dict[tuple[int, S3Options], tuple[Any, Any]] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def shared_client(options: S3Options) -> Any:
-    """Return this process's client for ``options`` (made once, see ``make_client``)."""
-    return _shared(options)[0]
-
-
-def shared_credentials(options: S3Options) -> Any:
-    """Return the botocore credentials this process's client signs with (None: none found)."""
-    return _shared(options)[1]
-
-
-def _shared(options: S3Options) -> tuple[Any, Any]:
-    key = (os.getpid(), options)
-    with _CLIENTS_LOCK:
-        found = _CLIENTS.get(key)
-        if found is None:
-            found = _CLIENTS[key] = make_client(options)
-        return found
-
-
 def make_client(options: S3Options) -> tuple[Any, Any]:
-    """Return a botocore S3 client for ``options`` (no retries of its own) and its credentials.
+    """Return a botocore S3 client of ``options`` (no retries of its own) and its credentials.
 
-    The credentials are the options' keys, else the session's chain (profiles, SSO,
-    instance roles: possibly refreshable), the very object the client signs with.
+    Made once per process (``ranged.per_process``). The credentials are the options' keys,
+    else the session's chain (profiles, SSO, roles: maybe refreshable) the client signs with.
     """
     boto3, config, errors = boto_modules()
     try:
@@ -168,22 +124,24 @@ def make_client(options: S3Options) -> tuple[Any, Any]:
         aws_session_token=options.session_token,
         config=settings,
     )
-    if options.access_key_id and options.secret_access_key:
-        from botocore.credentials import Credentials
-
-        return client, Credentials(
-            options.access_key_id, options.secret_access_key, options.session_token
-        )
-    return client, session.get_credentials()
+    return client, given_credentials(options) or session.get_credentials()
 
 
-@dataclass(frozen=True)
-class LeanGet:
+def given_credentials(options: S3Options) -> Any:
+    """Return botocore credentials of the options' keys (None: none given)."""
+    if not (options.access_key_id and options.secret_access_key):
+        return None
+    from botocore.credentials import Credentials
+
+    return Credentials(options.access_key_id, options.secret_access_key, options.session_token)
+
+
+class LeanGet(NamedTuple):
     """One object's lean ranged GET in this process (NOTE [ The lean ranged GET ])."""
 
     target: s3http.Target
     signer: s3http.Signer
-    pool: s3http.Connections
+    pool: Connections
 
 
 # Where each object's GETs go (scheme, host, path, region: data, the same in every process):
@@ -201,19 +159,11 @@ def lean_get(options: S3Options, bucket: str, key: str) -> LeanGet | None:
     _, _, errors = boto_modules()
     target = _TARGETS.get((options, bucket, key))
     if target is None:
-        target = _TARGETS[(options, bucket, key)] = s3http.target_of(
-            shared_client(options), bucket, key
-        )
+        client = per_process(make_client, options)[0]
+        target = _TARGETS[(options, bucket, key)] = s3http.target_of(client, bucket, key)
     if s3http.uses_proxy(target):
         return None
-    if options.access_key_id and options.secret_access_key:
-        from botocore.credentials import Credentials
-
-        credentials = Credentials(
-            options.access_key_id, options.secret_access_key, options.session_token
-        )
-    else:
-        credentials = shared_credentials(options)
+    credentials = given_credentials(options) or per_process(make_client, options)[1]
     if credentials is None:
         raise errors.NoCredentialsError()
 
@@ -221,5 +171,11 @@ def lean_get(options: S3Options, bucket: str, key: str) -> LeanGet | None:
         now = credentials.get_frozen_credentials()  # refreshed by botocore when due
         return str(now.access_key), str(now.secret_key), now.token
 
-    pool = s3http.connections(target, options.connect_timeout_s, options.read_timeout_s)
+    cafile = None
+    if target.scheme == "https":
+        from botocore.httpsession import get_cert_path
+
+        cafile = get_cert_path(True)
+    timeouts = (options.connect_timeout_s, options.read_timeout_s)
+    pool = connections(target.scheme, target.netloc, *timeouts, cafile)
     return LeanGet(target, s3http.Signer(frozen), pool)

@@ -1,9 +1,4 @@
-"""Uploads into a bucket: part sizes, checked bodies, and the multipart upload of a pack.
-
-``S3Store.publish`` (``core.s3``) sends a file of one part as one PUT and a larger one with
-``upload_in_parts``. NOTE [ Checked uploads ] is here; NOTE [ Publishing in a bucket ] is
-in ``write/upload.py``.
-"""
+"""Uploads into a bucket: part sizes, checked bodies, and the multipart upload of a pack."""
 
 from __future__ import annotations
 
@@ -18,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from h5pack.core.s3source import RetryableAnswer, UploadVanishedError
+from h5pack.core.ranged import Retry
+from h5pack.core.s3source import UploadVanishedError
 
 if TYPE_CHECKING:
     from h5pack.core.s3 import S3Store
@@ -26,9 +22,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("h5pack")
 
 MIB = 2**20
-# Bytes of one part of a multipart upload (each part is one PUT; a file of at most one part
-# is one PUT). S3 allows 10,000 parts of 5 MiB to 5 GiB; 16 MiB parts reach 160 GB with few
-# requests, ``UPLOAD_CONCURRENCY`` of them in memory at once (the tests use smaller parts).
+# S3 allows 10,000 parts of 5 MiB to 5 GiB; 16 MiB parts reach 160 GB with few requests,
+# ``UPLOAD_CONCURRENCY`` of them in memory at once.
 PART_BYTES = 16 * MIB
 MAX_PARTS = 10_000
 UPLOAD_CONCURRENCY = 8
@@ -77,12 +72,7 @@ def stored_other_bytes(answer: Mapping[str, Any], md5: str, parts: int = 0) -> s
 
 @dataclass(frozen=True)
 class PendingUpload:
-    """An incomplete multipart upload (what ``ListMultipartUploads`` returns).
-
-    Attributes:
-        url: The object it would complete into.
-        upload_id: Its upload id.
-    """
+    """An incomplete multipart upload: the object it would complete into, its upload id."""
 
     url: str
     upload_id: str
@@ -99,13 +89,8 @@ def upload_in_parts(
     """Upload ``local`` under ``path`` in parts of ``part`` bytes; return the completion's answer.
 
     ``UPLOAD_CONCURRENCY`` parts are in flight, each checked (NOTE [ Checked uploads ]) and
-    retried; an upload the server dropped meanwhile (NoSuchUpload) is started again, up to
-    ``RESTARTS`` times. Any error (Ctrl-C and SIGTERM too) aborts the upload before it is
-    raised again.
-
-    Raises:
-        TargetExistsError: ``if_absent`` and the server refused: an object exists.
-        RemoteError: the upload failed; nothing is left under ``path``.
+    retried; an upload the server dropped (NoSuchUpload) is started again, up to
+    ``RESTARTS`` times; any error (Ctrl-C, SIGTERM too) aborts it before it is raised again.
     """
     for round_ in range(1, RESTARTS + 1):
         try:
@@ -137,7 +122,7 @@ def _upload_once(
 
                 def check(answer: Any) -> None:
                     if why := stored_other_bytes(answer, md5s[number - 1]):
-                        raise RetryableAnswer(why)
+                        raise Retry(why)
 
                 answer = store.call(
                     path,

@@ -3,15 +3,10 @@
 NOTE [ No secret in any message ]
 
 Keys, tokens, signatures and presigned query strings must not reach a repr, a log line or
-an error (issue 28 item 6): a traceback pasted into an issue, a CI log or a notebook output
-is public. Three places keep them out:
-
-- an options class holding credentials masks them in ``repr``/``str`` (``masked_repr``);
-- a mapping of settings is shown through ``redacted``;
-- any text from outside (a server's error message, a transport error) passes ``scrub``
-  before it goes into a message: it removes signatures and presigned query values.
-
-Names of secret settings, of every store, are in ``SECRET_OPTIONS``.
+an error (issue 28 item 6): a traceback pasted into an issue or a CI log is public. An
+options class holding credentials masks them (``masked_repr``, or ``repr=False`` fields), a
+mapping of settings is shown through ``redacted``, and any text from outside (a server's
+error, a transport error) passes ``scrub`` before it goes into a message.
 """
 
 from __future__ import annotations
@@ -45,7 +40,10 @@ SECRET_OPTIONS = frozenset(
 )
 # A signature, credential or token in a header or a presigned URL's query, with its value
 # (``X-Amz-Signature=``, ``Credential=`` of an Authorization header, Azure's ``sig=``...).
-_SIGNED = re.compile(r"(?i)((?:signature|credential|security-token|sig|token)=)[^\s&,;\"'<>)]+")
+_SIGNED = re.compile(
+    r"(?i)((?:signature|credential|security-token|sig|token|AccountKey|SharedAccessSignature)=)"
+    r"[^\s&,;\"'<>)]+"
+)
 # A header that carries one, as a server or a proxy may echo it: masked to the line's end.
 _HEADER = re.compile(
     r"(?i)((?:authorization|x-amz-security-token|x-ms-[a-z-]*key)\s*:\s*)[^\r\n<]+"

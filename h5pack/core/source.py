@@ -3,23 +3,14 @@
 NOTE [ Byte sources ]
 
 Everything that reads a pack's bytes outside HDF5 (the direct chunk path, the compact index,
-the read-ahead file object that HDF5 reads old packs through) goes through a ``ByteSource``:
-the local file of today (``LocalSource``: ``os.preadv``, the inode is its identity) or an
-object in a bucket (``h5pack.core.s3.S3Source``: ranged GETs, its identity is its size and
-ETag). A source comes from its store (``core.store.Store.source``: NOTE [ Stores ]).
-
-The methods a source must have are the few a reader needs:
-
-- ``size()`` and ``identity()``: what the source is, fixed when it was opened (a source
-  refuses to read another object or file than the one it opened: ``SourceChangedError``);
-- ``read_ranges(ranges)``: the bytes of several ``[start, end)`` ranges, one request each,
-  issued concurrently where the backend can. This is the one place a read-ahead or a disk
-  cache plugs in (issue 17 items 4-5): a wrapper with the same method;
-- ``read_into(buffer, offset)``: one range into a caller's buffer (no copy where possible);
-- ``read_tail(nbytes)``: the last ``nbytes`` (one request on S3, which needs no size first).
-
-A source is picklable and opens its descriptor or client lazily once per process (a handle
-never crosses ``fork``: NOTE [ h5py handles and fork ]).
+the file object HDF5 reads remote packs through) goes through a ``ByteSource``: a local
+file (``LocalSource``: ``os.preadv``, its inode its identity) or a remote object
+(``core.ranged.RangedSource``: ranged GETs, its ETag its identity), given by its store
+(NOTE [ Stores ]). A source is fixed to what it opened (``identity``; another object or
+file under its name is ``SourceChangedError``), reads several ranges at once where its
+backend can (``read_ranges``: where read-ahead and the disk cache plug in, as wrappers), is
+picklable, and opens its descriptor or client lazily once per process (a handle never
+crosses ``fork``: NOTE [ h5py handles and fork ]).
 """
 
 from __future__ import annotations
@@ -41,8 +32,7 @@ from h5pack.errors import FormatError, PackNotFoundError
 def readable(stream: Any, timeout_s: float = 0.0) -> bool:
     """Return whether ``stream`` (a socket, a pipe) has something to read, or its end.
 
-    ``poll``, not ``select``: select refuses descriptors past 1023, which a long-lived
-    process with many files open reaches.
+    ``poll``: ``select`` refuses descriptors past 1023, which a long-lived process reaches.
     """
     poller = select.poll()
     poller.register(stream, select.POLLIN)
@@ -55,25 +45,16 @@ class SourceChangedError(FormatError):
 
 @dataclass(frozen=True)
 class SourceIdentity:
-    """What a source read: enough to tell that its path or URL now names something else.
-
-    Attributes:
-        size: Bytes.
-        tag: The object's ETag or version (remote), or ``"device:inode:mtime_ns"`` (local).
-    """
+    """What a source read: its size, and its ETag or version (``device:inode:mtime_ns``)."""
 
     size: int
     tag: str
 
 
 class ByteSource(ABC):
-    """The bytes of one pack: a local file or a remote object (NOTE [ Byte sources ]).
+    """The bytes of one pack: a local file or a remote object (NOTE [ Byte sources ])."""
 
-    Attributes:
-        url: Its path or URL, for messages.
-    """
-
-    url: str
+    url: str  # its path or URL, for messages
 
     @abstractmethod
     def size(self) -> int:
@@ -127,26 +108,19 @@ class ByteSource(ABC):
 
 # NOTE [ Mapped raw reads ]
 # An uncompressed local pack's samples are copied out of a read-only mapping of the file
-# (``LocalSource.mapped``, once per process) rather than preadv'd, and the crop path needs
-# no copy at all (docs/decisions/0023-mapped-raw-reads.md); every view is checked with its
-# digest before use, as every read is. The cost is a file truncated under a reader: a page
-# past the new end raises SIGBUS. ``mapped`` compares the file's size with what the batch
-# needs at every call, so a truncation before a batch is a short-read error as with preadv;
-# only one while a batch is being cut remains a SIGBUS. A pack replaced by rename keeps the
-# mapped inode alive and is refused at open (the inode check). Remote and compressed packs
-# are not mapped.
+# (``LocalSource.mapped``, once per process), and the crop path needs no copy at all
+# (docs/decisions/0023-mapped-raw-reads.md); every view is checked with its digest, as
+# every read is. A file truncated under a reader would raise SIGBUS: ``mapped`` checks the
+# size a batch needs at every call, so only a truncation while a batch is cut remains one.
+# A pack replaced by rename keeps the mapped inode and is refused at open.
 
 
 class LocalSource(ByteSource):
-    """A local file read with ``os.preadv``; a descriptor opened lazily once per process.
+    """A local file read with ``os.preadv`` (threads share its descriptor, one per process).
 
-    ``preadv`` carries its own offset, so threads share the descriptor safely; after a fork
-    the child opens its own. With an ``identity`` (``(st_dev, st_ino)`` of the file HDF5
-    opened), a descriptor that names another file (the path was replaced meanwhile) is
-    refused: the direct path never reads bytes of a file other than the metadata's.
-
-    Raises:
-        PackNotFoundError: (``open``) the file does not exist.
+    With an ``inode`` (``(st_dev, st_ino)`` of the file HDF5 opened), a descriptor of
+    another file (the path replaced meanwhile) is refused: the direct path never reads bytes
+    of a file other than the metadata's.
     """
 
     def __init__(self, path: str, *, inode: tuple[int, int] | None = None) -> None:
@@ -160,12 +134,7 @@ class LocalSource(ByteSource):
         self._map_pid = -1
 
     def fd(self) -> int:
-        """Return this process's descriptor.
-
-        Raises:
-            PackNotFoundError: the file does not exist.
-            SourceChangedError: the path now names another file than ``inode``.
-        """
+        """Return this process's descriptor (``PackNotFoundError``, ``SourceChangedError``)."""
         if self._fd is None or self._pid != os.getpid():
             try:
                 fd = os.open(self.path, os.O_RDONLY)
@@ -218,13 +187,8 @@ class LocalSource(ByteSource):
     def mapped(self, end: int) -> np.ndarray:
         """Return the file's bytes up to at least ``end``, mapped read-only (no copy).
 
-        One mapping per process, made on first use. See ``NOTE [ Mapped raw reads ]``: the
-        size is checked at every call, so a file that shrank below ``end`` is a short read
-        (``OSError``) rather than a SIGBUS; views of the mapping must not be kept past the
-        batch that asked for them.
-
-        Raises:
-            OSError: the file is shorter than ``end`` (truncated), or cannot be mapped.
+        NOTE [ Mapped raw reads ]: a file shorter than ``end`` is ``OSError`` (a short
+        read); views must not be kept past the batch that asked for them.
         """
         fd = self.fd()
         size = os.fstat(fd).st_size

@@ -2,24 +2,16 @@
 
 NOTE [ Stores ]
 
-zarr v3's ``Store`` is the model. Each public entry (``make_loader``, ``convert``,
+zarr v3's ``Store`` is the model. Each public edge (``make_loader``, ``convert``,
 ``merge_packs``, ``pack_info``, ``verify_pack``, the benchmarks, the CLI) turns the path or
 URL it was given, plus the user's settings, into one store with ``open_store``, which parses
-them into the store's typed options (``RetryPolicy.of``); below that edge only the store
-travels: no settings mapping, no URL scheme tested. A store answers for every path or URL
-of its kind:
-
-- ``source(path)``: the object's bytes (``core.source.ByteSource``: ranged reads, its
-  identity, an ETag or an inode, checked on every answer); read-ahead and the disk cache
-  wrap a source (``read.planned``), so they work over any store;
-- ``stat``, ``get``, ``objects``: size and identity, a small object whole (a manifest), the
-  objects under a prefix (a source in a bucket: NOTE [ Sources in a bucket ]);
-- ``put``, ``publish``, ``delete``, ``sweep``: what the writers need, each appearing whole or
-  not at all (a pack is written locally, then ``publish``-ed; NOTE [ Publishing in a bucket ]).
-
-A new kind (GCS, Azure, HTTP) is one module with a ``Store`` subclass and its options
-dataclass (a ``RetryPolicy`` naming its ``ALIASES`` and ``ENVIRONMENT``), registered in
-``SCHEMES`` with the extra that brings its client.
+them into the store's typed options (``RetryPolicy.of``); below the edge only the store
+travels. A store answers for every path or URL of its kind: ``source(path)`` (the bytes,
+NOTE [ Byte sources ]: read-ahead and the disk cache wrap it, so they work over any store),
+``stat``, ``get`` (a manifest), ``objects`` (under a prefix: NOTE [ Sources in a bucket ]),
+and for the writers ``put``, ``publish``, ``delete``, ``sweep``, each appearing whole or not
+at all (NOTE [ Publishing in a bucket ]). A new kind is one module with a ``Store`` subclass
+and its options class, registered in ``SCHEMES`` with the extra that brings its client.
 """
 
 from __future__ import annotations
@@ -28,10 +20,10 @@ import contextlib
 import importlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from h5pack._types import StrPath
 from h5pack.core.source import ByteSource, LocalSource
@@ -39,6 +31,8 @@ from h5pack.errors import FormatError, H5PackError, OptionsError, PackNotFoundEr
 
 if TYPE_CHECKING:
     from h5pack.core.retry import RetryPolicy
+
+T = TypeVar("T")
 
 # scheme -> (module, class) of its store, imported on first use (its client is an extra)
 SCHEMES: dict[str, tuple[str, str]] = {
@@ -73,11 +67,7 @@ def is_url(path: StrPath | str) -> bool:
 
 
 def split_url(url: str) -> tuple[str, str, str]:
-    """Return ``(scheme, bucket, key)`` of ``scheme://bucket/key``.
-
-    Raises:
-        FormatError: the URL names no bucket.
-    """
+    """Return ``(scheme, bucket, key)`` of ``scheme://bucket/key`` (``FormatError``: no bucket)."""
     scheme, _, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
     if not bucket:
@@ -92,17 +82,11 @@ def join_url(base: str, relative: str) -> str:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """A stored object (or file), as its store saw it.
-
-    Attributes:
-        url: Its path or URL.
-        size: Its bytes.
-        etag: Its ETag or generation (remote), ``device:inode`` (local).
-    """
+    """A stored object (or file), as its store saw it."""
 
     url: str
     size: int
-    etag: str
+    etag: str  # its ETag or generation (remote), device:inode (local)
 
 
 class Store(ABC):
@@ -137,24 +121,25 @@ class Store(ABC):
     def source(self, path: str) -> ByteSource:
         """Return the bytes of the object at ``path`` (opened lazily; identity on first read)."""
 
-    @abstractmethod
     def stat(self, path: str) -> ObjectInfo | None:
-        """Return the object at ``path``, or None when there is none.
+        """Return the object at ``path`` (one metadata request), or None when there is none.
 
         Raises:
             PackNotFoundError: its bucket (container, directory) does not exist.
             RemoteError: the store cannot be reached, or refuses.
         """
+        found = self._unless_missing(lambda source: source.identity(), path)
+        return None if found is None else ObjectInfo(path, found.size, found.tag)
 
     def get(self, path: str) -> bytes | None:
-        """Return the small object at ``path`` whole (a manifest), or None when there is none.
+        """Return the small object at ``path`` whole (a manifest), or None when there is none."""
+        return self._unless_missing(lambda source: source.read_all(), path)
 
-        Raises:
-            PackNotFoundError: its bucket does not exist.
-        """
+    def _unless_missing(self, read: Callable[[ByteSource], T], path: str) -> T | None:
+        """Return ``read(source)``, or None when the object is missing (not its bucket)."""
         with contextlib.closing(self.source(path)) as source:
             try:
-                return source.read_all()
+                return read(source)
             except PackNotFoundError as err:
                 if "no bucket" in str(err):
                     raise
@@ -244,20 +229,6 @@ class LocalStore(Store):
             os.unlink(path)
 
 
-def store_class(scheme: str) -> type[Store]:
-    """Return the store class of a URL scheme, importing its module.
-
-    Raises:
-        FormatError: no store reads this scheme.
-    """
-    if scheme not in SCHEMES:
-        known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
-        raise FormatError(f"h5pack reads {known} URLs and local paths, not {scheme}://")
-    module_name, class_name = SCHEMES[scheme]
-    found: type[Store] = getattr(importlib.import_module(module_name), class_name)
-    return found
-
-
 def open_store(
     path: StrPath | Sequence[StrPath] | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -268,7 +239,7 @@ def open_store(
         path: A local path, a URL (``s3://bucket/key``), or a list of them (a URL among
             them chooses); None: the local file system.
         storage_options: The client's settings beyond what the environment says (for S3,
-            ``core.s3.S3Options``); ignored for local paths.
+            ``S3Options``); ignored for local paths.
 
     Raises:
         FormatError: an unknown scheme.
@@ -284,7 +255,13 @@ def open_store(
             f"{', '.join(sorted(s + '://' for s in schemes))} URLs in one call: each call "
             "reads and writes one kind of storage (copy through a local path)"
         )
-    return store_class(urls[0].partition("://")[0].lower()).of(storage_options or {})
+    scheme = urls[0].partition("://")[0].lower()
+    if scheme not in SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(SCHEMES))
+        raise FormatError(f"h5pack reads {known} URLs and local paths, not {scheme}://")
+    module_name, class_name = SCHEMES[scheme]
+    found: type[Store] = getattr(importlib.import_module(module_name), class_name)
+    return found.of(storage_options or {})
 
 
 def open_source(path: StrPath, *, storage_options: Mapping[str, Any] | None = None) -> ByteSource:
