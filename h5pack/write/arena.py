@@ -38,7 +38,6 @@ class Arena:
     """Parent side: a memfd of ``num_slots`` slots of ``slot_bytes`` (``OSError`` if not made)."""
 
     def __init__(self, num_slots: int, slot_bytes: int) -> None:
-        self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         size = max(1, num_slots * slot_bytes)
         self._fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)

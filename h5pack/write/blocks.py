@@ -28,7 +28,6 @@ class ArrayAssembler:
     def __init__(
         self, sample_shape: tuple[int, int, int], group_samples: int, *, reuse: bool = False
     ) -> None:
-        self.sample_shape = sample_shape
         self.group_samples = group_samples
         self.reuse = reuse
         self.count = 0
@@ -93,7 +92,6 @@ class BlobAssembler:
     """
 
     def __init__(self, chunk_bytes: int, *, capacity: int = 1024, reuse: bool = False) -> None:
-        self.chunk_bytes = chunk_bytes
         self.aligned = chunk_bytes > 0
         self.reuse = reuse
         self.count = 0
