@@ -64,9 +64,8 @@ from h5pack.read.reader import ReaderOptions
 from h5pack.synthetic import SampleSpec, make_image_folder
 from h5pack.training.epochs import EpochSpec
 from h5pack.training.loader import make_loader
-from h5pack.write.convert import convert, write_arrays
+from h5pack.write.convert import convert, convert_set, write_arrays
 from h5pack.write.options import ConvertOptions
-from h5pack.write.shards import convert_set
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.s3local import Bucket, Fault, FaultProxy, S3Server
