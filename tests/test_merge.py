@@ -8,7 +8,6 @@ same order.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from h5pack import FormatError, TargetExistsError, merge_packs, verify_pack
+from h5pack import FormatError, OptionsError, TargetExistsError, merge_packs, verify_pack
 from h5pack.cli.main import cli
 from h5pack.core import format as fmt
 from h5pack.core.layout import Compression, chunk_map_of
@@ -394,126 +393,58 @@ def test_a_killed_merge_leaves_no_target(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-# -- virtual packs -----------------------------------------------------------------------
+# -- virtual packs: retired (docs/decisions/0160-no-virtual-packs.md) ---------------------
 
 
-@pytest.mark.parametrize("case", ["array misaligned, zstd", "raw blob, lz4", "encoded, none"])
-def test_a_virtual_pack_reads_the_same_pixels_through_h5py(tmp_path, case):
-    samples, counts, options = CASES[case]
-    shards, direct = build(tmp_path, samples, counts, **options)
-    target = tmp_path / "virtual.h5"
-    report = merge_packs(shards, target, virtual=True)
-    assert report.virtual
-    assert target.stat().st_size < sum(s.stat().st_size for s in shards)
-    with h5py.File(target) as handle:
-        assert handle["images"].is_virtual
-        sources = {s.file_name for s in handle["images"].virtual_sources()}
-        assert sources == {s.name for s in shards}  # relative to the virtual pack
-    with PackReader(target) as reader, PackReader(direct) as plain:
-        assert reader.virtual
-        assert not reader.direct
-        if reader.meta.storage == "array":  # the batch path, in a shuffled order
-            order = np.random.default_rng(0).permutation(len(reader))
-            out = np.empty((len(reader), *reader.meta.images_shape[1:]), np.uint8)
-            reader.read_into(order, out)
-            np.testing.assert_array_equal(out, np.stack(plain.read_images(order)))
-    assert_same(target, direct)
-    # from another working directory, and after moving the pack with its sources
-    moved = tmp_path / "moved"
-    moved.mkdir()
-    for path in (*shards, target):
-        shutil.move(path, moved / path.name)
-    cwd = os.getcwd()
-    try:
-        os.chdir(tmp_path)
-        assert_same(moved / "virtual.h5", direct)
-    finally:
-        os.chdir(cwd)
-
-
-def test_a_virtual_pack_refuses_a_missing_source_by_name(tmp_path):
-    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
-    target = tmp_path / "virtual.h5"
-    result = CliRunner().invoke(cli, ["merge", *map(str, shards), str(target), "--virtual", "-q"])
-    assert result.exit_code == 0, result.output
-    assert "a virtual view of 12 samples in 3 packs" in result.output
-    shards[1].rename(tmp_path / "elsewhere.h5")
-    with pytest.raises(FormatError) as caught:
-        PackReader(target)
-    assert f"its source {shards[1]} is missing" in str(caught.value)
-    result = CliRunner().invoke(cli, ["verify", str(target)])
-    assert result.exit_code == 1
-    assert f"its source {shards[1]} is missing" in result.output
-    # HDF5 alone would have served zeros: what the check stands between
-    with h5py.File(target) as handle:
-        assert not handle["images"][4:8].any()
-
-
-def test_info_describes_a_virtual_pack_by_its_sources_and_names_a_missing_one(tmp_path):
-    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
-    target = tmp_path / "virtual.h5"
-    merge_packs(shards, target, virtual=True)
-    result = CliRunner().invoke(cli, ["info", str(target)])
-    assert result.exit_code == 0, result.output
-    assert "virtual: images read from 3 source packs" in result.output
-    assert "zstd" in result.output  # the sources' codec, not "none"
-    data = pack_info_json(target)
-    assert data["layout"] == "virtual"
-    assert [Path(p).name for p in data["virtual_sources"]] == [s.name for s in shards]
-    stored = sum(pack_info_json(s)["disk_bytes"] for s in shards)
-    assert data["disk_bytes"] == stored
-    shards[0].unlink()
-    result = CliRunner().invoke(cli, ["info", str(target)])
-    assert result.exit_code == 1
-    assert f"its source {shards[0]} is missing" in result.output
-
-
-def pack_info_json(path: Path) -> dict:
-    result = CliRunner().invoke(cli, ["info", "--json", str(path)])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
-
-
-def test_a_virtual_pack_refuses_a_replaced_source_by_name(tmp_path):
-    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4, compression=ZSTD)
-    target = tmp_path / "virtual.h5"
-    merge_packs(shards, target, virtual=True)
-    # the same size and sample count, other pixels: only the pack id tells
-    with PackReader(shards[2]) as source:
-        names = source.paths  # the same paths: the same size with its index too
-    _shard(tmp_path / "other.h5", fixed(4, seed=9), paths=names, chunk_samples=4, compression=ZSTD)
-    assert (tmp_path / "other.h5").stat().st_size == shards[2].stat().st_size
-    os.replace(tmp_path / "other.h5", shards[2])
-    with pytest.raises(FormatError, match=f"its source {shards[2]} is another pack"):
-        PackReader(target)
-
-
-def test_a_virtual_pack_with_a_source_of_another_size_is_refused(tmp_path):
-    shards, _ = build(tmp_path, fixed(12), [4, 4, 4], chunk_samples=4)
-    target = tmp_path / "virtual.h5"
-    merge_packs(shards, target, virtual=True)
-    with open(shards[0], "ab") as handle:
-        handle.write(b"\0" * 10)
-    with pytest.raises(FormatError, match=f"its source {shards[0]} changed"):
-        PackReader(target)
-
-
-def test_a_virtual_dataset_without_a_record_of_its_sources_is_refused(tmp_path):
+def test_merging_into_a_virtual_pack_is_refused_naming_what_replaces_it(tmp_path):
     shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
-    target = tmp_path / "virtual.h5"
-    merge_packs(shards, target, virtual=True)
-    with h5py.File(target, "r+") as handle:
-        del handle.attrs["virtual_sources"]
-    with pytest.raises(FormatError, match="without h5pack's record of its sources"):
+    target = tmp_path / "view.h5"
+    with pytest.raises(OptionsError, match=r"virtual packs .* are retired") as caught:
+        merge_packs(shards, target, virtual=True)
+    assert "packset.json) as a pack set" in str(caught.value)
+    assert "merge without --virtual" in str(caught.value)
+    result = CliRunner().invoke(cli, ["merge", *map(str, shards), str(target), "--virtual"])
+    assert result.exit_code == 2
+    assert "are retired" in result.output
+    assert "as a pack set" in result.output
+    assert not target.exists()
+
+
+def test_an_old_virtual_pack_is_refused_naming_it_and_its_replacement(tmp_path):
+    shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
+    target = tmp_path / "view.h5"
+    merge_packs(shards, target)
+    with h5py.File(target, "r+") as handle:  # what merge --virtual recorded
+        handle.attrs["virtual_sources"] = json.dumps([{"path": s.name} for s in shards])
+    for read in (PackReader, fmt.load_meta, lambda path: merge_packs(path, tmp_path / "m.h5")):
+        with pytest.raises(FormatError, match=f"{target} is a virtual pack") as caught:
+            read(target)
+        assert "merge its sources again without --virtual" in str(caught.value)
+        assert "as a pack set" in str(caught.value)
+    result = CliRunner().invoke(cli, ["info", str(target)])
+    assert result.exit_code == 1
+    assert f"{target} is a virtual pack" in result.output
+
+
+def test_an_hdf5_virtual_images_dataset_is_refused_by_name(tmp_path):
+    shards, _ = build(tmp_path, fixed(8), [4, 4], chunk_samples=4)
+    target = tmp_path / "view.h5"
+    merge_packs(shards, target)
+    with h5py.File(target, "r+") as handle:  # no record: HDF5 would serve fill values
+        images = handle["images"]
+        layout = h5py.VirtualLayout(shape=images.shape, dtype=images.dtype)
+        layout[:4] = h5py.VirtualSource(str(shards[0]), "images", shape=(4, *images.shape[1:]))
+        del handle["images"]
+        handle.create_virtual_dataset("images", layout, fillvalue=0)
+    with pytest.raises(FormatError, match=f"{target}: its images are an HDF5 virtual dataset"):
         PackReader(target)
 
 
-@pytest.mark.parametrize("virtual", [False, True])
-def test_a_format_1_0_pack_merges_and_its_virtual_view_checks_its_metadata(tmp_path, virtual):
+def test_a_format_1_0_pack_merges(tmp_path):
     # the frozen 1.0 pack: no pack id, no XXH3; the merged pack is 1.1 and checks CRC32
     source = tmp_path / "a.h5"
     shutil.copy(V1_ARRAY, source)
-    report = merge_packs(source, tmp_path / "merged.h5", virtual=virtual)
+    report = merge_packs(source, tmp_path / "merged.h5")
     assert fmt.load_meta(source).pack_id is None
     assert report.meta.sample_xxh3 is None
     assert report.meta.format_minor == 1
@@ -523,12 +454,6 @@ def test_a_format_1_0_pack_merges_and_its_virtual_view_checks_its_metadata(tmp_p
         for x, y in zip(merged.read_images(range(7)), expected, strict=True):
             np.testing.assert_array_equal(x, y)
     assert verify_pack(tmp_path / "merged.h5").ok
-    if virtual:  # the same size and samples, another label: the metadata digest tells
-        with h5py.File(source, "r+") as handle:
-            handle["labels"][0] = 1 - handle["labels"][0]
-        assert source.stat().st_size == V1_ARRAY.stat().st_size
-        with pytest.raises(FormatError, match=f"its source {source} changed"):
-            PackReader(tmp_path / "merged.h5")
 
 
 def test_packs_holding_the_same_path_are_refused(tmp_path):

@@ -18,7 +18,6 @@ from h5pack.core.layout import PLUGIN_FILTERS, chunk_map_of, describe_codec
 from h5pack.core.packset import pack_paths
 from h5pack.core.store import Store, open_store
 from h5pack.read.packset import PackSource, PackView, describe, remote_members
-from h5pack.read.virtual import check_virtual_sources
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,9 +25,8 @@ class PackInfo:
     """A summary of a pack, for people (``h5pack info``) and machines (``--json``).
 
     ``format_minor`` 1 adds ``pack_id`` and digests; ``sample_shape`` is None when samples
-    differ; ``layout`` is ``"chunked"``, ``"contiguous"`` or ``"virtual"`` (``merge
-    --virtual``: images read from ``virtual_sources``, whose codec, ratio and bytes these
-    are); ``samples_per_chunk`` is per chunk group; ``plugins``: what reading needs beyond
+    differ; ``layout`` is ``"chunked"`` or ``"contiguous"``; ``samples_per_chunk`` is per
+    chunk group; ``plugins``: what reading needs beyond
     HDF5; ``stored_bytes`` are uncompressed, ``disk_bytes`` in the file; ``shard``: its place
     in a split; ``fields``: name, kind and, for numbers, dtype and shape.
     """
@@ -64,7 +62,6 @@ class PackInfo:
     skipped: tuple[fmt.SkippedFile, ...]
     options: dict[str, Any] = field(default_factory=dict)
     shard: dict[str, Any] = field(default_factory=dict)
-    virtual_sources: tuple[str, ...] = ()
     fields: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,21 +81,16 @@ def pack_info(
     remote = store.remote
     if timeout_s is not None and not remote:
         probe_pack(text, timeout_s=timeout_s)
-    sources: list[PackInfo] = []
     with fmt.open_index(text, store=store) as index:
         meta = fmt.read_meta(index, text)
         with fmt.reading(text, "the images' chunk index"):
             images = index.images()
-            virtual, dtype = images.virtual, str(images.dtype)
-            chunks = index.chunk_index() if images.chunks and not virtual else None
+            dtype = str(images.dtype)
+            chunks = index.chunk_index() if images.chunks else None
         num_chunks = 0 if chunks is None else len(chunks.sizes)
         disk_bytes = int(chunks.sizes.sum()) if chunks is not None else 0
         if chunks is None and images.offset is not None:  # contiguous, allocated
             disk_bytes = math.prod(images.shape) * images.dtype.itemsize
-        if virtual:  # a missing or changed source is named here, as readers name it
-            handle = index.hdf5()
-            check_virtual_sources(handle, handle[fmt.IMAGES], text, meta)
-            sources = [pack_info(path) for path in _virtual_source_paths(handle, text)]
         with fmt.reading(text, "the fields' filters"):
             fields_filters = _field_filters(index, meta)
     counts = Counter(int(label) for label in meta.labels)
@@ -110,10 +102,6 @@ def pack_info(
     chunk_map = chunk_map_of(meta)
     shuffled = meta.options.get("shuffle_samples")
     codec, filter_ids = describe_codec(meta), meta.filter_ids
-    if sources:
-        disk_bytes = sum(source.disk_bytes for source in sources)
-        num_chunks = sum(source.num_chunks for source in sources)
-        codec, filter_ids = sources[0].codec, sources[0].filter_ids
     return PackInfo(
         path=text,
         file_bytes=meta.identity.size if remote and meta.identity else Path(text).stat().st_size,
@@ -131,7 +119,7 @@ def pack_info(
         images_shape=meta.images_shape,
         sample_shape=meta.fixed_shape,
         channels=meta.channels,
-        layout="virtual" if virtual else "chunked" if meta.chunks else "contiguous",
+        layout="chunked" if meta.chunks else "contiguous",
         chunk_shape=meta.chunks,
         chunk_bytes=math.prod(meta.chunks) if meta.chunks else 0,
         num_chunks=num_chunks,
@@ -150,7 +138,6 @@ def pack_info(
         skipped=meta.skipped,
         options=dict(meta.options),
         shard=dict(meta.shard),
-        virtual_sources=tuple(source.path for source in sources),
         fields=tuple(f.to_dict() for f in fields_of(meta)),
     )
 
@@ -160,14 +147,6 @@ def _json_ready(info: PackInfo | PackSetInfo) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(json.dumps(asdict(info)))
     data["classes"] = [{"name": name, "samples": count} for name, count in info.classes]
     return data
-
-
-def _virtual_source_paths(handle: Any, path: str) -> list[str]:
-    """Return the source packs a virtual pack records."""
-    raw = handle.attrs[fmt.VIRTUAL_SOURCES_KEY]
-    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
-    base = os.path.dirname(os.path.abspath(path))
-    return [os.path.normpath(os.path.join(base, str(e["path"]))) for e in json.loads(text)]
 
 
 @dataclass(frozen=True)

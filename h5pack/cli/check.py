@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -60,14 +58,6 @@ def _common_lines(info: Any) -> list[tuple[str, str]]:
                 f"chunked, chunk {info.chunk_shape} = {format_bytes(info.chunk_bytes)} "
                 f"uncompressed, {_chunk_count(info)}"
             )
-        elif info.layout == "virtual":
-            count = len(info.virtual_sources)
-            shown = [_beside(source, info.path) for source in info.virtual_sources[:3]]
-            layout = (
-                f"virtual: images read from {count} source pack{'s' if count != 1 else ''} "
-                f"(merge --virtual; every source checked), {', '.join(shown)}"
-                + (", ..." if count > 3 else "")
-            )
         else:
             layout = "contiguous"
     plugins = ", ".join(info.plugins) if info.plugins else "none (plain HDF5 reads it)"
@@ -96,14 +86,6 @@ def _chunk_count(info: Any) -> str:
     return text + (f" (the last holds {last})" if 0 < last < rows else "")
 
 
-def _beside(source: str, pack: str) -> str:
-    """Return ``source`` relative to the pack's folder when it lies under it (as stored)."""
-    try:
-        return os.path.relpath(source, Path(pack).resolve().parent)
-    except ValueError:  # another drive
-        return source
-
-
 def _info_lines(info: Any) -> list[tuple[str, str]]:
     """Return the lines of ``h5pack info`` for a pack (a ``PackInfo``)."""
     version = f"{info.format_version}.{info.format_minor}"
@@ -127,7 +109,6 @@ def _ratio_text(info: Any) -> str:
     )
     padding = info.disk_bytes - info.stored_bytes
     if info.codec == "none" and padding > 0:
-        # of the images' storage: a virtual view's file is a few KiB, its images elsewhere
         share = padding / max(1, info.disk_bytes)
         text += f", of which {format_bytes(padding)} is padding, {share:.1%} of the images"
         if info.layout == "contiguous" and info.skipped:  # no other padding there

@@ -23,8 +23,8 @@ __all__ = ["merge"]
 @click.option(
     "--virtual",
     is_flag=True,
-    help="Write an HDF5 virtual-dataset view of the sources instead of copying their "
-    "images: instant and small, but every source must stay, unchanged, where it is.",
+    hidden=True,
+    help="Retired (says what replaces it).",
 )
 @click.option(
     "--keep-order",
@@ -68,13 +68,6 @@ def merge(
             store=store_of([target, *sources], storage_option),
         )
     count = len(report.sources)
-    if report.virtual:
-        click.echo(
-            f"wrote {report.path} ({format_bytes(report.file_bytes)}): a virtual view of "
-            f"{report.num_samples} samples in {count} packs, in {report.elapsed_s:.1f} s; "
-            "it reads them from those files, which must stay where they are"
-        )
-        return
     how = f"{report.chunks_copied} chunks copied as stored"
     if report.chunks_rechunked:
         how += (

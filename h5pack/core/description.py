@@ -17,6 +17,7 @@ import numpy as np
 from h5pack.core.integrity import PackIdentity
 from h5pack.core.names import IMAGES, PATHS
 from h5pack.core.source import ByteSource
+from h5pack.errors import FormatError
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,6 @@ class ImagesLayout:
     compression_opts: Any
     filters: tuple[tuple[int, tuple[int, ...]], ...]
     offset: int | None
-    virtual: bool = False
 
 
 class ChunkIndex(NamedTuple):
@@ -120,8 +120,12 @@ class HDF5Index(PackIndex):
         for i in range(plist.get_nfilters()):
             filter_id, _flags, values, _name = plist.get_filter(i)
             filters.append((int(filter_id), tuple(int(v) for v in values)))
-        virtual = bool(images.is_virtual)
-        offset = images.id.get_offset() if images.chunks is None and not virtual else None
+        if images.is_virtual:  # docs/decisions/0160-no-virtual-packs.md
+            raise FormatError(
+                f"{self.path}: its images are an HDF5 virtual dataset, which h5pack does not "
+                "read; merge the packs it views without --virtual, or read them as a pack set"
+            )
+        offset = images.id.get_offset() if images.chunks is None else None
         return ImagesLayout(
             shape=tuple(int(s) for s in images.shape),
             dtype=images.dtype,
@@ -130,7 +134,6 @@ class HDF5Index(PackIndex):
             compression_opts=images.compression_opts,
             filters=tuple(filters),
             offset=None if offset is None else int(offset),
-            virtual=virtual,
         )
 
     def chunk_index(self) -> ChunkIndex:  # noqa: D102

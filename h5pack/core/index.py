@@ -72,11 +72,9 @@ def _element_bytes(item: Any) -> bytes:
     return bytes(np.asarray(item, dtype=np.uint8))  # 1.0's variable-length uint8 paths
 
 
-def build_index(index: PackIndex, file_bytes: int) -> bytes | None:
-    """Return the compact index of the pack ``index`` describes, or None for a virtual one."""
+def build_index(index: PackIndex, file_bytes: int) -> bytes:
+    """Return the compact index of the pack ``index`` describes."""
     images = index.images()
-    if images.virtual:
-        return None
     arrays: list[bytes] = []
     where = 0
 
@@ -161,8 +159,6 @@ def append_index(path: Path) -> bool:
 
     with HDF5Index(h5py.File(path, "r", locking=False), str(path)) as index:
         found = build_index(index, size)
-    if found is None:
-        return False
     with open(path, "ab") as raw:
         raw.write(found)
     return True

@@ -35,7 +35,7 @@ CHUNK_BYTES_KEY = "chunk_bytes"
 PACK_ID_KEY = "pack_id"
 METADATA_DIGESTS_KEY = "metadata_crc32"
 SHARD_KEY = "shard"  # optional: a pack set's shard (core.packset)
-VIRTUAL_SOURCES_KEY = "virtual_sources"  # optional: NOTE [ Virtual packs ] in write/merge.py
+VIRTUAL_SOURCES_KEY = "virtual_sources"  # retired virtual packs: refused (decision 0160)
 FIELDS_KEY = "fields"  # optional: the sample's fields (core.fields)
 
 # Dataset names.

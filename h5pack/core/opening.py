@@ -21,6 +21,7 @@ from h5pack.core.names import (
     FORMAT_VERSION,
     FORMAT_VERSION_KEY,
     PACK_ID_KEY,
+    VIRTUAL_SOURCES_KEY,
 )
 from h5pack.errors import FormatError, H5PackError, PackNotFoundError, PackReplacedError
 
@@ -73,6 +74,12 @@ def check_is_pack(handle: h5py.File | PackIndex, path: str) -> int:
                 f"attribute); create one with `h5pack convert IMAGES {path}`"
             )
         version = int(attrs.get(FORMAT_VERSION_KEY, -1))
+        if VIRTUAL_SOURCES_KEY in attrs:  # docs/decisions/0160-no-virtual-packs.md
+            raise FormatError(
+                f"{path} is a virtual pack (h5pack merge --virtual), which h5pack no longer "
+                f"reads: merge its sources again without --virtual (h5pack merge SOURCES "
+                f"{path} --overwrite), or read their directory (packset.json) as a pack set"
+            )
     if version > FORMAT_VERSION:
         raise FormatError(
             f"{path} is a pack of format version {version}, but this h5pack reads up to "

@@ -194,7 +194,7 @@ class ChunkTable:
 def chunk_table(index: PackIndex) -> ChunkTable | None:
     """Return the direct-read table of a chunked uint8 images dataset, or None if unsupported."""
     images = index.images()
-    if images.chunks is None or images.dtype != np.uint8 or images.virtual:
+    if images.chunks is None or images.dtype != np.uint8:
         return None
     if tuple(images.chunks[1:]) != tuple(images.shape[1:]):
         return None

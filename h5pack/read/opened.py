@@ -19,12 +19,10 @@ from h5pack.core.integrity import PackIdentity
 from h5pack.core.layout import cache_settings, chunk_map_of, group_bytes, is_compressed
 from h5pack.core.source import LocalSource
 from h5pack.core.store import Store
-from h5pack.errors import FormatError
 from h5pack.read.direct import chunk_table, contiguous_offset
 from h5pack.read.options import ReaderOptions
 from h5pack.read.planned import group_chunks, group_spans, planned_source
 from h5pack.read.stored import StoredImages
-from h5pack.read.virtual import check_virtual_sources, open_virtual
 
 
 @dataclass(eq=False)
@@ -35,7 +33,6 @@ class OpenPack:
     meta: fmt.PackMeta
     stored: StoredImages
     compressed: bool
-    virtual: bool
     pieces: tuple[np.ndarray, np.ndarray] | None  # each group's pieces, for a planned source
 
     def close(self) -> None:
@@ -90,8 +87,6 @@ def _open_images(
 ) -> OpenPack:
     # the same file as the metadata's (the path may have been replaced meanwhile)
     fmt.check_identity(path, meta.identity, fmt.identity_of(index, path))
-    with fmt.reading(path, "the images' dataset and chunk index"):
-        virtual = index.images().virtual
     images: list[h5py.Dataset] = []  # h5py's images dataset, once opened
 
     def h5_images() -> h5py.Dataset:
@@ -100,22 +95,11 @@ def _open_images(
         return images[0]
 
     table = contiguous = None
-    if virtual:  # NOTE [ Virtual packs ] (write/merge.py): sources checked, h5py reads
-        if remote:
-            raise FormatError(
-                f"{path} is a virtual pack (h5pack merge --virtual), whose sources HDF5 "
-                "opens by local path; merge without --virtual to read it from a bucket"
-            )
-        handle = index.hdf5()
-        num_sources, chunk_bytes = check_virtual_sources(handle, handle[fmt.IMAGES], path, meta)
-        with fmt.reading(path, "the images' virtual dataset"):
-            images.append(open_virtual(handle, num_sources, chunk_bytes))
-    elif options.direct:
+    if options.direct:
         with fmt.reading(path, "the images' dataset and chunk index"):
             table, contiguous = chunk_table(index), contiguous_offset(index)
-    # remote: whole chunks, one request each; virtual: whole groups (one HDF5 read per
-    # sample would intersect its mappings each time)
-    compressed = compressed or virtual or remote
+    # remote: whole chunks, one request each
+    compressed = compressed or remote
     identity = meta.identity
     source = index.source  # a URL's (core.remote)
     if source is None:  # refused when it names another file than the metadata's
@@ -145,4 +129,4 @@ def _open_images(
     stored = StoredImages(
         meta, chunk_map, table=table, contiguous=contiguous, source=source, images=h5_images
     )
-    return OpenPack(index, meta, stored, compressed, virtual, pieces)
+    return OpenPack(index, meta, stored, compressed, pieces)

@@ -63,7 +63,7 @@ class PackReader:
         self._paths: list[str] | None = None
         self._pack = open_pack(self.path, options, store, expected=expected, meta=meta)
         self.meta, self.stored = self._pack.meta, self._pack.stored
-        self.compressed, self.virtual = self._pack.compressed, self._pack.virtual
+        self.compressed = self._pack.compressed
         self.direct = self.stored.direct  # whether the direct chunk path is in use
         self.chunk_map = self.stored.chunk_map
         self.group_bytes = group_bytes(self.meta)

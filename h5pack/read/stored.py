@@ -1,7 +1,7 @@
 """Where a pack's stored samples lie, and the one byte path that reads them.
 
 The direct chunk path (``read.direct``) where it applies, h5py for the rest (a codec that
-needs HDF5, an unallocated chunk, a virtual pack); no window (``read.groups`` keeps it).
+needs HDF5, an unallocated chunk); no window (``read.groups`` keeps it).
 """
 
 from __future__ import annotations

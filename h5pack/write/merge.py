@@ -2,8 +2,7 @@
 
 ``merge_packs`` copies the shards' stored chunks as they are, without decompressing them
 (HDF5's direct chunk read and write), concatenates and re-indexes their metadata, and
-publishes the merged pack atomically (``write.publish``). ``virtual=True`` writes an HDF5
-virtual-dataset view of the shards instead (NOTE [ Virtual packs ]).
+publishes the merged pack atomically (``write.publish``).
 
 NOTE [ Merging by chunks ]: a chunk is copied as it is only where it lands on a chunk
 boundary of the merged dataset (``write/mergecopy.py``). A chunked blob: every shard starts
@@ -13,12 +12,6 @@ chunk. A fixed-size array: every shard's whole chunks are copied in order and th
 the partial last chunks go to the end, re-chunked (``tails_last_order``); ``keep_order``
 re-chunks every row after the first such shard instead. Contiguous datasets are copied in
 blocks.
-
-NOTE [ Virtual packs ]: a virtual pack records its sources in the root attribute
-``fmt.VIRTUAL_SOURCES_KEY`` (path relative to the pack, pack id, size, sample count,
-digest). HDF5 silently returns the fill value where it cannot open a source, so a reader
-first checks that every recorded source is there and the same file, and the per-sample
-digests refuse a sample that still comes back as fill values.
 """
 
 from __future__ import annotations
@@ -40,7 +33,7 @@ from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.record import PackRecord, skipped_text, write_record
 from h5pack.core.store import Store, open_store
-from h5pack.errors import H5PackError
+from h5pack.errors import H5PackError, OptionsError
 from h5pack.write.builder import create_file
 from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.mergecopy import (
@@ -50,7 +43,6 @@ from h5pack.write.mergecopy import (
     merge_images,
     plan_blob,
     tails_last_order,
-    write_virtual,
 )
 from h5pack.write.mergesources import Shard, load_shards, merge_with_urls, source_paths
 from h5pack.write.publish import (
@@ -63,6 +55,12 @@ from h5pack.write.publish import (
     temp_path,
 )
 from h5pack.write.report import ConvertEvent
+
+VIRTUAL_RETIRED = (
+    "virtual packs (merge --virtual, merge_packs(virtual=True)) are retired: read the "
+    "shards' directory (its packset.json) as a pack set, one view with no copy, or merge "
+    "without --virtual to write one pack"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +76,6 @@ class MergeReport:
     meta: PackMeta
     num_samples: int
     sources: tuple[str, ...]
-    virtual: bool
     chunks_copied: int
     chunks_rechunked: int
     bytes_copied: int
@@ -173,17 +170,15 @@ def _write_metadata(
     handle: h5py.File,
     first: PackMeta,
     merged: _Merged,
-    extra: dict[str, str],
     blob_chunk_bytes: int,
 ) -> None:
     """Write every dataset and attribute of the merged pack but its images (format 1.1).
 
-    Mode, storage, channels and options are the first shard's; ``extra`` texts are added.
+    Mode, storage, channels and options are the first shard's.
     """
     texts = {
         fmt.OPTIONS_KEY: json.dumps(dict(first.options), sort_keys=True),
         fmt.SKIPPED_KEY: skipped_text(merged.skipped),
-        **extra,
     }
     write_record(
         handle,
@@ -227,8 +222,7 @@ def merge_packs(
         sources: A pack set's directory or manifest, a list of packs, or one pack.
         target: The pack to write.
         overwrite: Replace an existing ``target`` (else TargetExistsError).
-        virtual: Write an HDF5 virtual-dataset view of the sources (NOTE [ Virtual packs ]):
-            instant, but read through HDF5, and every source must stay in place.
+        virtual: Retired (docs/decisions/0160): OptionsError if true.
         keep_order: Keep fixed-size arrays in the sources' order, re-compressing every
             chunk after the first shard that does not fill its last one (much slower).
         progress: Called with the number of samples just merged.
@@ -242,6 +236,8 @@ def merge_packs(
         FormatError: a source is damaged, or the sources differ (the message names two
             files and what differs).
     """
+    if virtual:
+        raise OptionsError(VIRTUAL_RETIRED)
     store = store or open_store(
         [target, *([sources] if isinstance(sources, str | os.PathLike) else sources)],
         storage_options,
@@ -261,7 +257,6 @@ def merge_packs(
             ),
             staging_dir=staging_dir,
             overwrite=overwrite,
-            virtual=virtual,
             emit=on_event or (lambda event: None),
         )
         said = list(report.sources) if len(said) == 1 and len(report.sources) > 1 else said
@@ -277,13 +272,12 @@ def merge_packs(
     if removed:
         emit(ConvertEvent("note", describe_removed(removed)))
     total = sum(s.meta.num_samples for s in shards)
-    what = "writing a virtual view of" if virtual else "merging"
-    emit(ConvertEvent("phase", f"{what} {len(shards)} packs", total=total))
+    emit(ConvertEvent("phase", f"merging {len(shards)} packs", total=total))
     first = shards[0].meta
-    blob = plan_blob(shards, virtual=virtual) if first.storage == "blob" else None
+    blob = plan_blob(shards) if first.storage == "blob" else None
     merged = _merge_meta(shards, blob)
     moved = 0
-    if not (virtual or keep_order or blob is not None or first.chunks is None):
+    if not (keep_order or blob is not None or first.chunks is None):
         rows, order = tails_last_order([s.meta.num_samples for s in shards], first.chunks[0])
         if order is not None:
             merged = _reordered(merged, order, first)
@@ -291,26 +285,19 @@ def merge_packs(
     counts = Counts()
     with sigterm_as_exit(), TempFiles(target_path) as temps:
         temp = temps.add(temp_path(target_path))
-        if not virtual:
-            size = sum(p.stat().st_size for p in paths)
-            check_room(target_path.parent, size, what=f"the merged pack {target_path}")
+        size = sum(p.stat().st_size for p in paths)
+        check_room(target_path.parent, size, what=f"the merged pack {target_path}")
         try:
             handle = create_file(temp)
         except OSError as err:
             raise H5PackError(f"cannot create {temp}: {err}") from err
         try:
-            extra: dict[str, str] = {}
-            if virtual:
-                record = write_virtual(handle, shards, target_path, merged.length)
-                extra[fmt.VIRTUAL_SOURCES_KEY] = record
-                step_done(len(merged.paths))
-            else:
-                step = blob.step if blob is not None else None
-                with fmt.open_h5(paths[0]) as opened:
-                    images = create_like(handle, opened[fmt.IMAGES], merged.length, step)
-                merge_images(shards, images, blob, counts, step_done, keep_order=keep_order)
+            step = blob.step if blob is not None else None
+            with fmt.open_h5(paths[0]) as opened:
+                images = create_like(handle, opened[fmt.IMAGES], merged.length, step)
+            merge_images(shards, images, blob, counts, step_done, keep_order=keep_order)
             chunk_bytes = blob.step if blob is not None and blob.step else first.blob_chunk_bytes
-            _write_metadata(handle, first, merged, extra, chunk_bytes)
+            _write_metadata(handle, first, merged, chunk_bytes)
         except H5PackError:
             raise
         except OSError as err:
@@ -324,7 +311,6 @@ def merge_packs(
         meta=meta,
         num_samples=meta.num_samples,
         sources=tuple(os.fspath(p) for p in paths),
-        virtual=virtual,
         chunks_copied=counts.copied,
         chunks_rechunked=counts.rechunked,
         bytes_copied=counts.bytes,

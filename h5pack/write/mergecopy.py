@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -14,7 +11,6 @@ import numpy as np
 from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
-from h5pack.core.packset import meta_digest
 from h5pack.write.blocks import aligned_offsets
 from h5pack.write.images import COPY_BYTES, copy_array_rows
 from h5pack.write.mergesources import Shard, blob_step
@@ -24,7 +20,7 @@ from h5pack.write.mergesources import Shard, blob_step
 class BlobPlan:
     """Where each shard's blob goes in the merged blob (NOTE [ Merging by chunks ]).
 
-    ``step``: the merged chunk (None: contiguous, or a virtual view); ``bases``: where each
+    ``step``: the merged chunk (None: contiguous); ``bases``: where each
     shard starts; ``offsets``: its slot offsets from there (N_k + 1); ``relaid``: its samples
     are laid out again (its chunk differs); ``length``: bytes of the merged blob.
     """
@@ -36,9 +32,9 @@ class BlobPlan:
     length: int
 
 
-def plan_blob(shards: Sequence[Shard], *, virtual: bool) -> BlobPlan:
-    """Return where each shard's blob goes (a virtual view: back to back, no chunks)."""
-    step = None if virtual else blob_step(shards)
+def plan_blob(shards: Sequence[Shard]) -> BlobPlan:
+    """Return where each shard's blob goes."""
+    step = blob_step(shards)
     bases: list[int] = []
     offsets: list[np.ndarray] = []
     relaid: list[bool] = []
@@ -248,34 +244,3 @@ def merge_images(
         position += num - whole
         step_done(num - whole)
     carry.finish()
-
-
-def write_virtual(handle: h5py.File, shards: Sequence[Shard], target: Path, length: int) -> str:
-    """Create the images dataset as a virtual view of the shards; return its sources' record.
-
-    Shards follow each other without padding; paths are relative to the target's directory
-    (NOTE [ Virtual packs ]).
-    """
-    first = shards[0].meta
-    shape = (length, *first.images_shape[1:])
-    layout = h5py.VirtualLayout(shape=shape, dtype=np.uint8)
-    position = 0
-    record = []
-    for shard in shards:
-        rows = shard.meta.images_shape[0]
-        relative = os.path.relpath(os.path.abspath(shard.path), os.path.abspath(target.parent))
-        layout[position : position + rows] = h5py.VirtualSource(
-            relative, fmt.IMAGES, shape=tuple(shard.meta.images_shape)
-        )
-        position += rows
-        record.append(
-            {
-                "path": relative,
-                "pack_id": shard.meta.pack_id,
-                "file_bytes": shard.path.stat().st_size,
-                "num_samples": shard.meta.num_samples,
-                "digest": meta_digest(shard.meta),
-            }
-        )
-    handle.create_virtual_dataset(fmt.IMAGES, layout, fillvalue=0)
-    return json.dumps(record, sort_keys=True)

@@ -25,7 +25,7 @@ from h5pack.core.packset import (
 )
 from h5pack.core.setmembers import check_shard, join_differences
 from h5pack.core.store import Store, is_url, join_url, split_url
-from h5pack.errors import FormatError, OptionsError, PackNotFoundError
+from h5pack.errors import FormatError, PackNotFoundError
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.publish import sigterm_as_exit
 from h5pack.write.remote import Emit, Room, Staging, publish_staged, set_prefix
@@ -77,10 +77,6 @@ def _load(path: Path, manifest: PackSetManifest | None) -> Shard:
         with fmt.reading(text, f"dataset {fmt.IMAGES!r}"):
             images = handle[fmt.IMAGES]
             filters, dtype = _filters(images), images.dtype
-            if images.is_virtual:
-                raise FormatError(
-                    f"{text} is a virtual pack (h5pack merge --virtual); merge its sources instead"
-                )
     if manifest is not None:
         entry = next(e for e in manifest.shards if manifest.root / e.path == path)
         check_shard(manifest, entry, meta)
@@ -174,7 +170,6 @@ def merge_with_urls(
     *,
     staging_dir: StrPath | None,
     overwrite: bool,
-    virtual: bool,
     emit: Emit,
 ) -> tuple[R, list[str]]:
     """Merge packs of which some are in a store, or into one, with the local ``merge``.
@@ -182,13 +177,8 @@ def merge_with_urls(
     Remote sources (packs, or a set's prefix or manifest) are downloaded whole into a
     staging directory and merged there; a remote target is published once complete
     (NOTE [ Publishing in a bucket ]). Returns what ``merge`` returned, and each source's
-    shard URLs or path (OptionsError with ``virtual``: it reads its sources by local path).
+    shard URLs or path.
     """
-    if virtual:
-        raise OptionsError(
-            f"--virtual writes a view that reads its sources by local path; it cannot read "
-            f"from or point into a bucket ({target}): merge without --virtual"
-        )
     single = isinstance(sources, str | os.PathLike)
     listed: Sequence[StrPath] = [sources] if isinstance(sources, str | os.PathLike) else sources
     items = [os.fspath(s) for s in listed]
