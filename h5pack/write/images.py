@@ -31,6 +31,12 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
     return done
 
 
+def _allocated_unfilled() -> dict[str, Any]:
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    return {"dcpl": dcpl, "fill_time": "never"}
+
+
 @dataclass(frozen=True)
 class ImagesSpec:
     """How the images dataset is created: storage, sample shape, chunks and filters.
@@ -58,13 +64,9 @@ class ImagesSpec:
         shape = (length, *rest)
         if self.chunks is None:
             return handle.create_dataset(name, shape=shape, dtype=np.uint8)
-        extra: dict[str, Any] = {}
-        if not self.compressed:
-            # NOTE [ Parallel chunk writes ]: uncompressed chunks get their file space when
-            # the dataset grows, never filled by HDF5: ImagesWriter pwrites them in threads.
-            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-            extra = {"dcpl": dcpl, "fill_time": "never"}
+        # NOTE [ Parallel chunk writes ]: uncompressed chunks get their file space when the
+        # dataset grows, never filled by HDF5: ImagesWriter pwrites them in threads.
+        extra = {} if self.compressed else _allocated_unfilled()
         return handle.create_dataset(
             name,
             shape=shape,
@@ -206,11 +208,8 @@ class ImagesWriter:
 
     def _create_contiguous_blob(self, length: int) -> h5py.Dataset:
         """Create a contiguous blob whose file space is allocated now, never filled."""
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        return self.handle.create_dataset(
-            self.name, shape=(length,), dtype=np.uint8, dcpl=dcpl, fill_time="never"
-        )
+        extra = _allocated_unfilled()
+        return self.handle.create_dataset(self.name, shape=(length,), dtype=np.uint8, **extra)
 
     def _spill(self) -> None:
         """Move a blob written in place that outgrew its length to the staging file."""
