@@ -61,18 +61,12 @@ def convert(
 ) -> ConvertReport:
     """Pack the images of ``source`` into the HDF5 file ``target``.
 
-    Args:
-        source: A path whose kind is detected (``sources.sample_source``), or a source.
-        target: A path, or a URL (``s3://bucket/key.h5``) where the finished pack is
-            uploaded from ``staging_dir`` (NOTE [ Publishing in a bucket ]).
-        options: How to convert (default ``ConvertOptions()``).
-        overwrite: Replace an existing ``target``.
-        progress: Called with the steps just done in the current ``"phase"`` event's phase.
-        on_event: Called with each ``ConvertEvent`` (skipped files, the mode chosen...).
-        storage_options: A bucket's settings the environment does not give (for ``target``
-            or ``source``; docs/object-storage.md).
-        store: Where ``target`` is kept (instead of ``storage_options``).
-        staging_dir: Where a pack bound for a URL is written first (default: ``TMPDIR``).
+    ``source`` is a path whose kind is detected (``sources.sample_source``) or a source;
+    ``target`` a path, or a URL (``s3://bucket/key.h5``) where the finished pack is uploaded
+    from ``staging_dir`` (default ``TMPDIR``; NOTE [ Publishing in a bucket ]), with the
+    bucket's ``storage_options`` the environment does not give (docs/object-storage.md) or
+    its ``store``. ``progress`` is called with the steps just done in the current
+    ``"phase"`` event's phase; ``on_event`` with each ``ConvertEvent``.
 
     Raises:
         TargetExistsError: ``target`` exists and ``overwrite`` is False.
