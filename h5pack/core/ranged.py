@@ -121,10 +121,7 @@ class RangedSource(ByteSource):
         raise NotImplementedError
 
     def _fetch_into(self, view: memoryview, start: int) -> tuple[str, int]:
-        """Fill ``view`` from ``start``; return the answer's identity and object size.
-
-        ``""`` or -1: the answer did not say (not checked).
-        """
+        """Fill ``view`` from ``start``; return the answer's identity and size ("", -1: unsaid)."""
         data, tag, total = self._fetch(start, start + len(view))
         if len(data) != len(view):
             raise Retry(f"a body of {len(data)} bytes for {len(view)} (cut short)")
@@ -133,10 +130,7 @@ class RangedSource(ByteSource):
 
     @abstractmethod
     def cause(self, err: Exception, what: str) -> Transient | None:
-        """Return why ``err`` is worth a retry, or raise the final error it means.
-
-        None: ``err`` is raised as it is.
-        """
+        """Return why ``err`` is worth a retry, raise the final error it means, or None."""
 
     @abstractmethod
     def where(self) -> str:

@@ -104,11 +104,7 @@ class Store(ABC):
 
     @classmethod
     def of(cls, settings: Mapping[str, Any]) -> Store:
-        """Return the store of the environment's settings overridden by ``settings``.
-
-        Raises:
-            OptionsError: an unknown setting, or a value of the wrong kind.
-        """
+        """Return the store of the environment's settings overridden by ``settings``."""
         return cls(cls.options_type.of(settings))
 
     def __eq__(self, other: object) -> bool:
@@ -122,12 +118,7 @@ class Store(ABC):
         """Return the bytes of the object at ``path`` (opened lazily; identity on first read)."""
 
     def stat(self, path: str) -> ObjectInfo | None:
-        """Return the object at ``path`` (one metadata request), or None when there is none.
-
-        Raises:
-            PackNotFoundError: its bucket (container, directory) does not exist.
-            RemoteError: the store cannot be reached, or refuses.
-        """
+        """Return the object at ``path`` (one request), or None; a missing bucket raises."""
         found = self._unless_missing(lambda source: source.identity(), path)
         return None if found is None else ObjectInfo(path, found.size, found.tag)
 
@@ -146,12 +137,7 @@ class Store(ABC):
                 return None
 
     def objects(self, prefix: str) -> list[ObjectInfo]:
-        """Return the objects whose URL starts with ``prefix``, sorted (a request per page).
-
-        Raises:
-            FormatError: this store cannot list (an HTTP server).
-            PackNotFoundError: the bucket does not exist.
-        """
+        """Return the objects whose URL starts with ``prefix``, sorted (a request per page)."""
         raise FormatError(f"{prefix}: {type(self).__name__} cannot list objects; name each one")
 
     @abstractmethod
@@ -162,9 +148,7 @@ class Store(ABC):
     def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
         """Make the finished local file ``local`` appear whole under ``path``.
 
-        Raises:
-            TargetExistsError: ``if_absent`` and an object is there (checked atomically
-                where the store can).
+        ``TargetExistsError``: ``if_absent`` and an object is there (atomic where it can be).
         """
 
     @abstractmethod
