@@ -84,12 +84,8 @@ def build_index(index: PackIndex, file_bytes: int) -> bytes:
         data = np.ascontiguousarray(array).astype(little).tobytes()
         arrays.append(data)
         where += len(data)
-        return {
-            "at": where - len(data),
-            "nbytes": len(data),
-            "dtype": little.str,
-            "shape": list(array.shape),
-        }
+        shape = list(array.shape)
+        return {"at": where - len(data), "nbytes": len(data), "dtype": little.str, "shape": shape}
 
     described: dict[str, Any] = {
         "shape": list(images.shape),
@@ -133,15 +129,8 @@ def build_index(index: PackIndex, file_bytes: int) -> bytes:
     main = struct.pack("<I", len(text)) + text + b"".join(arrays)
     lengths = np.array([len(p) for p in paths], dtype="<u4").tobytes()
     section = lengths + b"".join(paths)
-    footer = _FOOTER.pack(
-        MAGIC,
-        file_bytes + len(section),
-        len(main),
-        file_bytes,
-        len(section),
-        zlib.crc32(main),
-        zlib.crc32(section),
-    )
+    places = (file_bytes + len(section), len(main), file_bytes, len(section))
+    footer = _FOOTER.pack(MAGIC, *places, zlib.crc32(main), zlib.crc32(section))
     return section + main + footer
 
 
