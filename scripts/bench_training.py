@@ -306,7 +306,7 @@ def chunk_sampler(arm: Arm, settings: Settings, *, seed: int) -> ChunkBatchSampl
     )
     if arm.order == "labels":
         return sampler_for_labels(source, spec, meta)[0]
-    return ChunkBatchSampler.from_spec(source, spec)
+    return ChunkBatchSampler(source, spec)
 
 
 def batches_of(arm: Arm, settings: Settings, *, seed: int, epoch: int) -> Iterator[list[int]]:

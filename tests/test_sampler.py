@@ -347,7 +347,7 @@ def test_sampler_for_labels_widens_the_default_window_of_an_unmixed_pack() -> No
     cmap = ChunkMap.regular(4096, 16)
     in_order = np.repeat(np.arange(64), 64)  # 64 classes, 4 chunks each
     spec = EpochSpec(batch_size=4, seed=1)
-    plain = ChunkBatchSampler.from_spec(cmap, spec)
+    plain = ChunkBatchSampler(cmap, spec)
     sampler, report = sampler_for_labels(cmap, spec, in_order)
     assert report is not None
     assert report.chunks_unmixed
@@ -414,7 +414,7 @@ def test_sampler_for_labels_mixed_unlabelled_and_unshuffled() -> None:
     sampler, report = sampler_for_labels(cmap, spec, mixed)
     assert report is not None
     assert not report.warns
-    assert sampler.window_chunks == ChunkBatchSampler.from_spec(cmap, spec).window_chunks
+    assert sampler.window_chunks == ChunkBatchSampler(cmap, spec).window_chunks
     _, unlabelled = sampler_for_labels(cmap, spec, np.full(4096, -1))
     assert unlabelled is not None
     assert unlabelled.exempt

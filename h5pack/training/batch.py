@@ -78,11 +78,6 @@ def pipeline_of(pipeline: CropSpec | None, crop: CropSpec | None) -> CropSpec | 
     return pipeline if pipeline is not None else crop
 
 
-def empty_uint8(shape: Sequence[int]) -> torch.Tensor:
-    """Return an uninitialised uint8 tensor; in a DataLoader worker, in shared memory."""
-    return batch_buffer(None, shape)
-
-
 class SampleBatch(Sequence[tuple[Any, ...]]):
     """The samples of one ``__getitems__`` call, and the whole batch when already built.
 
@@ -263,7 +258,7 @@ def collate_batch(batch: Sequence[Any]) -> Any:
     )
     if not same or first.dtype != torch.uint8:
         return default_collate(list(batch))
-    images = empty_uint8((len(batch), *first.shape))
+    images = batch_buffer(None, (len(batch), *first.shape))
     # NOTE [ numpy copies ]: numpy views keep torch's intra-op threads asleep; ``copy_`` wakes
     # them for every image and they steal the decoding cores (docs/decisions/0025).
     target = images.numpy()

@@ -20,7 +20,6 @@ from h5pack.read.packset import PackSource
 from h5pack.training.batch import SampleBatch as SampleBatch  # re-exported
 from h5pack.training.batch import SharedEpoch
 from h5pack.training.batch import check_source as check_source  # re-exported
-from h5pack.training.batch import empty_uint8 as empty_uint8  # re-exported
 from h5pack.training.epochs import distributed_defaults, plan_epoch, samples_per_rank
 from h5pack.training.mapstyle import H5ImageDataset as H5ImageDataset  # re-exported
 from h5pack.training.mixed import H5MixDataset as H5MixDataset  # what weights= builds

@@ -13,7 +13,7 @@ from h5pack.core.arguments import check_bool, check_int, check_optional_int, che
 from h5pack.core.layout import ChunkMap
 from h5pack.core.machine import memory_bytes
 from h5pack.errors import OptionsError
-from h5pack.training.orders import EpochPieces, Order, chunk_order
+from h5pack.training.orders import EpochPieces, Order, chunk_order, seeded_rng
 from h5pack.training.weighted import check_weights
 
 # NOTE [ Chunk-aware epoch order ]
@@ -200,10 +200,6 @@ def epoch_spec(spec: EpochSpec | int | None = None, /, **fields: Any) -> EpochSp
     return EpochSpec(**fields)
 
 
-def _rng(*key: int) -> np.random.Generator:
-    return np.random.default_rng([k % 2**64 for k in key])
-
-
 def num_batches(
     num_samples: int, batch_size: int, *, num_replicas: int = 1, drop_last: bool = False
 ) -> int:
@@ -337,7 +333,7 @@ def plan_pieces(pieces: EpochPieces, spec: EpochSpec, *, epoch: int) -> list[np.
     batch_sizes = np.full(batch_count, batch_size, dtype=np.int64)
     batch_sizes[-1] = per_rank - (batch_count - 1) * batch_size
     workers = max(1, spec.num_workers)
-    worker_rngs = [_rng(seed, epoch, rank, w, 1) for w in range(workers)]
+    worker_rngs = [seeded_rng(seed, epoch, rank, w, 1) for w in range(workers)]
     streams: list[list[np.ndarray]] = []
     low = 0
     for w in range(workers):

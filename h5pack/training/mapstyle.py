@@ -126,12 +126,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.chunk_map: ChunkMap = self.view.chunk_map
         self.group_bytes = self.view.group_bytes
         self.compressed = self.view.compressed
-        self.transform = transform
-        self.target_transform = target_transform
-        self.output: Output = output
-        self.return_path = return_path
-        self.fields = fields_for(self.meta, fields, return_path=return_path)
-        self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
+        self._deliver(transform, target_transform, output, return_path, fields, pipeline, seed)
         if pipeline is not None:  # imported before workers fork (docs/decisions/0025)
             import cv2  # noqa: F401
         if isinstance(cache, CacheSpec):
@@ -142,6 +137,24 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
                 )
             cache = cache.build(self.meta.num_samples)
         self.cache = cache
+
+    def _deliver(
+        self,
+        transform: Callable[[Any], Any] | None,
+        target_transform: Callable[[int], Any] | None,
+        output: Output,
+        return_path: bool,
+        fields: Sequence[str] | None,
+        pipeline: CropSpec | None,
+        seed: int,
+    ) -> None:
+        """Set what is delivered and how, and the per-process state (with a mix's too)."""
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output: Output = output
+        self.return_path = return_path
+        self.fields = fields_for(self.meta, fields, return_path=return_path)
+        self.crop = pipeline  # the training image pipeline (a CropSpec), None: as stored
         self.seed = seed
         self._epoch = SharedEpoch()
         self._reader: PackReader | PackSetReader | None = None

@@ -23,7 +23,7 @@ from h5pack.read.mixture import ClassJoin, MixView, check_fields, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.training.batch import SampleBatch, SharedEpoch, batch_labels, fields_for, pipeline_of
+from h5pack.training.batch import SampleBatch, SharedEpoch, batch_labels, pipeline_of
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.mapstyle import H5ImageDataset
 from h5pack.training.mixing import label_mixing
@@ -44,7 +44,7 @@ class H5MixDataset(H5ImageDataset):
             the list of class names (``read.mixture.joined_classes``).
         return_source: Also return each sample's source (its position in ``sources``).
         cache: A ``CacheSpec``: one decoded cache per encoded source, the budget split by
-            sample counts (``attach_caches``).
+            sample counts.
 
     The other arguments are ``H5ImageDataset``'s, for every source; fields are joined by
     name (``check_fields``).
@@ -71,7 +71,7 @@ class H5MixDataset(H5ImageDataset):
         if isinstance(cache, DecodedCache):
             raise OptionsError(
                 "a mix keeps one decoded cache per source: give a CacheSpec "
-                "(make_loader(cache='decoded')), or use attach_caches()"
+                "(make_loader(cache='decoded'))"
             )
         crop = pipeline_of(pipeline, crop)
         self.options = reader or ReaderOptions()
@@ -90,20 +90,10 @@ class H5MixDataset(H5ImageDataset):
         self.chunk_map = self.mix.chunk_map
         self.group_bytes = self.mix.group_bytes
         self.compressed = any(v.compressed for v in self.mix.views)
-        self.transform = transform
-        self.target_transform = target_transform
-        self.output = output
-        self.return_path = return_path
         check_fields(self.mix, fields)
-        self.fields = fields_for(self.meta, fields, return_path=return_path)
+        self._deliver(transform, target_transform, output, return_path, fields, crop, seed)
         self.return_source = return_source
-        self.crop = crop
         self.cache = None
-        self.seed = seed
-        self._epoch = SharedEpoch()
-        self._reader = None
-        self._fixed = None
-        self._pid = -1
         self.parts = [
             H5ImageDataset(
                 source,
@@ -117,13 +107,17 @@ class H5MixDataset(H5ImageDataset):
             for s, source in enumerate(self.mix.sources)
         ]
         self._share_pool()
-        # the rank's batches of an epoch (set by make_loader), in the mix's indices: a worker's
-        # plan is made once and each source reads ahead by its part (``_plan_sources``)
-        self.planner: Callable[[int], Sequence[np.ndarray]] | None = None
-        self._planned: tuple[int, int] | None = None
-        if cache is not None:  # a CacheSpec: one cache per encoded source, the budget split
+        if cache is not None:  # one cache per encoded source, the budget split by samples
+            if self.crop is None:
+                raise OptionsError("cache='decoded' needs size= (the size every image is cut to)")
             budget = default_cache_bytes() if cache.cache_bytes is None else cache.cache_bytes
-            self.attach_caches(budget, max_side=cache.cache_max_side)
+            encoded = [p for p in self.parts if p.meta.mode == "encoded"]
+            total = sum(p.meta.num_samples for p in encoded)
+            for part in encoded:
+                share = max(1, budget * part.meta.num_samples // max(1, total))
+                part.cache = DecodedCache(
+                    max(1, part.meta.num_samples), share, max_side=cache.cache_max_side
+                )
 
     def _plan_sources(self) -> None:
         """Give each source that reads by a plan its part of this worker's, before any load."""
@@ -154,16 +148,6 @@ class H5MixDataset(H5ImageDataset):
     def caches(self) -> list[DecodedCache]:
         """The sources' decoded caches."""
         return [p.cache for p in self.parts if p.cache is not None]
-
-    def attach_caches(self, budget_bytes: int, *, max_side: int | None = None) -> None:
-        """Give every encoded source a decoded cache, ``budget_bytes`` split by sample counts."""
-        if self.crop is None:
-            raise OptionsError("cache='decoded' needs size= (the size every image is cut to)")
-        encoded = [p for p in self.parts if p.meta.mode == "encoded"]
-        total = sum(p.meta.num_samples for p in encoded)
-        for part in encoded:
-            share = max(1, budget_bytes * part.meta.num_samples // max(1, total))
-            part.cache = DecodedCache(max(1, part.meta.num_samples), share, max_side=max_side)
 
     def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5MixDataset:
         """Return a copy that reads every source with ``options`` (this one is unchanged)."""
@@ -214,8 +198,7 @@ class H5MixDataset(H5ImageDataset):
         labels, label_tensor = batch_labels(self.meta.labels[idx], self.target_transform)
         sources = torch.from_numpy(src.astype(np.int64)) if self.return_source else None
         shape = self._batch_shape()
-        ring = getattr(self, "ring", None)
-        buffer = None if shape is None else batch_buffer(ring, (idx.size, *shape))
+        buffer = None if shape is None else batch_buffer(self.ring, (idx.size, *shape))
         if loading is not None:
             # every source's chunks before any source is read: a source's copies, run while
             # the next source's chunks decompress, took a core from them (2 cores: slower)

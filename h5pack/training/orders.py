@@ -111,7 +111,8 @@ class Order(Protocol):
         """What fixes the order beyond the seed."""
 
 
-def _rng(*key: int) -> np.random.Generator:
+def seeded_rng(*key: int) -> np.random.Generator:
+    """Return the generator of ``key`` (each int taken mod 2**64)."""
     return np.random.default_rng([k % 2**64 for k in key])
 
 
@@ -138,7 +139,7 @@ class ChunkPermutation:
         self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
     ) -> np.ndarray:
         """Return a random permutation of the pieces."""
-        return _rng(seed, epoch).permutation(len(parents))
+        return seeded_rng(seed, epoch).permutation(len(parents))
 
     def settings(self) -> dict[str, Any]:
         """Nothing beyond the seed (a stratified order records only that it was used)."""
@@ -163,7 +164,7 @@ class StratifiedChunks(ChunkPermutation):
         self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
     ) -> np.ndarray:
         """Return a stratified order of the pieces, each taking its chunk's stratum."""
-        return stratified_order(_rng(seed, epoch), self.strata[parents])
+        return stratified_order(seeded_rng(seed, epoch), self.strata[parents])
 
 
 @dataclass(frozen=True, eq=False)

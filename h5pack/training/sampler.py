@@ -27,13 +27,8 @@ from h5pack.training.weighted import WeightedMix
 class ChunkSource(Protocol):
     """Anything with a pack's ``chunk_map`` and ``group_bytes`` (a dataset, a reader)."""
 
-    @property
-    def chunk_map(self) -> ChunkMap:
-        """Which samples live in which chunk."""
-
-    @property
-    def group_bytes(self) -> int:
-        """Bytes of one decompressed chunk."""
+    chunk_map: ChunkMap
+    group_bytes: int
 
 
 SamplerSource: TypeAlias = (
@@ -115,12 +110,10 @@ class _Planned:
 
     unit = "batches"
 
-    @classmethod
-    def from_spec(cls, source: SamplerSource, spec: EpochSpec) -> Self:
-        """Return a sampler of ``source`` cut by ``spec`` (what ``make_loader`` builds)."""
-        sampler = cls.__new__(cls)
-        sampler._start(source, spec)
-        return sampler
+    def __init__(self, source: SamplerSource, spec: EpochSpec) -> None:
+        chunk_map, group_bytes, meta, mix = resolve_data(source, mixed=spec.weights is not None)
+        spec = spec.resolved(group_bytes, chunk_map=chunk_map)
+        self._begin(chunk_map, spec, order_for(chunk_map, spec, mix), meta)
 
     @classmethod
     def of_order(
@@ -130,11 +123,6 @@ class _Planned:
         sampler = cls.__new__(cls)
         sampler._begin(chunk_map, spec, order, meta)
         return sampler
-
-    def _start(self, source: SamplerSource, spec: EpochSpec) -> None:
-        chunk_map, group_bytes, meta, mix = resolve_data(source, mixed=spec.weights is not None)
-        spec = spec.resolved(group_bytes, chunk_map=chunk_map)
-        self._begin(chunk_map, spec, order_for(chunk_map, spec, mix), meta)
 
     def _begin(
         self, chunk_map: ChunkMap, spec: EpochSpec, order: Order, meta: PackMeta | None
@@ -181,7 +169,6 @@ class _Planned:
         return plan_epoch(self.order, self.spec, epoch=self.epoch if epoch is None else epoch)
 
     def _serve(self, items: Sequence[Any] | np.ndarray) -> Iterator[Any]:
-        """Yield ``items`` from the resumed position on, counting the position."""
         start, self._resume = self._resume, 0
         self._position = start
         for position in range(start, len(items)):
@@ -189,7 +176,7 @@ class _Planned:
             yield items[position]
 
     def _planned(self) -> list[np.ndarray]:
-        """The plan of an iteration: a re-planned epoch is served once, then the whole again."""
+        # a re-planned epoch is served once, then the whole again
         if not self._base_fresh:
             self._drop_base()
         self._base_fresh = False
@@ -308,7 +295,7 @@ class ChunkBatchSampler(_Planned, Sampler[list[int]]):
     def __init__(
         self, source: SamplerSource, spec: EpochSpec | int | None = None, /, **fields: Any
     ) -> None:
-        self._start(source, epoch_spec(spec, **fields))
+        super().__init__(source, epoch_spec(spec, **fields))
 
     def __len__(self) -> int:
         spec = self.spec
@@ -334,7 +321,7 @@ class ChunkSampler(_Planned, Sampler[int]):
     unit = "samples"
 
     def __init__(self, source: SamplerSource, spec: EpochSpec | None = None) -> None:
-        self._start(source, spec or EpochSpec(batch_size=1))
+        super().__init__(source, spec or EpochSpec(batch_size=1))
 
     def __len__(self) -> int:
         return samples_per_rank(self.pool_samples, self.spec)
@@ -362,7 +349,7 @@ def sampler_for_labels(
         >>> sampler.window_chunks, sampler.spec.chunk_strata is not None, report.window_unmixed
         (64, True, False)
     """
-    sampler = ChunkBatchSampler.from_spec(source, spec)
+    sampler = ChunkBatchSampler(source, spec)
     if not spec.shuffle or isinstance(sampler.order, WeightedMix):
         return sampler, None  # pack order asked for; a mix interleaves its sources itself
     cmap, window = sampler.chunk_map, sampler.window_chunks
@@ -375,12 +362,12 @@ def sampler_for_labels(
     if not stratified:
         values = labels.labels if isinstance(labels, PackMeta) else labels
         spec = replace(spec, chunk_strata=tuple(int(s) for s in chunk_strata(values, cmap)))
-        sampler = ChunkBatchSampler.from_spec(source, spec)
+        sampler = ChunkBatchSampler(source, spec)
         report = label_mixing(labels, cmap, window_chunks=window, stratified=True)
     needed = report.window_needed
     if report.window_unmixed and spec.window_chunks is None and needed and needed > window:
         wider = replace(spec, min_window_chunks=max(needed, spec.min_window_chunks or 1))
-        sampler = ChunkBatchSampler.from_spec(source, wider)
+        sampler = ChunkBatchSampler(source, wider)
         if sampler.window_chunks != window:
             report = label_mixing(
                 labels, cmap, window_chunks=sampler.window_chunks, stratified=True

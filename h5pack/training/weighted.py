@@ -15,7 +15,7 @@ import numpy as np
 
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
-from h5pack.training.orders import EpochPieces
+from h5pack.training.orders import EpochPieces, seeded_rng
 
 # NOTE [ Weighted mix ]
 #
@@ -31,10 +31,6 @@ from h5pack.training.orders import EpochPieces
 
 # Mixed into every seed of the mix, so that its permutations are not the chunk order's.
 _KEY = 0x6D6978
-
-
-def _rng(*key: int) -> np.random.Generator:
-    return np.random.default_rng([k % 2**64 for k in key])
 
 
 def shares(weights: Sequence[float], epoch_samples: int) -> np.ndarray:
@@ -79,11 +75,6 @@ class SourcePosition:
     cycle: int
     epoch_in_cycle: int
     cycle_epochs: int
-
-    @property
-    def start(self) -> int:
-        """Where in the cycle's stream the epoch's part starts."""
-        return self.epoch_in_cycle * self.part
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,7 +145,7 @@ class WeightedMix:
         count = self.chunk_maps[source].num_chunks
         if not self.shuffle:
             return np.arange(count)
-        return _rng(seed, _KEY, source, *key).permutation(count)
+        return seeded_rng(seed, _KEY, source, *key).permutation(count)
 
     def _stream(
         self, order: np.ndarray, cmap: ChunkMap, low: int, high: int
@@ -180,7 +171,7 @@ class WeightedMix:
         ]
         if where.part:
             order = self._chunks(seed, source, 2, where.cycle)
-            low = where.start
+            low = where.epoch_in_cycle * where.part  # where in the cycle's stream it starts
             high = min(low + where.part, size)
             for a, b in ((low, high), (0, where.part - (high - low))):
                 if b > a:
