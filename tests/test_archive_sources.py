@@ -398,6 +398,13 @@ def test_corrupt_and_cut_archives_are_named(folder: Path, tmp_path: Path) -> Non
         convert(plain, tmp_path / "ii.h5", ConvertOptions(workers=1, strict=True))
 
 
+@pytest.mark.parametrize("kind", ["tar", "tgz", "zip", "imagenet"])
+def test_a_missing_archive_is_named(kind: str, tmp_path: Path) -> None:
+    missing = tmp_path / f"gone.{kind}"
+    with pytest.raises(SourceError, match=f"gone.{kind}"):
+        _ = sample_source(missing, kind=kind).samples
+
+
 def test_cli_takes_each_kind(folder: Path, tmp_path: Path) -> None:
     archive = zip_of(folder, tmp_path / "images.zip")
     runner = CliRunner()

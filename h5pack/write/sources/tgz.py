@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from h5pack.core.format import SkippedFile
+from h5pack.core.source import ByteSource
 from h5pack.core.store import Store
 from h5pack.errors import DecodeError, H5PackError, SourceError
 from h5pack.write.sources.archive import (
@@ -146,6 +147,9 @@ class _Cursor:
 class _Archive:
     """The checkpoints and open inflaters of one gzip file, in this process."""
 
+    fd = -1  # what ``close`` finds when opening failed
+    source: ByteSource | None = None
+
     def __init__(self, path: str, store: Store | None) -> None:
         self.path = path
         self.points = [_Point(zlib.decompressobj(_GZIP), b"", 0, 0)]
@@ -259,8 +263,8 @@ class GzipTarSource(ArchiveSource):
         found: Found = []
         problems: list[SkippedFile] = []
         whole: list[SkippedFile] = []
-        stream = _Inflated(_archive(path, store, new=True))  # the archive may have changed
         try:
+            stream = _Inflated(_archive(path, store, new=True))  # the archive may have changed
             with tarfile.open(fileobj=stream, mode="r:") as archive:
                 for member in tar_members(archive):
                     where = GzipMember(path, member.offset_data, member.size, store)
