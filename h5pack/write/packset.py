@@ -24,9 +24,12 @@ from h5pack.core.packset import (
     ShardEntry,
     ShardIdentity,
     load_manifest,
+    manifest_text,
+    meta_digest,
     shard_name,
     write_manifest,
 )
+from h5pack.core.store import Store, open_store, split_url
 from h5pack.errors import FormatError, H5PackError, OptionsError, TargetExistsError
 from h5pack.write.options import ConvertOptions
 from h5pack.write.report import ConvertEvent
@@ -53,33 +56,59 @@ def prepare_out_dir(
     except OSError as err:
         raise H5PackError(f"cannot create {out}: {err.strerror or err}") from err
     manifest = out / MANIFEST_NAME
-    if not manifest.exists():
-        return out
-    try:
-        other = load_manifest(manifest)
-        same = (other.num_shards, other.seed) == (num_shards, options.seed) and [
-            e.path for e in other.shards
-        ] == [shard_name(i, num_shards) for i in range(num_shards)]
-        what = f"a pack set of {other.num_shards} shards (seed {other.seed})"
-    except FormatError as err:
-        same, what = False, f"a manifest that cannot be read ({err})"
-    if same:
-        return out
-    if not overwrite:
-        raise TargetExistsError(
-            f"{manifest} describes {what}, not --shards {num_shards} --seed {options.seed}; "
-            "convert into another directory, or pass --overwrite to replace it"
-        )
-    manifest.unlink(missing_ok=True)
+    if manifest.exists() and another_split(
+        os.fspath(manifest),
+        lambda: load_manifest(manifest),
+        num_shards,
+        options,
+        overwrite=overwrite,
+        elsewhere="into another directory",
+    ):
+        manifest.unlink(missing_ok=True)
     return out
 
 
+def another_split(
+    where: str,
+    load: Callable[[], PackSetManifest],
+    num_shards: int,
+    options: ConvertOptions,
+    *,
+    overwrite: bool,
+    elsewhere: str,
+) -> bool:
+    """Whether the manifest ``where`` (``load``ed) is another split's, to replace.
+
+    TargetExistsError unless ``overwrite``.
+    """
+    names = [shard_name(i, num_shards) for i in range(num_shards)]
+    try:
+        other = load()
+        if (other.num_shards, other.seed) == (num_shards, options.seed) and [
+            e.path for e in other.shards
+        ] == names:
+            return False
+        what = f"a pack set of {other.num_shards} shards (seed {other.seed})"
+    except FormatError as err:
+        what = f"a manifest that cannot be read ({err})"
+    if not overwrite:
+        raise TargetExistsError(
+            f"{where} describes {what}, not --shards {num_shards} --seed {options.seed}; "
+            f"convert {elsewhere}, or pass --overwrite to replace it"
+        )
+    return True
+
+
 def shard_problems(
-    path: Path, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
+    path: StrPath,
+    identity: ShardIdentity,
+    options: ConvertOptions,
+    classes: Sequence[str],
+    store: Store | None = None,
 ) -> tuple[PackMeta | None, list[str]]:
     """Return a shard's metadata and how it differs from what this conversion would write."""
     try:
-        with fmt.open_h5(path) as handle:
+        with fmt.open_index(path, store=store) as handle:
             meta = fmt.read_meta(handle, os.fspath(path))
             fmt.read_paths(handle, meta)
     except FormatError as err:
@@ -112,40 +141,6 @@ def _content_options(options: Any) -> dict[str, Any]:
     return dict(data)
 
 
-def finish_set(
-    out: Path,
-    *,
-    identities: Sequence[ShardIdentity],
-    options: ConvertOptions,
-    classes: tuple[str, ...],
-    metas: dict[int, PackMeta],
-    emit: Callable[[ConvertEvent], None],
-) -> tuple[Path | None, tuple[int, ...]]:
-    """Write the manifest if every shard is there and matches; return it and what is missing.
-
-    ``metas`` are the shards this process wrote or checked; the others are checked here, and
-    ``emit`` told of one that does not match.
-    """
-    n = len(identities)
-    missing = tuple(i for i in range(n) if i not in metas and not (out / shard_name(i, n)).exists())
-    if missing:
-        return None, missing
-    entries = []
-    for i in range(n):
-        path = out / shard_name(i, n)
-        meta = metas.get(i)
-        if meta is None:
-            meta, problems = shard_problems(path, identities[i], options, classes)
-            if problems or meta is None:
-                emit(ConvertEvent("note", f"{path} does not match: {'; '.join(problems)}"))
-                missing += (i,)
-                continue
-        entries.append(ShardEntry.of(path, meta))
-    if missing:
-        return None, missing
-    return write_manifest(set_manifest(out, entries, classes, options)), ()
-
-
 def set_manifest(
     root: Path, entries: Sequence[ShardEntry], classes: tuple[str, ...], options: ConvertOptions
 ) -> PackSetManifest:
@@ -172,26 +167,46 @@ def finish_manifest(
     sizes: dict[int, int],
     emit: Callable[[ConvertEvent], None],
 ) -> tuple[str | None, tuple[int, ...]]:
-    """Write the set's manifest, in ``out`` or the bucket, once every shard is there.
+    """Write the set's manifest, in ``out`` or the bucket, once every shard is there and matches.
 
     Returns its path or URL (None while shards are missing) and the missing shards.
+    ``metas`` and ``sizes`` are the shards this process wrote or checked; the others are
+    checked here, and ``emit`` told of one that does not match.
     """
-    identities = [split.identity(i) for i in range(split.num_shards)]
     if remote is not None:
-        return remote.finish(
-            identities=identities,
-            options=options,
-            classes=split.source.classes,
-            metas=metas,
-            sizes=sizes,
-            emit=emit,
+        store, prefix = remote.store, remote.prefix_url
+        root = Path(split_url(prefix)[2] or ".")
+    else:
+        store, prefix, root = open_store(out), os.fspath(out) + os.sep, out
+    n = split.num_shards
+    entries: list[ShardEntry] = []
+    missing: tuple[int, ...] = ()
+    for i in range(n):
+        name = shard_name(i, n)
+        meta, size = metas.get(i), sizes.get(i)
+        if meta is None or size is None:
+            found = store.stat(prefix + name)
+            if found is None:
+                missing += (i,)
+                continue
+            if meta is None:
+                classes = split.source.classes
+                meta, problems = shard_problems(
+                    found.url, split.identity(i), options, classes, store
+                )
+                if problems or meta is None:
+                    emit(ConvertEvent("note", f"{found.url} does not match: {'; '.join(problems)}"))
+                    missing += (i,)
+                    continue
+            size = found.size
+        digest = meta_digest(meta)
+        entries.append(
+            ShardEntry(path=name, num_samples=meta.num_samples, file_bytes=size, digest=digest)
         )
-    written, missing = finish_set(
-        out,
-        identities=identities,
-        options=options,
-        classes=split.source.classes,
-        metas=metas,
-        emit=emit,
-    )
-    return (os.fspath(written) if written is not None else None), missing
+    if missing:
+        return None, missing
+    manifest = set_manifest(root, entries, split.source.classes, options)
+    if not store.remote:
+        return os.fspath(write_manifest(manifest)), ()
+    store.put(prefix + MANIFEST_NAME, (manifest_text(manifest) + "\n").encode("utf-8"))
+    return prefix + MANIFEST_NAME, ()

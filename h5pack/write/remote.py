@@ -23,28 +23,23 @@ from pathlib import Path, PurePosixPath
 from typing import Literal, TypeVar
 
 from h5pack._types import StrPath
-from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta
 from h5pack.core.packset import (
     MANIFEST_NAME,
-    ShardEntry,
     ShardIdentity,
-    manifest_text,
-    meta_digest,
     parse_manifest,
     shard_name,
 )
 from h5pack.core.private import owned_by_me
 from h5pack.core.store import ObjectInfo, Store, split_url
 from h5pack.errors import (
-    FormatError,
     H5PackError,
     OptionsError,
     TargetExistsError,
 )
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packset import meta_problems, set_manifest
+from h5pack.write.packset import another_split, shard_problems
 from h5pack.write.publish import check_room, free_bytes, sigterm_as_exit
 from h5pack.write.report import ConvertEvent
 from h5pack.write.scan import name_paths
@@ -147,85 +142,18 @@ class RemoteSet:
         """Refuse (``overwrite``: delete) another split's manifest; return the shards' root."""
         root = Path(split_url(self.prefix_url)[2] or ".")
         data = self.store.get(self.manifest_url)
-        if data is None:
-            return root
-        try:
-            other = parse_manifest(
+        if data is not None and another_split(
+            self.manifest_url,
+            lambda: parse_manifest(
                 data.decode("utf-8", "replace"), where=self.manifest_url, root=root
-            )
-            same = (other.num_shards, other.seed) == (num_shards, options.seed) and [
-                e.path for e in other.shards
-            ] == [shard_name(i, num_shards) for i in range(num_shards)]
-            what = f"a pack set of {other.num_shards} shards (seed {other.seed})"
-        except FormatError as err:
-            same, what = False, f"a manifest that cannot be read ({err})"
-        if not same:
-            if not overwrite:
-                raise TargetExistsError(
-                    f"{self.manifest_url} describes {what}, not --shards {num_shards} --seed "
-                    f"{options.seed}; convert under another prefix, or pass --overwrite to "
-                    "replace it"
-                )
+            ),
+            num_shards,
+            options,
+            overwrite=overwrite,
+            elsewhere="under another prefix",
+        ):
             self.store.delete(self.manifest_url)
         return root
-
-    def finish(
-        self,
-        *,
-        identities: Sequence[ShardIdentity],
-        options: ConvertOptions,
-        classes: tuple[str, ...],
-        metas: dict[int, PackMeta],
-        sizes: dict[int, int],
-        emit: Emit,
-    ) -> tuple[str | None, tuple[int, ...]]:
-        """Upload the manifest if every shard is there and matches; return it and the missing."""
-        n = len(identities)
-        entries: list[ShardEntry] = []
-        missing: tuple[int, ...] = ()
-        for i in range(n):
-            name = shard_name(i, n)
-            meta, size = metas.get(i), sizes.get(i)
-            if meta is None or size is None:
-                found = self.store.stat(self.prefix_url + name)
-                if found is None:
-                    missing += (i,)
-                    continue
-                meta, problems = shard_problems(
-                    found.url, self.store, identities[i], options, classes
-                )
-                if problems or meta is None:
-                    emit(ConvertEvent("note", f"{found.url} does not match: {'; '.join(problems)}"))
-                    missing += (i,)
-                    continue
-                size = found.size
-            entries.append(
-                ShardEntry(
-                    path=name,
-                    num_samples=meta.num_samples,
-                    file_bytes=size,
-                    digest=meta_digest(meta),
-                )
-            )
-        if missing:
-            return None, missing
-        root = Path(split_url(self.prefix_url)[2] or ".")
-        manifest = set_manifest(root, entries, classes, options)
-        self.store.put(self.manifest_url, (manifest_text(manifest) + "\n").encode("utf-8"))
-        return self.manifest_url, ()
-
-
-def shard_problems(
-    url: str, store: Store, identity: ShardIdentity, options: ConvertOptions, classes: Sequence[str]
-) -> tuple[PackMeta | None, list[str]]:
-    """Return the metadata of the shard at ``url`` and how it differs from this conversion's."""
-    try:
-        with fmt.open_index(url, store=store) as handle:
-            meta = fmt.read_meta(handle, url)
-            fmt.read_paths(handle, meta)
-    except FormatError as err:
-        return None, [f"it cannot be read ({err})"]
-    return meta, meta_problems(meta, identity, options, classes)
 
 
 def mismatch(
@@ -265,7 +193,7 @@ def publish_shard(
     url, store = remote.url, remote.store
     found: ObjectInfo | None = store.stat(url)
     if found is not None:
-        meta, problems = shard_problems(url, store, identity, options, classes)
+        meta, problems = shard_problems(url, identity, options, classes, store)
         if not problems and meta is not None:
             return "reused", found.size, meta
         where = "under another prefix"
