@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from h5pack.core.machine import process_exists
@@ -161,51 +160,32 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
-@dataclass
-class _Group:
-    """The files one conversion left in a directory."""
-
-    pid: int
-    temps: list[Path]
-    lock: Path | None = None
-
-
 def remove_leftovers(directory: Path) -> list[Path]:
     """Remove the temporary files of dead conversions in ``directory`` and return them."""
-    groups: dict[tuple[str, int], _Group] = {}
+    groups: dict[tuple[str, int], list[Path]] = {}
     try:
         names = [entry.name for entry in os.scandir(directory) if entry.name.startswith(".")]
     except OSError:
         return []
     for name in names:
-        lock = _LOCK.fullmatch(name)
-        match = _TEMP.fullmatch(name) or lock
-        if match is None:
-            continue
-        pid = int(match["pid"])
-        group = groups.setdefault((match["name"], pid), _Group(pid, []))
-        if match is lock:
-            group.lock = directory / name
-        else:
-            group.temps.append(directory / name)
+        match = _TEMP.fullmatch(name) or _LOCK.fullmatch(name)
+        if match is not None:
+            groups.setdefault((match["name"], int(match["pid"])), []).append(directory / name)
     removed: list[Path] = []
-    for group in groups.values():
-        removed.extend(_remove_group(group))
-    return sorted(removed)
-
-
-def _remove_group(group: _Group) -> list[Path]:
-    if group.lock is not None:
-        fd = _try_lock(group.lock)
+    for (_, pid), paths in groups.items():
+        locks = [path for path in paths if _LOCK.fullmatch(path.name)]
+        temps = [path for path in paths if path not in locks]
+        if not locks:
+            removed.extend(_unlink_all(temps) if _pid_orphaned(pid, temps) else [])
+            continue
+        fd = _try_lock(locks[0])
         if fd is None:
-            return []  # a live conversion's
+            continue  # a live conversion's
         try:  # remove the lock file last, still holding it: no one takes it meanwhile
-            return _unlink_all([*group.temps, group.lock])
+            removed.extend(_unlink_all([*temps, locks[0]]))
         finally:
             os.close(fd)
-    if not group.temps or not _pid_orphaned(group.pid, group.temps):
-        return []
-    return _unlink_all(group.temps)
+    return sorted(removed)
 
 
 def _unlink_all(paths: list[Path]) -> list[Path]:
