@@ -441,7 +441,7 @@ def test_a_figure_from_part_of_an_epoch_is_marked(tmp_path: Path) -> None:
         variants=(whole, cut),
         skipped=(),
         machine=machine_info(tmp_path),
-        options={},
+        options=CompareOptions(),
         recommendation=None,
         work_dir=None,
     )

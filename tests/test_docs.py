@@ -216,7 +216,7 @@ def test_every_install_line_names_this_project() -> None:
 
 
 def test_missing_extra_messages_name_the_checkout() -> None:
-    from h5pack.bench.plots import PLOT_HINT
+    from h5pack.bench.report import PLOT_HINT
     from h5pack.core.store import missing_extra
     from h5pack.errors import install_line
     from h5pack.write.dask import INSTALL_HINT

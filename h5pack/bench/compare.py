@@ -52,7 +52,7 @@ class CompareReport:
     variants: tuple[VariantResult, ...]  # fastest first within each kind of pixels
     skipped: tuple[SkippedVariant, ...]
     machine: Machine
-    options: dict[str, Any]  # JSON-ready
+    options: CompareOptions
     recommendation: Recommendation | None
     work_dir: str | None  # where kept packs are
     train: dict[str, Any] = field(default_factory=dict)  # ``TrainingRead.to_json`` and a note
@@ -149,7 +149,7 @@ def compare(
     skipped: list[SkippedVariant] = []
     reason = ""
     kept_dir: str | None = None
-    available = options.memory_bytes or available_memory_bytes()
+    available = available_memory_bytes()
     if folder:
         emit(CompareEvent("status", "reading the image sizes"))
         survey = survey_folder(paths[0])
@@ -205,7 +205,7 @@ def compare(
         machine=machine_info(
             local[0] if local and not folder else (work_dir or tempfile.gettempdir())
         ),
-        options=options.to_json(),
+        options=options,
         recommendation=recommend(
             ranked, train=train, available_bytes=available, across_pixels=options.across_pixels
         ),

@@ -18,33 +18,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import numpy as np
 
 from h5pack.bench.access import Pattern, random_order
-from h5pack.bench.options import check_cache
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.timing import Count
 from h5pack.errors import OptionsError
 from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
-
-
-def collate_any(batch: Sequence[Any]) -> Any:
-    """Collate like ``collate_batch``; images of several sizes stay a list."""
-    import torch
-
-    from h5pack.training.dataset import SampleBatch
-    from h5pack.training.loader import collate_batch as collate
-
-    if isinstance(batch, SampleBatch) and batch.images is not None:
-        return collate(batch)
-    if len({tuple(getattr(sample[0], "shape", ())) for sample in batch}) <= 1:
-        return collate(batch)
-    labels = torch.as_tensor([int(sample[1]) for sample in batch], dtype=torch.int64)
-    return [sample[0] for sample in batch], labels
 
 
 def _nbytes(value: Any) -> int:
@@ -121,7 +105,6 @@ def open_dataset(
     from h5pack.training.cache import DecodedCache, default_cache_bytes
     from h5pack.training.dataset import H5ImageDataset
 
-    check_cache(cache, cache_bytes)
     crop = train.crop_spec()
     dataset = H5ImageDataset(path, reader=reader, crop=crop, seed=seed)
     if cache is None or crop is None or dataset.meta.mode != "encoded":
@@ -168,6 +151,7 @@ class PatternLoader:
         import torch
         from torch.utils.data import DataLoader
 
+        from h5pack.training.batch import collate_batch, collate_list
         from h5pack.training.loader import make_loader, seed_worker
 
         loader = make_loader(
@@ -177,7 +161,6 @@ class PatternLoader:
             num_workers=self.requested_workers,
             seed=self.seed,
             persistent_workers=persistent,
-            collate_fn=collate_any,
             collate="stack" if self.batchable else "list",
         )
         if self.pattern != "random":
@@ -198,7 +181,7 @@ class PatternLoader:
                 len(self.dataset), self.batch_size, seed=self.seed
             ),
             num_workers=loader.num_workers,
-            collate_fn=collate_any,
+            collate_fn=collate_batch if self.batchable else collate_list,
             pin_memory=loader.pin_memory,
             generator=generator,
             **extra,

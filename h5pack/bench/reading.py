@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from h5pack._types import StrPath, parse_choice
+from h5pack._types import StrPath
 from h5pack.core.decode import load_file, probe_size
 from h5pack.core.store import Store, open_store
 from h5pack.errors import DecodeError, OptionsError
@@ -31,7 +31,6 @@ from h5pack.read.packset import PackSource, describe
 from h5pack.write.scan import scan
 
 AUTO_SIZE = 224  # what "auto" cuts images of several sizes to (ImageNet's)
-CROP_NAMES: tuple[Crop, ...] = ("random-resized", "center", "resize")
 SURVEY_FILES = 5000  # headers read at most to survey a folder; beyond, an even sample
 
 
@@ -72,19 +71,11 @@ class TrainingRead:
         cls,
         size: int | tuple[int, int] | None,
         *,
-        crop: str = "random-resized",
+        crop: Crop = "random-resized",
         flip: bool = False,
     ) -> TrainingRead:
         """Build one, reading an int ``size`` as a square."""
-        chosen = parse_choice(crop, CROP_NAMES)
-        if chosen is None:
-            raise OptionsError(f"crop should be one of {', '.join(CROPS)}, but got {crop!r}")
-        return cls(size=(size, size) if isinstance(size, int) else size, crop=chosen, flip=flip)
-
-    @property
-    def as_stored(self) -> bool:
-        """Whether images are read at their stored size."""
-        return self.size is None
+        return cls(size=(size, size) if isinstance(size, int) else size, crop=crop, flip=flip)
 
     def crop_spec(self) -> CropSpec | None:
         """Return the dataset's ``CropSpec`` (None: as stored)."""
@@ -208,7 +199,7 @@ def auto_note(train: TrainingRead, survey: SizeSurvey) -> str:
     """Return one line saying how images are read and, for "auto", why."""
     if not train.auto:
         return f"Read as training will read them: {train.describe()}."
-    if train.as_stored:
+    if train.size is None:
         return (
             f"Read as stored: the images have {survey.describe()}, so the loader batches "
             "them as they are (--train-size N measures them cut to N x N instead)."
@@ -222,7 +213,7 @@ def auto_note(train: TrainingRead, survey: SizeSurvey) -> str:
 
 def batch_problem(survey: SizeSurvey, train: TrainingRead) -> str | None:
     """Return why the loader cannot stack images of ``survey`` read with ``train``, or None."""
-    if not train.as_stored or survey.uniform:
+    if train.size is not None or survey.uniform:
         return None
     return (
         f"its images have {survey.describe()} and are read without a training size, so the "

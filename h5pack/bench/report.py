@@ -1,4 +1,4 @@
-"""Render ``compare``'s results: the ranked table, report.json, report.md (plots: ``plots``)."""
+"""Render ``compare``'s results: the ranked table, report.json, report.md and PNG plots."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from h5pack._types import StrPath
-from h5pack.bench.access import ReadCount
+from h5pack.bench.access import PATTERN_TITLES, PATTERNS, ReadCount
 from h5pack.bench.compare import CompareReport
 from h5pack.bench.measure import BenchResult, PatternResult
-from h5pack.bench.plots import PLOT_HINT, plots_available, write_plots
 from h5pack.bench.ranking import VariantResult, pixel_groups
 from h5pack.bench.timing import Timing
 from h5pack.core.store import Store
 from h5pack.core.units import human_bytes
+from h5pack.errors import install_line
 
+PLOT_HINT = f"PNG plots need matplotlib: {install_line('plot')}"
 NOT_CANDIDATE = "*"
 PARTIAL = "†"
 NOTES = (
@@ -85,7 +86,7 @@ def _pair(variant: VariantResult, attribute: str, as_bytes: bool) -> str:
 
 def _groups(report: CompareReport) -> list[list[VariantResult]]:
     """The table's groups: one, or one per kind of pixels (see "Like with like")."""
-    if report.options.get("across_pixels"):
+    if report.options.across_pixels:
         return [list(report.variants)]
     return pixel_groups(report.variants)
 
@@ -95,7 +96,7 @@ def pixels_line(report: CompareReport) -> str | None:
     groups = pixel_groups(report.variants)
     if len(groups) < 2:
         return None
-    if report.options.get("across_pixels"):
+    if report.options.across_pixels:
         kinds = "; ".join(f"{', '.join(v.name for v in g)}: {g[0].pixels}" for g in groups)
         return f"These packs hold different pixels ({kinds}): ranked together (--across-pixels)."
     kinds = "; ".join(f"{chr(65 + k)} = {g[0].pixels}" for k, g in enumerate(groups))
@@ -187,14 +188,14 @@ def markdown_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMN
 
 def to_markdown(report: CompareReport, plots: Sequence[str] = ()) -> str:
     """Return report.md: what ran where, the ranked table, notes and plots."""
-    measure = report.options.get("measure", {})
+    measure = report.options.measure
     lines = [
         "# h5pack compare",
         "",
         f"Source: `{report.source}`  ",
         f"Machine: {report.machine.describe()}  ",
-        f"Loader: batch size {measure.get('batch_size')}, workers {measure.get('workers')}, "
-        f"{measure.get('repeats')} repeats after {measure.get('warmup')} warm-up epoch(s)",
+        f"Loader: batch size {measure.batch_size}, workers {measure.workers}, "
+        f"{measure.repeats} repeats after {measure.warmup} warm-up epoch(s)",
         "",
     ]
     lines += [*_preamble(report), ""] if _preamble(report) else []
@@ -256,11 +257,68 @@ def write_report(report: CompareReport, out_dir: StrPath, *, plots: bool = True)
     """Write report.json, report.md and (with matplotlib) PNG plots into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    drawn = plots and bool(report.variants) and plots_available()
-    written = write_plots(report, out) if drawn else []
-    message = PLOT_HINT if plots and report.variants and not drawn else None
+    written, message = [], None
+    if plots and report.variants:
+        try:
+            written = write_plots(report, out)
+        except ImportError:  # no matplotlib (the ``plot`` extra)
+            message = PLOT_HINT
     json_path = out / "report.json"
     json_path.write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")
     md_path = out / "report.md"
     md_path.write_text(to_markdown(report, [p.name for p in written]), encoding="utf-8")
     return ReportFiles(json_path, md_path, tuple(written), message)
+
+
+def write_plots(report: CompareReport, out_dir: StrPath) -> list[Path]:
+    """Write throughput.png and size_vs_throughput.png (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    # grouped by mode and codec, by chunk size inside a group
+    variants = sorted(
+        report.variants, key=lambda v: (v.mode, v.codec, v.layout, v.samples_per_chunk)
+    )
+    names = [
+        v.name
+        + ("\n(contiguous)" if v.layout == "contiguous" else f"\n({v.samples_per_chunk:.0f}/chunk)")
+        for v in variants
+    ]
+    patterns = [p for p in PATTERNS if any(p in v.patterns for v in variants)]
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(variants) + 2), 4.8))
+    width = 0.8 / max(1, len(patterns))
+    for k, pattern in enumerate(patterns):
+        rates = [v.rate(pattern) for v in variants]
+        spans = [v.interval(pattern) for v in variants]
+        errors = [[r - low for r, (low, _) in zip(rates, spans, strict=True)]]
+        errors.append([high - r for r, (_, high) in zip(rates, spans, strict=True)])
+        positions = [i + (k - (len(patterns) - 1) / 2) * width for i in range(len(variants))]
+        axes.bar(positions, rates, width, yerr=errors, label=PATTERN_TITLES[pattern], capsize=2)
+    axes.set_yscale("log")
+    axes.set_ylabel("images/s (median, log scale)")
+    axes.set_xticks(range(len(variants)), names, rotation=45, ha="right", fontsize=8)
+    axes.set_title("Throughput by variant (chunk size) and access pattern")
+    axes.legend(fontsize=8)
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    first = out / "throughput.png"
+    figure.savefig(first, dpi=110)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(7.0, 4.8))
+    for v in variants:
+        point = (v.file_bytes / 1e6, v.rate("chunk") or v.rate("sequential"))
+        axes.scatter(*point, s=30)
+        axes.annotate(v.name, point, fontsize=7, xytext=(4, 3), textcoords="offset points")
+    axes.set_xlabel("file size (MB)")
+    axes.set_ylabel("chunk-aware images/s (median)")
+    axes.set_title("File size vs throughput (up and left is better)")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    second = out / "size_vs_throughput.png"
+    figure.savefig(second, dpi=110)
+    plt.close(figure)
+    return [first, second]

@@ -22,7 +22,7 @@ from h5pack.cli.flags import (
     store_of,
 )
 from h5pack.cli.progress import progress_for
-from h5pack.core.vocabulary import CROPS, PATTERNS
+from h5pack.core.vocabulary import CROPS, PATTERNS, Crop
 from h5pack.errors import OptionsError
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.flags)
@@ -71,7 +71,7 @@ def _train_flags(function: Any) -> Any:
     )(function)
 
 
-def _training_read(train_size: str | None, crop: str | None, flip: bool | None) -> Any:
+def _training_read(train_size: str | None, crop: Crop | None, flip: bool | None) -> Any:
     """Return the ``TrainingRead`` (or ``"auto"``) of the training flags, or fail (exit 2)."""
     from h5pack.bench.reading import TrainingRead, parse_train_size
 
@@ -85,7 +85,7 @@ def _training_read(train_size: str | None, crop: str | None, flip: bool | None) 
             )
         if size is None:
             return "auto" if train_size is None else TrainingRead()
-        return TrainingRead.of(size, crop=crop or "random-resized", flip=bool(flip))
+        return TrainingRead(size=size, crop=crop or "random-resized", flip=bool(flip))
     except OptionsError as err:
         raise click.BadParameter(str(err), param_hint="--train-size") from err
 
@@ -159,7 +159,7 @@ def compare(
     keep: bool,
     size: tuple[int, int] | None,
     train_size: str | None,
-    crop: str | None,
+    crop: Crop | None,
     flip: bool | None,
     batch_size: int,
     workers: int | Literal["auto"],
@@ -320,7 +320,7 @@ def bench(
     disk_cache_eviction: str,
     requests_in_flight: int | None,
     train_size: str | None,
-    crop: str | None,
+    crop: Crop | None,
     flip: bool | None,
     repeats: int,
     warmup: int,
