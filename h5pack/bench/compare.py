@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.bench.measure import PatternResult, measure_pack
+from h5pack.bench.measure import measure_pack
 from h5pack.bench.options import CompareEvent, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import Recommendation, VariantResult, pixel_groups, rank_key, recommend
 from h5pack.bench.reading import (
@@ -66,24 +67,29 @@ class CompareReport:
         return str(self.train.get("note", ""))
 
 
-def _describe_pack(
+def _measure(
     path: str,
     name: str,
-    patterns: dict[str, PatternResult],
-    problem: str | None,
+    measure: MeasureOptions,
+    emit: Callable[[CompareEvent], None],
     *,
     convert_s: float | None = None,
     command: str | None = None,
     keep: bool = True,
     store: Store | None = None,
 ) -> VariantResult:
+    """Measure the pack ``path`` under each pattern of ``measure`` and describe it."""
     from h5pack.check import pack_info
 
     store = store or open_store(path)
+    patterns = measure_pack(
+        path, measure, on_step=lambda p: emit(CompareEvent("step", f"{name}: {p}")), store=store
+    )
     info = pack_info(pack_files(path, store)[0], store=store)  # shards share one layout
     view = describe(path, store=store)
     meta = view.meta
     sizes = SizeSurvey.of((int(h), int(w)) for h, w, *_ in meta.shapes)
+    assert isinstance(measure.train, TrainingRead)  # resolved by compare
     return VariantResult(
         name=name,
         path=path if keep else None,
@@ -99,7 +105,7 @@ def _describe_pack(
         convert_s=convert_s,
         command=command,
         patterns=patterns,
-        problem=problem,
+        problem=batch_problem(sizes, measure.train),
         pixels=f"{meta.num_samples:,} images, {sizes.describe()}",
     )
 
@@ -163,7 +169,7 @@ def compare(
         where.mkdir(parents=True, exist_ok=True)
         try:
             for spec in specs:
-                built = _build_one(paths[0], spec, where, options, measure, train, emit, keep)
+                built = _build_one(paths[0], spec, where, options, measure, emit, keep)
                 if isinstance(built, SkippedVariant):
                     for _ in range(per_pack):
                         emit(CompareEvent("step", f"{spec.name}: skipped"))
@@ -178,21 +184,17 @@ def compare(
         stores = {
             os.fspath(p): store if store is not None and is_url(p) else open_store(p) for p in paths
         }
-        surveys = [survey_pack(path, stores[os.fspath(path)]) for path in paths]
-        counts: dict[tuple[int, int], int] = {}
-        for one in surveys:
-            for size, count in one.counts.items():
-                counts[size] = counts.get(size, 0) + count
-        survey = SizeSurvey(counts, sum(counts.values()), sum(s.total for s in surveys))
+        counts = Counter[tuple[int, int]]()
+        for path in paths:
+            counts.update(survey_pack(path, stores[os.fspath(path)]).counts)
+        survey = SizeSurvey(dict(counts), counts.total(), counts.total())
         train = resolve_training_read(options.train, survey)
         measure = replace(options.measure, train=train)
         emit(CompareEvent("phase", f"measuring {len(paths)} packs", per_pack * len(paths)))
-        for path, name, own in zip(paths, unique_names(paths), surveys, strict=True):
+        for path, name in zip(paths, unique_names(paths), strict=True):
             emit(CompareEvent("status", f"measuring {name}"))
             kept = stores[os.fspath(path)]
-            patterns = measure_pack(path, measure, on_step=_stepper(emit, name), store=kept)
-            problem = batch_problem(own, train)
-            results.append(_describe_pack(os.fspath(path), name, patterns, problem, store=kept))
+            results.append(_measure(os.fspath(path), name, measure, emit, store=kept))
     ranked = tuple(
         result
         for group in ([results] if options.across_pixels else pixel_groups(results))
@@ -217,20 +219,12 @@ def compare(
     )
 
 
-def _stepper(emit: Callable[[CompareEvent], None], name: str) -> Callable[[str], None]:
-    def step(pattern: str) -> None:
-        emit(CompareEvent("step", f"{name}: {pattern}"))
-
-    return step
-
-
 def _build_one(
     source: Path,
     spec: VariantSpec,
     where: Path,
     options: CompareOptions,
     measure: MeasureOptions,
-    train: TrainingRead,
     emit: Callable[[CompareEvent], None],
     keep: bool,
 ) -> VariantResult | SkippedVariant:
@@ -248,12 +242,11 @@ def _build_one(
         return SkippedVariant(spec.name, str(err))
     emit(CompareEvent("step", f"{spec.name}: converted"))
     try:
-        patterns = measure_pack(target, measure, on_step=_stepper(emit, spec.name))
-        return _describe_pack(
+        return _measure(
             os.fspath(target),
             spec.name,
-            patterns,
-            batch_problem(survey_pack(target), train),
+            measure,
+            emit,
             convert_s=made.elapsed_s,
             command=spec.command(os.fspath(source), target.name, size=options.size),
             keep=keep,

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -76,7 +76,6 @@ class MixBench:
 
     plan: MixPlan
     timing: Timing
-    cpu_s_per_image: float
     loads_per_sample: float | None
     batch_size: int
     workers: int
@@ -88,7 +87,7 @@ class MixBench:
             **self.plan.to_dict(),
             "images_per_s": self.timing.images_per_s,
             "rates": list(self.timing.rates),
-            "cpu_s_per_image": self.cpu_s_per_image,
+            "cpu_s_per_image": self.timing.cpu_s_per_image or 0.0,
             "loads_per_sample": self.loads_per_sample,
             "batch_size": self.batch_size,
             "workers": self.workers,
@@ -98,14 +97,14 @@ class MixBench:
     def lines(self) -> list[str]:
         """Return the result as text lines."""
         loads = "-" if self.loads_per_sample is None else f"{self.loads_per_sample:.3f}"
+        runs = ", ".join(f"{r:,.0f}" for r in self.timing.rates)
+        served = ", ".join(f"{name} {count}" for name, count in self.served.items())
         return [
             *self.plan.lines(),
-            f"images/s {self.timing.images_per_s:,.0f} (runs: "
-            + ", ".join(f"{r:,.0f}" for r in self.timing.rates)
-            + f"); CPU {1e6 * self.cpu_s_per_image:.0f} us/image; chunks decompressed per "
-            f"sample {loads}; batch {self.batch_size}, workers {self.workers}",
-            "served in the last epoch: "
-            + ", ".join(f"{name} {count}" for name, count in self.served.items()),
+            f"images/s {self.timing.images_per_s:,.0f} (runs: {runs}); CPU "
+            f"{1e6 * (self.timing.cpu_s_per_image or 0.0):.0f} us/image; chunks decompressed "
+            f"per sample {loads}; batch {self.batch_size}, workers {self.workers}",
+            f"served in the last epoch: {served}",
         ]
 
 
@@ -121,7 +120,6 @@ def bench_mix(
     warmup: int = 1,
     budget_s: float = 30.0,
     seed: int = 0,
-    on_step: Callable[[], None] | None = None,
     store: Store | None = None,
 ) -> MixBench:
     """Time ``make_loader(sources, batch_size, weights=weights, ...)`` over whole epochs.
@@ -170,7 +168,6 @@ def bench_mix(
         min_run_s=0.3,
         target_spread=0.1,
         budget_s=budget_s,
-        on_run=(lambda name: on_step()) if on_step is not None else None,
     )["mix"]
     loads = None
     if loader.num_workers == 0:
@@ -180,7 +177,6 @@ def bench_mix(
     return MixBench(
         plan=plan,
         timing=timing,
-        cpu_s_per_image=timing.cpu_s_per_image or 0.0,
         loads_per_sample=loads,
         batch_size=batch_size,
         workers=loader.num_workers,

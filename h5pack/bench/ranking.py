@@ -135,12 +135,10 @@ def _names(results: Sequence[VariantResult]) -> str:
     return ", ".join(r.name for r in results)
 
 
-def _memory_note(
-    results: Sequence[VariantResult], available_bytes: int | None, cache_share: float
-) -> str:
+def _memory_note(results: Sequence[VariantResult], available_bytes: int | None) -> str:
     if available_bytes is None:
         return "The memory available is unknown here: every pack was measured warm."
-    large = [r for r in results if r.file_bytes > cache_share * available_bytes]
+    large = [r for r in results if r.file_bytes > CACHE_SHARE * available_bytes]
     if not large:
         largest = max(r.file_bytes for r in results)
         return (
@@ -150,7 +148,7 @@ def _memory_note(
         )
     verb = "is" if len(large) == 1 else "are"
     return (
-        f"{_names(large)} {verb} larger than {cache_share:.0%} of the memory available "
+        f"{_names(large)} {verb} larger than {CACHE_SHARE:.0%} of the memory available "
         f"({human_bytes(available_bytes)}): training would read from disk what this warm "
         "measurement read from memory; the loader's stall report (loader.stats()) says "
         "when storage holds training back."
@@ -170,7 +168,6 @@ def recommend(
     *,
     train: TrainingRead | None = None,
     available_bytes: int | None = None,
-    cache_share: float = CACHE_SHARE,
     across_pixels: bool = False,
 ) -> Recommendation | None:
     """Pick the smallest pack among the candidates within ``AS_FAST`` of the fastest.
@@ -183,14 +180,14 @@ def recommend(
         return None
     groups = pixel_groups([r for r in results if r.batchable])
     if len(groups) < 2:
-        return _recommend(results, train, available_bytes, cache_share)
+        return _recommend(results, train, available_bytes)
     note = "These packs hold different pixels (" + "; ".join(
         f"{_names(g)}: {g[0].pixels}" for g in groups
     )
     note += ")"
     group = None if across_pixels else next((g for g in groups if len(g) > 1), None)
     if across_pixels:
-        found = _recommend(results, train, available_bytes, cache_share)
+        found = _recommend(results, train, available_bytes)
         extra = f"{note}: ranked on speed all the same (--across-pixels)."
     elif group is None:
         return Recommendation(
@@ -202,7 +199,7 @@ def recommend(
         )
     else:
         rest = [*group, *(r for r in results if not r.batchable)]
-        found = _recommend(rest, train, available_bytes, cache_share)
+        found = _recommend(rest, train, available_bytes)
         others = [r for r in results if r.batchable and r not in group]
         extra = (
             f"{note}: ranked among the packs of {group[0].pixels} only; not against "
@@ -216,7 +213,6 @@ def _recommend(
     results: Sequence[VariantResult],
     train: TrainingRead | None,
     available_bytes: int | None,
-    cache_share: float,
 ) -> Recommendation | None:
     train = train or TrainingRead()
     notes: list[str] = []
@@ -281,7 +277,7 @@ def _recommend(
             f"{rank_key(smallest):,.0f} images/s ({slower:.1f}x slower): the choice when "
             "disk space or memory for the page cache is short."
         )
-    notes.insert(1 if others else 0, _memory_note(results, available_bytes, cache_share))
+    notes.insert(1 if others else 0, _memory_note(results, available_bytes))
     rough = _rough_note(candidates)
     if rough is not None:
         notes.insert(0, rough)

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h5pack._types import StrPath
-from h5pack.core.machine import memory_bytes
+from h5pack.core.machine import available_cores, memory_bytes
 from h5pack.core.packset import MANIFEST_NAME, is_packset, pack_paths
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.read.packset import PackSource, describe
 
 
-def warm_page_cache(path: StrPath, *, block_bytes: int = 8 * 2**20) -> int:
+def warm_page_cache(path: StrPath) -> int:
     """Read ``path`` once so that its pages are cached; return the bytes read."""
     total = 0
     with open(path, "rb", buffering=0) as handle:
-        view = memoryview(bytearray(block_bytes))
+        view = memoryview(bytearray(8 * 2**20))
         while got := handle.readinto(view):
             total += got
     return total
@@ -85,13 +85,9 @@ def machine_info(where: StrPath = ".") -> Machine:
     import h5py
     import numpy as np
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
     return Machine(
         cpu=_cpu_model(),
-        cores=cores,
+        cores=available_cores(),
         memory_bytes=memory_bytes(),
         system=f"{platform.system()} {platform.release()}",
         python=sys.version.split()[0],

@@ -7,7 +7,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import click
 
@@ -25,28 +25,12 @@ from h5pack.cli.progress import progress_for
 from h5pack.core.vocabulary import CROPS, PATTERNS, Crop
 from h5pack.errors import OptionsError
 
-if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic (see h5pack.cli.flags)
-    _WorkersParam = click.ParamType[int | str, Any]
-else:
-    _WorkersParam = click.ParamType
 
-
-class Workers(_WorkersParam):
-    """A click parameter: ``auto`` or a number of DataLoader workers (>= 0)."""
-
-    name = "auto|N"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int | str:
-        """Parse ``auto`` or a non-negative integer, or fail with a usage error."""
-        if isinstance(value, int):
-            return value
-        if value == "auto":
-            return "auto"
-        if not str(value).isdigit():
-            self.fail(f"{value!r} is neither 'auto' nor a number of workers (>= 0)", param, ctx)
-        return int(value)
+def _workers(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    """``--workers``: ``auto`` or a number of DataLoader workers (>= 0)."""
+    if value != "auto" and not value.isdigit():
+        raise click.BadParameter(f"{value!r} is neither 'auto' nor a number of workers (>= 0)")
+    return value if value == "auto" else int(value)
 
 
 def _train_flags(function: Any) -> Any:
@@ -103,7 +87,12 @@ def _local_exists(
 
 
 workers_flag = click.option(
-    "--workers", type=Workers(), default="auto", show_default=True, help="Loader workers."
+    "--workers",
+    default="auto",
+    show_default=True,
+    metavar="auto|N",
+    callback=_workers,
+    help="Loader workers.",
 )
 batch_flag = click.option("--batch-size", type=int, default=64, show_default=True)
 seed_flag = click.option("--seed", type=int, default=0, show_default=True)

@@ -23,9 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; older clicks cannot subscript it
     _SizeParam = click.ParamType[int, Any]
     _ShapeParam = click.ParamType[tuple[int, ...], Any]
-    _WeightsParam = click.ParamType[tuple[float, ...], Any]
 else:
-    _SizeParam = _ShapeParam = _WeightsParam = click.ParamType
+    _SizeParam = _ShapeParam = click.ParamType
 
 # K/M/G and KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000
 _UNITS = {"": 1, "b": 1} | {
@@ -105,24 +104,17 @@ class ImageSizeOption(click.Option):
             option.process = process
 
 
-class Weights(_WeightsParam):
-    """A click parameter for a mix's weights, one per source: ``3,1``."""
-
-    name = "weights"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> tuple[float, ...]:
-        """Parse the weights, or fail with a usage error."""
-        if isinstance(value, tuple):
-            return value
-        try:
-            weights = tuple(float(part) for part in str(value).split(","))
-        except ValueError:
-            self.fail(f"should be numbers separated by commas, e.g. 3,1, but got {value!r}")
-        if any(not w > 0 for w in weights):
-            self.fail(f"should be positive numbers, e.g. 3,1, but got {value!r}", param, ctx)
-        return weights
+def _weights(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[float, ...] | None:
+    """``--weights``: a mix's weights, one per source, ``3,1``."""
+    try:
+        weights = None if value is None else tuple(float(part) for part in value.split(","))
+    except ValueError:
+        weights = (0.0,)
+    if weights is not None and any(not w > 0 for w in weights):
+        raise click.BadParameter(f"should be positive numbers, e.g. 3,1, but got {value!r}")
+    return weights
 
 
 def mix_flags(function: F) -> F:
@@ -135,8 +127,8 @@ def mix_flags(function: F) -> F:
     )(function)
     return click.option(
         "--weights",
-        type=Weights(),
         default=None,
+        callback=_weights,
         metavar="W1,W2,...",
         help="Mix the sources by weight, one weight per source (docs/mixing.md).",
     )(function)

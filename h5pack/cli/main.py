@@ -125,19 +125,8 @@ def _demo(folder: Path, workers: int | None, quiet: bool) -> None:
         f"{format_bytes(summary.file_bytes)}, ratio {summary.compression_ratio:.2f}, "
         f"{report.images_per_s:.0f} images/s"
     )
-    try:
-        from h5pack.training.loader import make_loader
-    except ImportError:  # no torch: the reader alone
-        from h5pack.read.reader import PackReader
+    from h5pack.training.loader import make_loader
 
-        with PackReader(pack) as reader:
-            batch = reader.read_images(range(min(16, len(reader))))
-            labels = [int(x) for x in reader.meta.labels[: len(batch)]]
-        click.echo(
-            f"3. read one batch back with PackReader (the first image): images "
-            f"{(len(batch), *batch[0].shape)}, labels {labels}"
-        )
-        return
     loader = make_loader(pack, batch_size=16, num_workers=0, size=64, flip=True)
     images_batch, labels_tensor = next(iter(loader))[:2]
     click.echo(
