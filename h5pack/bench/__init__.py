@@ -13,11 +13,10 @@ imports torch until a loader is measured.
 from __future__ import annotations
 
 from h5pack.bench.access import pack_shape
-from h5pack.bench.compare import compare
+from h5pack.bench.compare import CompareOptions, compare
 from h5pack.bench.loaders import FullShuffleBatchSampler, PatternLoader
-from h5pack.bench.measure import bench_loader, measure_pack
+from h5pack.bench.measure import BenchOptions, MeasureOptions, bench_loader, measure_pack
 from h5pack.bench.mixture import bench_mix, mix_plan
-from h5pack.bench.options import BenchOptions, CompareOptions, MeasureOptions
 from h5pack.bench.ranking import recommend
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.timing import time_interleaved

@@ -13,16 +13,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from h5pack._types import StrPath
-from h5pack.bench.measure import measure_pack
-from h5pack.bench.options import CompareEvent, CompareOptions, MeasureOptions
+from h5pack.bench.measure import MeasureOptions, measure_pack
 from h5pack.bench.ranking import Recommendation, VariantResult, pixel_groups, rank_key, recommend
 from h5pack.bench.reading import (
     SizeSurvey,
+    TrainChoice,
     TrainingRead,
     auto_note,
     batch_problem,
@@ -38,11 +38,55 @@ from h5pack.bench.system import (
     source_bytes,
     unique_names,
 )
-from h5pack.bench.variants import SkippedVariant, VariantSpec, choose_variants
+from h5pack.bench.variants import (
+    DEFAULT_VARIANTS,
+    SkippedVariant,
+    VariantSpec,
+    choose_variants,
+    parse_variants,
+)
 from h5pack.core.machine import available_memory_bytes
 from h5pack.core.store import Store, is_url, open_store
 from h5pack.errors import OptionsError, SourceError
 from h5pack.read.packset import describe
+
+
+@dataclass(frozen=True)
+class CompareEvent:
+    """Progress of a comparison (a ``phase`` of ``total`` steps, ``step``, ``status``...)."""
+
+    kind: Literal["phase", "step", "status", "skipped"]
+    message: str
+    total: int | None = None
+    unit: str = "step"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions:
+    """What ``compare`` builds and how it measures.
+
+    ``variants``: names (``bench.variants``) or ``"quick"``; ``size``: what raw variants
+    are stored at (None: the images' own); ``measure.train`` is set by ``compare``;
+    ``across_pixels``: see "Like with like" in ``bench.ranking``.
+    """
+
+    variants: tuple[str, ...] | Literal["quick"] = DEFAULT_VARIANTS
+    size: tuple[int, int] | None = None
+    train: TrainChoice = "auto"
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+    convert_workers: int | None = None
+    seed: int = 0
+    across_pixels: bool = False
+
+    def __post_init__(self) -> None:
+        if self.variants != "quick":
+            parse_variants(list(self.variants))  # refuse a bad name before any work
+
+    @classmethod
+    def quick(cls, **changes: Any) -> CompareOptions:
+        """Return the ``--quick`` settings: four variants, two repeats, short budgets."""
+        measure = MeasureOptions(repeats=2, min_run_s=0.1, epoch_budget_s=2.0, budget_s=5.0)
+        return cls(**{"variants": "quick", "measure": measure, **changes})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,16 +8,16 @@ in interleaved runs long enough to time (see "Timing enough work" in ``bench.tim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
 from h5pack.bench.access import PATTERNS, ReadCount, check_pattern, pack_shape, random_order
 from h5pack.bench.loaders import PatternLoader, open_dataset
-from h5pack.bench.options import BenchOptions, MeasureOptions, TimedOptions
 from h5pack.bench.reading import (
     SizeSurvey,
+    TrainChoice,
     TrainingRead,
     auto_note,
     batch_problem,
@@ -28,9 +28,86 @@ from h5pack.bench.system import source_name, warm_source
 from h5pack.bench.timing import Timing, time_interleaved
 from h5pack.core.store import Store, open_store
 from h5pack.core.units import human_bytes
+from h5pack.errors import OptionsError
 from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
 from h5pack.training.shuffle_quality import jump_entropy
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimedOptions:
+    """The loader and timing settings ``MeasureOptions`` and ``BenchOptions`` share.
+
+    ``repeats`` timed runs of at least ``min_run_s`` after ``warmup`` untimed epochs, runs
+    lengthened while their spread exceeds ``target_spread`` and ``budget_s`` allows (see
+    "Timing enough work"); ``train``: a ``TrainingRead`` or ``"auto"``.
+    """
+
+    batch_size: int = 64
+    workers: int | Literal["auto"] = "auto"
+    repeats: int = 3
+    warmup: int = 1
+    min_run_s: float = 0.2
+    target_spread: float | None = 0.1
+    budget_s: float | None = 15.0
+    train: TrainChoice = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.repeats < 1 or self.warmup < 0 or self.min_run_s < 0:
+            raise OptionsError(
+                "batch_size and repeats should be >= 1, warmup and min_run_s >= 0, but got "
+                f"batch_size={self.batch_size}, repeats={self.repeats}, warmup={self.warmup}, "
+                f"min_run_s={self.min_run_s}"
+            )
+        if self.workers != "auto" and (not isinstance(self.workers, int) or self.workers < 0):
+            raise OptionsError(f"workers should be 'auto' or >= 0, but got {self.workers!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureOptions(TimedOptions):
+    """How ``compare`` measures a pack; a slow pattern is timed on ``epoch_budget_s`` of it."""
+
+    train: TrainChoice = field(default_factory=TrainingRead)
+    epoch_budget_s: float = 10.0
+    patterns: tuple[str, ...] = PATTERNS
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.patterns or any(p not in PATTERNS for p in self.patterns):
+            raise OptionsError(
+                f"patterns should be among {', '.join(PATTERNS)}, but got {self.patterns!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions(TimedOptions):
+    """Loader settings of ``bench``.
+
+    ``order``: an access pattern; ``cache="decoded"``: through ``make_loader``'s decoded
+    cache, filled by the warm-up; ``reader``: chunks kept, a remote pack's store, read-ahead.
+    """
+
+    min_run_s: float = 0.3
+    budget_s: float | None = 30.0
+    order: str = "chunk"
+    cache: Literal["decoded"] | None = None
+    cache_bytes: int | None = None
+    max_batches: int | None = None
+    reader: ReaderOptions = field(default_factory=ReaderOptions)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_pattern(self.order)
+        if self.cache not in (None, "decoded"):
+            raise OptionsError(f"cache should be 'decoded' or None, but got cache={self.cache!r}")
+        if self.cache_bytes is not None and (self.cache is None or self.cache_bytes < 1):
+            raise OptionsError(
+                "cache_bytes (--cache-bytes) is the decoded cache's budget, as make_loader's: "
+                f"give it with cache='decoded' (--cache decoded), positive; got "
+                f"{self.cache_bytes}. The decompressed chunks kept per process are "
+                "chunk_cache_bytes (--chunk-cache-bytes)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -168,8 +168,8 @@ def compare(
     a recommendation, and report.json, report.md and plots in OUT. SOURCES may also be
     packs or pack sets, local or in a bucket (s3://bucket/pack.h5).
     """
+    from h5pack.bench.compare import CompareOptions
     from h5pack.bench.compare import compare as run_compare
-    from h5pack.bench.options import CompareOptions
     from h5pack.bench.report import format_compare, to_json, write_report
     from h5pack.bench.variants import parse_variants
 
@@ -349,8 +349,7 @@ def bench(
         )
         click.echo(json.dumps(mixed.to_dict(), indent=2) if as_json else "\n".join(mixed.lines()))
         return
-    from h5pack.bench.measure import bench_loader, format_bench
-    from h5pack.bench.options import BenchOptions
+    from h5pack.bench.measure import BenchOptions, bench_loader, format_bench
     from h5pack.bench.report import to_json
     from h5pack.read.eviction import parse_policy
     from h5pack.read.options import ReaderOptions
