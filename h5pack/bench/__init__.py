@@ -1,13 +1,7 @@
-"""Layout comparison and loader benchmarks; functions return data, the CLI renders it.
+"""Layout comparison (``compare``), loader benchmarks (``bench_loader``) and mixes (``mix_plan``).
 
-- ``compare``: build pack variants of an image folder (or take packs) and measure each as
-  training will read it, every access pattern through one loader (``h5pack compare``);
-- ``bench_loader``: throughput of given loader settings on one pack (``h5pack bench``);
-- ``mix_plan`` / ``bench_mix``: a mix of sources by weight (``info``/``bench --weights``);
-- ``h5pack.bench.report``: tables, report.json, report.md and plots.
-
-Result types live in their modules (``bench.measure``, ``bench.ranking``...). Nothing here
-imports torch until a loader is measured.
+Functions return data (result types live in their modules); ``bench.report`` and the CLI
+render it. Nothing here imports torch until a loader is measured.
 """
 
 from __future__ import annotations

@@ -70,7 +70,6 @@ class PackShape:
 
     num_samples: int
     num_chunks: int  # 0 when contiguous
-    chunk_bytes: int  # uncompressed, 0 when contiguous
     compressed: bool
     file_bytes: int
 
@@ -95,7 +94,6 @@ def pack_shape(source: PackSource, store: Store | None = None) -> PackShape:
     return PackShape(
         num_samples=chunk_map.num_samples,
         num_chunks=chunk_map.num_chunks if chunked else 0,
-        chunk_bytes=info.chunk_bytes if chunked else 0,
         compressed=info.codec != "none",
         file_bytes=source_bytes(source, store),
     )

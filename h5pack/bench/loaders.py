@@ -26,7 +26,6 @@ import numpy as np
 from h5pack.bench.access import Pattern, random_order
 from h5pack.bench.reading import TrainingRead
 from h5pack.bench.timing import Count
-from h5pack.errors import OptionsError
 from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
 
@@ -65,8 +64,6 @@ class FullShuffleBatchSampler:
     """A full shuffle of every sample each epoch in batches, a pure function of (seed, epoch)."""
 
     def __init__(self, num_samples: int, batch_size: int, *, seed: int = 0) -> None:
-        if batch_size < 1:
-            raise OptionsError(f"batch_size should be >= 1, but got batch_size={batch_size}")
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
         self.epoch = 0
 

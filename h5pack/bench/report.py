@@ -84,13 +84,6 @@ def _pair(variant: VariantResult, attribute: str, as_bytes: bool) -> str:
     return " → ".join(values)
 
 
-def _groups(report: CompareReport) -> list[list[VariantResult]]:
-    """The table's groups: one, or one per kind of pixels (see "Like with like")."""
-    if report.options.across_pixels:
-        return [list(report.variants)]
-    return pixel_groups(report.variants)
-
-
 def pixels_line(report: CompareReport) -> str | None:
     """Return, when the packs hold different pixels, the line that says so."""
     groups = pixel_groups(report.variants)
@@ -108,7 +101,8 @@ def pixels_line(report: CompareReport) -> str | None:
 
 def table_rows(report: CompareReport) -> list[list[str]]:
     """Return the ranked table's rows (strings), one per variant, columns ``COLUMNS``."""
-    groups = _groups(report)
+    together = report.options.across_pixels  # one group, else one per kind of pixels
+    groups = [list(report.variants)] if together else pixel_groups(report.variants)
     ranks = [
         f"{chr(65 + g)}{rank}" if len(groups) > 1 else str(rank)
         for g, group in enumerate(groups)
@@ -239,8 +233,7 @@ def _jsonable(value: Any) -> Any:
 
 def to_json(report: CompareReport | BenchResult) -> dict[str, Any]:
     """Return a result as JSON-ready data (derived rates included)."""
-    data: dict[str, Any] = _jsonable(report)
-    return data
+    return dict(_jsonable(report))
 
 
 @dataclass(frozen=True)

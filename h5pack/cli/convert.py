@@ -238,37 +238,34 @@ def parse_shard(text: str, env: Mapping[str, str]) -> tuple[int, int]:
     Raises:
         OptionsError: the text is neither, or ``auto`` finds no (or bad) variables.
     """
-    if text.strip().lower() == "auto":
-        return _shard_from_env(env)
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if match is None:
-        raise OptionsError(f"--shard should be I/N (e.g. 0/8) or auto, but got {text!r}")
-    index, count = int(match.group(1)), int(match.group(2))
-    _check_shard(index, count, f"--shard {text}")
-    return index, count
-
-
-def _shard_from_env(env: Mapping[str, str]) -> tuple[int, int]:
-    if all(name in env for name in TORCHRUN_VARS):
+    if text.strip().lower() != "auto":
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if match is None:
+            raise OptionsError(f"--shard should be I/N (e.g. 0/8) or auto, but got {text!r}")
+        index, count, what = int(match.group(1)), int(match.group(2)), f"--shard {text}"
+    elif all(name in env for name in TORCHRUN_VARS):
         index, count = (_env_int(env, name) for name in TORCHRUN_VARS)
-        _check_shard(index, count, f"--shard auto (RANK={index}, WORLD_SIZE={count})")
-        return index, count
-    if all(name in env for name in SLURM_ARRAY_VARS):
+        what = f"--shard auto (RANK={index}, WORLD_SIZE={count})"
+    elif all(name in env for name in SLURM_ARRAY_VARS):
         task, count = (_env_int(env, name) for name in SLURM_ARRAY_VARS)
         low = _env_int(env, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
-        _check_shard(
-            task - low,
-            count,
+        index = task - low
+        what = (
             f"--shard auto (SLURM_ARRAY_TASK_ID={task} - SLURM_ARRAY_TASK_MIN={low}, "
             f"SLURM_ARRAY_TASK_COUNT={count}; an array with a step, e.g. 0-15:2, cannot "
-            "number shards: use --array=0-N-1 or --shard I/N)",
+            "number shards: use --array=0-N-1 or --shard I/N)"
         )
-        return task - low, count
-    raise OptionsError(
-        "--shard auto reads RANK and WORLD_SIZE (set by torchrun) or SLURM_ARRAY_TASK_ID and "
-        "SLURM_ARRAY_TASK_COUNT (set in a Slurm array job, #SBATCH --array=0-7), but none "
-        "of them is set: give --shard I/N"
-    )
+    else:
+        raise OptionsError(
+            "--shard auto reads RANK and WORLD_SIZE (set by torchrun) or SLURM_ARRAY_TASK_ID "
+            "and SLURM_ARRAY_TASK_COUNT (set in a Slurm array job, #SBATCH --array=0-7), but "
+            "none of them is set: give --shard I/N"
+        )
+    if count < 1:
+        raise OptionsError(f"{what}: the number of shards should be at least 1, but got {count}")
+    if not 0 <= index < count:
+        raise OptionsError(f"{what}: the shard index should be in 0..{count - 1}, but got {index}")
+    return index, count
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int:
@@ -278,10 +275,3 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
         raise OptionsError(
             f"--shard auto: {name} should be an integer, but got {name}={env[name]!r}"
         ) from None
-
-
-def _check_shard(index: int, count: int, what: str) -> None:
-    if count < 1:
-        raise OptionsError(f"{what}: the number of shards should be at least 1, but got {count}")
-    if not 0 <= index < count:
-        raise OptionsError(f"{what}: the shard index should be in 0..{count - 1}, but got {index}")
