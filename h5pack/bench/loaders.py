@@ -103,13 +103,13 @@ def open_dataset(
     from h5pack.training.dataset import H5ImageDataset
 
     crop = train.crop_spec()
-    dataset = H5ImageDataset(path, reader=reader, crop=crop, seed=seed)
+    dataset = H5ImageDataset(path, reader=reader, pipeline=crop, seed=seed)
     if cache is None or crop is None or dataset.meta.mode != "encoded":
         return dataset
     budget = default_cache_bytes() if cache_bytes is None else cache_bytes
     dataset.close()
     decoded = DecodedCache(max(1, dataset.meta.num_samples), budget)
-    return H5ImageDataset(path, reader=reader, crop=crop, cache=decoded, seed=seed)
+    return H5ImageDataset(path, reader=reader, pipeline=crop, cache=decoded, seed=seed)
 
 
 class PatternLoader:

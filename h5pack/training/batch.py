@@ -19,7 +19,6 @@ from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, st
 from h5pack.core.format import PackMeta
 from h5pack.core.vocabulary import Output
 from h5pack.errors import OptionsError
-from h5pack.read.crop import CropSpec
 from h5pack.read.packset import PackSource
 from h5pack.training.geometry import as_value, collate_records, pad_batch
 from h5pack.training.ring import batch_buffer
@@ -69,13 +68,6 @@ def as_output(hwc: np.ndarray, output: Output) -> Any:
     if output == "pil":
         return Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc)
     return torch.from_numpy(np.ascontiguousarray(hwc.transpose(2, 0, 1)))
-
-
-def pipeline_of(pipeline: CropSpec | None, crop: CropSpec | None) -> CropSpec | None:
-    """The training image pipeline given as ``pipeline=`` or by its older name ``crop=``."""
-    if crop is not None and pipeline is not None:
-        raise OptionsError("give pipeline= (or its older name crop=), not both")
-    return pipeline if pipeline is not None else crop
 
 
 class SampleBatch(Sequence[tuple[Any, ...]]):

@@ -267,19 +267,18 @@ def make_loader(
     mix_options = {"classes": classes, "return_source": return_source}
     if weights is None and any(v is not None for v in mix_options.values()):
         raise OptionsError("classes= and return_source= apply to a mix: give weights= too")
+    own: dict[str, Any] = {
+        "transform": transform,
+        "target_transform": target_transform,
+        "output": output,
+        "return_path": return_path,
+        "fields": fields,
+    }
     if isinstance(path_or_dataset, H5ImageDataset):
-        own = {
-            "transform": transform,
-            "target_transform": target_transform,
-            "output": output,
-            "return_path": return_path,
-            "fields": fields,
-            **mix_options,
-        }
         opening = KEYWORDS["reader"] | KEYWORDS["pipeline"]
         objects = {"reader": reader, "pipeline": pipeline, "cache": cache}
         given = sorted(
-            [name for name, value in {**own, **objects}.items() if value is not None]
+            [name for name, value in {**own, **mix_options, **objects}.items() if value is not None]
             + [name for name in keywords if name in opening]
         )
         if given:
@@ -289,16 +288,14 @@ def make_loader(
             )
         dataset = path_or_dataset
     else:
-        common: dict[str, Any] = {
-            "transform": transform,
-            "target_transform": target_transform,
+        common = {
+            **own,
             "output": output or "tensor",
             "return_path": bool(return_path),
             "reader": spec.reader,
             "pipeline": spec.pipeline,
             "cache": spec.cache,
             "seed": seed,
-            "fields": fields,
         }
         if weights is not None:
             if isinstance(path_or_dataset, str | os.PathLike):

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
+from typing_extensions import Self
 
 from h5pack.core.arguments import check_seed
 from h5pack.core.fields import IMAGE, KEY, fields_of
@@ -30,7 +31,6 @@ from h5pack.training.batch import (
     batch_labels,
     check_source,
     fields_for,
-    pipeline_of,
     source_of,
 )
 from h5pack.training.cache import CacheSpec, DecodedCache
@@ -67,7 +67,6 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
             ``CacheSpec`` or a ``DecodedCache``.
         seed: Seed of the random crops and flips.
         weights: Mix several sources by weight: an ``H5MixDataset`` (``training.mixed``).
-        crop: The older name of ``pipeline``.
         fields: The fields to deliver as dicts (docs/fields.md); default: every field of a
             pack of more than image + label, else tuples.
 
@@ -99,14 +98,12 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         cache: CacheSpec | DecodedCache | None = None,
         seed: int = 0,
         weights: Sequence[float] | None = None,
-        crop: CropSpec | None = None,
         fields: Sequence[str] | None = None,
     ) -> None:
         if weights is not None:  # H5MixDataset's own __init__ takes them
             raise OptionsError("weights= makes an H5MixDataset (training/mixed.py)")
         if output not in OUTPUTS:
             raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
-        pipeline = pipeline_of(pipeline, crop)
         if cache is not None and pipeline is None:
             raise OptionsError(
                 "cache applies to the training image pipeline; give pipeline= (or size= to "
@@ -167,7 +164,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         self.pool: ReadPool | None = None
         self._planned: tuple[int, int] | None = None  # (epoch, worker) planned last
 
-    def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5ImageDataset:
+    def configured(self, options: ReaderOptions, *, seed: int | None = None) -> Self:
         """A copy that reads with ``options``, with its own epoch (and ``seed`` when given)."""
         twin = copy.copy(self)
         twin.options = options

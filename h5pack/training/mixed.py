@@ -7,12 +7,12 @@ source s's sample i, with labels joined (``read.mixture``). ``WeightedMix`` is t
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from typing_extensions import Self
 
 from h5pack.core.fields import KEY, fields_of
 from h5pack.core.layout import checked_indices
@@ -23,7 +23,7 @@ from h5pack.read.mixture import ClassJoin, MixView, check_fields, describe_mix
 from h5pack.read.packset import PackSource
 from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
-from h5pack.training.batch import SampleBatch, SharedEpoch, batch_labels, pipeline_of
+from h5pack.training.batch import SampleBatch, batch_labels
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
 from h5pack.training.mapstyle import H5ImageDataset
 from h5pack.training.mixing import label_mixing
@@ -65,7 +65,6 @@ class H5MixDataset(H5ImageDataset):
         pipeline: CropSpec | None = None,
         cache: CacheSpec | DecodedCache | None = None,
         seed: int = 0,
-        crop: CropSpec | None = None,
         fields: Sequence[str] | None = None,
     ) -> None:
         if isinstance(cache, DecodedCache):
@@ -73,7 +72,6 @@ class H5MixDataset(H5ImageDataset):
                 "a mix keeps one decoded cache per source: give a CacheSpec "
                 "(make_loader(cache='decoded'))"
             )
-        crop = pipeline_of(pipeline, crop)
         self.options = reader or ReaderOptions()
         self.mix: MixView = describe_mix(
             sources,
@@ -91,7 +89,7 @@ class H5MixDataset(H5ImageDataset):
         self.group_bytes = self.mix.group_bytes
         self.compressed = any(v.compressed for v in self.mix.views)
         check_fields(self.mix, fields)
-        self._deliver(transform, target_transform, output, return_path, fields, crop, seed)
+        self._deliver(transform, target_transform, output, return_path, fields, pipeline, seed)
         self.return_source = return_source
         self.cache = None
         self.parts = [
@@ -101,7 +99,7 @@ class H5MixDataset(H5ImageDataset):
                 output=output,
                 return_path=return_path,
                 reader=self.options,
-                crop=crop,
+                pipeline=pipeline,
                 seed=seed + s * _SEED_STEP,
             )
             for s, source in enumerate(self.mix.sources)
@@ -149,12 +147,9 @@ class H5MixDataset(H5ImageDataset):
         """The sources' decoded caches."""
         return [p.cache for p in self.parts if p.cache is not None]
 
-    def configured(self, options: ReaderOptions, *, seed: int | None = None) -> H5MixDataset:
+    def configured(self, options: ReaderOptions, *, seed: int | None = None) -> Self:
         """Return a copy that reads every source with ``options`` (this one is unchanged)."""
-        twin = copy.copy(self)
-        twin.options = options
-        twin.seed = self.seed if seed is None else seed
-        twin._epoch = SharedEpoch(self.epoch)
+        twin = super().configured(options, seed=seed)
         twin.parts = [
             part.configured(options, seed=twin.seed + s * _SEED_STEP)
             for s, part in enumerate(self.parts)

@@ -49,12 +49,10 @@ def resolve_data(
     source: SamplerSource, *, mixed: bool = False
 ) -> tuple[ChunkMap, int | None, PackMeta | None, MixedSources | None]:
     """Return ``(chunk map, bytes per chunk, metadata, mix)``; with ``mixed`` a list is a mix."""
+    from h5pack.read.packset import concatenated_map, describe
+
     if isinstance(source, MixedSources):
-        starts, at = [np.zeros(1, dtype=np.int64)], 0
-        for cmap in source.chunk_maps:
-            starts.append(cmap.starts[1:] + at)
-            at += cmap.num_samples
-        return ChunkMap(np.concatenate(starts)), None, None, source
+        return concatenated_map(source.chunk_maps), None, None, source
     if isinstance(source, ChunkMap):
         return source, None, None, None
     if isinstance(source, ChunkSource):  # a dataset or reader; an H5MixDataset has ``mix``
@@ -71,8 +69,6 @@ def resolve_data(
         view = describe_mix(source, store_for=open_store)
         return view.chunk_map, view.group_bytes, view.meta, MixedSources(view.chunk_maps)
     if isinstance(source, str | os.PathLike | Sequence):  # a pack, a set, a list: one pool
-        from h5pack.read.packset import describe
-
         one = describe(source, store=open_store(source))
         return one.chunk_map, one.group_bytes, one.meta, None
     raise OptionsError(
