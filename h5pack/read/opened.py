@@ -7,10 +7,10 @@ opened only when HDF5 must read (``StoredImages.h5_images``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-import h5py
 import numpy as np
 
 from h5pack.core import format as fmt
@@ -87,13 +87,7 @@ def _open_images(
 ) -> OpenPack:
     # the same file as the metadata's (the path may have been replaced meanwhile)
     fmt.check_identity(path, meta.identity, fmt.identity_of(index, path))
-    images: list[h5py.Dataset] = []  # h5py's images dataset, once opened
-
-    def h5_images() -> h5py.Dataset:
-        if not images:
-            images.append(index.hdf5()[fmt.IMAGES])
-        return images[0]
-
+    h5_images = functools.cache(lambda: index.hdf5()[fmt.IMAGES])  # opened on first use
     table = contiguous = None
     if options.direct:
         with fmt.reading(path, "the images' dataset and chunk index"):
