@@ -46,7 +46,7 @@ class MaskSource(PathSource):
     def find(self) -> Listing:
         """Pair each image with its mask (SourceError: a folder missing, or no pair)."""
         images, problems = self._images()
-        masks_by_stem: dict[str, list[Path | FileRange]] = defaultdict(list)
+        masks_by_stem: dict[str, list[FileRange]] = defaultdict(list)
         if is_url(self.masks):  # NOTE [ Sources in a bucket ]
             store = self.given if self.given is not None else open_store(self.masks)
             for relative, where in prefix_images(store, self.masks).items():
@@ -54,7 +54,9 @@ class MaskSource(PathSource):
         else:
             check_root(Path(self.masks))
             for relative, path in walk(Path(self.masks))[0]:
-                masks_by_stem[os.path.splitext(relative)[0]].append(path)
+                masks_by_stem[os.path.splitext(relative)[0]].append(
+                    FileRange(os.path.abspath(path))
+                )
         stems = [os.path.splitext(relative)[0] for relative, _ in images]
         images_by_stem = Counter(stems)
         pairs = [
@@ -64,14 +66,13 @@ class MaskSource(PathSource):
         with ThreadPoolExecutor(16 if self.given is not None else 1) as pool:  # header GETs
             reasons = list(pool.map(lambda pair: _mismatch(*pair), pairs))
         samples: list[Sample] = []
-        masks: list[str | FileRange] = []
+        masks: list[FileRange] = []
         for (relative, where), stem, reason in zip(images, stems, reasons, strict=True):
             if reason:
                 problems.append(SkippedFile(relative, reason))
                 continue
             samples.append(Sample(relative, where))
-            found = masks_by_stem[stem][0]
-            masks.append(found if isinstance(found, FileRange) else os.path.abspath(found))
+            masks.append(masks_by_stem[stem][0])
         if not samples:
             raise SourceError(f"no image under {self.root} has a mask under {self.masks}")
         left = sorted(set(masks_by_stem) - set(images_by_stem))
@@ -95,7 +96,7 @@ class MaskSource(PathSource):
         return images, list(scanned.problems)
 
 
-def _mismatch(image: FileRange, masks: list[Path | FileRange], images: int) -> str:
+def _mismatch(image: FileRange, masks: list[FileRange], images: int) -> str:
     """Return why an image and its ``masks`` do not make a sample ("" when they do)."""
     if images > 1:
         return "several images have this stem: which one the mask belongs to cannot be told"
@@ -105,8 +106,7 @@ def _mismatch(image: FileRange, masks: list[Path | FileRange], images: int) -> s
         with _open_mask(masks[0], header=True) as mask:
             mode, (width, height) = mask.mode, mask.size
     except (OSError, ValueError, DecodeError) as err:
-        name = masks[0].path if isinstance(masks[0], FileRange) else masks[0].name
-        return f"its mask {name} cannot be read ({err})"
+        return f"its mask {masks[0].path} cannot be read ({err})"
     if mode not in MASK_MODES:
         return f"its mask is a {mode} image, not a palette (P) or grey (L) one"
     size = header_size(image)
@@ -131,23 +131,18 @@ def header_size(image: FileRange) -> tuple[int, int] | None:
         return None
 
 
-def _open_mask(where: str | Path | FileRange, *, header: bool = False) -> Image.Image:
+def _open_mask(where: FileRange, *, header: bool = False) -> Image.Image:
     """Open a mask image: a file, or an object read whole (only its first bytes: ``header``)."""
-    if not isinstance(where, FileRange):
-        return Image.open(where)
-    if header:
-        assert where.store is not None  # a FileRange of a mask is an object's
-        return Image.open(
-            io.BytesIO(read_object(where.store, where.path, 0, min(where.size, 4096)))
-        )
-    return Image.open(io.BytesIO(where.read()))
+    if where.store is None:
+        return Image.open(where.path)
+    size = min(where.size, 4096) if header else where.size
+    return Image.open(io.BytesIO(read_object(where.store, where.path, 0, size)))
 
 
-def read_mask(path: str | FileRange) -> np.ndarray:
+def read_mask(path: FileRange) -> np.ndarray:
     """Return the values of a palette or grey mask image as H x W uint8 (DecodeError)."""
     try:
         with _open_mask(path) as mask:
             return np.asarray(mask, dtype=np.uint8)
     except (OSError, ValueError) as err:
-        name = path.path if isinstance(path, FileRange) else path
-        raise DecodeError(f"{name}: cannot read the mask: {err}") from err
+        raise DecodeError(f"{path.path}: cannot read the mask: {err}") from err
