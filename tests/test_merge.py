@@ -351,7 +351,7 @@ def test_a_failed_merge_leaves_no_target_and_no_temporary_file(tmp_path, monkeyp
     def fail(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(merge_module, "_write_metadata", fail)
+    monkeypatch.setattr(merge_module, "write_record", fail)
     target = tmp_path / "merged.h5"
     with pytest.raises(Exception, match=f"writing {target} failed"):
         merge_packs(shards, target)

@@ -23,14 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import h5py
 import numpy as np
 
 from h5pack._types import StrPath
 from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
-from h5pack.core.format import PackMeta, SkippedFile
+from h5pack.core.format import PackMeta
 from h5pack.core.record import PackRecord, skipped_text, write_record
 from h5pack.core.store import Store, open_store
 from h5pack.errors import H5PackError, OptionsError
@@ -84,28 +83,10 @@ class MergeReport:
     file_bytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Merged:
-    """The shards' merged metadata: per-sample ``arrays`` and field ``columns`` by name."""
-
-    arrays: dict[str, np.ndarray]
-    columns: dict[str, Any]
-    paths: list[str]
-    skipped: tuple[SkippedFile, ...]
-    length: int  # rows of the merged images dataset
-
-
-def _merge_meta(shards: Sequence[Shard], blob: BlobPlan | None) -> _Merged:
+def _merge_meta(shards: Sequence[Shard], blob: BlobPlan | None) -> PackRecord:
+    """Return the merged pack's record; mode, storage, channels and options are the first's."""
     metas = [s.meta for s in shards]
-    offsets = sizes = None
-    if blob is not None:
-        parts = [local[:-1] + base for local, base in zip(blob.offsets, blob.bases, strict=True)]
-        parts.append(np.array([blob.bases[-1] + int(blob.offsets[-1][-1])], dtype=np.int64))
-        offsets = np.concatenate(parts).astype(np.int64)
-        sizes = np.concatenate([m.sizes for m in metas if m.sizes is not None]).astype(np.int64)
-        length = blob.length
-    else:
-        length = sum(m.num_samples for m in metas)
+    first = metas[0]
     skipped = sorted((s for m in metas for s in m.skipped), key=lambda s: os.fsencode(s.path))
     arrays: dict[str, np.ndarray] = {}
     for spec in fmt.SAMPLE_ARRAYS:  # NOTE [ Per-sample arrays ]
@@ -116,14 +97,27 @@ def _merge_meta(shards: Sequence[Shard], blob: BlobPlan | None) -> _Merged:
         if spec.joins and present and len(present) == len(held):
             arrays[spec.name] = np.concatenate(present)
     arrays[fmt.SOURCE_INDEX] = _source_index(metas)
-    if offsets is not None and sizes is not None:
-        arrays[fmt.OFFSETS], arrays[fmt.SIZES] = offsets, sizes
-    return _Merged(
-        arrays=arrays,
-        columns=_merged_columns(shards),
+    if blob is not None:
+        parts = [local[:-1] + base for local, base in zip(blob.offsets, blob.bases, strict=True)]
+        parts.append(np.array([blob.bases[-1] + int(blob.offsets[-1][-1])], dtype=np.int64))
+        arrays[fmt.OFFSETS] = np.concatenate(parts).astype(np.int64)
+        sizes = [m.sizes for m in metas if m.sizes is not None]
+        arrays[fmt.SIZES] = np.concatenate(sizes).astype(np.int64)
+    return PackRecord(
+        mode=first.mode,
+        storage=first.storage,
+        channels=first.channels,
+        classes=first.classes,
         paths=[p for s in shards for p in s.paths],
-        skipped=tuple(skipped),
-        length=length,
+        arrays=arrays,
+        texts={
+            fmt.OPTIONS_KEY: json.dumps(dict(first.options), sort_keys=True),
+            fmt.SKIPPED_KEY: skipped_text(skipped),
+        },
+        blob_chunk_bytes=blob.step if blob is not None and blob.step else first.blob_chunk_bytes,
+        tool_version=__version__,
+        fields=fields_of(first),
+        columns=_merged_columns(shards),
     )
 
 
@@ -154,47 +148,15 @@ def _source_index(metas: Sequence[PackMeta]) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _reordered(merged: _Merged, order: np.ndarray, meta: PackMeta) -> _Merged:
-    """Return ``merged`` with its samples in ``order`` (array storage: no offsets)."""
+def _reordered(record: PackRecord, order: np.ndarray) -> PackRecord:
+    """Return ``record`` with its samples in ``order`` (array storage: no offsets)."""
     return replace(
-        merged,
-        arrays={name: array[order] for name, array in merged.arrays.items()},
+        record,
+        arrays={name: array[order] for name, array in record.arrays.items()},
         columns={
-            f.name: f.take(merged.columns[f.name], order) for f in stored_fields(fields_of(meta))
+            f.name: f.take(record.columns[f.name], order) for f in stored_fields(record.fields)
         },
-        paths=[merged.paths[i] for i in order.tolist()],
-    )
-
-
-def _write_metadata(
-    handle: h5py.File,
-    first: PackMeta,
-    merged: _Merged,
-    blob_chunk_bytes: int,
-) -> None:
-    """Write every dataset and attribute of the merged pack but its images (format 1.1).
-
-    Mode, storage, channels and options are the first shard's.
-    """
-    texts = {
-        fmt.OPTIONS_KEY: json.dumps(dict(first.options), sort_keys=True),
-        fmt.SKIPPED_KEY: skipped_text(merged.skipped),
-    }
-    write_record(
-        handle,
-        PackRecord(
-            mode=first.mode,
-            storage=first.storage,
-            channels=first.channels,
-            classes=first.classes,
-            paths=merged.paths,
-            arrays=merged.arrays,
-            texts=texts,
-            blob_chunk_bytes=blob_chunk_bytes,
-            tool_version=__version__,
-            fields=fields_of(first),
-            columns=merged.columns,
-        ),
+        paths=[record.paths[i] for i in order.tolist()],
     )
 
 
@@ -275,12 +237,13 @@ def merge_packs(
     emit(ConvertEvent("phase", f"merging {len(shards)} packs", total=total))
     first = shards[0].meta
     blob = plan_blob(shards) if first.storage == "blob" else None
-    merged = _merge_meta(shards, blob)
+    record = _merge_meta(shards, blob)
+    length = blob.length if blob is not None else total
     moved = 0
     if not (keep_order or blob is not None or first.chunks is None):
         rows, order = tails_last_order([s.meta.num_samples for s in shards], first.chunks[0])
         if order is not None:
-            merged = _reordered(merged, order, first)
+            record = _reordered(record, order)
             moved = 0 if np.array_equal(order, np.arange(order.size)) else order.size - sum(rows)
     counts = Counts()
     with sigterm_as_exit(), TempFiles(target_path) as temps:
@@ -294,10 +257,9 @@ def merge_packs(
         try:
             step = blob.step if blob is not None else None
             with fmt.open_h5(paths[0]) as opened:
-                images = create_like(handle, opened[fmt.IMAGES], merged.length, step)
+                images = create_like(handle, opened[fmt.IMAGES], length, step)
             merge_images(shards, images, blob, counts, step_done, keep_order=keep_order)
-            chunk_bytes = blob.step if blob is not None and blob.step else first.blob_chunk_bytes
-            _write_metadata(handle, first, merged, chunk_bytes)
+            write_record(handle, record)
         except H5PackError:
             raise
         except OSError as err:
