@@ -112,7 +112,7 @@ def make_image_folder(
         raise TargetExistsError(f"{root}: the target exists and is not a folder")
     if root.is_dir() and not overwrite and any(root.iterdir()):
         raise TargetExistsError(f"{root}: the target folder is not empty (pass overwrite=True)")
-    paths = [root / relative for relative in image_names(spec)]
+    paths = [root / image_name(spec, index) for index in range(spec.num_images)]
     if workers == 0:
         _load_bank(source)  # a bad photograph fails here, before any folder is made
     for folder in sorted({path.parent for path in paths}):
@@ -139,11 +139,6 @@ def image_name(spec: SampleSpec, index: int) -> Path:
         return Path(name)
     class_width = max(2, len(str(spec.num_classes - 1)))
     return Path(f"class_{index % spec.num_classes:0{class_width}d}", name)
-
-
-def image_names(spec: SampleSpec) -> list[Path]:
-    """Return :func:`image_name` of every image of ``spec``, in index order."""
-    return [image_name(spec, index) for index in range(spec.num_images)]
 
 
 @dataclass(frozen=True)
@@ -286,17 +281,13 @@ def _colour_matrix(*, saturation: float, hue: float) -> npt.NDArray[np.float32]:
     return np.asarray(grey + chroma, dtype=np.float32)
 
 
-def _write_image(source: _Source, spec: SampleSpec, index: int, path: Path) -> None:
-    image = _render_image(_load_bank(source), spec, index)
-    if spec.fmt == "jpeg":
-        image.save(path, format="JPEG", quality=spec.quality)
-    else:
-        image.save(path, format="PNG", compress_level=_PNG_LEVEL)
-
-
 def _write_batch(source: _Source, spec: SampleSpec, items: list[tuple[int, Path]]) -> int:
     for index, path in items:
-        _write_image(source, spec, index, path)
+        image = _render_image(_load_bank(source), spec, index)
+        if spec.fmt == "jpeg":
+            image.save(path, format="JPEG", quality=spec.quality)
+        else:
+            image.save(path, format="PNG", compress_level=_PNG_LEVEL)
     return len(items)
 
 
