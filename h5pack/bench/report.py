@@ -85,13 +85,10 @@ def _pair(variant: VariantResult, attribute: str, as_bytes: bool) -> str:
 
 
 def pixels_line(report: CompareReport) -> str | None:
-    """Return, when the packs hold different pixels, the line that says so."""
+    """Return the legend of the table's kinds of pixels (A, B...) when it ranks them apart."""
     groups = pixel_groups(report.variants)
-    if len(groups) < 2:
+    if len(groups) < 2 or report.options.across_pixels:  # the recommendation says so then
         return None
-    if report.options.across_pixels:
-        kinds = "; ".join(f"{', '.join(v.name for v in g)}: {g[0].pixels}" for g in groups)
-        return f"These packs hold different pixels ({kinds}): ranked together (--across-pixels)."
     kinds = "; ".join(f"{chr(65 + k)} = {g[0].pixels}" for k, g in enumerate(groups))
     return (
         f"Ranked apart, since they hold different pixels: {kinds}. A smaller image reads "

@@ -122,7 +122,7 @@ def parse_variant(text: str) -> VariantSpec:
         position += 1
         name, _, level_text = token.partition(":")
         size, samples = _SIZE.match(token), _SAMPLES.match(token)
-        if token in ("contig", "contiguous"):
+        if token == "contig":
             contiguous = True
         elif samples:
             chunk_samples = int(samples.group(1))

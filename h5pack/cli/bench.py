@@ -13,11 +13,10 @@ import click
 
 from h5pack.cli.flags import (
     ByteSize,
-    ImageSize,
-    ImageSizeOption,
     checked_mix,
     mix_flags,
     quiet_flag,
+    size_flag,
     storage_option_flag,
     store_of,
 )
@@ -116,14 +115,7 @@ seed_flag = click.option("--seed", type=int, default=0, show_default=True)
     "[:level], byte|bit shuffle.",
 )
 @click.option("--keep", is_flag=True, help="Keep the packs built, under OUT/packs.")
-@click.option(
-    "--size",
-    cls=ImageSizeOption,
-    type=ImageSize(),
-    default=None,
-    metavar="N|H,W",
-    help="The size raw variants are stored at (convert --size) [default: the images' own].",
-)
+@size_flag("The size raw variants are stored at (convert --size) [default: the images' own].")
 @_train_flags
 @batch_flag
 @workers_flag

@@ -104,6 +104,13 @@ class ImageSizeOption(click.Option):
             option.process = process
 
 
+def size_flag(help: str) -> Callable[[F], F]:
+    """``--size N|H,W`` (or ``H W``), with its ``help``."""
+    return click.option(
+        "--size", cls=ImageSizeOption, type=ImageSize(), default=None, metavar="N|H,W", help=help
+    )
+
+
 def _weights(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> tuple[float, ...] | None:
@@ -111,7 +118,9 @@ def _weights(
     try:
         weights = None if value is None else tuple(float(part) for part in value.split(","))
     except ValueError:
-        weights = (0.0,)
+        raise click.BadParameter(
+            f"should be numbers separated by commas, e.g. 3,1, but got {value!r}"
+        ) from None
     if weights is not None and any(not w > 0 for w in weights):
         raise click.BadParameter(f"should be positive numbers, e.g. 3,1, but got {value!r}")
     return weights
@@ -173,14 +182,7 @@ _CONVERT_FLAGS: list[Callable[[F], F]] = [
         show_default=True,
         help="raw pixels, encoded file bytes, or auto: raw when all images share one size.",
     ),
-    click.option(
-        "--size",
-        cls=ImageSizeOption,
-        type=ImageSize(),
-        default=None,
-        metavar="N|H,W",
-        help="Resize every image to N x N or H x W (raw mode; H W works too).",
-    ),
+    size_flag("Resize every image to N x N or H x W (raw mode; H W works too)."),
     click.option(
         "--resize",
         type=click.Choice(RESIZE_METHODS),
