@@ -10,13 +10,7 @@ from hypothesis import strategies as st
 
 from h5pack.core.layout import ChunkMap
 from h5pack.training.epochs import EpochSpec, plan_epoch, plan_pieces
-from h5pack.training.orders import (
-    ChunkPermutation,
-    Order,
-    SequentialChunks,
-    StratifiedChunks,
-    rest_of,
-)
+from h5pack.training.orders import ChunkOrder, Order, rest_of
 
 
 @st.composite
@@ -30,11 +24,11 @@ def orders(draw: st.DrawFn) -> Order:
     cmap = draw(chunk_maps())
     kind = draw(st.sampled_from(["permutation", "stratified", "sequential"]))
     if kind == "permutation":
-        return ChunkPermutation(cmap)
+        return ChunkOrder(cmap)
     if kind == "sequential":
-        return SequentialChunks(cmap)
+        return ChunkOrder(cmap, shuffle=False)
     strata = draw(st.lists(st.integers(0, 2), min_size=cmap.num_chunks, max_size=cmap.num_chunks))
-    return StratifiedChunks(cmap, np.asarray(strata, dtype=np.int64))
+    return ChunkOrder(cmap, strata=np.asarray(strata, dtype=np.int64))
 
 
 @given(orders(), st.integers(0, 2**32), st.integers(0, 50))
@@ -91,7 +85,7 @@ def test_the_rest_of_an_epoch_serves_every_remaining_position_once(
 @settings(max_examples=40, deadline=None)
 def test_plan_epoch_of_an_order_is_plan_epoch_of_its_chunk_map(cmap, seed, shuffle) -> None:
     spec = EpochSpec(batch_size=3, seed=seed, shuffle=shuffle, window_chunks=2)
-    order: Order = ChunkPermutation(cmap) if shuffle else SequentialChunks(cmap)
+    order: Order = ChunkOrder(cmap, shuffle=shuffle)
     by_map = plan_epoch(cmap, spec, epoch=4)
     by_order = plan_epoch(order, spec, epoch=4)
     assert [b.tolist() for b in by_map] == [b.tolist() for b in by_order]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from h5pack.core.layout import ChunkMap
 from h5pack.errors import OptionsError
 from h5pack.training.mixing import stratified_order
+
+if TYPE_CHECKING:
+    from h5pack.training.weighted import WeightedMix
 
 # NOTE [ Orders ]
 #
@@ -84,31 +87,10 @@ class EpochPieces:
         return self.sources[piece]
 
 
-@runtime_checkable
-class Order(Protocol):
-    """One kind of epoch order (NOTE [ Orders ]).
-
-    ``name`` is recorded in a sampler's state; ``epoch`` gives an epoch's pieces and their
-    serving order (pure); ``arrange`` the serving order of sub-pieces of ``whole``'s pieces
-    ``parents`` (a rest); ``settings`` what fixes the order beyond the seed.
-    """
-
-    @property
-    def name(self) -> str:
-        """The kind of order."""
-
-    @property
-    def num_samples(self) -> int:
-        """Positions of every epoch."""
-
-    def epoch(self, seed: int, epoch: int) -> EpochPieces:
-        """Return the pieces of ``epoch`` and their serving order."""
-
-    def arrange(self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces) -> np.ndarray:
-        """Return the serving order of sub-pieces of ``whole``'s pieces ``parents``."""
-
-    def settings(self) -> dict[str, Any]:
-        """What fixes the order beyond the seed."""
+# An epoch order (NOTE [ Orders ]): ``name`` is recorded in a sampler's state; ``epoch`` gives an
+# epoch's pieces and their serving order (pure); ``arrange`` the serving order of sub-pieces of
+# ``whole``'s pieces ``parents`` (a rest); ``settings`` what fixes it beyond the seed.
+Order: TypeAlias = "ChunkOrder | WeightedMix"
 
 
 def seeded_rng(*key: int) -> np.random.Generator:
@@ -117,12 +99,30 @@ def seeded_rng(*key: int) -> np.random.Generator:
 
 
 @dataclass(frozen=True, eq=False)
-class ChunkPermutation:
-    """Every chunk once per epoch, in a random order: ``default_rng((seed, epoch))``."""
+class ChunkOrder:
+    """Every chunk once per epoch: in pack order, permuted, or permuted by stratum.
+
+    ``shuffle=False``: pack order, windows not shuffled; else ``default_rng((seed, epoch))``
+    permutes the chunks, spreading each stratum (``mixing.chunk_strata``) evenly if given.
+    """
 
     chunk_map: ChunkMap
-    name = "permutation"
-    shuffle = True  # windows are shuffled
+    shuffle: bool = True
+    strata: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.strata is not None and len(self.strata) != self.chunk_map.num_chunks:
+            raise OptionsError(
+                f"chunk_strata should have one entry per chunk ({self.chunk_map.num_chunks}), "
+                f"but got {len(self.strata)}"
+            )
+
+    @property
+    def name(self) -> str:
+        """The kind of order: "sequential", "permutation" or "stratified"."""
+        if not self.shuffle:
+            return "sequential"
+        return "permutation" if self.strata is None else "stratified"
 
     @property
     def num_samples(self) -> int:
@@ -138,58 +138,24 @@ class ChunkPermutation:
     def arrange(
         self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
     ) -> np.ndarray:
-        """Return a random permutation of the pieces."""
-        return seeded_rng(seed, epoch).permutation(len(parents))
+        """Return the pieces in this order, each taking its chunk's stratum."""
+        if not self.shuffle:
+            return np.arange(len(parents))
+        if self.strata is None:
+            return seeded_rng(seed, epoch).permutation(len(parents))
+        return stratified_order(seeded_rng(seed, epoch), self.strata[parents])
 
     def settings(self) -> dict[str, Any]:
         """Nothing beyond the seed (a stratified order records only that it was used)."""
         return {}
 
 
-@dataclass(frozen=True, eq=False)
-class StratifiedChunks(ChunkPermutation):
-    """Every chunk once per epoch, each stratum (``mixing.chunk_strata``) spread evenly."""
-
-    strata: np.ndarray
-    name = "stratified"
-
-    def __post_init__(self) -> None:
-        if len(self.strata) != self.chunk_map.num_chunks:
-            raise OptionsError(
-                f"chunk_strata should have one entry per chunk ({self.chunk_map.num_chunks}), "
-                f"but got {len(self.strata)}"
-            )
-
-    def arrange(
-        self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
-    ) -> np.ndarray:
-        """Return a stratified order of the pieces, each taking its chunk's stratum."""
-        return stratified_order(seeded_rng(seed, epoch), self.strata[parents])
-
-
-@dataclass(frozen=True, eq=False)
-class SequentialChunks(ChunkPermutation):
-    """Every chunk once per epoch in pack order, windows not shuffled."""
-
-    name = "sequential"
-    shuffle = False
-
-    def arrange(
-        self, seed: int, epoch: int, parents: np.ndarray, whole: EpochPieces | None
-    ) -> np.ndarray:
-        """Return the pieces in pack order."""
-        return np.arange(len(parents))
-
-
 def chunk_order(
     chunk_map: ChunkMap, *, shuffle: bool = True, chunk_strata: tuple[int, ...] | None = None
-) -> ChunkPermutation | StratifiedChunks | SequentialChunks:
+) -> ChunkOrder:
     """Return the order of one pool of chunks that ``shuffle`` and strata ask."""
-    if not shuffle:
-        return SequentialChunks(chunk_map)
-    if chunk_strata is not None:
-        return StratifiedChunks(chunk_map, np.asarray(chunk_strata, dtype=np.int64))
-    return ChunkPermutation(chunk_map)
+    strata = None if chunk_strata is None or not shuffle else np.asarray(chunk_strata, np.int64)
+    return ChunkOrder(chunk_map, shuffle, strata)
 
 
 def rest_of(order: Order, seed: int, epoch: int, delivered: np.ndarray) -> EpochPieces:
