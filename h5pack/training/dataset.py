@@ -150,9 +150,7 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
     def _sampler(self, workers: int) -> ChunkSampler:
         """The epoch's order for ``workers`` DataLoader workers, at the loaded state if live."""
         spec = replace(self.spec, num_workers=workers).resolved(self.dataset.group_bytes)
-        sampler = ChunkSampler.of_order(
-            self.dataset.chunk_map, spec, self.order, meta=self.dataset.meta
-        )
+        sampler = ChunkSampler(self.dataset, spec)
         sampler.set_epoch(self.epoch)
         state = self._state
         live = state is not None and self._live_state.value == self._state_number

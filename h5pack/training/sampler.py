@@ -9,7 +9,6 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 from torch.utils.data import Sampler
-from typing_extensions import Self
 
 from h5pack.core.format import PackMeta
 from h5pack.core.layout import ChunkMap
@@ -108,23 +107,9 @@ class _Planned:
 
     def __init__(self, source: SamplerSource, spec: EpochSpec) -> None:
         chunk_map, group_bytes, meta, mix = resolve_data(source, mixed=spec.weights is not None)
-        spec = spec.resolved(group_bytes, chunk_map=chunk_map)
-        self._begin(chunk_map, spec, order_for(chunk_map, spec, mix), meta)
-
-    @classmethod
-    def of_order(
-        cls, chunk_map: ChunkMap, spec: EpochSpec, order: Order, *, meta: PackMeta | None = None
-    ) -> Self:
-        """Return a sampler of ``order`` cut by ``spec`` as given (``H5IterableDataset``'s)."""
-        sampler = cls.__new__(cls)
-        sampler._begin(chunk_map, spec, order, meta)
-        return sampler
-
-    def _begin(
-        self, chunk_map: ChunkMap, spec: EpochSpec, order: Order, meta: PackMeta | None
-    ) -> None:
-        self.chunk_map, self._meta, self.spec = chunk_map, meta, spec
-        self.order: Order = order
+        self.spec = spec.resolved(group_bytes, chunk_map=chunk_map)
+        self.chunk_map, self._meta = chunk_map, meta
+        self.order: Order = order_for(chunk_map, self.spec, mix)
         self.epoch = 0
         self._position = 0  # units of ``epoch`` already handed out
         self._resume = 0  # where the next iteration starts (set by load_state_dict)
