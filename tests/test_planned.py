@@ -10,7 +10,7 @@ from h5pack.core.layout import ChunkMap
 from h5pack.read.diskcache import DiskCacheOptions, pack_key
 from h5pack.read.eviction import Future
 from h5pack.read.planned import PlannedSource, ReadPlan, chunk_stream, chunk_uses
-from h5pack.training.readplan import read_plan
+from h5pack.training.mapstyle import read_plan
 from tests.test_readahead import FakeSource, expect, layout
 
 

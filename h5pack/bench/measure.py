@@ -31,7 +31,7 @@ from h5pack.core.units import human_bytes
 from h5pack.errors import OptionsError
 from h5pack.read.options import ReaderOptions
 from h5pack.read.packset import PackSource
-from h5pack.training.shuffle_quality import jump_entropy
+from h5pack.training.mixing import jump_entropy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +119,7 @@ class PatternResult:
     workers: int  # DataLoader workers (0: in-process)
     window_chunks: int  # chunk groups each reader keeps decompressed
     reads: ReadCount
-    shuffle_bits: float  # jump entropy of the epoch order (``training.shuffle_quality``)
+    shuffle_bits: float  # jump entropy of the epoch order (``training.mixing``)
     shuffle_vs_random: float  # over that of a full shuffle of the same size
     epoch_fraction: float = 1.0  # < 1: timed on a prefix of each epoch (``epoch_budget_s``)
 

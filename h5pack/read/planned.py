@@ -3,7 +3,8 @@
 ``PlannedSource`` serves a range that is exactly one of the pack's chunks through the
 ``ReadAhead`` (NOTE [ Planned read-ahead ]) and the ``DiskCache`` (NOTE [ One disk cache per
 machine ]), any other range from the source. The plan (``ReadPlan``, built by
-``training.readplan``) is in sample indices, so that a pack set's reader splits it by shard.
+``training.mapstyle.read_plan``) is in sample indices, so that a pack set's reader splits it
+by shard.
 """
 
 from __future__ import annotations
