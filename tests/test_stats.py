@@ -24,7 +24,6 @@ from h5pack.training.stats import (
     StageNs,
     StageTimes,
     StallMonitor,
-    summarize,
 )
 from h5pack.write.convert import write_arrays
 from h5pack.write.options import ConvertOptions
@@ -172,14 +171,14 @@ def test_the_prefetcher_times_the_device_wait_and_the_transfer(encoded):
     assert "not timed" in plain.stats().line()
 
 
-def test_summarize_names_the_dominant_stage_and_its_bottleneck():
+def test_stats_names_the_dominant_stage_and_its_bottleneck():
     for stage in STAGES:
         ns = np.zeros(len(STAGES), dtype=np.int64)
         ns[STAGES.index(stage)] = 3_000_000_000
         ns[(STAGES.index(stage) + 1) % len(STAGES)] = 1_000_000_000
-        stats = summarize(
+        stats = StallMonitor(
             steps=10, images=640, wait_s=8.0, step_s=2.0, stage_ns=ns, parallel=2, facts=None
-        )
+        ).stats()
         assert stats.dominant == stage
         assert stats.bottleneck == STAGE_BOTTLENECK[stage]
         assert stats.wait_share == pytest.approx(0.8)
@@ -209,20 +208,20 @@ def test_the_words_and_remedies_are_the_advices_for_the_pack(encoded):
         ns = np.zeros(len(STAGES), dtype=np.int64)
         ns[STAGES.index(stage)] = 10**9
         facts = dataclasses.replace(live, available_bytes=1)  # larger than memory: storage
-        stats = summarize(
+        stats = StallMonitor(
             steps=1, images=4, wait_s=1.0, step_s=0.0, stage_ns=ns, parallel=1, facts=facts
-        )
+        ).stats()
         assert stats.bottleneck == bottleneck
         assert stats.advice == f"{share_labels(facts)[bottleneck]}: {advise(bottleneck, facts)}"
-    cached = summarize(
+    cached = StallMonitor(
         steps=1,
         images=4,
         wait_s=1.0,
         step_s=0.0,
-        stage_ns=[10**9, 0, 0, 0, 0, 0],
+        stage_ns=np.array([10**9, 0, 0, 0, 0, 0]),
         parallel=1,
         facts=dataclasses.replace(live, available_bytes=10**12),
-    )
+    ).stats()
     assert cached.bottleneck == "decode"  # a pack the page cache holds is not "storage"
 
 

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -234,14 +234,37 @@ class StallMonitor:
         """Return what was counted so far (see ``LoaderStats``)."""
         if callable(self.facts):
             self.facts = self.facts()
-        return summarize(
+        facts = self.facts if isinstance(self.facts, PackFacts) else None
+        stage_s = {name: float(ns) / 1e9 for name, ns in zip(STAGES, self.stage_ns, strict=True)}
+        busy = sum(stage_s.values())
+        total = self.wait_s + self.step_s
+        wait_share = self.wait_s / total if total > 0 else 0.0
+        dominant = max(STAGES, key=lambda name: stage_s[name]) if busy > 0 else ""
+        if wait_share < COMPUTE_BOUND_WAIT or not dominant:
+            bottleneck = "compute" if wait_share < COMPUTE_BOUND_WAIT else "loader"
+        else:
+            bottleneck = STAGE_BOTTLENECK[dominant]
+            if bottleneck == "storage" and facts is not None and not facts.large:
+                # a pack the page cache holds is read from memory: copying it is decode's work
+                bottleneck = "decode"
+        advice = fix = ""
+        if bottleneck != "compute" and facts is not None:
+            advice = f"{share_labels(facts)[bottleneck]}: {advise(bottleneck, facts)}"
+            fix = short_fix(bottleneck, facts)
+        images = self.images
+        return LoaderStats(
             steps=self.steps,
-            images=self.images,
+            images=images,
             wait_s=self.wait_s,
             step_s=self.step_s,
-            stage_ns=self.stage_ns,
-            parallel=self.parallel,
-            facts=self.facts,
+            wait_share=wait_share,
+            images_per_s=images / total if total > 0 else 0.0,
+            loader_images_per_s=images * max(1, self.parallel) / busy if busy > 0 else 0.0,
+            stage_s=stage_s,
+            dominant=dominant,
+            bottleneck=bottleneck,
+            advice=advice,
+            fix=fix,
         )
 
     def timed(self, batches: Any) -> Iterator[Any]:
@@ -265,46 +288,3 @@ class StallMonitor:
             resumed = clock()
             self.record(got - back, resumed - got, images_in(batch), stage_ns)
             back = resumed
-
-
-def summarize(
-    *,
-    steps: int,
-    images: int,
-    wait_s: float,
-    step_s: float,
-    stage_ns: Sequence[int] | np.ndarray,
-    parallel: int,
-    facts: PackFacts | None,
-) -> LoaderStats:
-    """Return the ``LoaderStats`` of these counts."""
-    stage_s = {name: float(ns) / 1e9 for name, ns in zip(STAGES, stage_ns, strict=True)}
-    busy = sum(stage_s.values())
-    total = wait_s + step_s
-    wait_share = wait_s / total if total > 0 else 0.0
-    dominant = max(STAGES, key=lambda name: stage_s[name]) if busy > 0 else ""
-    if wait_share < COMPUTE_BOUND_WAIT or not dominant:
-        bottleneck = "compute" if wait_share < COMPUTE_BOUND_WAIT else "loader"
-    else:
-        bottleneck = STAGE_BOTTLENECK[dominant]
-        if bottleneck == "storage" and facts is not None and not facts.large:
-            # a pack the page cache holds is read from memory: copying it is decode's work
-            bottleneck = "decode"
-    advice = fix = ""
-    if bottleneck != "compute" and facts is not None:
-        advice = f"{share_labels(facts)[bottleneck]}: {advise(bottleneck, facts)}"
-        fix = short_fix(bottleneck, facts)
-    return LoaderStats(
-        steps=steps,
-        images=images,
-        wait_s=wait_s,
-        step_s=step_s,
-        wait_share=wait_share,
-        images_per_s=images / total if total > 0 else 0.0,
-        loader_images_per_s=images * max(1, parallel) / busy if busy > 0 else 0.0,
-        stage_s=stage_s,
-        dominant=dominant,
-        bottleneck=bottleneck,
-        advice=advice,
-        fix=fix,
-    )
