@@ -47,6 +47,18 @@ from h5pack.training.stats import stage_times, timed_read
 # per process (keyed on the pid); ``__getstate__`` drops it.
 
 
+def check_delivery(output: Output, cache: object, pipeline: CropSpec | None, seed: int) -> None:
+    """Refuse an unknown ``output``, a cache without a pipeline, a bad seed (before any read)."""
+    if output not in OUTPUTS:
+        raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
+    if cache is not None and pipeline is None:
+        raise OptionsError(
+            "cache='decoded' keeps images before the random crop, so it needs size= (the size "
+            "every image is cut to) or pipeline="
+        )
+    check_seed("seed", seed)
+
+
 class H5ImageDataset(Dataset[tuple[Any, ...]]):
     """Map-style dataset over a pack: ``(image, label)`` or ``(image, label, path)``.
 
@@ -101,14 +113,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
     ) -> None:
         if weights is not None:  # H5MixDataset's own __init__ takes them
             raise OptionsError("weights= makes an H5MixDataset (training/mixed.py)")
-        if output not in OUTPUTS:
-            raise OptionsError(f"output should be one of {', '.join(OUTPUTS)}, but got {output!r}")
-        if cache is not None and pipeline is None:
-            raise OptionsError(
-                "cache applies to the training image pipeline; give pipeline= (or size= to "
-                "make_loader) with it"
-            )
-        check_seed("seed", seed)
+        check_delivery(output, cache, pipeline, seed)
         self.source = source_of(check_source("path", path))
         self.options = reader or ReaderOptions()
         self.view: PackView = describe(

@@ -25,7 +25,7 @@ from h5pack.read.pool import ReadPool, start_loads
 from h5pack.read.reader import PackReader, ReaderOptions
 from h5pack.training.batch import SampleBatch, batch_labels
 from h5pack.training.cache import CacheSpec, DecodedCache, default_cache_bytes
-from h5pack.training.mapstyle import H5ImageDataset
+from h5pack.training.mapstyle import H5ImageDataset, check_delivery
 from h5pack.training.mixing import label_mixing
 from h5pack.training.ring import batch_buffer
 from h5pack.training.weighted import check_weights
@@ -72,6 +72,7 @@ class H5MixDataset(H5ImageDataset):
                 "a mix keeps one decoded cache per source: give a CacheSpec "
                 "(make_loader(cache='decoded'))"
             )
+        check_delivery(output, cache, pipeline, seed)
         self.options = reader or ReaderOptions()
         self.mix: MixView = describe_mix(
             sources,
@@ -106,8 +107,6 @@ class H5MixDataset(H5ImageDataset):
         ]
         self._share_pool()
         if cache is not None:  # one cache per encoded source, the budget split by samples
-            if self.crop is None:
-                raise OptionsError("cache='decoded' needs size= (the size every image is cut to)")
             budget = default_cache_bytes() if cache.cache_bytes is None else cache.cache_bytes
             encoded = [p for p in self.parts if p.meta.mode == "encoded"]
             total = sum(p.meta.num_samples for p in encoded)

@@ -124,7 +124,7 @@ def loader_spec(
         epoch=built_epoch,
         reader=built_reader,
         pipeline=built_pipeline,
-        cache=_cache(cache, pipeline_given=built_pipeline is not None),
+        cache=CacheSpec() if cache == "decoded" else _cache(cache),
     )
 
 
@@ -147,18 +147,9 @@ def _pipeline(
     return CropSpec(backend=backend, **changes)
 
 
-def _cache(
-    cache: CacheSpec | Literal["decoded"] | None, *, pipeline_given: bool
-) -> CacheSpec | None:
-    if cache is None:
-        return None
-    if cache != "decoded" and not isinstance(cache, CacheSpec):
+def _cache(cache: object) -> CacheSpec | None:
+    if cache is not None and not isinstance(cache, CacheSpec):
         raise OptionsError(
             f"cache should be 'decoded', a CacheSpec or None, but got cache={cache!r}"
         )
-    if not pipeline_given:
-        raise OptionsError(
-            "cache='decoded' keeps images before the random crop, so it needs size= (the "
-            "size every image is cut to) or pipeline="
-        )
-    return CacheSpec() if isinstance(cache, str) else cache
+    return cache
