@@ -23,8 +23,7 @@ from h5pack.training.batch import check_source as check_source  # re-exported
 from h5pack.training.epochs import distributed_defaults, plan_epoch, samples_per_rank
 from h5pack.training.mapstyle import H5ImageDataset as H5ImageDataset  # re-exported
 from h5pack.training.mixed import H5MixDataset as H5MixDataset  # what weights= builds
-from h5pack.training.orders import Order
-from h5pack.training.sampler import ChunkSampler, EpochSpec, order_for, resolve_data
+from h5pack.training.sampler import ChunkSampler, EpochSpec
 
 # NOTE [ Resuming a stream ]
 #
@@ -61,7 +60,6 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         self.spec = replace(spec, num_replicas=num_replicas, rank=rank)
         self._epoch = SharedEpoch()
         self._windowed: H5ImageDataset | None = None  # the dataset configured for the window
-        self._order: Order | None = None
         # the state loaded last and its number (shared: 0 once set_epoch has moved on), the
         # DataLoader workers of the last iteration (shared), this process's yielded samples
         self._state: dict[str, Any] | None = None
@@ -81,19 +79,11 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
             self._live_state.value = 0
         self._epoch.value = epoch
 
-    @property
-    def order(self) -> Order:
-        """The epoch order (a weighted mix for an ``H5MixDataset``)."""
-        if self._order is None:
-            _, _, _, mix = resolve_data(self.dataset)
-            self._order = order_for(self.dataset.chunk_map, self.spec, mix)
-        return self._order
-
     def __len__(self) -> int:
         sampler = self._sampler(self._workers.value)
-        if sampler.resume_position or sampler.pool_samples != self.order.num_samples:
+        if sampler.resume_position or sampler.pool_samples != sampler.order.num_samples:
             return sum(len(b) for b in sampler.plan()) - sampler.resume_position
-        return samples_per_rank(self.order.num_samples, self.spec)
+        return samples_per_rank(sampler.order.num_samples, self.spec)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         info = get_worker_info()
@@ -104,7 +94,7 @@ class H5IterableDataset(IterableDataset[tuple[Any, ...]]):
         batches = self._rest(sampler)
         dataset = self._dataset_for(sampler.spec.window_chunks)
         dataset.set_epoch(self.epoch)  # its random crops and flips follow this epoch
-        dataset.planner = partial(plan_epoch, self.order, sampler.spec)  # remote read-ahead
+        dataset.planner = partial(plan_epoch, sampler.order, sampler.spec)  # remote read-ahead
         self._yielded = 0
         detach = dataset.output == "tensor"
         for batch in batches[worker :: max(1, workers)]:
