@@ -19,28 +19,20 @@ from h5pack.core.fields import IMAGE, KEY, LABEL, Field, fields_of, selected, st
 from h5pack.core.format import PackMeta
 from h5pack.core.vocabulary import Output
 from h5pack.errors import OptionsError
-from h5pack.read.packset import PackSource
 from h5pack.training.geometry import as_value, collate_records, pad_batch
 from h5pack.training.ring import batch_buffer
 
 
-def check_source(name: str, source: object) -> PackSource:
-    """Return ``source`` if it is a path or a list of paths, else raise ``OptionsError``."""
+def check_source(name: str, source: object) -> str | tuple[str, ...]:
+    """Return ``source`` as plain strings: a path, or a tuple of pack paths; else raise."""
     if isinstance(source, str | os.PathLike):
-        return source
+        return os.fspath(source)
     if isinstance(source, list | tuple) and all(isinstance(p, str | os.PathLike) for p in source):
-        return source
+        return tuple(os.fspath(p) for p in source)
     raise OptionsError(
         f"{name} should be a pack path, a pack set (its directory or packset.json) or a "
         f"list of pack paths, but got {name}={source!r}"
     )
-
-
-def source_of(source: PackSource) -> str | tuple[str, ...]:
-    """Return ``source`` as plain strings: a path, or a tuple of pack paths."""
-    if isinstance(source, str | os.PathLike):
-        return os.fspath(source)
-    return tuple(os.fspath(p) for p in source)
 
 
 def fields_for(

@@ -31,7 +31,6 @@ from h5pack.training.batch import (
     batch_labels,
     check_source,
     fields_for,
-    source_of,
 )
 from h5pack.training.cache import CacheSpec, DecodedCache
 from h5pack.training.epochs import window_for
@@ -114,7 +113,7 @@ class H5ImageDataset(Dataset[tuple[Any, ...]]):
         if weights is not None:  # H5MixDataset's own __init__ takes them
             raise OptionsError("weights= makes an H5MixDataset (training/mixed.py)")
         check_delivery(output, cache, pipeline, seed)
-        self.source = source_of(check_source("path", path))
+        self.source = check_source("path", path)
         self.options = reader or ReaderOptions()
         self.view: PackView = describe(
             self.source,
