@@ -283,7 +283,7 @@ def test_device_prefetcher_echoes_batches(pack):
     assert batches[0::2] == batches[1::2] == epoch_labels(loader)
     prefetched.set_epoch(1)
     assert loader.chunk_sampler.epoch == 1
-    with pytest.raises(OptionsError, match="echo should be >= 1"):
+    with pytest.raises(OptionsError, match="echo should be an integer >= 1"):
         DevicePrefetcher(loader, "cpu", echo=0)
 
 

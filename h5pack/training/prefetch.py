@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from h5pack.core.arguments import check_int
 from h5pack.errors import OptionsError
 from h5pack.training.stats import STAGES, LoaderStats, StageNs, StallMonitor, stage_times
 
@@ -72,8 +73,7 @@ class DevicePrefetcher(StallReports):
         echo: int = 1,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
-        if echo < 1:
-            raise OptionsError(f"echo should be >= 1, but got echo={echo}")
+        self.echo = check_int("echo", echo, minimum=1)
         self.loader = loader
         inner = getattr(loader, "stall", None)
         self.stall = StallMonitor(
@@ -82,7 +82,6 @@ class DevicePrefetcher(StallReports):
         self._events: list[tuple[Any, Any]] = []  # CUDA copies not yet added to "transfer"
         default = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(default if device is None else device)
-        self.echo = echo
         self._scale: tuple[torch.Tensor, torch.Tensor] | None = None
         if normalize is not None:
             mean, std = (torch.tensor(v, dtype=torch.float32) for v in normalize)

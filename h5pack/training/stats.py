@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from h5pack.errors import OptionsError
+from h5pack.core.arguments import check_int
 from h5pack.training.advice import PackFacts, advise, share_labels, short_fix
 
 STAGES: tuple[str, ...] = ("storage", "decompression", "decode", "crop", "collation", "transfer")
@@ -220,9 +220,7 @@ class StallMonitor:
 
         ``log`` defaults to the ``h5pack`` logger at INFO.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise OptionsError(f"steps should be an int >= 0, but got steps={steps!r}")
-        self.every, self.log, self.full = steps, log, full
+        self.every, self.log, self.full = check_int("steps", steps, minimum=0), log, full
 
     def reset(self) -> None:
         """Forget what was counted (e.g. after a warm-up epoch)."""
