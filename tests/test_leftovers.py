@@ -29,7 +29,6 @@ from h5pack.write.leftovers import (
     OwnerLock,
     describe_removed,
     lock_path,
-    process_start_ticks,
     remove_leftovers,
 )
 from h5pack.write.options import ConvertOptions
@@ -181,22 +180,17 @@ def test_a_lock_held_elsewhere_keeps_the_files_whatever_their_pid(tmp_path):
     assert remove_leftovers(tmp_path) == [lock, temp]
 
 
-@needs_proc
-def test_files_without_a_lock_file_go_by_pid_and_start_time(tmp_path):
-    """Temporaries of an h5pack without locks (or a manifest's): the pid decides."""
+def test_files_without_a_lock_file_go_by_pid(tmp_path):
+    """A pack set manifest's temporary file has no lock file: its pid decides."""
     dead = tmp_path / f".a.h5.{_dead_pid()}.tmp"
     mine = tmp_path / f".b.h5.{os.getpid()}.tmp"  # written now, by a live process
-    reused = tmp_path / f".c.h5.{os.getpid()}.tmp.rebuilt"
-    manifest = tmp_path / f".packset.json.{_dead_pid()}.tmp"
-    for path in (dead, mine, reused, manifest):
+    manifest = tmp_path / f".packset.json.{_dead_pid()}.w1a2b3c4d.tmp"
+    for path in (dead, mine, manifest):
         path.write_bytes(b"x")
-    # written a day ago, long before this process started: its pid was since reused
-    before = time.time() - 86400
-    os.utime(reused, (before, before))
     unrelated = [tmp_path / name for name in (".hidden", "p.h5", f".d.h5.{os.getpid()}")]
     for path in unrelated:
         path.write_bytes(b"x")
-    assert remove_leftovers(tmp_path) == sorted([dead, manifest, reused])
+    assert remove_leftovers(tmp_path) == sorted([dead, manifest])
     assert sorted(tmp_path.iterdir()) == sorted([mine, *unrelated])
 
 
@@ -218,11 +212,6 @@ def test_owner_lock_makes_its_file_again_when_a_cleaner_removed_it(tmp_path, mon
     assert remove_leftovers(tmp_path) == []
     lock.release()
     assert not path.exists()
-
-
-def test_process_start_ticks_tells_a_running_process_from_a_gone_one():
-    assert process_start_ticks(os.getpid())
-    assert process_start_ticks(_dead_pid()) is None
 
 
 def test_describe_removed_lists_a_few():

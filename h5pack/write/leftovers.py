@@ -9,9 +9,8 @@ namespace's mean nothing here). So a conversion holds ``flock`` on ``.<name>.<pi
 beside its temporary files for as long as they exist (``OwnerLock``); the kernel drops it
 when the process dies, so files whose lock can be taken are orphaned, and files whose lock
 is held belong to a live conversion, here or (through NFS locks) elsewhere. The lock is a
-file of its own, never the pack (HDF5 flocks what it opens). Files with no lock file fall
-back to the pid: orphaned when no process has it, or when the one that has it started
-after they were last written.
+file of its own, never the pack (HDF5 flocks what it opens). Files with no lock file (a
+pack set manifest's, written in a moment) are orphaned when no process has their pid.
 """
 
 from __future__ import annotations
@@ -33,51 +32,7 @@ logger = logging.getLogger("h5pack")
 _TEMP = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)(?:\.[^./]+)?\.tmp(?:\.[a-z]+)?")
 _LOCK = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)\.lock")
 
-_CLOCK_SLACK_S = 2.0  # start times come from the boot time, known to the second
 _LOCK_WAIT_S = 2.0  # how long to wait for a lock file that a cleaner holds
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Return when process ``pid`` started (clock ticks after boot), None if there is none.
-
-    Without ``/proc`` a running process reports 0: alive, start unknown.
-    """
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        if Path("/proc/self/stat").exists():
-            return None
-        return 0 if process_exists(pid) else None
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last one.
-    fields = text.rsplit(")", 1)[-1].split()
-    if fields[0] in ("Z", "X"):  # a zombie has no files left: it is gone
-        return None
-    return int(fields[19])  # field 22 of proc(5), counted from the state, field 3
-
-
-def _pid_orphaned(pid: int, paths: list[Path]) -> bool:
-    """Whether files with no lock file are orphaned: their pid is gone or started after them."""
-    ticks = process_start_ticks(pid)
-    if ticks is None:
-        return True
-    try:
-        written_s = max(path.stat().st_mtime for path in paths)
-    except OSError:
-        return False
-    if not ticks:
-        return False
-    try:
-        boot_s = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError):
-        return False
-    started_s = boot_s + ticks / os.sysconf("SC_CLK_TCK")
-    return started_s > written_s + _CLOCK_SLACK_S
 
 
 def _try_lock(path: Path) -> int | None:
@@ -176,7 +131,7 @@ def remove_leftovers(directory: Path) -> list[Path]:
         locks = [path for path in paths if _LOCK.fullmatch(path.name)]
         temps = [path for path in paths if path not in locks]
         if not locks:
-            removed.extend(_unlink_all(temps) if _pid_orphaned(pid, temps) else [])
+            removed.extend(_unlink_all(temps) if not process_exists(pid) else [])
             continue
         fd = _try_lock(locks[0])
         if fd is None:
