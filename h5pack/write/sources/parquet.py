@@ -1,12 +1,5 @@
 """Parquet in Hugging Face datasets' layout as a source: a file, a folder or a glob of them.
 
-::
-
-    data/                                  columns of each file
-    ├── train-00000-of-00002.parquet       image: struct<bytes: binary, path: string>
-    └── train-00001-of-00002.parquet       label: int64 (a ClassLabel: names in the metadata)
-                                           caption: string, score: double, tags: list<int64>
-
 The image column is the one the schema metadata types ``Image`` (``image`` when several
 are), else the one struct of ``bytes`` and ``path``. ``label`` is the class: a
 ``ClassLabel``'s names are the classes (-1: unlabelled), other integers are ids (classes
@@ -38,16 +31,18 @@ from h5pack.core.store import Store
 from h5pack.errors import H5PackError, SourceError
 from h5pack.write.scan import has_image_extension, is_ignored_name
 from h5pack.write.sources.base import Listing, PathSource, Sample, interleave, label_fields
-from h5pack.write.sources.hfschema import (
+from h5pack.write.sources.objects import folder_url, listed, under
+from h5pack.write.sources.parquetrows import (
+    ParquetRow,
     features_of,
     field_for,
     image_bytes,
     image_column,
     is_label,
+    parquet_file,
+    runs_for,
     values_of,
 )
-from h5pack.write.sources.objects import folder_url, listed, under
-from h5pack.write.sources.parquetrows import ParquetRow, parquet_file, runs_for
 
 _SHARD = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
 
