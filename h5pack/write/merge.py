@@ -34,7 +34,6 @@ from h5pack.core.record import PackRecord, skipped_text, write_record
 from h5pack.core.store import Store, open_store
 from h5pack.errors import H5PackError, OptionsError
 from h5pack.write.builder import create_file
-from h5pack.write.leftovers import describe_removed, remove_leftovers
 from h5pack.write.mergecopy import (
     BlobPlan,
     Counts,
@@ -54,6 +53,7 @@ from h5pack.write.publish import (
     temp_path,
 )
 from h5pack.write.report import ConvertEvent
+from h5pack.write.split import remove_leftovers_beside
 
 VIRTUAL_RETIRED = (
     "virtual packs (merge --virtual, merge_packs(virtual=True)) are retired: read the "
@@ -230,9 +230,7 @@ def merge_packs(
     check_not_a_source(target_path, paths)
     shards = load_shards(paths, manifest)
     emit = on_event or (lambda event: None)
-    removed = remove_leftovers(target_path.parent)  # of a merge or conversion killed there
-    if removed:
-        emit(ConvertEvent("note", describe_removed(removed)))
+    remove_leftovers_beside(target_path, emit)  # of a merge or conversion killed there
     total = sum(s.meta.num_samples for s in shards)
     emit(ConvertEvent("phase", f"merging {len(shards)} packs", total=total))
     first = shards[0].meta

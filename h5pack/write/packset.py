@@ -141,22 +141,6 @@ def _content_options(options: Any) -> dict[str, Any]:
     return dict(data)
 
 
-def set_manifest(
-    root: Path, entries: Sequence[ShardEntry], classes: tuple[str, ...], options: ConvertOptions
-) -> PackSetManifest:
-    """Return the manifest of a complete set of ``entries`` (every shard, in order), made now."""
-    return PackSetManifest(
-        root=root,
-        shards=tuple(entries),
-        classes=classes,
-        num_samples=sum(e.num_samples for e in entries),
-        seed=options.seed,
-        num_shards=len(entries),
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        tool_version=__version__,
-    )
-
-
 def finish_manifest(
     out: Path,
     remote: RemoteSet | None,
@@ -205,7 +189,16 @@ def finish_manifest(
         )
     if missing:
         return None, missing
-    manifest = set_manifest(root, entries, split.source.classes, options)
+    manifest = PackSetManifest(
+        root=root,
+        shards=tuple(entries),
+        classes=split.source.classes,
+        num_samples=sum(e.num_samples for e in entries),
+        seed=options.seed,
+        num_shards=n,
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        tool_version=__version__,
+    )
     if not store.remote:
         return os.fspath(write_manifest(manifest)), ()
     store.put(prefix + MANIFEST_NAME, (manifest_text(manifest) + "\n").encode("utf-8"))
