@@ -94,34 +94,12 @@ def test_open_requests_do_not_grow_with_the_samples(
         assert remote.paths == PackReader(path).paths
 
 
-@pytest.mark.parametrize("name", ["v1_1_encoded_png_zstd.h5", "v1_1_raw_lz4.h5"])
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.h5")))
 def test_frozen_packs_open_remotely(name: str, s3_bucket: Bucket) -> None:
     url = s3_bucket.put(DATA / name, name)
     with reader(url, s3_bucket, window_chunks=64) as remote, PackReader(DATA / name) as local:
         assert everything(remote) == everything(local)
         assert remote.meta.labels.tolist() == local.meta.labels.tolist()
-
-
-@pytest.mark.parametrize("name", ["v1_raw_gzip.h5", "v1_raw_variable_zstd.h5"])
-def test_a_pack_without_an_index_is_refused_and_merge_gives_it_one(
-    name: str, s3_bucket: Bucket
-) -> None:
-    from click.testing import CliRunner
-
-    from h5pack.cli.main import cli
-
-    old = s3_bucket.put(DATA / name, name)
-    s3_bucket.proxy.reset_counts()
-    with pytest.raises(FormatError, match=rf"{old} has no compact index.*h5pack merge {old} "):
-        reader(old, s3_bucket)
-    assert s3_bucket.proxy.counts.gets <= 2  # no more than an indexed pack's open
-    new = s3_bucket.url("new.h5")  # the command the message names
-    result = CliRunner().invoke(cli, ["merge", old, new, "-q", *storage_flags(s3_bucket)])
-    assert result.exit_code == 0, result.output
-    with reader(new, s3_bucket, window_chunks=64) as remote, PackReader(DATA / name) as local:
-        assert everything(remote) == everything(local)
-        got, want = remote.read_images(range(len(remote))), local.read_images(range(len(local)))
-        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_encoded_pack_decodes_remotely(s3_bucket: Bucket, tmp_path: Path) -> None:

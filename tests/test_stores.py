@@ -33,7 +33,6 @@ from tests.s3local import Bucket, Fault
 from tests.servers import AZURITE_KEY, Place
 
 Somewhere = Bucket | Place
-DATA = Path(__file__).parent / "data"
 ONE = ConvertOptions(workers=1)
 
 
@@ -216,20 +215,6 @@ def test_a_replaced_object_is_refused(place: Somewhere, tmp_path: Path) -> None:
         place.put(second, "a.h5")
         with pytest.raises(SourceChangedError, match=r"a\.h5 was replaced"):
             remote.read_stored([0])
-
-
-def test_a_pack_without_an_index_is_refused_at_open(place: Somewhere, tmp_path: Path) -> None:
-    options = ReaderOptions(storage_options=place.storage_options)
-    indexed = place.put(make_pack(tmp_path / "a.h5", chunk_samples=8), "a.h5")
-    place.proxy.reset_counts()
-    PackReader(indexed, options).close()
-    opened = place.proxy.reset_counts().total
-    url = place.put(DATA / "v1_raw_gzip.h5", "old.h5")  # format 1.0: no compact index
-    place.proxy.reset_counts()
-    said = rf"{re.escape(url)} has no compact index.*`h5pack merge {re.escape(url)} NEW`"
-    with pytest.raises(FormatError, match=said):
-        PackReader(url, options)
-    assert place.proxy.counts.total <= opened
 
 
 def test_missing_objects_and_buckets_are_named(place: Somewhere) -> None:

@@ -1,4 +1,4 @@
-"""The one read-side description of a pack (``PackIndex``), and HDF5's of a local pack.
+"""The one read-side description of a pack (``PackIndex``), and HDF5's of a pack without an index.
 
 ``core.index.CompactIndex`` parses a published pack's compact index; ``HDF5Index`` reads
 HDF5's metadata as asked. h5py is opened (``hdf5``) only for what HDF5 alone reads.

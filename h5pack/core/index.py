@@ -161,6 +161,10 @@ def parse_footer(tail: bytes | memoryview) -> Footer | None:
     return Footer(*fields) if magic == MAGIC else None
 
 
+class UnknownIndexError(Exception):
+    """An index of a version this h5pack does not know: the pack is read through HDF5."""
+
+
 class CompactIndex(PackIndex):
     """A pack described by its compact index (NOTE [ Compact index ]).
 
@@ -187,10 +191,7 @@ class CompactIndex(PackIndex):
         except ValueError as err:
             raise FormatError(f"{source.url}: its compact index cannot be read ({err})") from err
         if self.header.get("version") != INDEX_VERSION:
-            raise FormatError(
-                f"{source.url}: its compact index is of version {self.header.get('version')}, "
-                "which this h5pack does not read; upgrade h5pack"
-            )
+            raise UnknownIndexError(self.header.get("version"))
         self._arrays = memoryview(main)[4 + length :]
         self._opener = opener
         self._h5: h5py.File | None = None

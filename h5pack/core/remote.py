@@ -1,8 +1,8 @@
-"""Opening a pack from a URL: its compact index in one or two GETs; HDF5 over a file object.
+"""Opening a pack from a URL: its compact index in one or two GETs, else HDF5 over a file object.
 
-``open_remote`` (``format.open_index`` of a URL, NOTE [ Compact index ]) returns the pack's
-``CompactIndex``; ``SourceFile`` lets HDF5 read what only it reads (fields, ``verify``).
-A pack without an index is refused: docs/decisions/0161-remote-packs-need-an-index.md.
+``open_remote`` (``format.open_index`` of a URL, NOTE [ Compact index ]) returns a
+``CompactIndex`` for a pack that ends with an index, else an ``HDF5Index`` over
+``SourceFile`` (packs written before the index).
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from typing import Any
 
 import h5py
 
+from h5pack.core.description import HDF5Index, PackIndex
 from h5pack.core.index import (
     FOOTER_BYTES,
     TAIL_BYTES,
     CompactIndex,
+    UnknownIndexError,
     parse_footer,
 )
 from h5pack.core.source import ByteSource
@@ -95,11 +97,11 @@ class SourceFile(io.RawIOBase):
         return end - start
 
 
-def open_remote(source: ByteSource, **kwargs: Any) -> CompactIndex:
-    """Describe the pack ``source`` by its compact index (1-2 GETs).
+def open_remote(source: ByteSource, **kwargs: Any) -> PackIndex:
+    """Describe the pack ``source``: its index (1-2 GETs), else HDF5 over a file object.
 
-    ``kwargs`` go to ``h5py.File`` where HDF5 opens the pack; no index, a damaged one or a
-    file HDF5 cannot read is ``FormatError``.
+    ``kwargs`` go to ``h5py.File`` where HDF5 opens the pack; a damaged index or a file HDF5
+    cannot read is ``FormatError``.
     """
     url = source.url
     tail, start = source.read_tail(TAIL_BYTES)
@@ -117,11 +119,7 @@ def open_remote(source: ByteSource, **kwargs: Any) -> CompactIndex:
 
     footer = parse_footer(tail)
     if footer is None:
-        raise FormatError(  # docs/decisions/0161-remote-packs-need-an-index.md
-            f"{url} has no compact index (an older h5pack's pack, or not an h5pack pack), which "
-            f"reading a pack from a store needs; give it one: `h5pack merge {url} NEW` downloads "
-            "it and writes NEW (a URL in the same store, or a local path) ending with an index"
-        )
+        return HDF5Index(opener(), url, source)
     main_end = footer.main_offset + footer.main_length
     if main_end + FOOTER_BYTES != size or footer.paths_offset + footer.paths_length > size:
         raise FormatError(f"{url}: its compact index's footer does not fit the object; damaged")
@@ -134,4 +132,7 @@ def open_remote(source: ByteSource, **kwargs: Any) -> CompactIndex:
         paths = tail[
             footer.paths_offset - start : footer.paths_offset - start + footer.paths_length
         ]
-    return CompactIndex(source, footer, main, opener, paths)
+    try:
+        return CompactIndex(source, footer, main, opener, paths)
+    except UnknownIndexError:  # a newer writer's index: HDF5's own metadata, slower
+        return HDF5Index(opener(), url, source)
