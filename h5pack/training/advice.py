@@ -112,7 +112,23 @@ def _advice(bottleneck: str, facts: PackFacts) -> tuple[str, str]:
             "larger batches",
         )
     if bottleneck == "storage":
-        return _storage_advice(facts)
+        advice = "reading from disk: "
+        if not facts.compressed and facts.mode == "raw":
+            advice += "compression (--compression lz4 or zstd) would read fewer bytes per image"
+            fix = "convert with --compression lz4 (fewer bytes per image)"
+        else:
+            ratio = facts.image_bytes / facts.file_bytes if facts.file_bytes else 0.0
+            advice += (
+                f"the pack is already {ratio:.1f}x smaller than its pixels; a faster disk would "
+                f"help, or memory to keep its {human_bytes(facts.file_bytes)} in the page cache"
+            )
+            fix = "a faster disk, or memory for the page cache"
+        if facts.layout == "chunked" and 0 < facts.chunk_bytes < SMALL_CHUNK_BYTES:
+            advice += (
+                f"; its chunks of {human_bytes(facts.chunk_bytes)} are small: larger ones "
+                "(--chunk-bytes 8MiB) read in fewer, larger requests"
+            )
+        return advice, fix
     if facts.mode == "encoded" and facts.cached:
         return (
             "decoding the image files, with the decoded cache on: the first epoch decodes "
@@ -160,26 +176,6 @@ def _advice(bottleneck: str, facts: PackFacts) -> tuple[str, str]:
         "only fewer bytes per image would help",
         "fewer bytes per image",
     )
-
-
-def _storage_advice(facts: PackFacts) -> tuple[str, str]:
-    advice = "reading from disk: "
-    if not facts.compressed and facts.mode == "raw":
-        advice += "compression (--compression lz4 or zstd) would read fewer bytes per image"
-        fix = "convert with --compression lz4 (fewer bytes per image)"
-    else:
-        ratio = facts.image_bytes / facts.file_bytes if facts.file_bytes else 0.0
-        advice += (
-            f"the pack is already {ratio:.1f}x smaller than its pixels; a faster disk would "
-            f"help, or memory to keep its {human_bytes(facts.file_bytes)} in the page cache"
-        )
-        fix = "a faster disk, or memory for the page cache"
-    if facts.layout == "chunked" and 0 < facts.chunk_bytes < SMALL_CHUNK_BYTES:
-        advice += (
-            f"; its chunks of {human_bytes(facts.chunk_bytes)} are small: larger ones "
-            "(--chunk-bytes 8MiB) read in fewer, larger requests"
-        )
-    return advice, fix
 
 
 def dataset_facts(dataset: Any, *, workers: int) -> PackFacts:
