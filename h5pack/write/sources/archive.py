@@ -179,11 +179,7 @@ class TarSource(ArchiveSource):
     """The images of an uncompressed tar archive of an image folder (``tgz``: compressed)."""
 
     kind = "tar"
-
-    @staticmethod
-    def matches(path: Path) -> bool:
-        """Whether ``path`` is a file named ``*.tar``."""
-        return path.suffix.lower() == ".tar" and path.is_file()
+    suffixes = (".tar",)
 
     def find(self) -> Listing:
         """List the archive's images from its member headers (SourceError: none, unreadable)."""
@@ -231,11 +227,7 @@ class ZipSource(ArchiveSource):
     """The images of a zip archive of an image folder."""
 
     kind = "zip"
-
-    @staticmethod
-    def matches(path: Path) -> bool:
-        """Whether ``path`` is a file named ``*.zip``."""
-        return path.suffix.lower() == ".zip" and path.is_file()
+    suffixes = (".zip",)
 
     def find(self) -> Listing:
         """List the images from the central directory (SourceError: unreadable, no images)."""
@@ -286,9 +278,7 @@ class ImageNetTarSource(ArchiveSource):
     @staticmethod
     def matches(path: Path) -> bool:
         """Whether ``path`` is a ``*.tar`` whose first file is a tar."""
-        if path.suffix.lower() != ".tar" or not path.is_file():
-            return False
-        return is_tar_of_tars(open_store(path), os.path.abspath(path))
+        return TarSource.matches(path) and is_tar_of_tars(open_store(path), os.path.abspath(path))
 
     def find(self) -> Listing:
         """List every inner tar's images (SourceError: unreadable, or no images)."""

@@ -282,11 +282,12 @@ class PathSource(SampleSource):
 
     takes_labels: ClassVar[bool] = False
     detect_first: ClassVar[bool] = False  # detection tries it before the other kinds
+    suffixes: ClassVar[tuple[str, ...]] = ()  # the file names it matches end so
 
-    @staticmethod
-    def matches(path: Path) -> bool:
+    @classmethod
+    def matches(cls, path: Path) -> bool:
         """Whether ``path`` looks like this kind of source (``sample_source``'s detection)."""
-        return False
+        return bool(cls.suffixes) and path.name.lower().endswith(cls.suffixes) and path.is_file()
 
     def __init__(
         self, path: StrPath, *, labels_csv: StrPath | None = None, store: Store | None = None

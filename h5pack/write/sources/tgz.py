@@ -250,11 +250,7 @@ class GzipTarSource(ArchiveSource):
     """The images of a gzip-compressed tar of an image folder (NOTE [ Reading a gzip tar ])."""
 
     kind = "tgz"
-
-    @staticmethod
-    def matches(path: Path) -> bool:
-        """Whether ``path`` is a file named ``*.tar.gz`` or ``*.tgz``."""
-        return path.name.lower().endswith((".tar.gz", ".tgz")) and path.is_file()
+    suffixes = (".tar.gz", ".tgz")
 
     def find(self) -> Listing:
         """Inflate the archive once, listing its images in archive order (SourceError)."""
