@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from h5pack._version import __version__
 from h5pack.core import format as fmt
 from h5pack.core.fields import fields_of, stored_fields
 from h5pack.core.format import PackMeta
+from h5pack.core.packset import is_packset, pack_paths
 from h5pack.core.record import PackRecord, skipped_text, write_record
 from h5pack.core.store import Store, open_store
 from h5pack.errors import H5PackError, OptionsError
@@ -42,7 +44,7 @@ from h5pack.write.mergecopy import (
     plan_blob,
     tails_last_order,
 )
-from h5pack.write.mergesources import Shard, load_shards, merge_with_urls, source_paths
+from h5pack.write.mergesources import Shard, load_shards, merge_with_urls
 from h5pack.write.publish import (
     TempFiles,
     check_not_a_source,
@@ -226,7 +228,10 @@ def merge_packs(
     started = time.perf_counter()
     step_done = progress or (lambda n: None)
     target_path = check_target(target, overwrite=overwrite)
-    paths, manifest = source_paths(sources)
+    if isinstance(sources, str | os.PathLike) and not is_packset(sources):
+        paths, manifest = [Path(sources)], None
+    else:
+        paths, manifest = pack_paths(sources)
     check_not_a_source(target_path, paths)
     shards = load_shards(paths, manifest)
     emit = on_event or (lambda event: None)

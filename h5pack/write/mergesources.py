@@ -19,8 +19,6 @@ from h5pack.core.layout import FILTER_NAMES
 from h5pack.core.packset import (
     MANIFEST_NAME,
     PackSetManifest,
-    is_packset,
-    pack_paths,
     parse_manifest,
 )
 from h5pack.core.setmembers import check_shard, join_differences
@@ -43,15 +41,6 @@ class Shard:
     paths: list[str]
     filters: tuple[tuple[int, tuple[int, ...]], ...]
     dtype: np.dtype[Any]
-
-
-def source_paths(
-    sources: StrPath | Sequence[StrPath],
-) -> tuple[list[Path], PackSetManifest | None]:
-    """Return the packs of ``sources`` (a pack, a pack set, or a list) and the set's manifest."""
-    if isinstance(sources, str | os.PathLike) and not is_packset(sources):
-        return [Path(sources)], None
-    return pack_paths(sources)
 
 
 def _filters(dataset: h5py.Dataset) -> tuple[tuple[int, tuple[int, ...]], ...]:
