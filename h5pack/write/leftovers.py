@@ -71,7 +71,11 @@ class OwnerLock:
             except OSError as err:
                 raise H5PackError(f"cannot write in {path.parent}: {err.strerror or err}") from err
             self._lock(fd, deadline)
-            if _same_file(fd, path):
+            try:
+                same = os.path.samestat(os.stat(path), os.fstat(fd))
+            except FileNotFoundError:
+                same = False
+            if same:
                 self._fd = fd
             else:
                 os.close(fd)  # a cleaner removed a stale file of this name: make it again
@@ -104,15 +108,6 @@ class OwnerLock:
             logger.warning("could not remove %s: %s", self.path, err.strerror or err)
         os.close(self._fd)
         self._fd = -1
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def remove_leftovers(directory: Path) -> list[Path]:

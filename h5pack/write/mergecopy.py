@@ -107,10 +107,6 @@ class _Carry:
         self.start = 0
         self.rows: list[np.ndarray] = []
 
-    @property
-    def empty(self) -> bool:
-        return not self.rows
-
     def add(self, at: int, rows: np.ndarray) -> None:
         """Append ``rows``, which belong at row ``at`` of the target; write whole chunks."""
         if not self.rows:
@@ -221,7 +217,7 @@ def merge_images(
             elif step is None:
                 copy_array_rows(source, target, num, at=position)
                 counts.bytes += int(source.nbytes)
-            elif carry.empty and position % step == 0:
+            elif not carry.rows and position % step == 0:
                 last = k == len(shards) - 1 and not tails
                 whole = num if last else num - num % step
                 _copy_chunks(source, target, whole, position, counts)
