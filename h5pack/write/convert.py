@@ -1,9 +1,8 @@
 """Streaming, parallel, crash-safe conversion of a sample source into a pack.
 
-``convert`` lists a source (``sources``), plans the storage (``plan``), decodes in a pool
-(``pipeline``) and writes whole chunks once, in order (``builder``, ``images``), into a
-hidden temporary file published only when complete (``publish``). ``write_arrays`` packs
-in-memory samples.
+``convert`` lists a source, plans the storage (``plan``), decodes in a pool (``pipeline``)
+and writes whole chunks once, in order (``builder``), into a hidden temporary file
+published only when complete (``publish``).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,73 +105,54 @@ def convert_file(
     """Pack ``source`` into the local file ``target``; ``room`` checks a staging directory."""
     options = options or ConvertOptions()
     emit = on_event or (lambda event: None)
-    step = progress or (lambda n: None)
     target_path = check_target(target, overwrite=overwrite)
     remove_leftovers_beside(target_path, emit)
-    with sigterm_as_exit(), TempFiles(target_path) as temps:
-        return _logged(
-            _convert(source, target_path, options, temps, overwrite, emit, step, room=room)
-        )
-
-
-def _convert(
-    source: StrPath | SampleSource,
-    target_path: Path,
-    options: ConvertOptions,
-    temps: TempFiles,
-    overwrite: bool,
-    emit: Callable[[ConvertEvent], None],
-    step: Callable[[int], None],
-    *,
-    room: Callable[[int], None] | None = None,
-) -> ConvertReport:
-    """List ``source`` and write the pack (inside ``convert_file``'s lock and signal handler)."""
     started = time.perf_counter()
-    found = sample_source(source, labels_csv=options.labels_csv)
-    skipped = list_source(found, options, emit)
-    check_not_a_source(target_path, found.files())
-    order = found.split(seed=options.seed, shuffle=options.shuffle_samples)
-    samples = [found.samples[i] for i in order]
-    workers = options.effective_workers if found.parallel else 1
-    with worker_pool(workers, emit, step) as pool:
-        sizes = probe_sizes(pool, samples) if needs_probe(options) else None
-        plan = plan_storage(
-            options,
-            sizes,
-            num_samples=len(samples),
-            can_encode=found.encoded,
-            sample_bytes=lambda limit: image_bytes(samples[:limit]),
-        )
-        emit(ConvertEvent("mode", plan.reason))
-        emit(ConvertEvent("phase", "converting", total=len(samples)))
-        published = write_samples(
-            target_path,
-            plan,
-            samples,
-            sample_table(samples, found.classes, order, found.listing.fields, found.columns(order)),
-            pool,
-            options=options,
-            temps=temps,
-            skipped=skipped,
-            overwrite=overwrite,
-            room=room,
-        )
-    return make_report(published, plan, len(samples), skipped, started)
+    with sigterm_as_exit(), TempFiles(target_path) as temps:
+        found = sample_source(source, labels_csv=options.labels_csv)
+        skipped = list_source(found, options, emit)
+        check_not_a_source(target_path, found.files())
+        order = found.split(seed=options.seed, shuffle=options.shuffle_samples)
+        samples = [found.samples[i] for i in order]
+        workers = options.effective_workers if found.parallel else 1
+        with worker_pool(workers, emit, progress or (lambda n: None)) as pool:
+            sizes = probe_sizes(pool, samples) if needs_probe(options) else None
+            plan = plan_storage(
+                options,
+                sizes,
+                num_samples=len(samples),
+                can_encode=found.encoded,
+                sample_bytes=lambda limit: image_bytes(samples[:limit]),
+            )
+            emit(ConvertEvent("mode", plan.reason))
+            emit(ConvertEvent("phase", "converting", total=len(samples)))
+            table = sample_table(
+                samples, found.classes, order, found.listing.fields, found.columns(order)
+            )
+            published = write_samples(
+                target_path,
+                plan,
+                samples,
+                table,
+                pool,
+                options=options,
+                temps=temps,
+                skipped=skipped,
+                overwrite=overwrite,
+                room=room,
+            )
+        return _logged(make_report(published, plan, len(samples), skipped, started))
 
 
 def _logged(report: ConvertReport) -> ConvertReport:
     """Log one warning summarising the files a conversion skipped, if any."""
-    if report.skipped:
-        count = len(report.skipped)
+    if count := len(report.skipped):
         shown = "; ".join(f"{s.path}: {s.reason}" for s in report.skipped[:5])
         more = f"; and {count - 5} more" if count > 5 else ""
+        files = "file" if count == 1 else "files"
+        where = "recorded in the pack and in the report's skipped"
         logger.warning(
-            "%s: skipped %d %s (recorded in the pack and in the report's skipped): %s%s",
-            report.path,
-            count,
-            "file" if count == 1 else "files",
-            shown,
-            more,
+            "%s: skipped %d %s (%s): %s%s", report.path, count, files, where, shown, more
         )
     return report
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from h5pack._types import StrPath
 from h5pack.core.machine import available_cores
-from h5pack.core.store import Store, open_store
+from h5pack.core.store import Store
 from h5pack.errors import H5PackError, install_line
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import worker_pool
@@ -33,10 +33,8 @@ from h5pack.write.report import ConvertEvent
 from h5pack.write.shards import (
     PackSetReport,
     ShardReport,
-    in_place,
     open_set,
     set_report,
-    split_source,
     write_shard,
 )
 from h5pack.write.sources import SampleSource
@@ -147,18 +145,19 @@ def convert_on_dask(
     step = progress or _ignore
     started = time.perf_counter()
     distributed = _distributed()
-    out, remote = open_set(
+    out, remote, split = open_set(
+        source,
         out_dir,
-        shards,
         options,
+        shards,
         overwrite=overwrite,
-        store=store or open_store(out_dir, storage_options),
+        storage_options=storage_options,
+        store=store,
         staging_dir=staging_dir,
         emit=emit,
     )
     if remote is None:
         out = Path(os.path.abspath(out))  # the workers may run elsewhere
-    split = split_source(in_place(source, options, storage_options), options, shards, emit)
     sizes: Counter[tuple[int, int]] | None = None
     if needs_probe(options):
         emit(ConvertEvent("note", f"reading image sizes in {shards} Dask tasks"))

@@ -1,19 +1,10 @@
 """A manifest: a CSV or JSONL file that names a folder's images and gives their fields.
 
-::
-
-    labels.csv                        labels.jsonl
-    path,label,labels,caption,score   {"path": "a.jpg", "labels": ["cat", "dog"], "meta": {"n": 1}}
-    a.jpg,cat,cat|dog,two pets,0.5    {"path": "b.jpg", "labels": "dog", "meta": null}
-    b.jpg,dog,dog,one dog,1
-
 A record names an image relative to the folder (``path`` or ``file_name``; a CSV without
-a header is ``path,label``). ``label``: class ids when all are integers, else names
-(sorted). ``labels``: a multi-label set (names separated by ``|``, or a JSON list). Every
-other column is a field: numbers, booleans, text, or (JSONL) any JSON value. A record that
-cannot be a sample (missing or non-image file, a path leaving the folder or listed twice,
-a cell that does not fit its column, a row of another width) is a problem naming the
-manifest and its line; an unreadable manifest, a bad column name or no record is an error.
+a header is ``path,label``); ``label`` is a class (ids when all are integers, else sorted
+names), ``labels`` a multi-label set (``a|b`` or a JSON list), every other column a field
+(docs/converting.md). A record that cannot be a sample is a problem naming the manifest
+and its line; an unreadable manifest, a bad column name or no record is an error.
 """
 
 from __future__ import annotations
@@ -57,30 +48,25 @@ Record = tuple[int, str, dict[str, Any]]
 _MISSING = object()  # a JSONL key a record lacks
 
 
-class _Problems:
+class _Problems(list[tuple[int, SkippedFile]]):
     """The manifest's problems, each naming the manifest and the record's line."""
 
     def __init__(self, manifest: StrPath) -> None:
+        super().__init__()
         self.manifest = manifest
-        self.lines: list[tuple[int, SkippedFile]] = []
 
     def add(self, line: int, path: str, message: str) -> None:
-        problem = SkippedFile(path or f"line {line}", f"{self.manifest}, line {line}: {message}")
-        self.lines.append((line, problem))
-
-    @property
-    def found(self) -> list[SkippedFile]:
-        """The problems in the manifest's order."""
-        return [problem for _, problem in sorted(self.lines, key=lambda item: item[0])]
+        where = f"{self.manifest}, line {line}"
+        self.append((line, SkippedFile(path or f"line {line}", f"{where}: {message}")))
 
 
 def read_manifest(
     root: StrPath, manifest: StrPath, objects: Any = None, store: Any = None
 ) -> ScanResult:
-    """Return the images a CSV or JSONL ``manifest`` names under ``root``, sorted, with fields.
+    """Return the images ``manifest`` names under ``root``, sorted, with fields.
 
     ``objects``: a bucket's files' modes by path, with its ``store`` (NOTE [ Sources in a
-    bucket ]). ``unlisted`` in the result are the images that no record names.
+    bucket ]). ``unlisted`` are the images that no record names.
     """
     path = manifest if is_url(manifest) else Path(manifest)
     if objects is None:
@@ -95,19 +81,20 @@ def read_manifest(
     named = {"/".join(PurePosixPath(p).parts) for _, p, _ in records}
     records = _existing(root, records, problems, objects)
     fields, columns, labels, classes, kept = _columns(records, problems, typed=jsonl)
+    found = [problem for _, problem in sorted(problems, key=lambda item: item[0])]
     if not kept:
-        first = f" (e.g. {problems.found[0].reason})" if problems.found else ""
+        first = f" (e.g. {found[0].reason})" if found else ""
         raise SourceError(f"{describe(path)} lists no images{first}")
     order = sorted(range(len(kept)), key=lambda i: path_sort_key(kept[i][1]))
     files = tuple(SourceFile(Path(root, kept[i][1]), kept[i][1], labels[i]) for i in order)
     positions = np.asarray(order, dtype=np.int64)
-    found = [r for r, _ in walk(Path(root))[0]] if objects is None else list(objects)
-    unlisted = tuple(sorted((r for r in found if r not in named), key=path_sort_key))
+    every = [r for r, _ in walk(Path(root))[0]] if objects is None else list(objects)
+    unlisted = tuple(sorted((r for r in every if r not in named), key=path_sort_key))
     return ScanResult(
         root=Path(root),
         files=files,
         classes=classes,
-        problems=tuple(problems.found),
+        problems=tuple(found),
         unlisted=unlisted,
         fields=fields,
         columns={f.name: f.take(columns[f.name], positions) for f in fields},

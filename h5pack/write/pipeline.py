@@ -39,11 +39,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    """What stage 1 makes of each file (picklable, sent with every task).
-
-    ``flat`` returns raw pixels flattened (a blob); ``fixed_shape`` is the (H, W, C) every
-    raw sample must have (an array); ``max_side`` and ``quality`` re-encode large files.
-    """
+    """What stage 1 makes of each file: ``flat`` pixels (a blob), or ``fixed_shape`` ones."""
 
     mode: Mode
     flat: bool = False
@@ -58,10 +54,7 @@ class DecodeSpec:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A sample ready to store: ``pos`` in the write order, stored data, shape, CRC32.
-
-    From a worker with a slot, ``data`` is None and ``span`` = (offset, bytes) in the slot.
-    """
+    """A sample ready to store: ``pos`` in write order, data (or its ``span`` in a slot), CRC."""
 
     pos: int
     data: np.ndarray | None
@@ -91,10 +84,7 @@ def _reason(err: Exception, name: str) -> str:
 def prepare_sample(
     spec: DecodeSpec, data: bytes | np.ndarray, name: str, pos: int
 ) -> Prepared | Rejected:
-    """Decode (and for raw mode resize) one image's bytes, or pixels, into its stored form.
-
-    Encoded files are decoded too: a pack promises that every sample decodes.
-    """
+    """Decode (and resize) one image into its stored form; encoded files are checked too."""
     from h5pack.core.decode import decode_image, decode_resized, decoded_size, probe_size
     from h5pack.core.resize import reencode_jpeg, resize_image
 
@@ -210,10 +200,7 @@ def _core_dataset(spec: ImagesSpec, rows: int) -> h5py.Dataset:
 def compress_block(
     spec: ImagesSpec, start: int, rows: int, data: np.ndarray | None, slot: SlotRef | None = None
 ) -> list[StoredChunk]:
-    """Stage 2: return the stored chunks of the block of ``rows`` at row ``start``.
-
-    The block is ``data``, or the start of ``slot``, where the chunks then go if they fit.
-    """
+    """Stage 2: return the stored chunks of the block (``data`` or in ``slot``) at ``start``."""
     if data is None:
         assert slot is not None
         rest = spec.sample_shape if spec.storage == "array" else ()
@@ -261,12 +248,7 @@ class InlineExecutor(Executor):
         return future
 
 
-# glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def keep_freed_memory() -> None:
+def keep_freed_memory(*, die_with_parent: bool = False) -> None:
     """Serve each decoded image from the heap, not a fresh ``mmap`` (glibc; else nothing).
 
     NOTE [ Worker malloc ]: glibc served every decoded image from a new ``mmap`` and
@@ -276,18 +258,17 @@ def keep_freed_memory() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # exotic libc
             libc = ctypes.CDLL(None)
-            libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
-            libc.mallopt(_M_TRIM_THRESHOLD, 512 * 2**20)
+            if die_with_parent:
+                libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD (malloc.h)
+            libc.mallopt(-1, 512 * 2**20)  # M_TRIM_THRESHOLD
 
 
 def _init_worker() -> None:
     """Let the parent handle Ctrl-C and SIGTERM; die with the parent; keep freed memory."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # exotic libc
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    keep_freed_memory()
+    keep_freed_memory(die_with_parent=True)
 
 
 def pool_start_method() -> str:
@@ -299,10 +280,7 @@ def pool_start_method() -> str:
 
 
 def make_executor(workers: int) -> Executor:
-    """Return a pool of ``workers`` processes (inline for 1), all started now.
-
-    NOTE [ h5py handles and fork ]: a forked child must not inherit an open h5py file.
-    """
+    """Return a pool of ``workers`` processes (inline for 1), all started now."""
     if workers <= 1:
         return InlineExecutor()
     # Forked workers inherit what is imported here instead of each importing it again.

@@ -17,21 +17,19 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from h5pack._types import StrPath
-from h5pack.core.format import PackMeta
 from h5pack.core.packset import (
     MANIFEST_NAME,
-    ShardIdentity,
     parse_manifest,
     shard_name,
 )
 from h5pack.core.private import owned_by_me
-from h5pack.core.store import ObjectInfo, Store, split_url
+from h5pack.core.store import Store, split_url
 from h5pack.errors import (
     H5PackError,
     OptionsError,
@@ -39,7 +37,7 @@ from h5pack.errors import (
 )
 from h5pack.write.leftovers import describe_removed
 from h5pack.write.options import ConvertOptions
-from h5pack.write.packset import another_split, shard_problems
+from h5pack.write.packset import another_split
 from h5pack.write.publish import check_room, free_bytes, sigterm_as_exit
 from h5pack.write.report import ConvertEvent
 from h5pack.write.scan import name_paths
@@ -154,61 +152,6 @@ class RemoteSet:
         ):
             self.store.delete(self.manifest_url)
         return root
-
-
-def mismatch(
-    name: StrPath,
-    identity: ShardIdentity,
-    problems: Sequence[str],
-    *,
-    overwrite: bool,
-    emit: Emit,
-    elsewhere: str,
-) -> None:
-    """Refuse the shard at ``name`` that does not match, or with ``overwrite`` say it goes."""
-    detail = "; ".join(problems)
-    if not overwrite:
-        raise TargetExistsError(
-            f"{name} exists but is not shard {identity.index}/{identity.num_shards} of this "
-            f"conversion ({detail}); pass --overwrite to rebuild it, or convert {elsewhere}"
-        )
-    emit(ConvertEvent("note", f"replacing {name}: {detail}"))
-
-
-def publish_shard(
-    remote: RemoteShard,
-    identity: ShardIdentity,
-    options: ConvertOptions,
-    classes: Sequence[str],
-    write: Callable[[Path, Room], PackMeta],
-    *,
-    overwrite: bool,
-    emit: Emit,
-) -> tuple[Literal["written", "reused"], int, PackMeta]:
-    """Reuse the shard at ``remote.url`` if it matches, else write and publish it.
-
-    Returns whether it was written or reused, its bytes and its metadata; raises
-    ``TargetExistsError`` for a shard there that does not match, without ``overwrite``.
-    """
-    url, store = remote.url, remote.store
-    found: ObjectInfo | None = store.stat(url)
-    if found is not None:
-        meta, problems = shard_problems(url, identity, options, classes, store)
-        if not problems and meta is not None:
-            return "reused", found.size, meta
-        where = "under another prefix"
-        mismatch(url, identity, problems, overwrite=overwrite, emit=emit, elsewhere=where)
-    sizes: list[int] = []
-
-    def staged(local: Path, room: Room) -> PackMeta:
-        meta = write(local, room)
-        sizes.append(local.stat().st_size)
-        return meta
-
-    meta = publish_staged(
-        store, url, staged, overwrite=True, staging_dir=remote.staging_dir, emit=emit, checked=True
-    )
-    return "written", sizes[0], meta
 
 
 # A staging directory's run holds the flock of its ``.lock``: one whose lock can be taken

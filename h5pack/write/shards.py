@@ -23,12 +23,12 @@ from h5pack.core import format as fmt
 from h5pack.core.format import PackMeta, SkippedFile
 from h5pack.core.packset import shard_name, shard_slice
 from h5pack.core.store import Store, is_url, open_store
-from h5pack.errors import OptionsError
+from h5pack.errors import OptionsError, TargetExistsError
 from h5pack.write.options import ConvertOptions
 from h5pack.write.packing import Pool, probe_sizes, worker_pool, write_samples
 from h5pack.write.packset import finish_manifest, prepare_out_dir, shard_problems
 from h5pack.write.publish import TempFiles, check_not_a_source, sigterm_as_exit
-from h5pack.write.remote import RemoteSet, mismatch, publish_shard
+from h5pack.write.remote import RemoteSet, publish_staged
 from h5pack.write.report import ConvertEvent
 from h5pack.write.sources import SampleSource, sample_source
 from h5pack.write.split import (
@@ -120,25 +120,40 @@ def set_report(
 
 
 def open_set(
+    source: StrPath | SampleSource,
     out_dir: StrPath,
-    shards: int,
     options: ConvertOptions,
+    shards: int,
     *,
     overwrite: bool,
-    store: Store,
+    storage_options: Mapping[str, str] | None,
+    store: Store | None,
     staging_dir: StrPath | None,
     emit: Emit,
-) -> tuple[Path, RemoteSet | None]:
-    """Prepare the set's directory (removing what killed runs left), or its bucket prefix.
+) -> tuple[Path, RemoteSet | None, SourceSplit]:
+    """Prepare the set's directory (removing what killed runs left) or bucket prefix; split.
 
-    Returns the directory the shards are named in, and the bucket's set (None if local).
+    Returns the directory the shards are named in, the bucket's set (None if local), and
+    ``source`` listed and split into ``shards`` (at most one an image).
     """
+    source = in_place(source, options, storage_options)
+    store = store or open_store(out_dir, storage_options)
+    remote = None
     if store.remote:  # NOTE [ Stores ]
         remote = RemoteSet(os.fspath(out_dir), store, staging_dir)
-        return remote.prepare(shards, options, overwrite=overwrite), remote
-    out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
-    remove_leftovers_beside(out / shard_name(0, shards), emit)
-    return out, None
+        out = remote.prepare(shards, options, overwrite=overwrite)
+    else:
+        out = prepare_out_dir(out_dir, shards, options, overwrite=overwrite)
+        remove_leftovers_beside(out / shard_name(0, shards), emit)
+    found = sample_source(source, labels_csv=options.labels_csv)
+    skipped = list_source(found, options, emit)
+    if shards > (num := len(found.samples)):
+        raise OptionsError(
+            f"--shards {shards} is more than the {num} images found under {found.root}: "
+            f"use at most {num} shards"
+        )
+    split = SourceSplit(source=found, problems=tuple(skipped), num_shards=shards, options=options)
+    return out, remote, split
 
 
 def in_place(
@@ -151,23 +166,6 @@ def in_place(
         return source
     labels = (options or ConvertOptions()).labels_csv
     return sample_source(source, labels_csv=labels, storage_options=storage_options)
-
-
-def split_source(
-    source: StrPath | SampleSource, options: ConvertOptions, num_shards: int, emit: Emit
-) -> SourceSplit:
-    """List ``source`` and split its write order into ``num_shards`` (at most one an image)."""
-    found = sample_source(source, labels_csv=options.labels_csv)
-    skipped = list_source(found, options, emit)
-    num = len(found.samples)
-    if num_shards > num:
-        raise OptionsError(
-            f"--shards {num_shards} is more than the {num} images found under {found.root}: "
-            f"use at most {num} shards"
-        )
-    return SourceSplit(
-        source=found, problems=tuple(skipped), num_shards=num_shards, options=options
-    )
 
 
 def convert_set(
@@ -202,21 +200,20 @@ def convert_set(
     step = progress or (lambda n: None)
     started = time.perf_counter()
     indices = _indices(shards, only)
-    source = in_place(source, options, storage_options)
-    out, remote = open_set(
+    out, remote, split = open_set(
+        source,
         out_dir,
-        shards,
         options,
+        shards,
         overwrite=overwrite,
-        store=store or open_store(out_dir, storage_options),
+        storage_options=storage_options,
+        store=store,
         staging_dir=staging_dir,
         emit=emit,
     )
-    split = split_source(source, options, shards, emit)
-    workers = options.effective_workers
     reports: list[ShardReport] = []
     metas: dict[int, PackMeta] = {}
-    with worker_pool(workers, emit, step) as pool:
+    with worker_pool(options.effective_workers, emit, step) as pool:
         sizes = probe_sizes(pool, split.source.samples) if needs_probe(options) else None
         tasks = split.tasks(indices, out, remote, sizes=sizes, overwrite=overwrite)
         reason = plan_reason(tasks[0], len(split))
@@ -238,26 +235,47 @@ def _indices(shards: int, only: int | None) -> list[int]:
 
 
 def write_shard(task: ShardTask, pool: Pool) -> tuple[ShardReport, PackMeta]:
-    """Reuse shard ``task`` if it is there and matches, else write it; return it and its meta."""
+    """Reuse shard ``task`` if it is there and matches, else write it; return it and its meta.
+
+    A shard there that does not match is refused (``TargetExistsError``), or with
+    ``overwrite`` replaced. Into a bucket, the shard is staged and uploaded.
+    """
     started = time.perf_counter()
-    identity = task.identity
-    status: Literal["written", "reused"]
-    if task.remote is not None:
-        status, size, meta = publish_shard(
-            task.remote,
-            identity,
-            task.options,
-            task.classes,
-            lambda local, room: convert_shard_file(task, local, pool, room=room),
-            overwrite=task.overwrite,
-            emit=pool.emit,
-        )
-        path = task.remote.url
+    identity, remote = task.identity, task.remote
+    if remote is not None:
+        path, store = remote.url, remote.store
+        found = store.stat(path)
+        there, size = found is not None, found.size if found is not None else 0
     else:
-        found = reusable_shard(task, pool.emit)
-        status = "reused" if found is not None else "written"
-        meta = found or convert_shard_file(task, task.target, pool)
-        path, size = os.fspath(task.target), task.target.stat().st_size
+        path, store = os.fspath(task.target), None
+        there = task.target.exists()
+        size = task.target.stat().st_size if there else 0
+    meta = None
+    if there:
+        meta, problems = shard_problems(path, identity, task.options, task.classes, store)
+        if problems:
+            meta, detail = None, "; ".join(problems)
+            if not task.overwrite:
+                elsewhere = "under another prefix" if remote else "into another directory"
+                raise TargetExistsError(
+                    f"{path} exists but is not shard {identity.index}/{identity.num_shards} of "
+                    f"this conversion ({detail}); pass --overwrite to rebuild it, or convert "
+                    f"{elsewhere}"
+                )
+            pool.emit(ConvertEvent("note", f"replacing {path}: {detail}"))
+    status: Literal["written", "reused"] = "reused" if meta is not None else "written"
+    if meta is None and remote is not None:
+        meta, size = publish_staged(
+            remote.store,
+            path,
+            lambda local, room: convert_shard_file(task, local, pool, room=room),
+            overwrite=True,
+            staging_dir=remote.staging_dir,
+            emit=pool.emit,
+            checked=True,
+        )
+    elif meta is None:
+        meta, size = convert_shard_file(task, task.target, pool)
     report = ShardReport(
         index=identity.index,
         path=path,
@@ -277,8 +295,8 @@ def convert_shard_file(
     pool: Pool,
     *,
     room: Callable[[int], None] | None = None,
-) -> PackMeta:
-    """Convert shard ``task`` into the local file ``target`` (replacing one); return its meta."""
+) -> tuple[PackMeta, int]:
+    """Convert shard ``task`` into the local file ``target`` (replacing one); its meta, bytes."""
     identity = task.identity
     where = f"shard {identity.index}/{identity.num_shards}"
     pool.emit(ConvertEvent("phase", f"{where}: converting", total=len(task.samples)))
@@ -298,18 +316,4 @@ def convert_shard_file(
             shard=identity.to_text(),
             room=room,
         )
-    return fmt.load_meta(target)
-
-
-def reusable_shard(task: ShardTask, emit: Emit) -> PackMeta | None:
-    """Return the metadata of ``task``'s shard if it is there and matches, else None."""
-    if not task.target.exists():
-        return None
-    meta, problems = shard_problems(task.target, task.identity, task.options, task.classes)
-    if not problems:
-        return meta
-    where = "into another directory"
-    mismatch(
-        task.target, task.identity, problems, overwrite=task.overwrite, emit=emit, elsewhere=where
-    )
-    return None
+    return fmt.load_meta(target), target.stat().st_size
