@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from h5pack.core import azure, gcs
+from h5pack.core.ranged import per_process
 from h5pack.core.store import open_store
 from tests.s3local import FaultProxy, free_port, stop, wait_listening
 
@@ -202,13 +203,15 @@ class Place:
             self.scheme = "gs"
             options, direct = {"endpoint_url": proxy.endpoint}, {"endpoint_url": server.endpoint}
             self._direct = open_store("gs://x", direct)
-            gcs.shared_client(gcs.GCSStore.of(direct).options).create_bucket(name)
+            per_process(gcs.make_client, gcs.GCSStore.of(direct).options).create_bucket(name)
         elif isinstance(server, AzuriteServer):
             self.scheme = "az"
             options = {"connection_string": server.connection_string(proxy.endpoint)}
             direct = {"connection_string": server.connection_string()}
             self._direct = open_store("az://x", direct)
-            azure.shared_client(azure.AzureStore.of(direct).options).create_container(name)
+            per_process(azure.make_client, azure.AzureStore.of(direct).options).create_container(
+                name
+            )
         else:
             self.scheme, options, self._root = "http", {}, server.root
             self._direct = open_store("http://x/y")
@@ -249,10 +252,12 @@ class Place:
 
 def demo_bucket(gcs_server: GCSServer, azurite_server: AzuriteServer, name: str = "demo") -> None:
     """Make the bucket and the container ``name`` (docs/object-storage.md's), if absent."""
-    client = gcs.shared_client(gcs.GCSStore.of({"endpoint_url": gcs_server.endpoint}).options)
+    client = per_process(
+        gcs.make_client, gcs.GCSStore.of({"endpoint_url": gcs_server.endpoint}).options
+    )
     if client.lookup_bucket(name) is None:
         client.create_bucket(name)
     options = azure.AzureStore.of({"connection_string": azurite_server.connection_string()})
-    container = azure.shared_client(options.options).get_container_client(name)
+    container = per_process(azure.make_client, options.options).get_container_client(name)
     if not container.exists():
         container.create_container()

@@ -66,11 +66,6 @@ class AzureOptions(RemoteOptions):
         return f"https://{self.account_name}.blob.core.windows.net"
 
 
-def shared_client(options: AzureOptions) -> Any:
-    """Return this process's client of ``options`` (made once)."""
-    return per_process(make_client, options)
-
-
 def make_client(options: AzureOptions) -> Any:
     """Return a ``BlobServiceClient`` of ``options``.
 
@@ -136,7 +131,7 @@ class AzureSource(RangedSource):
 
     def blob(self) -> Any:
         """Return this process's client of the blob."""
-        client = shared_client(self.options)
+        client = per_process(make_client, self.options)
         return client.get_blob_client(self.container, self.key)
 
     def _stat(self) -> tuple[str, int]:
@@ -200,7 +195,7 @@ class AzureStore(Store):
         source = self.source(prefix)
 
         def listing() -> list[ObjectInfo]:
-            client = shared_client(self.options).get_container_client(container)
+            client = per_process(make_client, self.options).get_container_client(container)
             url = f"{prefix.partition('://')[0]}://{container}/"
             found = client.list_blobs(name_starts_with=key)
             return [ObjectInfo(url + b.name, int(b.size), str(b.etag)) for b in found]

@@ -64,11 +64,6 @@ def untyped(function: Any) -> Callable[..., Any]:
     return cast("Callable[..., Any]", function)
 
 
-def shared_client(options: GCSOptions) -> Any:
-    """Return this process's client of ``options`` (made once)."""
-    return per_process(make_client, options)
-
-
 def make_client(options: GCSOptions) -> Any:
     """Return a ``google.cloud.storage.Client`` of ``options``."""
     try:
@@ -125,7 +120,7 @@ class GCSSource(RangedSource):
 
     def blob(self) -> Any:
         """Return a new handle of the object (a handle holds one answer's properties)."""
-        return shared_client(self.options).bucket(self.bucket).blob(self.key)
+        return per_process(make_client, self.options).bucket(self.bucket).blob(self.key)
 
     def _stat(self) -> tuple[str, int]:
         blob = self.blob()
@@ -152,7 +147,7 @@ class GCSSource(RangedSource):
         from google.auth import exceptions as auth
 
         if isinstance(err, api.NotFound):
-            bucket = shared_client(self.options).bucket(self.bucket)
+            bucket = per_process(make_client, self.options).bucket(self.bucket)
             exists = self.with_retries("its bucket", lambda: bucket.exists(retry=None))
             raise self.missing(self.bucket, whole=not exists) from None
         if isinstance(err, api.PreconditionFailed):
@@ -198,7 +193,7 @@ class GCSStore(Store):
         scheme, bucket, key = split_url(prefix)
 
         def listing(_: Any, timeout: Any) -> list[ObjectInfo]:
-            client = shared_client(self.options)
+            client = per_process(make_client, self.options)
             blobs = client.list_blobs(bucket, prefix=key, retry=None, timeout=timeout)
             url = f"{scheme}://{bucket}/"
             return [ObjectInfo(url + b.name, int(b.size), str(b.generation)) for b in blobs]

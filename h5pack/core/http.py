@@ -13,9 +13,7 @@ never in a repr or message). Nothing is written: write into a path or a bucket, 
 
 from __future__ import annotations
 
-import atexit
 import http.client
-import os
 import socket
 import ssl
 import threading
@@ -25,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from h5pack.core.ranged import RangedSource, RemoteOptions, throttled_or_not
+from h5pack.core.ranged import RangedSource, RemoteOptions, per_process, throttled_or_not
 from h5pack.core.retry import Transient
 from h5pack.core.source import readable
 from h5pack.core.store import ObjectInfo, Store
@@ -106,35 +104,13 @@ def _dropped(sock: socket.socket) -> bool:
         return True
 
 
-# One pool per (process, endpoint, settings): a forked child makes its own and never uses
-# (nor closes) the sockets it inherited, which its parent may still be using.
-_POOLS: dict[tuple[Any, ...], Connections] = {}
-_POOLS_LOCK = threading.Lock()
+def connections(key: tuple[str, str, float, float, str | None]) -> Connections:
+    """Return connections to ``(scheme, netloc, connect_timeout_s, read_timeout_s, cafile)``.
 
-
-@atexit.register
-def _close_pools() -> None:
-    with _POOLS_LOCK:
-        mine = [pool for key, pool in _POOLS.items() if key[0] == os.getpid()]
-    for pool in mine:
-        pool.close()
-
-
-def connections(
-    scheme: str, netloc: str, connect_timeout_s: float, read_timeout_s: float, cafile: str | None
-) -> Connections:
-    """Return this process's connections to ``scheme://netloc``."""
-    key = (os.getpid(), scheme, netloc, connect_timeout_s, read_timeout_s, cafile)
-    with _POOLS_LOCK:
-        if key not in _POOLS:
-            _POOLS[key] = Connections(
-                scheme,
-                netloc,
-                connect_timeout_s=connect_timeout_s,
-                read_timeout_s=read_timeout_s,
-                cafile=cafile,
-            )
-        return _POOLS[key]
+    Each process makes its own (``per_process``): a forked child never uses its parent's.
+    """
+    scheme, netloc, connect, read, ca = key
+    return Connections(scheme, netloc, connect_timeout_s=connect, read_timeout_s=read, cafile=ca)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +150,8 @@ class HTTPSource(RangedSource):
     def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
         """Return one answer and its body, on a keep-alive connection of this process."""
         options = self.options
-        pool = connections(
-            self.scheme, self.netloc, options.connect_timeout_s, options.read_timeout_s, None
-        )
+        timeouts = (options.connect_timeout_s, options.read_timeout_s)
+        pool = per_process(connections, (self.scheme, self.netloc, *timeouts, None))
         connection = pool.take()
         try:
             connection.request(method, self.target, headers={**dict(options.headers), **headers})

@@ -62,12 +62,6 @@ class S3Store(Store):
         self._sleep, self._clock = sleep, clock
         self._conditional = True  # the server may implement If-None-Match
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        type(self).__init__(self, state["options"])
-
     def source(self, path: str) -> S3Source:
         """Return the object at the URL ``path``; its first answer fixes its size and ETag."""
         return S3Source(path, self.options, sleep=self._sleep, clock=self._clock)

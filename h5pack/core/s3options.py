@@ -177,5 +177,5 @@ def lean_get(options: S3Options, bucket: str, key: str) -> LeanGet | None:
 
         cafile = get_cert_path(True)
     timeouts = (options.connect_timeout_s, options.read_timeout_s)
-    pool = connections(target.scheme, target.netloc, *timeouts, cafile)
+    pool = per_process(connections, (target.scheme, target.netloc, *timeouts, cafile))
     return LeanGet(target, s3http.Signer(frozen), pool)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from h5pack.core import s3http
-from h5pack.core.ranged import RangedSource, Retry, per_process
+from h5pack.core.ranged import RangedSource, per_process
 from h5pack.core.retry import Transient, retry_after_s
 from h5pack.core.s3options import LeanGet, S3Options, boto_modules, lean_get, make_client
 from h5pack.core.secrets import scrub
@@ -90,16 +90,16 @@ class S3Source(RangedSource):
 
     def _fetch_into(self, view: memoryview, start: int) -> tuple[str, int]:
         lean = self._lean_path()
-        if lean is not None:
-            answer = s3http.get_into(view, start, *lean, etag=self.tag)
-            return answer.etag, answer.total
-        data, first, total, tag = self._get(f"bytes={start}-{start + len(view) - 1}")
+        if lean is None:
+            return super()._fetch_into(view, start)
+        answer = s3http.get_into(view, start, *lean, etag=self.tag)
+        return answer.etag, answer.total
+
+    def _fetch(self, start: int, end: int) -> tuple[memoryview, str, int]:
+        data, first, total, tag = self._get(f"bytes={start}-{end - 1}")
         if first != start:
             raise ValueError(f"asked for bytes from {start}, got bytes from {first}")
-        if len(data) != len(view):
-            raise Retry(f"a body of {len(data)} bytes for {len(view)} (cut short)")
-        view[:] = data
-        return tag, total
+        return data, tag, total
 
     def read_tail(self, nbytes: int) -> tuple[memoryview, int]:
         """Return the last ``nbytes`` bytes and their offset: one GET, no size needed.
