@@ -19,14 +19,13 @@ import ssl
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from h5pack.core.ranged import RangedSource, RemoteOptions, per_process, throttled_or_not
 from h5pack.core.retry import Transient
 from h5pack.core.source import readable
-from h5pack.core.store import ObjectInfo, Store
+from h5pack.core.store import Store
 from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
 
 
@@ -232,24 +231,13 @@ class HTTPStore(Store):
         """Return the file at the URL ``path`` (its ETag fixed at the first answer)."""
         return HTTPSource(path, self.options)
 
-    def _read_only(self, path: str) -> H5PackError:
+    def read_only(self, path: str) -> H5PackError:
+        """Return the error of a write: HTTP(S) is read-only."""
         return H5PackError(
             f"{path}: HTTP(S) URLs are read-only; write into a local path or a bucket "
             "(s3://, gs://, az://) and serve that"
         )
 
-    def put(self, path: str, data: bytes) -> None:
-        """Refuse: HTTP(S) is read-only."""
-        raise self._read_only(path)
-
-    def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
-        """Refuse: HTTP(S) is read-only."""
-        raise self._read_only(path)
-
-    def delete(self, path: str) -> None:
-        """Refuse: HTTP(S) is read-only."""
-        raise self._read_only(path)
-
     def sweep(self, paths: Sequence[str]) -> list[str]:
         """Refuse: a writer sweeps before it writes, so it stops there."""
-        raise self._read_only(paths[0] if paths else "http(s)://")
+        raise self.read_only(paths[0] if paths else "http(s)://")

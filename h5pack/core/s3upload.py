@@ -92,14 +92,12 @@ def upload_in_parts(
     retried; an upload the server dropped (NoSuchUpload) is started again, up to
     ``RESTARTS`` times; any error (Ctrl-C, SIGTERM too) aborts it before it is raised again.
     """
-    for round_ in range(1, RESTARTS + 1):
+    for _ in range(RESTARTS - 1):
         try:
             return _upload_once(store, local, path, part=part, if_absent=if_absent)
         except UploadVanishedError as err:
-            if round_ == RESTARTS:
-                raise
             logger.warning("%s; uploading %s again from its first part", err, path)
-    raise AssertionError("unreachable")
+    return _upload_once(store, local, path, part=part, if_absent=if_absent)
 
 
 def _upload_once(

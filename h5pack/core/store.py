@@ -140,20 +140,24 @@ class Store(ABC):
         """Return the objects whose URL starts with ``prefix``, sorted (a request per page)."""
         raise FormatError(f"{prefix}: {type(self).__name__} cannot list objects; name each one")
 
-    @abstractmethod
     def put(self, path: str, data: bytes) -> None:
         """Write the small object ``path`` (it appears whole or not at all)."""
+        raise self.read_only(path)
 
-    @abstractmethod
     def publish(self, local: Path, path: str, *, if_absent: bool) -> ObjectInfo:
         """Make the finished local file ``local`` appear whole under ``path``.
 
         ``TargetExistsError``: ``if_absent`` and an object is there (atomic where it can be).
         """
+        raise self.read_only(path)
 
-    @abstractmethod
     def delete(self, path: str) -> None:
         """Remove ``path`` (no error when it is gone)."""
+        raise self.read_only(path)
+
+    def read_only(self, path: str) -> H5PackError:
+        """Return the error of a write into a store that takes none."""
+        return H5PackError(f"{path}: {type(self).__name__} is read-only")
 
     def download(self, path: str, local: Path, *, step_bytes: int = 64 * 2**20) -> int:
         """Copy the object at ``path`` into the local file ``local``; return its size."""
