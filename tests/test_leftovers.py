@@ -237,9 +237,10 @@ def test_an_anonymous_arena_has_no_name_anywhere():
     try:
         assert arena.name == f"/proc/{os.getpid()}/fd/{arena._fd}"
         assert _segments() == before
-        view = arena_module.slot_array(arena.ref(1))  # how a worker opens it
+        slot = arena.acquire()
+        view = arena_module.slot_array(slot)  # how a worker opens it
         view[:3] = [7, 8, 9]
-        assert arena.take(1, 0, 3).tolist() == [7, 8, 9]
+        assert arena.take(slot, 0, 3).tolist() == [7, 8, 9]
     finally:
         arena.close()
 

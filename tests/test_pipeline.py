@@ -71,7 +71,7 @@ def test_ordered_map_yields_in_submission_order_with_bounded_tasks_in_flight(kin
     results = []
     executor = ThreadPoolExecutor(8) if kind == "threads" else InlineExecutor()
     with executor:
-        for value in ordered_map(executor, work, items(), max_in_flight=bound):
+        for _, value in ordered_map(executor, work, items(), max_in_flight=bound):
             assert taken - len(results) <= bound  # submitted and not yet yielded
             results.append(value)
     assert results == [i * i for i in range(num)]
@@ -93,7 +93,7 @@ def test_ordered_map_cancels_what_is_pending_when_the_consumer_stops():
 
     with ThreadPoolExecutor(1) as pool:  # one thread: task 2 queues behind task 1
         results = ordered_map(pool, work, [(i,) for i in range(10)], max_in_flight=3)
-        assert next(results) == 0
+        assert next(results) == ((0,), 0)
         results.close()  # task 1 may be running; task 2 is cancelled, nothing more submitted
         gate.set()
     assert started in ([0], [0, 1])

@@ -63,7 +63,7 @@ def test_imagefolder_sorted_classes_dense_labels_nested_files(imagefolder: Path)
         "dog/b.png",
     ]
     assert [f.label for f in result.files] == [0, 1, 1, 2, 2]
-    assert result.labelled
+    assert result.classes
     assert result.problems == ()
     for f in result.files:
         assert f.path == imagefolder / f.relative
@@ -81,7 +81,7 @@ def test_flat_folder_is_unlabelled(tmp_path: Path) -> None:
     assert relatives(result) == ["a.JPG", "b.png", "c.webp"]
     assert {f.label for f in result.files} == {-1}
     assert result.classes == ()
-    assert not result.labelled
+    assert not result.classes
 
 
 def test_as_many_loose_images_as_class_images_is_refused(tmp_path: Path) -> None:

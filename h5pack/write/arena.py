@@ -62,31 +62,24 @@ class Arena:
         except OSError:
             return None
 
-    def acquire(self) -> int:
-        """Take a free slot."""
+    def acquire(self) -> SlotRef:
+        """Take a free slot (its picklable reference, for a task)."""
         if not self._free:
             raise RuntimeError("no free slot: more tasks in flight than slots")
-        return self._free.pop()
+        offset = self._free.pop() * self.slot_bytes
+        return SlotRef(self.name, offset, self.slot_bytes, self.inode)
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: SlotRef) -> None:
         """Give a slot back."""
-        self._free.append(slot)
+        self._free.append(slot.offset // self.slot_bytes)
 
-    def ref(self, slot: int) -> SlotRef:
-        """Return the picklable reference of a slot, for a task."""
-        return SlotRef(self.name, slot * self.slot_bytes, self.slot_bytes, self.inode)
-
-    def fits(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` fit one slot."""
-        return nbytes <= self.slot_bytes
-
-    def put(self, slot: int, data: np.ndarray) -> None:
+    def put(self, slot: SlotRef, data: np.ndarray) -> None:
         """Copy ``data`` (C-contiguous) to the start of a slot."""
         flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         with self.view(slot, 0, flat.size) as target:
             target[:] = flat.data
 
-    def take(self, slot: int, offset: int, nbytes: int) -> np.ndarray:
+    def take(self, slot: SlotRef, offset: int, nbytes: int) -> np.ndarray:
         """Return a copy of ``nbytes`` at ``offset`` within a slot."""
         out = np.empty(nbytes, dtype=np.uint8)
         with self.view(slot, offset, nbytes) as source:
@@ -94,11 +87,11 @@ class Arena:
         return out
 
     @contextlib.contextmanager
-    def view(self, slot: int, offset: int, nbytes: int) -> Iterator[memoryview]:
+    def view(self, slot: SlotRef, offset: int, nbytes: int) -> Iterator[memoryview]:
         """Lend a memoryview of ``nbytes`` at ``offset`` within a slot, released on exit."""
         if offset < 0 or offset + nbytes > self.slot_bytes:
             raise ValueError(f"{nbytes} bytes at {offset} do not fit a slot of {self.slot_bytes}")
-        start = slot * self.slot_bytes + offset
+        start = slot.offset + offset
         with self._buffer[start : start + nbytes] as view:
             yield view
 

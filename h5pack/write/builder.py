@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,34 +142,27 @@ class PackBuilder:
             for block in blocks:
                 self.images.write_block(block)
             return
-        pending: deque[tuple[int, int, int | None]] = deque()
 
         def tasks() -> Iterator[tuple[Any, ...]]:
             for block in blocks:
                 spec = self.images.spec_for(block)
-                rows = len(block.data)
-                if arena is not None and arena.fits(block.data.nbytes):
+                if arena is not None and block.data.nbytes <= arena.slot_bytes:
                     slot = arena.acquire()
                     arena.put(slot, block.data)
-                    pending.append((block.start, rows, slot))
-                    yield spec, block.start, rows, None, arena.ref(slot)
+                    yield spec, block.start, len(block.data), None, slot
                 else:
-                    pending.append((block.start, rows, None))
-                    yield spec, block.start, rows, block.data, None
+                    yield spec, block.start, len(block.data), block.data, None
 
-        for chunks in ordered_map(executor, compress_block, tasks(), max_in_flight=max_in_flight):
-            start, rows, slot = pending.popleft()
+        stored_blocks = ordered_map(executor, compress_block, tasks(), max_in_flight=max_in_flight)
+        for (_, start, rows, _, slot), chunks in stored_blocks:
             self.images.grow_to(start + rows)
             for offset, mask, payload in chunks:
-                if isinstance(payload, tuple):
-                    assert arena is not None
-                    assert slot is not None
+                if isinstance(payload, tuple) and arena is not None and slot is not None:
                     with arena.view(slot, *payload) as stored:
                         self.images.write_chunk(offset, stored, mask)
                 else:
                     self.images.write_chunk(offset, payload, mask)
-            if slot is not None:
-                assert arena is not None
+            if arena is not None and slot is not None:
                 arena.release(slot)
 
     def finish(

@@ -101,11 +101,6 @@ class ConvertOptions:
                 "compression should be a layout.Compression, e.g. Compression(codec='zstd'), "
                 f"but got compression={self.compression!r}"
             )
-        self._normalise()
-        self._check_sizes()
-        self._check_combinations()
-
-    def _normalise(self) -> None:
         if isinstance(self.size, int) and not isinstance(self.size, bool):
             object.__setattr__(self, "size", (self.size, self.size))  # a square, as make_loader
         elif isinstance(self.size, Iterable) and not isinstance(self.size, str):
@@ -114,8 +109,6 @@ class ConvertOptions:
             object.__setattr__(self, "chunk_shape", tuple(self.chunk_shape))
         if self.labels_csv is not None:
             object.__setattr__(self, "labels_csv", os.fspath(self.labels_csv))
-
-    def _check_sizes(self) -> None:
         _positives("size", self.size, 2, "two positive integers (height, width)")
         _positive("chunk_samples", self.chunk_samples)
         _positive("chunk_bytes", self.chunk_bytes)
@@ -135,8 +128,6 @@ class ConvertOptions:
             raise OptionsError(
                 f"{option_name('seed')} should be a non-negative integer, but got {self.seed!r}"
             )
-
-    def _check_combinations(self) -> None:
         given = [
             name
             for name in ("chunk_samples", "chunk_shape", "chunk_bytes")
@@ -193,11 +184,6 @@ class ConvertOptions:
     def effective_workers(self) -> int:
         """The number of worker processes: ``workers``, or every available core."""
         return self.workers if self.workers is not None else available_cores()
-
-    @property
-    def effective_quality(self) -> int:
-        """The JPEG quality of re-encoded images."""
-        return self.quality if self.quality is not None else DEFAULT_QUALITY
 
     @property
     def target_chunk_bytes(self) -> int:

@@ -10,7 +10,7 @@ import contextlib
 import errno
 import math
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, replace
@@ -155,7 +155,7 @@ def pooled(pool: Pool) -> Callable[..., Iterator[Any]]:
             for lo in range(0, len(items), MASK_BATCH)
         )
         in_flight = pool.workers + 1
-        for made in ordered_map(pool.executor, made_batch, tasks, max_in_flight=in_flight):
+        for _, made in ordered_map(pool.executor, made_batch, tasks, max_in_flight=in_flight):
             pool.step(len(made))
             yield from made
 
@@ -165,7 +165,11 @@ def pooled(pool: Pool) -> Callable[..., Iterator[Any]]:
 def open_arena(executor: Any, num_slots: int, slot_bytes: int) -> Arena | None:
     """Return an arena the workers can open (NOTE [ Memory that cannot leak ]), or None."""
     arena = Arena.maybe(num_slots, slot_bytes)
-    if arena is None or executor.submit(attachable, arena.ref(0)).result():
+    if arena is None:
+        return None
+    slot = arena.acquire()
+    arena.release(slot)
+    if executor.submit(attachable, slot).result():
         return arena
     arena.close()
     return None
@@ -275,33 +279,29 @@ def prepared_samples(
 ) -> Iterator[Prepared]:
     """Yield the prepared samples in write order (stage 1), reporting rejected files."""
     batch = batch_size(plan)
-    slots: deque[int | None] = deque()
-
-    def tasks() -> Iterator[tuple[Any, ...]]:
-        for lo in range(0, len(samples), batch):
-            slot = arena.acquire() if arena is not None else None
-            slots.append(slot)
-            ref = arena.ref(slot) if arena is not None and slot is not None else None
-            items = [(lo + i, ship(s.image), s.key) for i, s in enumerate(samples[lo : lo + batch])]
-            yield plan.decode, items, ref
-
+    tasks = (
+        (
+            plan.decode,
+            [(lo + i, ship(s.image), s.key) for i, s in enumerate(samples[lo : lo + batch])],
+            arena.acquire() if arena is not None else None,
+        )
+        for lo in range(0, len(samples), batch)
+    )
     in_flight = 2 * pool.workers
-    for results in ordered_map(pool.executor, prepare_batch, tasks(), max_in_flight=in_flight):
-        slot = slots.popleft()
+    for (_, _, slot), results in ordered_map(
+        pool.executor, prepare_batch, tasks, max_in_flight=in_flight
+    ):
         for result in results:
             if isinstance(result, Rejected):
                 reject(result.path, result.reason)
                 continue
-            if result.span is not None:
-                assert arena is not None
-                assert slot is not None
+            if result.span is not None and arena is not None and slot is not None:
                 data = arena.take(slot, *result.span)
                 if plan.storage == "array":
                     data = data.reshape(result.shape)
                 result = replace(result, data=data, span=None)
             yield result
-        if slot is not None:
-            assert arena is not None
+        if arena is not None and slot is not None:
             arena.release(slot)
         pool.step(len(results))
 
@@ -315,7 +315,8 @@ def probe_sizes(pool: Pool, samples: Sequence[Sample]) -> Counter[tuple[int, int
         for lo in range(0, len(samples), batch)
     )
     sizes: Counter[tuple[int, int]] = Counter()
-    for results in ordered_map(pool.executor, probe_batch, tasks, max_in_flight=2 * pool.workers):
+    in_flight = 2 * pool.workers
+    for _, results in ordered_map(pool.executor, probe_batch, tasks, max_in_flight=in_flight):
         sizes.update(size for size in results if size is not None)
         pool.step(len(results))
     return sizes

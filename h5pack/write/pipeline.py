@@ -297,16 +297,18 @@ def ordered_map(
     items: Iterable[tuple[Any, ...]],
     *,
     max_in_flight: int,
-) -> Iterator[T]:
-    """Yield ``fn(*item)`` for each item, in order, with at most ``max_in_flight`` pending."""
-    pending: deque[Future[T]] = deque()
+) -> Iterator[tuple[Any, T]]:
+    """Yield ``(item, fn(*item))`` for each item, in order, at most ``max_in_flight`` pending."""
+    pending: deque[tuple[Any, Future[T]]] = deque()
     try:
         for item in items:  # taken lazily, as results are: memory stays bounded
-            pending.append(executor.submit(fn, *item))
+            pending.append((item, executor.submit(fn, *item)))
             if len(pending) >= max_in_flight:
-                yield pending.popleft().result()
+                done, future = pending.popleft()
+                yield done, future.result()
         while pending:
-            yield pending.popleft().result()
+            done, future = pending.popleft()
+            yield done, future.result()
     finally:
-        for future in pending:
+        for _, future in pending:
             future.cancel()

@@ -23,7 +23,7 @@ from h5pack.core.layout import DEFAULT_CHUNK_BYTES, array_chunk_shape, chunk_sam
 from h5pack.errors import OptionsError
 from h5pack.write.blocks import aligned_offsets
 from h5pack.write.images import ImagesSpec
-from h5pack.write.options import ConvertOptions
+from h5pack.write.options import DEFAULT_QUALITY, ConvertOptions
 from h5pack.write.pipeline import DecodeSpec
 
 BLOB_SLOT_BYTES = 4 * 2**20
@@ -274,7 +274,7 @@ def _blob_plan(
         channels=options.channels,
         backend=options.backend,
         max_side=options.max_side,
-        quality=options.effective_quality,
+        quality=options.quality or DEFAULT_QUALITY,
     )
     return StoragePlan(mode, spec, decode, 0, chunk_bytes, reason)
 

@@ -51,17 +51,6 @@ def _ignore(_: object) -> None:
     return None
 
 
-def check_pack_url(url: str) -> str:
-    """Return the key of the pack ``url``; refuse (``OptionsError``) a prefix or no bucket."""
-    _, _, key = split_url(url)
-    if not key or key.endswith("/"):
-        raise OptionsError(
-            f"{url} is a prefix, not a pack: give the pack's name, e.g. {url.rstrip('/')}/"
-            "out.h5 (to write a pack set of shards under a prefix, convert with --shards N)"
-        )
-    return key
-
-
 def publish_staged(
     store: Store,
     url: str,
@@ -81,7 +70,12 @@ def publish_staged(
         TargetExistsError: an object is at ``url`` (before or after) without ``overwrite``.
         H5PackError: the staging directory is too small, or the upload failed.
     """
-    key = check_pack_url(url)
+    _, _, key = split_url(url)
+    if not key or key.endswith("/"):
+        raise OptionsError(
+            f"{url} is a prefix, not a pack: give the pack's name, e.g. {url.rstrip('/')}/"
+            "out.h5 (to write a pack set of shards under a prefix, convert with --shards N)"
+        )
     if not checked and not overwrite and (found := store.stat(url)) is not None:
         raise TargetExistsError(f"{found.url} already exists; pass --overwrite to replace it")
     if swept := store.sweep([url]):
@@ -91,7 +85,7 @@ def publish_staged(
     with sigterm_as_exit(), Staging(staging_dir, what=url) as staging:
         if staging.removed:
             emit(ConvertEvent("note", describe_removed(staging.removed)))
-        local = staging.file(PurePosixPath(key).name)
+        local = staging.path / PurePosixPath(key).name
         try:
             result = write(local, lambda nbytes: staging.check_room(nbytes, what=url))
         except H5PackError as err:
@@ -195,10 +189,6 @@ class Staging:
 
     def __exit__(self, *exc: object) -> None:
         self._remove()
-
-    def file(self, name: str) -> Path:
-        """Return where the pack ``name`` is staged."""
-        return self.path / name
 
     def check_room(self, nbytes: int, *, what: str) -> None:
         """Refuse to go on (``H5PackError``, with a hint) when the directory has less free."""

@@ -76,11 +76,6 @@ class ScanResult:
     fields: tuple[StoredField, ...] = ()
     columns: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def labelled(self) -> bool:
-        """Whether the samples carry class labels."""
-        return bool(self.classes)
-
 
 def check_root(root: Path) -> None:
     """Refuse a root that is missing, unreadable or a file (``SourceError`` naming it)."""
@@ -147,18 +142,13 @@ def walk(root: Path) -> tuple[list[tuple[str, Path]], list[SkippedFile]]:
                 if has_image_extension(name):
                     found.append((relative, Path(entry.path)))
             elif has_image_extension(name):
-                problems.append(SkippedFile(relative, f"{_kind(st.st_mode)}, not an image file"))
+                kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+                problems.append(SkippedFile(relative, f"{kind}, not an image file"))
     return found, problems
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device"}
+_KINDS[stat.S_IFBLK] = "a device"
 
 
 def scan(root: StrPath, *, layout: FolderLayout = "auto") -> ScanResult:
@@ -181,7 +171,16 @@ def label_by_folder(
     Loose images of an ImageFolder tree are added to ``problems``, which is sorted.
     """
     if not found:
-        raise SourceError(_no_images_message(root, problems))
+        extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+        message = (
+            f"no images found under {root} (looked for {extensions}, in any case; hidden "
+            "files and OS litter are ignored)"
+        )
+        if problems:
+            first = min(problems, key=lambda p: path_sort_key(p.path))
+            message += f"; {len(problems)} entries could not be scanned, e.g. {first.path}: "
+            raise SourceError(message + first.reason)
+        raise SourceError(message)
     loose = [rel for rel, _ in found if "/" not in rel]
     nested = [rel for rel, _ in found if "/" in rel]
     if layout == "auto":
@@ -220,19 +219,6 @@ def _ambiguous_message(root: object, loose: list[str], nested: list[str]) -> str
         "loose images into class folders (or the subfolders' images up), or give every "
         "image's label in a CSV (--labels)"
     )
-
-
-def _no_images_message(root: object, problems: list[SkippedFile]) -> str:
-    extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
-    message = (
-        f"no images found under {root} (looked for {extensions}, in any case; hidden files "
-        "and OS litter are ignored)"
-    )
-    if problems:
-        first = min(problems, key=lambda p: path_sort_key(p.path))
-        message += f"; {len(problems)} entries could not be scanned, e.g. {first.path}: "
-        message += first.reason
-    return message
 
 
 def group_problems(problems: Iterable[SkippedFile]) -> list[tuple[str, tuple[str, ...]]]:
