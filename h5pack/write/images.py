@@ -15,6 +15,7 @@ from typing import IO, Any
 import h5py
 import numpy as np
 
+from h5pack._types import StrPath
 from h5pack.core.format import Storage
 from h5pack.core.layout import Compression
 from h5pack.write.blocks import Block
@@ -39,11 +40,9 @@ def _allocated_unfilled() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ImagesSpec:
-    """How the images dataset is created: storage, sample shape, chunks and filters.
+    """How the images dataset is created (also the workers' in-memory one, ``compress_block``).
 
-    The same spec creates the workers' in-memory dataset (``pipeline.compress_block``), so
-    stored chunks are exactly what HDF5 would write. ``blob_bytes``: a contiguous blob's
-    length when known before writing (then written in place, else staged).
+    ``blob_bytes``: a contiguous blob's length when known before writing (written in place).
     """
 
     storage: Storage
@@ -110,9 +109,7 @@ class ImagesWriter:
         self._blob_offset: int | None = None  # file offset of a blob written in place
         if spec.chunks is None and spec.storage == "array":
             self._dataset = spec.create(handle, name, allocate)
-        elif spec.chunks is None:
-            if staging is None:
-                raise ValueError("a contiguous blob needs a staging file")
+        elif spec.chunks is None and staging is not None:
             if spec.blob_bytes:
                 self._dataset = self._create_contiguous_blob(spec.blob_bytes)
                 self._blob_offset = int(self._dataset.id.get_offset())
@@ -203,25 +200,19 @@ class ImagesWriter:
             self._pool = ThreadPoolExecutor(WRITE_THREADS)
         fd = self._raw_fd
         assert self._pool is not None
-        for done in self._pool.map(lambda item: _pwrite_all(fd, item[1], item[0]), pieces):
-            del done
+        list(self._pool.map(lambda item: _pwrite_all(fd, item[1], item[0]), pieces))
 
     def _create_contiguous_blob(self, length: int) -> h5py.Dataset:
-        """Create a contiguous blob whose file space is allocated now, never filled."""
-        extra = _allocated_unfilled()
+        extra = _allocated_unfilled()  # its file space allocated now, never filled
         return self.handle.create_dataset(self.name, shape=(length,), dtype=np.uint8, **extra)
 
     def _spill(self) -> None:
         """Move a blob written in place that outgrew its length to the staging file."""
-        assert self.staging is not None  # checked in __init__
+        assert self.staging is not None
         assert self._blob_offset is not None
         self.close_raw()
-        with self.staging.open("wb") as stage:
-            source = os.open(self.handle.filename, os.O_RDONLY)
-            try:
-                _copy_range(source, self._blob_offset, stage.fileno(), 0, self._length)
-            finally:
-                os.close(source)
+        self.staging.touch()
+        _copy_range(self.handle.filename, self._blob_offset, self.staging, 0, self._length)
         del self.handle[self.name]
         self._dataset = None
         self._blob_offset = None
@@ -249,33 +240,20 @@ class ImagesWriter:
         assert self._dataset is not None
         self._dataset.id.write_direct_chunk(offset, data, mask)
 
-    def finish(self) -> int:
-        """Complete the dataset; return the length of its data (rows or bytes)."""
+    def finish(self) -> None:
+        """Complete the dataset (a staged blob is copied in by the kernel)."""
         self.close_raw()
         if self._stage_file is not None:
             assert self.staging is not None
             self._stage_file.close()
             self._stage_file = None
-            self._copy_staged()
+            dataset = self._create_contiguous_blob(self._length)
+            if self._length:
+                at = int(dataset.id.get_offset())
+                _copy_range(self.staging, 0, self.handle.filename, at, self._length)
             self.staging.unlink()
         elif self._dataset is None:
             self._dataset = self.spec.create(self.handle, self.name, 0)
-        return self._length
-
-    def _copy_staged(self) -> None:
-        """Create the contiguous blob and fill it from the staging file (by the kernel)."""
-        assert self.staging is not None
-        dataset = self._create_contiguous_blob(self._length)
-        offset = dataset.id.get_offset() if self._length else None
-        if offset is None:
-            return
-        source = os.open(self.staging, os.O_RDONLY)
-        target = os.open(self.handle.filename, os.O_WRONLY)
-        try:
-            _copy_range(source, 0, target, int(offset), self._length)
-        finally:
-            os.close(source)
-            os.close(target)
 
     def abort(self) -> None:
         """Close the direct writes and the staging file, and remove the latter, if any."""
@@ -287,25 +265,26 @@ class ImagesWriter:
             os.unlink(self.staging)
 
 
-def _copy_range(source: int, source_at: int, target: int, target_at: int, length: int) -> None:
-    """Copy ``length`` bytes between file descriptors, from and to the given offsets."""
+def _copy_range(source: StrPath, source_at: int, target: StrPath, at: int, length: int) -> None:
+    """Copy ``length`` bytes from ``source_at`` in ``source`` to ``at`` in ``target``."""
     done = 0
     copy_file_range = getattr(os, "copy_file_range", None)  # Linux, Python >= 3.8
-    while copy_file_range is not None and done < length:
-        try:
-            count = copy_file_range(
-                source, target, length - done, source_at + done, target_at + done
-            )
-        except OSError:  # not across these file systems: copy through a buffer
-            break
-        if count == 0:
-            break
-        done += count
-    while done < length:
-        piece = os.pread(source, min(COPY_BYTES, length - done), source_at + done)
-        if not piece:
-            raise OSError(f"copy source ended {length - done} bytes early")
-        done += _pwrite_all(target, memoryview(piece), target_at + done)
+    with open(source, "rb", buffering=0) as src, open(target, "r+b", buffering=0) as out:
+        while copy_file_range is not None and done < length:
+            try:
+                count = copy_file_range(
+                    src.fileno(), out.fileno(), length - done, source_at + done, at + done
+                )
+            except OSError:  # not across these file systems: copy through a buffer
+                break
+            if count == 0:
+                break
+            done += count
+        while done < length:
+            piece = os.pread(src.fileno(), min(COPY_BYTES, length - done), source_at + done)
+            if not piece:
+                raise OSError(f"copy source ended {length - done} bytes early")
+            done += _pwrite_all(out.fileno(), memoryview(piece), at + done)
 
 
 def copy_array_rows(source: h5py.Dataset, target: h5py.Dataset, rows: int, *, at: int = 0) -> None:
