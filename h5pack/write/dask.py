@@ -1,9 +1,8 @@
 """Sharded conversion on a Dask cluster: one task per shard, the manifest on the client.
 
-The client lists and splits the source once (``shards.split_source``); sizes, when
-needed, are probed by one task per shard. Each shard task gets all it needs
-(``split.ShardTask``) and writes its pack as ``convert_set`` does; workers must see the
-source and the output at the client's paths (a shared file system).
+The client lists and splits the source once (``shards.open_set``); sizes, when needed,
+are probed by one task per shard. Each shard task (``split.ShardTask``) writes its pack
+as ``convert_set`` does; workers see the source and output at the client's paths.
 
 NOTE [ One shard per Dask worker process ]: a task converts in its worker's process
 (``workers=1``): Dask's daemonic workers cannot start a pool, and the parallelism is
@@ -94,10 +93,7 @@ def dask_client(address: str, *, workers: int | None = None) -> Iterator[Any]:
 
 def probe_files(items: list[tuple[Image, str]]) -> Counter[tuple[int, int]]:
     """Return how many of the ``(image, key)`` samples have each (H, W) (a Dask task)."""
-    sizes: Counter[tuple[int, int]] = Counter()
-    for lo in range(0, len(items), 64):
-        sizes.update(size for size in probe_batch(items[lo : lo + 64]) if size is not None)
-    return sizes
+    return Counter(size for size in probe_batch(items) if size is not None)
 
 
 def run_shard(task: ShardTask) -> ShardReport:

@@ -1,12 +1,10 @@
 """Sharded conversion: a sample source into a pack set (shard packs and a manifest).
 
 The split (``write/split.py``) is a pure function of the sorted samples and the seed, so
-processes that see the same source (``--shards N`` here, ``--shard I/N`` tasks, Dask)
-build shards holding every image once, shuffled globally, with the global classes and
-source positions; the listing's problems go to shard 0 only. Each shard is published
-like a pack of ``convert`` and records its place in the split; one found under its name
-is reused when it matches, else refused or (``overwrite``) replaced. The manifest is
-written last, by whichever process finds the set complete (``write/packset.py``).
+processes that see the same source (``--shards N``, ``--shard I/N`` tasks, Dask) build
+shards holding every image once, shuffled globally. Each shard is published like a pack
+of ``convert`` and records its place in the split; the manifest is written last, by
+whichever process finds the set complete (``write/packset.py``).
 """
 
 from __future__ import annotations
