@@ -5,8 +5,9 @@ NOTE [ The HTTP store ]
 Any server that answers ``Range`` requests (nginx, a CDN, S3/GCS/Azure public URLs) serves
 a pack: a HEAD gives its size and identity (the ETag, else Last-Modified), each chunk is
 one ranged GET carrying ``If-Match`` (``If-Unmodified-Since`` without an ETag), and every
-answer must be 206 with the asked range. ``http.client`` of the standard library, on
-``Connections`` (kept alive per process, also the S3 chunks' GETs'): no extra to install.
+answer must be 206 with the asked range, read into its buffer (``read_range``, also the S3
+chunks' GETs'). ``http.client`` of the standard library, on ``Connections`` kept alive per
+process: no extra to install.
 The setting ``headers`` (fsspec's name) is sent with every request (an ``Authorization``,
 never in a repr or message). Nothing is written: write into a path or a bucket, serve that.
 """
@@ -17,9 +18,9 @@ import http.client
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from h5pack.core.ranged import RangedSource, RemoteOptions, per_process, throttled_or_not
@@ -27,6 +28,8 @@ from h5pack.core.retry import Transient
 from h5pack.core.source import readable
 from h5pack.core.store import Store
 from h5pack.errors import H5PackError, PackNotFoundError, RemoteError
+
+_ERROR_BYTES = 1 << 16  # the most of an error answer's body read (an S3 error's code)
 
 
 class Connections:
@@ -112,6 +115,92 @@ def connections(key: tuple[str, str, float, float, str | None]) -> Connections:
     return Connections(scheme, netloc, connect_timeout_s=connect, read_timeout_s=read, cafile=ca)
 
 
+class ShortBody(OSError):
+    """The connection ended before the whole body arrived (retried)."""
+
+
+class Answer(NamedTuple):
+    """What a ranged GET said besides its body."""
+
+    first: int  # the body's first byte in the object
+    total: int  # the object's size (-1: unsaid)
+    nbytes: int  # the body's, written into the buffer
+    headers: Any  # the answer's (its ETag...)
+
+
+def exchange(pool: Connections, method: str, path: str, headers: dict[str, str], read: Any) -> Any:
+    """Return ``read(answer)`` (to its end) of one request on a connection of ``pool``."""
+    connection = pool.take()
+    try:
+        connection.request(method, path, headers=headers)
+        answer = connection.getresponse()
+        found = read(answer)
+    except http.client.HTTPException as err:  # a status line or headers cut short
+        connection.close()
+        raise ConnectionError(f"{type(err).__name__}: {err}") from err
+    except BaseException:
+        connection.close()
+        raise
+    if answer.will_close:
+        connection.close()
+    else:
+        pool.give(connection)
+    return found
+
+
+def byte_range(start: int | None, nbytes: int) -> str:
+    """Return the ``Range`` of ``nbytes`` bytes from ``start`` (None: the last ``nbytes``)."""
+    return f"bytes=-{nbytes}" if start is None else f"bytes={start}-{start + nbytes - 1}"
+
+
+def read_range(
+    buffer: memoryview,
+    start: int | None,
+    pool: Connections,
+    path: str,
+    headers: dict[str, str],
+    refused: Callable[[http.client.HTTPResponse, bytes], Exception],
+) -> Answer:
+    """Fill ``buffer`` with the bytes a ranged GET asks for (``start`` None: a suffix range).
+
+    Raises ``refused(answer, body)`` for an answer neither 200 nor 206, ``ShortBody`` or
+    ``OSError`` (retried), ``ValueError`` when it holds other bytes than asked.
+    """
+    want = len(buffer)
+
+    def read(response: http.client.HTTPResponse) -> Answer:
+        if response.status not in (200, 206):
+            raise refused(response, response.read(_ERROR_BYTES))
+        said = response.getheader("Content-Range") or ""
+        span, _, size = said.removeprefix("bytes ").partition("/")
+        first, total = int(span.partition("-")[0] or -1), int(size) if size.isdigit() else -1
+        length = response.length
+        if start is None:
+            fits = length is not None and length <= want and first >= 0 and first + length == total
+        else:
+            fits = first == start and length == want
+        if not fits or length is None:
+            raise ValueError(
+                f"asked for {byte_range(start, want)}, got HTTP {response.status}, {length} bytes "
+                f"at {first} (Content-Range {said!r})"
+                + (
+                    ""
+                    if said
+                    else ": the server does not serve byte ranges, which remote packs need"
+                )
+            )
+        got = 0
+        while got < length:
+            count = response.readinto(buffer[got:length])
+            if not count:
+                raise ShortBody(f"a body of {got} bytes for {length} (cut short)")
+            got += count
+        return Answer(first, total, length, response.headers)
+
+    found: Answer = exchange(pool, "GET", path, headers, read)
+    return found
+
+
 @dataclass(frozen=True, kw_only=True)
 class HTTPOptions(RemoteOptions):
     """How to reach an HTTP(S) server.
@@ -130,7 +219,7 @@ class HTTPOptions(RemoteOptions):
 class _Answer(Exception):
     """An answer other than the one asked for (its status)."""
 
-    def __init__(self, answer: Any) -> None:
+    def __init__(self, answer: Any, body: bytes = b"") -> None:
         super().__init__(f"HTTP {answer.status} {answer.reason}")
         self.status, self.headers = int(answer.status), answer.headers
 
@@ -146,58 +235,35 @@ class HTTPSource(RangedSource):
         self.scheme, self.netloc = parts.scheme.lower(), parts.netloc
         self.target = parts.path + (f"?{parts.query}" if parts.query else "")
 
-    def _request(self, method: str, headers: dict[str, str]) -> tuple[Any, bytes]:
-        """Return one answer and its body, on a keep-alive connection of this process."""
-        options = self.options
-        timeouts = (options.connect_timeout_s, options.read_timeout_s)
-        pool = per_process(connections, (self.scheme, self.netloc, *timeouts, None))
-        connection = pool.take()
-        try:
-            connection.request(method, self.target, headers={**dict(options.headers), **headers})
-            answer = connection.getresponse()
-            body = answer.read()  # a HEAD's too: the connection is then free again
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            raise
-        if answer.will_close:
-            connection.close()
-        else:
-            pool.give(connection)
-        return answer, body
+    def _connections(self) -> Connections:
+        timeouts = (self.options.connect_timeout_s, self.options.read_timeout_s)
+        return per_process(connections, (self.scheme, self.netloc, *timeouts, None))
 
-    def _identity(self, answer: Any) -> str:
-        return answer.getheader("ETag") or f"modified {answer.getheader('Last-Modified') or ''}"
+    def _identity(self, headers: Any) -> str:
+        return headers.get("ETag") or f"modified {headers.get('Last-Modified') or ''}"
 
     def _stat(self) -> tuple[str, int]:
-        answer, _ = self._request("HEAD", {})
-        if answer.status != 200:
-            raise _Answer(answer)
-        length = answer.getheader("Content-Length")
-        if length is None:
-            raise RemoteError(f"{self.url}: the server does not say the file's size (HEAD)")
-        return self._identity(answer), int(length)
+        def read(answer: http.client.HTTPResponse) -> Any:
+            answer.read()
+            if answer.status != 200:
+                raise _Answer(answer)
+            return answer.headers
 
-    def _fetch(self, start: int, end: int) -> tuple[bytes, str, int]:
-        headers = {"Range": f"bytes={start}-{end - 1}"}
+        headers = exchange(
+            self._connections(), "HEAD", self.target, dict(self.options.headers), read
+        )
+        if headers.get("Content-Length") is None:
+            raise RemoteError(f"{self.url}: the server does not say the file's size (HEAD)")
+        return self._identity(headers), int(headers["Content-Length"])
+
+    def _fetch_into(self, view: memoryview, start: int) -> tuple[str, int]:
+        headers = {**dict(self.options.headers), "Range": byte_range(start, len(view))}
         if self.tag and self.tag.startswith("modified "):
             headers["If-Unmodified-Since"] = self.tag.removeprefix("modified ")
         elif self.tag and not self.tag.startswith("W/"):
             headers["If-Match"] = self.tag
-        answer, body = self._request("GET", headers)
-        if answer.status == 200:
-            raise RemoteError(
-                f"{self.url}: the server answered a Range request with the whole file (HTTP "
-                "200): it does not serve byte ranges, which remote packs need"
-            )
-        if answer.status != 206:
-            raise _Answer(answer)
-        span, _, total = (answer.getheader("Content-Range") or "").partition("/")
-        if span.removeprefix("bytes ").partition("-")[0] != str(start):
-            raise RemoteError(
-                f"{self.url}: asked for bytes {start}..{end - 1}, got Content-Range "
-                f"{answer.getheader('Content-Range')!r}"
-            )
-        return body, self._identity(answer), int(total) if total.isdigit() else -1
+        answer = read_range(view, start, self._connections(), self.target, headers, _Answer)
+        return self._identity(answer.headers), answer.total
 
     def cause(self, err: Exception, what: str) -> Transient:
         """Return why ``err`` is worth a retry, or raise the final error it means."""

@@ -10,9 +10,10 @@ chunks' ranged GETs are issued here (docs/decisions/0017-s3-client-lean-get.md):
 - ``Signer``: SigV4 in headers, the day's signing key kept per (secret, day, region);
 - ``http.Connections`` per process, HTTPS verified against botocore's CA bundle; an
   endpoint behind an ``HTTP(S)_PROXY`` keeps botocore's path;
-- ``get_into``: the body read straight into the caller's buffer, its length, Content-Range,
-  ETag and size checked. Error answers become botocore's ``ClientError`` (one mapping in
-  ``S3Source``); resets, timeouts and short bodies are ``OSError`` (retried by the caller).
+- ``get_into``: ``http.read_range``, as the HTTP store's chunks: the body read straight into
+  the caller's buffer, its length and Content-Range checked. Error answers become botocore's
+  ``ClientError`` (one mapping in ``S3Source``); resets, timeouts and short bodies are
+  ``OSError`` (retried by the caller).
 """
 
 from __future__ import annotations
@@ -27,15 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from h5pack.core.http import Answer, byte_range, read_range
 from h5pack.core.http import Connections as Connections
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 UTC = datetime.timezone.utc  # not datetime.UTC: Python 3.11+, and 3.10 is supported
-_ERROR_BYTES = 1 << 16  # the most of an error answer's body read (its XML code)
-
-
-class ShortBody(OSError):
-    """The connection ended before the whole body arrived (retried)."""
 
 
 @dataclass(frozen=True)
@@ -130,16 +127,6 @@ class Signer:
         return signed
 
 
-@dataclass(frozen=True)
-class Answer:
-    """What a ranged GET said besides its body."""
-
-    etag: str  # the object's
-    first: int  # the body's first byte in the object
-    total: int  # the object's size
-    nbytes: int  # the body's, written into the buffer
-
-
 def get_into(
     buffer: memoryview,
     start: int | None,
@@ -151,65 +138,14 @@ def get_into(
 ) -> Answer:
     """Fill ``buffer`` with the object's bytes from ``start``: one signed ranged GET.
 
-    ``start`` None asks for the last ``len(buffer)`` bytes (a suffix range: all of a smaller
-    object, at the front of ``buffer``); ``etag`` goes as ``If-Match``.
-
-    Raises:
-        botocore.exceptions.ClientError: an error answer (its code and status).
-        ShortBody: the body ended early; OSError: reset, timeout.
-        ValueError: the answer holds other bytes than asked (no Content-Range, wrong start).
+    ``start`` None asks for the last ``len(buffer)`` bytes; ``etag`` goes as ``If-Match``;
+    an error answer raises botocore's ``ClientError`` (see ``http.read_range``).
     """
-    want = len(buffer)
-    if start is None:
-        extra = {"range": f"bytes=-{want}"}
-    else:
-        extra = {"range": f"bytes={start}-{start + want - 1}"}
+    extra = {"range": byte_range(start, len(buffer))}
     if etag:
         extra["if-match"] = etag
     headers = signer.headers("GET", target, extra)
-    connection = pool.take()
-    try:
-        connection.request("GET", target.path, headers=headers)
-        response = connection.getresponse()
-        if response.status not in (200, 206):
-            raise _client_error(response, response.read(_ERROR_BYTES))
-        first, total = _content_range(response.getheader("Content-Range"))
-        length = response.length
-        if start is None:
-            fits = length is not None and length <= want and first >= 0 and first + length == total
-        else:
-            fits = first == start and length == want
-        if not fits or length is None:
-            raise ValueError(
-                f"asked for {extra['range']}, the answer holds {length} bytes at {first} "
-                f"(Content-Range {response.getheader('Content-Range')!r})"
-            )
-        got = 0
-        while got < length:
-            count = response.readinto(buffer[got:length])
-            if not count:
-                raise ShortBody(f"a body of {got} bytes for {length} (cut short)")
-            got += count
-        answer = Answer(response.getheader("ETag") or "", first, total, length)
-    except http.client.HTTPException as err:  # a status line or headers cut short
-        connection.close()
-        raise ConnectionError(f"{type(err).__name__}: {err}") from err
-    except BaseException:
-        connection.close()
-        raise
-    if response.will_close:
-        connection.close()
-    else:
-        pool.give(connection)
-    return answer
-
-
-def _content_range(header: str | None) -> tuple[int, int]:
-    """Return ``(first byte, object size)`` of ``bytes a-b/size``; (-1, -1) without one."""
-    if not header:
-        return -1, -1
-    span, _, total = header.removeprefix("bytes ").partition("/")
-    return int(span.partition("-")[0]), int(total) if total.isdigit() else -1
+    return read_range(buffer, start, pool, target.path, headers, _client_error)
 
 
 def _client_error(response: http.client.HTTPResponse, body: bytes) -> Exception:

@@ -93,7 +93,7 @@ class S3Source(RangedSource):
         if lean is None:
             return super()._fetch_into(view, start)
         answer = s3http.get_into(view, start, *lean, etag=self.tag)
-        return answer.etag, answer.total
+        return answer.headers.get("ETag") or "", answer.total
 
     def _fetch(self, start: int, end: int) -> tuple[memoryview, str, int]:
         data, first, total, tag = self._get(f"bytes={start}-{end - 1}")
@@ -113,7 +113,7 @@ class S3Source(RangedSource):
             if lean is not None and header.startswith("bytes=-"):
                 buffer = np.empty(nbytes, dtype=np.uint8)
                 answer = s3http.get_into(buffer.data, None, *lean, etag=self.tag)
-                self.learn(answer.etag, answer.total)
+                self.learn(answer.headers.get("ETag") or "", answer.total)
                 return buffer.data[: answer.nbytes], answer.first
             data, first, total, tag = self._get(header)
             self.learn(tag, total)
