@@ -50,9 +50,6 @@ class SourceFile(io.RawIOBase):
     def seekable(self) -> bool:  # noqa: D102
         return True
 
-    def tell(self) -> int:  # noqa: D102
-        return self._pos
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         """Move to ``offset`` from ``whence``; return the position."""
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
