@@ -47,10 +47,6 @@ Room = Callable[[int], None]
 R = TypeVar("R")
 
 
-def _ignore(_: object) -> None:
-    return None
-
-
 def publish_staged(
     store: Store,
     url: str,
@@ -58,7 +54,7 @@ def publish_staged(
     *,
     overwrite: bool,
     staging_dir: StrPath | None,
-    emit: Emit = _ignore,
+    emit: Emit,
     checked: bool = False,
 ) -> R:
     """Return ``write(local, room)`` run in a staging directory, its file then published at ``url``.
