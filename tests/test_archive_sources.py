@@ -53,6 +53,12 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with Image.open(photo) as image:
             image.thumbnail((48, 48))
             image.convert("RGB").save(root / CLASSES[i % 3] / f"photo-{photo.stem}.jpg")
+    # without the photos (a checkout with no ../shared), as many noisy stand-ins: the archive
+    # tests need members larger than one compressed read
+    rng = np.random.default_rng(7)
+    for i in range(6 - len(photos)):
+        noise = rng.integers(0, 256, (40 + i, 48, 3), dtype=np.uint8)
+        Image.fromarray(noise).save(root / CLASSES[i % 3] / f"photo-noise{i}.jpg")
     return root
 
 

@@ -72,8 +72,8 @@ class CacheDirectory:
         self._owner_fd = -1
         self._budget = 0
         self._lock = threading.RLock()  # one connection per process, shared by its threads
-        self._recreated = False
         self._inode = -1  # of the directory opened
+        self._removed = -1  # of the one directory whose removal this process met, made again
 
     def _open(self) -> sqlite3.Connection:
         with self._lock:
@@ -153,8 +153,10 @@ class CacheDirectory:
                 self._drop()
                 if self.disabled:  # another thread's use met it first: warned once
                     return
-                if self._inode >= 0 and not self._same_directory() and not self._recreated:
-                    self._recreated = True
+                if self._inode >= 0 and self._inode == self._removed:
+                    return  # another thread met the same removal: made again at the next use
+                if self._inode >= 0 and not self._same_directory() and self._removed < 0:
+                    self._removed = self._inode
                     warn(
                         f"the disk cache {self.directory} was removed or replaced while in "
                         f"use ({err}): it is made again and its chunks are fetched again"
